@@ -1,0 +1,220 @@
+//! Wire format: what the kernel side (or the PMU model) writes into the ring buffer.
+//!
+//! All records are `#[repr(C)]`, fixed size and start with a [`SampleHeader`] carrying
+//! [`WIRE_VERSION`], so a reader can reject a record it does not understand.
+
+/// Bumped on any layout change of the records below.
+pub const WIRE_VERSION: u16 = 1;
+
+/// Most branch entries one sample carries: Intel arch LBR / Skylake+ depth.
+pub const MAX_BRANCH_ENTRIES: usize = 32;
+
+/// `struct perf_branch_entry` from `include/uapi/linux/perf_event.h`, bit for bit.
+///
+/// `flags` is the kernel's bitfield word:
+/// `mispred:1, predicted:1, in_tx:1, abort:1, cycles:16, type:4, spec:2, new_type:4,
+/// priv:3, reserved:31` (little-endian bit order, bit 0 first).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct BranchEntry {
+    pub from: u64,
+    pub to: u64,
+    pub flags: u64,
+}
+
+impl BranchEntry {
+    const CYCLES_SHIFT: u32 = 4;
+    const TYPE_SHIFT: u32 = 20;
+
+    /// An entry with the given misprediction bit and cycle count (0 = unknown).
+    pub const fn new(from: u64, to: u64, mispred: bool, cycles: u16) -> Self {
+        let flags =
+            (mispred as u64) | (((!mispred) as u64) << 1) | ((cycles as u64) << Self::CYCLES_SHIFT);
+        BranchEntry { from, to, flags }
+    }
+
+    pub const fn mispred(&self) -> bool {
+        self.flags & 1 != 0
+    }
+
+    pub const fn predicted(&self) -> bool {
+        self.flags & 2 != 0
+    }
+
+    /// Core cycles since the previous entry (Intel Skylake+ LBR, ARM BRBE); 0 = unknown.
+    pub const fn cycles(&self) -> u16 {
+        ((self.flags >> Self::CYCLES_SHIFT) & 0xffff) as u16
+    }
+
+    /// `PERF_BR_*` branch type (0 = unknown).
+    pub const fn branch_type(&self) -> u8 {
+        ((self.flags >> Self::TYPE_SHIFT) & 0xf) as u8
+    }
+}
+
+/// What a record is.
+#[repr(u16)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleKind {
+    /// A [`BranchSample`]: the branch stack frozen at a sample.
+    Branch = 1,
+    /// An [`IpSample`]: the interrupted instruction pointer.
+    Ip = 2,
+}
+
+impl SampleKind {
+    pub const fn from_u16(v: u16) -> Option<Self> {
+        match v {
+            1 => Some(SampleKind::Branch),
+            2 => Some(SampleKind::Ip),
+            _ => None,
+        }
+    }
+}
+
+/// Which sampling event a record came from. Each eBPF program serves one role, so the
+/// role is a constant of the program, not something read from the context.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EventRole {
+    /// Retired taken branches (or cycles) with a branch stack.
+    Branches = 0,
+    /// Core cycles: IP samples whose period is cycles.
+    Cycles = 1,
+    /// Retired instructions: IP samples (the imprecise "traditional" method).
+    Instructions = 2,
+    /// Software `cpu-clock`: IP samples whose period is nanoseconds (no PMU).
+    CpuClock = 3,
+}
+
+impl EventRole {
+    pub const fn from_u32(v: u32) -> Option<Self> {
+        match v {
+            0 => Some(EventRole::Branches),
+            1 => Some(EventRole::Cycles),
+            2 => Some(EventRole::Instructions),
+            3 => Some(EventRole::CpuClock),
+            _ => None,
+        }
+    }
+}
+
+/// The sampled IP was in kernel mode.
+pub const FLAG_KERNEL: u16 = 1 << 0;
+/// Branch entries came from `bpf_get_branch_snapshot` (live LBR) rather than from the
+/// records the PMI froze for this sample; the newest few entries are the program's own.
+pub const FLAG_SNAPSHOT: u16 = 1 << 1;
+
+/// Common header of every record.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SampleHeader {
+    pub version: u16,
+    /// A [`SampleKind`] as `u16`.
+    pub kind: u16,
+    /// `FLAG_*` bits.
+    pub flags: u16,
+    /// Valid entries in a branch sample (0 for IP samples).
+    pub nr: u16,
+    pub cpu: u32,
+    /// Process id (the kernel's tgid).
+    pub tgid: u32,
+    /// Thread id (the kernel's pid).
+    pub tid: u32,
+    /// The [`EventRole`] that produced the record, as `u32`.
+    pub event: u32,
+    /// Events this record stands for: the event's sample period summed over every
+    /// overflow since the previous emitted record on this CPU (in-kernel thinning).
+    pub period: u64,
+    /// `bpf_ktime_get_ns()` at the sample (simulated time in the PMU model).
+    pub time_ns: u64,
+    /// Interrupted instruction pointer.
+    pub ip: u64,
+}
+
+/// Branch stack sample. Entry 0 is the **newest** branch (kernel order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct BranchSample {
+    pub header: SampleHeader,
+    pub entries: [BranchEntry; MAX_BRANCH_ENTRIES],
+}
+
+impl BranchSample {
+    /// The valid entries, newest first.
+    pub fn entries(&self) -> &[BranchEntry] {
+        let n = (self.header.nr as usize).min(MAX_BRANCH_ENTRIES);
+        &self.entries[..n]
+    }
+}
+
+/// Instruction-pointer sample (cycles, instructions or cpu-clock event).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IpSample {
+    pub header: SampleHeader,
+}
+
+/// Per-CPU loss and error counters kept by the eBPF programs (index into a per-CPU
+/// array map). User space sums them over CPUs and reports them.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Samples the program handled (emitted or thinned).
+    Seen = 0,
+    /// Records written to the ring buffer.
+    Emitted = 1,
+    /// Records lost because the ring buffer was full.
+    RingFull = 2,
+    /// Branch helper returned an error (no branch stack on this sample).
+    BranchError = 3,
+    /// Samples dropped by in-kernel thinning (their period is carried by the next record).
+    Thinned = 4,
+}
+
+/// Number of [`Counter`] slots.
+pub const COUNTERS: u32 = 5;
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain-old-data, `#[repr(C)]`, no padding-dependent invariants.
+    unsafe impl aya::Pod for super::BranchEntry {}
+    unsafe impl aya::Pod for super::SampleHeader {}
+    unsafe impl aya::Pod for super::IpSample {}
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use core::mem::{offset_of, size_of};
+
+    #[test]
+    fn layout_matches_kernel_and_is_fixed() {
+        assert_eq!(
+            size_of::<BranchEntry>(),
+            24,
+            "struct perf_branch_entry is 24 bytes"
+        );
+        assert_eq!(size_of::<SampleHeader>(), 48);
+        assert_eq!(offset_of!(BranchSample, entries), 48);
+        assert_eq!(size_of::<BranchSample>(), 48 + 24 * MAX_BRANCH_ENTRIES);
+    }
+
+    #[test]
+    fn flag_bits_follow_the_kernel_bitfield() {
+        // mispred bit 0, predicted bit 1, cycles bits 4..20, type bits 20..24.
+        let e = BranchEntry {
+            from: 1,
+            to: 2,
+            flags: 1 | (0xabcd << 4) | (0x5 << 20),
+        };
+        assert!(e.mispred());
+        assert!(!e.predicted());
+        assert_eq!(e.cycles(), 0xabcd);
+        assert_eq!(e.branch_type(), 5);
+        let p = BranchEntry::new(1, 2, false, 7);
+        assert!(!p.mispred() && p.predicted());
+        assert_eq!(p.cycles(), 7);
+    }
+}

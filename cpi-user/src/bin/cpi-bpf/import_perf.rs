@@ -1,0 +1,8 @@
+//! `import_perf` subcommand.
+
+#[derive(clap::Args, Debug)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<i32> {
+    anyhow::bail!("import_perf is not built yet")
+}

@@ -1,0 +1,8 @@
+//! `simulate` subcommand.
+
+#[derive(clap::Args, Debug)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<i32> {
+    anyhow::bail!("simulate is not built yet")
+}

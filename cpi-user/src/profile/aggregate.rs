@@ -1,0 +1,235 @@
+//! Per-process aggregation of wire samples, in runtime addresses. The collector and
+//! the PMU model both feed a [`SampleSet`]; analysis reads it.
+//!
+//! Branch samples are reduced on arrival (seed 001's CBT window): of each sample's
+//! entries e₁…eₙ (oldest → newest), the newest `window` ranges [eₖ.to, eₖ₊₁.from] and
+//! the taken branch eₖ₊₁ that ends each are added with weight Q / window, Q being the
+//! events the sample stands for. Memory is bounded by distinct ranges, not samples.
+
+use std::collections::{BTreeMap, HashMap};
+
+use cpi_common::wire::{BranchSample, EventRole, IpSample, FLAG_KERNEL};
+
+use crate::procmap::ProcessMaps;
+
+/// A taken branch (from, to) as recorded.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct TakenStat {
+    /// Estimated executions (Σ Q / window).
+    pub count: f64,
+    /// Estimated mispredicted executions.
+    pub mispredicts: f64,
+    /// Sample occurrences.
+    pub hits: u64,
+}
+
+/// A straight-line range [start, end] (both instruction addresses, end inclusive).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RangeStat {
+    /// Estimated executions (Σ Q / window).
+    pub count: f64,
+    /// Sample occurrences.
+    pub hits: u64,
+    /// Σ LBR `cycles` over occurrences that carried them (timed LBR).
+    pub timed_cycles: u64,
+    /// Occurrences that carried cycles.
+    pub timed_hits: u64,
+}
+
+/// Branch-record aggregate of one process.
+#[derive(Clone, Debug, Default)]
+pub struct BranchAggregate {
+    pub samples: u64,
+    /// Σ Q over samples used.
+    pub weight: u64,
+    pub taken: HashMap<(u64, u64), TakenStat>,
+    pub ranges: HashMap<(u64, u64), RangeStat>,
+    /// Samples with fewer than `window + 1` entries (dropped: counting them would
+    /// weigh shallow samples differently).
+    pub short_samples: u64,
+    /// Ranges dropped at aggregation: running backwards.
+    pub backward_ranges: u64,
+}
+
+/// IP samples of one process and one event role.
+#[derive(Clone, Debug, Default)]
+pub struct IpAggregate {
+    pub samples: u64,
+    /// Σ periods (events, or ns for cpu-clock).
+    pub weight: u64,
+    /// ip → (samples, Σ periods).
+    pub by_ip: HashMap<u64, (u64, u64)>,
+    pub kernel_samples: u64,
+}
+
+impl IpAggregate {
+    pub fn add(&mut self, s: &IpSample) {
+        let h = &s.header;
+        self.samples += 1;
+        self.weight += h.period;
+        if h.flags & FLAG_KERNEL != 0 {
+            self.kernel_samples += 1;
+        }
+        let e = self.by_ip.entry(h.ip).or_default();
+        e.0 += 1;
+        e.1 += h.period;
+    }
+}
+
+impl BranchAggregate {
+    /// Adds one branch sample using its newest `window` ranges.
+    pub fn add(&mut self, s: &BranchSample, window: usize) {
+        let entries = s.entries(); // newest first
+        let window = window.max(1);
+        if entries.len() < window + 1 {
+            self.short_samples += 1;
+            return;
+        }
+        self.samples += 1;
+        self.weight += s.header.period;
+        let w = s.header.period as f64 / window as f64;
+        // entries[i + 1] is older than entries[i]: range [older.to, newer.from], ended
+        // by the taken branch `newer`.
+        for i in 0..window {
+            let (newer, older) = (&entries[i], &entries[i + 1]);
+            let t = self.taken.entry((newer.from, newer.to)).or_default();
+            t.count += w;
+            t.hits += 1;
+            if newer.mispred() {
+                t.mispredicts += w;
+            }
+            if older.to > newer.from {
+                self.backward_ranges += 1;
+                continue;
+            }
+            let r = self.ranges.entry((older.to, newer.from)).or_default();
+            r.count += w;
+            r.hits += 1;
+            let c = newer.cycles();
+            if c != 0 {
+                r.timed_cycles += c as u64;
+                r.timed_hits += 1;
+            }
+        }
+    }
+}
+
+/// Everything gathered for one process.
+#[derive(Clone, Debug, Default)]
+pub struct ProcessSamples {
+    pub pid: u32,
+    pub comm: String,
+    /// Mappings as last read (kept after exit).
+    pub maps: Option<ProcessMaps>,
+    pub branches: BranchAggregate,
+    pub ips: BTreeMap<EventRole, IpAggregate>,
+}
+
+/// All processes of a run.
+#[derive(Clone, Debug, Default)]
+pub struct SampleSet {
+    /// Ranges used per branch sample (seed 001's CBT window).
+    pub window: usize,
+    pub processes: BTreeMap<u32, ProcessSamples>,
+}
+
+impl SampleSet {
+    pub fn new(window: usize) -> Self {
+        SampleSet {
+            window: window.max(1),
+            processes: BTreeMap::new(),
+        }
+    }
+
+    pub fn process(&mut self, pid: u32) -> &mut ProcessSamples {
+        self.processes.entry(pid).or_insert_with(|| ProcessSamples {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    pub fn add_branch(&mut self, s: &BranchSample) {
+        let window = self.window;
+        self.process(s.header.tgid).branches.add(s, window);
+    }
+
+    /// Adds an IP sample under its event role; records with an unknown role are
+    /// returned as an error so the caller counts them as malformed.
+    pub fn add_ip(&mut self, s: &IpSample) -> Result<(), u32> {
+        let role = EventRole::from_u32(s.header.event).ok_or(s.header.event)?;
+        self.process(s.header.tgid)
+            .ips
+            .entry(role)
+            .or_default()
+            .add(s);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cpi_common::wire::{
+        BranchEntry, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES, WIRE_VERSION,
+    };
+
+    fn sample(period: u64, newest_first: &[BranchEntry]) -> BranchSample {
+        let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
+        entries[..newest_first.len()].copy_from_slice(newest_first);
+        BranchSample {
+            header: SampleHeader {
+                version: WIRE_VERSION,
+                kind: SampleKind::Branch as u16,
+                nr: newest_first.len() as u16,
+                tgid: 7,
+                period,
+                ..Default::default()
+            },
+            entries,
+        }
+    }
+
+    #[test]
+    fn window_ranges_are_weighted_by_period_over_window() {
+        // Oldest → newest: 0x10→0x100, 0x120→0x200, 0x230→0x300, 0x310→0x400.
+        let e = [
+            BranchEntry::new(0x310, 0x400, true, 9),
+            BranchEntry::new(0x230, 0x300, false, 0),
+            BranchEntry::new(0x120, 0x200, false, 5),
+            BranchEntry::new(0x10, 0x100, false, 0),
+        ];
+        let mut set = SampleSet::new(2);
+        set.add_branch(&sample(1000, &e));
+        let b = &set.processes[&7].branches;
+        assert_eq!(b.samples, 1);
+        // Only the newest two ranges: [0x300,0x310] and [0x200,0x230].
+        assert_eq!(b.ranges.len(), 2);
+        assert_eq!(b.ranges[&(0x300, 0x310)].count, 500.0);
+        assert_eq!(b.ranges[&(0x300, 0x310)].timed_cycles, 9);
+        assert_eq!(b.ranges[&(0x200, 0x230)].timed_hits, 0);
+        assert!(!b.ranges.contains_key(&(0x100, 0x120)));
+        assert_eq!(b.taken[&(0x310, 0x400)].mispredicts, 500.0);
+        assert_eq!(b.taken[&(0x230, 0x300)].count, 500.0);
+        // A sample too shallow for the window is counted, not used.
+        set.add_branch(&sample(1000, &e[..2]));
+        assert_eq!(set.processes[&7].branches.short_samples, 1);
+    }
+
+    #[test]
+    fn backward_range_is_dropped_and_counted() {
+        let e = [
+            BranchEntry::new(0x100, 0x500, false, 0),
+            BranchEntry::new(0x10, 0x200, false, 0),
+        ];
+        let mut set = SampleSet::new(1);
+        set.add_branch(&sample(10, &e));
+        let b = &set.processes[&7].branches;
+        assert_eq!(b.backward_ranges, 1);
+        assert!(b.ranges.is_empty());
+        assert_eq!(
+            b.taken[&(0x100, 0x500)].count,
+            10.0,
+            "the taken edge itself is valid"
+        );
+    }
+}

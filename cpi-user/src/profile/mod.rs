@@ -1,0 +1,8 @@
+//! Per-process aggregation of wire samples and the analysis that turns them into a
+//! [`Profile`]: LBR ranges → instruction/block/edge counts, cycles, CPI.
+
+pub mod aggregate;
+pub mod model;
+
+pub use aggregate::{BranchAggregate, IpAggregate, ProcessSamples, SampleSet};
+pub use model::{Mode, Profile};

@@ -1,0 +1,3 @@
+//! Rendering and exporting a [`crate::profile::Profile`].
+
+pub mod table;
