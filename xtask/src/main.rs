@@ -1,1 +1,31 @@
-fn main() {}
+//! Developer entry points: `cargo xtask setup`, `cargo xtask run -- ARGS`.
+
+mod setup;
+mod tracer;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install everything the build and the tests need on a fresh machine (idempotent).
+    Setup,
+    /// Build cpi-bpf and run it as root with ARGS.
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Setup => setup::setup(),
+        Command::Run { args } => setup::run(&args),
+    }
+}
