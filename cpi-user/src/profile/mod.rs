@@ -5,4 +5,4 @@ pub mod aggregate;
 pub mod model;
 
 pub use aggregate::{BranchAggregate, IpAggregate, ProcessSamples, SampleSet};
-pub use model::{Mode, Profile};
+pub use model::{Mode, Profile, RunInfo};

@@ -218,4 +218,22 @@ pub struct InstructionProfile {
     /// IP samples on this instruction.
     pub samples: u64,
     pub cycles: Option<f64>,
+    /// Disassembly (Intel syntax), so `cpi-bpf report --annotate` works offline.
+    #[serde(default)]
+    pub text: String,
+}
+
+/// What the caller (collector, PMU model, importer) knows about a run; analysis turns
+/// it plus a [`crate::profile::SampleSet`] into a [`Profile`], adding what it derives
+/// (its own losses, binaries, processes).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunInfo {
+    pub mode: Mode,
+    pub mode_reason: String,
+    pub command: Vec<String>,
+    pub duration_secs: f64,
+    pub events: Vec<EventInfo>,
+    pub perturbation: String,
+    /// Losses counted before analysis (kernel counters, malformed records).
+    pub lost: LossReport,
 }
