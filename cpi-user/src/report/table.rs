@@ -4,7 +4,7 @@
 
 use std::fmt::Write;
 
-use comfy_table::{presets, CellAlignment, Table};
+use comfy_table::{presets, CellAlignment, Table, TableComponent};
 
 use crate::profile::model::{
     BlockProfile, Estimate, FunctionProfile, Mode, ProcessProfile, Profile,
@@ -84,11 +84,15 @@ fn header(p: &Profile) -> String {
     if !p.command.is_empty() {
         let _ = writeln!(s, "command:      {}", p.command.join(" "));
     }
-    let _ = writeln!(
+    let _ = write!(
         s,
-        "duration:     {:.2} s    perturbation: {}    range window: {}",
-        p.duration_secs, p.perturbation, p.range_window
+        "duration:     {:.2} s    perturbation: {}",
+        p.duration_secs, p.perturbation
     );
+    if p.range_window > 0 {
+        let _ = write!(s, "    range window: {}", p.range_window);
+    }
+    s.push('\n');
     for e in &p.events {
         let mut period = format!("period {} {}", e.period, e.unit);
         if e.jitter > 0 {
@@ -154,6 +158,15 @@ fn process_line(mode: Mode, p: &ProcessProfile) -> String {
 fn new_table(header: Vec<&str>, right_from: usize) -> Table {
     let mut t = Table::new();
     t.load_preset(presets::UTF8_HORIZONTAL_ONLY);
+    // Rules above and below and under the header only: rows stay dense.
+    for c in [
+        TableComponent::HorizontalLines,
+        TableComponent::MiddleIntersections,
+        TableComponent::LeftBorderIntersections,
+        TableComponent::RightBorderIntersections,
+    ] {
+        t.remove_style(c);
+    }
     let n = header.len();
     t.set_header(header);
     for i in right_from..n {
