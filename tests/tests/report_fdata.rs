@@ -61,7 +61,11 @@ int main(int argc, char **argv) {
 const FUNCS: [&str; 3] = ["main", "collatz_steps", "checksum"];
 
 fn tools_present() -> bool {
-    for (tool, arg) in [("gcc", "--version"), ("objdump", "--version"), ("llvm-bolt-22", "--version")] {
+    for (tool, arg) in [
+        ("gcc", "--version"),
+        ("objdump", "--version"),
+        ("llvm-bolt-22", "--version"),
+    ] {
         if !have(tool, arg) {
             eprintln!("skipped: {tool} not installed (Debian gcc, binutils, bolt-22; cargo xtask setup installs them)");
             return false;
@@ -151,12 +155,17 @@ fn hand_profile(exe: &Path) -> Profile {
                     to,
                     kind,
                     count,
-                    mispredicts: if kind == EdgeKind::Taken { count / 50.0 } else { 0.0 },
+                    mispredicts: if kind == EdgeKind::Taken {
+                        count / 50.0
+                    } else {
+                        0.0
+                    },
                     to_function: to_function.map(str::to_string),
                     to_binary: None,
                 };
                 if is_jump(&i.text) {
-                    if let Some(t) = target(&i.text).filter(|t| (*start..start + size).contains(t)) {
+                    if let Some(t) = target(&i.text).filter(|t| (*start..start + size).contains(t))
+                    {
                         edges.push(edge(t, EdgeKind::Taken, 1000.0, None));
                     }
                     if !i.text.starts_with("jmp") {
@@ -257,7 +266,11 @@ fn bolt(exe: &Path, fdata: &Path) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "llvm-bolt-22 rejected {}:\n{text}", fdata.display());
+    assert!(
+        out.status.success(),
+        "llvm-bolt-22 rejected {}:\n{text}",
+        fdata.display()
+    );
     let a = Command::new(exe).output().unwrap();
     let b = Command::new(&out_exe).output().unwrap();
     assert!(b.status.success(), "optimised binary failed");
@@ -270,7 +283,12 @@ fn profile_accuracy(bolt_output: &str) -> Vec<f64> {
     bolt_output
         .lines()
         .filter_map(|l| l.trim().strip_prefix("Profile Acc"))
-        .filter_map(|l| l.trim_start_matches([' ', ':']).trim_end_matches('%').parse().ok())
+        .filter_map(|l| {
+            l.trim_start_matches([' ', ':'])
+                .trim_end_matches('%')
+                .parse()
+                .ok()
+        })
         .collect()
 }
 
@@ -306,7 +324,11 @@ fn bolt_accepts_fdata_of_a_hand_built_profile() {
 
     // merge-fdata reads it back (two copies: every count doubles).
     if have("merge-fdata-22", "--version") {
-        let m = Command::new("merge-fdata-22").arg(&fd).arg(&fd).output().unwrap();
+        let m = Command::new("merge-fdata-22")
+            .arg(&fd)
+            .arg(&fd)
+            .output()
+            .unwrap();
         assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
         let merged = String::from_utf8(m.stdout).unwrap();
         assert_eq!(merged.lines().count(), files[0].lines, "{merged}");
@@ -357,7 +379,10 @@ fn bolt_optimises_with_the_fdata_of_cpi_bpf_simulate() {
         eprintln!("skipped: cpi-bpf binary not built next to the tests (cargo build -p cpi-user)");
         return;
     };
-    let help = Command::new(&cpi).args(["simulate", "--help"]).output().unwrap();
+    let help = Command::new(&cpi)
+        .args(["simulate", "--help"])
+        .output()
+        .unwrap();
     if !String::from_utf8_lossy(&help.stdout).contains("--format") {
         eprintln!("skipped: this cpi-bpf's `simulate` has no output options yet (not built)");
         return;
@@ -380,9 +405,15 @@ fn bolt_optimises_with_the_fdata_of_cpi_bpf_simulate() {
         "every hot function has edges:\n{text}"
     );
     let bolt_out = bolt(&exe, &fd);
-    assert!(profiled_functions(&bolt_out).unwrap_or(0) >= FUNCS.len() as u64, "{bolt_out}");
+    assert!(
+        profiled_functions(&bolt_out).unwrap_or(0) >= FUNCS.len() as u64,
+        "{bolt_out}"
+    );
     let acc = profile_accuracy(&bolt_out);
     let mean = acc.iter().sum::<f64>() / acc.len().max(1) as f64;
-    assert!(mean >= 90.0, "mean Profile Acc {mean:.1}% ({acc:?})\n{bolt_out}");
+    assert!(
+        mean >= 90.0,
+        "mean Profile Acc {mean:.1}% ({acc:?})\n{bolt_out}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

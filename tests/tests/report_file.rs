@@ -26,12 +26,22 @@ fn bad_files_give_typed_errors() {
     let text = to_json(&cpi_profile()).unwrap();
     let e = parse(&text.as_bytes()[..text.len() / 2], "half.json").unwrap_err();
     assert!(matches!(e, ProfileFileError::Truncated { .. }), "{e}");
-    assert!(e.to_string().starts_with("profile half.json is truncated"), "{e}");
+    assert!(
+        e.to_string().starts_with("profile half.json is truncated"),
+        "{e}"
+    );
 
     let future = text.replacen("\"format_version\": 1", "\"format_version\": 99", 1);
     let e = parse(future.as_bytes(), "f.json").unwrap_err();
     assert!(
-        matches!(e, ProfileFileError::FutureVersion { found: 99, supported: 1, .. }),
+        matches!(
+            e,
+            ProfileFileError::FutureVersion {
+                found: 99,
+                supported: 1,
+                ..
+            }
+        ),
         "{e}"
     );
 
@@ -77,7 +87,10 @@ fn parser_survives_truncation_and_corruption() {
             truncated_ok += 1;
         }
     }
-    assert_eq!(truncated_ok, 0, "a strict prefix of the file is never a whole profile");
+    assert_eq!(
+        truncated_ok, 0,
+        "a strict prefix of the file is never a whole profile"
+    );
 
     let mut rng = StdRng::seed_from_u64(0x5eed);
     let (mut accepted, mut rejected) = (0, 0);
@@ -100,7 +113,10 @@ fn parser_survives_truncation_and_corruption() {
         }
     }
     // Both outcomes occur (e.g. a flipped digit still parses): the test sees both paths.
-    assert!(accepted > 0 && rejected > 0, "accepted {accepted}, rejected {rejected}");
+    assert!(
+        accepted > 0 && rejected > 0,
+        "accepted {accepted}, rejected {rejected}"
+    );
 }
 
 #[test]
@@ -117,14 +133,30 @@ fn report_command_reproduces_views_offline_and_rejects_bad_files() {
     let run = |args: &[&str]| Command::new(&bin).args(args).output().unwrap();
     let f = file.to_str().unwrap();
     let out = run(&["report", f, "--top", "5"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let opts = TableOptions { top: 5, annotate: None };
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), render(&p, &opts).unwrap());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let opts = TableOptions {
+        top: 5,
+        annotate: None,
+    };
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        render(&p, &opts).unwrap()
+    );
 
     let out = run(&["report", f, "--annotate", "crc_update"]);
     assert!(out.status.success());
-    let opts = TableOptions { top: 20, annotate: Some("crc_update".into()) };
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), render(&p, &opts).unwrap());
+    let opts = TableOptions {
+        top: 20,
+        annotate: Some("crc_update".into()),
+    };
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        render(&p, &opts).unwrap()
+    );
 
     // JSON out of `report` is the same file again.
     let out = run(&["report", f, "--format", "json"]);

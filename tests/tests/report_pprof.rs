@@ -24,18 +24,40 @@ fn sample_types_mappings_and_build_ids() {
     let p = cpi_profile();
     let pp = decode(&encode(&p).unwrap());
     let s = |i: i64| pp.string_table[i as usize].as_str();
-    let types: Vec<_> = pp.sample_type.iter().map(|t| (s(t.r#type), s(t.unit))).collect();
-    assert_eq!(types, [("cycles", "count"), ("instructions", "count"), ("samples", "count")]);
+    let types: Vec<_> = pp
+        .sample_type
+        .iter()
+        .map(|t| (s(t.r#type), s(t.unit)))
+        .collect();
+    assert_eq!(
+        types,
+        [
+            ("cycles", "count"),
+            ("instructions", "count"),
+            ("samples", "count")
+        ]
+    );
     assert_eq!(s(pp.default_sample_type), "cycles");
-    let maps: Vec<_> = pp.mapping.iter().map(|m| (s(m.filename), s(m.build_id))).collect();
-    assert!(maps.contains(&("/opt/bench/bin/bench", "5f0c3a2b9d1e4f60718293a4b5c6d7e8f9a0b1c2")));
+    let maps: Vec<_> = pp
+        .mapping
+        .iter()
+        .map(|m| (s(m.filename), s(m.build_id)))
+        .collect();
+    assert!(maps.contains(&(
+        "/opt/bench/bin/bench",
+        "5f0c3a2b9d1e4f60718293a4b5c6d7e8f9a0b1c2"
+    )));
     assert_eq!(pp.sample.len(), 3);
     let total: i64 = pp.sample.iter().map(|x| x.value[0]).sum();
     assert_eq!(total, (3.0e10 + 9.86e9 + 2.0e6) as i64);
 
     let t = decode(&encode(&time_profile()).unwrap());
     let ts = |i: i64| t.string_table[i as usize].as_str();
-    let types: Vec<_> = t.sample_type.iter().map(|v| (ts(v.r#type), ts(v.unit))).collect();
+    let types: Vec<_> = t
+        .sample_type
+        .iter()
+        .map(|v| (ts(v.r#type), ts(v.unit)))
+        .collect();
     assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
 }
 
@@ -92,7 +114,10 @@ fn go_tool_pprof_shows_the_tables_top_functions() {
         assert_eq!(top, table, "{name}: pprof -top vs the table");
         // And the table really renders in that order.
         let rendered = cpi_user::report::table::render(&p, &Default::default()).unwrap();
-        let pos: Vec<_> = table.iter().map(|n| rendered.find(n.as_str()).unwrap()).collect();
+        let pos: Vec<_> = table
+            .iter()
+            .map(|n| rendered.find(n.as_str()).unwrap())
+            .collect();
         assert!(pos.windows(2).all(|w| w[0] < w[1]), "{rendered}");
     }
     let _ = std::fs::remove_dir_all(dir);

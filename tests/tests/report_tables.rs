@@ -34,7 +34,9 @@ fn top_n_limits_rows_and_says_so() {
 fn cpi_annotate_marks_hottest_and_block_cpi() {
     let out = render(&cpi_profile(), &opts(20, Some("crc_update"))).unwrap();
     golden("cpi_annotate.txt", &out);
-    let hot = out.lines().find(|l| l.contains('▶') && l.contains("40120e"));
+    let hot = out
+        .lines()
+        .find(|l| l.contains('▶') && l.contains("40120e"));
     assert!(hot.is_some(), "the 14k-sample shr is the hottest:\n{out}");
 }
 

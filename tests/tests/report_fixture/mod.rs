@@ -15,7 +15,13 @@ pub fn est(value: f64, samples: u64) -> Option<Estimate> {
     })
 }
 
-fn line(address: u64, count: f64, samples: u64, cycles: Option<f64>, text: &str) -> InstructionProfile {
+fn line(
+    address: u64,
+    count: f64,
+    samples: u64,
+    cycles: Option<f64>,
+    text: &str,
+) -> InstructionProfile {
     InstructionProfile {
         address,
         count,
@@ -133,10 +139,22 @@ pub fn cpi_profile() -> Profile {
         lines: vec![
             line(0x401200, 1.0e6, 20, Some(2.0e7), "mov eax,edi"),
             line(0x401203, 1.0e6, 20, Some(2.1e7), "xor ecx,ecx"),
-            line(0x401208, 2.08e9, 5_000, Some(5.0e9), "movzx edx,byte ptr [rsi+rcx]"),
+            line(
+                0x401208,
+                2.08e9,
+                5_000,
+                Some(5.0e9),
+                "movzx edx,byte ptr [rsi+rcx]",
+            ),
             line(0x40120c, 2.08e9, 3_000, Some(3.0e9), "xor edx,eax"),
             line(0x40120e, 2.08e9, 14_000, Some(1.4e10), "shr eax,8"),
-            line(0x401211, 2.08e9, 5_900, Some(5.9e9), "xor eax,dword ptr [rdx*4+0x402000]"),
+            line(
+                0x401211,
+                2.08e9,
+                5_900,
+                Some(5.9e9),
+                "xor eax,dword ptr [rdx*4+0x402000]",
+            ),
             line(0x401218, 2.08e9, 1_000, Some(1.0e9), "inc rcx"),
             line(0x401220, 2.08e9, 1_000, Some(1.0e9), "jb 0x401208"),
             line(0x401224, 1.0e6, 2, Some(2.0e6), "not eax"),
@@ -306,14 +324,19 @@ pub fn time_profile() -> Profile {
 
 /// Compares `actual` with `tests/golden/NAME`; `CPI_BPF_BLESS=1` rewrites the file.
 pub fn golden(name: &str, actual: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("golden")
+        .join(name);
     if std::env::var_os("CPI_BPF_BLESS").is_some() {
         std::fs::write(&path, actual).unwrap();
         eprintln!("blessed {}", path.display());
         return;
     }
     let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!("{}: {e} (run with CPI_BPF_BLESS=1 to create it)", path.display())
+        panic!(
+            "{}: {e} (run with CPI_BPF_BLESS=1 to create it)",
+            path.display()
+        )
     });
     assert!(
         expected == actual,
