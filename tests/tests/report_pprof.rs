@@ -91,7 +91,7 @@ fn table_order(p: &Profile) -> Vec<String> {
     if p.mode.has_cpi() {
         f.sort_by(|a, b| b.cycles.unwrap_or(0.0).total_cmp(&a.cycles.unwrap_or(0.0)));
     } else {
-        f.sort_by(|a, b| b.samples.cmp(&a.samples));
+        f.sort_by_key(|f| std::cmp::Reverse(f.samples));
     }
     f.iter().map(|f| f.name.clone()).collect()
 }

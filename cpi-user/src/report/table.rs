@@ -503,7 +503,7 @@ fn group(n: u64) -> String {
     let d = n.to_string();
     let mut s = String::with_capacity(d.len() + d.len() / 3);
     for (i, c) in d.chars().enumerate() {
-        if i > 0 && (d.len() - i) % 3 == 0 {
+        if i > 0 && (d.len() - i).is_multiple_of(3) {
             s.push(',');
         }
         s.push(c);
