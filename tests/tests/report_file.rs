@@ -10,7 +10,7 @@ use cpi_user::profile::model::Profile;
 use cpi_user::report::file::{parse, read, to_json, ProfileFileError};
 use cpi_user::report::table::{render, TableOptions};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use report_fixture::{cpi_bpf, cpi_profile, scratch, time_profile};
+use report_fixture::{cpi_bpf, cpi_profile, golden, scratch, time_profile};
 
 #[test]
 fn json_round_trips_both_modes() {
@@ -19,6 +19,17 @@ fn json_round_trips_both_modes() {
         assert_eq!(parse(text.as_bytes(), "t").unwrap(), p);
         assert_eq!(Profile::from_json(text.as_bytes()).unwrap(), p);
     }
+}
+
+/// The file format itself is pinned: a change shows up here and needs
+/// PROFILE_FORMAT_VERSION's consideration. These files also serve `cpi-bpf report` demos.
+#[test]
+fn file_format_is_stable() {
+    golden("cpi_profile.json", &to_json(&cpi_profile()).unwrap());
+    golden("time_profile.json", &to_json(&time_profile()).unwrap());
+    // And what was written before reads back as the same profile.
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden");
+    assert_eq!(read(&dir.join("cpi_profile.json")).unwrap(), cpi_profile());
 }
 
 #[test]

@@ -120,5 +120,12 @@ fn go_tool_pprof_shows_the_tables_top_functions() {
             .collect();
         assert!(pos.windows(2).all(|w| w[0] < w[1]), "{rendered}");
     }
+    // Binaries have their own address spaces: two at the same addresses (two PIEs)
+    // must stay apart.
+    let mut p = cpi_profile();
+    p.processes[0].functions[2].address = p.processes[0].functions[0].address;
+    let file = dir.join("overlap.pb.gz");
+    std::fs::write(&file, encode(&p).unwrap()).unwrap();
+    assert_eq!(pprof_top(&file, "cycles"), table_order(&p));
     let _ = std::fs::remove_dir_all(dir);
 }

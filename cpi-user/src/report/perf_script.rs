@@ -191,6 +191,8 @@ pub fn parse(
                             object: file(&dso),
                         });
                     }
+                    // `[kernel.kallsyms]`, `[unknown]`, `[vdso]`: no file to place.
+                    _ if dso.starts_with('[') => {}
                     _ => out.unplaced.push(dso),
                 }
             }

@@ -345,12 +345,30 @@ pub fn golden(name: &str, actual: &str) {
     );
 }
 
-/// The `cpi-bpf` binary next to this test's build, if it was built.
+/// The `cpi-bpf` binary of this test's build profile, built on first use: cargo
+/// builds a package's binaries only for that package's own tests.
 pub fn cpi_bpf() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?.parent()?;
-    let bin = dir.join("cpi-bpf");
-    bin.exists().then_some(bin)
+    static BUILT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().ok()?;
+            let dir = exe.parent()?.parent()?;
+            let bin = dir.join("cpi-bpf");
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let mut cmd = std::process::Command::new(cargo);
+            cmd.args(["build", "-q", "-p", "cpi-user", "--bin", "cpi-bpf"]);
+            if dir.file_name()? == "release" {
+                cmd.arg("--release");
+            }
+            match cmd.status() {
+                Ok(s) if s.success() && bin.exists() => Some(bin),
+                r => {
+                    eprintln!("building cpi-bpf failed: {r:?}");
+                    None
+                }
+            }
+        })
+        .clone()
 }
 
 /// A fresh scratch directory for one test.
