@@ -64,9 +64,9 @@ pub fn emit(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> {
         }
         Format::Fdata => {
             let files = fdata::render(profile)?;
-            let (main, others) = files
-                .split_first()
-                .expect("render returns at least one file");
+            let Some((main, others)) = files.split_first() else {
+                anyhow::bail!("no .fdata to write");
+            };
             if main.no_lbr {
                 log::warn!(
                     "{}: no branch records in this profile: .fdata in no_lbr (sample) form",
