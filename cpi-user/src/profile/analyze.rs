@@ -668,6 +668,7 @@ mod tests {
         AnalysisOptions {
             symbolizer: SymbolizerOptions {
                 use_proc: false,
+                kallsyms: None,
                 ..Default::default()
             },
             ..Default::default()
