@@ -263,7 +263,9 @@ impl Ctx<'_> {
             funcs: Vec::new(),
         };
         for (&role, agg) in &p.ips {
-            for (&ip, &(samples, weight)) in &agg.by_ip {
+            // Sorted: the aggregate's hash order must not change float sums between
+            // two analyses of the same samples.
+            for (&ip, &(samples, weight)) in sorted(&agg.by_ip) {
                 match res.resolve(self.sym, self.binaries, ip) {
                     Some((i, vaddr)) => res.funcs[i].ips.entry(vaddr).or_default()
                         [role_index(role)]
@@ -314,6 +316,8 @@ impl Ctx<'_> {
                 .total_cmp(&a.cycles.unwrap_or(0.0))
                 .then(b.samples.cmp(&a.samples))
                 .then(a.name.cmp(&b.name))
+                .then(a.binary.cmp(&b.binary))
+                .then(a.address.cmp(&b.address))
         });
 
         let total = |r: EventRole| p.ips.get(&r).map(|a| a.weight as f64);
@@ -357,7 +361,7 @@ impl Ctx<'_> {
     /// Attaches taken edges and ranges to functions; ranges that do not start and end
     /// in one function are invalid.
     fn gather_branches(&mut self, p: &ProcessSamples, res: &mut ProcessResolver<'_>) {
-        for (&(from, to), stat) in &p.branches.taken {
+        for (&(from, to), stat) in sorted(&p.branches.taken) {
             let src = res.resolve(self.sym, self.binaries, from);
             let dst = res.resolve(self.sym, self.binaries, to);
             if let Some((ti, vto)) = dst {
@@ -371,7 +375,7 @@ impl Ctx<'_> {
                 });
             }
         }
-        for (&(start, end), stat) in &p.branches.ranges {
+        for (&(start, end), stat) in sorted(&p.branches.ranges) {
             let s = res.resolve(self.sym, self.binaries, start);
             let e = res.resolve(self.sym, self.binaries, end);
             match (s, e) {
@@ -605,6 +609,13 @@ struct Detail {
     blocks: Vec<BlockProfile>,
     edges: Vec<EdgeProfile>,
     lines: Vec<InstructionProfile>,
+}
+
+/// A hash map's entries in key order (analysis is deterministic).
+fn sorted<K: Ord, V>(m: &HashMap<K, V>) -> Vec<(&K, &V)> {
+    let mut v: Vec<(&K, &V)> = m.iter().collect();
+    v.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    v
 }
 
 fn note_binary(binaries: &mut BTreeMap<String, BinaryInfo>, r: &Resolved) {
