@@ -417,3 +417,67 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod live_tests {
+    use super::*;
+
+    /// A running program whose file was deleted still symbolises, through
+    /// /proc/PID/map_files (needs root or the same user; this test's own child is ours).
+    #[test]
+    fn deleted_binary_of_a_live_process() {
+        let dir = std::env::temp_dir().join(format!("cpi-deleted-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("sleeper");
+        if let Err(e) = std::fs::copy("/bin/sleep", &exe) {
+            eprintln!("skipped: cannot copy /bin/sleep: {e}");
+            return;
+        }
+        let mut child = std::process::Command::new(&exe).arg("30").spawn().unwrap();
+        let pid = child.id();
+        // Wait until the exec has mapped the copy.
+        let mut mapped = false;
+        for _ in 0..200 {
+            if let Ok(m) = ProcessMaps::read(pid) {
+                if m.mappings.iter().any(|m| {
+                    m.executable
+                        && matches!(&m.object, MappedObject::File { path, .. } if path == &exe)
+                }) {
+                    mapped = true;
+                    break;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        std::fs::remove_file(&exe).unwrap();
+        // Resolve while the child lives: /proc/PID/map_files is the only way left.
+        let resolved = mapped
+            .then(|| {
+                let maps = ProcessMaps::read(pid).ok()?;
+                let text = maps
+                    .mappings
+                    .iter()
+                    .find(|m| {
+                        m.executable
+                            && matches!(&m.object, MappedObject::File { deleted: true, .. })
+                    })?
+                    .clone();
+                let mut s = Symbolizer::new(SymbolizerOptions {
+                    kallsyms: None,
+                    ..Default::default()
+                });
+                // sleep is stripped: scan the text for an address its FDEs cover.
+                (text.start..text.end)
+                    .step_by(64)
+                    .find_map(|a| s.resolve(pid, &maps, a).ok())
+            })
+            .flatten();
+        let _ = child.kill();
+        let _ = child.wait();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let r = resolved.expect("a function of the deleted, still running binary");
+        assert!(r.deleted);
+        assert_eq!(r.object_name, exe.display().to_string());
+        assert!(matches!(r.object, CodeObject::Elf(ref b) if b.stripped()));
+    }
+}
