@@ -311,3 +311,39 @@ fn import_perf_command_gives_the_same_profile() {
     assert_eq!(imported.processes[0].functions[0].samples, 150);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Random byte edits of real perf script text: the parser never panics; it returns
+/// samples or one error.
+#[test]
+fn perf_script_parser_survives_corruption() {
+    let samples = synthetic(13, 40, 0x401000, 0x402000, 1);
+    let text = write_perf_script(&samples, "/bin/prog", Variant::EightDsoff).into_bytes();
+    let mut rng = StdRng::seed_from_u64(0xf00d);
+    let (mut ok, mut err) = (0, 0);
+    for _ in 0..2000 {
+        let mut b = text.clone();
+        for _ in 0..rng.gen_range(1..6) {
+            let i = rng.gen_range(0..b.len());
+            match rng.gen_range(0..3) {
+                0 => b[i] = *b"0x/()- M\nP9af".get(rng.gen_range(0..13)).unwrap(),
+                1 => b.truncate(i),
+                _ => {
+                    b.remove(i);
+                }
+            }
+        }
+        let t = String::from_utf8_lossy(&b);
+        let r = std::panic::catch_unwind(|| parse(&t, ImportOptions::default(), &no_elf));
+        match r.unwrap_or_else(|_| panic!("parser panicked on {t:?}")) {
+            Ok(imp) => {
+                assert!(imp.samples.iter().all(|s| s.entries().len() <= MAX_BRANCH_ENTRIES));
+                ok += 1
+            }
+            Err(e) => {
+                assert!(!e.to_string().is_empty());
+                err += 1
+            }
+        }
+    }
+    assert!(ok > 0 && err > 0, "ok {ok}, err {err}");
+}
