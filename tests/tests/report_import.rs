@@ -336,7 +336,10 @@ fn perf_script_parser_survives_corruption() {
         let r = std::panic::catch_unwind(|| parse(&t, ImportOptions::default(), &no_elf));
         match r.unwrap_or_else(|_| panic!("parser panicked on {t:?}")) {
             Ok(imp) => {
-                assert!(imp.samples.iter().all(|s| s.entries().len() <= MAX_BRANCH_ENTRIES));
+                assert!(imp
+                    .samples
+                    .iter()
+                    .all(|s| s.entries().len() <= MAX_BRANCH_ENTRIES));
                 ok += 1
             }
             Err(e) => {

@@ -203,7 +203,7 @@ pub fn cpi_profile() -> Profile {
         share: 0.0001,
         time_ns: None,
         cycles: Some(2.0e6),
-        instructions: None,
+        instructions: Some(1.5e6),
         cpi: None,
         timed_cpi: None,
         blocks: vec![],
