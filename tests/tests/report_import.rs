@@ -166,6 +166,10 @@ fn brstackoff_offsets_are_placed_by_the_dso_kind() {
         &pie,
     )
     .unwrap();
+    // The synthetic samples' ips are offsets too (outside any mapping): placed at the
+    // newest branch target.
+    assert_eq!(imp.ips_at_branch_target, samples.len());
+    assert!(imp.samples.iter().all(|s| s.header.ip == s.entries[0].to));
     let maps = &imp.maps[&100].mappings;
     assert_eq!(maps.len(), 1);
     let base = maps[0].start;

@@ -149,7 +149,13 @@ fn go_tool_pprof_shows_the_tables_top_functions() {
 
     // Address granularity: the hottest instruction of the table's annotate view tops.
     let out = Command::new("go")
-        .args(["tool", "pprof", "-top", "-addresses", "-sample_index=cycles"])
+        .args([
+            "tool",
+            "pprof",
+            "-top",
+            "-addresses",
+            "-sample_index=cycles",
+        ])
         .arg(dir.join("cpi.pb.gz"))
         .env("HOME", std::env::temp_dir())
         .output()
@@ -160,6 +166,9 @@ fn go_tool_pprof_shows_the_tables_top_functions() {
         .skip_while(|l| !l.trim_start().starts_with("flat"))
         .nth(1)
         .unwrap_or_default();
-    assert!(first.contains("40120e") && first.contains("crc_update"), "{text}");
+    assert!(
+        first.contains("40120e") && first.contains("crc_update"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
