@@ -194,6 +194,7 @@ fn hand_profile(exe: &Path) -> Profile {
                     count: 1000.0,
                     samples: 10,
                     cycles: Some(1000.0),
+                    cpi: None,
                     text: i.text.clone(),
                 })
                 .collect();

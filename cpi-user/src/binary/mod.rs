@@ -10,6 +10,7 @@
 //! A [`Binary`] keeps only its executable segments' bytes. Bad ELF is an error, never a
 //! panic.
 
+pub mod cfg;
 mod ehframe;
 pub mod symbolize;
 
@@ -20,6 +21,7 @@ use std::time::SystemTime;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, SymbolKind};
 
+pub use cfg::{BasicBlock, Cfg, CfgEdge, FlowKind, Instruction};
 pub use symbolize::{CodeObject, Resolved, SymbolizeError, Symbolizer, SymbolizerOptions};
 
 /// ELF `PF_X`.
@@ -267,6 +269,22 @@ impl Binary {
             let hi = usize::try_from(end.checked_sub(*v)?).ok()?;
             b.get(lo..hi)
         })
+    }
+
+    /// Disassembles `func` into basic blocks and its CFG. `extra_leaders` are addresses
+    /// that must start a block (targets seen in branch records); ones that are not
+    /// instruction boundaries of the function are ignored. Exact-count oracles use this
+    /// with the block starts of a profile to compare block by block.
+    pub fn cfg(&self, func: &Function, extra_leaders: &[u64]) -> Result<Cfg, BinaryError> {
+        let bytes = self
+            .code(func.start, func.end())
+            .ok_or_else(|| BinaryError::NoCode {
+                path: self.path.clone(),
+                function: func.name.clone(),
+                vaddr: func.start,
+                end: func.end(),
+            })?;
+        Ok(Cfg::build(func, bytes, extra_leaders))
     }
 }
 

@@ -27,6 +27,7 @@ fn line(
         count,
         samples,
         cycles,
+        cpi: None,
         text: text.to_string(),
     }
 }
