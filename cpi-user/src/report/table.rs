@@ -412,12 +412,13 @@ fn annotate_function(mode: Mode, proc: &ProcessProfile, f: &FunctionProfile) -> 
                 "count",
                 "samples",
                 "cycles",
+                "CPI",
                 "block CPI",
                 "instruction",
             ],
             2,
         );
-        if let Some(c) = t.column_mut(6) {
+        if let Some(c) = t.column_mut(7) {
             c.set_cell_alignment(CellAlignment::Left);
         }
         for l in &f.lines {
@@ -427,6 +428,7 @@ fn annotate_function(mode: Mode, proc: &ProcessProfile, f: &FunctionProfile) -> 
                 si(l.count),
                 group(l.samples),
                 opt_si(l.cycles),
+                cpi(l.cpi, l.samples, l.cycles.is_some()),
                 block_at(l.address)
                     .map(|b| cpi(b.cpi, b.samples, b.cycles.is_some()))
                     .unwrap_or_default(),

@@ -27,7 +27,10 @@ fn line(
         count,
         samples,
         cycles,
-        cpi: None,
+        // The hot loop's instructions are sampled enough for their own CPI.
+        cpi: cycles
+            .filter(|_| samples >= 1_000)
+            .and_then(|c| est(c / count, samples)),
         text: text.to_string(),
     }
 }
