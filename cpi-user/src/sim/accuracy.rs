@@ -1,0 +1,1 @@
+//! Accuracy (being built).
