@@ -54,8 +54,8 @@ pub struct PmuConfig {
 impl Default for PmuConfig {
     fn default() -> Self {
         PmuConfig {
-            branch: PeriodPolicy::around(DEFAULT_BRANCH_PERIOD),
-            cycles: PeriodPolicy::around(DEFAULT_CYCLE_PERIOD),
+            branch: PeriodPolicy::around(SIM_BRANCH_PERIOD),
+            cycles: PeriodPolicy::around(SIM_CYCLE_PERIOD),
             depth: MAX_BRANCH_ENTRIES,
             perturbation: Perturbation::Both,
             thinning: DEFAULT_THINNING,
@@ -67,10 +67,12 @@ impl Default for PmuConfig {
     }
 }
 
-/// Default taken branches per branch sample.
-pub const DEFAULT_BRANCH_PERIOD: u64 = 10_007;
-/// Default cycles per cycle sample.
-pub const DEFAULT_CYCLE_PERIOD: u64 = 100_003;
+/// Default taken branches per branch sample. Lower than a production rate because a
+/// traced run is short (Valgrind runs 50–100× slower than native): a prime that still
+/// gives thousands of samples on a 100 M-instruction run.
+pub const SIM_BRANCH_PERIOD: u64 = 2_003;
+/// Default cycles per cycle sample (prime; see [`SIM_BRANCH_PERIOD`]).
+pub const SIM_CYCLE_PERIOD: u64 = 2_003;
 /// Default kernel-layer thinning factor.
 pub const DEFAULT_THINNING: u32 = 4;
 
