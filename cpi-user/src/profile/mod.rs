@@ -2,7 +2,9 @@
 //! [`Profile`]: LBR ranges → instruction/block/edge counts, cycles, CPI.
 
 pub mod aggregate;
+pub mod analyze;
 pub mod model;
 
 pub use aggregate::{BranchAggregate, IpAggregate, ProcessSamples, SampleSet};
+pub use analyze::{analyze, AnalysisOptions};
 pub use model::{Mode, Profile, RunInfo};

@@ -1,0 +1,352 @@
+//! Runtime address → (code object, address in its own space, function), through a
+//! process's mappings.
+//!
+//! Kernel addresses are `[kernel]`; anonymous executable memory is `[anon]` (JIT), named
+//! per function from `/tmp/perf-PID.map` when the runtime writes one; `[vdso]` and other
+//! special mappings are named after the mapping. Files are opened through
+//! `/proc/PID/map_files/` (which still works when the file was deleted or replaced) and
+//! `/proc/PID/root/` (containers) when the process is live and
+//! [`SymbolizerOptions::use_proc`] is set, else by the mapped path.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::{Binary, BinaryCache, BinaryError, Function};
+use crate::procmap::{MappedObject, Mapping, ProcessMaps};
+
+/// Lowest x86-64 kernel address (canonical upper half).
+pub const KERNEL_START: u64 = 0xffff_8000_0000_0000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SymbolizeError {
+    #[error("pid {pid}: {addr:#x} is in no mapping")]
+    Unmapped { pid: u32, addr: u64 },
+    #[error("pid {pid}: {addr:#x}: {source}")]
+    Binary {
+        pid: u32,
+        addr: u64,
+        source: Arc<BinaryError>,
+    },
+    #[error("{path}: file offset {offset:#x} (runtime {addr:#x}) is in no PT_LOAD segment")]
+    OutsideSegments {
+        path: PathBuf,
+        offset: u64,
+        addr: u64,
+    },
+    #[error("{path}: no function contains {vaddr:#x}")]
+    NoFunction { path: PathBuf, vaddr: u64 },
+}
+
+#[derive(Clone, Debug)]
+pub struct SymbolizerOptions {
+    /// Open files through `/proc/PID/map_files` and `/proc/PID/root` (live processes).
+    /// Off for recorded maps of processes that no longer exist (the PMU model).
+    pub use_proc: bool,
+    /// Directory holding `perf-PID.map` files.
+    pub perf_map_dir: PathBuf,
+}
+
+impl Default for SymbolizerOptions {
+    fn default() -> Self {
+        SymbolizerOptions {
+            use_proc: true,
+            perf_map_dir: PathBuf::from("/tmp"),
+        }
+    }
+}
+
+/// What an address lies in.
+#[derive(Clone, Debug)]
+pub enum CodeObject {
+    Elf(Arc<Binary>),
+    Kernel,
+    /// Anonymous executable memory (JIT).
+    Anon,
+    /// `[vdso]` and other special mappings, by name.
+    Special(String),
+}
+
+/// A symbolised address.
+#[derive(Clone, Debug)]
+pub struct Resolved {
+    pub object: CodeObject,
+    /// Path as mapped, or `[kernel]`, `[anon]`, `[vdso]`.
+    pub object_name: String,
+    /// The mapped file was deleted (or replaced) since it was mapped.
+    pub deleted: bool,
+    /// Address in the object's own space: ELF virtual address; the runtime address for
+    /// non-file objects.
+    pub vaddr: u64,
+    /// The function; for non-ELF objects without a perf map, a pseudo-function named
+    /// after the object covering the whole mapping.
+    pub function: Function,
+    /// Index into [`Binary::functions`] for ELF objects.
+    pub function_index: Option<usize>,
+}
+
+/// Symbolises addresses of many processes, caching binaries and perf maps.
+pub struct Symbolizer {
+    opts: SymbolizerOptions,
+    binaries: BinaryCache,
+    /// (pid, mapping start) → opened binary (or why not).
+    by_mapping: HashMap<(u32, u64), Result<Arc<Binary>, Arc<BinaryError>>>,
+    perf_maps: HashMap<u32, Vec<Function>>,
+}
+
+impl Symbolizer {
+    pub fn new(opts: SymbolizerOptions) -> Self {
+        Symbolizer {
+            opts,
+            binaries: BinaryCache::new(),
+            by_mapping: HashMap::new(),
+            perf_maps: HashMap::new(),
+        }
+    }
+
+    /// Symbolises `addr` of process `pid` whose mappings are `maps`.
+    pub fn resolve(
+        &mut self,
+        pid: u32,
+        maps: &ProcessMaps,
+        addr: u64,
+    ) -> Result<Resolved, SymbolizeError> {
+        if addr >= KERNEL_START {
+            return Ok(pseudo(
+                CodeObject::Kernel,
+                "[kernel]",
+                addr,
+                KERNEL_START,
+                0,
+            ));
+        }
+        let Some(m) = maps.find(addr) else {
+            return self
+                .perf_map_lookup(pid, addr)
+                .ok_or(SymbolizeError::Unmapped { pid, addr });
+        };
+        match &m.object {
+            MappedObject::Anon => Ok(self
+                .perf_map_lookup(pid, addr)
+                .unwrap_or_else(|| pseudo(CodeObject::Anon, "[anon]", addr, m.start, m.end))),
+            MappedObject::Special(name) => Ok(pseudo(
+                CodeObject::Special(name.clone()),
+                name,
+                addr,
+                m.start,
+                m.end,
+            )),
+            MappedObject::File { path, deleted } => {
+                let bin = self.binary_for(pid, m, path)?;
+                let offset = m.file_offset(addr);
+                let vaddr =
+                    bin.vaddr_of_offset(offset)
+                        .ok_or_else(|| SymbolizeError::OutsideSegments {
+                            path: path.clone(),
+                            offset,
+                            addr,
+                        })?;
+                let i = bin
+                    .function_index(vaddr)
+                    .ok_or_else(|| SymbolizeError::NoFunction {
+                        path: path.clone(),
+                        vaddr,
+                    })?;
+                Ok(Resolved {
+                    function: bin.functions()[i].clone(),
+                    function_index: Some(i),
+                    object_name: path.display().to_string(),
+                    deleted: *deleted,
+                    vaddr,
+                    object: CodeObject::Elf(bin),
+                })
+            }
+        }
+    }
+
+    fn binary_for(
+        &mut self,
+        pid: u32,
+        m: &Mapping,
+        path: &Path,
+    ) -> Result<Arc<Binary>, SymbolizeError> {
+        let key = (pid, m.start);
+        if !self.by_mapping.contains_key(&key) {
+            let mut candidates = Vec::new();
+            if self.opts.use_proc {
+                candidates.push(PathBuf::from(format!(
+                    "/proc/{pid}/map_files/{:x}-{:x}",
+                    m.start, m.end
+                )));
+                candidates.push(
+                    Path::new(&format!("/proc/{pid}/root"))
+                        .join(path.strip_prefix("/").unwrap_or(path)),
+                );
+            }
+            candidates.push(path.to_path_buf());
+            let mut result = Err(Arc::new(BinaryError::Io {
+                path: path.to_path_buf(),
+                source: std::io::ErrorKind::NotFound.into(),
+            }));
+            for c in &candidates {
+                match self.binaries.get(c) {
+                    Ok(b) => {
+                        result = Ok(b);
+                        break;
+                    }
+                    // The mapped path's own error is the one worth reporting.
+                    Err(e) if c == path => result = Err(Arc::new(e)),
+                    Err(_) => {}
+                }
+            }
+            if let Err(e) = &result {
+                log::warn!("pid {pid}: {e}");
+            }
+            self.by_mapping.insert(key, result);
+        }
+        self.by_mapping[&key]
+            .clone()
+            .map_err(|source| SymbolizeError::Binary {
+                pid,
+                addr: m.start,
+                source,
+            })
+    }
+
+    fn perf_map_lookup(&mut self, pid: u32, addr: u64) -> Option<Resolved> {
+        let dir = &self.opts.perf_map_dir;
+        let funcs = self
+            .perf_maps
+            .entry(pid)
+            .or_insert_with(|| read_perf_map(&dir.join(format!("perf-{pid}.map"))));
+        let i = funcs.partition_point(|f| f.start <= addr).checked_sub(1)?;
+        let f = funcs.get(i).filter(|f| f.contains(addr))?;
+        Some(Resolved {
+            object: CodeObject::Anon,
+            object_name: "[anon]".into(),
+            deleted: false,
+            vaddr: addr,
+            function: f.clone(),
+            function_index: None,
+        })
+    }
+}
+
+fn pseudo(object: CodeObject, name: &str, addr: u64, start: u64, end: u64) -> Resolved {
+    Resolved {
+        object,
+        object_name: name.to_string(),
+        deleted: false,
+        vaddr: addr,
+        function: Function {
+            name: name.to_string(),
+            start,
+            size: end.wrapping_sub(start),
+        },
+        function_index: None,
+    }
+}
+
+/// Parses a perf map (`START SIZE NAME`, hex, one per line); a missing or unreadable
+/// file is an empty map. Bad lines are skipped: the file is written by a foreign runtime.
+fn read_perf_map(path: &Path) -> Vec<Function> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    parse_perf_map(&text)
+}
+
+fn parse_perf_map(text: &str) -> Vec<Function> {
+    let mut out: Vec<Function> = text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ' ');
+            let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+            let start = hex(f.next()?)?;
+            let size = hex(f.next()?)?;
+            let name = f.next()?.trim().to_string();
+            Some(Function { name, start, size })
+        })
+        .filter(|f| f.size > 0)
+        .collect();
+    // Later entries win (JITs re-emit code at reused addresses).
+    out.reverse();
+    out.sort_by_key(|f| f.start);
+    out.dedup_by_key(|f| f.start);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binary::testbin::{maps_for, TestProgram};
+
+    #[test]
+    fn perf_map_lines() {
+        let m = parse_perf_map("7f00 20 jit_a\nbad line\n0x7f40 10 jit b\n7f00 30 jit_a2\n");
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].name, "jit_a2");
+        assert_eq!(
+            (m[1].start, m[1].size, m[1].name.as_str()),
+            (0x7f40, 0x10, "jit b")
+        );
+    }
+
+    #[test]
+    fn resolves_pie_non_pie_kernel_anon_vdso() {
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let dir = std::env::temp_dir().join(format!("cpi-sym-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("perf-4242.map"), "7f0000000100 40 jitted_fn\n").unwrap();
+        let mut s = Symbolizer::new(SymbolizerOptions {
+            use_proc: false,
+            perf_map_dir: dir.clone(),
+        });
+        for (path, base) in [(&t.plain, 0), (&t.pie, 0x5555_5555_4000)] {
+            let bin = Binary::open(path).unwrap();
+            let maps = maps_for(path, &bin, base);
+            let f = bin.function_by_name("classify").unwrap();
+            let r = s.resolve(4242, &maps, base + f.start + 2).unwrap();
+            assert_eq!(r.function.name, "classify");
+            assert_eq!(r.vaddr, f.start + 2);
+            assert_eq!(r.object_name, path.display().to_string());
+            assert!(matches!(r.object, CodeObject::Elf(_)));
+            let r = s.resolve(4242, &maps, 0x7f00_0000_0110).unwrap();
+            assert_eq!(
+                (r.object_name.as_str(), r.function.name.as_str()),
+                ("[anon]", "jitted_fn")
+            );
+            let r = s.resolve(4242, &maps, 0x7f00_0000_0800).unwrap();
+            assert_eq!(r.function.name, "[anon]");
+            let r = s.resolve(4242, &maps, 0x7fff_0000_0010).unwrap();
+            assert_eq!(r.function.name, "[vdso]");
+            let r = s.resolve(4242, &maps, 0xffff_ffff_8100_0000).unwrap();
+            assert_eq!(r.object_name, "[kernel]");
+            let e = s.resolve(4242, &maps, 0x10).unwrap_err();
+            assert!(matches!(e, SymbolizeError::Unmapped { .. }), "{e}");
+        }
+        // A mapping of a file that is gone is a clear error.
+        let maps = ProcessMaps::parse("400000-401000 r-xp 00000000 00:00 1 /gone/bin (deleted)\n")
+            .unwrap();
+        let e = s.resolve(1, &maps, 0x400010).unwrap_err();
+        assert!(e.to_string().contains("/gone/bin"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn live_process_through_proc() {
+        // Our own process: resolve this very function through /proc/self.
+        let pid = std::process::id();
+        let maps = ProcessMaps::read(pid).unwrap();
+        let mut s = Symbolizer::new(SymbolizerOptions::default());
+        let addr = live_process_through_proc as *const () as usize as u64;
+        let r = s.resolve(pid, &maps, addr).unwrap();
+        assert!(
+            r.function.name.contains("live_process_through_proc"),
+            "{}",
+            r.function.name
+        );
+    }
+}

@@ -1,0 +1,106 @@
+//! Test fixtures: C programs from `tests/programs/` compiled with gcc -O2 into a plain
+//! (non-PIE), a PIE and stripped copies of both. Built once per test process.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+pub struct TestProgram {
+    pub plain: PathBuf,
+    pub stripped: PathBuf,
+    pub pie: PathBuf,
+    pub pie_stripped: PathBuf,
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn build(name: &str) -> Result<TestProgram, String> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/programs")
+        .join(format!("{name}.c"));
+    let dir = std::env::temp_dir()
+        .join("cpi-user-test-programs")
+        .join(std::process::id().to_string());
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let t = TestProgram {
+        plain: dir.join(name),
+        stripped: dir.join(format!("{name}.stripped")),
+        pie: dir.join(format!("{name}.pie")),
+        pie_stripped: dir.join(format!("{name}.pie.stripped")),
+    };
+    let export = "-Wl,--export-dynamic-symbol=exported_entry";
+    for (out, pie) in [(&t.plain, "-no-pie"), (&t.pie, "-pie")] {
+        let pic = if pie == "-pie" { "-fPIE" } else { "-fno-PIE" };
+        run(Command::new("gcc")
+            .args(["-O2", "-g0", pic, pie, export, "-o"])
+            .arg(out)
+            .arg(&src))?;
+    }
+    for (from, to) in [(&t.plain, &t.stripped), (&t.pie, &t.pie_stripped)] {
+        run(Command::new("strip").arg("-o").arg(to).arg(from))?;
+    }
+    Ok(t)
+}
+
+impl TestProgram {
+    /// The compiled program, or `None` after printing why it is unavailable.
+    pub fn get(name: &str) -> Option<&'static TestProgram> {
+        static BUILT: OnceLock<Mutex<HashMap<String, Result<&'static TestProgram, String>>>> =
+            OnceLock::new();
+        let mut m = BUILT.get_or_init(Default::default).lock().ok()?;
+        let r = m
+            .entry(name.to_string())
+            .or_insert_with(|| build(name).map(|t| &*Box::leak(Box::new(t))));
+        match r {
+            Ok(t) => Some(t),
+            Err(e) => {
+                eprintln!("skipped: cannot build test program {name} with gcc: {e}");
+                None
+            }
+        }
+    }
+
+    /// Address of `sym` according to `nm` (an independent reader of the symbol table).
+    pub fn nm(&self, sym: &str) -> Option<u64> {
+        let out = Command::new("nm").arg(&self.plain).output().ok()?;
+        String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+            let mut f = l.split_whitespace();
+            let (a, _, n) = (f.next()?, f.next()?, f.next()?);
+            (n == sym).then(|| u64::from_str_radix(a, 16).ok())?
+        })
+    }
+}
+
+/// `/proc/PID/maps` text mapping `bin`'s PT_LOADs at `base` + vaddr (page-aligned, as
+/// ld.so does), plus an anonymous rwx page at 0x7f0000000000 and a `[vdso]`.
+pub fn maps_for(
+    path: &Path,
+    bin: &crate::binary::Binary,
+    base: u64,
+) -> crate::procmap::ProcessMaps {
+    let mut text = String::new();
+    for s in &bin.segments {
+        let start = base + (s.vaddr & !0xfff);
+        let end = base + ((s.vaddr + s.memsz + 0xfff) & !0xfff);
+        let x = if s.executable { 'x' } else { '-' };
+        text += &format!(
+            "{start:x}-{end:x} r{x}p {:08x} 00:00 1 {}\n",
+            s.offset & !0xfff,
+            path.display()
+        );
+    }
+    text += "7f0000000000-7f0000001000 rwxp 00000000 00:00 0\n";
+    text += "7fff00000000-7fff00002000 r-xp 00000000 00:00 0 [vdso]\n";
+    crate::procmap::ProcessMaps::parse(&text).expect("well-formed maps")
+}
