@@ -527,3 +527,22 @@ pub fn perturbation_name(p: Perturbation) -> &'static str {
         Perturbation::Both => "both",
     }
 }
+
+/// Opens `spec` on the calling thread (disabled) and, given a loaded object, attaches
+/// its program: what `cpi-bpf doctor` uses to tell what this machine can sample.
+pub fn try_event(spec: &EventSpec, bpf: Option<&Ebpf>) -> Result<(), CollectError> {
+    let fd = sys::perf_event_open(&spec.attr, 0, -1).map_err(|source| CollectError::Open {
+        event: spec.name.clone(),
+        on: "this process".to_string(),
+        source,
+    })?;
+    if let Some(bpf) = bpf {
+        sys::set_bpf(&fd, program_fd(bpf, spec.program)?).map_err(|source| {
+            CollectError::Attach {
+                event: spec.name.clone(),
+                source,
+            }
+        })?;
+    }
+    Ok(())
+}
