@@ -1,7 +1,9 @@
 /* A CPU-bound test program for the collection tests: almost all of its time is in
  * `hot_spin`, a little in `cold_spin`. Runs for argv[1] seconds (default 10), then
- * exits 0; with argv[2] = N it runs N threads doing the same. */
+ * exits 0; with argv[2] = N it runs N threads doing the same. At exit it prints its own
+ * CPU time (`cpu_seconds=S` on stderr): what a time profile's samples should add up to. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -49,5 +51,8 @@ int main(int argc, char **argv) {
     work(0);
     for (int i = 1; i < threads && i < 64; i++)
         pthread_join(t[i], 0);
+    struct timespec cpu;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu);
+    fprintf(stderr, "cpu_seconds=%.6f\n", cpu.tv_sec + cpu.tv_nsec / 1e9);
     return 0;
 }

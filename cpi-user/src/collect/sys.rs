@@ -160,8 +160,10 @@ mod tests {
     #[test]
     fn ioctl_numbers_follow_the_ioc_encoding() {
         // _IOW(type, nr, size) = 1 << 30 | size << 16 | type << 8 | nr.
-        let iow = |nr: u64, size: u64| (1u64 << 30) | (size << 16) | ((b'$' as u64) << 8) | nr;
-        assert_eq!(PERF_EVENT_IOC_PERIOD as u64, iow(4, 8));
-        assert_eq!(PERF_EVENT_IOC_SET_BPF as u64, iow(8, 4));
+        let iow = |nr: libc::c_ulong, size: libc::c_ulong| {
+            (1 << 30) | (size << 16) | ((b'$' as libc::c_ulong) << 8) | nr
+        };
+        assert_eq!(PERF_EVENT_IOC_PERIOD, iow(4, 8));
+        assert_eq!(PERF_EVENT_IOC_SET_BPF, iow(8, 4));
     }
 }
