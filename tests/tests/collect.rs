@@ -200,6 +200,38 @@ fn pid_on_a_stripped_binary_finds_the_hot_function_from_eh_frame() {
     });
 }
 
+#[test]
+fn system_wide_sees_the_busy_process() {
+    if !require_root("cpi-bpf --system-wide") {
+        return;
+    }
+    let Some(exe) = busy("system", &[]) else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut child = start_busy(&exe, "20");
+    let pid = child.id();
+    let (out, cpu) = run_on_pid(
+        pid,
+        &["--system-wide", "--duration", "1", "--format", "json"],
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let profile = json(&out);
+    let p = process(&profile, pid);
+    assert_within(
+        samples(p),
+        HZ * cpu,
+        &format!("--system-wide, busy pid {pid}, CPU {cpu:.2} s"),
+    );
+    assert_eq!(hottest(p, &exe)["name"], "hot_spin");
+}
+
 /// Runs cpi-bpf on `busy SECONDS` as a command.
 fn command_run(exe: &Path, seconds: &str) -> Output {
     Command::new(cpi_bpf())

@@ -205,38 +205,47 @@ fn open_events(
 ) -> Result<Vec<OpenEvent>, CollectError> {
     let mut open = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
-        let prog = program_fd(bpf, spec.program)?;
-        let mut attr = spec.attr;
-        attr.flags |= extra_flags;
         for &(pid, cpu) in places {
-            let fd = match sys::perf_event_open(&attr, pid, cpu) {
-                Ok(fd) => fd,
+            match open_attached(bpf, spec, extra_flags, pid, cpu) {
+                Ok(fd) => open.push(OpenEvent { fd, spec_index: i }),
                 // A thread that exited since /proc/PID/task was listed.
-                Err(e)
-                    if e.raw_os_error() == Some(libc::ESRCH) && cpu == -1 && places.len() > 1 =>
-                {
-                    continue
-                }
-                Err(source) => {
-                    return Err(CollectError::Open {
-                        event: spec.name.clone(),
-                        on: if pid >= 0 {
-                            format!("pid {pid}")
-                        } else {
-                            format!("cpu {cpu}")
-                        },
-                        source,
-                    })
-                }
-            };
-            sys::set_bpf(&fd, prog).map_err(|source| CollectError::Attach {
-                event: spec.name.clone(),
-                source,
-            })?;
-            open.push(OpenEvent { fd, spec_index: i });
+                Err(CollectError::Open { source, .. })
+                    if source.raw_os_error() == Some(libc::ESRCH)
+                        && cpu == -1
+                        && places.len() > 1 => {}
+                Err(e) => return Err(e),
+            }
         }
     }
     Ok(open)
+}
+
+/// Opens `spec` (plus `extra_flags`) on `pid`/`cpu` as `perf_event_open` takes them and
+/// attaches the spec's program. The fd keeps the program attached.
+pub fn open_attached(
+    bpf: &Ebpf,
+    spec: &EventSpec,
+    extra_flags: u64,
+    pid: i32,
+    cpu: i32,
+) -> Result<OwnedFd, CollectError> {
+    let mut attr = spec.attr;
+    attr.flags |= extra_flags;
+    let fd = sys::perf_event_open(&attr, pid, cpu).map_err(|source| CollectError::Open {
+        event: spec.name.clone(),
+        on: match (pid, cpu) {
+            (0, -1) => "this process".to_string(),
+            (p, -1) => format!("pid {p}"),
+            (-1, c) => format!("cpu {c}"),
+            (p, c) => format!("pid {p} on cpu {c}"),
+        },
+        source,
+    })?;
+    sys::set_bpf(&fd, program_fd(bpf, spec.program)?).map_err(|source| CollectError::Attach {
+        event: spec.name.clone(),
+        source,
+    })?;
+    Ok(fd)
 }
 
 /// Collects until the duration ends, the target exits or SIGINT/SIGTERM, then drains
@@ -477,7 +486,7 @@ fn drain_all(ring: &mut RingBuf<MapData>, drain: &mut Drain) {
 }
 
 /// Kernel counters summed over CPUs, indexed by [`Counter`].
-fn read_counters(bpf: &Ebpf) -> [u64; COUNTERS as usize] {
+pub fn read_counters(bpf: &Ebpf) -> [u64; COUNTERS as usize] {
     let mut out = [0u64; COUNTERS as usize];
     let Some(map) = bpf.map("COUNTERS") else {
         return out;
@@ -528,21 +537,17 @@ pub fn perturbation_name(p: Perturbation) -> &'static str {
     }
 }
 
-/// Opens `spec` on the calling thread (disabled) and, given a loaded object, attaches
+/// Opens `spec` on the calling process (disabled) and, given a loaded object, attaches
 /// its program: what `cpi-bpf doctor` uses to tell what this machine can sample.
 pub fn try_event(spec: &EventSpec, bpf: Option<&Ebpf>) -> Result<(), CollectError> {
-    let fd = sys::perf_event_open(&spec.attr, 0, -1).map_err(|source| CollectError::Open {
-        event: spec.name.clone(),
-        on: "this process".to_string(),
-        source,
-    })?;
-    if let Some(bpf) = bpf {
-        sys::set_bpf(&fd, program_fd(bpf, spec.program)?).map_err(|source| {
-            CollectError::Attach {
+    match bpf {
+        Some(bpf) => open_attached(bpf, spec, 0, 0, -1).map(drop),
+        None => sys::perf_event_open(&spec.attr, 0, -1)
+            .map(drop)
+            .map_err(|source| CollectError::Open {
                 event: spec.name.clone(),
+                on: "this process".to_string(),
                 source,
-            }
-        })?;
+            }),
     }
-    Ok(())
 }

@@ -112,12 +112,18 @@ pub fn run(_args: Args) -> anyhow::Result<i32> {
     // The ladder as collection walks it: the probed rung, stepped down past events
     // that do not open.
     let opened = |r: EventRole| opens.iter().any(|&(role, ok)| role == r && ok);
-    let (mut mode, reason) = c.mode();
+    let (mut mode, mut reason) = c.mode();
     if mode == Mode::Cpi && !opened(EventRole::Branches) {
         mode = Mode::IpSampling;
+        reason = "the branch-stack event does not open (above): cycles and instructions IP \
+                  samples, CPI per unit is imprecise"
+            .to_string();
     }
     if mode == Mode::IpSampling && !opened(EventRole::Cycles) {
         mode = Mode::TimeProfile;
+        reason = "the cycles event does not open (above): cpu-clock time profile, no cycles, \
+                  no instructions, no CPI"
+            .to_string();
     }
     let usable = privileged.is_ok() && bpf.is_some() && opened(EventRole::CpuClock);
     if usable {
