@@ -599,3 +599,54 @@ fn bolt_optimises_with_fdata_from_imported_branch_stacks() {
     assert!(overlap >= 0.9, "overlap {overlap:.3}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The writer's own rules on the hand-made fixture: main binary first, function-relative
+/// offsets, calls by symbol, edges into another binary as `0 <file> <address>`,
+/// fall-throughs with 0 mispredictions, one file per binary.
+#[test]
+fn fdata_lines_of_the_fixture_profile() {
+    let mut p = report_fixture::cpi_profile();
+    let f = &mut p.processes[0].functions[0];
+    f.edges.push(EdgeProfile {
+        from: 0x401210,
+        to: 0x9a0c0,
+        kind: EdgeKind::Taken,
+        count: 7.0,
+        mispredicts: 0.0,
+        to_function: Some("memcpy".into()),
+        to_binary: Some("/usr/lib/x86_64-linux-gnu/libc.so.6".into()),
+    });
+    p.processes[0].functions[2].lines = vec![InstructionProfile {
+        address: 0x9a0c4,
+        count: 0.0,
+        samples: 2,
+        cycles: None,
+        cpi: None,
+        text: "rep movsb".into(),
+    }];
+    let files = fdata::render(&p).unwrap();
+    let names: Vec<_> = files.iter().map(|f| f.binary.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "/opt/bench/bin/bench",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6"
+        ]
+    );
+    let main = &files[0].text;
+    for line in [
+        "1 crc_update 20 1 crc_update 8 1000000 2079000000",
+        "1 crc_update 20 1 crc_update 24 0 1000000",
+        "1 crc_update 2f 1 main 25 2000 1000000",
+        "1 main 20 1 crc_update 0 0 1000000",
+        "1 crc_update 10 0 libc.so.6 9a0c0 0 7",
+    ] {
+        assert!(
+            main.lines().any(|l| l == line),
+            "missing {line:?} in\n{main}"
+        );
+    }
+    // libc has samples but no edges: BOLT's no_lbr form.
+    assert!(files[1].no_lbr);
+    assert_eq!(files[1].text, "no_lbr cpu/cycles/\n1 memcpy 4 2\n");
+}
