@@ -64,7 +64,7 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
 
 fn mode_line(mode: Mode) -> &'static str {
     match mode {
-        Mode::Cpi => "CPI (instructions from branch records, cycles from perturbed cycle samples)",
+        Mode::Cpi => "CPI (instructions from branch records, cycles from cycle samples)",
         Mode::IpSampling => {
             "IP sampling (no branch records: per-unit CPI from separate cycles and \
              instructions samples is imprecise)"
