@@ -89,7 +89,8 @@ fn header(p: &Profile) -> String {
         "duration:     {:.2} s    perturbation: {}",
         p.duration_secs, p.perturbation
     );
-    if p.range_window > 0 {
+    // The range window only means something where there are branch records.
+    if p.range_window > 0 && matches!(p.mode, Mode::Cpi | Mode::Simulated) {
         let _ = write!(s, "    range window: {}", p.range_window);
     }
     s.push('\n');
