@@ -118,11 +118,14 @@ pub fn parse(
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
         if line.contains("PERF_RECORD_MMAP") {
-            let (pid, m) = parse_mmap(line).ok_or_else(|| PerfScriptError::BadMmap {
+            match parse_mmap(line).ok_or_else(|| PerfScriptError::BadMmap {
                 line: n,
                 text: line.to_string(),
-            })?;
-            mmaps.entry(pid).or_default().push(m);
+            })? {
+                Some((pid, m)) => mmaps.entry(pid).or_default().push(m),
+                // The kernel's own map (pid -1): kernel addresses are not placed.
+                None => out.skipped_lines += 1,
+            }
             continue;
         }
         let trimmed = line.trim();
@@ -430,12 +433,15 @@ fn branch_sample(
 }
 
 /// `... PERF_RECORD_MMAP2 PID/TID: [0xSTART(0xLEN) @ 0xPGOFF ...]: PROT PATH` (also the
-/// older `PERF_RECORD_MMAP`).
-fn parse_mmap(line: &str) -> Option<(u32, Mapping)> {
+/// older `PERF_RECORD_MMAP`). `Some(None)` for the kernel's map (pid -1).
+fn parse_mmap(line: &str) -> Option<Option<(u32, Mapping)>> {
     let rest = &line[line.find("PERF_RECORD_MMAP")?..];
     let rest = rest.split_once(' ')?.1.trim_start();
     let (pidtid, rest) = rest.split_once(':')?;
-    let pid: u32 = pidtid.split('/').next()?.trim().parse().ok()?;
+    let pid: i64 = pidtid.split('/').next()?.trim().parse().ok()?;
+    let Ok(pid) = u32::try_from(pid) else {
+        return Some(None);
+    };
     let inner = rest.trim_start().strip_prefix('[')?;
     let (inner, after) = inner.split_once("]:")?;
     let (start, inner) = inner.split_once('(')?;
@@ -458,7 +464,7 @@ fn parse_mmap(line: &str) -> Option<(u32, Mapping)> {
     } else {
         file(path)
     };
-    Some((
+    Some(Some((
         pid,
         Mapping {
             start,
@@ -467,7 +473,7 @@ fn parse_mmap(line: &str) -> Option<(u32, Mapping)> {
             executable: prot.contains('x'),
             object,
         },
-    ))
+    )))
 }
 
 #[cfg(test)]
@@ -541,6 +547,33 @@ mod tests {
             (m.start, m.end, m.offset, m.executable),
             (0x555555555000, 0x555555557000, 0x1000, true)
         );
+        assert!(imp.unplaced.is_empty());
+    }
+
+    /// Lines as Debian's perf 6.1 prints them (`perf script -F pid,tid,ip,sym,dso
+    /// --show-mmap-events` of a cpu-clock recording of a PIE here), with branch entries
+    /// appended in perf's brstack form, since this machine cannot record them.
+    #[test]
+    fn real_perf_mmap_and_sample_lines() {
+        let text = "\
+    0/0     PERF_RECORD_MMAP -1/0: [0xffffffff81000000(0x120bb08) @ 0xffffffff81000000]: x [kernel.kallsyms]_text
+22483/22483 PERF_RECORD_MMAP2 22483/22483: [0x55cc7d28f000(0x1000) @ 0x1000 fe:00 10027070 842982290]: r-xp /tmp/bolt/pieprog
+22483/22483 PERF_RECORD_MMAP2 22483/22483: [0x7f2804d5d000(0x2000) @ 0 00:00 0 0]: r-xp [vdso]
+22483/22483 PERF_RECORD_MMAP2 22483/22483: [0x7f2804b90000(0x156000) @ 0x26000 fe:00 326279 0]: r-xp /usr/lib/x86_64-linux-gnu/libc.so.6
+22483/22483      55cc7d28f345 collatz_steps (/tmp/bolt/pieprog) 0x55cc7d28f342(/tmp/bolt/pieprog)/0x55cc7d28f330(/tmp/bolt/pieprog)/P/-/-/0/COND/- 0x55cc7d28f34e(/tmp/bolt/pieprog)/0x55cc7d28f33e(/tmp/bolt/pieprog)/M/-/-/0/COND/-
+22483/22483      7f2804d6d3aa _dl_relocate_object (/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2)
+";
+        let imp = parse(text, ImportOptions::default(), &no_elf).unwrap();
+        assert_eq!(imp.samples.len(), 1);
+        assert_eq!(
+            imp.skipped_lines, 2,
+            "kernel map and the sample without entries"
+        );
+        let maps = &imp.maps[&22483];
+        assert_eq!(maps.mappings.len(), 3);
+        let m = maps.find(0x55cc7d28f342).unwrap();
+        assert_eq!(m.file_offset(0x55cc7d28f342), 0x1342);
+        assert_eq!(maps.find(0x7f2804d5d010).unwrap().offset, 0);
         assert!(imp.unplaced.is_empty());
     }
 
