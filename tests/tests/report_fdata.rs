@@ -338,7 +338,6 @@ fn bolt_accepts_fdata_of_a_hand_built_profile() {
     } else {
         eprintln!("skipped merge-fdata check: merge-fdata-22 not installed");
     }
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]
@@ -368,7 +367,6 @@ fn bolt_accepts_no_lbr_fdata_of_a_time_profile() {
     std::fs::write(&fd, &files[0].text).unwrap();
     let out = bolt(&exe, &fd);
     assert_eq!(profiled_functions(&out), Some(FUNCS.len() as u64), "{out}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The end-to-end check: `cpi-bpf simulate` profiles the program under the exact
@@ -418,7 +416,6 @@ fn bolt_optimises_with_the_fdata_of_cpi_bpf_simulate() {
         mean >= 90.0,
         "mean Profile Acc {mean:.1}% ({acc:?})\n{bolt_out}"
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// A taken-branch stream of the test program: a random walk over its own disassembly
@@ -597,7 +594,6 @@ fn bolt_optimises_with_fdata_from_imported_branch_stacks() {
         .sum();
     eprintln!("imported walk: taken-edge overlap with the exact stream {overlap:.3}");
     assert!(overlap >= 0.9, "overlap {overlap:.3}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The writer's own rules on the hand-made fixture: main binary first, function-relative
