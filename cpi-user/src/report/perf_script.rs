@@ -113,8 +113,8 @@ pub fn parse(
     let mut mmaps: BTreeMap<u32, Vec<Mapping>> = BTreeMap::new();
     // pid → dsos seen in its entries, for placement without mmap events.
     let mut dsos: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
-    // Per sample, each entry's (from dso, to dso): brstackoff offsets are rebased below.
-    let mut entry_dsos: Vec<Vec<[Option<String>; 2]>> = Vec::new();
+    // brstackoff only: per sample, each entry's (from dso, to dso), for rebasing below.
+    let mut entry_dsos: Vec<Vec<[Option<&str>; 2]>> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
         if line.contains("PERF_RECORD_MMAP") {
@@ -151,11 +151,16 @@ pub fn parse(
                 entry: rest.split_whitespace().next().unwrap_or("").to_string(),
                 why,
             })?;
-            for d in [&e.from_dso, &e.to_dso].into_iter().flatten() {
-                dsos.entry(pid).or_default().insert(d.clone());
+            let seen = dsos.entry(pid).or_default();
+            for d in [e.from_dso, e.to_dso].into_iter().flatten() {
+                if !seen.contains(d) {
+                    seen.insert(d.to_string());
+                }
             }
             entries.push(e.entry);
-            names.push([e.from_dso, e.to_dso]);
+            if opts.offsets {
+                names.push([e.from_dso, e.to_dso]);
+            }
             rest = &rest[used..];
         }
         if entries.len() > MAX_BRANCH_ENTRIES {
@@ -214,7 +219,7 @@ pub fn parse(
     out.unplaced.dedup();
     if opts.offsets {
         // A brstackoff offset into a dso placed at a synthetic base is base + offset.
-        let rebase = |a: u64, d: &Option<String>| match d.as_ref().and_then(|d| bases.get(d)) {
+        let rebase = |a: u64, d: &Option<&str>| match d.and_then(|d| bases.get(d)) {
             Some(base) => base + a,
             None => a,
         };
@@ -292,10 +297,10 @@ pub fn elf_layout(path: &Path) -> Option<ElfLayout> {
     })
 }
 
-struct ParsedEntry {
+struct ParsedEntry<'a> {
     entry: BranchEntry,
-    from_dso: Option<String>,
-    to_dso: Option<String>,
+    from_dso: Option<&'a str>,
+    to_dso: Option<&'a str>,
 }
 
 /// Byte offset of the first branch entry: a whitespace-preceded `0x` token that parses
@@ -330,7 +335,7 @@ fn hex(s: &str) -> Option<u64> {
 }
 
 /// `0xADDR` then an optional `(dso)` (parentheses balanced: dso names may hold `/`).
-fn addr_dso(s: &str) -> Result<(u64, Option<String>, usize), &'static str> {
+fn addr_dso(s: &str) -> Result<(u64, Option<&str>, usize), &'static str> {
     let digits = s
         .strip_prefix("0x")
         .ok_or("address without 0x")?
@@ -355,7 +360,7 @@ fn addr_dso(s: &str) -> Result<(u64, Option<String>, usize), &'static str> {
                         Some((d, off)) if hex(&format!("0x{off}")).is_some() => d,
                         _ => inner,
                     };
-                    return Ok((addr, Some(dso.to_string()), end + i + 1));
+                    return Ok((addr, Some(dso), end + i + 1));
                 }
             }
             _ => {}
@@ -365,7 +370,7 @@ fn addr_dso(s: &str) -> Result<(u64, Option<String>, usize), &'static str> {
 }
 
 /// One entry; returns it and the bytes used.
-fn parse_entry(s: &str) -> Result<(ParsedEntry, usize), &'static str> {
+fn parse_entry(s: &str) -> Result<(ParsedEntry<'_>, usize), &'static str> {
     let (from, from_dso, a) = addr_dso(s)?;
     let rest = s[a..].strip_prefix('/').ok_or("expected / after from")?;
     let (to, to_dso, b) = addr_dso(rest)?;
@@ -507,7 +512,7 @@ mod tests {
             assert_eq!(e.entry.mispred(), mispred);
         }
         let (e, _) = parse_entry("0x10(/x/lib.so+0x1f0)/0x20(/x/lib.so)/-/-/-/0").unwrap();
-        assert_eq!(e.from_dso.as_deref(), Some("/x/lib.so"));
+        assert_eq!(e.from_dso, Some("/x/lib.so"));
         assert!(!e.entry.mispred() && !e.entry.predicted());
         for bad in [
             "0x1/0x2/P/-/-",
