@@ -280,6 +280,15 @@ impl Binary {
     /// instruction boundaries of the function are ignored. Exact-count oracles use this
     /// with the block starts of a profile to compare block by block.
     pub fn cfg(&self, func: &Function, extra_leaders: &[u64]) -> Result<Cfg, BinaryError> {
+        Ok(Cfg::from_instructions(
+            func,
+            self.decode(func)?.into(),
+            extra_leaders,
+        ))
+    }
+
+    /// `func`'s instructions (linear sweep), for [`Cfg::from_instructions`].
+    pub fn decode(&self, func: &Function) -> Result<Vec<Instruction>, BinaryError> {
         let bytes = self
             .code(func.start, func.end())
             .ok_or_else(|| BinaryError::NoCode {
@@ -288,7 +297,7 @@ impl Binary {
                 vaddr: func.start,
                 end: func.end(),
             })?;
-        Ok(Cfg::build(func, bytes, extra_leaders))
+        Ok(cfg::decode(func, bytes))
     }
 }
 

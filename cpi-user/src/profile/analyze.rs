@@ -6,10 +6,12 @@
 //!    periods are time (ns), `cycles` periods are cycles, `instructions` periods are
 //!    instructions (IP-sampling mode only).
 //! 3. Branch records (CPI and simulated modes): each taken edge belongs to the function
-//!    of its source; its target becomes a block leader of the target's function. Each
-//!    range must start and end in the same ELF function; otherwise it is invalid.
-//! 4. Functions with any sample are disassembled ([`crate::binary::Cfg`]) and the range
-//!    algorithm ([`super::flow`]) gives instruction, block and fall-through counts.
+//!    of its source; its target, and every range start, becomes a block leader of its
+//!    function. Each range must start and end in the same ELF function; otherwise it
+//!    is invalid.
+//! 4. Functions with any sample are disassembled ([`crate::binary::Cfg`], once per run
+//!    and function, blocks per process) and the range algorithm ([`super::flow`])
+//!    gives instruction, block and fall-through counts.
 //! 5. CPI = cycles / instructions per process, function, block and instruction, with
 //!    `samples` = the scarcer of cycle samples and range occurrences (instruction
 //!    samples in IP-sampling mode) and rel_error = 1/√samples; `None` below the floor.
@@ -23,6 +25,7 @@
 //! `lost.unmapped_samples`, invalid range occurrences to `lost.invalid_ranges`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use cpi_common::wire::EventRole;
 
@@ -32,7 +35,9 @@ use super::model::{
     BinaryInfo, BlockProfile, EdgeKind, EdgeProfile, Estimate, FunctionProfile, InstructionProfile,
     LossReport, Mode, ProcessProfile, Profile, RunInfo, PROFILE_FORMAT_VERSION,
 };
-use crate::binary::{Cfg, CodeObject, FlowKind, Function, Resolved, Symbolizer, SymbolizerOptions};
+use crate::binary::{
+    Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, Symbolizer, SymbolizerOptions,
+};
 use crate::procmap::ProcessMaps;
 
 /// How analysis runs.
@@ -123,6 +128,7 @@ pub fn analyze_with(
 ) -> Profile {
     let mut lost = run.lost.clone();
     let mut binaries: BTreeMap<String, BinaryInfo> = BTreeMap::new();
+    let mut decoded = HashMap::new();
     let mut processes = Vec::new();
     for p in set.processes.values() {
         lost.short_samples += p.branches.short_samples;
@@ -133,6 +139,7 @@ pub fn analyze_with(
             sym: &mut *sym,
             lost: &mut lost,
             binaries: &mut binaries,
+            decoded: &mut decoded,
         };
         processes.push(ctx.process(p));
     }
@@ -242,6 +249,8 @@ struct Ctx<'a> {
     sym: &'a mut Symbolizer,
     lost: &'a mut LossReport,
     binaries: &'a mut BTreeMap<String, BinaryInfo>,
+    /// Decoded functions by (object, start), shared by every process of the run.
+    decoded: &'a mut HashMap<FuncKey, Arc<[Instruction]>>,
 }
 
 /// Per-function results the process totals need.
@@ -382,6 +391,9 @@ impl Ctx<'_> {
                 (Some((fs, vs)), Some((fe, ve)))
                     if fs == fe && matches!(res.funcs[fs].object, CodeObject::Elf(_)) =>
                 {
+                    // A range start is a branch target too (of the oldest entry,
+                    // whose own edge lies outside the window).
+                    res.funcs[fs].leaders.push(vs);
                     res.funcs[fs].ranges.push((vs, ve, *stat));
                 }
                 _ => self.lost.invalid_ranges += stat.hits,
@@ -422,13 +434,24 @@ impl Ctx<'_> {
             lines: Vec::new(),
         };
         let cfg = match (&w.object, self.mode.has_cpi()) {
-            (CodeObject::Elf(bin), true) => match bin.cfg(&w.function, &w.leaders) {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    log::warn!("{e}");
-                    None
+            (CodeObject::Elf(bin), true) => {
+                let key = (w.object_name.clone(), w.function.start);
+                let instructions = match self.decoded.get(&key) {
+                    Some(d) => Ok(d.clone()),
+                    None => bin.decode(&w.function).map(|d| {
+                        let d: Arc<[Instruction]> = d.into();
+                        self.decoded.insert(key, d.clone());
+                        d
+                    }),
+                };
+                match instructions {
+                    Ok(d) => Some(Cfg::from_instructions(&w.function, d, &w.leaders)),
+                    Err(e) => {
+                        log::warn!("{e}");
+                        None
+                    }
                 }
-            },
+            }
             _ => None,
         };
         let Some(cfg) = cfg else {
@@ -999,6 +1022,74 @@ mod range_tests {
         }
     }
 
+    /// Two processes mapping the same PIE at different bases (one decode, shared
+    /// between them) get the same function profile, each with its own leaders.
+    #[test]
+    fn processes_sharing_a_binary_get_the_same_profile() {
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let bin = Binary::open(&t.pie).unwrap();
+        let f = bin.function_by_name("fib").unwrap().clone();
+        let cfg = bin.cfg(&f, &[]).unwrap();
+        let call = cfg
+            .instructions
+            .iter()
+            .find(|i| i.kind == FlowKind::Call)
+            .unwrap();
+        let mut set = SampleSet::new(1);
+        for (pid, base) in [(1u32, 0x5555_0000_0000u64), (2, 0x7000_0000_0000)] {
+            set.process(pid).maps = Some(maps_for(&t.pie, &bin, base));
+            let mut s = branch_sample(
+                10,
+                &[
+                    BranchEntry::new(base + call.addr, base + f.start, false, 0),
+                    BranchEntry::new(0x20, base + f.start, false, 0),
+                ],
+            );
+            s.header.tgid = pid;
+            set.add_branch(&s);
+        }
+        // Process 2 also saw a branch into the middle of fib: an extra leader.
+        let mid = cfg.instructions[2].addr;
+        let mut s = branch_sample(
+            10,
+            &[
+                BranchEntry::new(0x7000_0000_0000 + call.addr, 0x10, false, 0),
+                BranchEntry::new(0x30, 0x7000_0000_0000 + mid, false, 0),
+            ],
+        );
+        s.header.tgid = 2;
+        set.add_branch(&s);
+        let prof = analyze(&set, run_info(Mode::Cpi), &opts());
+        let fib = |i: usize| {
+            prof.processes[i]
+                .functions
+                .iter()
+                .find(|g| g.name == "fib")
+                .unwrap()
+        };
+        let (a, b) = (fib(0), fib(1));
+        let text = |f: &FunctionProfile| -> Vec<String> {
+            f.lines.iter().map(|l| l.text.clone()).collect()
+        };
+        assert_eq!(text(a), text(b));
+        assert_eq!(a.lines[0].count, 10.0);
+        assert_eq!(b.lines[0].count, 10.0);
+        assert_eq!(
+            b.lines[2].count, 20.0,
+            "both ranges cover the third instruction"
+        );
+        assert!(
+            a.blocks.iter().all(|x| x.start != mid),
+            "no leader in process 1"
+        );
+        assert!(
+            b.blocks.iter().any(|x| x.start == mid),
+            "leader in process 2"
+        );
+    }
+
     #[test]
     fn ranges_leaving_a_function_or_crossing_a_call_are_invalid() {
         let Some(t) = TestProgram::get("analysis_loops") else {
@@ -1263,7 +1354,12 @@ mod bench {
         let mut funcs: Vec<&Function> = bin.functions().iter().collect();
         funcs.sort_by_key(|f| std::cmp::Reverse(f.size));
         funcs.truncate(FUNCS);
+        let t_cfg = Instant::now();
         let cfgs: Vec<Cfg> = funcs.iter().map(|f| bin.cfg(f, &[]).unwrap()).collect();
+        eprintln!(
+            "disassembly + blocks of {FUNCS} functions: {:.3} s",
+            t_cfg.elapsed().as_secs_f64()
+        );
 
         let mut set = SampleSet::new(WINDOW);
         set.process(PID).maps = Some(maps_for(path, &bin, BASE));
