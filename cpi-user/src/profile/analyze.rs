@@ -101,6 +101,15 @@ struct FunctionWork {
 }
 
 impl FunctionWork {
+    fn key(&self) -> FuncKey {
+        (self.object_name.clone(), self.function.start)
+    }
+
+    /// Anything of its own to report (not just a branch target seen at a window edge).
+    fn has_evidence(&self) -> bool {
+        !(self.ips.is_empty() && self.ranges.is_empty() && self.taken.is_empty())
+    }
+
     fn total(&self, role: EventRole) -> Tally {
         let mut t = Tally::default();
         for v in self.ips.values() {
@@ -126,23 +135,35 @@ pub fn analyze_with(
     opts: &AnalysisOptions,
     sym: &mut Symbolizer,
 ) -> Profile {
-    let mut lost = run.lost.clone();
-    let mut binaries: BTreeMap<String, BinaryInfo> = BTreeMap::new();
-    let mut decoded = HashMap::new();
-    let mut processes = Vec::new();
-    for p in set.processes.values() {
-        lost.short_samples += p.branches.short_samples;
-        lost.invalid_ranges += p.branches.backward_ranges;
-        let mut ctx = Ctx {
-            mode: run.mode,
-            opts,
-            sym: &mut *sym,
-            lost: &mut lost,
-            binaries: &mut binaries,
-            decoded: &mut decoded,
-        };
-        processes.push(ctx.process(p));
+    let mut ctx = Ctx {
+        mode: run.mode,
+        opts,
+        sym,
+        lost: run.lost.clone(),
+        binaries: BTreeMap::new(),
+        decoded: HashMap::new(),
+        users: HashMap::new(),
+    };
+    // Symbolise everything first, so each decoded function is kept exactly as long as
+    // a process still needs it.
+    let empty = ProcessMaps::default();
+    let gathered: Vec<ProcessResolver<'_>> = set
+        .processes
+        .values()
+        .map(|p| ctx.gather(p, p.maps.as_ref().unwrap_or(&empty)))
+        .collect();
+    for res in &gathered {
+        for w in res.funcs.iter().filter(|w| w.has_evidence()) {
+            *ctx.users.entry(w.key()).or_default() += 1;
+        }
     }
+    let processes = set
+        .processes
+        .values()
+        .zip(gathered)
+        .map(|(p, res)| ctx.finish(p, res))
+        .collect();
+    let Ctx { lost, binaries, .. } = ctx;
     Profile {
         format_version: PROFILE_FORMAT_VERSION,
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -247,10 +268,12 @@ struct Ctx<'a> {
     mode: Mode,
     opts: &'a AnalysisOptions,
     sym: &'a mut Symbolizer,
-    lost: &'a mut LossReport,
-    binaries: &'a mut BTreeMap<String, BinaryInfo>,
-    /// Decoded functions by (object, start), shared by every process of the run.
-    decoded: &'a mut HashMap<FuncKey, Arc<[Instruction]>>,
+    lost: LossReport,
+    binaries: BTreeMap<String, BinaryInfo>,
+    /// Decoded functions by (object, start), shared by the processes of the run.
+    decoded: HashMap<FuncKey, Arc<[Instruction]>>,
+    /// Processes yet to analyse each function; its decoding is dropped at zero.
+    users: HashMap<FuncKey, usize>,
 }
 
 /// Per-function results the process totals need.
@@ -262,11 +285,13 @@ struct FunctionOutcome {
 }
 
 impl Ctx<'_> {
-    fn process(&mut self, p: &ProcessSamples) -> ProcessProfile {
-        let empty = ProcessMaps::default();
+    /// Symbolises one process's samples into per-function work.
+    fn gather<'m>(&mut self, p: &ProcessSamples, maps: &'m ProcessMaps) -> ProcessResolver<'m> {
+        self.lost.short_samples += p.branches.short_samples;
+        self.lost.invalid_ranges += p.branches.backward_ranges;
         let mut res = ProcessResolver {
             pid: p.pid,
-            maps: p.maps.as_ref().unwrap_or(&empty),
+            maps,
             cache: HashMap::new(),
             index: HashMap::new(),
             funcs: Vec::new(),
@@ -275,7 +300,7 @@ impl Ctx<'_> {
             // Sorted: the aggregate's hash order must not change float sums between
             // two analyses of the same samples.
             for (&ip, &(samples, weight)) in sorted(&agg.by_ip) {
-                match res.resolve(self.sym, self.binaries, ip) {
+                match res.resolve(self.sym, &mut self.binaries, ip) {
                     Some((i, vaddr)) => res.funcs[i].ips.entry(vaddr).or_default()
                         [role_index(role)]
                     .add(Tally { samples, weight }),
@@ -286,7 +311,11 @@ impl Ctx<'_> {
         if uses_ranges(self.mode) {
             self.gather_branches(p, &mut res);
         }
+        res
+    }
 
+    /// The process's profile from its gathered work.
+    fn finish(&mut self, p: &ProcessSamples, res: ProcessResolver<'_>) -> ProcessProfile {
         let role = sample_role(self.mode);
         let proc_tally = |r: EventRole| {
             p.ips
@@ -308,7 +337,7 @@ impl Ctx<'_> {
         let mut functions = Vec::with_capacity(res.funcs.len());
         for (i, w) in res.funcs.iter().enumerate() {
             // Known only as a branch target outside the window: nothing to report.
-            if w.ips.is_empty() && w.ranges.is_empty() && w.taken.is_empty() {
+            if !w.has_evidence() {
                 continue;
             }
             let out = self.function(i, w, primary.weight, &names);
@@ -371,8 +400,8 @@ impl Ctx<'_> {
     /// in one function are invalid.
     fn gather_branches(&mut self, p: &ProcessSamples, res: &mut ProcessResolver<'_>) {
         for (&(from, to), stat) in sorted(&p.branches.taken) {
-            let src = res.resolve(self.sym, self.binaries, from);
-            let dst = res.resolve(self.sym, self.binaries, to);
+            let src = res.resolve(self.sym, &mut self.binaries, from);
+            let dst = res.resolve(self.sym, &mut self.binaries, to);
             if let Some((ti, vto)) = dst {
                 res.funcs[ti].leaders.push(vto);
             }
@@ -385,8 +414,8 @@ impl Ctx<'_> {
             }
         }
         for (&(start, end), stat) in sorted(&p.branches.ranges) {
-            let s = res.resolve(self.sym, self.binaries, start);
-            let e = res.resolve(self.sym, self.binaries, end);
+            let s = res.resolve(self.sym, &mut self.binaries, start);
+            let e = res.resolve(self.sym, &mut self.binaries, end);
             match (s, e) {
                 (Some((fs, vs)), Some((fe, ve)))
                     if fs == fe && matches!(res.funcs[fs].object, CodeObject::Elf(_)) =>
@@ -435,15 +464,22 @@ impl Ctx<'_> {
         };
         let cfg = match (&w.object, self.mode.has_cpi()) {
             (CodeObject::Elf(bin), true) => {
-                let key = (w.object_name.clone(), w.function.start);
+                let key = w.key();
                 let instructions = match self.decoded.get(&key) {
                     Some(d) => Ok(d.clone()),
-                    None => bin.decode(&w.function).map(|d| {
-                        let d: Arc<[Instruction]> = d.into();
-                        self.decoded.insert(key, d.clone());
-                        d
-                    }),
+                    None => bin.decode(&w.function).map(Arc::<[Instruction]>::from),
                 };
+                let users = self.users.entry(key.clone()).or_default();
+                *users = users.saturating_sub(1);
+                match (&instructions, *users) {
+                    (_, 0) => {
+                        self.decoded.remove(&key);
+                    }
+                    (Ok(d), _) => {
+                        self.decoded.entry(key).or_insert_with(|| d.clone());
+                    }
+                    (Err(_), _) => {}
+                }
                 match instructions {
                     Ok(d) => Some(Cfg::from_instructions(&w.function, d, &w.leaders)),
                     Err(e) => {
