@@ -101,7 +101,8 @@ pub fn emit(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> {
     }
 }
 
-fn write_out(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
+/// Writes `bytes` to `path`, or standard output.
+pub fn write_out(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
     match path {
         Some(path) => {
             std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
