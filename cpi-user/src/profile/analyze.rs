@@ -859,6 +859,19 @@ mod tests {
         assert_eq!((f.cycles, f.instructions), (Some(40_000.0), Some(12_500.0)));
         let cpi = f.cpi.unwrap();
         assert_eq!((cpi.value, cpi.samples), (3.2, 25));
+        // Per instruction too: the instruction holding fib+1 has both.
+        let l = f
+            .lines
+            .iter()
+            .find(|l| l.address <= fib + 1 && fib + 1 < l.address + 8)
+            .filter(|l| l.count > 0.0)
+            .unwrap();
+        assert_eq!(
+            (l.count, l.cycles, l.samples),
+            (12_500.0, Some(40_000.0), 40)
+        );
+        assert_eq!(l.cpi.unwrap().value, 3.2);
+        assert_eq!(f.lines.iter().filter(|l| l.count > 0.0).count(), 1);
         assert!((cpi.rel_error - 0.2).abs() < 1e-12);
         // Below the floor: no number.
         let mut o = opts();
