@@ -414,6 +414,37 @@ mod tests {
     }
 
     #[test]
+    fn corrupted_bytes_never_panic() {
+        use rand::{Rng, SeedableRng};
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let data = std::fs::read(&t.stripped).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let (mut parsed, mut decoded) = (0, 0);
+        for _ in 0..300 {
+            let mut d = data.clone();
+            // A few random bytes anywhere (headers, .eh_frame, code, section table).
+            for _ in 0..rng.gen_range(1..8) {
+                let i = rng.gen_range(0..d.len());
+                d[i] = rng.gen();
+            }
+            if let Ok(b) = Binary::parse(Path::new("corrupt"), &d) {
+                parsed += 1;
+                for f in b.functions() {
+                    if b.cfg(f, &[f.start + 1]).is_ok() {
+                        decoded += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            parsed > 0 && decoded > 0,
+            "{parsed} parsed, {decoded} decoded"
+        );
+    }
+
+    #[test]
     fn symbols_build_id_and_offsets() {
         let Some(t) = TestProgram::get("analysis_loops") else {
             return;
