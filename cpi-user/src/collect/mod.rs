@@ -442,6 +442,9 @@ async fn run(
     tokio::pin!(deadline);
     let mut redraw = tokio::time::interval(opts.redraw_every.max(Duration::from_millis(1)));
     redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The kernel side wakes us only when the ring is a quarter full: drain on a timer.
+    let mut poll = tokio::time::interval(DRAIN_EVERY);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rng = Rng::new(seed());
     let stop = loop {
         tokio::select! {
@@ -450,16 +453,13 @@ async fn run(
                 drain_all(guard.get_inner_mut(), drain);
                 guard.clear_ready();
             }
-            _ = redraw.tick() => {
-                // Also a safety net for wake-ups the ring buffer skipped.
-                drain_all(ring.get_mut(), drain);
-                if opts.perturbation.user() {
-                    for e in open {
-                        let period = specs[e.spec_index].policy.draw(&mut rng);
-                        // The event of an exited thread rejects nothing; errors here
-                        // only mean that event keeps its previous period.
-                        let _ = sys::set_period(&e.fd, period);
-                    }
+            _ = poll.tick() => drain_all(ring.get_mut(), drain),
+            _ = redraw.tick(), if opts.perturbation.user() => {
+                for e in open {
+                    let period = specs[e.spec_index].policy.draw(&mut rng);
+                    // A failure (e.g. the event's thread exited) only means that event
+                    // keeps its previous period.
+                    let _ = sys::set_period(&e.fd, period);
                 }
             }
             _ = &mut deadline, if opts.duration.is_some() => break StopReason::Duration,
@@ -478,6 +478,9 @@ async fn run(
     drain_all(ring.get_mut(), drain);
     Ok(stop)
 }
+
+/// How often the collector drains the ring buffer without a wake-up.
+const DRAIN_EVERY: Duration = Duration::from_millis(25);
 
 fn drain_all(ring: &mut RingBuf<MapData>, drain: &mut Drain) {
     while let Some(item) = ring.next() {
