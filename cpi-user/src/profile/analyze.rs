@@ -1,21 +1,38 @@
 //! Analysis: a [`SampleSet`] (runtime addresses, per process) → a [`Profile`] (binary
-//! addresses, per process and function).
+//! addresses, per process, function, block, edge and instruction).
 //!
-//! Every IP sample is symbolised to a function; per function we keep samples and Σ
-//! periods per event role: `cpu-clock` periods are time (ns), `cycles` periods are
-//! cycles, `instructions` periods are instructions (IP-sampling mode). Samples that
-//! symbolise to nothing are counted in `lost.unmapped_samples`, never dropped silently.
+//! 1. Every sampled address is symbolised to a function (once per address).
+//! 2. IP samples: per instruction and event role, samples and Σ periods. `cpu-clock`
+//!    periods are time (ns), `cycles` periods are cycles, `instructions` periods are
+//!    instructions (IP-sampling mode only).
+//! 3. Branch records (CPI and simulated modes): each taken edge belongs to the function
+//!    of its source; its target becomes a block leader of the target's function. Each
+//!    range must start and end in the same ELF function; otherwise it is invalid.
+//! 4. Functions with any sample are disassembled ([`crate::binary::Cfg`]) and the range
+//!    algorithm ([`super::flow`]) gives instruction, block and fall-through counts.
+//! 5. CPI = cycles / instructions per process, function, block and instruction, with
+//!    `samples` = the scarcer of cycle samples and range occurrences (instruction
+//!    samples in IP-sampling mode) and rel_error = 1/√samples; `None` below the floor.
+//!    Timed CPI (LBR `cycles`) is the second estimator per function and block.
+//!
+//! Process-level CPI covers the ELF functions analysed (user code): kernel and JIT
+//! cycles have no instruction counts (branch records are user-only by default) and
+//! are left out of it, though they stay in the process's `cycles`.
+//!
+//! Nothing is dropped silently: unsymbolisable IP samples go to
+//! `lost.unmapped_samples`, invalid range occurrences to `lost.invalid_ranges`.
 
 use std::collections::{BTreeMap, HashMap};
 
 use cpi_common::wire::EventRole;
 
-use super::aggregate::{ProcessSamples, SampleSet};
+use super::aggregate::{ProcessSamples, RangeStat, SampleSet, TakenStat};
+use super::flow::{count_ranges, RangeCounts};
 use super::model::{
-    BinaryInfo, Estimate, FunctionProfile, LossReport, Mode, ProcessProfile, Profile, RunInfo,
-    PROFILE_FORMAT_VERSION,
+    BinaryInfo, BlockProfile, EdgeKind, EdgeProfile, Estimate, FunctionProfile, InstructionProfile,
+    LossReport, Mode, ProcessProfile, Profile, RunInfo, PROFILE_FORMAT_VERSION,
 };
-use crate::binary::{CodeObject, Function, Resolved, Symbolizer, SymbolizerOptions};
+use crate::binary::{Cfg, CodeObject, FlowKind, Function, Resolved, Symbolizer, SymbolizerOptions};
 use crate::procmap::ProcessMaps;
 
 /// How analysis runs.
@@ -44,9 +61,9 @@ struct Tally {
 }
 
 impl Tally {
-    fn add(&mut self, samples: u64, weight: u64) {
-        self.samples += samples;
-        self.weight += weight;
+    fn add(&mut self, o: Tally) {
+        self.samples += o.samples;
+        self.weight += o.weight;
     }
 }
 
@@ -56,20 +73,33 @@ fn role_index(r: EventRole) -> usize {
     r as usize
 }
 
+/// A taken branch leaving a function: where it goes, if known.
+struct TakenWork {
+    from: u64,
+    /// (function index, address in its binary).
+    to: Option<(usize, u64)>,
+    stat: TakenStat,
+}
+
 /// What was gathered for one function of one process.
 struct FunctionWork {
+    object: CodeObject,
     object_name: String,
     function: Function,
     /// vaddr → tallies per role.
     ips: BTreeMap<u64, [Tally; ROLES]>,
+    /// (start, end) in binary addresses.
+    ranges: Vec<(u64, u64, RangeStat)>,
+    taken: Vec<TakenWork>,
+    /// Branch-record targets inside this function.
+    leaders: Vec<u64>,
 }
 
 impl FunctionWork {
     fn total(&self, role: EventRole) -> Tally {
         let mut t = Tally::default();
         for v in self.ips.values() {
-            let x = v[role_index(role)];
-            t.add(x.samples, x.weight);
+            t.add(v[role_index(role)]);
         }
         t
     }
@@ -97,14 +127,14 @@ pub fn analyze_with(
     for p in set.processes.values() {
         lost.short_samples += p.branches.short_samples;
         lost.invalid_ranges += p.branches.backward_ranges;
-        processes.push(analyze_process(
-            p,
-            run.mode,
-            sym,
-            &mut lost,
+        let mut ctx = Ctx {
+            mode: run.mode,
             opts,
-            &mut binaries,
-        ));
+            sym: &mut *sym,
+            lost: &mut lost,
+            binaries: &mut binaries,
+        };
+        processes.push(ctx.process(p));
     }
     Profile {
         format_version: PROFILE_FORMAT_VERSION,
@@ -142,6 +172,21 @@ fn sample_role(mode: Mode) -> EventRole {
     }
 }
 
+/// Instructions come from branch-record ranges.
+fn uses_ranges(mode: Mode) -> bool {
+    matches!(mode, Mode::Cpi | Mode::Simulated)
+}
+
+/// CPI = cycles / instructions with rel_error ≈ 1/√samples; `None` below the floor or
+/// without instructions.
+fn estimate(cycles: f64, instructions: f64, samples: u64, floor: u64) -> Option<Estimate> {
+    (samples >= floor.max(1) && instructions > 0.0).then(|| Estimate {
+        value: cycles / instructions,
+        rel_error: 1.0 / (samples as f64).sqrt(),
+        samples,
+    })
+}
+
 /// Symbolises one process's addresses once each and collects the functions they hit.
 struct ProcessResolver<'a> {
     pid: u32,
@@ -152,16 +197,6 @@ struct ProcessResolver<'a> {
 }
 
 impl<'a> ProcessResolver<'a> {
-    fn new(pid: u32, maps: &'a ProcessMaps) -> Self {
-        ProcessResolver {
-            pid,
-            maps,
-            cache: HashMap::new(),
-            index: HashMap::new(),
-            funcs: Vec::new(),
-        }
-    }
-
     /// (function index, address in the binary) of a runtime address.
     fn resolve(
         &mut self,
@@ -179,9 +214,13 @@ impl<'a> ProcessResolver<'a> {
                 let vaddr = r.vaddr;
                 let i = *self.index.entry(key).or_insert_with(|| {
                     self.funcs.push(FunctionWork {
+                        object: r.object,
                         object_name: r.object_name,
                         function: r.function,
                         ips: BTreeMap::new(),
+                        ranges: Vec::new(),
+                        taken: Vec::new(),
+                        leaders: Vec::new(),
                     });
                     self.funcs.len() - 1
                 });
@@ -197,142 +236,386 @@ impl<'a> ProcessResolver<'a> {
     }
 }
 
-fn analyze_process(
-    p: &ProcessSamples,
+struct Ctx<'a> {
     mode: Mode,
-    sym: &mut Symbolizer,
-    lost: &mut LossReport,
-    opts: &AnalysisOptions,
-    binaries: &mut BTreeMap<String, BinaryInfo>,
-) -> ProcessProfile {
-    let empty = ProcessMaps::default();
-    let mut res = ProcessResolver::new(p.pid, p.maps.as_ref().unwrap_or(&empty));
-    for (&role, agg) in &p.ips {
-        for (&ip, &(n, w)) in &agg.by_ip {
-            match res.resolve(sym, binaries, ip) {
-                Some((i, vaddr)) => {
-                    res.funcs[i].ips.entry(vaddr).or_default()[role_index(role)].add(n, w)
+    opts: &'a AnalysisOptions,
+    sym: &'a mut Symbolizer,
+    lost: &'a mut LossReport,
+    binaries: &'a mut BTreeMap<String, BinaryInfo>,
+}
+
+/// Per-function results the process totals need.
+struct FunctionOutcome {
+    profile: FunctionProfile,
+    /// Cycles, cycle samples, instructions and instruction samples that enter the
+    /// process CPI (ELF functions analysed at instruction level).
+    cpi_inputs: Option<(Tally, f64, u64)>,
+}
+
+impl Ctx<'_> {
+    fn process(&mut self, p: &ProcessSamples) -> ProcessProfile {
+        let empty = ProcessMaps::default();
+        let mut res = ProcessResolver {
+            pid: p.pid,
+            maps: p.maps.as_ref().unwrap_or(&empty),
+            cache: HashMap::new(),
+            index: HashMap::new(),
+            funcs: Vec::new(),
+        };
+        for (&role, agg) in &p.ips {
+            // Sorted: the aggregate's hash order must not change float sums between
+            // two analyses of the same samples.
+            for (&ip, &(samples, weight)) in sorted(&agg.by_ip) {
+                match res.resolve(self.sym, self.binaries, ip) {
+                    Some((i, vaddr)) => res.funcs[i].ips.entry(vaddr).or_default()
+                        [role_index(role)]
+                    .add(Tally { samples, weight }),
+                    None => self.lost.unmapped_samples += samples,
                 }
-                None => lost.unmapped_samples += n,
+            }
+        }
+        if uses_ranges(self.mode) {
+            self.gather_branches(p, &mut res);
+        }
+
+        let role = sample_role(self.mode);
+        let proc_tally = |r: EventRole| {
+            p.ips
+                .get(&r)
+                .map(|a| Tally {
+                    samples: a.samples,
+                    weight: a.weight,
+                })
+                .unwrap_or_default()
+        };
+        let primary = proc_tally(role);
+        let names: Vec<(String, String)> = res
+            .funcs
+            .iter()
+            .map(|w| (w.function.name.clone(), w.object_name.clone()))
+            .collect();
+        let mut cyc = Tally::default();
+        let (mut instr, mut instr_samples) = (0.0, 0u64);
+        let mut functions = Vec::with_capacity(res.funcs.len());
+        for (i, w) in res.funcs.iter().enumerate() {
+            // Known only as a branch target outside the window: nothing to report.
+            if w.ips.is_empty() && w.ranges.is_empty() && w.taken.is_empty() {
+                continue;
+            }
+            let out = self.function(i, w, primary.weight, &names);
+            if let Some((c, n, s)) = out.cpi_inputs {
+                cyc.add(c);
+                instr += n;
+                instr_samples += s;
+            }
+            functions.push(out.profile);
+        }
+        functions.sort_by(|a, b| {
+            b.cycles
+                .unwrap_or(0.0)
+                .total_cmp(&a.cycles.unwrap_or(0.0))
+                .then(b.samples.cmp(&a.samples))
+                .then(a.name.cmp(&b.name))
+                .then(a.binary.cmp(&b.binary))
+                .then(a.address.cmp(&b.address))
+        });
+
+        let total = |r: EventRole| p.ips.get(&r).map(|a| a.weight as f64);
+        let floor = self.opts.sample_floor;
+        let (instructions, cpi) = match self.mode {
+            Mode::TimeProfile => (None, None),
+            Mode::IpSampling => {
+                let i = proc_tally(EventRole::Instructions);
+                let c = proc_tally(EventRole::Cycles);
+                let cpi = estimate(
+                    c.weight as f64,
+                    i.weight as f64,
+                    c.samples.min(i.samples),
+                    floor,
+                );
+                (total(EventRole::Instructions), cpi)
+            }
+            Mode::Cpi | Mode::Simulated => (
+                (instr > 0.0).then_some(instr),
+                estimate(
+                    cyc.weight as f64,
+                    instr,
+                    cyc.samples.min(instr_samples),
+                    floor,
+                ),
+            ),
+        };
+        ProcessProfile {
+            pid: p.pid,
+            comm: p.comm.clone(),
+            samples: primary.samples,
+            branch_samples: p.branches.samples,
+            time_ns: total(EventRole::CpuClock),
+            cycles: total(EventRole::Cycles),
+            instructions,
+            cpi,
+            functions,
+        }
+    }
+
+    /// Attaches taken edges and ranges to functions; ranges that do not start and end
+    /// in one function are invalid.
+    fn gather_branches(&mut self, p: &ProcessSamples, res: &mut ProcessResolver<'_>) {
+        for (&(from, to), stat) in sorted(&p.branches.taken) {
+            let src = res.resolve(self.sym, self.binaries, from);
+            let dst = res.resolve(self.sym, self.binaries, to);
+            if let Some((ti, vto)) = dst {
+                res.funcs[ti].leaders.push(vto);
+            }
+            if let Some((fi, vfrom)) = src {
+                res.funcs[fi].taken.push(TakenWork {
+                    from: vfrom,
+                    to: dst,
+                    stat: *stat,
+                });
+            }
+        }
+        for (&(start, end), stat) in sorted(&p.branches.ranges) {
+            let s = res.resolve(self.sym, self.binaries, start);
+            let e = res.resolve(self.sym, self.binaries, end);
+            match (s, e) {
+                (Some((fs, vs)), Some((fe, ve)))
+                    if fs == fe && matches!(res.funcs[fs].object, CodeObject::Elf(_)) =>
+                {
+                    res.funcs[fs].ranges.push((vs, ve, *stat));
+                }
+                _ => self.lost.invalid_ranges += stat.hits,
             }
         }
     }
 
-    let role = sample_role(mode);
-    let (samples, weight) = p
-        .ips
-        .get(&role)
-        .map(|a| (a.samples, a.weight))
-        .unwrap_or((0, 0));
-    let total = |r: EventRole| p.ips.get(&r).map(|a| a.weight as f64);
-    let instructions = match mode {
-        Mode::IpSampling => total(EventRole::Instructions),
-        _ => None,
-    };
-    let tally = |r: EventRole| {
-        p.ips
-            .get(&r)
-            .map(|a| Tally {
-                samples: a.samples,
-                weight: a.weight,
-            })
-            .unwrap_or_default()
-    };
-    let cpi = match mode {
-        Mode::IpSampling => ip_sampling_cpi(
-            tally(EventRole::Cycles),
-            tally(EventRole::Instructions),
-            opts.sample_floor,
-        ),
-        _ => None,
-    };
-    let mut functions: Vec<FunctionProfile> = res
-        .funcs
-        .iter()
-        .map(|w| function_profile(w, mode, weight, opts))
-        .collect();
-    functions.sort_by(|a, b| {
-        b.cycles
-            .unwrap_or(0.0)
-            .total_cmp(&a.cycles.unwrap_or(0.0))
-            .then(b.samples.cmp(&a.samples))
-            .then(a.name.cmp(&b.name))
-    });
-    ProcessProfile {
-        pid: p.pid,
-        comm: p.comm.clone(),
-        samples,
-        branch_samples: p.branches.samples,
-        time_ns: total(EventRole::CpuClock),
-        cycles: total(EventRole::Cycles),
-        instructions,
-        cpi,
-        functions,
+    fn function(
+        &mut self,
+        index: usize,
+        w: &FunctionWork,
+        proc_weight: u64,
+        names: &[(String, String)],
+    ) -> FunctionOutcome {
+        let primary = w.total(sample_role(self.mode));
+        let opt = |r: EventRole| {
+            let t = w.total(r);
+            (t.samples > 0).then_some(t.weight as f64)
+        };
+        let mut profile = FunctionProfile {
+            name: w.function.name.clone(),
+            binary: w.object_name.clone(),
+            address: w.function.start,
+            size: w.function.size,
+            samples: primary.samples,
+            share: if proc_weight > 0 {
+                primary.weight as f64 / proc_weight as f64
+            } else {
+                0.0
+            },
+            time_ns: opt(EventRole::CpuClock),
+            cycles: opt(EventRole::Cycles),
+            instructions: None,
+            cpi: None,
+            timed_cpi: None,
+            blocks: Vec::new(),
+            edges: Vec::new(),
+            lines: Vec::new(),
+        };
+        let cfg = match (&w.object, self.mode.has_cpi()) {
+            (CodeObject::Elf(bin), true) => match bin.cfg(&w.function, &w.leaders) {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    log::warn!("{e}");
+                    None
+                }
+            },
+            _ => None,
+        };
+        let Some(cfg) = cfg else {
+            // No code to walk: ranges here cannot be checked.
+            self.lost.invalid_ranges += w.ranges.iter().map(|r| r.2.hits).sum::<u64>();
+            return FunctionOutcome {
+                profile,
+                cpi_inputs: None,
+            };
+        };
+        let d = self.detail(index, w, &cfg, names);
+        profile.instructions = Some(d.instructions);
+        profile.cpi = estimate(
+            d.cycles.weight as f64,
+            d.instructions,
+            d.cycles.samples.min(d.instruction_samples),
+            self.opts.sample_floor,
+        );
+        profile.timed_cpi = d.timed;
+        profile.blocks = d.blocks;
+        profile.edges = d.edges;
+        profile.lines = d.lines;
+        FunctionOutcome {
+            profile,
+            cpi_inputs: Some((d.cycles, d.instructions, d.instruction_samples)),
+        }
     }
-}
 
-fn function_profile(
-    w: &FunctionWork,
-    mode: Mode,
-    proc_weight: u64,
-    opts: &AnalysisOptions,
-) -> FunctionProfile {
-    let primary = w.total(sample_role(mode));
-    let opt = |r: EventRole| {
-        let t = w.total(r);
-        (t.samples > 0).then_some(t.weight as f64)
-    };
-    let (instructions, cpi) = match mode {
-        Mode::IpSampling => (
-            opt(EventRole::Instructions),
-            ip_sampling_cpi(
-                w.total(EventRole::Cycles),
-                w.total(EventRole::Instructions),
-                opts.sample_floor,
-            ),
-        ),
-        _ => (None, None),
-    };
-    FunctionProfile {
-        name: w.function.name.clone(),
-        binary: w.object_name.clone(),
-        address: w.function.start,
-        size: w.function.size,
-        samples: primary.samples,
-        share: if proc_weight > 0 {
-            primary.weight as f64 / proc_weight as f64
+    /// Instruction/block/edge level of one function.
+    fn detail(
+        &mut self,
+        index: usize,
+        w: &FunctionWork,
+        cfg: &Cfg,
+        names: &[(String, String)],
+    ) -> Detail {
+        let floor = self.opts.sample_floor;
+        let n = cfg.instructions.len();
+        let ranged = uses_ranges(self.mode);
+        let rc = if ranged {
+            count_ranges(cfg, w.ranges.iter().map(|(s, e, r)| (*s, *e, r)))
         } else {
-            0.0
-        },
-        time_ns: opt(EventRole::CpuClock),
-        cycles: opt(EventRole::Cycles),
-        instructions,
-        cpi,
-        timed_cpi: None,
-        blocks: Vec::new(),
-        edges: Vec::new(),
-        lines: Vec::new(),
+            RangeCounts {
+                instr_count: vec![0.0; n],
+                instr_hits: vec![0; n],
+                block_timed_cycles: vec![0.0; cfg.blocks.len()],
+                block_timed_instructions: vec![0.0; cfg.blocks.len()],
+                block_timed_hits: vec![0; cfg.blocks.len()],
+                ..Default::default()
+            }
+        };
+        self.lost.invalid_ranges += rc.invalid_hits;
+        let (mut count, mut hits) = (rc.instr_count.clone(), rc.instr_hits.clone());
+        let mut cyc = vec![Tally::default(); n];
+        let role = sample_role(self.mode);
+        let mut primary = vec![0u64; n];
+        for (&vaddr, t) in &w.ips {
+            let Some(i) = cfg.instruction_containing(vaddr) else {
+                continue;
+            };
+            cyc[i].add(t[role_index(EventRole::Cycles)]);
+            primary[i] += t[role_index(role)].samples;
+            if !ranged {
+                let ins = t[role_index(EventRole::Instructions)];
+                count[i] += ins.weight as f64;
+                hits[i] += ins.samples;
+            }
+        }
+
+        let lines = cfg
+            .instructions
+            .iter()
+            .enumerate()
+            .map(|(i, ins)| InstructionProfile {
+                address: ins.addr,
+                count: count[i],
+                samples: primary[i],
+                cycles: (cyc[i].samples > 0).then_some(cyc[i].weight as f64),
+                cpi: estimate(
+                    cyc[i].weight as f64,
+                    count[i],
+                    cyc[i].samples.min(hits[i]),
+                    floor,
+                ),
+                text: ins.text.clone(),
+            })
+            .collect();
+
+        let blocks = cfg
+            .blocks
+            .iter()
+            .enumerate()
+            .map(|(b, blk)| {
+                let span = blk.first..blk.first + blk.len;
+                let mut c = Tally::default();
+                cyc[span.clone()].iter().for_each(|t| c.add(*t));
+                let instr: f64 = count[span.clone()].iter().sum();
+                let h = hits[span.clone()].iter().copied().max().unwrap_or(0);
+                BlockProfile {
+                    start: blk.start,
+                    end: blk.end,
+                    len: blk.len as u32,
+                    count: count[blk.first],
+                    samples: primary[span].iter().sum(),
+                    cycles: (c.samples > 0).then_some(c.weight as f64),
+                    cpi: estimate(c.weight as f64, instr, c.samples.min(h), floor),
+                    timed_cpi: estimate(
+                        rc.block_timed_cycles[b],
+                        rc.block_timed_instructions[b],
+                        rc.block_timed_hits[b],
+                        floor,
+                    ),
+                }
+            })
+            .collect();
+
+        let mut edges: Vec<EdgeProfile> = w
+            .taken
+            .iter()
+            .map(|t| {
+                let src_kind = cfg.instruction_at(t.from).map(|i| cfg.instructions[i].kind);
+                let leaves = matches!(
+                    src_kind,
+                    Some(FlowKind::Call | FlowKind::IndirectCall | FlowKind::Return)
+                );
+                let (to, to_function, to_binary) = match t.to {
+                    Some((ti, vto)) if ti == index && !leaves => (vto, None, None),
+                    Some((ti, vto)) => (vto, Some(names[ti].0.clone()), Some(names[ti].1.clone())),
+                    None => (0, Some("[unknown]".into()), Some("[unknown]".into())),
+                };
+                EdgeProfile {
+                    from: t.from,
+                    to,
+                    kind: EdgeKind::Taken,
+                    count: t.stat.count,
+                    mispredicts: t.stat.mispredicts,
+                    to_function,
+                    to_binary,
+                }
+            })
+            .collect();
+        edges.extend(rc.fall_through.iter().map(|(&(a, b), &c)| EdgeProfile {
+            from: cfg.instructions[cfg.blocks[a].last()].addr,
+            to: cfg.blocks[b].start,
+            kind: EdgeKind::FallThrough,
+            count: c,
+            mispredicts: 0.0,
+            to_function: None,
+            to_binary: None,
+        }));
+        edges.sort_by_key(|e| (e.from, e.to, e.kind as u8));
+
+        let mut cycles = Tally::default();
+        cyc.iter().for_each(|t| cycles.add(*t));
+        Detail {
+            instructions: count.iter().sum(),
+            instruction_samples: if ranged {
+                rc.valid_hits
+            } else {
+                w.total(EventRole::Instructions).samples
+            },
+            cycles,
+            timed: estimate(rc.timed_cycles, rc.timed_instructions, rc.timed_hits, floor),
+            blocks,
+            edges,
+            lines,
+        }
     }
 }
 
-/// CPI = cycles / instructions with rel_error ≈ 1/√(scarcer sample count); `None` below
-/// the floor or without instructions.
-fn estimate(cycles: f64, instructions: f64, samples: u64, floor: u64) -> Option<Estimate> {
-    (samples >= floor.max(1) && instructions > 0.0).then(|| Estimate {
-        value: cycles / instructions,
-        rel_error: 1.0 / (samples as f64).sqrt(),
-        samples,
-    })
+struct Detail {
+    instructions: f64,
+    /// Range occurrences (or instruction samples) behind `instructions`.
+    instruction_samples: u64,
+    /// Cycles on decoded instructions.
+    cycles: Tally,
+    timed: Option<Estimate>,
+    blocks: Vec<BlockProfile>,
+    edges: Vec<EdgeProfile>,
+    lines: Vec<InstructionProfile>,
 }
 
-/// The "traditional" CPI of IP-sampling mode: both sides from IP samples × period.
-fn ip_sampling_cpi(cycles: Tally, instructions: Tally, floor: u64) -> Option<Estimate> {
-    estimate(
-        cycles.weight as f64,
-        instructions.weight as f64,
-        cycles.samples.min(instructions.samples),
-        floor,
-    )
+/// A hash map's entries in key order (analysis is deterministic).
+fn sorted<K: Ord, V>(m: &HashMap<K, V>) -> Vec<(&K, &V)> {
+    let mut v: Vec<(&K, &V)> = m.iter().collect();
+    v.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    v
 }
 
 fn note_binary(binaries: &mut BTreeMap<String, BinaryInfo>, r: &Resolved) {
@@ -396,6 +679,7 @@ mod tests {
         AnalysisOptions {
             symbolizer: SymbolizerOptions {
                 use_proc: false,
+                kallsyms: None,
                 ..Default::default()
             },
             ..Default::default()
@@ -523,5 +807,550 @@ mod tests {
         let prof = analyze(&set, run_info(Mode::IpSampling), &o);
         assert_eq!(prof.processes[0].functions[0].cpi, None);
         assert_eq!(prof.processes[0].cpi, None);
+    }
+}
+
+/// The range algorithm end to end (SampleSet → analyze) on real gcc output, with
+/// branch traces whose exact counts are known.
+#[cfg(test)]
+mod range_tests {
+    use super::tests::{ip, opts, run_info};
+    use super::*;
+    use crate::binary::testbin::{maps_for, TestProgram};
+    use crate::binary::Binary;
+    use cpi_common::wire::{
+        BranchEntry, BranchSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES, WIRE_VERSION,
+    };
+    use rand::{Rng, SeedableRng};
+    use std::path::Path;
+
+    const PID: u32 = 77;
+
+    fn branch_sample(period: u64, newest_first: &[BranchEntry]) -> BranchSample {
+        let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
+        entries[..newest_first.len()].copy_from_slice(newest_first);
+        BranchSample {
+            header: SampleHeader {
+                version: WIRE_VERSION,
+                kind: SampleKind::Branch as u16,
+                nr: newest_first.len() as u16,
+                tgid: PID,
+                event: EventRole::Branches as u32,
+                period,
+                ..Default::default()
+            },
+            entries,
+        }
+    }
+
+    fn set_for(path: &Path, bin: &Binary, base: u64, window: usize) -> SampleSet {
+        let mut set = SampleSet::new(window);
+        set.process(PID).maps = Some(maps_for(path, bin, base));
+        set
+    }
+
+    fn func<'a>(p: &'a Profile, name: &str) -> &'a FunctionProfile {
+        p.processes[0]
+            .functions
+            .iter()
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("{name} not in profile"))
+    }
+
+    /// sum_loop(a, 3) as gcc -O2 compiles it: entered by a call from main, three
+    /// iterations (the backward jne taken twice), ret back to main. One sample of
+    /// period 3000 with window 3 → each range occurrence stands for 1000, and the
+    /// sample is added 50 times.
+    #[test]
+    fn sum_loop_three_iterations_exact() {
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        for (path, base) in [(&t.plain, 0u64), (&t.pie, 0x5555_5555_4000)] {
+            let bin = Binary::open(path).unwrap();
+            let f = bin.function_by_name("sum_loop").unwrap().clone();
+            let cfg = bin.cfg(&f, &[]).unwrap();
+            let ins = &cfg.instructions;
+            let latch = ins
+                .iter()
+                .position(|i| i.kind == FlowKind::CondBranch && i.target < Some(i.addr))
+                .expect("a backward loop branch");
+            let head = cfg.instruction_at(ins[latch].target.unwrap()).unwrap();
+            let ret = latch + 1;
+            assert_eq!(ins[ret].kind, FlowKind::Return, "{path:?}");
+            let main = bin.function_by_name("main").unwrap().clone();
+            let mcfg = bin.cfg(&main, &[]).unwrap();
+            let call = mcfg
+                .instructions
+                .iter()
+                .find(|i| i.kind == FlowKind::Call && i.target == Some(f.start))
+                .unwrap();
+            let rt = |a: u64| a + base;
+            // Oldest → newest: call, jne, jne, ret; cycles since the previous entry.
+            let e1 = BranchEntry::new(rt(call.addr), rt(f.start), false, 0);
+            let e2 = BranchEntry::new(rt(ins[latch].addr), rt(ins[head].addr), false, 12);
+            let e3 = BranchEntry::new(rt(ins[latch].addr), rt(ins[head].addr), true, 5);
+            let e4 = BranchEntry::new(rt(ins[ret].addr), rt(call.next()), false, 7);
+            let mut set = set_for(path, &bin, base, 3);
+            for _ in 0..50 {
+                set.add_branch(&branch_sample(3000, &[e4, e3, e2, e1]));
+            }
+            // Synthetic cycles: 30 samples on the loop head, 10 on the entry.
+            for _ in 0..30 {
+                set.add_ip(&ip(PID, EventRole::Cycles, rt(ins[head].addr), 997))
+                    .unwrap();
+            }
+            for _ in 0..10 {
+                set.add_ip(&ip(PID, EventRole::Cycles, rt(f.start), 1009))
+                    .unwrap();
+            }
+            let mut o = opts();
+            o.sample_floor = 10;
+            let prof = analyze(&set, run_info(Mode::Cpi), &o);
+            assert_eq!(prof.lost.invalid_ranges, 0);
+            let fp = func(&prof, "sum_loop");
+            // Per instruction: entry path once, body three times, ret once, the
+            // n <= 0 exit never.
+            let expect: Vec<f64> = (0..ins.len())
+                .map(|i| {
+                    if i < head || i == ret {
+                        50_000.0
+                    } else if i <= latch {
+                        150_000.0
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            let got: Vec<f64> = fp.lines.iter().map(|l| l.count).collect();
+            assert_eq!(got, expect, "{path:?}");
+            assert_eq!(fp.lines[latch].text, ins[latch].text);
+            let n_instr = (head + 1) + 3 * (latch + 1 - head);
+            assert_eq!(fp.instructions, Some(50_000.0 * n_instr as f64));
+            // Blocks: count = executions of the block.
+            let block = |a: u64| fp.blocks.iter().find(|b| b.start == a).unwrap();
+            assert_eq!(block(ins[head].addr).count, 150_000.0);
+            assert_eq!(block(ins[head].addr).len as usize, latch + 1 - head);
+            assert_eq!(block(f.start).count, 50_000.0);
+            assert_eq!(block(ins[ret].addr).count, 50_000.0);
+            // Edges: the loop's taken back edge twice per call, the exit fall-through
+            // once, the return leaving for main.
+            let edge = |from: u64, to: u64, kind: EdgeKind| {
+                fp.edges
+                    .iter()
+                    .find(|e| e.from == from && e.to == to && e.kind == kind)
+                    .unwrap_or_else(|| panic!("edge {from:#x}->{to:#x} {kind:?}"))
+            };
+            let back = edge(ins[latch].addr, ins[head].addr, EdgeKind::Taken);
+            assert_eq!((back.count, back.mispredicts), (100_000.0, 50_000.0));
+            assert_eq!(back.to_function, None);
+            assert_eq!(
+                edge(ins[latch].addr, ins[ret].addr, EdgeKind::FallThrough).count,
+                50_000.0
+            );
+            let out = edge(ins[ret].addr, call.next(), EdgeKind::Taken);
+            assert_eq!(out.to_function.as_deref(), Some("main"));
+            assert_eq!(out.to_binary.as_deref(), Some(&*path.display().to_string()));
+            let into_loop = fp
+                .edges
+                .iter()
+                .filter(|e| e.kind == EdgeKind::FallThrough && e.to == ins[head].addr)
+                .map(|e| e.count)
+                .sum::<f64>();
+            assert_eq!(
+                into_loop, 50_000.0,
+                "entry falls into the loop once per call"
+            );
+            // The oldest entry (main's call) only starts the oldest range: with window
+            // 3 its own edge is outside the window and not counted.
+            assert!(
+                prof.processes[0].functions.iter().all(|f| f.name != "main"),
+                "main has no evidence of its own: not reported"
+            );
+            // CPI from synthetic cycles: 30×997 + 10×1009 over the range instructions;
+            // samples = min(40 cycle samples, 150 range occurrences).
+            let cycles = 30.0 * 997.0 + 10.0 * 1009.0;
+            let cpi = fp.cpi.unwrap();
+            assert_eq!(cpi.value, cycles / (50_000.0 * n_instr as f64));
+            assert_eq!(cpi.samples, 40);
+            assert!((cpi.rel_error - 1.0 / 40f64.sqrt()).abs() < 1e-12);
+            // The loop block: 30 cycle samples (< floor 10? no: 30 ≥ 10) → a number;
+            // the entry block has 10 → a number; the ret block has none → None.
+            let hb = block(ins[head].addr);
+            assert_eq!(hb.cycles, Some(30.0 * 997.0));
+            assert_eq!(
+                hb.cpi.unwrap().value,
+                30.0 * 997.0 / (150_000.0 * (latch + 1 - head) as f64)
+            );
+            assert_eq!(block(ins[ret].addr).cpi, None);
+            // Timed LBR: 12 cycles over [entry, first jne], 5 over one iteration, 7 over
+            // the last iteration + ret, 50 times each.
+            let timed = fp.timed_cpi.unwrap();
+            let (r1, r2, r3) = (latch + 1, latch + 1 - head, latch + 2 - head);
+            assert!((timed.value - 24.0 / (r1 + r2 + r3) as f64).abs() < 1e-12);
+            assert_eq!(timed.samples, 150);
+            let body = (latch + 1 - head) as f64;
+            let loop_cycles = 12.0 * body / r1 as f64 + 5.0 + 7.0 * body / r3 as f64;
+            assert!((hb.timed_cpi.unwrap().value - loop_cycles / (3.0 * body)).abs() < 1e-12);
+            // Process CPI covers the analysed functions.
+            let pp = &prof.processes[0];
+            assert_eq!(pp.branch_samples, 50);
+            assert_eq!(pp.cpi.unwrap().value, cycles / pp.instructions.unwrap());
+        }
+    }
+
+    #[test]
+    fn ranges_leaving_a_function_or_crossing_a_call_are_invalid() {
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let bin = Binary::open(&t.plain).unwrap();
+        let sum = bin.function_by_name("sum_loop").unwrap().clone();
+        let fib = bin.function_by_name("fib").unwrap().clone();
+        let fcfg = bin.cfg(&fib, &[]).unwrap();
+        let call = fcfg
+            .instructions
+            .iter()
+            .find(|i| i.kind == FlowKind::Call)
+            .unwrap();
+        let mut set = set_for(&t.plain, &bin, 0, 1);
+        // [sum_loop.start, fib's call]: leaves the function.
+        set.add_branch(&branch_sample(
+            1,
+            &[
+                BranchEntry::new(call.addr, fib.start, false, 0),
+                BranchEntry::new(0x10, sum.start, false, 0),
+            ],
+        ));
+        // [fib.start, the instruction after the call ... a later branch]: crosses the
+        // call. The ending branch is the last instruction (ret).
+        let ret = fcfg.instructions.last().unwrap();
+        set.add_branch(&branch_sample(
+            1,
+            &[
+                BranchEntry::new(ret.addr, 0x10, false, 0),
+                BranchEntry::new(0x20, fib.start, false, 0),
+            ],
+        ));
+        // [fib.start + 1, call]: not an instruction boundary.
+        set.add_branch(&branch_sample(
+            1,
+            &[
+                BranchEntry::new(call.addr, fib.start, false, 0),
+                BranchEntry::new(0x20, fib.start + 1, false, 0),
+            ],
+        ));
+        // A valid one: [fib.start, call].
+        set.add_branch(&branch_sample(
+            1,
+            &[
+                BranchEntry::new(call.addr, fib.start, false, 0),
+                BranchEntry::new(0x20, fib.start, false, 0),
+            ],
+        ));
+        let prof = analyze(&set, run_info(Mode::Cpi), &opts());
+        assert_eq!(prof.lost.invalid_ranges, 3);
+        assert_eq!(prof.lost_samples, 3);
+        let f = func(&prof, "fib");
+        let counted: Vec<u64> = f
+            .lines
+            .iter()
+            .filter(|l| l.count > 0.0)
+            .map(|l| l.address)
+            .collect();
+        let upto: Vec<u64> = fcfg
+            .instructions
+            .iter()
+            .map(|i| i.addr)
+            .filter(|&a| a <= call.addr)
+            .collect();
+        assert_eq!(counted, upto, "only the valid range counts");
+        assert!(f.lines.iter().all(|l| l.count == 0.0 || l.count == 1.0));
+    }
+
+    /// Exact truth of a walk through one function's CFG.
+    #[derive(Default)]
+    struct Walk {
+        /// Taken branches, oldest first (runtime addresses).
+        taken: Vec<(u64, u64)>,
+        count: HashMap<u64, f64>,
+        fall: HashMap<(u64, u64), f64>,
+        taken_count: HashMap<(u64, u64), f64>,
+    }
+
+    /// Random walk from the entry: conditionals go either way, direct jumps are
+    /// followed, anything else leaves the function. Counts are committed when the
+    /// taken branch ending their range is emitted (period-1 reproduction).
+    fn walk(cfg: &Cfg, base: u64, rng: &mut rand::rngs::StdRng) -> Walk {
+        let mut w = Walk::default();
+        w.taken.push((0x20, base + cfg.function.start));
+        let mut pending_c: Vec<u64> = Vec::new();
+        let mut pending_f: Vec<(u64, u64)> = Vec::new();
+        let mut i = 0usize;
+        for _ in 0..20_000 {
+            let ins = &cfg.instructions[i];
+            pending_c.push(ins.addr);
+            let target = ins.target.and_then(|t| cfg.instruction_at(t));
+            let next = match ins.kind {
+                FlowKind::CondBranch if target.is_some() && rng.gen_bool(0.5) => None,
+                FlowKind::Jump if target.is_some() => None,
+                FlowKind::Next | FlowKind::CondBranch | FlowKind::Syscall
+                    if i + 1 < cfg.instructions.len() =>
+                {
+                    Some(i + 1)
+                }
+                _ => {
+                    // Leaves the function (call, ret, indirect jump, tail call, trap).
+                    w.taken.push((base + ins.addr, ins.target.unwrap_or(0x10)));
+                    commit(&mut w, &mut pending_c, &mut pending_f);
+                    return w;
+                }
+            };
+            match next {
+                Some(j) => {
+                    if cfg.block_of[i] != cfg.block_of[j] {
+                        pending_f.push((ins.addr, cfg.instructions[j].addr));
+                    }
+                    i = j;
+                }
+                None => {
+                    let j = target.unwrap();
+                    let to = cfg.instructions[j].addr;
+                    w.taken.push((base + ins.addr, base + to));
+                    *w.taken_count.entry((ins.addr, to)).or_default() += 1.0;
+                    commit(&mut w, &mut pending_c, &mut pending_f);
+                    i = j;
+                }
+            }
+        }
+        w // step limit: the unfinished range is not part of the truth
+    }
+
+    fn commit(w: &mut Walk, c: &mut Vec<u64>, f: &mut Vec<(u64, u64)>) {
+        for a in c.drain(..) {
+            *w.count.entry(a).or_default() += 1.0;
+        }
+        for e in f.drain(..) {
+            *w.fall.entry(e).or_default() += 1.0;
+        }
+    }
+
+    /// Every function of the program (plain, PIE, stripped): a period-1 sample at every
+    /// taken branch of random walks reproduces the walks' exact counts.
+    #[test]
+    fn period_one_walks_reproduce_exact_counts() {
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        const WINDOW: usize = 4;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let mut checked = 0;
+        for (path, base) in [
+            (&t.plain, 0u64),
+            (&t.pie, 0x5555_5555_4000),
+            (&t.pie_stripped, 0x5555_5555_4000),
+        ] {
+            let bin = Binary::open(path).unwrap();
+            for f in bin.functions().iter().filter(|f| !f.name.starts_with('[')) {
+                let cfg = bin.cfg(f, &[]).unwrap();
+                let mut set = set_for(path, &bin, base, WINDOW);
+                let mut truth = Walk::default();
+                for _ in 0..5 {
+                    let mut w = walk(&cfg, base, &mut rng);
+                    // Pad both ends with unmapped branches so the first and last ranges
+                    // fall in WINDOW samples each, like every other range.
+                    let pad = |k: u64| (0x1000 + 16 * k, 0x1008 + 16 * k);
+                    let mut taken: Vec<(u64, u64)> = (0..WINDOW as u64).map(pad).collect();
+                    taken.append(&mut w.taken);
+                    taken.extend((0..WINDOW as u64).map(|k| pad(k + 8)));
+                    w.taken = taken;
+                    for j in WINDOW..w.taken.len() {
+                        let e: Vec<BranchEntry> = (0..=WINDOW)
+                            .map(|k| {
+                                let (a, b) = w.taken[j - k];
+                                BranchEntry::new(a, b, false, 0)
+                            })
+                            .collect();
+                        set.add_branch(&branch_sample(1, &e));
+                    }
+                    for (k, v) in w.count {
+                        *truth.count.entry(k).or_default() += v;
+                    }
+                    for (k, v) in w.fall {
+                        *truth.fall.entry(k).or_default() += v;
+                    }
+                    for (k, v) in w.taken_count {
+                        *truth.taken_count.entry(k).or_default() += v;
+                    }
+                }
+                if truth.count.is_empty() {
+                    continue;
+                }
+                let prof = analyze(&set, run_info(Mode::Cpi), &opts());
+                let fp = func(&prof, &f.name);
+                for l in &fp.lines {
+                    let want = truth.count.get(&l.address).copied().unwrap_or(0.0);
+                    assert_eq!(l.count, want, "{} {:#x} in {path:?}", f.name, l.address);
+                }
+                for e in &fp.edges {
+                    let want = match (e.kind, e.to_function.is_some()) {
+                        (EdgeKind::FallThrough, _) => truth.fall.get(&(e.from, e.to)),
+                        (EdgeKind::Taken, false) => truth.taken_count.get(&(e.from, e.to)),
+                        (EdgeKind::Taken, true) => continue,
+                    };
+                    assert_eq!(Some(&e.count), want, "{} edge {e:?}", f.name);
+                }
+                let n_fall = fp
+                    .edges
+                    .iter()
+                    .filter(|e| e.kind == EdgeKind::FallThrough)
+                    .count();
+                assert_eq!(n_fall, truth.fall.len(), "{}", f.name);
+                checked += 1;
+            }
+        }
+        assert!(checked >= 15, "walked {checked} functions");
+    }
+}
+
+/// Analysis cost on a large stripped binary (BENCHMARKS.md "Analysis"). Not a test of
+/// correctness: run explicitly with
+/// `cargo test --release -p cpi-user --lib -- --ignored --nocapture bench_analysis`.
+#[cfg(test)]
+mod bench {
+    use super::tests::{ip, opts, run_info};
+    use super::*;
+    use crate::binary::testbin::maps_for;
+    use crate::binary::Binary;
+    use cpi_common::wire::{
+        BranchEntry, BranchSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES, WIRE_VERSION,
+    };
+    use rand::{Rng, SeedableRng};
+    use std::path::Path;
+    use std::time::Instant;
+
+    fn peak_rss_kib() -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmHWM:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    #[test]
+    #[ignore = "benchmark: run by hand, figures go to BENCHMARKS.md"]
+    fn bench_analysis_libpython() {
+        let path = Path::new("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0");
+        if !path.exists() {
+            eprintln!("skipped: {} not installed", path.display());
+            return;
+        }
+        const BASE: u64 = 0x7f12_3400_0000;
+        const PID: u32 = 9;
+        const FUNCS: usize = 2000;
+        const TAKEN: u64 = 5_000_000;
+        const BRANCH_PERIOD: u64 = 13;
+        const CYCLE_PERIOD: u64 = 997;
+        const DEPTH: usize = 32;
+        const WINDOW: usize = 16;
+        let bin = Binary::open(path).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        // The FUNCS largest functions are the "sampled" ones; walks pick them with a
+        // skewed (hot/cold) distribution.
+        let mut funcs: Vec<&Function> = bin.functions().iter().collect();
+        funcs.sort_by_key(|f| std::cmp::Reverse(f.size));
+        funcs.truncate(FUNCS);
+        let cfgs: Vec<Cfg> = funcs.iter().map(|f| bin.cfg(f, &[]).unwrap()).collect();
+
+        let mut set = SampleSet::new(WINDOW);
+        set.process(PID).maps = Some(maps_for(path, &bin, BASE));
+        let mut ring: std::collections::VecDeque<BranchEntry> = Default::default();
+        let (mut taken, mut executed) = (0u64, 0u64);
+        let mut f = 0usize;
+        let mut i = 0usize;
+        while taken < TAKEN {
+            let cfg = &cfgs[f];
+            let ins = &cfg.instructions[i];
+            executed += 1;
+            if executed % CYCLE_PERIOD == 0 {
+                set.add_ip(&ip(PID, EventRole::Cycles, BASE + ins.addr, CYCLE_PERIOD))
+                    .unwrap();
+            }
+            let target = ins.target.and_then(|t| cfg.instruction_at(t));
+            let jump = match ins.kind {
+                FlowKind::CondBranch if target.is_some() && rng.gen_bool(0.5) => target,
+                FlowKind::Jump if target.is_some() => target,
+                FlowKind::Next | FlowKind::CondBranch | FlowKind::Syscall
+                    if i + 1 < cfg.instructions.len() =>
+                {
+                    i += 1;
+                    continue;
+                }
+                _ => None,
+            };
+            // A taken branch: inside the function, or out of it to the next walk.
+            let (to_f, to_i) = match jump {
+                Some(j) => (f, j),
+                None => {
+                    // Each exit site (call, ret, indirect jump) has a few fixed
+                    // destinations, skewed towards the hottest functions.
+                    let pick = (ins.addr.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40)
+                        .wrapping_add(rng.gen_range(0..3));
+                    let r = (pick % 10_000) as f64 / 10_000.0;
+                    ((r * r * r * FUNCS as f64) as usize, 0)
+                }
+            };
+            let to = BASE + cfgs[to_f].instructions[to_i].addr;
+            ring.push_front(BranchEntry::new(BASE + ins.addr, to, false, 3));
+            ring.truncate(DEPTH);
+            taken += 1;
+            if taken % BRANCH_PERIOD == 0 && ring.len() == DEPTH {
+                let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
+                for (k, e) in ring.iter().enumerate() {
+                    entries[k] = *e;
+                }
+                set.add_branch(&BranchSample {
+                    header: SampleHeader {
+                        version: WIRE_VERSION,
+                        kind: SampleKind::Branch as u16,
+                        nr: DEPTH as u16,
+                        tgid: PID,
+                        event: EventRole::Branches as u32,
+                        period: BRANCH_PERIOD,
+                        ..Default::default()
+                    },
+                    entries,
+                });
+            }
+            (f, i) = (to_f, to_i);
+        }
+        let b = &set.processes[&PID].branches;
+        let (samples, ranges, edges) = (b.samples, b.ranges.len(), b.taken.len());
+        drop(cfgs);
+        let rss_before = peak_rss_kib();
+        let t0 = Instant::now();
+        let prof = analyze(&set, run_info(Mode::Cpi), &opts());
+        let dt = t0.elapsed();
+        let rss_after = peak_rss_kib();
+        let json = serde_json::to_vec(&prof).unwrap().len();
+        let pp = &prof.processes[0];
+        let lines: usize = pp.functions.iter().map(|f| f.lines.len()).sum();
+        eprintln!(
+            "libpython3.11: {} functions analysed ({} lines), {samples} branch samples, \
+             {ranges} distinct ranges, {edges} distinct taken edges, {} cycle samples: \
+             analysis {:.3} s, peak RSS {} MiB before / {} MiB after, profile JSON {} MiB, \
+             invalid ranges {}",
+            pp.functions.len(),
+            lines,
+            pp.samples,
+            dt.as_secs_f64(),
+            rss_before / 1024,
+            rss_after / 1024,
+            json >> 20,
+            prof.lost.invalid_ranges,
+        );
     }
 }

@@ -3,6 +3,7 @@
 
 pub mod aggregate;
 pub mod analyze;
+pub mod flow;
 pub mod model;
 
 pub use aggregate::{BranchAggregate, IpAggregate, ProcessSamples, SampleSet};

@@ -218,6 +218,9 @@ pub struct InstructionProfile {
     /// IP samples on this instruction.
     pub samples: u64,
     pub cycles: Option<f64>,
+    /// Cycles / count; `None` below the sample floor.
+    #[serde(default)]
+    pub cpi: Option<Estimate>,
     /// Disassembly (Intel syntax), so `cpi-bpf report --annotate` works offline.
     #[serde(default)]
     pub text: String,

@@ -1,8 +1,20 @@
-//! `report` subcommand.
+//! `report`: show a profile file written with `--output` again, in any format.
+
+use std::path::PathBuf;
+
+use crate::output::{emit, OutputArgs};
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// A profile file written with `--format json --output FILE`.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("report is not built yet")
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let profile = cpi_user::report::file::read(&args.file)?;
+    emit(&profile, &args.output)?;
+    Ok(0)
 }

@@ -1,0 +1,361 @@
+//! One function's instructions (iced-x86, 64-bit, linear sweep over its bounds), basic
+//! blocks and control-flow graph.
+//!
+//! Leaders: the entry, direct branch targets inside the function, the instruction after
+//! any transfer (branch, call, return, syscall, trap), and caller-supplied addresses
+//! (targets seen in branch records, e.g. of indirect jumps).
+//!
+//! Edges (the definitions the profile's edge counts follow):
+//! - **taken**: a direct jump or conditional branch to a block of this function;
+//! - **fall-through**: block A's last instruction is immediately followed in execution
+//!   by the next block's first instruction — A ends in a not-taken conditional branch,
+//!   a syscall, or before a leader. A block ending in a call has **no** fall-through
+//!   edge: execution continues in the callee, and control comes back by a taken return
+//!   (recorded as a taken edge of the callee's `ret`).
+
+use iced_x86::{Decoder, DecoderOptions, FlowControl, Formatter, IntelFormatter, Mnemonic, OpKind};
+
+use super::Function;
+use crate::profile::model::EdgeKind;
+
+/// How control leaves an instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlowKind {
+    /// Falls through to the next instruction.
+    Next,
+    /// Conditional branch (`Jcc`, `LOOP`, `JRCXZ`): taken or falls through.
+    CondBranch,
+    /// Direct unconditional jump.
+    Jump,
+    /// Indirect jump (jump tables, tail calls through a register).
+    IndirectJump,
+    Call,
+    IndirectCall,
+    Return,
+    /// `syscall`/`sysenter`: enters the kernel and comes back to the next instruction.
+    Syscall,
+    /// Traps and undecodable bytes (`ud2`, `int3`, `int n`, invalid): execution does not
+    /// continue to the next instruction.
+    Stop,
+}
+
+impl FlowKind {
+    /// Always transfers control away: straight-line execution cannot continue past it.
+    /// A valid LBR range contains one only as its last instruction.
+    pub fn always_transfers(self) -> bool {
+        !matches!(
+            self,
+            FlowKind::Next | FlowKind::CondBranch | FlowKind::Syscall
+        )
+    }
+
+    /// Ends a basic block.
+    pub fn ends_block(self) -> bool {
+        self != FlowKind::Next
+    }
+
+    /// Execution may continue at the next instruction.
+    pub fn falls_through(self) -> bool {
+        matches!(
+            self,
+            FlowKind::Next | FlowKind::CondBranch | FlowKind::Syscall
+        )
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Instruction {
+    pub addr: u64,
+    pub len: u8,
+    pub kind: FlowKind,
+    /// Direct branch or call target.
+    pub target: Option<u64>,
+    /// Intel syntax.
+    pub text: String,
+}
+
+impl Instruction {
+    pub fn next(&self) -> u64 {
+        self.addr + u64::from(self.len)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BasicBlock {
+    pub start: u64,
+    /// First address after the last instruction.
+    pub end: u64,
+    /// Index of the first instruction in [`Cfg::instructions`].
+    pub first: usize,
+    /// Instructions in the block.
+    pub len: usize,
+}
+
+impl BasicBlock {
+    pub fn last(&self) -> usize {
+        self.first + self.len - 1
+    }
+}
+
+/// A static CFG edge between two blocks of the function.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CfgEdge {
+    pub from_block: usize,
+    pub to_block: usize,
+    pub kind: EdgeKind,
+}
+
+#[derive(Clone, Debug)]
+pub struct Cfg {
+    pub function: Function,
+    /// Sorted by address.
+    pub instructions: Vec<Instruction>,
+    pub blocks: Vec<BasicBlock>,
+    /// Instruction index → block index.
+    pub block_of: Vec<usize>,
+    pub edges: Vec<CfgEdge>,
+}
+
+impl Cfg {
+    /// Decodes `bytes` (the function's code, starting at `func.start`).
+    pub fn build(func: &Function, bytes: &[u8], extra_leaders: &[u64]) -> Cfg {
+        let mut decoder = Decoder::with_ip(64, bytes, func.start, DecoderOptions::NONE);
+        let mut fmt = IntelFormatter::new();
+        let mut instructions = Vec::new();
+        for ins in &mut decoder {
+            let mut text = String::new();
+            let kind = if ins.is_invalid() {
+                text.push_str("(bad)");
+                FlowKind::Stop
+            } else {
+                fmt.format(&ins, &mut text);
+                flow_kind(&ins)
+            };
+            let target = matches!(
+                ins.op0_kind(),
+                OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+            )
+            .then(|| ins.near_branch_target());
+            instructions.push(Instruction {
+                addr: ins.ip(),
+                len: ins.len() as u8,
+                kind,
+                target,
+                text,
+            });
+        }
+
+        let n = instructions.len();
+        let idx = |a: u64| instructions.binary_search_by_key(&a, |i| i.addr).ok();
+        let mut leader = vec![false; n];
+        if n > 0 {
+            leader[0] = true;
+        }
+        for (i, ins) in instructions.iter().enumerate() {
+            if ins.kind.ends_block() && i + 1 < n {
+                leader[i + 1] = true;
+            }
+            if let Some(j) = ins
+                .target
+                .filter(|_| matches!(ins.kind, FlowKind::Jump | FlowKind::CondBranch))
+                .and_then(idx)
+            {
+                leader[j] = true;
+            }
+        }
+        for &a in extra_leaders {
+            if let Some(j) = idx(a) {
+                leader[j] = true;
+            }
+        }
+
+        let mut blocks: Vec<BasicBlock> = Vec::new();
+        let mut block_of = Vec::with_capacity(n);
+        for (i, ins) in instructions.iter().enumerate() {
+            if leader[i] {
+                blocks.push(BasicBlock {
+                    start: ins.addr,
+                    end: ins.next(),
+                    first: i,
+                    len: 0,
+                });
+            }
+            let b = blocks.last_mut().expect("instruction 0 is a leader");
+            b.len += 1;
+            b.end = ins.next();
+            block_of.push(blocks.len() - 1);
+        }
+
+        let mut edges = Vec::new();
+        for (bi, b) in blocks.iter().enumerate() {
+            let last = &instructions[b.last()];
+            if last.kind.falls_through() && bi + 1 < blocks.len() && blocks[bi + 1].start == b.end {
+                edges.push(CfgEdge {
+                    from_block: bi,
+                    to_block: bi + 1,
+                    kind: EdgeKind::FallThrough,
+                });
+            }
+            if matches!(last.kind, FlowKind::Jump | FlowKind::CondBranch) {
+                if let Some(j) = last.target.and_then(idx) {
+                    edges.push(CfgEdge {
+                        from_block: bi,
+                        to_block: block_of[j],
+                        kind: EdgeKind::Taken,
+                    });
+                }
+            }
+        }
+        Cfg {
+            function: func.clone(),
+            instructions,
+            blocks,
+            block_of,
+            edges,
+        }
+    }
+
+    /// Index of the instruction starting exactly at `addr`.
+    pub fn instruction_at(&self, addr: u64) -> Option<usize> {
+        self.instructions
+            .binary_search_by_key(&addr, |i| i.addr)
+            .ok()
+    }
+
+    /// Index of the instruction whose bytes contain `addr`.
+    pub fn instruction_containing(&self, addr: u64) -> Option<usize> {
+        let i = self
+            .instructions
+            .partition_point(|i| i.addr <= addr)
+            .checked_sub(1)?;
+        (addr < self.instructions[i].next()).then_some(i)
+    }
+
+    /// The block starting exactly at `addr`.
+    pub fn block_at(&self, addr: u64) -> Option<usize> {
+        self.instruction_at(addr)
+            .map(|i| self.block_of[i])
+            .filter(|&b| self.blocks[b].start == addr)
+    }
+}
+
+fn flow_kind(ins: &iced_x86::Instruction) -> FlowKind {
+    match ins.flow_control() {
+        FlowControl::Next | FlowControl::XbeginXabortXend => FlowKind::Next,
+        FlowControl::ConditionalBranch => FlowKind::CondBranch,
+        FlowControl::UnconditionalBranch => FlowKind::Jump,
+        FlowControl::IndirectBranch => FlowKind::IndirectJump,
+        FlowControl::Call if matches!(ins.mnemonic(), Mnemonic::Syscall | Mnemonic::Sysenter) => {
+            FlowKind::Syscall
+        }
+        FlowControl::Call => FlowKind::Call,
+        FlowControl::IndirectCall => FlowKind::IndirectCall,
+        FlowControl::Return => FlowKind::Return,
+        FlowControl::Interrupt | FlowControl::Exception => FlowKind::Stop,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binary::testbin::TestProgram;
+    use crate::binary::Binary;
+
+    fn func(start: u64, size: u64) -> Function {
+        Function {
+            name: "f".into(),
+            start,
+            size,
+        }
+    }
+
+    #[test]
+    fn hand_assembled_loop() {
+        // 0x1000: xor eax,eax        31 c0
+        // 0x1002: add eax,edi        01 f8      <- loop head (jne target)
+        // 0x1004: dec edi            ff cf
+        // 0x1006: jne 0x1002         75 fa
+        // 0x1008: call 0x2000        e8 f3 0f 00 00
+        // 0x100d: syscall            0f 05
+        // 0x100f: ret                c3
+        let code = [
+            0x31, 0xc0, 0x01, 0xf8, 0xff, 0xcf, 0x75, 0xfa, 0xe8, 0xf3, 0x0f, 0x00, 0x00, 0x0f,
+            0x05, 0xc3,
+        ];
+        let cfg = Cfg::build(&func(0x1000, code.len() as u64), &code, &[0x1004]);
+        let kinds: Vec<FlowKind> = cfg.instructions.iter().map(|i| i.kind).collect();
+        use FlowKind::*;
+        assert_eq!(kinds, [Next, Next, Next, CondBranch, Call, Syscall, Return]);
+        assert_eq!(cfg.instructions[3].target, Some(0x1002));
+        assert_eq!(cfg.instructions[4].target, Some(0x2000));
+        assert_eq!(cfg.instructions[3].text, "jne short 0000000000001002h");
+        let starts: Vec<u64> = cfg.blocks.iter().map(|b| b.start).collect();
+        // Entry, jne target, extra leader, after jne, after call, after syscall.
+        assert_eq!(starts, [0x1000, 0x1002, 0x1004, 0x1008, 0x100d, 0x100f]);
+        let e: Vec<(usize, usize, EdgeKind)> = cfg
+            .edges
+            .iter()
+            .map(|e| (e.from_block, e.to_block, e.kind))
+            .collect();
+        use EdgeKind::*;
+        assert_eq!(
+            e,
+            [
+                (0, 1, FallThrough),
+                (1, 2, FallThrough),
+                (2, 3, FallThrough),
+                (2, 1, Taken),
+                // No fall-through after the call (block 3); syscall falls through.
+                (4, 5, FallThrough),
+            ]
+        );
+        assert_eq!(cfg.instruction_containing(0x1009), Some(4));
+        assert_eq!(cfg.instruction_at(0x1009), None);
+        assert_eq!(cfg.block_at(0x1004), Some(2));
+        assert_eq!(cfg.block_at(0x1006), None);
+    }
+
+    #[test]
+    fn truncated_code_decodes_as_bad_and_stops() {
+        let cfg = Cfg::build(&func(0, 2), &[0xe8, 0x00], &[]);
+        assert_eq!(cfg.instructions.len(), 1);
+        assert_eq!(cfg.instructions[0].kind, FlowKind::Stop);
+        assert!(Cfg::build(&func(0, 0), &[], &[]).blocks.is_empty());
+    }
+
+    #[test]
+    fn real_function_matches_objdump_boundaries() {
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let bin = Binary::open(&t.plain).unwrap();
+        let f = bin.function_by_name("classify").unwrap();
+        let cfg = bin.cfg(f, &[]).unwrap();
+        let out = match std::process::Command::new("objdump")
+            .args(["-d", "--no-show-raw-insn"])
+            .arg(format!("--start-address={:#x}", f.start))
+            .arg(format!("--stop-address={:#x}", f.end()))
+            .arg(&t.plain)
+            .output()
+        {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("skipped: objdump unavailable: {e}");
+                return;
+            }
+        };
+        let objdump: Vec<u64> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let (a, rest) = l.trim_start().split_once(":\t")?;
+                (!rest.is_empty()).then(|| u64::from_str_radix(a, 16).ok())?
+            })
+            .collect();
+        let ours: Vec<u64> = cfg.instructions.iter().map(|i| i.addr).collect();
+        assert_eq!(ours, objdump);
+        // Blocks partition the instructions.
+        let covered: usize = cfg.blocks.iter().map(|b| b.len).sum();
+        assert_eq!(covered, cfg.instructions.len());
+        assert!(cfg.blocks.len() > 3, "classify has branches");
+    }
+}

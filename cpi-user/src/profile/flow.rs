@@ -1,0 +1,235 @@
+//! The range algorithm (seed 000 S1, seed 001's full branch trace) on one function's CFG.
+//!
+//! A range [start, end] is straight-line code between two consecutive taken branches
+//! (the older one's target, the newer one's source, both inclusive), already weighted
+//! Q/k by aggregation. A valid range adds its weight to every instruction in it and to
+//! every fall-through edge it crosses, not-taken conditionals included.
+//!
+//! A range is **invalid** (dropped, counted in `lost.invalid_ranges`) when:
+//! - start or end is not an instruction boundary of the function's linear disassembly
+//!   (this includes ranges that leave the function: the caller checks both ends are in
+//!   the same function first);
+//! - end < start (running backwards);
+//! - an instruction before the last one always transfers control: jmp, indirect jmp,
+//!   call, indirect call, ret, or a trap. In particular a call is a taken branch, so a
+//!   valid range contains a call only as its last instruction; the code after the call
+//!   starts the next range when the callee returns. Conditional branches (not taken)
+//!   and `syscall` (returns to the next instruction) may be crossed.
+//!
+//! The last instruction may be anything: a taken branch normally, any instruction when
+//! the record's source was an interrupt or signal.
+
+use std::collections::HashMap;
+
+use crate::binary::Cfg;
+
+use super::aggregate::RangeStat;
+
+/// Why a range was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InvalidRange {
+    /// An end is not an instruction start of this function.
+    NotInstructionBoundary,
+    Backwards,
+    /// Crosses an unconditional transfer at this address.
+    CrossesTransfer(u64),
+}
+
+/// Instruction index span `first..=last` of a range, or why it is invalid.
+pub fn check_range(cfg: &Cfg, start: u64, end: u64) -> Result<(usize, usize), InvalidRange> {
+    if end < start {
+        return Err(InvalidRange::Backwards);
+    }
+    let first = cfg
+        .instruction_at(start)
+        .ok_or(InvalidRange::NotInstructionBoundary)?;
+    let last = cfg
+        .instruction_at(end)
+        .ok_or(InvalidRange::NotInstructionBoundary)?;
+    if let Some(i) = cfg.instructions[first..last]
+        .iter()
+        .find(|i| i.kind.always_transfers())
+    {
+        return Err(InvalidRange::CrossesTransfer(i.addr));
+    }
+    Ok((first, last))
+}
+
+/// Counts from ranges on one function.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RangeCounts {
+    /// Estimated executions per instruction.
+    pub instr_count: Vec<f64>,
+    /// Range occurrences covering each instruction.
+    pub instr_hits: Vec<u64>,
+    /// (from block, to block) → estimated fall-through traversals.
+    pub fall_through: HashMap<(usize, usize), f64>,
+    /// Occurrences of valid ranges.
+    pub valid_hits: u64,
+    /// Occurrences of invalid ranges.
+    pub invalid_hits: u64,
+    /// Timed LBR, per block: cycles apportioned by instruction share, instructions
+    /// covered, occurrences.
+    pub block_timed_cycles: Vec<f64>,
+    pub block_timed_instructions: Vec<f64>,
+    pub block_timed_hits: Vec<u64>,
+    /// Timed LBR for the whole function.
+    pub timed_cycles: f64,
+    pub timed_instructions: f64,
+    pub timed_hits: u64,
+}
+
+/// Applies every range to `cfg`. Timed cycles of a range are measured per occurrence
+/// (LBR `cycles` of the branch ending it covers exactly the range); a block's timed
+/// cycles are the range's cycles × the block's share of the range's instructions.
+pub fn count_ranges<'a>(
+    cfg: &Cfg,
+    ranges: impl IntoIterator<Item = (u64, u64, &'a RangeStat)>,
+) -> RangeCounts {
+    let n = cfg.instructions.len();
+    let nb = cfg.blocks.len();
+    let mut c = RangeCounts {
+        instr_count: vec![0.0; n],
+        instr_hits: vec![0; n],
+        block_timed_cycles: vec![0.0; nb],
+        block_timed_instructions: vec![0.0; nb],
+        block_timed_hits: vec![0; nb],
+        ..Default::default()
+    };
+    for (start, end, r) in ranges {
+        let (first, last) = match check_range(cfg, start, end) {
+            Ok(span) => span,
+            Err(why) => {
+                log::trace!(
+                    "{}: range {start:#x}..={end:#x} invalid: {why:?}",
+                    cfg.function.name
+                );
+                c.invalid_hits += r.hits;
+                continue;
+            }
+        };
+        c.valid_hits += r.hits;
+        for i in first..=last {
+            c.instr_count[i] += r.count;
+            c.instr_hits[i] += r.hits;
+            if i < last && cfg.block_of[i] != cfg.block_of[i + 1] {
+                *c.fall_through
+                    .entry((cfg.block_of[i], cfg.block_of[i + 1]))
+                    .or_default() += r.count;
+            }
+        }
+        if r.timed_hits > 0 {
+            let len = (last - first + 1) as f64;
+            c.timed_cycles += r.timed_cycles as f64;
+            c.timed_instructions += r.timed_hits as f64 * len;
+            c.timed_hits += r.timed_hits;
+            let (b0, b1) = (cfg.block_of[first], cfg.block_of[last]);
+            for b in b0..=b1 {
+                let blk = &cfg.blocks[b];
+                let k = (blk.last().min(last) + 1 - blk.first.max(first)) as f64;
+                c.block_timed_cycles[b] += r.timed_cycles as f64 * k / len;
+                c.block_timed_instructions[b] += r.timed_hits as f64 * k;
+                c.block_timed_hits[b] += r.timed_hits;
+            }
+        }
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binary::Function;
+
+    /// 0x1000 xor eax,eax; 0x1002 add eax,edi; 0x1004 dec edi; 0x1006 jne 0x1002;
+    /// 0x1008 call 0x2000; 0x100d ret.
+    fn loop_cfg() -> Cfg {
+        let code = [
+            0x31, 0xc0, 0x01, 0xf8, 0xff, 0xcf, 0x75, 0xfa, 0xe8, 0xf3, 0x0f, 0x00, 0x00, 0xc3,
+        ];
+        let f = Function {
+            name: "f".into(),
+            start: 0x1000,
+            size: code.len() as u64,
+        };
+        Cfg::build(&f, &code, &[])
+    }
+
+    fn stat(count: f64, hits: u64, timed_cycles: u64, timed_hits: u64) -> RangeStat {
+        RangeStat {
+            count,
+            hits,
+            timed_cycles,
+            timed_hits,
+        }
+    }
+
+    #[test]
+    fn loop_counts_exact() {
+        // Entry → 3 iterations → call. Branch trace: (call into f at 0x1000), jne taken
+        // twice, then call at 0x1008. Ranges: [0x1000,0x1006], [0x1002,0x1006] ×2 (the
+        // loop's taken jne), and the exit: [0x1002, 0x1008] (jne not taken, then call).
+        let cfg = loop_cfg();
+        let a = stat(1.0, 1, 0, 0);
+        let b = stat(1.0, 1, 0, 0);
+        let d = stat(1.0, 1, 0, 0);
+        let ranges = [
+            (0x1000, 0x1006, &a),
+            (0x1002, 0x1006, &b),
+            (0x1002, 0x1008, &d),
+        ];
+        let c = count_ranges(&cfg, ranges);
+        // xor, add, dec, jne, call, ret
+        assert_eq!(c.instr_count, [1.0, 3.0, 3.0, 3.0, 1.0, 0.0]);
+        assert_eq!(c.valid_hits, 3);
+        // Blocks: [xor] [add dec jne] [call] [ret].
+        assert_eq!(cfg.blocks.len(), 4);
+        assert_eq!(c.fall_through[&(0, 1)], 1.0, "entry into the loop");
+        assert_eq!(c.fall_through[&(1, 2)], 1.0, "jne not taken once");
+        assert_eq!(c.fall_through.len(), 2);
+    }
+
+    #[test]
+    fn invalid_ranges_are_dropped_and_counted() {
+        let cfg = loop_cfg();
+        let s = stat(5.0, 2, 0, 0);
+        assert_eq!(
+            check_range(&cfg, 0x1001, 0x1006),
+            Err(InvalidRange::NotInstructionBoundary)
+        );
+        assert_eq!(
+            check_range(&cfg, 0x1006, 0x1002),
+            Err(InvalidRange::Backwards)
+        );
+        assert_eq!(
+            check_range(&cfg, 0x1000, 0x100d),
+            Err(InvalidRange::CrossesTransfer(0x1008)),
+            "a call inside a range: the callee's branches would have ended it"
+        );
+        assert_eq!(check_range(&cfg, 0x1008, 0x1008), Ok((4, 4)));
+        assert_eq!(
+            check_range(&cfg, 0x1000, 0x2000),
+            Err(InvalidRange::NotInstructionBoundary)
+        );
+        let c = count_ranges(&cfg, [(0x1000, 0x100d, &s), (0x1003, 0x1006, &s)]);
+        assert_eq!(c.invalid_hits, 4);
+        assert_eq!(c.valid_hits, 0);
+        assert!(c.instr_count.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn timed_cycles_are_apportioned_by_instruction_share() {
+        let cfg = loop_cfg();
+        // [xor | add dec jne]: 4 instructions, 2 occurrences, 40 cycles in all.
+        let s = stat(2.0, 2, 40, 2);
+        let c = count_ranges(&cfg, [(0x1000, 0x1006, &s)]);
+        assert_eq!(
+            (c.timed_cycles, c.timed_instructions, c.timed_hits),
+            (40.0, 8.0, 2)
+        );
+        assert_eq!(c.block_timed_cycles[0], 10.0);
+        assert_eq!(c.block_timed_cycles[1], 30.0);
+        assert_eq!(c.block_timed_instructions[..2], [2.0, 6.0]);
+        assert_eq!(c.block_timed_hits[..2], [2, 2]);
+    }
+}

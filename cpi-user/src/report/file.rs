@@ -1,0 +1,115 @@
+//! The profile file: the versioned JSON form of a [`Profile`] (`--output FILE`), read
+//! back by `cpi-bpf report`. Reading never panics: a truncated, corrupt, foreign or
+//! newer file is one [`ProfileFileError`].
+
+use std::path::{Path, PathBuf};
+
+use crate::profile::model::{Profile, PROFILE_FORMAT_VERSION};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileFileError {
+    #[error("reading profile {}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("profile {origin} is truncated (ends at line {line}, column {column})")]
+    Truncated {
+        origin: String,
+        line: usize,
+        column: usize,
+    },
+    #[error("profile {origin} is not valid JSON: {detail}")]
+    NotJson { origin: String, detail: String },
+    #[error("{origin} is not a cpi-bpf profile (no format_version field)")]
+    NotAProfile { origin: String },
+    #[error(
+        "profile {origin} has format version {found}, newer than this cpi-bpf reads \
+         ({supported}); use a newer cpi-bpf"
+    )]
+    FutureVersion {
+        origin: String,
+        found: u64,
+        supported: u32,
+    },
+    #[error("profile {origin} is corrupt: {detail}")]
+    Corrupt { origin: String, detail: String },
+    #[error("serialising the profile: {0}")]
+    Serialise(String),
+}
+
+/// The file's text: pretty JSON with a trailing newline.
+pub fn to_json(p: &Profile) -> Result<String, ProfileFileError> {
+    // serde_json writes a non-finite f64 as `null`, which the reader would then
+    // reject: refuse to write a file that cannot be read back.
+    let text =
+        serde_json::to_string_pretty(p).map_err(|e| ProfileFileError::Serialise(e.to_string()))?;
+    let back: serde_json::Result<Profile> = serde_json::from_str(&text);
+    if let Err(e) = back {
+        return Err(ProfileFileError::Serialise(format!(
+            "the profile does not survive a round trip (a non-finite number?): {e}"
+        )));
+    }
+    Ok(text + "\n")
+}
+
+/// Reads a profile file.
+pub fn read(path: &Path) -> Result<Profile, ProfileFileError> {
+    let bytes = std::fs::read(path).map_err(|source| ProfileFileError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&bytes, &path.display().to_string())
+}
+
+/// Parses a profile file's bytes; `origin` names it in errors.
+pub fn parse(bytes: &[u8], origin: &str) -> Result<Profile, ProfileFileError> {
+    let origin = origin.to_string();
+    // Two steps so the version is checked before the shape: a newer file must say
+    // "newer", not "missing field".
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        if e.is_eof() {
+            ProfileFileError::Truncated {
+                origin: origin.clone(),
+                line: e.line(),
+                column: e.column(),
+            }
+        } else {
+            ProfileFileError::NotJson {
+                origin: origin.clone(),
+                detail: e.to_string(),
+            }
+        }
+    })?;
+    let version = match value.get("format_version") {
+        Some(v) => v.as_u64().ok_or_else(|| ProfileFileError::Corrupt {
+            origin: origin.clone(),
+            detail: format!("format_version is {v}, not a version number"),
+        })?,
+        None => return Err(ProfileFileError::NotAProfile { origin }),
+    };
+    if version > PROFILE_FORMAT_VERSION as u64 {
+        return Err(ProfileFileError::FutureVersion {
+            origin,
+            found: version,
+            supported: PROFILE_FORMAT_VERSION,
+        });
+    }
+    if version == 0 {
+        return Err(ProfileFileError::Corrupt {
+            origin,
+            detail: "format_version 0 was never written".into(),
+        });
+    }
+    serde_json::from_value(value).map_err(|e| ProfileFileError::Corrupt {
+        origin,
+        detail: e.to_string(),
+    })
+}
+
+impl Profile {
+    /// Parses the JSON profile file format (see [`parse`]).
+    pub fn from_json(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
+        parse(bytes, "(input)")
+    }
+}

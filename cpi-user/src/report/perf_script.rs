@@ -1,0 +1,562 @@
+//! `perf script` branch-stack text → wire [`BranchSample`]s and per-pid mappings, so
+//! `perf record -b` data recorded elsewhere goes through the same analysis
+//! (`cpi-bpf import-perf`).
+//!
+//! Input: `perf script -F pid,tid,ip,sym,dso,brstack` (or `brstackoff`), optionally with
+//! `comm` and with `--show-mmap-events`. A sample line is `[comm] pid/tid ip sym (dso)`
+//! followed by its branch entries, newest first, each
+//! `0xFROM[(dso)]/0xTO[(dso)]/PRED/INTX/ABORT/CYCLES[/TYPE[/SPEC]]`: 6 to 8
+//! `/`-separated parts as perf grew fields (a dso name may itself hold `/`; it is
+//! read between its parentheses).
+//!
+//! Addresses: `brstack` prints runtime addresses; `brstackoff` prints each address as an
+//! offset into its dso, except for non-PIE executables (`ET_EXEC`), whose addresses stay
+//! as they are. Mappings come from `PERF_RECORD_MMAP`/`MMAP2` lines when present. Without
+//! them, each dso is placed from its ELF headers: a non-PIE executable at its link
+//! addresses; with `brstackoff`, any other dso at a synthetic base (runtime address =
+//! base + file offset). A PIE or shared library seen through runtime `brstack`
+//! addresses without mmap events cannot be placed; it is reported, not guessed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use cpi_common::wire::{
+    BranchEntry, BranchSample, EventRole, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES,
+    WIRE_VERSION,
+};
+use object::{Object, ObjectSegment};
+
+use crate::procmap::{MappedObject, Mapping, ProcessMaps};
+use crate::profile::SampleSet;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PerfScriptError {
+    #[error("line {line}: malformed branch entry {entry:?} ({why})")]
+    BadEntry {
+        line: usize,
+        entry: String,
+        why: &'static str,
+    },
+    #[error("line {line}: malformed mmap event: {text:?}")]
+    BadMmap { line: usize, text: String },
+    #[error(
+        "no branch stacks found: expected `perf script -F pid,tid,ip,sym,dso,brstack` \
+         output of a `perf record -b` recording"
+    )]
+    NoBranchStacks,
+    #[error(
+        "line {line}: sample has no pid/tid field (use `perf script -F pid,tid,ip,sym,dso,brstack`)"
+    )]
+    NoPid { line: usize },
+}
+
+/// How the text was written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImportOptions {
+    /// Entries are `brstackoff` dso offsets rather than runtime addresses.
+    pub offsets: bool,
+    /// Events each sample stands for (`perf record -c N`); 1 when unknown.
+    pub period: u64,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            offsets: false,
+            period: 1,
+        }
+    }
+}
+
+/// What a text held.
+#[derive(Clone, Debug, Default)]
+pub struct PerfImport {
+    pub samples: Vec<BranchSample>,
+    pub comms: BTreeMap<u32, String>,
+    pub maps: BTreeMap<u32, ProcessMaps>,
+    /// Lines that were neither samples with branch entries nor mmap events.
+    pub skipped_lines: usize,
+    /// Samples with more entries than a wire sample holds (newest kept).
+    pub truncated_stacks: usize,
+    /// Dsos whose addresses could not be placed (see the module doc).
+    pub unplaced: Vec<String>,
+    /// `brstackoff` samples whose runtime ip could not be placed, taken at their newest
+    /// branch target instead.
+    pub ips_at_branch_target: usize,
+}
+
+impl PerfImport {
+    /// Feeds the samples and mappings into a [`SampleSet`] with the given range window.
+    pub fn into_sample_set(self, window: usize) -> SampleSet {
+        let mut set = SampleSet::new(window);
+        for s in &self.samples {
+            set.add_branch(s);
+        }
+        for (pid, maps) in self.maps {
+            set.process(pid).maps = Some(maps);
+        }
+        for (pid, comm) in self.comms {
+            set.process(pid).comm = comm;
+        }
+        set
+    }
+}
+
+/// Parses `perf script` text. `read_elf` reads a dso's ELF placement (injected so tests
+/// and callers can resolve paths as they need; [`elf_layout`] reads the file).
+pub fn parse(
+    text: &str,
+    opts: ImportOptions,
+    read_elf: &dyn Fn(&Path) -> Option<ElfLayout>,
+) -> Result<PerfImport, PerfScriptError> {
+    let mut out = PerfImport::default();
+    let mut mmaps: BTreeMap<u32, Vec<Mapping>> = BTreeMap::new();
+    // pid → dsos seen in its entries, for placement without mmap events.
+    let mut dsos: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
+    // Per sample, each entry's (from dso, to dso): brstackoff offsets are rebased below.
+    let mut entry_dsos: Vec<Vec<[Option<String>; 2]>> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        if line.contains("PERF_RECORD_MMAP") {
+            let (pid, m) = parse_mmap(line).ok_or_else(|| PerfScriptError::BadMmap {
+                line: n,
+                text: line.to_string(),
+            })?;
+            mmaps.entry(pid).or_default().push(m);
+            continue;
+        }
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let Some(start) = first_entry(line) else {
+            out.skipped_lines += 1;
+            continue;
+        };
+        let (head, tail) = line.split_at(start);
+        let (pid, tid, comm, ip) = parse_head(head).ok_or(PerfScriptError::NoPid { line: n })?;
+        let mut entries = Vec::new();
+        let mut names = Vec::new();
+        let mut rest = tail;
+        loop {
+            rest = rest.trim_start();
+            if rest.is_empty() {
+                break;
+            }
+            let (e, used) = parse_entry(rest).map_err(|why| PerfScriptError::BadEntry {
+                line: n,
+                entry: rest.split_whitespace().next().unwrap_or("").to_string(),
+                why,
+            })?;
+            for d in [&e.from_dso, &e.to_dso].into_iter().flatten() {
+                dsos.entry(pid).or_default().insert(d.clone());
+            }
+            entries.push(e.entry);
+            names.push([e.from_dso, e.to_dso]);
+            rest = &rest[used..];
+        }
+        if entries.len() > MAX_BRANCH_ENTRIES {
+            out.truncated_stacks += 1;
+            entries.truncate(MAX_BRANCH_ENTRIES);
+            names.truncate(MAX_BRANCH_ENTRIES);
+        }
+        if let Some(c) = comm {
+            out.comms.entry(pid).or_insert(c);
+        }
+        out.samples.push(branch_sample(
+            pid,
+            tid,
+            ip.unwrap_or(entries[0].to),
+            opts.period,
+            &entries,
+        ));
+        entry_dsos.push(names);
+    }
+    if out.samples.is_empty() {
+        return Err(PerfScriptError::NoBranchStacks);
+    }
+    // Placement: recorded mmap events win; else the dsos' own ELF headers.
+    let mut bases: BTreeMap<String, u64> = BTreeMap::new();
+    for (pid, seen) in dsos {
+        let mut maps = mmaps.remove(&pid).unwrap_or_default();
+        if maps.is_empty() {
+            for dso in seen {
+                match read_elf(Path::new(&dso)) {
+                    Some(l) if !l.pie => maps.extend(l.link_mappings(&dso)),
+                    Some(l) if opts.offsets => {
+                        let next = SYNTHETIC_BASE * (bases.len() as u64 + 1);
+                        let base = *bases.entry(dso.clone()).or_insert(next);
+                        maps.push(Mapping {
+                            start: base,
+                            end: base + l.file_size.max(1),
+                            offset: 0,
+                            executable: true,
+                            object: file(&dso),
+                        });
+                    }
+                    // `[kernel.kallsyms]`, `[unknown]`, `[vdso]`: no file to place.
+                    _ if dso.starts_with('[') => {}
+                    _ => out.unplaced.push(dso),
+                }
+            }
+        }
+        maps.sort_by_key(|m| m.start);
+        out.maps.insert(pid, ProcessMaps { mappings: maps });
+    }
+    for (pid, mut maps) in mmaps {
+        maps.sort_by_key(|m| m.start);
+        out.maps.insert(pid, ProcessMaps { mappings: maps });
+    }
+    out.unplaced.sort();
+    out.unplaced.dedup();
+    if opts.offsets {
+        // A brstackoff offset into a dso placed at a synthetic base is base + offset.
+        let rebase = |a: u64, d: &Option<String>| match d.as_ref().and_then(|d| bases.get(d)) {
+            Some(base) => base + a,
+            None => a,
+        };
+        for (s, names) in out.samples.iter_mut().zip(&entry_dsos) {
+            for (e, [fd, td]) in s.entries.iter_mut().zip(names) {
+                e.from = rebase(e.from, fd);
+                e.to = rebase(e.to, td);
+            }
+            // perf prints the sample ip as a runtime address even with brstackoff: one
+            // that no mapping holds is taken at the newest branch target, the start of
+            // the straight-line run the sample interrupted.
+            let placed = out
+                .maps
+                .get(&s.header.tgid)
+                .is_some_and(|m| m.find(s.header.ip).is_some());
+            if !placed {
+                s.header.ip = s.entries[0].to;
+                out.ips_at_branch_target += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Synthetic bases for `brstackoff` dsos: far above user space addresses so they never
+/// meet a link address.
+const SYNTHETIC_BASE: u64 = 0x1000_0000_0000;
+
+fn file(path: &str) -> MappedObject {
+    MappedObject::File {
+        path: PathBuf::from(path),
+        deleted: false,
+    }
+}
+
+/// Where an ELF file's code sits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElfLayout {
+    /// `ET_DYN` (PIE or shared library): loaded at a base chosen at run time.
+    pub pie: bool,
+    pub file_size: u64,
+    /// Executable `PT_LOAD` segments: (vaddr, memsz, file offset).
+    pub exec_segments: Vec<(u64, u64, u64)>,
+}
+
+impl ElfLayout {
+    fn link_mappings(&self, dso: &str) -> Vec<Mapping> {
+        self.exec_segments
+            .iter()
+            .map(|&(vaddr, size, offset)| Mapping {
+                start: vaddr,
+                end: vaddr + size,
+                offset,
+                executable: true,
+                object: file(dso),
+            })
+            .collect()
+    }
+}
+
+/// Reads a file's [`ElfLayout`]; `None` when it is missing or not ELF.
+pub fn elf_layout(path: &Path) -> Option<ElfLayout> {
+    let data = std::fs::read(path).ok()?;
+    let obj = object::File::parse(&*data).ok()?;
+    let pie = obj.kind() == object::ObjectKind::Dynamic;
+    let exec_segments = obj
+        .segments()
+        .filter(|s| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & 1 != 0))
+        .map(|s| (s.address(), s.size(), s.file_range().0))
+        .collect();
+    Some(ElfLayout {
+        pie,
+        file_size: data.len() as u64,
+        exec_segments,
+    })
+}
+
+struct ParsedEntry {
+    entry: BranchEntry,
+    from_dso: Option<String>,
+    to_dso: Option<String>,
+}
+
+/// Byte offset of the first branch entry: a whitespace-preceded `0x` token that parses
+/// as an entry.
+fn first_entry(line: &str) -> Option<usize> {
+    let b = line.as_bytes();
+    (0..b.len()).find(|&i| {
+        (i == 0 || b[i - 1].is_ascii_whitespace())
+            && line[i..].starts_with("0x")
+            && parse_entry(&line[i..]).is_ok()
+    })
+}
+
+/// `[comm] pid/tid [ip] [sym] [(dso)]` → (pid, tid, comm, ip).
+fn parse_head(head: &str) -> Option<(u32, u32, Option<String>, Option<u64>)> {
+    let tokens: Vec<&str> = head.split_whitespace().collect();
+    let at = tokens.iter().position(|t| {
+        t.split_once('/')
+            .is_some_and(|(a, b)| a.parse::<u32>().is_ok() && b.parse::<u32>().is_ok())
+    })?;
+    let (pid, tid) = tokens[at].split_once('/')?;
+    let comm = (at > 0).then(|| tokens[..at].join(" "));
+    // perf prints the ip as bare hex, first after pid/tid.
+    let ip = tokens
+        .get(at + 1)
+        .and_then(|t| u64::from_str_radix(t, 16).ok());
+    Some((pid.parse().ok()?, tid.parse().ok()?, comm, ip))
+}
+
+fn hex(s: &str) -> Option<u64> {
+    u64::from_str_radix(s.strip_prefix("0x")?, 16).ok()
+}
+
+/// `0xADDR` then an optional `(dso)` (parentheses balanced: dso names may hold `/`).
+fn addr_dso(s: &str) -> Result<(u64, Option<String>, usize), &'static str> {
+    let digits = s
+        .strip_prefix("0x")
+        .ok_or("address without 0x")?
+        .bytes()
+        .take_while(u8::is_ascii_hexdigit)
+        .count();
+    let end = 2 + digits;
+    let addr = hex(&s[..end]).ok_or("bad address")?;
+    if !s[end..].starts_with('(') {
+        return Ok((addr, None, end));
+    }
+    let mut depth = 0usize;
+    for (i, c) in s[end..].char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    let inner = &s[end + 1..end + i];
+                    // `dso+0xoff` when perf printed dsoff too.
+                    let dso = match inner.rsplit_once("+0x") {
+                        Some((d, off)) if hex(&format!("0x{off}")).is_some() => d,
+                        _ => inner,
+                    };
+                    return Ok((addr, Some(dso.to_string()), end + i + 1));
+                }
+            }
+            _ => {}
+        }
+    }
+    Err("unbalanced parentheses")
+}
+
+/// One entry; returns it and the bytes used.
+fn parse_entry(s: &str) -> Result<(ParsedEntry, usize), &'static str> {
+    let (from, from_dso, a) = addr_dso(s)?;
+    let rest = s[a..].strip_prefix('/').ok_or("expected / after from")?;
+    let (to, to_dso, b) = addr_dso(rest)?;
+    let flags_start = a + 1 + b;
+    let len = s[flags_start..]
+        .find(char::is_whitespace)
+        .unwrap_or(s.len() - flags_start);
+    let flags = &s[flags_start..flags_start + len];
+    let parts: Vec<&str> = flags
+        .strip_prefix('/')
+        .ok_or("expected flags")?
+        .split('/')
+        .collect();
+    // from, to + 4 (pred, intx, abort, cycles) = 6 parts; + type = 7; + spec = 8.
+    if !(4..=6).contains(&parts.len()) {
+        return Err("expected 6 to 8 /-separated parts");
+    }
+    let mispred = match parts[0] {
+        p if p.starts_with('M') => true,
+        p if p.starts_with('P') || p.starts_with('-') || p.starts_with('N') => false,
+        _ => return Err("prediction flag is not M, P or -"),
+    };
+    if !matches!(parts[1], "X" | "-") || !matches!(parts[2], "A" | "-") {
+        return Err("in_tx/abort flags are not X/A or -");
+    }
+    let cycles: u64 = parts[3].parse().map_err(|_| "cycles is not a number")?;
+    let mut entry = BranchEntry::new(from, to, mispred, cycles.min(u16::MAX as u64) as u16);
+    if parts[0] == "-" {
+        // Neither predicted nor mispredicted: the hardware did not say.
+        entry.flags &= !0b11;
+    }
+    Ok((
+        ParsedEntry {
+            entry,
+            from_dso,
+            to_dso,
+        },
+        flags_start + len,
+    ))
+}
+
+fn branch_sample(
+    pid: u32,
+    tid: u32,
+    ip: u64,
+    period: u64,
+    newest_first: &[BranchEntry],
+) -> BranchSample {
+    let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
+    entries[..newest_first.len()].copy_from_slice(newest_first);
+    BranchSample {
+        header: SampleHeader {
+            version: WIRE_VERSION,
+            kind: SampleKind::Branch as u16,
+            nr: newest_first.len() as u16,
+            tgid: pid,
+            tid,
+            event: EventRole::Branches as u32,
+            period,
+            ip,
+            ..Default::default()
+        },
+        entries,
+    }
+}
+
+/// `... PERF_RECORD_MMAP2 PID/TID: [0xSTART(0xLEN) @ 0xPGOFF ...]: PROT PATH` (also the
+/// older `PERF_RECORD_MMAP`).
+fn parse_mmap(line: &str) -> Option<(u32, Mapping)> {
+    let rest = &line[line.find("PERF_RECORD_MMAP")?..];
+    let rest = rest.split_once(' ')?.1.trim_start();
+    let (pidtid, rest) = rest.split_once(':')?;
+    let pid: u32 = pidtid.split('/').next()?.trim().parse().ok()?;
+    let inner = rest.trim_start().strip_prefix('[')?;
+    let (inner, after) = inner.split_once("]:")?;
+    let (start, inner) = inner.split_once('(')?;
+    let (len, inner) = inner.split_once(')')?;
+    let pgoff = inner
+        .trim_start()
+        .strip_prefix('@')?
+        .split_whitespace()
+        .next()?;
+    let start = hex(start.trim())?;
+    let len = hex(len.trim())?;
+    let pgoff = hex(pgoff).or_else(|| pgoff.parse().ok())?;
+    let after = after.trim_start();
+    let (prot, path) = after.split_once(' ').unwrap_or((after, ""));
+    let path = path.trim();
+    let object = if path.is_empty() || path == "//anon" {
+        MappedObject::Anon
+    } else if path.starts_with('[') {
+        MappedObject::Special(path.to_string())
+    } else {
+        file(path)
+    };
+    Some((
+        pid,
+        Mapping {
+            start,
+            end: start.checked_add(len)?,
+            offset: pgoff,
+            executable: prot.contains('x'),
+            object,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_elf(_: &Path) -> Option<ElfLayout> {
+        None
+    }
+
+    #[test]
+    fn entry_variants_six_seven_eight_parts_and_dso_with_slashes() {
+        for (text, cycles, mispred) in [
+            ("0x401136/0x401120/P/-/-/0", 0, false),
+            ("0x401136/0x401120/M/-/-/17/COND", 17, true),
+            (
+                "0x401136/0x401120/P/-/-/3/COND/NON_SPEC_CORRECT_PATH",
+                3,
+                false,
+            ),
+            (
+                "0x401136(/tmp/a b/prog)/0x401120(/tmp/a b/prog)/M/-/-/5/-/-",
+                5,
+                true,
+            ),
+        ] {
+            let (e, used) = parse_entry(text).unwrap_or_else(|w| panic!("{text}: {w}"));
+            assert_eq!(used, text.len(), "{text}");
+            assert_eq!((e.entry.from, e.entry.to), (0x401136, 0x401120));
+            assert_eq!(e.entry.cycles(), cycles);
+            assert_eq!(e.entry.mispred(), mispred);
+        }
+        let (e, _) = parse_entry("0x10(/x/lib.so+0x1f0)/0x20(/x/lib.so)/-/-/-/0").unwrap();
+        assert_eq!(e.from_dso.as_deref(), Some("/x/lib.so"));
+        assert!(!e.entry.mispred() && !e.entry.predicted());
+        for bad in [
+            "0x1/0x2/P/-/-",
+            "0x1/0x2/Q/-/-/0",
+            "0x1/0x2/P/-/-/x",
+            "0x1(/a/0x2/P/-/-/0",
+        ] {
+            assert!(parse_entry(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sample_line_with_comm_ip_sym_dso() {
+        let text = "prog 4242/4243   401136 main (/tmp/prog)  \
+                    0x401136(/tmp/prog)/0x401120(/tmp/prog)/P/-/-/0/COND \
+                    0x401140(/tmp/prog)/0x401130(/tmp/prog)/M/-/-/0/COND\n";
+        let imp = parse(text, ImportOptions::default(), &no_elf).unwrap();
+        assert_eq!(imp.samples.len(), 1);
+        let s = &imp.samples[0];
+        assert_eq!(
+            (s.header.tgid, s.header.tid, s.header.ip),
+            (4242, 4243, 0x401136)
+        );
+        assert_eq!(s.entries().len(), 2);
+        assert!(s.entries()[1].mispred());
+        assert_eq!(imp.comms[&4242], "prog");
+        assert_eq!(imp.unplaced, vec!["/tmp/prog".to_string()]);
+    }
+
+    #[test]
+    fn mmap2_events_place_the_dso() {
+        let text = "prog 7 [000] 0.0: PERF_RECORD_MMAP2 7/7: [0x555555555000(0x2000) @ 0x1000 08:01 12 0]: r-xp /tmp/pie\n\
+                    7/7 555555555136 f (/tmp/pie) 0x555555555136/0x555555555120/P/-/-/0\n";
+        let imp = parse(text, ImportOptions::default(), &no_elf).unwrap();
+        let m = &imp.maps[&7].mappings[0];
+        assert_eq!(
+            (m.start, m.end, m.offset, m.executable),
+            (0x555555555000, 0x555555557000, 0x1000, true)
+        );
+        assert!(imp.unplaced.is_empty());
+    }
+
+    #[test]
+    fn garbage_is_one_clear_error() {
+        let e = parse("hello\nworld\n", ImportOptions::default(), &no_elf).unwrap_err();
+        assert!(matches!(e, PerfScriptError::NoBranchStacks), "{e}");
+        let e = parse(
+            "1/1 10 f 0x1/0x2/P/-/-/0 0x3/0x4/Z/-/-/0\n",
+            ImportOptions::default(),
+            &no_elf,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, PerfScriptError::BadEntry { line: 1, .. }),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,385 @@
+//! pprof export: a gzip'd `profile.proto` (github.com/google/pprof/proto/profile.proto),
+//! what `go tool pprof`, Pyroscope and Parca read.
+//!
+//! Leaf-only samples (the profile has no call stacks), labelled with `pid` and `comm`:
+//! one per instruction with data, plus one at the function's start for what the
+//! instructions do not account for, so each function's totals are exactly the table's
+//! and `pprof -top` shows the same ranking. Sample types:
+//! `cycles`, `instructions`, `samples` (counts); in a time profile `samples` and `cpu`
+//! (nanoseconds), since there are no cycles to report.
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use flate2::{write::GzEncoder, Compression};
+use prost::Message;
+
+use crate::profile::model::{FunctionProfile, Mode, Profile};
+
+// profile.proto, field for field (the parts we write). Hand-written so no protoc is
+// needed at build time.
+
+#[derive(Clone, PartialEq, Message)]
+pub struct PprofProfile {
+    #[prost(message, repeated, tag = "1")]
+    pub sample_type: Vec<ValueType>,
+    #[prost(message, repeated, tag = "2")]
+    pub sample: Vec<Sample>,
+    #[prost(message, repeated, tag = "3")]
+    pub mapping: Vec<Mapping>,
+    #[prost(message, repeated, tag = "4")]
+    pub location: Vec<Location>,
+    #[prost(message, repeated, tag = "5")]
+    pub function: Vec<Function>,
+    #[prost(string, repeated, tag = "6")]
+    pub string_table: Vec<String>,
+    #[prost(int64, tag = "9")]
+    pub time_nanos: i64,
+    #[prost(int64, tag = "10")]
+    pub duration_nanos: i64,
+    #[prost(message, optional, tag = "11")]
+    pub period_type: Option<ValueType>,
+    #[prost(int64, tag = "12")]
+    pub period: i64,
+    #[prost(int64, repeated, tag = "13")]
+    pub comment: Vec<i64>,
+    #[prost(int64, tag = "14")]
+    pub default_sample_type: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct ValueType {
+    #[prost(int64, tag = "1")]
+    pub r#type: i64,
+    #[prost(int64, tag = "2")]
+    pub unit: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Sample {
+    #[prost(uint64, repeated, tag = "1")]
+    pub location_id: Vec<u64>,
+    #[prost(int64, repeated, tag = "2")]
+    pub value: Vec<i64>,
+    #[prost(message, repeated, tag = "3")]
+    pub label: Vec<Label>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Label {
+    #[prost(int64, tag = "1")]
+    pub key: i64,
+    #[prost(int64, tag = "2")]
+    pub str: i64,
+    #[prost(int64, tag = "3")]
+    pub num: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Mapping {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub memory_start: u64,
+    #[prost(uint64, tag = "3")]
+    pub memory_limit: u64,
+    #[prost(uint64, tag = "4")]
+    pub file_offset: u64,
+    #[prost(int64, tag = "5")]
+    pub filename: i64,
+    #[prost(int64, tag = "6")]
+    pub build_id: i64,
+    #[prost(bool, tag = "7")]
+    pub has_functions: bool,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Location {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(uint64, tag = "2")]
+    pub mapping_id: u64,
+    #[prost(uint64, tag = "3")]
+    pub address: u64,
+    #[prost(message, repeated, tag = "4")]
+    pub line: Vec<Line>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Line {
+    #[prost(uint64, tag = "1")]
+    pub function_id: u64,
+    #[prost(int64, tag = "2")]
+    pub line: i64,
+}
+
+#[derive(Clone, PartialEq, Message)]
+pub struct Function {
+    #[prost(uint64, tag = "1")]
+    pub id: u64,
+    #[prost(int64, tag = "2")]
+    pub name: i64,
+    #[prost(int64, tag = "3")]
+    pub system_name: i64,
+    #[prost(int64, tag = "4")]
+    pub filename: i64,
+}
+
+/// The string table: index 0 is "" as the format requires.
+struct Strings {
+    table: Vec<String>,
+    index: HashMap<String, i64>,
+}
+
+impl Strings {
+    fn new() -> Self {
+        let mut s = Strings {
+            table: Vec::new(),
+            index: HashMap::new(),
+        };
+        s.id("");
+        s
+    }
+
+    fn id(&mut self, v: &str) -> i64 {
+        if let Some(&i) = self.index.get(v) {
+            return i;
+        }
+        let i = self.table.len() as i64;
+        self.table.push(v.to_string());
+        self.index.insert(v.to_string(), i);
+        i
+    }
+}
+
+fn count(v: Option<f64>) -> i64 {
+    v.map(|x| x.round().clamp(0.0, i64::MAX as f64) as i64)
+        .unwrap_or(0)
+}
+
+/// A function's samples: one per instruction with data (so `pprof -disasm` and
+/// address-level views work), plus what the instructions do not account for at the
+/// function's start, so the function's totals are exactly the table's.
+fn function_values(f: &FunctionProfile, time: bool) -> Vec<(u64, Vec<i64>)> {
+    let total = if time {
+        vec![f.samples as i64, count(f.time_ns)]
+    } else {
+        vec![count(f.cycles), count(f.instructions), f.samples as i64]
+    };
+    // cpu-clock periods are (nearly) equal: an instruction's time is its share of
+    // the function's samples.
+    let ns_per_sample = match (f.time_ns, f.samples) {
+        (Some(t), n) if n > 0 => t / n as f64,
+        _ => 0.0,
+    };
+    let mut out: Vec<(u64, Vec<i64>)> = f
+        .lines
+        .iter()
+        .map(|l| {
+            let v = if time {
+                vec![
+                    l.samples as i64,
+                    count(Some(l.samples as f64 * ns_per_sample)),
+                ]
+            } else {
+                vec![count(l.cycles), count(Some(l.count)), l.samples as i64]
+            };
+            (l.address, v)
+        })
+        .filter(|(_, v)| v.iter().any(|&x| x > 0))
+        .collect();
+    let mut rest = total;
+    for (_, v) in &out {
+        for (r, x) in rest.iter_mut().zip(v) {
+            *r -= x;
+        }
+    }
+    if rest.iter().any(|&r| r > 0) {
+        out.push((f.address, rest.into_iter().map(|r| r.max(0)).collect()));
+    }
+    out
+}
+
+/// Builds the (uncompressed) pprof message.
+pub fn build(p: &Profile) -> PprofProfile {
+    let mut st = Strings::new();
+    let time = !p.mode.has_cpi();
+    let types: &[(&str, &str)] = if time {
+        &[("samples", "count"), ("cpu", "nanoseconds")]
+    } else {
+        &[
+            ("cycles", "count"),
+            ("instructions", "count"),
+            ("samples", "count"),
+        ]
+    };
+    let sample_type = types
+        .iter()
+        .map(|(t, u)| ValueType {
+            r#type: st.id(t),
+            unit: st.id(u),
+        })
+        .collect();
+
+    // Mappings: one per binary, spanning its sampled functions (binary addresses).
+    let mut spans: Vec<(String, u64, u64)> = Vec::new();
+    for f in p.processes.iter().flat_map(|pr| pr.functions.iter()) {
+        let end = f.address + f.size.max(1);
+        match spans.iter_mut().find(|(b, _, _)| *b == f.binary) {
+            Some(s) => {
+                s.1 = s.1.min(f.address);
+                s.2 = s.2.max(end);
+            }
+            None => spans.push((f.binary.clone(), f.address, end)),
+        }
+    }
+    let mut mapping_ids = HashMap::new();
+    let mut mapping = Vec::new();
+    for (i, (bin, start, end)) in spans.iter().enumerate() {
+        let id = i as u64 + 1;
+        let build_id = p
+            .binaries
+            .iter()
+            .find(|b| b.path == *bin)
+            .and_then(|b| b.build_id.as_deref())
+            .unwrap_or("");
+        mapping.push(Mapping {
+            id,
+            memory_start: *start,
+            memory_limit: *end,
+            file_offset: 0,
+            filename: st.id(bin),
+            build_id: st.id(build_id),
+            // Names are already resolved: pprof must not re-symbolise.
+            has_functions: true,
+        });
+        mapping_ids.insert(bin.clone(), id);
+    }
+
+    let mut function = Vec::new();
+    let mut location = Vec::new();
+    let mut func_ids: HashMap<(&str, u64, &str), u64> = HashMap::new();
+    let mut loc_ids: HashMap<(&str, u64), u64> = HashMap::new();
+    let mut sample = Vec::new();
+    let (pid_key, comm_key) = (st.id("pid"), st.id("comm"));
+    for proc in &p.processes {
+        let labels = vec![
+            Label {
+                key: pid_key,
+                str: 0,
+                num: proc.pid as i64,
+            },
+            Label {
+                key: comm_key,
+                str: st.id(&proc.comm),
+                num: 0,
+            },
+        ];
+        for f in &proc.functions {
+            let fkey = (f.binary.as_str(), f.address, f.name.as_str());
+            let fid = *func_ids.entry(fkey).or_insert_with(|| {
+                let id = function.len() as u64 + 1;
+                let name = st.id(&f.name);
+                function.push(Function {
+                    id,
+                    name,
+                    system_name: name,
+                    filename: st.id(&f.binary),
+                });
+                id
+            });
+            let mut loc = |address: u64| {
+                *loc_ids
+                    .entry((f.binary.as_str(), address))
+                    .or_insert_with(|| {
+                        let id = location.len() as u64 + 1;
+                        location.push(Location {
+                            id,
+                            mapping_id: mapping_ids[&f.binary],
+                            address,
+                            line: vec![Line {
+                                function_id: fid,
+                                line: 0,
+                            }],
+                        });
+                        id
+                    })
+            };
+            for (address, value) in function_values(f, time) {
+                sample.push(Sample {
+                    location_id: vec![loc(address)],
+                    value,
+                    label: labels.clone(),
+                });
+            }
+        }
+    }
+
+    let period_role = if time { "cpu-clock" } else { "cycles" };
+    let period = p
+        .events
+        .iter()
+        .find(|e| e.role == period_role)
+        .map(|e| e.period as i64)
+        .unwrap_or(0);
+    let period_type = Some(if time {
+        ValueType {
+            r#type: st.id("cpu"),
+            unit: st.id("nanoseconds"),
+        }
+    } else {
+        ValueType {
+            r#type: st.id("cycles"),
+            unit: st.id("count"),
+        }
+    });
+    let note = format!(
+        "cpi-bpf {}: mode {}",
+        p.tool_version,
+        match p.mode {
+            Mode::Cpi => "cpi",
+            Mode::IpSampling => "ip-sampling (per-function CPI imprecise)",
+            Mode::TimeProfile => "time-profile (no PMU: no cycles)",
+            Mode::Simulated => "simulated (modelled cycles)",
+        }
+    );
+    let comment = vec![st.id(&note), st.id(&p.mode_reason)];
+    let default_sample_type = st.id(if time { "cpu" } else { "cycles" });
+    PprofProfile {
+        sample_type,
+        sample,
+        mapping,
+        location,
+        function,
+        string_table: st.table,
+        time_nanos: 0,
+        duration_nanos: (p.duration_secs * 1e9).round() as i64,
+        period_type,
+        period,
+        comment,
+        default_sample_type,
+    }
+}
+
+/// The gzip'd protobuf bytes of [`build`].
+pub fn encode(p: &Profile) -> std::io::Result<Vec<u8>> {
+    let raw = build(p).encode_to_vec();
+    let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+    gz.write_all(&raw)?;
+    gz.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn string_table_starts_empty_and_dedups() {
+        let mut s = Strings::new();
+        assert_eq!(s.table[0], "");
+        let a = s.id("cycles");
+        assert_eq!(s.id("cycles"), a);
+        assert_eq!(s.id(""), 0);
+        assert_eq!(s.table.len(), 2);
+    }
+}

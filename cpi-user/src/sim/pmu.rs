@@ -1,0 +1,354 @@
+//! The PMU model: a taken-branch counter with an LBR ring and a cycle counter per
+//! thread, driven by the replayed trace, emitting the wire records real collection
+//! emits ([`BranchSample`] with `event = Branches`, [`IpSample`] with `event = Cycles`)
+//! into a [`SampleSet`], the same aggregation path.
+//!
+//! Both perturbation layers are the production code of `cpi_common::policy`:
+//! * kernel: every counter overflow goes through [`ThinState::on_overflow`]; with the
+//!   layer on, the hardware period is the requested period / K (K = thinning factor), so
+//!   one record per requested period is emitted on average in every mode;
+//! * user: every `redraw_interval_ns` of simulated time (cycles / `cycles_per_ns`), each
+//!   counter gets a fresh period from [`PeriodPolicy::draw`], set like
+//!   `PERF_EVENT_IOC_PERIOD` does: the count restarts (events since the last overflow
+//!   are not carried).
+//!
+//! Without the user layer the period is used exactly as given (the defaults are primes),
+//! which is what lets a test lock a loop onto it.
+//!
+//! LBR entries carry the cycles since the previous entry (Skylake+ semantics, saturated
+//! at 0xffff) and the predictor's mispredict flag. Skid: the cycle sample's IP is taken
+//! `skid` instructions after the overflowing one (within its range); the branch sample
+//! is taken `skid` taken branches after the overflow.
+
+use std::collections::HashMap;
+
+use cpi_common::policy::{PeriodPolicy, Perturbation, Rng, ThinState, Thinning};
+use cpi_common::wire::{
+    BranchEntry, BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES,
+    WIRE_VERSION,
+};
+
+use super::cycles::{Dynamic, Ending, RangeInfo};
+use crate::profile::SampleSet;
+
+/// What the model samples and how.
+#[derive(Clone, Debug)]
+pub struct PmuConfig {
+    /// Taken branches per emitted branch sample (base, and the user layer's jitter).
+    pub branch: PeriodPolicy,
+    /// Cycles per emitted IP sample.
+    pub cycles: PeriodPolicy,
+    /// LBR depth (entries per branch sample), 2..=32.
+    pub depth: usize,
+    pub perturbation: Perturbation,
+    /// Kernel-layer thinning factor K (used when the kernel layer is on).
+    pub thinning: u32,
+    pub skid: u32,
+    /// User-layer re-draw timer.
+    pub redraw_interval_ns: u64,
+    /// Simulated clock: cycles per nanosecond.
+    pub cycles_per_ns: u64,
+    pub seed: u64,
+}
+
+impl Default for PmuConfig {
+    fn default() -> Self {
+        PmuConfig {
+            branch: PeriodPolicy::around(SIM_BRANCH_PERIOD),
+            cycles: PeriodPolicy::around(SIM_CYCLE_PERIOD),
+            depth: MAX_BRANCH_ENTRIES,
+            perturbation: Perturbation::Both,
+            thinning: DEFAULT_THINNING,
+            skid: 0,
+            redraw_interval_ns: 10_000_000,
+            cycles_per_ns: 3,
+            seed: 0x5eed,
+        }
+    }
+}
+
+/// Default taken branches per branch sample. Lower than a production rate because a
+/// traced run is short (Valgrind runs 50–100× slower than native): a prime that still
+/// gives thousands of samples on a 100 M-instruction run.
+pub const SIM_BRANCH_PERIOD: u64 = 2_003;
+/// Default cycles per cycle sample (prime; see [`SIM_BRANCH_PERIOD`]).
+pub const SIM_CYCLE_PERIOD: u64 = 2_003;
+/// Default kernel-layer thinning factor.
+pub const DEFAULT_THINNING: u32 = 4;
+
+/// One hardware counter of one thread.
+#[derive(Clone, Debug)]
+struct Counter {
+    /// The hardware period policy (requested / K with the kernel layer).
+    hw: PeriodPolicy,
+    period: u64,
+    left: u64,
+    thin: ThinState,
+}
+
+impl Counter {
+    fn new(requested: PeriodPolicy, cfg: &PmuConfig, rng: &mut Rng) -> Self {
+        let k = if cfg.perturbation.kernel() {
+            cfg.thinning.max(1) as u64
+        } else {
+            1
+        };
+        let base = (requested.base / k).max(1);
+        let hw = PeriodPolicy {
+            base,
+            jitter: if k == 1 {
+                requested.jitter
+            } else {
+                base >> PeriodPolicy::DEFAULT_JITTER_SHIFT
+            },
+        };
+        let period = if cfg.perturbation.user() {
+            hw.draw(rng)
+        } else {
+            hw.base
+        };
+        Counter {
+            hw,
+            period,
+            left: period,
+            thin: ThinState::new(rng.next_u64()),
+        }
+    }
+
+    fn thinning(cfg: &PmuConfig) -> Thinning {
+        if cfg.perturbation.kernel() {
+            Thinning::new(cfg.thinning)
+        } else {
+            Thinning::OFF
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct ThreadPmu {
+    branches: Counter,
+    cycles: Counter,
+    /// LBR ring, `lbr[(head + i) % depth]`; newest at `head`.
+    lbr: Vec<BranchEntry>,
+    head: usize,
+    filled: usize,
+    /// Cycles since the newest LBR entry.
+    since_entry: u64,
+    /// A skidded branch sample: taken branches still to retire, and its weight.
+    branch_skid: Option<(u32, u64)>,
+}
+
+/// Counts of what the model did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PmuStats {
+    pub branch_overflows: u64,
+    pub cycle_overflows: u64,
+    pub branch_samples: u64,
+    pub ip_samples: u64,
+    /// Overflows thinned by the kernel layer.
+    pub thinned: u64,
+    /// Period re-draws by the user layer (per counter).
+    pub redraws: u64,
+    /// Cycle samples whose IP is a range start because the bytes were unknown.
+    pub unattributed_ips: u64,
+}
+
+/// The model of the whole traced process.
+pub struct Pmu {
+    cfg: PmuConfig,
+    pid: u32,
+    threads: HashMap<u32, ThreadPmu>,
+    rng: Rng,
+    now_cycles: u64,
+    next_redraw: u64,
+    pub stats: PmuStats,
+}
+
+impl Pmu {
+    pub fn new(cfg: PmuConfig, pid: u32) -> Self {
+        let mut cfg = cfg;
+        cfg.depth = cfg.depth.clamp(2, MAX_BRANCH_ENTRIES);
+        let next_redraw = cfg.redraw_interval_ns.saturating_mul(cfg.cycles_per_ns);
+        Pmu {
+            rng: Rng::new(cfg.seed),
+            cfg,
+            pid,
+            threads: HashMap::new(),
+            now_cycles: 0,
+            next_redraw,
+            stats: PmuStats::default(),
+        }
+    }
+
+    pub fn config(&self) -> &PmuConfig {
+        &self.cfg
+    }
+
+    /// Simulated cycles so far.
+    pub fn now_cycles(&self) -> u64 {
+        self.now_cycles
+    }
+
+    fn thread(&mut self, tid: u32) -> &mut ThreadPmu {
+        if !self.threads.contains_key(&tid) {
+            let t = ThreadPmu {
+                branches: Counter::new(self.cfg.branch, &self.cfg, &mut self.rng),
+                cycles: Counter::new(self.cfg.cycles, &self.cfg, &mut self.rng),
+                lbr: vec![BranchEntry::default(); self.cfg.depth],
+                head: 0,
+                filled: 0,
+                since_entry: 0,
+                branch_skid: None,
+            };
+            self.threads.insert(tid, t);
+        }
+        self.threads.get_mut(&tid).expect("inserted above")
+    }
+
+    fn header(
+        &self,
+        kind: SampleKind,
+        tid: u32,
+        event: EventRole,
+        period: u64,
+        ip: u64,
+        nr: u16,
+    ) -> SampleHeader {
+        SampleHeader {
+            version: WIRE_VERSION,
+            kind: kind as u16,
+            flags: 0,
+            nr,
+            cpu: 0,
+            tgid: self.pid,
+            tid,
+            event: event as u32,
+            period,
+            time_ns: self.now_cycles / self.cfg.cycles_per_ns.max(1),
+            ip,
+        }
+    }
+
+    fn redraw(&mut self) {
+        let user = self.cfg.perturbation.user();
+        while self.now_cycles >= self.next_redraw {
+            self.next_redraw += self.cfg.redraw_interval_ns.max(1) * self.cfg.cycles_per_ns;
+            if !user {
+                continue;
+            }
+            let mut tids: Vec<u32> = self.threads.keys().copied().collect();
+            tids.sort_unstable();
+            for tid in tids {
+                let t = self.threads.get_mut(&tid).expect("listed");
+                for c in [&mut t.branches, &mut t.cycles] {
+                    c.period = c.hw.draw(&mut self.rng);
+                    c.left = c.period;
+                }
+                self.stats.redraws += 2;
+            }
+        }
+    }
+
+    /// One execution of range `r` by thread `tid`, as the cycle model costed it.
+    /// `ending` with `Taken` retires the taken branch `r.end → to`.
+    pub fn on_range(
+        &mut self,
+        set: &mut SampleSet,
+        tid: u32,
+        r: &RangeInfo,
+        d: &Dynamic,
+        ending: Ending,
+    ) {
+        let thin = Counter::thinning(&self.cfg);
+        let skid = self.cfg.skid as usize;
+        let cycles = d.cycles;
+        // Cycle counter.
+        let mut ips: Vec<(u64, u64)> = Vec::new();
+        {
+            let t = self.thread(tid);
+            if t.cycles.left > cycles {
+                t.cycles.left -= cycles;
+            } else {
+                let n = r.n as usize;
+                for i in 0..n {
+                    let mut c = d.cost_of(r, i);
+                    while c >= t.cycles.left {
+                        c -= t.cycles.left;
+                        let period = t.cycles.period;
+                        t.cycles.left = period;
+                        let j = (i + skid).min(n - 1);
+                        let ip = r.addrs.get(j).copied().unwrap_or(r.start);
+                        ips.push((ip, period));
+                    }
+                    t.cycles.left -= c;
+                }
+            }
+        }
+        for (ip, period) in ips {
+            self.stats.cycle_overflows += 1;
+            if !r.known() {
+                self.stats.unattributed_ips += 1;
+            }
+            let t = self.threads.get_mut(&tid).expect("created above");
+            match t.cycles.thin.on_overflow(period, thin) {
+                Some(w) => {
+                    let h = self.header(SampleKind::Ip, tid, EventRole::Cycles, w, ip, 0);
+                    set.add_ip(&IpSample { header: h })
+                        .expect("Cycles is a known role");
+                    self.stats.ip_samples += 1;
+                }
+                None => self.stats.thinned += 1,
+            }
+        }
+        self.now_cycles += cycles;
+
+        // LBR and taken-branch counter.
+        let depth = self.cfg.depth;
+        let mut fire = None;
+        let (mut overflowed, mut thinned) = (false, false);
+        {
+            let t = self.thread(tid);
+            t.since_entry += cycles;
+            if let Ending::Taken { to } = ending {
+                let c = t.since_entry.min(0xffff) as u16;
+                t.since_entry = 0;
+                t.head = (t.head + depth - 1) % depth;
+                t.lbr[t.head] = BranchEntry::new(r.end, to, d.last_mispredicted, c);
+                t.filled = (t.filled + 1).min(depth);
+                if let Some((left, w)) = t.branch_skid.as_mut() {
+                    if *left == 0 {
+                        fire = Some((to, *w));
+                        t.branch_skid = None;
+                    } else {
+                        *left -= 1;
+                    }
+                }
+                t.branches.left -= 1;
+                if t.branches.left == 0 {
+                    overflowed = true;
+                    let p = t.branches.period;
+                    t.branches.left = p;
+                    match t.branches.thin.on_overflow(p, thin) {
+                        Some(w) if skid == 0 => fire = Some((to, w)),
+                        Some(w) => t.branch_skid = Some((skid as u32 - 1, w)),
+                        None => thinned = true,
+                    }
+                }
+            }
+        }
+        self.stats.branch_overflows += overflowed as u64;
+        self.stats.thinned += thinned as u64;
+        if let Some((ip, weight)) = fire {
+            let t = &self.threads[&tid];
+            let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
+            for (i, e) in entries.iter_mut().enumerate().take(t.filled) {
+                *e = t.lbr[(t.head + i) % depth];
+            }
+            let nr = t.filled as u16;
+            let h = self.header(SampleKind::Branch, tid, EventRole::Branches, weight, ip, nr);
+            set.add_branch(&BranchSample { header: h, entries });
+            self.stats.branch_samples += 1;
+        }
+        self.redraw();
+    }
+}

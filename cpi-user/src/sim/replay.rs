@@ -1,0 +1,272 @@
+//! Replays a trace: every straight-line range a thread ran goes through the cycle model
+//! once, then into the exact truth and (optionally) the PMU model.
+
+use std::io::Read;
+
+use super::code::CodeMap;
+use super::cycles::{Dynamic, Ending, Predictor, RangeTable};
+use super::pmu::{Pmu, PmuConfig};
+use super::trace::{Event, TraceError, TraceReader};
+use super::FastMap;
+use crate::procmap::ProcessMaps;
+use crate::profile::SampleSet;
+
+/// Exact counts of one executed instruction (runtime address).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InsnTruth {
+    pub count: u64,
+    pub cycles: u64,
+    /// Executions followed by the next sequential instruction (fall-through out).
+    pub fall_out: u64,
+    /// A `rep` string instruction: counted once per execution, not per iteration.
+    pub rep: bool,
+}
+
+/// Exact counts of one taken transfer (runtime addresses).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TakenTruth {
+    pub count: u64,
+    pub mispredicts: u64,
+}
+
+/// The exact answer for a whole run, in runtime addresses.
+#[derive(Clone, Debug, Default)]
+pub struct Truth {
+    pub pid: u32,
+    pub instructions: u64,
+    pub cycles: u64,
+    pub insns: FastMap<u64, InsnTruth>,
+    pub taken: FastMap<(u64, u64), TakenTruth>,
+    /// Instructions (and their cycles) in code without bytes (vdso, JIT) or whose bytes
+    /// did not decode to the traced count: counted in totals, not per instruction.
+    pub unknown_instructions: u64,
+    pub unknown_cycles: u64,
+    /// Every executable mapping of the run.
+    pub maps: ProcessMaps,
+    /// The last range of every thread, [start, end] (runtime addresses): what ran up to
+    /// the thread's final instruction (usually the exit system call).
+    pub final_ranges: Vec<(u64, u64)>,
+    pub stats: ReplayStats,
+}
+
+/// Bookkeeping of a replay.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplayStats {
+    pub records: u64,
+    pub ranges: u64,
+    pub distinct_ranges: u64,
+    pub threads: u64,
+    pub interrupts: u64,
+    /// Records that make no sense (a range with no start); counted, skipped.
+    pub anomalies: u64,
+    pub mismatched_ranges: u64,
+    pub unknown_ranges: u64,
+}
+
+/// One (range, how it ended) pair and its exact counts.
+#[derive(Clone, Debug)]
+struct Slot {
+    range: u32,
+    ending: Ending,
+    count: u64,
+    cycles: u64,
+    last_mispredicts: u64,
+}
+
+/// The replay state.
+#[derive(Default)]
+pub struct Replay {
+    code: CodeMap,
+    table: RangeTable,
+    predictor: Predictor,
+    slots: Vec<Slot>,
+    by_key: FastMap<(u64, u64, u64), u32>,
+    inner_mispredicts: FastMap<(u32, u32), u64>,
+    dynamic: Dynamic,
+    pmu: Option<Pmu>,
+    stats: ReplayStats,
+    pid: u32,
+    final_ranges: Vec<(u64, u64)>,
+}
+
+impl Replay {
+    /// Replays a whole trace; with `pmu`, the PMU model runs too and its samples go into
+    /// `set`.
+    pub fn run<R: Read>(
+        &mut self,
+        reader: R,
+        set: &mut SampleSet,
+        pmu: Option<PmuConfig>,
+    ) -> Result<(), TraceError> {
+        let mut r = TraceReader::new(reader)?;
+        self.pid = r.pid();
+        self.pmu = pmu.map(|cfg| Pmu::new(cfg, self.pid));
+        let mut starts: FastMap<u32, u64> = FastMap::default();
+        let (mut tid, mut start) = (self.pid, 0u64);
+        while let Some(ev) = r.next()? {
+            self.stats.records += 1;
+            match ev {
+                Event::Maps(m) => self.code.update(m),
+                Event::Thread { tid: t } => {
+                    starts.insert(tid, start);
+                    if !starts.contains_key(&t) {
+                        self.stats.threads += 1;
+                    }
+                    tid = t;
+                    start = starts.get(&t).copied().unwrap_or(0);
+                }
+                Event::Branch { from, to, n } => {
+                    if n > 0 {
+                        self.range(set, tid, start, from, n, Ending::Taken { to });
+                    } else if from != 0 {
+                        self.stats.anomalies += 1;
+                    }
+                    start = to;
+                }
+                Event::Interrupt { from, n, .. } => {
+                    self.stats.interrupts += 1;
+                    if n > 0 {
+                        self.range(set, tid, start, from, n, Ending::Stop);
+                    }
+                    start = 0;
+                }
+                Event::End { from, n } => {
+                    if start != 0 {
+                        self.final_ranges.push((start, from));
+                    }
+                    if n > 0 {
+                        self.range(set, tid, start, from, n, Ending::Stop);
+                    }
+                    start = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn range(
+        &mut self,
+        set: &mut SampleSet,
+        tid: u32,
+        start: u64,
+        end: u64,
+        n: u32,
+        ending: Ending,
+    ) {
+        if start == 0 {
+            self.stats.anomalies += 1;
+            return;
+        }
+        self.stats.ranges += 1;
+        let to = match ending {
+            Ending::Taken { to } => to,
+            Ending::Stop => u64::MAX,
+        };
+        let slot = match self.by_key.get(&(start, end, to)) {
+            Some(&s) if self.table.infos[self.slots[s as usize].range as usize].n == n => s,
+            _ => {
+                let range = self.table.get(&mut self.code, start, end, n);
+                let s = self.slots.len() as u32;
+                self.slots.push(Slot {
+                    range,
+                    ending,
+                    count: 0,
+                    cycles: 0,
+                    last_mispredicts: 0,
+                });
+                self.by_key.insert((start, end, to), s);
+                s
+            }
+        };
+        let sl = &mut self.slots[slot as usize];
+        let info = &self.table.infos[sl.range as usize];
+        self.predictor.execute(info, ending, &mut self.dynamic);
+        sl.count += 1;
+        sl.cycles += self.dynamic.cycles;
+        sl.last_mispredicts += self.dynamic.last_mispredicted as u64;
+        for &i in &self.dynamic.mispredicted {
+            *self.inner_mispredicts.entry((sl.range, i)).or_default() += 1;
+        }
+        if let Some(pmu) = self.pmu.as_mut() {
+            pmu.on_range(set, tid, info, &self.dynamic, ending);
+        }
+    }
+
+    /// The PMU model, after the run.
+    pub fn pmu(&self) -> Option<&Pmu> {
+        self.pmu.as_ref()
+    }
+
+    /// Every executable mapping the run had.
+    pub fn maps(&self) -> ProcessMaps {
+        self.code.all_maps()
+    }
+
+    /// Expands the per-range counts into the exact per-instruction and per-edge truth.
+    pub fn truth(&self) -> Truth {
+        let mut t = Truth {
+            pid: self.pid,
+            maps: self.code.all_maps(),
+            final_ranges: self.final_ranges.clone(),
+            ..Default::default()
+        };
+        let penalty = super::cycles::MISPREDICT_PENALTY as u64;
+        for sl in &self.slots {
+            let r = &self.table.infos[sl.range as usize];
+            t.instructions += sl.count * r.n as u64;
+            t.cycles += sl.cycles;
+            if let Ending::Taken { to } = sl.ending {
+                let e = t.taken.entry((r.end, to)).or_default();
+                e.count += sl.count;
+                e.mispredicts += sl.last_mispredicts;
+            }
+            if !r.known() {
+                t.unknown_instructions += sl.count * r.n as u64;
+                t.unknown_cycles += sl.cycles;
+                continue;
+            }
+            let last = r.addrs.len() - 1;
+            // Cycles of the last instruction beyond its static cost: taken bubble and
+            // misprediction, whatever is left of the slot's cycles after the rest.
+            let mut rest = sl.cycles;
+            for (i, (&a, &c)) in r.addrs.iter().zip(&r.costs).enumerate() {
+                let e = t.insns.entry(a).or_default();
+                e.count += sl.count;
+                let mut cyc = sl.count * c as u64;
+                if i != last {
+                    e.fall_out += sl.count;
+                }
+                if i == last {
+                    cyc = rest;
+                } else {
+                    rest -= cyc;
+                }
+                e.cycles += cyc;
+            }
+            for &i in &r.reps {
+                if let Some(e) = t.insns.get_mut(&r.addrs[i as usize]) {
+                    e.rep = true;
+                }
+            }
+        }
+        // Misprediction penalties of inner conditionals belong to them, not to the last
+        // instruction of their range, which absorbed them above.
+        for (&(range, i), &m) in &self.inner_mispredicts {
+            let r = &self.table.infos[range as usize];
+            let pen = m * penalty;
+            if let Some(e) = t.insns.get_mut(&r.addrs[i as usize]) {
+                e.cycles += pen;
+            }
+            if let Some(e) = t.insns.get_mut(&r.end) {
+                e.cycles -= pen;
+            }
+        }
+        t.stats = ReplayStats {
+            distinct_ranges: self.table.infos.len() as u64,
+            mismatched_ranges: self.table.mismatched,
+            unknown_ranges: self.table.unknown,
+            ..self.stats.clone()
+        };
+        t
+    }
+}

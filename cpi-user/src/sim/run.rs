@@ -1,0 +1,152 @@
+//! Running a command under Valgrind with the `cpitrace` tool.
+//!
+//! The tool is built by `cargo xtask setup` into `target/cpi-tracer/` (a Valgrind tool
+//! folder: the tool plus links to the installed preload files), found through
+//! `$CPI_TRACER_DIR` or next to the running executable. The trace streams through a FIFO
+//! so it is never stored: a large run produces gigabytes of records.
+
+use std::ffi::OsString;
+use std::fs::File;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+
+use super::SimError;
+
+/// Valgrind's name of the tool.
+pub const TOOL: &str = "cpitrace";
+const TOOL_FILE: &str = "cpitrace-amd64-linux";
+
+/// The folder holding the built tool.
+pub fn find_tool_dir() -> Result<PathBuf, SimError> {
+    let mut tried = Vec::new();
+    if let Some(d) = std::env::var_os("CPI_TRACER_DIR") {
+        tried.push(PathBuf::from(d));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        // target/<profile>/cpi-bpf, target/<profile>/deps/test-…
+        for up in exe.ancestors().skip(1).take(3) {
+            tried.push(up.join("cpi-tracer"));
+        }
+    }
+    tried
+        .iter()
+        .find(|d| d.join(TOOL_FILE).is_file())
+        .cloned()
+        .ok_or(SimError::ToolNotFound { tried })
+}
+
+/// Valgrind options every traced run uses (ENVIRONMENT.md's measured traps): no chasing
+/// (VEX would speculate across branches), no libc/C++ freeres at exit (code the
+/// program itself never runs), children not traced.
+pub fn valgrind_command(tool_dir: &Path, trace: &Path, cmd: &[OsString]) -> Command {
+    let mut c = Command::new("valgrind");
+    c.env("VALGRIND_LIB", tool_dir)
+        .arg("-q")
+        .arg(format!("--tool={TOOL}"))
+        .arg(format!("--cpi-out={}", trace.display()))
+        .arg("--vex-guest-chase=no")
+        .arg("--run-libc-freeres=no")
+        .arg("--run-cxx-freeres=no")
+        .arg("--trace-children=no")
+        .arg("--")
+        .args(cmd);
+    c
+}
+
+fn check_cmd(cmd: &[OsString]) -> Result<(), SimError> {
+    if cmd.is_empty() {
+        return Err(SimError::NoCommand);
+    }
+    Ok(())
+}
+
+/// Runs `cmd` under the tracer writing the trace to the file `out`.
+pub fn record_trace(
+    tool_dir: &Path,
+    cmd: &[OsString],
+    out: &Path,
+    stdout: Stdio,
+) -> Result<ExitStatus, SimError> {
+    check_cmd(cmd)?;
+    valgrind_command(tool_dir, out, cmd)
+        .stdout(stdout)
+        .status()
+        .map_err(SimError::Spawn)
+}
+
+/// A private temporary folder, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Result<Self, SimError> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "cpi-sim-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&p).map_err(|e| SimError::Fifo(p.clone(), e))?;
+        Ok(TempDir(p))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `cmd` under the tracer and hands the live trace to `consume` while it runs.
+/// Returns what `consume` returned and the command's exit status.
+pub fn run_streaming<T>(
+    tool_dir: &Path,
+    cmd: &[OsString],
+    stdout: Stdio,
+    consume: impl FnOnce(File) -> Result<T, SimError>,
+) -> Result<(T, ExitStatus), SimError> {
+    check_cmd(cmd)?;
+    let dir = TempDir::new()?;
+    let fifo = dir.0.join("trace.fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes())
+        .map_err(|_| SimError::Fifo(fifo.clone(), std::io::ErrorKind::InvalidInput.into()))?;
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
+        return Err(SimError::Fifo(fifo, std::io::Error::last_os_error()));
+    }
+    let mut child = valgrind_command(tool_dir, &fifo, cmd)
+        .stdout(stdout)
+        .spawn()
+        .map_err(SimError::Spawn)?;
+    let pid = child.id();
+    let fifo2 = fifo.clone();
+    // If Valgrind dies before opening the FIFO, our blocking open would wait forever:
+    // the watcher opens the write end once the child is gone, which releases it.
+    let watcher = std::thread::spawn(move || {
+        let status = child.wait();
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo2);
+        status
+    });
+    let result = File::open(&fifo)
+        .map_err(|e| SimError::Fifo(fifo.clone(), e))
+        .and_then(consume);
+    if result.is_err() {
+        // Stop a tracer that would block on a FIFO nobody reads any more.
+        // SAFETY: signalling our own child by its pid.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    let status = watcher
+        .join()
+        .map_err(|_| SimError::Spawn(std::io::Error::other("watcher thread panicked")))?
+        .map_err(SimError::Spawn)?;
+    match result {
+        Ok(t) => Ok((t, status)),
+        // A trace cut short because Valgrind failed: the failure is the news.
+        Err(SimError::Trace(_)) if !status.success() => Err(SimError::Valgrind(status)),
+        Err(e) => Err(e),
+    }
+}

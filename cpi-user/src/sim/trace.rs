@@ -1,0 +1,347 @@
+//! Reader of the exact taken-branch trace written by the Valgrind tool
+//! `tests/tracer/cpitrace.c`.
+//!
+//! Format (little-endian): a 16-byte header — magic `CPITRC01`, `u32` version, `u32`
+//! pid of the traced process — then 24-byte records `{from: u64, to: u64, n: u32,
+//! kind: u16, aux: u16}`:
+//!
+//! | kind | meaning |
+//! |------|---------|
+//! | 1 branch | the thread ran `n` instructions from the previous record's `to` up to and including `from`, then continued at `to` (a taken transfer). `from = 0, n = 0`: the thread starts (or resumes after a signal) at `to`. |
+//! | 2 thread | following records belong to OS thread `to` |
+//! | 3 interrupt | the range ends after `n` instructions (the last at `from`); signal `aux` is delivered; the thread resumes at `to` later |
+//! | 4 end | the thread's last range: `n` instructions, the last at `from` |
+//! | 5 maps | `n` bytes of `/proc/PID/maps`-format text (the client's executable segments) follow, zero-padded to a multiple of 8 |
+//!
+//! `rep` string instructions count once per execution, as hardware retires them.
+
+use std::io::Read;
+
+use crate::procmap::{ProcMapError, ProcessMaps};
+
+pub const MAGIC: &[u8; 8] = b"CPITRC01";
+pub const VERSION: u32 = 1;
+const HEADER_LEN: usize = 16;
+const RECORD_LEN: usize = 24;
+
+const K_BRANCH: u16 = 1;
+const K_THREAD: u16 = 2;
+const K_INTERRUPT: u16 = 3;
+const K_END: u16 = 4;
+const K_MAPS: u16 = 5;
+
+/// Why a trace could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error("reading the trace: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("not a cpitrace trace (bad magic {0:02x?})")]
+    BadMagic([u8; 8]),
+    #[error("trace version {found} is not supported (expected {VERSION})")]
+    Version { found: u32 },
+    #[error("trace truncated at byte {offset}: {what}")]
+    Truncated { offset: u64, what: &'static str },
+    #[error("corrupt trace: unknown record kind {kind} at byte {offset}")]
+    UnknownKind { kind: u16, offset: u64 },
+    #[error("corrupt trace: maps record at byte {offset}: {source}")]
+    Maps {
+        offset: u64,
+        #[source]
+        source: ProcMapError,
+    },
+    #[error("corrupt trace: maps record at byte {offset} is not UTF-8")]
+    MapsText { offset: u64 },
+}
+
+/// One trace event.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// `n` instructions ran, the last at `from`; control continued at `to`.
+    /// `from == 0 && n == 0`: the thread (re)starts at `to`.
+    Branch { from: u64, to: u64, n: u32 },
+    /// Following events belong to this OS thread.
+    Thread { tid: u32 },
+    /// The range ends after `n` instructions (the last at `from`); a signal interrupts
+    /// the thread, which later resumes at `resume`.
+    Interrupt {
+        from: u64,
+        resume: u64,
+        n: u32,
+        signal: u16,
+    },
+    /// The thread's last range.
+    End { from: u64, n: u32 },
+    /// The client's executable mappings at this point.
+    Maps(ProcessMaps),
+}
+
+/// Streaming reader; buffers in large blocks so a pipe from a running Valgrind is read
+/// at memory speed.
+pub struct TraceReader<R: Read> {
+    inner: R,
+    buf: Vec<u8>,
+    pos: usize,
+    len: usize,
+    /// Bytes consumed before `buf[0]`.
+    base: u64,
+    pid: u32,
+}
+
+impl<R: Read> TraceReader<R> {
+    /// Reads and checks the header.
+    pub fn new(inner: R) -> Result<Self, TraceError> {
+        let mut r = TraceReader {
+            inner,
+            buf: vec![0; 1 << 20],
+            pos: 0,
+            len: 0,
+            base: 0,
+            pid: 0,
+        };
+        if !r.fill(HEADER_LEN)? {
+            return Err(TraceError::Truncated {
+                offset: r.offset(),
+                what: "header",
+            });
+        }
+        let h = &r.buf[r.pos..r.pos + HEADER_LEN];
+        let magic: [u8; 8] = h[..8].try_into().expect("8 bytes");
+        if &magic != MAGIC {
+            return Err(TraceError::BadMagic(magic));
+        }
+        let version = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes"));
+        if version != VERSION {
+            return Err(TraceError::Version { found: version });
+        }
+        r.pid = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
+        r.pos += HEADER_LEN;
+        Ok(r)
+    }
+
+    /// Process id of the traced program (Valgrind runs it in its own process).
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Byte offset of the next unread byte.
+    pub fn offset(&self) -> u64 {
+        self.base + self.pos as u64
+    }
+
+    /// Ensures `need` bytes are buffered; false at a clean end of input with nothing
+    /// buffered; `Truncated` errors are the caller's (it knows what it was reading).
+    fn fill(&mut self, need: usize) -> Result<bool, TraceError> {
+        if self.len - self.pos >= need {
+            return Ok(true);
+        }
+        self.buf.copy_within(self.pos..self.len, 0);
+        self.base += self.pos as u64;
+        self.len -= self.pos;
+        self.pos = 0;
+        if self.buf.len() < need {
+            self.buf.resize(need, 0);
+        }
+        while self.len < need {
+            match self.inner.read(&mut self.buf[self.len..]) {
+                Ok(0) => return Ok(false),
+                Ok(k) => self.len += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(true)
+    }
+
+    /// The next event; `None` at the end of the trace.
+    #[allow(clippy::should_implement_trait)] // fallible: not an Iterator
+    pub fn next(&mut self) -> Result<Option<Event>, TraceError> {
+        if !self.fill(RECORD_LEN)? {
+            if self.len == self.pos {
+                return Ok(None);
+            }
+            return Err(TraceError::Truncated {
+                offset: self.offset(),
+                what: "record",
+            });
+        }
+        let offset = self.offset();
+        let r = &self.buf[self.pos..self.pos + RECORD_LEN];
+        let from = u64::from_le_bytes(r[0..8].try_into().expect("8 bytes"));
+        let to = u64::from_le_bytes(r[8..16].try_into().expect("8 bytes"));
+        let n = u32::from_le_bytes(r[16..20].try_into().expect("4 bytes"));
+        let kind = u16::from_le_bytes(r[20..22].try_into().expect("2 bytes"));
+        let aux = u16::from_le_bytes(r[22..24].try_into().expect("2 bytes"));
+        self.pos += RECORD_LEN;
+        Ok(Some(match kind {
+            K_BRANCH => Event::Branch { from, to, n },
+            K_THREAD => Event::Thread { tid: to as u32 },
+            K_INTERRUPT => Event::Interrupt {
+                from,
+                resume: to,
+                n,
+                signal: aux,
+            },
+            K_END => Event::End { from, n },
+            K_MAPS => {
+                let len = n as usize;
+                let padded = len.div_ceil(8) * 8;
+                if !self.fill(padded)? {
+                    return Err(TraceError::Truncated {
+                        offset: self.offset(),
+                        what: "maps text",
+                    });
+                }
+                let text = std::str::from_utf8(&self.buf[self.pos..self.pos + len])
+                    .map_err(|_| TraceError::MapsText { offset })?;
+                let maps = ProcessMaps::parse(text)
+                    .map_err(|source| TraceError::Maps { offset, source })?;
+                self.pos += padded;
+                Event::Maps(maps)
+            }
+            kind => return Err(TraceError::UnknownKind { kind, offset }),
+        }))
+    }
+}
+
+/// Writes traces in the tool's format (tests and tools that synthesise traces).
+pub mod write {
+    /// The header for `pid`.
+    pub fn header(pid: u32) -> Vec<u8> {
+        let mut v = super::MAGIC.to_vec();
+        v.extend_from_slice(&super::VERSION.to_le_bytes());
+        v.extend_from_slice(&pid.to_le_bytes());
+        v
+    }
+
+    /// Appends one record.
+    pub fn record(out: &mut Vec<u8>, from: u64, to: u64, n: u32, kind: u16, aux: u16) {
+        out.extend_from_slice(&from.to_le_bytes());
+        out.extend_from_slice(&to.to_le_bytes());
+        out.extend_from_slice(&n.to_le_bytes());
+        out.extend_from_slice(&kind.to_le_bytes());
+        out.extend_from_slice(&aux.to_le_bytes());
+    }
+
+    pub fn branch(out: &mut Vec<u8>, from: u64, to: u64, n: u32) {
+        record(out, from, to, n, super::K_BRANCH, 0);
+    }
+
+    pub fn thread(out: &mut Vec<u8>, tid: u32) {
+        record(out, 0, tid as u64, 0, super::K_THREAD, 0);
+    }
+
+    pub fn end(out: &mut Vec<u8>, from: u64, n: u32) {
+        record(out, from, 0, n, super::K_END, 0);
+    }
+
+    pub fn maps(out: &mut Vec<u8>, text: &str) {
+        record(out, 0, 0, text.len() as u32, super::K_MAPS, 0);
+        out.extend_from_slice(text.as_bytes());
+        out.resize(out.len().div_ceil(8) * 8, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<u8> {
+        let mut t = write::header(42);
+        write::maps(&mut t, "108000-10a000 r-xp 00001000 00:00 1 /bin/x\n");
+        write::thread(&mut t, 42);
+        write::branch(&mut t, 0, 0x108000, 0);
+        write::branch(&mut t, 0x108010, 0x108100, 5);
+        write::record(&mut t, 0x108104, 0x108108, 2, K_INTERRUPT, 11);
+        write::end(&mut t, 0x108120, 3);
+        t
+    }
+
+    #[test]
+    fn reads_every_kind() {
+        let t = sample();
+        let mut r = TraceReader::new(&t[..]).unwrap();
+        assert_eq!(r.pid(), 42);
+        let mut ev = Vec::new();
+        while let Some(e) = r.next().unwrap() {
+            ev.push(e);
+        }
+        assert_eq!(ev.len(), 6);
+        match &ev[0] {
+            Event::Maps(m) => assert_eq!(m.mappings[0].start, 0x108000),
+            e => panic!("{e:?}"),
+        }
+        assert_eq!(ev[1], Event::Thread { tid: 42 });
+        assert_eq!(
+            ev[3],
+            Event::Branch {
+                from: 0x108010,
+                to: 0x108100,
+                n: 5
+            }
+        );
+        assert_eq!(
+            ev[4],
+            Event::Interrupt {
+                from: 0x108104,
+                resume: 0x108108,
+                n: 2,
+                signal: 11
+            }
+        );
+        assert_eq!(
+            ev[5],
+            Event::End {
+                from: 0x108120,
+                n: 3
+            }
+        );
+    }
+
+    #[test]
+    fn truncation_and_corruption_are_typed_errors() {
+        let t = sample();
+        // Cut inside the last record.
+        let mut r = TraceReader::new(&t[..t.len() - 5]).unwrap();
+        let err = loop {
+            match r.next() {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("truncation not noticed"),
+                Err(e) => break e,
+            }
+        };
+        assert!(
+            matches!(err, TraceError::Truncated { what: "record", .. }),
+            "{err}"
+        );
+        // Cut inside the maps text.
+        let mut r = TraceReader::new(&t[..30]).unwrap();
+        assert!(matches!(
+            r.next().unwrap_err(),
+            TraceError::Truncated {
+                what: "maps text",
+                ..
+            }
+        ));
+        // Header too short, wrong magic, unknown kind.
+        assert!(matches!(
+            TraceReader::new(&t[..10]).err().unwrap(),
+            TraceError::Truncated { what: "header", .. }
+        ));
+        let mut bad = t.clone();
+        bad[0] = b'X';
+        assert!(matches!(
+            TraceReader::new(&bad[..]).err().unwrap(),
+            TraceError::BadMagic(_)
+        ));
+        let mut bad = write::header(1);
+        write::record(&mut bad, 1, 2, 3, 99, 0);
+        let mut r = TraceReader::new(&bad[..]).unwrap();
+        assert!(matches!(
+            r.next().unwrap_err(),
+            TraceError::UnknownKind {
+                kind: 99,
+                offset: 16
+            }
+        ));
+    }
+}

@@ -1,0 +1,63 @@
+//! Golden-file tests of the table views (`CPI_BPF_BLESS=1` regenerates the files).
+
+mod report_fixture;
+
+use cpi_user::report::table::{render, TableError, TableOptions};
+use report_fixture::{cpi_profile, golden, time_profile};
+
+fn opts(top: usize, annotate: Option<&str>) -> TableOptions {
+    TableOptions {
+        top,
+        annotate: annotate.map(str::to_string),
+    }
+}
+
+#[test]
+fn cpi_top_functions_and_hot_blocks() {
+    let out = render(&cpi_profile(), &opts(20, None)).unwrap();
+    golden("cpi_top.txt", &out);
+    // Mode and losses come first; the floor is words, not a number.
+    assert!(out.starts_with("mode:"));
+    assert!(out.contains("lost samples: 15"));
+    assert!(out.contains("below floor"));
+}
+
+#[test]
+fn top_n_limits_rows_and_says_so() {
+    let out = render(&cpi_profile(), &opts(1, None)).unwrap();
+    golden("cpi_top1.txt", &out);
+    assert!(out.contains("top functions by cycles (top 1 of 3)"));
+    assert!(!out.contains("memcpy"));
+}
+
+#[test]
+fn cpi_annotate_marks_hottest_and_block_cpi() {
+    let out = render(&cpi_profile(), &opts(20, Some("crc_update"))).unwrap();
+    golden("cpi_annotate.txt", &out);
+    let hot = out
+        .lines()
+        .find(|l| l.contains('▶') && l.contains("40120e"));
+    assert!(hot.is_some(), "the 14k-sample shr is the hottest:\n{out}");
+}
+
+#[test]
+fn time_profile_views_say_what_they_are() {
+    let p = time_profile();
+    let out = render(&p, &opts(20, None)).unwrap();
+    golden("time_top.txt", &out);
+    assert!(out.contains("time profile (no PMU"));
+    assert!(!out.contains("CPI ±"), "no CPI column without cycles");
+    let ann = render(&p, &opts(20, Some("lzma_mf_bt4_find"))).unwrap();
+    golden("time_annotate.txt", &ann);
+}
+
+#[test]
+fn unknown_function_is_an_error_with_suggestions() {
+    let e = render(&cpi_profile(), &opts(20, Some("crc"))).unwrap_err();
+    let TableError::NoSuchFunction { similar, .. } = &e;
+    assert_eq!(similar, &["crc_update".to_string()]);
+    assert_eq!(
+        e.to_string(),
+        "no function named \"crc\" in the profile (similar: crc_update)"
+    );
+}

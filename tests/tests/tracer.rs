@@ -1,0 +1,195 @@
+//! The tracer's exact counts against callgrind's (an independent oracle: same VEX front
+//! end, but it counts every instruction itself, per basic block).
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use cpi_tests::tracer::{callgrind_counts, program, shared_tool_dir, tool_dir, InsnKey};
+use cpi_user::procmap::MappedObject;
+use cpi_user::profile::SampleSet;
+use cpi_user::sim::code::ElfAddrs;
+use cpi_user::sim::replay::{InsnTruth, Replay, Truth};
+use cpi_user::sim::run::record_trace;
+
+fn trace_truth(tool: &Path, cmd: &[&str], dir: &Path) -> Truth {
+    let file = dir.join("trace.bin");
+    let cmd: Vec<OsString> = cmd.iter().map(OsString::from).collect();
+    let status = record_trace(tool, &cmd, &file, Stdio::null()).expect("tracer runs");
+    assert!(status.success(), "traced command failed: {status}");
+    let mut replay = Replay::default();
+    let f = std::fs::File::open(&file).unwrap();
+    replay
+        .run(f, &mut SampleSet::new(1), None)
+        .expect("trace reads");
+    let _ = std::fs::remove_file(&file);
+    replay.truth()
+}
+
+/// Runtime address → callgrind's (object, ELF address).
+struct Addrs<'a> {
+    truth: &'a Truth,
+    elf: ElfAddrs,
+}
+
+impl Addrs<'_> {
+    fn key(&mut self, a: u64) -> Option<InsnKey> {
+        let m = self.truth.maps.find(a)?;
+        let MappedObject::File { path, .. } = &m.object else {
+            return None;
+        };
+        let v = self.elf.vaddr(m, a)?;
+        Some((
+            std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()),
+            v,
+        ))
+    }
+}
+
+/// Every instruction's count equals callgrind's, with two measured, explained
+/// exceptions:
+/// * `rep` string instructions: callgrind counts iterations, we count executions
+///   (hardware retires one instruction), so ours ≤ callgrind's and ≥ 1 when it ran;
+/// * a thread's final range (ending in the exit system call): callgrind charges a basic
+///   block when it completes, and that one never does, so ours = callgrind's + 1 there.
+fn compare(name: &str, truth: &Truth, cg: &HashMap<InsnKey, u64>) {
+    let mut addrs = Addrs {
+        truth,
+        elf: ElfAddrs::default(),
+    };
+    let mut ours: HashMap<InsnKey, InsnTruth> = HashMap::new();
+    let mut finals: HashSet<InsnKey> = HashSet::new();
+    for (&a, t) in &truth.insns {
+        let k = addrs.key(a).expect("executed code maps to an ELF address");
+        if truth
+            .final_ranges
+            .iter()
+            .any(|&(s, e)| (s..=e).contains(&a))
+        {
+            finals.insert(k.clone());
+        }
+        ours.insert(k, *t);
+    }
+    // Callgrind's `???` entries are runtime addresses.
+    let mut theirs: HashMap<InsnKey, u64> = HashMap::new();
+    for ((ob, a), &c) in cg {
+        let k = if ob == Path::new("???") {
+            addrs.key(*a).unwrap_or((ob.clone(), *a))
+        } else {
+            (ob.clone(), *a)
+        };
+        *theirs.entry(k).or_default() += c;
+    }
+    let mut bad: Vec<(InsnKey, u64, u64)> = Vec::new();
+    let (mut exact, mut reps, mut at_exit) = (0u64, 0u64, 0u64);
+    for (k, t) in &ours {
+        let c = theirs.get(k).copied().unwrap_or(0);
+        let ok = if t.rep {
+            reps += 1;
+            t.count <= c && (c == 0) == (t.count == 0)
+        } else if t.count == c {
+            exact += 1;
+            true
+        } else if finals.contains(k) && t.count == c + 1 {
+            at_exit += 1;
+            true
+        } else {
+            false
+        };
+        if !ok {
+            bad.push((k.clone(), t.count, c));
+        }
+    }
+    for (k, &c) in &theirs {
+        if c > 0 && !ours.contains_key(k) {
+            bad.push((k.clone(), 0, c));
+        }
+    }
+    bad.sort();
+    eprintln!(
+        "{name}: {} instructions executed, {} distinct: {exact} exact, {reps} rep, \
+         {at_exit} in exit ranges; {} differ",
+        truth.instructions,
+        ours.len(),
+        bad.len()
+    );
+    for ((p, a), o, c) in bad.iter().take(30) {
+        eprintln!("  {} {a:#x}: ours {o}, callgrind {c}", p.display());
+    }
+    assert!(bad.is_empty(), "{name}: {} instructions differ", bad.len());
+    assert!(
+        at_exit <= 20,
+        "{name}: {at_exit} instructions in exit ranges"
+    );
+    assert_eq!(truth.unknown_instructions, 0, "every range decoded");
+    assert_eq!(truth.stats.anomalies, 0);
+}
+
+fn check(name: &str, cmd: &[&str]) {
+    let tool = match tool_dir() {
+        Ok(t) => t,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("cpi-tracer-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shared = shared_tool_dir(&tool, &dir).unwrap();
+    let truth = trace_truth(&shared, cmd, &dir);
+    let cg = callgrind_counts(&shared, cmd, &dir).unwrap();
+    compare(name, &truth, &cg);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn test_program_counts_equal_callgrind() {
+    let exe = program("sim_mix").unwrap();
+    check("sim_mix", &[exe.to_str().unwrap(), "1"]);
+}
+
+/// Text that compresses like real data: words from a small vocabulary, pseudo-random.
+fn corpus(path: &Path, bytes: usize) {
+    let words = [
+        "profile",
+        "branch",
+        "cycle",
+        "sample",
+        "the",
+        "of",
+        "and",
+        "record",
+        "kernel",
+        "period",
+        "range",
+        "block",
+        "edge",
+        "function",
+        "instruction",
+        "count",
+        "x86",
+    ];
+    let mut s = String::with_capacity(bytes + 16);
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    while s.len() < bytes {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.push_str(words[(x % words.len() as u64) as usize]);
+        s.push(if x.is_multiple_of(11) { '\n' } else { ' ' });
+    }
+    std::fs::write(path, s).unwrap();
+}
+
+#[test]
+fn debian_gzip_counts_equal_callgrind() {
+    let input = std::env::temp_dir().join(format!("cpi-tracer-gzip-{}.txt", std::process::id()));
+    corpus(&input, 200_000);
+    check(
+        "gzip",
+        &["/usr/bin/gzip", "-c", "-6", input.to_str().unwrap()],
+    );
+    let _ = std::fs::remove_file(&input);
+}
