@@ -11,8 +11,14 @@ use std::time::Duration;
 use cpi_tests::{compile_c, cpi_bpf, cpu_seconds, require_root, symbol_address, temp_dir};
 use serde_json::Value;
 
-/// cpi-bpf's default rate.
-const HZ: f64 = 999.0;
+/// Samples per CPU second the run asked for: 1 / mean period of its cpu-clock event
+/// (base period + half the largest re-draw; `--frequency 999` by default).
+fn rate(profile: &Value) -> f64 {
+    let e = &profile["events"][0];
+    assert_eq!(e["unit"], "ns", "{e:#}");
+    let mean = e["period"].as_f64().unwrap() + e["jitter"].as_f64().unwrap() / 2.0;
+    1e9 / mean
+}
 
 fn busy(tag: &str, extra: &[&str]) -> Option<PathBuf> {
     compile_c("busy.c", &temp_dir(tag), "busy", extra)
@@ -170,7 +176,7 @@ fn pid_run(exe: &Path, expect_function: impl Fn(&Value)) {
     let p = process(&profile, pid);
     assert_within(
         samples(p),
-        HZ * cpu,
+        rate(&profile) * cpu,
         &format!("--pid {pid}, {duration:.2} s, child CPU {cpu:.2} s"),
     );
     expect_function(hottest(p, exe));
@@ -212,6 +218,43 @@ fn pid_on_a_stripped_binary_finds_the_hot_function_from_eh_frame() {
 }
 
 #[test]
+fn pid_exiting_mid_run_is_reported_with_its_functions() {
+    if !require_root("cpi-bpf --pid") {
+        return;
+    }
+    let Some(exe) = busy("exit", &[]) else { return };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut child = start_busy(&exe, "4");
+    let pid = child.id();
+    let out = Command::new(cpi_bpf())
+        .args([
+            "--pid",
+            &pid.to_string(),
+            "--duration",
+            "30",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let _ = child.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("stopped (target exited)"), "{stderr}");
+    let profile = json(&out);
+    assert!(profile["duration_secs"].as_f64().unwrap() < 10.0);
+    let p = process(&profile, pid);
+    assert!(samples(p) > 0.0, "{p:#}");
+    // Maps read while it ran resolve samples after it is gone.
+    assert_eq!(hottest(p, &exe)["name"], "hot_spin");
+    assert_eq!(p["comm"], "busy");
+}
+
+#[test]
 fn system_wide_sees_the_busy_process() {
     if !require_root("cpi-bpf --system-wide") {
         return;
@@ -237,7 +280,7 @@ fn system_wide_sees_the_busy_process() {
     let p = process(&profile, pid);
     assert_within(
         samples(p),
-        HZ * cpu,
+        rate(&profile) * cpu,
         &format!("--system-wide, busy pid {pid}, CPU {cpu:.2} s"),
     );
     assert_eq!(hottest(p, &exe)["name"], "hot_spin");
@@ -285,7 +328,7 @@ fn command_samples_follow_rate_and_hot_function() {
     let p = &procs[0];
     assert_eq!(p["comm"], "busy");
     // Events are enabled at exec, so the samples cover the command's whole CPU time.
-    assert_within(samples(p), HZ * busy_cpu(&out), "-- busy 2");
+    assert_within(samples(p), rate(&profile) * busy_cpu(&out), "-- busy 2");
     assert_eq!(hottest(p, &exe)["name"], "hot_spin");
 }
 
@@ -311,7 +354,11 @@ fn command_threads_are_followed() {
     let profile = json(&out);
     let p = &profile["processes"][0];
     // Both threads' CPU time (threads created after exec inherit the event).
-    assert_within(samples(p), HZ * busy_cpu(&out), "-- busy 1 2 (two threads)");
+    assert_within(
+        samples(p),
+        rate(&profile) * busy_cpu(&out),
+        "-- busy 1 2 (two threads)",
+    );
 }
 
 #[test]
@@ -355,7 +402,11 @@ fn sigint_mid_run_still_reports_everything() {
     );
     // cpi-bpf ends the command with SIGTERM after disabling the events; busy then
     // prints the CPU time it had, a few ms more than was sampled.
-    assert_within(samples(p), HZ * busy_cpu(&out), "SIGINT after 1 s");
+    assert_within(
+        samples(p),
+        rate(&profile) * busy_cpu(&out),
+        "SIGINT after 1 s",
+    );
     assert_eq!(hottest(p, &exe)["name"], "hot_spin");
 }
 

@@ -42,28 +42,30 @@ pub enum CollectError {
     NoSuchProcess(u32),
     #[error("command not found: {0}")]
     CommandNotFound(String),
-    #[error("starting {cmd}: {source}")]
-    Spawn { cmd: String, source: io::Error },
+    #[error("starting {cmd}: {cause}")]
+    Spawn { cmd: String, cause: io::Error },
     #[error("nothing to profile: give --pid PID, --system-wide or -- CMD")]
     NoTarget,
     #[error(
         "this cpi-bpf was built with AYA_BUILD_SKIP=1 and holds no eBPF object; rebuild without it"
     )]
     NoObject,
-    #[error("loading the eBPF programs{hint}: {source}")]
+    // Causes are part of the one-line message, not `source()`: callers print `{:#}`
+    // chains, which would repeat them.
+    #[error("loading the eBPF programs{hint}: {cause}")]
     Load {
         hint: &'static str,
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
-    #[error("opening {event} on {on}: {source}")]
+    #[error("opening {event} on {on}: {cause}")]
     Open {
         event: String,
         on: String,
-        source: io::Error,
+        cause: io::Error,
     },
-    #[error("attaching the BPF program to {event}: {source}")]
-    Attach { event: String, source: io::Error },
-    #[error("{0}")]
+    #[error("attaching the BPF program to {event}: {cause}")]
+    Attach { event: String, cause: io::Error },
+    #[error(transparent)]
     Io(#[from] io::Error),
 }
 
@@ -122,7 +124,7 @@ pub fn load(ring_bytes: u32, config: KernelConfig, btf: bool) -> Result<Ebpf, Co
         " (no kernel BTF: /sys/kernel/btf/vmlinux missing)"
     };
     let load_err =
-        |e: Box<dyn std::error::Error + Send + Sync>| CollectError::Load { hint, source: e };
+        |e: Box<dyn std::error::Error + Send + Sync>| CollectError::Load { hint, cause: e };
     let mut bpf = aya::EbpfLoader::new()
         .map_max_entries("SAMPLES", ring_bytes)
         .load(EBPF_OBJECT)
@@ -155,11 +157,11 @@ fn program_fd(bpf: &Ebpf, name: &str) -> Result<i32, CollectError> {
         .and_then(|p| p.try_into().ok())
         .ok_or_else(|| CollectError::Load {
             hint: "",
-            source: format!("program {name} missing").into(),
+            cause: format!("program {name} missing").into(),
         })?;
     let fd = p.fd().map_err(|e| CollectError::Load {
         hint: "",
-        source: e.into(),
+        cause: e.into(),
     })?;
     Ok(std::os::fd::AsFd::as_fd(fd).as_raw_fd())
 }
@@ -209,15 +211,19 @@ fn open_events(
             match open_attached(bpf, spec, extra_flags, pid, cpu) {
                 Ok(fd) => open.push(OpenEvent { fd, spec_index: i }),
                 // A thread that exited since /proc/PID/task was listed.
-                Err(CollectError::Open { source, .. })
-                    if source.raw_os_error() == Some(libc::ESRCH)
-                        && cpu == -1
-                        && places.len() > 1 => {}
+                Err(CollectError::Open { cause, .. })
+                    if cause.raw_os_error() == Some(libc::ESRCH) && pid > 0 => {}
                 Err(e) => return Err(e),
             }
         }
     }
-    Ok(open)
+    match places.first() {
+        // Every thread of every target exited before its events were opened.
+        Some(&(pid, _)) if open.is_empty() && pid > 0 => {
+            Err(CollectError::NoSuchProcess(pid as u32))
+        }
+        _ => Ok(open),
+    }
 }
 
 /// Opens `spec` (plus `extra_flags`) on `pid`/`cpu` as `perf_event_open` takes them and
@@ -231,7 +237,7 @@ pub fn open_attached(
 ) -> Result<OwnedFd, CollectError> {
     let mut attr = spec.attr;
     attr.flags |= extra_flags;
-    let fd = sys::perf_event_open(&attr, pid, cpu).map_err(|source| CollectError::Open {
+    let fd = sys::perf_event_open(&attr, pid, cpu).map_err(|cause| CollectError::Open {
         event: spec.name.clone(),
         on: match (pid, cpu) {
             (0, -1) => "this process".to_string(),
@@ -239,11 +245,11 @@ pub fn open_attached(
             (-1, c) => format!("cpu {c}"),
             (p, c) => format!("pid {p} on cpu {c}"),
         },
-        source,
+        cause,
     })?;
-    sys::set_bpf(&fd, program_fd(bpf, spec.program)?).map_err(|source| CollectError::Attach {
+    sys::set_bpf(&fd, program_fd(bpf, spec.program)?).map_err(|cause| CollectError::Attach {
         event: spec.name.clone(),
-        source,
+        cause,
     })?;
     Ok(fd)
 }
@@ -308,7 +314,11 @@ pub fn collect(
         let specs = events::plan(mode, caps.vendor, &opts.rate, opts.include_kernel);
         match open_events(&bpf, &specs, &places, extra) {
             Ok(open) => break (specs, open),
-            Err(CollectError::Open { event, source, .. }) if events::step_down(mode).is_some() => {
+            Err(CollectError::Open {
+                event,
+                cause: source,
+                ..
+            }) if events::step_down(mode).is_some() => {
                 mode = events::step_down(mode).unwrap_or(Mode::TimeProfile);
                 reason = format!(
                     "{event} cannot be opened here ({source}); stepped down to {}: {}",
@@ -344,11 +354,11 @@ pub fn collect(
 
     let ring = RingBuf::try_from(bpf.take_map("SAMPLES").ok_or_else(|| CollectError::Load {
         hint: "",
-        source: "map SAMPLES missing".into(),
+        cause: "map SAMPLES missing".into(),
     })?)
     .map_err(|e| CollectError::Load {
         hint: "",
-        source: e.into(),
+        cause: e.into(),
     })?;
     let mut drain = Drain::new(opts.window);
     let stop = rt.block_on(run(
@@ -547,10 +557,10 @@ pub fn try_event(spec: &EventSpec, bpf: Option<&Ebpf>) -> Result<(), CollectErro
         Some(bpf) => open_attached(bpf, spec, 0, 0, -1).map(drop),
         None => sys::perf_event_open(&spec.attr, 0, -1)
             .map(drop)
-            .map_err(|source| CollectError::Open {
+            .map_err(|cause| CollectError::Open {
                 event: spec.name.clone(),
                 on: "this process".to_string(),
-                source,
+                cause,
             }),
     }
 }
