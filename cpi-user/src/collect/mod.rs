@@ -564,3 +564,35 @@ pub fn try_event(spec: &EventSpec, bpf: Option<&Ebpf>) -> Result<(), CollectErro
             }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placements_follow_the_target() {
+        let me = std::process::id();
+        let (places, flags) = placements(&Target::Pids(vec![me]), None).unwrap();
+        assert!(
+            places.contains(&(me as i32, -1)),
+            "one event per thread, any CPU"
+        );
+        assert!(places.iter().all(|&(_, cpu)| cpu == -1));
+        assert_eq!(flags, sys::flag::INHERIT, "threads created later follow");
+
+        let (places, flags) = placements(&Target::SystemWide, None).unwrap();
+        assert_eq!(places.len(), target::online_cpus().len());
+        assert!(places.iter().all(|&(pid, cpu)| pid == -1 && cpu >= 0));
+        assert_eq!(flags, 0);
+
+        let cmd = Target::Command(vec!["true".into()]);
+        let (places, flags) = placements(&cmd, Some(4242)).unwrap();
+        assert_eq!(places, [(4242, -1)]);
+        assert_eq!(flags, sys::flag::INHERIT | sys::flag::ENABLE_ON_EXEC);
+
+        assert!(matches!(
+            placements(&Target::Pids(vec![u32::MAX - 1]), None),
+            Err(CollectError::NoSuchProcess(_))
+        ));
+    }
+}
