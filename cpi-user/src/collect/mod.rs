@@ -456,6 +456,7 @@ async fn run(
     let mut poll = tokio::time::interval(DRAIN_EVERY);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rng = Rng::new(seed());
+    let mut next_redraw = 0usize;
     let stop = loop {
         tokio::select! {
             guard = ring.readable_mut() => {
@@ -464,8 +465,14 @@ async fn run(
                 guard.clear_ready();
             }
             _ = poll.tick() => drain_all(ring.get_mut(), drain),
-            _ = redraw.tick(), if opts.perturbation.user() => {
-                for e in open {
+            _ = redraw.tick(), if opts.perturbation.user() && !open.is_empty() => {
+                // Round-robin over at most REDRAWS_PER_TICK events (≈ 4.3 µs each), so
+                // a process with thousands of threads does not turn re-draws into a
+                // CPU hog. Events the kernel created by `inherit` (threads started
+                // later) have no fd here and keep the period drawn when they were born.
+                for _ in 0..open.len().min(REDRAWS_PER_TICK) {
+                    let e = &open[next_redraw % open.len()];
+                    next_redraw += 1;
                     let period = specs[e.spec_index].policy.draw(&mut rng);
                     // A failure (e.g. the event's thread exited) only means that event
                     // keeps its previous period.
@@ -488,6 +495,9 @@ async fn run(
     drain_all(ring.get_mut(), drain);
     Ok(stop)
 }
+
+/// Period re-draws per timer tick at most (see the redraw arm of [`run`]).
+const REDRAWS_PER_TICK: usize = 64;
 
 /// How often the collector drains the ring buffer without a wake-up.
 const DRAIN_EVERY: Duration = Duration::from_millis(25);
