@@ -462,8 +462,10 @@ impl Ctx<'_> {
             edges: Vec::new(),
             lines: Vec::new(),
         };
-        let cfg = match (&w.object, self.mode.has_cpi()) {
-            (CodeObject::Elf(bin), true) => {
+        // Time profiles decode too (sampled functions only): annotate shows samples per
+        // instruction there, as perf annotate does.
+        let cfg = match &w.object {
+            CodeObject::Elf(bin) => {
                 let key = w.key();
                 let instructions = match self.decoded.get(&key) {
                     Some(d) => Ok(d.clone()),
@@ -499,6 +501,14 @@ impl Ctx<'_> {
             };
         };
         let d = self.detail(index, w, &cfg, names);
+        if !self.mode.has_cpi() {
+            // Samples per instruction only: no counts, cycles, blocks or edges exist.
+            profile.lines = d.lines;
+            return FunctionOutcome {
+                profile,
+                cpi_inputs: None,
+            };
+        }
         profile.instructions = Some(d.instructions);
         profile.cpi = estimate(
             d.cycles.weight as f64,
