@@ -329,7 +329,19 @@ fn command_samples_follow_rate_and_hot_function() {
     assert_eq!(p["comm"], "busy");
     // Events are enabled at exec, so the samples cover the command's whole CPU time.
     assert_within(samples(p), rate(&profile) * busy_cpu(&out), "-- busy 2");
-    assert_eq!(hottest(p, &exe)["name"], "hot_spin");
+    let hot = hottest(p, &exe);
+    assert_eq!(hot["name"], "hot_spin");
+    // Time profiles keep samples per instruction (annotate): every sample of the
+    // function lands on one of its decoded instructions.
+    let lines = hot["lines"].as_array().expect("lines for annotate");
+    let on_lines: u64 = lines.iter().map(|l| l["samples"].as_u64().unwrap()).sum();
+    assert!(
+        !lines.is_empty()
+            && lines
+                .iter()
+                .all(|l| !l["text"].as_str().unwrap().is_empty())
+    );
+    assert_eq!(on_lines, hot["samples"].as_u64().unwrap(), "{hot:#}");
 }
 
 #[test]
