@@ -1,2 +1,114 @@
-//! Helpers shared by the integration tests.
+//! Helpers shared by the integration tests: test programs compiled with gcc into a temp
+//! dir, the `cpi-bpf` binary, and skips that print their reason.
+
 pub mod tracer;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// `tests/programs/NAME`.
+pub fn program_source(name: &str) -> PathBuf {
+    workspace_root().join("tests/programs").join(name)
+}
+
+/// A fresh directory under the system temp dir, unique to this test process and `tag`.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cpi-tests-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create temp dir");
+    d
+}
+
+/// Compiles `tests/programs/SOURCE` with gcc (`-O2 -g` + `extra` flags) into `dir/OUT`.
+/// `None` (and a printed reason) when gcc is missing.
+pub fn compile_c(source: &str, dir: &Path, out: &str, extra: &[&str]) -> Option<PathBuf> {
+    let exe = dir.join(out);
+    let st = Command::new("gcc")
+        .args(["-O2", "-g", "-o"])
+        .arg(&exe)
+        .arg(program_source(source))
+        .args(extra)
+        .status();
+    match st {
+        Ok(s) if s.success() => Some(exe),
+        Ok(s) => panic!("gcc failed on {source}: {s}"),
+        Err(e) => {
+            eprintln!("skipped: gcc not available ({e}); run `cargo xtask setup`");
+            None
+        }
+    }
+}
+
+/// True when running as root; otherwise prints why the test is skipped.
+pub fn require_root(what: &str) -> bool {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    eprintln!("skipped: {what} needs root (BPF and perf events); CI runs as root");
+    false
+}
+
+/// The `cpi-bpf` binary of the profile this test was built with, built on first use
+/// (cargo builds binaries only for the package under test, and this is another one).
+pub fn cpi_bpf() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        // target/<profile>/deps/<test>-<hash> → target/<profile>
+        let exe = std::env::current_exe().expect("test executable path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("test binary lives in target/<profile>/deps");
+        let release = profile_dir.file_name().is_some_and(|n| n == "release");
+        let target_dir = profile_dir.parent().expect("target dir");
+        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        cmd.current_dir(workspace_root())
+            .args([
+                "build",
+                "--quiet",
+                "--package",
+                "cpi-user",
+                "--bin",
+                "cpi-bpf",
+            ])
+            .arg("--target-dir")
+            .arg(target_dir);
+        if release {
+            cmd.arg("--release");
+        }
+        let st = cmd.status().expect("running cargo build for cpi-bpf");
+        assert!(st.success(), "building cpi-bpf failed: {st}");
+        profile_dir.join("cpi-bpf")
+    })
+}
+
+/// `nm`-style address of `symbol` in an unstripped ELF file (its own address space).
+pub fn symbol_address(elf: &Path, symbol: &str) -> Option<u64> {
+    use object::{Object, ObjectSymbol};
+    let data = std::fs::read(elf).ok()?;
+    let file = object::File::parse(&*data).ok()?;
+    file.symbols()
+        .find(|s| s.name() == Ok(symbol))
+        .map(|s| s.address())
+}
+
+/// utime + stime of `pid` in seconds (`/proc/PID/stat`), `None` once it is gone.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised comm; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ticks / hz)
+}

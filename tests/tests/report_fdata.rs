@@ -194,6 +194,7 @@ fn hand_profile(exe: &Path) -> Profile {
                     count: 1000.0,
                     samples: 10,
                     cycles: Some(1000.0),
+                    cpi: None,
                     text: i.text.clone(),
                 })
                 .collect();
@@ -417,5 +418,184 @@ fn bolt_optimises_with_the_fdata_of_cpi_bpf_simulate() {
         mean >= 90.0,
         "mean Profile Acc {mean:.1}% ({acc:?})\n{bolt_out}"
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A taken-branch stream of the test program: a random walk over its own disassembly
+/// (conditional jumps taken at random, calls and returns followed), so every range
+/// between two branches is real straight-line code, as in a real LBR.
+fn walk(exe: &Path, branches: usize) -> Vec<(u64, u64, bool)> {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    let data = std::fs::read(exe).unwrap();
+    let obj = object::File::parse(&*data).unwrap();
+    let mut code = std::collections::BTreeMap::new();
+    let mut main = 0;
+    for s in obj
+        .symbols()
+        .filter(|s| FUNCS.contains(&s.name().unwrap_or("")))
+    {
+        if s.name() == Ok("main") {
+            main = s.address();
+        }
+        let insns = disassemble(exe, s.address(), s.address() + s.size());
+        for (k, i) in insns.iter().enumerate() {
+            let next = insns.get(k + 1).map_or(i.addr + 1, |n| n.addr);
+            code.insert(i.addr, (i.text.clone(), next));
+        }
+    }
+    let mut rng = StdRng::seed_from_u64(42);
+    let (mut pc, mut stack, mut out) = (main, Vec::new(), Vec::new());
+    while out.len() < branches {
+        // Mispredictions: every 20th branch, deterministic.
+        let take = |from: u64, to: u64, out: &mut Vec<(u64, u64, bool)>| {
+            out.push((from, to, out.len() % 20 == 7));
+            to
+        };
+        let Some((text, next)) = code.get(&pc).cloned() else {
+            // Outside the profiled functions (a PLT stub): return at once.
+            let back = stack.pop().unwrap_or(main);
+            pc = take(pc, back, &mut out);
+            continue;
+        };
+        let tgt = target(&text);
+        pc = if text.starts_with("ret") {
+            // main returning restarts the program.
+            let back = stack.pop().unwrap_or(main);
+            take(pc, back, &mut out)
+        } else if text.starts_with("call") {
+            stack.push(next);
+            match tgt {
+                Some(t) => take(pc, t, &mut out),
+                None => next,
+            }
+        } else if text.starts_with("jmp") {
+            match tgt {
+                Some(t) => take(pc, t, &mut out),
+                None => next,
+            }
+        } else if text.starts_with('j') {
+            let t = tgt.expect("direct conditional jump");
+            // Loops mostly loop; forward branches are a coin flip.
+            let p = if t <= pc { 0.85 } else { 0.5 };
+            if rng.gen_bool(p) {
+                take(pc, t, &mut out)
+            } else {
+                next
+            }
+        } else {
+            next
+        };
+    }
+    out
+}
+
+/// `perf script` text → `cpi-bpf import-perf --format fdata` → `llvm-bolt-22`: the
+/// whole pipeline (parser, analysis, fdata writer) on branch records that follow the
+/// test program's real control flow.
+#[test]
+fn bolt_optimises_with_fdata_from_imported_branch_stacks() {
+    if !tools_present() {
+        return;
+    }
+    let Some(cpi) = cpi_bpf() else {
+        eprintln!("skipped: cpi-bpf binary not built next to the tests");
+        return;
+    };
+    let dir = scratch("fdata-walk");
+    let exe = build(&dir);
+    let stream = walk(&exe, 300_000);
+    let (depth, period) = (16, 97);
+    let e = exe.display();
+    let mut text = String::new();
+    for end in (depth..stream.len()).step_by(period) {
+        let newest = stream[end - 1];
+        text.push_str(&format!("prog 4242/4242 {:x} f ({e})", newest.1));
+        for &(from, to, mispred) in stream[end - depth..end].iter().rev() {
+            let m = if mispred { 'M' } else { 'P' };
+            text.push_str(&format!(" 0x{from:x}({e})/0x{to:x}({e})/{m}/-/-/0/-/-"));
+        }
+        text.push('\n');
+    }
+    let script = dir.join("perf.txt");
+    std::fs::write(&script, text).unwrap();
+    let fd = dir.join("walk.fdata");
+    let out = Command::new(&cpi)
+        .args([
+            "import-perf",
+            "--period",
+            &period.to_string(),
+            "--format",
+            "fdata",
+            "--output",
+        ])
+        .arg(&fd)
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fdata = std::fs::read_to_string(&fd).unwrap();
+    assert!(
+        fdata.contains("1 checksum/1 "),
+        "local symbol named as BOLT does:\n{fdata}"
+    );
+    let bolt_out = bolt(&exe, &fd);
+    assert_eq!(
+        profiled_functions(&bolt_out),
+        Some(FUNCS.len() as u64),
+        "{bolt_out}"
+    );
+    let acc = profile_accuracy(&bolt_out);
+    let mean = acc.iter().sum::<f64>() / acc.len().max(1) as f64;
+    eprintln!(
+        "imported walk: {} fdata lines, BOLT Profile Acc {acc:?}",
+        fdata.lines().count()
+    );
+    assert!(
+        mean >= 95.0,
+        "mean Profile Acc {mean:.1}% ({acc:?})\n{fdata}"
+    );
+
+    // The imported taken-edge profile against the walk's exact counts: degree of
+    // overlap Σ min(p̂, p) of the normalised counts (DESIGN.md's metric).
+    let out = Command::new(&cpi)
+        .args([
+            "import-perf",
+            "--period",
+            &period.to_string(),
+            "--format",
+            "json",
+        ])
+        .arg(&script)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let p = Profile::from_json(&out.stdout).unwrap();
+    let mut est: std::collections::HashMap<(u64, u64), f64> = Default::default();
+    for f in &p.processes[0].functions {
+        for e in f.edges.iter().filter(|e| e.kind == EdgeKind::Taken) {
+            *est.entry((e.from, e.to)).or_default() += e.count;
+        }
+    }
+    let mut truth: std::collections::HashMap<(u64, u64), f64> = Default::default();
+    for &(from, to, _) in &stream {
+        *truth.entry((from, to)).or_default() += 1.0;
+    }
+    let norm = |m: &std::collections::HashMap<(u64, u64), f64>| {
+        let t: f64 = m.values().sum();
+        m.iter()
+            .map(|(k, v)| (*k, v / t))
+            .collect::<std::collections::HashMap<_, _>>()
+    };
+    let (est, truth) = (norm(&est), norm(&truth));
+    let overlap: f64 = truth
+        .iter()
+        .map(|(k, p)| p.min(est.get(k).copied().unwrap_or(0.0)))
+        .sum();
+    eprintln!("imported walk: taken-edge overlap with the exact stream {overlap:.3}");
+    assert!(overlap >= 0.9, "overlap {overlap:.3}");
     let _ = std::fs::remove_dir_all(dir);
 }

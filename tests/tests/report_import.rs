@@ -120,6 +120,37 @@ fn same_set(a: &SampleSet, b: &SampleSet) {
     }
 }
 
+/// Equal JSON, numbers up to float summation order (analysis sums in hash order).
+fn same_json(a: &serde_json::Value, b: &serde_json::Value, at: &str) {
+    use serde_json::Value::*;
+    match (a, b) {
+        (Number(x), Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            assert!(
+                (x - y).abs() <= 1e-9 * x.abs().max(y.abs()).max(1.0),
+                "{at}: {x} vs {y}"
+            );
+        }
+        (Array(x), Array(y)) => {
+            assert_eq!(x.len(), y.len(), "{at}: lengths");
+            for (i, (x, y)) in x.iter().zip(y).enumerate() {
+                same_json(x, y, &format!("{at}[{i}]"));
+            }
+        }
+        (Object(x), Object(y)) => {
+            assert_eq!(
+                x.keys().collect::<Vec<_>>(),
+                y.keys().collect::<Vec<_>>(),
+                "{at}"
+            );
+            for (k, v) in x {
+                same_json(v, &y[k], &format!("{at}.{k}"));
+            }
+        }
+        _ => assert_eq!(a, b, "{at}"),
+    }
+}
+
 fn no_elf(_: &Path) -> Option<ElfLayout> {
     None
 }
@@ -166,6 +197,10 @@ fn brstackoff_offsets_are_placed_by_the_dso_kind() {
         &pie,
     )
     .unwrap();
+    // The synthetic samples' ips are offsets too (outside any mapping): placed at the
+    // newest branch target.
+    assert_eq!(imp.ips_at_branch_target, samples.len());
+    assert!(imp.samples.iter().all(|s| s.header.ip == s.entries[0].to));
     let maps = &imp.maps[&100].mappings;
     assert_eq!(maps.len(), 1);
     let base = maps[0].start;
@@ -301,7 +336,11 @@ fn import_perf_command_gives_the_same_profile() {
         lost: Default::default(),
     };
     let direct = analyze(&set, run, &AnalysisOptions::default());
-    assert_eq!(imported.processes, direct.processes);
+    same_json(
+        &serde_json::to_value(&imported.processes).unwrap(),
+        &serde_json::to_value(&direct.processes).unwrap(),
+        "processes",
+    );
     let names: Vec<_> = imported.processes[0]
         .functions
         .iter()
@@ -310,4 +349,43 @@ fn import_perf_command_gives_the_same_profile() {
     assert_eq!(names, ["hot", "cold"], "ranked by samples");
     assert_eq!(imported.processes[0].functions[0].samples, 150);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Random byte edits of real perf script text: the parser never panics; it returns
+/// samples or one error.
+#[test]
+fn perf_script_parser_survives_corruption() {
+    let samples = synthetic(13, 40, 0x401000, 0x402000, 1);
+    let text = write_perf_script(&samples, "/bin/prog", Variant::EightDsoff).into_bytes();
+    let mut rng = StdRng::seed_from_u64(0xf00d);
+    let (mut ok, mut err) = (0, 0);
+    for _ in 0..2000 {
+        let mut b = text.clone();
+        for _ in 0..rng.gen_range(1..6) {
+            let i = rng.gen_range(0..b.len());
+            match rng.gen_range(0..3) {
+                0 => b[i] = *b"0x/()- M\nP9af".get(rng.gen_range(0..13)).unwrap(),
+                1 => b.truncate(i),
+                _ => {
+                    b.remove(i);
+                }
+            }
+        }
+        let t = String::from_utf8_lossy(&b);
+        let r = std::panic::catch_unwind(|| parse(&t, ImportOptions::default(), &no_elf));
+        match r.unwrap_or_else(|_| panic!("parser panicked on {t:?}")) {
+            Ok(imp) => {
+                assert!(imp
+                    .samples
+                    .iter()
+                    .all(|s| s.entries().len() <= MAX_BRANCH_ENTRIES));
+                ok += 1
+            }
+            Err(e) => {
+                assert!(!e.to_string().is_empty());
+                err += 1
+            }
+        }
+    }
+    assert!(ok > 0 && err > 0, "ok {ok}, err {err}");
 }

@@ -47,9 +47,28 @@ fn sample_types_mappings_and_build_ids() {
         "/opt/bench/bin/bench",
         "5f0c3a2b9d1e4f60718293a4b5c6d7e8f9a0b1c2"
     )));
-    assert_eq!(pp.sample.len(), 3);
-    let total: i64 = pp.sample.iter().map(|x| x.value[0]).sum();
-    assert_eq!(total, (3.0e10 + 9.86e9 + 2.0e6) as i64);
+    // Per function, the samples add up to exactly the table's totals.
+    for f in &p.processes[0].functions {
+        let fid = pp.function.iter().find(|x| s(x.name) == f.name).unwrap().id;
+        let locs: Vec<u64> = pp
+            .location
+            .iter()
+            .filter(|l| l.line[0].function_id == fid)
+            .map(|l| l.id)
+            .collect();
+        let sum = |k: usize| -> i64 {
+            pp.sample
+                .iter()
+                .filter(|x| locs.contains(&x.location_id[0]))
+                .map(|x| x.value[k])
+                .sum()
+        };
+        assert_eq!(sum(0), f.cycles.unwrap().round() as i64, "{}", f.name);
+        assert_eq!(sum(1), f.instructions.unwrap().round() as i64, "{}", f.name);
+        assert_eq!(sum(2), f.samples as i64, "{}", f.name);
+    }
+    // Instruction-level locations exist for functions with disassembly.
+    assert!(pp.location.iter().any(|l| l.address == 0x40120e));
 
     let t = decode(&encode(&time_profile()).unwrap());
     let ts = |i: i64| t.string_table[i as usize].as_str();
@@ -127,5 +146,29 @@ fn go_tool_pprof_shows_the_tables_top_functions() {
     let file = dir.join("overlap.pb.gz");
     std::fs::write(&file, encode(&p).unwrap()).unwrap();
     assert_eq!(pprof_top(&file, "cycles"), table_order(&p));
+
+    // Address granularity: the hottest instruction of the table's annotate view tops.
+    let out = Command::new("go")
+        .args([
+            "tool",
+            "pprof",
+            "-top",
+            "-addresses",
+            "-sample_index=cycles",
+        ])
+        .arg(dir.join("cpi.pb.gz"))
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .nth(1)
+        .unwrap_or_default();
+    assert!(
+        first.contains("40120e") && first.contains("crc_update"),
+        "{text}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

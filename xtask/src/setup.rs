@@ -1,10 +1,242 @@
-//! Toolchain and package set-up (being built).
+//! `cargo xtask setup`: everything the build and the tests need on a fresh Debian 12
+//! machine of the dev kind (ENVIRONMENT.md), each step skipped when already done:
+//! Debian packages, the nightly's `rust-src`, bpf-linker built against the nightly's own
+//! libLLVM (rebuilt only when `rustc +nightly -vV` changes), the Valgrind tracer.
+//! `cargo xtask run -- ARGS`: build cpi-bpf and run it as root.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+/// Debian packages the tests use: gcc (test programs), valgrind (the tracer and its
+/// headers), golang-go (`go tool pprof`), bolt-22 (llvm-bolt / perf2bolt for `.fdata`).
+const PACKAGES: &[&str] = &["gcc", "valgrind", "golang-go", "bolt-22"];
+/// Installed when the archive has them (benchmarks only).
+const OPTIONAL_PACKAGES: &[&str] = &["bpftool"];
+
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const NIGHTLY: &str = "nightly";
 
 pub fn setup() -> anyhow::Result<()> {
+    apt_packages()?;
+    rust_src()?;
+    bpf_linker()?;
     super::tracer::build()?;
-    anyhow::bail!("setup is not built yet")
+    println!("setup: done");
+    Ok(())
 }
 
-pub fn run(_args: &[String]) -> anyhow::Result<()> {
-    anyhow::bail!("run is not built yet")
+fn output(cmd: &mut Command) -> anyhow::Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn status(cmd: &mut Command) -> anyhow::Result<()> {
+    let st = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !st.success() {
+        bail!("{cmd:?} failed ({st})");
+    }
+    Ok(())
+}
+
+fn installed(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .is_ok_and(|o| {
+            o.status.success()
+                && String::from_utf8_lossy(&o.stdout).contains("install ok installed")
+        })
+}
+
+fn available(pkg: &str) -> bool {
+    Command::new("apt-cache")
+        .args(["policy", pkg])
+        .output()
+        .is_ok_and(|o| {
+            let t = String::from_utf8_lossy(&o.stdout);
+            t.lines()
+                .any(|l| l.trim().starts_with("Candidate:") && !l.contains("(none)"))
+        })
+}
+
+/// Runs `cmd` as root: directly when we are root, else through sudo.
+fn as_root(program: &str) -> Command {
+    if is_root() {
+        Command::new(program)
+    } else {
+        let mut c = Command::new("sudo");
+        c.arg(program);
+        c
+    }
+}
+
+fn is_root() -> bool {
+    output(Command::new("id").arg("-u")).is_ok_and(|s| s.trim() == "0")
+}
+
+fn apt_packages() -> anyhow::Result<()> {
+    let mut missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    let optional: Vec<&str> = OPTIONAL_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !installed(p))
+        .collect();
+    if missing.is_empty() && optional.is_empty() {
+        println!("setup: Debian packages present");
+        return Ok(());
+    }
+    println!("setup: apt-get update");
+    status(as_root("apt-get").args(["update", "-qq"]))?;
+    for p in optional {
+        if available(p) {
+            missing.push(p);
+        } else {
+            println!("setup: {p} is not in the archive here; skipped (benchmarks only)");
+        }
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    println!("setup: apt-get install {}", missing.join(" "));
+    status(
+        as_root("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-qq", "--no-install-recommends"])
+            .args(&missing),
+    )
+}
+
+fn rust_src() -> anyhow::Result<()> {
+    let have = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--installed",
+        "--toolchain",
+        NIGHTLY,
+    ]))
+    .unwrap_or_default();
+    if have.lines().any(|l| l.starts_with("rust-src")) {
+        println!("setup: nightly rust-src present");
+        return Ok(());
+    }
+    println!("setup: rustup toolchain install {NIGHTLY} --component rust-src");
+    // Installs the nightly too when it is missing; a no-op for the toolchain otherwise.
+    status(Command::new("rustup").args([
+        "toolchain",
+        "install",
+        NIGHTLY,
+        "--profile",
+        "minimal",
+        "--component",
+        "rust-src",
+    ]))
+}
+
+fn cargo_home() -> PathBuf {
+    std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+        .unwrap_or_else(|| PathBuf::from("/root/.cargo"))
+}
+
+/// bpf-linker 0.13.0 against the nightly's own libLLVM (ENVIRONMENT.md): its build
+/// script only needs `$LLVM_PREFIX/lib/libLLVM.so`, so a folder holding a symlink to the
+/// sysroot's `libLLVM.so.*` is enough; the rpath makes the binary work without it. The
+/// binary is tied to that exact nightly, so a stamp holding `rustc +nightly -vV`
+/// decides whether to rebuild.
+fn bpf_linker() -> anyhow::Result<()> {
+    let version = output(Command::new("rustc").args([&format!("+{NIGHTLY}"), "-vV"]))?;
+    let home = cargo_home();
+    let binary = home.join("bin/bpf-linker");
+    let stamp = home.join("bpf-linker.cpi-bpf-stamp");
+    let wanted = format!("bpf-linker {BPF_LINKER_VERSION}\n{version}");
+    if binary.exists() && std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
+        println!("setup: bpf-linker {BPF_LINKER_VERSION} present for this nightly");
+        return Ok(());
+    }
+    let llvm_major = version
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .and_then(|v| v.split('.').next())
+        .context("`rustc +nightly -vV` shows no LLVM version")?
+        .trim()
+        .to_string();
+    let sysroot = PathBuf::from(
+        output(Command::new("rustc").args([&format!("+{NIGHTLY}"), "--print", "sysroot"]))?.trim(),
+    );
+    let libdir = sysroot.join("lib");
+    let libllvm = std::fs::read_dir(&libdir)
+        .with_context(|| format!("reading {}", libdir.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.starts_with("libLLVM.so.") || (n.starts_with("libLLVM-") && n.ends_with(".so"))
+            })
+        })
+        .with_context(|| format!("no libLLVM.so.* in {}", libdir.display()))?;
+    let prefix = std::env::temp_dir().join(format!("cpi-bpf-llvm-prefix-{llvm_major}"));
+    std::fs::create_dir_all(prefix.join("lib"))?;
+    let link = prefix.join("lib/libLLVM.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&libllvm, &link)
+        .with_context(|| format!("linking {} to {}", link.display(), libllvm.display()))?;
+    println!(
+        "setup: building bpf-linker {BPF_LINKER_VERSION} against {} (LLVM {llvm_major}); about a minute",
+        libllvm.display()
+    );
+    status(
+        Command::new("cargo")
+            .args([
+                "install",
+                "--locked",
+                "--force",
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{llvm_major}"),
+                &format!("bpf-linker@{BPF_LINKER_VERSION}"),
+            ])
+            .env("LLVM_PREFIX", &prefix)
+            .env(
+                "RUSTFLAGS",
+                format!("-C link-arg=-Wl,-rpath,{}", libdir.display()),
+            ),
+    )?;
+    std::fs::write(&stamp, wanted)?;
+    Ok(())
+}
+
+/// Builds cpi-bpf (release, eBPF object included) and runs it as root with `args`.
+pub fn run(args: &[String]) -> anyhow::Result<()> {
+    status(Command::new("cargo").args([
+        "build",
+        "--release",
+        "--package",
+        "cpi-user",
+        "--bin",
+        "cpi-bpf",
+    ]))?;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("workspace root")?
+        .to_path_buf();
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    let bin = target_dir.join("release/cpi-bpf");
+    let mut cmd = as_root(&bin.to_string_lossy());
+    let st = cmd
+        .args(args)
+        .status()
+        .with_context(|| format!("running {}", bin.display()))?;
+    std::process::exit(st.code().unwrap_or(1));
 }

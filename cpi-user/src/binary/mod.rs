@@ -198,10 +198,12 @@ impl Binary {
             f.extend(dyn_funcs);
             (BoundsSource::EhFrame, f)
         };
+        // PLT sections first: they win over the linker's FDE at the same start.
+        let mut plt = Vec::new();
         for name in [".plt", ".plt.sec", ".plt.got"] {
             if let Some(sec) = file.section_by_name(name) {
                 if sec.size() > 0 {
-                    funcs.push(Function {
+                    plt.push(Function {
                         name: format!("[{name}]"),
                         start: sec.address(),
                         size: sec.size(),
@@ -209,6 +211,8 @@ impl Binary {
                 }
             }
         }
+        plt.append(&mut funcs);
+        let mut funcs = plt;
         funcs.retain(|f| f.size > 0 && in_code(f.start));
         Ok(Binary {
             path: p(),
@@ -438,6 +442,13 @@ mod tests {
                 );
                 assert_eq!(g.name, format!("func_{:x}", f.start));
             }
+            // The PLT is one pseudo-function, named, not func_<addr>.
+            let plt = full
+                .functions()
+                .iter()
+                .find(|f| f.name.starts_with("[.plt"))
+                .unwrap();
+            assert_eq!(s.function_at(plt.start).unwrap().name, plt.name);
             // An exported function keeps its .dynsym name.
             let e = full.function_by_name("exported_entry").unwrap();
             assert_eq!(s.function_at(e.start).unwrap().name, "exported_entry");
@@ -462,5 +473,69 @@ mod tests {
         std::fs::write(&p, b"junk").unwrap();
         assert!(c.get(&p).is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod debian_tests {
+    use super::*;
+
+    /// Debian's stripped libraries: every exported function's FDE bounds (what a
+    /// stripped binary gives us) equal its `.dynsym` bounds, and the code decodes.
+    #[test]
+    fn stripped_debian_library_bounds_match_dynsym() {
+        let mut seen = 0;
+        for p in [
+            "/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0",
+            "/usr/lib/x86_64-linux-gnu/libsqlite3.so.0",
+            "/usr/bin/bzip2",
+        ] {
+            let path = Path::new(p);
+            if !path.exists() {
+                eprintln!("skipped: {p} not installed");
+                continue;
+            }
+            seen += 1;
+            let data = std::fs::read(path).unwrap();
+            let file = object::File::parse(&*data).unwrap();
+            let b = Binary::parse(path, &data).unwrap();
+            assert!(b.stripped(), "{p}");
+            let fdes = {
+                let s = file.section_by_name(".eh_frame").unwrap();
+                ehframe::fde_ranges(s.data().unwrap(), s.address()).unwrap()
+            };
+            let fde: HashMap<u64, u64> = fdes.iter().copied().collect();
+            let dyn_funcs = collect_symbols(file.dynamic_symbols());
+            let sized: Vec<&Function> = dyn_funcs.iter().filter(|f| f.size > 0).collect();
+            let same = sized
+                .iter()
+                .filter(|f| fde.get(&f.start) == Some(&f.size))
+                .count();
+            eprintln!(
+                "{p}: {} functions, {} FDEs, {}/{} exported functions with equal FDE bounds",
+                b.functions().len(),
+                fdes.len(),
+                same,
+                sized.len()
+            );
+            assert!(
+                same * 100 >= sized.len() * 98,
+                "{p}: {same}/{}",
+                sized.len()
+            );
+            for f in sized.iter().take(200) {
+                let g = b.function_at(f.start).unwrap();
+                assert_eq!(g.name, f.name);
+                let cfg = b.cfg(g, &[]).unwrap();
+                assert!(
+                    cfg.instructions.iter().all(|i| i.text != "(bad)"),
+                    "{}",
+                    f.name
+                );
+            }
+        }
+        if seen == 0 {
+            eprintln!("skipped: no Debian library to check");
+        }
     }
 }

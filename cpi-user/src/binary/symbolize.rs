@@ -45,6 +45,9 @@ pub struct SymbolizerOptions {
     pub use_proc: bool,
     /// Directory holding `perf-PID.map` files.
     pub perf_map_dir: PathBuf,
+    /// Kernel symbols (`/proc/kallsyms`) to name `[kernel]` functions; `None`, an
+    /// unreadable file or hidden addresses (kptr_restrict) leave them `[kernel]`.
+    pub kallsyms: Option<PathBuf>,
 }
 
 impl Default for SymbolizerOptions {
@@ -52,6 +55,7 @@ impl Default for SymbolizerOptions {
         SymbolizerOptions {
             use_proc: true,
             perf_map_dir: PathBuf::from("/tmp"),
+            kallsyms: Some(PathBuf::from("/proc/kallsyms")),
         }
     }
 }
@@ -92,6 +96,8 @@ pub struct Symbolizer {
     /// (pid, mapping start) → opened binary (or why not).
     by_mapping: HashMap<(u32, u64), Result<Arc<Binary>, Arc<BinaryError>>>,
     perf_maps: HashMap<u32, Vec<Function>>,
+    /// Kernel text symbols, read on the first kernel address.
+    kernel: Option<Vec<Function>>,
 }
 
 impl Symbolizer {
@@ -101,6 +107,7 @@ impl Symbolizer {
             binaries: BinaryCache::new(),
             by_mapping: HashMap::new(),
             perf_maps: HashMap::new(),
+            kernel: None,
         }
     }
 
@@ -112,13 +119,7 @@ impl Symbolizer {
         addr: u64,
     ) -> Result<Resolved, SymbolizeError> {
         if addr >= KERNEL_START {
-            return Ok(pseudo(
-                CodeObject::Kernel,
-                "[kernel]",
-                addr,
-                KERNEL_START,
-                0,
-            ));
+            return Ok(self.kernel_lookup(addr));
         }
         let Some(m) = maps.find(addr) else {
             return self
@@ -213,6 +214,23 @@ impl Symbolizer {
             })
     }
 
+    fn kernel_lookup(&mut self, addr: u64) -> Resolved {
+        let path = self.opts.kallsyms.as_deref();
+        let syms = self
+            .kernel
+            .get_or_insert_with(|| path.map(read_kallsyms).unwrap_or_default());
+        let found = syms
+            .partition_point(|f| f.start <= addr)
+            .checked_sub(1)
+            .map(|i| &syms[i])
+            .filter(|f| f.contains(addr));
+        let mut r = pseudo(CodeObject::Kernel, "[kernel]", addr, KERNEL_START, 0);
+        if let Some(f) = found {
+            r.function = f.clone();
+        }
+        r
+    }
+
     fn perf_map_lookup(&mut self, pid: u32, addr: u64) -> Option<Resolved> {
         let dir = &self.opts.perf_map_dir;
         let funcs = self
@@ -254,6 +272,39 @@ fn read_perf_map(path: &Path) -> Vec<Function> {
         return Vec::new();
     };
     parse_perf_map(&text)
+}
+
+/// Kernel text symbols from a kallsyms file, sorted, each extending to the next one.
+/// Empty when unreadable or when addresses are hidden (all zero).
+fn read_kallsyms(path: &Path) -> Vec<Function> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    parse_kallsyms(&text)
+}
+
+fn parse_kallsyms(text: &str) -> Vec<Function> {
+    let mut syms: Vec<Function> = text
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let start = u64::from_str_radix(f.next()?, 16).ok()?;
+            let kind = f.next()?;
+            let name = f.next()?;
+            (start >= KERNEL_START && matches!(kind, "T" | "t" | "W" | "w")).then(|| Function {
+                name: name.to_string(),
+                start,
+                size: 0,
+            })
+        })
+        .collect();
+    syms.sort_by_key(|f| f.start);
+    syms.dedup_by_key(|f| f.start);
+    for i in 0..syms.len() {
+        let next = syms.get(i + 1).map_or(syms[i].start + 1, |n| n.start);
+        syms[i].size = next - syms[i].start;
+    }
+    syms
 }
 
 fn parse_perf_map(text: &str) -> Vec<Function> {
@@ -300,9 +351,18 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("cpi-sym-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("perf-4242.map"), "7f0000000100 40 jitted_fn\n").unwrap();
+        std::fs::write(
+            dir.join("kallsyms"),
+            "0000000000000000 A fixed_percpu_data\n\
+             ffffffff81000000 T _stext\n\
+             ffffffff81000100 t do_syscall_64\n\
+             ffffffff81000200 T entry_SYSCALL_64\n",
+        )
+        .unwrap();
         let mut s = Symbolizer::new(SymbolizerOptions {
             use_proc: false,
             perf_map_dir: dir.clone(),
+            kallsyms: Some(dir.join("kallsyms")),
         });
         for (path, base) in [(&t.plain, 0), (&t.pie, 0x5555_5555_4000)] {
             let bin = Binary::open(path).unwrap();
@@ -322,8 +382,15 @@ mod tests {
             assert_eq!(r.function.name, "[anon]");
             let r = s.resolve(4242, &maps, 0x7fff_0000_0010).unwrap();
             assert_eq!(r.function.name, "[vdso]");
-            let r = s.resolve(4242, &maps, 0xffff_ffff_8100_0000).unwrap();
+            let r = s.resolve(4242, &maps, 0xffff_ffff_8100_0180).unwrap();
             assert_eq!(r.object_name, "[kernel]");
+            assert_eq!(
+                (r.function.name.as_str(), r.function.size),
+                ("do_syscall_64", 0x100)
+            );
+            // Below the first kernel symbol: the whole kernel.
+            let r = s.resolve(4242, &maps, 0xffff_9000_0000_0000).unwrap();
+            assert_eq!(r.function.name, "[kernel]");
             let e = s.resolve(4242, &maps, 0x10).unwrap_err();
             assert!(matches!(e, SymbolizeError::Unmapped { .. }), "{e}");
         }
@@ -348,5 +415,69 @@ mod tests {
             "{}",
             r.function.name
         );
+    }
+}
+
+#[cfg(test)]
+mod live_tests {
+    use super::*;
+
+    /// A running program whose file was deleted still symbolises, through
+    /// /proc/PID/map_files (needs root or the same user; this test's own child is ours).
+    #[test]
+    fn deleted_binary_of_a_live_process() {
+        let dir = std::env::temp_dir().join(format!("cpi-deleted-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let exe = dir.join("sleeper");
+        if let Err(e) = std::fs::copy("/bin/sleep", &exe) {
+            eprintln!("skipped: cannot copy /bin/sleep: {e}");
+            return;
+        }
+        let mut child = std::process::Command::new(&exe).arg("30").spawn().unwrap();
+        let pid = child.id();
+        // Wait until the exec has mapped the copy.
+        let mut mapped = false;
+        for _ in 0..200 {
+            if let Ok(m) = ProcessMaps::read(pid) {
+                if m.mappings.iter().any(|m| {
+                    m.executable
+                        && matches!(&m.object, MappedObject::File { path, .. } if path == &exe)
+                }) {
+                    mapped = true;
+                    break;
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        std::fs::remove_file(&exe).unwrap();
+        // Resolve while the child lives: /proc/PID/map_files is the only way left.
+        let resolved = mapped
+            .then(|| {
+                let maps = ProcessMaps::read(pid).ok()?;
+                let text = maps
+                    .mappings
+                    .iter()
+                    .find(|m| {
+                        m.executable
+                            && matches!(&m.object, MappedObject::File { deleted: true, .. })
+                    })?
+                    .clone();
+                let mut s = Symbolizer::new(SymbolizerOptions {
+                    kallsyms: None,
+                    ..Default::default()
+                });
+                // sleep is stripped: scan the text for an address its FDEs cover.
+                (text.start..text.end)
+                    .step_by(64)
+                    .find_map(|a| s.resolve(pid, &maps, a).ok())
+            })
+            .flatten();
+        let _ = child.kill();
+        let _ = child.wait();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let r = resolved.expect("a function of the deleted, still running binary");
+        assert!(r.deleted);
+        assert_eq!(r.object_name, exe.display().to_string());
+        assert!(matches!(r.object, CodeObject::Elf(ref b) if b.stripped()));
     }
 }

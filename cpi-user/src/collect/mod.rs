@@ -1,1 +1,553 @@
-//! (being built)
+//! Collection: brings wire samples home from the kernel.
+//!
+//! probe ([`caps`]) → choose the events of the mode ([`events`]) → load the eBPF
+//! programs → open every event with our own `perf_event_open` and attach with
+//! `PERF_EVENT_IOC_SET_BPF` ([`sys`]) → enable → drain the BPF ring buffer with tokio
+//! into a per-pid [`SampleSet`] ([`drain`]) while re-drawing periods on a timer → stop on
+//! duration, target exit or SIGINT/SIGTERM → disable, drain to the end, report losses.
+
+pub mod caps;
+pub mod drain;
+pub mod events;
+pub mod sys;
+pub mod target;
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
+use aya::programs::PerfEvent;
+use aya::Ebpf;
+use cpi_common::policy::{KernelConfig, Perturbation, Rng, Thinning};
+use cpi_common::wire::{Counter, COUNTERS};
+use tokio::io::unix::AsyncFd;
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::profile::model::{EventInfo, LossReport};
+use crate::profile::{Mode, RunInfo, SampleSet};
+use caps::Capabilities;
+use drain::Drain;
+use events::{EventSpec, Rate};
+pub use target::Target;
+
+/// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cpi-ebpf"));
+
+#[derive(Debug, thiserror::Error)]
+pub enum CollectError {
+    #[error("{0}")]
+    NotPrivileged(String),
+    #[error("no process with pid {0}")]
+    NoSuchProcess(u32),
+    #[error("command not found: {0}")]
+    CommandNotFound(String),
+    #[error("starting {cmd}: {source}")]
+    Spawn { cmd: String, source: io::Error },
+    #[error("nothing to profile: give --pid PID, --system-wide or -- CMD")]
+    NoTarget,
+    #[error(
+        "this cpi-bpf was built with AYA_BUILD_SKIP=1 and holds no eBPF object; rebuild without it"
+    )]
+    NoObject,
+    #[error("loading the eBPF programs{hint}: {source}")]
+    Load {
+        hint: &'static str,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("opening {event} on {on}: {source}")]
+    Open {
+        event: String,
+        on: String,
+        source: io::Error,
+    },
+    #[error("attaching the BPF program to {event}: {source}")]
+    Attach { event: String, source: io::Error },
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+/// How to collect.
+#[derive(Clone, Debug)]
+pub struct CollectOptions {
+    pub target: Target,
+    /// Stop after this long (else on target exit or a signal).
+    pub duration: Option<Duration>,
+    pub rate: Rate,
+    /// Sample kernel-mode IPs and branches too.
+    pub include_kernel: bool,
+    pub perturbation: Perturbation,
+    /// In-kernel thinning factor (1 = off) when the kernel layer runs.
+    pub thinning: u32,
+    /// User-space period re-draw interval when the user layer runs.
+    pub redraw_every: Duration,
+    /// BPF ring buffer size (a power of two ≥ the page size).
+    pub ring_bytes: u32,
+    /// Ranges per branch sample (seed 001's CBT window).
+    pub window: usize,
+}
+
+/// Why collection stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    Duration,
+    TargetExit,
+    Signal(&'static str),
+}
+
+/// What a run brought home.
+#[derive(Debug)]
+pub struct Collected {
+    pub set: SampleSet,
+    pub run: RunInfo,
+    pub stop: StopReason,
+    /// Exit status of the command cpi-bpf started.
+    pub command_status: Option<i32>,
+}
+
+/// An open event: the fd keeps the program attached; closing it detaches.
+struct OpenEvent {
+    fd: OwnedFd,
+    spec_index: usize,
+}
+
+/// Loads the eBPF object with its ring buffer sized and its config written.
+pub fn load(ring_bytes: u32, config: KernelConfig, btf: bool) -> Result<Ebpf, CollectError> {
+    if EBPF_OBJECT.is_empty() {
+        return Err(CollectError::NoObject);
+    }
+    let hint = if btf {
+        ""
+    } else {
+        " (no kernel BTF: /sys/kernel/btf/vmlinux missing)"
+    };
+    let load_err =
+        |e: Box<dyn std::error::Error + Send + Sync>| CollectError::Load { hint, source: e };
+    let mut bpf = aya::EbpfLoader::new()
+        .map_max_entries("SAMPLES", ring_bytes)
+        .load(EBPF_OBJECT)
+        .map_err(|e| load_err(e.into()))?;
+    for name in [
+        "branch_sample",
+        "ip_cycles",
+        "ip_instructions",
+        "ip_cpu_clock",
+    ] {
+        let prog: &mut PerfEvent = bpf
+            .program_mut(name)
+            .ok_or_else(|| load_err(format!("program {name} missing from the object").into()))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| load_err(e.into()))?;
+        prog.load().map_err(|e| load_err(e.into()))?;
+    }
+    let mut cfg: Array<_, KernelConfig> = Array::try_from(
+        bpf.map_mut("CONFIG")
+            .ok_or_else(|| load_err("map CONFIG missing".into()))?,
+    )
+    .map_err(|e| load_err(e.into()))?;
+    cfg.set(0, config, 0).map_err(|e| load_err(e.into()))?;
+    Ok(bpf)
+}
+
+fn program_fd(bpf: &Ebpf, name: &str) -> Result<i32, CollectError> {
+    let p: &PerfEvent = bpf
+        .program(name)
+        .and_then(|p| p.try_into().ok())
+        .ok_or_else(|| CollectError::Load {
+            hint: "",
+            source: format!("program {name} missing").into(),
+        })?;
+    let fd = p.fd().map_err(|e| CollectError::Load {
+        hint: "",
+        source: e.into(),
+    })?;
+    Ok(std::os::fd::AsFd::as_fd(fd).as_raw_fd())
+}
+
+/// Where events are opened: (pid, cpu) pairs and extra attr flags.
+fn placements(target: &Target, child: Option<u32>) -> Result<(Vec<(i32, i32)>, u64), CollectError> {
+    match target {
+        Target::SystemWide => Ok((
+            target::online_cpus()
+                .into_iter()
+                .map(|c| (-1, c as i32))
+                .collect(),
+            0,
+        )),
+        Target::Pids(pids) => {
+            let mut v = Vec::new();
+            for &pid in pids {
+                v.extend(target::threads(pid)?.into_iter().map(|t| (t as i32, -1)));
+            }
+            Ok((v, sys::flag::INHERIT))
+        }
+        Target::Command(_) => {
+            let pid = child.ok_or(CollectError::NoTarget)? as i32;
+            Ok((
+                vec![(pid, -1)],
+                sys::flag::INHERIT | sys::flag::ENABLE_ON_EXEC,
+            ))
+        }
+    }
+}
+
+/// Opens every event of `specs` at every placement and attaches its program.
+///
+/// All events — branch stacks, cycles and cpu-clock alike — go through our own
+/// `perf_event_open` + `PERF_EVENT_IOC_SET_BPF` rather than aya's `PerfEvent::attach`:
+/// aya cannot request branch stacks, and the period re-draws need each event's fd for
+/// `PERF_EVENT_IOC_PERIOD`. One code path for every mode.
+fn open_events(
+    bpf: &Ebpf,
+    specs: &[EventSpec],
+    places: &[(i32, i32)],
+    extra_flags: u64,
+) -> Result<Vec<OpenEvent>, CollectError> {
+    let mut open = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        for &(pid, cpu) in places {
+            match open_attached(bpf, spec, extra_flags, pid, cpu) {
+                Ok(fd) => open.push(OpenEvent { fd, spec_index: i }),
+                // A thread that exited since /proc/PID/task was listed.
+                Err(CollectError::Open { source, .. })
+                    if source.raw_os_error() == Some(libc::ESRCH)
+                        && cpu == -1
+                        && places.len() > 1 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(open)
+}
+
+/// Opens `spec` (plus `extra_flags`) on `pid`/`cpu` as `perf_event_open` takes them and
+/// attaches the spec's program. The fd keeps the program attached.
+pub fn open_attached(
+    bpf: &Ebpf,
+    spec: &EventSpec,
+    extra_flags: u64,
+    pid: i32,
+    cpu: i32,
+) -> Result<OwnedFd, CollectError> {
+    let mut attr = spec.attr;
+    attr.flags |= extra_flags;
+    let fd = sys::perf_event_open(&attr, pid, cpu).map_err(|source| CollectError::Open {
+        event: spec.name.clone(),
+        on: match (pid, cpu) {
+            (0, -1) => "this process".to_string(),
+            (p, -1) => format!("pid {p}"),
+            (-1, c) => format!("cpu {c}"),
+            (p, c) => format!("pid {p} on cpu {c}"),
+        },
+        source,
+    })?;
+    sys::set_bpf(&fd, program_fd(bpf, spec.program)?).map_err(|source| CollectError::Attach {
+        event: spec.name.clone(),
+        source,
+    })?;
+    Ok(fd)
+}
+
+/// Collects until the duration ends, the target exits or SIGINT/SIGTERM, then drains
+/// everything. `notify` receives one-line status messages (mode, downgrades) as they
+/// happen, before any report.
+pub fn collect(
+    opts: &CollectOptions,
+    notify: &mut dyn FnMut(&str),
+) -> Result<Collected, CollectError> {
+    let caps = Capabilities::probe();
+    caps.check_privileges()
+        .map_err(CollectError::NotPrivileged)?;
+    if let Target::Pids(pids) = &opts.target {
+        if pids.is_empty() {
+            return Err(CollectError::NoTarget);
+        }
+        if let Some(&p) = pids.iter().find(|&&p| !target::pid_exists(p)) {
+            return Err(CollectError::NoSuchProcess(p));
+        }
+    }
+    if let Target::Command(argv) = &opts.target {
+        target::resolve_command(argv.first().ok_or(CollectError::NoTarget)?)?;
+    }
+    if !caps.btf {
+        notify("note: no kernel BTF (/sys/kernel/btf/vmlinux missing); trying to load without it");
+    }
+    let thinning = if opts.perturbation.kernel() {
+        Thinning::new(opts.thinning)
+    } else {
+        Thinning::OFF
+    };
+    let bpf_cfg = KernelConfig {
+        thinning,
+        include_kernel: opts.include_kernel as u32,
+        _pad: 0,
+    };
+    let mut bpf = load(opts.ring_bytes, bpf_cfg, caps.btf)?;
+
+    // Signals are caught from here on, so a SIGINT during set-up still reports.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (mut sigint, mut sigterm) = rt.block_on(async {
+        Ok::<_, io::Error>((
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::terminate())?,
+        ))
+    })?;
+
+    let child = match &opts.target {
+        Target::Command(argv) => Some(target::spawn_suspended(argv)?),
+        _ => None,
+    };
+    let (places, extra) = placements(&opts.target, child.as_ref().map(|c| c.pid))?;
+
+    // The ladder: step down (and say why) while the mode's events cannot be opened.
+    let (mut mode, mut reason) = caps.mode();
+    notify(&format!("mode: {} — {reason}", mode_name(mode)));
+    let (specs, open) = loop {
+        let specs = events::plan(mode, caps.vendor, &opts.rate, opts.include_kernel);
+        match open_events(&bpf, &specs, &places, extra) {
+            Ok(open) => break (specs, open),
+            Err(CollectError::Open { event, source, .. }) if events::step_down(mode).is_some() => {
+                mode = events::step_down(mode).unwrap_or(Mode::TimeProfile);
+                reason = format!(
+                    "{event} cannot be opened here ({source}); stepped down to {}: {}",
+                    mode_name(mode),
+                    match mode {
+                        Mode::IpSampling => {
+                            "cycles and instructions IP samples, CPI per unit is imprecise"
+                        }
+                        _ => "cpu-clock time profile, no cycles, no instructions, no CPI",
+                    }
+                );
+                notify(&format!("mode: {} — {reason}", mode_name(mode)));
+            }
+            Err(e) => return Err(e),
+        }
+    };
+
+    let started = Instant::now();
+    let command_pid = match child {
+        Some(c) => Some(c.release()?),
+        None => {
+            for e in &open {
+                sys::enable(&e.fd)?;
+            }
+            None
+        }
+    };
+    let watch: Vec<u32> = match (&opts.target, command_pid) {
+        (_, Some(pid)) => vec![pid],
+        (Target::Pids(pids), None) => pids.clone(),
+        _ => Vec::new(),
+    };
+
+    let ring = RingBuf::try_from(bpf.take_map("SAMPLES").ok_or_else(|| CollectError::Load {
+        hint: "",
+        source: "map SAMPLES missing".into(),
+    })?)
+    .map_err(|e| CollectError::Load {
+        hint: "",
+        source: e.into(),
+    })?;
+    let mut drain = Drain::new(opts.window);
+    let stop = rt.block_on(run(
+        opts,
+        &specs,
+        &open,
+        ring,
+        &mut drain,
+        &watch,
+        &mut sigint,
+        &mut sigterm,
+    ))?;
+    let duration_secs = started.elapsed().as_secs_f64();
+
+    let counters = read_counters(&bpf);
+    let command_status = command_pid.map(|pid| finish_child(pid, stop));
+    drop(open); // detaches the programs
+
+    let events = specs
+        .iter()
+        .map(|s| EventInfo {
+            role: s.role_name().to_string(),
+            name: s.name.clone(),
+            period: s.policy.base,
+            jitter: if opts.perturbation.user() {
+                s.policy.jitter
+            } else {
+                0
+            },
+            thinning: thinning.keep_one_in,
+            unit: s.unit.to_string(),
+            samples: drain.received.get(&s.role).copied().unwrap_or(0),
+        })
+        .collect();
+    let lost = LossReport {
+        ring_full: counters[Counter::RingFull as usize],
+        branch_errors: counters[Counter::BranchError as usize],
+        malformed: drain.malformed,
+        thinned: counters[Counter::Thinned as usize],
+        ..Default::default()
+    };
+    let run = RunInfo {
+        mode,
+        mode_reason: reason,
+        command: match &opts.target {
+            Target::Command(argv) => argv.clone(),
+            _ => Vec::new(),
+        },
+        duration_secs,
+        events,
+        perturbation: perturbation_name(opts.perturbation).to_string(),
+        lost,
+    };
+    Ok(Collected {
+        set: drain.set,
+        run,
+        stop,
+        command_status,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    opts: &CollectOptions,
+    specs: &[EventSpec],
+    open: &[OpenEvent],
+    ring: RingBuf<MapData>,
+    drain: &mut Drain,
+    watch: &[u32],
+    sigint: &mut tokio::signal::unix::Signal,
+    sigterm: &mut tokio::signal::unix::Signal,
+) -> Result<StopReason, CollectError> {
+    // SAFETY: the ring buffer and pidfds own their fds, which stay open as long as
+    // the AsyncFd that wraps them.
+    let mut ring = unsafe { AsyncFd::register(ring) }.map_err(io::Error::from)?;
+    let mut pidfds = Vec::new();
+    for &pid in watch {
+        // A pid that is already gone has exited: nothing to wait for.
+        if let Ok(fd) = sys::pidfd_open(pid as i32) {
+            pidfds.push(unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)?);
+        }
+    }
+    let all_exited = async {
+        for fd in &pidfds {
+            let _ = fd.readable().await;
+        }
+    };
+    tokio::pin!(all_exited);
+    let watching = !watch.is_empty();
+    let deadline = tokio::time::sleep(opts.duration.unwrap_or_default());
+    tokio::pin!(deadline);
+    let mut redraw = tokio::time::interval(opts.redraw_every.max(Duration::from_millis(1)));
+    redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rng = Rng::new(seed());
+    let stop = loop {
+        tokio::select! {
+            guard = ring.readable_mut() => {
+                let mut guard = guard?;
+                drain_all(guard.get_inner_mut(), drain);
+                guard.clear_ready();
+            }
+            _ = redraw.tick() => {
+                // Also a safety net for wake-ups the ring buffer skipped.
+                drain_all(ring.get_mut(), drain);
+                if opts.perturbation.user() {
+                    for e in open {
+                        let period = specs[e.spec_index].policy.draw(&mut rng);
+                        // The event of an exited thread rejects nothing; errors here
+                        // only mean that event keeps its previous period.
+                        let _ = sys::set_period(&e.fd, period);
+                    }
+                }
+            }
+            _ = &mut deadline, if opts.duration.is_some() => break StopReason::Duration,
+            _ = &mut all_exited, if watching => break StopReason::TargetExit,
+            _ = sigint.recv() => break StopReason::Signal("SIGINT"),
+            _ = sigterm.recv() => break StopReason::Signal("SIGTERM"),
+        }
+    };
+    // Shutdown: no new samples, then everything already written.
+    for e in open {
+        let _ = sys::disable(&e.fd);
+    }
+    drain_all(ring.get_mut(), drain);
+    // A program that was mid-run on another CPU commits within microseconds.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    drain_all(ring.get_mut(), drain);
+    Ok(stop)
+}
+
+fn drain_all(ring: &mut RingBuf<MapData>, drain: &mut Drain) {
+    while let Some(item) = ring.next() {
+        drain.add(&item);
+    }
+}
+
+/// Kernel counters summed over CPUs, indexed by [`Counter`].
+pub fn read_counters(bpf: &Ebpf) -> [u64; COUNTERS as usize] {
+    let mut out = [0u64; COUNTERS as usize];
+    let Some(map) = bpf.map("COUNTERS") else {
+        return out;
+    };
+    let Ok(arr) = PerCpuArray::<_, u64>::try_from(map) else {
+        return out;
+    };
+    for (i, slot) in out.iter_mut().enumerate() {
+        if let Ok(v) = arr.get(&(i as u32), 0) {
+            *slot = v.iter().sum();
+        }
+    }
+    out
+}
+
+/// Ends the command cpi-bpf started when collection stopped before it did, and reaps it.
+fn finish_child(pid: u32, stop: StopReason) -> i32 {
+    if stop != StopReason::TargetExit {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    }
+    target::reap(pid).unwrap_or(-1)
+}
+
+fn seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    t ^ ((std::process::id() as u64) << 32)
+}
+
+pub fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Cpi => "cpi",
+        Mode::IpSampling => "ip-sampling",
+        Mode::TimeProfile => "time-profile",
+        Mode::Simulated => "simulated",
+    }
+}
+
+pub fn perturbation_name(p: Perturbation) -> &'static str {
+    match p {
+        Perturbation::None => "none",
+        Perturbation::Kernel => "kernel",
+        Perturbation::User => "user",
+        Perturbation::Both => "both",
+    }
+}
+
+/// Opens `spec` on the calling process (disabled) and, given a loaded object, attaches
+/// its program: what `cpi-bpf doctor` uses to tell what this machine can sample.
+pub fn try_event(spec: &EventSpec, bpf: Option<&Ebpf>) -> Result<(), CollectError> {
+    match bpf {
+        Some(bpf) => open_attached(bpf, spec, 0, 0, -1).map(drop),
+        None => sys::perf_event_open(&spec.attr, 0, -1)
+            .map(drop)
+            .map_err(|source| CollectError::Open {
+                event: spec.name.clone(),
+                on: "this process".to_string(),
+                source,
+            }),
+    }
+}

@@ -263,7 +263,9 @@ impl Ctx<'_> {
             funcs: Vec::new(),
         };
         for (&role, agg) in &p.ips {
-            for (&ip, &(samples, weight)) in &agg.by_ip {
+            // Sorted: the aggregate's hash order must not change float sums between
+            // two analyses of the same samples.
+            for (&ip, &(samples, weight)) in sorted(&agg.by_ip) {
                 match res.resolve(self.sym, self.binaries, ip) {
                     Some((i, vaddr)) => res.funcs[i].ips.entry(vaddr).or_default()
                         [role_index(role)]
@@ -296,6 +298,10 @@ impl Ctx<'_> {
         let (mut instr, mut instr_samples) = (0.0, 0u64);
         let mut functions = Vec::with_capacity(res.funcs.len());
         for (i, w) in res.funcs.iter().enumerate() {
+            // Known only as a branch target outside the window: nothing to report.
+            if w.ips.is_empty() && w.ranges.is_empty() && w.taken.is_empty() {
+                continue;
+            }
             let out = self.function(i, w, primary.weight, &names);
             if let Some((c, n, s)) = out.cpi_inputs {
                 cyc.add(c);
@@ -310,6 +316,8 @@ impl Ctx<'_> {
                 .total_cmp(&a.cycles.unwrap_or(0.0))
                 .then(b.samples.cmp(&a.samples))
                 .then(a.name.cmp(&b.name))
+                .then(a.binary.cmp(&b.binary))
+                .then(a.address.cmp(&b.address))
         });
 
         let total = |r: EventRole| p.ips.get(&r).map(|a| a.weight as f64);
@@ -353,7 +361,7 @@ impl Ctx<'_> {
     /// Attaches taken edges and ranges to functions; ranges that do not start and end
     /// in one function are invalid.
     fn gather_branches(&mut self, p: &ProcessSamples, res: &mut ProcessResolver<'_>) {
-        for (&(from, to), stat) in &p.branches.taken {
+        for (&(from, to), stat) in sorted(&p.branches.taken) {
             let src = res.resolve(self.sym, self.binaries, from);
             let dst = res.resolve(self.sym, self.binaries, to);
             if let Some((ti, vto)) = dst {
@@ -367,7 +375,7 @@ impl Ctx<'_> {
                 });
             }
         }
-        for (&(start, end), stat) in &p.branches.ranges {
+        for (&(start, end), stat) in sorted(&p.branches.ranges) {
             let s = res.resolve(self.sym, self.binaries, start);
             let e = res.resolve(self.sym, self.binaries, end);
             match (s, e) {
@@ -603,6 +611,13 @@ struct Detail {
     lines: Vec<InstructionProfile>,
 }
 
+/// A hash map's entries in key order (analysis is deterministic).
+fn sorted<K: Ord, V>(m: &HashMap<K, V>) -> Vec<(&K, &V)> {
+    let mut v: Vec<(&K, &V)> = m.iter().collect();
+    v.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    v
+}
+
 fn note_binary(binaries: &mut BTreeMap<String, BinaryInfo>, r: &Resolved) {
     if binaries.contains_key(&r.object_name) {
         return;
@@ -664,6 +679,7 @@ mod tests {
         AnalysisOptions {
             symbolizer: SymbolizerOptions {
                 use_proc: false,
+                kallsyms: None,
                 ..Default::default()
             },
             ..Default::default()
@@ -947,8 +963,10 @@ mod range_tests {
             );
             // The oldest entry (main's call) only starts the oldest range: with window
             // 3 its own edge is outside the window and not counted.
-            let m = func(&prof, "main");
-            assert!(m.edges.iter().all(|e| e.from != call.addr));
+            assert!(
+                prof.processes[0].functions.iter().all(|f| f.name != "main"),
+                "main has no evidence of its own: not reported"
+            );
             // CPI from synthetic cycles: 30×997 + 10×1009 over the range instructions;
             // samples = min(40 cycle samples, 150 range occurrences).
             let cycles = 30.0 * 997.0 + 10.0 * 1009.0;
@@ -1192,5 +1210,147 @@ mod range_tests {
             }
         }
         assert!(checked >= 15, "walked {checked} functions");
+    }
+}
+
+/// Analysis cost on a large stripped binary (BENCHMARKS.md "Analysis"). Not a test of
+/// correctness: run explicitly with
+/// `cargo test --release -p cpi-user --lib -- --ignored --nocapture bench_analysis`.
+#[cfg(test)]
+mod bench {
+    use super::tests::{ip, opts, run_info};
+    use super::*;
+    use crate::binary::testbin::maps_for;
+    use crate::binary::Binary;
+    use cpi_common::wire::{
+        BranchEntry, BranchSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES, WIRE_VERSION,
+    };
+    use rand::{Rng, SeedableRng};
+    use std::path::Path;
+    use std::time::Instant;
+
+    fn peak_rss_kib() -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find(|l| l.starts_with("VmHWM:"))
+                    .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            })
+            .unwrap_or(0)
+    }
+
+    #[test]
+    #[ignore = "benchmark: run by hand, figures go to BENCHMARKS.md"]
+    fn bench_analysis_libpython() {
+        let path = Path::new("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0");
+        if !path.exists() {
+            eprintln!("skipped: {} not installed", path.display());
+            return;
+        }
+        const BASE: u64 = 0x7f12_3400_0000;
+        const PID: u32 = 9;
+        const FUNCS: usize = 2000;
+        const TAKEN: u64 = 5_000_000;
+        const BRANCH_PERIOD: u64 = 13;
+        const CYCLE_PERIOD: u64 = 997;
+        const DEPTH: usize = 32;
+        const WINDOW: usize = 16;
+        let bin = Binary::open(path).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        // The FUNCS largest functions are the "sampled" ones; walks pick them with a
+        // skewed (hot/cold) distribution.
+        let mut funcs: Vec<&Function> = bin.functions().iter().collect();
+        funcs.sort_by_key(|f| std::cmp::Reverse(f.size));
+        funcs.truncate(FUNCS);
+        let cfgs: Vec<Cfg> = funcs.iter().map(|f| bin.cfg(f, &[]).unwrap()).collect();
+
+        let mut set = SampleSet::new(WINDOW);
+        set.process(PID).maps = Some(maps_for(path, &bin, BASE));
+        let mut ring: std::collections::VecDeque<BranchEntry> = Default::default();
+        let (mut taken, mut executed) = (0u64, 0u64);
+        let mut f = 0usize;
+        let mut i = 0usize;
+        while taken < TAKEN {
+            let cfg = &cfgs[f];
+            let ins = &cfg.instructions[i];
+            executed += 1;
+            if executed % CYCLE_PERIOD == 0 {
+                set.add_ip(&ip(PID, EventRole::Cycles, BASE + ins.addr, CYCLE_PERIOD))
+                    .unwrap();
+            }
+            let target = ins.target.and_then(|t| cfg.instruction_at(t));
+            let jump = match ins.kind {
+                FlowKind::CondBranch if target.is_some() && rng.gen_bool(0.5) => target,
+                FlowKind::Jump if target.is_some() => target,
+                FlowKind::Next | FlowKind::CondBranch | FlowKind::Syscall
+                    if i + 1 < cfg.instructions.len() =>
+                {
+                    i += 1;
+                    continue;
+                }
+                _ => None,
+            };
+            // A taken branch: inside the function, or out of it to the next walk.
+            let (to_f, to_i) = match jump {
+                Some(j) => (f, j),
+                None => {
+                    // Each exit site (call, ret, indirect jump) has a few fixed
+                    // destinations, skewed towards the hottest functions.
+                    let pick = (ins.addr.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 40)
+                        .wrapping_add(rng.gen_range(0..3));
+                    let r = (pick % 10_000) as f64 / 10_000.0;
+                    ((r * r * r * FUNCS as f64) as usize, 0)
+                }
+            };
+            let to = BASE + cfgs[to_f].instructions[to_i].addr;
+            ring.push_front(BranchEntry::new(BASE + ins.addr, to, false, 3));
+            ring.truncate(DEPTH);
+            taken += 1;
+            if taken % BRANCH_PERIOD == 0 && ring.len() == DEPTH {
+                let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
+                for (k, e) in ring.iter().enumerate() {
+                    entries[k] = *e;
+                }
+                set.add_branch(&BranchSample {
+                    header: SampleHeader {
+                        version: WIRE_VERSION,
+                        kind: SampleKind::Branch as u16,
+                        nr: DEPTH as u16,
+                        tgid: PID,
+                        event: EventRole::Branches as u32,
+                        period: BRANCH_PERIOD,
+                        ..Default::default()
+                    },
+                    entries,
+                });
+            }
+            (f, i) = (to_f, to_i);
+        }
+        let b = &set.processes[&PID].branches;
+        let (samples, ranges, edges) = (b.samples, b.ranges.len(), b.taken.len());
+        drop(cfgs);
+        let rss_before = peak_rss_kib();
+        let t0 = Instant::now();
+        let prof = analyze(&set, run_info(Mode::Cpi), &opts());
+        let dt = t0.elapsed();
+        let rss_after = peak_rss_kib();
+        let json = serde_json::to_vec(&prof).unwrap().len();
+        let pp = &prof.processes[0];
+        let lines: usize = pp.functions.iter().map(|f| f.lines.len()).sum();
+        eprintln!(
+            "libpython3.11: {} functions analysed ({} lines), {samples} branch samples, \
+             {ranges} distinct ranges, {edges} distinct taken edges, {} cycle samples: \
+             analysis {:.3} s, peak RSS {} MiB before / {} MiB after, profile JSON {} MiB, \
+             invalid ranges {}",
+            pp.functions.len(),
+            lines,
+            pp.samples,
+            dt.as_secs_f64(),
+            rss_before / 1024,
+            rss_after / 1024,
+            json >> 20,
+            prof.lost.invalid_ranges,
+        );
     }
 }

@@ -80,6 +80,9 @@ pub struct PerfImport {
     pub truncated_stacks: usize,
     /// Dsos whose addresses could not be placed (see the module doc).
     pub unplaced: Vec<String>,
+    /// `brstackoff` samples whose runtime ip could not be placed, taken at their newest
+    /// branch target instead.
+    pub ips_at_branch_target: usize,
 }
 
 impl PerfImport {
@@ -216,6 +219,17 @@ pub fn parse(
             for (e, [fd, td]) in s.entries.iter_mut().zip(names) {
                 e.from = rebase(e.from, fd);
                 e.to = rebase(e.to, td);
+            }
+            // perf prints the sample ip as a runtime address even with brstackoff: one
+            // that no mapping holds is taken at the newest branch target, the start of
+            // the straight-line run the sample interrupted.
+            let placed = out
+                .maps
+                .get(&s.header.tgid)
+                .is_some_and(|m| m.find(s.header.ip).is_some());
+            if !placed {
+                s.header.ip = s.entries[0].to;
+                out.ips_at_branch_target += 1;
             }
         }
     }

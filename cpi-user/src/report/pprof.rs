@@ -1,9 +1,10 @@
 //! pprof export: a gzip'd `profile.proto` (github.com/google/pprof/proto/profile.proto),
 //! what `go tool pprof`, Pyroscope and Parca read.
 //!
-//! One sample per (process, function), leaf-only (the profile has no call stacks), at a
-//! location at the function's start, labelled with `pid` and `comm`. Values are the
-//! function's totals, so `pprof -top` shows the same ranking as the table. Sample types:
+//! Leaf-only samples (the profile has no call stacks), labelled with `pid` and `comm`:
+//! one per instruction with data, plus one at the function's start for what the
+//! instructions do not account for, so each function's totals are exactly the table's
+//! and `pprof -top` shows the same ranking. Sample types:
 //! `cycles`, `instructions`, `samples` (counts); in a time profile `samples` and `cpu`
 //! (nanoseconds), since there are no cycles to report.
 
@@ -13,7 +14,7 @@ use std::io::Write;
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
-use crate::profile::model::{Mode, Profile};
+use crate::profile::model::{FunctionProfile, Mode, Profile};
 
 // profile.proto, field for field (the parts we write). Hand-written so no protoc is
 // needed at build time.
@@ -156,6 +157,49 @@ fn count(v: Option<f64>) -> i64 {
         .unwrap_or(0)
 }
 
+/// A function's samples: one per instruction with data (so `pprof -disasm` and
+/// address-level views work), plus what the instructions do not account for at the
+/// function's start, so the function's totals are exactly the table's.
+fn function_values(f: &FunctionProfile, time: bool) -> Vec<(u64, Vec<i64>)> {
+    let total = if time {
+        vec![f.samples as i64, count(f.time_ns)]
+    } else {
+        vec![count(f.cycles), count(f.instructions), f.samples as i64]
+    };
+    // cpu-clock periods are (nearly) equal: an instruction's time is its share of
+    // the function's samples.
+    let ns_per_sample = match (f.time_ns, f.samples) {
+        (Some(t), n) if n > 0 => t / n as f64,
+        _ => 0.0,
+    };
+    let mut out: Vec<(u64, Vec<i64>)> = f
+        .lines
+        .iter()
+        .map(|l| {
+            let v = if time {
+                vec![
+                    l.samples as i64,
+                    count(Some(l.samples as f64 * ns_per_sample)),
+                ]
+            } else {
+                vec![count(l.cycles), count(Some(l.count)), l.samples as i64]
+            };
+            (l.address, v)
+        })
+        .filter(|(_, v)| v.iter().any(|&x| x > 0))
+        .collect();
+    let mut rest = total;
+    for (_, v) in &out {
+        for (r, x) in rest.iter_mut().zip(v) {
+            *r -= x;
+        }
+    }
+    if rest.iter().any(|&r| r > 0) {
+        out.push((f.address, rest.into_iter().map(|r| r.max(0)).collect()));
+    }
+    out
+}
+
 /// Builds the (uncompressed) pprof message.
 pub fn build(p: &Profile) -> PprofProfile {
     let mut st = Strings::new();
@@ -214,57 +258,60 @@ pub fn build(p: &Profile) -> PprofProfile {
 
     let mut function = Vec::new();
     let mut location = Vec::new();
-    let mut loc_ids: HashMap<(String, u64, String), u64> = HashMap::new();
+    let mut func_ids: HashMap<(&str, u64, &str), u64> = HashMap::new();
+    let mut loc_ids: HashMap<(&str, u64), u64> = HashMap::new();
     let mut sample = Vec::new();
     let (pid_key, comm_key) = (st.id("pid"), st.id("comm"));
     for proc in &p.processes {
+        let labels = vec![
+            Label {
+                key: pid_key,
+                str: 0,
+                num: proc.pid as i64,
+            },
+            Label {
+                key: comm_key,
+                str: st.id(&proc.comm),
+                num: 0,
+            },
+        ];
         for f in &proc.functions {
-            let key = (f.binary.clone(), f.address, f.name.clone());
-            let loc = match loc_ids.get(&key) {
-                Some(&id) => id,
-                None => {
-                    let id = location.len() as u64 + 1;
-                    let name = st.id(&f.name);
-                    function.push(Function {
-                        id,
-                        name,
-                        system_name: name,
-                        filename: st.id(&f.binary),
-                    });
-                    location.push(Location {
-                        id,
-                        mapping_id: mapping_ids[&f.binary],
-                        address: f.address,
-                        line: vec![Line {
-                            function_id: id,
-                            line: 0,
-                        }],
-                    });
-                    loc_ids.insert(key, id);
-                    id
-                }
-            };
-            let value = if time {
-                vec![f.samples as i64, count(f.time_ns)]
-            } else {
-                vec![count(f.cycles), count(f.instructions), f.samples as i64]
-            };
-            sample.push(Sample {
-                location_id: vec![loc],
-                value,
-                label: vec![
-                    Label {
-                        key: pid_key,
-                        str: 0,
-                        num: proc.pid as i64,
-                    },
-                    Label {
-                        key: comm_key,
-                        str: st.id(&proc.comm),
-                        num: 0,
-                    },
-                ],
+            let fkey = (f.binary.as_str(), f.address, f.name.as_str());
+            let fid = *func_ids.entry(fkey).or_insert_with(|| {
+                let id = function.len() as u64 + 1;
+                let name = st.id(&f.name);
+                function.push(Function {
+                    id,
+                    name,
+                    system_name: name,
+                    filename: st.id(&f.binary),
+                });
+                id
             });
+            let mut loc = |address: u64| {
+                *loc_ids
+                    .entry((f.binary.as_str(), address))
+                    .or_insert_with(|| {
+                        let id = location.len() as u64 + 1;
+                        location.push(Location {
+                            id,
+                            mapping_id: mapping_ids[&f.binary],
+                            address,
+                            line: vec![Line {
+                                function_id: fid,
+                                line: 0,
+                            }],
+                        });
+                        id
+                    })
+            };
+            for (address, value) in function_values(f, time) {
+                sample.push(Sample {
+                    location_id: vec![loc(address)],
+                    value,
+                    label: labels.clone(),
+                });
+            }
         }
     }
 

@@ -113,7 +113,7 @@ fn header(p: &Profile) -> String {
     let _ = writeln!(
         s,
         "lost samples: {} (ring full {}, branch errors {}, malformed {}, short {}, \
-         unmapped {}); invalid ranges {}; thinned on purpose {}",
+         unmapped {}, invalid ranges {}); thinned on purpose {} (period carried)",
         group(p.lost_samples),
         group(l.ring_full),
         group(l.branch_errors),
@@ -148,7 +148,11 @@ fn process_line(mode: Mode, p: &ProcessProfile) -> String {
             ", {} cycles, {} instructions, CPI {}",
             opt_si(p.cycles),
             opt_si(p.instructions),
-            cpi(p.cpi, p.samples.max(p.branch_samples))
+            cpi(
+                p.cpi,
+                p.samples.max(p.branch_samples),
+                inputs(p.cycles, p.instructions)
+            )
         );
     }
     s.push('\n');
@@ -217,10 +221,10 @@ fn top_functions(mode: Mode, p: &ProcessProfile, top: usize) -> String {
                 base(&f.binary),
                 opt_si(f.cycles),
                 opt_si(f.instructions),
-                cpi(f.cpi, f.samples),
+                cpi(f.cpi, f.samples, inputs(f.cycles, f.instructions)),
             ];
             if timed {
-                row.push(cpi(f.timed_cpi, f.samples));
+                row.push(cpi(f.timed_cpi, f.samples, f.instructions.is_some()));
             }
             row.extend([pct(f.share), group(f.samples)]);
             t.add_row(row);
@@ -301,7 +305,7 @@ fn hot_blocks(mode: Mode, p: &ProcessProfile, top: usize) -> String {
                 b.len.to_string(),
                 si(b.count),
                 opt_si(b.cycles),
-                cpi(b.cpi, b.samples),
+                cpi(b.cpi, b.samples, b.cycles.is_some()),
                 group(b.samples),
             ]);
         }
@@ -367,7 +371,7 @@ fn annotate_function(mode: Mode, proc: &ProcessProfile, f: &FunctionProfile) -> 
             ", {} cycles, {} instructions, CPI {}",
             opt_si(f.cycles),
             opt_si(f.instructions),
-            cpi(f.cpi, f.samples)
+            cpi(f.cpi, f.samples, inputs(f.cycles, f.instructions))
         );
     } else if let Some(t) = f.time_ns {
         let _ = write!(s, ", {} CPU", time(t));
@@ -408,12 +412,13 @@ fn annotate_function(mode: Mode, proc: &ProcessProfile, f: &FunctionProfile) -> 
                 "count",
                 "samples",
                 "cycles",
+                "CPI",
                 "block CPI",
                 "instruction",
             ],
             2,
         );
-        if let Some(c) = t.column_mut(6) {
+        if let Some(c) = t.column_mut(7) {
             c.set_cell_alignment(CellAlignment::Left);
         }
         for l in &f.lines {
@@ -423,8 +428,9 @@ fn annotate_function(mode: Mode, proc: &ProcessProfile, f: &FunctionProfile) -> 
                 si(l.count),
                 group(l.samples),
                 opt_si(l.cycles),
+                cpi(l.cpi, l.samples, l.cycles.is_some()),
                 block_at(l.address)
-                    .map(|b| cpi(b.cpi, b.samples))
+                    .map(|b| cpi(b.cpi, b.samples, b.cycles.is_some()))
                     .unwrap_or_default(),
                 l.text.clone(),
             ]);
@@ -464,13 +470,18 @@ fn marker(hot: bool) -> String {
     if hot { "▶" } else { "" }.to_string()
 }
 
-/// `value ±err%`, or "below floor" when samples exist but too few for an estimate.
-fn cpi(e: Option<Estimate>, samples: u64) -> String {
+/// `value ±err%`; "below floor" when both inputs were measured but too few samples
+/// stand behind them for an estimate; "-" when an input is missing.
+fn cpi(e: Option<Estimate>, samples: u64, inputs: bool) -> String {
     match e {
         Some(e) => format!("{:.2} ±{:.1}%", e.value, e.rel_error * 100.0),
-        None if samples > 0 => "below floor".to_string(),
+        None if inputs && samples > 0 => "below floor".to_string(),
         None => "-".to_string(),
     }
+}
+
+fn inputs(cycles: Option<f64>, instructions: Option<f64>) -> bool {
+    cycles.is_some() && instructions.is_some()
 }
 
 fn opt_si(v: Option<f64>) -> String {
@@ -548,13 +559,18 @@ mod tests {
 
     #[test]
     fn missing_estimate_with_samples_is_below_floor() {
-        assert_eq!(cpi(None, 3), "below floor");
-        assert_eq!(cpi(None, 0), "-");
+        assert_eq!(cpi(None, 3, true), "below floor");
+        assert_eq!(
+            cpi(None, 3, false),
+            "-",
+            "no instructions: no CPI, not a floor"
+        );
+        assert_eq!(cpi(None, 0, true), "-");
         let e = Estimate {
             value: 1.5,
             rel_error: 0.031,
             samples: 1000,
         };
-        assert_eq!(cpi(Some(e), 1000), "1.50 ±3.1%");
+        assert_eq!(cpi(Some(e), 1000, true), "1.50 ±3.1%");
     }
 }

@@ -27,6 +27,10 @@ fn line(
         count,
         samples,
         cycles,
+        // The hot loop's instructions are sampled enough for their own CPI.
+        cpi: cycles
+            .filter(|_| samples >= 1_000)
+            .and_then(|c| est(c / count, samples)),
         text: text.to_string(),
     }
 }
@@ -203,7 +207,7 @@ pub fn cpi_profile() -> Profile {
         share: 0.0001,
         time_ns: None,
         cycles: Some(2.0e6),
-        instructions: None,
+        instructions: Some(1.5e6),
         cpi: None,
         timed_cpi: None,
         blocks: vec![],

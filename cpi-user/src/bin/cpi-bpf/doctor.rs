@@ -1,8 +1,136 @@
-//! `doctor` subcommand.
+//! `doctor`: every probe the capability ladder uses, then the mode cpi-bpf would run in.
+
+use cpi_common::policy::KernelConfig;
+use cpi_common::wire::EventRole;
+use cpi_user::collect::{self, caps::Capabilities, events};
+use cpi_user::profile::Mode;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {}
 
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
 pub fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("doctor is not built yet")
+    let c = Capabilities::probe();
+    let line = |k: &str, v: &str| println!("{k:<22} {v}");
+    line("kernel", &c.kernel);
+    line(
+        "privileges",
+        &format!(
+            "euid {}; CAP_SYS_ADMIN {}, CAP_BPF {}, CAP_PERFMON {}",
+            c.euid,
+            yes(c.cap_sys_admin),
+            yes(c.cap_bpf),
+            yes(c.cap_perfmon)
+        ),
+    );
+    let privileged = c.check_privileges();
+    if let Err(why) = &privileged {
+        line("", why);
+    }
+    line(
+        "perf_event_paranoid",
+        &c.perf_event_paranoid
+            .map_or("unreadable".to_string(), |p| p.to_string()),
+    );
+    line("PMU devices", &c.pmu_devices.join(", "));
+    line(
+        "core PMU",
+        c.cpu_pmu
+            .as_deref()
+            .unwrap_or("none (/sys/bus/event_source/devices/cpu missing)"),
+    );
+    line(
+        "branch records",
+        &match (&c.cpu_pmu, c.lbr_depth) {
+            (Some(p), Some(d)) => format!("{d} entries ({p}/caps/branches)"),
+            (Some(p), None) => format!("none ({p}/caps/branches missing)"),
+            (None, _) => "none (no core PMU)".to_string(),
+        },
+    );
+    line("CPU vendor", &format!("{:?}", c.vendor));
+    line(
+        "BTF",
+        if c.btf {
+            "/sys/kernel/btf/vmlinux present"
+        } else {
+            "missing (/sys/kernel/btf/vmlinux)"
+        },
+    );
+    let bpf = if privileged.is_ok() {
+        match collect::load(1 << 20, KernelConfig::default(), c.btf) {
+            Ok(b) => {
+                line(
+                    "BPF load",
+                    "perf_event programs and a 1 MiB ring buffer load",
+                );
+                Some(b)
+            }
+            Err(e) => {
+                line("BPF load", &format!("fails: {e}"));
+                None
+            }
+        }
+    } else {
+        line("BPF load", "not tried (no privileges)");
+        None
+    };
+    let rate = events::Rate {
+        frequency: 999,
+        period: None,
+        core_hz: events::nominal_core_hz(),
+    };
+    let mut opens = Vec::new();
+    for spec in [
+        events::branch_event(c.vendor, &rate, false),
+        events::plan(Mode::IpSampling, c.vendor, &rate, false).remove(0),
+        events::plan(Mode::TimeProfile, c.vendor, &rate, false).remove(0),
+    ] {
+        let label = match spec.role {
+            EventRole::Branches => "branch-stack event",
+            EventRole::Cycles => "cycles event",
+            _ => "cpu-clock event",
+        };
+        let r = collect::try_event(&spec, bpf.as_ref());
+        let what = if bpf.is_some() {
+            "opens, BPF attaches"
+        } else {
+            "opens"
+        };
+        match &r {
+            Ok(()) => line(label, &format!("{} {what}", spec.name)),
+            Err(e) => line(label, &format!("cannot: {e}")),
+        }
+        opens.push((spec.role, r.is_ok()));
+    }
+    // The ladder as collection walks it: the probed rung, stepped down past events
+    // that do not open.
+    let opened = |r: EventRole| opens.iter().any(|&(role, ok)| role == r && ok);
+    let (mut mode, mut reason) = c.mode();
+    if mode == Mode::Cpi && !opened(EventRole::Branches) {
+        mode = Mode::IpSampling;
+        reason = "the branch-stack event does not open (above): cycles and instructions IP \
+                  samples, CPI per unit is imprecise"
+            .to_string();
+    }
+    if mode == Mode::IpSampling && !opened(EventRole::Cycles) {
+        mode = Mode::TimeProfile;
+        reason = "the cycles event does not open (above): cpu-clock time profile, no cycles, \
+                  no instructions, no CPI"
+            .to_string();
+    }
+    let usable = privileged.is_ok() && bpf.is_some() && opened(EventRole::CpuClock);
+    if usable {
+        line("mode", &format!("{} — {reason}", collect::mode_name(mode)));
+        Ok(0)
+    } else {
+        line("mode", "none: cpi-bpf cannot collect here (see above)");
+        Ok(1)
+    }
 }

@@ -53,6 +53,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
              events): re-run `perf script` with --show-mmap-events, or use brstackoff"
         );
     }
+    if import.ips_at_branch_target > 0 {
+        log::warn!(
+            "{} sample ips are runtime addresses no mapping holds (brstackoff without mmap \
+             events): each is taken at its newest branch target",
+            import.ips_at_branch_target
+        );
+    }
     if import.truncated_stacks > 0 {
         log::warn!(
             "{} branch stacks were deeper than {} entries; the newest were kept",

@@ -1,0 +1,287 @@
+//! Which perf events a mode samples, and the `perf_event_attr` of each.
+
+use cpi_common::policy::PeriodPolicy;
+use cpi_common::wire::EventRole;
+
+use super::caps::Vendor;
+use super::sys::{self, flag, PerfEventAttr};
+use crate::profile::Mode;
+
+/// Intel `BR_INST_RETIRED.NEAR_TAKEN` (umask 0x20, event 0xc4).
+pub const INTEL_RETIRED_TAKEN: u64 = 0x20c4;
+/// AMD `ex_ret_brn_tkn` (PMCx0C4, retired taken branch instructions).
+pub const AMD_RETIRED_TAKEN: u64 = 0xc4;
+
+/// How often to sample.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Rate {
+    /// Samples per second per busy CPU (periods derive from it).
+    pub frequency: u64,
+    /// Overrides every event's base period (events, or ns for cpu-clock).
+    pub period: Option<u64>,
+    /// Nominal core clock, Hz: turns `frequency` into a cycles period.
+    pub core_hz: u64,
+}
+
+impl Rate {
+    /// Base period for an event counting `per_second` events per busy second.
+    fn period(&self, per_second: u64) -> u64 {
+        self.period
+            .unwrap_or(per_second / self.frequency.max(1))
+            .max(1)
+    }
+}
+
+/// One event to open (per thread or per CPU) and the program to attach to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventSpec {
+    pub role: EventRole,
+    /// What a user would pass to `perf -e`, e.g. `cpu/r20c4/`.
+    pub name: String,
+    pub attr: PerfEventAttr,
+    pub policy: PeriodPolicy,
+    /// `events` or `ns`.
+    pub unit: &'static str,
+    /// Name of the eBPF program in `cpi-ebpf`.
+    pub program: &'static str,
+}
+
+impl EventSpec {
+    pub fn role_name(&self) -> &'static str {
+        role_name(self.role)
+    }
+}
+
+pub fn role_name(role: EventRole) -> &'static str {
+    match role {
+        EventRole::Branches => "branches",
+        EventRole::Cycles => "cycles",
+        EventRole::Instructions => "instructions",
+        EventRole::CpuClock => "cpu-clock",
+    }
+}
+
+fn sampling_attr(type_: u32, config: u64, period: u64, include_kernel: bool) -> PerfEventAttr {
+    let mut flags = flag::DISABLED | flag::EXCLUDE_HV;
+    if !include_kernel {
+        flags |= flag::EXCLUDE_KERNEL;
+    }
+    PerfEventAttr {
+        type_,
+        size: sys::PERF_ATTR_SIZE,
+        config,
+        sample_period: period,
+        // Nothing reads the perf ring buffer (the program returns 0 and writes its own
+        // records); these describe what the program reads from the sample.
+        sample_type: sys::PERF_SAMPLE_IP
+            | sys::PERF_SAMPLE_TID
+            | sys::PERF_SAMPLE_TIME
+            | sys::PERF_SAMPLE_PERIOD,
+        flags,
+        ..Default::default()
+    }
+}
+
+/// The branch-stack event: retired taken branches where the vendor's code is known,
+/// else cycles with a branch stack (BOLT's choice), said in the name.
+pub fn branch_event(vendor: Vendor, rate: &Rate, include_kernel: bool) -> EventSpec {
+    // ~1 taken branch per 8 cycles in typical code: about the cycles event's rate.
+    let period = rate.period(rate.core_hz / 8);
+    let (type_, config, name) = match vendor {
+        Vendor::Intel => (
+            sys::PERF_TYPE_RAW,
+            INTEL_RETIRED_TAKEN,
+            "cpu/r20c4/".to_string(),
+        ),
+        Vendor::Amd => (
+            sys::PERF_TYPE_RAW,
+            AMD_RETIRED_TAKEN,
+            "cpu/ex_ret_brn_tkn/ (r0c4)".to_string(),
+        ),
+        Vendor::Other => (
+            sys::PERF_TYPE_HARDWARE,
+            sys::PERF_COUNT_HW_CPU_CYCLES,
+            "cycles (no retired-taken-branch event known for this CPU)".to_string(),
+        ),
+    };
+    let policy = PeriodPolicy::around(period);
+    let mut attr = sampling_attr(type_, config, policy.base, include_kernel);
+    attr.sample_type |= sys::PERF_SAMPLE_BRANCH_STACK;
+    attr.branch_sample_type = sys::PERF_SAMPLE_BRANCH_USER | sys::PERF_SAMPLE_BRANCH_ANY;
+    if include_kernel {
+        attr.branch_sample_type |= sys::PERF_SAMPLE_BRANCH_KERNEL;
+    }
+    EventSpec {
+        role: EventRole::Branches,
+        name,
+        attr,
+        policy,
+        unit: "events",
+        program: "branch_sample",
+    }
+}
+
+fn ip_event(role: EventRole, rate: &Rate, include_kernel: bool) -> EventSpec {
+    let (type_, config, per_second, unit, program) = match role {
+        EventRole::Cycles => (
+            sys::PERF_TYPE_HARDWARE,
+            sys::PERF_COUNT_HW_CPU_CYCLES,
+            rate.core_hz,
+            "events",
+            "ip_cycles",
+        ),
+        EventRole::Instructions => (
+            sys::PERF_TYPE_HARDWARE,
+            sys::PERF_COUNT_HW_INSTRUCTIONS,
+            rate.core_hz,
+            "events",
+            "ip_instructions",
+        ),
+        EventRole::CpuClock | EventRole::Branches => (
+            sys::PERF_TYPE_SOFTWARE,
+            sys::PERF_COUNT_SW_CPU_CLOCK,
+            1_000_000_000,
+            "ns",
+            "ip_cpu_clock",
+        ),
+    };
+    let policy = PeriodPolicy::around(rate.period(per_second));
+    EventSpec {
+        role,
+        name: role_name(role).to_string(),
+        attr: sampling_attr(type_, config, policy.base, include_kernel),
+        policy,
+        unit,
+        program,
+    }
+}
+
+/// The events a mode samples.
+pub fn plan(mode: Mode, vendor: Vendor, rate: &Rate, include_kernel: bool) -> Vec<EventSpec> {
+    match mode {
+        Mode::Cpi => vec![
+            branch_event(vendor, rate, include_kernel),
+            ip_event(EventRole::Cycles, rate, include_kernel),
+        ],
+        Mode::IpSampling => vec![
+            ip_event(EventRole::Cycles, rate, include_kernel),
+            ip_event(EventRole::Instructions, rate, include_kernel),
+        ],
+        Mode::TimeProfile | Mode::Simulated => {
+            vec![ip_event(EventRole::CpuClock, rate, include_kernel)]
+        }
+    }
+}
+
+/// The next rung down the ladder when `mode`'s events cannot be opened.
+pub fn step_down(mode: Mode) -> Option<Mode> {
+    match mode {
+        Mode::Cpi => Some(Mode::IpSampling),
+        Mode::IpSampling => Some(Mode::TimeProfile),
+        Mode::TimeProfile | Mode::Simulated => None,
+    }
+}
+
+/// Nominal core clock from `/proc/cpuinfo` (`cpu MHz`), 2 GHz when absent.
+pub fn nominal_core_hz() -> u64 {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("cpu MHz"))
+                .and_then(|l| l.split(':').nth(1))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .map(|mhz| (mhz * 1e6) as u64)
+        .filter(|&hz| hz > 0)
+        .unwrap_or(2_000_000_000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cpi_common::policy::is_prime;
+
+    const RATE: Rate = Rate {
+        frequency: 1000,
+        period: None,
+        core_hz: 3_000_000_000,
+    };
+
+    #[test]
+    fn intel_branch_stack_attr() {
+        let e = branch_event(Vendor::Intel, &RATE, false);
+        let a = &e.attr;
+        assert_eq!(a.type_, 4, "PERF_TYPE_RAW");
+        assert_eq!(a.config, 0x20c4, "BR_INST_RETIRED.NEAR_TAKEN");
+        assert_eq!(a.size, 136);
+        assert_ne!(a.sample_type & (1 << 11), 0, "PERF_SAMPLE_BRANCH_STACK");
+        assert_eq!(a.sample_type & 1, 1, "PERF_SAMPLE_IP");
+        assert_eq!(a.branch_sample_type, 1 | 8, "USER | ANY");
+        // 3 GHz / 8 / 1000 Hz = 375000, rounded up to a prime.
+        assert_eq!(a.sample_period, 375_017);
+        assert!(is_prime(a.sample_period));
+        assert_eq!(e.policy.base, a.sample_period);
+        assert_eq!(e.policy.jitter, a.sample_period >> 4);
+        assert_eq!(
+            a.flags & flag::DISABLED,
+            flag::DISABLED,
+            "enabled after attach"
+        );
+        assert_eq!(a.flags & flag::EXCLUDE_KERNEL, flag::EXCLUDE_KERNEL);
+        assert_eq!(a.flags & flag::FREQ, 0, "fixed period, re-drawn by us");
+        assert_eq!(a.flags & flag::INHERIT, 0, "inherit is per target");
+        assert_eq!(e.program, "branch_sample");
+        assert_eq!(e.role, EventRole::Branches);
+    }
+
+    #[test]
+    fn amd_and_unknown_vendor_branch_events() {
+        let amd = branch_event(Vendor::Amd, &RATE, true);
+        assert_eq!((amd.attr.type_, amd.attr.config), (4, 0xc4));
+        assert_eq!(
+            amd.attr.branch_sample_type,
+            1 | 2 | 8,
+            "USER | KERNEL | ANY"
+        );
+        assert_eq!(amd.attr.flags & flag::EXCLUDE_KERNEL, 0);
+        let other = branch_event(Vendor::Other, &RATE, false);
+        assert_eq!((other.attr.type_, other.attr.config), (0, 0), "HW cycles");
+        assert!(other.name.contains("no retired-taken-branch event"));
+        assert_ne!(other.attr.sample_type & sys::PERF_SAMPLE_BRANCH_STACK, 0);
+    }
+
+    #[test]
+    fn plans_follow_the_ladder() {
+        let roles = |m| {
+            plan(m, Vendor::Intel, &RATE, false)
+                .iter()
+                .map(|e| e.role)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(roles(Mode::Cpi), [EventRole::Branches, EventRole::Cycles]);
+        assert_eq!(
+            roles(Mode::IpSampling),
+            [EventRole::Cycles, EventRole::Instructions]
+        );
+        assert_eq!(roles(Mode::TimeProfile), [EventRole::CpuClock]);
+        let clock = &plan(Mode::TimeProfile, Vendor::Other, &RATE, false)[0];
+        assert_eq!((clock.attr.type_, clock.attr.config), (1, 0), "cpu-clock");
+        assert_eq!(clock.attr.sample_period, 1_000_003, "≈ 1 ms, prime");
+        assert_eq!(clock.unit, "ns");
+        assert_eq!(step_down(Mode::Cpi), Some(Mode::IpSampling));
+        assert_eq!(step_down(Mode::TimeProfile), None);
+    }
+
+    #[test]
+    fn explicit_period_overrides_frequency() {
+        let r = Rate {
+            period: Some(500_000),
+            ..RATE
+        };
+        assert_eq!(
+            branch_event(Vendor::Intel, &r, false).attr.sample_period,
+            500_009
+        );
+    }
+}

@@ -1,0 +1,169 @@
+//! Every raw syscall and ioctl the collector makes, and nothing else: `perf_event_open`,
+//! the `PERF_EVENT_IOC_*` ioctls, `pidfd_open`. Callers get owned fds and `io::Result`s.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// `struct perf_event_attr` (`include/uapi/linux/perf_event.h`), `PERF_ATTR_SIZE_VER8`.
+/// Our own definition rather than a binding crate's: the flag word is one `u64` we can
+/// build and unit-test bit by bit (no machine here can open a branch-stack event).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PerfEventAttr {
+    pub type_: u32,
+    pub size: u32,
+    pub config: u64,
+    /// `sample_period` (or `sample_freq` with [`flag::FREQ`]).
+    pub sample_period: u64,
+    pub sample_type: u64,
+    pub read_format: u64,
+    /// The kernel's bitfield word: see [`flag`].
+    pub flags: u64,
+    pub wakeup_events: u32,
+    pub bp_type: u32,
+    pub config1: u64,
+    pub config2: u64,
+    pub branch_sample_type: u64,
+    pub sample_regs_user: u64,
+    pub sample_stack_user: u32,
+    pub clockid: i32,
+    pub sample_regs_intr: u64,
+    pub aux_watermark: u32,
+    pub sample_max_stack: u16,
+    pub reserved_2: u16,
+    pub aux_sample_size: u32,
+    pub reserved_3: u32,
+    pub sig_data: u64,
+    pub config3: u64,
+}
+
+/// `PERF_ATTR_SIZE_VER8`.
+pub const PERF_ATTR_SIZE: u32 = 136;
+
+pub const PERF_TYPE_HARDWARE: u32 = 0;
+pub const PERF_TYPE_SOFTWARE: u32 = 1;
+pub const PERF_TYPE_RAW: u32 = 4;
+pub const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
+pub const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
+pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+
+pub const PERF_SAMPLE_IP: u64 = 1 << 0;
+pub const PERF_SAMPLE_TID: u64 = 1 << 1;
+pub const PERF_SAMPLE_TIME: u64 = 1 << 2;
+pub const PERF_SAMPLE_PERIOD: u64 = 1 << 8;
+pub const PERF_SAMPLE_BRANCH_STACK: u64 = 1 << 11;
+
+pub const PERF_SAMPLE_BRANCH_USER: u64 = 1 << 0;
+pub const PERF_SAMPLE_BRANCH_KERNEL: u64 = 1 << 1;
+pub const PERF_SAMPLE_BRANCH_ANY: u64 = 1 << 3;
+
+/// Bits of [`PerfEventAttr::flags`] (bitfield order, bit 0 first).
+pub mod flag {
+    pub const DISABLED: u64 = 1 << 0;
+    pub const INHERIT: u64 = 1 << 1;
+    pub const EXCLUDE_USER: u64 = 1 << 4;
+    pub const EXCLUDE_KERNEL: u64 = 1 << 5;
+    pub const EXCLUDE_HV: u64 = 1 << 6;
+    pub const FREQ: u64 = 1 << 10;
+    pub const ENABLE_ON_EXEC: u64 = 1 << 12;
+    /// `precise_ip` is bits 15–16.
+    pub const PRECISE_IP_SHIFT: u32 = 15;
+}
+
+const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
+/// `_IOW('$', 4, __u64)`.
+const PERF_EVENT_IOC_PERIOD: libc::c_ulong = 0x4008_2404;
+/// `_IOW('$', 8, __u32)`.
+const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
+const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
+
+/// `perf_event_open(attr, pid, cpu, -1, PERF_FLAG_FD_CLOEXEC)`.
+pub fn perf_event_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd> {
+    let mut a = *attr;
+    a.size = PERF_ATTR_SIZE;
+    // SAFETY: `a` is a valid perf_event_attr of the size we declare.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &a as *const PerfEventAttr,
+            pid,
+            cpu,
+            -1,
+            PERF_FLAG_FD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+fn ioctl(fd: &impl AsRawFd, req: libc::c_ulong, arg: libc::c_ulong) -> io::Result<()> {
+    // SAFETY: perf ioctls with an integer or pointer-to-u64 argument, checked below.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req, arg) };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Runs BPF program `prog_fd` on every overflow of the event.
+pub fn set_bpf(fd: &impl AsRawFd, prog_fd: i32) -> io::Result<()> {
+    ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd as libc::c_ulong)
+}
+
+pub fn enable(fd: &impl AsRawFd) -> io::Result<()> {
+    ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
+}
+
+pub fn disable(fd: &impl AsRawFd) -> io::Result<()> {
+    ioctl(fd, PERF_EVENT_IOC_DISABLE, 0)
+}
+
+/// New sample period; the kernel restarts the count from it.
+pub fn set_period(fd: &impl AsRawFd, period: u64) -> io::Result<()> {
+    ioctl(
+        fd,
+        PERF_EVENT_IOC_PERIOD,
+        &period as *const u64 as libc::c_ulong,
+    )
+}
+
+/// A pidfd: readable once the process exits (Linux 5.3+).
+pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fresh fd from the kernel.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn attr_layout_matches_uapi() {
+        assert_eq!(size_of::<PerfEventAttr>(), PERF_ATTR_SIZE as usize);
+        assert_eq!(offset_of!(PerfEventAttr, config1), 56); // VER0 = 64 ends after it
+        assert_eq!(offset_of!(PerfEventAttr, branch_sample_type), 72);
+        assert_eq!(offset_of!(PerfEventAttr, sample_regs_intr), 96);
+        assert_eq!(offset_of!(PerfEventAttr, sig_data), 120);
+    }
+
+    #[test]
+    fn ioctl_numbers_follow_the_ioc_encoding() {
+        // _IOW(type, nr, size) = 1 << 30 | size << 16 | type << 8 | nr.
+        let iow = |nr: libc::c_ulong, size: libc::c_ulong| {
+            (1 << 30) | (size << 16) | ((b'$' as libc::c_ulong) << 8) | nr
+        };
+        assert_eq!(PERF_EVENT_IOC_PERIOD, iow(4, 8));
+        assert_eq!(PERF_EVENT_IOC_SET_BPF, iow(8, 4));
+    }
+}

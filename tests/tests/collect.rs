@@ -1,0 +1,423 @@
+//! Collection for real: the eBPF programs load and attach on `cpu-clock` (these machines
+//! have no PMU), samples come home attributed to the right pid and hot function, the run
+//! stops cleanly on duration, command exit and SIGINT, and bad input gets one clear line.
+//! Root only (BPF); each test prints why it skips otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use cpi_tests::{compile_c, cpi_bpf, cpu_seconds, require_root, symbol_address, temp_dir};
+use serde_json::Value;
+
+/// cpi-bpf's default rate.
+const HZ: f64 = 999.0;
+
+fn busy(tag: &str, extra: &[&str]) -> Option<PathBuf> {
+    compile_c("busy.c", &temp_dir(tag), "busy", extra)
+}
+
+fn json(out: &Output) -> Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): stdout {stdout:?}, stderr {:?}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn process(profile: &Value, pid: u32) -> &Value {
+    profile["processes"]
+        .as_array()
+        .expect("processes[]")
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not in {profile:#}"))
+}
+
+fn samples(p: &Value) -> f64 {
+    p["samples"].as_u64().expect("samples") as f64
+}
+
+/// The hottest function of `p`, checked to be in `binary`.
+fn hottest<'a>(p: &'a Value, binary: &Path) -> &'a Value {
+    let f = &p["functions"][0];
+    assert_eq!(
+        f["binary"].as_str(),
+        Some(binary.to_str().unwrap()),
+        "hottest function {f:#} is not in {}",
+        binary.display()
+    );
+    f
+}
+
+fn assert_within(got: f64, expected: f64, what: &str) {
+    eprintln!("{what}: {got} samples, expected ≈ {expected:.0}");
+    assert!(
+        (got - expected).abs() <= 0.25 * expected,
+        "{what}: {got} samples is not within ±25 % of {expected:.0}"
+    );
+}
+
+/// Mode line first: the reason is printed before anything else.
+fn assert_mode_first(out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let first = stderr.lines().next().unwrap_or("");
+    assert!(
+        first.starts_with("cpi-bpf: mode: "),
+        "first line is not the mode: {stderr}"
+    );
+}
+
+fn start_busy(exe: &Path, seconds: &str) -> Child {
+    let child = Command::new(exe)
+        .arg(seconds)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start busy");
+    std::thread::sleep(Duration::from_millis(200));
+    child
+}
+
+/// Rate checks run one at a time: parallel busy programs would share the 2 CPUs.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs cpi-bpf with `args` on the running process `pid`; returns its output and the
+/// CPU seconds `pid` got between the mode line (events about to be enabled) and the stop
+/// line (events disabled): what a time profile's samples should add up to.
+fn run_on_pid(pid: u32, args: &[&str]) -> (Output, f64) {
+    use std::io::{BufRead, BufReader, Read};
+    let mut child = Command::new(cpi_bpf())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        stdout.read_to_end(&mut v).unwrap();
+        v
+    });
+    let (mut cpu0, mut cpu1, mut err) = (None, None, Vec::new());
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        if line.starts_with("cpi-bpf: mode:") {
+            cpu0 = cpu_seconds(pid);
+        } else if line.starts_with("cpi-bpf: stopped") {
+            cpu1 = cpu_seconds(pid);
+        }
+        err.extend_from_slice(line.as_bytes());
+        err.push(b'\n');
+    }
+    let status = child.wait().unwrap();
+    let out = Output {
+        status,
+        stdout: reader.join().unwrap(),
+        stderr: err,
+    };
+    let cpu = match (cpu0, cpu1) {
+        (Some(a), Some(b)) => b - a,
+        _ => panic!(
+            "no mode/stop lines: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    };
+    (out, cpu)
+}
+
+/// `--pid` on a busy child for 2 s: samples ≈ rate × the CPU time the child got while
+/// collection ran (= rate × duration on an idle machine), hot function by name.
+fn pid_run(exe: &Path, expect_function: impl Fn(&Value)) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut child = start_busy(exe, "20");
+    let pid = child.id();
+    let (out, cpu) = run_on_pid(
+        pid,
+        &[
+            "--pid",
+            &pid.to_string(),
+            "--duration",
+            "2",
+            "--format",
+            "json",
+        ],
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_mode_first(&out);
+    let profile = json(&out);
+    assert_eq!(profile["mode"], "time-profile");
+    let duration = profile["duration_secs"].as_f64().unwrap();
+    assert!((1.9..3.0).contains(&duration), "duration {duration}");
+    let p = process(&profile, pid);
+    assert_within(
+        samples(p),
+        HZ * cpu,
+        &format!("--pid {pid}, {duration:.2} s, child CPU {cpu:.2} s"),
+    );
+    expect_function(hottest(p, exe));
+    assert_eq!(profile["lost_samples"], 0);
+}
+
+#[test]
+fn pid_samples_follow_rate_and_hot_function() {
+    if !require_root("cpi-bpf --pid") {
+        return;
+    }
+    let Some(exe) = busy("pid", &[]) else { return };
+    pid_run(&exe, |f| assert_eq!(f["name"], "hot_spin", "{f:#}"));
+}
+
+#[test]
+fn pid_on_a_stripped_binary_finds_the_hot_function_from_eh_frame() {
+    if !require_root("cpi-bpf --pid") {
+        return;
+    }
+    let Some(exe) = busy("stripped", &[]) else {
+        return;
+    };
+    let hot = symbol_address(&exe, "hot_spin").expect("hot_spin in the unstripped build");
+    let st = Command::new("strip").arg(&exe).status().expect("strip");
+    assert!(st.success());
+    assert_eq!(
+        symbol_address(&exe, "hot_spin"),
+        None,
+        "strip left the symbol"
+    );
+    pid_run(&exe, |f| {
+        assert_eq!(
+            f["address"].as_u64(),
+            Some(hot),
+            "hot function {f:#} is not hot_spin"
+        );
+    });
+}
+
+#[test]
+fn system_wide_sees_the_busy_process() {
+    if !require_root("cpi-bpf --system-wide") {
+        return;
+    }
+    let Some(exe) = busy("system", &[]) else {
+        return;
+    };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut child = start_busy(&exe, "20");
+    let pid = child.id();
+    let (out, cpu) = run_on_pid(
+        pid,
+        &["--system-wide", "--duration", "1", "--format", "json"],
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let profile = json(&out);
+    let p = process(&profile, pid);
+    assert_within(
+        samples(p),
+        HZ * cpu,
+        &format!("--system-wide, busy pid {pid}, CPU {cpu:.2} s"),
+    );
+    assert_eq!(hottest(p, &exe)["name"], "hot_spin");
+}
+
+/// Runs cpi-bpf on `busy SECONDS` as a command.
+fn command_run(exe: &Path, seconds: &str) -> Output {
+    Command::new(cpi_bpf())
+        .args(["--format", "json", "--"])
+        .arg(exe)
+        .arg(seconds)
+        .output()
+        .unwrap()
+}
+
+/// busy prints `cpu_seconds=S` (its own CPU time) on stderr at exit.
+fn busy_cpu(out: &Output) -> f64 {
+    String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .find_map(|l| l.strip_prefix("cpu_seconds="))
+        .and_then(|s| s.parse().ok())
+        .expect("busy reported its CPU time")
+}
+
+#[test]
+fn command_samples_follow_rate_and_hot_function() {
+    if !require_root("cpi-bpf -- CMD") {
+        return;
+    }
+    let Some(exe) = busy("cmd", &[]) else { return };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = command_run(&exe, "2");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_mode_first(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("command exited with status 0"), "{stderr}");
+    let profile = json(&out);
+    assert_eq!(profile["command"][0], exe.to_str().unwrap());
+    let procs = profile["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "only the command was sampled: {profile:#}");
+    let p = &procs[0];
+    assert_eq!(p["comm"], "busy");
+    // Events are enabled at exec, so the samples cover the command's whole CPU time.
+    assert_within(samples(p), HZ * busy_cpu(&out), "-- busy 2");
+    assert_eq!(hottest(p, &exe)["name"], "hot_spin");
+}
+
+#[test]
+fn command_threads_are_followed() {
+    if !require_root("cpi-bpf -- CMD") {
+        return;
+    }
+    let Some(exe) = busy("threads", &["-pthread"]) else {
+        return;
+    };
+    let out = Command::new(cpi_bpf())
+        .args(["--format", "json", "--"])
+        .arg(&exe)
+        .args(["1", "2"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let profile = json(&out);
+    let p = &profile["processes"][0];
+    // Both threads' CPU time (threads created after exec inherit the event).
+    assert_within(samples(p), HZ * busy_cpu(&out), "-- busy 1 2 (two threads)");
+}
+
+#[test]
+fn sigint_mid_run_still_reports_everything() {
+    if !require_root("cpi-bpf SIGINT") {
+        return;
+    }
+    let Some(exe) = busy("sigint", &[]) else {
+        return;
+    };
+    let child = Command::new(cpi_bpf())
+        .args(["--format", "json", "--"])
+        .arg(&exe)
+        .arg("30")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("SIGINT received"), "{stderr}");
+    let profile = json(&out);
+    let p = &profile["processes"][0];
+    let duration = profile["duration_secs"].as_f64().unwrap();
+    assert!(
+        duration < 10.0,
+        "stopped at SIGINT, not at exit: {duration}"
+    );
+    assert!(samples(p) > 0.25 * HZ * duration, "{p:#}");
+    assert_eq!(hottest(p, &exe)["name"], "hot_spin");
+}
+
+/// One line on stderr, `cpi-bpf: error: …`, non-zero exit, no panic or backtrace.
+fn assert_one_clear_line(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "succeeded: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "not one line: {stderr}");
+    assert!(lines[0].starts_with("cpi-bpf: error: "), "{stderr}");
+    assert!(lines[0].contains(needle), "{stderr} lacks {needle:?}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"));
+    assert!(
+        out.stdout.is_empty(),
+        "no report when nothing was collected"
+    );
+}
+
+#[test]
+fn bad_input_gets_one_clear_line() {
+    let bin = cpi_bpf();
+    let run = |args: &[&str]| Command::new(bin).args(args).output().unwrap();
+    assert_one_clear_line(&run(&[]), "nothing to profile");
+    assert_one_clear_line(&run(&["--duration=0", "--system-wide"]), "--duration");
+    if !require_root("the pid / command / privilege errors") {
+        return;
+    }
+    // pid_max is at most 2^22: this pid cannot exist.
+    assert_one_clear_line(
+        &run(&["--pid", "4194305", "--duration", "1"]),
+        "no process with pid 4194305",
+    );
+    assert_one_clear_line(
+        &run(&["--", "no-such-command-cpi-bpf"]),
+        "command not found: no-such-command-cpi-bpf",
+    );
+    let nobody = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(bin)
+        .args(["--pid", "1", "--duration", "1"])
+        .output();
+    match nobody {
+        Ok(out) => assert_one_clear_line(&out, "not root"),
+        Err(e) => eprintln!("skipped: the not-root case needs setpriv ({e})"),
+    }
+}
+
+#[test]
+fn doctor_prints_every_probe_and_the_mode() {
+    if !require_root("cpi-bpf doctor") {
+        return;
+    }
+    let out = Command::new(cpi_bpf()).arg("doctor").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for probe in [
+        "kernel",
+        "privileges",
+        "perf_event_paranoid",
+        "PMU devices",
+        "core PMU",
+        "branch records",
+        "BTF",
+        "BPF load",
+        "branch-stack event",
+        "cycles event",
+        "cpu-clock event",
+        "mode",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(probe)),
+            "no {probe} line in:\n{text}"
+        );
+    }
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("cpu-clock opens, BPF attaches"), "{text}");
+    // The ladder's rung matches the hardware: no core PMU → time profile.
+    if !Path::new("/sys/bus/event_source/devices/cpu").exists() {
+        assert!(
+            text.contains("mode                   time-profile — no PMU"),
+            "{text}"
+        );
+    }
+}
