@@ -20,8 +20,6 @@
 //! `skid` instructions after the overflowing one (within its range); the branch sample
 //! is taken `skid` taken branches after the overflow.
 
-use std::collections::HashMap;
-
 use cpi_common::policy::{PeriodPolicy, Perturbation, Rng, ThinState, Thinning};
 use cpi_common::wire::{
     BranchEntry, BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES,
@@ -29,6 +27,7 @@ use cpi_common::wire::{
 };
 
 use super::cycles::{Dynamic, Ending, RangeInfo};
+use super::FastMap;
 use crate::profile::SampleSet;
 
 /// What the model samples and how.
@@ -157,7 +156,7 @@ pub struct PmuStats {
 pub struct Pmu {
     cfg: PmuConfig,
     pid: u32,
-    threads: HashMap<u32, ThreadPmu>,
+    threads: FastMap<u32, ThreadPmu>,
     rng: Rng,
     now_cycles: u64,
     next_redraw: u64,
@@ -173,7 +172,7 @@ impl Pmu {
             rng: Rng::new(cfg.seed),
             cfg,
             pid,
-            threads: HashMap::new(),
+            threads: FastMap::default(),
             now_cycles: 0,
             next_redraw,
             stats: PmuStats::default(),
@@ -190,19 +189,16 @@ impl Pmu {
     }
 
     fn thread(&mut self, tid: u32) -> &mut ThreadPmu {
-        if !self.threads.contains_key(&tid) {
-            let t = ThreadPmu {
-                branches: Counter::new(self.cfg.branch, &self.cfg, &mut self.rng),
-                cycles: Counter::new(self.cfg.cycles, &self.cfg, &mut self.rng),
-                lbr: vec![BranchEntry::default(); self.cfg.depth],
-                head: 0,
-                filled: 0,
-                since_entry: 0,
-                branch_skid: None,
-            };
-            self.threads.insert(tid, t);
-        }
-        self.threads.get_mut(&tid).expect("inserted above")
+        let (cfg, rng) = (&self.cfg, &mut self.rng);
+        self.threads.entry(tid).or_insert_with(|| ThreadPmu {
+            branches: Counter::new(cfg.branch, cfg, rng),
+            cycles: Counter::new(cfg.cycles, cfg, rng),
+            lbr: vec![BranchEntry::default(); cfg.depth],
+            head: 0,
+            filled: 0,
+            since_entry: 0,
+            branch_skid: None,
+        })
     }
 
     fn header(
@@ -349,7 +345,9 @@ impl Pmu {
             set.add_branch(&BranchSample { header: h, entries });
             self.stats.branch_samples += 1;
         }
-        self.redraw();
+        if self.now_cycles >= self.next_redraw {
+            self.redraw();
+        }
     }
 }
 
