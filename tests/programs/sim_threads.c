@@ -1,7 +1,9 @@
-/* Threads and signals under the tracer: worker threads (Valgrind serialises them and
- * preempts long runs) and signals delivered to the main thread while it computes.
- * Each worker is joined before the next starts: concurrent creation makes libc's own
- * path (lock set-up) depend on scheduling, which differs between two Valgrind runs.
+/* Threads and signals under the tracer: signals delivered to the main thread while it
+ * computes, then worker threads (Valgrind serialises them). Each worker is joined right
+ * after it is created, so the main thread always blocks in the join (mid-range: its
+ * state is saved and restored around the worker) and the run is the same every time;
+ * overlapping work made libc's futex paths depend on scheduling, which differs between
+ * two Valgrind runs (the callgrind comparison needs identical runs).
  * Usage: sim_threads. Prints a checksum. */
 #include <pthread.h>
 #include <signal.h>
@@ -36,12 +38,12 @@ int main(void)
     long r[2] = {1, 2};
     signal(SIGUSR1, on_signal);
     long acc = 0;
+    for (int k = 0; k < 20; k++) {
+        acc += work(k, 5000);
+        raise(SIGUSR1);
+    }
     for (int i = 0; i < 2; i++) {
         pthread_create(&t[i], NULL, worker, &r[i]);
-        for (int k = 0; k < 10; k++) {
-            acc += work(k, 5000);
-            raise(SIGUSR1);
-        }
         pthread_join(t[i], NULL);
     }
     printf("%ld %ld\n", acc + r[0] + r[1], (long)hits);

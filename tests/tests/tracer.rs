@@ -126,7 +126,7 @@ fn compare(name: &str, truth: &Truth, cg: &HashMap<InsnKey, u64>) {
     assert!(bad.is_empty(), "{name}: {} instructions differ", bad.len());
     assert!(
         at_exit <= 20,
-        "{name}: {at_exit} instructions in exit ranges"
+        "{name}: {at_exit} instructions in unreturned-syscall ranges"
     );
     assert_eq!(truth.unknown_instructions, 0, "every range decoded");
     assert_eq!(truth.stats.anomalies, 0);

@@ -129,26 +129,37 @@ static void emit(ULong from, ULong to, ULong n, UShort kind, UShort aux)
 
 static void emit_maps(void)
 {
-   static Addr starts[4096];
-   static HChar text[1 << 16];
+   Addr *starts;
+   HChar *text;
+   SizeT cap;
    Int nseg, i, len = 0;
    UInt kinds = SkFileC | SkAnonC | SkShmC;
    maps_dirty = False;
-   nseg = VG_(am_get_segment_starts)(kinds, starts, 4096);
+   Addr one[1];
+   /* Called with too little room, it returns minus the number of segments. */
+   nseg = VG_(am_get_segment_starts)(kinds, one, 1);
+   nseg = nseg < 0 ? -nseg : nseg;
+   starts = VG_(malloc)("cpitrace.starts", (nseg + 64) * sizeof(Addr));
+   nseg = VG_(am_get_segment_starts)(kinds, starts, nseg + 64);
    if (nseg < 0)
-      nseg = 0; /* more than 4096 client segments: give up rather than truncate */
+      VG_(tool_panic)("cpitrace: client segments changed while listing them");
+   /* A line is at most ~60 bytes plus a path of at most 4096. */
+   cap = 128;
+   for (i = 0; i < nseg; i++) {
+      NSegment const *s = VG_(am_find_nsegment)(starts[i]);
+      const HChar *name = s && s->kind == SkFileC ? VG_(am_get_filename)(s) : NULL;
+      cap += 80 + (name ? VG_(strlen)(name) : 0);
+   }
+   text = VG_(malloc)("cpitrace.maps", cap);
    for (i = 0; i < nseg; i++) {
       NSegment const *s = VG_(am_find_nsegment)(starts[i]);
       const HChar *name;
       if (!s || !s->hasX)
          continue;
       name = s->kind == SkFileC ? VG_(am_get_filename)(s) : NULL;
-      if (len > (Int)sizeof text - 4200)
-         break;
-      len += VG_(snprintf)(text + len, sizeof text - len,
-                           "%lx-%lx %c%c%cp %08llx 00:00 %llu %s\n", s->start, s->end + 1,
-                           s->hasR ? 'r' : '-', s->hasW ? 'w' : '-', 'x',
-                           (ULong)s->offset, s->ino, name ? name : "");
+      len += VG_(snprintf)(text + len, cap - len, "%lx-%lx %c%c%cp %08llx 00:00 %llu %s\n",
+                           s->start, s->end + 1, s->hasR ? 'r' : '-', s->hasW ? 'w' : '-',
+                           'x', (ULong)s->offset, s->ino, name ? name : "");
    }
    emit(0, 0, (ULong)len, K_MAPS, 0);
    put(text, len);
@@ -156,6 +167,8 @@ static void emit_maps(void)
       static const UChar zero[8];
       put(zero, 8 - len % 8);
    }
+   VG_(free)(text);
+   VG_(free)(starts);
 }
 
 /* The previous superblock's executed instructions join the pending range; a jump to
