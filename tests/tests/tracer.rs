@@ -7,9 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use cpi_tests::tracer::{callgrind_counts, program, shared_tool_dir, tool_dir, InsnKey};
+use cpi_user::binary::BinaryCache;
 use cpi_user::procmap::MappedObject;
 use cpi_user::profile::SampleSet;
-use cpi_user::sim::code::ElfAddrs;
 use cpi_user::sim::replay::{InsnTruth, Replay, Truth};
 use cpi_user::sim::run::record_trace;
 
@@ -27,10 +27,11 @@ fn trace_truth(tool: &Path, cmd: &[&str], dir: &Path) -> Truth {
     replay.truth()
 }
 
-/// Runtime address → callgrind's (object, ELF address).
+/// Runtime address → callgrind's (object, ELF address), through analysis's own ELF
+/// reader.
 struct Addrs<'a> {
     truth: &'a Truth,
-    elf: ElfAddrs,
+    binaries: BinaryCache,
 }
 
 impl Addrs<'_> {
@@ -39,7 +40,11 @@ impl Addrs<'_> {
         let MappedObject::File { path, .. } = &m.object else {
             return None;
         };
-        let v = self.elf.vaddr(m, a)?;
+        let v = self
+            .binaries
+            .get(path)
+            .ok()?
+            .vaddr_of_offset(m.file_offset(a))?;
         Some((
             std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()),
             v,
@@ -57,7 +62,7 @@ impl Addrs<'_> {
 fn compare(name: &str, truth: &Truth, cg: &HashMap<InsnKey, u64>) {
     let mut addrs = Addrs {
         truth,
-        elf: ElfAddrs::default(),
+        binaries: BinaryCache::new(),
     };
     let mut ours: HashMap<InsnKey, InsnTruth> = HashMap::new();
     let mut unreturned: HashMap<InsnKey, u64> = HashMap::new();

@@ -29,8 +29,6 @@
 //! next taken branch) is decoded once into a [`RangeInfo`] with its static cost summed;
 //! per execution only the range's conditional branches go through the predictor.
 
-use std::collections::HashMap;
-
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
 };
@@ -423,17 +421,6 @@ impl RangeTable {
         self.by_bounds.insert((start, end), id);
         id
     }
-}
-
-/// Per-instruction static costs of every decoded instruction (for reports and tests).
-pub fn static_costs(table: &RangeTable) -> HashMap<u64, u32> {
-    let mut out = HashMap::new();
-    for r in &table.infos {
-        for (a, c) in r.addrs.iter().zip(&r.costs) {
-            out.insert(*a, *c);
-        }
-    }
-    out
 }
 
 #[cfg(test)]

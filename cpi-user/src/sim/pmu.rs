@@ -179,15 +179,6 @@ impl Pmu {
         }
     }
 
-    pub fn config(&self) -> &PmuConfig {
-        &self.cfg
-    }
-
-    /// Simulated cycles so far.
-    pub fn now_cycles(&self) -> u64 {
-        self.now_cycles
-    }
-
     fn thread(&mut self, tid: u32) -> &mut ThreadPmu {
         let (cfg, rng) = (&self.cfg, &mut self.rng);
         self.threads.entry(tid).or_insert_with(|| ThreadPmu {

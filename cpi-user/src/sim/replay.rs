@@ -209,11 +209,6 @@ impl Replay {
         self.pmu.as_ref()
     }
 
-    /// Every executable mapping the run had.
-    pub fn maps(&self) -> ProcessMaps {
-        self.code.all_maps()
-    }
-
     /// Expands the per-range counts into the exact per-instruction and per-edge truth.
     pub fn truth(&self) -> Truth {
         let mut t = Truth {
