@@ -24,6 +24,7 @@
  *    first superblock then starts a fresh range (a record with from = 0).
  *  - mappings: the client's executable segments, as /proc/PID/maps text, in a MAPS
  *    record at start, after every new executable mapping, and at exit.
+ *  - execve: the caller's range ends and the buffer is written (fini will not run).
  */
 
 #include "pub_tool_basics.h"
@@ -39,6 +40,7 @@
 #include "pub_tool_aspacemgr.h"
 #include "pub_tool_threadstate.h"
 #include "pub_tool_vki.h"
+#include "pub_tool_vkiscnums.h"
 
 /* Record kinds; keep in sync with cpi-user/src/sim/trace.rs. */
 #define K_BRANCH 1    /* from, to, n: n instructions ran, the last at `from`; then `to` */
@@ -354,6 +356,27 @@ static void on_mprotect(Addr a, SizeT len, Bool rr, Bool ww, Bool xx)
       maps_dirty = True;
 }
 
+/* execve replaces the process (children are not traced): end the caller's range at
+ * the system call and write everything out now, as fini will not run. Should the call
+ * fail, the thread simply starts a fresh range after it. */
+static void pre_syscall(ThreadId tid, UInt sysno, UWord *args, UInt nargs)
+{
+   if (sysno != __NR_execve && sysno != __NR_execveat)
+      return;
+   if (!threads[tid].live)
+      return;
+   switch_to(tid);
+   enter(VG_(get_IP)(tid));
+   end_range(K_END, 0, 0);
+   maps_dirty = True;
+   emit_maps();
+   flush();
+}
+
+static void post_syscall(ThreadId tid, UInt sysno, UWord *args, UInt nargs, SysRes res)
+{
+}
+
 static void child_after_fork(ThreadId tid)
 {
    /* The child inherits our buffer and fd: it must write neither. */
@@ -430,6 +453,7 @@ static void ct_pre_clo_init(void)
    VG_(basic_tool_funcs)(ct_post_clo_init, ct_instrument, ct_fini);
    VG_(needs_command_line_options)(ct_process_cmd_line_option, ct_print_usage,
                                    ct_print_debug_usage);
+   VG_(needs_syscall_wrapper)(pre_syscall, post_syscall);
    VG_(track_start_client_code)(on_start_client_code);
    VG_(track_pre_deliver_signal)(on_deliver_signal);
    VG_(track_pre_thread_ll_exit)(on_thread_exit);
