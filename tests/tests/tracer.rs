@@ -218,3 +218,34 @@ fn debian_gzip_counts_equal_callgrind() {
     );
     let _ = std::fs::remove_file(&input);
 }
+
+/// A program that execs (children are not traced): the tool writes out its trace at the
+/// execve, ending the caller's range on the system call.
+#[test]
+fn exec_ends_the_trace_cleanly() {
+    let tool = match tool_dir() {
+        Ok(t) => t,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("cpi-tracer-exec-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let truth = trace_truth(&tool, &["/bin/sh", "-c", "exec /bin/true"], &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(truth.instructions > 10_000, "{}", truth.instructions);
+    assert_eq!(truth.stats.anomalies, 0);
+    // The last range ends on the execve system call.
+    let sh = truth
+        .unreturned_ranges
+        .iter()
+        .filter(|&&(_, end, _)| {
+            truth
+                .maps
+                .find(end)
+                .is_some_and(|m| m.object.display_name().contains("libc.so"))
+        })
+        .count();
+    assert!(sh >= 1, "{:x?}", truth.unreturned_ranges);
+}
