@@ -1,13 +1,21 @@
 /* A CPU-bound test program for the collection tests: almost all of its time is in
  * `hot_spin`, a little in `cold_spin`. Runs for argv[1] seconds (default 10), then
- * exits 0; with argv[2] = N it runs N threads doing the same. At exit it prints its own
- * CPU time (`cpu_seconds=S` on stderr): what a time profile's samples should add up to. */
+ * exits 0 (also on SIGTERM/SIGINT); with argv[2] = N it runs N threads doing the same.
+ * At exit it prints its own CPU time (`cpu_seconds=S` on stderr): what a time profile's
+ * samples should add up to. */
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
 static volatile unsigned long sink;
+static volatile sig_atomic_t stop;
+
+static void on_signal(int sig) {
+    (void)sig;
+    stop = 1;
+}
 
 __attribute__((noinline)) unsigned long hot_spin(unsigned long n) {
     unsigned long x = 1;
@@ -34,7 +42,7 @@ static double seconds = 10;
 static void *work(void *arg) {
     (void)arg;
     double end = now() + seconds;
-    while (now() < end) {
+    while (!stop && now() < end) {
         sink += hot_spin(2000000);
         sink += cold_spin(20000);
     }
@@ -45,6 +53,8 @@ int main(int argc, char **argv) {
     if (argc > 1)
         seconds = atof(argv[1]);
     int threads = argc > 2 ? atoi(argv[2]) : 1;
+    signal(SIGTERM, on_signal);
+    signal(SIGINT, on_signal);
     pthread_t t[64];
     for (int i = 1; i < threads && i < 64; i++)
         pthread_create(&t[i], 0, work, 0);

@@ -3,6 +3,7 @@
 //! stops cleanly on duration, command exit and SIGINT, and bad input gets one clear line.
 //! Root only (BPF); each test prints why it skips otherwise.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -10,8 +11,14 @@ use std::time::Duration;
 use cpi_tests::{compile_c, cpi_bpf, cpu_seconds, require_root, symbol_address, temp_dir};
 use serde_json::Value;
 
-/// cpi-bpf's default rate.
-const HZ: f64 = 999.0;
+/// Samples per CPU second the run asked for: 1 / mean period of its cpu-clock event
+/// (base period + half the largest re-draw; `--frequency 999` by default).
+fn rate(profile: &Value) -> f64 {
+    let e = &profile["events"][0];
+    assert_eq!(e["unit"], "ns", "{e:#}");
+    let mean = e["period"].as_f64().unwrap() + e["jitter"].as_f64().unwrap() / 2.0;
+    1e9 / mean
+}
 
 fn busy(tag: &str, extra: &[&str]) -> Option<PathBuf> {
     compile_c("busy.c", &temp_dir(tag), "busy", extra)
@@ -83,10 +90,9 @@ fn start_busy(exe: &Path, seconds: &str) -> Child {
 /// Rate checks run one at a time: parallel busy programs would share the 2 CPUs.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Runs cpi-bpf with `args` on the running process `pid`; returns its output and the
-/// CPU seconds `pid` got between the mode line (events about to be enabled) and the stop
-/// line (events disabled): what a time profile's samples should add up to.
-fn run_on_pid(pid: u32, args: &[&str]) -> (Output, f64) {
+/// Runs cpi-bpf with `args`, calling `on_line(line, cpi_bpf_pid)` for each line of its
+/// stderr as it comes.
+fn run_watching(args: &[&OsStr], mut on_line: impl FnMut(&str, u32)) -> Output {
     use std::io::{BufRead, BufReader, Read};
     let mut child = Command::new(cpi_bpf())
         .args(args)
@@ -100,23 +106,34 @@ fn run_on_pid(pid: u32, args: &[&str]) -> (Output, f64) {
         stdout.read_to_end(&mut v).unwrap();
         v
     });
-    let (mut cpu0, mut cpu1, mut err) = (None, None, Vec::new());
+    let mut err = Vec::new();
     for line in BufReader::new(child.stderr.take().unwrap()).lines() {
         let line = line.unwrap();
+        on_line(&line, child.id());
+        err.extend_from_slice(line.as_bytes());
+        err.push(b'\n');
+    }
+    let status = child.wait().unwrap();
+    Output {
+        status,
+        stdout: reader.join().unwrap(),
+        stderr: err,
+    }
+}
+
+/// Runs cpi-bpf with `args` on the running process `pid`; returns its output and the
+/// CPU seconds `pid` got between the mode line (events about to be enabled) and the stop
+/// line (events disabled): what a time profile's samples should add up to.
+fn run_on_pid(pid: u32, args: &[&str]) -> (Output, f64) {
+    let (mut cpu0, mut cpu1) = (None, None);
+    let args: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+    let out = run_watching(&args, |line, _| {
         if line.starts_with("cpi-bpf: mode:") {
             cpu0 = cpu_seconds(pid);
         } else if line.starts_with("cpi-bpf: stopped") {
             cpu1 = cpu_seconds(pid);
         }
-        err.extend_from_slice(line.as_bytes());
-        err.push(b'\n');
-    }
-    let status = child.wait().unwrap();
-    let out = Output {
-        status,
-        stdout: reader.join().unwrap(),
-        stderr: err,
-    };
+    });
     let cpu = match (cpu0, cpu1) {
         (Some(a), Some(b)) => b - a,
         _ => panic!(
@@ -159,7 +176,7 @@ fn pid_run(exe: &Path, expect_function: impl Fn(&Value)) {
     let p = process(&profile, pid);
     assert_within(
         samples(p),
-        HZ * cpu,
+        rate(&profile) * cpu,
         &format!("--pid {pid}, {duration:.2} s, child CPU {cpu:.2} s"),
     );
     expect_function(hottest(p, exe));
@@ -201,6 +218,43 @@ fn pid_on_a_stripped_binary_finds_the_hot_function_from_eh_frame() {
 }
 
 #[test]
+fn pid_exiting_mid_run_is_reported_with_its_functions() {
+    if !require_root("cpi-bpf --pid") {
+        return;
+    }
+    let Some(exe) = busy("exit", &[]) else { return };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut child = start_busy(&exe, "4");
+    let pid = child.id();
+    let out = Command::new(cpi_bpf())
+        .args([
+            "--pid",
+            &pid.to_string(),
+            "--duration",
+            "30",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let _ = child.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("stopped (target exited)"), "{stderr}");
+    let profile = json(&out);
+    assert!(profile["duration_secs"].as_f64().unwrap() < 10.0);
+    let p = process(&profile, pid);
+    assert!(samples(p) > 0.0, "{p:#}");
+    // Maps read while it ran resolve samples after it is gone.
+    assert_eq!(hottest(p, &exe)["name"], "hot_spin");
+    assert_eq!(p["comm"], "busy");
+}
+
+#[test]
 fn system_wide_sees_the_busy_process() {
     if !require_root("cpi-bpf --system-wide") {
         return;
@@ -226,7 +280,7 @@ fn system_wide_sees_the_busy_process() {
     let p = process(&profile, pid);
     assert_within(
         samples(p),
-        HZ * cpu,
+        rate(&profile) * cpu,
         &format!("--system-wide, busy pid {pid}, CPU {cpu:.2} s"),
     );
     assert_eq!(hottest(p, &exe)["name"], "hot_spin");
@@ -274,7 +328,7 @@ fn command_samples_follow_rate_and_hot_function() {
     let p = &procs[0];
     assert_eq!(p["comm"], "busy");
     // Events are enabled at exec, so the samples cover the command's whole CPU time.
-    assert_within(samples(p), HZ * busy_cpu(&out), "-- busy 2");
+    assert_within(samples(p), rate(&profile) * busy_cpu(&out), "-- busy 2");
     assert_eq!(hottest(p, &exe)["name"], "hot_spin");
 }
 
@@ -300,7 +354,11 @@ fn command_threads_are_followed() {
     let profile = json(&out);
     let p = &profile["processes"][0];
     // Both threads' CPU time (threads created after exec inherit the event).
-    assert_within(samples(p), HZ * busy_cpu(&out), "-- busy 1 2 (two threads)");
+    assert_within(
+        samples(p),
+        rate(&profile) * busy_cpu(&out),
+        "-- busy 1 2 (two threads)",
+    );
 }
 
 #[test]
@@ -311,18 +369,23 @@ fn sigint_mid_run_still_reports_everything() {
     let Some(exe) = busy("sigint", &[]) else {
         return;
     };
-    let child = Command::new(cpi_bpf())
-        .args(["--format", "json", "--"])
-        .arg(&exe)
-        .arg("30")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let out = child.wait_with_output().unwrap();
+    // SIGINT one second after collection started (the mode line), from another thread.
+    let args = [
+        OsStr::new("--format"),
+        OsStr::new("json"),
+        OsStr::new("--"),
+        exe.as_os_str(),
+        OsStr::new("30"),
+    ];
+    let out = run_watching(&args, |line, pid| {
+        if line.starts_with("cpi-bpf: mode:") {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(1));
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(pid as i32, libc::SIGINT) };
+            });
+        }
+    });
     assert!(
         out.status.success(),
         "{}",
@@ -337,7 +400,13 @@ fn sigint_mid_run_still_reports_everything() {
         duration < 10.0,
         "stopped at SIGINT, not at exit: {duration}"
     );
-    assert!(samples(p) > 0.25 * HZ * duration, "{p:#}");
+    // cpi-bpf ends the command with SIGTERM after disabling the events; busy then
+    // prints the CPU time it had, a few ms more than was sampled.
+    assert_within(
+        samples(p),
+        rate(&profile) * busy_cpu(&out),
+        "SIGINT after 1 s",
+    );
     assert_eq!(hottest(p, &exe)["name"], "hot_spin");
 }
 

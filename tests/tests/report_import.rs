@@ -348,7 +348,6 @@ fn import_perf_command_gives_the_same_profile() {
         .collect();
     assert_eq!(names, ["hot", "cold"], "ranked by samples");
     assert_eq!(imported.processes[0].functions[0].samples, 150);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Random byte edits of real perf script text: the parser never panics; it returns

@@ -170,5 +170,4 @@ fn go_tool_pprof_shows_the_tables_top_functions() {
         first.contains("40120e") && first.contains("crc_update"),
         "{text}"
     );
-    let _ = std::fs::remove_dir_all(dir);
 }

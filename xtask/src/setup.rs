@@ -117,29 +117,37 @@ fn apt_packages() -> anyhow::Result<()> {
 }
 
 fn rust_src() -> anyhow::Result<()> {
+    let nightly_present = Command::new("rustc")
+        .args([&format!("+{NIGHTLY}"), "-V"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !nightly_present {
+        // Only on a machine without any nightly: installing over an existing one would
+        // move it, and the aya/bpf-linker pins are tied to it (ENVIRONMENT.md).
+        println!("setup: rustup toolchain install {NIGHTLY} --component rust-src");
+        return status(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            NIGHTLY,
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]));
+    }
     let have = output(Command::new("rustup").args([
         "component",
         "list",
         "--installed",
         "--toolchain",
         NIGHTLY,
-    ]))
-    .unwrap_or_default();
+    ]))?;
     if have.lines().any(|l| l.starts_with("rust-src")) {
         println!("setup: nightly rust-src present");
         return Ok(());
     }
-    println!("setup: rustup toolchain install {NIGHTLY} --component rust-src");
-    // Installs the nightly too when it is missing; a no-op for the toolchain otherwise.
-    status(Command::new("rustup").args([
-        "toolchain",
-        "install",
-        NIGHTLY,
-        "--profile",
-        "minimal",
-        "--component",
-        "rust-src",
-    ]))
+    println!("setup: rustup component add rust-src --toolchain {NIGHTLY}");
+    status(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", NIGHTLY]))
 }
 
 fn cargo_home() -> PathBuf {

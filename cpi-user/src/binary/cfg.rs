@@ -15,6 +15,8 @@
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Formatter, IntelFormatter, Mnemonic, OpKind};
 
+use std::sync::Arc;
+
 use super::Function;
 use crate::profile::model::EdgeKind;
 
@@ -108,8 +110,8 @@ pub struct CfgEdge {
 #[derive(Clone, Debug)]
 pub struct Cfg {
     pub function: Function,
-    /// Sorted by address.
-    pub instructions: Vec<Instruction>,
+    /// Sorted by address; shared between CFGs of the same function.
+    pub instructions: Arc<[Instruction]>,
     pub blocks: Vec<BasicBlock>,
     /// Instruction index → block index.
     pub block_of: Vec<usize>,
@@ -119,32 +121,17 @@ pub struct Cfg {
 impl Cfg {
     /// Decodes `bytes` (the function's code, starting at `func.start`).
     pub fn build(func: &Function, bytes: &[u8], extra_leaders: &[u64]) -> Cfg {
-        let mut decoder = Decoder::with_ip(64, bytes, func.start, DecoderOptions::NONE);
-        let mut fmt = IntelFormatter::new();
-        let mut instructions = Vec::new();
-        for ins in &mut decoder {
-            let mut text = String::new();
-            let kind = if ins.is_invalid() {
-                text.push_str("(bad)");
-                FlowKind::Stop
-            } else {
-                fmt.format(&ins, &mut text);
-                flow_kind(&ins)
-            };
-            let target = matches!(
-                ins.op0_kind(),
-                OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
-            )
-            .then(|| ins.near_branch_target());
-            instructions.push(Instruction {
-                addr: ins.ip(),
-                len: ins.len() as u8,
-                kind,
-                target,
-                text,
-            });
-        }
+        Cfg::from_instructions(func, decode(func, bytes).into(), extra_leaders)
+    }
 
+    /// Blocks and edges over already decoded instructions (decoding and formatting
+    /// dominate the cost; the analysis decodes each function once per run and builds
+    /// blocks per process, whose branch records add different leaders).
+    pub fn from_instructions(
+        func: &Function,
+        instructions: Arc<[Instruction]>,
+        extra_leaders: &[u64],
+    ) -> Cfg {
         let n = instructions.len();
         let idx = |a: u64| instructions.binary_search_by_key(&a, |i| i.addr).ok();
         let mut leader = vec![false; n];
@@ -237,6 +224,36 @@ impl Cfg {
             .map(|i| self.block_of[i])
             .filter(|&b| self.blocks[b].start == addr)
     }
+}
+
+/// Linear-sweep disassembly of `bytes` (the code of `func`, starting at its start).
+pub fn decode(func: &Function, bytes: &[u8]) -> Vec<Instruction> {
+    let mut decoder = Decoder::with_ip(64, bytes, func.start, DecoderOptions::NONE);
+    let mut fmt = IntelFormatter::new();
+    let mut instructions = Vec::new();
+    for ins in &mut decoder {
+        let mut text = String::new();
+        let kind = if ins.is_invalid() {
+            text.push_str("(bad)");
+            FlowKind::Stop
+        } else {
+            fmt.format(&ins, &mut text);
+            flow_kind(&ins)
+        };
+        let target = matches!(
+            ins.op0_kind(),
+            OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+        )
+        .then(|| ins.near_branch_target());
+        instructions.push(Instruction {
+            addr: ins.ip(),
+            len: ins.len() as u8,
+            kind,
+            target,
+            text,
+        });
+    }
+    instructions
 }
 
 fn flow_kind(ins: &iced_x86::Instruction) -> FlowKind {

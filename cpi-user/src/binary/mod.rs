@@ -280,6 +280,15 @@ impl Binary {
     /// instruction boundaries of the function are ignored. Exact-count oracles use this
     /// with the block starts of a profile to compare block by block.
     pub fn cfg(&self, func: &Function, extra_leaders: &[u64]) -> Result<Cfg, BinaryError> {
+        Ok(Cfg::from_instructions(
+            func,
+            self.decode(func)?.into(),
+            extra_leaders,
+        ))
+    }
+
+    /// `func`'s instructions (linear sweep), for [`Cfg::from_instructions`].
+    pub fn decode(&self, func: &Function) -> Result<Vec<Instruction>, BinaryError> {
         let bytes = self
             .code(func.start, func.end())
             .ok_or_else(|| BinaryError::NoCode {
@@ -288,7 +297,7 @@ impl Binary {
                 vaddr: func.start,
                 end: func.end(),
             })?;
-        Ok(Cfg::build(func, bytes, extra_leaders))
+        Ok(cfg::decode(func, bytes))
     }
 }
 
@@ -402,6 +411,37 @@ mod tests {
         for cut in (0..data.len()).step_by(97) {
             let _ = Binary::parse(Path::new("cut"), &data[..cut]);
         }
+    }
+
+    #[test]
+    fn corrupted_bytes_never_panic() {
+        use rand::{Rng, SeedableRng};
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let data = std::fs::read(&t.stripped).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let (mut parsed, mut decoded) = (0, 0);
+        for _ in 0..300 {
+            let mut d = data.clone();
+            // A few random bytes anywhere (headers, .eh_frame, code, section table).
+            for _ in 0..rng.gen_range(1..8) {
+                let i = rng.gen_range(0..d.len());
+                d[i] = rng.gen();
+            }
+            if let Ok(b) = Binary::parse(Path::new("corrupt"), &d) {
+                parsed += 1;
+                for f in b.functions() {
+                    if b.cfg(f, &[f.start + 1]).is_ok() {
+                        decoded += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            parsed > 0 && decoded > 0,
+            "{parsed} parsed, {decoded} decoded"
+        );
     }
 
     #[test]

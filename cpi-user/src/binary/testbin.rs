@@ -25,13 +25,13 @@ fn run(cmd: &mut Command) -> Result<(), String> {
     }
 }
 
+/// Builds into `target/test-programs/analysis/` once per source change: each output
+/// is written under a temporary name and renamed, so concurrent test processes never
+/// see a half-written binary and nothing piles up in /tmp.
 fn build(name: &str) -> Result<TestProgram, String> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/programs")
-        .join(format!("{name}.c"));
-    let dir = std::env::temp_dir()
-        .join("cpi-user-test-programs")
-        .join(std::process::id().to_string());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let src = root.join("tests/programs").join(format!("{name}.c"));
+    let dir = root.join("target/test-programs/analysis");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let t = TestProgram {
         plain: dir.join(name),
@@ -39,16 +39,35 @@ fn build(name: &str) -> Result<TestProgram, String> {
         pie: dir.join(format!("{name}.pie")),
         pie_stripped: dir.join(format!("{name}.pie.stripped")),
     };
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let src_time = mtime(&src).ok_or_else(|| format!("{}: missing", src.display()))?;
+    let fresh = |p: &Path| mtime(p).is_some_and(|t| t >= src_time);
+    let tmp = |p: &Path| PathBuf::from(format!("{}.tmp{}", p.display(), std::process::id()));
+    let publish = |from: &Path, to: &Path| {
+        std::fs::rename(from, to).map_err(|e| format!("{}: {e}", to.display()))
+    };
     let export = "-Wl,--export-dynamic-symbol=exported_entry";
-    for (out, pie) in [(&t.plain, "-no-pie"), (&t.pie, "-pie")] {
-        let pic = if pie == "-pie" { "-fPIE" } else { "-fno-PIE" };
+    for (out, pie) in [(&t.plain, false), (&t.pie, true)] {
+        if fresh(out) {
+            continue;
+        }
+        let (pic, link) = if pie {
+            ("-fPIE", "-pie")
+        } else {
+            ("-fno-PIE", "-no-pie")
+        };
         run(Command::new("gcc")
-            .args(["-O2", "-g0", pic, pie, export, "-o"])
-            .arg(out)
+            .args(["-O2", "-g0", pic, link, export, "-o"])
+            .arg(tmp(out))
             .arg(&src))?;
+        publish(&tmp(out), out)?;
     }
     for (from, to) in [(&t.plain, &t.stripped), (&t.pie, &t.pie_stripped)] {
-        run(Command::new("strip").arg("-o").arg(to).arg(from))?;
+        if fresh(to) && mtime(to) >= mtime(from) {
+            continue;
+        }
+        run(Command::new("strip").arg("-o").arg(tmp(to)).arg(from))?;
+        publish(&tmp(to), to)?;
     }
     Ok(t)
 }

@@ -100,6 +100,11 @@ impl Drain {
     /// address) is in none of the known mappings.
     fn track(&mut self, pid: u32, addr: Option<u64>) {
         let p = self.set.process(pid);
+        if pid == 0 {
+            // The idle task (system-wide, kernel samples): no /proc entry, no maps.
+            p.comm = "swapper".to_string();
+            return;
+        }
         let first = p.maps.is_none() && !self.maps_read_at.contains_key(&pid);
         if p.comm.is_empty() {
             p.comm = target::comm(pid);

@@ -42,28 +42,30 @@ pub enum CollectError {
     NoSuchProcess(u32),
     #[error("command not found: {0}")]
     CommandNotFound(String),
-    #[error("starting {cmd}: {source}")]
-    Spawn { cmd: String, source: io::Error },
+    #[error("starting {cmd}: {cause}")]
+    Spawn { cmd: String, cause: io::Error },
     #[error("nothing to profile: give --pid PID, --system-wide or -- CMD")]
     NoTarget,
     #[error(
         "this cpi-bpf was built with AYA_BUILD_SKIP=1 and holds no eBPF object; rebuild without it"
     )]
     NoObject,
-    #[error("loading the eBPF programs{hint}: {source}")]
+    // Causes are part of the one-line message, not `source()`: callers print `{:#}`
+    // chains, which would repeat them.
+    #[error("loading the eBPF programs{hint}: {cause}")]
     Load {
         hint: &'static str,
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
-    #[error("opening {event} on {on}: {source}")]
+    #[error("opening {event} on {on}: {cause}")]
     Open {
         event: String,
         on: String,
-        source: io::Error,
+        cause: io::Error,
     },
-    #[error("attaching the BPF program to {event}: {source}")]
-    Attach { event: String, source: io::Error },
-    #[error("{0}")]
+    #[error("attaching the BPF program to {event}: {cause}")]
+    Attach { event: String, cause: io::Error },
+    #[error(transparent)]
     Io(#[from] io::Error),
 }
 
@@ -122,7 +124,7 @@ pub fn load(ring_bytes: u32, config: KernelConfig, btf: bool) -> Result<Ebpf, Co
         " (no kernel BTF: /sys/kernel/btf/vmlinux missing)"
     };
     let load_err =
-        |e: Box<dyn std::error::Error + Send + Sync>| CollectError::Load { hint, source: e };
+        |e: Box<dyn std::error::Error + Send + Sync>| CollectError::Load { hint, cause: e };
     let mut bpf = aya::EbpfLoader::new()
         .map_max_entries("SAMPLES", ring_bytes)
         .load(EBPF_OBJECT)
@@ -155,11 +157,11 @@ fn program_fd(bpf: &Ebpf, name: &str) -> Result<i32, CollectError> {
         .and_then(|p| p.try_into().ok())
         .ok_or_else(|| CollectError::Load {
             hint: "",
-            source: format!("program {name} missing").into(),
+            cause: format!("program {name} missing").into(),
         })?;
     let fd = p.fd().map_err(|e| CollectError::Load {
         hint: "",
-        source: e.into(),
+        cause: e.into(),
     })?;
     Ok(std::os::fd::AsFd::as_fd(fd).as_raw_fd())
 }
@@ -209,15 +211,19 @@ fn open_events(
             match open_attached(bpf, spec, extra_flags, pid, cpu) {
                 Ok(fd) => open.push(OpenEvent { fd, spec_index: i }),
                 // A thread that exited since /proc/PID/task was listed.
-                Err(CollectError::Open { source, .. })
-                    if source.raw_os_error() == Some(libc::ESRCH)
-                        && cpu == -1
-                        && places.len() > 1 => {}
+                Err(CollectError::Open { cause, .. })
+                    if cause.raw_os_error() == Some(libc::ESRCH) && pid > 0 => {}
                 Err(e) => return Err(e),
             }
         }
     }
-    Ok(open)
+    match places.first() {
+        // Every thread of every target exited before its events were opened.
+        Some(&(pid, _)) if open.is_empty() && pid > 0 => {
+            Err(CollectError::NoSuchProcess(pid as u32))
+        }
+        _ => Ok(open),
+    }
 }
 
 /// Opens `spec` (plus `extra_flags`) on `pid`/`cpu` as `perf_event_open` takes them and
@@ -231,7 +237,7 @@ pub fn open_attached(
 ) -> Result<OwnedFd, CollectError> {
     let mut attr = spec.attr;
     attr.flags |= extra_flags;
-    let fd = sys::perf_event_open(&attr, pid, cpu).map_err(|source| CollectError::Open {
+    let fd = sys::perf_event_open(&attr, pid, cpu).map_err(|cause| CollectError::Open {
         event: spec.name.clone(),
         on: match (pid, cpu) {
             (0, -1) => "this process".to_string(),
@@ -239,11 +245,11 @@ pub fn open_attached(
             (-1, c) => format!("cpu {c}"),
             (p, c) => format!("pid {p} on cpu {c}"),
         },
-        source,
+        cause,
     })?;
-    sys::set_bpf(&fd, program_fd(bpf, spec.program)?).map_err(|source| CollectError::Attach {
+    sys::set_bpf(&fd, program_fd(bpf, spec.program)?).map_err(|cause| CollectError::Attach {
         event: spec.name.clone(),
-        source,
+        cause,
     })?;
     Ok(fd)
 }
@@ -308,7 +314,11 @@ pub fn collect(
         let specs = events::plan(mode, caps.vendor, &opts.rate, opts.include_kernel);
         match open_events(&bpf, &specs, &places, extra) {
             Ok(open) => break (specs, open),
-            Err(CollectError::Open { event, source, .. }) if events::step_down(mode).is_some() => {
+            Err(CollectError::Open {
+                event,
+                cause: source,
+                ..
+            }) if events::step_down(mode).is_some() => {
                 mode = events::step_down(mode).unwrap_or(Mode::TimeProfile);
                 reason = format!(
                     "{event} cannot be opened here ({source}); stepped down to {}: {}",
@@ -344,11 +354,11 @@ pub fn collect(
 
     let ring = RingBuf::try_from(bpf.take_map("SAMPLES").ok_or_else(|| CollectError::Load {
         hint: "",
-        source: "map SAMPLES missing".into(),
+        cause: "map SAMPLES missing".into(),
     })?)
     .map_err(|e| CollectError::Load {
         hint: "",
-        source: e.into(),
+        cause: e.into(),
     })?;
     let mut drain = Drain::new(opts.window);
     let stop = rt.block_on(run(
@@ -442,7 +452,11 @@ async fn run(
     tokio::pin!(deadline);
     let mut redraw = tokio::time::interval(opts.redraw_every.max(Duration::from_millis(1)));
     redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The kernel side wakes us only when the ring is a quarter full: drain on a timer.
+    let mut poll = tokio::time::interval(DRAIN_EVERY);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rng = Rng::new(seed());
+    let mut next_redraw = 0usize;
     let stop = loop {
         tokio::select! {
             guard = ring.readable_mut() => {
@@ -450,16 +464,19 @@ async fn run(
                 drain_all(guard.get_inner_mut(), drain);
                 guard.clear_ready();
             }
-            _ = redraw.tick() => {
-                // Also a safety net for wake-ups the ring buffer skipped.
-                drain_all(ring.get_mut(), drain);
-                if opts.perturbation.user() {
-                    for e in open {
-                        let period = specs[e.spec_index].policy.draw(&mut rng);
-                        // The event of an exited thread rejects nothing; errors here
-                        // only mean that event keeps its previous period.
-                        let _ = sys::set_period(&e.fd, period);
-                    }
+            _ = poll.tick() => drain_all(ring.get_mut(), drain),
+            _ = redraw.tick(), if opts.perturbation.user() && !open.is_empty() => {
+                // Round-robin over at most REDRAWS_PER_TICK events (≈ 4.3 µs each), so
+                // a process with thousands of threads does not turn re-draws into a
+                // CPU hog. Events the kernel created by `inherit` (threads started
+                // later) have no fd here and keep the period drawn when they were born.
+                for _ in 0..open.len().min(REDRAWS_PER_TICK) {
+                    let e = &open[next_redraw % open.len()];
+                    next_redraw += 1;
+                    let period = specs[e.spec_index].policy.draw(&mut rng);
+                    // A failure (e.g. the event's thread exited) only means that event
+                    // keeps its previous period.
+                    let _ = sys::set_period(&e.fd, period);
                 }
             }
             _ = &mut deadline, if opts.duration.is_some() => break StopReason::Duration,
@@ -478,6 +495,12 @@ async fn run(
     drain_all(ring.get_mut(), drain);
     Ok(stop)
 }
+
+/// Period re-draws per timer tick at most (see the redraw arm of [`run`]).
+const REDRAWS_PER_TICK: usize = 64;
+
+/// How often the collector drains the ring buffer without a wake-up.
+const DRAIN_EVERY: Duration = Duration::from_millis(25);
 
 fn drain_all(ring: &mut RingBuf<MapData>, drain: &mut Drain) {
     while let Some(item) = ring.next() {
@@ -544,10 +567,42 @@ pub fn try_event(spec: &EventSpec, bpf: Option<&Ebpf>) -> Result<(), CollectErro
         Some(bpf) => open_attached(bpf, spec, 0, 0, -1).map(drop),
         None => sys::perf_event_open(&spec.attr, 0, -1)
             .map(drop)
-            .map_err(|source| CollectError::Open {
+            .map_err(|cause| CollectError::Open {
                 event: spec.name.clone(),
                 on: "this process".to_string(),
-                source,
+                cause,
             }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placements_follow_the_target() {
+        let me = std::process::id();
+        let (places, flags) = placements(&Target::Pids(vec![me]), None).unwrap();
+        assert!(
+            places.contains(&(me as i32, -1)),
+            "one event per thread, any CPU"
+        );
+        assert!(places.iter().all(|&(_, cpu)| cpu == -1));
+        assert_eq!(flags, sys::flag::INHERIT, "threads created later follow");
+
+        let (places, flags) = placements(&Target::SystemWide, None).unwrap();
+        assert_eq!(places.len(), target::online_cpus().len());
+        assert!(places.iter().all(|&(pid, cpu)| pid == -1 && cpu >= 0));
+        assert_eq!(flags, 0);
+
+        let cmd = Target::Command(vec!["true".into()]);
+        let (places, flags) = placements(&cmd, Some(4242)).unwrap();
+        assert_eq!(places, [(4242, -1)]);
+        assert_eq!(flags, sys::flag::INHERIT | sys::flag::ENABLE_ON_EXEC);
+
+        assert!(matches!(
+            placements(&Target::Pids(vec![u32::MAX - 1]), None),
+            Err(CollectError::NoSuchProcess(_))
+        ));
     }
 }

@@ -109,9 +109,9 @@ fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 pub fn spawn_suspended(argv: &[String]) -> Result<Suspended, CollectError> {
     let name = argv.first().ok_or(CollectError::NoTarget)?.clone();
     let path = resolve_command(&name)?;
-    let spawn_err = |source| CollectError::Spawn {
+    let spawn_err = |cause| CollectError::Spawn {
         cmd: name.clone(),
-        source,
+        cause,
     };
     let nul = |s: &[u8]| CString::new(s).map_err(|_| spawn_err(io::ErrorKind::InvalidInput.into()));
     let c_path = nul(path.as_os_str().as_bytes())?;
@@ -171,7 +171,7 @@ impl Suspended {
             reap(self.pid);
             return Err(CollectError::Spawn {
                 cmd: self.name,
-                source: io::Error::from_raw_os_error(errno),
+                cause: io::Error::from_raw_os_error(errno),
             });
         }
         Ok(self.pid)

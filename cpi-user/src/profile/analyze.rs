@@ -6,10 +6,12 @@
 //!    periods are time (ns), `cycles` periods are cycles, `instructions` periods are
 //!    instructions (IP-sampling mode only).
 //! 3. Branch records (CPI and simulated modes): each taken edge belongs to the function
-//!    of its source; its target becomes a block leader of the target's function. Each
-//!    range must start and end in the same ELF function; otherwise it is invalid.
-//! 4. Functions with any sample are disassembled ([`crate::binary::Cfg`]) and the range
-//!    algorithm ([`super::flow`]) gives instruction, block and fall-through counts.
+//!    of its source; its target, and every range start, becomes a block leader of its
+//!    function. Each range must start and end in the same ELF function; otherwise it
+//!    is invalid.
+//! 4. Functions with any sample are disassembled ([`crate::binary::Cfg`], once per run
+//!    and function, blocks per process) and the range algorithm ([`super::flow`])
+//!    gives instruction, block and fall-through counts.
 //! 5. CPI = cycles / instructions per process, function, block and instruction, with
 //!    `samples` = the scarcer of cycle samples and range occurrences (instruction
 //!    samples in IP-sampling mode) and rel_error = 1/√samples; `None` below the floor.
@@ -23,6 +25,7 @@
 //! `lost.unmapped_samples`, invalid range occurrences to `lost.invalid_ranges`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use cpi_common::wire::EventRole;
 
@@ -32,7 +35,9 @@ use super::model::{
     BinaryInfo, BlockProfile, EdgeKind, EdgeProfile, Estimate, FunctionProfile, InstructionProfile,
     LossReport, Mode, ProcessProfile, Profile, RunInfo, PROFILE_FORMAT_VERSION,
 };
-use crate::binary::{Cfg, CodeObject, FlowKind, Function, Resolved, Symbolizer, SymbolizerOptions};
+use crate::binary::{
+    Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, Symbolizer, SymbolizerOptions,
+};
 use crate::procmap::ProcessMaps;
 
 /// How analysis runs.
@@ -96,6 +101,15 @@ struct FunctionWork {
 }
 
 impl FunctionWork {
+    fn key(&self) -> FuncKey {
+        (self.object_name.clone(), self.function.start)
+    }
+
+    /// Anything of its own to report (not just a branch target seen at a window edge).
+    fn has_evidence(&self) -> bool {
+        !(self.ips.is_empty() && self.ranges.is_empty() && self.taken.is_empty())
+    }
+
     fn total(&self, role: EventRole) -> Tally {
         let mut t = Tally::default();
         for v in self.ips.values() {
@@ -121,21 +135,35 @@ pub fn analyze_with(
     opts: &AnalysisOptions,
     sym: &mut Symbolizer,
 ) -> Profile {
-    let mut lost = run.lost.clone();
-    let mut binaries: BTreeMap<String, BinaryInfo> = BTreeMap::new();
-    let mut processes = Vec::new();
-    for p in set.processes.values() {
-        lost.short_samples += p.branches.short_samples;
-        lost.invalid_ranges += p.branches.backward_ranges;
-        let mut ctx = Ctx {
-            mode: run.mode,
-            opts,
-            sym: &mut *sym,
-            lost: &mut lost,
-            binaries: &mut binaries,
-        };
-        processes.push(ctx.process(p));
+    let mut ctx = Ctx {
+        mode: run.mode,
+        opts,
+        sym,
+        lost: run.lost.clone(),
+        binaries: BTreeMap::new(),
+        decoded: HashMap::new(),
+        users: HashMap::new(),
+    };
+    // Symbolise everything first, so each decoded function is kept exactly as long as
+    // a process still needs it.
+    let empty = ProcessMaps::default();
+    let gathered: Vec<ProcessResolver<'_>> = set
+        .processes
+        .values()
+        .map(|p| ctx.gather(p, p.maps.as_ref().unwrap_or(&empty)))
+        .collect();
+    for res in &gathered {
+        for w in res.funcs.iter().filter(|w| w.has_evidence()) {
+            *ctx.users.entry(w.key()).or_default() += 1;
+        }
     }
+    let processes = set
+        .processes
+        .values()
+        .zip(gathered)
+        .map(|(p, res)| ctx.finish(p, res))
+        .collect();
+    let Ctx { lost, binaries, .. } = ctx;
     Profile {
         format_version: PROFILE_FORMAT_VERSION,
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -240,8 +268,12 @@ struct Ctx<'a> {
     mode: Mode,
     opts: &'a AnalysisOptions,
     sym: &'a mut Symbolizer,
-    lost: &'a mut LossReport,
-    binaries: &'a mut BTreeMap<String, BinaryInfo>,
+    lost: LossReport,
+    binaries: BTreeMap<String, BinaryInfo>,
+    /// Decoded functions by (object, start), shared by the processes of the run.
+    decoded: HashMap<FuncKey, Arc<[Instruction]>>,
+    /// Processes yet to analyse each function; its decoding is dropped at zero.
+    users: HashMap<FuncKey, usize>,
 }
 
 /// Per-function results the process totals need.
@@ -253,11 +285,13 @@ struct FunctionOutcome {
 }
 
 impl Ctx<'_> {
-    fn process(&mut self, p: &ProcessSamples) -> ProcessProfile {
-        let empty = ProcessMaps::default();
+    /// Symbolises one process's samples into per-function work.
+    fn gather<'m>(&mut self, p: &ProcessSamples, maps: &'m ProcessMaps) -> ProcessResolver<'m> {
+        self.lost.short_samples += p.branches.short_samples;
+        self.lost.invalid_ranges += p.branches.backward_ranges;
         let mut res = ProcessResolver {
             pid: p.pid,
-            maps: p.maps.as_ref().unwrap_or(&empty),
+            maps,
             cache: HashMap::new(),
             index: HashMap::new(),
             funcs: Vec::new(),
@@ -266,7 +300,7 @@ impl Ctx<'_> {
             // Sorted: the aggregate's hash order must not change float sums between
             // two analyses of the same samples.
             for (&ip, &(samples, weight)) in sorted(&agg.by_ip) {
-                match res.resolve(self.sym, self.binaries, ip) {
+                match res.resolve(self.sym, &mut self.binaries, ip) {
                     Some((i, vaddr)) => res.funcs[i].ips.entry(vaddr).or_default()
                         [role_index(role)]
                     .add(Tally { samples, weight }),
@@ -277,7 +311,11 @@ impl Ctx<'_> {
         if uses_ranges(self.mode) {
             self.gather_branches(p, &mut res);
         }
+        res
+    }
 
+    /// The process's profile from its gathered work.
+    fn finish(&mut self, p: &ProcessSamples, res: ProcessResolver<'_>) -> ProcessProfile {
         let role = sample_role(self.mode);
         let proc_tally = |r: EventRole| {
             p.ips
@@ -299,7 +337,7 @@ impl Ctx<'_> {
         let mut functions = Vec::with_capacity(res.funcs.len());
         for (i, w) in res.funcs.iter().enumerate() {
             // Known only as a branch target outside the window: nothing to report.
-            if w.ips.is_empty() && w.ranges.is_empty() && w.taken.is_empty() {
+            if !w.has_evidence() {
                 continue;
             }
             let out = self.function(i, w, primary.weight, &names);
@@ -362,8 +400,8 @@ impl Ctx<'_> {
     /// in one function are invalid.
     fn gather_branches(&mut self, p: &ProcessSamples, res: &mut ProcessResolver<'_>) {
         for (&(from, to), stat) in sorted(&p.branches.taken) {
-            let src = res.resolve(self.sym, self.binaries, from);
-            let dst = res.resolve(self.sym, self.binaries, to);
+            let src = res.resolve(self.sym, &mut self.binaries, from);
+            let dst = res.resolve(self.sym, &mut self.binaries, to);
             if let Some((ti, vto)) = dst {
                 res.funcs[ti].leaders.push(vto);
             }
@@ -376,12 +414,15 @@ impl Ctx<'_> {
             }
         }
         for (&(start, end), stat) in sorted(&p.branches.ranges) {
-            let s = res.resolve(self.sym, self.binaries, start);
-            let e = res.resolve(self.sym, self.binaries, end);
+            let s = res.resolve(self.sym, &mut self.binaries, start);
+            let e = res.resolve(self.sym, &mut self.binaries, end);
             match (s, e) {
                 (Some((fs, vs)), Some((fe, ve)))
                     if fs == fe && matches!(res.funcs[fs].object, CodeObject::Elf(_)) =>
                 {
+                    // A range start is a branch target too (of the oldest entry,
+                    // whose own edge lies outside the window).
+                    res.funcs[fs].leaders.push(vs);
                     res.funcs[fs].ranges.push((vs, ve, *stat));
                 }
                 _ => self.lost.invalid_ranges += stat.hits,
@@ -422,13 +463,31 @@ impl Ctx<'_> {
             lines: Vec::new(),
         };
         let cfg = match (&w.object, self.mode.has_cpi()) {
-            (CodeObject::Elf(bin), true) => match bin.cfg(&w.function, &w.leaders) {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    log::warn!("{e}");
-                    None
+            (CodeObject::Elf(bin), true) => {
+                let key = w.key();
+                let instructions = match self.decoded.get(&key) {
+                    Some(d) => Ok(d.clone()),
+                    None => bin.decode(&w.function).map(Arc::<[Instruction]>::from),
+                };
+                let users = self.users.entry(key.clone()).or_default();
+                *users = users.saturating_sub(1);
+                match (&instructions, *users) {
+                    (_, 0) => {
+                        self.decoded.remove(&key);
+                    }
+                    (Ok(d), _) => {
+                        self.decoded.entry(key).or_insert_with(|| d.clone());
+                    }
+                    (Err(_), _) => {}
                 }
-            },
+                match instructions {
+                    Ok(d) => Some(Cfg::from_instructions(&w.function, d, &w.leaders)),
+                    Err(e) => {
+                        log::warn!("{e}");
+                        None
+                    }
+                }
+            }
             _ => None,
         };
         let Some(cfg) = cfg else {
@@ -800,6 +859,19 @@ mod tests {
         assert_eq!((f.cycles, f.instructions), (Some(40_000.0), Some(12_500.0)));
         let cpi = f.cpi.unwrap();
         assert_eq!((cpi.value, cpi.samples), (3.2, 25));
+        // Per instruction too: the instruction holding fib+1 has both.
+        let l = f
+            .lines
+            .iter()
+            .find(|l| l.address <= fib + 1 && fib + 1 < l.address + 8)
+            .filter(|l| l.count > 0.0)
+            .unwrap();
+        assert_eq!(
+            (l.count, l.cycles, l.samples),
+            (12_500.0, Some(40_000.0), 40)
+        );
+        assert_eq!(l.cpi.unwrap().value, 3.2);
+        assert_eq!(f.lines.iter().filter(|l| l.count > 0.0).count(), 1);
         assert!((cpi.rel_error - 0.2).abs() < 1e-12);
         // Below the floor: no number.
         let mut o = opts();
@@ -997,6 +1069,74 @@ mod range_tests {
             assert_eq!(pp.branch_samples, 50);
             assert_eq!(pp.cpi.unwrap().value, cycles / pp.instructions.unwrap());
         }
+    }
+
+    /// Two processes mapping the same PIE at different bases (one decode, shared
+    /// between them) get the same function profile, each with its own leaders.
+    #[test]
+    fn processes_sharing_a_binary_get_the_same_profile() {
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let bin = Binary::open(&t.pie).unwrap();
+        let f = bin.function_by_name("fib").unwrap().clone();
+        let cfg = bin.cfg(&f, &[]).unwrap();
+        let call = cfg
+            .instructions
+            .iter()
+            .find(|i| i.kind == FlowKind::Call)
+            .unwrap();
+        let mut set = SampleSet::new(1);
+        for (pid, base) in [(1u32, 0x5555_0000_0000u64), (2, 0x7000_0000_0000)] {
+            set.process(pid).maps = Some(maps_for(&t.pie, &bin, base));
+            let mut s = branch_sample(
+                10,
+                &[
+                    BranchEntry::new(base + call.addr, base + f.start, false, 0),
+                    BranchEntry::new(0x20, base + f.start, false, 0),
+                ],
+            );
+            s.header.tgid = pid;
+            set.add_branch(&s);
+        }
+        // Process 2 also saw a branch into the middle of fib: an extra leader.
+        let mid = cfg.instructions[2].addr;
+        let mut s = branch_sample(
+            10,
+            &[
+                BranchEntry::new(0x7000_0000_0000 + call.addr, 0x10, false, 0),
+                BranchEntry::new(0x30, 0x7000_0000_0000 + mid, false, 0),
+            ],
+        );
+        s.header.tgid = 2;
+        set.add_branch(&s);
+        let prof = analyze(&set, run_info(Mode::Cpi), &opts());
+        let fib = |i: usize| {
+            prof.processes[i]
+                .functions
+                .iter()
+                .find(|g| g.name == "fib")
+                .unwrap()
+        };
+        let (a, b) = (fib(0), fib(1));
+        let text = |f: &FunctionProfile| -> Vec<String> {
+            f.lines.iter().map(|l| l.text.clone()).collect()
+        };
+        assert_eq!(text(a), text(b));
+        assert_eq!(a.lines[0].count, 10.0);
+        assert_eq!(b.lines[0].count, 10.0);
+        assert_eq!(
+            b.lines[2].count, 20.0,
+            "both ranges cover the third instruction"
+        );
+        assert!(
+            a.blocks.iter().all(|x| x.start != mid),
+            "no leader in process 1"
+        );
+        assert!(
+            b.blocks.iter().any(|x| x.start == mid),
+            "leader in process 2"
+        );
     }
 
     #[test]
@@ -1263,7 +1403,12 @@ mod bench {
         let mut funcs: Vec<&Function> = bin.functions().iter().collect();
         funcs.sort_by_key(|f| std::cmp::Reverse(f.size));
         funcs.truncate(FUNCS);
+        let t_cfg = Instant::now();
         let cfgs: Vec<Cfg> = funcs.iter().map(|f| bin.cfg(f, &[]).unwrap()).collect();
+        eprintln!(
+            "disassembly + blocks of {FUNCS} functions: {:.3} s",
+            t_cfg.elapsed().as_secs_f64()
+        );
 
         let mut set = SampleSet::new(WINDOW);
         set.process(PID).maps = Some(maps_for(path, &bin, BASE));

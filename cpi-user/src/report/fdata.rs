@@ -38,7 +38,10 @@ pub struct FdataFile {
 
 #[derive(Debug, thiserror::Error)]
 pub enum FdataError {
-    #[error("no binary in the profile has branch or sample data for .fdata")]
+    #[error(
+        "nothing to write as .fdata: no binary in the profile has edges (branch records) \
+         or per-instruction samples"
+    )]
     Empty,
 }
 

@@ -8,10 +8,11 @@ use crate::profile::model::{Profile, PROFILE_FORMAT_VERSION};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileFileError {
-    #[error("reading profile {}: {source}", .path.display())]
+    // Not a `#[source]`: the message already carries the cause, once.
+    #[error("reading profile {}: {error}", .path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("profile {origin} is truncated (ends at line {line}, column {column})")]
     Truncated {
@@ -55,9 +56,9 @@ pub fn to_json(p: &Profile) -> Result<String, ProfileFileError> {
 
 /// Reads a profile file.
 pub fn read(path: &Path) -> Result<Profile, ProfileFileError> {
-    let bytes = std::fs::read(path).map_err(|source| ProfileFileError::Io {
+    let bytes = std::fs::read(path).map_err(|error| ProfileFileError::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     parse(&bytes, &path.display().to_string())
 }

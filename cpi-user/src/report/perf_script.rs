@@ -113,16 +113,19 @@ pub fn parse(
     let mut mmaps: BTreeMap<u32, Vec<Mapping>> = BTreeMap::new();
     // pid → dsos seen in its entries, for placement without mmap events.
     let mut dsos: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
-    // Per sample, each entry's (from dso, to dso): brstackoff offsets are rebased below.
-    let mut entry_dsos: Vec<Vec<[Option<String>; 2]>> = Vec::new();
+    // brstackoff only: per sample, each entry's (from dso, to dso), for rebasing below.
+    let mut entry_dsos: Vec<Vec<[Option<&str>; 2]>> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
         if line.contains("PERF_RECORD_MMAP") {
-            let (pid, m) = parse_mmap(line).ok_or_else(|| PerfScriptError::BadMmap {
+            match parse_mmap(line).ok_or_else(|| PerfScriptError::BadMmap {
                 line: n,
                 text: line.to_string(),
-            })?;
-            mmaps.entry(pid).or_default().push(m);
+            })? {
+                Some((pid, m)) => mmaps.entry(pid).or_default().push(m),
+                // The kernel's own map (pid -1): kernel addresses are not placed.
+                None => out.skipped_lines += 1,
+            }
             continue;
         }
         let trimmed = line.trim();
@@ -148,11 +151,16 @@ pub fn parse(
                 entry: rest.split_whitespace().next().unwrap_or("").to_string(),
                 why,
             })?;
-            for d in [&e.from_dso, &e.to_dso].into_iter().flatten() {
-                dsos.entry(pid).or_default().insert(d.clone());
+            let seen = dsos.entry(pid).or_default();
+            for d in [e.from_dso, e.to_dso].into_iter().flatten() {
+                if !seen.contains(d) {
+                    seen.insert(d.to_string());
+                }
             }
             entries.push(e.entry);
-            names.push([e.from_dso, e.to_dso]);
+            if opts.offsets {
+                names.push([e.from_dso, e.to_dso]);
+            }
             rest = &rest[used..];
         }
         if entries.len() > MAX_BRANCH_ENTRIES {
@@ -211,7 +219,7 @@ pub fn parse(
     out.unplaced.dedup();
     if opts.offsets {
         // A brstackoff offset into a dso placed at a synthetic base is base + offset.
-        let rebase = |a: u64, d: &Option<String>| match d.as_ref().and_then(|d| bases.get(d)) {
+        let rebase = |a: u64, d: &Option<&str>| match d.and_then(|d| bases.get(d)) {
             Some(base) => base + a,
             None => a,
         };
@@ -289,10 +297,10 @@ pub fn elf_layout(path: &Path) -> Option<ElfLayout> {
     })
 }
 
-struct ParsedEntry {
+struct ParsedEntry<'a> {
     entry: BranchEntry,
-    from_dso: Option<String>,
-    to_dso: Option<String>,
+    from_dso: Option<&'a str>,
+    to_dso: Option<&'a str>,
 }
 
 /// Byte offset of the first branch entry: a whitespace-preceded `0x` token that parses
@@ -327,7 +335,7 @@ fn hex(s: &str) -> Option<u64> {
 }
 
 /// `0xADDR` then an optional `(dso)` (parentheses balanced: dso names may hold `/`).
-fn addr_dso(s: &str) -> Result<(u64, Option<String>, usize), &'static str> {
+fn addr_dso(s: &str) -> Result<(u64, Option<&str>, usize), &'static str> {
     let digits = s
         .strip_prefix("0x")
         .ok_or("address without 0x")?
@@ -352,7 +360,7 @@ fn addr_dso(s: &str) -> Result<(u64, Option<String>, usize), &'static str> {
                         Some((d, off)) if hex(&format!("0x{off}")).is_some() => d,
                         _ => inner,
                     };
-                    return Ok((addr, Some(dso.to_string()), end + i + 1));
+                    return Ok((addr, Some(dso), end + i + 1));
                 }
             }
             _ => {}
@@ -362,7 +370,7 @@ fn addr_dso(s: &str) -> Result<(u64, Option<String>, usize), &'static str> {
 }
 
 /// One entry; returns it and the bytes used.
-fn parse_entry(s: &str) -> Result<(ParsedEntry, usize), &'static str> {
+fn parse_entry(s: &str) -> Result<(ParsedEntry<'_>, usize), &'static str> {
     let (from, from_dso, a) = addr_dso(s)?;
     let rest = s[a..].strip_prefix('/').ok_or("expected / after from")?;
     let (to, to_dso, b) = addr_dso(rest)?;
@@ -430,12 +438,15 @@ fn branch_sample(
 }
 
 /// `... PERF_RECORD_MMAP2 PID/TID: [0xSTART(0xLEN) @ 0xPGOFF ...]: PROT PATH` (also the
-/// older `PERF_RECORD_MMAP`).
-fn parse_mmap(line: &str) -> Option<(u32, Mapping)> {
+/// older `PERF_RECORD_MMAP`). `Some(None)` for the kernel's map (pid -1).
+fn parse_mmap(line: &str) -> Option<Option<(u32, Mapping)>> {
     let rest = &line[line.find("PERF_RECORD_MMAP")?..];
     let rest = rest.split_once(' ')?.1.trim_start();
     let (pidtid, rest) = rest.split_once(':')?;
-    let pid: u32 = pidtid.split('/').next()?.trim().parse().ok()?;
+    let pid: i64 = pidtid.split('/').next()?.trim().parse().ok()?;
+    let Ok(pid) = u32::try_from(pid) else {
+        return Some(None);
+    };
     let inner = rest.trim_start().strip_prefix('[')?;
     let (inner, after) = inner.split_once("]:")?;
     let (start, inner) = inner.split_once('(')?;
@@ -458,7 +469,7 @@ fn parse_mmap(line: &str) -> Option<(u32, Mapping)> {
     } else {
         file(path)
     };
-    Some((
+    Some(Some((
         pid,
         Mapping {
             start,
@@ -467,7 +478,7 @@ fn parse_mmap(line: &str) -> Option<(u32, Mapping)> {
             executable: prot.contains('x'),
             object,
         },
-    ))
+    )))
 }
 
 #[cfg(test)]
@@ -501,7 +512,7 @@ mod tests {
             assert_eq!(e.entry.mispred(), mispred);
         }
         let (e, _) = parse_entry("0x10(/x/lib.so+0x1f0)/0x20(/x/lib.so)/-/-/-/0").unwrap();
-        assert_eq!(e.from_dso.as_deref(), Some("/x/lib.so"));
+        assert_eq!(e.from_dso, Some("/x/lib.so"));
         assert!(!e.entry.mispred() && !e.entry.predicted());
         for bad in [
             "0x1/0x2/P/-/-",
@@ -541,6 +552,33 @@ mod tests {
             (m.start, m.end, m.offset, m.executable),
             (0x555555555000, 0x555555557000, 0x1000, true)
         );
+        assert!(imp.unplaced.is_empty());
+    }
+
+    /// Lines as Debian's perf 6.1 prints them (`perf script -F pid,tid,ip,sym,dso
+    /// --show-mmap-events` of a cpu-clock recording of a PIE here), with branch entries
+    /// appended in perf's brstack form, since this machine cannot record them.
+    #[test]
+    fn real_perf_mmap_and_sample_lines() {
+        let text = "\
+    0/0     PERF_RECORD_MMAP -1/0: [0xffffffff81000000(0x120bb08) @ 0xffffffff81000000]: x [kernel.kallsyms]_text
+22483/22483 PERF_RECORD_MMAP2 22483/22483: [0x55cc7d28f000(0x1000) @ 0x1000 fe:00 10027070 842982290]: r-xp /tmp/bolt/pieprog
+22483/22483 PERF_RECORD_MMAP2 22483/22483: [0x7f2804d5d000(0x2000) @ 0 00:00 0 0]: r-xp [vdso]
+22483/22483 PERF_RECORD_MMAP2 22483/22483: [0x7f2804b90000(0x156000) @ 0x26000 fe:00 326279 0]: r-xp /usr/lib/x86_64-linux-gnu/libc.so.6
+22483/22483      55cc7d28f345 collatz_steps (/tmp/bolt/pieprog) 0x55cc7d28f342(/tmp/bolt/pieprog)/0x55cc7d28f330(/tmp/bolt/pieprog)/P/-/-/0/COND/- 0x55cc7d28f34e(/tmp/bolt/pieprog)/0x55cc7d28f33e(/tmp/bolt/pieprog)/M/-/-/0/COND/-
+22483/22483      7f2804d6d3aa _dl_relocate_object (/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2)
+";
+        let imp = parse(text, ImportOptions::default(), &no_elf).unwrap();
+        assert_eq!(imp.samples.len(), 1);
+        assert_eq!(
+            imp.skipped_lines, 2,
+            "kernel map and the sample without entries"
+        );
+        let maps = &imp.maps[&22483];
+        assert_eq!(maps.mappings.len(), 3);
+        let m = maps.find(0x55cc7d28f342).unwrap();
+        assert_eq!(m.file_offset(0x55cc7d28f342), 0x1342);
+        assert_eq!(maps.find(0x7f2804d5d010).unwrap().offset, 0);
         assert!(imp.unplaced.is_empty());
     }
 

@@ -64,7 +64,7 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
 
 fn mode_line(mode: Mode) -> &'static str {
     match mode {
-        Mode::Cpi => "CPI (instructions from branch records, cycles from perturbed cycle samples)",
+        Mode::Cpi => "CPI (instructions from branch records, cycles from cycle samples)",
         Mode::IpSampling => {
             "IP sampling (no branch records: per-unit CPI from separate cycles and \
              instructions samples is imprecise)"
@@ -89,7 +89,8 @@ fn header(p: &Profile) -> String {
         "duration:     {:.2} s    perturbation: {}",
         p.duration_secs, p.perturbation
     );
-    if p.range_window > 0 {
+    // The range window only means something where there are branch records.
+    if p.range_window > 0 && matches!(p.mode, Mode::Cpi | Mode::Simulated) {
         let _ = write!(s, "    range window: {}", p.range_window);
     }
     s.push('\n');

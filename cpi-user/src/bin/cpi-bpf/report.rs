@@ -1,12 +1,17 @@
 //! `report`: show a profile file written with `--output` again, in any format.
 
+use std::io::Read;
 use std::path::PathBuf;
+
+use anyhow::Context;
+use cpi_user::report::file;
 
 use crate::output::{emit, OutputArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// A profile file written with `--format json --output FILE`.
+    /// A profile file written with `--format json --output FILE`; `-` reads standard
+    /// input.
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
     #[command(flatten)]
@@ -14,7 +19,15 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let profile = cpi_user::report::file::read(&args.file)?;
+    let profile = if args.file.as_os_str() == "-" {
+        let mut bytes = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut bytes)
+            .context("reading standard input")?;
+        file::parse(&bytes, "on standard input")?
+    } else {
+        file::read(&args.file)?
+    };
     emit(&profile, &args.output)?;
     Ok(0)
 }
