@@ -76,7 +76,7 @@ pub fn program(name: &str) -> Result<PathBuf, String> {
         .args(["-O2", "-g", "-o"])
         .arg(&tmp)
         .arg(&src)
-        .arg("-lm")
+        .args(["-lm", "-pthread"])
         .output()
         .map_err(|e| format!("gcc: {e}"))?;
     if !out.status.success() {

@@ -24,6 +24,7 @@
  *    first superblock then starts a fresh range (a record with from = 0).
  *  - mappings: the client's executable segments, as /proc/PID/maps text, in a MAPS
  *    record at start, after every new executable mapping, and at exit.
+ *  - execve: the caller's range ends and the buffer is written (fini will not run).
  */
 
 #include "pub_tool_basics.h"
@@ -39,6 +40,7 @@
 #include "pub_tool_aspacemgr.h"
 #include "pub_tool_threadstate.h"
 #include "pub_tool_vki.h"
+#include "pub_tool_vkiscnums.h"
 
 /* Record kinds; keep in sync with cpi-user/src/sim/trace.rs. */
 #define K_BRANCH 1    /* from, to, n: n instructions ran, the last at `from`; then `to` */
@@ -129,26 +131,37 @@ static void emit(ULong from, ULong to, ULong n, UShort kind, UShort aux)
 
 static void emit_maps(void)
 {
-   static Addr starts[4096];
-   static HChar text[1 << 16];
+   Addr *starts;
+   HChar *text;
+   SizeT cap;
    Int nseg, i, len = 0;
    UInt kinds = SkFileC | SkAnonC | SkShmC;
    maps_dirty = False;
-   nseg = VG_(am_get_segment_starts)(kinds, starts, 4096);
+   Addr one[1];
+   /* Called with too little room, it returns minus the number of segments. */
+   nseg = VG_(am_get_segment_starts)(kinds, one, 1);
+   nseg = nseg < 0 ? -nseg : nseg;
+   starts = VG_(malloc)("cpitrace.starts", (nseg + 64) * sizeof(Addr));
+   nseg = VG_(am_get_segment_starts)(kinds, starts, nseg + 64);
    if (nseg < 0)
-      nseg = 0; /* more than 4096 client segments: give up rather than truncate */
+      VG_(tool_panic)("cpitrace: client segments changed while listing them");
+   /* A line is at most ~60 bytes plus a path of at most 4096. */
+   cap = 128;
+   for (i = 0; i < nseg; i++) {
+      NSegment const *s = VG_(am_find_nsegment)(starts[i]);
+      const HChar *name = s && s->kind == SkFileC ? VG_(am_get_filename)(s) : NULL;
+      cap += 80 + (name ? VG_(strlen)(name) : 0);
+   }
+   text = VG_(malloc)("cpitrace.maps", cap);
    for (i = 0; i < nseg; i++) {
       NSegment const *s = VG_(am_find_nsegment)(starts[i]);
       const HChar *name;
       if (!s || !s->hasX)
          continue;
       name = s->kind == SkFileC ? VG_(am_get_filename)(s) : NULL;
-      if (len > (Int)sizeof text - 4200)
-         break;
-      len += VG_(snprintf)(text + len, sizeof text - len,
-                           "%lx-%lx %c%c%cp %08llx 00:00 %llu %s\n", s->start, s->end + 1,
-                           s->hasR ? 'r' : '-', s->hasW ? 'w' : '-', 'x',
-                           (ULong)s->offset, s->ino, name ? name : "");
+      len += VG_(snprintf)(text + len, cap - len, "%lx-%lx %c%c%cp %08llx 00:00 %llu %s\n",
+                           s->start, s->end + 1, s->hasR ? 'r' : '-', s->hasW ? 'w' : '-',
+                           'x', (ULong)s->offset, s->ino, name ? name : "");
    }
    emit(0, 0, (ULong)len, K_MAPS, 0);
    put(text, len);
@@ -156,6 +169,8 @@ static void emit_maps(void)
       static const UChar zero[8];
       put(zero, 8 - len % 8);
    }
+   VG_(free)(text);
+   VG_(free)(starts);
 }
 
 /* The previous superblock's executed instructions join the pending range; a jump to
@@ -341,6 +356,27 @@ static void on_mprotect(Addr a, SizeT len, Bool rr, Bool ww, Bool xx)
       maps_dirty = True;
 }
 
+/* execve replaces the process (children are not traced): end the caller's range at
+ * the system call and write everything out now, as fini will not run. Should the call
+ * fail, the thread simply starts a fresh range after it. */
+static void pre_syscall(ThreadId tid, UInt sysno, UWord *args, UInt nargs)
+{
+   if (sysno != __NR_execve && sysno != __NR_execveat)
+      return;
+   if (!threads[tid].live)
+      return;
+   switch_to(tid);
+   enter(VG_(get_IP)(tid));
+   end_range(K_END, 0, 0);
+   maps_dirty = True;
+   emit_maps();
+   flush();
+}
+
+static void post_syscall(ThreadId tid, UInt sysno, UWord *args, UInt nargs, SysRes res)
+{
+}
+
 static void child_after_fork(ThreadId tid)
 {
    /* The child inherits our buffer and fd: it must write neither. */
@@ -417,6 +453,7 @@ static void ct_pre_clo_init(void)
    VG_(basic_tool_funcs)(ct_post_clo_init, ct_instrument, ct_fini);
    VG_(needs_command_line_options)(ct_process_cmd_line_option, ct_print_usage,
                                    ct_print_debug_usage);
+   VG_(needs_syscall_wrapper)(pre_syscall, post_syscall);
    VG_(track_start_client_code)(on_start_client_code);
    VG_(track_pre_deliver_signal)(on_deliver_signal);
    VG_(track_pre_thread_ll_exit)(on_thread_exit);

@@ -38,11 +38,6 @@ impl CodeMap {
         ProcessMaps { mappings }
     }
 
-    /// The mapping holding `addr` now.
-    pub fn mapping(&self, addr: u64) -> Option<&Mapping> {
-        self.current.find(addr)
-    }
-
     /// Bytes from `addr` to the end of its mapping (and of the file), if the mapping is
     /// a readable file.
     pub fn bytes(&mut self, addr: u64) -> Option<(Rc<Vec<u8>>, usize, usize)> {
@@ -62,51 +57,5 @@ impl CodeMap {
         let from = (addr - start + offset) as usize;
         let to = ((end - start + offset) as usize).min(data.len());
         (from < to).then_some((data, from, to))
-    }
-}
-
-/// File offset → ELF virtual address, per file (the address space profiles and
-/// callgrind use). Files that are not ELF, or offsets outside every `PT_LOAD`, map to
-/// `None`.
-#[derive(Default)]
-pub struct ElfAddrs {
-    /// path → its loadable segments (`None`: not a readable ELF file).
-    loads: HashMap<PathBuf, Option<Vec<Load>>>,
-}
-
-/// A `PT_LOAD` segment: (p_offset, p_filesz, p_vaddr).
-type Load = (u64, u64, u64);
-
-impl ElfAddrs {
-    fn segments(path: &std::path::Path) -> Option<Vec<Load>> {
-        use object::read::elf::{FileHeader, ProgramHeader};
-        let data = std::fs::read(path).ok()?;
-        let hdr = object::elf::FileHeader64::<object::Endianness>::parse(&*data).ok()?;
-        let endian = hdr.endian().ok()?;
-        let phdrs = hdr.program_headers(endian, &*data).ok()?;
-        Some(
-            phdrs
-                .iter()
-                .filter(|p| p.p_type(endian) == object::elf::PT_LOAD)
-                .map(|p| (p.p_offset(endian), p.p_filesz(endian), p.p_vaddr(endian)))
-                .collect(),
-        )
-    }
-
-    /// The ELF virtual address of `addr` (a runtime address inside `m`).
-    pub fn vaddr(&mut self, m: &Mapping, addr: u64) -> Option<u64> {
-        let MappedObject::File { path, .. } = &m.object else {
-            return None;
-        };
-        let loads = self
-            .loads
-            .entry(path.clone())
-            .or_insert_with(|| Self::segments(path))
-            .as_ref()?;
-        let off = m.file_offset(addr);
-        loads
-            .iter()
-            .find(|(o, sz, _)| (*o..o + sz).contains(&off))
-            .map(|(o, _, v)| v + (off - o))
     }
 }

@@ -20,8 +20,6 @@
 //! `skid` instructions after the overflowing one (within its range); the branch sample
 //! is taken `skid` taken branches after the overflow.
 
-use std::collections::HashMap;
-
 use cpi_common::policy::{PeriodPolicy, Perturbation, Rng, ThinState, Thinning};
 use cpi_common::wire::{
     BranchEntry, BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES,
@@ -29,6 +27,7 @@ use cpi_common::wire::{
 };
 
 use super::cycles::{Dynamic, Ending, RangeInfo};
+use super::FastMap;
 use crate::profile::SampleSet;
 
 /// What the model samples and how.
@@ -157,7 +156,7 @@ pub struct PmuStats {
 pub struct Pmu {
     cfg: PmuConfig,
     pid: u32,
-    threads: HashMap<u32, ThreadPmu>,
+    threads: FastMap<u32, ThreadPmu>,
     rng: Rng,
     now_cycles: u64,
     next_redraw: u64,
@@ -173,36 +172,24 @@ impl Pmu {
             rng: Rng::new(cfg.seed),
             cfg,
             pid,
-            threads: HashMap::new(),
+            threads: FastMap::default(),
             now_cycles: 0,
             next_redraw,
             stats: PmuStats::default(),
         }
     }
 
-    pub fn config(&self) -> &PmuConfig {
-        &self.cfg
-    }
-
-    /// Simulated cycles so far.
-    pub fn now_cycles(&self) -> u64 {
-        self.now_cycles
-    }
-
     fn thread(&mut self, tid: u32) -> &mut ThreadPmu {
-        if !self.threads.contains_key(&tid) {
-            let t = ThreadPmu {
-                branches: Counter::new(self.cfg.branch, &self.cfg, &mut self.rng),
-                cycles: Counter::new(self.cfg.cycles, &self.cfg, &mut self.rng),
-                lbr: vec![BranchEntry::default(); self.cfg.depth],
-                head: 0,
-                filled: 0,
-                since_entry: 0,
-                branch_skid: None,
-            };
-            self.threads.insert(tid, t);
-        }
-        self.threads.get_mut(&tid).expect("inserted above")
+        let (cfg, rng) = (&self.cfg, &mut self.rng);
+        self.threads.entry(tid).or_insert_with(|| ThreadPmu {
+            branches: Counter::new(cfg.branch, cfg, rng),
+            cycles: Counter::new(cfg.cycles, cfg, rng),
+            lbr: vec![BranchEntry::default(); cfg.depth],
+            head: 0,
+            filled: 0,
+            since_entry: 0,
+            branch_skid: None,
+        })
     }
 
     fn header(
@@ -349,6 +336,133 @@ impl Pmu {
             set.add_branch(&BranchSample { header: h, entries });
             self.stats.branch_samples += 1;
         }
-        self.redraw();
+        if self.now_cycles >= self.next_redraw {
+            self.redraw();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::cycles::{Flow, Predictor};
+
+    /// A loop: range A [0x1000, 0x1008] (3 instructions, ends in a taken conditional
+    /// back to 0x1000); every iteration is one taken branch 0x1008 → 0x1000.
+    fn loop_range() -> RangeInfo {
+        RangeInfo {
+            start: 0x1000,
+            end: 0x1008,
+            n: 3,
+            addrs: vec![0x1000, 0x1004, 0x1008],
+            costs: vec![1, 3, 1],
+            static_cycles: 5,
+            conds: Vec::new(),
+            last: Flow::Conditional,
+            reps: Vec::new(),
+        }
+    }
+
+    fn run(cfg: PmuConfig, iterations: u64) -> (SampleSet, Pmu, u64) {
+        let mut set = SampleSet::new(cfg.depth - 1);
+        let mut pmu = Pmu::new(cfg, 7);
+        let mut pred = Predictor::default();
+        let mut d = Dynamic::default();
+        let r = loop_range();
+        let mut cycles = 0;
+        for _ in 0..iterations {
+            pred.execute(&r, Ending::Taken { to: 0x1000 }, &mut d);
+            cycles += d.cycles;
+            pmu.on_range(&mut set, 7, &r, &d, Ending::Taken { to: 0x1000 });
+        }
+        (set, pmu, cycles)
+    }
+
+    fn fixed(p: u64) -> PeriodPolicy {
+        PeriodPolicy { base: p, jitter: 0 }
+    }
+
+    #[test]
+    fn period_one_samples_every_taken_branch_and_every_cycle() {
+        let cfg = PmuConfig {
+            branch: fixed(1),
+            cycles: fixed(1),
+            depth: 4,
+            perturbation: Perturbation::None,
+            ..PmuConfig::default()
+        };
+        let (set, pmu, cycles) = run(cfg, 1000);
+        assert_eq!(pmu.stats.branch_samples, 1000);
+        assert_eq!(pmu.stats.ip_samples, cycles);
+        let p = &set.processes[&7];
+        // The first depth-1 samples are shallower than the window.
+        assert_eq!(p.branches.short_samples, 3);
+        // Each later sample adds 3 ranges of weight 1/3: the range count is exact.
+        let r = p.branches.ranges[&(0x1000, 0x1008)];
+        assert!((r.count - 997.0).abs() < 1e-9, "{r:?}");
+        // Per-instruction cycles are exact: 1, 3 and 1 (+1 taken) per iteration,
+        // after the predictor warmed up.
+        let ips = &p.ips[&EventRole::Cycles];
+        assert_eq!(ips.weight, cycles);
+        assert_eq!(ips.by_ip[&0x1004].1, 3000);
+        // The LBR entries carry the cycles since the previous entry.
+        assert!(r.timed_hits > 0 && r.timed_cycles >= 6 * r.timed_hits);
+    }
+
+    #[test]
+    fn thinning_and_redraws_keep_total_weight_near_exact() {
+        for perturbation in [Perturbation::Kernel, Perturbation::Both] {
+            let cfg = PmuConfig {
+                branch: fixed(101),
+                cycles: PeriodPolicy::around(997),
+                depth: 8,
+                perturbation,
+                thinning: 4,
+                redraw_interval_ns: 1_000, // 3000 cycles: many re-draws
+                ..PmuConfig::default()
+            };
+            let (set, pmu, cycles) = run(cfg, 200_000);
+            let p = &set.processes[&7];
+            let ips = &p.ips[&EventRole::Cycles];
+            if perturbation == Perturbation::Kernel {
+                // No re-draw: Σ weights + what is pending in the counter = all cycles.
+                assert!(ips.weight <= cycles);
+                assert!(
+                    cycles - ips.weight < 2 * 997 * 4,
+                    "{} of {cycles}",
+                    ips.weight
+                );
+                assert_eq!(pmu.stats.redraws, 0);
+            } else {
+                // Re-draws restart the count (PERF_EVENT_IOC_PERIOD): each loses at most
+                // one period's progress.
+                assert!(pmu.stats.redraws > 100);
+                let lost = cycles - ips.weight;
+                let bound = (pmu.stats.redraws / 2 + 8) * 997 / 4 * 17 / 16 + 8 * 997;
+                assert!(lost <= bound, "lost {lost} > {bound}");
+            }
+            assert!(pmu.stats.thinned > 0);
+            // One emitted record per ~K overflows.
+            let rate = pmu.stats.cycle_overflows as f64 / pmu.stats.ip_samples as f64;
+            assert!((3.0..5.0).contains(&rate), "{rate}");
+        }
+    }
+
+    #[test]
+    fn user_layer_redraws_prime_periods_in_band() {
+        let cfg = PmuConfig {
+            cycles: PeriodPolicy::around(1000),
+            perturbation: Perturbation::User,
+            redraw_interval_ns: 100,
+            ..PmuConfig::default()
+        };
+        let (_, pmu, _) = run(cfg, 20_000);
+        let t = &pmu.threads[&7];
+        let p = t.cycles.period;
+        assert!(
+            cpi_common::policy::is_prime(p) && (1009..=1009 + 63 + 20).contains(&p),
+            "{p}"
+        );
+        assert!(pmu.stats.redraws > 100);
     }
 }

@@ -43,9 +43,11 @@ pub struct Truth {
     pub unknown_cycles: u64,
     /// Every executable mapping of the run.
     pub maps: ProcessMaps,
-    /// The last range of every thread, [start, end] (runtime addresses): what ran up to
-    /// the thread's final instruction (usually the exit system call).
-    pub final_ranges: Vec<(u64, u64)>,
+    /// Ranges [start, end] (runtime addresses) whose last instruction is a system call
+    /// that never returned to the next instruction — a thread's exit, `rt_sigreturn` —
+    /// with their execution counts. (Callgrind charges a block when it completes, so it
+    /// does not count these: the tracer tests need them.)
+    pub unreturned_ranges: Vec<(u64, u64, u64)>,
     pub stats: ReplayStats,
 }
 
@@ -71,6 +73,8 @@ struct Slot {
     count: u64,
     cycles: u64,
     last_mispredicts: u64,
+    /// Ends in a system call that transferred elsewhere (`rt_sigreturn`).
+    unreturned: bool,
 }
 
 /// The replay state.
@@ -86,7 +90,8 @@ pub struct Replay {
     pmu: Option<Pmu>,
     stats: ReplayStats,
     pid: u32,
-    final_ranges: Vec<(u64, u64)>,
+    /// Thread ends: [start, end].
+    final_ranges: FastMap<(u64, u64), u64>,
 }
 
 impl Replay {
@@ -109,9 +114,6 @@ impl Replay {
                 Event::Maps(m) => self.code.update(m),
                 Event::Thread { tid: t } => {
                     starts.insert(tid, start);
-                    if !starts.contains_key(&t) {
-                        self.stats.threads += 1;
-                    }
                     tid = t;
                     start = starts.get(&t).copied().unwrap_or(0);
                 }
@@ -131,8 +133,9 @@ impl Replay {
                     start = 0;
                 }
                 Event::End { from, n } => {
+                    starts.insert(tid, 0);
                     if start != 0 {
-                        self.final_ranges.push((start, from));
+                        *self.final_ranges.entry((start, from)).or_default() += 1;
                     }
                     if n > 0 {
                         self.range(set, tid, start, from, n, Ending::Stop);
@@ -141,6 +144,8 @@ impl Replay {
                 }
             }
         }
+        starts.insert(tid, start);
+        self.stats.threads = starts.len() as u64;
         Ok(())
     }
 
@@ -166,6 +171,12 @@ impl Replay {
             Some(&s) if self.table.infos[self.slots[s as usize].range as usize].n == n => s,
             _ => {
                 let range = self.table.get(&mut self.code, start, end, n);
+                let unreturned = to != u64::MAX
+                    && to != end + 2
+                    && self
+                        .code
+                        .bytes(end)
+                        .is_some_and(|(d, from, _)| d[from..].starts_with(&[0x0f, 0x05]));
                 let s = self.slots.len() as u32;
                 self.slots.push(Slot {
                     range,
@@ -173,6 +184,7 @@ impl Replay {
                     count: 0,
                     cycles: 0,
                     last_mispredicts: 0,
+                    unreturned,
                 });
                 self.by_key.insert((start, end, to), s);
                 s
@@ -197,23 +209,25 @@ impl Replay {
         self.pmu.as_ref()
     }
 
-    /// Every executable mapping the run had.
-    pub fn maps(&self) -> ProcessMaps {
-        self.code.all_maps()
-    }
-
     /// Expands the per-range counts into the exact per-instruction and per-edge truth.
     pub fn truth(&self) -> Truth {
         let mut t = Truth {
             pid: self.pid,
             maps: self.code.all_maps(),
-            final_ranges: self.final_ranges.clone(),
+            unreturned_ranges: self
+                .final_ranges
+                .iter()
+                .map(|(&(s, e), &c)| (s, e, c))
+                .collect(),
             ..Default::default()
         };
         let penalty = super::cycles::MISPREDICT_PENALTY as u64;
         for sl in &self.slots {
             let r = &self.table.infos[sl.range as usize];
             t.instructions += sl.count * r.n as u64;
+            if sl.unreturned {
+                t.unreturned_ranges.push((r.start, r.end, sl.count));
+            }
             t.cycles += sl.cycles;
             if let Ending::Taken { to } = sl.ending {
                 let e = t.taken.entry((r.end, to)).or_default();

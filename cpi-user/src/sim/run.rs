@@ -132,6 +132,13 @@ pub fn run_streaming<T>(
         status
     });
     let result = File::open(&fifo)
+        .inspect(|f| {
+            use std::os::fd::AsRawFd;
+            // The tool writes 1 MiB blocks: a pipe that holds one lets both sides run
+            // instead of trading 64 KiB turns. Best effort (capped by pipe-max-size).
+            // SAFETY: fcntl on a descriptor we own.
+            unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+        })
         .map_err(|e| SimError::Fifo(fifo.clone(), e))
         .and_then(consume);
     if result.is_err() {

@@ -314,7 +314,7 @@ mod tests {
             "{err}"
         );
         // Cut inside the maps text.
-        let mut r = TraceReader::new(&t[..30]).unwrap();
+        let mut r = TraceReader::new(&t[..50]).unwrap();
         assert!(matches!(
             r.next().unwrap_err(),
             TraceError::Truncated {
