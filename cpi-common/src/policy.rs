@@ -76,7 +76,51 @@ impl Perturbation {
     pub const fn user(self) -> bool {
         matches!(self, Perturbation::User | Perturbation::Both)
     }
+
+    /// The name used on the command line and in profiles.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Perturbation::None => "none",
+            Perturbation::Kernel => "kernel",
+            Perturbation::User => "user",
+            Perturbation::Both => "both",
+        }
+    }
+
+    /// The thinning the kernel layer applies: `keep_one_in` when that layer runs, off
+    /// otherwise. The hardware period is the requested one either way.
+    pub const fn thinning(self, keep_one_in: u32) -> Thinning {
+        if self.kernel() {
+            Thinning::new(keep_one_in)
+        } else {
+            Thinning::OFF
+        }
+    }
 }
+
+/// The default layers, from the PMU model's synchronisation measurement
+/// (`tests/tests/simulate.rs`, README "Perturbation"): user-space re-draws remove the
+/// bias of a loop locked onto the period; in-kernel thinning cannot move the phase (the
+/// hardware still overflows every P events), it only cuts the records written. So by
+/// default only the user layer runs and thinning is an opt-in volume control.
+pub const DEFAULT_PERTURBATION: Perturbation = Perturbation::User;
+
+/// Thinning factor when the kernel layer runs and none is given.
+pub const DEFAULT_THINNING: u32 = 4;
+
+/// Seed 001's CBT window for branch stacks `depth` entries deep: every range of a full
+/// stack (a fixed count, so samples weigh the same).
+pub const fn range_window(depth: usize) -> usize {
+    if depth > 1 {
+        depth - 1
+    } else {
+        1
+    }
+}
+
+/// Window when the branch-record depth is unknown: Intel's pre-Skylake and AMD Zen 4's
+/// 16 entries.
+pub const FALLBACK_RANGE_WINDOW: usize = range_window(16);
 
 /// A sampling period and how far the user-space layer may move it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
 use aya::programs::PerfEvent;
 use aya::Ebpf;
-use cpi_common::policy::{KernelConfig, Perturbation, Rng, Thinning};
+use cpi_common::policy::{self, KernelConfig, Perturbation, Rng};
 use cpi_common::wire::{Counter, COUNTERS};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, SignalKind};
@@ -85,8 +85,9 @@ pub struct CollectOptions {
     pub redraw_every: Duration,
     /// BPF ring buffer size (a power of two ≥ the page size).
     pub ring_bytes: u32,
-    /// Ranges per branch sample (seed 001's CBT window).
-    pub window: usize,
+    /// Ranges per branch sample (seed 001's CBT window); `None`: the branch-record depth
+    /// − 1 ([`cpi_common::policy::range_window`]).
+    pub window: Option<usize>,
 }
 
 /// Why collection stopped.
@@ -278,11 +279,7 @@ pub fn collect(
     if !caps.btf {
         notify("note: no kernel BTF (/sys/kernel/btf/vmlinux missing); trying to load without it");
     }
-    let thinning = if opts.perturbation.kernel() {
-        Thinning::new(opts.thinning)
-    } else {
-        Thinning::OFF
-    };
+    let thinning = opts.perturbation.thinning(opts.thinning);
     let bpf_cfg = KernelConfig {
         thinning,
         include_kernel: opts.include_kernel as u32,
@@ -360,7 +357,11 @@ pub fn collect(
         hint: "",
         cause: e.into(),
     })?;
-    let mut drain = Drain::new(opts.window);
+    let window = opts.window.unwrap_or(match caps.lbr_depth {
+        Some(depth) => policy::range_window(depth as usize),
+        None => policy::FALLBACK_RANGE_WINDOW,
+    });
+    let mut drain = Drain::new(window);
     let stop = rt.block_on(run(
         opts,
         &specs,
@@ -409,7 +410,7 @@ pub fn collect(
         },
         duration_secs,
         events,
-        perturbation: perturbation_name(opts.perturbation).to_string(),
+        perturbation: opts.perturbation.name().to_string(),
         lost,
     };
     Ok(Collected {
@@ -548,15 +549,6 @@ pub fn mode_name(mode: Mode) -> &'static str {
         Mode::IpSampling => "ip-sampling",
         Mode::TimeProfile => "time-profile",
         Mode::Simulated => "simulated",
-    }
-}
-
-pub fn perturbation_name(p: Perturbation) -> &'static str {
-    match p {
-        Perturbation::None => "none",
-        Perturbation::Kernel => "kernel",
-        Perturbation::User => "user",
-        Perturbation::Both => "both",
     }
 }
 

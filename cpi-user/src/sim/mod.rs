@@ -84,7 +84,8 @@ pub fn simulate_command(
     let tool = run::find_tool_dir()?;
     let t0 = std::time::Instant::now();
     let cfg = cfg.clone();
-    let window = cfg.depth.clamp(2, cpi_common::wire::MAX_BRANCH_ENTRIES) - 1;
+    let window =
+        cpi_common::policy::range_window(cfg.depth.clamp(2, cpi_common::wire::MAX_BRANCH_ENTRIES));
     let ((samples, truth, pmu), status) = run::run_streaming(&tool, cmd, stdout, move |fifo| {
         let mut set = SampleSet::new(window);
         // The pid is only known from the trace header; the model is created lazily.

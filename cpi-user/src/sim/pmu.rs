@@ -4,9 +4,10 @@
 //! into a [`SampleSet`], the same aggregation path.
 //!
 //! Both perturbation layers are the production code of `cpi_common::policy`:
-//! * kernel: every counter overflow goes through [`ThinState::on_overflow`]; with the
-//!   layer on, the hardware period is the requested period / K (K = thinning factor), so
-//!   one record per requested period is emitted on average in every mode;
+//! * kernel: every counter overflow goes through [`ThinState::on_overflow`] with
+//!   [`Perturbation::thinning`], exactly as the eBPF program does: the hardware period is
+//!   the requested one, one record per K overflows is emitted, weighted by the periods
+//!   it stands for;
 //! * user: every `redraw_interval_ns` of simulated time (cycles / `cycles_per_ns`), each
 //!   counter gets a fresh period from [`PeriodPolicy::draw`], set like
 //!   `PERF_EVENT_IOC_PERIOD` does: the count restarts (events since the last overflow
@@ -20,7 +21,9 @@
 //! `skid` instructions after the overflowing one (within its range); the branch sample
 //! is taken `skid` taken branches after the overflow.
 
-use cpi_common::policy::{PeriodPolicy, Perturbation, Rng, ThinState, Thinning};
+use cpi_common::policy::{
+    PeriodPolicy, Perturbation, Rng, ThinState, Thinning, DEFAULT_PERTURBATION, DEFAULT_THINNING,
+};
 use cpi_common::wire::{
     BranchEntry, BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES,
     WIRE_VERSION,
@@ -56,7 +59,7 @@ impl Default for PmuConfig {
             branch: PeriodPolicy::around(SIM_BRANCH_PERIOD),
             cycles: PeriodPolicy::around(SIM_CYCLE_PERIOD),
             depth: MAX_BRANCH_ENTRIES,
-            perturbation: Perturbation::Both,
+            perturbation: DEFAULT_PERTURBATION,
             thinning: DEFAULT_THINNING,
             skid: 0,
             redraw_interval_ns: 10_000_000,
@@ -72,13 +75,11 @@ impl Default for PmuConfig {
 pub const SIM_BRANCH_PERIOD: u64 = 2_003;
 /// Default cycles per cycle sample (prime; see [`SIM_BRANCH_PERIOD`]).
 pub const SIM_CYCLE_PERIOD: u64 = 2_003;
-/// Default kernel-layer thinning factor.
-pub const DEFAULT_THINNING: u32 = 4;
 
 /// One hardware counter of one thread.
 #[derive(Clone, Debug)]
 struct Counter {
-    /// The hardware period policy (requested / K with the kernel layer).
+    /// The hardware period policy.
     hw: PeriodPolicy,
     period: u64,
     left: u64,
@@ -86,21 +87,7 @@ struct Counter {
 }
 
 impl Counter {
-    fn new(requested: PeriodPolicy, cfg: &PmuConfig, rng: &mut Rng) -> Self {
-        let k = if cfg.perturbation.kernel() {
-            cfg.thinning.max(1) as u64
-        } else {
-            1
-        };
-        let base = (requested.base / k).max(1);
-        let hw = PeriodPolicy {
-            base,
-            jitter: if k == 1 {
-                requested.jitter
-            } else {
-                base >> PeriodPolicy::DEFAULT_JITTER_SHIFT
-            },
-        };
+    fn new(hw: PeriodPolicy, cfg: &PmuConfig, rng: &mut Rng) -> Self {
         let period = if cfg.perturbation.user() {
             hw.draw(rng)
         } else {
@@ -115,11 +102,7 @@ impl Counter {
     }
 
     fn thinning(cfg: &PmuConfig) -> Thinning {
-        if cfg.perturbation.kernel() {
-            Thinning::new(cfg.thinning)
-        } else {
-            Thinning::OFF
-        }
+        cfg.perturbation.thinning(cfg.thinning)
     }
 }
 
@@ -434,11 +417,12 @@ mod tests {
                 );
                 assert_eq!(pmu.stats.redraws, 0);
             } else {
-                // Re-draws restart the count (PERF_EVENT_IOC_PERIOD): each loses at most
-                // one period's progress.
+                // Re-draws restart the count (PERF_EVENT_IOC_PERIOD): each loses less
+                // than one (re-drawn, ≤ 17/16 × base) period's progress; thinning holds
+                // back at most the overflows since the last record.
                 assert!(pmu.stats.redraws > 100);
                 let lost = cycles - ips.weight;
-                let bound = (pmu.stats.redraws / 2 + 8) * 997 / 4 * 17 / 16 + 8 * 997;
+                let bound = pmu.stats.redraws * 997 * 17 / 16 + 2 * 4 * 997 * 17 / 16;
                 assert!(lost <= bound, "lost {lost} > {bound}");
             }
             assert!(pmu.stats.thinned > 0);

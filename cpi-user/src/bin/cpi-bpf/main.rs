@@ -3,6 +3,7 @@
 mod doctor;
 mod import_perf;
 mod output;
+mod policy;
 mod record;
 mod report;
 mod simulate;

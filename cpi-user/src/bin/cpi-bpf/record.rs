@@ -3,31 +3,11 @@
 use std::time::Duration;
 
 use anyhow::bail;
-use clap::ValueEnum;
-use cpi_common::policy::Perturbation;
 use cpi_user::collect::{self, events::Rate, CollectOptions, StopReason, Target};
 use cpi_user::profile::{analyze, AnalysisOptions};
 
 use crate::output::{emit, OutputArgs};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum PerturbationArg {
-    None,
-    Kernel,
-    User,
-    Both,
-}
-
-impl From<PerturbationArg> for Perturbation {
-    fn from(p: PerturbationArg) -> Self {
-        match p {
-            PerturbationArg::None => Perturbation::None,
-            PerturbationArg::Kernel => Perturbation::Kernel,
-            PerturbationArg::User => Perturbation::User,
-            PerturbationArg::Both => Perturbation::Both,
-        }
-    }
-}
+use crate::policy::PolicyArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -47,12 +27,8 @@ pub struct Args {
     /// up to a prime.
     #[arg(long, value_name = "N")]
     pub period: Option<u64>,
-    /// Which period perturbation layers run (kernel thinning, user-space re-draws).
-    #[arg(long, value_enum, default_value_t = PerturbationArg::Both)]
-    pub perturbation: PerturbationArg,
-    /// In-kernel thinning: emit one sample in N on average (1 = every sample).
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub thinning: u32,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// User-space period re-draw interval, milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 50)]
     pub redraw_ms: u64,
@@ -62,9 +38,10 @@ pub struct Args {
     /// Sample kernel code too.
     #[arg(long)]
     pub include_kernel: bool,
-    /// Ranges used per branch sample (the fixed window that keeps the profile uniform).
-    #[arg(long, value_name = "N", default_value_t = 16)]
-    pub range_window: usize,
+    /// Ranges used per branch sample, the fixed window that keeps the profile uniform
+    /// (default: branch-record depth − 1, as the PMU model uses).
+    #[arg(long, value_name = "N")]
+    pub range_window: Option<usize>,
     #[command(flatten)]
     pub output: OutputArgs,
     /// Command to start and profile (with its children).
@@ -111,11 +88,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             core_hz: collect::events::nominal_core_hz(),
         },
         include_kernel: args.include_kernel,
-        perturbation: args.perturbation.into(),
-        thinning: args.thinning.max(1),
+        perturbation: args.policy.perturbation(),
+        thinning: args.policy.thinning.max(1),
         redraw_every: Duration::from_millis(args.redraw_ms.max(1)),
         ring_bytes: args.ring_buffer_mib << 20,
-        window: args.range_window.max(1),
+        window: args.range_window.map(|w| w.max(1)),
     };
     let collected = collect::collect(&opts, &mut |msg| eprintln!("cpi-bpf: {msg}"))?;
     let stop = match collected.stop {

@@ -6,8 +6,7 @@ use std::fmt::Write as _;
 use std::process::Stdio;
 
 use anyhow::Context;
-use clap::ValueEnum;
-use cpi_common::policy::{PeriodPolicy, Perturbation};
+use cpi_common::policy::PeriodPolicy;
 use cpi_user::profile::model::{EventInfo, LossReport, Mode, RunInfo};
 use cpi_user::profile::{analyze, AnalysisOptions};
 use cpi_user::report::{file, table};
@@ -16,25 +15,7 @@ use cpi_user::sim::pmu::{self, PmuConfig};
 use cpi_user::sim::simulate_command;
 
 use crate::output::{emit, write_out, Format, OutputArgs};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Perturb {
-    None,
-    Kernel,
-    User,
-    Both,
-}
-
-impl From<Perturb> for Perturbation {
-    fn from(p: Perturb) -> Self {
-        match p {
-            Perturb::None => Perturbation::None,
-            Perturb::Kernel => Perturbation::Kernel,
-            Perturb::User => Perturbation::User,
-            Perturb::Both => Perturbation::Both,
-        }
-    }
-}
+use crate::policy::PolicyArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -47,12 +28,8 @@ pub struct Args {
     /// LBR depth: branch records per sample (2..=32); the range window is depth − 1.
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub depth: usize,
-    /// Which layers of the perturbation policy run.
-    #[arg(long, value_enum, default_value_t = Perturb::Both)]
-    pub perturb: Perturb,
-    /// Kernel-layer thinning: one record per K overflows (hardware period = period / K).
-    #[arg(long, value_name = "K", default_value_t = pmu::DEFAULT_THINNING)]
-    pub thin: u32,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// Skid: the cycle sample's IP lands N instructions late, the branch sample N taken
     /// branches late.
     #[arg(long, value_name = "N", default_value_t = 0)]
@@ -86,8 +63,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         branch: policy(args.branch_period),
         cycles: policy(args.cycle_period),
         depth: args.depth,
-        perturbation: args.perturb.into(),
-        thinning: args.thin.max(1),
+        perturbation: args.policy.perturbation(),
+        thinning: args.policy.thinning.max(1),
         skid: args.skid,
         redraw_interval_ns: args.redraw_ms.max(1) * 1_000_000,
         seed: args.seed,
@@ -95,7 +72,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     };
     let out = simulate_command(&cfg, &args.command, Stdio::from(std::io::stderr()))
         .context("simulating")?;
-    let perturbation = format!("{:?}", args.perturb).to_lowercase();
+    let perturbation = cfg.perturbation.name().to_string();
     let thinning = if cfg.perturbation.kernel() {
         cfg.thinning
     } else {
