@@ -141,6 +141,25 @@ pub struct BranchSample {
 }
 
 impl BranchSample {
+    /// A branch record with `header`'s pid/tid/cpu/period/time/ip holding `newest_first`
+    /// (entries past [`MAX_BRANCH_ENTRIES`] are dropped); version, kind, event and `nr`
+    /// are set here.
+    pub fn new(header: SampleHeader, newest_first: &[BranchEntry]) -> Self {
+        let n = newest_first.len().min(MAX_BRANCH_ENTRIES);
+        let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
+        entries[..n].copy_from_slice(&newest_first[..n]);
+        BranchSample {
+            header: SampleHeader {
+                version: WIRE_VERSION,
+                kind: SampleKind::Branch as u16,
+                event: EventRole::Branches as u32,
+                nr: n as u16,
+                ..header
+            },
+            entries,
+        }
+    }
+
     /// The valid entries, newest first.
     pub fn entries(&self) -> &[BranchEntry] {
         let n = (self.header.nr as usize).min(MAX_BRANCH_ENTRIES);

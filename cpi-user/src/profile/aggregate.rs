@@ -169,24 +169,15 @@ impl SampleSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cpi_common::wire::{
-        BranchEntry, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES, WIRE_VERSION,
-    };
+    use cpi_common::wire::{BranchEntry, SampleHeader};
 
     fn sample(period: u64, newest_first: &[BranchEntry]) -> BranchSample {
-        let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
-        entries[..newest_first.len()].copy_from_slice(newest_first);
-        BranchSample {
-            header: SampleHeader {
-                version: WIRE_VERSION,
-                kind: SampleKind::Branch as u16,
-                nr: newest_first.len() as u16,
-                tgid: 7,
-                period,
-                ..Default::default()
-            },
-            entries,
-        }
+        let header = SampleHeader {
+            tgid: 7,
+            period,
+            ..Default::default()
+        };
+        BranchSample::new(header, newest_first)
     }
 
     #[test]

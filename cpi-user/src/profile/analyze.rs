@@ -900,29 +900,19 @@ mod range_tests {
     use super::*;
     use crate::binary::testbin::{maps_for, TestProgram};
     use crate::binary::Binary;
-    use cpi_common::wire::{
-        BranchEntry, BranchSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES, WIRE_VERSION,
-    };
+    use cpi_common::wire::{BranchEntry, BranchSample, SampleHeader};
     use rand::{Rng, SeedableRng};
     use std::path::Path;
 
     const PID: u32 = 77;
 
     fn branch_sample(period: u64, newest_first: &[BranchEntry]) -> BranchSample {
-        let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
-        entries[..newest_first.len()].copy_from_slice(newest_first);
-        BranchSample {
-            header: SampleHeader {
-                version: WIRE_VERSION,
-                kind: SampleKind::Branch as u16,
-                nr: newest_first.len() as u16,
-                tgid: PID,
-                event: EventRole::Branches as u32,
-                period,
-                ..Default::default()
-            },
-            entries,
-        }
+        let header = SampleHeader {
+            tgid: PID,
+            period,
+            ..Default::default()
+        };
+        BranchSample::new(header, newest_first)
     }
 
     fn set_for(path: &Path, bin: &Binary, base: u64, window: usize) -> SampleSet {
@@ -1372,9 +1362,7 @@ mod bench {
     use super::*;
     use crate::binary::testbin::maps_for;
     use crate::binary::Binary;
-    use cpi_common::wire::{
-        BranchEntry, BranchSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES, WIRE_VERSION,
-    };
+    use cpi_common::wire::{BranchEntry, BranchSample, SampleHeader};
     use rand::{Rng, SeedableRng};
     use std::path::Path;
     use std::time::Instant;
@@ -1463,22 +1451,13 @@ mod bench {
             ring.truncate(DEPTH);
             taken += 1;
             if taken % BRANCH_PERIOD == 0 && ring.len() == DEPTH {
-                let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
-                for (k, e) in ring.iter().enumerate() {
-                    entries[k] = *e;
-                }
-                set.add_branch(&BranchSample {
-                    header: SampleHeader {
-                        version: WIRE_VERSION,
-                        kind: SampleKind::Branch as u16,
-                        nr: DEPTH as u16,
-                        tgid: PID,
-                        event: EventRole::Branches as u32,
-                        period: BRANCH_PERIOD,
-                        ..Default::default()
-                    },
-                    entries,
-                });
+                let header = SampleHeader {
+                    tgid: PID,
+                    period: BRANCH_PERIOD,
+                    ..Default::default()
+                };
+                let entries: Vec<BranchEntry> = ring.iter().copied().collect();
+                set.add_branch(&BranchSample::new(header, &entries));
             }
             (f, i) = (to_f, to_i);
         }

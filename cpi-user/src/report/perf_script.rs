@@ -20,10 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use cpi_common::wire::{
-    BranchEntry, BranchSample, EventRole, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES,
-    WIRE_VERSION,
-};
+use cpi_common::wire::{BranchEntry, BranchSample, SampleHeader, MAX_BRANCH_ENTRIES};
 use object::{Object, ObjectSegment};
 
 use crate::procmap::{MappedObject, Mapping, ProcessMaps};
@@ -419,22 +416,15 @@ fn branch_sample(
     period: u64,
     newest_first: &[BranchEntry],
 ) -> BranchSample {
-    let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
-    entries[..newest_first.len()].copy_from_slice(newest_first);
-    BranchSample {
-        header: SampleHeader {
-            version: WIRE_VERSION,
-            kind: SampleKind::Branch as u16,
-            nr: newest_first.len() as u16,
-            tgid: pid,
-            tid,
-            event: EventRole::Branches as u32,
-            period,
-            ip,
-            ..Default::default()
-        },
-        entries,
-    }
+    // Deeper stacks than the wire carries (ARM BRBE has 64) keep their newest entries.
+    let header = SampleHeader {
+        tgid: pid,
+        tid,
+        period,
+        ip,
+        ..Default::default()
+    };
+    BranchSample::new(header, newest_first)
 }
 
 /// `... PERF_RECORD_MMAP2 PID/TID: [0xSTART(0xLEN) @ 0xPGOFF ...]: PROT PATH` (also the
