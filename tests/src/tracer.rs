@@ -203,21 +203,3 @@ fn parse_num(s: &str) -> Result<u64, String> {
     }
     .map_err(|_| format!("bad number {s:?} in callgrind output"))
 }
-
-/// The `cpi-bpf` binary next to the running test (built on first use: cargo builds a
-/// package's binaries only for that package's own tests).
-pub fn cpi_bpf() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?.parent()?;
-    let bin = dir.join("cpi-bpf");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
-    cmd.args(["build", "-q", "-p", "cpi-user", "--bin", "cpi-bpf"]);
-    if dir.file_name()? == "release" {
-        cmd.arg("--release");
-    }
-    match cmd.status() {
-        Ok(s) if s.success() && bin.exists() => Some(bin),
-        _ => None,
-    }
-}

@@ -11,10 +11,11 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cpi_tests::cpi_bpf;
 use cpi_user::profile::model::*;
 use cpi_user::report::fdata;
 use object::{Object, ObjectSymbol};
-use report_fixture::{cpi_bpf, have, scratch};
+use report_fixture::{have, scratch};
 
 const PROG: &str = r#"
 #include <stdio.h>
@@ -376,10 +377,7 @@ fn bolt_optimises_with_the_fdata_of_cpi_bpf_simulate() {
     if !tools_present() {
         return;
     }
-    let Some(cpi) = cpi_bpf() else {
-        eprintln!("skipped: cpi-bpf binary not built next to the tests (cargo build -p cpi-user)");
-        return;
-    };
+    let cpi = cpi_bpf();
     if let Err(why) = cpi_tests::tracer::tool_dir() {
         eprintln!("skipped: {why}");
         return;
@@ -387,7 +385,7 @@ fn bolt_optimises_with_the_fdata_of_cpi_bpf_simulate() {
     let dir = scratch("fdata-sim");
     let exe = build(&dir);
     let fd = dir.join("prog.fdata");
-    let out = Command::new(&cpi)
+    let out = Command::new(cpi)
         .args(["simulate", "--format", "fdata", "--output"])
         .arg(&fd)
         .arg("--")
@@ -494,10 +492,7 @@ fn bolt_optimises_with_fdata_from_imported_branch_stacks() {
     if !tools_present() {
         return;
     }
-    let Some(cpi) = cpi_bpf() else {
-        eprintln!("skipped: cpi-bpf binary not built next to the tests");
-        return;
-    };
+    let cpi = cpi_bpf();
     let dir = scratch("fdata-walk");
     let exe = build(&dir);
     let stream = walk(&exe, 300_000);
@@ -516,7 +511,7 @@ fn bolt_optimises_with_fdata_from_imported_branch_stacks() {
     let script = dir.join("perf.txt");
     std::fs::write(&script, text).unwrap();
     let fd = dir.join("walk.fdata");
-    let out = Command::new(&cpi)
+    let out = Command::new(cpi)
         .args([
             "import-perf",
             "--period",
@@ -558,7 +553,7 @@ fn bolt_optimises_with_fdata_from_imported_branch_stacks() {
 
     // The imported taken-edge profile against the walk's exact counts: degree of
     // overlap Σ min(p̂, p) of the normalised counts (DESIGN.md's metric).
-    let out = Command::new(&cpi)
+    let out = Command::new(cpi)
         .args([
             "import-perf",
             "--period",

@@ -6,11 +6,12 @@ mod report_fixture;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::Command;
 
+use cpi_tests::cpi_bpf;
 use cpi_user::profile::model::Profile;
 use cpi_user::report::file::{parse, read, to_json, ProfileFileError};
 use cpi_user::report::table::{render, TableOptions};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use report_fixture::{cpi_bpf, cpi_profile, golden, scratch, time_profile};
+use report_fixture::{cpi_profile, golden, scratch, time_profile};
 
 #[test]
 fn json_round_trips_both_modes() {
@@ -132,16 +133,13 @@ fn parser_survives_truncation_and_corruption() {
 
 #[test]
 fn report_command_reproduces_views_offline_and_rejects_bad_files() {
-    let Some(bin) = cpi_bpf() else {
-        eprintln!("skipped: cpi-bpf binary not built next to the tests (cargo build -p cpi-user)");
-        return;
-    };
+    let bin = cpi_bpf();
     let dir = scratch("report-file");
     let p = cpi_profile();
     let file = dir.join("p.json");
     std::fs::write(&file, to_json(&p).unwrap()).unwrap();
 
-    let run = |args: &[&str]| Command::new(&bin).args(args).output().unwrap();
+    let run = |args: &[&str]| Command::new(bin).args(args).output().unwrap();
     let f = file.to_str().unwrap();
     let out = run(&["report", f, "--top", "5"]);
     assert!(

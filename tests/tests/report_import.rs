@@ -11,11 +11,12 @@ use cpi_common::wire::{
     BranchEntry, BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES,
     WIRE_VERSION,
 };
+use cpi_tests::cpi_bpf;
 use cpi_user::profile::model::{Mode, Profile, RunInfo};
 use cpi_user::profile::{analyze, AnalysisOptions, SampleSet};
 use cpi_user::report::perf_script::{elf_layout, parse, ElfLayout, ImportOptions};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use report_fixture::{cpi_bpf, have, scratch};
+use report_fixture::{have, scratch};
 
 /// How to print entries: the field variants perf has had.
 #[derive(Clone, Copy, Debug)]
@@ -244,10 +245,7 @@ int main(int argc, char **argv) { (void)argv; return (int)(hot(argc * 1000) + co
 /// profile that analysing those samples in-process gives.
 #[test]
 fn import_perf_command_gives_the_same_profile() {
-    let Some(bin) = cpi_bpf() else {
-        eprintln!("skipped: cpi-bpf binary not built next to the tests (cargo build -p cpi-user)");
-        return;
-    };
+    let bin = cpi_bpf();
     if !have("gcc", "--version") {
         eprintln!("skipped: gcc not installed");
         return;
@@ -281,7 +279,7 @@ fn import_perf_command_gives_the_same_profile() {
     let text = write_perf_script(&samples, &exe.display().to_string(), Variant::SevenDsoComm);
     let file = dir.join("perf.txt");
     std::fs::write(&file, &text).unwrap();
-    let out = Command::new(&bin)
+    let out = Command::new(bin)
         .args(["import-perf", "--period", "1009", "--format", "json"])
         .arg(&file)
         .output()

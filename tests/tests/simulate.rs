@@ -5,7 +5,8 @@ use std::ffi::OsString;
 use std::process::{Command, Stdio};
 
 use cpi_common::policy::{PeriodPolicy, Perturbation};
-use cpi_tests::tracer::{cpi_bpf, program, tool_dir};
+use cpi_tests::cpi_bpf;
+use cpi_tests::tracer::{program, tool_dir};
 use cpi_user::binary::SymbolizerOptions;
 use cpi_user::profile::model::{LossReport, Mode, Profile, RunInfo};
 use cpi_user::profile::{analyze, AnalysisOptions};
@@ -255,10 +256,7 @@ fn simulate_command_writes_accuracy_json() {
         eprintln!("skipped: {why}");
         return;
     }
-    let Some(bin) = cpi_bpf() else {
-        eprintln!("skipped: cpi-bpf binary not built next to the tests");
-        return;
-    };
+    let bin = cpi_bpf();
     let exe = program("sim_mix").unwrap();
     let out = Command::new(bin)
         .args(["simulate", "--format", "json", "--"])

@@ -349,32 +349,6 @@ pub fn golden(name: &str, actual: &str) {
     );
 }
 
-/// The `cpi-bpf` binary of this test's build profile, built on first use: cargo
-/// builds a package's binaries only for that package's own tests.
-pub fn cpi_bpf() -> Option<PathBuf> {
-    static BUILT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().ok()?;
-            let dir = exe.parent()?.parent()?;
-            let bin = dir.join("cpi-bpf");
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let mut cmd = std::process::Command::new(cargo);
-            cmd.args(["build", "-q", "-p", "cpi-user", "--bin", "cpi-bpf"]);
-            if dir.file_name()? == "release" {
-                cmd.arg("--release");
-            }
-            match cmd.status() {
-                Ok(s) if s.success() && bin.exists() => Some(bin),
-                r => {
-                    eprintln!("building cpi-bpf failed: {r:?}");
-                    None
-                }
-            }
-        })
-        .clone()
-}
-
 /// A fresh scratch directory for one test, removed when dropped (failed tests too).
 pub struct Scratch(PathBuf);
 
