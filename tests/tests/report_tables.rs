@@ -61,3 +61,30 @@ fn unknown_function_is_an_error_with_suggestions() {
         "no function named \"crc\" in the profile (similar: crc_update)"
     );
 }
+
+#[test]
+fn minor_processes_are_summarised_hottest_first() {
+    let mut p = time_profile();
+    let main = p.processes[0].clone();
+    let mut helper = main.clone();
+    (helper.pid, helper.comm, helper.samples) = (9001, String::new(), 3);
+    let mut second = main.clone();
+    (second.pid, second.comm, second.samples) = (9002, "second".into(), main.samples / 10);
+    p.processes = vec![helper, main.clone(), second];
+    let out = render(&p, &opts(20, None)).unwrap();
+    let first = out
+        .find(&format!("pid {} (", main.pid))
+        .expect("main process shown");
+    let next = out
+        .find("pid 9002 (second)")
+        .expect("a 10 % process is shown");
+    assert!(first < next, "hottest first:\n{out}");
+    assert!(
+        !out.contains("pid 9001"),
+        "a 3-sample helper is summarised:\n{out}"
+    );
+    assert!(
+        out.contains("1 more processes below 1% of the samples each, 3 samples in all"),
+        "{out}"
+    );
+}

@@ -48,11 +48,23 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
     match &opts.annotate {
         Some(name) => annotate(p, name, &mut out)?,
         None => {
-            for proc in &p.processes {
+            let (shown, rest) = processes_to_show(p);
+            for proc in shown {
                 out.push('\n');
                 out.push_str(&process_line(p.mode, proc));
                 out.push_str(&top_functions(p.mode, proc, opts.top));
                 out.push_str(&hot_blocks(p.mode, proc, opts.top));
+            }
+            if !rest.is_empty() {
+                let samples: u64 = rest.iter().map(|pr| pr.samples).sum();
+                let _ = writeln!(
+                    out,
+                    "\n{} more processes below {}% of the samples each, {} samples in all \
+                     (every process is in --format json/pprof)",
+                    rest.len(),
+                    MINOR_PROCESS_SHARE * 100.0,
+                    group(samples)
+                );
             }
             if p.processes.is_empty() {
                 out.push_str("\nno samples attributed to any process\n");
@@ -135,8 +147,29 @@ fn header(p: &Profile) -> String {
     s
 }
 
+/// Processes with less than this share of all samples are summarised in one line:
+/// a command that forks helpers (shell wrappers, `pyenv` shims) would otherwise bury the
+/// process that matters under a table per helper.
+const MINOR_PROCESS_SHARE: f64 = 0.01;
+
+/// Processes to show in full, hottest first (always at least the hottest), and the rest.
+fn processes_to_show(p: &Profile) -> (Vec<&ProcessProfile>, Vec<&ProcessProfile>) {
+    let mut all: Vec<&ProcessProfile> = p.processes.iter().collect();
+    all.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.pid.cmp(&b.pid)));
+    let total: u64 = all.iter().map(|pr| pr.samples).sum();
+    let cut = all
+        .iter()
+        .position(|pr| (pr.samples as f64) < MINOR_PROCESS_SHARE * total as f64)
+        .unwrap_or(all.len())
+        .max(1.min(all.len()));
+    let rest = all.split_off(cut);
+    (all, rest)
+}
+
 fn process_line(mode: Mode, p: &ProcessProfile) -> String {
-    let mut s = format!("pid {} ({}): {} samples", p.pid, p.comm, group(p.samples));
+    // A process that exited before it was first looked at has no name.
+    let comm = if p.comm.is_empty() { "?" } else { &p.comm };
+    let mut s = format!("pid {} ({comm}): {} samples", p.pid, group(p.samples));
     if p.branch_samples > 0 {
         let _ = write!(s, ", {} branch samples", group(p.branch_samples));
     }
