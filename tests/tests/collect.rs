@@ -502,3 +502,36 @@ fn doctor_prints_every_probe_and_the_mode() {
         );
     }
 }
+
+#[test]
+fn a_command_that_execs_is_named_after_what_it_became() {
+    if !require_root("cpi-bpf -- sh -c 'exec busy'") {
+        return;
+    }
+    let Some(exe) = busy("exec", &[]) else { return };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // The shell spins first, so it is sampled as "sh"; exec then replaces its image
+    // and name.
+    let out = Command::new(cpi_bpf())
+        .args(["--format", "json", "--", "sh", "-c"])
+        .arg(format!(
+            "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; exec {} 1",
+            exe.display()
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let profile = json(&out);
+    let p = profile["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .max_by_key(|p| p["samples"].as_u64().unwrap())
+        .expect("a process");
+    assert_eq!(p["comm"], "busy", "{p:#}");
+    assert_eq!(hottest(p, &exe)["name"], "hot_spin");
+}

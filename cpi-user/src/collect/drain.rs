@@ -97,7 +97,7 @@ impl Drain {
     }
 
     /// Comm and maps of `pid`: read on first sight, re-read when `addr` (a user
-    /// address) is in none of the known mappings.
+    /// address) is in none of the known mappings (at most every `REREAD_EVERY`).
     fn track(&mut self, pid: u32, addr: Option<u64>) {
         let p = self.set.process(pid);
         if pid == 0 {
@@ -117,9 +117,15 @@ impl Drain {
             .is_none_or(|t| t.elapsed() >= REREAD_EVERY);
         if first || (miss && due) {
             self.maps_read_at.insert(pid, Instant::now());
-            // A process that already exited keeps the maps read last time.
+            // A process that already exited keeps the maps (and name) read last time.
             if let Ok(m) = ProcessMaps::read(pid) {
                 p.maps = Some(m);
+            }
+            // A miss usually means exec replaced the image (a shell wrapper or a pyenv
+            // shim becoming the real program): its name changed with it.
+            let comm = target::comm(pid);
+            if !comm.is_empty() {
+                p.comm = comm;
             }
         }
     }
