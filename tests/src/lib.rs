@@ -112,3 +112,16 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     Some(ticks / hz)
 }
+
+/// Runs a command to completion, asserting it succeeded (its stderr is the message).
+pub fn output_ok(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().expect("running the command");
+    assert!(
+        out.status.success(),
+        "{:?} failed ({}): {}",
+        cmd,
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}

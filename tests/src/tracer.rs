@@ -67,6 +67,11 @@ pub fn program(name: &str) -> Result<PathBuf, String> {
     let dir = root().join("target/test-programs");
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let exe = dir.join(name);
+    // Tests of one binary run on parallel threads of one process and often want the
+    // same program: without this they ran gcc into the same temporary file at once and
+    // one could analyse a binary still being written.
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     let fresh = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     if fresh(&exe).is_some() && fresh(&exe) >= fresh(&src) {
         return Ok(exe);

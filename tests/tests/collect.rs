@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use cpi_tests::{compile_c, cpi_bpf, cpu_seconds, require_root, symbol_address, temp_dir};
+use cpi_tests::{
+    compile_c, cpi_bpf, cpu_seconds, output_ok, require_root, symbol_address, temp_dir,
+};
 use serde_json::Value;
 
 /// Samples per CPU second the run asked for: 1 / mean period of its cpu-clock event
@@ -352,16 +354,11 @@ fn command_threads_are_followed() {
     let Some(exe) = busy("threads", &["-pthread"]) else {
         return;
     };
-    let out = Command::new(cpi_bpf())
-        .args(["--format", "json", "--"])
-        .arg(&exe)
-        .args(["1", "2"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = output_ok(
+        Command::new(cpi_bpf())
+            .args(["--format", "json", "--"])
+            .arg(&exe)
+            .args(["1", "2"]),
     );
     let profile = json(&out);
     let p = &profile["processes"][0];
@@ -512,18 +509,13 @@ fn a_command_that_execs_is_named_after_what_it_became() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // The shell spins first, so it is sampled as "sh"; exec then replaces its image
     // and name.
-    let out = Command::new(cpi_bpf())
-        .args(["--format", "json", "--", "sh", "-c"])
-        .arg(format!(
-            "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; exec {} 1",
-            exe.display()
-        ))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = output_ok(
+        Command::new(cpi_bpf())
+            .args(["--format", "json", "--", "sh", "-c"])
+            .arg(format!(
+                "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done; exec {} 1",
+                exe.display()
+            )),
     );
     let profile = json(&out);
     let p = profile["processes"]

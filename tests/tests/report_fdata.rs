@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cpi_tests::cpi_bpf;
+use cpi_tests::{cpi_bpf, output_ok};
 use cpi_user::profile::model::*;
 use cpi_user::report::fdata;
 use object::{Object, ObjectSymbol};
@@ -511,23 +511,18 @@ fn bolt_optimises_with_fdata_from_imported_branch_stacks() {
     let script = dir.join("perf.txt");
     std::fs::write(&script, text).unwrap();
     let fd = dir.join("walk.fdata");
-    let out = Command::new(cpi)
-        .args([
-            "import-perf",
-            "--period",
-            &period.to_string(),
-            "--format",
-            "fdata",
-            "--output",
-        ])
-        .arg(&fd)
-        .arg(&script)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    output_ok(
+        Command::new(cpi)
+            .args([
+                "import-perf",
+                "--period",
+                &period.to_string(),
+                "--format",
+                "fdata",
+                "--output",
+            ])
+            .arg(&fd)
+            .arg(&script),
     );
     let fdata = std::fs::read_to_string(&fd).unwrap();
     assert!(

@@ -11,7 +11,7 @@ use cpi_common::wire::{
     BranchEntry, BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES,
     WIRE_VERSION,
 };
-use cpi_tests::cpi_bpf;
+use cpi_tests::{cpi_bpf, output_ok};
 use cpi_user::profile::model::{Mode, Profile, RunInfo};
 use cpi_user::profile::{analyze, AnalysisOptions, SampleSet};
 use cpi_user::report::perf_script::{elf_layout, parse, ElfLayout, ImportOptions};
@@ -279,15 +279,10 @@ fn import_perf_command_gives_the_same_profile() {
     let text = write_perf_script(&samples, &exe.display().to_string(), Variant::SevenDsoComm);
     let file = dir.join("perf.txt");
     std::fs::write(&file, &text).unwrap();
-    let out = Command::new(bin)
-        .args(["import-perf", "--period", "1009", "--format", "json"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = output_ok(
+        Command::new(bin)
+            .args(["import-perf", "--period", "1009", "--format", "json"])
+            .arg(&file),
     );
     let imported = Profile::from_json(&out.stdout).unwrap();
 

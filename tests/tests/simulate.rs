@@ -5,8 +5,8 @@ use std::ffi::OsString;
 use std::process::{Command, Stdio};
 
 use cpi_common::policy::{PeriodPolicy, Perturbation};
-use cpi_tests::cpi_bpf;
 use cpi_tests::tracer::{program, tool_dir};
+use cpi_tests::{cpi_bpf, output_ok};
 use cpi_user::binary::SymbolizerOptions;
 use cpi_user::profile::model::{LossReport, Mode, Profile, RunInfo};
 use cpi_user::profile::{analyze, AnalysisOptions};
@@ -136,7 +136,8 @@ fn period_one_reproduces_exact_counts() {
 fn default_periods_meet_the_bounds_on_a_test_program() {
     // Data-dependent branches, a jump table, recursion, qsort in libc with a callback.
     let exe = program("sim_mix").unwrap();
-    let Some((out, _, acc)) = simulate(&PmuConfig::default(), &[exe.to_str().unwrap(), "7"]) else {
+    let Some((out, _, acc)) = simulate(&PmuConfig::default(), &[exe.to_str().unwrap(), "20"])
+    else {
         return;
     };
     assert_bounds(&acc, out.pmu.branch_samples);
@@ -258,16 +259,11 @@ fn simulate_command_writes_accuracy_json() {
     }
     let bin = cpi_bpf();
     let exe = program("sim_mix").unwrap();
-    let out = Command::new(bin)
-        .args(["simulate", "--format", "json", "--"])
-        .arg(&exe)
-        .arg("1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = output_ok(
+        Command::new(bin)
+            .args(["simulate", "--format", "json", "--"])
+            .arg(&exe)
+            .arg("1"),
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["mode"], "simulated");
