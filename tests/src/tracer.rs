@@ -208,3 +208,21 @@ fn parse_num(s: &str) -> Result<u64, String> {
     }
     .map_err(|_| format!("bad number {s:?} in callgrind output"))
 }
+
+/// `bytes` of pseudo-random words separated by spaces: compressible input for the
+/// gzip/bzip2 runs, the same on every machine.
+pub fn words_text(bytes: usize) -> String {
+    let words = [
+        "profile", "branch", "cycle", "sample", "the", "of", "and", "record", "edge",
+    ];
+    let mut s = String::with_capacity(bytes + 16);
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    while s.len() < bytes {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.push_str(words[(x % words.len() as u64) as usize]);
+        s.push(' ');
+    }
+    s
+}

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::process::{Command, Stdio};
 
 use cpi_common::policy::{PeriodPolicy, Perturbation};
-use cpi_tests::tracer::{program, tool_dir};
+use cpi_tests::tracer::{program, tool_dir, words_text};
 use cpi_tests::{cpi_bpf, output_ok};
 use cpi_user::binary::SymbolizerOptions;
 use cpi_user::profile::model::{LossReport, Mode, Profile, RunInfo};
@@ -158,19 +158,7 @@ fn default_periods_meet_the_bounds_on_a_test_program() {
 #[test]
 fn default_periods_meet_the_bounds_on_debian_gzip() {
     let input = std::env::temp_dir().join(format!("cpi-sim-gzip-{}.txt", std::process::id()));
-    let mut s = String::new();
-    let words = [
-        "profile", "branch", "cycle", "sample", "the", "of", "and", "record", "edge",
-    ];
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    while s.len() < 700_000 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        s.push_str(words[(x % words.len() as u64) as usize]);
-        s.push(' ');
-    }
-    std::fs::write(&input, s).unwrap();
+    std::fs::write(&input, words_text(700_000)).unwrap();
     let r = simulate(
         &PmuConfig::default(),
         &["/usr/bin/gzip", "-c", "-6", input.to_str().unwrap()],

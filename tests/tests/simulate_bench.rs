@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Instant;
 
 use cpi_common::policy::{PeriodPolicy, Perturbation};
-use cpi_tests::tracer::tool_dir;
+use cpi_tests::tracer::{tool_dir, words_text};
 use cpi_user::profile::model::{LossReport, Mode, RunInfo};
 use cpi_user::profile::{analyze, AnalysisOptions, SampleSet};
 use cpi_user::sim::pmu::PmuConfig;
@@ -50,19 +50,7 @@ fn bzip2_trace(bytes: usize) -> Option<(std::path::PathBuf, std::path::PathBuf, 
     // 1 MB of words for bzip2 (ENVIRONMENT.md measured a helper-per-instruction tool on
     // the same kind of run).
     let input = dir.join("input.txt");
-    let words = [
-        "profile", "branch", "cycle", "sample", "the", "of", "and", "record", "edge",
-    ];
-    let mut s = String::new();
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    while s.len() < bytes {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        s.push_str(words[(x % words.len() as u64) as usize]);
-        s.push(' ');
-    }
-    std::fs::write(&input, s).unwrap();
+    std::fs::write(&input, words_text(bytes)).unwrap();
     let cmd: Vec<OsString> = ["/usr/bin/bzip2", "-c", "-9", input.to_str().unwrap()]
         .iter()
         .map(OsString::from)
