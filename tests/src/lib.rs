@@ -101,8 +101,15 @@ pub fn symbol_address(elf: &Path, symbol: &str) -> Option<u64> {
         .map(|s| s.address())
 }
 
-/// utime + stime of `pid` in seconds (`/proc/PID/stat`), `None` once it is gone.
+/// CPU time `pid` has had, in seconds, `None` once it is gone: the scheduler's exact
+/// `sum_exec_runtime` (`/proc/PID/schedstat`, ns), else utime + stime from
+/// `/proc/PID/stat` (tick-sampled, coarse under contention).
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/schedstat")) {
+        if let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) {
+            return Some(ns / 1e9);
+        }
+    }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised comm; utime and stime are fields 14 and 15.
     let rest = &stat[stat.rfind(')')? + 2..];
