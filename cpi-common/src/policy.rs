@@ -31,11 +31,6 @@ impl Rng {
         }
     }
 
-    /// True until the state has been seeded (kernel per-CPU state starts zeroed).
-    pub const fn is_unseeded(&self) -> bool {
-        self.state == 0
-    }
-
     pub fn next_u64(&mut self) -> u64 {
         let mut x = self.state;
         x ^= x >> 12;
@@ -148,6 +143,29 @@ impl PeriodPolicy {
     /// A fresh period: the first prime ≥ `P + R`.
     pub fn draw(&self, rng: &mut Rng) -> u64 {
         next_prime(self.base + rng.up_to(self.jitter))
+    }
+}
+
+/// When the user layer re-draws an event's period: after the event has overflowed a
+/// number of times since its previous re-draw, drawn by [`RedrawSchedule::next`].
+///
+/// `PERF_EVENT_IOC_PERIOD` restarts the count, so every re-draw throws away the progress
+/// made toward the next overflow: half a period on average. Re-drawing on a wall-clock
+/// timer therefore lost samples at low rates (a 100 ms period re-drawn every 50 ms
+/// never overflowed). Counting overflows ties re-draws to the period at every rate and
+/// any CPU share: at least [`RedrawSchedule::MIN_OVERFLOWS`] overflows between re-draws
+/// keep the loss under ½ / 48 ≈ 1 %; drawing the count at random keeps re-draws from
+/// falling into step with the program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RedrawSchedule;
+
+impl RedrawSchedule {
+    /// Fewest overflows between two re-draws of one event.
+    pub const MIN_OVERFLOWS: u64 = 48;
+
+    /// Overflows until the next re-draw: uniform in `MIN_OVERFLOWS..2 * MIN_OVERFLOWS`.
+    pub fn next(rng: &mut Rng) -> u64 {
+        Self::MIN_OVERFLOWS + rng.up_to(Self::MIN_OVERFLOWS - 1)
     }
 }
 

@@ -56,6 +56,17 @@ pub struct Drain {
     pub received: BTreeMap<EventRole, u64>,
     /// Records that failed to decode (or had an unknown role).
     pub malformed: u64,
+    /// Records received per (role, CPU) and per (role, thread): how often each open
+    /// event (per CPU, or per thread) has fired, for the period re-draw schedule.
+    pub by_cpu: HashMap<(EventRole, u32), u64>,
+    pub by_thread: HashMap<(EventRole, u32), u64>,
+    /// (period last set with `PERF_EVENT_IOC_PERIOD`, period opened with) of a software
+    /// clock event, per (role, CPU) and (role, thread): the kernel keeps reporting the
+    /// period the event was opened with for those (`hw.last_period` is set once, in
+    /// `perf_swevent_init_hrtimer`), so their weights (n overflows × that period, see
+    /// the eBPF program's thinning) are rescaled to the period really in force.
+    pub clock_period_by_cpu: HashMap<(EventRole, u32), (u64, u64)>,
+    pub clock_period_by_thread: HashMap<(EventRole, u32), (u64, u64)>,
     maps_read_at: HashMap<u32, Instant>,
 }
 
@@ -65,16 +76,33 @@ impl Drain {
             set: SampleSet::new(window),
             received: BTreeMap::new(),
             malformed: 0,
+            by_cpu: HashMap::new(),
+            by_thread: HashMap::new(),
+            clock_period_by_cpu: HashMap::new(),
+            clock_period_by_thread: HashMap::new(),
             maps_read_at: HashMap::new(),
         }
     }
 
     /// Adds one raw record.
     pub fn add(&mut self, bytes: &[u8]) {
-        let Some(rec) = decode(bytes) else {
+        let Some(mut rec) = decode(bytes) else {
             self.malformed += 1;
             return;
         };
+        if let Record::Ip(s) = &mut rec {
+            let h = &mut s.header;
+            if let Some(role) = EventRole::from_u32(h.event) {
+                if let Some(&(now, opened)) = self
+                    .clock_period_by_thread
+                    .get(&(role, h.tid))
+                    .or_else(|| self.clock_period_by_cpu.get(&(role, h.cpu)))
+                {
+                    h.period =
+                        (u128::from(h.period) * u128::from(now) / u128::from(opened.max(1))) as u64;
+                }
+            }
+        }
         let (h, user_addr) = match &rec {
             Record::Ip(s) => (s.header, s.header.ip),
             Record::Branch(s) => (s.header, s.entries().first().map_or(0, |e| e.to)),
@@ -94,6 +122,8 @@ impl Drain {
             Record::Branch(s) => self.set.add_branch(s),
         }
         *self.received.entry(role).or_default() += 1;
+        *self.by_cpu.entry((role, h.cpu)).or_default() += 1;
+        *self.by_thread.entry((role, h.tid)).or_default() += 1;
     }
 
     /// Comm and maps of `pid`: read on first sight, re-read when `addr` (a user

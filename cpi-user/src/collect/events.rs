@@ -23,6 +23,17 @@ pub struct Rate {
     pub core_hz: u64,
 }
 
+/// The kernel fires a software clock event (cpu-clock) at most every 10 µs
+/// (`perf_swevent_start_hrtimer` starts its timer at `max(10000, period)` ns): a shorter
+/// period would weight every sample with time that did not pass.
+pub const MIN_CLOCK_PERIOD_NS: u64 = 10_000;
+/// Highest `--frequency`: the kernel's default `perf_event_max_sample_rate`, above
+/// which it throttles sampling events.
+pub const MAX_FREQUENCY: u64 = 100_000;
+/// Largest base period: 10¹² events or ns (17 minutes of one CPU's time) — beyond that a
+/// run samples nothing, and a period must stay far from the kernel's 63-bit limit.
+pub const MAX_PERIOD: u64 = 1_000_000_000_000;
+
 impl Rate {
     /// Base period for an event counting `per_second` events per busy second.
     fn period(&self, per_second: u64) -> u64 {
@@ -145,7 +156,11 @@ fn ip_event(role: EventRole, rate: &Rate, include_kernel: bool) -> EventSpec {
             "ip_cpu_clock",
         ),
     };
-    let policy = PeriodPolicy::around(rate.period(per_second));
+    let mut period = rate.period(per_second);
+    if unit == "ns" {
+        period = period.max(MIN_CLOCK_PERIOD_NS);
+    }
+    let policy = PeriodPolicy::around(period);
     EventSpec {
         role,
         name: role_name(role).to_string(),

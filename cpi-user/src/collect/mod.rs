@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
 use aya::programs::PerfEvent;
 use aya::Ebpf;
-use cpi_common::policy::{self, KernelConfig, Perturbation, Rng};
+use cpi_common::policy::{self, KernelConfig, Perturbation, RedrawSchedule, Rng};
 use cpi_common::wire::{Counter, COUNTERS};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, SignalKind};
@@ -42,6 +42,8 @@ pub enum CollectError {
     NoSuchProcess(u32),
     #[error("command not found: {0}")]
     CommandNotFound(String),
+    #[error("not executable: {0}")]
+    NotExecutable(String),
     #[error("starting {cmd}: {cause}")]
     Spawn { cmd: String, cause: io::Error },
     #[error("nothing to profile: give --pid PID, --system-wide or -- CMD")]
@@ -65,8 +67,28 @@ pub enum CollectError {
     },
     #[error("attaching the BPF program to {event}: {cause}")]
     Attach { event: String, cause: io::Error },
+    #[error(
+        "too few file descriptors: the limit is {limit} (ulimit -n) and this run needs at \
+         least {needed}"
+    )]
+    OpenFilesLimit { limit: u64, needed: u64 },
     #[error(transparent)]
     Io(#[from] io::Error),
+}
+
+/// File descriptors a run needs besides its events: the BPF object's maps and programs,
+/// the ring buffer, tokio's signal and timer plumbing, pidfds, `/proc` reads.
+const FDS_BESIDES_EVENTS: u64 = 64;
+
+/// Raises the open-files limit as far as allowed and checks it covers `events` events
+/// plus what a run needs besides (one line instead of a failure half-way).
+fn check_open_files(events: u64) -> Result<(), CollectError> {
+    let needed = events + FDS_BESIDES_EVENTS;
+    let limit = sys::raise_open_files_limit()?;
+    if limit < needed {
+        return Err(CollectError::OpenFilesLimit { limit, needed });
+    }
+    Ok(())
 }
 
 /// How to collect.
@@ -81,8 +103,6 @@ pub struct CollectOptions {
     pub perturbation: Perturbation,
     /// In-kernel thinning factor (1 = off) when the kernel layer runs.
     pub thinning: u32,
-    /// User-space period re-draw interval when the user layer runs.
-    pub redraw_every: Duration,
     /// BPF ring buffer size (a power of two ≥ the page size).
     pub ring_bytes: u32,
     /// Ranges per branch sample (seed 001's CBT window); `None`: the branch-record depth
@@ -112,6 +132,13 @@ pub struct Collected {
 struct OpenEvent {
     fd: OwnedFd,
     spec_index: usize,
+    /// Where it counts: a thread (`pid` > 0, any CPU) or a CPU (`cpu` ≥ 0, every thread).
+    pid: i32,
+    cpu: i32,
+    /// Records seen from it at its last period re-draw, and how many more the
+    /// [`RedrawSchedule`] waits for.
+    seen_at_redraw: u64,
+    redraw_after: u64,
 }
 
 /// Loads the eBPF object with its ring buffer sized and its config written.
@@ -210,7 +237,14 @@ fn open_events(
     for (i, spec) in specs.iter().enumerate() {
         for &(pid, cpu) in places {
             match open_attached(bpf, spec, extra_flags, pid, cpu) {
-                Ok(fd) => open.push(OpenEvent { fd, spec_index: i }),
+                Ok(fd) => open.push(OpenEvent {
+                    fd,
+                    spec_index: i,
+                    pid,
+                    cpu,
+                    seen_at_redraw: 0,
+                    redraw_after: 0,
+                }),
                 // A thread that exited since /proc/PID/task was listed.
                 Err(CollectError::Open { cause, .. })
                     if cause.raw_os_error() == Some(libc::ESRCH) && pid > 0 => {}
@@ -265,17 +299,21 @@ pub fn collect(
     let caps = Capabilities::probe();
     caps.check_privileges()
         .map_err(CollectError::NotPrivileged)?;
-    if let Target::Pids(pids) = &opts.target {
+    let mut target = opts.target.clone();
+    if let Target::Pids(pids) = &target {
         if pids.is_empty() {
             return Err(CollectError::NoTarget);
         }
-        if let Some(&p) = pids.iter().find(|&&p| !target::pid_exists(p)) {
-            return Err(CollectError::NoSuchProcess(p));
+        let (pids, notes) = target::resolve_pids(pids)?;
+        for n in notes {
+            notify(&format!("note: {n}"));
         }
+        target = Target::Pids(pids);
     }
-    if let Target::Command(argv) = &opts.target {
+    if let Target::Command(argv) = &target {
         target::resolve_command(argv.first().ok_or(CollectError::NoTarget)?)?;
     }
+    check_open_files(0)?;
     if !caps.btf {
         notify("note: no kernel BTF (/sys/kernel/btf/vmlinux missing); trying to load without it");
     }
@@ -298,16 +336,19 @@ pub fn collect(
         ))
     })?;
 
-    let child = match &opts.target {
+    // From here until its release, an error drops `child`, which kills and reaps it.
+    let child = match &target {
         Target::Command(argv) => Some(target::spawn_suspended(argv)?),
         _ => None,
     };
-    let (places, extra) = placements(&opts.target, child.as_ref().map(|c| c.pid))?;
+    let (places, extra) = placements(&target, child.as_ref().map(|c| c.pid))?;
+    // Two events per placement in the cpi and ip-sampling modes.
+    check_open_files(2 * places.len() as u64)?;
 
     // The ladder: step down (and say why) while the mode's events cannot be opened.
     let (mut mode, mut reason) = caps.mode();
     notify(&format!("mode: {} — {reason}", mode_name(mode)));
-    let (specs, open) = loop {
+    let (specs, mut open) = loop {
         let specs = events::plan(mode, caps.vendor, &opts.rate, opts.include_kernel);
         match open_events(&bpf, &specs, &places, extra) {
             Ok(open) => break (specs, open),
@@ -333,6 +374,18 @@ pub fn collect(
         }
     };
 
+    if let Some(p) = opts
+        .rate
+        .period
+        .filter(|&p| p < events::MIN_CLOCK_PERIOD_NS)
+    {
+        if specs.iter().any(|s| s.unit == "ns") {
+            notify(&format!(
+                "note: cpu-clock fires at most every {} ns: period {p} ns raised to that",
+                events::MIN_CLOCK_PERIOD_NS
+            ));
+        }
+    }
     let started = Instant::now();
     let command_pid = match child {
         Some(c) => Some(c.release()?),
@@ -343,7 +396,7 @@ pub fn collect(
             None
         }
     };
-    let watch: Vec<u32> = match (&opts.target, command_pid) {
+    let watch: Vec<u32> = match (&target, command_pid) {
         (_, Some(pid)) => vec![pid],
         (Target::Pids(pids), None) => pids.clone(),
         _ => Vec::new(),
@@ -362,20 +415,28 @@ pub fn collect(
         None => policy::FALLBACK_RANGE_WINDOW,
     });
     let mut drain = Drain::new(window);
-    let stop = rt.block_on(run(
+    let stop = match rt.block_on(run(
         opts,
         &specs,
-        &open,
+        &mut open,
         ring,
         &mut drain,
         &watch,
         &mut sigint,
         &mut sigterm,
-    ))?;
+    )) {
+        Ok(stop) => stop,
+        Err(e) => {
+            if let Some(pid) = command_pid {
+                finish_child(pid, StopReason::Signal("error"), notify);
+            }
+            return Err(e);
+        }
+    };
     let duration_secs = started.elapsed().as_secs_f64();
 
     let counters = read_counters(&bpf);
-    let command_status = command_pid.map(|pid| finish_child(pid, stop));
+    let command_status = command_pid.map(|pid| finish_child(pid, stop, notify));
     drop(open); // detaches the programs
 
     let events = specs
@@ -404,7 +465,7 @@ pub fn collect(
     let run = RunInfo {
         mode,
         mode_reason: reason,
-        command: match &opts.target {
+        command: match &target {
             Target::Command(argv) => argv.clone(),
             _ => Vec::new(),
         },
@@ -425,7 +486,7 @@ pub fn collect(
 async fn run(
     opts: &CollectOptions,
     specs: &[EventSpec],
-    open: &[OpenEvent],
+    open: &mut [OpenEvent],
     ring: RingBuf<MapData>,
     drain: &mut Drain,
     watch: &[u32],
@@ -451,33 +512,29 @@ async fn run(
     let watching = !watch.is_empty();
     let deadline = tokio::time::sleep(opts.duration.unwrap_or_default());
     tokio::pin!(deadline);
-    let mut redraw = tokio::time::interval(opts.redraw_every.max(Duration::from_millis(1)));
-    redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The kernel side wakes us only when the ring is a quarter full: drain on a timer.
     let mut poll = tokio::time::interval(DRAIN_EVERY);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rng = Rng::new(seed());
-    let mut next_redraw = 0usize;
+    let redraws = opts.perturbation.user();
+    let keep_one_in = u64::from(opts.perturbation.thinning(opts.thinning).keep_one_in.max(1));
+    for e in open.iter_mut() {
+        e.redraw_after = RedrawSchedule::next(&mut rng);
+    }
     let stop = loop {
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard?;
                 drain_all(guard.get_inner_mut(), drain);
                 guard.clear_ready();
+                if redraws {
+                    redraw_due(specs, open, drain, keep_one_in, &mut rng);
+                }
             }
-            _ = poll.tick() => drain_all(ring.get_mut(), drain),
-            _ = redraw.tick(), if opts.perturbation.user() && !open.is_empty() => {
-                // Round-robin over at most REDRAWS_PER_TICK events (≈ 4.3 µs each), so
-                // a process with thousands of threads does not turn re-draws into a
-                // CPU hog. Events the kernel created by `inherit` (threads started
-                // later) have no fd here and keep the period drawn when they were born.
-                for _ in 0..open.len().min(REDRAWS_PER_TICK) {
-                    let e = &open[next_redraw % open.len()];
-                    next_redraw += 1;
-                    let period = specs[e.spec_index].policy.draw(&mut rng);
-                    // A failure (e.g. the event's thread exited) only means that event
-                    // keeps its previous period.
-                    let _ = sys::set_period(&e.fd, period);
+            _ = poll.tick() => {
+                drain_all(ring.get_mut(), drain);
+                if redraws {
+                    redraw_due(specs, open, drain, keep_one_in, &mut rng);
                 }
             }
             _ = &mut deadline, if opts.duration.is_some() => break StopReason::Duration,
@@ -497,8 +554,57 @@ async fn run(
     Ok(stop)
 }
 
-/// Period re-draws per timer tick at most (see the redraw arm of [`run`]).
-const REDRAWS_PER_TICK: usize = 64;
+/// Period re-draws per drain pass at most (≈ 4.3 µs each), so a process with thousands
+/// of threads does not turn re-draws into a CPU hog; the rest wait for the next pass.
+const REDRAWS_PER_PASS: usize = 64;
+
+/// Re-draws the period of every event that has fired as often as [`RedrawSchedule`]
+/// asks since its last re-draw (records × the thinning factor ≈ overflows). Events the
+/// kernel created by `inherit` (threads started later) have no fd here and keep the
+/// period they were born with.
+fn redraw_due(
+    specs: &[EventSpec],
+    open: &mut [OpenEvent],
+    drain: &mut Drain,
+    keep_one_in: u64,
+    rng: &mut Rng,
+) {
+    let mut done = 0;
+    for e in open.iter_mut() {
+        let role = specs[e.spec_index].role;
+        let seen = if e.cpu >= 0 {
+            drain.by_cpu.get(&(role, e.cpu as u32))
+        } else {
+            drain.by_thread.get(&(role, e.pid as u32))
+        }
+        .copied()
+        .unwrap_or(0);
+        if (seen - e.seen_at_redraw) * keep_one_in < e.redraw_after {
+            continue;
+        }
+        // A failure (e.g. the event's thread exited) only means that event keeps its
+        // previous period.
+        let spec = &specs[e.spec_index];
+        let period = spec.policy.draw(rng);
+        if sys::set_period(&e.fd, period).is_ok() && spec.attr.type_ == sys::PERF_TYPE_SOFTWARE {
+            // Records already in the ring but drained after this get the new period:
+            // at most one per re-draw, ≤ 1/16 off.
+            let periods = if e.cpu >= 0 {
+                &mut drain.clock_period_by_cpu
+            } else {
+                &mut drain.clock_period_by_thread
+            };
+            let key = (spec.role, if e.cpu >= 0 { e.cpu } else { e.pid } as u32);
+            periods.insert(key, (period, spec.policy.base));
+        }
+        e.seen_at_redraw = seen;
+        e.redraw_after = RedrawSchedule::next(rng);
+        done += 1;
+        if done == REDRAWS_PER_PASS {
+            break;
+        }
+    }
+}
 
 /// How often the collector drains the ring buffer without a wake-up.
 const DRAIN_EVERY: Duration = Duration::from_millis(25);
@@ -526,13 +632,33 @@ pub fn read_counters(bpf: &Ebpf) -> [u64; COUNTERS as usize] {
     out
 }
 
-/// Ends the command cpi-bpf started when collection stopped before it did, and reaps it.
-fn finish_child(pid: u32, stop: StopReason) -> i32 {
-    if stop != StopReason::TargetExit {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+/// How long a started command gets to exit after SIGTERM before it is killed.
+const CHILD_TERM_GRACE: Duration = Duration::from_secs(2);
+
+/// Ends the command cpi-bpf started when collection stopped before it did, and reaps
+/// it: SIGTERM, then SIGKILL (said) if it is still there after [`CHILD_TERM_GRACE`].
+fn finish_child(pid: u32, stop: StopReason, notify: &mut dyn FnMut(&str)) -> i32 {
+    if stop == StopReason::TargetExit {
+        return target::reap(pid).unwrap_or(-1);
     }
-    target::reap(pid).unwrap_or(-1)
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + CHILD_TERM_GRACE;
+    loop {
+        if let Some(status) = target::try_reap(pid) {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            notify(&format!(
+                "note: the command (pid {pid}) did not exit within {} s of SIGTERM: killing it",
+                CHILD_TERM_GRACE.as_secs()
+            ));
+            // SAFETY: as above.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            return target::reap(pid).unwrap_or(-1);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 fn seed() -> u64 {

@@ -132,6 +132,30 @@ pub fn set_period(fd: &impl AsRawFd, period: u64) -> io::Result<()> {
     )
 }
 
+/// Raises the soft limit on open files to the hard limit (as perf does: one fd per
+/// event per thread or CPU adds up) and returns the soft limit now in force.
+pub fn raise_open_files_limit() -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            lim = raised;
+        }
+    }
+    Ok(lim.rlim_cur)
+}
+
 /// A pidfd: readable once the process exits (Linux 5.3+).
 pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
     // SAFETY: plain syscall with integer arguments.

@@ -19,9 +19,36 @@ pub enum Target {
     Command(Vec<String>),
 }
 
-/// `/proc/PID` exists.
-pub fn pid_exists(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+/// The process (thread group) that thread `tid` belongs to (`Tgid:` in
+/// `/proc/TID/status`; a process's own pid gives itself).
+pub fn thread_group(tid: u32) -> Result<u32, CollectError> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .map_err(|_| CollectError::NoSuchProcess(tid))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or(CollectError::NoSuchProcess(tid))
+}
+
+/// The processes behind `--pid` values, each once: a thread id stands for its process
+/// (`notes` says so), and a process given twice, or with one of its threads, is
+/// profiled once, so its samples are never counted twice.
+pub fn resolve_pids(pids: &[u32]) -> Result<(Vec<u32>, Vec<String>), CollectError> {
+    let mut out = Vec::new();
+    let mut notes = Vec::new();
+    for &pid in pids {
+        let tgid = thread_group(pid)?;
+        if tgid != pid {
+            notes.push(format!(
+                "pid {pid} is a thread of process {tgid}: profiling process {tgid}"
+            ));
+        }
+        if !out.contains(&tgid) {
+            out.push(tgid);
+        }
+    }
+    Ok((out, notes))
 }
 
 /// The thread ids of `pid` (`/proc/PID/task`).
@@ -73,6 +100,8 @@ pub fn resolve_command(cmd: &str) -> Result<PathBuf, CollectError> {
         let p = PathBuf::from(cmd);
         return if executable(&p) {
             Ok(p)
+        } else if p.exists() {
+            Err(CollectError::NotExecutable(cmd.to_string()))
         } else {
             Err(CollectError::CommandNotFound(cmd.to_string()))
         };
@@ -84,13 +113,25 @@ pub fn resolve_command(cmd: &str) -> Result<PathBuf, CollectError> {
         .ok_or_else(|| CollectError::CommandNotFound(cmd.to_string()))
 }
 
-/// A forked child blocked before `exec` until [`Suspended::release`].
+/// A forked child blocked before `exec` until [`Suspended::release`]. Dropped without
+/// being released (any failure between the fork and the release), it is killed and
+/// reaped: a failed start never leaves a child behind.
 #[derive(Debug)]
 pub struct Suspended {
     pub pid: u32,
-    go: OwnedFd,
+    go: Option<OwnedFd>,
     exec_error: OwnedFd,
     name: String,
+}
+
+impl Drop for Suspended {
+    fn drop(&mut self) {
+        if self.go.is_some() {
+            // SAFETY: signalling our own, never-released child.
+            unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+            reap(self.pid);
+        }
+    }
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -131,6 +172,13 @@ pub fn spawn_suspended(argv: &[String]) -> Result<Suspended, CollectError> {
     }
     if pid == 0 {
         unsafe {
+            // The child must not hold the pipes' other ends (or the release pipe never
+            // reads EOF when the collector gives up), nor the collector's signal
+            // handlers (SIGTERM must end it before exec; exec resets them anyway).
+            libc::close(go_w.as_raw_fd());
+            libc::close(err_r.as_raw_fd());
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            libc::signal(libc::SIGTERM, libc::SIG_DFL);
             let mut b = 0u8;
             if libc::read(go_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1) != 1 {
                 libc::_exit(127); // the collector gave up before releasing us
@@ -144,7 +192,7 @@ pub fn spawn_suspended(argv: &[String]) -> Result<Suspended, CollectError> {
     drop((go_r, err_w));
     Ok(Suspended {
         pid: pid as u32,
-        go: go_w,
+        go: Some(go_w),
         exec_error: err_r,
         name,
     })
@@ -152,11 +200,12 @@ pub fn spawn_suspended(argv: &[String]) -> Result<Suspended, CollectError> {
 
 impl Suspended {
     /// Lets the child exec; `Err` when exec failed (its errno).
-    pub fn release(self) -> Result<u32, CollectError> {
+    pub fn release(mut self) -> Result<u32, CollectError> {
         let b = 1u8;
+        let go = self.go.take().expect("released once");
         // SAFETY: writing one byte from a local.
-        unsafe { libc::write(self.go.as_raw_fd(), (&b as *const u8).cast(), 1) };
-        drop(self.go);
+        unsafe { libc::write(go.as_raw_fd(), (&b as *const u8).cast(), 1) };
+        drop(go);
         let mut errno = 0i32;
         // EOF (0 bytes): the CLOEXEC pipe closed, exec succeeded.
         // SAFETY: reading at most 4 bytes into a local i32.
@@ -170,7 +219,7 @@ impl Suspended {
         if n == 4 {
             reap(self.pid);
             return Err(CollectError::Spawn {
-                cmd: self.name,
+                cmd: self.name.clone(),
                 cause: io::Error::from_raw_os_error(errno),
             });
         }
@@ -180,9 +229,18 @@ impl Suspended {
 
 /// Waits for our child `pid` and returns its exit status (as a shell shows it).
 pub fn reap(pid: u32) -> Option<i32> {
+    wait(pid, 0)
+}
+
+/// [`reap`] if our child `pid` has already exited, else `None` at once.
+pub fn try_reap(pid: u32) -> Option<i32> {
+    wait(pid, libc::WNOHANG)
+}
+
+fn wait(pid: u32, flags: i32) -> Option<i32> {
     let mut status = 0;
     // SAFETY: plain waitpid on our own child.
-    let r = unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+    let r = unsafe { libc::waitpid(pid as i32, &mut status, flags) };
     if r != pid as i32 {
         return None;
     }
@@ -229,6 +287,50 @@ mod tests {
         let pid = child.release().unwrap();
         assert_eq!(reap(pid), Some(0));
         assert!(marker.exists());
+    }
+
+    #[test]
+    fn a_child_never_released_is_killed_and_reaped() {
+        let child = spawn_suspended(&["sleep".into(), "100".into()]).unwrap();
+        let pid = child.pid;
+        drop(child);
+        // Reaped: no zombie, no process left under that pid (the pid is not reused this
+        // quickly in practice; a zombie would still have a /proc entry).
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "child {pid} left behind"
+        );
+    }
+
+    #[test]
+    fn pids_are_deduplicated_and_threads_resolved_to_their_process() {
+        let me = std::process::id();
+        let worker = std::thread::spawn(|| {
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() } as u32;
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            tid
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let tids = threads(me).unwrap();
+        let tid = *tids.iter().find(|&&t| t != me).expect("a second thread");
+        let (pids, notes) = resolve_pids(&[me, me, tid]).unwrap();
+        assert_eq!(pids, [me]);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains(&format!("thread of process {me}")));
+        worker.join().unwrap();
+        assert!(matches!(
+            resolve_pids(&[u32::MAX - 1]),
+            Err(CollectError::NoSuchProcess(_))
+        ));
+    }
+
+    #[test]
+    fn a_file_that_is_not_executable_is_said_so() {
+        assert!(matches!(
+            resolve_command("/etc/passwd"),
+            Err(CollectError::NotExecutable(_))
+        ));
     }
 
     #[test]

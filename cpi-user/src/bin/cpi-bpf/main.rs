@@ -40,7 +40,22 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp(None)
         .init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and version go to stdout as usual; a usage error is one line.
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or_default();
+            eprintln!(
+                "cpi-bpf: {} (see --help)",
+                first
+                    .strip_prefix("error: ")
+                    .map_or(first.to_string(), |m| format!("error: {m}"))
+            );
+            std::process::exit(2);
+        }
+    };
     let result = match cli.command {
         None => record::run(cli.record),
         Some(Command::Doctor(a)) => doctor::run(a),

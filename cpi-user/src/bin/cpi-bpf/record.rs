@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use anyhow::bail;
-use cpi_user::collect::{self, events::Rate, CollectOptions, StopReason, Target};
+use cpi_user::collect::events::{self, Rate};
+use cpi_user::collect::{self, CollectOptions, StopReason, Target};
 use cpi_user::profile::{analyze, AnalysisOptions};
 
 use crate::output::{emit, OutputArgs};
@@ -20,18 +21,18 @@ pub struct Args {
     /// Stop after SECS seconds (default: when the target exits, or on Ctrl-C).
     #[arg(long, value_name = "SECS")]
     pub duration: Option<f64>,
-    /// Samples per second per busy CPU.
-    #[arg(long, value_name = "HZ", default_value_t = 999)]
+    /// Samples per second per busy CPU (at most 100000, the kernel's default
+    /// perf_event_max_sample_rate).
+    #[arg(long, value_name = "HZ", default_value_t = 999, conflicts_with = "period",
+          value_parser = clap::value_parser!(u64).range(1..=events::MAX_FREQUENCY))]
     pub frequency: u64,
-    /// Base sampling period instead of --frequency (events; ns for cpu-clock); rounded
-    /// up to a prime.
-    #[arg(long, value_name = "N")]
+    /// Base sampling period instead of --frequency (events; ns for cpu-clock, at least
+    /// 10000); rounded up to a prime.
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=events::MAX_PERIOD))]
     pub period: Option<u64>,
     #[command(flatten)]
     pub policy: PolicyArgs,
-    /// User-space period re-draw interval, milliseconds.
-    #[arg(long, value_name = "MS", default_value_t = 50)]
-    pub redraw_ms: u64,
     /// BPF ring buffer size, MiB (a power of two).
     #[arg(long, value_name = "MIB", default_value_t = 8)]
     pub ring_buffer_mib: u32,
@@ -49,6 +50,9 @@ pub struct Args {
     pub command: Vec<String>,
 }
 
+/// Longest `--duration`: a year (tokio's timers cannot be set much further out).
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let target = match (
         args.pids.is_empty(),
@@ -64,15 +68,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         _ => bail!("give only one of --pid, --system-wide and -- CMD"),
     };
     let duration = match args.duration {
-        Some(s) if !(s > 0.0 && s.is_finite()) => {
-            bail!("--duration must be a positive number of seconds, not {s}")
-        }
-        Some(s) => Some(Duration::from_secs_f64(s)),
+        Some(s) => match Duration::try_from_secs_f64(s) {
+            Ok(d) if s > 0.0 && d <= MAX_DURATION => Some(d),
+            _ => bail!(
+                "--duration must be a number of seconds above 0 and at most {} (a year), not {s}",
+                MAX_DURATION.as_secs()
+            ),
+        },
         None => None,
     };
-    if args.frequency == 0 {
-        bail!("--frequency must be at least 1");
-    }
     if args.ring_buffer_mib == 0
         || !args.ring_buffer_mib.is_power_of_two()
         || args.ring_buffer_mib > 1024
@@ -90,7 +94,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         include_kernel: args.include_kernel,
         perturbation: args.policy.perturbation(),
         thinning: args.policy.thinning.max(1),
-        redraw_every: Duration::from_millis(args.redraw_ms.max(1)),
         ring_bytes: args.ring_buffer_mib << 20,
         window: args.range_window.map(|w| w.max(1)),
     };
@@ -103,17 +106,26 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         },
         StopReason::Signal(s) => format!("{s} received"),
     };
-    let lost = &collected.run.lost;
     let received: u64 = collected.run.events.iter().map(|e| e.samples).sum();
     eprintln!(
-        "cpi-bpf: stopped ({stop}) after {:.2} s: {received} samples received, {} lost (ring buffer full {}, branch errors {}, malformed {})",
-        collected.run.duration_secs,
-        lost.ring_full + lost.branch_errors + lost.malformed,
-        lost.ring_full,
-        lost.branch_errors,
-        lost.malformed,
+        "cpi-bpf: stopped ({stop}) after {:.2} s: {received} samples received",
+        collected.run.duration_secs
     );
     let profile = analyze(&collected.set, collected.run, &AnalysisOptions::default());
+    // The same loss account as the table and the JSON file (`lost_samples`, `lost`),
+    // which analysis completes (unmapped samples, invalid ranges).
+    let l = &profile.lost;
+    eprintln!(
+        "cpi-bpf: lost: {} (ring buffer full {}, branch errors {}, malformed {}, short {}, \
+         unmapped {}, invalid ranges {})",
+        profile.lost_samples,
+        l.ring_full,
+        l.branch_errors,
+        l.malformed,
+        l.short_samples,
+        l.unmapped_samples,
+        l.invalid_ranges,
+    );
     emit(&profile, &args.output)?;
     Ok(0)
 }
