@@ -10,7 +10,7 @@ use cpi_common::wire::{
 };
 
 use super::target;
-use crate::procmap::ProcessMaps;
+use crate::procmap::{CapturedFiles, ProcessMaps};
 use crate::profile::SampleSet;
 
 /// A decoded record.
@@ -68,6 +68,8 @@ pub struct Drain {
     pub clock_period_by_cpu: HashMap<(EventRole, u32), (u64, u64)>,
     pub clock_period_by_thread: HashMap<(EventRole, u32), (u64, u64)>,
     maps_read_at: HashMap<u32, Instant>,
+    /// Files of executable mappings, opened while their processes live.
+    files: CapturedFiles,
 }
 
 impl Drain {
@@ -81,6 +83,7 @@ impl Drain {
             clock_period_by_cpu: HashMap::new(),
             clock_period_by_thread: HashMap::new(),
             maps_read_at: HashMap::new(),
+            files: CapturedFiles::default(),
         }
     }
 
@@ -111,7 +114,11 @@ impl Drain {
             self.malformed += 1;
             return;
         };
-        self.track(h.tgid, (h.flags & FLAG_KERNEL == 0).then_some(user_addr));
+        self.track(
+            h.tgid,
+            h.tid,
+            (h.flags & FLAG_KERNEL == 0).then_some(user_addr),
+        );
         match &rec {
             Record::Ip(s) => {
                 if self.set.add_ip(s).is_err() {
@@ -126,9 +133,13 @@ impl Drain {
         *self.by_thread.entry((role, h.tid)).or_default() += 1;
     }
 
-    /// Comm and maps of `pid`: read on first sight, re-read when `addr` (a user
-    /// address) is in none of the known mappings (at most every `REREAD_EVERY`).
-    fn track(&mut self, pid: u32, addr: Option<u64>) {
+    /// Comm, maps and mapped files of `pid`: read on first sight, re-read when `addr` (a
+    /// user address) is in none of the known mappings (at most every `REREAD_EVERY`).
+    /// What is read while the process lives is what analysis uses after it is gone:
+    /// the files are opened at once (deleted, replaced and other-namespace binaries
+    /// stay readable), and mappings from before an `exec` are kept where the new image
+    /// does not overlap them.
+    fn track(&mut self, pid: u32, tid: u32, addr: Option<u64>) {
         let p = self.set.process(pid);
         if pid == 0 {
             // The idle task (system-wide, kernel samples): no /proc entry, no maps.
@@ -148,14 +159,27 @@ impl Drain {
         if first || (miss && due) {
             self.maps_read_at.insert(pid, Instant::now());
             // A process that already exited keeps the maps (and name) read last time.
-            if let Ok(m) = ProcessMaps::read(pid) {
-                p.maps = Some(m);
+            if let Ok((m, dir)) = ProcessMaps::read_live(pid, tid) {
+                for (start, f) in self.files.capture(&dir, &m) {
+                    p.files.insert(start, f);
+                }
+                p.maps = Some(match p.maps.take() {
+                    Some(older) => m.with_older(&older),
+                    None => m,
+                });
             }
             // A miss usually means exec replaced the image (a shell wrapper or a pyenv
             // shim becoming the real program): its name changed with it.
             let comm = target::comm(pid);
             if !comm.is_empty() {
                 p.comm = comm;
+            }
+        }
+        if p.comm.is_empty() {
+            // Gone before its name could be read: the thread's, else the pid.
+            p.comm = target::comm(tid);
+            if p.comm.is_empty() {
+                p.comm = format!("[pid {pid}]");
             }
         }
     }
