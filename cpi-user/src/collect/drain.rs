@@ -57,6 +57,17 @@ pub struct Drain {
     /// Records that failed to decode (or had an unknown role).
     pub malformed: u64,
     maps_read_at: HashMap<u32, Instant>,
+    /// Comm and maps of the processes of earlier windows ([`Drain::take_window`]), given
+    /// back to a process when it shows up again in a later window.
+    known: HashMap<u32, (String, Option<ProcessMaps>)>,
+}
+
+/// What [`Drain::take_window`] hands out: one window's samples and counts.
+#[derive(Debug)]
+pub struct DrainWindow {
+    pub set: SampleSet,
+    pub received: BTreeMap<EventRole, u64>,
+    pub malformed: u64,
 }
 
 impl Drain {
@@ -66,6 +77,23 @@ impl Drain {
             received: BTreeMap::new(),
             malformed: 0,
             maps_read_at: HashMap::new(),
+            known: HashMap::new(),
+        }
+    }
+
+    /// Everything added since the previous call, with each process's comm and maps as
+    /// known now; the drain starts an empty window and keeps what it knows of the
+    /// processes for later ones.
+    pub fn take_window(&mut self) -> DrainWindow {
+        let window = self.set.window;
+        let set = std::mem::replace(&mut self.set, SampleSet::new(window));
+        for (&pid, p) in &set.processes {
+            self.known.insert(pid, (p.comm.clone(), p.maps.clone()));
+        }
+        DrainWindow {
+            set,
+            received: std::mem::take(&mut self.received),
+            malformed: std::mem::take(&mut self.malformed),
         }
     }
 
@@ -83,6 +111,13 @@ impl Drain {
             self.malformed += 1;
             return;
         };
+        if !self.set.processes.contains_key(&h.tgid) {
+            if let Some((comm, maps)) = self.known.get(&h.tgid) {
+                let p = self.set.process(h.tgid);
+                p.comm = comm.clone();
+                p.maps = maps.clone();
+            }
+        }
         self.track(h.tgid, (h.flags & FLAG_KERNEL == 0).then_some(user_addr));
         match &rec {
             Record::Ip(s) => {
@@ -197,6 +232,32 @@ mod tests {
         d.add(&bytes_of(&s));
         assert_eq!(d.set.processes[&42].branches.samples, 1);
         assert_eq!(d.received[&EventRole::Branches], 1);
+    }
+
+    #[test]
+    fn windows_split_samples_and_keep_what_is_known_of_processes() {
+        let me = std::process::id();
+        let here = windows_split_samples_and_keep_what_is_known_of_processes as *const () as u64;
+        let mut d = Drain::new(4);
+        d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
+        d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
+        d.add(&[0u8; 3]);
+        let w1 = d.take_window();
+        assert_eq!(w1.set.processes[&me].ips[&EventRole::CpuClock].samples, 2);
+        assert_eq!(w1.received[&EventRole::CpuClock], 2);
+        assert_eq!(w1.malformed, 1);
+        // Nothing since: an empty window, no sample in two windows.
+        let w2 = d.take_window();
+        assert!(w2.set.processes.is_empty() && w2.received.is_empty());
+        assert_eq!((w2.malformed, w2.set.window), (0, 4));
+        // The process comes back with the comm and maps known from the first window,
+        // without re-reading /proc (its re-read clock is untouched).
+        d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
+        let w3 = d.take_window();
+        let p = &w3.set.processes[&me];
+        assert_eq!(p.ips[&EventRole::CpuClock].samples, 1);
+        assert_eq!(p.comm, w1.set.processes[&me].comm);
+        assert_eq!(p.maps, w1.set.processes[&me].maps);
     }
 
     #[test]
