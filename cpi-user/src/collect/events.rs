@@ -34,8 +34,10 @@ impl Rate {
 
 /// The kernel fires `cpu-clock` at most every 10 µs (`perf_swevent_start_hrtimer`
 /// raises shorter periods to 10000 ns), so a shorter period would weight each sample
-/// with less time than it stands for: periods below are raised to this.
-pub const CPU_CLOCK_MIN_PERIOD_NS: u64 = 10_000;
+/// with less time than it stands for; and at 100 kHz (the default
+/// `kernel.perf_event_max_sample_rate`) the event is throttled for the rest of each
+/// tick. Periods below are raised to 12.5 µs (80 kHz).
+pub const CPU_CLOCK_MIN_PERIOD_NS: u64 = 12_500;
 
 /// Largest `--period` (events, or ns: ≈ 18 minutes of cpu-clock): beyond it no sample
 /// would ever come, and rounding up to a prime would take seconds.
@@ -60,8 +62,8 @@ pub fn cpu_clock_floor_note(rate: &Rate) -> Option<String> {
     (asked < CPU_CLOCK_MIN_PERIOD_NS).then(|| {
         let used = PeriodPolicy::around(CPU_CLOCK_MIN_PERIOD_NS).base;
         format!(
-            "cpu-clock fires at most every 10 µs: period {asked} ns raised to {used} ns \
-             (≈ {} samples per CPU-second)",
+            "cpu-clock fires at most every 10 µs and is throttled near 100 kHz: \
+             period {asked} ns raised to {used} ns (≈ {} samples per CPU-second)",
             1_000_000_000 / used
         )
     })
@@ -310,12 +312,9 @@ mod tests {
             ..RATE
         };
         let clock = &plan(Mode::TimeProfile, Vendor::Other, &fast, false)[0];
-        assert_eq!(
-            clock.policy.base, 10_007,
-            "raised to the 10 µs floor, prime"
-        );
+        assert_eq!(clock.policy.base, 12_503, "raised to the floor, prime");
         let note = cpu_clock_floor_note(&fast).unwrap();
-        assert!(note.contains("period 100 ns raised to 10007 ns"), "{note}");
+        assert!(note.contains("period 100 ns raised to 12503 ns"), "{note}");
         assert_eq!(cpu_clock_floor_note(&RATE), None);
         // Cycles are not bound by the hrtimer floor.
         let cycles = &plan(Mode::IpSampling, Vendor::Intel, &fast, false)[0];

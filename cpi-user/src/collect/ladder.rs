@@ -15,6 +15,8 @@ pub struct OpenEvent {
     pub fd: OwnedFd,
     /// Index into the specs it was opened from.
     pub spec_index: usize,
+    /// Where: `(pid, cpu)` as `perf_event_open` took them.
+    pub place: (i32, i32),
 }
 
 /// The program fd to attach to an event (by program name); `Ok(None)` opens the event
@@ -85,7 +87,11 @@ pub fn open_events(
     for (i, spec) in specs.iter().enumerate() {
         for &place in places {
             match open_attached(sys, spec, extra_flags, place, attach) {
-                Ok(fd) => open.push(OpenEvent { fd, spec_index: i }),
+                Ok(fd) => open.push(OpenEvent {
+                    fd,
+                    spec_index: i,
+                    place,
+                }),
                 Err(CollectError::Open { cause, .. })
                     if cause.raw_os_error() == Some(libc::ESRCH) && place.0 > 0 => {}
                 Err(e) => return Err(e),

@@ -67,6 +67,10 @@ pub enum CollectError {
     Attach { event: String, cause: io::Error },
     #[error("{0}")]
     Range(String),
+    #[error(
+        "too few open files allowed: about {need} needed, the limit is {limit} (raise `ulimit -n`)"
+    )]
+    TooFewFiles { need: u64, limit: u64 },
     #[error(transparent)]
     Io(#[from] io::Error),
 }

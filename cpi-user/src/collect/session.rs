@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use aya::maps::{MapData, RingBuf};
 use aya::Ebpf;
 use cpi_common::policy::{self, KernelConfig, Rng, Thinning};
-use cpi_common::wire::{Counter, COUNTERS};
+use cpi_common::wire::{Counter, EventRole, COUNTERS};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use super::caps::{Capabilities, Vendor};
-use super::drain::Drain;
+use super::drain::{CpuClockPeriods, Drain};
 use super::events::{self, EventSpec, Rate};
 use super::ladder::{self, OpenEvent};
 use super::sys::{self, Linux, PerfSys};
@@ -92,7 +92,13 @@ impl Redraw {
     /// those due. Events the kernel created by `inherit` (threads started later) have no
     /// fd here and keep the period drawn when they were born. A failure (the event's
     /// thread exited) only means that event keeps its period.
-    fn tick(&mut self, sys: &dyn PerfSys, specs: &[EventSpec], open: &[OpenEvent]) {
+    fn tick(
+        &mut self,
+        sys: &dyn PerfSys,
+        specs: &[EventSpec],
+        open: &[OpenEvent],
+        periods: &mut CpuClockPeriods,
+    ) {
         for _ in 0..open.len().min(REDRAWS_PER_TICK) {
             let i = self.next % open.len();
             self.next += 1;
@@ -101,9 +107,12 @@ impl Redraw {
                 continue;
             };
             if count >= self.at[i] {
-                let policy = &specs[e.spec_index].policy;
-                let _ = sys.set_period(&e.fd, policy.draw(&mut self.rng));
-                self.at[i] = count.saturating_add(policy.redraw_after(&mut self.rng));
+                let spec = &specs[e.spec_index];
+                let period = spec.policy.draw(&mut self.rng);
+                if sys.set_period(&e.fd, period).is_ok() && spec.role == EventRole::CpuClock {
+                    periods.set(e.place, period);
+                }
+                self.at[i] = count.saturating_add(spec.policy.redraw_after(&mut self.rng));
             }
         }
     }
@@ -143,6 +152,29 @@ fn placements(target: &Target, child: Option<u32>) -> Result<(Vec<(i32, i32)>, u
             ))
         }
     }
+}
+
+/// Makes sure the process may open what the session needs (an event per thread or CPU
+/// and event, the BPF object's maps and programs, the runtime's own few), raising the
+/// soft limit when it can: running out half-way would end in the runtime's panic.
+fn check_fd_room(target: &Target) -> Result<(), CollectError> {
+    let places = match target {
+        Target::SystemWide => target::online_cpus().len(),
+        Target::Pids(pids) => pids
+            .iter()
+            .map(|&p| target::threads(p).map_or(1, |t| t.len()))
+            .sum(),
+        Target::Command(_) => 1,
+    } as u64;
+    let open_now = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count()) as u64;
+    // Two events per placement at most, plus the object (≈ 12 fds), the ring, the
+    // runtime (epoll, eventfd, signal pipe), pidfds and the re-exec pipes.
+    let need = open_now + 2 * places + 32;
+    let limit = sys::raise_fd_limit(need)?;
+    if limit < need {
+        return Err(CollectError::TooFewFiles { need, limit });
+    }
+    Ok(())
 }
 
 /// The events of `mode` at `rate`, with the cpu-clock floor applied
@@ -190,6 +222,7 @@ impl Session {
             include_kernel: opts.include_kernel as u32,
             _pad: 0,
         };
+        check_fd_room(&opts.target)?;
         let mut bpf = load(opts.ring_bytes, bpf_cfg, caps.btf)?;
 
         // Signals are caught from here on, so a SIGINT during set-up still reports.
@@ -269,6 +302,10 @@ impl Session {
             }
         }
         let redraw = Redraw::new(&rung.specs, &rung.open);
+        let mut drain = Drain::new(window);
+        if let Some(clock) = rung.specs.iter().find(|s| s.role == EventRole::CpuClock) {
+            drain.cpu_clock.opened = clock.policy.base;
+        }
         let live = Live {
             vendor: caps.vendor,
             mode: rung.mode,
@@ -282,7 +319,7 @@ impl Session {
             watching: !watch.is_empty(),
             sigint,
             sigterm,
-            drain: Drain::new(window),
+            drain,
             child,
             deadline: opts.duration.and_then(|d| started.checked_add(d)),
             window_started: started,
@@ -354,8 +391,11 @@ impl Session {
         let specs = plan(l.mode, l.vendor, &l.opts, &rate);
         let sys = Linux;
         for e in &l.open {
+            let spec = &specs[e.spec_index];
             // A thread that exited keeps nothing to set.
-            let _ = sys.set_period(&e.fd, specs[e.spec_index].policy.base);
+            if sys.set_period(&e.fd, spec.policy.base).is_ok() && spec.role == EventRole::CpuClock {
+                l.drain.cpu_clock.set(e.place, spec.policy.base);
+            }
         }
         l.specs = specs;
         l.opts.rate = rate;
@@ -443,7 +483,9 @@ impl Live {
                     guard.clear_ready();
                 }
                 _ = poll.tick() => drain_all(ring.get_mut(), drain),
-                _ = redraw.tick(), if redrawing => schedule.tick(&Linux, specs, open),
+                _ = redraw.tick(), if redrawing => {
+                    schedule.tick(&Linux, specs, open, &mut drain.cpu_clock)
+                }
                 _ = tokio::time::sleep_until(deadline), if self.deadline.is_some() => {
                     break Some(StopReason::Duration)
                 }
@@ -599,15 +641,19 @@ mod tests {
         // However many ticks pass, an event that has counted fewer than 48 periods is
         // never re-drawn (each re-draw restarts its count).
         sys.count.set(47 * base);
+        let mut periods = CpuClockPeriods::default();
         for _ in 0..100 {
-            r.tick(&sys, &specs, &open);
+            r.tick(&sys, &specs, &open, &mut periods);
         }
         assert_eq!(sets(), 0);
+        assert!(periods.by_tid.is_empty());
         // Past 112 periods every event is due, once.
         sys.count.set(112 * base);
-        r.tick(&sys, &specs, &open);
-        r.tick(&sys, &specs, &open);
+        r.tick(&sys, &specs, &open, &mut periods);
+        r.tick(&sys, &specs, &open, &mut periods);
         assert_eq!(sets(), 2);
+        // The drain learns each event's new period, by thread.
+        assert_eq!(periods.by_tid.len(), 2);
         for c in sys.calls_where(|c| matches!(c, Call::SetPeriod(..))) {
             let Call::SetPeriod(_, p) = c else {
                 unreachable!()
@@ -619,8 +665,8 @@ mod tests {
         }
         // The next re-draw is again 48..=112 periods further on.
         sys.count.set(112 * base + 47 * base);
-        r.tick(&sys, &specs, &open);
-        r.tick(&sys, &specs, &open);
+        r.tick(&sys, &specs, &open, &mut periods);
+        r.tick(&sys, &specs, &open, &mut periods);
         assert_eq!(sets(), 2);
     }
 }

@@ -175,6 +175,30 @@ fn perf_event_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<Owned
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// Raises the soft limit on open files towards the hard one when it is below `want`;
+/// returns the soft limit now.
+pub fn raise_fd_limit(want: u64) -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills a local struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur < want && lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: want.min(lim.rlim_max),
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads a local struct.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return Ok(raised.rlim_cur);
+        }
+    }
+    Ok(lim.rlim_cur)
+}
+
 fn ioctl(fd: &impl AsRawFd, req: libc::c_ulong, arg: libc::c_ulong) -> io::Result<()> {
     // SAFETY: perf ioctls with an integer or pointer-to-u64 argument, checked below.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), req, arg) };
