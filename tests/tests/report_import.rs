@@ -12,9 +12,9 @@ use cpi_common::wire::{
     WIRE_VERSION,
 };
 use cpi_tests::{cpi_bpf, output_ok};
+use cpi_user::import::perf_script::{elf_layout, parse, ElfLayout, ImportOptions};
 use cpi_user::profile::model::{Mode, Profile, RunInfo};
 use cpi_user::profile::{analyze, AnalysisOptions, SampleSet};
-use cpi_user::report::perf_script::{elf_layout, parse, ElfLayout, ImportOptions};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use report_fixture::{have, scratch};
 
