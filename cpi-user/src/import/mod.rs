@@ -1,16 +1,33 @@
 //! Recordings made elsewhere → the same per-pid [`SampleSet`] as live samples, then
 //! the normal analysis ([`crate::profile::analyze`]): `cpi-bpf import-perf`.
 //!
-//! Inputs: `perf script` branch-stack text ([`perf_script`]). Everything read is
-//! bounded ([`MAX_TEXT_BYTES`], [`MAX_LINE_BYTES`]): a file that is not a recording
-//! (`/dev/zero`) ends in one error, not in memory exhaustion.
+//! Inputs: `perf.data` ([`perf_data`], told by its `PERFILE2` magic) and `perf script`
+//! branch-stack text ([`perf_script`]). Everything read is bounded: perf.data is
+//! streamed record by record, text by [`MAX_TEXT_BYTES`] and [`MAX_LINE_BYTES`], so a
+//! file that is not a recording (`/dev/zero`) ends in one error, not in memory
+//! exhaustion.
+//!
+//! The event the branch stacks were sampled on decides what the numbers mean
+//! ([`Estimator`]), and the mode line says it: taken-branch events give absolute
+//! instruction counts (seed 000: each range occurrence stands for period/k), cycles
+//! give cycles per function from the periods but only a relative instruction profile,
+//! other events a relative instruction profile. CPI is shown only where the recording
+//! holds both (a taken-branch event plus a cycles event), timed CPI wherever the
+//! branch entries carry cycles.
 
+pub mod perf_data;
 pub mod perf_script;
 
 use std::io::Read;
 use std::path::Path;
 
-use cpi_common::wire::{EventRole, IpSample, SampleHeader, SampleKind, WIRE_VERSION};
+use cpi_common::wire::{
+    BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES, WIRE_VERSION,
+};
+
+use crate::procmap::ProcessMaps;
+use crate::profile::SampleSet;
+use perf_data::{EventAttr, PerfDataError};
 
 use crate::profile::model::{EventInfo, LossReport, Mode, Profile, RunInfo};
 use crate::profile::{analyze, AnalysisOptions};
@@ -40,6 +57,19 @@ pub enum ImportError {
         line: usize,
         limit: usize,
     },
+    #[error("{what}: {source}")]
+    PerfData {
+        what: String,
+        #[source]
+        source: PerfDataError,
+    },
+    #[error(
+        "{what}: no branch stacks: its events ({events}) were recorded without \
+         `perf record -b` (or -j), so no instruction counts can be derived"
+    )]
+    NoBranchStacks { what: String, events: String },
+    #[error("{what}: {why}")]
+    Unusable { what: String, why: String },
     #[error("{what}: {source}")]
     PerfScript {
         what: String,
@@ -80,19 +110,363 @@ pub struct Imported {
     pub notes: Vec<String>,
 }
 
-/// Imports `path` (`-` is standard input).
+/// Imports `path` (`-` is standard input, text only): perf.data when it starts with
+/// `PERFILE2`, else `perf script` text.
 pub fn import_path(path: &Path, opts: &ImportOptions) -> Result<Imported, ImportError> {
     let what = path.display().to_string();
     let io = |source| ImportError::Io {
         what: what.clone(),
         source,
     };
-    let text = if path.as_os_str() == "-" {
-        read_text(std::io::stdin().lock(), &what)?
-    } else {
-        read_text(std::fs::File::open(path).map_err(io)?, &what)?
-    };
+    if path.as_os_str() == "-" {
+        let mut stdin = std::io::stdin().lock();
+        let mut magic = [0u8; 8];
+        let n = read_full(&mut stdin, &mut magic).map_err(io)?;
+        if &magic[..n] == perf_data::MAGIC {
+            return Err(ImportError::PerfData {
+                what,
+                source: PerfDataError::PipeMode,
+            });
+        }
+        let text = read_text(
+            std::io::Cursor::new(magic[..n].to_vec()).chain(stdin),
+            &what,
+        )?;
+        return import_text(&text, &what, opts);
+    }
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut magic = [0u8; 8];
+    let n = read_full(&mut f, &mut magic).map_err(io)?;
+    if &magic[..n] == perf_data::MAGIC {
+        return import_perf_data(path, &what, opts);
+    }
+    let text = read_text(std::io::Cursor::new(magic[..n].to_vec()).chain(f), &what)?;
     import_text(&text, &what, opts)
+}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// What the event the branch stacks were sampled on lets the numbers mean.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Estimator {
+    /// Retired taken branches: each sample stands for `period` taken branches, so a
+    /// range occurrence stands for period/k executions (absolute counts).
+    TakenBranches,
+    /// Cycles: the periods give cycles per function; the ranges only a relative
+    /// instruction profile (cycle-sampled stacks over-weight slow code).
+    Cycles,
+    /// Anything else: a relative instruction profile, each sample weighing 1.
+    Other,
+}
+
+impl Estimator {
+    /// Classifies an event by its recorded name, else by its type and config.
+    pub fn of(e: &EventAttr) -> Estimator {
+        let name = e.name.as_deref().unwrap_or("").to_ascii_lowercase();
+        let base = name.split(':').next().unwrap_or("");
+        let taken_name = name.contains("near_taken")
+            || name.contains("ex_ret_brn_tkn")
+            || (name.contains("br_inst_exec") && name.contains("taken"));
+        // PERF_TYPE_RAW (4, also the core PMU's type on x86): Intel
+        // BR_INST_RETIRED.NEAR_TAKEN is 0x20c4 (E-cores 0xc0c4); 0x3c is
+        // CPU_CLK_UNHALTED.THREAD.
+        let raw = e.kind == 4;
+        let code = e.config & 0xffff;
+        if taken_name || (raw && (code == 0x20c4 || code == 0xc0c4)) {
+            Estimator::TakenBranches
+        } else if matches!(base, "cycles" | "cpu-cycles" | "cpu_clk_unhalted.thread")
+            || (e.kind == 0 && e.config == 0)
+            || (raw && code == 0x3c)
+        {
+            Estimator::Cycles
+        } else {
+            Estimator::Other
+        }
+    }
+}
+
+/// What the pass over a perf.data file gathered.
+struct Pass {
+    set: SampleSet,
+    /// Samples per event.
+    per_event: Vec<u64>,
+    /// Deepest branch stack seen.
+    max_depth: usize,
+    timed_entries: u64,
+    truncated_stacks: u64,
+    records: perf_data::Records,
+    header: perf_data::Header,
+}
+
+/// One pass over the file with range window `window`; `branch` is the event whose
+/// stacks are used and `cycles` the event whose samples give cycles (when known).
+fn perf_data_pass(
+    path: &Path,
+    what: &str,
+    window: usize,
+    roles: Option<(usize, Option<usize>, Estimator)>,
+) -> Result<Pass, ImportError> {
+    let mut f = std::fs::File::open(path).map_err(|source| ImportError::Io {
+        what: what.into(),
+        source,
+    })?;
+    let mut set = SampleSet::new(window);
+    let mut per_event = Vec::new();
+    let (mut max_depth, mut timed_entries, mut truncated_stacks) = (0usize, 0u64, 0u64);
+    let (header, records) = perf_data::read(&mut f, |h, s| {
+        if per_event.len() < h.events.len() {
+            per_event.resize(h.events.len(), 0);
+        }
+        per_event[s.event] += 1;
+        if !s.branches.is_empty() {
+            max_depth = max_depth.max(s.branches.len());
+        }
+        let Some((branch, cycles, est)) = roles else {
+            return;
+        };
+        let sh = SampleHeader {
+            tgid: s.pid,
+            tid: s.tid,
+            ip: s.ip,
+            period: s.period,
+            ..Default::default()
+        };
+        if Some(s.event) == cycles {
+            let ip = IpSample {
+                header: SampleHeader {
+                    version: WIRE_VERSION,
+                    kind: SampleKind::Ip as u16,
+                    event: EventRole::Cycles as u32,
+                    ..sh
+                },
+            };
+            set.process(s.pid)
+                .ips
+                .entry(EventRole::Cycles)
+                .or_default()
+                .add(&ip);
+        }
+        if s.event == branch && !s.branches.is_empty() {
+            if s.branches.len() > MAX_BRANCH_ENTRIES {
+                truncated_stacks += 1;
+            }
+            timed_entries += s.branches.iter().filter(|e| e.cycles() != 0).count() as u64;
+            let period = match est {
+                Estimator::TakenBranches | Estimator::Cycles => s.period,
+                Estimator::Other => 1,
+            };
+            set.add_branch(&BranchSample::new(
+                SampleHeader { period, ..sh },
+                &s.branches,
+            ));
+        }
+    })
+    .map_err(|source| ImportError::PerfData {
+        what: what.into(),
+        source,
+    })?;
+    per_event.resize(header.events.len(), 0);
+    Ok(Pass {
+        set,
+        per_event,
+        max_depth,
+        timed_entries,
+        truncated_stacks,
+        records,
+        header,
+    })
+}
+
+/// Imports a perf.data file.
+pub fn import_perf_data(
+    path: &Path,
+    what: &str,
+    opts: &ImportOptions,
+) -> Result<Imported, ImportError> {
+    let unusable = |why: String| ImportError::Unusable {
+        what: what.into(),
+        why,
+    };
+    // First pass: the events, how deep the stacks are.
+    let scan = perf_data_pass(path, what, opts.window, None)?;
+    let events = &scan.header.events;
+    let with_stacks: Vec<usize> = (0..events.len())
+        .filter(|&i| events[i].has_branch_stack())
+        .collect();
+    let names = || {
+        events
+            .iter()
+            .map(EventAttr::display_name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if with_stacks.is_empty() || scan.max_depth == 0 {
+        return Err(ImportError::NoBranchStacks {
+            what: what.into(),
+            events: names(),
+        });
+    }
+    // The stacks of a taken-branch event if there is one, else the first with stacks.
+    let branch = with_stacks
+        .iter()
+        .copied()
+        .find(|&i| Estimator::of(&events[i]) == Estimator::TakenBranches)
+        .unwrap_or(with_stacks[0]);
+    let est = Estimator::of(&events[branch]);
+    let cycles = (0..events.len())
+        .filter(|&i| scan.per_event[i] > 0)
+        .find(|&i| Estimator::of(&events[i]) == Estimator::Cycles);
+    let mut notes = Vec::new();
+    let usable = scan.max_depth.min(MAX_BRANCH_ENTRIES);
+    if usable < 2 {
+        return Err(unusable(format!(
+            "its branch stacks hold {usable} entries: at least 2 are needed for one range"
+        )));
+    }
+    let mut window = opts.window.max(1);
+    if window > usable - 1 {
+        notes.push(format!(
+            "--window {window} is larger than the stacks allow: their {usable} entries hold              {} ranges; using {}",
+            usable - 1,
+            usable - 1
+        ));
+        window = usable - 1;
+    }
+    let pass = perf_data_pass(path, what, window, Some((branch, cycles, est)))?;
+    let header = pass.header;
+    let mut set = pass.set;
+    let records = pass.records;
+    for (pid, mut maps) in records.maps {
+        if let Some(p) = set.processes.get_mut(&pid) {
+            maps.sort_by_key(|m| m.start);
+            p.maps = Some(ProcessMaps { mappings: maps });
+        }
+    }
+    for (pid, comm) in records.comms {
+        if let Some(p) = set.processes.get_mut(&pid) {
+            p.comm = comm;
+        }
+    }
+    if pass.truncated_stacks > 0 {
+        notes.push(format!(
+            "{} branch stacks were deeper than {MAX_BRANCH_ENTRIES} entries; the newest were kept",
+            pass.truncated_stacks
+        ));
+    }
+    let ev = &header.events[branch];
+    let sampling = |e: &EventAttr| {
+        if e.freq {
+            format!("freq {} Hz, each sample's own period", e.period_or_freq)
+        } else {
+            format!("period {}", e.period_or_freq)
+        }
+    };
+    let timed = pass.timed_entries > 0;
+    let timed_note = if timed {
+        "; timed CPI from the cycles the branch entries carry (timed LBR)"
+    } else {
+        ""
+    };
+    let cycles_name = cycles.map(|c| header.events[c].display_name());
+    let meaning = match (est, &cycles_name) {
+        (Estimator::TakenBranches, Some(c)) => format!(
+            "taken-branch event: absolute instruction counts (each range stands for              period/{window}); cycles from {c} samples × their periods; CPI"
+        ),
+        (Estimator::TakenBranches, None) => format!(
+            "taken-branch event: absolute instruction counts (each range stands for              period/{window}), shares of instructions; the recording holds no cycles: no              cycles, no CPI"
+        ),
+        (Estimator::Cycles, _) => "cycles event: cycles per function from the sample              periods; the instruction profile is relative (stacks sampled on cycles, not              taken branches): no CPI from it"
+            .to_string(),
+        (Estimator::Other, Some(c)) => format!(
+            "neither taken branches nor cycles: a relative instruction profile (each              sample weighs 1); cycles from {c} samples; no CPI"
+        ),
+        (Estimator::Other, None) => "neither taken branches nor cycles: a relative              instruction profile (each sample weighs 1), shares of instructions; no cycles,              no CPI"
+            .to_string(),
+    };
+    let mut infos = Vec::new();
+    for (i, e) in header.events.iter().enumerate() {
+        let role = if i == branch {
+            "branches"
+        } else if Some(i) == cycles {
+            "cycles"
+        } else {
+            continue;
+        };
+        infos.push(EventInfo {
+            role: role.into(),
+            name: e.display_name(),
+            period: if e.freq { 0 } else { e.period_or_freq },
+            jitter: 0,
+            thinning: 1,
+            unit: "events".into(),
+            samples: pass.per_event[i],
+        });
+    }
+    let run = RunInfo {
+        mode: Mode::Cpi,
+        mode_reason: format!(
+            "imported from perf.data {what}: branch stacks on {} ({}): {meaning}{timed_note}",
+            ev.display_name(),
+            sampling(ev)
+        ),
+        command: Vec::new(),
+        duration_secs: 0.0,
+        events: infos,
+        perturbation: "none".into(),
+        lost: LossReport::default(),
+    };
+    let mut profile = analyze(&set, run, &opts.analysis);
+    if est != Estimator::TakenBranches || cycles.is_none() {
+        without_cpi(&mut profile);
+    }
+    if cycles.is_none() {
+        shares_of_instructions(&mut profile);
+    }
+    Ok(Imported { profile, notes })
+}
+
+/// Removes the cycles/instructions CPI where the instruction counts are relative or
+/// there are no cycles; timed CPI (from the branch entries themselves) stays.
+pub fn without_cpi(p: &mut Profile) {
+    for proc in &mut p.processes {
+        proc.cpi = None;
+        for f in &mut proc.functions {
+            f.cpi = None;
+            f.blocks.iter_mut().for_each(|b| b.cpi = None);
+            f.lines.iter_mut().for_each(|l| l.cpi = None);
+        }
+    }
+}
+
+/// Without cycles, a function's share is its share of the process's instructions and
+/// functions rank by instructions.
+fn shares_of_instructions(p: &mut Profile) {
+    for proc in &mut p.processes {
+        let total: f64 = proc.functions.iter().filter_map(|f| f.instructions).sum();
+        for f in &mut proc.functions {
+            f.share = match (f.instructions, total > 0.0) {
+                (Some(i), true) => i / total,
+                _ => 0.0,
+            };
+        }
+        proc.functions.sort_by(|a, b| {
+            b.instructions
+                .unwrap_or(0.0)
+                .total_cmp(&a.instructions.unwrap_or(0.0))
+                .then(a.name.cmp(&b.name))
+        });
+    }
 }
 
 /// Reads text, bounded by [`MAX_TEXT_BYTES`] and [`MAX_LINE_BYTES`]; invalid UTF-8 is
