@@ -337,7 +337,7 @@ pub fn import_perf_data(
     let mut window = opts.window.max(1);
     if window > usable - 1 {
         notes.push(format!(
-            "--window {window} is larger than the stacks allow: their {usable} entries hold              {} ranges; using {}",
+            "--window {window} is larger than the stacks allow: their {usable} entries hold {} ranges; using {}",
             usable - 1,
             usable - 1
         ));
@@ -381,17 +381,17 @@ pub fn import_perf_data(
     let cycles_name = cycles.map(|c| header.events[c].display_name());
     let meaning = match (est, &cycles_name) {
         (Estimator::TakenBranches, Some(c)) => format!(
-            "taken-branch event: absolute instruction counts (each range stands for              period/{window}); cycles from {c} samples × their periods; CPI"
+            "taken-branch event: absolute instruction counts (each range stands for period/{window}); cycles from {c} samples × their periods; CPI"
         ),
         (Estimator::TakenBranches, None) => format!(
-            "taken-branch event: absolute instruction counts (each range stands for              period/{window}), shares of instructions; the recording holds no cycles: no              cycles, no CPI"
+            "taken-branch event: absolute instruction counts (each range stands for period/{window}), shares of instructions; the recording holds no cycles: no cycles, no CPI"
         ),
-        (Estimator::Cycles, _) => "cycles event: cycles per function from the sample              periods; the instruction profile is relative (stacks sampled on cycles, not              taken branches): no CPI from it"
+        (Estimator::Cycles, _) => "cycles event: cycles per function from the sample periods; the instruction profile is relative (stacks sampled on cycles, not taken branches): no CPI from it"
             .to_string(),
         (Estimator::Other, Some(c)) => format!(
-            "neither taken branches nor cycles: a relative instruction profile (each              sample weighs 1); cycles from {c} samples; no CPI"
+            "neither taken branches nor cycles: a relative instruction profile (each sample weighs 1); cycles from {c} samples; no CPI"
         ),
-        (Estimator::Other, None) => "neither taken branches nor cycles: a relative              instruction profile (each sample weighs 1), shares of instructions; no cycles,              no CPI"
+        (Estimator::Other, None) => "neither taken branches nor cycles: a relative instruction profile (each sample weighs 1), shares of instructions; no cycles, no CPI"
             .to_string(),
     };
     let mut infos = Vec::new();

@@ -215,11 +215,12 @@ fn read_header<R: Read + Seek>(r: &mut R) -> Result<(Header, Layout), PerfDataEr
     }
     let h = read_at(r, 0, HEADER_SIZE, file_len, "file header")?;
     let g = |o| u64_at(&h, o).unwrap_or(0);
-    let attr_size = g(16);
+    // `attr_size` is that of `struct perf_file_attr`: the attr and its ids section.
+    let entry = g(16);
+    let attr_size = entry.saturating_sub(16);
     let (attrs_off, attrs_size) = (g(24), g(32));
     let (data_offset, data_size) = (g(40), g(48));
     let features: [u64; 4] = [g(72), g(80), g(88), g(96)];
-    let entry = attr_size + 16;
     if !(64..=4096).contains(&attr_size) || attrs_size % entry != 0 || attrs_size == 0 {
         return Err(PerfDataError::Malformed(format!(
             "attribute size {attr_size}, attrs section {attrs_size} bytes"
