@@ -76,7 +76,7 @@ pub enum Record {
 }
 
 fn pad8(v: &mut Vec<u8>) {
-    while v.len() % 8 != 0 {
+    while !v.len().is_multiple_of(8) {
         v.push(0);
     }
 }
@@ -93,7 +93,7 @@ fn record(kind: u32, misc: u16, body: &[u8]) -> Vec<u8> {
 fn cstr_padded(s: &str, align: usize) -> Vec<u8> {
     let mut v = s.as_bytes().to_vec();
     v.push(0);
-    while v.len() % align != 0 {
+    while !v.len().is_multiple_of(align) {
         v.push(0);
     }
     v
