@@ -532,3 +532,87 @@ fn bad_perf_data_is_one_line() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// Binaries recorded at paths this machine does not have: found with `--binary
+/// NAME=PATH`, `--symfs DIR` or by build-id among given files; a file whose build-id
+/// differs from the recorded one is refused with one line naming both.
+#[test]
+fn binaries_recorded_elsewhere_are_found_and_checked() {
+    let Some(fx) = fixture("pd-elsewhere") else {
+        return;
+    };
+    let recorded = "/build/elsewhere/prog";
+    let mut recs = fx.preamble();
+    if let Record::Mmap2 { path, .. } = &mut recs[1] {
+        *path = recorded.into();
+    }
+    for _ in 0..40 {
+        recs.push(Record::Sample {
+            attr: 0,
+            pid: PID,
+            tid: PID,
+            ip: fx.hot.head,
+            period: 500_009,
+            branches: stack(fx.hot, 16, 0),
+        });
+    }
+    let mut ids = fx.build_ids();
+    ids[0].0 = recorded.into();
+    let file = fx.dir.join("elsewhere.data");
+    perf_data::write(&file, &[taken_attr(5)], &recs, &ids);
+    let want = 40.0 * 500_009.0 * fx.hot.instructions as f64;
+
+    let (p, err) = import(&file, &[]);
+    assert!(
+        err.contains("/build/elsewhere/prog: not found on this machine"),
+        "{err}"
+    );
+    assert!(
+        p.processes.iter().all(|p| p.functions.is_empty()),
+        "nothing to symbolise with"
+    );
+
+    let symfs = fx.dir.join("symfs");
+    std::fs::create_dir_all(symfs.join("build/elsewhere")).unwrap();
+    std::fs::copy(&fx.exe, symfs.join("build/elsewhere/prog")).unwrap();
+    let exe = fx.exe.display().to_string();
+    for args in [
+        vec!["--binary".to_string(), format!("prog={exe}")],
+        vec!["--binary".to_string(), format!("{recorded}={exe}")],
+        vec!["--symfs".to_string(), symfs.display().to_string()],
+        vec!["--binary".to_string(), exe.clone()],
+    ] {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (p, _) = import(&file, &a);
+        let got = func(&p, "hot").instructions.unwrap();
+        assert!(
+            (got - want).abs() < 1e-9 * want,
+            "{args:?}: {got} instructions, want {want}"
+        );
+    }
+
+    // The same program built differently has another build-id.
+    let other = fx.dir.join("other");
+    let st = Command::new("gcc")
+        .args(["-O2", "-fno-pie", "-no-pie", "-o"])
+        .arg(&other)
+        .arg(fx.dir.join("p.c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let other_id = Binary::open(&other).unwrap().build_id.unwrap();
+    let out = Command::new(cpi_bpf())
+        .args(["import-perf", "--binary"])
+        .arg(format!("prog={}", other.display()))
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("build-id mismatch"), "{err}");
+    assert!(
+        err.contains(fx.bin.build_id.as_deref().unwrap()) && err.contains(&other_id),
+        "{err}"
+    );
+}

@@ -15,18 +15,21 @@
 //! holds both (a taken-branch event plus a cycles event), timed CPI wherever the
 //! branch entries carry cycles.
 
+pub mod locate;
 pub mod perf_data;
 pub mod perf_script;
 
+use std::collections::BTreeMap;
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use cpi_common::wire::{
     BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES, WIRE_VERSION,
 };
 
-use crate::procmap::ProcessMaps;
+use crate::procmap::{MappedObject, ProcessMaps};
 use crate::profile::SampleSet;
+use locate::{LocateError, Locator};
 use perf_data::{EventAttr, PerfDataError};
 
 use crate::profile::model::{EventInfo, LossReport, Mode, Profile, RunInfo};
@@ -68,6 +71,12 @@ pub enum ImportError {
          `perf record -b` (or -j), so no instruction counts can be derived"
     )]
     NoBranchStacks { what: String, events: String },
+    #[error("{what}: {source}")]
+    Locate {
+        what: String,
+        #[source]
+        source: LocateError,
+    },
     #[error("{what}: {why}")]
     Unusable { what: String, why: String },
     #[error("{what}: {source}")]
@@ -87,6 +96,8 @@ pub struct ImportOptions {
     pub offsets: bool,
     /// Text only: events each sample stands for (`perf record -c N`); 1 when unknown.
     pub period: u64,
+    /// Where the recorded binaries are on this machine.
+    pub locator: Locator,
     pub analysis: AnalysisOptions,
 }
 
@@ -96,6 +107,10 @@ impl Default for ImportOptions {
             window: 8,
             offsets: false,
             period: 1,
+            locator: Locator {
+                caches: Locator::default_caches(),
+                ..Locator::default()
+            },
             analysis: AnalysisOptions::default(),
         }
     }
@@ -347,17 +362,20 @@ pub fn import_perf_data(
     let header = pass.header;
     let mut set = pass.set;
     let records = pass.records;
-    for (pid, mut maps) in records.maps {
+    for (pid, mut maps) in records.maps.clone() {
         if let Some(p) = set.processes.get_mut(&pid) {
             maps.sort_by_key(|m| m.start);
             p.maps = Some(ProcessMaps { mappings: maps });
         }
     }
-    for (pid, comm) in records.comms {
+    for (pid, comm) in records.comms.clone() {
         if let Some(p) = set.processes.get_mut(&pid) {
             p.comm = comm;
         }
     }
+    let mut build_ids = header.build_ids.clone();
+    build_ids.extend(records.build_ids.clone());
+    notes.extend(relocate(&mut set, &opts.locator, &build_ids, what)?);
     if pass.truncated_stacks > 0 {
         notes.push(format!(
             "{} branch stacks were deeper than {MAX_BRANCH_ENTRIES} entries; the newest were kept",
@@ -434,6 +452,60 @@ pub fn import_perf_data(
         shares_of_instructions(&mut profile);
     }
     Ok(Imported { profile, notes })
+}
+
+/// Points every mapped file at the local copy [`Locator`] finds (checked against the
+/// recorded build-id); returns a note per binary read from another path.
+fn relocate(
+    set: &mut SampleSet,
+    locator: &Locator,
+    build_ids: &BTreeMap<String, String>,
+    what: &str,
+) -> Result<Vec<String>, ImportError> {
+    let mut found: BTreeMap<String, Option<PathBuf>> = BTreeMap::new();
+    let mut ids = BTreeMap::new();
+    let mut notes = Vec::new();
+    for p in set.processes.values_mut() {
+        for m in p.maps.iter_mut().flat_map(|m| m.mappings.iter_mut()) {
+            let MappedObject::File { path, .. } = &mut m.object else {
+                continue;
+            };
+            let recorded = path.display().to_string();
+            if !found.contains_key(&recorded) {
+                let local = locator
+                    .locate(
+                        &recorded,
+                        build_ids.get(&recorded).map(String::as_str),
+                        &mut ids,
+                    )
+                    .map_err(|source| ImportError::Locate {
+                        what: what.into(),
+                        source,
+                    })?;
+                match &local {
+                    Some(l) if *l != *path => {
+                        notes.push(format!("{recorded}: read from {}", l.display()))
+                    }
+                    None if build_ids.contains_key(&recorded) || !path.exists() => {
+                        notes.push(format!(
+                            "{recorded}: not found on this machine (build-id {}): its samples \
+                             are unmapped; give it with --binary NAME=PATH or --symfs DIR",
+                            build_ids
+                                .get(&recorded)
+                                .map(String::as_str)
+                                .unwrap_or("unknown")
+                        ))
+                    }
+                    _ => {}
+                }
+                found.insert(recorded.clone(), local);
+            }
+            if let Some(Some(l)) = found.get(&recorded) {
+                *path = l.clone();
+            }
+        }
+    }
+    Ok(notes)
 }
 
 /// Removes the cycles/instructions CPI where the instruction counts are relative or
@@ -546,6 +618,8 @@ pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Impor
         .collect();
     let n = import.samples.len() as u64;
     let mut set = import.into_sample_set(opts.window);
+    let mut notes = notes;
+    notes.extend(relocate(&mut set, &opts.locator, &BTreeMap::new(), what)?);
     for ip in &ips {
         set.process(ip.header.tgid)
             .ips

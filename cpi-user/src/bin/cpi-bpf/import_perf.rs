@@ -9,14 +9,23 @@ use crate::output::{emit, OutputArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// `perf script -F pid,tid,ip,sym,dso,brstack` text; `-` reads standard input.
+    /// A `perf.data` file (`perf record -b`), or `perf script -F
+    /// pid,tid,ip,sym,dso,brstack` text; `-` reads text from standard input.
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
-    /// The text was written with `brstackoff` (dso offsets) rather than `brstack`.
+    /// Look for the recorded binaries under DIR (DIR + recorded path), as perf does.
+    #[arg(long, value_name = "DIR")]
+    pub symfs: Option<PathBuf>,
+    /// NAME=PATH: the recorded binary NAME (full path or file name) is PATH here; a
+    /// bare PATH is offered for build-id lookup. Repeatable.
+    #[arg(long = "binary", value_name = "NAME=PATH", value_parser = parse_binary)]
+    pub binaries: Vec<(Option<String>, PathBuf)>,
+    /// Text only: the text was written with `brstackoff` (dso offsets) rather than `brstack`.
     #[arg(long)]
     pub brstackoff: bool,
-    /// The recording's sampling period (`perf record -c N`, cycles); without it counts
-    /// are relative (each sample weighs 1).
+    /// Text only (perf.data carries its periods): the recording's sampling period
+    /// (`perf record -c N`, cycles); without it counts are relative (each sample
+    /// weighs 1).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub period: u64,
     /// Newest ranges used per branch stack (seed 001's CBT window).
@@ -27,16 +36,32 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let opts = ImportOptions {
+    let mut opts = ImportOptions {
         window: args.window,
         offsets: args.brstackoff,
         period: args.period.max(1),
         ..ImportOptions::default()
     };
+    opts.locator.symfs = args.symfs;
+    for (name, path) in args.binaries {
+        match name {
+            Some(n) => opts.locator.overrides.push((n, path)),
+            None => opts.locator.files.push(path),
+        }
+    }
     let imported = import::import_path(&args.file, &opts)?;
     for note in &imported.notes {
         log::warn!("{note}");
     }
     emit(&imported.profile, &args.output)?;
     Ok(0)
+}
+
+/// `NAME=PATH` or a bare `PATH`.
+fn parse_binary(s: &str) -> Result<(Option<String>, PathBuf), String> {
+    match s.split_once('=') {
+        Some((n, p)) if !n.is_empty() && !p.is_empty() => Ok((Some(n.into()), p.into())),
+        Some(_) => Err("expected NAME=PATH or PATH".into()),
+        None => Ok((None, s.into())),
+    }
 }
