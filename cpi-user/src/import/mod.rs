@@ -94,8 +94,13 @@ pub struct ImportOptions {
     pub window: usize,
     /// Text only: entries are `brstackoff` dso offsets rather than runtime addresses.
     pub offsets: bool,
-    /// Text only: events each sample stands for (`perf record -c N`); 1 when unknown.
+    /// Text only: events each sample stands for (`perf record -c N`) when the text has
+    /// no period field; 1 when unknown.
     pub period: u64,
+    /// Text only: the text has a period field (`perf script -F ...,period`).
+    pub period_field: bool,
+    /// Text only (perf.data names its events): what the stacks were sampled on.
+    pub text_event: Estimator,
     /// Where the recorded binaries are on this machine.
     pub locator: Locator,
     pub analysis: AnalysisOptions,
@@ -107,6 +112,8 @@ impl Default for ImportOptions {
             window: 8,
             offsets: false,
             period: 1,
+            period_field: false,
+            text_event: Estimator::Cycles,
             locator: Locator {
                 caches: Locator::default_caches(),
                 ..Locator::default()
@@ -593,6 +600,7 @@ pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Impor
     let parse_opts = perf_script::ImportOptions {
         offsets: opts.offsets,
         period: opts.period.max(1),
+        period_field: opts.period_field,
     };
     let import =
         perf_script::parse(text, parse_opts, &perf_script::elf_layout).map_err(|source| {
@@ -602,21 +610,38 @@ pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Impor
             }
         })?;
     let notes = text_notes(&import);
-    // Each perf sample is also a cycles IP sample: `perf record -b` samples cycles.
-    let ips: Vec<IpSample> = import
+    let est = opts.text_event;
+    let timed = import
         .samples
         .iter()
-        .map(|s| IpSample {
-            header: SampleHeader {
-                version: WIRE_VERSION,
-                kind: SampleKind::Ip as u16,
-                event: EventRole::Cycles as u32,
-                nr: 0,
-                ..s.header
-            },
-        })
-        .collect();
+        .any(|s| s.entries().iter().any(|e| e.cycles() != 0));
+    let per_sample = import
+        .samples
+        .iter()
+        .any(|s| s.header.period != parse_opts.period);
+    // Cycles: each perf sample is also a cycles IP sample.
+    let ips: Vec<IpSample> = if est == Estimator::Cycles {
+        import
+            .samples
+            .iter()
+            .map(|s| IpSample {
+                header: SampleHeader {
+                    version: WIRE_VERSION,
+                    kind: SampleKind::Ip as u16,
+                    event: EventRole::Cycles as u32,
+                    nr: 0,
+                    ..s.header
+                },
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let n = import.samples.len() as u64;
+    let mut import = import;
+    if est == Estimator::Other {
+        import.samples.iter_mut().for_each(|s| s.header.period = 1);
+    }
     let mut set = import.into_sample_set(opts.window);
     let mut notes = notes;
     notes.extend(relocate(&mut set, &opts.locator, &BTreeMap::new(), what)?);
@@ -627,36 +652,70 @@ pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Impor
             .or_default()
             .add(ip);
     }
-    let event = |role: &str| EventInfo {
-        role: role.into(),
-        name: "cycles (perf record -b)".into(),
+    let (role, name) = match est {
+        Estimator::TakenBranches => ("branches", "taken branches (--event)"),
+        Estimator::Cycles => ("cycles", "cycles (perf record -b)"),
+        Estimator::Other => ("branches", "another event (--event)"),
+    };
+    let mut events = vec![EventInfo {
+        role: "branches".into(),
+        name: name.into(),
         period: parse_opts.period,
         jitter: 0,
         thinning: 1,
         unit: "events".into(),
         samples: n,
-    };
-    let relative = if opts.period > 1 {
-        String::new()
+    }];
+    if role == "cycles" {
+        events.push(EventInfo {
+            role: role.into(),
+            ..events[0].clone()
+        });
+    }
+    let periods = if per_sample {
+        "each sample's own period (-F period)"
+    } else if opts.period > 1 {
+        "period from --period"
     } else {
-        "; no --period: counts are relative".to_string()
+        "no period in the text and no --period: each sample weighs 1, counts are relative"
+    };
+    let meaning = match est {
+        Estimator::Cycles => {
+            "taken as cycles (perf record -b's default; --event says \
+             otherwise): cycles per function from the periods; the instruction profile is \
+             relative (stacks sampled on cycles): no CPI from it"
+        }
+        Estimator::TakenBranches => {
+            "taken-branch event (--event): instruction counts from \
+             the periods, shares of instructions; the text holds no cycles: no cycles, no CPI"
+        }
+        Estimator::Other => {
+            "another event (--event): a relative instruction profile (each \
+             sample weighs 1), shares of instructions; no cycles, no CPI"
+        }
+    };
+    let timed_note = if timed {
+        "; timed CPI from the cycles the branch entries carry (timed LBR)"
+    } else {
+        ""
     };
     let run = RunInfo {
         mode: Mode::Cpi,
         mode_reason: format!(
-            "imported from perf script text {what}: cycles samples with branch stacks \
-             (instruction counts scale with cycles, not taken branches){relative}"
+            "imported from perf script text {what} ({periods}): {meaning}{timed_note}"
         ),
         command: Vec::new(),
         duration_secs: 0.0,
-        events: vec![event("branches"), event("cycles")],
+        events,
         perturbation: "none".into(),
         lost: LossReport::default(),
     };
-    Ok(Imported {
-        profile: analyze(&set, run, &opts.analysis),
-        notes,
-    })
+    let mut profile = analyze(&set, run, &opts.analysis);
+    without_cpi(&mut profile);
+    if est != Estimator::Cycles {
+        shares_of_instructions(&mut profile);
+    }
+    Ok(Imported { profile, notes })
 }
 
 fn text_notes(import: &PerfImport) -> Vec<String> {

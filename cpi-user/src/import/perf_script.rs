@@ -53,6 +53,9 @@ pub struct ImportOptions {
     pub offsets: bool,
     /// Events each sample stands for (`perf record -c N`); 1 when unknown.
     pub period: u64,
+    /// The text has a period field (`perf script -F ...,period,...`): each sample's
+    /// own period, printed before the ip.
+    pub period_field: bool,
 }
 
 impl Default for ImportOptions {
@@ -60,6 +63,7 @@ impl Default for ImportOptions {
         ImportOptions {
             offsets: false,
             period: 1,
+            period_field: false,
         }
     }
 }
@@ -155,7 +159,14 @@ pub fn parse(
             out.malformed(n, format!("malformed branch entry {:?} ({why})", clip(t)));
             continue;
         }
-        let Some((pid, tid, comm, ip)) = parse_head(head) else {
+        let Some(Head {
+            pid,
+            tid,
+            comm,
+            ip,
+            period,
+        }) = parse_head(head, opts.period_field)
+        else {
             out.malformed(
                 n,
                 "sample has no pid/tid field (use `perf script -F pid,tid,ip,sym,dso,brstack`)"
@@ -208,7 +219,7 @@ pub fn parse(
             pid,
             tid,
             ip.unwrap_or(entries[0].to),
-            opts.period,
+            period.filter(|&p| p > 0).unwrap_or(opts.period),
             &entries,
         ));
         entry_dsos.push(names);
@@ -373,8 +384,18 @@ fn first_entry(line: &str) -> Option<usize> {
     })
 }
 
-/// `[comm] pid/tid [ip] [sym] [(dso)]` → (pid, tid, comm, ip).
-fn parse_head(head: &str) -> Option<(u32, u32, Option<String>, Option<u64>)> {
+/// What a sample line says before its branch entries.
+struct Head {
+    pid: u32,
+    tid: u32,
+    comm: Option<String>,
+    ip: Option<u64>,
+    /// `-F period`: the sample's own period (freq-mode recordings vary it).
+    period: Option<u64>,
+}
+
+/// `[comm] pid/tid [[cpu]] [time:] [period] [event:] [ip] [sym] [(dso)]`.
+fn parse_head(head: &str, period_field: bool) -> Option<Head> {
     let tokens: Vec<&str> = head.split_whitespace().collect();
     let at = tokens.iter().position(|t| {
         t.split_once('/')
@@ -382,11 +403,29 @@ fn parse_head(head: &str) -> Option<(u32, u32, Option<String>, Option<u64>)> {
     })?;
     let (pid, tid) = tokens[at].split_once('/')?;
     let comm = (at > 0).then(|| tokens[..at].join(" "));
-    // perf prints the ip as bare hex, first after pid/tid.
-    let ip = tokens
-        .get(at + 1)
-        .and_then(|t| u64::from_str_radix(t, 16).ok());
-    Some((pid.parse().ok()?, tid.parse().ok()?, comm, ip))
+    // After pid/tid perf prints `[cpu]`, `time:`, the period (decimal), `event:`, then
+    // the ip (bare hex): skip the bracketed and colon-ended ones.
+    let rest: Vec<&str> = tokens[at + 1..]
+        .iter()
+        .copied()
+        .filter(|t| !(t.starts_with('[') && t.ends_with(']')) && !t.ends_with(':'))
+        .collect();
+    let is_hex = |t: &&str| u64::from_str_radix(t, 16).ok();
+    let (period, ip) = if period_field {
+        (
+            rest.first().and_then(|p| p.parse().ok()),
+            rest.get(1).and_then(is_hex),
+        )
+    } else {
+        (None, rest.first().and_then(is_hex))
+    };
+    Some(Head {
+        pid: pid.parse().ok()?,
+        tid: tid.parse().ok()?,
+        comm,
+        ip,
+        period,
+    })
 }
 
 fn hex(s: &str) -> Option<u64> {
@@ -652,6 +691,25 @@ mod tests {
                 .contains("1 malformed lines, the first line 1: malformed branch entry"),
             "{e}"
         );
+    }
+
+    /// `perf script -F pid,tid,period,ip,...`: each sample keeps its own period (a
+    /// freq-mode recording varies it); the ip is the token after it.
+    #[test]
+    fn period_field_is_each_samples_own() {
+        let text = "prog 7/7 [001] 12.5: 31337 cycles:u: 401136 f (/p) 0x401136/0x401120/P/-/-/0\n\
+                    prog 7/7 [001] 12.6: 1200 cycles:u: 401140 f (/p) 0x401136/0x401120/P/-/-/0\n";
+        let opts = ImportOptions {
+            period_field: true,
+            ..Default::default()
+        };
+        let imp = parse(text, opts, &no_elf).unwrap();
+        let got: Vec<(u64, u64)> = imp
+            .samples
+            .iter()
+            .map(|s| (s.header.period, s.header.ip))
+            .collect();
+        assert_eq!(got, [(31337, 0x401136), (1200, 0x401140)]);
     }
 
     /// Malformed lines among good ones are counted and named, never silently dropped.

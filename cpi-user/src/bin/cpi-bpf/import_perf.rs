@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use cpi_user::import::{self, ImportOptions};
+use cpi_user::import::{self, Estimator, ImportOptions};
 
 use crate::output::{emit, OutputArgs};
 
@@ -28,6 +28,14 @@ pub struct Args {
     /// weighs 1).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub period: u64,
+    /// Text only: the text has a period field (`perf script -F pid,tid,period,ip,...`),
+    /// each sample's own period (freq-mode recordings vary it).
+    #[arg(long)]
+    pub period_field: bool,
+    /// Text only (perf.data names its events): the event the stacks were sampled on,
+    /// `cycles` (perf record -b's default), `taken-branches` or `other`.
+    #[arg(long, value_name = "EVENT", default_value = "cycles", value_parser = parse_event)]
+    pub event: Estimator,
     /// Newest ranges used per branch stack (seed 001's CBT window).
     #[arg(long, value_name = "N", default_value_t = ImportOptions::default().window)]
     pub window: usize,
@@ -40,6 +48,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         window: args.window,
         offsets: args.brstackoff,
         period: args.period.max(1),
+        text_event: args.event,
+        period_field: args.period_field,
         ..ImportOptions::default()
     };
     opts.locator.symfs = args.symfs;
@@ -63,5 +73,14 @@ fn parse_binary(s: &str) -> Result<(Option<String>, PathBuf), String> {
         Some((n, p)) if !n.is_empty() && !p.is_empty() => Ok((Some(n.into()), p.into())),
         Some(_) => Err("expected NAME=PATH or PATH".into()),
         None => Ok((None, s.into())),
+    }
+}
+
+fn parse_event(s: &str) -> Result<Estimator, String> {
+    match s {
+        "cycles" => Ok(Estimator::Cycles),
+        "taken-branches" => Ok(Estimator::TakenBranches),
+        "other" => Ok(Estimator::Other),
+        _ => Err("expected cycles, taken-branches or other".into()),
     }
 }
