@@ -408,7 +408,7 @@ fn parse_head(head: &str, period_field: bool) -> Option<Head> {
     let rest: Vec<&str> = tokens[at + 1..]
         .iter()
         .copied()
-        .filter(|t| !(t.starts_with('[') && t.ends_with(']')) && !t.ends_with(':'))
+        .filter(|t| !(t.ends_with(':') || (t.starts_with('[') && t.ends_with(']'))))
         .collect();
     let is_hex = |t: &&str| u64::from_str_radix(t, 16).ok();
     let (period, ip) = if period_field {
