@@ -31,8 +31,8 @@ enum Command {
     Simulate(simulate::Args),
     /// Read a profile file written with --output and show it again.
     Report(report::Args),
-    /// Analyse branch stacks recorded elsewhere with `perf record -b`
-    /// (`perf script -F pid,tid,ip,sym,dso,brstack` text).
+    /// Analyse branch stacks recorded elsewhere with `perf record -b`: a perf.data
+    /// file, or `perf script -F pid,tid,ip,sym,dso,brstack` text.
     ImportPerf(import_perf::Args),
 }
 
