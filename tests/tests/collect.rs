@@ -530,8 +530,9 @@ fn a_command_that_execs_is_named_after_what_it_became() {
 
 /// Runs cpi-bpf on `sh -c SCRIPT` and returns the JSON profile; asserts that fewer than
 /// 5 % of its samples are unmapped.
-fn profile_of_script(script: &str) -> Value {
+fn profile_of_script(script: &str, args: &[&str]) -> Value {
     let out = Command::new(cpi_bpf())
+        .args(args)
         .args(["--format", "json", "--", "sh", "-c", script])
         .output()
         .unwrap();
@@ -586,11 +587,10 @@ fn samples_from_before_an_exec_keep_their_function() {
     let Some(busy) = compile_c("busy.c", &dir, "busy", &[]) else {
         return;
     };
-    let profile = profile_of_script(&format!(
-        "exec {} 1.5 {} 0.5",
-        spin.display(),
-        busy.display()
-    ));
+    let profile = profile_of_script(
+        &format!("exec {} 1.5 {} 0.5", spin.display(), busy.display()),
+        &[],
+    );
     let p = &profile["processes"].as_array().unwrap()[0];
     let names: Vec<&str> = p["functions"]
         .as_array()
@@ -614,10 +614,13 @@ fn a_binary_deleted_while_it_runs_still_names_its_function() {
     let Some(busy) = compile_c("busy.c", &dir, "doomed", &[]) else {
         return;
     };
-    let profile = profile_of_script(&format!(
-        "{0} 1 2>/dev/null & sleep 0.3; rm -f {0}; wait; sleep 0.5",
-        busy.display()
-    ));
+    let profile = profile_of_script(
+        &format!(
+            "{0} 1 2>/dev/null & sleep 0.3; rm -f {0}; wait; sleep 0.5",
+            busy.display()
+        ),
+        &[],
+    );
     assert!(!busy.exists());
     let (name, binary) = hottest_name(&profile);
     assert_eq!(name, "hot_spin", "{binary}");
@@ -642,7 +645,7 @@ fn a_binary_in_another_mount_namespace_names_its_function() {
         inner.display(),
         busy.display()
     );
-    let profile = profile_of_script(&script);
+    let profile = profile_of_script(&script, &[]);
     assert!(
         !inner.join("ns_busy").exists(),
         "the binary must not be visible from here"
@@ -650,4 +653,26 @@ fn a_binary_in_another_mount_namespace_names_its_function() {
     let (name, binary) = hottest_name(&profile);
     assert_eq!(name, "hot_spin", "{binary}");
     assert!(binary.ends_with("/ns_busy"), "{binary}");
+}
+
+/// Short-lived children (`/bin/true` in a shell loop) are gone before `/proc/PID/maps`
+/// can be read: their mappings come from the kernel's side-band records
+/// (collect/sideband.rs), and every process has a name.
+#[test]
+fn short_lived_children_are_resolved_from_side_band_records() {
+    if !require_root("cpi-bpf -- CMD") {
+        return;
+    }
+    // A child's inherited cpu-clock event starts a fresh period, so at the default
+    // 1 ms a child that runs 0.3 ms is seldom sampled: sample every 50 µs.
+    let profile = profile_of_script(
+        "i=0; while [ $i -lt 1500 ]; do /bin/true; i=$((i+1)); done",
+        &["--frequency", "20000"],
+    );
+    let procs = profile["processes"].as_array().unwrap();
+    assert!(procs
+        .iter()
+        .all(|p| !p["comm"].as_str().unwrap().is_empty()));
+    let trues = procs.iter().filter(|p| p["comm"] == "true").count();
+    assert!(trues > 10, "{trues} processes named true");
 }

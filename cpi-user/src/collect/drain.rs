@@ -9,6 +9,7 @@ use cpi_common::wire::{
     BranchSample, EventRole, IpSample, SampleHeader, SampleKind, FLAG_KERNEL, WIRE_VERSION,
 };
 
+use super::sideband::Sideband;
 use super::target;
 use crate::procmap::{CapturedFiles, ProcessMaps};
 use crate::profile::SampleSet;
@@ -56,12 +57,17 @@ pub struct Drain {
     pub received: BTreeMap<EventRole, u64>,
     /// Records that failed to decode (or had an unknown role).
     pub malformed: u64,
+    /// Side-band records the kernel dropped (its buffer was full).
+    pub sideband_lost: u64,
     maps_read_at: HashMap<u32, Instant>,
     /// Comm and maps of the processes of earlier windows ([`Drain::take_window`]), given
     /// back to a process when it shows up again in a later window.
     known: HashMap<u32, Known>,
     /// Files of executable mappings, opened while their processes live.
     files: CapturedFiles,
+    /// Comm and executable mappings per pid from side-band records
+    /// ([`super::sideband`]): what is left of a process gone before `/proc` was read.
+    recorded: HashMap<u32, (String, ProcessMaps)>,
     /// Periods set on the cpu-clock events since they were opened.
     pub cpu_clock: CpuClockPeriods,
 }
@@ -125,9 +131,11 @@ impl Drain {
             set: SampleSet::new(window),
             received: BTreeMap::new(),
             malformed: 0,
+            sideband_lost: 0,
             maps_read_at: HashMap::new(),
             known: HashMap::new(),
             files: CapturedFiles::default(),
+            recorded: HashMap::new(),
             cpu_clock: CpuClockPeriods::default(),
         }
     }
@@ -148,10 +156,41 @@ impl Drain {
                 },
             );
         }
+        // Side-band records of processes that are gone and had no sample in this window
+        // will explain none later.
+        self.recorded.retain(|pid, _| {
+            set.processes.contains_key(pid)
+                || std::path::Path::new(&format!("/proc/{pid}")).exists()
+        });
         DrainWindow {
             set,
             received: std::mem::take(&mut self.received),
             malformed: std::mem::take(&mut self.malformed),
+        }
+    }
+
+    /// Takes in one side-band record (read before the samples it may explain).
+    pub fn observe(&mut self, s: Sideband) {
+        match s {
+            Sideband::Mapping { pid, mapping } => {
+                let e = self.recorded.entry(pid).or_default();
+                e.1 = ProcessMaps {
+                    mappings: vec![mapping],
+                }
+                .with_older(&e.1);
+            }
+            Sideband::Comm { pid, comm, exec } => {
+                let e = self.recorded.entry(pid).or_default();
+                if exec {
+                    // A new image: the old one's mappings stay for earlier samples
+                    // (see ProcessMaps::with_older); its name is the new one.
+                    if let Some(p) = self.set.processes.get_mut(&pid) {
+                        p.comm.clone_from(&comm);
+                    }
+                }
+                e.0 = comm;
+            }
+            Sideband::Lost(n) => self.sideband_lost += n,
         }
     }
 
@@ -218,6 +257,21 @@ impl Drain {
         }
         let miss =
             addr.is_some_and(|a| a != 0 && p.maps.as_ref().is_none_or(|m| m.find(a).is_none()));
+        // The kernel's records explain a miss at once, without reading /proc (an
+        // exec'd child whose maps were read as its parent's a moment ago).
+        let recorded = addr
+            .filter(|_| miss)
+            .and_then(|a| self.recorded.get(&pid).filter(|(_, m)| m.find(a).is_some()));
+        if let Some((comm, m)) = recorded {
+            p.maps = Some(match p.maps.take() {
+                Some(older) => m.clone().with_older(&older),
+                None => m.clone(),
+            });
+            if !comm.is_empty() {
+                p.comm.clone_from(comm);
+            }
+            return;
+        }
         let due = self
             .maps_read_at
             .get(&pid)
@@ -225,10 +279,22 @@ impl Drain {
         if first || (miss && due) {
             self.maps_read_at.insert(pid, Instant::now());
             // A process that already exited keeps the maps (and name) read last time.
-            if let Ok((m, dir)) = ProcessMaps::read_live(pid, tid) {
-                for (start, f) in self.files.capture(&dir, &m) {
-                    p.files.insert(start, f);
+            let read = match ProcessMaps::read_live(pid, tid) {
+                Ok((m, dir)) => {
+                    for (start, f) in self.files.capture(&dir, &m) {
+                        p.files.insert(start, f);
+                    }
+                    Some(m)
                 }
+                // Gone already: what the kernel recorded of it.
+                Err(_) => self.recorded.get(&pid).map(|(comm, m)| {
+                    if !comm.is_empty() {
+                        p.comm.clone_from(comm);
+                    }
+                    m.clone()
+                }),
+            };
+            if let Some(m) = read {
                 p.maps = Some(match p.maps.take() {
                     Some(older) => m.with_older(&older),
                     None => m,

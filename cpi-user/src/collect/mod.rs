@@ -12,6 +12,7 @@ pub mod drain;
 pub mod events;
 pub mod ladder;
 pub mod session;
+pub mod sideband;
 pub mod sys;
 pub mod target;
 

@@ -18,6 +18,7 @@ use super::caps::{Capabilities, Vendor};
 use super::drain::{CpuClockPeriods, Drain};
 use super::events::{self, EventSpec, Rate};
 use super::ladder::{self, OpenEvent};
+use super::sideband::SidebandReader;
 use super::sys::{self, Linux, PerfSys};
 use super::target::{self, Child, Target};
 use super::{load, read_counters, CollectError, CollectOptions, Collected, StopReason};
@@ -66,6 +67,8 @@ struct Live {
     /// Events disabled and the ring drained to its end.
     shut: bool,
     stats: Option<OwnedFd>,
+    /// Side-band records (mmap, comm) of the targets.
+    sideband: SidebandReader,
     bpf: Ebpf,
 }
 
@@ -275,6 +278,18 @@ impl Session {
             Some(depth) => policy::range_window(depth as usize),
             None => policy::FALLBACK_RANGE_WINDOW,
         });
+        // The kernel's mmap/comm records, on the processes themselves (one event per
+        // process or CPU: threads and children write into it).
+        let cpus = target::online_cpus();
+        let per_cpu = |pid: i32| cpus.iter().map(move |&c| (pid, c as i32));
+        let sideband_places: Vec<(i32, i32)> = match &opts.target {
+            Target::Pids(pids) => pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
+            Target::Command(_) => {
+                per_cpu(suspended.as_ref().map_or(-1, |c| c.pid() as i32)).collect()
+            }
+            Target::SystemWide => places.clone(),
+        };
+        let sideband = SidebandReader::open(&sys, &sideband_places, extra)?;
         // Run-time accounting of our programs, for as long as the session lives.
         let stats = sys.enable_bpf_stats().ok();
 
@@ -282,6 +297,7 @@ impl Session {
         let child = match suspended {
             Some(s) => Some(s.release()?),
             None => {
+                sideband.enable(&sys)?;
                 for e in &rung.open {
                     sys.enable(&e.fd)?;
                 }
@@ -327,6 +343,7 @@ impl Session {
             stop: None,
             shut: false,
             stats,
+            sideband,
             bpf,
             opts,
         };
@@ -467,6 +484,7 @@ impl Live {
             specs,
             open,
             watching,
+            sideband,
             ..
         } = self;
         let all_exited = async {
@@ -479,10 +497,10 @@ impl Live {
             tokio::select! {
                 guard = ring.readable_mut() => {
                     let mut guard = guard?;
-                    drain_all(guard.get_inner_mut(), drain);
+                    drain_all(sideband, guard.get_inner_mut(), drain);
                     guard.clear_ready();
                 }
-                _ = poll.tick() => drain_all(ring.get_mut(), drain),
+                _ = poll.tick() => drain_all(sideband, ring.get_mut(), drain),
                 _ = redraw.tick(), if redrawing => {
                     schedule.tick(&Linux, specs, open, &mut drain.cpu_clock)
                 }
@@ -495,7 +513,7 @@ impl Live {
                 _ = sigterm.recv() => break Some(StopReason::Signal("SIGTERM")),
             }
         };
-        drain_all(ring.get_mut(), drain);
+        drain_all(sideband, ring.get_mut(), drain);
         Ok(stop)
     }
 
@@ -508,10 +526,10 @@ impl Live {
         for e in &self.open {
             let _ = Linux.disable(&e.fd);
         }
-        drain_all(self.ring.get_mut(), &mut self.drain);
+        drain_all(&mut self.sideband, self.ring.get_mut(), &mut self.drain);
         // A program that was mid-run on another CPU commits within microseconds.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        drain_all(self.ring.get_mut(), &mut self.drain);
+        drain_all(&mut self.sideband, self.ring.get_mut(), &mut self.drain);
     }
 
     fn take_window(&mut self) -> Collected {
@@ -568,7 +586,9 @@ impl Live {
     }
 }
 
-fn drain_all(ring: &mut RingBuf<MapData>, drain: &mut Drain) {
+/// One pass: side-band records first (they explain the samples), then the samples.
+fn drain_all(sideband: &mut SidebandReader, ring: &mut RingBuf<MapData>, drain: &mut Drain) {
+    sideband.read(|s| drain.observe(s));
     while let Some(item) = ring.next() {
         drain.add(&item);
     }

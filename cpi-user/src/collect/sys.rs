@@ -122,6 +122,8 @@ pub const PERF_TYPE_RAW: u32 = 4;
 pub const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
 pub const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
 pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+/// A software event that counts nothing: it only carries side-band records.
+pub const PERF_COUNT_SW_DUMMY: u64 = 9;
 
 pub const PERF_SAMPLE_IP: u64 = 1 << 0;
 pub const PERF_SAMPLE_TID: u64 = 1 << 1;
@@ -142,6 +144,11 @@ pub mod flag {
     pub const EXCLUDE_HV: u64 = 1 << 6;
     pub const FREQ: u64 = 1 << 10;
     pub const ENABLE_ON_EXEC: u64 = 1 << 12;
+    /// Side-band records: `mmap` (executable mappings), `comm`, `mmap2`, `comm_exec`.
+    pub const MMAP: u64 = 1 << 8;
+    pub const COMM: u64 = 1 << 9;
+    pub const MMAP2: u64 = 1 << 23;
+    pub const COMM_EXEC: u64 = 1 << 24;
     /// `precise_ip` is bits 15–16.
     pub const PRECISE_IP_SHIFT: u32 = 15;
 }
@@ -207,6 +214,36 @@ fn ioctl(fd: &impl AsRawFd, req: libc::c_ulong, arg: libc::c_ulong) -> io::Resul
     } else {
         Ok(())
     }
+}
+
+/// Maps a perf event's ring buffer (`len` bytes: the control page plus a power-of-two
+/// number of data pages) read-write, as perf does.
+pub fn mmap_ring(fd: &OwnedFd, len: usize) -> io::Result<std::ptr::NonNull<u8>> {
+    // SAFETY: a fresh shared mapping of the event's buffer; the kernel checks the size.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    std::ptr::NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
+}
+
+/// Unmaps what [`mmap_ring`] mapped.
+///
+/// # Safety
+/// `p` and `len` must come from one [`mmap_ring`] call, and nothing may use the
+/// mapping afterwards.
+pub unsafe fn munmap_ring(p: std::ptr::NonNull<u8>, len: usize) {
+    // SAFETY: the caller's contract.
+    unsafe { libc::munmap(p.as_ptr().cast(), len) };
 }
 
 #[cfg(test)]
