@@ -8,10 +8,12 @@
 //!   [`Perturbation::thinning`], exactly as the eBPF program does: the hardware period is
 //!   the requested one, one record per K overflows is emitted, weighted by the periods
 //!   it stands for;
-//! * user: every `redraw_interval_ns` of simulated time (cycles / `cycles_per_ns`), each
-//!   counter gets a fresh period from [`PeriodPolicy::draw`], set like
-//!   `PERF_EVENT_IOC_PERIOD` does: the count restarts (events since the last overflow
-//!   are not carried).
+//! * user: every `redraw_interval_ns` of simulated time (cycles / `cycles_per_ns`, the
+//!   collector's re-draw tick), each counter that has counted
+//!   [`PeriodPolicy::redraw_after`] since its last re-draw gets a fresh period from
+//!   [`PeriodPolicy::draw`], set like `PERF_EVENT_IOC_PERIOD` does: the count restarts
+//!   (events since the last overflow are not carried). This is the collector's schedule
+//!   (`collect/session.rs`).
 //!
 //! Without the user layer the period is used exactly as given (the defaults are primes),
 //! which is what lets a test lock a loop onto it.
@@ -84,6 +86,9 @@ struct Counter {
     period: u64,
     left: u64,
     thin: ThinState,
+    /// Events counted since the last re-draw, and how many are due before the next.
+    counted: u64,
+    redraw_at: u64,
 }
 
 impl Counter {
@@ -98,6 +103,8 @@ impl Counter {
             period,
             left: period,
             thin: ThinState::new(rng.next_u64()),
+            counted: 0,
+            redraw_at: hw.redraw_after(rng),
         }
     }
 
@@ -211,10 +218,15 @@ impl Pmu {
             for tid in tids {
                 let t = self.threads.get_mut(&tid).expect("listed");
                 for c in [&mut t.branches, &mut t.cycles] {
+                    if c.counted < c.redraw_at {
+                        continue;
+                    }
                     c.period = c.hw.draw(&mut self.rng);
                     c.left = c.period;
+                    c.counted = 0;
+                    c.redraw_at = c.hw.redraw_after(&mut self.rng);
+                    self.stats.redraws += 1;
                 }
-                self.stats.redraws += 2;
             }
         }
     }
@@ -236,6 +248,7 @@ impl Pmu {
         let mut ips: Vec<(u64, u64)> = Vec::new();
         {
             let t = self.thread(tid);
+            t.cycles.counted += cycles;
             if t.cycles.left > cycles {
                 t.cycles.left -= cycles;
             } else {
@@ -293,6 +306,7 @@ impl Pmu {
                         *left -= 1;
                     }
                 }
+                t.branches.counted += 1;
                 t.branches.left -= 1;
                 if t.branches.left == 0 {
                     overflowed = true;
@@ -404,7 +418,7 @@ mod tests {
                 redraw_interval_ns: 1_000, // 3000 cycles: many re-draws
                 ..PmuConfig::default()
             };
-            let (set, pmu, cycles) = run(cfg, 200_000);
+            let (set, pmu, cycles) = run(cfg, 2_000_000);
             let p = &set.processes[&7];
             let ips = &p.ips[&EventRole::Cycles];
             if perturbation == Perturbation::Kernel {
@@ -440,7 +454,7 @@ mod tests {
             redraw_interval_ns: 100,
             ..PmuConfig::default()
         };
-        let (_, pmu, _) = run(cfg, 20_000);
+        let (_, pmu, cycles) = run(cfg, 2_000_000);
         let t = &pmu.threads[&7];
         let p = t.cycles.period;
         assert!(
@@ -448,5 +462,9 @@ mod tests {
             "{p}"
         );
         assert!(pmu.stats.redraws > 100);
+        // Each counter waits at least 48 of its periods between re-draws (the ioctl
+        // restarts the count: fewer would throw away more progress).
+        let overflows = cycles / 1009 + 2_000_000 / SIM_BRANCH_PERIOD;
+        assert!(pmu.stats.redraws <= overflows / 48 + 2, "{:?}", pmu.stats);
     }
 }
