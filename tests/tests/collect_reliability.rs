@@ -397,3 +397,110 @@ fn an_impossible_rate_is_clamped_and_weighted_with_the_real_period() {
         "{sampled:.3} s sampled of {cpu:.3} s"
     );
 }
+
+/// The Session as the agent drives it: windows cut while collection goes on add up to
+/// the target's CPU time (no sample in two windows or none), a rate change takes effect
+/// without re-opening, the BPF run time is measured, finish gives the last window.
+#[test]
+fn session_windows_add_up_and_the_rate_changes_live() {
+    use cpi_common::policy::Perturbation;
+    use cpi_common::wire::EventRole;
+    use cpi_user::collect::events::{nominal_core_hz, Rate};
+    use cpi_user::collect::{CollectOptions, Session, Target};
+
+    if !require_root("a collection session") {
+        return;
+    }
+    let Some(exe) = busy("session") else { return };
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut target = Command::new(&exe)
+        .arg("30")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = target.id();
+    let opts = CollectOptions {
+        target: Target::Pids(vec![pid]),
+        duration: None,
+        rate: Rate {
+            frequency: 999,
+            period: None,
+            core_hz: nominal_core_hz(),
+        },
+        include_kernel: false,
+        perturbation: Perturbation::User,
+        thinning: 1,
+        redraw_every: Duration::from_millis(50),
+        ring_bytes: 1 << 20,
+        window: None,
+    };
+    let mut notes = Vec::new();
+    let mut session = Session::open(&opts, &mut |m| notes.push(m.to_string())).expect("open");
+    assert!(notes[0].starts_with("mode: "), "{notes:?}");
+    let cpu0 = cpu_of(pid);
+    let mut windows = Vec::new();
+    for i in 0..4 {
+        if i == 2 {
+            session.set_frequency(199).unwrap();
+            assert_eq!(session.rate().frequency, 199);
+        }
+        let stop = session
+            .run_until(Some(Instant::now() + Duration::from_millis(500)))
+            .unwrap();
+        assert_eq!(stop, None, "the deadline cut the window, nothing stopped");
+        let w = session.take_window();
+        assert_eq!(w.stop, None);
+        windows.push(w);
+    }
+    let run_time = session.bpf_run_time();
+    let _ = target.kill();
+    let last = session.finish().unwrap();
+    let cpu = cpu_of_reaped(&mut target, pid, cpu0);
+    let time = |w: &cpi_user::collect::Collected| {
+        w.set
+            .processes
+            .get(&pid)
+            .and_then(|p| p.ips.get(&EventRole::CpuClock))
+            .map_or(0, |a| a.weight) as f64
+            / 1e9
+    };
+    let sampled: f64 = windows.iter().map(time).sum::<f64>() + time(&last);
+    eprintln!(
+        "windows {:?} s sampled, {sampled:.3} s in all of {cpu:.3} s CPU; BPF run time {run_time:?}",
+        windows.iter().map(time).collect::<Vec<_>>()
+    );
+    for w in &windows {
+        assert!(time(w) > 0.0, "every window has samples");
+        assert!(
+            (0.4..0.8).contains(&w.run.duration_secs),
+            "{}",
+            w.run.duration_secs
+        );
+        assert!(
+            w.set.processes[&pid].maps.is_some(),
+            "maps known in every window"
+        );
+    }
+    // The rate change shows in the windows' events and sample counts (≈ 5× fewer).
+    let per_sec =
+        |w: &cpi_user::collect::Collected| w.run.events[0].samples as f64 / time(w).max(1e-3);
+    assert!(per_sec(&windows[1]) > 3.0 * per_sec(&windows[3]));
+    assert!(windows[3].run.events[0].period > 4 * windows[1].run.events[0].period);
+    assert!(
+        (sampled - cpu).abs() <= 0.1 * cpu + 0.02,
+        "{sampled:.3} s sampled of {cpu:.3} s"
+    );
+    if let Some(t) = run_time {
+        assert!(t > Duration::ZERO, "our programs ran");
+    } else {
+        eprintln!("note: BPF_ENABLE_STATS unavailable here: no run time measured");
+    }
+}
+
+/// CPU time of `pid` since `cpu0`, read just before it is reaped.
+fn cpu_of_reaped(target: &mut Child, pid: u32, cpu0: f64) -> f64 {
+    // Killed above; its /proc entry stays until it is reaped.
+    let cpu = cpi_tests::cpu_seconds(pid).unwrap_or(cpu0) - cpu0;
+    let _ = target.wait();
+    cpu
+}

@@ -92,7 +92,8 @@ pub struct CollectOptions {
     pub perturbation: Perturbation,
     /// In-kernel thinning factor (1 = off) when the kernel layer runs.
     pub thinning: u32,
-    /// User-space period re-draw interval when the user layer runs.
+    /// How often the user layer checks which events are due a re-draw
+    /// ([`cpi_common::policy::PeriodPolicy::redraw_after`]).
     pub redraw_every: Duration,
     /// BPF ring buffer size (a power of two ≥ the page size).
     pub ring_bytes: u32,

@@ -199,13 +199,13 @@ impl Session {
         caps.check_privileges()
             .map_err(CollectError::NotPrivileged)?;
         let mut opts = opts.clone();
+        // Said after the mode line, which comes first.
+        let mut pid_notes = Vec::new();
         match &opts.target {
             Target::Pids(pids) if pids.is_empty() => return Err(CollectError::NoTarget),
             Target::Pids(pids) => {
                 let (pids, notes) = target::resolve_pids(pids)?;
-                for n in notes {
-                    notify(&n);
-                }
+                pid_notes = notes;
                 opts.target = Target::Pids(pids);
             }
             Target::Command(argv) => {
@@ -253,11 +253,10 @@ impl Session {
             &attach,
             notify,
         )?;
-        if rung
-            .specs
-            .iter()
-            .any(|s| s.role == cpi_common::wire::EventRole::CpuClock)
-        {
+        for n in &pid_notes {
+            notify(n);
+        }
+        if rung.specs.iter().any(|s| s.role == EventRole::CpuClock) {
             if let Some(note) = events::cpu_clock_floor_note(&opts.rate) {
                 notify(&note);
             }

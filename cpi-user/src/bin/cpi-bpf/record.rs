@@ -32,7 +32,8 @@ pub struct Args {
     pub period: Option<u64>,
     #[command(flatten)]
     pub policy: PolicyArgs,
-    /// User-space period re-draw interval, milliseconds.
+    /// How often the user layer checks which events are due a period re-draw (each is
+    /// re-drawn after 48-112 of its own periods), milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 50)]
     pub redraw_ms: u64,
     /// BPF ring buffer size, MiB (a power of two).
