@@ -21,7 +21,7 @@ use super::ladder::{self, OpenEvent};
 use super::sys::{self, Linux, PerfSys};
 use super::target::{self, Child, Target};
 use super::{load, read_counters, CollectError, CollectOptions, Collected, StopReason};
-use crate::profile::model::{EventInfo, LossReport};
+use crate::profile::model::{EventInfo, EventUnit, LossReport};
 use crate::profile::{Mode, RunInfo};
 
 /// How long a started command gets to end after SIGTERM before it is killed.
@@ -534,7 +534,7 @@ impl Live {
             .specs
             .iter()
             .map(|s| EventInfo {
-                role: s.role_name().to_string(),
+                role: s.role,
                 name: s.name.clone(),
                 period: s.policy.base,
                 jitter: if self.opts.perturbation.user() {
@@ -543,7 +543,7 @@ impl Live {
                     0
                 },
                 thinning: self.thinning.keep_one_in,
-                unit: s.unit.to_string(),
+                unit: EventUnit::of_role(s.role),
                 samples: w.received.get(&s.role).copied().unwrap_or(0),
             })
             .collect();
@@ -556,7 +556,7 @@ impl Live {
             },
             duration_secs,
             events,
-            perturbation: self.opts.perturbation.name().to_string(),
+            perturbation: self.opts.perturbation,
             lost,
         };
         Collected {

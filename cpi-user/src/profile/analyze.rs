@@ -128,20 +128,10 @@ pub fn analyze(set: &SampleSet, run: RunInfo, opts: &AnalysisOptions) -> Profile
     for p in set.processes.values() {
         sym.add_captured(p.pid, &p.files);
     }
-    analyze_with(set, run, opts, &mut sym)
-}
-
-/// [`analyze`] with a caller-owned symbolizer (reuses its binary cache across calls).
-pub fn analyze_with(
-    set: &SampleSet,
-    run: RunInfo,
-    opts: &AnalysisOptions,
-    sym: &mut Symbolizer,
-) -> Profile {
     let mut ctx = Ctx {
         mode: run.mode,
         opts,
-        sym,
+        sym: &mut sym,
         lost: run.lost.clone(),
         binaries: BTreeMap::new(),
         decoded: HashMap::new(),
@@ -181,6 +171,7 @@ pub fn analyze_with(
         lost,
         binaries: binaries.into_values().collect(),
         processes,
+        accuracy: None,
     }
 }
 
@@ -461,6 +452,10 @@ impl Ctx<'_> {
             instructions: None,
             cpi: None,
             timed_cpi: None,
+            bolt_name: match &w.object {
+                CodeObject::Elf(bin) => bin.bolt_local_name(&w.function).map(str::to_string),
+                _ => None,
+            },
             blocks: Vec::new(),
             edges: Vec::new(),
             lines: Vec::new(),
@@ -714,6 +709,7 @@ mod tests {
     use super::*;
     use crate::binary::testbin::{maps_for, TestProgram};
     use crate::binary::Binary;
+    use cpi_common::policy::Perturbation;
     use cpi_common::wire::{IpSample, SampleHeader, SampleKind, FLAG_KERNEL, WIRE_VERSION};
 
     pub(super) fn ip(pid: u32, role: EventRole, addr: u64, period: u64) -> IpSample {
@@ -742,7 +738,7 @@ mod tests {
             command: vec![],
             duration_secs: 1.0,
             events: vec![],
-            perturbation: "both".into(),
+            perturbation: Perturbation::Both,
             lost: LossReport::default(),
         }
     }

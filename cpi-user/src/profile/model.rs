@@ -5,7 +5,11 @@
 //! `objdump`/BOLT see them), not runtime addresses, so profiles of PIE binaries and
 //! shared libraries compare across runs.
 
+use cpi_common::policy::Perturbation;
+use cpi_common::wire::EventRole;
 use serde::{Deserialize, Serialize};
+
+pub use crate::binary::cfg::EdgeKind;
 
 /// Bumped on any incompatible change; readers reject newer versions.
 pub const PROFILE_FORMAT_VERSION: u32 = 1;
@@ -95,9 +99,11 @@ pub struct Profile {
     pub command: Vec<String>,
     pub duration_secs: f64,
     pub events: Vec<EventInfo>,
-    /// `none`, `kernel`, `user` or `both` (cpi_common::policy::Perturbation).
-    pub perturbation: String,
-    /// Branch records per sample used by the range algorithm (seed 001's CBT window).
+    /// Which perturbation layers ran; serialised as `none`, `kernel`, `user` or `both`.
+    #[serde(with = "perturbation_name")]
+    pub perturbation: Perturbation,
+    /// Branch records per sample used by the range algorithm (the window of
+    /// `cpi_common::policy::range_window`).
     #[serde(default)]
     pub range_window: u32,
     /// Every sample lost on the way (sum of `lost`'s loss fields).
@@ -105,12 +111,17 @@ pub struct Profile {
     pub lost: LossReport,
     pub binaries: Vec<BinaryInfo>,
     pub processes: Vec<ProcessProfile>,
+    /// Distance from the exact answer, when there is one (`cpi-bpf simulate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<Accuracy>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct EventInfo {
-    /// `branches`, `cycles`, `instructions` or `cpu-clock`.
-    pub role: String,
+    /// What the event measures; serialised as `branches`, `cycles`, `instructions` or
+    /// `cpu-clock` ([`role_name`]).
+    #[serde(with = "role_name_serde")]
+    pub role: EventRole,
     /// What was opened, e.g. `cpu/r20c4/` or `cpu-clock`.
     pub name: String,
     /// Base period (a prime); `unit` per sample.
@@ -119,10 +130,100 @@ pub struct EventInfo {
     pub jitter: u64,
     /// In-kernel thinning factor (1 = off).
     pub thinning: u32,
-    /// `events` or `ns`.
-    pub unit: String,
+    /// What the period counts.
+    pub unit: EventUnit,
     /// Records received for this event.
     pub samples: u64,
+}
+
+/// The name of an event role in profiles and tables.
+pub fn role_name(role: EventRole) -> &'static str {
+    match role {
+        EventRole::Branches => "branches",
+        EventRole::Cycles => "cycles",
+        EventRole::Instructions => "instructions",
+        EventRole::CpuClock => "cpu-clock",
+    }
+}
+
+/// What an event's period counts.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum EventUnit {
+    /// Hardware events (branches, cycles, instructions).
+    Events,
+    /// Nanoseconds (`cpu-clock`).
+    Ns,
+}
+
+impl EventUnit {
+    /// The unit of an event of `role`'s period.
+    pub const fn of_role(role: EventRole) -> EventUnit {
+        match role {
+            EventRole::CpuClock => EventUnit::Ns,
+            _ => EventUnit::Events,
+        }
+    }
+
+    /// The name in profiles and tables.
+    pub const fn name(self) -> &'static str {
+        match self {
+            EventUnit::Events => "events",
+            EventUnit::Ns => "ns",
+        }
+    }
+}
+
+impl std::fmt::Display for EventUnit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+/// [`EventRole`] as its [`role_name`].
+mod role_name_serde {
+    use super::{role_name, EventRole};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(role: &EventRole, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(role_name(*role))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<EventRole, D::Error> {
+        let name = String::deserialize(d)?;
+        [
+            EventRole::Branches,
+            EventRole::Cycles,
+            EventRole::Instructions,
+            EventRole::CpuClock,
+        ]
+        .into_iter()
+        .find(|r| role_name(*r) == name)
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown event role {name:?}")))
+    }
+}
+
+/// [`Perturbation`] as its [`Perturbation::name`].
+mod perturbation_name {
+    use super::Perturbation;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(p: &Perturbation, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(p.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Perturbation, D::Error> {
+        let name = String::deserialize(d)?;
+        [
+            Perturbation::None,
+            Perturbation::Kernel,
+            Perturbation::User,
+            Perturbation::Both,
+        ]
+        .into_iter()
+        .find(|p| p.name() == name)
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown perturbation {name:?}")))
+    }
 }
 
 /// Losses, each counted where it happened. None is silent.
@@ -206,6 +307,12 @@ pub struct FunctionProfile {
     pub cpi: Option<Estimate>,
     /// CPI from timed branch records (LBR `cycles` field), when the hardware has them.
     pub timed_cpi: Option<Estimate>,
+    /// The name BOLT gives the symbol when it is local (`static`): `name/N`, N counting
+    /// the local symbols of that name in address order (BOLT's
+    /// `NameResolver::uniquify`); `None` for a global symbol. Resolved from the binary's
+    /// symbol table during analysis, so `.fdata` is written from the profile alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bolt_name: Option<String>,
     #[serde(default)]
     pub blocks: Vec<BlockProfile>,
     #[serde(default)]
@@ -228,15 +335,6 @@ pub struct BlockProfile {
     pub cycles: Option<f64>,
     pub cpi: Option<Estimate>,
     pub timed_cpi: Option<Estimate>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[serde(rename_all = "kebab-case")]
-pub enum EdgeKind {
-    /// A taken branch (seen in branch records).
-    Taken,
-    /// Derived: straight-line flow into the next block (incl. not-taken conditionals).
-    FallThrough,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -275,6 +373,47 @@ pub struct InstructionProfile {
     pub text: String,
 }
 
+/// Accuracy of one process's profile against the exact answer (computed by
+/// `sim::accuracy::compare`; kept in [`Profile::accuracy`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Accuracy {
+    pub overlap_instruction: f64,
+    pub overlap_block: f64,
+    pub overlap_function: f64,
+    pub overlap_edge: f64,
+    /// Median relative CPI error over functions with ≥ 2 % of cycles (`None`: no such
+    /// function has a CPI estimate).
+    pub cpi_error_median: Option<f64>,
+    pub cpi_error_max: Option<f64>,
+    /// Functions that have ≥ 2 % of cycles but no CPI in the profile (below its floor).
+    pub functions_without_cpi: u64,
+    /// Exact totals.
+    pub instructions_true: u64,
+    pub cycles_true: u64,
+    /// Profile totals (process level).
+    pub instructions_est: Option<f64>,
+    pub cycles_est: Option<f64>,
+    pub functions: Vec<FunctionAccuracy>,
+}
+
+/// One function, true and estimated.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct FunctionAccuracy {
+    pub name: String,
+    pub binary: String,
+    pub address: u64,
+    /// Share of the truth's cycles.
+    pub share: f64,
+    pub instructions_true: u64,
+    pub instructions_est: f64,
+    pub cycles_true: u64,
+    pub cycles_est: f64,
+    pub cpi_true: Option<f64>,
+    pub cpi_est: Option<f64>,
+    /// |cpi_est − cpi_true| / cpi_true.
+    pub cpi_error: Option<f64>,
+}
+
 /// What the caller (collector, PMU model, importer) knows about a run; analysis turns
 /// it plus a [`crate::profile::SampleSet`] into a [`Profile`], adding what it derives
 /// (its own losses, binaries, processes).
@@ -285,7 +424,7 @@ pub struct RunInfo {
     pub command: Vec<String>,
     pub duration_secs: f64,
     pub events: Vec<EventInfo>,
-    pub perturbation: String,
+    pub perturbation: Perturbation,
     /// Losses counted before analysis (kernel counters, malformed records).
     pub lost: LossReport,
 }

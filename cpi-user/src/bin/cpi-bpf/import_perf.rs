@@ -5,8 +5,9 @@ use std::io::Read;
 use std::path::PathBuf;
 
 use anyhow::Context;
+use cpi_common::policy::Perturbation;
 use cpi_common::wire::{EventRole, IpSample, SampleHeader, SampleKind, WIRE_VERSION};
-use cpi_user::profile::model::{EventInfo, LossReport, Mode, RunInfo};
+use cpi_user::profile::model::{EventInfo, EventUnit, LossReport, Mode, RunInfo};
 use cpi_user::profile::{analyze, AnalysisOptions};
 use cpi_user::report::perf_script::{self, ImportOptions};
 
@@ -86,13 +87,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     for ip in &ips {
         set.add_ip(ip).expect("cycles is a known role");
     }
-    let event = |role: &str| EventInfo {
-        role: role.into(),
+    let event = |role: EventRole| EventInfo {
+        role,
         name: "cycles (perf record -b)".into(),
         period: opts.period,
         jitter: 0,
         thinning: 1,
-        unit: "events".into(),
+        unit: EventUnit::Events,
         samples: n,
     };
     let relative = if args.period > 1 {
@@ -109,8 +110,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         ),
         command: Vec::new(),
         duration_secs: 0.0,
-        events: vec![event("branches"), event("cycles")],
-        perturbation: "none".into(),
+        events: vec![event(EventRole::Branches), event(EventRole::Cycles)],
+        perturbation: Perturbation::None,
         lost: LossReport::default(),
     };
     let profile = analyze(&set, run, &AnalysisOptions::default());
