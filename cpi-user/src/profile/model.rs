@@ -14,7 +14,7 @@ pub use crate::binary::cfg::EdgeKind;
 /// Bumped on any incompatible change; readers reject newer versions.
 pub const PROFILE_FORMAT_VERSION: u32 = 1;
 
-/// What the numbers in a profile are (the capability ladder of DESIGN.md).
+/// What the numbers in a profile are (the capability ladder, `collect/ladder.rs`).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
@@ -22,7 +22,7 @@ pub enum Mode {
     /// perturbed cycle samples. Full CPI.
     Cpi,
     /// PMU without branch records: cycles and instructions IP samples. CPI per unit is
-    /// the imprecise "traditional" method (seed 000's problem statement).
+    /// the imprecise "traditional" method (separate counts per unit, no branch records).
     IpSampling,
     /// No PMU: software `cpu-clock` time profile. No cycles, no instructions, no CPI.
     TimeProfile,
