@@ -23,6 +23,7 @@
 //!
 //! Nothing is dropped silently: unsymbolisable IP samples go to
 //! `lost.unmapped_samples`, invalid range occurrences to `lost.invalid_ranges`.
+#![warn(missing_docs)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -46,6 +47,7 @@ pub struct AnalysisOptions {
     /// Units (functions, blocks, instructions) with fewer samples than this behind their
     /// CPI get `cpi: None` ("below floor") instead of a number.
     pub sample_floor: u64,
+    /// How runtime addresses are mapped to files and symbols.
     pub symbolizer: SymbolizerOptions,
 }
 

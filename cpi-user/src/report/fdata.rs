@@ -20,6 +20,7 @@
 //!
 //! `.fdata` is per binary: [`render`] returns one file per binary, the main binary
 //! first (the profiled command's executable, else the binary with most edge counts).
+#![warn(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -33,6 +34,7 @@ use crate::profile::model::{EdgeKind, FunctionProfile, Profile};
 pub struct FdataFile {
     /// The binary's path as in the profile.
     pub binary: String,
+    /// The file's contents.
     pub text: String,
     /// Branch lines (or sample lines in `no_lbr` form) written.
     pub lines: usize,
@@ -40,8 +42,10 @@ pub struct FdataFile {
     pub no_lbr: bool,
 }
 
+/// Why no `.fdata` could be written.
 #[derive(Debug, thiserror::Error)]
 pub enum FdataError {
+    /// No binary has edges or sampled instructions.
     #[error(
         "nothing to write as .fdata: no binary in the profile has edges (branch records) \
          or per-instruction samples"

@@ -2,6 +2,7 @@
 //! and `--annotate FUNC`. A time profile (no PMU) gets the same views over samples and
 //! CPU time, and says so; units below the sample floor say so instead of a number. A
 //! profile with an accuracy (`cpi-bpf simulate`) ends with it.
+#![warn(missing_docs)]
 
 use std::fmt::Write;
 
@@ -29,10 +30,17 @@ impl Default for TableOptions {
     }
 }
 
+/// Why a table could not be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
+    /// `--annotate` named a function the profile does not have.
     #[error("no function named {name:?} in the profile{}", suggest(.similar))]
-    NoSuchFunction { name: String, similar: Vec<String> },
+    NoSuchFunction {
+        /// The name asked for.
+        name: String,
+        /// Names in the profile that resemble it.
+        similar: Vec<String>,
+    },
 }
 
 fn suggest(similar: &[String]) -> String {

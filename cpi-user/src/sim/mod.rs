@@ -28,16 +28,25 @@ use replay::{Replay, Truth};
 /// Why a simulation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
+    /// The tracer (`tests/tracer/cpitrace.c`) is not built.
     #[error("the cpitrace Valgrind tool is not built (looked in {tried:?}); run `cargo xtask setup` or set CPI_TRACER_DIR")]
-    ToolNotFound { tried: Vec<PathBuf> },
+    ToolNotFound {
+        /// The folders searched.
+        tried: Vec<PathBuf>,
+    },
+    /// No command was given.
     #[error("no command to run")]
     NoCommand,
+    /// Valgrind could not be started.
     #[error("starting valgrind: {0} (apt-get install valgrind)")]
     Spawn(#[source] std::io::Error),
+    /// The FIFO the trace streams through could not be made or read.
     #[error("trace FIFO {0}: {1}")]
     Fifo(PathBuf, #[source] std::io::Error),
+    /// Valgrind exited before the trace ended.
     #[error("valgrind failed ({0}) before the trace was complete")]
     Valgrind(ExitStatus),
+    /// The trace stream is malformed.
     #[error(transparent)]
     Trace(#[from] trace::TraceError),
 }
