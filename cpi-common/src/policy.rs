@@ -1,7 +1,8 @@
-//! The perturbation policy (seed 000 S2, seed 001 "N + random delta"), in two layers:
+//! The perturbation policy (README.md, "Perturbation"): period `N + random delta`, in two
+//! layers:
 //!
 //! * **kernel** — the eBPF program cannot change a perf event's period (no helper, no
-//!   kfunc; ENVIRONMENT.md). It *thins*: after each emitted record it draws how many
+//!   kfunc on the kernels this targets). It *thins*: after each emitted record it draws how many
 //!   overflows to skip, and the next record carries the summed period of every overflow
 //!   since the last one ([`ThinState::on_overflow`]). Totals stay exact; output volume
 //!   drops by the thinning factor.
@@ -32,11 +33,6 @@ impl Rng {
                 seed
             },
         }
-    }
-
-    /// True until the state has been seeded (kernel per-CPU state starts zeroed).
-    pub const fn is_unseeded(&self) -> bool {
-        self.state == 0
     }
 
     pub fn next_u64(&mut self) -> u64 {

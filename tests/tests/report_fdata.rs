@@ -11,7 +11,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use cpi_common::policy::Perturbation;
+use cpi_common::wire::EventRole;
 use cpi_tests::{cpi_bpf, output_ok};
+use cpi_user::binary::{Binary, Function};
 use cpi_user::profile::model::*;
 use cpi_user::report::fdata;
 use object::{Object, ObjectSymbol};
@@ -139,6 +142,8 @@ fn hand_profile(exe: &Path) -> Profile {
     funcs.sort();
     assert_eq!(funcs.len(), FUNCS.len(), "symbols of the test program");
     let bin = exe.display().to_string();
+    // BOLT's names of local symbols, as analysis resolves them.
+    let bin_elf = Binary::open(exe).unwrap();
     let functions = funcs
         .iter()
         .map(|(name, start, size)| {
@@ -211,6 +216,13 @@ fn hand_profile(exe: &Path) -> Profile {
                 instructions: Some(1.0e6),
                 cpi: None,
                 timed_cpi: None,
+                bolt_name: bin_elf
+                    .bolt_local_name(&Function {
+                        name: name.clone(),
+                        start: *start,
+                        size: *size,
+                    })
+                    .map(str::to_string),
                 blocks: vec![],
                 edges,
                 lines,
@@ -225,7 +237,7 @@ fn hand_profile(exe: &Path) -> Profile {
         command: vec![bin.clone()],
         duration_secs: 1.0,
         events: vec![],
-        perturbation: "none".into(),
+        perturbation: Perturbation::None,
         range_window: 8,
         lost_samples: 0,
         lost: LossReport::default(),
@@ -235,6 +247,7 @@ fn hand_profile(exe: &Path) -> Profile {
             deleted: false,
             stripped: false,
         }],
+        accuracy: None,
         processes: vec![ProcessProfile {
             pid: 1,
             comm: "prog".into(),
@@ -351,12 +364,12 @@ fn bolt_accepts_no_lbr_fdata_of_a_time_profile() {
     let mut p = hand_profile(&exe);
     p.mode = Mode::TimeProfile;
     p.events = vec![EventInfo {
-        role: "cpu-clock".into(),
+        role: EventRole::CpuClock,
         name: "cpu-clock".into(),
         period: 1_000_003,
         jitter: 0,
         thinning: 1,
-        unit: "ns".into(),
+        unit: EventUnit::Ns,
         samples: 30,
     }];
     for f in &mut p.processes[0].functions {

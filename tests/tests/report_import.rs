@@ -328,7 +328,7 @@ fn import_perf_command_gives_the_same_profile() {
         command: vec![],
         duration_secs: 0.0,
         events: vec![],
-        perturbation: "none".into(),
+        perturbation: cpi_common::policy::Perturbation::None,
         lost: Default::default(),
     };
     let mut direct = analyze(&set, run, &AnalysisOptions::default());

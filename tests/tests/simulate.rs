@@ -7,12 +7,10 @@ use std::process::{Command, Stdio};
 use cpi_common::policy::{PeriodPolicy, Perturbation};
 use cpi_tests::tracer::{program, tool_dir, words_text};
 use cpi_tests::{cpi_bpf, output_ok};
-use cpi_user::binary::SymbolizerOptions;
-use cpi_user::profile::model::{LossReport, Mode, Profile, RunInfo};
-use cpi_user::profile::{analyze, AnalysisOptions};
-use cpi_user::sim::accuracy::{compare, Accuracy};
+use cpi_user::profile::model::Profile;
+use cpi_user::sim::accuracy::Accuracy;
 use cpi_user::sim::pmu::PmuConfig;
-use cpi_user::sim::{simulate_command, SimOutput};
+use cpi_user::sim::SimReport;
 
 fn fixed(period: u64) -> PeriodPolicy {
     PeriodPolicy {
@@ -21,32 +19,16 @@ fn fixed(period: u64) -> PeriodPolicy {
     }
 }
 
-fn simulate(cfg: &PmuConfig, cmd: &[&str]) -> Option<(SimOutput, Profile, Accuracy)> {
+fn simulate(cfg: &PmuConfig, cmd: &[&str]) -> Option<(SimReport, Profile, Accuracy)> {
     if let Err(why) = tool_dir() {
         eprintln!("skipped: {why}");
         return None;
     }
     let cmd: Vec<OsString> = cmd.iter().map(OsString::from).collect();
-    let out = simulate_command(cfg, &cmd, Stdio::null()).expect("simulation runs");
+    let out = cpi_user::sim::simulate(cfg, &cmd, Stdio::null()).expect("simulation runs");
     assert!(out.status.success(), "{}", out.status);
-    let run = RunInfo {
-        mode: Mode::Simulated,
-        mode_reason: "test".into(),
-        command: Vec::new(),
-        duration_secs: 0.0,
-        events: Vec::new(),
-        perturbation: format!("{:?}", cfg.perturbation),
-        lost: LossReport::default(),
-    };
-    let opts = AnalysisOptions {
-        symbolizer: SymbolizerOptions {
-            use_proc: false,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let profile = analyze(&out.samples, run, &opts);
-    let acc = compare(&profile, &out.truth);
+    let profile = out.profile.clone();
+    let acc = out.accuracy().clone();
     eprintln!(
         "{:?}: {} branch samples, {} cycle samples; overlap instr {:.4} block {:.4} \
          function {:.4} edge {:.4}; CPI error median {:?} max {:?}",
@@ -285,6 +267,32 @@ fn simulate_command_writes_accuracy_json() {
     // The profile part reads back as a profile file.
     let p: Profile = serde_json::from_value(v.clone()).unwrap();
     assert!(!p.processes.is_empty());
+    // The accuracy is part of the profile: `report` keeps it and shows it.
+    let acc = p.accuracy.clone().expect("accuracy in the profile");
+    let dir = cpi_tests::temp_dir("simulate_report");
+    let file = dir.join("sim.json");
+    std::fs::write(&file, &out.stdout).unwrap();
+    let again = output_ok(
+        Command::new(bin)
+            .arg("report")
+            .arg(&file)
+            .args(["--format", "json"]),
+    );
+    let q: Profile = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(q.accuracy.as_ref(), Some(&acc));
+    let table = output_ok(Command::new(bin).arg("report").arg(&file));
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("accuracy against the exact trace"),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!(
+            "overlap: instruction {:.4}",
+            acc.overlap_instruction
+        )),
+        "{table}"
+    );
     // The program's own output went to standard error, not into the JSON.
     assert!(String::from_utf8_lossy(&out.stderr).contains('\n'));
 }

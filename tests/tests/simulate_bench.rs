@@ -8,8 +8,7 @@ use std::time::Instant;
 
 use cpi_common::policy::{PeriodPolicy, Perturbation};
 use cpi_tests::tracer::{tool_dir, words_text};
-use cpi_user::profile::model::{LossReport, Mode, RunInfo};
-use cpi_user::profile::{analyze, AnalysisOptions, SampleSet};
+use cpi_user::profile::SampleSet;
 use cpi_user::sim::pmu::PmuConfig;
 use cpi_user::sim::replay::Replay;
 use cpi_user::sim::run::record_trace;
@@ -108,31 +107,22 @@ fn bench_tracer_and_pmu_model() {
     // Defaults, then analysis: the simulate pipeline minus the tracer.
     let (rd, setd, d_secs) = replay(&trace, Some(PmuConfig::default()));
     let stats = rd.pmu().unwrap().stats.clone();
-    let run = RunInfo {
-        mode: Mode::Simulated,
-        mode_reason: "bench".into(),
-        command: Vec::new(),
-        duration_secs: 0.0,
-        events: Vec::new(),
-        perturbation: "both".into(),
-        lost: LossReport::default(),
-    };
     let mut setd = setd;
     setd.process(truth.pid).maps = Some(truth.maps.clone());
     let t = Instant::now();
-    let opts = AnalysisOptions {
-        symbolizer: cpi_user::binary::SymbolizerOptions {
-            use_proc: false,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    let profile = analyze(&setd, run, &opts);
+    let profile = cpi_user::sim::profile_of(
+        &PmuConfig::default(),
+        &setd,
+        &rd.truth(),
+        &stats,
+        Vec::new(),
+        0.0,
+    );
     let analysis = t.elapsed().as_secs_f64();
-    let acc = cpi_user::sim::accuracy::compare(&profile, &rd.truth());
+    let acc = profile.accuracy.expect("profile_of measures the accuracy");
     eprintln!(
-        "defaults: replay + PMU {d_secs:.2} s ({} branch, {} cycle samples); analysis \
-         {analysis:.2} s; overlap instr {:.4} block {:.4} fn {:.4} edge {:.4}; CPI error \
+        "defaults: replay + PMU {d_secs:.2} s ({} branch, {} cycle samples); analysis + \
+         accuracy {analysis:.2} s; overlap instr {:.4} block {:.4} fn {:.4} edge {:.4}; CPI error \
          median {:?} max {:?}",
         stats.branch_samples,
         stats.ip_samples,

@@ -1,5 +1,5 @@
 //! `cargo xtask setup`: everything the build and the tests need on a fresh Debian 12
-//! machine of the dev kind (ENVIRONMENT.md), each step skipped when already done:
+//! machine of the dev kind, each step skipped when already done:
 //! Debian packages, the nightly's `rust-src`, bpf-linker built against the nightly's own
 //! libLLVM (rebuilt only when `rustc +nightly -vV` changes), the Valgrind tracer.
 //! `cargo xtask run -- ARGS`: build cpi-bpf and run it as root.
@@ -123,7 +123,7 @@ fn rust_src() -> anyhow::Result<()> {
         .is_ok_and(|o| o.status.success());
     if !nightly_present {
         // Only on a machine without any nightly: installing over an existing one would
-        // move it, and the aya/bpf-linker pins are tied to it (ENVIRONMENT.md).
+        // move it, and the aya/bpf-linker pins are tied to it (README.md, "Set up and run").
         println!("setup: rustup toolchain install {NIGHTLY} --component rust-src");
         return status(Command::new("rustup").args([
             "toolchain",
@@ -157,7 +157,7 @@ fn cargo_home() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/root/.cargo"))
 }
 
-/// bpf-linker 0.13.0 against the nightly's own libLLVM (ENVIRONMENT.md): its build
+/// bpf-linker 0.13.0 against the nightly's own libLLVM: its build
 /// script only needs `$LLVM_PREFIX/lib/libLLVM.so`, so a folder holding a symlink to the
 /// sysroot's `libLLVM.so.*` is enough; the rpath makes the binary work without it. The
 /// binary is tied to that exact nightly, so a stamp holding `rustc +nightly -vV`

@@ -17,8 +17,20 @@ use iced_x86::{Decoder, DecoderOptions, FlowControl, Formatter, IntelFormatter, 
 
 use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
+
 use super::Function;
-use crate::profile::model::EdgeKind;
+
+/// How control reaches an edge's target (re-exported as `profile::model::EdgeKind`,
+/// where profiles carry it).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(rename_all = "kebab-case")]
+pub enum EdgeKind {
+    /// A taken branch (seen in branch records).
+    Taken,
+    /// Derived: straight-line flow into the next block (incl. not-taken conditionals).
+    FallThrough,
+}
 
 /// How control leaves an instruction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -103,6 +103,8 @@ pub struct Binary {
     functions: Vec<Function>,
     /// Executable segments: (vaddr, file bytes).
     code: Vec<(u64, Vec<u8>)>,
+    /// (name, address) of each local symbol in `.symtab` → BOLT's name for it.
+    bolt_local_names: HashMap<(String, u64), String>,
 }
 
 impl Binary {
@@ -165,6 +167,10 @@ impl Binary {
             code.iter()
                 .any(|(v, b)| (*v..*v + b.len() as u64).contains(&a))
         };
+        let bolt_local_names = file
+            .symbol_table()
+            .map(|t| bolt_local_names(t.symbols()))
+            .unwrap_or_default();
         let symtab_funcs: Vec<Function> = match file.symbol_table() {
             Some(t) => collect_symbols(t.symbols()),
             None => Vec::new(),
@@ -224,7 +230,17 @@ impl Binary {
             segments,
             functions: normalise(funcs),
             code,
+            bolt_local_names,
         })
+    }
+
+    /// The name BOLT gives `func` when its symbol is local (`static`): `name/N`, N
+    /// counting the local symbols of that name in address order (BOLT's
+    /// `NameResolver::uniquify`). `None` for a global or unknown symbol.
+    pub fn bolt_local_name(&self, func: &Function) -> Option<&str> {
+        self.bolt_local_names
+            .get(&(func.name.clone(), func.start))
+            .map(String::as_str)
     }
 
     pub fn stripped(&self) -> bool {
@@ -302,6 +318,28 @@ impl Binary {
             })?;
         Ok(cfg::decode(func, bytes))
     }
+}
+
+/// BOLT's names of local text and data symbols, keyed by (name, address).
+fn bolt_local_names<'d, S: ObjectSymbol<'d>>(
+    syms: impl Iterator<Item = S>,
+) -> HashMap<(String, u64), String> {
+    let mut locals: Vec<(u64, String)> = syms
+        .filter(|s| s.is_local() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Data))
+        .filter_map(|s| Some((s.address(), s.name().ok()?.to_string())))
+        .filter(|(_, n)| !n.is_empty())
+        .collect();
+    locals.sort();
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    locals
+        .into_iter()
+        .map(|(addr, name)| {
+            let n = seen.entry(name.clone()).or_default();
+            *n += 1;
+            let bolt = format!("{name}/{n}");
+            ((name, addr), bolt)
+        })
+        .collect()
 }
 
 /// Text symbols with an address, one per start address.

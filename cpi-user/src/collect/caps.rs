@@ -1,4 +1,4 @@
-//! What this machine can measure, and the capability ladder of DESIGN.md:
+//! What this machine can measure, and the capability ladder (`ladder.rs`):
 //! LBR + cycles → [`Mode::Cpi`]; PMU without branch records → [`Mode::IpSampling`];
 //! no PMU → [`Mode::TimeProfile`]. The file-system probes take a root directory so the
 //! ladder is tested on fake `/sys` and `/proc` trees.

@@ -97,7 +97,7 @@ pub struct CollectOptions {
     pub redraw_every: Duration,
     /// BPF ring buffer size (a power of two ≥ the page size).
     pub ring_bytes: u32,
-    /// Ranges per branch sample (seed 001's CBT window); `None`: the branch-record depth
+    /// Ranges per branch sample (the range window); `None`: the branch-record depth
     /// − 1 ([`cpi_common::policy::range_window`]).
     pub window: Option<usize>,
 }

@@ -22,7 +22,7 @@ use super::sideband::SidebandReader;
 use super::sys::{self, Linux, PerfSys};
 use super::target::{self, Child, Target};
 use super::{load, read_counters, CollectError, CollectOptions, Collected, StopReason};
-use crate::profile::model::{EventInfo, LossReport};
+use crate::profile::model::{EventInfo, EventUnit, LossReport};
 use crate::profile::{Mode, RunInfo};
 
 /// How long a started command gets to end after SIGTERM before it is killed.
@@ -551,7 +551,7 @@ impl Live {
             .specs
             .iter()
             .map(|s| EventInfo {
-                role: s.role_name().to_string(),
+                role: s.role,
                 name: s.name.clone(),
                 period: s.policy.base,
                 jitter: if self.opts.perturbation.user() {
@@ -560,7 +560,7 @@ impl Live {
                     0
                 },
                 thinning: self.thinning.keep_one_in,
-                unit: s.unit.to_string(),
+                unit: EventUnit::of_role(s.role),
                 samples: w.received.get(&s.role).copied().unwrap_or(0),
             })
             .collect();
@@ -573,7 +573,7 @@ impl Live {
             },
             duration_secs,
             events,
-            perturbation: self.opts.perturbation.name().to_string(),
+            perturbation: self.opts.perturbation,
             lost,
         };
         Collected {

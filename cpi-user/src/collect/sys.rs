@@ -139,7 +139,6 @@ pub const PERF_SAMPLE_BRANCH_ANY: u64 = 1 << 3;
 pub mod flag {
     pub const DISABLED: u64 = 1 << 0;
     pub const INHERIT: u64 = 1 << 1;
-    pub const EXCLUDE_USER: u64 = 1 << 4;
     pub const EXCLUDE_KERNEL: u64 = 1 << 5;
     pub const EXCLUDE_HV: u64 = 1 << 6;
     pub const FREQ: u64 = 1 << 10;
@@ -149,8 +148,6 @@ pub mod flag {
     pub const COMM: u64 = 1 << 9;
     pub const MMAP2: u64 = 1 << 23;
     pub const COMM_EXEC: u64 = 1 << 24;
-    /// `precise_ip` is bits 15–16.
-    pub const PRECISE_IP_SHIFT: u32 = 15;
 }
 
 const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;

@@ -32,8 +32,9 @@ use crate::profile::SampleSet;
 use locate::{LocateError, Locator};
 use perf_data::{EventAttr, PerfDataError};
 
-use crate::profile::model::{EventInfo, LossReport, Mode, Profile, RunInfo};
+use crate::profile::model::{EventInfo, EventUnit, LossReport, Mode, Profile, RunInfo};
 use crate::profile::{analyze, AnalysisOptions};
+use cpi_common::policy::Perturbation;
 use perf_script::{PerfImport, PerfScriptError};
 
 /// Largest `perf script` text read (it is held in memory while parsed).
@@ -422,19 +423,19 @@ pub fn import_perf_data(
     let mut infos = Vec::new();
     for (i, e) in header.events.iter().enumerate() {
         let role = if i == branch {
-            "branches"
+            EventRole::Branches
         } else if Some(i) == cycles {
-            "cycles"
+            EventRole::Cycles
         } else {
             continue;
         };
         infos.push(EventInfo {
-            role: role.into(),
+            role,
             name: e.display_name(),
             period: if e.freq { 0 } else { e.period_or_freq },
             jitter: 0,
             thinning: 1,
-            unit: "events".into(),
+            unit: EventUnit::Events,
             samples: pass.per_event[i],
         });
     }
@@ -448,7 +449,7 @@ pub fn import_perf_data(
         command: Vec::new(),
         duration_secs: 0.0,
         events: infos,
-        perturbation: "none".into(),
+        perturbation: Perturbation::None,
         lost: LossReport::default(),
     };
     let mut profile = analyze(&set, run, &opts.analysis);
@@ -653,22 +654,22 @@ pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Impor
             .add(ip);
     }
     let (role, name) = match est {
-        Estimator::TakenBranches => ("branches", "taken branches (--event)"),
-        Estimator::Cycles => ("cycles", "cycles (perf record -b)"),
-        Estimator::Other => ("branches", "another event (--event)"),
+        Estimator::TakenBranches => (EventRole::Branches, "taken branches (--event)"),
+        Estimator::Cycles => (EventRole::Cycles, "cycles (perf record -b)"),
+        Estimator::Other => (EventRole::Branches, "another event (--event)"),
     };
     let mut events = vec![EventInfo {
-        role: "branches".into(),
+        role: EventRole::Branches,
         name: name.into(),
         period: parse_opts.period,
         jitter: 0,
         thinning: 1,
-        unit: "events".into(),
+        unit: EventUnit::Events,
         samples: n,
     }];
-    if role == "cycles" {
+    if role == EventRole::Cycles {
         events.push(EventInfo {
-            role: role.into(),
+            role,
             ..events[0].clone()
         });
     }
@@ -707,7 +708,7 @@ pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Impor
         command: Vec::new(),
         duration_secs: 0.0,
         events,
-        perturbation: "none".into(),
+        perturbation: Perturbation::None,
         lost: LossReport::default(),
     };
     let mut profile = analyze(&set, run, &opts.analysis);

@@ -1,7 +1,7 @@
 //! Per-process aggregation of wire samples, in runtime addresses. The collector and
 //! the PMU model both feed a [`SampleSet`]; analysis reads it.
 //!
-//! Branch samples are reduced on arrival (seed 001's CBT window): of each sample's
+//! Branch samples are reduced on arrival (the range window): of each sample's
 //! entries e₁…eₙ (oldest → newest), the newest `window` ranges [eₖ.to, eₖ₊₁.from] and
 //! the taken branch eₖ₊₁ that ends each are added with weight Q / window, Q being the
 //! events the sample stands for. Memory is bounded by distinct ranges, not samples.
@@ -133,7 +133,7 @@ pub struct ProcessSamples {
 /// All processes of a run.
 #[derive(Clone, Debug, Default)]
 pub struct SampleSet {
-    /// Ranges used per branch sample (seed 001's CBT window).
+    /// Ranges used per branch sample (the range window).
     pub window: usize,
     pub processes: BTreeMap<u32, ProcessSamples>,
 }

@@ -23,6 +23,7 @@
 //!
 //! Nothing is dropped silently: unsymbolisable IP samples go to
 //! `lost.unmapped_samples`, invalid range occurrences to `lost.invalid_ranges`.
+#![warn(missing_docs)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -46,6 +47,7 @@ pub struct AnalysisOptions {
     /// Units (functions, blocks, instructions) with fewer samples than this behind their
     /// CPI get `cpi: None` ("below floor") instead of a number.
     pub sample_floor: u64,
+    /// How runtime addresses are mapped to files and symbols.
     pub symbolizer: SymbolizerOptions,
 }
 
@@ -128,20 +130,10 @@ pub fn analyze(set: &SampleSet, run: RunInfo, opts: &AnalysisOptions) -> Profile
     for p in set.processes.values() {
         sym.add_captured(p.pid, &p.files);
     }
-    analyze_with(set, run, opts, &mut sym)
-}
-
-/// [`analyze`] with a caller-owned symbolizer (reuses its binary cache across calls).
-pub fn analyze_with(
-    set: &SampleSet,
-    run: RunInfo,
-    opts: &AnalysisOptions,
-    sym: &mut Symbolizer,
-) -> Profile {
     let mut ctx = Ctx {
         mode: run.mode,
         opts,
-        sym,
+        sym: &mut sym,
         lost: run.lost.clone(),
         binaries: BTreeMap::new(),
         decoded: HashMap::new(),
@@ -181,6 +173,7 @@ pub fn analyze_with(
         lost,
         binaries: binaries.into_values().collect(),
         processes,
+        accuracy: None,
     }
 }
 
@@ -461,6 +454,10 @@ impl Ctx<'_> {
             instructions: None,
             cpi: None,
             timed_cpi: None,
+            bolt_name: match &w.object {
+                CodeObject::Elf(bin) => bin.bolt_local_name(&w.function).map(str::to_string),
+                _ => None,
+            },
             blocks: Vec::new(),
             edges: Vec::new(),
             lines: Vec::new(),
@@ -714,6 +711,7 @@ mod tests {
     use super::*;
     use crate::binary::testbin::{maps_for, TestProgram};
     use crate::binary::Binary;
+    use cpi_common::policy::Perturbation;
     use cpi_common::wire::{IpSample, SampleHeader, SampleKind, FLAG_KERNEL, WIRE_VERSION};
 
     pub(super) fn ip(pid: u32, role: EventRole, addr: u64, period: u64) -> IpSample {
@@ -742,7 +740,7 @@ mod tests {
             command: vec![],
             duration_secs: 1.0,
             events: vec![],
-            perturbation: "both".into(),
+            perturbation: Perturbation::Both,
             lost: LossReport::default(),
         }
     }

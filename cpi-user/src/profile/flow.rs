@@ -1,4 +1,4 @@
-//! The range algorithm (seed 000 S1, seed 001's full branch trace) on one function's CFG.
+//! The range algorithm on one function's CFG.
 //!
 //! A range [start, end] is straight-line code between two consecutive taken branches
 //! (the older one's target, the newer one's source, both inclusive), already weighted

@@ -4,13 +4,18 @@
 //! Addresses are in each binary's own address space (ELF virtual addresses, as
 //! `objdump`/BOLT see them), not runtime addresses, so profiles of PIE binaries and
 //! shared libraries compare across runs.
+#![warn(missing_docs)]
 
+use cpi_common::policy::Perturbation;
+use cpi_common::wire::EventRole;
 use serde::{Deserialize, Serialize};
+
+pub use crate::binary::cfg::EdgeKind;
 
 /// Bumped on any incompatible change; readers reject newer versions.
 pub const PROFILE_FORMAT_VERSION: u32 = 1;
 
-/// What the numbers in a profile are (the capability ladder of DESIGN.md).
+/// What the numbers in a profile are (the capability ladder, `collect/ladder.rs`).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
@@ -18,7 +23,7 @@ pub enum Mode {
     /// perturbed cycle samples. Full CPI.
     Cpi,
     /// PMU without branch records: cycles and instructions IP samples. CPI per unit is
-    /// the imprecise "traditional" method (seed 000's problem statement).
+    /// the imprecise "traditional" method (separate counts per unit, no branch records).
     IpSampling,
     /// No PMU: software `cpu-clock` time profile. No cycles, no instructions, no CPI.
     TimeProfile,
@@ -28,6 +33,7 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// Whether the mode gives cycles and instructions (every mode but the time profile).
     pub fn has_cpi(self) -> bool {
         matches!(self, Mode::Cpi | Mode::IpSampling | Mode::Simulated)
     }
@@ -82,35 +88,51 @@ impl Mode {
     }
 }
 
+/// A profile: the run, its losses, and per-process results (the JSON profile file).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Profile {
+    /// [`PROFILE_FORMAT_VERSION`] of the writer.
     pub format_version: u32,
     /// `cpi-bpf` version that wrote the file.
     pub tool_version: String,
+    /// What the numbers are.
     pub mode: Mode,
     /// Why this mode (e.g. "no PMU: /sys/bus/event_source/devices/cpu missing").
     pub mode_reason: String,
     /// The profiled command, when cpi-bpf started it.
     #[serde(default)]
     pub command: Vec<String>,
+    /// Wall-clock duration of the collection (or traced run), seconds.
     pub duration_secs: f64,
+    /// The events sampled, with their periods and sample counts.
     pub events: Vec<EventInfo>,
-    /// `none`, `kernel`, `user` or `both` (cpi_common::policy::Perturbation).
-    pub perturbation: String,
-    /// Branch records per sample used by the range algorithm (seed 001's CBT window).
+    /// Which perturbation layers ran; serialised as `none`, `kernel`, `user` or `both`.
+    #[serde(with = "perturbation_name")]
+    pub perturbation: Perturbation,
+    /// Branch records per sample used by the range algorithm (the window of
+    /// `cpi_common::policy::range_window`).
     #[serde(default)]
     pub range_window: u32,
     /// Every sample lost on the way (sum of `lost`'s loss fields).
     pub lost_samples: u64,
+    /// Losses by kind.
     pub lost: LossReport,
+    /// Every binary a function of the profile lives in.
     pub binaries: Vec<BinaryInfo>,
+    /// Per-process results, hottest first.
     pub processes: Vec<ProcessProfile>,
+    /// Distance from the exact answer, when there is one (`cpi-bpf simulate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<Accuracy>,
 }
 
+/// One sampled event.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct EventInfo {
-    /// `branches`, `cycles`, `instructions` or `cpu-clock`.
-    pub role: String,
+    /// What the event measures; serialised as `branches`, `cycles`, `instructions` or
+    /// `cpu-clock` ([`role_name`]).
+    #[serde(with = "role_name_serde")]
+    pub role: EventRole,
     /// What was opened, e.g. `cpu/r20c4/` or `cpu-clock`.
     pub name: String,
     /// Base period (a prime); `unit` per sample.
@@ -119,10 +141,100 @@ pub struct EventInfo {
     pub jitter: u64,
     /// In-kernel thinning factor (1 = off).
     pub thinning: u32,
-    /// `events` or `ns`.
-    pub unit: String,
+    /// What the period counts.
+    pub unit: EventUnit,
     /// Records received for this event.
     pub samples: u64,
+}
+
+/// The name of an event role in profiles and tables.
+pub fn role_name(role: EventRole) -> &'static str {
+    match role {
+        EventRole::Branches => "branches",
+        EventRole::Cycles => "cycles",
+        EventRole::Instructions => "instructions",
+        EventRole::CpuClock => "cpu-clock",
+    }
+}
+
+/// What an event's period counts.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum EventUnit {
+    /// Hardware events (branches, cycles, instructions).
+    Events,
+    /// Nanoseconds (`cpu-clock`).
+    Ns,
+}
+
+impl EventUnit {
+    /// The unit of an event of `role`'s period.
+    pub const fn of_role(role: EventRole) -> EventUnit {
+        match role {
+            EventRole::CpuClock => EventUnit::Ns,
+            _ => EventUnit::Events,
+        }
+    }
+
+    /// The name in profiles and tables.
+    pub const fn name(self) -> &'static str {
+        match self {
+            EventUnit::Events => "events",
+            EventUnit::Ns => "ns",
+        }
+    }
+}
+
+impl std::fmt::Display for EventUnit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+/// [`EventRole`] as its [`role_name`].
+mod role_name_serde {
+    use super::{role_name, EventRole};
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(role: &EventRole, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(role_name(*role))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<EventRole, D::Error> {
+        let name = String::deserialize(d)?;
+        [
+            EventRole::Branches,
+            EventRole::Cycles,
+            EventRole::Instructions,
+            EventRole::CpuClock,
+        ]
+        .into_iter()
+        .find(|r| role_name(*r) == name)
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown event role {name:?}")))
+    }
+}
+
+/// [`Perturbation`] as its [`Perturbation::name`].
+mod perturbation_name {
+    use super::Perturbation;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(p: &Perturbation, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(p.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Perturbation, D::Error> {
+        let name = String::deserialize(d)?;
+        [
+            Perturbation::None,
+            Perturbation::Kernel,
+            Perturbation::User,
+            Perturbation::Both,
+        ]
+        .into_iter()
+        .find(|p| p.name() == name)
+        .ok_or_else(|| serde::de::Error::custom(format!("unknown perturbation {name:?}")))
+    }
 }
 
 /// Losses, each counted where it happened. None is silent.
@@ -145,6 +257,7 @@ pub struct LossReport {
     pub unmapped_samples: u64,
 }
 
+/// One binary the profile refers to.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct BinaryInfo {
     /// Path as mapped (`[kernel]`, `[anon]`, `[vdso]` for non-files).
@@ -163,6 +276,7 @@ pub struct BinaryInfo {
 /// A quantity with its statistical quality.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
 pub struct Estimate {
+    /// The estimate.
     pub value: f64,
     /// Relative error bound (≈ 1/√samples of the scarcer input).
     pub rel_error: f64,
@@ -170,9 +284,12 @@ pub struct Estimate {
     pub samples: u64,
 }
 
+/// One process.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ProcessProfile {
+    /// Process id.
     pub pid: u32,
+    /// Command name (`/proc/PID/comm`).
     pub comm: String,
     /// IP samples (cycles or cpu-clock) attributed to the process.
     pub samples: u64,
@@ -181,33 +298,51 @@ pub struct ProcessProfile {
     pub branch_samples: u64,
     /// cpu-clock time, ns (time profile).
     pub time_ns: Option<f64>,
+    /// Cycles attributed to the process.
     pub cycles: Option<f64>,
+    /// Instructions attributed to the process.
     pub instructions: Option<f64>,
+    /// Cycles per instruction of the whole process.
     pub cpi: Option<Estimate>,
     /// Sorted by cycles (or samples), hottest first.
     pub functions: Vec<FunctionProfile>,
 }
 
+/// One function of one binary.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct FunctionProfile {
+    /// Symbol name (`func_<addr>` when the binary has none).
     pub name: String,
     /// Path of the binary (a key into `Profile::binaries`).
     pub binary: String,
     /// Start address in the binary's own address space.
     pub address: u64,
+    /// Size in bytes.
     pub size: u64,
     /// IP samples in the function.
     pub samples: u64,
     /// Fraction of the process's cycles (or samples, in a time profile).
     pub share: f64,
+    /// cpu-clock time, ns (time profile).
     pub time_ns: Option<f64>,
+    /// Cycles attributed to the function.
     pub cycles: Option<f64>,
+    /// Instructions executed in the function.
     pub instructions: Option<f64>,
+    /// Cycles per instruction; `None` below the sample floor.
     pub cpi: Option<Estimate>,
     /// CPI from timed branch records (LBR `cycles` field), when the hardware has them.
     pub timed_cpi: Option<Estimate>,
+    /// The name BOLT gives the symbol when it is local (`static`): `name/N`, N counting
+    /// the local symbols of that name in address order (BOLT's
+    /// `NameResolver::uniquify`); `None` for a global symbol. Resolved from the binary's
+    /// symbol table during analysis, so `.fdata` is written from the profile alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bolt_name: Option<String>,
+    /// Basic blocks with counts, by address.
     #[serde(default)]
     pub blocks: Vec<BlockProfile>,
+    /// Control-flow edges with counts.
     #[serde(default)]
     pub edges: Vec<EdgeProfile>,
     /// Per-instruction counts (for `--annotate`).
@@ -215,8 +350,10 @@ pub struct FunctionProfile {
     pub lines: Vec<InstructionProfile>,
 }
 
+/// One basic block.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct BlockProfile {
+    /// Address of the first instruction.
     pub start: u64,
     /// First address after the block's last instruction.
     pub end: u64,
@@ -224,21 +361,17 @@ pub struct BlockProfile {
     pub len: u32,
     /// Estimated executions.
     pub count: f64,
+    /// IP samples in the block.
     pub samples: u64,
+    /// Cycles attributed to the block.
     pub cycles: Option<f64>,
+    /// Cycles per instruction; `None` below the sample floor.
     pub cpi: Option<Estimate>,
+    /// CPI from timed branch records, when the hardware has them.
     pub timed_cpi: Option<Estimate>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[serde(rename_all = "kebab-case")]
-pub enum EdgeKind {
-    /// A taken branch (seen in branch records).
-    Taken,
-    /// Derived: straight-line flow into the next block (incl. not-taken conditionals).
-    FallThrough,
-}
-
+/// One control-flow edge.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct EdgeProfile {
     /// Address of the branch instruction (taken) or of the last instruction of the
@@ -246,6 +379,7 @@ pub struct EdgeProfile {
     pub from: u64,
     /// Target address.
     pub to: u64,
+    /// Taken branch or fall-through.
     pub kind: EdgeKind,
     /// Estimated traversals.
     pub count: f64,
@@ -255,17 +389,21 @@ pub struct EdgeProfile {
     /// tail calls).
     #[serde(default)]
     pub to_function: Option<String>,
+    /// Binary of `to_function`.
     #[serde(default)]
     pub to_binary: Option<String>,
 }
 
+/// One instruction (`--annotate`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct InstructionProfile {
+    /// Address in the binary.
     pub address: u64,
     /// Estimated executions.
     pub count: f64,
     /// IP samples on this instruction.
     pub samples: u64,
+    /// Cycles attributed to the instruction.
     pub cycles: Option<f64>,
     /// Cycles / count; `None` below the sample floor.
     #[serde(default)]
@@ -275,17 +413,81 @@ pub struct InstructionProfile {
     pub text: String,
 }
 
+/// Accuracy of one process's profile against the exact answer (computed by
+/// `sim::accuracy::compare`; kept in [`Profile::accuracy`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Accuracy {
+    /// Overlap Σ min(p̂, p) of the normalised per-instruction counts.
+    pub overlap_instruction: f64,
+    /// The same overlap over basic blocks.
+    pub overlap_block: f64,
+    /// The same overlap over functions.
+    pub overlap_function: f64,
+    /// The same overlap over taken and fall-through edges.
+    pub overlap_edge: f64,
+    /// Median relative CPI error over functions with ≥ 2 % of cycles (`None`: no such
+    /// function has a CPI estimate).
+    pub cpi_error_median: Option<f64>,
+    /// Largest relative CPI error over the same functions.
+    pub cpi_error_max: Option<f64>,
+    /// Functions that have ≥ 2 % of cycles but no CPI in the profile (below its floor).
+    pub functions_without_cpi: u64,
+    /// Exact totals.
+    pub instructions_true: u64,
+    /// Exact cycles (modelled).
+    pub cycles_true: u64,
+    /// Profile totals (process level).
+    pub instructions_est: Option<f64>,
+    /// Cycles the profile estimates.
+    pub cycles_est: Option<f64>,
+    /// Functions by share of the exact cycles, largest first.
+    pub functions: Vec<FunctionAccuracy>,
+}
+
+/// One function, true and estimated.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct FunctionAccuracy {
+    /// Function name.
+    pub name: String,
+    /// Path of its binary.
+    pub binary: String,
+    /// Start address in the binary.
+    pub address: u64,
+    /// Share of the truth's cycles.
+    pub share: f64,
+    /// Exact instructions.
+    pub instructions_true: u64,
+    /// Instructions the profile estimates.
+    pub instructions_est: f64,
+    /// Exact cycles (modelled).
+    pub cycles_true: u64,
+    /// Cycles the profile estimates.
+    pub cycles_est: f64,
+    /// Exact cycles per instruction.
+    pub cpi_true: Option<f64>,
+    /// The profile's CPI, when above its sample floor.
+    pub cpi_est: Option<f64>,
+    /// |cpi_est − cpi_true| / cpi_true.
+    pub cpi_error: Option<f64>,
+}
+
 /// What the caller (collector, PMU model, importer) knows about a run; analysis turns
 /// it plus a [`crate::profile::SampleSet`] into a [`Profile`], adding what it derives
 /// (its own losses, binaries, processes).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RunInfo {
+    /// What the numbers will be.
     pub mode: Mode,
+    /// Why this mode.
     pub mode_reason: String,
+    /// The profiled command, when cpi-bpf started it.
     pub command: Vec<String>,
+    /// Duration of the run, seconds.
     pub duration_secs: f64,
+    /// The events sampled.
     pub events: Vec<EventInfo>,
-    pub perturbation: String,
+    /// Which perturbation layers ran.
+    pub perturbation: Perturbation,
     /// Losses counted before analysis (kernel counters, malformed records).
     pub lost: LossReport,
 }

@@ -13,14 +13,19 @@
 //!
 //! Symbols are named as BOLT names them: a global by its name, a local (`static`)
 //! function as `name/N`, N counting the local symbols of that name in address order
-//! (BOLT's `NameResolver::uniquify`). That needs the binary's symbol table; when the
-//! file cannot be read, names are written as the profile has them.
+//! (BOLT's `NameResolver::uniquify`). Analysis resolves those names from the binary's
+//! symbol table and keeps them in the profile ([`FunctionProfile::bolt_name`]), so the
+//! `.fdata` of a profile file does not depend on the files of the machine it is
+//! rendered on.
 //!
 //! `.fdata` is per binary: [`render`] returns one file per binary, the main binary
 //! first (the profiled command's executable, else the binary with most edge counts).
+#![warn(missing_docs)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write;
+
+use cpi_common::wire::EventRole;
 
 use crate::profile::model::{EdgeKind, FunctionProfile, Profile};
 
@@ -29,6 +34,7 @@ use crate::profile::model::{EdgeKind, FunctionProfile, Profile};
 pub struct FdataFile {
     /// The binary's path as in the profile.
     pub binary: String,
+    /// The file's contents.
     pub text: String,
     /// Branch lines (or sample lines in `no_lbr` form) written.
     pub lines: usize,
@@ -36,8 +42,10 @@ pub struct FdataFile {
     pub no_lbr: bool,
 }
 
+/// Why no `.fdata` could be written.
 #[derive(Debug, thiserror::Error)]
 pub enum FdataError {
+    /// No binary has edges or sampled instructions.
     #[error(
         "nothing to write as .fdata: no binary in the profile has edges (branch records) \
          or per-instruction samples"
@@ -62,46 +70,13 @@ fn writable(name: &str) -> bool {
 
 struct Binary<'a> {
     functions: Vec<&'a FunctionProfile>,
-    by_name: BTreeMap<&'a str, u64>,
-    /// (name, address) → BOLT's name for a local symbol.
-    local: HashMap<(String, u64), String>,
+    /// Name → (start, BOLT's name).
+    by_name: BTreeMap<&'a str, (u64, &'a str)>,
 }
 
-impl Binary<'_> {
-    fn bolt_name(&self, name: &str, address: u64) -> String {
-        self.local
-            .get(&(name.to_string(), address))
-            .cloned()
-            .unwrap_or_else(|| name.to_string())
-    }
-}
-
-/// BOLT's names of the local symbols of an ELF file (empty when unreadable).
-fn local_names(path: &str) -> HashMap<(String, u64), String> {
-    use object::{Object, ObjectSymbol, SymbolKind};
-    let Ok(data) = std::fs::read(path) else {
-        return HashMap::new();
-    };
-    let Ok(obj) = object::File::parse(&*data) else {
-        return HashMap::new();
-    };
-    let mut locals: Vec<(u64, String)> = obj
-        .symbols()
-        .filter(|s| s.is_local() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Data))
-        .filter_map(|s| Some((s.address(), s.name().ok()?.to_string())))
-        .filter(|(_, n)| !n.is_empty())
-        .collect();
-    locals.sort();
-    let mut seen: HashMap<String, u32> = HashMap::new();
-    locals
-        .into_iter()
-        .map(|(addr, name)| {
-            let n = seen.entry(name.clone()).or_default();
-            *n += 1;
-            let bolt = format!("{name}/{n}");
-            ((name, addr), bolt)
-        })
-        .collect()
+/// BOLT's name of a function: its local `name/N` when the profile has one.
+fn bolt_name(f: &FunctionProfile) -> &str {
+    f.bolt_name.as_deref().unwrap_or(&f.name)
 }
 
 /// Renders one `.fdata` per binary with data, the main binary first.
@@ -114,10 +89,9 @@ pub fn render(p: &Profile) -> Result<Vec<FdataFile>, FdataError> {
         let b = bins.entry(f.binary.as_str()).or_insert_with(|| Binary {
             functions: Vec::new(),
             by_name: BTreeMap::new(),
-            local: local_names(&f.binary),
         });
         b.functions.push(f);
-        b.by_name.insert(f.name.as_str(), f.address);
+        b.by_name.insert(f.name.as_str(), (f.address, bolt_name(f)));
     }
     let mut files: Vec<(f64, FdataFile)> = Vec::new();
     for (path, b) in &bins {
@@ -159,7 +133,7 @@ fn branches(path: &str, b: &Binary, bins: &BTreeMap<&str, Binary>) -> FdataFile 
             continue;
         }
         for e in &f.edges {
-            let here = b.bolt_name(&f.name, f.address);
+            let here = bolt_name(f);
             let from = format!("1 {here} {:x}", e.from.wrapping_sub(f.address));
             let to = match (&e.to_function, &e.to_binary) {
                 (None, _) => Some(format!("1 {here} {:x}", e.to.wrapping_sub(f.address))),
@@ -169,11 +143,9 @@ fn branches(path: &str, b: &Binary, bins: &BTreeMap<&str, Binary>) -> FdataFile 
                         .get(to_bin)
                         .and_then(|tb| tb.by_name.get(name.as_str()).copied());
                     match start {
-                        Some(start) if to_bin == path && writable(name) => Some(format!(
-                            "1 {} {:x}",
-                            b.bolt_name(name, start),
-                            e.to.wrapping_sub(start)
-                        )),
+                        Some((start, bolt)) if to_bin == path && writable(name) => {
+                            Some(format!("1 {bolt} {:x}", e.to.wrapping_sub(start)))
+                        }
                         // Another binary, or a function the profile does not know:
                         // BOLT takes the edge as leaving to an unknown place.
                         _ if writable(file_name(to_bin)) => {
@@ -216,7 +188,7 @@ fn samples(p: &Profile, path: &str, b: &Binary) -> FdataFile {
     let event = p
         .events
         .iter()
-        .find(|e| e.role != "branches")
+        .find(|e| e.role != EventRole::Branches)
         .map(|e| e.name.as_str())
         .unwrap_or("cycles");
     let mut lines: BTreeMap<(String, u64), u64> = BTreeMap::new();
@@ -227,7 +199,7 @@ fn samples(p: &Profile, path: &str, b: &Binary) -> FdataFile {
             .filter(|l| l.samples > 0 && l.address >= f.address)
         {
             *lines
-                .entry((b.bolt_name(&f.name, f.address), l.address - f.address))
+                .entry((bolt_name(f).to_string(), l.address - f.address))
                 .or_default() += l.samples;
         }
     }

@@ -14,6 +14,8 @@ use std::io::Write;
 use flate2::{write::GzEncoder, Compression};
 use prost::Message;
 
+use cpi_common::wire::EventRole;
+
 use crate::profile::model::{FunctionProfile, Mode, Profile};
 
 // profile.proto, field for field (the parts we write). Hand-written so no protoc is
@@ -315,7 +317,11 @@ pub fn build(p: &Profile) -> PprofProfile {
         }
     }
 
-    let period_role = if time { "cpu-clock" } else { "cycles" };
+    let period_role = if time {
+        EventRole::CpuClock
+    } else {
+        EventRole::Cycles
+    };
     let period = p
         .events
         .iter()

@@ -1,13 +1,15 @@
 //! Human tables: the run header (mode first, losses always), top functions, hot blocks,
 //! and `--annotate FUNC`. A time profile (no PMU) gets the same views over samples and
-//! CPU time, and says so; units below the sample floor say so instead of a number.
+//! CPU time, and says so; units below the sample floor say so instead of a number. A
+//! profile with an accuracy (`cpi-bpf simulate`) ends with it.
+#![warn(missing_docs)]
 
 use std::fmt::Write;
 
 use comfy_table::{presets, CellAlignment, Table, TableComponent};
 
 use crate::profile::model::{
-    BlockProfile, Estimate, FunctionProfile, Mode, ProcessProfile, Profile,
+    role_name, Accuracy, BlockProfile, Estimate, FunctionProfile, Mode, ProcessProfile, Profile,
 };
 
 /// What to render.
@@ -28,10 +30,17 @@ impl Default for TableOptions {
     }
 }
 
+/// Why a table could not be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
+    /// `--annotate` named a function the profile does not have.
     #[error("no function named {name:?} in the profile{}", suggest(.similar))]
-    NoSuchFunction { name: String, similar: Vec<String> },
+    NoSuchFunction {
+        /// The name asked for.
+        name: String,
+        /// Names in the profile that resemble it.
+        similar: Vec<String>,
+    },
 }
 
 fn suggest(similar: &[String]) -> String {
@@ -71,7 +80,56 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
             }
         }
     }
+    if let Some(a) = &p.accuracy {
+        out.push_str(&accuracy(a));
+    }
     Ok(out)
+}
+
+fn pct_or_dash(x: Option<f64>) -> String {
+    x.map_or_else(|| "-".into(), |v| format!("{:.2}%", v * 100.0))
+}
+
+/// The distance from the exact answer: overlaps, CPI error, the top functions.
+fn accuracy(a: &Accuracy) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "\naccuracy against the exact trace");
+    let _ = writeln!(
+        s,
+        "  overlap: instruction {:.4}  block {:.4}  function {:.4}  edge {:.4}",
+        a.overlap_instruction, a.overlap_block, a.overlap_function, a.overlap_edge
+    );
+    let _ = writeln!(
+        s,
+        "  CPI error (functions with >= 2% of cycles): median {}  max {}{}",
+        pct_or_dash(a.cpi_error_median),
+        pct_or_dash(a.cpi_error_max),
+        if a.functions_without_cpi > 0 {
+            format!("  ({} without a CPI estimate)", a.functions_without_cpi)
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(
+        s,
+        "  {:>7} {:>12} {:>12} {:>8} {:>8} {:>7}  function",
+        "share", "instr true", "instr est", "CPI true", "CPI est", "error"
+    );
+    for f in a.functions.iter().take(15) {
+        let cpi = |c: Option<f64>| c.map_or_else(|| "-".into(), |v| format!("{v:.3}"));
+        let _ = writeln!(
+            s,
+            "  {:>6.2}% {:>12} {:>12.0} {:>8} {:>8} {:>7}  {}",
+            f.share * 100.0,
+            f.instructions_true,
+            f.instructions_est,
+            cpi(f.cpi_true),
+            cpi(f.cpi_est),
+            pct_or_dash(f.cpi_error),
+            f.name
+        );
+    }
+    s
 }
 
 fn header(p: &Profile) -> String {
@@ -84,7 +142,8 @@ fn header(p: &Profile) -> String {
     let _ = write!(
         s,
         "duration:     {:.2} s    perturbation: {}",
-        p.duration_secs, p.perturbation
+        p.duration_secs,
+        p.perturbation.name()
     );
     // The range window only means something where there are branch records.
     if p.range_window > 0 && matches!(p.mode, Mode::Cpi | Mode::Simulated) {
@@ -102,7 +161,7 @@ fn header(p: &Profile) -> String {
         let _ = writeln!(
             s,
             "event:        {:<13} {} ({period}): {} samples",
-            e.role,
+            role_name(e.role),
             e.name,
             group(e.samples)
         );

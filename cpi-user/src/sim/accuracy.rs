@@ -14,54 +14,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::Serialize;
-
 use super::replay::Truth;
 use crate::binary::{CodeObject, Symbolizer, SymbolizerOptions};
+pub use crate::profile::model::{Accuracy, FunctionAccuracy};
 use crate::profile::model::{EdgeKind, Profile};
 
 /// Functions below this share of the truth's cycles are left out of the CPI error.
 pub const CPI_SHARE_FLOOR: f64 = 0.02;
-
-/// Accuracy of one process's profile.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct Accuracy {
-    pub overlap_instruction: f64,
-    pub overlap_block: f64,
-    pub overlap_function: f64,
-    pub overlap_edge: f64,
-    /// Median relative CPI error over functions with ≥ 2 % of cycles (`None`: no such
-    /// function has a CPI estimate).
-    pub cpi_error_median: Option<f64>,
-    pub cpi_error_max: Option<f64>,
-    /// Functions that have ≥ 2 % of cycles but no CPI in the profile (below its floor).
-    pub functions_without_cpi: u64,
-    /// Exact totals.
-    pub instructions_true: u64,
-    pub cycles_true: u64,
-    /// Profile totals (process level).
-    pub instructions_est: Option<f64>,
-    pub cycles_est: Option<f64>,
-    pub functions: Vec<FunctionAccuracy>,
-}
-
-/// One function, true and estimated.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct FunctionAccuracy {
-    pub name: String,
-    pub binary: String,
-    pub address: u64,
-    /// Share of the truth's cycles.
-    pub share: f64,
-    pub instructions_true: u64,
-    pub instructions_est: f64,
-    pub cycles_true: u64,
-    pub cycles_est: f64,
-    pub cpi_true: Option<f64>,
-    pub cpi_est: Option<f64>,
-    /// |cpi_est − cpi_true| / cpi_true.
-    pub cpi_error: Option<f64>,
-}
 
 /// Σ min(p̂, p) over the union of keys, each side normalised by its own total.
 pub fn overlap<K: std::hash::Hash + Eq>(est: &HashMap<K, f64>, truth: &HashMap<K, f64>) -> f64 {

@@ -1,4 +1,4 @@
-//! The PMU model and its proof (DESIGN.md, "Validation without hardware"): an exact
+//! The PMU model and its proof (README.md, "Simulate"): an exact
 //! trace of a real run ([`trace`], written by the Valgrind tool in `tests/tracer/`),
 //! a deterministic [`cycles`] model, the [`pmu`] model that turns the replayed trace
 //! into the wire samples real collection produces, and the exact truth those samples
@@ -17,23 +17,36 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 
-use crate::profile::SampleSet;
+use crate::binary::SymbolizerOptions;
+use crate::profile::model::{EventInfo, EventUnit, LossReport, Mode, Profile, RunInfo};
+use crate::profile::{analyze, AnalysisOptions, SampleSet};
+use cpi_common::policy::PeriodPolicy;
+use cpi_common::wire::EventRole;
 use pmu::{PmuConfig, PmuStats};
 use replay::{Replay, Truth};
 
 /// Why a simulation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
+    /// The tracer (`tests/tracer/cpitrace.c`) is not built.
     #[error("the cpitrace Valgrind tool is not built (looked in {tried:?}); run `cargo xtask setup` or set CPI_TRACER_DIR")]
-    ToolNotFound { tried: Vec<PathBuf> },
+    ToolNotFound {
+        /// The folders searched.
+        tried: Vec<PathBuf>,
+    },
+    /// No command was given.
     #[error("no command to run")]
     NoCommand,
+    /// Valgrind could not be started.
     #[error("starting valgrind: {0} (apt-get install valgrind)")]
     Spawn(#[source] std::io::Error),
+    /// The FIFO the trace streams through could not be made or read.
     #[error("trace FIFO {0}: {1}")]
     Fifo(PathBuf, #[source] std::io::Error),
+    /// Valgrind exited before the trace ended.
     #[error("valgrind failed ({0}) before the trace was complete")]
     Valgrind(ExitStatus),
+    /// The trace stream is malformed.
     #[error(transparent)]
     Trace(#[from] trace::TraceError),
 }
@@ -64,19 +77,139 @@ impl Hasher for FastHasher {
 /// HashMap with [`FastHasher`].
 pub type FastMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
-/// What one simulated run produced.
-pub struct SimOutput {
+/// What one traced and replayed run produced.
+struct SimOutput {
     /// The wire samples the PMU model emitted, aggregated (maps and comm filled in).
     pub samples: SampleSet,
+    /// The exact answer.
     pub truth: Truth,
+    /// What the PMU model counted and emitted.
     pub pmu: PmuStats,
+    /// How the command exited.
     pub status: ExitStatus,
+    /// Wall-clock time of the traced run and replay.
     pub wall_secs: f64,
+}
+
+/// The result of [`simulate`]: the profile sampling would report, with its accuracy
+/// against the exact trace ([`Profile::accuracy`], always set), and the exact truth.
+pub struct SimReport {
+    /// The profile, `accuracy` included.
+    pub profile: Profile,
+    /// The exact answer the profile was compared with.
+    pub truth: Truth,
+    /// What the PMU model counted and emitted.
+    pub pmu: PmuStats,
+    /// How the command exited.
+    pub status: ExitStatus,
+}
+
+impl SimReport {
+    /// The profile's accuracy against the exact trace.
+    pub fn accuracy(&self) -> &crate::profile::model::Accuracy {
+        self.profile
+            .accuracy
+            .as_ref()
+            .expect("simulate always sets the accuracy")
+    }
+}
+
+/// The simulate pipeline (`cpi-bpf simulate`): runs `cmd` under the exact tracer
+/// (its standard output to `stdout`), replays the trace through the cycle model and the
+/// PMU model configured by `cfg`, analyses the samples with the production analysis and
+/// measures the profile against the exact answer.
+pub fn simulate(cfg: &PmuConfig, cmd: &[OsString], stdout: Stdio) -> Result<SimReport, SimError> {
+    let out = simulate_command(cfg, cmd, stdout)?;
+    let command = cmd
+        .iter()
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect();
+    let profile = profile_of(
+        cfg,
+        &out.samples,
+        &out.truth,
+        &out.pmu,
+        command,
+        out.wall_secs,
+    );
+    Ok(SimReport {
+        profile,
+        truth: out.truth,
+        pmu: out.pmu,
+        status: out.status,
+    })
+}
+
+/// The analysis half of [`simulate`], for samples the PMU model produced from a trace
+/// (`samples` with the traced process's maps): the run description, the production
+/// analysis, and the accuracy against `truth`.
+pub fn profile_of(
+    cfg: &PmuConfig,
+    samples: &SampleSet,
+    truth: &Truth,
+    pmu: &PmuStats,
+    command: Vec<String>,
+    duration_secs: f64,
+) -> Profile {
+    let thinning = if cfg.perturbation.kernel() {
+        cfg.thinning
+    } else {
+        1
+    };
+    let event = |role: EventRole, name: &str, p: &PeriodPolicy, samples: u64| EventInfo {
+        role,
+        name: name.into(),
+        period: p.base,
+        jitter: if cfg.perturbation.user() { p.jitter } else { 0 },
+        thinning,
+        unit: EventUnit::of_role(role),
+        samples,
+    };
+    let run = RunInfo {
+        mode: Mode::Simulated,
+        mode_reason: format!(
+            "PMU model replaying an exact trace (Valgrind cpitrace) with modelled cycles; \
+             {} instructions, {} cycles exactly",
+            truth.instructions, truth.cycles
+        ),
+        command,
+        duration_secs,
+        events: vec![
+            event(
+                EventRole::Branches,
+                "model: retired taken branches + LBR",
+                &cfg.branch,
+                pmu.branch_samples,
+            ),
+            event(
+                EventRole::Cycles,
+                "model: cycles",
+                &cfg.cycles,
+                pmu.ip_samples,
+            ),
+        ],
+        perturbation: cfg.perturbation,
+        lost: LossReport {
+            thinned: pmu.thinned,
+            ..LossReport::default()
+        },
+    };
+    let opts = AnalysisOptions {
+        // The traced process is gone: its maps come from the trace.
+        symbolizer: SymbolizerOptions {
+            use_proc: false,
+            ..SymbolizerOptions::default()
+        },
+        ..AnalysisOptions::default()
+    };
+    let mut profile = analyze(samples, run, &opts);
+    profile.accuracy = Some(accuracy::compare(&profile, truth));
+    profile
 }
 
 /// Runs `cmd` under the tracer and replays the live trace through the cycle model and
 /// the PMU model configured by `cfg`.
-pub fn simulate_command(
+fn simulate_command(
     cfg: &PmuConfig,
     cmd: &[OsString],
     stdout: Stdio,

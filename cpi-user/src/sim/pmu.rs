@@ -63,9 +63,9 @@ impl Default for PmuConfig {
             perturbation: DEFAULT_PERTURBATION,
             thinning: DEFAULT_THINNING,
             skid: 0,
-            redraw_interval_ns: 10_000_000,
+            redraw_interval_ns: SIM_REDRAW_MS * 1_000_000,
             cycles_per_ns: 3,
-            seed: 0x5eed,
+            seed: SIM_SEED,
         }
     }
 }
@@ -76,6 +76,11 @@ impl Default for PmuConfig {
 pub const SIM_BRANCH_PERIOD: u64 = 2_003;
 /// Default cycles per cycle sample (prime; see [`SIM_BRANCH_PERIOD`]).
 pub const SIM_CYCLE_PERIOD: u64 = 2_003;
+/// Default user-layer re-draw interval, simulated milliseconds (shorter than
+/// collection's: a traced run lasts simulated milliseconds to seconds).
+pub const SIM_REDRAW_MS: u64 = 10;
+/// Default seed of the policy's random numbers.
+pub const SIM_SEED: u64 = 0x5eed;
 
 /// One hardware counter of one thread.
 #[derive(Clone, Debug)]

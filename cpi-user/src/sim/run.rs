@@ -36,7 +36,7 @@ pub fn find_tool_dir() -> Result<PathBuf, SimError> {
         .ok_or(SimError::ToolNotFound { tried })
 }
 
-/// Valgrind options every traced run uses (ENVIRONMENT.md's measured traps): no chasing
+/// Valgrind options every traced run uses (each avoids a measured trap): no chasing
 /// (VEX would speculate across branches), no libc/C++ freeres at exit (code the
 /// program itself never runs), children not traced.
 pub fn valgrind_command(tool_dir: &Path, trace: &Path, cmd: &[OsString]) -> Command {

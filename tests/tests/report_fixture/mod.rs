@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use cpi_common::policy::Perturbation;
+use cpi_common::wire::EventRole;
 use cpi_user::profile::model::*;
 
 pub fn est(value: f64, samples: u64) -> Option<Estimate> {
@@ -36,20 +38,20 @@ fn line(
 }
 
 fn events(mode: Mode) -> Vec<EventInfo> {
-    let ev = |role: &str, name: &str, period, unit: &str, samples| EventInfo {
-        role: role.into(),
+    let ev = |role: EventRole, name: &str, period, samples| EventInfo {
+        role,
         name: name.into(),
         period,
-        jitter: if unit == "ns" { 0 } else { 4093 },
+        jitter: if role == EventRole::CpuClock { 0 } else { 4093 },
         thinning: 1,
-        unit: unit.into(),
+        unit: EventUnit::of_role(role),
         samples,
     };
     match mode {
-        Mode::TimeProfile => vec![ev("cpu-clock", "cpu-clock", 1_000_003, "ns", 2_480)],
+        Mode::TimeProfile => vec![ev(EventRole::CpuClock, "cpu-clock", 1_000_003, 2_480)],
         _ => vec![
-            ev("branches", "cpu/r20c4/", 500_009, "events", 41_220),
-            ev("cycles", "cpu/cycles/", 1_000_003, "events", 39_870),
+            ev(EventRole::Branches, "cpu/r20c4/", 500_009, 41_220),
+            ev(EventRole::Cycles, "cpu/cycles/", 1_000_003, 39_870),
         ],
     }
 }
@@ -70,6 +72,7 @@ pub fn cpi_profile() -> Profile {
         instructions: Some(1.25e10),
         cpi: est(2.4, 30_000),
         timed_cpi: None,
+        bolt_name: None,
         blocks: vec![
             BlockProfile {
                 start: 0x401200,
@@ -177,6 +180,7 @@ pub fn cpi_profile() -> Profile {
         instructions: Some(1.12e10),
         cpi: est(0.88, 9_860),
         timed_cpi: None,
+        bolt_name: None,
         blocks: vec![BlockProfile {
             start: 0x401160,
             end: 0x401190,
@@ -210,6 +214,7 @@ pub fn cpi_profile() -> Profile {
         instructions: Some(1.5e6),
         cpi: None,
         timed_cpi: None,
+        bolt_name: None,
         blocks: vec![],
         edges: vec![],
         lines: vec![],
@@ -222,7 +227,7 @@ pub fn cpi_profile() -> Profile {
         command: vec!["./bench".into(), "--size".into(), "64M".into()],
         duration_secs: 12.5,
         events: events(Mode::Cpi),
-        perturbation: "both".into(),
+        perturbation: Perturbation::Both,
         range_window: 8,
         lost_samples: 15,
         lost: LossReport {
@@ -248,6 +253,7 @@ pub fn cpi_profile() -> Profile {
                 stripped: true,
             },
         ],
+        accuracy: None,
         processes: vec![ProcessProfile {
             pid: 4242,
             comm: "bench".into(),
@@ -277,6 +283,7 @@ pub fn time_profile() -> Profile {
         instructions: None,
         cpi: None,
         timed_cpi: None,
+        bolt_name: None,
         blocks: vec![],
         edges: vec![],
         lines,
@@ -289,7 +296,7 @@ pub fn time_profile() -> Profile {
         command: vec!["xz".into(), "-9".into(), "data.tar".into()],
         duration_secs: 2.5,
         events: events(Mode::TimeProfile),
-        perturbation: "user".into(),
+        perturbation: Perturbation::User,
         range_window: 0,
         lost_samples: 0,
         lost: LossReport::default(),
@@ -299,6 +306,7 @@ pub fn time_profile() -> Profile {
             deleted: false,
             stripped: true,
         }],
+        accuracy: None,
         processes: vec![ProcessProfile {
             pid: 777,
             comm: "xz".into(),
