@@ -514,7 +514,9 @@ fn bad_perf_data_is_one_line() {
     let ids_off = 104 + 2 * (128 + 16);
     b[ids_off + 8..ids_off + 16].copy_from_slice(&77u64.to_le_bytes());
     std::fs::write(&unknown, b).unwrap();
+    let zero = PathBuf::from("/dev/zero");
     for (file, says) in [
+        (&zero, "longer than"),
         (&truncated, "truncated"),
         (&no_stacks, "no branch stacks"),
         (&pipe, "pipe-mode"),
