@@ -725,3 +725,58 @@ fn llvm_profgen_range_counts_equal_ours() {
     }
     assert_eq!(compared, fx.hot.instructions + fx.cold.instructions);
 }
+
+/// Calls-only call graph: branch records whose source is a call give caller → callee
+/// counts scaled like ranges (period / window per record in the window).
+#[test]
+fn call_records_give_the_call_graph() {
+    let Some(fx) = fixture("pd-calls") else {
+        return;
+    };
+    let main = fx.bin.function_by_name("main").unwrap().clone();
+    let hot_start = fx.bin.function_by_name("hot").unwrap().start;
+    let call = fx
+        .bin
+        .decode(&main)
+        .unwrap()
+        .into_iter()
+        .find(|i| i.kind == FlowKind::Call && i.target == Some(hot_start))
+        .expect("main calls hot");
+    let mut recs = fx.preamble();
+    let n = 50u64;
+    for _ in 0..n {
+        // Newest first: seven loop iterations in hot, then the call into it, then an
+        // older call record (outside the window of 8 ranges).
+        let mut b = stack(fx.hot, 7, 0);
+        let c = Entry {
+            from: call.addr,
+            to: hot_start,
+            cycles: 0,
+            mispred: false,
+        };
+        b.push(c);
+        b.push(c);
+        recs.push(Record::Sample {
+            attr: 0,
+            pid: PID,
+            tid: PID,
+            ip: fx.hot.head,
+            period: 500_009,
+            branches: b,
+        });
+    }
+    let file = fx.dir.join("calls.data");
+    perf_data::write(&file, &[taken_attr(5)], &recs, &fx.build_ids());
+    let (p, _) = import(&file, &["--window", "8"]);
+    let calls = &p.processes[0].calls;
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let c = &calls[0];
+    assert_eq!((c.caller.as_str(), c.callee.as_str()), ("main", "hot"));
+    assert_eq!(c.samples, n);
+    let want = n as f64 * 500_009.0 / 8.0;
+    assert!(
+        (c.count - want).abs() < 1e-9 * want,
+        "{} calls, want {want}",
+        c.count
+    );
+}

@@ -137,6 +137,23 @@ pub struct ProcessProfile {
     pub cpi: Option<Estimate>,
     /// Sorted by cycles (or samples), hottest first.
     pub functions: Vec<FunctionProfile>,
+    /// Calls-only call graph (seed 001): caller → callee counts from the branch
+    /// records that are calls, scaled like ranges; most frequent first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<CallEdge>,
+}
+
+/// One caller → callee pair of the calls-only call graph.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CallEdge {
+    pub caller: String,
+    pub caller_binary: String,
+    pub callee: String,
+    pub callee_binary: String,
+    /// Estimated calls (Σ period / window over the call records, like ranges).
+    pub count: f64,
+    /// Branch records behind the estimate.
+    pub samples: u64,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
