@@ -102,8 +102,23 @@ pub fn symbol_address(elf: &Path, symbol: &str) -> Option<u64> {
         .map(|s| s.address())
 }
 
-/// utime + stime of `pid` in seconds (`/proc/PID/stat`), `None` once it is gone.
+/// CPU time process `pid` has had (its live threads), in seconds, `None` once it is
+/// gone: the scheduler's exact `sum_exec_runtime` of each thread
+/// (`/proc/PID/task/TID/schedstat`, ns), else utime + stime from `/proc/PID/stat`
+/// (tick-sampled, coarse under contention).
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        let ns: Option<f64> = tasks
+            .filter_map(Result::ok)
+            .map(|t| {
+                let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+                s.split_whitespace().next()?.parse::<f64>().ok()
+            })
+            .sum();
+        if let Some(ns) = ns {
+            return Some(ns / 1e9);
+        }
+    }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the parenthesised comm; utime and stime are fields 14 and 15.
     let rest = &stat[stat.rfind(')')? + 2..];

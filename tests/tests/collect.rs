@@ -527,3 +527,127 @@ fn a_command_that_execs_is_named_after_what_it_became() {
     assert_eq!(p["comm"], "busy", "{p:#}");
     assert_eq!(hottest(p, &exe)["name"], "hot_spin");
 }
+
+/// Runs cpi-bpf on `sh -c SCRIPT` and returns the JSON profile; asserts that fewer than
+/// 5 % of its samples are unmapped.
+fn profile_of_script(script: &str) -> Value {
+    let out = Command::new(cpi_bpf())
+        .args(["--format", "json", "--", "sh", "-c", script])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let profile = json(&out);
+    let total: f64 = profile["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(samples)
+        .sum();
+    let unmapped = profile["lost"]["unmapped_samples"].as_f64().unwrap();
+    eprintln!("{script}: {total} samples, {unmapped} unmapped");
+    assert!(total > 100.0, "{total} samples: {stderr}");
+    assert!(
+        unmapped < 0.05 * total,
+        "{unmapped} of {total} unmapped: {stderr}"
+    );
+    profile
+}
+
+/// The function with the most samples across every process and binary.
+fn hottest_name(profile: &Value) -> (String, String) {
+    profile["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["functions"].as_array().unwrap().iter())
+        .max_by_key(|f| f["samples"].as_u64().unwrap_or(0))
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap().to_string(),
+                f["binary"].as_str().unwrap().to_string(),
+            )
+        })
+        .expect("a function")
+}
+
+/// A program that spins, then execs another: its samples from before the exec resolve
+/// through the mappings read then (kept where the new image does not overlap), not
+/// through the new image's.
+#[test]
+fn samples_from_before_an_exec_keep_their_function() {
+    if !require_root("cpi-bpf -- CMD") {
+        return;
+    }
+    let dir = temp_dir("before-exec");
+    let Some(spin) = compile_c("spin_exec.c", &dir, "spin_exec", &[]) else {
+        return;
+    };
+    let Some(busy) = compile_c("busy.c", &dir, "busy", &[]) else {
+        return;
+    };
+    let profile = profile_of_script(&format!(
+        "exec {} 1.5 {} 0.5",
+        spin.display(),
+        busy.display()
+    ));
+    let p = &profile["processes"].as_array().unwrap()[0];
+    let names: Vec<&str> = p["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["samples"].as_u64().unwrap_or(0) > 50)
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    assert!(names.contains(&"spin_before_exec"), "{names:?}");
+    assert!(names.contains(&"hot_spin"), "{names:?}");
+}
+
+/// A binary deleted while it runs, which exits before the run ends: it is analysed
+/// from the file opened while it lived.
+#[test]
+fn a_binary_deleted_while_it_runs_still_names_its_function() {
+    if !require_root("cpi-bpf -- CMD") {
+        return;
+    }
+    let dir = temp_dir("deleted-bin");
+    let Some(busy) = compile_c("busy.c", &dir, "doomed", &[]) else {
+        return;
+    };
+    let profile = profile_of_script(&format!(
+        "{0} 1 2>/dev/null & sleep 0.3; rm -f {0}; wait; sleep 0.5",
+        busy.display()
+    ));
+    assert!(!busy.exists());
+    let (name, binary) = hottest_name(&profile);
+    assert_eq!(name, "hot_spin", "{binary}");
+    assert!(binary.ends_with("/doomed"), "{binary}");
+}
+
+/// A binary visible only in another mount namespace (a container's view): read through
+/// the file opened while the process lived, not by its path on the host.
+#[test]
+fn a_binary_in_another_mount_namespace_names_its_function() {
+    if !require_root("cpi-bpf -- unshare -m") {
+        return;
+    }
+    let dir = temp_dir("mntns");
+    let Some(busy) = compile_c("busy.c", &dir, "busy", &[]) else {
+        return;
+    };
+    let inner = dir.join("inner");
+    std::fs::create_dir_all(&inner).unwrap();
+    let script = format!(
+        "unshare -m --propagation private sh -c 'mount -t tmpfs none {0} && cp {1} {0}/ns_busy && exec {0}/ns_busy 1.5'",
+        inner.display(),
+        busy.display()
+    );
+    let profile = profile_of_script(&script);
+    assert!(
+        !inner.join("ns_busy").exists(),
+        "the binary must not be visible from here"
+    );
+    let (name, binary) = hottest_name(&profile);
+    assert_eq!(name, "hot_spin", "{binary}");
+    assert!(binary.ends_with("/ns_busy"), "{binary}");
+}

@@ -233,9 +233,15 @@ fn synchronised_loop_is_fixed_by_the_user_layer() {
         "thinning alone keeps the phase: {:.3}",
         kernel.1
     );
-    for (p, mis, acc) in [user, both] {
-        assert!(*mis < 0.02, "{p:?}: {mis:.3}");
-        assert!(acc.cpi_error_max.unwrap() <= 0.05, "{p:?}: {acc:?}");
+    // `both` keeps a quarter of the records (thinning 4): its per-function CPI rests on
+    // ≈ 1000 cycle records for the smallest function here, ±3 % each way at one sigma,
+    // so its bound is twice the full-rate one. Misattribution (the phase) is held alike.
+    for (p, mis, acc, cpi_bound) in [
+        (user.0, user.1, &user.2, 0.05),
+        (both.0, both.1, &both.2, 0.10),
+    ] {
+        assert!(mis < 0.02, "{p:?}: {mis:.3}");
+        assert!(acc.cpi_error_max.unwrap() <= cpi_bound, "{p:?}: {acc:?}");
     }
 }
 

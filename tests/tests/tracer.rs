@@ -59,7 +59,10 @@ impl Addrs<'_> {
 /// * ranges ending in a system call that never returns to the next instruction (a
 ///   thread's exit, `rt_sigreturn`): callgrind charges a basic block when it completes,
 ///   and those never do, so ours = callgrind's + the executions of such ranges.
-fn compare(name: &str, truth: &Truth, cg: &HashMap<InsnKey, u64>) {
+///
+/// `only`: compare the instructions of this object alone (see
+/// [`threads_and_signals_match_callgrind`] for why).
+fn compare(name: &str, truth: &Truth, cg: &HashMap<InsnKey, u64>, only: Option<&Path>) {
     let mut addrs = Addrs {
         truth,
         binaries: BinaryCache::new(),
@@ -74,6 +77,9 @@ fn compare(name: &str, truth: &Truth, cg: &HashMap<InsnKey, u64>) {
             .filter(|&&(s, e, _)| (s..=e).contains(&a))
             .map(|r| r.2)
             .sum();
+        if only.is_some_and(|o| k.0 != o) {
+            continue;
+        }
         if c > 0 {
             unreturned.insert(k.clone(), c);
         }
@@ -87,6 +93,9 @@ fn compare(name: &str, truth: &Truth, cg: &HashMap<InsnKey, u64>) {
         } else {
             (ob.clone(), *a)
         };
+        if only.is_some_and(|o| k.0 != o) {
+            continue;
+        }
         *theirs.entry(k).or_default() += c;
     }
     let mut bad: Vec<(InsnKey, u64, u64)> = Vec::new();
@@ -118,6 +127,7 @@ fn compare(name: &str, truth: &Truth, cg: &HashMap<InsnKey, u64>) {
         }
     }
     bad.sort();
+    assert!(!ours.is_empty(), "{name}: nothing to compare");
     eprintln!(
         "{name}: {} instructions executed, {} distinct: {exact} exact, {reps} rep, \
          {at_exit} in unreturned-syscall ranges; {} differ",
@@ -137,7 +147,7 @@ fn compare(name: &str, truth: &Truth, cg: &HashMap<InsnKey, u64>) {
     assert_eq!(truth.stats.anomalies, 0);
 }
 
-fn check(name: &str, cmd: &[&str]) -> Option<Truth> {
+fn check(name: &str, cmd: &[&str], only: Option<&Path>) -> Option<Truth> {
     let tool = match tool_dir() {
         Ok(t) => t,
         Err(why) => {
@@ -151,7 +161,7 @@ fn check(name: &str, cmd: &[&str]) -> Option<Truth> {
     let shared = shared_tool_dir(&tool, &dir).unwrap();
     let truth = trace_truth(&shared, cmd, &dir);
     let cg = callgrind_counts(&shared, cmd, &dir).unwrap();
-    compare(name, &truth, &cg);
+    compare(name, &truth, &cg, only);
     let _ = std::fs::remove_dir_all(&dir);
     Some(truth)
 }
@@ -159,7 +169,7 @@ fn check(name: &str, cmd: &[&str]) -> Option<Truth> {
 #[test]
 fn test_program_counts_equal_callgrind() {
     let exe = program("sim_mix").unwrap();
-    check("sim_mix", &[exe.to_str().unwrap(), "1"]);
+    check("sim_mix", &[exe.to_str().unwrap(), "1"], None);
 }
 
 /// Text that compresses like real data: words from a small vocabulary, pseudo-random.
@@ -197,10 +207,18 @@ fn corpus(path: &Path, bytes: usize) {
 
 /// Threads (serialised by Valgrind, one range stream per thread) and signals (the
 /// interrupted range ends, the handler starts a fresh one).
+///
+/// Compared on the program's own code only: what libc runs in `pthread_create`/`join`
+/// (futex waits, spinning) depends on when Valgrind switches threads, which differs
+/// between the tracer's run and callgrind's (94 libc instructions differed by one on an
+/// Intel host). The program's own code (the workers, the signal handler, main, each
+/// with a fixed trip count) runs the same every time, and it is where thread switches
+/// and signal deliveries cut ranges, so a tracer that mishandled them still fails here.
 #[test]
 fn threads_and_signals_match_callgrind() {
     let exe = program("sim_threads").unwrap();
-    let Some(truth) = check("sim_threads", &[exe.to_str().unwrap()]) else {
+    let own = std::fs::canonicalize(&exe).unwrap();
+    let Some(truth) = check("sim_threads", &[exe.to_str().unwrap()], Some(&own)) else {
         return;
     };
     eprintln!("{:?}", truth.stats);
@@ -215,6 +233,7 @@ fn debian_gzip_counts_equal_callgrind() {
     check(
         "gzip",
         &["/usr/bin/gzip", "-c", "-6", input.to_str().unwrap()],
+        None,
     );
     let _ = std::fs::remove_file(&input);
 }

@@ -1,34 +1,32 @@
-//! Collection: brings wire samples home from the kernel.
+//! Collection: brings wire samples home from the kernel, as a [`Session`]:
 //!
-//! probe ([`caps`]) → choose the events of the mode ([`events`]) → load the eBPF
-//! programs → open every event with our own `perf_event_open` and attach with
-//! `PERF_EVENT_IOC_SET_BPF` ([`sys`]) → enable → drain the BPF ring buffer with tokio
-//! into a per-pid [`SampleSet`] ([`drain`]) while re-drawing periods on a timer → stop on
-//! duration, target exit or SIGINT/SIGTERM → disable, drain to the end, report losses.
+//! open: validate the target ([`target`]), probe ([`caps`]), load the eBPF programs,
+//! walk the mode ladder ([`ladder`]: the mode's events ([`events`]) opened with our own
+//! `perf_event_open` and attached with `PERF_EVENT_IOC_SET_BPF`, through [`sys`]),
+//! enable → run: drain the BPF ring buffer with tokio into a per-pid [`SampleSet`]
+//! ([`drain`]) while re-drawing periods, handing out windows → stop on duration, target
+//! exit or SIGINT/SIGTERM → finish: disable, drain to the end, end the command, losses.
 
 pub mod caps;
 pub mod drain;
 pub mod events;
+pub mod ladder;
+pub mod session;
 pub mod sys;
 pub mod target;
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
+use aya::maps::{Array, PerCpuArray};
 use aya::programs::PerfEvent;
 use aya::Ebpf;
-use cpi_common::policy::{self, KernelConfig, Perturbation, Rng};
-use cpi_common::wire::{Counter, COUNTERS};
-use tokio::io::unix::AsyncFd;
-use tokio::signal::unix::{signal, SignalKind};
+use cpi_common::policy::{KernelConfig, Perturbation};
+use cpi_common::wire::COUNTERS;
 
-use crate::profile::model::{EventInfo, LossReport};
-use crate::profile::{Mode, RunInfo, SampleSet};
-use caps::Capabilities;
-use drain::Drain;
+use crate::profile::{RunInfo, SampleSet};
 use events::{EventSpec, Rate};
+pub use session::{collect, Session};
 pub use target::Target;
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
@@ -42,6 +40,8 @@ pub enum CollectError {
     NoSuchProcess(u32),
     #[error("command not found: {0}")]
     CommandNotFound(String),
+    #[error("not executable: {0}")]
+    NotExecutable(String),
     #[error("starting {cmd}: {cause}")]
     Spawn { cmd: String, cause: io::Error },
     #[error("nothing to profile: give --pid PID, --system-wide or -- CMD")]
@@ -65,9 +65,19 @@ pub enum CollectError {
     },
     #[error("attaching the BPF program to {event}: {cause}")]
     Attach { event: String, cause: io::Error },
+    #[error("{0}")]
+    Range(String),
+    #[error(
+        "too few open files allowed: about {need} needed, the limit is {limit} (raise `ulimit -n`)"
+    )]
+    TooFewFiles { need: u64, limit: u64 },
     #[error(transparent)]
     Io(#[from] io::Error),
 }
+
+/// Samples per second per busy CPU when none is asked for (a prime-ish odd rate, so
+/// it does not beat with 1 kHz timer ticks).
+pub const DEFAULT_FREQUENCY: u64 = 999;
 
 /// How to collect.
 #[derive(Clone, Debug)]
@@ -96,22 +106,20 @@ pub enum StopReason {
     Duration,
     TargetExit,
     Signal(&'static str),
+    /// The caller finished the session before any other stop condition.
+    Finished,
 }
 
-/// What a run brought home.
+/// What a window (or a whole one-shot run) brought home.
 #[derive(Debug)]
 pub struct Collected {
     pub set: SampleSet,
+    /// Event sample counts, losses and duration of this window only.
     pub run: RunInfo,
-    pub stop: StopReason,
-    /// Exit status of the command cpi-bpf started.
+    /// `None` for a window cut by [`Session::run_until`]'s deadline.
+    pub stop: Option<StopReason>,
+    /// Exit status of the command cpi-bpf started (in the last window).
     pub command_status: Option<i32>,
-}
-
-/// An open event: the fd keeps the program attached; closing it detaches.
-struct OpenEvent {
-    fd: OwnedFd,
-    spec_index: usize,
 }
 
 /// Loads the eBPF object with its ring buffer sized and its config written.
@@ -152,364 +160,7 @@ pub fn load(ring_bytes: u32, config: KernelConfig, btf: bool) -> Result<Ebpf, Co
     Ok(bpf)
 }
 
-fn program_fd(bpf: &Ebpf, name: &str) -> Result<i32, CollectError> {
-    let p: &PerfEvent = bpf
-        .program(name)
-        .and_then(|p| p.try_into().ok())
-        .ok_or_else(|| CollectError::Load {
-            hint: "",
-            cause: format!("program {name} missing").into(),
-        })?;
-    let fd = p.fd().map_err(|e| CollectError::Load {
-        hint: "",
-        cause: e.into(),
-    })?;
-    Ok(std::os::fd::AsFd::as_fd(fd).as_raw_fd())
-}
-
-/// Where events are opened: (pid, cpu) pairs and extra attr flags.
-fn placements(target: &Target, child: Option<u32>) -> Result<(Vec<(i32, i32)>, u64), CollectError> {
-    match target {
-        Target::SystemWide => Ok((
-            target::online_cpus()
-                .into_iter()
-                .map(|c| (-1, c as i32))
-                .collect(),
-            0,
-        )),
-        Target::Pids(pids) => {
-            let mut v = Vec::new();
-            for &pid in pids {
-                v.extend(target::threads(pid)?.into_iter().map(|t| (t as i32, -1)));
-            }
-            Ok((v, sys::flag::INHERIT))
-        }
-        Target::Command(_) => {
-            let pid = child.ok_or(CollectError::NoTarget)? as i32;
-            Ok((
-                vec![(pid, -1)],
-                sys::flag::INHERIT | sys::flag::ENABLE_ON_EXEC,
-            ))
-        }
-    }
-}
-
-/// Opens every event of `specs` at every placement and attaches its program.
-///
-/// All events — branch stacks, cycles and cpu-clock alike — go through our own
-/// `perf_event_open` + `PERF_EVENT_IOC_SET_BPF` rather than aya's `PerfEvent::attach`:
-/// aya cannot request branch stacks, and the period re-draws need each event's fd for
-/// `PERF_EVENT_IOC_PERIOD`. One code path for every mode.
-fn open_events(
-    bpf: &Ebpf,
-    specs: &[EventSpec],
-    places: &[(i32, i32)],
-    extra_flags: u64,
-) -> Result<Vec<OpenEvent>, CollectError> {
-    let mut open = Vec::new();
-    for (i, spec) in specs.iter().enumerate() {
-        for &(pid, cpu) in places {
-            match open_attached(bpf, spec, extra_flags, pid, cpu) {
-                Ok(fd) => open.push(OpenEvent { fd, spec_index: i }),
-                // A thread that exited since /proc/PID/task was listed.
-                Err(CollectError::Open { cause, .. })
-                    if cause.raw_os_error() == Some(libc::ESRCH) && pid > 0 => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    match places.first() {
-        // Every thread of every target exited before its events were opened.
-        Some(&(pid, _)) if open.is_empty() && pid > 0 => {
-            Err(CollectError::NoSuchProcess(pid as u32))
-        }
-        _ => Ok(open),
-    }
-}
-
-/// Opens `spec` (plus `extra_flags`) on `pid`/`cpu` as `perf_event_open` takes them and
-/// attaches the spec's program. The fd keeps the program attached.
-pub fn open_attached(
-    bpf: &Ebpf,
-    spec: &EventSpec,
-    extra_flags: u64,
-    pid: i32,
-    cpu: i32,
-) -> Result<OwnedFd, CollectError> {
-    let mut attr = spec.attr;
-    attr.flags |= extra_flags;
-    let fd = sys::perf_event_open(&attr, pid, cpu).map_err(|cause| CollectError::Open {
-        event: spec.name.clone(),
-        on: match (pid, cpu) {
-            (0, -1) => "this process".to_string(),
-            (p, -1) => format!("pid {p}"),
-            (-1, c) => format!("cpu {c}"),
-            (p, c) => format!("pid {p} on cpu {c}"),
-        },
-        cause,
-    })?;
-    sys::set_bpf(&fd, program_fd(bpf, spec.program)?).map_err(|cause| CollectError::Attach {
-        event: spec.name.clone(),
-        cause,
-    })?;
-    Ok(fd)
-}
-
-/// Collects until the duration ends, the target exits or SIGINT/SIGTERM, then drains
-/// everything. `notify` receives one-line status messages (mode, downgrades) as they
-/// happen, before any report.
-pub fn collect(
-    opts: &CollectOptions,
-    notify: &mut dyn FnMut(&str),
-) -> Result<Collected, CollectError> {
-    let caps = Capabilities::probe();
-    caps.check_privileges()
-        .map_err(CollectError::NotPrivileged)?;
-    if let Target::Pids(pids) = &opts.target {
-        if pids.is_empty() {
-            return Err(CollectError::NoTarget);
-        }
-        if let Some(&p) = pids.iter().find(|&&p| !target::pid_exists(p)) {
-            return Err(CollectError::NoSuchProcess(p));
-        }
-    }
-    if let Target::Command(argv) = &opts.target {
-        target::resolve_command(argv.first().ok_or(CollectError::NoTarget)?)?;
-    }
-    if !caps.btf {
-        notify("note: no kernel BTF (/sys/kernel/btf/vmlinux missing); trying to load without it");
-    }
-    let thinning = opts.perturbation.thinning(opts.thinning);
-    let bpf_cfg = KernelConfig {
-        thinning,
-        include_kernel: opts.include_kernel as u32,
-        _pad: 0,
-    };
-    let mut bpf = load(opts.ring_bytes, bpf_cfg, caps.btf)?;
-
-    // Signals are caught from here on, so a SIGINT during set-up still reports.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let (mut sigint, mut sigterm) = rt.block_on(async {
-        Ok::<_, io::Error>((
-            signal(SignalKind::interrupt())?,
-            signal(SignalKind::terminate())?,
-        ))
-    })?;
-
-    let child = match &opts.target {
-        Target::Command(argv) => Some(target::spawn_suspended(argv)?),
-        _ => None,
-    };
-    let (places, extra) = placements(&opts.target, child.as_ref().map(|c| c.pid))?;
-
-    // The ladder: step down (and say why) while the mode's events cannot be opened.
-    let (mut mode, mut reason) = caps.mode();
-    notify(&format!("mode: {} — {reason}", mode_name(mode)));
-    let (specs, open) = loop {
-        let specs = events::plan(mode, caps.vendor, &opts.rate, opts.include_kernel);
-        match open_events(&bpf, &specs, &places, extra) {
-            Ok(open) => break (specs, open),
-            Err(CollectError::Open {
-                event,
-                cause: source,
-                ..
-            }) if events::step_down(mode).is_some() => {
-                mode = events::step_down(mode).unwrap_or(Mode::TimeProfile);
-                reason = format!(
-                    "{event} cannot be opened here ({source}); stepped down to {}: {}",
-                    mode_name(mode),
-                    match mode {
-                        Mode::IpSampling => {
-                            "cycles and instructions IP samples, CPI per unit is imprecise"
-                        }
-                        _ => "cpu-clock time profile, no cycles, no instructions, no CPI",
-                    }
-                );
-                notify(&format!("mode: {} — {reason}", mode_name(mode)));
-            }
-            Err(e) => return Err(e),
-        }
-    };
-
-    let started = Instant::now();
-    let command_pid = match child {
-        Some(c) => Some(c.release()?),
-        None => {
-            for e in &open {
-                sys::enable(&e.fd)?;
-            }
-            None
-        }
-    };
-    let watch: Vec<u32> = match (&opts.target, command_pid) {
-        (_, Some(pid)) => vec![pid],
-        (Target::Pids(pids), None) => pids.clone(),
-        _ => Vec::new(),
-    };
-
-    let ring = RingBuf::try_from(bpf.take_map("SAMPLES").ok_or_else(|| CollectError::Load {
-        hint: "",
-        cause: "map SAMPLES missing".into(),
-    })?)
-    .map_err(|e| CollectError::Load {
-        hint: "",
-        cause: e.into(),
-    })?;
-    let window = opts.window.unwrap_or(match caps.lbr_depth {
-        Some(depth) => policy::range_window(depth as usize),
-        None => policy::FALLBACK_RANGE_WINDOW,
-    });
-    let mut drain = Drain::new(window);
-    let stop = rt.block_on(run(
-        opts,
-        &specs,
-        &open,
-        ring,
-        &mut drain,
-        &watch,
-        &mut sigint,
-        &mut sigterm,
-    ))?;
-    let duration_secs = started.elapsed().as_secs_f64();
-
-    let counters = read_counters(&bpf);
-    let command_status = command_pid.map(|pid| finish_child(pid, stop));
-    drop(open); // detaches the programs
-
-    let events = specs
-        .iter()
-        .map(|s| EventInfo {
-            role: s.role_name().to_string(),
-            name: s.name.clone(),
-            period: s.policy.base,
-            jitter: if opts.perturbation.user() {
-                s.policy.jitter
-            } else {
-                0
-            },
-            thinning: thinning.keep_one_in,
-            unit: s.unit.to_string(),
-            samples: drain.received.get(&s.role).copied().unwrap_or(0),
-        })
-        .collect();
-    let lost = LossReport {
-        ring_full: counters[Counter::RingFull as usize],
-        branch_errors: counters[Counter::BranchError as usize],
-        malformed: drain.malformed,
-        thinned: counters[Counter::Thinned as usize],
-        ..Default::default()
-    };
-    let run = RunInfo {
-        mode,
-        mode_reason: reason,
-        command: match &opts.target {
-            Target::Command(argv) => argv.clone(),
-            _ => Vec::new(),
-        },
-        duration_secs,
-        events,
-        perturbation: opts.perturbation.name().to_string(),
-        lost,
-    };
-    Ok(Collected {
-        set: drain.set,
-        run,
-        stop,
-        command_status,
-    })
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn run(
-    opts: &CollectOptions,
-    specs: &[EventSpec],
-    open: &[OpenEvent],
-    ring: RingBuf<MapData>,
-    drain: &mut Drain,
-    watch: &[u32],
-    sigint: &mut tokio::signal::unix::Signal,
-    sigterm: &mut tokio::signal::unix::Signal,
-) -> Result<StopReason, CollectError> {
-    // SAFETY: the ring buffer and pidfds own their fds, which stay open as long as
-    // the AsyncFd that wraps them.
-    let mut ring = unsafe { AsyncFd::register(ring) }.map_err(io::Error::from)?;
-    let mut pidfds = Vec::new();
-    for &pid in watch {
-        // A pid that is already gone has exited: nothing to wait for.
-        if let Ok(fd) = sys::pidfd_open(pid as i32) {
-            pidfds.push(unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)?);
-        }
-    }
-    let all_exited = async {
-        for fd in &pidfds {
-            let _ = fd.readable().await;
-        }
-    };
-    tokio::pin!(all_exited);
-    let watching = !watch.is_empty();
-    let deadline = tokio::time::sleep(opts.duration.unwrap_or_default());
-    tokio::pin!(deadline);
-    let mut redraw = tokio::time::interval(opts.redraw_every.max(Duration::from_millis(1)));
-    redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The kernel side wakes us only when the ring is a quarter full: drain on a timer.
-    let mut poll = tokio::time::interval(DRAIN_EVERY);
-    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut rng = Rng::new(seed());
-    let mut next_redraw = 0usize;
-    let stop = loop {
-        tokio::select! {
-            guard = ring.readable_mut() => {
-                let mut guard = guard?;
-                drain_all(guard.get_inner_mut(), drain);
-                guard.clear_ready();
-            }
-            _ = poll.tick() => drain_all(ring.get_mut(), drain),
-            _ = redraw.tick(), if opts.perturbation.user() && !open.is_empty() => {
-                // Round-robin over at most REDRAWS_PER_TICK events (≈ 4.3 µs each), so
-                // a process with thousands of threads does not turn re-draws into a
-                // CPU hog. Events the kernel created by `inherit` (threads started
-                // later) have no fd here and keep the period drawn when they were born.
-                for _ in 0..open.len().min(REDRAWS_PER_TICK) {
-                    let e = &open[next_redraw % open.len()];
-                    next_redraw += 1;
-                    let period = specs[e.spec_index].policy.draw(&mut rng);
-                    // A failure (e.g. the event's thread exited) only means that event
-                    // keeps its previous period.
-                    let _ = sys::set_period(&e.fd, period);
-                }
-            }
-            _ = &mut deadline, if opts.duration.is_some() => break StopReason::Duration,
-            _ = &mut all_exited, if watching => break StopReason::TargetExit,
-            _ = sigint.recv() => break StopReason::Signal("SIGINT"),
-            _ = sigterm.recv() => break StopReason::Signal("SIGTERM"),
-        }
-    };
-    // Shutdown: no new samples, then everything already written.
-    for e in open {
-        let _ = sys::disable(&e.fd);
-    }
-    drain_all(ring.get_mut(), drain);
-    // A program that was mid-run on another CPU commits within microseconds.
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    drain_all(ring.get_mut(), drain);
-    Ok(stop)
-}
-
-/// Period re-draws per timer tick at most (see the redraw arm of [`run`]).
-const REDRAWS_PER_TICK: usize = 64;
-
-/// How often the collector drains the ring buffer without a wake-up.
-const DRAIN_EVERY: Duration = Duration::from_millis(25);
-
-fn drain_all(ring: &mut RingBuf<MapData>, drain: &mut Drain) {
-    while let Some(item) = ring.next() {
-        drain.add(&item);
-    }
-}
-
-/// Kernel counters summed over CPUs, indexed by [`Counter`].
+/// Kernel counters summed over CPUs, indexed by [`cpi_common::wire::Counter`].
 pub fn read_counters(bpf: &Ebpf) -> [u64; COUNTERS as usize] {
     let mut out = [0u64; COUNTERS as usize];
     let Some(map) = bpf.map("COUNTERS") else {
@@ -526,75 +177,12 @@ pub fn read_counters(bpf: &Ebpf) -> [u64; COUNTERS as usize] {
     out
 }
 
-/// Ends the command cpi-bpf started when collection stopped before it did, and reaps it.
-fn finish_child(pid: u32, stop: StopReason) -> i32 {
-    if stop != StopReason::TargetExit {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    }
-    target::reap(pid).unwrap_or(-1)
-}
-
-fn seed() -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1);
-    t ^ ((std::process::id() as u64) << 32)
-}
-
-pub fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Cpi => "cpi",
-        Mode::IpSampling => "ip-sampling",
-        Mode::TimeProfile => "time-profile",
-        Mode::Simulated => "simulated",
-    }
-}
-
 /// Opens `spec` on the calling process (disabled) and, given a loaded object, attaches
 /// its program: what `cpi-bpf doctor` uses to tell what this machine can sample.
 pub fn try_event(spec: &EventSpec, bpf: Option<&Ebpf>) -> Result<(), CollectError> {
-    match bpf {
-        Some(bpf) => open_attached(bpf, spec, 0, 0, -1).map(drop),
-        None => sys::perf_event_open(&spec.attr, 0, -1)
-            .map(drop)
-            .map_err(|cause| CollectError::Open {
-                event: spec.name.clone(),
-                on: "this process".to_string(),
-                cause,
-            }),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn placements_follow_the_target() {
-        let me = std::process::id();
-        let (places, flags) = placements(&Target::Pids(vec![me]), None).unwrap();
-        assert!(
-            places.contains(&(me as i32, -1)),
-            "one event per thread, any CPU"
-        );
-        assert!(places.iter().all(|&(_, cpu)| cpu == -1));
-        assert_eq!(flags, sys::flag::INHERIT, "threads created later follow");
-
-        let (places, flags) = placements(&Target::SystemWide, None).unwrap();
-        assert_eq!(places.len(), target::online_cpus().len());
-        assert!(places.iter().all(|&(pid, cpu)| pid == -1 && cpu >= 0));
-        assert_eq!(flags, 0);
-
-        let cmd = Target::Command(vec!["true".into()]);
-        let (places, flags) = placements(&cmd, Some(4242)).unwrap();
-        assert_eq!(places, [(4242, -1)]);
-        assert_eq!(flags, sys::flag::INHERIT | sys::flag::ENABLE_ON_EXEC);
-
-        assert!(matches!(
-            placements(&Target::Pids(vec![u32::MAX - 1]), None),
-            Err(CollectError::NoSuchProcess(_))
-        ));
-    }
+    let attach = |name: &'static str| match bpf {
+        Some(bpf) => ladder::program_fd(bpf, name),
+        None => Ok(None),
+    };
+    ladder::open_attached(&sys::Linux, spec, 0, (0, -1), &attach).map(drop)
 }

@@ -40,7 +40,17 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format_timestamp(None)
         .init();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and version go out as clap writes them; a bad argument is one line.
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("cpi-bpf: {first}");
+            std::process::exit(2);
+        }
+    };
     let result = match cli.command {
         None => record::run(cli.record),
         Some(Command::Doctor(a)) => doctor::run(a),

@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use anyhow::bail;
-use cpi_user::collect::{self, events::Rate, CollectOptions, StopReason, Target};
+use cpi_user::collect::events::{Rate, MAX_PERIOD};
+use cpi_user::collect::{self, CollectOptions, StopReason, Target, DEFAULT_FREQUENCY};
 use cpi_user::profile::{analyze, AnalysisOptions};
 
 use crate::output::{emit, OutputArgs};
@@ -18,14 +19,16 @@ pub struct Args {
     #[arg(long, conflicts_with = "pids")]
     pub system_wide: bool,
     /// Stop after SECS seconds (default: when the target exits, or on Ctrl-C).
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[arg(long, value_name = "SECS", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
     /// Samples per second per busy CPU.
-    #[arg(long, value_name = "HZ", default_value_t = 999)]
+    #[arg(long, value_name = "HZ", default_value_t = DEFAULT_FREQUENCY,
+          value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "period")]
     pub frequency: u64,
     /// Base sampling period instead of --frequency (events; ns for cpu-clock); rounded
     /// up to a prime.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=MAX_PERIOD))]
     pub period: Option<u64>,
     #[command(flatten)]
     pub policy: PolicyArgs,
@@ -63,16 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         _ => bail!("give only one of --pid, --system-wide and -- CMD"),
     };
-    let duration = match args.duration {
-        Some(s) if !(s > 0.0 && s.is_finite()) => {
-            bail!("--duration must be a positive number of seconds, not {s}")
-        }
-        Some(s) => Some(Duration::from_secs_f64(s)),
-        None => None,
-    };
-    if args.frequency == 0 {
-        bail!("--frequency must be at least 1");
-    }
+    let duration = args.duration;
     if args.ring_buffer_mib == 0
         || !args.ring_buffer_mib.is_power_of_two()
         || args.ring_buffer_mib > 1024
@@ -96,24 +90,51 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     };
     let collected = collect::collect(&opts, &mut |msg| eprintln!("cpi-bpf: {msg}"))?;
     let stop = match collected.stop {
-        StopReason::Duration => "duration reached".to_string(),
-        StopReason::TargetExit => match collected.command_status {
+        Some(StopReason::Duration) => "duration reached".to_string(),
+        Some(StopReason::TargetExit) => match collected.command_status {
             Some(status) => format!("command exited with status {status}"),
             None => "target exited".to_string(),
         },
-        StopReason::Signal(s) => format!("{s} received"),
+        Some(StopReason::Signal(s)) => format!("{s} received"),
+        Some(StopReason::Finished) | None => "finished".to_string(),
     };
-    let lost = &collected.run.lost;
     let received: u64 = collected.run.events.iter().map(|e| e.samples).sum();
     eprintln!(
-        "cpi-bpf: stopped ({stop}) after {:.2} s: {received} samples received, {} lost (ring buffer full {}, branch errors {}, malformed {})",
-        collected.run.duration_secs,
-        lost.ring_full + lost.branch_errors + lost.malformed,
-        lost.ring_full,
-        lost.branch_errors,
-        lost.malformed,
+        "cpi-bpf: stopped ({stop}) after {:.2} s: {received} samples received",
+        collected.run.duration_secs
     );
     let profile = analyze(&collected.set, collected.run, &AnalysisOptions::default());
+    // The profile's own loss account (collection and analysis), so this line, the table
+    // and the JSON count the same things.
+    let l = &profile.lost;
+    eprintln!(
+        "cpi-bpf: {} samples lost (ring buffer full {}, branch errors {}, malformed {}, \
+         short {}, unmapped {}, invalid ranges {})",
+        profile.lost_samples,
+        l.ring_full,
+        l.branch_errors,
+        l.malformed,
+        l.short_samples,
+        l.unmapped_samples,
+        l.invalid_ranges,
+    );
     emit(&profile, &args.output)?;
     Ok(0)
 }
+
+/// `--duration`: positive seconds, small enough to be a deadline.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("not a number of seconds: {s}"))?;
+    if secs.is_nan() || secs <= 0.0 {
+        return Err(format!("must be a positive number of seconds, not {s}"));
+    }
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| d.as_secs() <= MAX_DURATION_SECS)
+        .ok_or_else(|| format!("at most {MAX_DURATION_SECS} seconds (a year), not {s}"))
+}
+
+/// Longest `--duration`: a year.
+const MAX_DURATION_SECS: u64 = 366 * 86_400;

@@ -34,7 +34,8 @@ pub struct Args {
     /// branches late.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub skid: u32,
-    /// User-layer period re-draw interval, simulated milliseconds (3 cycles per ns).
+    /// How often the user layer makes its due period re-draws (the collector's drain
+    /// cadence), simulated milliseconds (3 cycles per ns).
     #[arg(long, value_name = "MS", default_value_t = 10)]
     pub redraw_ms: u64,
     /// Seed of the policy's random numbers.
