@@ -514,7 +514,9 @@ fn bad_perf_data_is_one_line() {
     let ids_off = 104 + 2 * (128 + 16);
     b[ids_off + 8..ids_off + 16].copy_from_slice(&77u64.to_le_bytes());
     std::fs::write(&unknown, b).unwrap();
+    let zero = PathBuf::from("/dev/zero");
     for (file, says) in [
+        (&zero, "longer than"),
         (&truncated, "truncated"),
         (&no_stacks, "no branch stacks"),
         (&pipe, "pipe-mode"),
@@ -614,5 +616,167 @@ fn binaries_recorded_elsewhere_are_found_and_checked() {
     assert!(
         err.contains(fx.bin.build_id.as_deref().unwrap()) && err.contains(&other_id),
         "{err}"
+    );
+}
+
+/// An independent implementation of the range algorithm: `llvm-profgen-19
+/// --skip-symbolization` on `perf script` text of the same file counts, per range,
+/// the stacks it occurs in; cpi-bpf using every range of each stack (window 31 on
+/// 32-entry stacks, each sample weighing 1: a range occurrence counts 1/31) gives the
+/// same per-instruction counts once multiplied by 31.
+#[test]
+fn llvm_profgen_range_counts_equal_ours() {
+    let Some(fx) = fixture("pd-profgen") else {
+        return;
+    };
+    if !have_perf() {
+        return;
+    }
+    if Command::new("llvm-profgen-19")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: llvm-profgen-19 not installed (apt-get install llvm-19)");
+        return;
+    }
+    let mut recs = fx.preamble();
+    let (ph, pc) = (periods(70, 5), periods(25, 6));
+    for (ps, l) in [(&ph, fx.hot), (&pc, fx.cold)] {
+        for &p in ps {
+            recs.push(Record::Sample {
+                attr: 0,
+                pid: PID,
+                tid: PID,
+                ip: l.head,
+                period: p,
+                branches: stack(l, 32, 0),
+            });
+        }
+    }
+    let file = fx.dir.join("profgen.data");
+    let other = Attr {
+        kind: 0,
+        config: 1,
+        period_or_freq: 100_003,
+        freq: false,
+        branch_stack: true,
+        name: "instructions:u".into(),
+        id: 9,
+    };
+    perf_data::write(&file, &[other], &recs, &fx.build_ids());
+    let (p, _) = import(&file, &["--window", "31"]);
+    assert!(
+        p.mode_reason.contains("relative instruction profile"),
+        "{}",
+        p.mode_reason
+    );
+
+    let text = output_ok(
+        Command::new("perf")
+            .args(["script", "-F", "ip,brstack", "--show-mmap-events", "-i"])
+            .arg(&file),
+    )
+    .stdout;
+    let script = fx.dir.join("profgen.txt");
+    std::fs::write(&script, text).unwrap();
+    let out = fx.dir.join("profgen.out");
+    output_ok(
+        Command::new("llvm-profgen-19")
+            .arg("--skip-symbolization")
+            .arg(format!("--perfscript={}", script.display()))
+            .arg(format!("--binary={}", fx.exe.display()))
+            .arg(format!("--output={}", out.display())),
+    );
+    // `N` then N lines `start-end:count` (offsets from the text segment's page), then
+    // the branch counts.
+    let ranges: Vec<(u64, u64, f64)> = std::fs::read_to_string(&out)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map_while(|l| {
+            let (r, c) = l.split_once(':')?;
+            let (a, b) = r.split_once('-')?;
+            Some((
+                u64::from_str_radix(a, 16).ok()?,
+                u64::from_str_radix(b, 16).ok()?,
+                c.parse().ok()?,
+            ))
+        })
+        .collect();
+    assert_eq!(ranges.len(), 2, "{ranges:?}");
+    let base = fx.bin.segments.iter().find(|s| s.executable).unwrap().vaddr & !0xfff;
+    let mut compared = 0;
+    for name in ["hot", "cold"] {
+        for line in &func(&p, name).lines {
+            let theirs: f64 = ranges
+                .iter()
+                .filter(|(a, b, _)| (base + a..=base + b).contains(&line.address))
+                .map(|r| r.2)
+                .sum();
+            assert!(
+                (line.count * 31.0 - theirs).abs() < 1e-6 * theirs.max(1.0),
+                "{name} {:#x}: ours {} × 31, llvm-profgen {theirs}",
+                line.address,
+                line.count
+            );
+            compared += usize::from(theirs > 0.0);
+        }
+    }
+    assert_eq!(compared, fx.hot.instructions + fx.cold.instructions);
+}
+
+/// Calls-only call graph: branch records whose source is a call give caller → callee
+/// counts scaled like ranges (period / window per record in the window).
+#[test]
+fn call_records_give_the_call_graph() {
+    let Some(fx) = fixture("pd-calls") else {
+        return;
+    };
+    let main = fx.bin.function_by_name("main").unwrap().clone();
+    let hot_start = fx.bin.function_by_name("hot").unwrap().start;
+    let call = fx
+        .bin
+        .decode(&main)
+        .unwrap()
+        .into_iter()
+        .find(|i| i.kind == FlowKind::Call && i.target == Some(hot_start))
+        .expect("main calls hot");
+    let mut recs = fx.preamble();
+    let n = 50u64;
+    for _ in 0..n {
+        // Newest first: seven loop iterations in hot, then the call into it, then an
+        // older call record (outside the window of 8 ranges).
+        let mut b = stack(fx.hot, 7, 0);
+        let c = Entry {
+            from: call.addr,
+            to: hot_start,
+            cycles: 0,
+            mispred: false,
+        };
+        b.push(c);
+        b.push(c);
+        recs.push(Record::Sample {
+            attr: 0,
+            pid: PID,
+            tid: PID,
+            ip: fx.hot.head,
+            period: 500_009,
+            branches: b,
+        });
+    }
+    let file = fx.dir.join("calls.data");
+    perf_data::write(&file, &[taken_attr(5)], &recs, &fx.build_ids());
+    let (p, _) = import(&file, &["--window", "8"]);
+    let calls = &p.processes[0].calls;
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let c = &calls[0];
+    assert_eq!((c.caller.as_str(), c.callee.as_str()), ("main", "hot"));
+    assert_eq!(c.samples, n);
+    let want = n as f64 * 500_009.0 / 8.0;
+    assert!(
+        (c.count - want).abs() < 1e-9 * want,
+        "{} calls, want {want}",
+        c.count
     );
 }

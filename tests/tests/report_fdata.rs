@@ -258,6 +258,7 @@ fn hand_profile(exe: &Path) -> Profile {
             instructions: Some(3.0e6),
             cpi: None,
             functions,
+            calls: Vec::new(),
         }],
     }
 }

@@ -44,7 +44,7 @@ pub const MAX_LINE_BYTES: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Io {
         what: String,
         #[source]
@@ -61,7 +61,7 @@ pub enum ImportError {
         line: usize,
         limit: usize,
     },
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     PerfData {
         what: String,
         #[source]
@@ -72,7 +72,7 @@ pub enum ImportError {
          `perf record -b` (or -j), so no instruction counts can be derived"
     )]
     NoBranchStacks { what: String, events: String },
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     Locate {
         what: String,
         #[source]
@@ -80,7 +80,7 @@ pub enum ImportError {
     },
     #[error("{what}: {why}")]
     Unusable { what: String, why: String },
-    #[error("{what}: {source}")]
+    #[error("{what}")]
     PerfScript {
         what: String,
         #[source]
@@ -224,6 +224,8 @@ struct Pass {
     set: SampleSet,
     /// Samples per event.
     per_event: Vec<u64>,
+    /// Σ sample periods per event.
+    period_sums: Vec<u64>,
     /// Deepest branch stack seen.
     max_depth: usize,
     timed_entries: u64,
@@ -246,12 +248,15 @@ fn perf_data_pass(
     })?;
     let mut set = SampleSet::new(window);
     let mut per_event = Vec::new();
+    let mut period_sums: Vec<u64> = Vec::new();
     let (mut max_depth, mut timed_entries, mut truncated_stacks) = (0usize, 0u64, 0u64);
     let (header, records) = perf_data::read(&mut f, |h, s| {
         if per_event.len() < h.events.len() {
             per_event.resize(h.events.len(), 0);
+            period_sums.resize(h.events.len(), 0);
         }
         per_event[s.event] += 1;
+        period_sums[s.event] = period_sums[s.event].saturating_add(s.period);
         if !s.branches.is_empty() {
             max_depth = max_depth.max(s.branches.len());
         }
@@ -300,9 +305,11 @@ fn perf_data_pass(
         source,
     })?;
     per_event.resize(header.events.len(), 0);
+    period_sums.resize(header.events.len(), 0);
     Ok(Pass {
         set,
         per_event,
+        period_sums,
         max_depth,
         timed_entries,
         truncated_stacks,
@@ -422,22 +429,37 @@ pub fn import_perf_data(
     };
     let mut infos = Vec::new();
     for (i, e) in header.events.iter().enumerate() {
-        let role = if i == branch {
-            EventRole::Branches
-        } else if Some(i) == cycles {
-            EventRole::Cycles
-        } else {
-            continue;
+        let roles: &[EventRole] = match (i == branch, Some(i) == cycles) {
+            (true, true) => &[EventRole::Branches, EventRole::Cycles],
+            (true, false) => &[EventRole::Branches],
+            (false, true) => &[EventRole::Cycles],
+            (false, false) => continue,
         };
-        infos.push(EventInfo {
-            role,
-            name: e.display_name(),
-            period: if e.freq { 0 } else { e.period_or_freq },
-            jitter: 0,
-            thinning: 1,
-            unit: EventUnit::Events,
-            samples: pass.per_event[i],
-        });
+        // Freq mode has no one period: the mean of the samples' own, said in the name.
+        let n = pass.per_event[i];
+        let (name, period) = if e.freq {
+            (
+                format!(
+                    "{} (freq {} Hz; mean period)",
+                    e.display_name(),
+                    e.period_or_freq
+                ),
+                pass.period_sums[i] / n.max(1),
+            )
+        } else {
+            (e.display_name(), e.period_or_freq)
+        };
+        for role in roles {
+            infos.push(EventInfo {
+                role: *role,
+                name: name.clone(),
+                period,
+                jitter: 0,
+                thinning: 1,
+                unit: EventUnit::Events,
+                samples: n,
+            });
+        }
     }
     let run = RunInfo {
         mode: Mode::Cpi,

@@ -65,7 +65,7 @@ const FEAT_EVENT_DESC: usize = 12;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PerfDataError {
-    #[error("reading: {0}")]
+    #[error("reading the file")]
     Io(#[from] std::io::Error),
     #[error("not a perf.data file (no PERFILE2 magic)")]
     NotPerfData,

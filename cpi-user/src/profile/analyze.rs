@@ -33,8 +33,8 @@ use cpi_common::wire::EventRole;
 use super::aggregate::{ProcessSamples, RangeStat, SampleSet, TakenStat};
 use super::flow::{count_ranges, RangeCounts};
 use super::model::{
-    BinaryInfo, BlockProfile, EdgeKind, EdgeProfile, Estimate, FunctionProfile, InstructionProfile,
-    LossReport, Mode, ProcessProfile, Profile, RunInfo, PROFILE_FORMAT_VERSION,
+    BinaryInfo, BlockProfile, CallEdge, EdgeKind, EdgeProfile, Estimate, FunctionProfile,
+    InstructionProfile, LossReport, Mode, ProcessProfile, Profile, RunInfo, PROFILE_FORMAT_VERSION,
 };
 use crate::binary::{
     Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, Symbolizer, SymbolizerOptions,
@@ -138,6 +138,7 @@ pub fn analyze(set: &SampleSet, run: RunInfo, opts: &AnalysisOptions) -> Profile
         binaries: BTreeMap::new(),
         decoded: HashMap::new(),
         users: HashMap::new(),
+        calls: BTreeMap::new(),
     };
     // Symbolise everything first, so each decoded function is kept exactly as long as
     // a process still needs it.
@@ -270,6 +271,8 @@ struct Ctx<'a> {
     decoded: HashMap<FuncKey, Arc<[Instruction]>>,
     /// Processes yet to analyse each function; its decoding is dropped at zero.
     users: HashMap<FuncKey, usize>,
+    /// The current process's call records: (caller, callee) function indices.
+    calls: BTreeMap<(usize, usize), (f64, u64)>,
 }
 
 /// Per-function results the process totals need.
@@ -344,6 +347,22 @@ impl Ctx<'_> {
             }
             functions.push(out.profile);
         }
+        let mut calls: Vec<CallEdge> = std::mem::take(&mut self.calls)
+            .into_iter()
+            .map(|((from, to), (count, samples))| CallEdge {
+                caller: names[from].0.clone(),
+                caller_binary: names[from].1.clone(),
+                callee: names[to].0.clone(),
+                callee_binary: names[to].1.clone(),
+                count,
+                samples,
+            })
+            .collect();
+        calls.sort_by(|a, b| {
+            b.count
+                .total_cmp(&a.count)
+                .then_with(|| (&a.caller, &a.callee).cmp(&(&b.caller, &b.callee)))
+        });
         functions.sort_by(|a, b| {
             b.cycles
                 .unwrap_or(0.0)
@@ -389,6 +408,7 @@ impl Ctx<'_> {
             instructions,
             cpi,
             functions,
+            calls,
         }
     }
 
@@ -623,6 +643,14 @@ impl Ctx<'_> {
                     src_kind,
                     Some(FlowKind::Call | FlowKind::IndirectCall | FlowKind::Return)
                 );
+                // Calls-only call graph: the taken records whose source is a call.
+                if let (Some(FlowKind::Call | FlowKind::IndirectCall), Some((ti, _))) =
+                    (src_kind, t.to)
+                {
+                    let c = self.calls.entry((index, ti)).or_default();
+                    c.0 += t.stat.count;
+                    c.1 += t.stat.hits;
+                }
                 let (to, to_function, to_binary) = match t.to {
                     Some((ti, vto)) if ti == index && !leaves => (vto, None, None),
                     Some((ti, vto)) => (vto, Some(names[ti].0.clone()), Some(names[ti].1.clone())),

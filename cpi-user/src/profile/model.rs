@@ -306,6 +306,27 @@ pub struct ProcessProfile {
     pub cpi: Option<Estimate>,
     /// Sorted by cycles (or samples), hottest first.
     pub functions: Vec<FunctionProfile>,
+    /// Calls-only call graph: caller → callee counts from the branch
+    /// records that are calls, scaled like ranges; most frequent first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<CallEdge>,
+}
+
+/// One caller → callee pair of the calls-only call graph.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct CallEdge {
+    /// The calling function's name.
+    pub caller: String,
+    /// The binary holding the caller.
+    pub caller_binary: String,
+    /// The called function's name.
+    pub callee: String,
+    /// The binary holding the callee.
+    pub callee_binary: String,
+    /// Estimated calls (Σ period / window over the call records, like ranges).
+    pub count: f64,
+    /// Branch records behind the estimate.
+    pub samples: u64,
 }
 
 /// One function of one binary.

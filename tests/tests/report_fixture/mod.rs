@@ -264,6 +264,7 @@ pub fn cpi_profile() -> Profile {
             instructions: Some(2.37e10),
             cpi: est(1.68, 39_862),
             functions: vec![hot, main, cold],
+            calls: Vec::new(),
         }],
     }
 }
@@ -330,6 +331,7 @@ pub fn time_profile() -> Profile {
                 f("lzma_rc_encode", 0x12000, 500, vec![]),
                 f("func_13a40", 0x13a40, 80, vec![]),
             ],
+            calls: Vec::new(),
         }],
     }
 }
