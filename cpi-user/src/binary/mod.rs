@@ -14,6 +14,7 @@ pub mod cfg;
 mod ehframe;
 pub mod symbolize;
 
+use crate::procmap::{CapturedFile, ObjectId};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -346,10 +347,13 @@ fn normalise(mut funcs: Vec<Function>) -> Vec<Function> {
     funcs
 }
 
-/// Binaries opened so far, keyed by path + size + mtime so a replaced file is reopened.
+/// Binaries opened so far: by path + size + mtime (a replaced file is reopened), and
+/// files captured while their process was alive by device + inode
+/// ([`crate::procmap::capture`]).
 #[derive(Default)]
 pub struct BinaryCache {
     entries: HashMap<PathBuf, (FileStamp, Result<Arc<Binary>, String>)>,
+    captured: HashMap<ObjectId, Result<Arc<Binary>, String>>,
 }
 
 type FileStamp = (u64, Option<SystemTime>);
@@ -378,6 +382,24 @@ impl BinaryCache {
         };
         entry.map_err(|reason| BinaryError::Unusable {
             path: path.to_path_buf(),
+            reason,
+        })
+    }
+
+    /// The parsed binary of a captured file, read once per device + inode.
+    pub fn get_captured(&mut self, file: &CapturedFile) -> Result<Arc<Binary>, BinaryError> {
+        let r = self.captured.entry(file.id).or_insert_with(|| {
+            file.read_all()
+                .map_err(|source| BinaryError::Io {
+                    path: file.path.clone(),
+                    source,
+                })
+                .and_then(|data| Binary::parse(&file.path, &data))
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        });
+        r.clone().map_err(|reason| BinaryError::Unusable {
+            path: file.path.clone(),
             reason,
         })
     }

@@ -137,8 +137,10 @@ impl Symbolizer {
                 m.start,
                 m.end,
             )),
-            MappedObject::File { path, deleted } => {
-                let bin = self.binary_for(pid, m, path)?;
+            MappedObject::File { .. } | MappedObject::Captured(_) => {
+                let (path, deleted) = m.object.file().expect("file objects have a path");
+                let path = path.to_path_buf();
+                let bin = self.binary_for(pid, m, &path)?;
                 let offset = m.file_offset(addr);
                 let vaddr =
                     bin.vaddr_of_offset(offset)
@@ -157,7 +159,7 @@ impl Symbolizer {
                     function: bin.functions()[i].clone(),
                     function_index: Some(i),
                     object_name: path.display().to_string(),
-                    deleted: *deleted,
+                    deleted,
                     vaddr,
                     object: CodeObject::Elf(bin),
                 })
@@ -172,6 +174,15 @@ impl Symbolizer {
         path: &Path,
     ) -> Result<Arc<Binary>, SymbolizeError> {
         let key = (pid, m.start);
+        if let (false, MappedObject::Captured(c)) = (self.by_mapping.contains_key(&key), &m.object)
+        {
+            // Captured while the process was alive: exactly the file it mapped.
+            let r = self.binaries.get_captured(c).map_err(Arc::new);
+            if let Err(e) = &r {
+                log::warn!("pid {pid}: {e}");
+            }
+            self.by_mapping.insert(key, r);
+        }
         if !self.by_mapping.contains_key(&key) {
             let mut candidates = Vec::new();
             if self.opts.use_proc {

@@ -1,16 +1,15 @@
-//! Ring-buffer records → per-process [`SampleSet`], plus each process's comm and
-//! mappings (read when the pid is first seen, re-read when an address misses them, kept
-//! after the process exits).
+//! Ring-buffer records → per-process [`SampleSet`], plus each process's comm, mappings
+//! and mapped files, captured while it is alive ([`crate::procmap::capture`]: read when
+//! the pid is first seen, re-read when an address misses them, kept after the process
+//! exits or execs).
 
-use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
 
 use cpi_common::wire::{
     BranchSample, EventRole, IpSample, SampleHeader, SampleKind, FLAG_KERNEL, WIRE_VERSION,
 };
 
-use super::target;
-use crate::procmap::ProcessMaps;
+use crate::procmap::{capture, Tracker};
 use crate::profile::SampleSet;
 
 /// A decoded record.
@@ -44,10 +43,6 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
     }
 }
 
-/// Re-read a process's maps on a miss at most this often (a genuinely unmapped
-/// address must not turn every sample into a `/proc` read).
-const REREAD_EVERY: Duration = Duration::from_millis(100);
-
 /// The collector's side of the ring buffer.
 #[derive(Debug)]
 pub struct Drain {
@@ -56,7 +51,7 @@ pub struct Drain {
     pub received: BTreeMap<EventRole, u64>,
     /// Records that failed to decode (or had an unknown role).
     pub malformed: u64,
-    maps_read_at: HashMap<u32, Instant>,
+    tracker: Tracker,
 }
 
 impl Drain {
@@ -65,7 +60,7 @@ impl Drain {
             set: SampleSet::new(window),
             received: BTreeMap::new(),
             malformed: 0,
-            maps_read_at: HashMap::new(),
+            tracker: Tracker::new(),
         }
     }
 
@@ -96,8 +91,9 @@ impl Drain {
         *self.received.entry(role).or_default() += 1;
     }
 
-    /// Comm and maps of `pid`: read on first sight, re-read when `addr` (a user
-    /// address) is in none of the known mappings (at most every `REREAD_EVERY`).
+    /// Comm, maps and mapped files of `pid`: captured on first sight, and again when
+    /// `addr` (a user address) is in none of the known mappings (at most every
+    /// [`capture::REREAD_EVERY`]); earlier mappings stay for earlier samples.
     fn track(&mut self, pid: u32, addr: Option<u64>) {
         let p = self.set.process(pid);
         if pid == 0 {
@@ -105,26 +101,17 @@ impl Drain {
             p.comm = "swapper".to_string();
             return;
         }
-        let first = p.maps.is_none() && !self.maps_read_at.contains_key(&pid);
-        if p.comm.is_empty() {
-            p.comm = target::comm(pid);
-        }
         let miss =
             addr.is_some_and(|a| a != 0 && p.maps.as_ref().is_none_or(|m| m.find(a).is_none()));
-        let due = self
-            .maps_read_at
-            .get(&pid)
-            .is_none_or(|t| t.elapsed() >= REREAD_EVERY);
-        if first || (miss && due) {
-            self.maps_read_at.insert(pid, Instant::now());
+        if self.tracker.due(pid, miss) {
             // A process that already exited keeps the maps (and name) read last time.
-            if let Ok(m) = ProcessMaps::read(pid) {
+            if let Some(m) = self.tracker.read(pid, p.maps.as_ref()) {
                 p.maps = Some(m);
             }
             // A miss usually means exec replaced the image (a shell wrapper or a pyenv
             // shim becoming the real program): its name changed with it.
-            let comm = target::comm(pid);
-            if !comm.is_empty() {
+            let comm = capture::comm(pid, p.maps.as_ref());
+            if p.comm.is_empty() || !comm.starts_with(':') {
                 p.comm = comm;
             }
         }

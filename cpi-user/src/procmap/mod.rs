@@ -1,8 +1,18 @@
 //! pid → mappings → (object, file offset). Read from `/proc/PID/maps` when a pid is
 //! first seen (and again on a miss); kept after the pid exits so late samples still
 //! resolve. The PMU model fills the same type from the guest's maps.
+//!
+//! While a process is alive, [`capture::Tracker`] also captures what symbolisation needs
+//! later: each executable file mapping becomes [`MappedObject::Captured`], holding the file
+//! open (opened through `/proc/PID/map_files` or `/proc/PID/root`) so that a process that
+//! exec'd, exited, ran a since-deleted binary or lived in another mount namespace is still
+//! analysed from what it really ran.
 
-use std::path::PathBuf;
+pub mod capture;
+
+use std::path::{Path, PathBuf};
+
+pub use capture::{CapturedFile, ObjectId, Tracker};
 
 /// Why maps could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -18,6 +28,9 @@ pub enum ProcMapError {
 pub enum MappedObject {
     /// A file; `deleted` when the kernel marks it `(deleted)`.
     File { path: PathBuf, deleted: bool },
+    /// A file captured while the process was alive: held open, keyed by device + inode
+    /// ([`capture::Tracker`]).
+    Captured(CapturedFile),
     /// Anonymous memory (JIT code lands here).
     Anon,
     /// `[vdso]`, `[heap]`, `[stack]`, …
@@ -29,8 +42,18 @@ impl MappedObject {
     pub fn display_name(&self) -> String {
         match self {
             MappedObject::File { path, .. } => path.display().to_string(),
+            MappedObject::Captured(c) => c.path.display().to_string(),
             MappedObject::Anon => "[anon]".to_string(),
             MappedObject::Special(s) => s.clone(),
+        }
+    }
+
+    /// The mapped path and whether the kernel marked it deleted, for file objects.
+    pub fn file(&self) -> Option<(&Path, bool)> {
+        match self {
+            MappedObject::File { path, deleted } => Some((path, *deleted)),
+            MappedObject::Captured(c) => Some((&c.path, c.deleted)),
+            MappedObject::Anon | MappedObject::Special(_) => None,
         }
     }
 }
@@ -72,51 +95,87 @@ impl ProcessMaps {
 
     /// Parses the `/proc/PID/maps` text format.
     pub fn parse(text: &str) -> Result<Self, ProcMapError> {
-        let mut mappings = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
+        let mappings = parse_lines(text)?.into_iter().map(|(m, _)| m).collect();
+        Ok(ProcessMaps { mappings })
+    }
+
+    /// Adds the mappings of `older` (read before an exec or munmap) that overlap none of
+    /// these, so addresses sampled before the change still resolve. An address in a
+    /// range that was reused resolves to the newer mapping.
+    pub fn keep_older(&mut self, older: &ProcessMaps) {
+        let kept: Vec<Mapping> = older
+            .mappings
+            .iter()
+            .filter(|o| {
+                let i = self.mappings.partition_point(|m| m.end <= o.start);
+                self.mappings.get(i).is_none_or(|m| m.start >= o.end)
+            })
+            .cloned()
+            .collect();
+        if !kept.is_empty() {
+            self.mappings.extend(kept);
+            self.mappings.sort_by_key(|m| m.start);
+        }
+    }
+}
+
+/// Mappings of a maps text with the device + inode of each line, sorted by start.
+fn parse_lines(text: &str) -> Result<Vec<(Mapping, ObjectId)>, ProcMapError> {
+    let mut mappings = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = || ProcMapError::Malformed {
+            line: i + 1,
+            text: line.to_string(),
+        };
+        let mut f = line.splitn(6, ' ').filter(|s| !s.is_empty());
+        let range = f.next().ok_or_else(bad)?;
+        let perms = f.next().ok_or_else(bad)?;
+        let offset = f.next().ok_or_else(bad)?;
+        let dev = f.next().ok_or_else(bad)?;
+        let inode = f.next().ok_or_else(bad)?;
+        let name = f.next().map(str::trim).unwrap_or("");
+        let (s, e) = range.split_once('-').ok_or_else(bad)?;
+        let hex = |t: &str| u64::from_str_radix(t, 16).map_err(|_| bad());
+        let object = if name.is_empty() {
+            MappedObject::Anon
+        } else if name.starts_with('[') {
+            MappedObject::Special(name.to_string())
+        } else if let Some(p) = name.strip_suffix(" (deleted)") {
+            MappedObject::File {
+                path: PathBuf::from(p),
+                deleted: true,
             }
-            let bad = || ProcMapError::Malformed {
-                line: i + 1,
-                text: line.to_string(),
-            };
-            let mut f = line.splitn(6, ' ').filter(|s| !s.is_empty());
-            let range = f.next().ok_or_else(bad)?;
-            let perms = f.next().ok_or_else(bad)?;
-            let offset = f.next().ok_or_else(bad)?;
-            let _dev = f.next().ok_or_else(bad)?;
-            let _inode = f.next().ok_or_else(bad)?;
-            let name = f.next().map(str::trim).unwrap_or("");
-            let (s, e) = range.split_once('-').ok_or_else(bad)?;
-            let hex = |t: &str| u64::from_str_radix(t, 16).map_err(|_| bad());
-            let object = if name.is_empty() {
-                MappedObject::Anon
-            } else if name.starts_with('[') {
-                MappedObject::Special(name.to_string())
-            } else if let Some(p) = name.strip_suffix(" (deleted)") {
-                MappedObject::File {
-                    path: PathBuf::from(p),
-                    deleted: true,
-                }
-            } else {
-                MappedObject::File {
-                    path: PathBuf::from(name),
-                    deleted: false,
-                }
-            };
-            mappings.push(Mapping {
+        } else {
+            MappedObject::File {
+                path: PathBuf::from(name),
+                deleted: false,
+            }
+        };
+        let (major, minor) = dev.split_once(':').ok_or_else(bad)?;
+        let id = ObjectId {
+            major: u32::from_str_radix(major, 16).map_err(|_| bad())?,
+            minor: u32::from_str_radix(minor, 16).map_err(|_| bad())?,
+            inode: inode.parse().map_err(|_| bad())?,
+        };
+        mappings.push((
+            Mapping {
                 start: hex(s)?,
                 end: hex(e)?,
                 offset: hex(offset)?,
                 executable: perms.as_bytes().get(2) == Some(&b'x'),
                 object,
-            });
-        }
-        mappings.sort_by_key(|m| m.start);
-        Ok(ProcessMaps { mappings })
+            },
+            id,
+        ));
     }
+    mappings.sort_by_key(|(m, _)| m.start);
+    Ok(mappings)
+}
 
+impl ProcessMaps {
     /// The mapping holding `addr`.
     pub fn find(&self, addr: u64) -> Option<&Mapping> {
         let i = self.mappings.partition_point(|m| m.start <= addr);
