@@ -1,7 +1,10 @@
 //! The profile file: the versioned JSON form of a [`Profile`] (`--output FILE`), read
 //! back by `cpi-bpf report`. Reading never panics: a truncated, corrupt, foreign or
-//! newer file is one [`ProfileFileError`].
+//! newer file is one [`ProfileFileError`]. What is read is bounded: at most
+//! [`MAX_PROFILE_BYTES`] (`report /dev/zero` stops there), and JSON nesting by
+//! serde_json's recursion limit (128), so no input grows memory without end.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::profile::model::{Profile, PROFILE_FORMAT_VERSION};
@@ -35,6 +38,11 @@ pub enum ProfileFileError {
     },
     #[error("profile {origin} is corrupt: {detail}")]
     Corrupt { origin: String, detail: String },
+    #[error(
+        "profile {origin} is larger than {} MiB: not a profile this cpi-bpf reads",
+        MAX_PROFILE_BYTES >> 20
+    )]
+    TooLarge { origin: String },
     #[error("serialising the profile: {0}")]
     Serialise(String),
 }
@@ -54,13 +62,50 @@ pub fn to_json(p: &Profile) -> Result<String, ProfileFileError> {
     Ok(text + "\n")
 }
 
+/// The largest profile file read (its parsed form takes a few times this in memory).
+pub const MAX_PROFILE_BYTES: u64 = 256 << 20;
+
 /// Reads a profile file.
 pub fn read(path: &Path) -> Result<Profile, ProfileFileError> {
-    let bytes = std::fs::read(path).map_err(|error| ProfileFileError::Io {
+    let io = |error| ProfileFileError::Io {
         path: path.to_path_buf(),
         error,
-    })?;
-    parse(&bytes, &path.display().to_string())
+    };
+    let f = std::fs::File::open(path).map_err(io)?;
+    read_from(f, &path.display().to_string()).map_err(|e| match e {
+        ReadError::Io(error) => io(error),
+        ReadError::Profile(e) => e,
+    })
+}
+
+/// Reads a profile from `r` (standard input, a pipe), at most [`MAX_PROFILE_BYTES`];
+/// `origin` names it in errors.
+pub fn read_stream(r: impl Read, origin: &str) -> Result<Profile, ProfileFileError> {
+    read_from(r, origin).map_err(|e| match e {
+        ReadError::Io(error) => ProfileFileError::Io {
+            path: origin.into(),
+            error,
+        },
+        ReadError::Profile(e) => e,
+    })
+}
+
+enum ReadError {
+    Io(std::io::Error),
+    Profile(ProfileFileError),
+}
+
+fn read_from(r: impl Read, origin: &str) -> Result<Profile, ReadError> {
+    let mut bytes = Vec::new();
+    r.take(MAX_PROFILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(ReadError::Io)?;
+    if bytes.len() as u64 > MAX_PROFILE_BYTES {
+        return Err(ReadError::Profile(ProfileFileError::TooLarge {
+            origin: origin.to_string(),
+        }));
+    }
+    parse(&bytes, origin).map_err(ReadError::Profile)
 }
 
 /// Parses a profile file's bytes; `origin` names it in errors.

@@ -1,7 +1,10 @@
 //! Output options shared by every command that produces a profile (record, simulate,
 //! report, import-perf); [`emit`] is the one place a profile leaves the program.
+//! [`validate`] checks what can be checked before a collection starts, so a bad
+//! `--output` never costs a run; if writing still fails at the end, the profile is saved
+//! as JSON elsewhere and the error says where.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
@@ -38,29 +41,181 @@ pub struct OutputArgs {
     pub top: usize,
 }
 
-/// Renders `profile` as asked and writes it out.
-pub fn emit(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> {
+/// Checks the options before any work: `--annotate` only with tables, pprof (binary)
+/// not to a terminal, and `--output` a file that can be written (an existing regular
+/// file or device, or a new file in an existing directory: created and removed again).
+pub fn validate(args: &OutputArgs) -> anyhow::Result<()> {
     if args.annotate.is_some() && args.format != Format::Table {
         anyhow::bail!(
-            "--annotate shows a table; it cannot be combined with --format {:?}",
-            args.format
+            "--annotate shows a table; it cannot be combined with --format {}",
+            format_name(args.format)
         );
     }
+    let Some(path) = &args.output else {
+        if args.format == Format::Pprof && std::io::stdout().is_terminal() {
+            anyhow::bail!(
+                "--format pprof is binary: refusing to write it to a terminal; give                  --output FILE or redirect standard output"
+            );
+        }
+        return Ok(());
+    };
+    let bad = |why: &dyn std::fmt::Display| anyhow::anyhow!("--output {}: {why}", path.display());
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => return Err(bad(&"is a directory")),
+        Ok(_) => {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| bad(&e))?;
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let parent = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            if !parent.is_dir() {
+                return Err(bad(&format_args!(
+                    "folder {} does not exist",
+                    parent.display()
+                )));
+            }
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .map_err(|e| bad(&e))?;
+            // Only a probe: the file is written when the profile is ready.
+            std::fs::remove_file(path).map_err(|e| bad(&e))?;
+        }
+        Err(e) => return Err(bad(&e)),
+    }
+    Ok(())
+}
+
+fn format_name(f: Format) -> String {
+    f.to_possible_value()
+        .map_or_else(|| format!("{f:?}"), |v| v.get_name().to_string())
+}
+
+/// Renders `profile` as asked and writes it out. When the output cannot be written, the
+/// profile is saved as JSON in the temporary directory (or the current one) and the
+/// error names that file: nothing collected is lost.
+pub fn emit(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> {
+    validate(args)?;
+    render_and_write(profile, args)
+}
+
+/// [`write_out`]; on failure the profile is saved elsewhere and the error says where.
+fn write_saving(profile: &Profile, path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
+    write_out(path, bytes).map_err(|e| match save_elsewhere(profile) {
+        Some(saved) => e.context(format!(
+            "the profile is saved in {} (`cpi-bpf report {}` shows it)",
+            saved.display(),
+            saved.display()
+        )),
+        None => e,
+    })
+}
+
+/// Writes the JSON profile to `$TMPDIR` (else /tmp), else the current directory.
+fn save_elsewhere(profile: &Profile) -> Option<PathBuf> {
+    let text = file::to_json(profile).ok()?;
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let name = format!("cpi-bpf-profile-{}-{secs}.json", std::process::id());
+    [std::env::temp_dir(), PathBuf::from(".")]
+        .into_iter()
+        .map(|d| d.join(&name))
+        .find(|p| {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(p)
+                .and_then(|mut f| f.write_all(text.as_bytes()))
+                .is_ok()
+        })
+}
+
+/// The function names of `profile` nearest to `name` (edit distance), at most five.
+fn nearest_names(profile: &Profile, name: &str) -> Vec<String> {
+    let mut names: Vec<&str> = profile
+        .processes
+        .iter()
+        .flat_map(|p| p.functions.iter().map(|f| f.name.as_str()))
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    let mut scored: Vec<(usize, &str)> = names
+        .into_iter()
+        .map(|n| (edit_distance(&n.to_lowercase(), &name.to_lowercase()), n))
+        .collect();
+    scored.sort();
+    scored
+        .into_iter()
+        .take(5)
+        .map(|(_, n)| n.to_string())
+        .collect()
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> {
     match args.format {
         Format::Table => {
             let opts = table::TableOptions {
                 top: args.top,
                 annotate: args.annotate.clone(),
             };
-            write_out(
-                args.output.as_deref(),
-                table::render(profile, &opts)?.as_bytes(),
-            )
+            match table::render(profile, &opts) {
+                Ok(text) => write_saving(profile, args.output.as_deref(), text.as_bytes()),
+                // An unknown --annotate name: the profile is still shown, then the error
+                // with the nearest names.
+                Err(table::TableError::NoSuchFunction { name, similar }) => {
+                    let tables = table::render(
+                        profile,
+                        &table::TableOptions {
+                            annotate: None,
+                            ..opts
+                        },
+                    )?;
+                    write_saving(profile, args.output.as_deref(), tables.as_bytes())?;
+                    let near = if similar.is_empty() {
+                        nearest_names(profile, &name)
+                    } else {
+                        similar
+                    };
+                    if near.is_empty() {
+                        anyhow::bail!("no function named {name:?} in the profile (it has none)");
+                    }
+                    anyhow::bail!(
+                        "no function named {name:?} in the profile; nearest: {}",
+                        near.join(", ")
+                    )
+                }
+            }
         }
-        Format::Json => write_out(args.output.as_deref(), file::to_json(profile)?.as_bytes()),
+        Format::Json => write_saving(
+            profile,
+            args.output.as_deref(),
+            file::to_json(profile)?.as_bytes(),
+        ),
         Format::Pprof => {
             let bytes = pprof::encode(profile).context("compressing the pprof profile")?;
-            write_out(args.output.as_deref(), &bytes)
+            write_saving(profile, args.output.as_deref(), &bytes)
         }
         Format::Fdata => {
             let files = fdata::render(profile)?;
@@ -73,14 +228,14 @@ pub fn emit(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> {
                     main.binary
                 );
             }
-            write_out(args.output.as_deref(), main.text.as_bytes())?;
+            write_saving(profile, args.output.as_deref(), main.text.as_bytes())?;
             match &args.output {
                 Some(path) => {
                     for f in others {
                         let name = f.binary.rsplit('/').next().unwrap_or(&f.binary);
                         let mut p = path.as_os_str().to_owned();
                         p.push(format!(".{name}"));
-                        write_out(Some(Path::new(&p)), f.text.as_bytes())?;
+                        write_saving(profile, Some(Path::new(&p)), f.text.as_bytes())?;
                         eprintln!(
                             "cpi-bpf: {}: .fdata written to {}",
                             f.binary,

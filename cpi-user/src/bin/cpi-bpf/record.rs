@@ -7,7 +7,7 @@ use cpi_user::collect::events::{Rate, MAX_PERIOD};
 use cpi_user::collect::{self, CollectOptions, StopReason, Target, DEFAULT_FREQUENCY};
 use cpi_user::profile::{analyze, AnalysisOptions};
 
-use crate::output::{emit, OutputArgs};
+use crate::output::{emit, validate, OutputArgs};
 use crate::policy::PolicyArgs;
 
 #[derive(clap::Args, Debug)]
@@ -74,6 +74,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     {
         bail!("--ring-buffer-mib must be a power of two between 1 and 1024");
     }
+    // Before collecting: a bad --output must not cost the run.
+    validate(&args.output)?;
     let opts = CollectOptions {
         target,
         duration,

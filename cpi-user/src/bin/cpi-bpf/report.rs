@@ -1,9 +1,7 @@
 //! `report`: show a profile file written with `--output` again, in any format.
 
-use std::io::Read;
 use std::path::PathBuf;
 
-use anyhow::Context;
 use cpi_user::report::file;
 
 use crate::output::{emit, OutputArgs};
@@ -20,11 +18,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let profile = if args.file.as_os_str() == "-" {
-        let mut bytes = Vec::new();
-        std::io::stdin()
-            .read_to_end(&mut bytes)
-            .context("reading standard input")?;
-        file::parse(&bytes, "on standard input")?
+        file::read_stream(std::io::stdin().lock(), "on standard input")?
     } else {
         file::read(&args.file)?
     };
