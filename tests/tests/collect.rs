@@ -8,9 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use cpi_tests::{
-    compile_c, cpi_bpf, cpu_seconds, output_ok, require_root, symbol_address, temp_dir,
-};
+use cpi_tests::{compile_c, cpi_bpf, cpu_seconds, output_ok, require_root, symbol_address};
 use serde_json::Value;
 
 /// Samples per CPU second the run asked for: 1 / mean period of its cpu-clock event
@@ -22,8 +20,8 @@ fn rate(profile: &Value) -> f64 {
     1e9 / mean
 }
 
-fn busy(tag: &str, extra: &[&str]) -> Option<PathBuf> {
-    compile_c("busy.c", &temp_dir(tag), "busy", extra)
+fn busy(extra: &[&str]) -> Option<PathBuf> {
+    compile_c("busy.c", extra)
 }
 
 fn json(out: &Output) -> Value {
@@ -190,7 +188,7 @@ fn pid_samples_follow_rate_and_hot_function() {
     if !require_root("cpi-bpf --pid") {
         return;
     }
-    let Some(exe) = busy("pid", &[]) else { return };
+    let Some(exe) = busy(&[]) else { return };
     pid_run(&exe, |f| assert_eq!(f["name"], "hot_spin", "{f:#}"));
 }
 
@@ -199,12 +197,13 @@ fn pid_on_a_stripped_binary_finds_the_hot_function_from_eh_frame() {
     if !require_root("cpi-bpf --pid") {
         return;
     }
-    let Some(exe) = busy("stripped", &[]) else {
+    let Some(exe) = busy(&[]) else {
         return;
     };
     let hot = symbol_address(&exe, "hot_spin").expect("hot_spin in the unstripped build");
-    let st = Command::new("strip").arg(&exe).status().expect("strip");
-    assert!(st.success());
+    let Some(exe) = cpi_tests::programs::stripped(&exe) else {
+        return;
+    };
     assert_eq!(
         symbol_address(&exe, "hot_spin"),
         None,
@@ -224,7 +223,7 @@ fn pid_exiting_mid_run_is_reported_with_its_functions() {
     if !require_root("cpi-bpf --pid") {
         return;
     }
-    let Some(exe) = busy("exit", &[]) else { return };
+    let Some(exe) = busy(&[]) else { return };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut child = start_busy(&exe, "4");
     let pid = child.id();
@@ -261,7 +260,7 @@ fn system_wide_sees_the_busy_process() {
     if !require_root("cpi-bpf --system-wide") {
         return;
     }
-    let Some(exe) = busy("system", &[]) else {
+    let Some(exe) = busy(&[]) else {
         return;
     };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -312,7 +311,7 @@ fn command_samples_follow_rate_and_hot_function() {
     if !require_root("cpi-bpf -- CMD") {
         return;
     }
-    let Some(exe) = busy("cmd", &[]) else { return };
+    let Some(exe) = busy(&[]) else { return };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let out = command_run(&exe, "2");
     assert!(
@@ -351,7 +350,7 @@ fn command_threads_are_followed() {
     if !require_root("cpi-bpf -- CMD") {
         return;
     }
-    let Some(exe) = busy("threads", &["-pthread"]) else {
+    let Some(exe) = busy(&["-pthread"]) else {
         return;
     };
     let out = output_ok(
@@ -375,7 +374,7 @@ fn sigint_mid_run_still_reports_everything() {
     if !require_root("cpi-bpf SIGINT") {
         return;
     }
-    let Some(exe) = busy("sigint", &[]) else {
+    let Some(exe) = busy(&[]) else {
         return;
     };
     // SIGINT one second after collection started (the mode line), from another thread.
@@ -505,7 +504,7 @@ fn a_command_that_execs_is_named_after_what_it_became() {
     if !require_root("cpi-bpf -- sh -c 'exec busy'") {
         return;
     }
-    let Some(exe) = busy("exec", &[]) else { return };
+    let Some(exe) = busy(&[]) else { return };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // The shell spins first, so it is sampled as "sh"; exec then replaces its image
     // and name.
@@ -594,7 +593,7 @@ fn a_failed_start_leaves_no_child_holding_the_pipe() {
     if !require_root("cpi-bpf -- CMD") {
         return;
     }
-    let Some(exe) = busy("nochild", &[]) else {
+    let Some(exe) = busy(&[]) else {
         return;
     };
     let mut cmd = Command::new(cpi_bpf());
@@ -613,7 +612,7 @@ fn repeated_and_thread_pids_are_profiled_once() {
     if !require_root("cpi-bpf --pid") {
         return;
     }
-    let Some(exe) = busy("dedup", &[]) else {
+    let Some(exe) = busy(&[]) else {
         return;
     };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -715,7 +714,7 @@ fn every_rate_and_perturbation_samples_what_the_target_ran() {
     if !require_root("cpi-bpf -- CMD") {
         return;
     }
-    let Some(exe) = busy("rates", &[]) else {
+    let Some(exe) = busy(&[]) else {
         return;
     };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
