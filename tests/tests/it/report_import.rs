@@ -2,11 +2,10 @@
 //! as the same wire samples and the same SampleSet; the `import-perf` command gives the
 //! same profile as analysing those samples directly.
 
-mod report_fixture;
-
 use std::path::Path;
 use std::process::Command;
 
+use crate::report_fixture::scratch;
 use cpi_common::wire::{
     BranchEntry, BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES,
     WIRE_VERSION,
@@ -16,7 +15,6 @@ use cpi_user::profile::model::{Mode, Profile, RunInfo};
 use cpi_user::profile::{analyze, AnalysisOptions, SampleSet};
 use cpi_user::report::perf_script::{elf_layout, parse, ElfLayout, ImportOptions};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use report_fixture::scratch;
 
 /// How to print entries: the field variants perf has had.
 #[derive(Clone, Copy, Debug)]

@@ -5,17 +5,17 @@
 //! Two sources of profile: a profile built here from the test program's own symbol
 //! table and disassembly (always), and `cpi-bpf simulate` (once it exists).
 
-mod report_fixture;
+use crate::report_fixture;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::report_fixture::{have, scratch};
 use cpi_tests::{cpi_bpf, output_ok};
 use cpi_user::profile::model::*;
 use cpi_user::report::fdata;
 use object::{Object, ObjectSymbol};
-use report_fixture::{have, scratch};
 
 const FUNCS: [&str; 3] = ["main", "collatz_steps", "checksum"];
 
