@@ -684,23 +684,31 @@ fn a_command_ignoring_sigterm_is_killed_after_a_bound() {
         OsStr::new("-c"),
         OsStr::new("trap '' INT TERM; while :; do :; done"),
     ];
-    let t0 = std::time::Instant::now();
+    // The bound is timed from the SIGINT to the line saying the command was killed, not
+    // over the whole run: start-up and analysis take what a loaded machine gives them.
+    let sent = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let mut killed_after = None;
     let out = run_watching(&args, |line, pid| {
         if line.starts_with("cpi-bpf: mode:") {
+            let sent = sent.clone();
             std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_millis(500));
+                *sent.lock().unwrap() = Some(std::time::Instant::now());
                 // SAFETY: signalling our own child.
                 unsafe { libc::kill(pid as i32, libc::SIGINT) };
             });
+        } else if line.contains("did not exit within 2 s of SIGTERM") {
+            killed_after = sent.lock().unwrap().map(|t| t.elapsed());
         }
     });
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    let killed_after =
+        killed_after.unwrap_or_else(|| panic!("no kill line after SIGINT: {stderr}"));
     assert!(
-        stderr.contains("did not exit within 2 s of SIGTERM"),
-        "{stderr}"
+        killed_after < Duration::from_secs(15),
+        "killed {killed_after:?} after SIGINT"
     );
-    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
     assert_eq!(json(&out)["processes"][0]["comm"], "sh");
 }
 
