@@ -7,7 +7,10 @@
 //!   drops by the thinning factor.
 //! * **user** — the collector re-draws each event's period, `P + R` rounded up to a
 //!   prime, `R` uniform in `0..=jitter`, `jitter ≪ P` ([`PeriodPolicy::draw`]), and sets
-//!   it with `PERF_EVENT_IOC_PERIOD` on a timer.
+//!   it with `PERF_EVENT_IOC_PERIOD` once the event has counted a random number of its
+//!   own periods since the last re-draw ([`PeriodPolicy::redraw_after`]). The ioctl
+//!   restarts the count, so each re-draw throws away the progress towards the next
+//!   overflow; many periods between re-draws keep that loss small at every rate.
 //!
 //! The eBPF program, the collector and the PMU model all call these functions, so the
 //! model measures the policy that production runs.
@@ -29,6 +32,11 @@ impl Rng {
                 seed
             },
         }
+    }
+
+    /// True until the state has been seeded (kernel per-CPU state starts zeroed).
+    pub const fn is_unseeded(&self) -> bool {
+        self.state == 0
     }
 
     pub fn next_u64(&mut self) -> u64 {
@@ -144,30 +152,22 @@ impl PeriodPolicy {
     pub fn draw(&self, rng: &mut Rng) -> u64 {
         next_prime(self.base + rng.up_to(self.jitter))
     }
-}
 
-/// When the user layer re-draws an event's period: after the event has overflowed a
-/// number of times since its previous re-draw, drawn by [`RedrawSchedule::next`].
-///
-/// `PERF_EVENT_IOC_PERIOD` restarts the count, so every re-draw throws away the progress
-/// made toward the next overflow: half a period on average. Re-drawing on a wall-clock
-/// timer therefore lost samples at low rates (a 100 ms period re-drawn every 50 ms
-/// never overflowed). Counting overflows ties re-draws to the period at every rate and
-/// any CPU share: at least [`RedrawSchedule::MIN_OVERFLOWS`] overflows between re-draws
-/// keep the loss under ½ / 48 ≈ 1 %; drawing the count at random keeps re-draws from
-/// falling into step with the program.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RedrawSchedule;
-
-impl RedrawSchedule {
-    /// Fewest overflows between two re-draws of one event.
-    pub const MIN_OVERFLOWS: u64 = 48;
-
-    /// Overflows until the next re-draw: uniform in `MIN_OVERFLOWS..2 * MIN_OVERFLOWS`.
-    pub fn next(rng: &mut Rng) -> u64 {
-        Self::MIN_OVERFLOWS + rng.up_to(Self::MIN_OVERFLOWS - 1)
+    /// How much the event must count (in its own units) before its next re-draw:
+    /// `K × P`, `K` uniform in [`REDRAW_PERIODS`]. A re-draw restarts the count and so
+    /// discards on average half a period of progress: `1 / (2 K)` of the samples, under
+    /// 1 % for the mean `K`, whatever the rate — the schedule follows the event's count,
+    /// not the clock, so neither a low rate nor a busy machine (the target counting
+    /// slower than wall time) raises the loss.
+    pub fn redraw_after(&self, rng: &mut Rng) -> u64 {
+        let (lo, hi) = (*REDRAW_PERIODS.start(), *REDRAW_PERIODS.end());
+        self.base.saturating_mul(lo + rng.up_to(hi - lo))
     }
 }
+
+/// Periods counted between two user-layer re-draws of one event (uniform, so re-draws
+/// of different events do not fall into step).
+pub const REDRAW_PERIODS: core::ops::RangeInclusive<u64> = 48..=112;
 
 /// In-kernel thinning: one emitted record per `keep_one_in` overflows on average.
 #[repr(C)]
@@ -317,6 +317,27 @@ mod tests {
             distinct.len() > 200,
             "only {} distinct periods",
             distinct.len()
+        );
+    }
+
+    #[test]
+    fn redraws_wait_many_periods_at_random() {
+        let p = PeriodPolicy::around(100_000);
+        let mut rng = Rng::new(3);
+        let waits: std::vec::Vec<u64> = (0..2000).map(|_| p.redraw_after(&mut rng)).collect();
+        assert!(waits.iter().all(|&w| w >= 48 * p.base && w <= 112 * p.base));
+        let mean_k = waits.iter().sum::<u64>() as f64 / waits.len() as f64 / p.base as f64;
+        assert!((mean_k - 80.0).abs() < 2.0, "mean {mean_k} periods");
+        // Expected loss per re-draw: half a period, over the mean wait.
+        assert!(0.5 / mean_k < 0.01);
+        let huge = PeriodPolicy {
+            base: u64::MAX / 4,
+            jitter: 0,
+        };
+        assert_eq!(
+            huge.redraw_after(&mut rng),
+            u64::MAX,
+            "saturates, no overflow"
         );
     }
 

@@ -3,10 +3,12 @@
 //! Stages (DESIGN.md): [`collect`] brings wire samples home from the kernel, [`sim`]
 //! produces the same samples from an exact execution trace, [`profile`] aggregates them
 //! per process and turns them into instruction/block/edge counts and CPI using
-//! [`procmap`] and [`binary`], and [`report`] renders and exports the result.
+//! [`procmap`] and [`binary`], [`import`] reads recordings made elsewhere (`perf.data`,
+//! `perf script` text) into the same samples, and [`report`] renders and exports the result.
 
 pub mod binary;
 pub mod collect;
+pub mod import;
 pub mod procmap;
 pub mod profile;
 pub mod report;

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: test programs (built by [`programs`]), the
 //! `cpi-bpf` binary, and skips that print their reason.
 
+pub mod perf_data;
 pub mod programs;
 pub mod tracer;
 use std::path::{Path, PathBuf};
@@ -15,11 +16,23 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// The `-O2 -g` build of `tests/programs/SOURCE` plus `extra` gcc flags (cached, see
-/// [`programs`]), or `None` after printing why (gcc is missing).
-pub fn compile_c(source: &str, extra: &[&str]) -> Option<PathBuf> {
+/// A fresh directory under the system temp dir, unique to this test process and `tag`.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cpi-tests-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("create temp dir");
+    d
+}
+
+/// A private copy, `dir/OUT`, of the `-O2 -g` build of `tests/programs/SOURCE` plus
+/// `extra` gcc flags (compiled once and cached by [`programs`]): the test may strip,
+/// delete or run it by its own name. `None` after printing why (gcc is missing).
+pub fn compile_c(source: &str, dir: &Path, out: &str, extra: &[&str]) -> Option<PathBuf> {
     let flags: Vec<&str> = ["-O2", "-g"].iter().chain(extra).copied().collect();
-    programs::compile(source, &flags)
+    let built = programs::compile(source, &flags)?;
+    let exe = dir.join(out);
+    std::fs::copy(&built, &exe).unwrap_or_else(|e| panic!("{}: {e}", exe.display()));
+    Some(exe)
 }
 
 /// True when running as root; otherwise prints why the test is skipped.

@@ -95,6 +95,8 @@ pub struct Binary {
     pub path: PathBuf,
     /// GNU build-id, lowercase hex.
     pub build_id: Option<String>,
+    /// `ET_DYN` (PIE or shared library): loaded at a base chosen at run time.
+    pub dynamic: bool,
     pub bounds: BoundsSource,
     pub segments: Vec<LoadSegment>,
     /// Sorted by start, non-overlapping.
@@ -217,6 +219,7 @@ impl Binary {
         Ok(Binary {
             path: p(),
             build_id,
+            dynamic: file.kind() == object::ObjectKind::Dynamic,
             bounds,
             segments,
             functions: normalise(funcs),

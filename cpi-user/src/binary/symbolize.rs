@@ -9,6 +9,8 @@
 //! [`SymbolizerOptions::use_proc`] is set, else by the mapped path.
 
 use std::collections::HashMap;
+use std::fs::File;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -98,6 +100,8 @@ pub struct Symbolizer {
     perf_maps: HashMap<u32, Vec<Function>>,
     /// Kernel text symbols, read on the first kernel address.
     kernel: Option<Vec<Function>>,
+    /// (pid, mapping start) → the file opened while the process lived.
+    captured: HashMap<(u32, u64), Arc<File>>,
 }
 
 impl Symbolizer {
@@ -108,6 +112,16 @@ impl Symbolizer {
             by_mapping: HashMap::new(),
             perf_maps: HashMap::new(),
             kernel: None,
+            captured: HashMap::new(),
+        }
+    }
+
+    /// Files of `pid`'s executable mappings opened while it lived (by mapping start,
+    /// see `procmap::CapturedFiles`): read before any path, so a process that exited,
+    /// exec'd, or ran a deleted or other-namespace binary still symbolises.
+    pub fn add_captured(&mut self, pid: u32, files: &HashMap<u64, Arc<File>>) {
+        for (&start, f) in files {
+            self.captured.insert((pid, start), Arc::clone(f));
         }
     }
 
@@ -174,6 +188,10 @@ impl Symbolizer {
         let key = (pid, m.start);
         if !self.by_mapping.contains_key(&key) {
             let mut candidates = Vec::new();
+            if let Some(f) = self.captured.get(&key) {
+                // The open file itself, through our own fd table.
+                candidates.push(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
+            }
             if self.opts.use_proc {
                 candidates.push(PathBuf::from(format!(
                     "/proc/{pid}/map_files/{:x}-{:x}",

@@ -130,29 +130,21 @@ impl Capabilities {
     /// The rung of the ladder this machine supports, and why, in one line.
     pub fn mode(&self) -> (Mode, String) {
         let devices = "/sys/bus/event_source/devices";
-        match (&self.cpu_pmu, self.lbr_depth) {
+        let (mode, why) = match (&self.cpu_pmu, self.lbr_depth) {
             (None, _) => (
                 Mode::TimeProfile,
-                format!(
-                    "no PMU ({devices}/cpu missing; a VM without PMU passthrough?): \
-                     cpu-clock time profile, no cycles, no instructions, no CPI"
-                ),
+                format!("no PMU ({devices}/cpu missing; a VM without PMU passthrough?)"),
             ),
             (Some(pmu), None) => (
                 Mode::IpSampling,
-                format!(
-                    "PMU {pmu} has no branch records ({devices}/{pmu}/caps/branches missing): \
-                     cycles and instructions IP samples, CPI per unit is imprecise"
-                ),
+                format!("PMU {pmu} has no branch records ({devices}/{pmu}/caps/branches missing)"),
             ),
             (Some(pmu), Some(depth)) => (
                 Mode::Cpi,
-                format!(
-                    "PMU {pmu} with {depth}-deep branch records: instructions from LBR ranges, \
-                     cycles from perturbed-period samples"
-                ),
+                format!("PMU {pmu} with {depth}-deep branch records"),
             ),
-        }
+        };
+        (mode, format!("{why}: {}", mode.measures()))
     }
 }
 

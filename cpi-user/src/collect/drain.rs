@@ -10,7 +10,7 @@ use cpi_common::wire::{
 };
 
 use super::target;
-use crate::procmap::ProcessMaps;
+use crate::procmap::{CapturedFiles, ProcessMaps};
 use crate::profile::SampleSet;
 
 /// A decoded record.
@@ -56,18 +56,67 @@ pub struct Drain {
     pub received: BTreeMap<EventRole, u64>,
     /// Records that failed to decode (or had an unknown role).
     pub malformed: u64,
-    /// Records received per (role, CPU) and per (role, thread): how often each open
-    /// event (per CPU, or per thread) has fired, for the period re-draw schedule.
-    pub by_cpu: HashMap<(EventRole, u32), u64>,
-    pub by_thread: HashMap<(EventRole, u32), u64>,
-    /// (period last set with `PERF_EVENT_IOC_PERIOD`, period opened with) of a software
-    /// clock event, per (role, CPU) and (role, thread): the kernel keeps reporting the
-    /// period the event was opened with for those (`hw.last_period` is set once, in
-    /// `perf_swevent_init_hrtimer`), so their weights (n overflows × that period, see
-    /// the eBPF program's thinning) are rescaled to the period really in force.
-    pub clock_period_by_cpu: HashMap<(EventRole, u32), (u64, u64)>,
-    pub clock_period_by_thread: HashMap<(EventRole, u32), (u64, u64)>,
     maps_read_at: HashMap<u32, Instant>,
+    /// Comm and maps of the processes of earlier windows ([`Drain::take_window`]), given
+    /// back to a process when it shows up again in a later window.
+    known: HashMap<u32, Known>,
+    /// Files of executable mappings, opened while their processes live.
+    files: CapturedFiles,
+    /// Periods set on the cpu-clock events since they were opened.
+    pub cpu_clock: CpuClockPeriods,
+}
+
+/// The periods the collector set on its cpu-clock events since it opened them.
+///
+/// The kernel weights a `cpu-clock` sample with the period the event was *opened* with
+/// (`hw.last_period` is set once in `perf_swevent_init_hrtimer`; `PERF_EVENT_IOC_PERIOD`
+/// changes only when the timer fires), so after a re-draw or a rate change every
+/// sample of that event would carry the old period: user-layer re-draws alone made time
+/// profiles ≈ 3 % short. Samples of an event we re-drew are re-weighted with the period
+/// set on it now; a sample is matched to its event by thread (per-thread events) or CPU
+/// (per-CPU events). Threads born later have events of their own (`inherit`), created
+/// with the period of their day, which the kernel reports right.
+#[derive(Debug, Default)]
+pub struct CpuClockPeriods {
+    /// The period every cpu-clock event was opened with.
+    pub opened: u64,
+    pub by_tid: HashMap<u32, u64>,
+    pub by_cpu: HashMap<u32, u64>,
+}
+
+impl CpuClockPeriods {
+    /// Records that the event placed at `(pid, cpu)` now has `period`.
+    pub fn set(&mut self, (pid, cpu): (i32, i32), period: u64) {
+        if pid > 0 {
+            self.by_tid.insert(pid as u32, period);
+        } else if cpu >= 0 {
+            self.by_cpu.insert(cpu as u32, period);
+        }
+    }
+
+    /// The weight of a cpu-clock sample: its reported weight (whole periods as opened,
+    /// summed over thinned overflows) in the period its event runs at now.
+    fn weight(&self, h: &SampleHeader) -> u64 {
+        let now = self
+            .by_tid
+            .get(&h.tid)
+            .or_else(|| self.by_cpu.get(&h.cpu))
+            .copied();
+        match now {
+            Some(p) if self.opened > 0 && p != self.opened => {
+                (h.period as u128 * p as u128 / self.opened as u128) as u64
+            }
+            _ => h.period,
+        }
+    }
+}
+
+/// What [`Drain::take_window`] hands out: one window's samples and counts.
+#[derive(Debug)]
+pub struct DrainWindow {
+    pub set: SampleSet,
+    pub received: BTreeMap<EventRole, u64>,
+    pub malformed: u64,
 }
 
 impl Drain {
@@ -76,11 +125,33 @@ impl Drain {
             set: SampleSet::new(window),
             received: BTreeMap::new(),
             malformed: 0,
-            by_cpu: HashMap::new(),
-            by_thread: HashMap::new(),
-            clock_period_by_cpu: HashMap::new(),
-            clock_period_by_thread: HashMap::new(),
             maps_read_at: HashMap::new(),
+            known: HashMap::new(),
+            files: CapturedFiles::default(),
+            cpu_clock: CpuClockPeriods::default(),
+        }
+    }
+
+    /// Everything added since the previous call, with each process's comm and maps as
+    /// known now; the drain starts an empty window and keeps what it knows of the
+    /// processes for later ones.
+    pub fn take_window(&mut self) -> DrainWindow {
+        let window = self.set.window;
+        let set = std::mem::replace(&mut self.set, SampleSet::new(window));
+        for (&pid, p) in &set.processes {
+            self.known.insert(
+                pid,
+                Known {
+                    comm: p.comm.clone(),
+                    maps: p.maps.clone(),
+                    files: p.files.clone(),
+                },
+            );
+        }
+        DrainWindow {
+            set,
+            received: std::mem::take(&mut self.received),
+            malformed: std::mem::take(&mut self.malformed),
         }
     }
 
@@ -91,16 +162,8 @@ impl Drain {
             return;
         };
         if let Record::Ip(s) = &mut rec {
-            let h = &mut s.header;
-            if let Some(role) = EventRole::from_u32(h.event) {
-                if let Some(&(now, opened)) = self
-                    .clock_period_by_thread
-                    .get(&(role, h.tid))
-                    .or_else(|| self.clock_period_by_cpu.get(&(role, h.cpu)))
-                {
-                    h.period =
-                        (u128::from(h.period) * u128::from(now) / u128::from(opened.max(1))) as u64;
-                }
+            if s.header.event == EventRole::CpuClock as u32 {
+                s.header.period = self.cpu_clock.weight(&s.header);
             }
         }
         let (h, user_addr) = match &rec {
@@ -111,7 +174,19 @@ impl Drain {
             self.malformed += 1;
             return;
         };
-        self.track(h.tgid, (h.flags & FLAG_KERNEL == 0).then_some(user_addr));
+        if !self.set.processes.contains_key(&h.tgid) {
+            if let Some(k) = self.known.get(&h.tgid) {
+                let p = self.set.process(h.tgid);
+                p.comm = k.comm.clone();
+                p.maps = k.maps.clone();
+                p.files = k.files.clone();
+            }
+        }
+        self.track(
+            h.tgid,
+            h.tid,
+            (h.flags & FLAG_KERNEL == 0).then_some(user_addr),
+        );
         match &rec {
             Record::Ip(s) => {
                 if self.set.add_ip(s).is_err() {
@@ -122,13 +197,15 @@ impl Drain {
             Record::Branch(s) => self.set.add_branch(s),
         }
         *self.received.entry(role).or_default() += 1;
-        *self.by_cpu.entry((role, h.cpu)).or_default() += 1;
-        *self.by_thread.entry((role, h.tid)).or_default() += 1;
     }
 
-    /// Comm and maps of `pid`: read on first sight, re-read when `addr` (a user
-    /// address) is in none of the known mappings (at most every `REREAD_EVERY`).
-    fn track(&mut self, pid: u32, addr: Option<u64>) {
+    /// Comm, maps and mapped files of `pid`: read on first sight, re-read when `addr` (a
+    /// user address) is in none of the known mappings (at most every `REREAD_EVERY`).
+    /// What is read while the process lives is what analysis uses after it is gone:
+    /// the files are opened at once (deleted, replaced and other-namespace binaries
+    /// stay readable), and mappings from before an `exec` are kept where the new image
+    /// does not overlap them.
+    fn track(&mut self, pid: u32, tid: u32, addr: Option<u64>) {
         let p = self.set.process(pid);
         if pid == 0 {
             // The idle task (system-wide, kernel samples): no /proc entry, no maps.
@@ -148,8 +225,14 @@ impl Drain {
         if first || (miss && due) {
             self.maps_read_at.insert(pid, Instant::now());
             // A process that already exited keeps the maps (and name) read last time.
-            if let Ok(m) = ProcessMaps::read(pid) {
-                p.maps = Some(m);
+            if let Ok((m, dir)) = ProcessMaps::read_live(pid, tid) {
+                for (start, f) in self.files.capture(&dir, &m) {
+                    p.files.insert(start, f);
+                }
+                p.maps = Some(match p.maps.take() {
+                    Some(older) => m.with_older(&older),
+                    None => m,
+                });
             }
             // A miss usually means exec replaced the image (a shell wrapper or a pyenv
             // shim becoming the real program): its name changed with it.
@@ -158,7 +241,22 @@ impl Drain {
                 p.comm = comm;
             }
         }
+        if p.comm.is_empty() {
+            // Gone before its name could be read: the thread's, else the pid.
+            p.comm = target::comm(tid);
+            if p.comm.is_empty() {
+                p.comm = format!("[pid {pid}]");
+            }
+        }
     }
+}
+
+/// What the drain keeps of a process between windows.
+#[derive(Debug)]
+struct Known {
+    comm: String,
+    maps: Option<ProcessMaps>,
+    files: HashMap<u64, std::sync::Arc<std::fs::File>>,
 }
 
 #[cfg(test)]
@@ -227,6 +325,55 @@ mod tests {
         d.add(&bytes_of(&s));
         assert_eq!(d.set.processes[&42].branches.samples, 1);
         assert_eq!(d.received[&EventRole::Branches], 1);
+    }
+
+    #[test]
+    fn windows_split_samples_and_keep_what_is_known_of_processes() {
+        let me = std::process::id();
+        let here = windows_split_samples_and_keep_what_is_known_of_processes as *const () as u64;
+        let mut d = Drain::new(4);
+        d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
+        d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
+        d.add(&[0u8; 3]);
+        let w1 = d.take_window();
+        assert_eq!(w1.set.processes[&me].ips[&EventRole::CpuClock].samples, 2);
+        assert_eq!(w1.received[&EventRole::CpuClock], 2);
+        assert_eq!(w1.malformed, 1);
+        // Nothing since: an empty window, no sample in two windows.
+        let w2 = d.take_window();
+        assert!(w2.set.processes.is_empty() && w2.received.is_empty());
+        assert_eq!((w2.malformed, w2.set.window), (0, 4));
+        // The process comes back with the comm and maps known from the first window,
+        // without re-reading /proc (its re-read clock is untouched).
+        d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
+        let w3 = d.take_window();
+        let p = &w3.set.processes[&me];
+        assert_eq!(p.ips[&EventRole::CpuClock].samples, 1);
+        assert_eq!(p.comm, w1.set.processes[&me].comm);
+        assert_eq!(p.maps, w1.set.processes[&me].maps);
+    }
+
+    #[test]
+    fn cpu_clock_samples_of_redrawn_events_weigh_their_period_now() {
+        let mut d = Drain::new(1);
+        d.cpu_clock.opened = 1000;
+        d.cpu_clock.set((7, -1), 1100); // thread 7's event re-drawn
+        d.cpu_clock.set((-1, 1), 900); // CPU 1's event re-drawn
+        let mut on = |tid: u32, cpu: u32, role: EventRole, period: u64| {
+            let mut s = ip(1, 0, role);
+            s.header.tid = tid;
+            s.header.cpu = cpu;
+            s.header.period = period;
+            d.add(&bytes_of(&s));
+        };
+        on(7, 0, EventRole::CpuClock, 1000);
+        on(7, 0, EventRole::CpuClock, 4000); // four thinned overflows
+        on(8, 1, EventRole::CpuClock, 1000);
+        on(9, 0, EventRole::CpuClock, 1000); // an inherited thread: as reported
+        on(7, 0, EventRole::Cycles, 1000); // hardware events report their own period
+        let p = &d.set.processes[&1];
+        assert_eq!(p.ips[&EventRole::CpuClock].weight, 1100 + 4400 + 900 + 1000);
+        assert_eq!(p.ips[&EventRole::Cycles].weight, 1000);
     }
 
     #[test]

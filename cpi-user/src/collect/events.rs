@@ -23,17 +23,6 @@ pub struct Rate {
     pub core_hz: u64,
 }
 
-/// The kernel fires a software clock event (cpu-clock) at most every 10 µs
-/// (`perf_swevent_start_hrtimer` starts its timer at `max(10000, period)` ns): a shorter
-/// period would weight every sample with time that did not pass.
-pub const MIN_CLOCK_PERIOD_NS: u64 = 10_000;
-/// Highest `--frequency`: the kernel's default `perf_event_max_sample_rate`, above
-/// which it throttles sampling events.
-pub const MAX_FREQUENCY: u64 = 100_000;
-/// Largest base period: 10¹² events or ns (17 minutes of one CPU's time) — beyond that a
-/// run samples nothing, and a period must stay far from the kernel's 63-bit limit.
-pub const MAX_PERIOD: u64 = 1_000_000_000_000;
-
 impl Rate {
     /// Base period for an event counting `per_second` events per busy second.
     fn period(&self, per_second: u64) -> u64 {
@@ -41,6 +30,43 @@ impl Rate {
             .unwrap_or(per_second / self.frequency.max(1))
             .max(1)
     }
+}
+
+/// The kernel fires `cpu-clock` at most every 10 µs (`perf_swevent_start_hrtimer`
+/// raises shorter periods to 10000 ns), so a shorter period would weight each sample
+/// with less time than it stands for; and at 100 kHz (the default
+/// `kernel.perf_event_max_sample_rate`) the event is throttled for the rest of each
+/// tick. Periods below are raised to 12.5 µs (80 kHz).
+pub const CPU_CLOCK_MIN_PERIOD_NS: u64 = 12_500;
+
+/// Largest `--period` (events, or ns: ≈ 18 minutes of cpu-clock): beyond it no sample
+/// would ever come, and rounding up to a prime would take seconds.
+pub const MAX_PERIOD: u64 = 1 << 40;
+
+/// Rejects a rate no event can sample at, in one line.
+pub fn check_rate(rate: &Rate) -> Result<(), super::CollectError> {
+    match rate.period {
+        Some(p) if p == 0 || p > MAX_PERIOD => Err(super::CollectError::Range(format!(
+            "the period must be between 1 and {MAX_PERIOD}, not {p}"
+        ))),
+        _ if rate.frequency == 0 => Err(super::CollectError::Range(
+            "the sampling frequency must be at least 1 Hz".to_string(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// What the cpu-clock floor did to `rate`, when it did anything.
+pub fn cpu_clock_floor_note(rate: &Rate) -> Option<String> {
+    let asked = rate.period(1_000_000_000);
+    (asked < CPU_CLOCK_MIN_PERIOD_NS).then(|| {
+        let used = PeriodPolicy::around(CPU_CLOCK_MIN_PERIOD_NS).base;
+        format!(
+            "cpu-clock fires at most every 10 µs and is throttled near 100 kHz: \
+             period {asked} ns raised to {used} ns (≈ {} samples per CPU-second)",
+            1_000_000_000 / used
+        )
+    })
 }
 
 /// One event to open (per thread or per CPU) and the program to attach to it.
@@ -157,8 +183,8 @@ fn ip_event(role: EventRole, rate: &Rate, include_kernel: bool) -> EventSpec {
         ),
     };
     let mut period = rate.period(per_second);
-    if unit == "ns" {
-        period = period.max(MIN_CLOCK_PERIOD_NS);
+    if config == sys::PERF_COUNT_SW_CPU_CLOCK && type_ == sys::PERF_TYPE_SOFTWARE {
+        period = period.max(CPU_CLOCK_MIN_PERIOD_NS);
     }
     let policy = PeriodPolicy::around(period);
     EventSpec {
@@ -185,15 +211,6 @@ pub fn plan(mode: Mode, vendor: Vendor, rate: &Rate, include_kernel: bool) -> Ve
         Mode::TimeProfile | Mode::Simulated => {
             vec![ip_event(EventRole::CpuClock, rate, include_kernel)]
         }
-    }
-}
-
-/// The next rung down the ladder when `mode`'s events cannot be opened.
-pub fn step_down(mode: Mode) -> Option<Mode> {
-    match mode {
-        Mode::Cpi => Some(Mode::IpSampling),
-        Mode::IpSampling => Some(Mode::TimeProfile),
-        Mode::TimeProfile | Mode::Simulated => None,
     }
 }
 
@@ -284,8 +301,36 @@ mod tests {
         assert_eq!((clock.attr.type_, clock.attr.config), (1, 0), "cpu-clock");
         assert_eq!(clock.attr.sample_period, 1_000_003, "≈ 1 ms, prime");
         assert_eq!(clock.unit, "ns");
-        assert_eq!(step_down(Mode::Cpi), Some(Mode::IpSampling));
-        assert_eq!(step_down(Mode::TimeProfile), None);
+        assert_eq!(Mode::Cpi.step_down(), Some(Mode::IpSampling));
+        assert_eq!(Mode::TimeProfile.step_down(), None);
+    }
+
+    #[test]
+    fn cpu_clock_periods_have_a_floor_and_periods_a_range() {
+        let fast = Rate {
+            frequency: 10_000_000,
+            ..RATE
+        };
+        let clock = &plan(Mode::TimeProfile, Vendor::Other, &fast, false)[0];
+        assert_eq!(clock.policy.base, 12_503, "raised to the floor, prime");
+        let note = cpu_clock_floor_note(&fast).unwrap();
+        assert!(note.contains("period 100 ns raised to 12503 ns"), "{note}");
+        assert_eq!(cpu_clock_floor_note(&RATE), None);
+        // Cycles are not bound by the hrtimer floor.
+        let cycles = &plan(Mode::IpSampling, Vendor::Intel, &fast, false)[0];
+        assert_eq!(cycles.policy.base, 307, "3 GHz / 10 MHz, prime");
+        for bad in [0, MAX_PERIOD + 1, u64::MAX] {
+            let r = Rate {
+                period: Some(bad),
+                ..RATE
+            };
+            assert!(check_rate(&r).unwrap_err().to_string().contains("period"));
+        }
+        assert!(check_rate(&Rate {
+            period: Some(MAX_PERIOD),
+            ..RATE
+        })
+        .is_ok());
     }
 
     #[test]

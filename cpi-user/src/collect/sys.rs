@@ -1,8 +1,84 @@
 //! Every raw syscall and ioctl the collector makes, and nothing else: `perf_event_open`,
-//! the `PERF_EVENT_IOC_*` ioctls, `pidfd_open`. Callers get owned fds and `io::Result`s.
+//! the `PERF_EVENT_IOC_*` ioctls, reading an event's count, `pidfd_open`,
+//! `BPF_ENABLE_STATS`. Callers get owned fds and `io::Result`s.
+//!
+//! The collector reaches them through [`PerfSys`], so the mode ladder, the step-downs and
+//! the exit paths are unit-tested with fake error codes ([`fake`], aya's `sys/fake.rs`
+//! pattern) on machines without root.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+#[cfg(test)]
+pub mod fake;
+
+/// The system calls the collector makes on perf events, as a trait: [`Linux`] runs them,
+/// [`fake::FakeSys`] answers with scripted errors in unit tests.
+pub trait PerfSys {
+    /// `perf_event_open(attr, pid, cpu, -1, PERF_FLAG_FD_CLOEXEC)`.
+    fn perf_event_open(&self, attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd>;
+    /// Runs BPF program `prog_fd` on every overflow of the event.
+    fn set_bpf(&self, fd: &OwnedFd, prog_fd: i32) -> io::Result<()>;
+    fn enable(&self, fd: &OwnedFd) -> io::Result<()>;
+    fn disable(&self, fd: &OwnedFd) -> io::Result<()>;
+    /// New sample period; the kernel restarts the count from it.
+    fn set_period(&self, fd: &OwnedFd, period: u64) -> io::Result<()>;
+    /// The event's count so far (events, or ns for cpu-clock).
+    fn read_count(&self, fd: &OwnedFd) -> io::Result<u64>;
+    /// A pidfd: readable once the process exits.
+    fn pidfd_open(&self, pid: i32) -> io::Result<OwnedFd>;
+    /// `BPF_ENABLE_STATS(BPF_STATS_RUN_TIME)`: per-program run-time accounting for as
+    /// long as the returned fd stays open.
+    fn enable_bpf_stats(&self) -> io::Result<OwnedFd>;
+}
+
+/// The real system calls.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Linux;
+
+impl PerfSys for Linux {
+    fn perf_event_open(&self, attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd> {
+        perf_event_open(attr, pid, cpu)
+    }
+    fn set_bpf(&self, fd: &OwnedFd, prog_fd: i32) -> io::Result<()> {
+        ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd as libc::c_ulong)
+    }
+    fn enable(&self, fd: &OwnedFd) -> io::Result<()> {
+        ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
+    }
+    fn disable(&self, fd: &OwnedFd) -> io::Result<()> {
+        ioctl(fd, PERF_EVENT_IOC_DISABLE, 0)
+    }
+    fn set_period(&self, fd: &OwnedFd, period: u64) -> io::Result<()> {
+        ioctl(
+            fd,
+            PERF_EVENT_IOC_PERIOD,
+            &period as *const u64 as libc::c_ulong,
+        )
+    }
+    fn read_count(&self, fd: &OwnedFd) -> io::Result<u64> {
+        let mut v = 0u64;
+        // SAFETY: reading 8 bytes into a local u64 (read_format 0: the count alone).
+        let n = unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        match n {
+            8 => Ok(v),
+            n if n < 0 => Err(io::Error::last_os_error()),
+            _ => Err(io::ErrorKind::UnexpectedEof.into()),
+        }
+    }
+    fn pidfd_open(&self, pid: i32) -> io::Result<OwnedFd> {
+        // SAFETY: plain syscall with integer arguments.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh fd from the kernel.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    }
+    fn enable_bpf_stats(&self) -> io::Result<OwnedFd> {
+        aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| e.io_error)
+    }
+}
 
 /// `struct perf_event_attr` (`include/uapi/linux/perf_event.h`), `PERF_ATTR_SIZE_VER8`.
 /// Our own definition rather than a binding crate's: the flag word is one `u64` we can
@@ -78,8 +154,7 @@ const PERF_EVENT_IOC_PERIOD: libc::c_ulong = 0x4008_2404;
 const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
-/// `perf_event_open(attr, pid, cpu, -1, PERF_FLAG_FD_CLOEXEC)`.
-pub fn perf_event_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd> {
+fn perf_event_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd> {
     let mut a = *attr;
     a.size = PERF_ATTR_SIZE;
     // SAFETY: `a` is a valid perf_event_attr of the size we declare.
@@ -100,6 +175,30 @@ pub fn perf_event_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<O
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// Raises the soft limit on open files towards the hard one when it is below `want`;
+/// returns the soft limit now.
+pub fn raise_fd_limit(want: u64) -> io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills a local struct.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if lim.rlim_cur < want && lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: want.min(lim.rlim_max),
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: setrlimit reads a local struct.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return Ok(raised.rlim_cur);
+        }
+    }
+    Ok(lim.rlim_cur)
+}
+
 fn ioctl(fd: &impl AsRawFd, req: libc::c_ulong, arg: libc::c_ulong) -> io::Result<()> {
     // SAFETY: perf ioctls with an integer or pointer-to-u64 argument, checked below.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), req, arg) };
@@ -108,63 +207,6 @@ fn ioctl(fd: &impl AsRawFd, req: libc::c_ulong, arg: libc::c_ulong) -> io::Resul
     } else {
         Ok(())
     }
-}
-
-/// Runs BPF program `prog_fd` on every overflow of the event.
-pub fn set_bpf(fd: &impl AsRawFd, prog_fd: i32) -> io::Result<()> {
-    ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd as libc::c_ulong)
-}
-
-pub fn enable(fd: &impl AsRawFd) -> io::Result<()> {
-    ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
-}
-
-pub fn disable(fd: &impl AsRawFd) -> io::Result<()> {
-    ioctl(fd, PERF_EVENT_IOC_DISABLE, 0)
-}
-
-/// New sample period; the kernel restarts the count from it.
-pub fn set_period(fd: &impl AsRawFd, period: u64) -> io::Result<()> {
-    ioctl(
-        fd,
-        PERF_EVENT_IOC_PERIOD,
-        &period as *const u64 as libc::c_ulong,
-    )
-}
-
-/// Raises the soft limit on open files to the hard limit (as perf does: one fd per
-/// event per thread or CPU adds up) and returns the soft limit now in force.
-pub fn raise_open_files_limit() -> io::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit on a local struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    if lim.rlim_cur < lim.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: lim.rlim_max,
-            rlim_max: lim.rlim_max,
-        };
-        // SAFETY: as above.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
-            lim = raised;
-        }
-    }
-    Ok(lim.rlim_cur)
-}
-
-/// A pidfd: readable once the process exits (Linux 5.3+).
-pub fn pidfd_open(pid: i32) -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall with integer arguments.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh fd from the kernel.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 #[cfg(test)]

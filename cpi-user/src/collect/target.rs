@@ -6,6 +6,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use super::CollectError;
 
@@ -17,38 +18,6 @@ pub enum Target {
     SystemWide,
     /// Start this command and follow it and its children.
     Command(Vec<String>),
-}
-
-/// The process (thread group) that thread `tid` belongs to (`Tgid:` in
-/// `/proc/TID/status`; a process's own pid gives itself).
-pub fn thread_group(tid: u32) -> Result<u32, CollectError> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))
-        .map_err(|_| CollectError::NoSuchProcess(tid))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Tgid:"))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or(CollectError::NoSuchProcess(tid))
-}
-
-/// The processes behind `--pid` values, each once: a thread id stands for its process
-/// (`notes` says so), and a process given twice, or with one of its threads, is
-/// profiled once, so its samples are never counted twice.
-pub fn resolve_pids(pids: &[u32]) -> Result<(Vec<u32>, Vec<String>), CollectError> {
-    let mut out = Vec::new();
-    let mut notes = Vec::new();
-    for &pid in pids {
-        let tgid = thread_group(pid)?;
-        if tgid != pid {
-            notes.push(format!(
-                "pid {pid} is a thread of process {tgid}: profiling process {tgid}"
-            ));
-        }
-        if !out.contains(&tgid) {
-            out.push(tgid);
-        }
-    }
-    Ok((out, notes))
 }
 
 /// The thread ids of `pid` (`/proc/PID/task`).
@@ -88,6 +57,8 @@ pub fn comm(pid: u32) -> String {
 }
 
 /// Resolves `cmd` like `execvp` does: a name with a `/` as given, else through `PATH`.
+/// A file that exists but cannot be executed (or a directory) is
+/// [`CollectError::NotExecutable`], not "not found".
 pub fn resolve_command(cmd: &str) -> Result<PathBuf, CollectError> {
     let executable = |p: &Path| {
         p.is_file()
@@ -96,42 +67,120 @@ pub fn resolve_command(cmd: &str) -> Result<PathBuf, CollectError> {
                 .map(|c| unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0)
                 .unwrap_or(false)
     };
+    let not_executable = || CollectError::NotExecutable(cmd.to_string());
     if cmd.contains('/') {
         let p = PathBuf::from(cmd);
         return if executable(&p) {
             Ok(p)
         } else if p.exists() {
-            Err(CollectError::NotExecutable(cmd.to_string()))
+            Err(not_executable())
         } else {
             Err(CollectError::CommandNotFound(cmd.to_string()))
         };
     }
     let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
-    std::env::split_paths(&path)
-        .map(|d| d.join(cmd))
-        .find(|p| executable(p))
-        .ok_or_else(|| CollectError::CommandNotFound(cmd.to_string()))
+    let candidates: Vec<PathBuf> = std::env::split_paths(&path).map(|d| d.join(cmd)).collect();
+    if let Some(p) = candidates.iter().find(|p| executable(p)) {
+        return Ok(p.clone());
+    }
+    if candidates.iter().any(|p| p.is_file()) {
+        return Err(not_executable());
+    }
+    Err(CollectError::CommandNotFound(cmd.to_string()))
 }
 
-/// A forked child blocked before `exec` until [`Suspended::release`]. Dropped without
-/// being released (any failure between the fork and the release), it is killed and
-/// reaped: a failed start never leaves a child behind.
+/// The process (thread group) `tid` belongs to, from `/proc/TID/status`; `None` when
+/// there is no such task.
+pub fn process_of(tid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The processes to profile for `--pid` arguments: each thread id resolved to its
+/// process (said in `notes`), each process once, in the order given. A pid with no
+/// task is [`CollectError::NoSuchProcess`].
+pub fn resolve_pids(pids: &[u32]) -> Result<(Vec<u32>, Vec<String>), CollectError> {
+    let (mut out, mut notes) = (Vec::new(), Vec::new());
+    for &pid in pids {
+        let tgid = process_of(pid).ok_or(CollectError::NoSuchProcess(pid))?;
+        if tgid != pid {
+            notes.push(format!(
+                "pid {pid} is a thread of process {tgid}: profiling process {tgid}, all its threads"
+            ));
+        }
+        if out.contains(&tgid) {
+            if tgid == pid {
+                notes.push(format!("pid {pid} given more than once: profiled once"));
+            }
+        } else {
+            out.push(tgid);
+        }
+    }
+    Ok((out, notes))
+}
+
+/// A child cpi-bpf started: killed (SIGKILL) and reaped when dropped before it was
+/// waited for, so no failure path leaves it running.
 #[derive(Debug)]
-pub struct Suspended {
-    pub pid: u32,
-    go: Option<OwnedFd>,
-    exec_error: OwnedFd,
-    name: String,
+pub struct Child {
+    pid: u32,
+    reaped: bool,
 }
 
-impl Drop for Suspended {
+impl Child {
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Waits for the child to exit; its status as a shell shows it.
+    pub fn wait(mut self) -> Option<i32> {
+        self.reaped = true;
+        reap(self.pid)
+    }
+
+    /// Asks the child to end (SIGTERM), waits up to `grace`, then kills it (SIGKILL).
+    /// Returns its status and whether it had to be killed.
+    pub fn terminate(mut self, grace: Duration) -> (Option<i32>, bool) {
+        self.reaped = true;
+        // SAFETY: signalling our own, not yet reaped, child.
+        unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
+        let until = Instant::now() + grace;
+        loop {
+            if let Some(status) = try_reap(self.pid) {
+                return (status, false);
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // SAFETY: as above.
+        unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+        (reap(self.pid), true)
+    }
+}
+
+impl Drop for Child {
     fn drop(&mut self) {
-        if self.go.is_some() {
-            // SAFETY: signalling our own, never-released child.
+        if !self.reaped {
+            // SAFETY: signalling and reaping our own child.
             unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
             reap(self.pid);
         }
     }
+}
+
+/// A forked child blocked before `exec` until [`Suspended::release`]; killed and reaped
+/// when dropped unreleased.
+#[derive(Debug)]
+pub struct Suspended {
+    child: Child,
+    go: OwnedFd,
+    exec_error: OwnedFd,
+    name: String,
 }
 
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -164,21 +213,18 @@ pub fn spawn_suspended(argv: &[String]) -> Result<Suspended, CollectError> {
     c_argv.push(std::ptr::null());
     let (go_r, go_w) = pipe().map_err(spawn_err)?;
     let (err_r, err_w) = pipe().map_err(spawn_err)?;
-    // SAFETY: the child only calls async-signal-safe functions (read, execv, write,
-    // _exit) on memory prepared before the fork.
+    // SAFETY: the child only calls async-signal-safe functions (close, read, execv,
+    // write, _exit) on memory prepared before the fork.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(spawn_err(io::Error::last_os_error()));
     }
     if pid == 0 {
         unsafe {
-            // The child must not hold the pipes' other ends (or the release pipe never
-            // reads EOF when the collector gives up), nor the collector's signal
-            // handlers (SIGTERM must end it before exec; exec resets them anyway).
+            // Our copies of the parent's ends: with them open, the parent's exit would
+            // never reach the read below as end-of-file.
             libc::close(go_w.as_raw_fd());
             libc::close(err_r.as_raw_fd());
-            libc::signal(libc::SIGINT, libc::SIG_DFL);
-            libc::signal(libc::SIGTERM, libc::SIG_DFL);
             let mut b = 0u8;
             if libc::read(go_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1) != 1 {
                 libc::_exit(127); // the collector gave up before releasing us
@@ -191,21 +237,27 @@ pub fn spawn_suspended(argv: &[String]) -> Result<Suspended, CollectError> {
     }
     drop((go_r, err_w));
     Ok(Suspended {
-        pid: pid as u32,
-        go: Some(go_w),
+        child: Child {
+            pid: pid as u32,
+            reaped: false,
+        },
+        go: go_w,
         exec_error: err_r,
         name,
     })
 }
 
 impl Suspended {
+    pub fn pid(&self) -> u32 {
+        self.child.pid
+    }
+
     /// Lets the child exec; `Err` when exec failed (its errno).
-    pub fn release(mut self) -> Result<u32, CollectError> {
+    pub fn release(self) -> Result<Child, CollectError> {
         let b = 1u8;
-        let go = self.go.take().expect("released once");
         // SAFETY: writing one byte from a local.
-        unsafe { libc::write(go.as_raw_fd(), (&b as *const u8).cast(), 1) };
-        drop(go);
+        unsafe { libc::write(self.go.as_raw_fd(), (&b as *const u8).cast(), 1) };
+        drop(self.go);
         let mut errno = 0i32;
         // EOF (0 bytes): the CLOEXEC pipe closed, exec succeeded.
         // SAFETY: reading at most 4 bytes into a local i32.
@@ -217,39 +269,47 @@ impl Suspended {
             )
         };
         if n == 4 {
-            reap(self.pid);
+            self.child.wait();
             return Err(CollectError::Spawn {
-                cmd: self.name.clone(),
+                cmd: self.name,
                 cause: io::Error::from_raw_os_error(errno),
             });
         }
-        Ok(self.pid)
+        Ok(self.child)
     }
 }
 
-/// Waits for our child `pid` and returns its exit status (as a shell shows it).
-pub fn reap(pid: u32) -> Option<i32> {
-    wait(pid, 0)
-}
-
-/// [`reap`] if our child `pid` has already exited, else `None` at once.
-pub fn try_reap(pid: u32) -> Option<i32> {
-    wait(pid, libc::WNOHANG)
-}
-
-fn wait(pid: u32, flags: i32) -> Option<i32> {
-    let mut status = 0;
-    // SAFETY: plain waitpid on our own child.
-    let r = unsafe { libc::waitpid(pid as i32, &mut status, flags) };
-    if r != pid as i32 {
-        return None;
-    }
+fn exit_status(status: i32) -> Option<i32> {
     if libc::WIFEXITED(status) {
         Some(libc::WEXITSTATUS(status))
     } else if libc::WIFSIGNALED(status) {
         Some(128 + libc::WTERMSIG(status))
     } else {
         None
+    }
+}
+
+/// Waits for our child `pid` and returns its exit status (as a shell shows it).
+pub fn reap(pid: u32) -> Option<i32> {
+    let mut status = 0;
+    // SAFETY: plain waitpid on our own child.
+    let r = unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+    if r != pid as i32 {
+        return None;
+    }
+    exit_status(status)
+}
+
+/// `Some(status)` when our child `pid` has exited (and is now reaped), `None` while it
+/// runs.
+fn try_reap(pid: u32) -> Option<Option<i32>> {
+    let mut status = 0;
+    // SAFETY: plain waitpid on our own child.
+    let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+    match r {
+        0 => None,
+        r if r == pid as i32 => Some(exit_status(status)),
+        _ => Some(None), // not our child any more (already reaped)
     }
 }
 
@@ -284,41 +344,83 @@ mod tests {
         .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(50));
         assert!(!marker.exists(), "child ran before release");
-        let pid = child.release().unwrap();
-        assert_eq!(reap(pid), Some(0));
+        let child = child.release().unwrap();
+        assert_eq!(child.wait(), Some(0));
         assert!(marker.exists());
     }
 
-    #[test]
-    fn a_child_never_released_is_killed_and_reaped() {
-        let child = spawn_suspended(&["sleep".into(), "100".into()]).unwrap();
-        let pid = child.pid;
-        drop(child);
-        // Reaped: no zombie, no process left under that pid (the pid is not reused this
-        // quickly in practice; a zombie would still have a /proc entry).
-        assert!(
-            !Path::new(&format!("/proc/{pid}")).exists(),
-            "child {pid} left behind"
-        );
+    /// Whether `pid` is still a process (a zombie counts: it is not reaped).
+    fn alive(pid: u32) -> bool {
+        std::path::Path::new(&format!("/proc/{pid}")).exists()
     }
 
     #[test]
-    fn pids_are_deduplicated_and_threads_resolved_to_their_process() {
+    fn unreleased_child_is_killed_and_reaped_when_dropped() {
+        // Every failure after the fork (an event that does not open, a ring that does not
+        // register) drops the Suspended child: it must not be left blocked, holding our
+        // stdout, reparented to init.
+        let child = spawn_suspended(&["sleep".into(), "100".into()]).unwrap();
+        let pid = child.pid();
+        assert!(alive(pid));
+        drop(child);
+        assert!(!alive(pid), "child {pid} still there after drop");
+    }
+
+    #[test]
+    fn released_child_is_killed_and_reaped_when_dropped() {
+        let child = spawn_suspended(&["sleep".into(), "100".into()])
+            .unwrap()
+            .release()
+            .unwrap();
+        let pid = child.pid();
+        drop(child);
+        assert!(!alive(pid), "child {pid} still there after drop");
+    }
+
+    #[test]
+    fn a_child_that_ignores_sigterm_is_killed_after_the_grace() {
+        let child = spawn_suspended(&[
+            "sh".into(),
+            "-c".into(),
+            "trap '' TERM INT; while :; do sleep 0.01; done".into(),
+        ])
+        .unwrap()
+        .release()
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(100)); // let sh install its traps
+        let t = Instant::now();
+        let (status, killed) = child.terminate(Duration::from_millis(300));
+        assert!(killed, "sh ignoring SIGTERM ended by itself?");
+        assert_eq!(status, Some(128 + libc::SIGKILL));
+        assert!(t.elapsed() < Duration::from_secs(3));
+        let child = spawn_suspended(&["sleep".into(), "100".into()])
+            .unwrap()
+            .release()
+            .unwrap();
+        let (status, killed) = child.terminate(Duration::from_secs(5));
+        assert_eq!((status, killed), (Some(128 + libc::SIGTERM), false));
+    }
+
+    #[test]
+    fn threads_resolve_to_their_process_and_duplicates_go() {
         let me = std::process::id();
-        let worker = std::thread::spawn(|| {
+        let t = std::thread::spawn(|| {
             // SAFETY: gettid has no preconditions.
             let tid = unsafe { libc::gettid() } as u32;
-            std::thread::sleep(std::time::Duration::from_millis(200));
+            std::thread::sleep(Duration::from_millis(300));
             tid
         });
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        let tids = threads(me).unwrap();
-        let tid = *tids.iter().find(|&&t| t != me).expect("a second thread");
+        std::thread::sleep(Duration::from_millis(50));
+        let tid = threads(me).unwrap().into_iter().find(|&t| t != me).unwrap();
         let (pids, notes) = resolve_pids(&[me, me, tid]).unwrap();
         assert_eq!(pids, [me]);
-        assert_eq!(notes.len(), 1, "{notes:?}");
-        assert!(notes[0].contains(&format!("thread of process {me}")));
-        worker.join().unwrap();
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        assert!(notes[0].contains("more than once"), "{notes:?}");
+        assert!(
+            notes[1].contains(&format!("thread of process {me}")),
+            "{notes:?}"
+        );
+        t.join().unwrap();
         assert!(matches!(
             resolve_pids(&[u32::MAX - 1]),
             Err(CollectError::NoSuchProcess(_))
@@ -326,9 +428,13 @@ mod tests {
     }
 
     #[test]
-    fn a_file_that_is_not_executable_is_said_so() {
+    fn existing_files_that_cannot_run_are_not_executable() {
         assert!(matches!(
             resolve_command("/etc/passwd"),
+            Err(CollectError::NotExecutable(_))
+        ));
+        assert!(matches!(
+            resolve_command("/etc"),
             Err(CollectError::NotExecutable(_))
         ));
     }

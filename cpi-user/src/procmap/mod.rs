@@ -2,7 +2,11 @@
 //! first seen (and again on a miss); kept after the pid exits so late samples still
 //! resolve. The PMU model fills the same type from the guest's maps.
 
-use std::path::PathBuf;
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Why maps could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -64,10 +68,45 @@ pub struct ProcessMaps {
 
 impl ProcessMaps {
     pub fn read(pid: u32) -> Result<Self, ProcMapError> {
-        let path = format!("/proc/{pid}/maps");
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ProcMapError::Read { pid, source })?;
+        Self::read_from(pid, &proc_dir(pid, None))
+    }
+
+    /// The maps of process `pid` as thread `tid` sees them: from the process, or from
+    /// the thread when the process's own entry has none (a group leader that exited
+    /// while other threads run is a zombie with an empty `maps`).
+    pub fn read_live(pid: u32, tid: u32) -> Result<(Self, PathBuf), ProcMapError> {
+        let dir = proc_dir(pid, None);
+        let maps = Self::read_from(pid, &dir)?;
+        if !maps.mappings.is_empty() || tid == pid || tid == 0 {
+            return Ok((maps, dir));
+        }
+        let dir = proc_dir(pid, Some(tid));
+        Ok((Self::read_from(pid, &dir)?, dir))
+    }
+
+    fn read_from(pid: u32, dir: &Path) -> Result<Self, ProcMapError> {
+        let text = std::fs::read_to_string(dir.join("maps"))
+            .map_err(|source| ProcMapError::Read { pid, source })?;
         Self::parse(&text)
+    }
+
+    /// These maps, plus the mappings of `older` (read before an `exec`) that none of
+    /// these overlaps: samples taken before the exec still resolve to the old image.
+    pub fn with_older(mut self, older: &ProcessMaps) -> Self {
+        let kept: Vec<Mapping> = older
+            .mappings
+            .iter()
+            .filter(|o| {
+                !self
+                    .mappings
+                    .iter()
+                    .any(|n| n.start < o.end && o.start < n.end)
+            })
+            .cloned()
+            .collect();
+        self.mappings.extend(kept);
+        self.mappings.sort_by_key(|m| m.start);
+        self
     }
 
     /// Parses the `/proc/PID/maps` text format.
@@ -125,6 +164,62 @@ impl ProcessMaps {
     }
 }
 
+/// `/proc/PID` or `/proc/PID/task/TID`.
+fn proc_dir(pid: u32, tid: Option<u32>) -> PathBuf {
+    match tid {
+        Some(t) => PathBuf::from(format!("/proc/{pid}/task/{t}")),
+        None => PathBuf::from(format!("/proc/{pid}")),
+    }
+}
+
+/// Files of executable mappings, opened while their process lives, so they can be read
+/// after it exits, after the file is deleted or replaced, and when it is visible only
+/// in the process's mount namespace (a container): an open file is the file itself,
+/// whatever its path has become. One open file per (device, inode), shared by every
+/// process that maps it.
+#[derive(Debug, Default)]
+pub struct CapturedFiles {
+    by_inode: HashMap<(u64, u64), Arc<File>>,
+}
+
+impl CapturedFiles {
+    /// Opens the file of every executable file mapping of `maps` through
+    /// `DIR/map_files/START-END` (`dir` from [`ProcessMaps::read_live`]); returns them
+    /// by mapping start. Mappings whose file cannot be opened are left out (the path is
+    /// tried again at analysis).
+    pub fn capture(&mut self, dir: &Path, maps: &ProcessMaps) -> HashMap<u64, Arc<File>> {
+        let mut out = HashMap::new();
+        for m in &maps.mappings {
+            if !m.executable || !matches!(m.object, MappedObject::File { .. }) {
+                continue;
+            }
+            let link = dir.join(format!("map_files/{:x}-{:x}", m.start, m.end));
+            let Ok(file) = File::open(&link) else {
+                continue;
+            };
+            let Ok(meta) = file.metadata() else {
+                continue;
+            };
+            let f = self
+                .by_inode
+                .entry((meta.dev(), meta.ino()))
+                .or_insert_with(|| Arc::new(file));
+            out.insert(m.start, Arc::clone(f));
+        }
+        out
+    }
+
+    /// Distinct files held open.
+    pub fn len(&self) -> usize {
+        self.by_inode.len()
+    }
+
+    /// True when no file is held.
+    pub fn is_empty(&self) -> bool {
+        self.by_inode.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,6 +253,38 @@ mod tests {
         );
         assert!(m.find(0x1000).is_none());
         assert!(m.find(0x55d0c6a07000).is_none(), "end is exclusive");
+    }
+
+    #[test]
+    fn older_mappings_stay_where_the_new_image_does_not_overlap() {
+        let old = ProcessMaps::parse(
+            "1000-2000 r-xp 00000000 fd:01 1 /bin/old\n5000-6000 r-xp 00000000 fd:01 1 /bin/old\n",
+        )
+        .unwrap();
+        let new = ProcessMaps::parse("1800-3000 r-xp 00000000 fd:01 2 /bin/new\n").unwrap();
+        let m = new.with_older(&old);
+        assert_eq!(m.mappings.len(), 2, "{m:?}");
+        assert_eq!(m.find(0x1900).unwrap().object.display_name(), "/bin/new");
+        assert_eq!(m.find(0x5800).unwrap().object.display_name(), "/bin/old");
+        assert!(
+            m.find(0x1100).is_none(),
+            "an overlapped old mapping is gone"
+        );
+    }
+
+    #[test]
+    fn own_text_is_captured_once_per_file() {
+        let me = std::process::id();
+        let (maps, dir) = ProcessMaps::read_live(me, me).unwrap();
+        let mut files = CapturedFiles::default();
+        let got = files.capture(&dir, &maps);
+        let here = own_text_is_captured_once_per_file as *const () as u64;
+        let m = maps.find(here).expect("own text mapped");
+        assert!(got.contains_key(&m.start), "own text captured");
+        let again = files.capture(&dir, &maps);
+        assert_eq!(again.len(), got.len());
+        assert!(files.len() <= got.len(), "one open file per inode");
+        assert!(!files.is_empty());
     }
 
     #[test]

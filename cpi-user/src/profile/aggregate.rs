@@ -7,6 +7,8 @@
 //! events the sample stands for. Memory is bounded by distinct ranges, not samples.
 
 use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::sync::Arc;
 
 use cpi_common::wire::{BranchSample, EventRole, IpSample, FLAG_KERNEL};
 
@@ -121,6 +123,9 @@ pub struct ProcessSamples {
     pub comm: String,
     /// Mappings as last read (kept after exit).
     pub maps: Option<ProcessMaps>,
+    /// Files of executable mappings opened while the process lived, by mapping start
+    /// ([`crate::procmap::CapturedFiles`]): analysis reads these first.
+    pub files: HashMap<u64, Arc<File>>,
     pub branches: BranchAggregate,
     pub ips: BTreeMap<EventRole, IpAggregate>,
 }

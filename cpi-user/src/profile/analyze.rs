@@ -125,6 +125,9 @@ type FuncKey = (String, u64);
 /// Analyses every process of `set`.
 pub fn analyze(set: &SampleSet, run: RunInfo, opts: &AnalysisOptions) -> Profile {
     let mut sym = Symbolizer::new(opts.symbolizer.clone());
+    for p in set.processes.values() {
+        sym.add_captured(p.pid, &p.files);
+    }
     analyze_with(set, run, opts, &mut sym)
 }
 

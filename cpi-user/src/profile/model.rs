@@ -31,6 +31,55 @@ impl Mode {
     pub fn has_cpi(self) -> bool {
         matches!(self, Mode::Cpi | Mode::IpSampling | Mode::Simulated)
     }
+
+    /// The name on the command line, in profiles and in the mode line (`time-profile`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Cpi => "cpi",
+            Mode::IpSampling => "ip-sampling",
+            Mode::TimeProfile => "time-profile",
+            Mode::Simulated => "simulated",
+        }
+    }
+
+    /// What the mode measures, in the words of the mode line's reason
+    /// (`cpu-clock time profile, no cycles, no instructions, no CPI`).
+    pub fn measures(self) -> &'static str {
+        match self {
+            Mode::Cpi => "instructions from LBR ranges, cycles from perturbed-period samples",
+            Mode::IpSampling => "cycles and instructions IP samples, CPI per unit is imprecise",
+            Mode::TimeProfile => "cpu-clock time profile, no cycles, no instructions, no CPI",
+            Mode::Simulated => "the PMU model replaying an exact trace; modelled cycles",
+        }
+    }
+
+    /// The report header's description of the mode.
+    pub fn description(self) -> &'static str {
+        match self {
+            Mode::Cpi => "CPI (instructions from branch records, cycles from cycle samples)",
+            Mode::IpSampling => {
+                "IP sampling (no branch records: per-unit CPI from separate cycles and \
+                 instructions samples is imprecise)"
+            }
+            Mode::TimeProfile => {
+                "time profile (no PMU: cpu-clock samples and CPU time only; no cycles, \
+                 instructions or CPI)"
+            }
+            Mode::Simulated => {
+                "simulated (the PMU model replaying an exact trace; modelled cycles)"
+            }
+        }
+    }
+
+    /// The next rung down the capability ladder when this mode's events cannot be
+    /// opened (`Cpi` → `IpSampling` → `TimeProfile`); `None` at the bottom.
+    pub fn step_down(self) -> Option<Mode> {
+        match self {
+            Mode::Cpi => Some(Mode::IpSampling),
+            Mode::IpSampling => Some(Mode::TimeProfile),
+            Mode::TimeProfile | Mode::Simulated => None,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -74,24 +74,9 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
     Ok(out)
 }
 
-fn mode_line(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Cpi => "CPI (instructions from branch records, cycles from cycle samples)",
-        Mode::IpSampling => {
-            "IP sampling (no branch records: per-unit CPI from separate cycles and \
-             instructions samples is imprecise)"
-        }
-        Mode::TimeProfile => {
-            "time profile (no PMU: cpu-clock samples and CPU time only; no cycles, \
-             instructions or CPI)"
-        }
-        Mode::Simulated => "simulated (the PMU model replaying an exact trace; modelled cycles)",
-    }
-}
-
 fn header(p: &Profile) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "mode:         {}", mode_line(p.mode));
+    let _ = writeln!(s, "mode:         {}", p.mode.description());
     let _ = writeln!(s, "reason:       {}", p.mode_reason);
     if !p.command.is_empty() {
         let _ = writeln!(s, "command:      {}", p.command.join(" "));

@@ -9,8 +9,8 @@
 //!   the requested one, one record per K overflows is emitted, weighted by the periods
 //!   it stands for;
 //! * user: as the collector does, every `redraw_interval_ns` of simulated time (the
-//!   collector's drain cadence) each counter that has overflowed as often as
-//!   [`RedrawSchedule`] asks since its last re-draw gets a fresh period from
+//!   collector's drain cadence) each counter that has counted as much as
+//!   [`PeriodPolicy::redraw_after`] asks since its last re-draw gets a fresh period from
 //!   [`PeriodPolicy::draw`], set like `PERF_EVENT_IOC_PERIOD` does: the count restarts
 //!   (events since the last overflow are not carried).
 //!
@@ -23,8 +23,7 @@
 //! is taken `skid` taken branches after the overflow.
 
 use cpi_common::policy::{
-    PeriodPolicy, Perturbation, RedrawSchedule, Rng, ThinState, Thinning, DEFAULT_PERTURBATION,
-    DEFAULT_THINNING,
+    PeriodPolicy, Perturbation, Rng, ThinState, Thinning, DEFAULT_PERTURBATION, DEFAULT_THINNING,
 };
 use cpi_common::wire::{
     BranchEntry, BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES,
@@ -86,8 +85,9 @@ struct Counter {
     period: u64,
     left: u64,
     thin: ThinState,
-    /// Overflows since the last re-draw, and how many the schedule waits for.
-    overflows: u64,
+    /// Events counted (at overflows) since the last re-draw, and how many the schedule
+    /// waits for.
+    counted: u64,
     redraw_after: u64,
 }
 
@@ -103,8 +103,8 @@ impl Counter {
             period,
             left: period,
             thin: ThinState::new(rng.next_u64()),
-            overflows: 0,
-            redraw_after: RedrawSchedule::next(rng),
+            counted: 0,
+            redraw_after: hw.redraw_after(rng),
         }
     }
 
@@ -218,13 +218,13 @@ impl Pmu {
             for tid in tids {
                 let t = self.threads.get_mut(&tid).expect("listed");
                 for c in [&mut t.branches, &mut t.cycles] {
-                    if c.overflows < c.redraw_after {
+                    if c.counted < c.redraw_after {
                         continue;
                     }
                     c.period = c.hw.draw(&mut self.rng);
                     c.left = c.period;
-                    c.overflows = 0;
-                    c.redraw_after = RedrawSchedule::next(&mut self.rng);
+                    c.counted = 0;
+                    c.redraw_after = c.hw.redraw_after(&mut self.rng);
                     self.stats.redraws += 1;
                 }
             }
@@ -258,7 +258,7 @@ impl Pmu {
                         c -= t.cycles.left;
                         let period = t.cycles.period;
                         t.cycles.left = period;
-                        t.cycles.overflows += 1;
+                        t.cycles.counted += period;
                         let j = (i + skid).min(n - 1);
                         let ip = r.addrs.get(j).copied().unwrap_or(r.start);
                         ips.push((ip, period));
@@ -311,7 +311,7 @@ impl Pmu {
                     overflowed = true;
                     let p = t.branches.period;
                     t.branches.left = p;
-                    t.branches.overflows += 1;
+                    t.branches.counted += p;
                     match t.branches.thin.on_overflow(p, thin) {
                         Some(w) if skid == 0 => fire = Some((to, w)),
                         Some(w) => t.branch_skid = Some((skid as u32 - 1, w)),
@@ -461,12 +461,12 @@ mod tests {
             cpi_common::policy::is_prime(p) && (1009..=1009 + 63 + 20).contains(&p),
             "{p}"
         );
-        // A re-draw waits for RedrawSchedule::MIN_OVERFLOWS overflows of its counter,
-        // however often the collector drains.
+        // A re-draw waits for the fewest periods of REDRAW_PERIODS counted by its
+        // counter, however often the collector drains.
         assert!(pmu.stats.redraws > 10, "{}", pmu.stats.redraws);
         let overflows = pmu.stats.cycle_overflows + pmu.stats.branch_overflows;
         assert!(
-            pmu.stats.redraws * cpi_common::policy::RedrawSchedule::MIN_OVERFLOWS <= overflows,
+            pmu.stats.redraws * cpi_common::policy::REDRAW_PERIODS.start() <= overflows,
             "{} re-draws for {overflows} overflows",
             pmu.stats.redraws
         );

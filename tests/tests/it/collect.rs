@@ -8,7 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use cpi_tests::{compile_c, cpi_bpf, cpu_seconds, output_ok, require_root, symbol_address};
+use cpi_tests::{
+    compile_c, cpi_bpf, cpu_seconds, output_ok, require_root, symbol_address, temp_dir,
+};
 use serde_json::Value;
 
 /// Samples per CPU second the run asked for: 1 / mean period of its cpu-clock event
@@ -20,8 +22,8 @@ fn rate(profile: &Value) -> f64 {
     1e9 / mean
 }
 
-fn busy(extra: &[&str]) -> Option<PathBuf> {
-    compile_c("busy.c", extra)
+fn busy(tag: &str, extra: &[&str]) -> Option<PathBuf> {
+    compile_c("busy.c", &temp_dir(tag), "busy", extra)
 }
 
 fn json(out: &Output) -> Value {
@@ -188,7 +190,7 @@ fn pid_samples_follow_rate_and_hot_function() {
     if !require_root("cpi-bpf --pid") {
         return;
     }
-    let Some(exe) = busy(&[]) else { return };
+    let Some(exe) = busy("pid", &[]) else { return };
     pid_run(&exe, |f| assert_eq!(f["name"], "hot_spin", "{f:#}"));
 }
 
@@ -197,13 +199,12 @@ fn pid_on_a_stripped_binary_finds_the_hot_function_from_eh_frame() {
     if !require_root("cpi-bpf --pid") {
         return;
     }
-    let Some(exe) = busy(&[]) else {
+    let Some(exe) = busy("stripped", &[]) else {
         return;
     };
     let hot = symbol_address(&exe, "hot_spin").expect("hot_spin in the unstripped build");
-    let Some(exe) = cpi_tests::programs::stripped(&exe) else {
-        return;
-    };
+    let st = Command::new("strip").arg(&exe).status().expect("strip");
+    assert!(st.success());
     assert_eq!(
         symbol_address(&exe, "hot_spin"),
         None,
@@ -223,7 +224,7 @@ fn pid_exiting_mid_run_is_reported_with_its_functions() {
     if !require_root("cpi-bpf --pid") {
         return;
     }
-    let Some(exe) = busy(&[]) else { return };
+    let Some(exe) = busy("exit", &[]) else { return };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut child = start_busy(&exe, "4");
     let pid = child.id();
@@ -260,7 +261,7 @@ fn system_wide_sees_the_busy_process() {
     if !require_root("cpi-bpf --system-wide") {
         return;
     }
-    let Some(exe) = busy(&[]) else {
+    let Some(exe) = busy("system", &[]) else {
         return;
     };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
@@ -311,7 +312,7 @@ fn command_samples_follow_rate_and_hot_function() {
     if !require_root("cpi-bpf -- CMD") {
         return;
     }
-    let Some(exe) = busy(&[]) else { return };
+    let Some(exe) = busy("cmd", &[]) else { return };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let out = command_run(&exe, "2");
     assert!(
@@ -350,7 +351,7 @@ fn command_threads_are_followed() {
     if !require_root("cpi-bpf -- CMD") {
         return;
     }
-    let Some(exe) = busy(&["-pthread"]) else {
+    let Some(exe) = busy("threads", &["-pthread"]) else {
         return;
     };
     let out = output_ok(
@@ -374,7 +375,7 @@ fn sigint_mid_run_still_reports_everything() {
     if !require_root("cpi-bpf SIGINT") {
         return;
     }
-    let Some(exe) = busy(&[]) else {
+    let Some(exe) = busy("sigint", &[]) else {
         return;
     };
     // SIGINT one second after collection started (the mode line), from another thread.
@@ -504,7 +505,7 @@ fn a_command_that_execs_is_named_after_what_it_became() {
     if !require_root("cpi-bpf -- sh -c 'exec busy'") {
         return;
     }
-    let Some(exe) = busy(&[]) else { return };
+    let Some(exe) = busy("exec", &[]) else { return };
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // The shell spins first, so it is sampled as "sh"; exec then replaces its image
     // and name.
@@ -527,253 +528,126 @@ fn a_command_that_execs_is_named_after_what_it_became() {
     assert_eq!(hottest(p, &exe)["name"], "hot_spin");
 }
 
-/// Runs `cmd` to its end on a helper thread; `None` when it is still running after
-/// `limit` (then it is killed). Output pipes close only when every process holding them
-/// has exited, so a child left behind holding them shows up as a time-out.
-fn output_within(mut cmd: Command, limit: Duration) -> Option<Output> {
-    let child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(child.wait_with_output());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(out) => Some(out.unwrap()),
-        Err(_) => {
-            // SAFETY: signalling our own child.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            None
-        }
-    }
-}
-
-#[test]
-fn out_of_range_numbers_get_one_clear_line() {
-    let bin = cpi_bpf();
-    let run = |args: &[&str]| Command::new(bin).args(args).output().unwrap();
-    assert_one_clear_line(&run(&["--period", "0", "--system-wide"]), "--period");
-    assert_one_clear_line(
-        &run(&["--period", "18446744073709551615", "--system-wide"]),
-        "--period",
-    );
-    assert_one_clear_line(
-        &run(&["--frequency", "10000000", "--system-wide"]),
-        "--frequency",
-    );
-    assert_one_clear_line(&run(&["--duration=1e20", "--system-wide"]), "--duration");
-    assert_one_clear_line(
-        &run(&["--frequency", "100", "--period", "1000003", "--system-wide"]),
-        "cannot be used with",
-    );
-    if !require_root("the not-executable and open-files cases") {
-        return;
-    }
-    assert_one_clear_line(&run(&["--", "/etc/passwd"]), "not executable: /etc/passwd");
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(format!(
-            "ulimit -n 16 && exec {} --system-wide --duration 1",
-            bin.display()
-        ))
+/// Runs cpi-bpf on `sh -c SCRIPT` and returns the JSON profile; asserts that fewer than
+/// 5 % of its samples are unmapped.
+fn profile_of_script(script: &str) -> Value {
+    let out = Command::new(cpi_bpf())
+        .args(["--format", "json", "--", "sh", "-c", script])
         .output()
         .unwrap();
-    assert_one_clear_line(&out, "too few file descriptors");
-}
-
-/// The issue's repro: the period was accepted, the event failed to open after the fork,
-/// and the forked child blocked forever holding the output pipe. Now it is refused
-/// before anything starts, and a child is killed and reaped on any failure after the
-/// fork (`Suspended`'s drop, unit-tested in collect/target.rs).
-#[test]
-fn a_failed_start_leaves_no_child_holding_the_pipe() {
-    if !require_root("cpi-bpf -- CMD") {
-        return;
-    }
-    let Some(exe) = busy(&[]) else {
-        return;
-    };
-    let mut cmd = Command::new(cpi_bpf());
-    cmd.arg("--period=9223372036854775807")
-        .arg("--")
-        .arg(&exe)
-        .arg("0.5");
-    let out = output_within(cmd, Duration::from_secs(20)).expect("cpi-bpf returned");
-    assert!(!out.status.success());
-}
-
-/// `--pid P --pid P --pid <a thread of P>` profiles P once: its sampled CPU time is what
-/// it used, not three times that.
-#[test]
-fn repeated_and_thread_pids_are_profiled_once() {
-    if !require_root("cpi-bpf --pid") {
-        return;
-    }
-    let Some(exe) = busy(&[]) else {
-        return;
-    };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let mut child = Command::new(&exe)
-        .args(["20", "2"])
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    std::thread::sleep(Duration::from_millis(300));
-    let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .find(|&t| t != pid)
-        .expect("busy runs worker threads");
-    let (out, cpu) = run_on_pid(
-        pid,
-        &[
-            "--pid",
-            &pid.to_string(),
-            "--pid",
-            &pid.to_string(),
-            "--pid",
-            &tid.to_string(),
-            "--duration",
-            "2",
-            "--format",
-            "json",
-        ],
-    );
-    let _ = child.kill();
-    let _ = child.wait();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains(&format!("pid {tid} is a thread of process {pid}")),
-        "{stderr}"
-    );
     let profile = json(&out);
-    let entries = profile["processes"]
+    let total: f64 = profile["processes"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|p| p["pid"] == pid)
-        .count();
-    assert_eq!(entries, 1);
-    let sampled = process(&profile, pid)["time_ns"].as_f64().unwrap() / 1e9;
-    eprintln!("sampled {sampled:.3} s of CPU, process used {cpu:.3} s while cpi-bpf ran");
-    // `cpu` brackets the sampling window (it is read at the mode and stop lines), so the
-    // sampled time is at most that, and far from three times it.
+        .map(samples)
+        .sum();
+    let unmapped = profile["lost"]["unmapped_samples"].as_f64().unwrap();
+    eprintln!("{script}: {total} samples, {unmapped} unmapped");
+    assert!(total > 100.0, "{total} samples: {stderr}");
     assert!(
-        sampled <= 1.1 * cpu,
-        "counted more than once: {sampled} > {cpu}"
+        unmapped < 0.05 * total,
+        "{unmapped} of {total} unmapped: {stderr}"
     );
-    assert!(sampled >= 0.5 * cpu, "{sampled} vs {cpu}");
+    profile
 }
 
-/// After SIGINT, a command that ignores SIGTERM is killed after a bound, and said so.
+/// The function with the most samples across every process and binary.
+fn hottest_name(profile: &Value) -> (String, String) {
+    profile["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["functions"].as_array().unwrap().iter())
+        .max_by_key(|f| f["samples"].as_u64().unwrap_or(0))
+        .map(|f| {
+            (
+                f["name"].as_str().unwrap().to_string(),
+                f["binary"].as_str().unwrap().to_string(),
+            )
+        })
+        .expect("a function")
+}
+
+/// A program that spins, then execs another: its samples from before the exec resolve
+/// through the mappings read then (kept where the new image does not overlap), not
+/// through the new image's.
 #[test]
-fn a_command_ignoring_sigterm_is_killed_after_a_bound() {
+fn samples_from_before_an_exec_keep_their_function() {
     if !require_root("cpi-bpf -- CMD") {
         return;
     }
-    let args = [
-        OsStr::new("--format"),
-        OsStr::new("json"),
-        OsStr::new("--"),
-        OsStr::new("sh"),
-        OsStr::new("-c"),
-        OsStr::new("trap '' INT TERM; while :; do :; done"),
-    ];
-    // The bound is timed from the SIGINT to the line saying the command was killed, not
-    // over the whole run: start-up and analysis take what a loaded machine gives them.
-    let sent = std::sync::Arc::new(std::sync::Mutex::new(None));
-    let mut killed_after = None;
-    let out = run_watching(&args, |line, pid| {
-        if line.starts_with("cpi-bpf: mode:") {
-            let sent = sent.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(500));
-                *sent.lock().unwrap() = Some(std::time::Instant::now());
-                // SAFETY: signalling our own child.
-                unsafe { libc::kill(pid as i32, libc::SIGINT) };
-            });
-        } else if line.contains("did not exit within 2 s of SIGTERM") {
-            killed_after = sent.lock().unwrap().map(|t| t.elapsed());
-        }
-    });
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let killed_after =
-        killed_after.unwrap_or_else(|| panic!("no kill line after SIGINT: {stderr}"));
-    assert!(
-        killed_after < Duration::from_secs(15),
-        "killed {killed_after:?} after SIGINT"
-    );
-    assert_eq!(json(&out)["processes"][0]["comm"], "sh");
-}
-
-/// Every rate from 10 Hz to 10 kHz, with every perturbation: the records match the
-/// rate per CPU-second the command really had (its own figure, so a loaded machine does
-/// not matter), and the sampled time matches that CPU time. Re-drawing on a timer
-/// shorter than the period used to restart the count before it ever overflowed (0
-/// samples at 10 Hz).
-#[test]
-fn every_rate_and_perturbation_samples_what_the_target_ran() {
-    if !require_root("cpi-bpf -- CMD") {
-        return;
-    }
-    let Some(exe) = busy(&[]) else {
+    let dir = temp_dir("before-exec");
+    let Some(spin) = compile_c("spin_exec.c", &dir, "spin_exec", &[]) else {
         return;
     };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for perturbation in ["none", "user", "kernel", "both"] {
-        for (hz, seconds) in [(10, "3"), (100, "1"), (1000, "1"), (10000, "1")] {
-            let out = Command::new(cpi_bpf())
-                .args(["--format", "json", "--perturbation", perturbation])
-                .args(["--frequency", &hz.to_string(), "--"])
-                .arg(&exe)
-                .arg(seconds)
-                .output()
-                .unwrap();
-            let what = format!("{perturbation} at {hz} Hz");
-            assert!(
-                out.status.success(),
-                "{what}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let profile = json(&out);
-            let cpu = busy_cpu(&out);
-            let e = &profile["events"][0];
-            let period = e["period"].as_f64().unwrap();
-            let thin = e["thinning"].as_f64().unwrap();
-            let overflows = cpu * rate(&profile);
-            let expected = overflows / thin;
-            let p = &profile["processes"][0];
-            let got = samples(p);
-            let sampled = p["time_ns"].as_f64().unwrap() / 1e9;
-            eprintln!(
-                "{what}: {got} records, expected ≈ {expected:.1}; sampled {sampled:.3} s of \
-                 {cpu:.3} s CPU"
-            );
-            // Without thinning the count is deterministic but for the period cut at
-            // each end and at each re-draw; thinning keeps one record per K overflows
-            // at random, so its count varies like a binomial's.
-            let slack = if thin > 1.0 {
-                4.0 * expected.sqrt() + 1.0
-            } else {
-                1.5
-            };
-            assert!(
-                (got - expected).abs() <= 0.04 * expected + slack,
-                "{what}: {got} records, expected ≈ {expected:.1}"
-            );
-            // Thinned records carry the periods they stand for; what follows the last
-            // one (K overflows on average) is not carried.
-            let tail = period / 1e9 * if thin > 1.0 { 10.0 * thin } else { 1.5 };
-            assert!(
-                (sampled - cpu).abs() <= 0.04 * cpu + tail,
-                "{what}: sampled {sampled:.3} s of {cpu:.3} s CPU"
-            );
-        }
+    let Some(busy) = compile_c("busy.c", &dir, "busy", &[]) else {
+        return;
+    };
+    let profile = profile_of_script(&format!(
+        "exec {} 1.5 {} 0.5",
+        spin.display(),
+        busy.display()
+    ));
+    let p = &profile["processes"].as_array().unwrap()[0];
+    let names: Vec<&str> = p["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["samples"].as_u64().unwrap_or(0) > 50)
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    assert!(names.contains(&"spin_before_exec"), "{names:?}");
+    assert!(names.contains(&"hot_spin"), "{names:?}");
+}
+
+/// A binary deleted while it runs, which exits before the run ends: it is analysed
+/// from the file opened while it lived.
+#[test]
+fn a_binary_deleted_while_it_runs_still_names_its_function() {
+    if !require_root("cpi-bpf -- CMD") {
+        return;
     }
+    let dir = temp_dir("deleted-bin");
+    let Some(busy) = compile_c("busy.c", &dir, "doomed", &[]) else {
+        return;
+    };
+    let profile = profile_of_script(&format!(
+        "{0} 1 2>/dev/null & sleep 0.3; rm -f {0}; wait; sleep 0.5",
+        busy.display()
+    ));
+    assert!(!busy.exists());
+    let (name, binary) = hottest_name(&profile);
+    assert_eq!(name, "hot_spin", "{binary}");
+    assert!(binary.ends_with("/doomed"), "{binary}");
+}
+
+/// A binary visible only in another mount namespace (a container's view): read through
+/// the file opened while the process lived, not by its path on the host.
+#[test]
+fn a_binary_in_another_mount_namespace_names_its_function() {
+    if !require_root("cpi-bpf -- unshare -m") {
+        return;
+    }
+    let dir = temp_dir("mntns");
+    let Some(busy) = compile_c("busy.c", &dir, "busy", &[]) else {
+        return;
+    };
+    let inner = dir.join("inner");
+    std::fs::create_dir_all(&inner).unwrap();
+    let script = format!(
+        "unshare -m --propagation private sh -c 'mount -t tmpfs none {0} && cp {1} {0}/ns_busy && exec {0}/ns_busy 1.5'",
+        inner.display(),
+        busy.display()
+    );
+    let profile = profile_of_script(&script);
+    assert!(
+        !inner.join("ns_busy").exists(),
+        "the binary must not be visible from here"
+    );
+    let (name, binary) = hottest_name(&profile);
+    assert_eq!(name, "hot_spin", "{binary}");
+    assert!(binary.ends_with("/ns_busy"), "{binary}");
 }

@@ -8,8 +8,9 @@ use std::time::Duration;
 use aya::maps::RingBuf;
 use cpi_common::policy::KernelConfig;
 use cpi_common::wire::{Counter, EventRole};
-use cpi_tests::{compile_c, require_root};
-use cpi_user::collect::{self, caps::Vendor, events, sys};
+use cpi_tests::{compile_c, require_root, temp_dir};
+use cpi_user::collect::sys::{self, PerfSys};
+use cpi_user::collect::{self, caps::Vendor, events, ladder};
 use cpi_user::profile::Mode;
 
 #[test]
@@ -17,7 +18,7 @@ fn full_ring_buffer_is_counted_and_nothing_is_silent() {
     if !require_root("loading BPF programs") {
         return;
     }
-    let Some(exe) = compile_c("busy.c", &[]) else {
+    let Some(exe) = compile_c("busy.c", &temp_dir("ring"), "busy", &[]) else {
         return;
     };
     let mut busy = Command::new(&exe)
@@ -34,13 +35,28 @@ fn full_ring_buffer_is_counted_and_nothing_is_silent() {
     };
     let spec = events::plan(Mode::TimeProfile, Vendor::Other, &rate, false).remove(0);
     assert_eq!(spec.role, EventRole::CpuClock);
-    let fd = collect::open_attached(&bpf, &spec, sys::flag::INHERIT, busy.id() as i32, -1)
-        .expect("open cpu-clock on busy");
-    sys::enable(&fd).unwrap();
-    // Re-draws go through on our own fds (what the collector's timer does).
-    sys::set_period(&fd, spec.policy.base + 2).expect("PERF_EVENT_IOC_PERIOD");
+    let linux = sys::Linux;
+    let attach = |name: &'static str| ladder::program_fd(&bpf, name);
+    let fd = ladder::open_attached(
+        &linux,
+        &spec,
+        sys::flag::INHERIT,
+        (busy.id() as i32, -1),
+        &attach,
+    )
+    .expect("open cpu-clock on busy");
+    linux.enable(&fd).unwrap();
+    // Re-draws go through on our own fds (what the collector's re-draws do).
+    linux
+        .set_period(&fd, spec.policy.base + 2)
+        .expect("PERF_EVENT_IOC_PERIOD");
     std::thread::sleep(Duration::from_millis(700)); // nobody drains meanwhile
-    sys::disable(&fd).unwrap();
+    let counted = linux.read_count(&fd).expect("read the event's count");
+    assert!(
+        counted > 100_000_000,
+        "busy ran ≈ 0.7 s of cpu-clock, counted {counted} ns"
+    );
+    linux.disable(&fd).unwrap();
     let _ = busy.kill();
     let _ = busy.wait();
 

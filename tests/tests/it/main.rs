@@ -4,7 +4,9 @@
 //! test programs in `tests/programs/`.
 
 mod collect;
+mod collect_reliability;
 mod collect_ring;
+mod import_perf_data;
 mod report_fdata;
 mod report_file;
 mod report_fixture;

@@ -2,7 +2,8 @@
 
 use cpi_common::policy::KernelConfig;
 use cpi_common::wire::EventRole;
-use cpi_user::collect::{self, caps::Capabilities, events};
+use cpi_user::collect::sys::Linux;
+use cpi_user::collect::{self, caps::Capabilities, events, ladder, DEFAULT_FREQUENCY};
 use cpi_user::profile::Mode;
 
 #[derive(clap::Args, Debug)]
@@ -82,11 +83,15 @@ pub fn run(_args: Args) -> anyhow::Result<i32> {
         None
     };
     let rate = events::Rate {
-        frequency: 999,
+        frequency: DEFAULT_FREQUENCY,
         period: None,
         core_hz: events::nominal_core_hz(),
     };
-    let mut opens = Vec::new();
+    let what = if bpf.is_some() {
+        "opens, BPF attaches"
+    } else {
+        "opens"
+    };
     for spec in [
         events::branch_event(c.vendor, &rate, false),
         events::plan(Mode::IpSampling, c.vendor, &rate, false).remove(0),
@@ -97,40 +102,33 @@ pub fn run(_args: Args) -> anyhow::Result<i32> {
             EventRole::Cycles => "cycles event",
             _ => "cpu-clock event",
         };
-        let r = collect::try_event(&spec, bpf.as_ref());
-        let what = if bpf.is_some() {
-            "opens, BPF attaches"
-        } else {
-            "opens"
-        };
-        match &r {
+        match collect::try_event(&spec, bpf.as_ref()) {
             Ok(()) => line(label, &format!("{} {what}", spec.name)),
             Err(e) => line(label, &format!("cannot: {e}")),
         }
-        opens.push((spec.role, r.is_ok()));
     }
-    // The ladder as collection walks it: the probed rung, stepped down past events
-    // that do not open.
-    let opened = |r: EventRole| opens.iter().any(|&(role, ok)| role == r && ok);
-    let (mut mode, mut reason) = c.mode();
-    if mode == Mode::Cpi && !opened(EventRole::Branches) {
-        mode = Mode::IpSampling;
-        reason = "the branch-stack event does not open (above): cycles and instructions IP \
-                  samples, CPI per unit is imprecise"
-            .to_string();
-    }
-    if mode == Mode::IpSampling && !opened(EventRole::Cycles) {
-        mode = Mode::TimeProfile;
-        reason = "the cycles event does not open (above): cpu-clock time profile, no cycles, \
-                  no instructions, no CPI"
-            .to_string();
-    }
-    let usable = privileged.is_ok() && bpf.is_some() && opened(EventRole::CpuClock);
-    if usable {
-        line("mode", &format!("{} — {reason}", collect::mode_name(mode)));
-        Ok(0)
-    } else {
-        line("mode", "none: cpi-bpf cannot collect here (see above)");
-        Ok(1)
+    // The ladder exactly as collection walks it, on this process.
+    let attach = |name: &'static str| match &bpf {
+        Some(b) => ladder::program_fd(b, name),
+        None => Ok(None),
+    };
+    let rung = ladder::walk(
+        &Linux,
+        c.mode(),
+        &|m| events::plan(m, c.vendor, &rate, false),
+        &[(0, -1)],
+        0,
+        &attach,
+        &mut |_| {},
+    );
+    match rung {
+        Ok(rung) if privileged.is_ok() && bpf.is_some() => {
+            line("mode", &format!("{} — {}", rung.mode.name(), rung.reason));
+            Ok(0)
+        }
+        _ => {
+            line("mode", "none: cpi-bpf cannot collect here (see above)");
+            Ok(1)
+        }
     }
 }

@@ -31,8 +31,8 @@ enum Command {
     Simulate(simulate::Args),
     /// Read a profile file written with --output and show it again.
     Report(report::Args),
-    /// Analyse branch stacks recorded elsewhere with `perf record -b`
-    /// (`perf script -F pid,tid,ip,sym,dso,brstack` text).
+    /// Analyse branch stacks recorded elsewhere with `perf record -b`: a perf.data
+    /// file, or `perf script -F pid,tid,ip,sym,dso,brstack` text.
     ImportPerf(import_perf::Args),
 }
 
@@ -42,17 +42,12 @@ fn main() {
         .init();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
-        // Help and version go to stdout as usual; a usage error is one line.
+        // Help and version go out as clap writes them; a bad argument is one line.
         Err(e) if !e.use_stderr() => e.exit(),
         Err(e) => {
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or_default();
-            eprintln!(
-                "cpi-bpf: {} (see --help)",
-                first
-                    .strip_prefix("error: ")
-                    .map_or(first.to_string(), |m| format!("error: {m}"))
-            );
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("cpi-bpf: {first}");
             std::process::exit(2);
         }
     };

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use anyhow::bail;
-use cpi_user::collect::events::{self, Rate};
-use cpi_user::collect::{self, CollectOptions, StopReason, Target};
+use cpi_user::collect::events::{Rate, MAX_PERIOD};
+use cpi_user::collect::{self, CollectOptions, StopReason, Target, DEFAULT_FREQUENCY};
 use cpi_user::profile::{analyze, AnalysisOptions};
 
 use crate::output::{emit, OutputArgs};
@@ -19,20 +19,22 @@ pub struct Args {
     #[arg(long, conflicts_with = "pids")]
     pub system_wide: bool,
     /// Stop after SECS seconds (default: when the target exits, or on Ctrl-C).
-    #[arg(long, value_name = "SECS")]
-    pub duration: Option<f64>,
-    /// Samples per second per busy CPU (at most 100000, the kernel's default
-    /// perf_event_max_sample_rate).
-    #[arg(long, value_name = "HZ", default_value_t = 999, conflicts_with = "period",
-          value_parser = clap::value_parser!(u64).range(1..=events::MAX_FREQUENCY))]
+    #[arg(long, value_name = "SECS", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Samples per second per busy CPU.
+    #[arg(long, value_name = "HZ", default_value_t = DEFAULT_FREQUENCY,
+          value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "period")]
     pub frequency: u64,
-    /// Base sampling period instead of --frequency (events; ns for cpu-clock, at least
-    /// 10000); rounded up to a prime.
+    /// Base sampling period instead of --frequency (events; ns for cpu-clock); rounded
+    /// up to a prime.
     #[arg(long, value_name = "N",
-          value_parser = clap::value_parser!(u64).range(1..=events::MAX_PERIOD))]
+          value_parser = clap::value_parser!(u64).range(1..=MAX_PERIOD))]
     pub period: Option<u64>,
     #[command(flatten)]
     pub policy: PolicyArgs,
+    /// User-space period re-draw interval, milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = 50)]
+    pub redraw_ms: u64,
     /// BPF ring buffer size, MiB (a power of two).
     #[arg(long, value_name = "MIB", default_value_t = 8)]
     pub ring_buffer_mib: u32,
@@ -50,9 +52,6 @@ pub struct Args {
     pub command: Vec<String>,
 }
 
-/// Longest `--duration`: a year (tokio's timers cannot be set much further out).
-const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
-
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let target = match (
         args.pids.is_empty(),
@@ -67,16 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         _ => bail!("give only one of --pid, --system-wide and -- CMD"),
     };
-    let duration = match args.duration {
-        Some(s) => match Duration::try_from_secs_f64(s) {
-            Ok(d) if s > 0.0 && d <= MAX_DURATION => Some(d),
-            _ => bail!(
-                "--duration must be a number of seconds above 0 and at most {} (a year), not {s}",
-                MAX_DURATION.as_secs()
-            ),
-        },
-        None => None,
-    };
+    let duration = args.duration;
     if args.ring_buffer_mib == 0
         || !args.ring_buffer_mib.is_power_of_two()
         || args.ring_buffer_mib > 1024
@@ -94,17 +84,19 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         include_kernel: args.include_kernel,
         perturbation: args.policy.perturbation(),
         thinning: args.policy.thinning.max(1),
+        redraw_every: Duration::from_millis(args.redraw_ms.max(1)),
         ring_bytes: args.ring_buffer_mib << 20,
         window: args.range_window.map(|w| w.max(1)),
     };
     let collected = collect::collect(&opts, &mut |msg| eprintln!("cpi-bpf: {msg}"))?;
     let stop = match collected.stop {
-        StopReason::Duration => "duration reached".to_string(),
-        StopReason::TargetExit => match collected.command_status {
+        Some(StopReason::Duration) => "duration reached".to_string(),
+        Some(StopReason::TargetExit) => match collected.command_status {
             Some(status) => format!("command exited with status {status}"),
             None => "target exited".to_string(),
         },
-        StopReason::Signal(s) => format!("{s} received"),
+        Some(StopReason::Signal(s)) => format!("{s} received"),
+        Some(StopReason::Finished) | None => "finished".to_string(),
     };
     let received: u64 = collected.run.events.iter().map(|e| e.samples).sum();
     eprintln!(
@@ -112,12 +104,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         collected.run.duration_secs
     );
     let profile = analyze(&collected.set, collected.run, &AnalysisOptions::default());
-    // The same loss account as the table and the JSON file (`lost_samples`, `lost`),
-    // which analysis completes (unmapped samples, invalid ranges).
+    // The profile's own loss account (collection and analysis), so this line, the table
+    // and the JSON count the same things.
     let l = &profile.lost;
     eprintln!(
-        "cpi-bpf: lost: {} (ring buffer full {}, branch errors {}, malformed {}, short {}, \
-         unmapped {}, invalid ranges {})",
+        "cpi-bpf: {} samples lost (ring buffer full {}, branch errors {}, malformed {}, \
+         short {}, unmapped {}, invalid ranges {})",
         profile.lost_samples,
         l.ring_full,
         l.branch_errors,
@@ -129,3 +121,20 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     emit(&profile, &args.output)?;
     Ok(0)
 }
+
+/// `--duration`: positive seconds, small enough to be a deadline.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("not a number of seconds: {s}"))?;
+    if secs.is_nan() || secs <= 0.0 {
+        return Err(format!("must be a positive number of seconds, not {s}"));
+    }
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .filter(|d| d.as_secs() <= MAX_DURATION_SECS)
+        .ok_or_else(|| format!("at most {MAX_DURATION_SECS} seconds (a year), not {s}"))
+}
+
+/// Longest `--duration`: a year.
+const MAX_DURATION_SECS: u64 = 366 * 86_400;

@@ -21,30 +21,29 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use cpi_common::wire::{BranchEntry, BranchSample, SampleHeader, MAX_BRANCH_ENTRIES};
-use object::{Object, ObjectSegment};
 
+use crate::binary::Binary;
 use crate::procmap::{MappedObject, Mapping, ProcessMaps};
 use crate::profile::SampleSet;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PerfScriptError {
-    #[error("line {line}: malformed branch entry {entry:?} ({why})")]
-    BadEntry {
-        line: usize,
-        entry: String,
-        why: &'static str,
+    #[error(
+        "no branch stacks found{}: expected `perf script -F pid,tid,ip,sym,dso,brstack` \
+         output of a `perf record -b` recording",
+        malformed_note(*.malformed, .first_malformed)
+    )]
+    NoBranchStacks {
+        malformed: usize,
+        first_malformed: Option<String>,
     },
-    #[error("line {line}: malformed mmap event: {text:?}")]
-    BadMmap { line: usize, text: String },
-    #[error(
-        "no branch stacks found: expected `perf script -F pid,tid,ip,sym,dso,brstack` \
-         output of a `perf record -b` recording"
-    )]
-    NoBranchStacks,
-    #[error(
-        "line {line}: sample has no pid/tid field (use `perf script -F pid,tid,ip,sym,dso,brstack`)"
-    )]
-    NoPid { line: usize },
+}
+
+fn malformed_note(n: usize, first: &Option<String>) -> String {
+    match first {
+        Some(f) if n > 0 => format!(" ({n} malformed lines, the first {f})"),
+        _ => String::new(),
+    }
 }
 
 /// How the text was written.
@@ -54,6 +53,9 @@ pub struct ImportOptions {
     pub offsets: bool,
     /// Events each sample stands for (`perf record -c N`); 1 when unknown.
     pub period: u64,
+    /// The text has a period field (`perf script -F ...,period,...`): each sample's
+    /// own period, printed before the ip.
+    pub period_field: bool,
 }
 
 impl Default for ImportOptions {
@@ -61,6 +63,7 @@ impl Default for ImportOptions {
         ImportOptions {
             offsets: false,
             period: 1,
+            period_field: false,
         }
     }
 }
@@ -71,8 +74,13 @@ pub struct PerfImport {
     pub samples: Vec<BranchSample>,
     pub comms: BTreeMap<u32, String>,
     pub maps: BTreeMap<u32, ProcessMaps>,
-    /// Lines that were neither samples with branch entries nor mmap events.
+    /// Lines that were neither samples with branch entries nor mmap events (samples
+    /// without a branch stack, the kernel's own map).
     pub skipped_lines: usize,
+    /// Lines that looked like samples or mmap events but did not parse; dropped.
+    pub malformed_lines: usize,
+    /// Where and why the first malformed line failed (`line N: ...`).
+    pub first_malformed: Option<String>,
     /// Samples with more entries than a wire sample holds (newest kept).
     pub truncated_stacks: usize,
     /// Dsos whose addresses could not be placed (see the module doc).
@@ -83,6 +91,12 @@ pub struct PerfImport {
 }
 
 impl PerfImport {
+    fn malformed(&mut self, line: usize, why: String) {
+        self.malformed_lines += 1;
+        self.first_malformed
+            .get_or_insert_with(|| format!("line {line}: {why}"));
+    }
+
     /// Feeds the samples and mappings into a [`SampleSet`] with the given range window.
     pub fn into_sample_set(self, window: usize) -> SampleSet {
         let mut set = SampleSet::new(window);
@@ -115,13 +129,11 @@ pub fn parse(
     for (i, line) in text.lines().enumerate() {
         let n = i + 1;
         if line.contains("PERF_RECORD_MMAP") {
-            match parse_mmap(line).ok_or_else(|| PerfScriptError::BadMmap {
-                line: n,
-                text: line.to_string(),
-            })? {
-                Some((pid, m)) => mmaps.entry(pid).or_default().push(m),
+            match parse_mmap(line) {
+                Some(Some((pid, m))) => mmaps.entry(pid).or_default().push(m),
                 // The kernel's own map (pid -1): kernel addresses are not placed.
-                None => out.skipped_lines += 1,
+                Some(None) => out.skipped_lines += 1,
+                None => out.malformed(n, format!("malformed mmap event {:?}", clip(line))),
             }
             continue;
         }
@@ -130,24 +142,55 @@ pub fn parse(
             continue;
         }
         let Some(start) = first_entry(line) else {
-            out.skipped_lines += 1;
+            // A token shaped like a branch entry that does not parse: malformed, not a
+            // sample without a branch stack.
+            match branch_shaped(line) {
+                Some(t) => {
+                    let why = parse_entry(t).err().unwrap_or("not a branch entry");
+                    out.malformed(n, format!("malformed branch entry {:?} ({why})", clip(t)));
+                }
+                None => out.skipped_lines += 1,
+            }
             continue;
         };
         let (head, tail) = line.split_at(start);
-        let (pid, tid, comm, ip) = parse_head(head).ok_or(PerfScriptError::NoPid { line: n })?;
+        if let Some(t) = branch_shaped(head) {
+            let why = parse_entry(t).err().unwrap_or("not a branch entry");
+            out.malformed(n, format!("malformed branch entry {:?} ({why})", clip(t)));
+            continue;
+        }
+        let Some(Head {
+            pid,
+            tid,
+            comm,
+            ip,
+            period,
+        }) = parse_head(head, opts.period_field)
+        else {
+            out.malformed(
+                n,
+                "sample has no pid/tid field (use `perf script -F pid,tid,ip,sym,dso,brstack`)"
+                    .into(),
+            );
+            continue;
+        };
         let mut entries = Vec::new();
         let mut names = Vec::new();
         let mut rest = tail;
+        let mut bad = None;
         loop {
             rest = rest.trim_start();
             if rest.is_empty() {
                 break;
             }
-            let (e, used) = parse_entry(rest).map_err(|why| PerfScriptError::BadEntry {
-                line: n,
-                entry: rest.split_whitespace().next().unwrap_or("").to_string(),
-                why,
-            })?;
+            let (e, used) = match parse_entry(rest) {
+                Ok(x) => x,
+                Err(why) => {
+                    let entry = rest.split_whitespace().next().unwrap_or("");
+                    bad = Some(format!("malformed branch entry {:?} ({why})", clip(entry)));
+                    break;
+                }
+            };
             let seen = dsos.entry(pid).or_default();
             for d in [e.from_dso, e.to_dso].into_iter().flatten() {
                 if !seen.contains(d) {
@@ -159,6 +202,10 @@ pub fn parse(
                 names.push([e.from_dso, e.to_dso]);
             }
             rest = &rest[used..];
+        }
+        if let Some(why) = bad {
+            out.malformed(n, why);
+            continue;
         }
         if entries.len() > MAX_BRANCH_ENTRIES {
             out.truncated_stacks += 1;
@@ -172,13 +219,16 @@ pub fn parse(
             pid,
             tid,
             ip.unwrap_or(entries[0].to),
-            opts.period,
+            period.filter(|&p| p > 0).unwrap_or(opts.period),
             &entries,
         ));
         entry_dsos.push(names);
     }
     if out.samples.is_empty() {
-        return Err(PerfScriptError::NoBranchStacks);
+        return Err(PerfScriptError::NoBranchStacks {
+            malformed: out.malformed_lines,
+            first_malformed: out.first_malformed,
+        });
     }
     // Placement: recorded mmap events win; else the dsos' own ELF headers.
     let mut bases: BTreeMap<String, u64> = BTreeMap::new();
@@ -245,6 +295,20 @@ pub fn parse(
 /// meet a link address.
 const SYNTHETIC_BASE: u64 = 0x1000_0000_0000;
 
+/// The first token of `s` shaped like a branch entry (`0x.../...`).
+fn branch_shaped(s: &str) -> Option<&str> {
+    s.split_whitespace()
+        .find(|t| t.starts_with("0x") && t.contains('/'))
+}
+
+/// At most 80 characters of `s`, for error messages.
+fn clip(s: &str) -> &str {
+    match s.char_indices().nth(80) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
+
 fn file(path: &str) -> MappedObject {
     MappedObject::File {
         path: PathBuf::from(path),
@@ -252,17 +316,37 @@ fn file(path: &str) -> MappedObject {
     }
 }
 
-/// Where an ELF file's code sits.
+/// Where an ELF file's code sits, as placement needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ElfLayout {
     /// `ET_DYN` (PIE or shared library): loaded at a base chosen at run time.
     pub pie: bool,
+    /// Bytes of the file that segments cover (a synthetic mapping's length).
     pub file_size: u64,
     /// Executable `PT_LOAD` segments: (vaddr, memsz, file offset).
     pub exec_segments: Vec<(u64, u64, u64)>,
 }
 
 impl ElfLayout {
+    /// The layout of a parsed [`Binary`].
+    pub fn of(bin: &Binary) -> ElfLayout {
+        ElfLayout {
+            pie: bin.dynamic,
+            file_size: bin
+                .segments
+                .iter()
+                .map(|s| s.offset + s.filesz)
+                .max()
+                .unwrap_or(0),
+            exec_segments: bin
+                .segments
+                .iter()
+                .filter(|s| s.executable)
+                .map(|s| (s.vaddr, s.memsz, s.offset))
+                .collect(),
+        }
+    }
+
     fn link_mappings(&self, dso: &str) -> Vec<Mapping> {
         self.exec_segments
             .iter()
@@ -277,21 +361,10 @@ impl ElfLayout {
     }
 }
 
-/// Reads a file's [`ElfLayout`]; `None` when it is missing or not ELF.
+/// Reads a file's [`ElfLayout`] through [`Binary::open`]; `None` when it is missing or
+/// not ELF.
 pub fn elf_layout(path: &Path) -> Option<ElfLayout> {
-    let data = std::fs::read(path).ok()?;
-    let obj = object::File::parse(&*data).ok()?;
-    let pie = obj.kind() == object::ObjectKind::Dynamic;
-    let exec_segments = obj
-        .segments()
-        .filter(|s| matches!(s.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & 1 != 0))
-        .map(|s| (s.address(), s.size(), s.file_range().0))
-        .collect();
-    Some(ElfLayout {
-        pie,
-        file_size: data.len() as u64,
-        exec_segments,
-    })
+    Binary::open(path).ok().map(|b| ElfLayout::of(&b))
 }
 
 struct ParsedEntry<'a> {
@@ -311,8 +384,18 @@ fn first_entry(line: &str) -> Option<usize> {
     })
 }
 
-/// `[comm] pid/tid [ip] [sym] [(dso)]` → (pid, tid, comm, ip).
-fn parse_head(head: &str) -> Option<(u32, u32, Option<String>, Option<u64>)> {
+/// What a sample line says before its branch entries.
+struct Head {
+    pid: u32,
+    tid: u32,
+    comm: Option<String>,
+    ip: Option<u64>,
+    /// `-F period`: the sample's own period (freq-mode recordings vary it).
+    period: Option<u64>,
+}
+
+/// `[comm] pid/tid [[cpu]] [time:] [period] [event:] [ip] [sym] [(dso)]`.
+fn parse_head(head: &str, period_field: bool) -> Option<Head> {
     let tokens: Vec<&str> = head.split_whitespace().collect();
     let at = tokens.iter().position(|t| {
         t.split_once('/')
@@ -320,11 +403,29 @@ fn parse_head(head: &str) -> Option<(u32, u32, Option<String>, Option<u64>)> {
     })?;
     let (pid, tid) = tokens[at].split_once('/')?;
     let comm = (at > 0).then(|| tokens[..at].join(" "));
-    // perf prints the ip as bare hex, first after pid/tid.
-    let ip = tokens
-        .get(at + 1)
-        .and_then(|t| u64::from_str_radix(t, 16).ok());
-    Some((pid.parse().ok()?, tid.parse().ok()?, comm, ip))
+    // After pid/tid perf prints `[cpu]`, `time:`, the period (decimal), `event:`, then
+    // the ip (bare hex): skip the bracketed and colon-ended ones.
+    let rest: Vec<&str> = tokens[at + 1..]
+        .iter()
+        .copied()
+        .filter(|t| !(t.ends_with(':') || (t.starts_with('[') && t.ends_with(']'))))
+        .collect();
+    let is_hex = |t: &&str| u64::from_str_radix(t, 16).ok();
+    let (period, ip) = if period_field {
+        (
+            rest.first().and_then(|p| p.parse().ok()),
+            rest.get(1).and_then(is_hex),
+        )
+    } else {
+        (None, rest.first().and_then(is_hex))
+    };
+    Some(Head {
+        pid: pid.parse().ok()?,
+        tid: tid.parse().ok()?,
+        comm,
+        ip,
+        period,
+    })
 }
 
 fn hex(s: &str) -> Option<u64> {
@@ -575,7 +676,10 @@ mod tests {
     #[test]
     fn garbage_is_one_clear_error() {
         let e = parse("hello\nworld\n", ImportOptions::default(), &no_elf).unwrap_err();
-        assert!(matches!(e, PerfScriptError::NoBranchStacks), "{e}");
+        assert!(
+            matches!(e, PerfScriptError::NoBranchStacks { malformed: 0, .. }),
+            "{e}"
+        );
         let e = parse(
             "1/1 10 f 0x1/0x2/P/-/-/0 0x3/0x4/Z/-/-/0\n",
             ImportOptions::default(),
@@ -583,8 +687,48 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            matches!(e, PerfScriptError::BadEntry { line: 1, .. }),
+            e.to_string()
+                .contains("1 malformed lines, the first line 1: malformed branch entry"),
             "{e}"
+        );
+    }
+
+    /// `perf script -F pid,tid,period,ip,...`: each sample keeps its own period (a
+    /// freq-mode recording varies it); the ip is the token after it.
+    #[test]
+    fn period_field_is_each_samples_own() {
+        let text = "prog 7/7 [001] 12.5: 31337 cycles:u: 401136 f (/p) 0x401136/0x401120/P/-/-/0\n\
+                    prog 7/7 [001] 12.6: 1200 cycles:u: 401140 f (/p) 0x401136/0x401120/P/-/-/0\n";
+        let opts = ImportOptions {
+            period_field: true,
+            ..Default::default()
+        };
+        let imp = parse(text, opts, &no_elf).unwrap();
+        let got: Vec<(u64, u64)> = imp
+            .samples
+            .iter()
+            .map(|s| (s.header.period, s.header.ip))
+            .collect();
+        assert_eq!(got, [(31337, 0x401136), (1200, 0x401140)]);
+    }
+
+    /// Malformed lines among good ones are counted and named, never silently dropped.
+    #[test]
+    fn malformed_lines_are_counted() {
+        let mut text = String::from("1/1 10 f 0x10/0x20/P/-/-/0 0x5/0x8/P/-/-/0\n");
+        for _ in 0..999 {
+            text.push_str("1/1 10 f 0xZZ/0x20/P/-/-/0 0x5/0x8/P/-/-/0\n");
+        }
+        let imp = parse(&text, ImportOptions::default(), &no_elf).unwrap();
+        assert_eq!(imp.samples.len(), 1);
+        assert_eq!(imp.malformed_lines, 999);
+        assert!(
+            imp.first_malformed
+                .as_deref()
+                .unwrap()
+                .starts_with("line 2: malformed branch entry"),
+            "{:?}",
+            imp.first_malformed
         );
     }
 }

@@ -1,0 +1,309 @@
+//! The capability ladder as collection walks it: open the mode's events at every
+//! placement, and while they cannot be opened step down one rung ([`Mode::step_down`])
+//! and say why. `cpi-bpf doctor` walks the same ladder on its own process.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+
+use super::events::EventSpec;
+use super::sys::PerfSys;
+use super::CollectError;
+use crate::profile::Mode;
+
+/// An open event: the fd keeps the program attached; closing it detaches.
+#[derive(Debug)]
+pub struct OpenEvent {
+    pub fd: OwnedFd,
+    /// Index into the specs it was opened from.
+    pub spec_index: usize,
+    /// Where: `(pid, cpu)` as `perf_event_open` took them.
+    pub place: (i32, i32),
+}
+
+/// The program fd to attach to an event (by program name); `Ok(None)` opens the event
+/// without attaching anything (doctor, when the object did not load).
+pub type Attach<'a> = &'a dyn Fn(&'static str) -> Result<Option<i32>, CollectError>;
+
+/// The program of a loaded object, as an [`Attach`] answer.
+pub fn program_fd(bpf: &aya::Ebpf, name: &str) -> Result<Option<i32>, CollectError> {
+    let missing = || CollectError::Load {
+        hint: "",
+        cause: format!("program {name} missing").into(),
+    };
+    let p: &aya::programs::PerfEvent = bpf
+        .program(name)
+        .and_then(|p| p.try_into().ok())
+        .ok_or_else(missing)?;
+    let fd = p.fd().map_err(|e| CollectError::Load {
+        hint: "",
+        cause: e.into(),
+    })?;
+    Ok(Some(fd.as_fd().as_raw_fd()))
+}
+
+/// Opens `spec` (plus `extra_flags`) on `pid`/`cpu` as `perf_event_open` takes them and
+/// attaches the spec's program. The fd keeps the program attached.
+pub fn open_attached(
+    sys: &dyn PerfSys,
+    spec: &EventSpec,
+    extra_flags: u64,
+    (pid, cpu): (i32, i32),
+    attach: Attach,
+) -> Result<OwnedFd, CollectError> {
+    let mut attr = spec.attr;
+    attr.flags |= extra_flags;
+    let fd = sys
+        .perf_event_open(&attr, pid, cpu)
+        .map_err(|cause| CollectError::Open {
+            event: spec.name.clone(),
+            on: match (pid, cpu) {
+                (0, -1) => "this process".to_string(),
+                (p, -1) => format!("pid {p}"),
+                (-1, c) => format!("cpu {c}"),
+                (p, c) => format!("pid {p} on cpu {c}"),
+            },
+            cause,
+        })?;
+    if let Some(prog) = attach(spec.program)? {
+        sys.set_bpf(&fd, prog)
+            .map_err(|cause| CollectError::Attach {
+                event: spec.name.clone(),
+                cause,
+            })?;
+    }
+    Ok(fd)
+}
+
+/// Opens every event of `specs` at every placement (`(pid, cpu)` pairs) and attaches
+/// its program. A thread that exited since it was listed (ESRCH) is skipped; when every
+/// thread is gone, the target is.
+pub fn open_events(
+    sys: &dyn PerfSys,
+    specs: &[EventSpec],
+    places: &[(i32, i32)],
+    extra_flags: u64,
+    attach: Attach,
+) -> Result<Vec<OpenEvent>, CollectError> {
+    let mut open = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        for &place in places {
+            match open_attached(sys, spec, extra_flags, place, attach) {
+                Ok(fd) => open.push(OpenEvent {
+                    fd,
+                    spec_index: i,
+                    place,
+                }),
+                Err(CollectError::Open { cause, .. })
+                    if cause.raw_os_error() == Some(libc::ESRCH) && place.0 > 0 => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    match places.first() {
+        Some(&(pid, _)) if open.is_empty() && pid > 0 => {
+            Err(CollectError::NoSuchProcess(pid as u32))
+        }
+        _ => Ok(open),
+    }
+}
+
+/// Where the ladder settled.
+#[derive(Debug)]
+pub struct Rung {
+    pub mode: Mode,
+    /// Why this mode, in one line (the probe's reason, or the step-downs').
+    pub reason: String,
+    pub specs: Vec<EventSpec>,
+    pub open: Vec<OpenEvent>,
+}
+
+/// Walks the ladder from `start` (the probed mode and why): opens `plan(mode)`'s events,
+/// and while one cannot be opened steps down a rung, saying which event failed and what
+/// the new mode measures. Every mode line goes to `notify` as it is decided.
+pub fn walk(
+    sys: &dyn PerfSys,
+    start: (Mode, String),
+    plan: &dyn Fn(Mode) -> Vec<EventSpec>,
+    places: &[(i32, i32)],
+    extra_flags: u64,
+    attach: Attach,
+    notify: &mut dyn FnMut(&str),
+) -> Result<Rung, CollectError> {
+    let (mut mode, mut reason) = start;
+    notify(&format!("mode: {} — {reason}", mode.name()));
+    loop {
+        let specs = plan(mode);
+        match open_events(sys, &specs, places, extra_flags, attach) {
+            Ok(open) => {
+                return Ok(Rung {
+                    mode,
+                    reason,
+                    specs,
+                    open,
+                })
+            }
+            Err(CollectError::Open { event, cause, .. }) if mode.step_down().is_some() => {
+                mode = mode.step_down().unwrap_or(Mode::TimeProfile);
+                reason = format!(
+                    "{event} cannot be opened here ({cause}); stepped down to {}: {}",
+                    mode.name(),
+                    mode.measures()
+                );
+                notify(&format!("mode: {} — {reason}", mode.name()));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collect::caps::Vendor;
+    use crate::collect::events::{self, Rate};
+    use crate::collect::sys::fake::{Call, FakeSys};
+    use crate::collect::sys::{PERF_TYPE_HARDWARE, PERF_TYPE_RAW, PERF_TYPE_SOFTWARE};
+
+    const RATE: Rate = Rate {
+        frequency: 999,
+        period: None,
+        core_hz: 2_000_000_000,
+    };
+
+    fn plan(mode: Mode) -> Vec<EventSpec> {
+        events::plan(mode, Vendor::Intel, &RATE, false)
+    }
+
+    fn attach_7(_: &'static str) -> Result<Option<i32>, CollectError> {
+        Ok(Some(7))
+    }
+
+    /// This machine: no PMU. Branch stacks fail with ENOENT, hardware events too.
+    fn no_pmu(attr: &crate::collect::sys::PerfEventAttr, _: i32, _: i32) -> Option<i32> {
+        (attr.type_ != PERF_TYPE_SOFTWARE).then_some(libc::ENOENT)
+    }
+
+    #[test]
+    fn steps_down_from_cpi_to_time_profile_saying_why() {
+        let sys = FakeSys::new(no_pmu);
+        let mut lines = Vec::new();
+        let rung = walk(
+            &sys,
+            (Mode::Cpi, "probe says LBR".into()),
+            &plan,
+            &[(1234, -1)],
+            0,
+            &attach_7,
+            &mut |l| lines.push(l.to_string()),
+        )
+        .unwrap();
+        assert_eq!(rung.mode, Mode::TimeProfile);
+        assert_eq!(rung.open.len(), 1);
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        assert!(lines[0].starts_with("mode: cpi — probe says LBR"));
+        assert!(
+            lines[1].starts_with("mode: ip-sampling — cpu/r20c4/ cannot be opened here"),
+            "{lines:?}"
+        );
+        assert!(lines[2].contains("stepped down to time-profile: cpu-clock time profile"));
+        assert_eq!(
+            rung.reason,
+            lines[2].trim_start_matches("mode: time-profile — ")
+        );
+        let opens = sys.calls_where(|c| matches!(c, Call::Open { .. }));
+        let types: Vec<u32> = opens
+            .iter()
+            .map(|c| match c {
+                Call::Open { type_, .. } => *type_,
+                _ => unreachable!(),
+            })
+            .collect();
+        // Cpi: the branch event fails first; IP sampling: cycles fails; then cpu-clock.
+        assert_eq!(
+            types,
+            [PERF_TYPE_RAW, PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE]
+        );
+        assert_eq!(
+            sys.calls_where(|c| matches!(c, Call::SetBpf(_, 7))).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn bottom_rung_failure_is_the_error() {
+        let sys = FakeSys::new(|_, _, _| Some(libc::EINVAL));
+        let err = walk(
+            &sys,
+            (Mode::TimeProfile, "no PMU".into()),
+            &plan,
+            &[(1234, -1)],
+            0,
+            &attach_7,
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, CollectError::Open { cause, .. } if cause.raw_os_error() == Some(libc::EINVAL)),
+            "{err}"
+        );
+        assert!(err
+            .to_string()
+            .starts_with("opening cpu-clock on pid 1234:"));
+    }
+
+    #[test]
+    fn attach_failure_does_not_step_down() {
+        let mut sys = FakeSys::new(|_, _, _| None);
+        sys.set_bpf_errno = Some(libc::EACCES);
+        let err = walk(
+            &sys,
+            (Mode::Cpi, "LBR".into()),
+            &plan,
+            &[(0, -1)],
+            0,
+            &attach_7,
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(matches!(err, CollectError::Attach { .. }), "{err}");
+    }
+
+    #[test]
+    fn exited_threads_are_skipped_and_all_gone_is_no_such_process() {
+        // Thread 11 exited after /proc/PID/task was listed.
+        let sys = FakeSys::new(|_, pid, _| (pid == 11).then_some(libc::ESRCH));
+        let open = open_events(
+            &sys,
+            &plan(Mode::TimeProfile),
+            &[(10, -1), (11, -1), (12, -1)],
+            0,
+            &attach_7,
+        )
+        .unwrap();
+        assert_eq!(open.len(), 2);
+        let sys = FakeSys::new(|_, _, _| Some(libc::ESRCH));
+        let err = open_events(
+            &sys,
+            &plan(Mode::TimeProfile),
+            &[(10, -1), (11, -1)],
+            0,
+            &attach_7,
+        )
+        .unwrap_err();
+        assert!(matches!(err, CollectError::NoSuchProcess(10)), "{err}");
+        // ESRCH on a CPU placement is an error, not an exited thread.
+        let err =
+            open_events(&sys, &plan(Mode::TimeProfile), &[(-1, 0)], 0, &attach_7).unwrap_err();
+        assert!(matches!(err, CollectError::Open { .. }), "{err}");
+    }
+
+    #[test]
+    fn opening_without_a_program_attaches_nothing() {
+        let sys = FakeSys::new(|_, _, _| None);
+        let none = |_: &'static str| Ok(None);
+        let open = open_events(&sys, &plan(Mode::Cpi), &[(0, -1)], 0, &none).unwrap();
+        assert_eq!(open.len(), 2);
+        assert!(sys
+            .calls_where(|c| matches!(c, Call::SetBpf(..)))
+            .is_empty());
+    }
+}

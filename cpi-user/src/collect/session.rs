@@ -1,0 +1,672 @@
+//! The collector [`Session`]: open (validate, probe, load, walk the ladder, enable) →
+//! run until a deadline or a stop condition, handing out windows of samples while
+//! collection goes on → finish (disable, drain, end the command). The one-shot command
+//! is one window ([`collect`]); the always-on agent cuts many.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use aya::maps::{MapData, RingBuf};
+use aya::Ebpf;
+use cpi_common::policy::{self, KernelConfig, Rng, Thinning};
+use cpi_common::wire::{Counter, EventRole, COUNTERS};
+use tokio::io::unix::AsyncFd;
+use tokio::signal::unix::{signal, Signal, SignalKind};
+
+use super::caps::{Capabilities, Vendor};
+use super::drain::{CpuClockPeriods, Drain};
+use super::events::{self, EventSpec, Rate};
+use super::ladder::{self, OpenEvent};
+use super::sys::{self, Linux, PerfSys};
+use super::target::{self, Child, Target};
+use super::{load, read_counters, CollectError, CollectOptions, Collected, StopReason};
+use crate::profile::model::{EventInfo, LossReport};
+use crate::profile::{Mode, RunInfo};
+
+/// How long a started command gets to end after SIGTERM before it is killed.
+pub const KILL_AFTER: Duration = Duration::from_secs(2);
+
+/// Events whose count is read (and maybe re-drawn) per re-draw tick at most: a process
+/// with thousands of threads must not turn re-draws into a CPU hog (≈ 5 µs each).
+const REDRAWS_PER_TICK: usize = 64;
+
+/// How often the ring buffer is drained without a wake-up (the kernel side wakes us only
+/// when it is a quarter full).
+const DRAIN_EVERY: Duration = Duration::from_millis(25);
+
+/// An open collection. Fields drop in order: everything registered with the runtime
+/// goes before it.
+pub struct Session {
+    live: Live,
+    rt: tokio::runtime::Runtime,
+}
+
+struct Live {
+    opts: CollectOptions,
+    vendor: Vendor,
+    mode: Mode,
+    reason: String,
+    thinning: Thinning,
+    specs: Vec<EventSpec>,
+    open: Vec<OpenEvent>,
+    redraw: Redraw,
+    ring: AsyncFd<RingBuf<MapData>>,
+    /// Exit watches of the targets (empty: system-wide).
+    pidfds: Vec<AsyncFd<OwnedFd>>,
+    watching: bool,
+    sigint: Signal,
+    sigterm: Signal,
+    drain: Drain,
+    child: Option<Child>,
+    deadline: Option<Instant>,
+    window_started: Instant,
+    counters_seen: [u64; COUNTERS as usize],
+    stop: Option<StopReason>,
+    /// Events disabled and the ring drained to its end.
+    shut: bool,
+    stats: Option<OwnedFd>,
+    bpf: Ebpf,
+}
+
+/// The user layer's re-draw schedule: each open event is re-drawn once it has counted
+/// [`policy::PeriodPolicy::redraw_after`] since its last re-draw.
+struct Redraw {
+    rng: Rng,
+    /// Per open event: the count at which it is re-drawn next.
+    at: Vec<u64>,
+    next: usize,
+}
+
+impl Redraw {
+    fn new(specs: &[EventSpec], open: &[OpenEvent]) -> Self {
+        let mut rng = Rng::new(seed());
+        let at = open
+            .iter()
+            .map(|e| specs[e.spec_index].policy.redraw_after(&mut rng))
+            .collect();
+        Redraw { rng, at, next: 0 }
+    }
+
+    /// Reads the counts of up to [`REDRAWS_PER_TICK`] events (round robin) and re-draws
+    /// those due. Events the kernel created by `inherit` (threads started later) have no
+    /// fd here and keep the period drawn when they were born. A failure (the event's
+    /// thread exited) only means that event keeps its period.
+    fn tick(
+        &mut self,
+        sys: &dyn PerfSys,
+        specs: &[EventSpec],
+        open: &[OpenEvent],
+        periods: &mut CpuClockPeriods,
+    ) {
+        for _ in 0..open.len().min(REDRAWS_PER_TICK) {
+            let i = self.next % open.len();
+            self.next += 1;
+            let e = &open[i];
+            let Ok(count) = sys.read_count(&e.fd) else {
+                continue;
+            };
+            if count >= self.at[i] {
+                let spec = &specs[e.spec_index];
+                let period = spec.policy.draw(&mut self.rng);
+                if sys.set_period(&e.fd, period).is_ok() && spec.role == EventRole::CpuClock {
+                    periods.set(e.place, period);
+                }
+                self.at[i] = count.saturating_add(spec.policy.redraw_after(&mut self.rng));
+            }
+        }
+    }
+
+    /// After a rate change: every event restarts its schedule from its count now.
+    fn restart(&mut self, sys: &dyn PerfSys, specs: &[EventSpec], open: &[OpenEvent]) {
+        for (i, e) in open.iter().enumerate() {
+            let count = sys.read_count(&e.fd).unwrap_or(0);
+            self.at[i] =
+                count.saturating_add(specs[e.spec_index].policy.redraw_after(&mut self.rng));
+        }
+    }
+}
+
+/// Where events are opened: (pid, cpu) pairs and extra attr flags.
+fn placements(target: &Target, child: Option<u32>) -> Result<(Vec<(i32, i32)>, u64), CollectError> {
+    match target {
+        Target::SystemWide => Ok((
+            target::online_cpus()
+                .into_iter()
+                .map(|c| (-1, c as i32))
+                .collect(),
+            0,
+        )),
+        Target::Pids(pids) => {
+            let mut v = Vec::new();
+            for &pid in pids {
+                v.extend(target::threads(pid)?.into_iter().map(|t| (t as i32, -1)));
+            }
+            Ok((v, sys::flag::INHERIT))
+        }
+        Target::Command(_) => {
+            let pid = child.ok_or(CollectError::NoTarget)? as i32;
+            Ok((
+                vec![(pid, -1)],
+                sys::flag::INHERIT | sys::flag::ENABLE_ON_EXEC,
+            ))
+        }
+    }
+}
+
+/// Makes sure the process may open what the session needs (an event per thread or CPU
+/// and event, the BPF object's maps and programs, the runtime's own few), raising the
+/// soft limit when it can: running out half-way would end in the runtime's panic.
+fn check_fd_room(target: &Target) -> Result<(), CollectError> {
+    let places = match target {
+        Target::SystemWide => target::online_cpus().len(),
+        Target::Pids(pids) => pids
+            .iter()
+            .map(|&p| target::threads(p).map_or(1, |t| t.len()))
+            .sum(),
+        Target::Command(_) => 1,
+    } as u64;
+    let open_now = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count()) as u64;
+    // Two events per placement at most, plus the object (≈ 12 fds), the ring, the
+    // runtime (epoll, eventfd, signal pipe), pidfds and the re-exec pipes.
+    let need = open_now + 2 * places + 32;
+    let limit = sys::raise_fd_limit(need)?;
+    if limit < need {
+        return Err(CollectError::TooFewFiles { need, limit });
+    }
+    Ok(())
+}
+
+/// The events of `mode` at `rate`, with the cpu-clock floor applied
+/// ([`events::plan`]).
+fn plan(mode: Mode, vendor: Vendor, opts: &CollectOptions, rate: &Rate) -> Vec<EventSpec> {
+    events::plan(mode, vendor, rate, opts.include_kernel)
+}
+
+impl Session {
+    /// Validates the target, probes capabilities, walks the mode ladder, loads and
+    /// attaches the programs, enables the events (or releases the started command).
+    /// `notify` gets one-line status messages (mode line, step-downs, warnings). Every
+    /// failure after the command was forked kills and reaps it.
+    pub fn open(
+        opts: &CollectOptions,
+        notify: &mut dyn FnMut(&str),
+    ) -> Result<Session, CollectError> {
+        let caps = Capabilities::probe();
+        caps.check_privileges()
+            .map_err(CollectError::NotPrivileged)?;
+        let mut opts = opts.clone();
+        match &opts.target {
+            Target::Pids(pids) if pids.is_empty() => return Err(CollectError::NoTarget),
+            Target::Pids(pids) => {
+                let (pids, notes) = target::resolve_pids(pids)?;
+                for n in notes {
+                    notify(&n);
+                }
+                opts.target = Target::Pids(pids);
+            }
+            Target::Command(argv) => {
+                target::resolve_command(argv.first().ok_or(CollectError::NoTarget)?)?;
+            }
+            Target::SystemWide => {}
+        }
+        events::check_rate(&opts.rate)?;
+        if !caps.btf {
+            notify(
+                "note: no kernel BTF (/sys/kernel/btf/vmlinux missing); trying to load without it",
+            );
+        }
+        let thinning = opts.perturbation.thinning(opts.thinning);
+        let bpf_cfg = KernelConfig {
+            thinning,
+            include_kernel: opts.include_kernel as u32,
+            _pad: 0,
+        };
+        check_fd_room(&opts.target)?;
+        let mut bpf = load(opts.ring_bytes, bpf_cfg, caps.btf)?;
+
+        // Signals are caught from here on, so a SIGINT during set-up still reports.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let _entered = rt.enter();
+        let sigint = signal(SignalKind::interrupt())?;
+        let sigterm = signal(SignalKind::terminate())?;
+
+        // From the fork on, dropping `suspended` (any `?` below) kills and reaps it.
+        let suspended = match &opts.target {
+            Target::Command(argv) => Some(target::spawn_suspended(argv)?),
+            _ => None,
+        };
+        let (places, extra) = placements(&opts.target, suspended.as_ref().map(|c| c.pid()))?;
+        let sys = Linux;
+        let attach = |name: &'static str| ladder::program_fd(&bpf, name);
+        let rung = ladder::walk(
+            &sys,
+            caps.mode(),
+            &|m| plan(m, caps.vendor, &opts, &opts.rate),
+            &places,
+            extra,
+            &attach,
+            notify,
+        )?;
+        if rung
+            .specs
+            .iter()
+            .any(|s| s.role == cpi_common::wire::EventRole::CpuClock)
+        {
+            if let Some(note) = events::cpu_clock_floor_note(&opts.rate) {
+                notify(&note);
+            }
+        }
+
+        let load_err = |cause: Box<dyn std::error::Error + Send + Sync>| CollectError::Load {
+            hint: "",
+            cause,
+        };
+        let ring = RingBuf::try_from(
+            bpf.take_map("SAMPLES")
+                .ok_or_else(|| load_err("map SAMPLES missing".into()))?,
+        )
+        .map_err(|e| load_err(e.into()))?;
+        // SAFETY: the ring buffer owns its fd, open as long as the AsyncFd wrapping it.
+        let ring = unsafe { AsyncFd::register(ring) }.map_err(io::Error::from)?;
+        let window = opts.window.unwrap_or(match caps.lbr_depth {
+            Some(depth) => policy::range_window(depth as usize),
+            None => policy::FALLBACK_RANGE_WINDOW,
+        });
+        // Run-time accounting of our programs, for as long as the session lives.
+        let stats = sys.enable_bpf_stats().ok();
+
+        let started = Instant::now();
+        let child = match suspended {
+            Some(s) => Some(s.release()?),
+            None => {
+                for e in &rung.open {
+                    sys.enable(&e.fd)?;
+                }
+                None
+            }
+        };
+        let watch: Vec<u32> = match (&opts.target, &child) {
+            (_, Some(c)) => vec![c.pid()],
+            (Target::Pids(pids), None) => pids.clone(),
+            _ => Vec::new(),
+        };
+        let mut pidfds = Vec::new();
+        for &pid in &watch {
+            // A pid that is already gone has exited: nothing to wait for.
+            if let Ok(fd) = sys.pidfd_open(pid as i32) {
+                // SAFETY: the pidfd is owned by the AsyncFd wrapping it.
+                pidfds.push(unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)?);
+            }
+        }
+        let redraw = Redraw::new(&rung.specs, &rung.open);
+        let mut drain = Drain::new(window);
+        if let Some(clock) = rung.specs.iter().find(|s| s.role == EventRole::CpuClock) {
+            drain.cpu_clock.opened = clock.policy.base;
+        }
+        let live = Live {
+            vendor: caps.vendor,
+            mode: rung.mode,
+            reason: rung.reason,
+            thinning,
+            specs: rung.specs,
+            open: rung.open,
+            redraw,
+            ring,
+            pidfds,
+            watching: !watch.is_empty(),
+            sigint,
+            sigterm,
+            drain,
+            child,
+            deadline: opts.duration.and_then(|d| started.checked_add(d)),
+            window_started: started,
+            counters_seen: [0; COUNTERS as usize],
+            stop: None,
+            shut: false,
+            stats,
+            bpf,
+            opts,
+        };
+        drop(_entered);
+        Ok(Session { live, rt })
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.live.mode
+    }
+
+    pub fn mode_reason(&self) -> &str {
+        &self.live.reason
+    }
+
+    /// Collects until `until` (None: no deadline) or a stop condition (duration in opts,
+    /// target exit, SIGINT/SIGTERM). `Ok(None)`: `until` was reached, collection
+    /// continues. Once stopped, every call returns the same stop at once.
+    pub fn run_until(
+        &mut self,
+        until: Option<Instant>,
+    ) -> Result<Option<StopReason>, CollectError> {
+        if let Some(stop) = self.live.stop {
+            return Ok(Some(stop));
+        }
+        let stop = self.rt.block_on(self.live.run(until))?;
+        if let Some(stop) = stop {
+            self.live.stop = Some(stop);
+            self.rt.block_on(self.live.shut_down());
+        }
+        Ok(stop)
+    }
+
+    /// Everything drained since the previous call, as one window: its SampleSet (with
+    /// the processes' comm/maps captured so far) and a RunInfo whose event sample
+    /// counts, losses and duration are those of this window only. Collection goes on; no
+    /// sample is in two windows or in none.
+    pub fn take_window(&mut self) -> Collected {
+        self.live.take_window()
+    }
+
+    /// The base sampling rate now.
+    pub fn rate(&self) -> &Rate {
+        &self.live.opts.rate
+    }
+
+    /// Changes the base sampling rate (the agent's overhead governor): re-opens nothing,
+    /// sets the new period on every open event. Events the kernel created by `inherit`
+    /// keep theirs.
+    pub fn set_frequency(&mut self, hz: u64) -> Result<(), CollectError> {
+        if hz == 0 {
+            return Err(CollectError::Range(
+                "the sampling frequency must be at least 1 Hz".into(),
+            ));
+        }
+        let l = &mut self.live;
+        let rate = Rate {
+            frequency: hz,
+            period: None,
+            ..l.opts.rate
+        };
+        let specs = plan(l.mode, l.vendor, &l.opts, &rate);
+        let sys = Linux;
+        for e in &l.open {
+            let spec = &specs[e.spec_index];
+            // A thread that exited keeps nothing to set.
+            if sys.set_period(&e.fd, spec.policy.base).is_ok() && spec.role == EventRole::CpuClock {
+                l.drain.cpu_clock.set(e.place, spec.policy.base);
+            }
+        }
+        l.specs = specs;
+        l.opts.rate = rate;
+        l.redraw.restart(&sys, &l.specs, &l.open);
+        Ok(())
+    }
+
+    /// Cumulative in-kernel run time of our BPF programs, from BPF_ENABLE_STATS
+    /// (enabled for the Session's lifetime when the kernel allows), None when
+    /// unavailable.
+    pub fn bpf_run_time(&self) -> Option<Duration> {
+        self.live.stats.as_ref()?;
+        let mut total = Duration::ZERO;
+        for (_, prog) in self.live.bpf.programs() {
+            total += prog.info().ok()?.run_time();
+        }
+        Some(total)
+    }
+
+    /// Disables the events, drains to the end, reaps/kills the started command; the last
+    /// window.
+    pub fn finish(self) -> Result<Collected, CollectError> {
+        self.finish_with(&mut |_| {})
+    }
+
+    /// [`Session::finish`], saying on `notify` when the command had to be killed.
+    pub fn finish_with(mut self, notify: &mut dyn FnMut(&str)) -> Result<Collected, CollectError> {
+        let stop = *self.live.stop.get_or_insert(StopReason::Finished);
+        self.rt.block_on(self.live.shut_down());
+        let command_status = self.live.child.take().and_then(|child| {
+            if stop == StopReason::TargetExit {
+                return child.wait();
+            }
+            let (status, killed) = child.terminate(KILL_AFTER);
+            if killed {
+                notify(&format!(
+                    "the command did not end within {} s of SIGTERM: killed it (SIGKILL)",
+                    KILL_AFTER.as_secs()
+                ));
+            }
+            status
+        });
+        let mut last = self.live.take_window();
+        last.command_status = command_status;
+        Ok(last)
+    }
+}
+
+impl Live {
+    async fn run(&mut self, until: Option<Instant>) -> Result<Option<StopReason>, CollectError> {
+        let far = || tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
+        let deadline = self
+            .deadline
+            .map_or_else(far, tokio::time::Instant::from_std);
+        let until_at = until.map_or_else(far, tokio::time::Instant::from_std);
+        let mut redraw =
+            tokio::time::interval(self.opts.redraw_every.max(Duration::from_millis(1)));
+        redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut poll = tokio::time::interval(DRAIN_EVERY);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let redrawing = self.opts.perturbation.user() && !self.open.is_empty();
+        let Live {
+            ring,
+            drain,
+            pidfds,
+            sigint,
+            sigterm,
+            redraw: schedule,
+            specs,
+            open,
+            watching,
+            ..
+        } = self;
+        let all_exited = async {
+            for fd in pidfds.iter() {
+                let _ = fd.readable().await;
+            }
+        };
+        tokio::pin!(all_exited);
+        let stop = loop {
+            tokio::select! {
+                guard = ring.readable_mut() => {
+                    let mut guard = guard?;
+                    drain_all(guard.get_inner_mut(), drain);
+                    guard.clear_ready();
+                }
+                _ = poll.tick() => drain_all(ring.get_mut(), drain),
+                _ = redraw.tick(), if redrawing => {
+                    schedule.tick(&Linux, specs, open, &mut drain.cpu_clock)
+                }
+                _ = tokio::time::sleep_until(deadline), if self.deadline.is_some() => {
+                    break Some(StopReason::Duration)
+                }
+                _ = tokio::time::sleep_until(until_at), if until.is_some() => break None,
+                _ = &mut all_exited, if *watching => break Some(StopReason::TargetExit),
+                _ = sigint.recv() => break Some(StopReason::Signal("SIGINT")),
+                _ = sigterm.recv() => break Some(StopReason::Signal("SIGTERM")),
+            }
+        };
+        drain_all(ring.get_mut(), drain);
+        Ok(stop)
+    }
+
+    /// No new samples, then everything already written (once).
+    async fn shut_down(&mut self) {
+        if self.shut {
+            return;
+        }
+        self.shut = true;
+        for e in &self.open {
+            let _ = Linux.disable(&e.fd);
+        }
+        drain_all(self.ring.get_mut(), &mut self.drain);
+        // A program that was mid-run on another CPU commits within microseconds.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drain_all(self.ring.get_mut(), &mut self.drain);
+    }
+
+    fn take_window(&mut self) -> Collected {
+        let w = self.drain.take_window();
+        let counters = read_counters(&self.bpf);
+        let delta =
+            |c: Counter| counters[c as usize].saturating_sub(self.counters_seen[c as usize]);
+        let lost = LossReport {
+            ring_full: delta(Counter::RingFull),
+            branch_errors: delta(Counter::BranchError),
+            malformed: w.malformed,
+            thinned: delta(Counter::Thinned),
+            ..Default::default()
+        };
+        self.counters_seen = counters;
+        let now = Instant::now();
+        let duration_secs = now.duration_since(self.window_started).as_secs_f64();
+        self.window_started = now;
+        let events = self
+            .specs
+            .iter()
+            .map(|s| EventInfo {
+                role: s.role_name().to_string(),
+                name: s.name.clone(),
+                period: s.policy.base,
+                jitter: if self.opts.perturbation.user() {
+                    s.policy.jitter
+                } else {
+                    0
+                },
+                thinning: self.thinning.keep_one_in,
+                unit: s.unit.to_string(),
+                samples: w.received.get(&s.role).copied().unwrap_or(0),
+            })
+            .collect();
+        let run = RunInfo {
+            mode: self.mode,
+            mode_reason: self.reason.clone(),
+            command: match &self.opts.target {
+                Target::Command(argv) => argv.clone(),
+                _ => Vec::new(),
+            },
+            duration_secs,
+            events,
+            perturbation: self.opts.perturbation.name().to_string(),
+            lost,
+        };
+        Collected {
+            set: w.set,
+            run,
+            stop: self.stop,
+            command_status: None,
+        }
+    }
+}
+
+fn drain_all(ring: &mut RingBuf<MapData>, drain: &mut Drain) {
+    while let Some(item) = ring.next() {
+        drain.add(&item);
+    }
+}
+
+fn seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    t ^ ((std::process::id() as u64) << 32)
+}
+
+/// The one-shot command: one window, from open to a stop condition.
+pub fn collect(
+    opts: &CollectOptions,
+    notify: &mut dyn FnMut(&str),
+) -> Result<Collected, CollectError> {
+    let mut session = Session::open(opts, notify)?;
+    session.run_until(None)?;
+    session.finish_with(notify)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collect::sys::fake::{Call, FakeSys};
+
+    #[test]
+    fn placements_follow_the_target() {
+        let me = std::process::id();
+        let (places, flags) = placements(&Target::Pids(vec![me]), None).unwrap();
+        assert!(
+            places.contains(&(me as i32, -1)),
+            "one event per thread, any CPU"
+        );
+        assert!(places.iter().all(|&(_, cpu)| cpu == -1));
+        assert_eq!(flags, sys::flag::INHERIT, "threads created later follow");
+
+        let (places, flags) = placements(&Target::SystemWide, None).unwrap();
+        assert_eq!(places.len(), target::online_cpus().len());
+        assert!(places.iter().all(|&(pid, cpu)| pid == -1 && cpu >= 0));
+        assert_eq!(flags, 0);
+
+        let cmd = Target::Command(vec!["true".into()]);
+        let (places, flags) = placements(&cmd, Some(4242)).unwrap();
+        assert_eq!(places, [(4242, -1)]);
+        assert_eq!(flags, sys::flag::INHERIT | sys::flag::ENABLE_ON_EXEC);
+
+        assert!(matches!(
+            placements(&Target::Pids(vec![u32::MAX - 1]), None),
+            Err(CollectError::NoSuchProcess(_))
+        ));
+    }
+
+    #[test]
+    fn redraws_follow_the_count_not_the_clock() {
+        let rate = Rate {
+            frequency: 10,
+            period: None,
+            core_hz: 2_000_000_000,
+        };
+        let specs = events::plan(Mode::TimeProfile, Vendor::Other, &rate, false);
+        let sys = FakeSys::new(|_, _, _| None);
+        let attach = |_: &'static str| Ok(None);
+        let open = ladder::open_events(&sys, &specs, &[(1, -1), (2, -1)], 0, &attach).unwrap();
+        let mut r = Redraw::new(&specs, &open);
+        let base = specs[0].policy.base;
+        let sets = || sys.calls_where(|c| matches!(c, Call::SetPeriod(..))).len();
+        // However many ticks pass, an event that has counted fewer than 48 periods is
+        // never re-drawn (each re-draw restarts its count).
+        sys.count.set(47 * base);
+        let mut periods = CpuClockPeriods::default();
+        for _ in 0..100 {
+            r.tick(&sys, &specs, &open, &mut periods);
+        }
+        assert_eq!(sets(), 0);
+        assert!(periods.by_tid.is_empty());
+        // Past 112 periods every event is due, once.
+        sys.count.set(112 * base);
+        r.tick(&sys, &specs, &open, &mut periods);
+        r.tick(&sys, &specs, &open, &mut periods);
+        assert_eq!(sets(), 2);
+        // The drain learns each event's new period, by thread.
+        assert_eq!(periods.by_tid.len(), 2);
+        for c in sys.calls_where(|c| matches!(c, Call::SetPeriod(..))) {
+            let Call::SetPeriod(_, p) = c else {
+                unreachable!()
+            };
+            assert!(
+                p >= base && p <= base + base / 8,
+                "{p} outside the band of {base}"
+            );
+        }
+        // The next re-draw is again 48..=112 periods further on.
+        sys.count.set(112 * base + 47 * base);
+        r.tick(&sys, &specs, &open, &mut periods);
+        r.tick(&sys, &specs, &open, &mut periods);
+        assert_eq!(sets(), 2);
+    }
+}

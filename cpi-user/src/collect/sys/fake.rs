@@ -1,0 +1,114 @@
+//! A scripted [`PerfSys`] for unit tests (aya's `sys/fake.rs` pattern): every call is
+//! recorded, `perf_event_open` fails with whatever errno the test's closure says, and
+//! event fds are `/dev/null` so they are real, closable descriptors.
+
+use std::cell::{Cell, RefCell};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use super::{PerfEventAttr, PerfSys};
+
+/// One recorded call; fds are raw numbers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Call {
+    Open {
+        type_: u32,
+        config: u64,
+        pid: i32,
+        cpu: i32,
+    },
+    SetBpf(i32, i32),
+    Enable(i32),
+    Disable(i32),
+    SetPeriod(i32, u64),
+    Read(i32),
+    PidfdOpen(i32),
+    EnableStats,
+}
+
+type OpenScript = Box<dyn Fn(&PerfEventAttr, i32, i32) -> Option<i32>>;
+
+pub struct FakeSys {
+    /// `Some(errno)`: `perf_event_open(attr, pid, cpu)` fails with it.
+    open_errno: OpenScript,
+    /// `Some(errno)`: `PERF_EVENT_IOC_SET_BPF` fails with it.
+    pub set_bpf_errno: Option<i32>,
+    /// What `read_count` returns next (the tests move it forward).
+    pub count: Cell<u64>,
+    pub calls: RefCell<Vec<Call>>,
+}
+
+impl FakeSys {
+    pub fn new(open_errno: impl Fn(&PerfEventAttr, i32, i32) -> Option<i32> + 'static) -> Self {
+        FakeSys {
+            open_errno: Box::new(open_errno),
+            set_bpf_errno: None,
+            count: Cell::new(0),
+            calls: RefCell::new(Vec::new()),
+        }
+    }
+
+    fn record(&self, c: Call) {
+        self.calls.borrow_mut().push(c);
+    }
+
+    /// The recorded calls that match `f`.
+    pub fn calls_where(&self, f: impl Fn(&Call) -> bool) -> Vec<Call> {
+        self.calls
+            .borrow()
+            .iter()
+            .filter(|c| f(c))
+            .cloned()
+            .collect()
+    }
+}
+
+fn dev_null() -> io::Result<OwnedFd> {
+    Ok(std::fs::File::open("/dev/null")?.into())
+}
+
+impl PerfSys for FakeSys {
+    fn perf_event_open(&self, attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd> {
+        self.record(Call::Open {
+            type_: attr.type_,
+            config: attr.config,
+            pid,
+            cpu,
+        });
+        match (self.open_errno)(attr, pid, cpu) {
+            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+            None => dev_null(),
+        }
+    }
+    fn set_bpf(&self, fd: &OwnedFd, prog_fd: i32) -> io::Result<()> {
+        self.record(Call::SetBpf(fd.as_raw_fd(), prog_fd));
+        match self.set_bpf_errno {
+            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+            None => Ok(()),
+        }
+    }
+    fn enable(&self, fd: &OwnedFd) -> io::Result<()> {
+        self.record(Call::Enable(fd.as_raw_fd()));
+        Ok(())
+    }
+    fn disable(&self, fd: &OwnedFd) -> io::Result<()> {
+        self.record(Call::Disable(fd.as_raw_fd()));
+        Ok(())
+    }
+    fn set_period(&self, fd: &OwnedFd, period: u64) -> io::Result<()> {
+        self.record(Call::SetPeriod(fd.as_raw_fd(), period));
+        Ok(())
+    }
+    fn read_count(&self, fd: &OwnedFd) -> io::Result<u64> {
+        self.record(Call::Read(fd.as_raw_fd()));
+        Ok(self.count.get())
+    }
+    fn pidfd_open(&self, pid: i32) -> io::Result<OwnedFd> {
+        self.record(Call::PidfdOpen(pid));
+        Err(io::Error::from_raw_os_error(libc::ESRCH))
+    }
+    fn enable_bpf_stats(&self) -> io::Result<OwnedFd> {
+        self.record(Call::EnableStats);
+        Err(io::Error::from_raw_os_error(libc::EINVAL))
+    }
+}

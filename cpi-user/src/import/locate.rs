@@ -1,0 +1,126 @@
+//! Finding the binaries of a recording made on another machine: `--binary NAME=PATH`,
+//! `--symfs DIR` (as perf), the recorded path itself, then build-id lookup in the
+//! build-id caches (`~/.debug/.build-id/`, `/usr/lib/debug/.build-id/`) and among the
+//! files given with `--binary PATH`. A file whose build-id differs from the recorded
+//! one is refused, never analysed as if it were the recorded binary.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::binary::Binary;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LocateError {
+    #[error(
+        "{recorded}: build-id mismatch: the recording has {want}, {found} has {got} \
+         (give the recorded binary with --binary NAME=PATH or --symfs DIR)"
+    )]
+    BuildIdMismatch {
+        recorded: String,
+        want: String,
+        found: String,
+        got: String,
+    },
+}
+
+/// Where to look.
+#[derive(Clone, Debug, Default)]
+pub struct Locator {
+    /// A root the recorded paths are taken relative to (perf's `--symfs`).
+    pub symfs: Option<PathBuf>,
+    /// Recorded path or file name → local file.
+    pub overrides: Vec<(String, PathBuf)>,
+    /// Files offered for build-id lookup.
+    pub files: Vec<PathBuf>,
+    /// Build-id caches (`<dir>/ab/cdef…` layout); [`Locator::default_caches`].
+    pub caches: Vec<PathBuf>,
+}
+
+impl Locator {
+    /// perf's build-id cache of the user and the distribution's debug files.
+    pub fn default_caches() -> Vec<PathBuf> {
+        let mut v = Vec::new();
+        if let Some(home) = std::env::var_os("HOME") {
+            v.push(Path::new(&home).join(".debug/.build-id"));
+        }
+        v.push(PathBuf::from("/usr/lib/debug/.build-id"));
+        v
+    }
+
+    /// The local file for `recorded` (with its recorded build-id, when known); `None`
+    /// when nothing is found (the samples then count as unmapped).
+    pub fn locate(
+        &self,
+        recorded: &str,
+        build_id: Option<&str>,
+        ids: &mut BTreeMap<PathBuf, Option<String>>,
+    ) -> Result<Option<PathBuf>, LocateError> {
+        let mut id_of = |p: &Path| -> Option<Option<String>> {
+            if let Some(v) = ids.get(p) {
+                return Some(v.clone());
+            }
+            let b = Binary::open(p).ok()?;
+            ids.insert(p.to_path_buf(), b.build_id.clone());
+            Some(b.build_id)
+        };
+        let check = |found: &Path, got: Option<String>| match (build_id, got) {
+            (Some(want), Some(got)) if want != got => Err(LocateError::BuildIdMismatch {
+                recorded: recorded.into(),
+                want: want.into(),
+                found: found.display().to_string(),
+                got,
+            }),
+            _ => Ok(()),
+        };
+        let file_name = Path::new(recorded)
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned());
+        // Explicit choices: used if they are ELF, refused if their build-id differs.
+        let explicit = self
+            .overrides
+            .iter()
+            .find(|(n, _)| n == recorded || Some(n) == file_name.as_ref())
+            .map(|(_, p)| p.clone())
+            .into_iter()
+            .chain(
+                self.symfs
+                    .as_ref()
+                    .map(|d| d.join(recorded.trim_start_matches('/'))),
+            );
+        for p in explicit {
+            if let Some(got) = id_of(&p) {
+                check(&p, got)?;
+                return Ok(Some(p));
+            }
+        }
+        // The recorded path: only if it is the recorded binary (or nothing says).
+        let here = Path::new(recorded);
+        let mut mismatch = None;
+        if let Some(got) = id_of(here) {
+            match check(here, got) {
+                Ok(()) => return Ok(Some(here.to_path_buf())),
+                Err(e) => mismatch = Some(e),
+            }
+        }
+        if let Some(want) = build_id.filter(|w| w.len() > 2) {
+            let (head, tail) = want.split_at(2);
+            let cached = self.caches.iter().flat_map(|c| {
+                let d = c.join(head);
+                [
+                    d.join(tail).join("elf"),
+                    d.join(tail),
+                    d.join(format!("{tail}.debug")),
+                ]
+            });
+            for p in cached.chain(self.files.iter().cloned()) {
+                if p.is_file() && id_of(&p).flatten().as_deref() == Some(want) {
+                    return Ok(Some(p));
+                }
+            }
+        }
+        match mismatch {
+            Some(e) => Err(e),
+            None => Ok(None),
+        }
+    }
+}

@@ -1,0 +1,765 @@
+//! Recordings made elsewhere → the same per-pid [`SampleSet`] as live samples, then
+//! the normal analysis ([`crate::profile::analyze`]): `cpi-bpf import-perf`.
+//!
+//! Inputs: `perf.data` ([`perf_data`], told by its `PERFILE2` magic) and `perf script`
+//! branch-stack text ([`perf_script`]). Everything read is bounded: perf.data is
+//! streamed record by record, text by [`MAX_TEXT_BYTES`] and [`MAX_LINE_BYTES`], so a
+//! file that is not a recording (`/dev/zero`) ends in one error, not in memory
+//! exhaustion.
+//!
+//! The event the branch stacks were sampled on decides what the numbers mean
+//! ([`Estimator`]), and the mode line says it: taken-branch events give absolute
+//! instruction counts (seed 000: each range occurrence stands for period/k), cycles
+//! give cycles per function from the periods but only a relative instruction profile,
+//! other events a relative instruction profile. CPI is shown only where the recording
+//! holds both (a taken-branch event plus a cycles event), timed CPI wherever the
+//! branch entries carry cycles.
+
+pub mod locate;
+pub mod perf_data;
+pub mod perf_script;
+
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use cpi_common::wire::{
+    BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES, WIRE_VERSION,
+};
+
+use crate::procmap::{MappedObject, ProcessMaps};
+use crate::profile::SampleSet;
+use locate::{LocateError, Locator};
+use perf_data::{EventAttr, PerfDataError};
+
+use crate::profile::model::{EventInfo, LossReport, Mode, Profile, RunInfo};
+use crate::profile::{analyze, AnalysisOptions};
+use perf_script::{PerfImport, PerfScriptError};
+
+/// Largest `perf script` text read (it is held in memory while parsed).
+pub const MAX_TEXT_BYTES: u64 = 512 << 20;
+/// Longest text line: a 64-entry stack with long dso names is well under this.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: larger than {limit} bytes: not `perf script` text this tool reads whole")]
+    TooLarge { what: String, limit: u64 },
+    #[error(
+        "{what}: line {line} is longer than {limit} bytes: not `perf script` text \
+         (perf.data files start with PERFILE2)"
+    )]
+    LongLine {
+        what: String,
+        line: usize,
+        limit: usize,
+    },
+    #[error("{what}: {source}")]
+    PerfData {
+        what: String,
+        #[source]
+        source: PerfDataError,
+    },
+    #[error(
+        "{what}: no branch stacks: its events ({events}) were recorded without \
+         `perf record -b` (or -j), so no instruction counts can be derived"
+    )]
+    NoBranchStacks { what: String, events: String },
+    #[error("{what}: {source}")]
+    Locate {
+        what: String,
+        #[source]
+        source: LocateError,
+    },
+    #[error("{what}: {why}")]
+    Unusable { what: String, why: String },
+    #[error("{what}: {source}")]
+    PerfScript {
+        what: String,
+        #[source]
+        source: PerfScriptError,
+    },
+}
+
+/// How to import.
+#[derive(Clone, Debug)]
+pub struct ImportOptions {
+    /// Newest ranges used per branch stack (seed 001's CBT window).
+    pub window: usize,
+    /// Text only: entries are `brstackoff` dso offsets rather than runtime addresses.
+    pub offsets: bool,
+    /// Text only: events each sample stands for (`perf record -c N`) when the text has
+    /// no period field; 1 when unknown.
+    pub period: u64,
+    /// Text only: the text has a period field (`perf script -F ...,period`).
+    pub period_field: bool,
+    /// Text only (perf.data names its events): what the stacks were sampled on.
+    pub text_event: Estimator,
+    /// Where the recorded binaries are on this machine.
+    pub locator: Locator,
+    pub analysis: AnalysisOptions,
+}
+
+impl Default for ImportOptions {
+    fn default() -> Self {
+        ImportOptions {
+            window: 8,
+            offsets: false,
+            period: 1,
+            period_field: false,
+            text_event: Estimator::Cycles,
+            locator: Locator {
+                caches: Locator::default_caches(),
+                ..Locator::default()
+            },
+            analysis: AnalysisOptions::default(),
+        }
+    }
+}
+
+/// An imported recording, analysed.
+#[derive(Clone, Debug)]
+pub struct Imported {
+    pub profile: Profile,
+    /// What the user should know about the input (dropped lines, unplaced dsos, ...),
+    /// one sentence each.
+    pub notes: Vec<String>,
+}
+
+/// Imports `path` (`-` is standard input, text only): perf.data when it starts with
+/// `PERFILE2`, else `perf script` text.
+pub fn import_path(path: &Path, opts: &ImportOptions) -> Result<Imported, ImportError> {
+    let what = path.display().to_string();
+    let io = |source| ImportError::Io {
+        what: what.clone(),
+        source,
+    };
+    if path.as_os_str() == "-" {
+        let mut stdin = std::io::stdin().lock();
+        let mut magic = [0u8; 8];
+        let n = read_full(&mut stdin, &mut magic).map_err(io)?;
+        if &magic[..n] == perf_data::MAGIC {
+            return Err(ImportError::PerfData {
+                what,
+                source: PerfDataError::PipeMode,
+            });
+        }
+        let text = read_text(
+            std::io::Cursor::new(magic[..n].to_vec()).chain(stdin),
+            &what,
+        )?;
+        return import_text(&text, &what, opts);
+    }
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let mut magic = [0u8; 8];
+    let n = read_full(&mut f, &mut magic).map_err(io)?;
+    if &magic[..n] == perf_data::MAGIC {
+        return import_perf_data(path, &what, opts);
+    }
+    let text = read_text(std::io::Cursor::new(magic[..n].to_vec()).chain(f), &what)?;
+    import_text(&text, &what, opts)
+}
+
+fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// What the event the branch stacks were sampled on lets the numbers mean.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Estimator {
+    /// Retired taken branches: each sample stands for `period` taken branches, so a
+    /// range occurrence stands for period/k executions (absolute counts).
+    TakenBranches,
+    /// Cycles: the periods give cycles per function; the ranges only a relative
+    /// instruction profile (cycle-sampled stacks over-weight slow code).
+    Cycles,
+    /// Anything else: a relative instruction profile, each sample weighing 1.
+    Other,
+}
+
+impl Estimator {
+    /// Classifies an event by its recorded name, else by its type and config.
+    pub fn of(e: &EventAttr) -> Estimator {
+        let name = e.name.as_deref().unwrap_or("").to_ascii_lowercase();
+        let base = name.split(':').next().unwrap_or("");
+        let taken_name = name.contains("near_taken")
+            || name.contains("ex_ret_brn_tkn")
+            || (name.contains("br_inst_exec") && name.contains("taken"));
+        // PERF_TYPE_RAW (4, also the core PMU's type on x86): Intel
+        // BR_INST_RETIRED.NEAR_TAKEN is 0x20c4 (E-cores 0xc0c4); 0x3c is
+        // CPU_CLK_UNHALTED.THREAD.
+        let raw = e.kind == 4;
+        let code = e.config & 0xffff;
+        if taken_name || (raw && (code == 0x20c4 || code == 0xc0c4)) {
+            Estimator::TakenBranches
+        } else if matches!(base, "cycles" | "cpu-cycles" | "cpu_clk_unhalted.thread")
+            || (e.kind == 0 && e.config == 0)
+            || (raw && code == 0x3c)
+        {
+            Estimator::Cycles
+        } else {
+            Estimator::Other
+        }
+    }
+}
+
+/// What the pass over a perf.data file gathered.
+struct Pass {
+    set: SampleSet,
+    /// Samples per event.
+    per_event: Vec<u64>,
+    /// Deepest branch stack seen.
+    max_depth: usize,
+    timed_entries: u64,
+    truncated_stacks: u64,
+    records: perf_data::Records,
+    header: perf_data::Header,
+}
+
+/// One pass over the file with range window `window`; `branch` is the event whose
+/// stacks are used and `cycles` the event whose samples give cycles (when known).
+fn perf_data_pass(
+    path: &Path,
+    what: &str,
+    window: usize,
+    roles: Option<(usize, Option<usize>, Estimator)>,
+) -> Result<Pass, ImportError> {
+    let mut f = std::fs::File::open(path).map_err(|source| ImportError::Io {
+        what: what.into(),
+        source,
+    })?;
+    let mut set = SampleSet::new(window);
+    let mut per_event = Vec::new();
+    let (mut max_depth, mut timed_entries, mut truncated_stacks) = (0usize, 0u64, 0u64);
+    let (header, records) = perf_data::read(&mut f, |h, s| {
+        if per_event.len() < h.events.len() {
+            per_event.resize(h.events.len(), 0);
+        }
+        per_event[s.event] += 1;
+        if !s.branches.is_empty() {
+            max_depth = max_depth.max(s.branches.len());
+        }
+        let Some((branch, cycles, est)) = roles else {
+            return;
+        };
+        let sh = SampleHeader {
+            tgid: s.pid,
+            tid: s.tid,
+            ip: s.ip,
+            period: s.period,
+            ..Default::default()
+        };
+        if Some(s.event) == cycles {
+            let ip = IpSample {
+                header: SampleHeader {
+                    version: WIRE_VERSION,
+                    kind: SampleKind::Ip as u16,
+                    event: EventRole::Cycles as u32,
+                    ..sh
+                },
+            };
+            set.process(s.pid)
+                .ips
+                .entry(EventRole::Cycles)
+                .or_default()
+                .add(&ip);
+        }
+        if s.event == branch && !s.branches.is_empty() {
+            if s.branches.len() > MAX_BRANCH_ENTRIES {
+                truncated_stacks += 1;
+            }
+            timed_entries += s.branches.iter().filter(|e| e.cycles() != 0).count() as u64;
+            let period = match est {
+                Estimator::TakenBranches | Estimator::Cycles => s.period,
+                Estimator::Other => 1,
+            };
+            set.add_branch(&BranchSample::new(
+                SampleHeader { period, ..sh },
+                &s.branches,
+            ));
+        }
+    })
+    .map_err(|source| ImportError::PerfData {
+        what: what.into(),
+        source,
+    })?;
+    per_event.resize(header.events.len(), 0);
+    Ok(Pass {
+        set,
+        per_event,
+        max_depth,
+        timed_entries,
+        truncated_stacks,
+        records,
+        header,
+    })
+}
+
+/// Imports a perf.data file.
+pub fn import_perf_data(
+    path: &Path,
+    what: &str,
+    opts: &ImportOptions,
+) -> Result<Imported, ImportError> {
+    let unusable = |why: String| ImportError::Unusable {
+        what: what.into(),
+        why,
+    };
+    // First pass: the events, how deep the stacks are.
+    let scan = perf_data_pass(path, what, opts.window, None)?;
+    let events = &scan.header.events;
+    let with_stacks: Vec<usize> = (0..events.len())
+        .filter(|&i| events[i].has_branch_stack())
+        .collect();
+    let names = || {
+        events
+            .iter()
+            .map(EventAttr::display_name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if with_stacks.is_empty() || scan.max_depth == 0 {
+        return Err(ImportError::NoBranchStacks {
+            what: what.into(),
+            events: names(),
+        });
+    }
+    // The stacks of a taken-branch event if there is one, else the first with stacks.
+    let branch = with_stacks
+        .iter()
+        .copied()
+        .find(|&i| Estimator::of(&events[i]) == Estimator::TakenBranches)
+        .unwrap_or(with_stacks[0]);
+    let est = Estimator::of(&events[branch]);
+    let cycles = (0..events.len())
+        .filter(|&i| scan.per_event[i] > 0)
+        .find(|&i| Estimator::of(&events[i]) == Estimator::Cycles);
+    let mut notes = Vec::new();
+    let usable = scan.max_depth.min(MAX_BRANCH_ENTRIES);
+    if usable < 2 {
+        return Err(unusable(format!(
+            "its branch stacks hold {usable} entries: at least 2 are needed for one range"
+        )));
+    }
+    let mut window = opts.window.max(1);
+    if window > usable - 1 {
+        notes.push(format!(
+            "--window {window} is larger than the stacks allow: their {usable} entries hold {} ranges; using {}",
+            usable - 1,
+            usable - 1
+        ));
+        window = usable - 1;
+    }
+    let pass = perf_data_pass(path, what, window, Some((branch, cycles, est)))?;
+    let header = pass.header;
+    let mut set = pass.set;
+    let records = pass.records;
+    for (pid, mut maps) in records.maps.clone() {
+        if let Some(p) = set.processes.get_mut(&pid) {
+            maps.sort_by_key(|m| m.start);
+            p.maps = Some(ProcessMaps { mappings: maps });
+        }
+    }
+    for (pid, comm) in records.comms.clone() {
+        if let Some(p) = set.processes.get_mut(&pid) {
+            p.comm = comm;
+        }
+    }
+    let mut build_ids = header.build_ids.clone();
+    build_ids.extend(records.build_ids.clone());
+    notes.extend(relocate(&mut set, &opts.locator, &build_ids, what)?);
+    if pass.truncated_stacks > 0 {
+        notes.push(format!(
+            "{} branch stacks were deeper than {MAX_BRANCH_ENTRIES} entries; the newest were kept",
+            pass.truncated_stacks
+        ));
+    }
+    let ev = &header.events[branch];
+    let sampling = |e: &EventAttr| {
+        if e.freq {
+            format!("freq {} Hz, each sample's own period", e.period_or_freq)
+        } else {
+            format!("period {}", e.period_or_freq)
+        }
+    };
+    let timed = pass.timed_entries > 0;
+    let timed_note = if timed {
+        "; timed CPI from the cycles the branch entries carry (timed LBR)"
+    } else {
+        ""
+    };
+    let cycles_name = cycles.map(|c| header.events[c].display_name());
+    let meaning = match (est, &cycles_name) {
+        (Estimator::TakenBranches, Some(c)) => format!(
+            "taken-branch event: absolute instruction counts (each range stands for period/{window}); cycles from {c} samples × their periods; CPI"
+        ),
+        (Estimator::TakenBranches, None) => format!(
+            "taken-branch event: absolute instruction counts (each range stands for period/{window}), shares of instructions; the recording holds no cycles: no cycles, no CPI"
+        ),
+        (Estimator::Cycles, _) => "cycles event: cycles per function from the sample periods; the instruction profile is relative (stacks sampled on cycles, not taken branches): no CPI from it"
+            .to_string(),
+        (Estimator::Other, Some(c)) => format!(
+            "neither taken branches nor cycles: a relative instruction profile (each sample weighs 1); cycles from {c} samples; no CPI"
+        ),
+        (Estimator::Other, None) => "neither taken branches nor cycles: a relative instruction profile (each sample weighs 1), shares of instructions; no cycles, no CPI"
+            .to_string(),
+    };
+    let mut infos = Vec::new();
+    for (i, e) in header.events.iter().enumerate() {
+        let role = if i == branch {
+            "branches"
+        } else if Some(i) == cycles {
+            "cycles"
+        } else {
+            continue;
+        };
+        infos.push(EventInfo {
+            role: role.into(),
+            name: e.display_name(),
+            period: if e.freq { 0 } else { e.period_or_freq },
+            jitter: 0,
+            thinning: 1,
+            unit: "events".into(),
+            samples: pass.per_event[i],
+        });
+    }
+    let run = RunInfo {
+        mode: Mode::Cpi,
+        mode_reason: format!(
+            "imported from perf.data {what}: branch stacks on {} ({}): {meaning}{timed_note}",
+            ev.display_name(),
+            sampling(ev)
+        ),
+        command: Vec::new(),
+        duration_secs: 0.0,
+        events: infos,
+        perturbation: "none".into(),
+        lost: LossReport::default(),
+    };
+    let mut profile = analyze(&set, run, &opts.analysis);
+    if est != Estimator::TakenBranches || cycles.is_none() {
+        without_cpi(&mut profile);
+    }
+    if cycles.is_none() {
+        shares_of_instructions(&mut profile);
+    }
+    Ok(Imported { profile, notes })
+}
+
+/// Points every mapped file at the local copy [`Locator`] finds (checked against the
+/// recorded build-id); returns a note per binary read from another path.
+fn relocate(
+    set: &mut SampleSet,
+    locator: &Locator,
+    build_ids: &BTreeMap<String, String>,
+    what: &str,
+) -> Result<Vec<String>, ImportError> {
+    let mut found: BTreeMap<String, Option<PathBuf>> = BTreeMap::new();
+    let mut ids = BTreeMap::new();
+    let mut notes = Vec::new();
+    for p in set.processes.values_mut() {
+        for m in p.maps.iter_mut().flat_map(|m| m.mappings.iter_mut()) {
+            let MappedObject::File { path, .. } = &mut m.object else {
+                continue;
+            };
+            let recorded = path.display().to_string();
+            if !found.contains_key(&recorded) {
+                let local = locator
+                    .locate(
+                        &recorded,
+                        build_ids.get(&recorded).map(String::as_str),
+                        &mut ids,
+                    )
+                    .map_err(|source| ImportError::Locate {
+                        what: what.into(),
+                        source,
+                    })?;
+                match &local {
+                    Some(l) if *l != *path => {
+                        notes.push(format!("{recorded}: read from {}", l.display()))
+                    }
+                    None if build_ids.contains_key(&recorded) || !path.exists() => {
+                        notes.push(format!(
+                            "{recorded}: not found on this machine (build-id {}): its samples \
+                             are unmapped; give it with --binary NAME=PATH or --symfs DIR",
+                            build_ids
+                                .get(&recorded)
+                                .map(String::as_str)
+                                .unwrap_or("unknown")
+                        ))
+                    }
+                    _ => {}
+                }
+                found.insert(recorded.clone(), local);
+            }
+            if let Some(Some(l)) = found.get(&recorded) {
+                *path = l.clone();
+            }
+        }
+    }
+    Ok(notes)
+}
+
+/// Removes the cycles/instructions CPI where the instruction counts are relative or
+/// there are no cycles; timed CPI (from the branch entries themselves) stays.
+pub fn without_cpi(p: &mut Profile) {
+    for proc in &mut p.processes {
+        proc.cpi = None;
+        for f in &mut proc.functions {
+            f.cpi = None;
+            f.blocks.iter_mut().for_each(|b| b.cpi = None);
+            f.lines.iter_mut().for_each(|l| l.cpi = None);
+        }
+    }
+}
+
+/// Without cycles, a function's share is its share of the process's instructions and
+/// functions rank by instructions.
+fn shares_of_instructions(p: &mut Profile) {
+    for proc in &mut p.processes {
+        let total: f64 = proc.functions.iter().filter_map(|f| f.instructions).sum();
+        for f in &mut proc.functions {
+            f.share = match (f.instructions, total > 0.0) {
+                (Some(i), true) => i / total,
+                _ => 0.0,
+            };
+        }
+        proc.functions.sort_by(|a, b| {
+            b.instructions
+                .unwrap_or(0.0)
+                .total_cmp(&a.instructions.unwrap_or(0.0))
+                .then(a.name.cmp(&b.name))
+        });
+    }
+}
+
+/// Reads text, bounded by [`MAX_TEXT_BYTES`] and [`MAX_LINE_BYTES`]; invalid UTF-8 is
+/// replaced (comm names may hold anything).
+fn read_text(mut r: impl Read, what: &str) -> Result<String, ImportError> {
+    let mut data = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let (mut line, mut line_len) = (1usize, 0usize);
+    loop {
+        let n = match r.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(source) => {
+                return Err(ImportError::Io {
+                    what: what.into(),
+                    source,
+                })
+            }
+        };
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                line += 1;
+                line_len = 0;
+            } else {
+                line_len += 1;
+                if line_len > MAX_LINE_BYTES {
+                    return Err(ImportError::LongLine {
+                        what: what.into(),
+                        line,
+                        limit: MAX_LINE_BYTES,
+                    });
+                }
+            }
+        }
+        if (data.len() + n) as u64 > MAX_TEXT_BYTES {
+            return Err(ImportError::TooLarge {
+                what: what.into(),
+                limit: MAX_TEXT_BYTES,
+            });
+        }
+        data.extend_from_slice(&buf[..n]);
+    }
+    Ok(match String::from_utf8(data) {
+        Ok(s) => s,
+        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+    })
+}
+
+/// Imports `perf script` text (`what` names it in messages and the mode line).
+pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Imported, ImportError> {
+    let parse_opts = perf_script::ImportOptions {
+        offsets: opts.offsets,
+        period: opts.period.max(1),
+        period_field: opts.period_field,
+    };
+    let import =
+        perf_script::parse(text, parse_opts, &perf_script::elf_layout).map_err(|source| {
+            ImportError::PerfScript {
+                what: what.into(),
+                source,
+            }
+        })?;
+    let notes = text_notes(&import);
+    let est = opts.text_event;
+    let timed = import
+        .samples
+        .iter()
+        .any(|s| s.entries().iter().any(|e| e.cycles() != 0));
+    let per_sample = import
+        .samples
+        .iter()
+        .any(|s| s.header.period != parse_opts.period);
+    // Cycles: each perf sample is also a cycles IP sample.
+    let ips: Vec<IpSample> = if est == Estimator::Cycles {
+        import
+            .samples
+            .iter()
+            .map(|s| IpSample {
+                header: SampleHeader {
+                    version: WIRE_VERSION,
+                    kind: SampleKind::Ip as u16,
+                    event: EventRole::Cycles as u32,
+                    nr: 0,
+                    ..s.header
+                },
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let n = import.samples.len() as u64;
+    let mut import = import;
+    if est == Estimator::Other {
+        import.samples.iter_mut().for_each(|s| s.header.period = 1);
+    }
+    let mut set = import.into_sample_set(opts.window);
+    let mut notes = notes;
+    notes.extend(relocate(&mut set, &opts.locator, &BTreeMap::new(), what)?);
+    for ip in &ips {
+        set.process(ip.header.tgid)
+            .ips
+            .entry(EventRole::Cycles)
+            .or_default()
+            .add(ip);
+    }
+    let (role, name) = match est {
+        Estimator::TakenBranches => ("branches", "taken branches (--event)"),
+        Estimator::Cycles => ("cycles", "cycles (perf record -b)"),
+        Estimator::Other => ("branches", "another event (--event)"),
+    };
+    let mut events = vec![EventInfo {
+        role: "branches".into(),
+        name: name.into(),
+        period: parse_opts.period,
+        jitter: 0,
+        thinning: 1,
+        unit: "events".into(),
+        samples: n,
+    }];
+    if role == "cycles" {
+        events.push(EventInfo {
+            role: role.into(),
+            ..events[0].clone()
+        });
+    }
+    let periods = if per_sample {
+        "each sample's own period (-F period)"
+    } else if opts.period > 1 {
+        "period from --period"
+    } else {
+        "no period in the text and no --period: each sample weighs 1, counts are relative"
+    };
+    let meaning = match est {
+        Estimator::Cycles => {
+            "taken as cycles (perf record -b's default; --event says \
+             otherwise): cycles per function from the periods; the instruction profile is \
+             relative (stacks sampled on cycles): no CPI from it"
+        }
+        Estimator::TakenBranches => {
+            "taken-branch event (--event): instruction counts from \
+             the periods, shares of instructions; the text holds no cycles: no cycles, no CPI"
+        }
+        Estimator::Other => {
+            "another event (--event): a relative instruction profile (each \
+             sample weighs 1), shares of instructions; no cycles, no CPI"
+        }
+    };
+    let timed_note = if timed {
+        "; timed CPI from the cycles the branch entries carry (timed LBR)"
+    } else {
+        ""
+    };
+    let run = RunInfo {
+        mode: Mode::Cpi,
+        mode_reason: format!(
+            "imported from perf script text {what} ({periods}): {meaning}{timed_note}"
+        ),
+        command: Vec::new(),
+        duration_secs: 0.0,
+        events,
+        perturbation: "none".into(),
+        lost: LossReport::default(),
+    };
+    let mut profile = analyze(&set, run, &opts.analysis);
+    without_cpi(&mut profile);
+    if est != Estimator::Cycles {
+        shares_of_instructions(&mut profile);
+    }
+    Ok(Imported { profile, notes })
+}
+
+fn text_notes(import: &PerfImport) -> Vec<String> {
+    let mut notes = Vec::new();
+    if import.malformed_lines > 0 {
+        notes.push(format!(
+            "{} malformed lines dropped ({} samples read); the first at {}",
+            import.malformed_lines,
+            import.samples.len(),
+            import.first_malformed.as_deref().unwrap_or("?")
+        ));
+    }
+    for dso in &import.unplaced {
+        notes.push(format!(
+            "{dso}: cannot place its runtime addresses (PIE or shared library without mmap \
+             events): re-run `perf script` with --show-mmap-events, or use brstackoff"
+        ));
+    }
+    if import.ips_at_branch_target > 0 {
+        notes.push(format!(
+            "{} sample ips are runtime addresses no mapping holds (brstackoff without mmap \
+             events): each is taken at its newest branch target",
+            import.ips_at_branch_target
+        ));
+    }
+    if import.truncated_stacks > 0 {
+        notes.push(format!(
+            "{} branch stacks were deeper than {} entries; the newest were kept",
+            import.truncated_stacks,
+            cpi_common::wire::MAX_BRANCH_ENTRIES
+        ));
+    }
+    notes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endless_input_is_bounded() {
+        let e = read_text(std::io::repeat(0).take(4 * MAX_LINE_BYTES as u64), "zeros").unwrap_err();
+        assert!(matches!(e, ImportError::LongLine { line: 1, .. }), "{e}");
+        let e = read_text(std::io::repeat(b'\n').take(MAX_TEXT_BYTES + 1), "newlines").unwrap_err();
+        assert!(matches!(e, ImportError::TooLarge { .. }), "{e}");
+    }
+}

@@ -1,0 +1,619 @@
+//! `perf.data` (the kernel's and perf's file layout, `PERFILE2`) → events, samples
+//! with branch stacks, COMM and MMAP/MMAP2 records and the header's build-id table.
+//!
+//! Layout (tools/perf/util/header.h, include/uapi/linux/perf_event.h): a 104-byte
+//! header (magic, size, attr_size, the attrs, data and event-types sections, a 256-bit
+//! feature bitmap); the attrs section holds `perf_event_attr` + an ids section per
+//! event; the data section holds records (`perf_event_header` + body); after the data
+//! section, one (offset, size) section per feature bit set, of which this reads
+//! `HEADER_BUILD_ID` (2) and `HEADER_EVENT_DESC` (12, the event names).
+//!
+//! The records are streamed ([`read`] calls a sink per sample), so memory does not
+//! grow with the file. Written by hand rather than with the `linux-perf-data` crate:
+//! its sample parser skips the branch stack without returning it, and its event types
+//! hide the raw `type`/`config` the estimator choice needs.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom};
+
+use cpi_common::wire::BranchEntry;
+
+use crate::procmap::{MappedObject, Mapping};
+
+/// The file magic.
+pub const MAGIC: &[u8; 8] = b"PERFILE2";
+/// Largest single record the kernel writes (its size field is 16 bits).
+const HEADER_SIZE: u64 = 104;
+const PIPE_HEADER_SIZE: u64 = 16;
+
+const PERF_RECORD_MMAP: u32 = 1;
+const PERF_RECORD_COMM: u32 = 3;
+const PERF_RECORD_SAMPLE: u32 = 9;
+const PERF_RECORD_MMAP2: u32 = 10;
+const PERF_RECORD_COMPRESSED: u32 = 81;
+
+const SAMPLE_IP: u64 = 1 << 0;
+const SAMPLE_TID: u64 = 1 << 1;
+const SAMPLE_TIME: u64 = 1 << 2;
+const SAMPLE_ADDR: u64 = 1 << 3;
+const SAMPLE_READ: u64 = 1 << 4;
+const SAMPLE_CALLCHAIN: u64 = 1 << 5;
+const SAMPLE_ID: u64 = 1 << 6;
+const SAMPLE_CPU: u64 = 1 << 7;
+const SAMPLE_PERIOD: u64 = 1 << 8;
+const SAMPLE_STREAM_ID: u64 = 1 << 9;
+const SAMPLE_RAW: u64 = 1 << 10;
+const SAMPLE_BRANCH_STACK: u64 = 1 << 11;
+const SAMPLE_IDENTIFIER: u64 = 1 << 16;
+
+const FORMAT_TOTAL_TIME_ENABLED: u64 = 1 << 0;
+const FORMAT_TOTAL_TIME_RUNNING: u64 = 1 << 1;
+const FORMAT_ID: u64 = 1 << 2;
+const FORMAT_GROUP: u64 = 1 << 3;
+const FORMAT_LOST: u64 = 1 << 4;
+
+const BRANCH_HW_INDEX: u64 = 1 << 17;
+const ATTR_FLAG_FREQ: u64 = 1 << 10;
+
+const MISC_MMAP_DATA: u16 = 1 << 13;
+const MISC_COMM_EXEC: u16 = 1 << 13;
+const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
+const MISC_BUILD_ID_SIZE: u16 = 1 << 15;
+
+const FEAT_BUILD_ID: usize = 2;
+const FEAT_EVENT_DESC: usize = 12;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PerfDataError {
+    #[error("reading: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("not a perf.data file (no PERFILE2 magic)")]
+    NotPerfData,
+    #[error(
+        "pipe-mode perf.data (perf record -o -) is not read: save it as a file with \
+         `perf inject -i FILE -o perf.data` and import that"
+    )]
+    PipeMode,
+    #[error("truncated perf.data: {0}")]
+    Truncated(String),
+    #[error("malformed perf.data: {0}")]
+    Malformed(String),
+    #[error(
+        "compressed perf.data records (perf record -z) are not read: decompress with \
+         `perf inject -i FILE -o plain.data`"
+    )]
+    Compressed,
+    #[error("sample {index} names event id {id}, which no event attribute lists (unknown event)")]
+    UnknownEvent { index: u64, id: u64 },
+}
+
+/// One recorded event (`perf_event_attr` plus its name).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventAttr {
+    /// `perf_event_attr.type` (0 hardware, 1 software, 4 raw / the core PMU, ...).
+    pub kind: u32,
+    pub config: u64,
+    /// `sample_period`, or the frequency when `freq` is set.
+    pub period_or_freq: u64,
+    pub freq: bool,
+    pub sample_type: u64,
+    pub read_format: u64,
+    pub branch_sample_type: u64,
+    /// From `HEADER_EVENT_DESC` when the file has it (e.g. `cycles`, `cpu/r20c4/`).
+    pub name: Option<String>,
+    /// Sample ids that belong to this event.
+    pub ids: Vec<u64>,
+}
+
+impl EventAttr {
+    pub fn has_branch_stack(&self) -> bool {
+        self.sample_type & SAMPLE_BRANCH_STACK != 0
+    }
+
+    /// A name for messages: the recorded one, else `type/config`.
+    pub fn display_name(&self) -> String {
+        match &self.name {
+            Some(n) => n.clone(),
+            None => format!("type {} config {:#x}", self.kind, self.config),
+        }
+    }
+}
+
+/// One sample, as the analysis needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sample {
+    /// Index into [`Header::events`].
+    pub event: usize,
+    pub pid: u32,
+    pub tid: u32,
+    pub ip: u64,
+    pub period: u64,
+    /// Kernel order: entry 0 is the newest branch. Empty without a branch stack.
+    pub branches: Vec<BranchEntry>,
+}
+
+/// Everything but the samples.
+#[derive(Clone, Debug, Default)]
+pub struct Header {
+    pub events: Vec<EventAttr>,
+    /// Path → build-id (lowercase hex), from `HEADER_BUILD_ID`.
+    pub build_ids: BTreeMap<String, String>,
+}
+
+/// What the records besides samples said.
+#[derive(Clone, Debug, Default)]
+pub struct Records {
+    /// pid → process name (the last COMM; an exec's COMM wins).
+    pub comms: BTreeMap<u32, String>,
+    /// pid → executable mappings in record order.
+    pub maps: BTreeMap<u32, Vec<Mapping>>,
+    /// Build-ids carried by MMAP2 records (`perf record --buildid-mmap`).
+    pub build_ids: BTreeMap<String, String>,
+    pub samples: u64,
+    /// Records of types this reader does not use (LOST, FORK, ...).
+    pub other_records: u64,
+}
+
+fn u16_at(b: &[u8], o: usize) -> Option<u16> {
+    Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?))
+}
+fn u32_at(b: &[u8], o: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?))
+}
+fn u64_at(b: &[u8], o: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A NUL-terminated string at the start of `b`.
+fn c_str(b: &[u8]) -> String {
+    let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+    String::from_utf8_lossy(&b[..end]).into_owned()
+}
+
+/// Reads exactly `len` bytes at `offset`, with a truncation error naming `what`.
+fn read_at<R: Read + Seek>(
+    r: &mut R,
+    offset: u64,
+    len: u64,
+    file_len: u64,
+    what: &str,
+) -> Result<Vec<u8>, PerfDataError> {
+    if offset.checked_add(len).is_none_or(|end| end > file_len) {
+        return Err(PerfDataError::Truncated(format!(
+            "the {what} ({len} bytes at {offset}) lies beyond the end of the file ({file_len} bytes)"
+        )));
+    }
+    r.seek(SeekFrom::Start(offset))?;
+    let mut buf = vec![0u8; len as usize];
+    r.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+/// The sections the records live in.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    data_offset: u64,
+    data_size: u64,
+    file_len: u64,
+}
+
+/// Reads the header, the event attributes and the feature sections.
+fn read_header<R: Read + Seek>(r: &mut R) -> Result<(Header, Layout), PerfDataError> {
+    let file_len = r.seek(SeekFrom::End(0))?;
+    r.seek(SeekFrom::Start(0))?;
+    let mut head = vec![0u8; 16];
+    let got = read_up_to(r, &mut head)?;
+    if got < 8 || &head[..8] != MAGIC {
+        return Err(PerfDataError::NotPerfData);
+    }
+    if got == 16 && u64_at(&head, 8) == Some(PIPE_HEADER_SIZE) {
+        return Err(PerfDataError::PipeMode);
+    }
+    let h = read_at(r, 0, HEADER_SIZE, file_len, "file header")?;
+    let g = |o| u64_at(&h, o).unwrap_or(0);
+    // `attr_size` is that of `struct perf_file_attr`: the attr and its ids section.
+    let entry = g(16);
+    let attr_size = entry.saturating_sub(16);
+    let (attrs_off, attrs_size) = (g(24), g(32));
+    let (data_offset, data_size) = (g(40), g(48));
+    let features: [u64; 4] = [g(72), g(80), g(88), g(96)];
+    if !(64..=4096).contains(&attr_size) || attrs_size % entry != 0 || attrs_size == 0 {
+        return Err(PerfDataError::Malformed(format!(
+            "attribute size {attr_size}, attrs section {attrs_size} bytes"
+        )));
+    }
+    let attrs = read_at(r, attrs_off, attrs_size, file_len, "attrs section")?;
+    let mut events = Vec::new();
+    for chunk in attrs.chunks(entry as usize) {
+        let a = &chunk[..attr_size as usize];
+        let (ids_off, ids_size) = (
+            u64_at(chunk, attr_size as usize).unwrap_or(0),
+            u64_at(chunk, attr_size as usize + 8).unwrap_or(0),
+        );
+        let ids = read_at(r, ids_off, ids_size, file_len, "event id list")?;
+        let at = |o| u64_at(a, o).unwrap_or(0);
+        events.push(EventAttr {
+            kind: u32_at(a, 0).unwrap_or(0),
+            config: at(8),
+            period_or_freq: at(16),
+            freq: at(40) & ATTR_FLAG_FREQ != 0,
+            sample_type: at(24),
+            read_format: at(32),
+            branch_sample_type: if attr_size >= 80 { at(72) } else { 0 },
+            name: None,
+            ids: ids.chunks_exact(8).filter_map(|c| u64_at(c, 0)).collect(),
+        });
+    }
+    if data_offset
+        .checked_add(data_size)
+        .is_none_or(|e| e > file_len)
+    {
+        return Err(PerfDataError::Truncated(format!(
+            "the data section ends at byte {}, the file has {file_len}",
+            data_offset.saturating_add(data_size)
+        )));
+    }
+    let mut header = Header {
+        events,
+        build_ids: BTreeMap::new(),
+    };
+    // Feature sections: one (offset, size) per set bit, in bit order, after the data.
+    let set: Vec<usize> = (0..256)
+        .filter(|&b| features[b / 64] >> (b % 64) & 1 == 1)
+        .collect();
+    let table_off = data_offset + data_size;
+    let table = match read_at(
+        r,
+        table_off,
+        16 * set.len() as u64,
+        file_len,
+        "feature table",
+    ) {
+        Ok(t) => t,
+        // A file cut inside its feature table still has its samples: read them.
+        Err(PerfDataError::Truncated(_)) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    for (i, &bit) in set.iter().enumerate() {
+        let (Some(off), Some(size)) = (u64_at(&table, 16 * i), u64_at(&table, 16 * i + 8)) else {
+            break;
+        };
+        if bit != FEAT_BUILD_ID && bit != FEAT_EVENT_DESC {
+            continue;
+        }
+        let Ok(sec) = read_at(r, off, size, file_len, "feature section") else {
+            continue;
+        };
+        if bit == FEAT_BUILD_ID {
+            parse_build_ids(&sec, &mut header.build_ids);
+        } else {
+            parse_event_desc(&sec, &mut header.events);
+        }
+    }
+    Ok((
+        header,
+        Layout {
+            data_offset,
+            data_size,
+            file_len,
+        },
+    ))
+}
+
+fn read_up_to<R: Read>(r: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// `HEADER_BUILD_ID`: `{ perf_event_header; pid; build_id[24]; filename[] }` records.
+fn parse_build_ids(sec: &[u8], out: &mut BTreeMap<String, String>) {
+    let mut o = 0usize;
+    while let (Some(misc), Some(size)) = (u16_at(sec, o + 4), u16_at(sec, o + 6)) {
+        let size = size as usize;
+        let Some(rec) = sec.get(o..o + size).filter(|_| size >= 8 + 4 + 24) else {
+            break;
+        };
+        let id = &rec[12..36];
+        let len = if misc & MISC_BUILD_ID_SIZE != 0 {
+            (id[20] as usize).min(20)
+        } else {
+            20
+        };
+        let name = c_str(&rec[36..]);
+        if !name.is_empty() {
+            out.insert(name, hex(&id[..len]));
+        }
+        o += size;
+    }
+}
+
+/// `HEADER_EVENT_DESC`: nr, attr_size, then per event: attr, nr_ids, name, ids.
+fn parse_event_desc(sec: &[u8], events: &mut [EventAttr]) {
+    let (Some(nr), Some(attr_size)) = (u32_at(sec, 0), u32_at(sec, 4)) else {
+        return;
+    };
+    let mut o = 8usize;
+    for _ in 0..nr {
+        let Some(nr_ids) = u32_at(sec, o + attr_size as usize) else {
+            return;
+        };
+        o += attr_size as usize + 4;
+        let Some(len) = u32_at(sec, o) else { return };
+        let Some(name) = sec.get(o + 4..o + 4 + len as usize) else {
+            return;
+        };
+        let name = c_str(name);
+        o += 4 + len as usize;
+        let first_id = u64_at(sec, o);
+        o += 8 * nr_ids as usize;
+        // Match by id (the order matches the attrs section in files perf writes).
+        if let Some(e) = events
+            .iter_mut()
+            .find(|e| first_id.is_some_and(|id| e.ids.contains(&id)) && e.name.is_none())
+        {
+            e.name = Some(name);
+        } else if let Some(e) = events.iter_mut().find(|e| e.name.is_none()) {
+            e.name = Some(name);
+        }
+    }
+}
+
+/// Reads a perf.data file: its header, then every record; each sample goes to `sink`.
+/// Returns the header and what the other records said.
+pub fn read<R: Read + Seek>(
+    r: &mut R,
+    mut sink: impl FnMut(&Header, Sample),
+) -> Result<(Header, Records), PerfDataError> {
+    let (header, layout) = read_header(r)?;
+    let mut recs = Records::default();
+    r.seek(SeekFrom::Start(layout.data_offset))?;
+    let mut reader = std::io::BufReader::with_capacity(1 << 16, r.by_ref());
+    let mut pos = 0u64;
+    let mut buf = vec![0u8; 1 << 16];
+    let by_id: BTreeMap<u64, usize> = header
+        .events
+        .iter()
+        .enumerate()
+        .flat_map(|(i, e)| e.ids.iter().map(move |&id| (id, i)))
+        .collect();
+    while pos < layout.data_size {
+        let remaining = layout.data_size - pos;
+        let mut h = [0u8; 8];
+        if remaining < 8 {
+            return Err(PerfDataError::Truncated(format!(
+                "{remaining} stray bytes at the end of the data section"
+            )));
+        }
+        reader.read_exact(&mut h)?;
+        let kind = u32_at(&h, 0).unwrap_or(0);
+        let misc = u16_at(&h, 4).unwrap_or(0);
+        let size = u16_at(&h, 6).unwrap_or(0) as u64;
+        if size < 8 || size > remaining {
+            return Err(PerfDataError::Truncated(format!(
+                "record at byte {} claims {size} bytes, {remaining} remain in the data \
+                 section (file of {} bytes)",
+                layout.data_offset + pos,
+                layout.file_len
+            )));
+        }
+        let body = &mut buf[..size as usize - 8];
+        reader.read_exact(body)?;
+        pos += size;
+        match kind {
+            PERF_RECORD_SAMPLE => {
+                let s = parse_sample(&header, &by_id, body, recs.samples)?;
+                recs.samples += 1;
+                sink(&header, s);
+            }
+            PERF_RECORD_COMM => {
+                if let (Some(pid), Some(name)) = (u32_at(body, 0), body.get(8..)) {
+                    let exec = misc & MISC_COMM_EXEC != 0;
+                    let e = recs.comms.entry(pid);
+                    match e {
+                        std::collections::btree_map::Entry::Occupied(mut o) if exec => {
+                            o.insert(c_str(name));
+                        }
+                        std::collections::btree_map::Entry::Occupied(_) => {}
+                        std::collections::btree_map::Entry::Vacant(v) => {
+                            v.insert(c_str(name));
+                        }
+                    }
+                }
+            }
+            PERF_RECORD_MMAP | PERF_RECORD_MMAP2 => {
+                if let Some((pid, m, id)) = parse_mmap(kind, misc, body) {
+                    if let (Some(id), MappedObject::File { path, .. }) = (id, &m.object) {
+                        recs.build_ids.insert(path.display().to_string(), id);
+                    }
+                    if m.executable {
+                        recs.maps.entry(pid).or_default().push(m);
+                    }
+                }
+            }
+            PERF_RECORD_COMPRESSED => return Err(PerfDataError::Compressed),
+            _ => recs.other_records += 1,
+        }
+    }
+    Ok((header, recs))
+}
+
+/// `(pid, mapping, build-id)` of an MMAP/MMAP2 record; `None` for the kernel's maps.
+fn parse_mmap(kind: u32, misc: u16, b: &[u8]) -> Option<(u32, Mapping, Option<String>)> {
+    let pid = i32::from_le_bytes(b.get(0..4)?.try_into().ok()?);
+    let pid = u32::try_from(pid).ok()?;
+    let (start, len, pgoff) = (u64_at(b, 8)?, u64_at(b, 16)?, u64_at(b, 24)?);
+    let (exec, build_id, name_at) = if kind == PERF_RECORD_MMAP {
+        (misc & MISC_MMAP_DATA == 0, None, 32)
+    } else {
+        let id = (misc & MISC_MMAP_BUILD_ID != 0).then(|| {
+            let n = (*b.get(32).unwrap_or(&0) as usize).min(20);
+            hex(b.get(36..36 + n).unwrap_or(&[]))
+        });
+        let prot = u32_at(b, 56)?;
+        (prot & 4 != 0, id, 64)
+    };
+    let path = c_str(b.get(name_at..)?);
+    let object = if path.is_empty() || path == "//anon" {
+        MappedObject::Anon
+    } else if path.starts_with('[') {
+        MappedObject::Special(path)
+    } else {
+        MappedObject::File {
+            path: path.into(),
+            deleted: false,
+        }
+    };
+    Some((
+        pid,
+        Mapping {
+            start,
+            end: start.checked_add(len)?,
+            offset: pgoff,
+            executable: exec,
+            object,
+        },
+        build_id,
+    ))
+}
+
+/// A `PERF_RECORD_SAMPLE` body, up to and including its branch stack.
+fn parse_sample(
+    header: &Header,
+    by_id: &BTreeMap<u64, usize>,
+    b: &[u8],
+    index: u64,
+) -> Result<Sample, PerfDataError> {
+    let short = || PerfDataError::Malformed(format!("sample {index} is shorter than its format"));
+    // Which event: PERF_SAMPLE_IDENTIFIER leads every sample when set; else the only
+    // event, or PERF_SAMPLE_ID at its place.
+    let first = &header.events[0];
+    let event = if header.events.len() == 1 {
+        0
+    } else if first.sample_type & SAMPLE_IDENTIFIER != 0 {
+        let id = u64_at(b, 0).ok_or_else(short)?;
+        *by_id
+            .get(&id)
+            .ok_or(PerfDataError::UnknownEvent { index, id })?
+    } else if first.sample_type & SAMPLE_ID != 0 {
+        let st = first.sample_type;
+        let at = 8 * [SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR]
+            .iter()
+            .filter(|&&f| st & f != 0)
+            .count();
+        let id = u64_at(b, at).ok_or_else(short)?;
+        *by_id
+            .get(&id)
+            .ok_or(PerfDataError::UnknownEvent { index, id })?
+    } else {
+        0
+    };
+    let attr = &header.events[event];
+    let st = attr.sample_type;
+    let mut o = 0usize;
+    let mut take = |n: usize| -> Result<usize, PerfDataError> {
+        let at = o;
+        o += n;
+        if o > b.len() {
+            return Err(short());
+        }
+        Ok(at)
+    };
+    if st & SAMPLE_IDENTIFIER != 0 {
+        take(8)?;
+    }
+    let mut s = Sample {
+        event,
+        pid: 0,
+        tid: 0,
+        ip: 0,
+        // Fixed-period recordings without PERF_SAMPLE_PERIOD stand for their period.
+        period: if attr.freq {
+            1
+        } else {
+            attr.period_or_freq.max(1)
+        },
+        branches: Vec::new(),
+    };
+    if st & SAMPLE_IP != 0 {
+        s.ip = u64_at(b, take(8)?).ok_or_else(short)?;
+    }
+    if st & SAMPLE_TID != 0 {
+        let at = take(8)?;
+        s.pid = u32_at(b, at).ok_or_else(short)?;
+        s.tid = u32_at(b, at + 4).ok_or_else(short)?;
+    }
+    for f in [
+        SAMPLE_TIME,
+        SAMPLE_ADDR,
+        SAMPLE_ID,
+        SAMPLE_STREAM_ID,
+        SAMPLE_CPU,
+    ] {
+        if st & f != 0 {
+            take(8)?;
+        }
+    }
+    if st & SAMPLE_PERIOD != 0 {
+        s.period = u64_at(b, take(8)?).ok_or_else(short)?;
+    }
+    if st & SAMPLE_READ != 0 {
+        let rf = attr.read_format;
+        let per_value =
+            8 * (1 + usize::from(rf & FORMAT_ID != 0) + usize::from(rf & FORMAT_LOST != 0));
+        let times = 8
+            * (usize::from(rf & FORMAT_TOTAL_TIME_ENABLED != 0)
+                + usize::from(rf & FORMAT_TOTAL_TIME_RUNNING != 0));
+        if rf & FORMAT_GROUP != 0 {
+            let nr = u64_at(b, take(8)?).ok_or_else(short)?;
+            let n = usize::try_from(nr)
+                .ok()
+                .filter(|&n| n <= 4096)
+                .ok_or_else(short)?;
+            take(times + n * per_value)?;
+        } else {
+            take(times + per_value)?;
+        }
+    }
+    if st & SAMPLE_CALLCHAIN != 0 {
+        let nr = u64_at(b, take(8)?).ok_or_else(short)?;
+        let n = usize::try_from(nr)
+            .ok()
+            .filter(|&n| n <= 1 << 16)
+            .ok_or_else(short)?;
+        take(8 * n)?;
+    }
+    if st & SAMPLE_RAW != 0 {
+        let size = u32_at(b, take(4)?).ok_or_else(short)? as usize;
+        take(size)?;
+    }
+    if st & SAMPLE_BRANCH_STACK != 0 {
+        let nr = u64_at(b, take(8)?).ok_or_else(short)?;
+        if attr.branch_sample_type & BRANCH_HW_INDEX != 0 {
+            take(8)?;
+        }
+        let n = usize::try_from(nr)
+            .ok()
+            .filter(|&n| n <= 1024)
+            .ok_or_else(short)?;
+        let at = take(24 * n)?;
+        s.branches = b[at..at + 24 * n]
+            .chunks_exact(24)
+            .map(|e| BranchEntry {
+                from: u64_at(e, 0).unwrap_or(0),
+                to: u64_at(e, 8).unwrap_or(0),
+                flags: u64_at(e, 16).unwrap_or(0),
+            })
+            .collect();
+    }
+    Ok(s)
+}

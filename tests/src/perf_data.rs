@@ -1,0 +1,263 @@
+//! A small perf.data writer in the kernel's and perf's file layout
+//! (tools/perf/util/header.h: a 104-byte header, attrs + id lists, the data section of
+//! records, the feature table with `HEADER_BUILD_ID` and `HEADER_EVENT_DESC`), so the
+//! import tests exercise every case without a PMU. `perf script`/`perf report` read
+//! what it writes.
+
+use std::path::Path;
+
+/// `perf_event_attr` size written (PERF_ATTR_SIZE_VER7).
+const ATTR_SIZE: usize = 128;
+pub const SAMPLE_IP: u64 = 1 << 0;
+pub const SAMPLE_TID: u64 = 1 << 1;
+pub const SAMPLE_PERIOD: u64 = 1 << 8;
+pub const SAMPLE_BRANCH_STACK: u64 = 1 << 11;
+pub const SAMPLE_IDENTIFIER: u64 = 1 << 16;
+/// `PERF_SAMPLE_BRANCH_USER | PERF_SAMPLE_BRANCH_ANY`.
+pub const BRANCH_USER_ANY: u64 = 1 | 8;
+
+/// One event.
+#[derive(Clone, Debug)]
+pub struct Attr {
+    /// 0 hardware, 4 raw.
+    pub kind: u32,
+    pub config: u64,
+    pub period_or_freq: u64,
+    pub freq: bool,
+    pub branch_stack: bool,
+    pub name: String,
+    pub id: u64,
+}
+
+impl Attr {
+    fn sample_type(&self) -> u64 {
+        let b = if self.branch_stack {
+            SAMPLE_BRANCH_STACK
+        } else {
+            0
+        };
+        SAMPLE_IDENTIFIER | SAMPLE_IP | SAMPLE_TID | SAMPLE_PERIOD | b
+    }
+}
+
+/// A branch entry: from, to, cycles (0 = untimed); mispredicted when `mispred`.
+#[derive(Clone, Copy, Debug)]
+pub struct Entry {
+    pub from: u64,
+    pub to: u64,
+    pub cycles: u16,
+    pub mispred: bool,
+}
+
+#[derive(Clone, Debug)]
+pub enum Record {
+    Comm {
+        pid: u32,
+        name: String,
+        exec: bool,
+    },
+    Mmap2 {
+        pid: u32,
+        start: u64,
+        len: u64,
+        pgoff: u64,
+        path: String,
+    },
+    Sample {
+        /// Index into the attrs.
+        attr: usize,
+        pid: u32,
+        tid: u32,
+        ip: u64,
+        period: u64,
+        /// Newest first.
+        branches: Vec<Entry>,
+    },
+}
+
+fn pad8(v: &mut Vec<u8>) {
+    while !v.len().is_multiple_of(8) {
+        v.push(0);
+    }
+}
+
+fn record(kind: u32, misc: u16, body: &[u8]) -> Vec<u8> {
+    let mut r = Vec::with_capacity(8 + body.len());
+    r.extend_from_slice(&kind.to_le_bytes());
+    r.extend_from_slice(&misc.to_le_bytes());
+    r.extend_from_slice(&((8 + body.len()) as u16).to_le_bytes());
+    r.extend_from_slice(body);
+    r
+}
+
+fn cstr_padded(s: &str, align: usize) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    while !v.len().is_multiple_of(align) {
+        v.push(0);
+    }
+    v
+}
+
+fn attr_bytes(a: &Attr) -> Vec<u8> {
+    let mut v = vec![0u8; ATTR_SIZE];
+    v[0..4].copy_from_slice(&a.kind.to_le_bytes());
+    v[4..8].copy_from_slice(&(ATTR_SIZE as u32).to_le_bytes());
+    v[8..16].copy_from_slice(&a.config.to_le_bytes());
+    v[16..24].copy_from_slice(&a.period_or_freq.to_le_bytes());
+    v[24..32].copy_from_slice(&a.sample_type().to_le_bytes());
+    // flags: disabled, mmap (8), comm (9), freq (10), exclude_kernel (5), mmap2 (23).
+    let flags = 1u64 | 1 << 5 | 1 << 8 | 1 << 9 | u64::from(a.freq) << 10 | 1 << 23;
+    v[40..48].copy_from_slice(&flags.to_le_bytes());
+    if a.branch_stack {
+        v[72..80].copy_from_slice(&BRANCH_USER_ANY.to_le_bytes());
+    }
+    v
+}
+
+/// The data section's bytes.
+fn data(attrs: &[Attr], records: &[Record]) -> Vec<u8> {
+    let mut d = Vec::new();
+    for r in records {
+        match r {
+            Record::Comm { pid, name, exec } => {
+                let mut b = Vec::new();
+                b.extend_from_slice(&pid.to_le_bytes());
+                b.extend_from_slice(&pid.to_le_bytes());
+                b.extend_from_slice(&cstr_padded(name, 8));
+                d.extend(record(3, 2 | if *exec { 1 << 13 } else { 0 }, &b));
+            }
+            Record::Mmap2 {
+                pid,
+                start,
+                len,
+                pgoff,
+                path,
+            } => {
+                let mut b = Vec::new();
+                b.extend_from_slice(&pid.to_le_bytes());
+                b.extend_from_slice(&pid.to_le_bytes());
+                for x in [*start, *len, *pgoff] {
+                    b.extend_from_slice(&x.to_le_bytes());
+                }
+                // maj, min, ino, ino_generation
+                b.extend_from_slice(&8u32.to_le_bytes());
+                b.extend_from_slice(&1u32.to_le_bytes());
+                b.extend_from_slice(&12345u64.to_le_bytes());
+                b.extend_from_slice(&0u64.to_le_bytes());
+                // prot: r-x; flags: MAP_PRIVATE
+                b.extend_from_slice(&5u32.to_le_bytes());
+                b.extend_from_slice(&2u32.to_le_bytes());
+                b.extend_from_slice(&cstr_padded(path, 8));
+                d.extend(record(10, 2, &b));
+            }
+            Record::Sample {
+                attr,
+                pid,
+                tid,
+                ip,
+                period,
+                branches,
+            } => {
+                let a = &attrs[*attr];
+                let mut b = Vec::new();
+                b.extend_from_slice(&a.id.to_le_bytes());
+                b.extend_from_slice(&ip.to_le_bytes());
+                b.extend_from_slice(&pid.to_le_bytes());
+                b.extend_from_slice(&tid.to_le_bytes());
+                b.extend_from_slice(&period.to_le_bytes());
+                if a.branch_stack {
+                    b.extend_from_slice(&(branches.len() as u64).to_le_bytes());
+                    for e in branches {
+                        b.extend_from_slice(&e.from.to_le_bytes());
+                        b.extend_from_slice(&e.to.to_le_bytes());
+                        // mispred bit 0, predicted bit 1, cycles bits 4..20.
+                        let flags = if e.mispred { 1u64 } else { 2 } | u64::from(e.cycles) << 4;
+                        b.extend_from_slice(&flags.to_le_bytes());
+                    }
+                }
+                // PERF_RECORD_MISC_USER
+                d.extend(record(9, 2, &b));
+            }
+        }
+    }
+    d
+}
+
+/// Writes a perf.data file. `build_ids`: (path, build-id bytes) for the header's table.
+pub fn write(path: &Path, attrs: &[Attr], records: &[Record], build_ids: &[(String, Vec<u8>)]) {
+    let mut out = vec![0u8; 104];
+    // attrs section: attr + ids section per event; the id lists follow it.
+    let attrs_off = out.len();
+    let attrs_size = attrs.len() * (ATTR_SIZE + 16);
+    let ids_off = attrs_off + attrs_size;
+    for (i, a) in attrs.iter().enumerate() {
+        out.extend(attr_bytes(a));
+        out.extend_from_slice(&((ids_off + 8 * i) as u64).to_le_bytes());
+        out.extend_from_slice(&8u64.to_le_bytes());
+    }
+    for a in attrs {
+        out.extend_from_slice(&a.id.to_le_bytes());
+    }
+    let data_off = out.len();
+    let d = data(attrs, records);
+    out.extend(&d);
+    let data_size = d.len();
+    // Feature table: HEADER_BUILD_ID (2), HEADER_EVENT_DESC (12).
+    let table_off = out.len();
+    out.extend(vec![0u8; 32]);
+    let mut bid = Vec::new();
+    for (p, id) in build_ids {
+        let mut b = Vec::new();
+        b.extend_from_slice(&(-1i32).to_le_bytes());
+        let mut raw = [0u8; 24];
+        raw[..id.len()].copy_from_slice(id);
+        raw[20] = id.len() as u8;
+        b.extend_from_slice(&raw);
+        b.extend_from_slice(&cstr_padded(p, 64));
+        // PERF_RECORD_HEADER_BUILD_ID, misc USER | BUILD_ID_SIZE
+        bid.extend(record(67, 2 | 1 << 15, &b));
+    }
+    let mut desc = Vec::new();
+    desc.extend_from_slice(&(attrs.len() as u32).to_le_bytes());
+    desc.extend_from_slice(&(ATTR_SIZE as u32).to_le_bytes());
+    for a in attrs {
+        desc.extend(attr_bytes(a));
+        desc.extend_from_slice(&1u32.to_le_bytes());
+        let name = cstr_padded(&a.name, 64);
+        desc.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        desc.extend(name);
+        desc.extend_from_slice(&a.id.to_le_bytes());
+    }
+    let mut sections = Vec::new();
+    for body in [bid, desc] {
+        sections.push((out.len() as u64, body.len() as u64));
+        out.extend(body);
+    }
+    for (i, (o, s)) in sections.iter().enumerate() {
+        out[table_off + 16 * i..table_off + 16 * i + 8].copy_from_slice(&o.to_le_bytes());
+        out[table_off + 16 * i + 8..table_off + 16 * i + 16].copy_from_slice(&s.to_le_bytes());
+    }
+    pad8(&mut out);
+    let put = |out: &mut Vec<u8>, at: usize, v: u64| {
+        out[at..at + 8].copy_from_slice(&v.to_le_bytes());
+    };
+    out[0..8].copy_from_slice(b"PERFILE2");
+    put(&mut out, 8, 104);
+    // sizeof(struct perf_file_attr): the attr and its ids section.
+    put(&mut out, 16, ATTR_SIZE as u64 + 16);
+    put(&mut out, 24, attrs_off as u64);
+    put(&mut out, 32, attrs_size as u64);
+    put(&mut out, 40, data_off as u64);
+    put(&mut out, 48, data_size as u64);
+    // event_types section: empty. Features bitmap: bits 2 and 12.
+    put(&mut out, 72, 1 << 2 | 1 << 12);
+    std::fs::write(path, out).expect("write perf.data");
+}
+
+/// A pipe-mode header (`perf record -o -`): magic and size 16.
+pub fn write_pipe_header(path: &Path) {
+    let mut out = b"PERFILE2".to_vec();
+    out.extend_from_slice(&16u64.to_le_bytes());
+    std::fs::write(path, out).expect("write pipe perf.data");
+}

@@ -1,0 +1,618 @@
+//! `cpi-bpf import-perf` on perf.data files written in the kernel's layout by
+//! `cpi_tests::perf_data` (this machine has no PMU to record them): the event decides
+//! the estimator, each sample's own period is honoured, `perf script`/`perf report`
+//! read the same files and agree, and bad input ends in one line.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use cpi_tests::perf_data::{self, Attr, Entry, Record};
+use cpi_tests::{cpi_bpf, output_ok, temp_dir};
+use cpi_user::binary::{Binary, FlowKind};
+use cpi_user::profile::model::{FunctionProfile, Profile};
+
+const PROG: &str = r#"
+__attribute__((noinline)) long hot(long n) { long s = 0; for (long i = 0; i < n; i++) s = (s ^ i) * 7 + (i >> 3); return s; }
+__attribute__((noinline)) long cold(long n) { long s = 1; for (long i = 0; i < n; i++) s = s * 3 + i; return s; }
+int main(int argc, char **argv) { (void)argv; return (int)(hot(argc * 1000) + cold(argc)) & 1; }
+"#;
+
+const PID: u32 = 4242;
+
+/// A function's loop: its head, the backward conditional branch closing it, and the
+/// instructions in [head, branch].
+#[derive(Clone, Copy, Debug)]
+struct Loop {
+    head: u64,
+    branch: u64,
+    instructions: usize,
+}
+
+struct Fixture {
+    dir: PathBuf,
+    exe: PathBuf,
+    bin: Binary,
+    hot: Loop,
+    cold: Loop,
+}
+
+fn fixture(tag: &str) -> Option<Fixture> {
+    let dir = temp_dir(tag);
+    let src = dir.join("p.c");
+    std::fs::write(&src, PROG).unwrap();
+    let exe = dir.join("prog");
+    match Command::new("gcc")
+        .args(["-O1", "-fno-pie", "-no-pie", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+    {
+        Ok(s) => assert!(s.success(), "gcc failed"),
+        Err(e) => {
+            eprintln!("skipped: gcc not available ({e})");
+            return None;
+        }
+    }
+    let bin = Binary::open(&exe).unwrap();
+    let find = |name: &str| {
+        let f = bin.function_by_name(name).unwrap().clone();
+        let ins = bin.decode(&f).unwrap();
+        let br = ins
+            .iter()
+            .find(|i| i.kind == FlowKind::CondBranch && i.target.is_some_and(|t| t < i.addr))
+            .unwrap_or_else(|| panic!("{name} has no loop"));
+        let head = br.target.unwrap();
+        Loop {
+            head,
+            branch: br.addr,
+            instructions: ins
+                .iter()
+                .filter(|i| (head..=br.addr).contains(&i.addr))
+                .count(),
+        }
+    };
+    let (hot, cold) = (find("hot"), find("cold"));
+    Some(Fixture {
+        dir,
+        exe,
+        bin,
+        hot,
+        cold,
+    })
+}
+
+impl Fixture {
+    /// COMM and the executable's MMAP2, page-aligned as the kernel maps it.
+    fn preamble(&self) -> Vec<Record> {
+        let seg = self.bin.segments.iter().find(|s| s.executable).unwrap();
+        let start = seg.vaddr & !0xfff;
+        vec![
+            Record::Comm {
+                pid: PID,
+                name: "prog".into(),
+                exec: true,
+            },
+            Record::Mmap2 {
+                pid: PID,
+                start,
+                len: seg.memsz + (seg.vaddr - start),
+                pgoff: seg.offset & !0xfff,
+                path: self.exe.display().to_string(),
+            },
+        ]
+    }
+
+    fn build_ids(&self) -> Vec<(String, Vec<u8>)> {
+        let hex = self.bin.build_id.clone().expect("gcc writes a build-id");
+        let bytes = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+            .collect();
+        vec![(self.exe.display().to_string(), bytes)]
+    }
+}
+
+fn stack(l: Loop, depth: usize, cycles: u16) -> Vec<Entry> {
+    vec![
+        Entry {
+            from: l.branch,
+            to: l.head,
+            cycles,
+            mispred: false,
+        };
+        depth
+    ]
+}
+
+/// Deterministic pseudo-random periods (freq mode gives every sample its own).
+fn periods(n: usize, seed: u64) -> Vec<u64> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            1000 + (x >> 33) % 50_000
+        })
+        .collect()
+}
+
+fn cycles_attr(branch_stack: bool, id: u64) -> Attr {
+    Attr {
+        kind: 0,
+        config: 0,
+        period_or_freq: 4000,
+        freq: true,
+        branch_stack,
+        name: "cycles:u".into(),
+        id,
+    }
+}
+
+fn taken_attr(id: u64) -> Attr {
+    Attr {
+        kind: 4,
+        config: 0x20c4,
+        period_or_freq: 500_009,
+        freq: false,
+        branch_stack: true,
+        name: "br_inst_retired.near_taken:u".into(),
+        id,
+    }
+}
+
+fn import(file: &Path, extra: &[&str]) -> (Profile, String) {
+    let out = output_ok(
+        Command::new(cpi_bpf())
+            .args(["import-perf", "--format", "json"])
+            .args(extra)
+            .arg(file),
+    );
+    (
+        Profile::from_json(&out.stdout).unwrap(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn func<'a>(p: &'a Profile, name: &str) -> &'a FunctionProfile {
+    p.processes
+        .iter()
+        .flat_map(|p| &p.functions)
+        .find(|f| f.name == name)
+        .unwrap_or_else(|| panic!("{name} not in the profile"))
+}
+
+fn have_perf() -> bool {
+    match Command::new("perf").arg("--version").output() {
+        Ok(o) if o.status.success() => true,
+        _ => {
+            eprintln!("skipped the perf cross-check: perf not installed");
+            false
+        }
+    }
+}
+
+/// `perf report` overhead by symbol (percent of Σ period).
+fn perf_report_shares(file: &Path) -> Vec<(String, f64)> {
+    let out = output_ok(
+        Command::new("perf")
+            .args([
+                "report",
+                "--stdio",
+                "-q",
+                "--no-children",
+                "--sort",
+                "sym",
+                "-i",
+            ])
+            .arg(file),
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let (pct, rest) = l.split_once('%')?;
+            let name = rest.split("] ").nth(1)?.trim().to_string();
+            Some((name, pct.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// Freq-mode cycles samples with (untimed) branch stacks: cycles per function are the
+/// Σ of each sample's own period, as `perf report` weighs them; instruction counts are
+/// relative, so no CPI; `perf script` reads the file.
+#[test]
+fn cycles_freq_mode_periods_match_perf_report() {
+    let Some(fx) = fixture("pd-cycles") else {
+        return;
+    };
+    let mut recs = fx.preamble();
+    let (ph, pc) = (periods(300, 1), periods(100, 2));
+    for &p in &ph {
+        recs.push(Record::Sample {
+            attr: 0,
+            pid: PID,
+            tid: PID,
+            ip: fx.hot.head,
+            period: p,
+            branches: stack(fx.hot, 16, 0),
+        });
+    }
+    for &p in &pc {
+        recs.push(Record::Sample {
+            attr: 0,
+            pid: PID,
+            tid: PID,
+            ip: fx.cold.head,
+            period: p,
+            branches: stack(fx.cold, 16, 0),
+        });
+    }
+    let file = fx.dir.join("cycles.data");
+    perf_data::write(&file, &[cycles_attr(true, 11)], &recs, &fx.build_ids());
+    let (p, _) = import(&file, &[]);
+    assert!(p.mode_reason.contains("cycles event"), "{}", p.mode_reason);
+    assert!(p.mode_reason.contains("freq 4000 Hz"), "{}", p.mode_reason);
+    assert_eq!(p.processes[0].comm, "prog");
+    let (hot, cold) = (func(&p, "hot"), func(&p, "cold"));
+    assert_eq!(hot.cycles, Some(ph.iter().sum::<u64>() as f64));
+    assert_eq!(cold.cycles, Some(pc.iter().sum::<u64>() as f64));
+    assert!(
+        hot.instructions.unwrap() > 0.0,
+        "a relative instruction profile"
+    );
+    for f in [hot, cold] {
+        assert!(
+            f.cpi.is_none(),
+            "{}: no CPI from cycle-sampled stacks",
+            f.name
+        );
+        assert!(f.timed_cpi.is_none(), "untimed entries");
+    }
+    assert!(p.processes[0].cpi.is_none());
+    if !have_perf() {
+        return;
+    }
+    let shares = perf_report_shares(&file);
+    for f in [hot, cold] {
+        let theirs = shares
+            .iter()
+            .find(|(n, _)| *n == f.name)
+            .unwrap_or_else(|| panic!("perf report has no {}: {shares:?}", f.name))
+            .1;
+        assert!(
+            (f.share * 100.0 - theirs).abs() < 0.5,
+            "{}: ours {:.2} %, perf report {theirs:.2} %",
+            f.name,
+            f.share * 100.0
+        );
+    }
+    let out = output_ok(
+        Command::new("perf")
+            .args(["script", "-F", "ip,brstack", "-i"])
+            .arg(&file),
+    );
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("{:#x}/{:#x}", fx.hot.branch, fx.hot.head)))
+        .count();
+    assert_eq!(lines, ph.len(), "perf script shows every hot branch stack");
+}
+
+/// A taken-branch event (fixed period) plus a cycles event: absolute instruction counts
+/// (samples × period × instructions per range), cycles from the second event, CPI.
+#[test]
+fn taken_branch_event_with_cycles_event_gives_absolute_counts_and_cpi() {
+    let Some(fx) = fixture("pd-taken") else {
+        return;
+    };
+    let mut recs = fx.preamble();
+    let (nh, nc) = (120u64, 40u64);
+    for i in 0..nh + nc {
+        let l = if i < nh { fx.hot } else { fx.cold };
+        recs.push(Record::Sample {
+            attr: 0,
+            pid: PID,
+            tid: PID,
+            ip: l.head,
+            period: 500_009,
+            branches: stack(l, 16, 0),
+        });
+    }
+    let (ch, cc) = (periods(200, 3), periods(50, 4));
+    for (ps, l) in [(&ch, fx.hot), (&cc, fx.cold)] {
+        for &p in ps {
+            recs.push(Record::Sample {
+                attr: 1,
+                pid: PID,
+                tid: PID,
+                ip: l.head,
+                period: p,
+                branches: vec![],
+            });
+        }
+    }
+    let file = fx.dir.join("taken.data");
+    perf_data::write(
+        &file,
+        &[taken_attr(21), cycles_attr(false, 22)],
+        &recs,
+        &fx.build_ids(),
+    );
+    let (p, _) = import(&file, &["--window", "8"]);
+    assert!(
+        p.mode_reason.contains("taken-branch event"),
+        "{}",
+        p.mode_reason
+    );
+    assert!(p.mode_reason.contains("CPI"), "{}", p.mode_reason);
+    for (name, n, l, cyc) in [("hot", nh, fx.hot, &ch), ("cold", nc, fx.cold, &cc)] {
+        let f = func(&p, name);
+        let want = (n * 500_009) as f64 * l.instructions as f64;
+        let got = f.instructions.unwrap();
+        assert!(
+            (got - want).abs() < 1e-6 * want,
+            "{name}: {got} instructions, want {want}"
+        );
+        let c = cyc.iter().sum::<u64>() as f64;
+        assert_eq!(f.cycles, Some(c));
+        let cpi = f
+            .cpi
+            .expect("CPI from a taken-branch event and a cycles event");
+        assert!(
+            (cpi.value - c / want).abs() < 1e-9 * cpi.value,
+            "{name}: {cpi:?}"
+        );
+    }
+}
+
+/// A taken-branch event alone with timed entries: absolute instruction counts, shares
+/// of instructions, no cycles and no cycles/instructions CPI, but timed CPI.
+#[test]
+fn taken_branch_event_alone_has_timed_cpi_only() {
+    let Some(fx) = fixture("pd-timed") else {
+        return;
+    };
+    let mut recs = fx.preamble();
+    for i in 0..90u64 {
+        let l = if i % 3 == 0 { fx.cold } else { fx.hot };
+        recs.push(Record::Sample {
+            attr: 0,
+            pid: PID,
+            tid: PID,
+            ip: l.head,
+            period: 500_009,
+            branches: stack(l, 32, 7),
+        });
+    }
+    let file = fx.dir.join("timed.data");
+    perf_data::write(&file, &[taken_attr(5)], &recs, &fx.build_ids());
+    let (p, _) = import(&file, &[]);
+    assert!(
+        p.mode_reason.contains("no cycles, no CPI"),
+        "{}",
+        p.mode_reason
+    );
+    assert!(p.mode_reason.contains("timed LBR"), "{}", p.mode_reason);
+    let (hot, cold) = (func(&p, "hot"), func(&p, "cold"));
+    let (hi, ci) = (hot.instructions.unwrap(), cold.instructions.unwrap());
+    assert!(
+        (hot.share - hi / (hi + ci)).abs() < 1e-9,
+        "share of instructions"
+    );
+    assert_eq!(
+        p.processes[0].functions[0].name, "hot",
+        "ranked by instructions"
+    );
+    for (f, l) in [(hot, fx.hot), (cold, fx.cold)] {
+        assert!(
+            f.cycles.is_none() && f.cpi.is_none(),
+            "{}: no cycles in the recording",
+            f.name
+        );
+        let t = f.timed_cpi.expect("timed CPI");
+        let want = 7.0 / l.instructions as f64;
+        assert!(
+            (t.value - want).abs() < 1e-9,
+            "{}: timed CPI {} want {want}",
+            f.name,
+            t.value
+        );
+    }
+}
+
+/// A window larger than the stacks is clamped to what they hold, with a note.
+#[test]
+fn window_larger_than_the_stacks_is_clamped() {
+    let Some(fx) = fixture("pd-window") else {
+        return;
+    };
+    let mut recs = fx.preamble();
+    for _ in 0..30 {
+        recs.push(Record::Sample {
+            attr: 0,
+            pid: PID,
+            tid: PID,
+            ip: fx.hot.head,
+            period: 500_009,
+            branches: stack(fx.hot, 8, 0),
+        });
+    }
+    let file = fx.dir.join("w.data");
+    perf_data::write(&file, &[taken_attr(5)], &recs, &[]);
+    let (p, err) = import(&file, &["--window", "32"]);
+    assert_eq!(p.range_window, 7);
+    assert!(err.contains("8 entries hold 7 ranges"), "{err}");
+    assert_eq!(p.lost.short_samples, 0);
+    let want = 30.0 * 500_009.0 * fx.hot.instructions as f64;
+    let got = func(&p, "hot").instructions.unwrap();
+    assert!(
+        (got - want).abs() < 1e-9 * want,
+        "{got} instructions, want {want}"
+    );
+}
+
+/// Bad input: one line, exit 1, no panic.
+#[test]
+fn bad_perf_data_is_one_line() {
+    let Some(fx) = fixture("pd-bad") else { return };
+    let mut recs = fx.preamble();
+    for _ in 0..50 {
+        recs.push(Record::Sample {
+            attr: 0,
+            pid: PID,
+            tid: PID,
+            ip: fx.hot.head,
+            period: 500_009,
+            branches: stack(fx.hot, 8, 0),
+        });
+    }
+    let good = fx.dir.join("good.data");
+    perf_data::write(&good, &[taken_attr(5)], &recs, &[]);
+    let bytes = std::fs::read(&good).unwrap();
+    let truncated = fx.dir.join("truncated.data");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let no_stacks = fx.dir.join("nostacks.data");
+    let plain: Vec<Record> = recs
+        .iter()
+        .map(|r| match r {
+            Record::Sample {
+                attr,
+                pid,
+                tid,
+                ip,
+                period,
+                ..
+            } => Record::Sample {
+                attr: *attr,
+                pid: *pid,
+                tid: *tid,
+                ip: *ip,
+                period: *period,
+                branches: vec![],
+            },
+            r => r.clone(),
+        })
+        .collect();
+    perf_data::write(&no_stacks, &[cycles_attr(false, 5)], &plain, &[]);
+    let pipe = fx.dir.join("pipe.data");
+    perf_data::write_pipe_header(&pipe);
+    // Two events; the second's id list is rewritten so its samples name an id no
+    // attribute lists.
+    let unknown = fx.dir.join("unknown.data");
+    let mut two = recs.clone();
+    two.push(Record::Sample {
+        attr: 1,
+        pid: PID,
+        tid: PID,
+        ip: fx.hot.head,
+        period: 7,
+        branches: vec![],
+    });
+    perf_data::write(&unknown, &[taken_attr(5), cycles_attr(false, 6)], &two, &[]);
+    let mut b = std::fs::read(&unknown).unwrap();
+    let ids_off = 104 + 2 * (128 + 16);
+    b[ids_off + 8..ids_off + 16].copy_from_slice(&77u64.to_le_bytes());
+    std::fs::write(&unknown, b).unwrap();
+    for (file, says) in [
+        (&truncated, "truncated"),
+        (&no_stacks, "no branch stacks"),
+        (&pipe, "pipe-mode"),
+        (&unknown, "unknown event"),
+    ] {
+        let out = Command::new(cpi_bpf())
+            .args(["import-perf"])
+            .arg(file)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{}: {err}", file.display());
+        assert!(err.contains(says), "{}: {err}", file.display());
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+}
+
+/// Binaries recorded at paths this machine does not have: found with `--binary
+/// NAME=PATH`, `--symfs DIR` or by build-id among given files; a file whose build-id
+/// differs from the recorded one is refused with one line naming both.
+#[test]
+fn binaries_recorded_elsewhere_are_found_and_checked() {
+    let Some(fx) = fixture("pd-elsewhere") else {
+        return;
+    };
+    let recorded = "/build/elsewhere/prog";
+    let mut recs = fx.preamble();
+    if let Record::Mmap2 { path, .. } = &mut recs[1] {
+        *path = recorded.into();
+    }
+    for _ in 0..40 {
+        recs.push(Record::Sample {
+            attr: 0,
+            pid: PID,
+            tid: PID,
+            ip: fx.hot.head,
+            period: 500_009,
+            branches: stack(fx.hot, 16, 0),
+        });
+    }
+    let mut ids = fx.build_ids();
+    ids[0].0 = recorded.into();
+    let file = fx.dir.join("elsewhere.data");
+    perf_data::write(&file, &[taken_attr(5)], &recs, &ids);
+    let want = 40.0 * 500_009.0 * fx.hot.instructions as f64;
+
+    let (p, err) = import(&file, &[]);
+    assert!(
+        err.contains("/build/elsewhere/prog: not found on this machine"),
+        "{err}"
+    );
+    assert!(
+        p.processes.iter().all(|p| p.functions.is_empty()),
+        "nothing to symbolise with"
+    );
+
+    let symfs = fx.dir.join("symfs");
+    std::fs::create_dir_all(symfs.join("build/elsewhere")).unwrap();
+    std::fs::copy(&fx.exe, symfs.join("build/elsewhere/prog")).unwrap();
+    let exe = fx.exe.display().to_string();
+    for args in [
+        vec!["--binary".to_string(), format!("prog={exe}")],
+        vec!["--binary".to_string(), format!("{recorded}={exe}")],
+        vec!["--symfs".to_string(), symfs.display().to_string()],
+        vec!["--binary".to_string(), exe.clone()],
+    ] {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (p, _) = import(&file, &a);
+        let got = func(&p, "hot").instructions.unwrap();
+        assert!(
+            (got - want).abs() < 1e-9 * want,
+            "{args:?}: {got} instructions, want {want}"
+        );
+    }
+
+    // The same program built differently has another build-id.
+    let other = fx.dir.join("other");
+    let st = Command::new("gcc")
+        .args(["-O2", "-fno-pie", "-no-pie", "-o"])
+        .arg(&other)
+        .arg(fx.dir.join("p.c"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let other_id = Binary::open(&other).unwrap().build_id.unwrap();
+    let out = Command::new(cpi_bpf())
+        .args(["import-perf", "--binary"])
+        .arg(format!("prog={}", other.display()))
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("build-id mismatch"), "{err}");
+    assert!(
+        err.contains(fx.bin.build_id.as_deref().unwrap()) && err.contains(&other_id),
+        "{err}"
+    );
+}
