@@ -1,7 +1,8 @@
-//! Helpers shared by the integration tests: test programs compiled with gcc into a temp
-//! dir, the `cpi-bpf` binary, and skips that print their reason.
+//! Helpers shared by the integration tests: test programs (built by [`programs`]), the
+//! `cpi-bpf` binary, and skips that print their reason.
 
 pub mod perf_data;
+pub mod programs;
 pub mod tracer;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,11 +16,6 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// `tests/programs/NAME`.
-pub fn program_source(name: &str) -> PathBuf {
-    workspace_root().join("tests/programs").join(name)
-}
-
 /// A fresh directory under the system temp dir, unique to this test process and `tag`.
 pub fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("cpi-tests-{}-{tag}", std::process::id()));
@@ -28,24 +24,15 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     d
 }
 
-/// Compiles `tests/programs/SOURCE` with gcc (`-O2 -g` + `extra` flags) into `dir/OUT`.
-/// `None` (and a printed reason) when gcc is missing.
+/// A private copy, `dir/OUT`, of the `-O2 -g` build of `tests/programs/SOURCE` plus
+/// `extra` gcc flags (compiled once and cached by [`programs`]): the test may strip,
+/// delete or run it by its own name. `None` after printing why (gcc is missing).
 pub fn compile_c(source: &str, dir: &Path, out: &str, extra: &[&str]) -> Option<PathBuf> {
+    let flags: Vec<&str> = ["-O2", "-g"].iter().chain(extra).copied().collect();
+    let built = programs::compile(source, &flags)?;
     let exe = dir.join(out);
-    let st = Command::new("gcc")
-        .args(["-O2", "-g", "-o"])
-        .arg(&exe)
-        .arg(program_source(source))
-        .args(extra)
-        .status();
-    match st {
-        Ok(s) if s.success() => Some(exe),
-        Ok(s) => panic!("gcc failed on {source}: {s}"),
-        Err(e) => {
-            eprintln!("skipped: gcc not available ({e}); run `cargo xtask setup`");
-            None
-        }
-    }
+    std::fs::copy(&built, &exe).unwrap_or_else(|e| panic!("{}: {e}", exe.display()));
+    Some(exe)
 }
 
 /// True when running as root; otherwise prints why the test is skipped.

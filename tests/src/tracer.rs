@@ -5,31 +5,14 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The workspace root.
-pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ is inside the workspace")
-        .to_path_buf()
-}
-
-/// The built tool folder (`cargo xtask setup`), or why not: the caller prints the reason
-/// and skips.
+/// The built tool folder, found as `cpi-bpf simulate` finds it
+/// ([`cpi_user::sim::run::find_tool_dir`]), or why not: the caller prints the reason and
+/// skips.
 pub fn tool_dir() -> Result<PathBuf, String> {
     if Command::new("valgrind").arg("--version").output().is_err() {
         return Err("valgrind is not installed".into());
     }
-    let dir = std::env::var_os("CPI_TRACER_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target/cpi-tracer"));
-    if dir.join("cpitrace-amd64-linux").is_file() {
-        Ok(dir)
-    } else {
-        Err(format!(
-            "the cpitrace tool is not built in {} (run `cargo xtask setup`)",
-            dir.display()
-        ))
-    }
+    cpi_user::sim::run::find_tool_dir().map_err(|e| e.to_string())
 }
 
 /// A copy of the tracer's tool folder that also holds callgrind, so tracer and
@@ -60,39 +43,10 @@ pub fn shared_tool_dir(tool_dir: &Path, scratch: &Path) -> Result<PathBuf, Strin
     Ok(dir)
 }
 
-/// Compiles `tests/programs/<name>.c` with gcc `-O2 -g` (once per source change) and
-/// returns the executable.
+/// `tests/programs/<name>.c` built with gcc `-O2 -g -lm -pthread` ([`crate::programs`]).
 pub fn program(name: &str) -> Result<PathBuf, String> {
-    let src = root().join(format!("tests/programs/{name}.c"));
-    let dir = root().join("target/test-programs");
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    let exe = dir.join(name);
-    // Tests of one binary run on parallel threads of one process and often want the
-    // same program: without this they ran gcc into the same temporary file at once and
-    // one could analyse a binary still being written.
-    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _one_at_a_time = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
-    let fresh = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    if fresh(&exe).is_some() && fresh(&exe) >= fresh(&src) {
-        return Ok(exe);
-    }
-    let tmp = dir.join(format!("{name}.tmp{}", std::process::id()));
-    let out = Command::new("gcc")
-        .args(["-O2", "-g", "-o"])
-        .arg(&tmp)
-        .arg(&src)
-        .args(["-lm", "-pthread"])
-        .output()
-        .map_err(|e| format!("gcc: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "gcc {}: {}",
-            src.display(),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    std::fs::rename(&tmp, &exe).map_err(|e| e.to_string())?;
-    Ok(exe)
+    crate::programs::compile(&format!("{name}.c"), &["-O2", "-g", "-lm", "-pthread"])
+        .ok_or_else(|| format!("cannot build {name}.c: gcc is not available"))
 }
 
 /// An instruction: (object path, ELF virtual address), callgrind's address space.

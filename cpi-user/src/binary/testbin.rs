@@ -1,10 +1,14 @@
 //! Test fixtures: C programs from `tests/programs/` compiled with gcc -O2 into a plain
-//! (non-PIE), a PIE and stripped copies of both. Built once per test process.
+//! (non-PIE), a PIE and stripped copies of both, by `tests/src/programs.rs`.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
+
+/// The one compile-and-cache helper of the workspace's tests (std only).
+#[path = "../../../tests/src/programs.rs"]
+mod programs;
 
 pub struct TestProgram {
     pub plain: PathBuf,
@@ -13,81 +17,29 @@ pub struct TestProgram {
     pub pie_stripped: PathBuf,
 }
 
-fn run(cmd: &mut Command) -> Result<(), String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{cmd:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Builds into `target/test-programs/analysis/` once per source change: each output
-/// is written under a temporary name and renamed, so concurrent test processes never
-/// see a half-written binary and nothing piles up in /tmp.
-fn build(name: &str) -> Result<TestProgram, String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let src = root.join("tests/programs").join(format!("{name}.c"));
-    let dir = root.join("target/test-programs/analysis");
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let t = TestProgram {
-        plain: dir.join(name),
-        stripped: dir.join(format!("{name}.stripped")),
-        pie: dir.join(format!("{name}.pie")),
-        pie_stripped: dir.join(format!("{name}.pie.stripped")),
-    };
-    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    let src_time = mtime(&src).ok_or_else(|| format!("{}: missing", src.display()))?;
-    let fresh = |p: &Path| mtime(p).is_some_and(|t| t >= src_time);
-    let tmp = |p: &Path| PathBuf::from(format!("{}.tmp{}", p.display(), std::process::id()));
-    let publish = |from: &Path, to: &Path| {
-        std::fs::rename(from, to).map_err(|e| format!("{}: {e}", to.display()))
-    };
+/// Builds through `tests/src/programs.rs` (cached in `target/test-programs/`); `None`
+/// after it printed why.
+fn build(name: &str) -> Option<TestProgram> {
+    let source = format!("{name}.c");
     let export = "-Wl,--export-dynamic-symbol=exported_entry";
-    for (out, pie) in [(&t.plain, false), (&t.pie, true)] {
-        if fresh(out) {
-            continue;
-        }
-        let (pic, link) = if pie {
-            ("-fPIE", "-pie")
-        } else {
-            ("-fno-PIE", "-no-pie")
-        };
-        run(Command::new("gcc")
-            .args(["-O2", "-g0", pic, link, export, "-o"])
-            .arg(tmp(out))
-            .arg(&src))?;
-        publish(&tmp(out), out)?;
-    }
-    for (from, to) in [(&t.plain, &t.stripped), (&t.pie, &t.pie_stripped)] {
-        if fresh(to) && mtime(to) >= mtime(from) {
-            continue;
-        }
-        run(Command::new("strip").arg("-o").arg(tmp(to)).arg(from))?;
-        publish(&tmp(to), to)?;
-    }
-    Ok(t)
+    let plain = programs::compile(&source, &["-O2", "-g0", "-fno-PIE", "-no-pie", export])?;
+    let pie = programs::compile(&source, &["-O2", "-g0", "-fPIE", "-pie", export])?;
+    Some(TestProgram {
+        stripped: programs::stripped(&plain)?,
+        pie_stripped: programs::stripped(&pie)?,
+        plain,
+        pie,
+    })
 }
 
 impl TestProgram {
     /// The compiled program, or `None` after printing why it is unavailable.
     pub fn get(name: &str) -> Option<&'static TestProgram> {
-        static BUILT: OnceLock<Mutex<HashMap<String, Result<&'static TestProgram, String>>>> =
+        static BUILT: OnceLock<Mutex<HashMap<String, Option<&'static TestProgram>>>> =
             OnceLock::new();
         let mut m = BUILT.get_or_init(Default::default).lock().ok()?;
-        let r = m
-            .entry(name.to_string())
-            .or_insert_with(|| build(name).map(|t| &*Box::leak(Box::new(t))));
-        match r {
-            Ok(t) => Some(t),
-            Err(e) => {
-                eprintln!("skipped: cannot build test program {name} with gcc: {e}");
-                None
-            }
-        }
+        *m.entry(name.to_string())
+            .or_insert_with(|| build(name).map(|t| &*Box::leak(Box::new(t))))
     }
 
     /// Address of `sym` according to `nm` (an independent reader of the symbol table).

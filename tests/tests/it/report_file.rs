@@ -1,17 +1,15 @@
 //! The profile file: round trip, the clear errors for bad files, a fuzz-style property
 //! test of the parser, and `cpi-bpf report` reproducing the views offline.
 
-mod report_fixture;
-
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::Command;
 
+use crate::report_fixture::{cpi_profile, golden, scratch, time_profile};
 use cpi_tests::cpi_bpf;
 use cpi_user::profile::model::Profile;
 use cpi_user::report::file::{parse, read, to_json, ProfileFileError};
 use cpi_user::report::table::{render, TableOptions};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use report_fixture::{cpi_profile, golden, scratch, time_profile};
 
 #[test]
 fn json_round_trips_both_modes() {

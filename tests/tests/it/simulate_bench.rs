@@ -1,6 +1,6 @@
 //! Figures for BENCHMARKS.md ("Tracer", "PMU model / aggregation"). Ignored: run with
-//! `cargo test --release -p cpi-tests --test simulate_bench -- --ignored --nocapture
-//! --test-threads 1`.
+//! `cargo test --release -p cpi-tests --test it -- --ignored --nocapture
+//! --test-threads 1 bench_`.
 
 use std::ffi::OsString;
 use std::process::Stdio;

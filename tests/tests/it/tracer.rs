@@ -6,7 +6,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use cpi_tests::tracer::{callgrind_counts, program, shared_tool_dir, tool_dir, InsnKey};
+use cpi_tests::tracer::{
+    callgrind_counts, program, shared_tool_dir, tool_dir, words_text, InsnKey,
+};
 use cpi_user::binary::BinaryCache;
 use cpi_user::procmap::MappedObject;
 use cpi_user::profile::SampleSet;
@@ -172,39 +174,6 @@ fn test_program_counts_equal_callgrind() {
     check("sim_mix", &[exe.to_str().unwrap(), "1"], None);
 }
 
-/// Text that compresses like real data: words from a small vocabulary, pseudo-random.
-fn corpus(path: &Path, bytes: usize) {
-    let words = [
-        "profile",
-        "branch",
-        "cycle",
-        "sample",
-        "the",
-        "of",
-        "and",
-        "record",
-        "kernel",
-        "period",
-        "range",
-        "block",
-        "edge",
-        "function",
-        "instruction",
-        "count",
-        "x86",
-    ];
-    let mut s = String::with_capacity(bytes + 16);
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    while s.len() < bytes {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        s.push_str(words[(x % words.len() as u64) as usize]);
-        s.push(if x.is_multiple_of(11) { '\n' } else { ' ' });
-    }
-    std::fs::write(path, s).unwrap();
-}
-
 /// Threads (serialised by Valgrind, one range stream per thread) and signals (the
 /// interrupted range ends, the handler starts a fresh one).
 ///
@@ -229,7 +198,7 @@ fn threads_and_signals_match_callgrind() {
 #[test]
 fn debian_gzip_counts_equal_callgrind() {
     let input = std::env::temp_dir().join(format!("cpi-tracer-gzip-{}.txt", std::process::id()));
-    corpus(&input, 200_000);
+    std::fs::write(&input, words_text(200_000)).unwrap();
     check(
         "gzip",
         &["/usr/bin/gzip", "-c", "-6", input.to_str().unwrap()],

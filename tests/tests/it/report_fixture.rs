@@ -1,7 +1,6 @@
 //! Hand-built profiles for the report tests, and small helpers (the `cpi-bpf` binary,
 //! golden files). Numbers are chosen, not measured: the tests check rendering and
 //! formats, not analysis.
-#![allow(dead_code)] // each test crate uses a different part
 
 use std::path::{Path, PathBuf};
 

@@ -2,11 +2,10 @@
 //! as the same wire samples and the same SampleSet; the `import-perf` command gives the
 //! same profile as analysing those samples directly.
 
-mod report_fixture;
-
 use std::path::Path;
 use std::process::Command;
 
+use crate::report_fixture::scratch;
 use cpi_common::wire::{
     BranchEntry, BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES,
     WIRE_VERSION,
@@ -16,7 +15,6 @@ use cpi_user::import::perf_script::{elf_layout, parse, ElfLayout, ImportOptions}
 use cpi_user::profile::model::{Mode, Profile, RunInfo};
 use cpi_user::profile::{analyze, AnalysisOptions, SampleSet};
 use rand::{rngs::StdRng, Rng, SeedableRng};
-use report_fixture::{have, scratch};
 
 /// How to print entries: the field variants perf has had.
 #[derive(Clone, Copy, Debug)]
@@ -238,32 +236,16 @@ fn brstackoff_offsets_are_placed_by_the_dso_kind() {
     assert_eq!(imp.maps[&100].mappings[0].start, 0x1000);
 }
 
-const PROG: &str = r#"
-__attribute__((noinline)) long hot(long n) { long s = 0; for (long i = 0; i < n; i++) s += i * i; return s; }
-__attribute__((noinline)) long cold(long n) { return n * 3; }
-int main(int argc, char **argv) { (void)argv; return (int)(hot(argc * 1000) + cold(argc)) & 1; }
-"#;
-
 /// `cpi-bpf import-perf` on text written from samples of a real binary gives the
 /// profile that analysing those samples in-process gives.
 #[test]
 fn import_perf_command_gives_the_same_profile() {
     let bin = cpi_bpf();
-    if !have("gcc", "--version") {
-        eprintln!("skipped: gcc not installed");
-        return;
-    }
     let dir = scratch("import");
-    let src = dir.join("p.c");
-    std::fs::write(&src, PROG).unwrap();
-    let exe = dir.join("p");
-    let st = Command::new("gcc")
-        .args(["-O1", "-fno-pie", "-no-pie", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let Some(exe) = cpi_tests::programs::compile("hot_cold.c", &["-O1", "-fno-pie", "-no-pie"])
+    else {
+        return;
+    };
     let data = std::fs::read(&exe).unwrap();
     let addr = |name: &str| {
         use object::{Object, ObjectSymbol};

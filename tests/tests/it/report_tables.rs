@@ -1,9 +1,7 @@
 //! Golden-file tests of the table views (`CPI_BPF_BLESS=1` regenerates the files).
 
-mod report_fixture;
-
+use crate::report_fixture::{cpi_profile, golden, time_profile};
 use cpi_user::report::table::{render, TableError, TableOptions};
-use report_fixture::{cpi_profile, golden, time_profile};
 
 fn opts(top: usize, annotate: Option<&str>) -> TableOptions {
     TableOptions {

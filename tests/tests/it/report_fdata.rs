@@ -5,12 +5,13 @@
 //! Two sources of profile: a profile built here from the test program's own symbol
 //! table and disassembly (always), and `cpi-bpf simulate` (once it exists).
 
-mod report_fixture;
+use crate::report_fixture;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::report_fixture::{have, scratch};
 use cpi_common::policy::Perturbation;
 use cpi_common::wire::EventRole;
 use cpi_tests::{cpi_bpf, output_ok};
@@ -18,50 +19,6 @@ use cpi_user::binary::{Binary, Function};
 use cpi_user::profile::model::*;
 use cpi_user::report::fdata;
 use object::{Object, ObjectSymbol};
-use report_fixture::{have, scratch};
-
-const PROG: &str = r#"
-#include <stdio.h>
-#include <stdlib.h>
-
-__attribute__((noinline)) unsigned collatz_steps(unsigned long n) {
-    unsigned steps = 0;
-    while (n != 1) {
-        if (n & 1)
-            n = 3 * n + 1;
-        else
-            n >>= 1;
-        steps++;
-    }
-    return steps;
-}
-
-// static: BOLT names it checksum/1, which the writer must follow.
-static __attribute__((noipa)) unsigned long checksum(const unsigned char *p, unsigned long len) {
-    unsigned long h = 5381;
-    for (unsigned long i = 0; i < len; i++) {
-        if (p[i] > 128)
-            h = h * 33 + p[i];
-        else
-            h ^= p[i] << 3;
-    }
-    return h;
-}
-
-int main(int argc, char **argv) {
-    unsigned long limit = argc > 1 ? strtoul(argv[1], 0, 10) : 20000;
-    unsigned long total = 0;
-    unsigned char buf[4096];
-    for (unsigned i = 0; i < sizeof buf; i++)
-        buf[i] = (unsigned char)(i * 7919u >> 3);
-    for (unsigned long n = 1; n < limit; n++)
-        total += collatz_steps(n);
-    for (int r = 0; r < 20; r++)
-        total += checksum(buf, sizeof buf);
-    printf("%lu\n", total);
-    return 0;
-}
-"#;
 
 const FUNCS: [&str; 3] = ["main", "collatz_steps", "checksum"];
 
@@ -79,19 +36,14 @@ fn tools_present() -> bool {
     true
 }
 
-/// Builds the test program with relocations kept (BOLT needs them to move functions).
-fn build(dir: &Path) -> PathBuf {
-    let src = dir.join("prog.c");
-    std::fs::write(&src, PROG).unwrap();
-    let exe = dir.join("prog");
-    let st = Command::new("gcc")
-        .args(["-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(st.success());
-    exe
+/// `tests/programs/bolt_prog.c` built with relocations kept (BOLT needs them to move
+/// functions).
+fn build() -> PathBuf {
+    cpi_tests::programs::compile(
+        "bolt_prog.c",
+        &["-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs"],
+    )
+    .expect("gcc is present (tools_present)")
 }
 
 struct Insn {
@@ -266,7 +218,7 @@ fn hand_profile(exe: &Path) -> Profile {
 /// Runs BOLT with `fdata`; returns its output after checking the optimised binary runs
 /// like the original.
 fn bolt(exe: &Path, fdata: &Path) -> String {
-    let out_exe = exe.with_extension("bolt");
+    let out_exe = fdata.with_extension("bolt");
     let out = Command::new("llvm-bolt-22")
         .arg(exe)
         .arg("-o")
@@ -323,7 +275,7 @@ fn bolt_accepts_fdata_of_a_hand_built_profile() {
         return;
     }
     let dir = scratch("fdata-hand");
-    let exe = build(&dir);
+    let exe = build();
     let p = hand_profile(&exe);
     let files = fdata::render(&p).unwrap();
     assert_eq!(files.len(), 1);
@@ -361,7 +313,7 @@ fn bolt_accepts_no_lbr_fdata_of_a_time_profile() {
         return;
     }
     let dir = scratch("fdata-nolbr");
-    let exe = build(&dir);
+    let exe = build();
     let mut p = hand_profile(&exe);
     p.mode = Mode::TimeProfile;
     p.events = vec![EventInfo {
@@ -397,7 +349,7 @@ fn bolt_optimises_with_the_fdata_of_cpi_bpf_simulate() {
         return;
     }
     let dir = scratch("fdata-sim");
-    let exe = build(&dir);
+    let exe = build();
     let fd = dir.join("prog.fdata");
     let out = Command::new(cpi)
         .args(["simulate", "--format", "fdata", "--output"])
@@ -508,7 +460,7 @@ fn bolt_optimises_with_fdata_from_imported_branch_stacks() {
     }
     let cpi = cpi_bpf();
     let dir = scratch("fdata-walk");
-    let exe = build(&dir);
+    let exe = build();
     let stream = walk(&exe, 300_000);
     let (depth, period) = (16, 97);
     let e = exe.display();

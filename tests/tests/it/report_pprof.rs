@@ -1,15 +1,13 @@
 //! pprof export checked against its real reader, `go tool pprof` (Debian golang-go),
 //! and decoded back to check types, mappings and build-ids.
 
-mod report_fixture;
-
 use std::io::Read;
 use std::process::Command;
 
+use crate::report_fixture::{cpi_profile, have, scratch, time_profile};
 use cpi_user::profile::model::Profile;
 use cpi_user::report::pprof::{encode, PprofProfile};
 use prost::Message;
-use report_fixture::{cpi_profile, have, scratch, time_profile};
 
 fn decode(bytes: &[u8]) -> PprofProfile {
     let mut raw = Vec::new();

@@ -1,0 +1,19 @@
+//! The integration tests, one test binary (cpi-user is linked once, the report fixture
+//! compiled once): `cargo test --release -p cpi-tests --test it [FILTER]`, where FILTER
+//! may be a module (`collect::`, `simulate::`...). Shared helpers are in `tests/src/`,
+//! test programs in `tests/programs/`.
+
+mod collect;
+mod collect_reliability;
+mod collect_ring;
+mod import_perf_data;
+mod report_fdata;
+mod report_file;
+mod report_fixture;
+mod report_import;
+mod report_pprof;
+mod report_tables;
+mod simulate;
+mod simulate_bench;
+mod simulate_report;
+mod tracer;
