@@ -5,6 +5,7 @@
 //! per process and turns them into instruction/block/edge counts and CPI using
 //! [`procmap`] and [`binary`], and [`report`] renders and exports the result.
 
+pub mod agent;
 pub mod binary;
 pub mod collect;
 pub mod procmap;

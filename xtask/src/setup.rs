@@ -11,8 +11,16 @@ use anyhow::{bail, Context};
 
 /// Debian packages the tests use: gcc (test programs), valgrind (the tracer and its
 /// headers, libs and valgrind.pc), pkgconf (pkg-config: the tracer build reads
-/// valgrind.pc), golang-go (`go tool pprof`), bolt-22 (llvm-bolt / perf2bolt for `.fdata`).
-const PACKAGES: &[&str] = &["gcc", "valgrind", "pkgconf", "golang-go", "bolt-22"];
+/// valgrind.pc), golang-go (`go tool pprof`), bolt-22 (llvm-bolt / perf2bolt for `.fdata`),
+/// prometheus (the server that scrapes the agent in tests/tests/agent_sinks.rs).
+const PACKAGES: &[&str] = &[
+    "gcc",
+    "valgrind",
+    "pkgconf",
+    "golang-go",
+    "bolt-22",
+    "prometheus",
+];
 /// Installed when the archive has them (benchmarks only).
 const OPTIONAL_PACKAGES: &[&str] = &["bpftool"];
 
