@@ -17,6 +17,9 @@
 //! system-wide; a process whose cgroup can no longer be read when its window ends is
 //! left out with `--cgroup`).
 //!
+//! Windows keep only the instructions with evidence (samples or execution counts) in
+//! their per-instruction lines.
+//!
 //! Stopping: the first SIGTERM/SIGINT ends the current window early, which is analysed
 //! and written like any other; the sinks get [`FLUSH_WITHIN`] to deliver; then the
 //! agent returns. The first signal restores the default action, so a second one ends the
@@ -488,8 +491,9 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
                     .is_some_and(|g| g == want || g.starts_with(&format!("{want}/")) || want == "/")
             });
         }
-        let profile = analyze_with(&set, run, &opts, &mut sym);
+        let mut profile = analyze_with(&set, run, &opts, &mut sym);
         drop(set);
+        keep_evidence_lines(&mut profile);
         for pid in table.expire(job.windows) {
             sym.forget_process(pid);
         }
@@ -540,6 +544,16 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
         if let Some(m) = &sinks.metrics {
             m.set_push_stats(&p.stats());
         }
+    }
+}
+
+/// Drops the per-instruction lines without samples or counts: a window of a big
+/// function (thousands of instructions, a few sampled) would otherwise carry every
+/// instruction's disassembly into the store, each window. `--annotate` on stored windows
+/// shows the sampled/executed instructions.
+fn keep_evidence_lines(p: &mut Profile) {
+    for f in p.processes.iter_mut().flat_map(|p| p.functions.iter_mut()) {
+        f.lines.retain(|l| l.samples > 0 || l.count > 0.0);
     }
 }
 
