@@ -255,3 +255,50 @@ fn bad_input_is_one_line_at_start() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn systemd_unit_verifies() {
+    let unit = cpi_tests::workspace_root().join("dist/cpi-bpf.service");
+    let conf = cpi_tests::workspace_root().join("dist/agent.toml");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    // The unit names the installed paths; verify it against this build's binary.
+    let dir = temp_dir("agent-unit");
+    // The example config checks out (its store and port replaced by free ones).
+    output_ok(
+        Command::new(cpi_bpf())
+            .args([
+                "agent",
+                "--check-config",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--config",
+            ])
+            .arg(&conf)
+            .arg("--store")
+            .arg(dir.join("store")),
+    );
+    let local = dir.join("cpi-bpf.service");
+    std::fs::write(
+        &local,
+        text.replace("/usr/local/bin/cpi-bpf", cpi_bpf().to_str().unwrap())
+            .replace("/etc/cpi-bpf/agent.toml", conf.to_str().unwrap()),
+    )
+    .unwrap();
+    let out = match Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&local)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipped: systemd-analyze not available ({e})");
+            return;
+        }
+    };
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
