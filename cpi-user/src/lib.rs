@@ -6,6 +6,7 @@
 //! [`procmap`] and [`binary`], [`import`] reads recordings made elsewhere (`perf.data`,
 //! `perf script` text) into the same samples, and [`report`] renders and exports the result.
 
+pub mod agent;
 pub mod binary;
 pub mod collect;
 pub mod import;

@@ -12,6 +12,8 @@ use anyhow::{bail, Context};
 /// Debian packages the tests use: gcc (test programs), valgrind (the tracer and its
 /// headers, libs and valgrind.pc), pkgconf (pkg-config: the tracer build reads
 /// valgrind.pc), golang-go (`go tool pprof`), bolt-22 (llvm-bolt / perf2bolt for `.fdata`).
+/// valgrind.pc), golang-go (`go tool pprof`), bolt-22 (llvm-bolt / perf2bolt for `.fdata`),
+/// prometheus (the server that scrapes the agent in tests/tests/agent_sinks.rs).
 const PACKAGES: &[&str] = &[
     "gcc",
     "valgrind",
@@ -19,6 +21,7 @@ const PACKAGES: &[&str] = &[
     "golang-go",
     "bolt-22",
     "llvm-19",
+    "prometheus",
 ];
 /// Installed when the archive has them (benchmarks only).
 const OPTIONAL_PACKAGES: &[&str] = &["bpftool"];

@@ -387,12 +387,16 @@ fn normalise(mut funcs: Vec<Function>) -> Vec<Function> {
     funcs
 }
 
-/// Binaries opened so far, keyed by path + size + mtime so a replaced file is reopened.
+/// Binaries opened so far, keyed by the file's identity (device + inode, so the same
+/// file reached through `/proc/PID/map_files/…` of many processes is parsed once) and
+/// stamped with size + mtime so a replaced file is reopened.
 #[derive(Default)]
 pub struct BinaryCache {
-    entries: HashMap<PathBuf, (FileStamp, Result<Arc<Binary>, String>)>,
+    entries: HashMap<FileId, (FileStamp, Result<Arc<Binary>, String>)>,
 }
 
+/// (device, inode).
+type FileId = (u64, u64);
 type FileStamp = (u64, Option<SystemTime>);
 
 impl BinaryCache {
@@ -403,17 +407,19 @@ impl BinaryCache {
     /// The parsed binary at `path`, opened on first use. A failure is remembered (and
     /// returned again) until the file changes, so a bad file is read once.
     pub fn get(&mut self, path: &Path) -> Result<Arc<Binary>, BinaryError> {
+        use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(path).map_err(|source| BinaryError::Io {
             path: path.to_path_buf(),
             source,
         })?;
         let stamp = (meta.len(), meta.modified().ok());
-        let entry = match self.entries.get(path) {
+        let key = (meta.dev(), meta.ino());
+        let entry = match self.entries.get(&key) {
             Some((s, r)) if *s == stamp => r.clone(),
             _ => {
                 let r = Binary::open(path).map(Arc::new);
                 let cached = r.as_ref().map(Arc::clone).map_err(|e| e.to_string());
-                self.entries.insert(path.to_path_buf(), (stamp, cached));
+                self.entries.insert(key, (stamp, cached));
                 return r;
             }
         };
@@ -421,6 +427,30 @@ impl BinaryCache {
             path: path.to_path_buf(),
             reason,
         })
+    }
+
+    /// Drops every cached entry holding `bin`.
+    pub fn evict(&mut self, bin: &Arc<Binary>) {
+        self.entries
+            .retain(|_, (_, r)| !r.as_ref().is_ok_and(|b| Arc::ptr_eq(b, bin)));
+    }
+
+    /// The binaries held.
+    pub fn binaries(&self) -> impl Iterator<Item = &Arc<Binary>> {
+        self.entries.values().filter_map(|(_, r)| r.as_ref().ok())
+    }
+}
+
+impl Binary {
+    /// Heap bytes held (code, function names and bounds): what a cache counts.
+    pub fn heap_bytes(&self) -> u64 {
+        let code: usize = self.code.iter().map(|(_, b)| b.len()).sum();
+        let funcs: usize = self
+            .functions
+            .iter()
+            .map(|f| size_of::<Function>() + f.name.len())
+            .sum();
+        (code + funcs + self.segments.len() * size_of::<LoadSegment>()) as u64
     }
 }
 

@@ -102,6 +102,9 @@ pub struct Symbolizer {
     kernel: Option<Vec<Function>>,
     /// (pid, mapping start) → the file opened while the process lived.
     captured: HashMap<(u32, u64), Arc<File>>,
+    /// Last use of each binary (by address of its `Arc`), for [`Symbolizer::trim`].
+    used: HashMap<usize, u64>,
+    clock: u64,
 }
 
 impl Symbolizer {
@@ -113,6 +116,8 @@ impl Symbolizer {
             perf_maps: HashMap::new(),
             kernel: None,
             captured: HashMap::new(),
+            used: HashMap::new(),
+            clock: 0,
         }
     }
 
@@ -123,6 +128,61 @@ impl Symbolizer {
         for (&start, f) in files {
             self.captured.insert((pid, start), Arc::clone(f));
         }
+    }
+
+    /// Forgets what is cached for process `pid` (its mappings' binaries stay cached by
+    /// file): the always-on agent calls it when the process has exited or its pid was
+    /// reused (cpi-user/src/agent/mod.rs).
+    pub fn forget_process(&mut self, pid: u32) {
+        self.by_mapping.retain(|&(p, _), _| p != pid);
+        self.captured.retain(|&(p, _), _| p != pid);
+        self.perf_maps.remove(&pid);
+    }
+
+    /// Distinct binaries held, with their heap bytes.
+    fn held(&self) -> HashMap<usize, (Arc<Binary>, u64)> {
+        let mut held = HashMap::new();
+        let mapped = self.by_mapping.values().filter_map(|r| r.as_ref().ok());
+        for b in self.binaries.binaries().chain(mapped) {
+            held.entry(Arc::as_ptr(b) as usize)
+                .or_insert_with(|| (b.clone(), b.heap_bytes()));
+        }
+        held
+    }
+
+    /// Bytes held: binaries, perf maps and kernel symbols.
+    pub fn cache_bytes(&self) -> u64 {
+        let funcs = |v: &Vec<Function>| {
+            v.iter()
+                .map(|f| (size_of::<Function>() + f.name.len()) as u64)
+                .sum::<u64>()
+        };
+        self.held().values().map(|(_, n)| n).sum::<u64>()
+            + self.perf_maps.values().map(funcs).sum::<u64>()
+            + self.kernel.as_ref().map_or(0, funcs)
+    }
+
+    /// Drops the least recently used binaries until at most `max_bytes` are held.
+    pub fn trim(&mut self, max_bytes: u64) {
+        let mut held: Vec<(u64, usize, Arc<Binary>, u64)> = self
+            .held()
+            .into_iter()
+            .map(|(ptr, (b, n))| (self.used.get(&ptr).copied().unwrap_or(0), ptr, b, n))
+            .collect();
+        let mut total = self.cache_bytes();
+        held.sort_by_key(|h| (h.0, h.1));
+        for (_, ptr, bin, bytes) in held {
+            if total <= max_bytes {
+                break;
+            }
+            self.binaries.evict(&bin);
+            self.by_mapping
+                .retain(|_, r| !r.as_ref().is_ok_and(|b| Arc::ptr_eq(b, &bin)));
+            self.used.remove(&ptr);
+            total = total.saturating_sub(bytes);
+        }
+        let held = self.held();
+        self.used.retain(|ptr, _| held.contains_key(ptr));
     }
 
     /// Symbolises `addr` of process `pid` whose mappings are `maps`.
@@ -223,13 +283,16 @@ impl Symbolizer {
             }
             self.by_mapping.insert(key, result);
         }
-        self.by_mapping[&key]
-            .clone()
-            .map_err(|source| SymbolizeError::Binary {
-                pid,
-                addr: m.start,
-                source,
-            })
+        let r = self.by_mapping[&key].clone();
+        if let Ok(b) = &r {
+            self.clock += 1;
+            self.used.insert(Arc::as_ptr(b) as usize, self.clock);
+        }
+        r.map_err(|source| SymbolizeError::Binary {
+            pid,
+            addr: m.start,
+            source,
+        })
     }
 
     fn kernel_lookup(&mut self, addr: u64) -> Resolved {

@@ -203,6 +203,13 @@ pub fn raise_fd_limit(want: u64) -> io::Result<u64> {
     Ok(lim.rlim_cur)
 }
 
+/// Restores the default action of `sig` (the agent, after its first SIGTERM/SIGINT, so
+/// that a second one ends it at once).
+pub fn default_signal_action(sig: libc::c_int) {
+    // SAFETY: SIG_DFL is always a valid disposition.
+    unsafe { libc::signal(sig, libc::SIG_DFL) };
+}
+
 fn ioctl(fd: &impl AsRawFd, req: libc::c_ulong, arg: libc::c_ulong) -> io::Result<()> {
     // SAFETY: perf ioctls with an integer or pointer-to-u64 argument, checked below.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), req, arg) };

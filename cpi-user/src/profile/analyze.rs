@@ -126,14 +126,29 @@ type FuncKey = (String, u64);
 
 /// Analyses every process of `set`.
 pub fn analyze(set: &SampleSet, run: RunInfo, opts: &AnalysisOptions) -> Profile {
-    let mut sym = Symbolizer::new(opts.symbolizer.clone());
+    analyze_with(
+        set,
+        run,
+        opts,
+        &mut Symbolizer::new(opts.symbolizer.clone()),
+    )
+}
+
+/// [`analyze`] with a caller-owned symbolizer, whose binary cache outlives the call (the
+/// always-on agent's windows, cpi-user/src/agent/mod.rs).
+pub fn analyze_with(
+    set: &SampleSet,
+    run: RunInfo,
+    opts: &AnalysisOptions,
+    sym: &mut Symbolizer,
+) -> Profile {
     for p in set.processes.values() {
         sym.add_captured(p.pid, &p.files);
     }
     let mut ctx = Ctx {
         mode: run.mode,
         opts,
-        sym: &mut sym,
+        sym,
         lost: run.lost.clone(),
         binaries: BTreeMap::new(),
         decoded: HashMap::new(),

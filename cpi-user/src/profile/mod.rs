@@ -4,6 +4,7 @@
 pub mod aggregate;
 pub mod analyze;
 pub mod flow;
+pub mod merge;
 pub mod model;
 
 pub use aggregate::{BranchAggregate, IpAggregate, ProcessSamples, SampleSet};

@@ -16,7 +16,7 @@ use prost::Message;
 
 use cpi_common::wire::EventRole;
 
-use crate::profile::model::{FunctionProfile, Mode, Profile};
+use crate::profile::model::{FunctionProfile, Mode, ProcessProfile, Profile};
 
 // profile.proto, field for field (the parts we write). Hand-written so no protoc is
 // needed at build time.
@@ -204,6 +204,12 @@ fn function_values(f: &FunctionProfile, time: bool) -> Vec<(u64, Vec<i64>)> {
 
 /// Builds the (uncompressed) pprof message.
 pub fn build(p: &Profile) -> PprofProfile {
+    build_processes(p, &|_| true)
+}
+
+/// The pprof message of the processes `keep` selects (the agent pushes one per service:
+/// cpi-user/src/agent/push.rs); mappings cover only their functions.
+pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> PprofProfile {
     let mut st = Strings::new();
     let time = !p.mode.has_cpi();
     let types: &[(&str, &str)] = if time {
@@ -225,7 +231,12 @@ pub fn build(p: &Profile) -> PprofProfile {
 
     // Mappings: one per binary, spanning its sampled functions (binary addresses).
     let mut spans: Vec<(String, u64, u64)> = Vec::new();
-    for f in p.processes.iter().flat_map(|pr| pr.functions.iter()) {
+    for f in p
+        .processes
+        .iter()
+        .filter(|pr| keep(pr))
+        .flat_map(|pr| pr.functions.iter())
+    {
         let end = f.address + f.size.max(1);
         match spans.iter_mut().find(|(b, _, _)| *b == f.binary) {
             Some(s) => {
@@ -264,7 +275,7 @@ pub fn build(p: &Profile) -> PprofProfile {
     let mut loc_ids: HashMap<(&str, u64), u64> = HashMap::new();
     let mut sample = Vec::new();
     let (pid_key, comm_key) = (st.id("pid"), st.id("comm"));
-    for proc in &p.processes {
+    for proc in p.processes.iter().filter(|pr| keep(pr)) {
         let labels = vec![
             Label {
                 key: pid_key,
@@ -369,7 +380,12 @@ pub fn build(p: &Profile) -> PprofProfile {
 
 /// The gzip'd protobuf bytes of [`build`].
 pub fn encode(p: &Profile) -> std::io::Result<Vec<u8>> {
-    let raw = build(p).encode_to_vec();
+    gzip(&build(p))
+}
+
+/// The gzip'd protobuf bytes of a message from [`build`] or [`build_processes`].
+pub fn gzip(m: &PprofProfile) -> std::io::Result<Vec<u8>> {
+    let raw = m.encode_to_vec();
     let mut gz = GzEncoder::new(Vec::new(), Compression::default());
     gz.write_all(&raw)?;
     gz.finish()

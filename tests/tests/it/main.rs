@@ -3,6 +3,7 @@
 //! may be a module (`collect::`, `simulate::`...). Shared helpers are in `tests/src/`,
 //! test programs in `tests/programs/`.
 
+mod agent;
 mod collect;
 mod collect_reliability;
 mod collect_ring;

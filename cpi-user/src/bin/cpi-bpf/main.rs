@@ -1,5 +1,6 @@
 //! `cpi-bpf`: the thin CLI over the `cpi_user` library.
 
+mod agent;
 mod doctor;
 mod import_perf;
 mod output;
@@ -31,6 +32,9 @@ enum Command {
     Simulate(simulate::Args),
     /// Read a profile file written with --output and show it again.
     Report(report::Args),
+    /// Always-on profiling: windows into a local store, Prometheus metrics, push to
+    /// Pyroscope; runs until SIGTERM.
+    Agent(Box<agent::Args>),
     /// Analyse branch stacks recorded elsewhere with `perf record -b`: a perf.data
     /// file, or `perf script -F pid,tid,ip,sym,dso,brstack` text.
     ImportPerf(import_perf::Args),
@@ -53,6 +57,7 @@ fn main() {
     };
     let result = match cli.command {
         None => record::run(cli.record),
+        Some(Command::Agent(a)) => agent::run(*a),
         Some(Command::Doctor(a)) => doctor::run(a),
         Some(Command::Simulate(a)) => simulate::run(a),
         Some(Command::Report(a)) => report::run(a),

@@ -1,7 +1,9 @@
 //! `report`: show a profile file written with `--output` again, in any format.
 
 use std::path::PathBuf;
+use std::time::SystemTime;
 
+use cpi_user::agent::store;
 use cpi_user::report::file;
 
 use crate::output::{emit, OutputArgs};
@@ -10,18 +12,72 @@ use crate::output::{emit, OutputArgs};
 pub struct Args {
     /// A profile file written with `--format json --output FILE`; `-` reads standard
     /// input.
-    #[arg(value_name = "FILE")]
-    pub file: PathBuf,
+    #[arg(
+        value_name = "FILE",
+        required_unless_present = "store",
+        conflicts_with = "store"
+    )]
+    pub file: Option<PathBuf>,
+    /// Merge the windows of an agent's store (cpi-bpf agent --store DIR) instead.
+    #[arg(long, value_name = "DIR")]
+    pub store: Option<PathBuf>,
+    /// With --store: windows since TIME, or since DURATION ago (1h, 30m, 2d).
+    #[arg(long, value_name = "TIME|DURATION", requires = "store", value_parser = store_time)]
+    pub since: Option<SystemTime>,
+    /// With --store: windows until TIME, or until DURATION ago.
+    #[arg(long, value_name = "TIME|DURATION", requires = "store", value_parser = store_time)]
+    pub until: Option<SystemTime>,
+    /// With --store: only processes named NAME.
+    #[arg(long, value_name = "NAME", requires = "store")]
+    pub comm: Option<String>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let profile = if args.file.as_os_str() == "-" {
+    let Some(file) = args.file else {
+        let dir = args.store.unwrap_or_default();
+        let q = store::RangeQuery {
+            since: args.since,
+            until: args.until,
+            comm: args.comm,
+        };
+        let r = store::read_range(&dir, &q)?;
+        for (path, why) in &r.skipped {
+            eprintln!("cpi-bpf: warning: skipped {}: {why}", path.display());
+        }
+        eprintln!(
+            "cpi-bpf: {} windows from {} to {} merged ({})",
+            r.windows,
+            humantime::format_rfc3339_seconds(r.first_start),
+            humantime::format_rfc3339_seconds(r.last_end),
+            dir.display()
+        );
+        emit(&r.profile, &args.output)?;
+        return Ok(0);
+    };
+    let profile = if file.as_os_str() == "-" {
         file::read_stream(std::io::stdin().lock(), "on standard input")?
     } else {
-        file::read(&args.file)?
+        file::read(&file)?
     };
     emit(&profile, &args.output)?;
     Ok(0)
+}
+
+/// `--since`/`--until`: an RFC 3339 time (`2026-11-23T02:00:00Z`), `@UNIX_SECONDS`, or
+/// a duration ago (`1h`, `90m`).
+fn store_time(s: &str) -> Result<SystemTime, String> {
+    if let Some(secs) = s.strip_prefix('@') {
+        let n: u64 = secs.parse().map_err(|_| format!("not Unix seconds: {s}"))?;
+        return Ok(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(n));
+    }
+    if let Ok(t) = humantime::parse_rfc3339_weak(s) {
+        return Ok(t);
+    }
+    let ago = humantime::parse_duration(s)
+        .map_err(|_| format!("not a time (2026-11-23T02:00:00Z, @SECS) or a duration (1h): {s}"))?;
+    SystemTime::now()
+        .checked_sub(ago)
+        .ok_or_else(|| format!("too far back: {s}"))
 }

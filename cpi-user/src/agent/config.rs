@@ -1,0 +1,461 @@
+//! The agent's configuration: command-line flags and `--config FILE` (TOML, the same keys
+//! as the flags without the dashes in front, e.g. `overhead-budget = 0.5`; an unknown key
+//! is an error). Flags win over the file, the file over the defaults. Everything is
+//! checked here, before anything starts; each problem is one line.
+//!
+//! Example: dist/agent.toml.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use regex::Regex;
+use serde::Deserialize;
+
+use super::store;
+
+/// `--interval` default, seconds.
+pub const DEFAULT_INTERVAL_SECS: u64 = 10;
+/// `--cache-mib` default.
+pub const DEFAULT_CACHE_MIB: u64 = 64;
+/// `--overhead-budget` default, percent of one CPU.
+pub const DEFAULT_BUDGET_PCT: f64 = 1.0;
+/// `--min-frequency` default, Hz.
+pub const DEFAULT_MIN_FREQUENCY: u64 = 49;
+/// `--metrics-addr` default (loopback).
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
+/// `--metrics-top-comms` / `--metrics-top-functions` default.
+pub const DEFAULT_TOP: usize = 20;
+/// `--push-queue` default, windows.
+pub const DEFAULT_PUSH_QUEUE: usize = 8;
+/// `--push-timeout` default, seconds.
+pub const DEFAULT_PUSH_TIMEOUT_SECS: u64 = 10;
+/// `--ring-buffer-mib` default.
+pub const DEFAULT_RING_MIB: u32 = 8;
+/// Longest `--interval`: a day.
+const MAX_INTERVAL_SECS: u64 = 86_400;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config {}: {detail}", .path.display())]
+    File { path: PathBuf, detail: String },
+    #[error("{key}: {detail}")]
+    Value { key: &'static str, detail: String },
+}
+
+fn bad(key: &'static str, detail: impl Into<String>) -> ConfigError {
+    ConfigError::Value {
+        key,
+        detail: detail.into(),
+    }
+}
+
+/// Every setting, each optional: what the flags gave, or the file.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct AgentOptions {
+    /// Only these processes (all threads); default: system-wide.
+    #[serde(default)]
+    pub pid: Vec<u32>,
+    /// Only processes whose comm matches this regular expression.
+    pub comm: Option<String>,
+    /// Only processes in this cgroup (v2 path, under /sys/fs/cgroup) or below it.
+    pub cgroup: Option<PathBuf>,
+    /// Window length, seconds.
+    pub interval: Option<u64>,
+    /// Sampling frequency, Hz per busy CPU (the governor's ceiling).
+    pub frequency: Option<u64>,
+    /// The governor's floor, Hz.
+    pub min_frequency: Option<u64>,
+    /// Percent of one CPU for the agent and its BPF programs.
+    pub overhead_budget: Option<f64>,
+    /// Cache bound (binaries, symbols), MiB.
+    pub cache_mib: Option<u64>,
+    pub store: Option<PathBuf>,
+    /// Keep windows this long (`24h`, `90m`, `7d`).
+    pub retain: Option<String>,
+    pub store_max_mib: Option<u64>,
+    /// `/metrics` address; `off` disables the endpoint.
+    pub metrics_addr: Option<String>,
+    pub metrics_top_comms: Option<usize>,
+    pub metrics_top_functions: Option<usize>,
+    pub push_pyroscope: Option<String>,
+    pub push_tenant: Option<String>,
+    /// `comm` or `cgroup`.
+    pub service_label: Option<String>,
+    pub push_queue: Option<usize>,
+    pub push_timeout: Option<u64>,
+    pub include_kernel: Option<bool>,
+    pub ring_buffer_mib: Option<u32>,
+    /// `error`, `warn`, `info`, `debug` or `trace`.
+    pub log_level: Option<String>,
+}
+
+/// `service_name` of pushed series.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Service {
+    Comm,
+    Cgroup,
+}
+
+/// The agent's checked configuration.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub pids: Vec<u32>,
+    pub comm: Option<Regex>,
+    /// Absolute cgroup v2 directory.
+    pub cgroup: Option<PathBuf>,
+    pub interval: Duration,
+    pub frequency: u64,
+    pub min_frequency: u64,
+    pub overhead_budget_pct: f64,
+    pub cache_bytes: u64,
+    pub store: PathBuf,
+    pub retain: Duration,
+    pub store_max_bytes: u64,
+    pub metrics_addr: Option<SocketAddr>,
+    pub metrics_top_comms: usize,
+    pub metrics_top_functions: usize,
+    pub push_url: Option<String>,
+    pub push_tenant: Option<String>,
+    pub service_label: Service,
+    pub push_queue: usize,
+    pub push_timeout: Duration,
+    pub include_kernel: bool,
+    pub ring_bytes: u32,
+    pub log_level: String,
+}
+
+impl AgentOptions {
+    /// Reads a TOML config file.
+    pub fn from_file(path: &Path) -> Result<AgentOptions, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+            path: path.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+        toml::from_str(&text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            ConfigError::File {
+                path: path.to_path_buf(),
+                detail: match line {
+                    Some(l) => format!("line {l}: {}", e.message()),
+                    None => e.message().to_string(),
+                },
+            }
+        })
+    }
+
+    /// `self` (the flags) over `file`.
+    pub fn over(self, file: AgentOptions) -> AgentOptions {
+        AgentOptions {
+            pid: if self.pid.is_empty() {
+                file.pid
+            } else {
+                self.pid
+            },
+            comm: self.comm.or(file.comm),
+            cgroup: self.cgroup.or(file.cgroup),
+            interval: self.interval.or(file.interval),
+            frequency: self.frequency.or(file.frequency),
+            min_frequency: self.min_frequency.or(file.min_frequency),
+            overhead_budget: self.overhead_budget.or(file.overhead_budget),
+            cache_mib: self.cache_mib.or(file.cache_mib),
+            store: self.store.or(file.store),
+            retain: self.retain.or(file.retain),
+            store_max_mib: self.store_max_mib.or(file.store_max_mib),
+            metrics_addr: self.metrics_addr.or(file.metrics_addr),
+            metrics_top_comms: self.metrics_top_comms.or(file.metrics_top_comms),
+            metrics_top_functions: self.metrics_top_functions.or(file.metrics_top_functions),
+            push_pyroscope: self.push_pyroscope.or(file.push_pyroscope),
+            push_tenant: self.push_tenant.or(file.push_tenant),
+            service_label: self.service_label.or(file.service_label),
+            push_queue: self.push_queue.or(file.push_queue),
+            push_timeout: self.push_timeout.or(file.push_timeout),
+            include_kernel: self.include_kernel.or(file.include_kernel),
+            ring_buffer_mib: self.ring_buffer_mib.or(file.ring_buffer_mib),
+            log_level: self.log_level.or(file.log_level),
+        }
+    }
+
+    /// Defaults filled in and every value checked.
+    pub fn resolve(self) -> Result<AgentConfig, ConfigError> {
+        let interval = self.interval.unwrap_or(DEFAULT_INTERVAL_SECS);
+        if !(1..=MAX_INTERVAL_SECS).contains(&interval) {
+            return Err(bad(
+                "interval",
+                format!("must be 1 to {MAX_INTERVAL_SECS} seconds, not {interval}"),
+            ));
+        }
+        let frequency = self.frequency.unwrap_or(crate::collect::DEFAULT_FREQUENCY);
+        if frequency == 0 {
+            return Err(bad("frequency", "must be at least 1 Hz"));
+        }
+        let min_frequency = self
+            .min_frequency
+            .unwrap_or(DEFAULT_MIN_FREQUENCY.min(frequency));
+        if min_frequency == 0 || min_frequency > frequency {
+            return Err(bad(
+                "min-frequency",
+                format!("must be 1 to --frequency ({frequency}) Hz, not {min_frequency}"),
+            ));
+        }
+        let budget = self.overhead_budget.unwrap_or(DEFAULT_BUDGET_PCT);
+        if !(budget > 0.0 && budget <= 100.0) {
+            return Err(bad(
+                "overhead-budget",
+                format!("must be a percentage of one CPU above 0 and at most 100, not {budget}"),
+            ));
+        }
+        let cache_mib = self.cache_mib.unwrap_or(DEFAULT_CACHE_MIB);
+        if !(1..=65_536).contains(&cache_mib) {
+            return Err(bad(
+                "cache-mib",
+                format!("must be 1 to 65536, not {cache_mib}"),
+            ));
+        }
+        let retain = match &self.retain {
+            Some(s) => humantime::parse_duration(s)
+                .map_err(|e| bad("retain", format!("{s:?} is not a duration like 24h: {e}")))?,
+            None => store::DEFAULT_RETAIN,
+        };
+        if retain < Duration::from_secs(interval) {
+            return Err(bad(
+                "retain",
+                format!("must be at least one interval ({interval} s)"),
+            ));
+        }
+        let store_max_mib = self.store_max_mib.unwrap_or(store::DEFAULT_MAX_MIB);
+        if store_max_mib == 0 {
+            return Err(bad("store-max-mib", "must be at least 1"));
+        }
+        let comm = self
+            .comm
+            .as_deref()
+            .map(|c| Regex::new(c).map_err(|e| bad("comm", one_line(&e.to_string()))))
+            .transpose()?;
+        let cgroup = self.cgroup.as_deref().map(cgroup_dir).transpose()?;
+        let metrics_addr = match self.metrics_addr.as_deref().unwrap_or(DEFAULT_METRICS_ADDR) {
+            "off" => None,
+            a => Some(a.parse::<SocketAddr>().map_err(|_| {
+                bad(
+                    "metrics-addr",
+                    format!("{a:?} is not an IP:PORT address (or off)"),
+                )
+            })?),
+        };
+        let service_label = match self.service_label.as_deref().unwrap_or("comm") {
+            "comm" => Service::Comm,
+            "cgroup" => Service::Cgroup,
+            s => {
+                return Err(bad(
+                    "service-label",
+                    format!("must be comm or cgroup, not {s:?}"),
+                ))
+            }
+        };
+        let push_queue = self.push_queue.unwrap_or(DEFAULT_PUSH_QUEUE);
+        if push_queue == 0 {
+            return Err(bad("push-queue", "must be at least 1 window"));
+        }
+        let push_timeout = self.push_timeout.unwrap_or(DEFAULT_PUSH_TIMEOUT_SECS);
+        if !(1..=600).contains(&push_timeout) {
+            return Err(bad("push-timeout", "must be 1 to 600 seconds"));
+        }
+        let ring_mib = self.ring_buffer_mib.unwrap_or(DEFAULT_RING_MIB);
+        if ring_mib == 0 || !ring_mib.is_power_of_two() || ring_mib > 1024 {
+            return Err(bad(
+                "ring-buffer-mib",
+                "must be a power of two between 1 and 1024",
+            ));
+        }
+        let log_level = self.log_level.unwrap_or_else(|| "info".into());
+        if !["error", "warn", "info", "debug", "trace"].contains(&log_level.as_str()) {
+            return Err(bad(
+                "log-level",
+                format!("must be error, warn, info, debug or trace, not {log_level:?}"),
+            ));
+        }
+        Ok(AgentConfig {
+            pids: self.pid,
+            comm,
+            cgroup,
+            interval: Duration::from_secs(interval),
+            frequency,
+            min_frequency,
+            overhead_budget_pct: budget,
+            cache_bytes: cache_mib << 20,
+            store: self.store.unwrap_or_else(|| store::DEFAULT_DIR.into()),
+            retain,
+            store_max_bytes: store_max_mib << 20,
+            metrics_addr,
+            metrics_top_comms: self.metrics_top_comms.unwrap_or(DEFAULT_TOP),
+            metrics_top_functions: self.metrics_top_functions.unwrap_or(DEFAULT_TOP),
+            push_url: self.push_pyroscope,
+            push_tenant: self.push_tenant,
+            service_label,
+            push_queue,
+            push_timeout: Duration::from_secs(push_timeout),
+            include_kernel: self.include_kernel.unwrap_or(false),
+            ring_bytes: ring_mib << 20,
+            log_level,
+        })
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Where cgroup v2 is mounted.
+pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// `--cgroup`: a path under [`CGROUP_ROOT`], given absolute or relative to it.
+fn cgroup_dir(p: &Path) -> Result<PathBuf, ConfigError> {
+    let rel = p.strip_prefix(CGROUP_ROOT).unwrap_or(p);
+    let rel = rel.strip_prefix("/").unwrap_or(rel);
+    let dir = Path::new(CGROUP_ROOT).join(rel);
+    if !dir.join("cgroup.procs").is_file() {
+        return Err(bad(
+            "cgroup",
+            format!("{} is not a cgroup v2 directory", dir.display()),
+        ));
+    }
+    Ok(dir)
+}
+
+/// The cgroup v2 path of a process relative to [`CGROUP_ROOT`] (`/system.slice/x`), from
+/// `/proc/PID/cgroup`; `None` when the process is gone.
+pub fn process_cgroup(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(toml_text: &str) -> Result<AgentOptions, ConfigError> {
+        let dir = std::env::temp_dir().join(format!("cpi-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(format!("{}.toml", toml_text.len()));
+        std::fs::write(&p, toml_text).unwrap();
+        let r = AgentOptions::from_file(&p);
+        std::fs::remove_file(&p).unwrap();
+        r
+    }
+
+    #[test]
+    fn defaults() {
+        let c = AgentOptions::default().resolve().unwrap();
+        assert_eq!(c.interval, Duration::from_secs(10));
+        assert_eq!((c.frequency, c.min_frequency), (999, 49));
+        assert_eq!(c.overhead_budget_pct, 1.0);
+        assert_eq!(c.cache_bytes, 64 << 20);
+        assert_eq!(c.store, Path::new("/var/lib/cpi-bpf"));
+        assert_eq!(c.retain, Duration::from_secs(86_400));
+        assert_eq!(c.store_max_bytes, 1024 << 20);
+        assert_eq!(c.metrics_addr, Some("127.0.0.1:9464".parse().unwrap()));
+        assert!(c.pids.is_empty() && c.comm.is_none() && c.push_url.is_none());
+    }
+
+    #[test]
+    fn file_keys_are_the_flags_and_flags_win() {
+        let file = parse(
+            "interval = 5\nfrequency = 499\noverhead-budget = 0.5\nretain = \"2h\"\n\
+             metrics-addr = \"off\"\ncomm = \"^py\"\npid = [1]\n",
+        )
+        .unwrap();
+        let flags = AgentOptions {
+            frequency: Some(199),
+            ..Default::default()
+        };
+        let c = flags.over(file).resolve().unwrap();
+        assert_eq!(c.interval, Duration::from_secs(5));
+        assert_eq!(c.frequency, 199, "the flag wins");
+        assert_eq!(c.overhead_budget_pct, 0.5);
+        assert_eq!(c.retain, Duration::from_secs(7200));
+        assert_eq!(c.metrics_addr, None);
+        assert!(c.comm.unwrap().is_match("python3"));
+        assert_eq!(c.pids, [1]);
+    }
+
+    #[test]
+    fn bad_input_is_one_line() {
+        let e = parse("interval = 5\nfrobnicate = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 2") && e.contains("unknown field `frobnicate`"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        let e = parse("interval = \"x\"\n").unwrap_err().to_string();
+        assert!(e.contains("line 1"), "{e}");
+        let resolve = |o: AgentOptions| o.resolve().unwrap_err().to_string();
+        for (o, want) in [
+            (
+                AgentOptions {
+                    overhead_budget: Some(0.0),
+                    ..Default::default()
+                },
+                "overhead-budget: must be",
+            ),
+            (
+                AgentOptions {
+                    overhead_budget: Some(150.0),
+                    ..Default::default()
+                },
+                "overhead-budget: must be",
+            ),
+            (
+                AgentOptions {
+                    interval: Some(0),
+                    ..Default::default()
+                },
+                "interval: must be",
+            ),
+            (
+                AgentOptions {
+                    min_frequency: Some(2000),
+                    ..Default::default()
+                },
+                "min-frequency: must be",
+            ),
+            (
+                AgentOptions {
+                    comm: Some("(".into()),
+                    ..Default::default()
+                },
+                "comm: ",
+            ),
+            (
+                AgentOptions {
+                    metrics_addr: Some("localhost".into()),
+                    ..Default::default()
+                },
+                "metrics-addr: ",
+            ),
+            (
+                AgentOptions {
+                    retain: Some("soon".into()),
+                    ..Default::default()
+                },
+                "retain: ",
+            ),
+            (
+                AgentOptions {
+                    cgroup: Some("/no/such/cgroup".into()),
+                    ..Default::default()
+                },
+                "cgroup: /sys/fs/cgroup/no/such/cgroup is not",
+            ),
+        ] {
+            let e = resolve(o);
+            assert!(e.starts_with(want) && !e.contains('\n'), "{e}");
+        }
+    }
+}

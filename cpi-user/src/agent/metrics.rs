@@ -1,0 +1,948 @@
+//! Prometheus metrics of the agent: `/metrics` on `--metrics-addr` (default
+//! [`DEFAULT_ADDR`], loopback), in the OpenMetrics text format written by the
+//! `prometheus-client` crate. The names are a contract (README "Always-on", issue 10):
+//!
+//! - per comm: `cpi_bpf_cycles_total`, `cpi_bpf_instructions_total` (modes with a PMU),
+//!   `cpi_bpf_cpu_seconds_total` (sampled cpu-clock time, whenever the profile has it);
+//! - `cpi_bpf_function_cpi{comm,binary,function}`: the last window's CPI of its top
+//!   functions by cycles (cpi mode only; series of earlier windows are removed);
+//! - health: samples per event, losses per reason (every field of
+//!   [`LossReport`]), windows, analysis time, tracked processes, cache and store bytes,
+//!   pushes, sampling frequency, in-kernel BPF time, mode, and the standard
+//!   `process_cpu_seconds_total` / `process_resident_memory_bytes`.
+//!
+//! **Comm cardinality.** At most `top_comms` comms have their own series at any time; the
+//! rest add to `comm="other"`. A comm is admitted when it has samples in a window and a
+//! slot is free (a window's comms are taken heaviest first: cycles, else cpu time, else
+//! samples). An admitted comm keeps its series — even through windows where it is not
+//! among the heaviest — until it has had no samples for [`COMM_RETIRE`]; then its series
+//! are removed and its slot freed. So per-comm series never flap window to window, and a
+//! comm that comes back after retirement restarts its counters at 0 (a counter reset,
+//! which `rate()` handles).
+//!
+//! The server is a std `TcpListener` on its own thread: one request per connection,
+//! every read and write under [`CLIENT_TIMEOUT`], the exposition text rendered under a
+//! lock and written after it is released, so neither a slow client nor a scrape ever
+//! holds up [`Metrics::observe`] for longer than the rendering.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::Registry;
+
+use super::push::PushStats;
+use super::{AgentError, AgentStatus, Window};
+use crate::profile::model::{LossReport, Mode, Profile};
+
+/// `--metrics-addr` default: loopback only, the port OpenTelemetry's Prometheus
+/// exporter uses.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
+/// A comm with no samples for this long loses its series (module doc).
+pub const COMM_RETIRE: Duration = Duration::from_secs(3600);
+/// Longest a client may take to send its request or take the response.
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+/// The label value that collects the comms without their own series.
+pub const OTHER_COMM: &str = "other";
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const MAX_REQUEST: usize = 8192;
+
+/// `--metrics-top-comms` and `--metrics-top-functions`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetricsLimits {
+    pub top_comms: usize,
+    pub top_functions: usize,
+}
+
+impl Default for MetricsLimits {
+    fn default() -> Self {
+        MetricsLimits {
+            top_comms: 20,
+            top_functions: 20,
+        }
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+type FloatCounter = Counter<f64, AtomicU64>;
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// The exported metrics and the server answering `/metrics`. Dropping it stops the server.
+pub struct Metrics {
+    state: Arc<Mutex<State>>,
+    addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl Metrics {
+    /// Binds `addr` now (a port in use is an error here, not later) and serves
+    /// `/metrics` on its own thread.
+    pub fn serve(addr: SocketAddr, limits: MetricsLimits) -> Result<Metrics, AgentError> {
+        let bind_err = |source| AgentError::MetricsBind { addr, source };
+        let listener = TcpListener::bind(addr).map_err(bind_err)?;
+        let bound = listener.local_addr().map_err(bind_err)?;
+        let state = Arc::new(Mutex::new(State::new(limits)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (s, st) = (state.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("cpi-bpf-metrics".into())
+            .spawn(move || serve_loop(listener, &s, &st))
+            .map_err(|source| AgentError::Thread {
+                what: "metrics server",
+                source,
+            })?;
+        Ok(Metrics {
+            state,
+            addr: bound,
+            stop,
+        })
+    }
+
+    /// The address actually bound (port 0 picks a free one).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Adds a window's profile and the agent's state after it.
+    pub fn observe(&self, window: &Window, status: &AgentStatus) {
+        let mut s = lock(&self.state);
+        s.add_profile(&window.profile, window.end);
+        s.set_status(status);
+    }
+
+    /// The pusher's cumulative counts (cpi-user/src/agent/push.rs).
+    pub fn set_push_stats(&self, stats: &PushStats) {
+        lock(&self.state).set_push(stats);
+    }
+
+    /// The exposition text a scrape gets now.
+    pub fn render(&self) -> String {
+        lock(&self.state).render()
+    }
+}
+
+impl Drop for Metrics {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop so it sees the flag and closes the socket.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+    }
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn serve_loop(listener: TcpListener, state: &Mutex<State>, stop: &AtomicBool) {
+    for conn in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match conn {
+            Ok(stream) => {
+                if let Err(e) = answer(stream, state) {
+                    log::debug!("metrics: client: {e}");
+                }
+            }
+            Err(e) => {
+                log::warn!("metrics: accept: {e}");
+                // EMFILE and the like: do not spin.
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// Reads one request (headers only, bounded in size and time) and answers it.
+fn answer(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || buf.len() > MAX_REQUEST {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "request too slow or too large",
+            ));
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let head = String::from_utf8_lossy(&buf);
+    let mut words = head.split_whitespace();
+    let (method, target) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+    let path = target.split('?').next().unwrap_or("");
+    let (status, content_type, body) = match (method, path) {
+        ("GET", "/metrics") => ("200 OK", CONTENT_TYPE, lock(state).render()),
+        ("GET", _) => (
+            "404 Not Found",
+            "text/plain",
+            "cpi-bpf agent: metrics are at /metrics\n".to_string(),
+        ),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "only GET\n".to_string(),
+        ),
+    };
+    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    stream.write_all(body.as_bytes())?;
+    stream.flush()?;
+    let _ = stream.shutdown(Shutdown::Write);
+    Ok(())
+}
+
+/// The `mode` label value (the profile file's spelling).
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Cpi => "cpi",
+        Mode::IpSampling => "ip-sampling",
+        Mode::TimeProfile => "time-profile",
+        Mode::Simulated => "simulated",
+    }
+}
+
+/// Every loss reason of the profile file, by its field name (destructured, so a new
+/// field cannot be forgotten here).
+fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 7] {
+    let LossReport {
+        ring_full,
+        branch_errors,
+        malformed,
+        thinned,
+        short_samples,
+        invalid_ranges,
+        unmapped_samples,
+    } = *l;
+    [
+        ("ring_full", ring_full),
+        ("branch_errors", branch_errors),
+        ("malformed", malformed),
+        ("thinned", thinned),
+        ("short_samples", short_samples),
+        ("invalid_ranges", invalid_ranges),
+        ("unmapped_samples", unmapped_samples),
+    ]
+}
+
+/// One comm's sums over a window.
+#[derive(Default)]
+struct CommTotals {
+    weight: f64,
+    cycles: Option<f64>,
+    instructions: Option<f64>,
+    cpu_ns: Option<f64>,
+}
+
+fn add(a: &mut Option<f64>, b: Option<f64>) {
+    if let Some(b) = b {
+        *a = Some(a.unwrap_or(0.0) + b);
+    }
+}
+
+/// Per comm, heaviest first (ties by name, so the order is deterministic).
+fn comm_totals(p: &Profile) -> Vec<(String, CommTotals)> {
+    let mut by: HashMap<&str, CommTotals> = HashMap::new();
+    for proc in &p.processes {
+        let t = by.entry(proc.comm.as_str()).or_default();
+        t.weight += proc.cycles.or(proc.time_ns).unwrap_or(proc.samples as f64);
+        add(&mut t.cycles, proc.cycles);
+        add(&mut t.instructions, proc.instructions);
+        add(&mut t.cpu_ns, proc.time_ns);
+    }
+    let mut v: Vec<(String, CommTotals)> =
+        by.into_iter().map(|(c, t)| (c.to_string(), t)).collect();
+    v.sort_by(|a, b| b.1.weight.total_cmp(&a.1.weight).then(a.0.cmp(&b.0)));
+    v
+}
+
+/// The comms with their own series (module doc: the cardinality rule).
+struct CommSlots {
+    limit: usize,
+    last_seen: HashMap<String, SystemTime>,
+}
+
+impl CommSlots {
+    /// Retires comms idle for [`COMM_RETIRE`] before `now` (returned, so their series
+    /// can be removed), then admits this window's comms (heaviest first) while slots are
+    /// free.
+    fn update<'a>(&mut self, comms: impl Iterator<Item = &'a str>, now: SystemTime) -> Vec<String> {
+        let retired: Vec<String> = self
+            .last_seen
+            .iter()
+            .filter(|(_, &t)| now.duration_since(t).is_ok_and(|idle| idle >= COMM_RETIRE))
+            .map(|(c, _)| c.clone())
+            .collect();
+        for c in &retired {
+            self.last_seen.remove(c);
+        }
+        for c in comms {
+            if let Some(t) = self.last_seen.get_mut(c) {
+                *t = now;
+            } else if self.last_seen.len() < self.limit && c != OTHER_COMM {
+                self.last_seen.insert(c.to_string(), now);
+            }
+        }
+        retired
+    }
+
+    fn label(&self, comm: &str) -> String {
+        if self.last_seen.contains_key(comm) {
+            comm.to_string()
+        } else {
+            OTHER_COMM.to_string()
+        }
+    }
+}
+
+/// `process_cpu_seconds_total` and `process_resident_memory_bytes`, read at each scrape
+/// from /proc/self/stat and /proc/self/statm.
+#[derive(Debug)]
+struct ProcessCollector;
+
+/// (CPU seconds, resident bytes) of this process.
+fn self_usage() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised comm (which may hold spaces): state is field 3,
+    // utime and stime fields 14 and 15 (proc(5)).
+    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?;
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: f64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    // SAFETY: sysconf only reads constants of the running system.
+    let (hz, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_CLK_TCK),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (hz > 0 && page > 0).then(|| (ticks / hz as f64, pages * page as f64))
+}
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some((cpu, rss)) = self_usage() else {
+            return Ok(());
+        };
+        let c = ConstCounter::new(cpu);
+        c.encode(encoder.encode_descriptor(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds.",
+            None,
+            c.metric_type(),
+        )?)?;
+        let g = ConstGauge::new(rss);
+        g.encode(encoder.encode_descriptor(
+            "process_resident_memory_bytes",
+            "Resident memory size in bytes.",
+            None,
+            g.metric_type(),
+        )?)?;
+        Ok(())
+    }
+}
+
+/// Everything behind the lock: the registry, handles on its metrics, and what is needed
+/// to turn cumulative inputs into counter increments.
+struct State {
+    registry: Registry,
+    limits: MetricsLimits,
+    slots: CommSlots,
+    cycles: Family<Labels, FloatCounter>,
+    instructions: Family<Labels, FloatCounter>,
+    cpu_seconds: Family<Labels, FloatCounter>,
+    function_cpi: Family<Labels, FloatGauge>,
+    samples: Family<Labels, Counter>,
+    lost: Family<Labels, Counter>,
+    windows: Counter,
+    analysis: FloatGauge,
+    tracked: Gauge,
+    cache_bytes: Gauge,
+    store_bytes: Gauge,
+    push: Family<Labels, Counter>,
+    push_dropped: Counter,
+    frequency: Gauge,
+    bpf_run: FloatCounter,
+    mode: Family<Labels, Gauge>,
+    /// Cumulative inputs already counted.
+    seen_windows: u64,
+    seen_bpf: f64,
+    seen_push: PushStats,
+}
+
+fn comm(c: &str) -> Labels {
+    vec![("comm", c.to_string())]
+}
+
+impl State {
+    fn new(limits: MetricsLimits) -> State {
+        let mut r = Registry::default();
+        let s = State {
+            registry: Registry::default(),
+            limits,
+            slots: CommSlots {
+                limit: limits.top_comms,
+                last_seen: HashMap::new(),
+            },
+            cycles: Family::default(),
+            instructions: Family::default(),
+            cpu_seconds: Family::default(),
+            function_cpi: Family::default(),
+            samples: Family::default(),
+            lost: Family::default(),
+            windows: Counter::default(),
+            analysis: FloatGauge::default(),
+            tracked: Gauge::default(),
+            cache_bytes: Gauge::default(),
+            store_bytes: Gauge::default(),
+            push: Family::default(),
+            push_dropped: Counter::default(),
+            frequency: Gauge::default(),
+            bpf_run: FloatCounter::default(),
+            mode: Family::default(),
+            seen_windows: 0,
+            seen_bpf: 0.0,
+            seen_push: PushStats::default(),
+        };
+        r.register(
+            "cpi_bpf_cycles",
+            "Sampled cycles per comm (top comms, the rest as comm=\"other\").",
+            s.cycles.clone(),
+        );
+        r.register(
+            "cpi_bpf_instructions",
+            "Instructions per comm (cpi and ip-sampling modes).",
+            s.instructions.clone(),
+        );
+        r.register(
+            "cpi_bpf_cpu_seconds",
+            "Sampled CPU time per comm (cpu-clock samples times their period).",
+            s.cpu_seconds.clone(),
+        );
+        r.register(
+            "cpi_bpf_function_cpi",
+            "CPI over the last window of its top functions by cycles (cpi mode).",
+            s.function_cpi.clone(),
+        );
+        r.register(
+            "cpi_bpf_samples",
+            "Samples received per event.",
+            s.samples.clone(),
+        );
+        r.register(
+            "cpi_bpf_samples_lost",
+            "Samples lost per reason (the profile file's loss report).",
+            s.lost.clone(),
+        );
+        r.register("cpi_bpf_windows", "Windows analysed.", s.windows.clone());
+        r.register(
+            "cpi_bpf_window_analysis_seconds",
+            "Analysis time of the last window.",
+            s.analysis.clone(),
+        );
+        r.register(
+            "cpi_bpf_tracked_processes",
+            "Processes the agent tracks.",
+            s.tracked.clone(),
+        );
+        r.register(
+            "cpi_bpf_cache_bytes",
+            "Bytes held by the agent's caches.",
+            s.cache_bytes.clone(),
+        );
+        r.register(
+            "cpi_bpf_store_bytes",
+            "Bytes of the local profile store.",
+            s.store_bytes.clone(),
+        );
+        r.register(
+            "cpi_bpf_push",
+            "Push requests to Pyroscope by result.",
+            s.push.clone(),
+        );
+        r.register(
+            "cpi_bpf_push_dropped_windows",
+            "Windows never delivered to Pyroscope (queue full, retries exhausted, rejected).",
+            s.push_dropped.clone(),
+        );
+        r.register(
+            "cpi_bpf_sampling_frequency_hz",
+            "Current base sampling frequency.",
+            s.frequency.clone(),
+        );
+        r.register(
+            "cpi_bpf_bpf_run_seconds",
+            "In-kernel run time of the agent's BPF programs (BPF_ENABLE_STATS).",
+            s.bpf_run.clone(),
+        );
+        r.register(
+            "cpi_bpf_mode",
+            "Collection mode: 1 for the current one.",
+            s.mode.clone(),
+        );
+        r.register_collector(Box::new(ProcessCollector));
+        for (reason, _) in loss_reasons(&LossReport::default()) {
+            s.lost
+                .get_or_create(&vec![("reason", reason.to_string())])
+                .get();
+        }
+        State { registry: r, ..s }
+    }
+
+    fn add_profile(&mut self, p: &Profile, end: SystemTime) {
+        let totals = comm_totals(p);
+        let retired = self
+            .slots
+            .update(totals.iter().map(|(c, _)| c.as_str()), end);
+        for c in &retired {
+            for f in [&self.cycles, &self.instructions, &self.cpu_seconds] {
+                f.remove(&comm(c));
+            }
+        }
+        let pmu = p.mode.has_cpi();
+        for (c, t) in &totals {
+            let l = comm(&self.slots.label(c));
+            if let (true, Some(v)) = (pmu, t.cycles) {
+                self.cycles.get_or_create(&l).inc_by(v);
+            }
+            if let (true, Some(v)) = (pmu, t.instructions) {
+                self.instructions.get_or_create(&l).inc_by(v);
+            }
+            if let Some(ns) = t.cpu_ns {
+                self.cpu_seconds.get_or_create(&l).inc_by(ns / 1e9);
+            }
+        }
+        self.set_function_cpi(p);
+        for e in &p.events {
+            self.samples
+                .get_or_create(&vec![(
+                    "event",
+                    crate::collect::events::role_name(e.role).to_string(),
+                )])
+                .inc_by(e.samples);
+        }
+        for (reason, n) in loss_reasons(&p.lost) {
+            self.lost
+                .get_or_create(&vec![("reason", reason.to_string())])
+                .inc_by(n);
+        }
+    }
+
+    /// Replaces the function gauges with this window's top functions by cycles; only
+    /// functions whose CPI passed the analysis' sample floor (`cpi` is set) count.
+    fn set_function_cpi(&mut self, p: &Profile) {
+        self.function_cpi.clear();
+        if p.mode != Mode::Cpi {
+            return;
+        }
+        let mut by: HashMap<(&str, &str, &str), (f64, f64)> = HashMap::new();
+        for proc in &p.processes {
+            for f in &proc.functions {
+                if let (Some(_), Some(c), Some(i)) = (f.cpi, f.cycles, f.instructions) {
+                    let e = by
+                        .entry((proc.comm.as_str(), f.binary.as_str(), f.name.as_str()))
+                        .or_default();
+                    e.0 += c;
+                    e.1 += i;
+                }
+            }
+        }
+        let mut v: Vec<_> = by.into_iter().filter(|(_, (_, i))| *i > 0.0).collect();
+        v.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0).then(a.0.cmp(&b.0)));
+        let mut seen = HashSet::new();
+        for ((c, b, f), (cyc, ins)) in v.into_iter().take(self.limits.top_functions) {
+            let l: Labels = vec![
+                ("comm", c.to_string()),
+                ("binary", b.to_string()),
+                ("function", f.to_string()),
+            ];
+            if seen.insert(l.clone()) {
+                self.function_cpi.get_or_create(&l).set(cyc / ins);
+            }
+        }
+    }
+
+    fn set_status(&mut self, s: &AgentStatus) {
+        if s.windows > self.seen_windows {
+            self.windows.inc_by(s.windows - self.seen_windows);
+            self.seen_windows = s.windows;
+        }
+        if s.bpf_run_seconds > self.seen_bpf {
+            self.bpf_run.inc_by(s.bpf_run_seconds - self.seen_bpf);
+            self.seen_bpf = s.bpf_run_seconds;
+        }
+        self.analysis.set(s.analysis_seconds);
+        self.tracked.set(s.tracked_processes as i64);
+        self.cache_bytes.set(s.cache_bytes as i64);
+        self.store_bytes.set(s.store_bytes as i64);
+        self.frequency.set(s.sampling_frequency_hz as i64);
+        for m in [Mode::Cpi, Mode::IpSampling, Mode::TimeProfile, s.mode] {
+            self.mode
+                .get_or_create(&vec![("mode", mode_name(m).to_string())])
+                .set(i64::from(m == s.mode));
+        }
+    }
+
+    fn set_push(&mut self, s: &PushStats) {
+        let seen = self.seen_push;
+        for (result, now, before) in [
+            ("ok", s.ok, seen.ok),
+            ("error", s.errors, seen.errors),
+            ("rejected", s.rejected, seen.rejected),
+        ] {
+            self.push
+                .get_or_create(&vec![("result", result.to_string())])
+                .inc_by(now.saturating_sub(before));
+        }
+        self.push_dropped
+            .inc_by(s.dropped_windows.saturating_sub(seen.dropped_windows));
+        self.seen_push = *s;
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::profile::model::{Estimate, EventInfo, FunctionProfile, ProcessProfile};
+
+    pub(crate) fn function(name: &str, cycles: f64, instructions: f64) -> FunctionProfile {
+        FunctionProfile {
+            name: name.into(),
+            binary: "/usr/bin/app".into(),
+            address: 0x1000,
+            size: 64,
+            samples: 100,
+            share: 0.5,
+            time_ns: None,
+            cycles: Some(cycles),
+            instructions: Some(instructions),
+            cpi: Some(Estimate {
+                value: cycles / instructions,
+                rel_error: 0.1,
+                samples: 100,
+            }),
+            timed_cpi: None,
+            blocks: Vec::new(),
+            edges: Vec::new(),
+            lines: Vec::new(),
+            bolt_name: None,
+        }
+    }
+
+    /// A profile of (pid, comm, weight) processes: cpu-clock ns in a time profile,
+    /// cycles (and half as many instructions) in cpi mode.
+    pub(crate) fn profile(mode: Mode, procs: &[(u32, &str, f64)]) -> Profile {
+        let time = mode == Mode::TimeProfile;
+        Profile {
+            format_version: 1,
+            tool_version: "test".into(),
+            mode,
+            mode_reason: "test".into(),
+            command: Vec::new(),
+            duration_secs: 1.0,
+            events: vec![EventInfo {
+                role: if time {
+                    cpi_common::wire::EventRole::CpuClock
+                } else {
+                    cpi_common::wire::EventRole::Cycles
+                },
+                name: "x".into(),
+                period: 1_000_003,
+                jitter: 0,
+                thinning: 1,
+                unit: crate::profile::model::EventUnit::Events,
+                samples: 10,
+            }],
+            perturbation: cpi_common::policy::Perturbation::None,
+            range_window: 0,
+            lost_samples: 3,
+            lost: LossReport {
+                ring_full: 3,
+                ..LossReport::default()
+            },
+            binaries: Vec::new(),
+            processes: procs
+                .iter()
+                .map(|&(pid, comm, w)| ProcessProfile {
+                    pid,
+                    comm: comm.into(),
+                    samples: 10,
+                    branch_samples: 0,
+                    time_ns: time.then_some(w),
+                    cycles: (!time).then_some(w),
+                    instructions: (!time).then_some(w / 2.0),
+                    cpi: None,
+                    functions: Vec::new(),
+                    calls: Vec::new(),
+                })
+                .collect(),
+            accuracy: None,
+        }
+    }
+
+    fn window(p: Profile, end_secs: u64) -> Window {
+        let end = SystemTime::UNIX_EPOCH + Duration::from_secs(end_secs);
+        Window {
+            start: end - Duration::from_secs(1),
+            end,
+            profile: p,
+        }
+    }
+
+    fn status(windows: u64) -> AgentStatus {
+        AgentStatus {
+            mode: Mode::TimeProfile,
+            windows,
+            analysis_seconds: 0.25,
+            tracked_processes: 7,
+            cache_bytes: 1024,
+            store_bytes: 4096,
+            sampling_frequency_hz: 999,
+            bpf_run_seconds: 0.5 * windows as f64,
+        }
+    }
+
+    fn state(top_comms: usize, top_functions: usize) -> State {
+        State::new(MetricsLimits {
+            top_comms,
+            top_functions,
+        })
+    }
+
+    fn lines(s: &State, prefix: &str) -> Vec<String> {
+        let mut v: Vec<String> = s
+            .render()
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .map(String::from)
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn top_comms_and_other() {
+        let mut s = state(2, 20);
+        let p = profile(
+            Mode::TimeProfile,
+            &[
+                (1, "a", 3e9),
+                (2, "b", 2e9),
+                (3, "a", 1e9),
+                (4, "c", 0.5e9),
+                (5, "d", 0.25e9),
+            ],
+        );
+        s.add_profile(&p, SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            lines(&s, "cpi_bpf_cpu_seconds_total"),
+            [
+                "cpi_bpf_cpu_seconds_total{comm=\"a\"} 4.0",
+                "cpi_bpf_cpu_seconds_total{comm=\"b\"} 2.0",
+                "cpi_bpf_cpu_seconds_total{comm=\"other\"} 0.75",
+            ]
+        );
+        // No cycles or instructions in a time profile; no pid anywhere.
+        assert!(lines(&s, "cpi_bpf_cycles_total").is_empty());
+        assert!(lines(&s, "cpi_bpf_instructions_total").is_empty());
+        assert!(!s.render().contains("pid"));
+    }
+
+    #[test]
+    fn admitted_comms_keep_their_series_until_idle_for_an_hour() {
+        let mut s = state(2, 20);
+        let t = |secs| SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
+        s.add_profile(&profile(Mode::Cpi, &[(1, "a", 10.0), (2, "b", 8.0)]), t(10));
+        // c is heavier now, but the slots are taken: it goes to other; a and b stay.
+        s.add_profile(
+            &profile(Mode::Cpi, &[(3, "c", 100.0), (2, "b", 2.0)]),
+            t(20),
+        );
+        assert_eq!(
+            lines(&s, "cpi_bpf_cycles_total"),
+            [
+                "cpi_bpf_cycles_total{comm=\"a\"} 10.0",
+                "cpi_bpf_cycles_total{comm=\"b\"} 10.0",
+                "cpi_bpf_cycles_total{comm=\"other\"} 100.0",
+            ]
+        );
+        assert_eq!(
+            lines(&s, "cpi_bpf_instructions_total{comm=\"b\"}"),
+            ["cpi_bpf_instructions_total{comm=\"b\"} 5.0"]
+        );
+        // An hour after a's last samples, a is retired and c takes its slot.
+        s.add_profile(
+            &profile(Mode::Cpi, &[(3, "c", 1.0), (2, "b", 1.0)]),
+            t(10 + 3600),
+        );
+        assert_eq!(
+            lines(&s, "cpi_bpf_cycles_total"),
+            [
+                "cpi_bpf_cycles_total{comm=\"b\"} 11.0",
+                "cpi_bpf_cycles_total{comm=\"c\"} 1.0",
+                "cpi_bpf_cycles_total{comm=\"other\"} 100.0",
+            ]
+        );
+    }
+
+    #[test]
+    fn function_cpi_is_the_last_windows_top_functions() {
+        let mut s = state(20, 2);
+        let mut p = profile(Mode::Cpi, &[(1, "app", 100.0), (2, "app", 100.0)]);
+        p.processes[0].functions =
+            vec![function("hot", 300.0, 100.0), function("warm", 50.0, 100.0)];
+        p.processes[1].functions =
+            vec![function("hot", 100.0, 100.0), function("cold", 10.0, 10.0)];
+        p.processes[1].functions[1].cpi = None; // below the sample floor: not exported
+        s.add_profile(&p, SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            lines(&s, "cpi_bpf_function_cpi"),
+            [
+                "cpi_bpf_function_cpi{comm=\"app\",binary=\"/usr/bin/app\",function=\"hot\"} 2.0",
+                "cpi_bpf_function_cpi{comm=\"app\",binary=\"/usr/bin/app\",function=\"warm\"} 0.5",
+            ]
+        );
+        p.processes[0].functions = vec![function("new", 10.0, 20.0)];
+        p.processes[1].functions.clear();
+        s.add_profile(&p, SystemTime::UNIX_EPOCH);
+        assert_eq!(
+            lines(&s, "cpi_bpf_function_cpi"),
+            ["cpi_bpf_function_cpi{comm=\"app\",binary=\"/usr/bin/app\",function=\"new\"} 0.5"]
+        );
+        // Not in a time profile.
+        s.add_profile(
+            &profile(Mode::TimeProfile, &[(1, "app", 1.0)]),
+            SystemTime::UNIX_EPOCH,
+        );
+        assert!(lines(&s, "cpi_bpf_function_cpi{").is_empty());
+    }
+
+    #[test]
+    fn health_metrics() {
+        let m = Metrics::serve("127.0.0.1:0".parse().unwrap(), MetricsLimits::default()).unwrap();
+        let text = m.render();
+        // Every loss reason exists before the first window.
+        for (reason, _) in loss_reasons(&LossReport::default()) {
+            assert!(
+                text.contains(&format!(
+                    "cpi_bpf_samples_lost_total{{reason=\"{reason}\"}} 0\n"
+                )),
+                "{reason}"
+            );
+        }
+        for w in 1..=2 {
+            m.observe(
+                &window(profile(Mode::TimeProfile, &[(1, "a", 1e9)]), w),
+                &status(w),
+            );
+        }
+        m.set_push_stats(&PushStats {
+            ok: 3,
+            errors: 2,
+            rejected: 1,
+            dropped_windows: 4,
+            queued: 1,
+        });
+        m.set_push_stats(&PushStats {
+            ok: 5,
+            errors: 2,
+            rejected: 1,
+            dropped_windows: 6,
+            queued: 0,
+        });
+        // Burn a clock tick of CPU so process_cpu_seconds_total has something to show.
+        let t0 = Instant::now();
+        while self_usage().unwrap().0 == 0.0 && t0.elapsed() < Duration::from_secs(10) {
+            std::hint::black_box((0..10_000u64).sum::<u64>());
+        }
+        let s = lock(&m.state);
+        let want = [
+            "cpi_bpf_samples_total{event=\"cpu-clock\"} 20",
+            "cpi_bpf_samples_lost_total{reason=\"ring_full\"} 6",
+            "cpi_bpf_windows_total 2",
+            "cpi_bpf_window_analysis_seconds 0.25",
+            "cpi_bpf_tracked_processes 7",
+            "cpi_bpf_cache_bytes 1024",
+            "cpi_bpf_store_bytes 4096",
+            "cpi_bpf_push_total{result=\"ok\"} 5",
+            "cpi_bpf_push_total{result=\"error\"} 2",
+            "cpi_bpf_push_total{result=\"rejected\"} 1",
+            "cpi_bpf_push_dropped_windows_total 6",
+            "cpi_bpf_sampling_frequency_hz 999",
+            "cpi_bpf_bpf_run_seconds_total 1.0",
+            "cpi_bpf_mode{mode=\"time-profile\"} 1",
+            "cpi_bpf_mode{mode=\"cpi\"} 0",
+            "cpi_bpf_mode{mode=\"ip-sampling\"} 0",
+        ];
+        let text = s.render();
+        for w in want {
+            assert!(text.lines().any(|l| l == w), "missing {w:?} in\n{text}");
+        }
+        let value = |name: &str| -> f64 {
+            let l = text.lines().find(|l| l.starts_with(name)).unwrap();
+            l.rsplit(' ').next().unwrap().parse().unwrap()
+        };
+        assert!(value("process_cpu_seconds_total ") > 0.0);
+        assert!(value("process_resident_memory_bytes ") > 1e6);
+        assert!(text.contains("# TYPE cpi_bpf_cpu_seconds counter\n"));
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn port_in_use_is_an_error() {
+        let m = Metrics::serve("127.0.0.1:0".parse().unwrap(), MetricsLimits::default()).unwrap();
+        let e = Metrics::serve(m.local_addr(), MetricsLimits::default())
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().starts_with("--metrics-addr 127.0.0.1:"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn serves_metrics_and_survives_a_silent_client() {
+        let m = Metrics::serve("127.0.0.1:0".parse().unwrap(), MetricsLimits::default()).unwrap();
+        // A client that connects and says nothing is cut off after CLIENT_TIMEOUT ...
+        let _silent = TcpStream::connect(m.local_addr()).unwrap();
+        // ... and the next one is answered.
+        let mut c = TcpStream::connect(m.local_addr()).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        assert!(out.contains(CONTENT_TYPE));
+        assert!(out.contains("cpi_bpf_windows_total 0\n"));
+        let mut c = TcpStream::connect(m.local_addr()).unwrap();
+        c.write_all(b"POST /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 405"), "{out}");
+    }
+}

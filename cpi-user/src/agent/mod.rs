@@ -1,0 +1,600 @@
+//! The always-on agent (`cpi-bpf agent`): the collector Session
+//! (cpi-user/src/collect/session.rs) run without end and cut into windows aligned to the
+//! wall clock (`--interval`). At each boundary the window's samples go over a bounded
+//! channel to the analysis thread, which analyses them into a [`Window`] and hands it to
+//! the sinks — the store ([`store`]), Prometheus ([`metrics`]) and the Pyroscope push
+//! ([`push`]) — while the session keeps collecting. After each window the overhead
+//! governor ([`governor`]) may change the sampling frequency.
+//!
+//! State that outlives windows, all bounded:
+//! - the symbolizer's binaries (cpi-user/src/binary/symbolize.rs), kept under
+//!   `--cache-mib` by least-recent use;
+//! - processes, keyed by (pid, start time): a reused pid is a new process (its cached
+//!   mappings are dropped); a process that has exited leaves after its last window.
+//!
+//! Narrowing: `--pid` opens the events on those processes (in the kernel); `--comm` and
+//! `--cgroup` are applied to each window's samples in user space (the events stay
+//! system-wide; a process whose cgroup can no longer be read when its window ends is
+//! left out with `--cgroup`).
+//!
+//! Windows keep only the instructions with evidence (samples or execution counts) in
+//! their per-instruction lines.
+//!
+//! Stopping: the first SIGTERM/SIGINT ends the current window early, which is analysed
+//! and written like any other; the sinks get [`FLUSH_WITHIN`] to deliver; then the
+//! agent returns. The first signal restores the default action, so a second one ends the
+//! process at once.
+
+pub mod config;
+pub mod error;
+pub mod governor;
+pub mod metrics;
+pub mod push;
+pub mod store;
+
+use std::collections::HashMap;
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub use error::AgentError;
+
+use crate::binary::{Symbolizer, SymbolizerOptions};
+use crate::collect::events::Rate;
+use crate::collect::{self, CollectError, CollectOptions, Collected, Session, StopReason, Target};
+use crate::profile::model::{Mode, Profile};
+use crate::profile::{analyze::analyze_with, AnalysisOptions, SampleSet};
+use config::{AgentConfig, Service};
+use governor::{Governor, Usage};
+use metrics::{Metrics, MetricsLimits};
+use push::{PushConfig, Pusher, ServiceLabel};
+use store::{Store, StoreError};
+
+/// How long the sinks get to deliver after the last window.
+pub const FLUSH_WITHIN: Duration = Duration::from_secs(5);
+
+/// The agent's own state after a window, as the metrics export it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentStatus {
+    pub mode: Mode,
+    /// Windows completed since start.
+    pub windows: u64,
+    /// Analysis time of the last window.
+    pub analysis_seconds: f64,
+    pub tracked_processes: usize,
+    pub cache_bytes: u64,
+    pub store_bytes: u64,
+    pub sampling_frequency_hz: u64,
+    /// Cumulative in-kernel run time of the agent's BPF programs.
+    pub bpf_run_seconds: f64,
+}
+
+/// One window of collection, analysed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Window {
+    pub start: std::time::SystemTime,
+    pub end: std::time::SystemTime,
+    pub profile: Profile,
+}
+
+/// Why the agent could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Sink(#[from] AgentError),
+    #[error(transparent)]
+    Collect(#[from] CollectError),
+    #[error("cannot start the analysis thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// How important a message is (`--log-level`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Error,
+    Warn,
+    Info,
+    Debug,
+}
+
+/// Where the agent's messages go (the binary prints them on stderr).
+pub type Log = Arc<dyn Fn(Level, &str) + Send + Sync>;
+
+/// The sinks, checked and started (before collection starts).
+struct Sinks {
+    store: Store,
+    metrics: Option<Metrics>,
+    pusher: Option<Pusher>,
+}
+
+/// A started agent: sinks up, collection running.
+pub struct Agent {
+    config: AgentConfig,
+    session: Session,
+    sinks: Sinks,
+    log: Log,
+    started: SystemTime,
+}
+
+/// What [`Agent::run`] did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Summary {
+    pub windows: u64,
+    pub stop: Option<StopReason>,
+}
+
+impl Sinks {
+    fn start(c: &AgentConfig) -> Result<Sinks, StartError> {
+        let store = Store::open(&c.store, c.retain, c.store_max_bytes)?;
+        let metrics = c
+            .metrics_addr
+            .map(|addr| {
+                Metrics::serve(
+                    addr,
+                    MetricsLimits {
+                        top_comms: c.metrics_top_comms,
+                        top_functions: c.metrics_top_functions,
+                    },
+                )
+            })
+            .transpose()?;
+        let pusher = c
+            .push_url
+            .as_ref()
+            .map(|url| {
+                Pusher::new(PushConfig {
+                    url: url.clone(),
+                    tenant: c.push_tenant.clone(),
+                    service_label: match c.service_label {
+                        Service::Comm => ServiceLabel::Comm,
+                        Service::Cgroup => ServiceLabel::Cgroup,
+                    },
+                    queue_windows: c.push_queue,
+                    timeout: c.push_timeout,
+                })
+            })
+            .transpose()?;
+        Ok(Sinks {
+            store,
+            metrics,
+            pusher,
+        })
+    }
+}
+
+/// Checks a configuration as far as it can be without collecting: the store is
+/// writable, the metrics address can be bound, the push URL is valid. Nothing is left
+/// running.
+pub fn check(c: &AgentConfig) -> Result<(), StartError> {
+    Sinks::start(c).map(drop)
+}
+
+fn collect_options(c: &AgentConfig) -> CollectOptions {
+    CollectOptions {
+        target: if c.pids.is_empty() {
+            Target::SystemWide
+        } else {
+            Target::Pids(c.pids.clone())
+        },
+        duration: None,
+        rate: Rate {
+            frequency: c.frequency,
+            period: None,
+            core_hz: collect::events::nominal_core_hz(),
+        },
+        include_kernel: c.include_kernel,
+        perturbation: cpi_common::policy::Perturbation::User,
+        thinning: 1,
+        redraw_every: Duration::from_millis(50),
+        ring_bytes: c.ring_bytes,
+        window: None,
+    }
+}
+
+impl Agent {
+    /// Starts the sinks (a problem with any of them is an error before anything
+    /// collects), then the collector Session; `log` gets the mode line and every later
+    /// message.
+    pub fn new(config: AgentConfig, log: Log) -> Result<Agent, StartError> {
+        let sinks = Sinks::start(&config)?;
+        let opts = collect_options(&config);
+        let session = Session::open(&opts, &mut |m| log(Level::Info, m))?;
+        Ok(Agent {
+            config,
+            session,
+            sinks,
+            log,
+            started: SystemTime::now(),
+        })
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.session.mode()
+    }
+
+    /// Collects window after window until SIGTERM/SIGINT (or the targets of `--pid`
+    /// exit), then analyses and stores the last window and flushes the sinks.
+    pub fn run(self) -> Result<Summary, StartError> {
+        let Agent {
+            config,
+            mut session,
+            sinks,
+            log,
+            started,
+        } = self;
+        let mode = session.mode();
+        // One window waits while one is analysed: a slower analysis holds up draining,
+        // and the ring buffer (counted losses) takes the excess, not memory.
+        let (tx, rx) = sync_channel::<Job>(1);
+        let analysis = {
+            let (config, log) = (config.clone(), log.clone());
+            std::thread::Builder::new()
+                .name("cpi-bpf-analysis".into())
+                .spawn(move || analysis_loop(rx, sinks, &config, &log))
+                .map_err(StartError::Thread)?
+        };
+        let mut governor = Governor::new(
+            config.overhead_budget_pct,
+            config.min_frequency,
+            config.frequency,
+        );
+        governor.observe(usage(&session), Duration::ZERO);
+        let mut start = started;
+        let mut window_started = Instant::now();
+        let mut windows = 0u64;
+        let stop = loop {
+            let boundary = next_boundary(SystemTime::now(), config.interval);
+            let until = Instant::now()
+                + boundary
+                    .duration_since(SystemTime::now())
+                    .unwrap_or_default();
+            let stop = session.run_until(Some(until))?;
+            if stop.is_some() {
+                break stop;
+            }
+            let end = SystemTime::now();
+            let collected = session.take_window();
+            windows += 1;
+            let wall = window_started.elapsed();
+            window_started = Instant::now();
+            if let Some(d) = governor.observe(usage(&session), wall) {
+                log(
+                    Level::Debug,
+                    &format!(
+                        "window {windows}: overhead {:.3} % of one CPU (budget {} %)",
+                        d.overhead_pct, config.overhead_budget_pct
+                    ),
+                );
+                if let Some((from, to)) = d.change {
+                    match session.set_frequency(to) {
+                        Ok(()) => log(
+                            Level::Info,
+                            &format!(
+                                "governor: overhead {:.2} % of one CPU against a budget of {} %: \
+                                 sampling frequency {from} → {to} Hz",
+                                d.overhead_pct, config.overhead_budget_pct
+                            ),
+                        ),
+                        Err(e) => {
+                            governor.set_frequency(from);
+                            log(Level::Warn, &format!("governor: cannot set {to} Hz: {e}"));
+                        }
+                    }
+                }
+            }
+            let job = Job {
+                collected,
+                start,
+                end,
+                windows,
+                mode,
+                frequency: governor.frequency(),
+                bpf_seconds: bpf_seconds(&session),
+            };
+            start = end;
+            if tx.send(job).is_err() {
+                break None;
+            }
+        };
+        // A second signal ends the process at once.
+        for sig in [libc::SIGTERM, libc::SIGINT] {
+            collect::sys::default_signal_action(sig);
+        }
+        if let Some(s) = stop {
+            log(
+                Level::Info,
+                &format!("stopping ({s:?}): analysing the last window, flushing the sinks"),
+            );
+        }
+        let bpf = bpf_seconds(&session);
+        let last = session.finish()?;
+        windows += 1;
+        let _ = tx.send(Job {
+            collected: last,
+            start,
+            end: SystemTime::now(),
+            windows,
+            mode,
+            frequency: governor.frequency(),
+            bpf_seconds: bpf,
+        });
+        drop(tx);
+        if analysis.join().is_err() {
+            log(Level::Error, "the analysis thread panicked");
+        }
+        Ok(Summary { windows, stop })
+    }
+}
+
+/// One window on its way to analysis, with the collector's side of the status.
+struct Job {
+    collected: Collected,
+    start: SystemTime,
+    end: SystemTime,
+    windows: u64,
+    mode: Mode,
+    frequency: u64,
+    bpf_seconds: f64,
+}
+
+/// The next multiple of `interval` since the Unix epoch after `now`.
+pub fn next_boundary(now: SystemTime, interval: Duration) -> SystemTime {
+    let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let step = interval.as_millis().max(1);
+    let next = (since.as_millis() / step + 1) * step;
+    UNIX_EPOCH + Duration::from_millis(next as u64)
+}
+
+fn bpf_seconds(s: &Session) -> f64 {
+    s.bpf_run_time().map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn usage(s: &Session) -> Usage {
+    Usage {
+        cpu_seconds: self_cpu_seconds().unwrap_or(0.0),
+        bpf_seconds: bpf_seconds(s),
+    }
+}
+
+/// utime + stime of this process, all threads (`/proc/self/stat`).
+pub fn self_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / clock_ticks())
+}
+
+fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 {
+        hz as f64
+    } else {
+        100.0
+    }
+}
+
+/// Start time of a process (clock ticks since boot, `/proc/PID/stat` field 22): with the
+/// pid, what identifies a process across pid reuse. `None` once it is gone.
+pub fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Processes the agent holds state for, keyed by (pid, start time).
+#[derive(Debug, Default)]
+pub struct ProcessTable {
+    procs: HashMap<u32, Tracked>,
+}
+
+#[derive(Debug)]
+struct Tracked {
+    start: Option<u64>,
+    last_window: u64,
+    cgroup: Option<String>,
+}
+
+impl ProcessTable {
+    pub fn len(&self) -> usize {
+        self.procs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
+    /// Notes the processes of window `n`; returns the pids whose earlier state belongs
+    /// to another process (the pid was reused).
+    pub fn see(&mut self, n: u64, set: &SampleSet, want_cgroup: bool) -> Vec<u32> {
+        let mut reused = Vec::new();
+        for &pid in set.processes.keys() {
+            let start = process_start(pid);
+            match self.procs.get_mut(&pid) {
+                Some(t) if start.is_some() && t.start.is_some() && t.start != start => {
+                    reused.push(pid);
+                    *t = Tracked {
+                        start,
+                        last_window: n,
+                        cgroup: None,
+                    };
+                }
+                Some(t) => t.last_window = n,
+                None => {
+                    self.procs.insert(
+                        pid,
+                        Tracked {
+                            start,
+                            last_window: n,
+                            cgroup: None,
+                        },
+                    );
+                }
+            }
+            let t = self.procs.get_mut(&pid).expect("inserted above");
+            if want_cgroup && t.cgroup.is_none() {
+                t.cgroup = config::process_cgroup(pid);
+            }
+        }
+        reused
+    }
+
+    /// The cgroup (relative to /sys/fs/cgroup) of a tracked process, read when first
+    /// seen.
+    pub fn cgroup(&self, pid: u32) -> Option<&str> {
+        self.procs.get(&pid)?.cgroup.as_deref()
+    }
+
+    /// Drops the processes that had no samples in window `n` and are gone (or whose pid
+    /// now belongs to another process); returns their pids.
+    pub fn expire(&mut self, n: u64) -> Vec<u32> {
+        let mut gone = Vec::new();
+        self.procs.retain(|&pid, t| {
+            let keep = t.last_window == n || (t.start.is_some() && process_start(pid) == t.start);
+            if !keep {
+                gone.push(pid);
+            }
+            keep
+        });
+        gone
+    }
+}
+
+/// The analysis thread: window → profile → sinks, until the channel closes; then
+/// flushes the push queue.
+fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log) {
+    let opts = AnalysisOptions::default();
+    let mut sym = Symbolizer::new(SymbolizerOptions::default());
+    let mut table = ProcessTable::default();
+    let cgroup_rel = c.cgroup.as_ref().map(|d| {
+        let rel = d.strip_prefix(config::CGROUP_ROOT).unwrap_or(d);
+        format!("/{}", rel.display()).replace("//", "/")
+    });
+    for job in rx {
+        let began = Instant::now();
+        let Collected { mut set, run, .. } = job.collected;
+        for pid in table.see(job.windows, &set, cgroup_rel.is_some()) {
+            sym.forget_process(pid);
+        }
+        if let Some(re) = &c.comm {
+            set.processes.retain(|_, p| re.is_match(&p.comm));
+        }
+        if let Some(want) = &cgroup_rel {
+            set.processes.retain(|&pid, _| {
+                table
+                    .cgroup(pid)
+                    .is_some_and(|g| g == want || g.starts_with(&format!("{want}/")) || want == "/")
+            });
+        }
+        let mut profile = analyze_with(&set, run, &opts, &mut sym);
+        drop(set);
+        keep_evidence_lines(&mut profile);
+        for pid in table.expire(job.windows) {
+            sym.forget_process(pid);
+        }
+        sym.trim(c.cache_bytes);
+        let analysis_seconds = began.elapsed().as_secs_f64();
+        let window = Window {
+            start: job.start,
+            end: job.end,
+            profile,
+        };
+        if let Err(e) = sinks.store.write(&window) {
+            log(Level::Error, &e.to_string());
+        }
+        if let Some(p) = &sinks.pusher {
+            p.submit(&window);
+        }
+        let status = AgentStatus {
+            mode: job.mode,
+            windows: job.windows,
+            analysis_seconds,
+            tracked_processes: table.len(),
+            cache_bytes: sym.cache_bytes(),
+            store_bytes: sinks.store.bytes(),
+            sampling_frequency_hz: job.frequency,
+            bpf_run_seconds: job.bpf_seconds,
+        };
+        if let Some(m) = &sinks.metrics {
+            m.observe(&window, &status);
+            if let Some(p) = &sinks.pusher {
+                m.set_push_stats(&p.stats());
+            }
+        }
+        log(
+            Level::Debug,
+            &format!(
+                "window {}: {} processes, analysed in {:.3} s, {} tracked, cache {} B, store {} B",
+                job.windows,
+                window.profile.processes.len(),
+                analysis_seconds,
+                status.tracked_processes,
+                status.cache_bytes,
+                status.store_bytes
+            ),
+        );
+    }
+    if let Some(p) = &sinks.pusher {
+        p.flush(FLUSH_WITHIN);
+        if let Some(m) = &sinks.metrics {
+            m.set_push_stats(&p.stats());
+        }
+    }
+}
+
+/// Drops the per-instruction lines without samples or counts: a window of a big
+/// function (thousands of instructions, a few sampled) would otherwise carry every
+/// instruction's disassembly into the store, each window. `--annotate` on stored windows
+/// shows the sampled/executed instructions.
+fn keep_evidence_lines(p: &mut Profile) {
+    for f in p.processes.iter_mut().flat_map(|p| p.functions.iter_mut()) {
+        f.lines.retain(|l| l.samples > 0 || l.count > 0.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn boundaries_are_multiples_of_the_interval() {
+        let t = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+        let ten = Duration::from_secs(10);
+        assert_eq!(
+            next_boundary(t(1_700_000_003_250), ten),
+            t(1_700_000_010_000)
+        );
+        assert_eq!(
+            next_boundary(t(1_700_000_010_000), ten),
+            t(1_700_000_020_000)
+        );
+        assert_eq!(next_boundary(t(999), Duration::from_secs(1)), t(1000));
+    }
+
+    #[test]
+    fn processes_are_keyed_by_pid_and_start_and_leave_after_their_last_window() {
+        let me = std::process::id();
+        let mut set = SampleSet::new(1);
+        set.process(me);
+        // A pid that does not exist (above the kernel's pid_max limit).
+        set.process(u32::MAX - 7);
+        let mut t = ProcessTable::default();
+        assert!(t.see(1, &set, false).is_empty());
+        assert_eq!(t.len(), 2);
+        // Window 2 has neither: the live one stays, the gone one leaves.
+        assert_eq!(t.expire(2), [u32::MAX - 7]);
+        assert_eq!(t.len(), 1);
+        // Our pid with another start time is another process.
+        t.procs.get_mut(&me).unwrap().start = Some(1);
+        let mut set = SampleSet::new(1);
+        set.process(me);
+        assert_eq!(t.see(3, &set, false), [me]);
+        assert_eq!(t.procs[&me].start, process_start(me));
+        assert!(process_start(me).is_some());
+    }
+}

@@ -1,0 +1,504 @@
+//! The agent's local store (`--store DIR`, default [`DEFAULT_DIR`]): one gzip'd profile
+//! file per window, in the versioned JSON format of cpi-user/src/report/file.rs, named
+//! `w-<start ms>-<end ms>.json.gz` (Unix milliseconds, so names sort by time).
+//!
+//! Writes are atomic: the window goes to a hidden temp file, is fsync'd, renamed into
+//! place, and the directory is fsync'd. A crash at any point leaves either the complete
+//! window or no window (plus, at worst, a temp file that readers ignore and the next
+//! [`Store::open`] removes). Retention: windows that ended more than `retain` ago go
+//! first, then the oldest until the store is under `max_bytes`.
+//!
+//! [`read_range`] merges the windows of a time range into one profile
+//! (cpi-user/src/profile/merge.rs): `cpi-bpf report --store DIR --since 1h`.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use flate2::read::GzDecoder;
+use flate2::write::GzEncoder;
+
+use super::Window;
+use crate::profile::merge::{MergeError, Merger};
+use crate::profile::{AnalysisOptions, Profile};
+use crate::report::file;
+
+/// `--store` default (systemd's `StateDirectory=cpi-bpf`).
+pub const DEFAULT_DIR: &str = "/var/lib/cpi-bpf";
+/// `--retain` default.
+pub const DEFAULT_RETAIN: Duration = Duration::from_secs(24 * 3600);
+/// `--store-max-mib` default.
+pub const DEFAULT_MAX_MIB: u64 = 1024;
+/// Largest decompressed window read back (a corrupt or hostile file cannot exhaust
+/// memory).
+const MAX_WINDOW_BYTES: u64 = 1 << 30;
+
+const PREFIX: &str = "w-";
+const SUFFIX: &str = ".json.gz";
+const TEMP_PREFIX: &str = ".tmp-";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store {}: {what}: {source}", .dir.display())]
+    Io {
+        dir: PathBuf,
+        what: String,
+        source: io::Error,
+    },
+    #[error("store {}: {0}", .dir.display())]
+    Profile {
+        dir: PathBuf,
+        #[source]
+        source: file::ProfileFileError,
+    },
+    #[error("store {}: {source}", .dir.display())]
+    Merge {
+        dir: PathBuf,
+        #[source]
+        source: MergeError,
+    },
+    #[error("store {}: no windows between {since} and {until}", .dir.display())]
+    NoWindows {
+        dir: PathBuf,
+        since: String,
+        until: String,
+    },
+}
+
+/// A window file in the store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredWindow {
+    pub path: PathBuf,
+    pub start: SystemTime,
+    pub end: SystemTime,
+    pub bytes: u64,
+}
+
+/// The writer side, owned by the agent.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+    retain: Duration,
+    max_bytes: u64,
+    windows: Vec<StoredWindow>,
+}
+
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// `w-<start>-<end>.json.gz` → (start, end).
+fn parse_name(name: &str) -> Option<(SystemTime, SystemTime)> {
+    let mid = name.strip_prefix(PREFIX)?.strip_suffix(SUFFIX)?;
+    let (a, b) = mid.split_once('-')?;
+    let t = |s: &str| Some(UNIX_EPOCH + Duration::from_millis(s.parse().ok()?));
+    Some((t(a)?, t(b)?))
+}
+
+impl Store {
+    /// Creates `dir` if needed, checks that a window can be written there (a probe file
+    /// is written, fsync'd and removed), removes temp files a crash left, and lists the
+    /// windows already stored.
+    pub fn open(dir: &Path, retain: Duration, max_bytes: u64) -> Result<Store, StoreError> {
+        let err = |what: &str| {
+            let what = what.to_string();
+            move |source| StoreError::Io {
+                dir: dir.to_path_buf(),
+                what,
+                source,
+            }
+        };
+        fs::create_dir_all(dir).map_err(err("cannot create it"))?;
+        let probe = dir.join(format!("{TEMP_PREFIX}probe-{}", std::process::id()));
+        File::create(&probe)
+            .and_then(|mut f| f.write_all(b"probe").and_then(|_| f.sync_all()))
+            .map_err(err("not writable"))?;
+        fs::remove_file(&probe).map_err(err("not writable"))?;
+        for entry in fs::read_dir(dir).map_err(err("cannot list it"))? {
+            let entry = entry.map_err(err("cannot list it"))?;
+            if entry.file_name().to_string_lossy().starts_with(TEMP_PREFIX) {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+        Ok(Store {
+            dir: dir.to_path_buf(),
+            retain,
+            max_bytes,
+            windows: list(dir)?,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Bytes of the windows stored.
+    pub fn bytes(&self) -> u64 {
+        self.windows.iter().map(|w| w.bytes).sum()
+    }
+
+    /// Writes `w` atomically, then applies retention (as of `w.end`).
+    pub fn write(&mut self, w: &Window) -> Result<PathBuf, StoreError> {
+        let dir = self.dir.clone();
+        let err = |what: String| {
+            let dir = dir.clone();
+            move |source| StoreError::Io { dir, what, source }
+        };
+        let name = format!(
+            "{PREFIX}{:013}-{:013}{SUFFIX}",
+            unix_ms(w.start),
+            unix_ms(w.end)
+        );
+        let text = file::to_json(&w.profile).map_err(|source| StoreError::Profile {
+            dir: self.dir.clone(),
+            source,
+        })?;
+        let tmp = self.dir.join(format!("{TEMP_PREFIX}{name}"));
+        let dest = self.dir.join(&name);
+        let write = || -> io::Result<u64> {
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            // Level 1: a window is compressed every interval, within the CPU budget.
+            let mut gz = GzEncoder::new(f, flate2::Compression::fast());
+            gz.write_all(text.as_bytes())?;
+            let f = gz.finish()?;
+            f.sync_all()?;
+            let bytes = f.metadata()?.len();
+            drop(f);
+            fs::rename(&tmp, &dest)?;
+            File::open(&self.dir)?.sync_all()?;
+            Ok(bytes)
+        };
+        let bytes = match write() {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(err(format!("writing {name}"))(e));
+            }
+        };
+        self.windows.retain(|x| x.path != dest);
+        self.windows.push(StoredWindow {
+            path: dest.clone(),
+            start: w.start,
+            end: w.end,
+            bytes,
+        });
+        self.retain(w.end)?;
+        Ok(dest)
+    }
+
+    /// Removes windows that ended before `now - retain`, then the oldest until the
+    /// store holds at most `max_bytes`.
+    pub fn retain(&mut self, now: SystemTime) -> Result<(), StoreError> {
+        self.windows.sort_by_key(|w| (w.start, w.end));
+        let cutoff = now.checked_sub(self.retain).unwrap_or(UNIX_EPOCH);
+        let mut total = self.bytes();
+        let mut keep = Vec::with_capacity(self.windows.len());
+        let mut failed = None;
+        for w in std::mem::take(&mut self.windows) {
+            let newest = keep.is_empty() && total <= w.bytes;
+            if (w.end < cutoff || total > self.max_bytes) && !newest {
+                match fs::remove_file(&w.path) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                        // Kept (and counted); the first failure is reported.
+                        failed.get_or_insert((w.path.clone(), e));
+                        keep.push(w);
+                        continue;
+                    }
+                    _ => total -= w.bytes,
+                }
+            } else {
+                keep.push(w);
+            }
+        }
+        self.windows = keep;
+        match failed {
+            Some((path, source)) => Err(StoreError::Io {
+                dir: self.dir.clone(),
+                what: format!("removing {}", path.display()),
+                source,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The windows in `dir`, oldest first (temp files and foreign files ignored).
+pub fn list(dir: &Path) -> Result<Vec<StoredWindow>, StoreError> {
+    let err = |source| StoreError::Io {
+        dir: dir.to_path_buf(),
+        what: "cannot list it".into(),
+        source,
+    };
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).map_err(err)? {
+        let entry = entry.map_err(err)?;
+        let name = entry.file_name();
+        let Some((start, end)) = parse_name(&name.to_string_lossy()) else {
+            continue;
+        };
+        let bytes = match entry.metadata() {
+            Ok(m) => m.len(),
+            // Removed by retention since it was listed.
+            Err(_) => continue,
+        };
+        out.push(StoredWindow {
+            path: entry.path(),
+            start,
+            end,
+            bytes,
+        });
+    }
+    out.sort_by_key(|w| (w.start, w.end));
+    Ok(out)
+}
+
+/// Reads one stored window.
+pub fn read_window(path: &Path) -> Result<Profile, file::ProfileFileError> {
+    let io_err = |error| file::ProfileFileError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    let f = File::open(path).map_err(io_err)?;
+    let mut bytes = Vec::new();
+    GzDecoder::new(f)
+        .take(MAX_WINDOW_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(io_err)?;
+    file::parse(&bytes, &path.display().to_string())
+}
+
+/// What [`read_range`] selects.
+#[derive(Clone, Debug, Default)]
+pub struct RangeQuery {
+    /// Windows that end after this time.
+    pub since: Option<SystemTime>,
+    /// Windows that start before this time.
+    pub until: Option<SystemTime>,
+    /// Only processes with exactly this comm.
+    pub comm: Option<String>,
+}
+
+/// The merged profile of a range and what went into it.
+#[derive(Debug)]
+pub struct RangeProfile {
+    pub profile: Profile,
+    pub windows: usize,
+    pub first_start: SystemTime,
+    pub last_end: SystemTime,
+    /// Windows that could not be read (each with why): skipped, not fatal.
+    pub skipped: Vec<(PathBuf, String)>,
+}
+
+/// Merges the windows of `dir` that overlap the query's range (one at a time: memory
+/// holds the sums, not the windows).
+pub fn read_range(dir: &Path, q: &RangeQuery) -> Result<RangeProfile, StoreError> {
+    let in_range: Vec<StoredWindow> = list(dir)?
+        .into_iter()
+        .filter(|w| q.since.is_none_or(|s| w.end > s) && q.until.is_none_or(|u| w.start < u))
+        .collect();
+    let mut merger = Merger::new(AnalysisOptions::default().sample_floor);
+    let mut skipped = Vec::new();
+    let (mut first, mut last, mut n) = (None, None, 0);
+    for w in &in_range {
+        let mut p = match read_window(&w.path) {
+            Ok(p) => p,
+            Err(e) => {
+                skipped.push((w.path.clone(), e.to_string()));
+                continue;
+            }
+        };
+        if let Some(c) = &q.comm {
+            p.processes.retain(|x| &x.comm == c);
+        }
+        merger.add(&p).map_err(|source| StoreError::Merge {
+            dir: dir.to_path_buf(),
+            source,
+        })?;
+        first.get_or_insert(w.start);
+        last = Some(w.end);
+        n += 1;
+    }
+    let (Some(first_start), Some(last_end)) = (first, last) else {
+        let show = |t: Option<SystemTime>, none: &str| {
+            t.map_or(none.to_string(), |t| {
+                humantime::format_rfc3339_seconds(t).to_string()
+            })
+        };
+        return Err(StoreError::NoWindows {
+            dir: dir.to_path_buf(),
+            since: show(q.since, "the first"),
+            until: show(q.until, "now"),
+        });
+    };
+    let profile = merger.finish().map_err(|source| StoreError::Merge {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    Ok(RangeProfile {
+        profile,
+        windows: n,
+        first_start,
+        last_end,
+        skipped,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::model::{LossReport, Mode, ProcessProfile, PROFILE_FORMAT_VERSION};
+
+    fn profile(comm: &str, samples: u64) -> Profile {
+        Profile {
+            format_version: PROFILE_FORMAT_VERSION,
+            tool_version: "0".into(),
+            mode: Mode::TimeProfile,
+            mode_reason: "test".into(),
+            command: vec![],
+            duration_secs: 1.0,
+            events: vec![],
+            perturbation: cpi_common::policy::Perturbation::User,
+            range_window: 1,
+            lost_samples: 0,
+            lost: LossReport::default(),
+            binaries: vec![],
+            processes: vec![ProcessProfile {
+                pid: 1,
+                comm: comm.into(),
+                samples,
+                branch_samples: 0,
+                time_ns: Some(samples as f64 * 1e6),
+                cycles: None,
+                instructions: None,
+                cpi: None,
+                functions: vec![],
+                calls: vec![],
+            }],
+            accuracy: None,
+        }
+    }
+
+    fn at(s: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_700_000_000 + s)
+    }
+
+    fn temp(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("cpi-store-{}-{tag}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn windows_round_trip_and_ranges_merge() {
+        let dir = temp("rt");
+        let mut s = Store::open(&dir, Duration::from_secs(3600), 1 << 30).unwrap();
+        for i in 0..5 {
+            let w = Window {
+                start: at(i * 10),
+                end: at(i * 10 + 10),
+                profile: profile(if i % 2 == 0 { "a" } else { "b" }, i + 1),
+            };
+            s.write(&w).unwrap();
+        }
+        // A temp file a crash left behind is ignored by readers, removed on open.
+        fs::write(
+            dir.join(format!("{TEMP_PREFIX}w-1-2{SUFFIX}")),
+            b"\x1f\x8b junk",
+        )
+        .unwrap();
+        assert_eq!(list(&dir).unwrap().len(), 5);
+        let all = read_range(&dir, &RangeQuery::default()).unwrap();
+        assert_eq!(
+            (all.windows, all.first_start, all.last_end),
+            (5, at(0), at(50))
+        );
+        assert_eq!(all.profile.duration_secs, 5.0);
+        let by_comm: Vec<(String, u64)> = all
+            .profile
+            .processes
+            .iter()
+            .map(|p| (p.comm.clone(), p.samples))
+            .collect();
+        assert_eq!(by_comm, [("a".into(), 1 + 3 + 5), ("b".into(), 2 + 4)]);
+        let q = RangeQuery {
+            since: Some(at(25)),
+            until: Some(at(41)),
+            comm: Some("b".into()),
+        };
+        let r = read_range(&dir, &q).unwrap();
+        assert_eq!((r.windows, r.first_start, r.last_end), (3, at(20), at(50)));
+        assert_eq!(r.profile.processes.len(), 1);
+        assert_eq!(r.profile.processes[0].samples, 4);
+        let q = RangeQuery {
+            since: Some(at(1000)),
+            ..Default::default()
+        };
+        assert!(matches!(
+            read_range(&dir, &q),
+            Err(StoreError::NoWindows { .. })
+        ));
+        Store::open(&dir, Duration::from_secs(1), 1).unwrap();
+        assert!(fs::read_dir(&dir).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .starts_with('.')));
+        // A corrupt window is skipped with its reason, not fatal.
+        fs::write(
+            dir.join(format!("{PREFIX}0000000000001-0000000000002{SUFFIX}")),
+            b"x",
+        )
+        .unwrap();
+        let r = read_range(&dir, &RangeQuery::default()).unwrap();
+        assert_eq!((r.windows, r.skipped.len()), (5, 1));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn retention_by_age_then_size_keeps_the_newest() {
+        let dir = temp("ret");
+        let mut s = Store::open(&dir, Duration::from_secs(30), 1 << 30).unwrap();
+        for i in 0..6 {
+            let w = Window {
+                start: at(i * 10),
+                end: at(i * 10 + 10),
+                profile: profile("a", i),
+            };
+            s.write(&w).unwrap();
+        }
+        // At t=60 windows ending before t=30 are gone: [30,40) [40,50) [50,60) stay,
+        // and [20,30) (ends at 30, not before).
+        let left: Vec<SystemTime> = list(&dir).unwrap().iter().map(|w| w.start).collect();
+        assert_eq!(left, [at(20), at(30), at(40), at(50)]);
+        assert_eq!(
+            s.bytes(),
+            list(&dir).unwrap().iter().map(|w| w.bytes).sum::<u64>()
+        );
+        let one = list(&dir).unwrap()[0].bytes;
+        s.max_bytes = 2 * one + one / 2;
+        s.retain(at(60)).unwrap();
+        let left: Vec<SystemTime> = list(&dir).unwrap().iter().map(|w| w.start).collect();
+        assert_eq!(left, [at(40), at(50)]);
+        // The newest window stays even when it alone is over the bound.
+        s.max_bytes = 1;
+        s.retain(at(60)).unwrap();
+        assert_eq!(list(&dir).unwrap().len(), 1);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_unwritable_store_is_one_error_at_open() {
+        let e = Store::open(Path::new("/proc/cpi-bpf-store"), DEFAULT_RETAIN, 1).unwrap_err();
+        assert!(
+            e.to_string().starts_with("store /proc/cpi-bpf-store: "),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,164 @@
+//! `agent`: always-on profiling (cpi-user/src/agent/mod.rs). Flags → options over the
+//! `--config` file → checked config → sinks, then collection; runs until SIGTERM/SIGINT.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cpi_user::agent::config::AgentOptions;
+use cpi_user::agent::{self, Agent, Level};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// TOML file with the same keys as these flags (dist/agent.toml); flags win.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Check the configuration (and that the store, metrics address and push URL are
+    /// usable), print it, and exit.
+    #[arg(long)]
+    pub check_config: bool,
+    /// Only this process, all its threads (repeatable). Default: system-wide.
+    #[arg(long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Only processes whose name matches REGEX (applied to each window's samples).
+    #[arg(long, value_name = "REGEX")]
+    pub comm: Option<String>,
+    /// Only processes in this cgroup v2 (under /sys/fs/cgroup) or below it.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<PathBuf>,
+    /// Window length, seconds (windows end on multiples of it on the wall clock)
+    /// [default: 10].
+    #[arg(long, value_name = "SECS")]
+    pub interval: Option<u64>,
+    /// Samples per second per busy CPU, the most the governor uses [default: 999].
+    #[arg(long, value_name = "HZ")]
+    pub frequency: Option<u64>,
+    /// The least the governor lowers the frequency to [default: 49].
+    #[arg(long, value_name = "HZ")]
+    pub min_frequency: Option<u64>,
+    /// CPU budget of the agent plus its BPF programs, percent of one CPU [default: 1].
+    #[arg(long, value_name = "PCT")]
+    pub overhead_budget: Option<f64>,
+    /// Bound of the caches that outlive windows (binaries, symbols), MiB [default: 64].
+    #[arg(long, value_name = "MIB")]
+    pub cache_mib: Option<u64>,
+    /// Store directory: one gzip'd profile per window [default: /var/lib/cpi-bpf].
+    #[arg(long, value_name = "DIR")]
+    pub store: Option<PathBuf>,
+    /// Keep windows this long [default: 24h].
+    #[arg(long, value_name = "DURATION")]
+    pub retain: Option<String>,
+    /// Keep at most this much in the store, MiB [default: 1024].
+    #[arg(long, value_name = "MIB")]
+    pub store_max_mib: Option<u64>,
+    /// Prometheus /metrics address, or `off` [default: 127.0.0.1:9464].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+    /// Comms with their own series; the rest are comm="other" [default: 20].
+    #[arg(long, value_name = "N")]
+    pub metrics_top_comms: Option<usize>,
+    /// Functions with a cpi_bpf_function_cpi series [default: 20].
+    #[arg(long, value_name = "N")]
+    pub metrics_top_functions: Option<usize>,
+    /// Push each window to Pyroscope at this URL (http://host:4040).
+    #[arg(long, value_name = "URL")]
+    pub push_pyroscope: Option<String>,
+    /// X-Scope-OrgID of the pushes.
+    #[arg(long, value_name = "TENANT")]
+    pub push_tenant: Option<String>,
+    /// service_name of pushed series: comm or cgroup [default: comm].
+    #[arg(long, value_name = "LABEL")]
+    pub service_label: Option<String>,
+    /// Windows waiting to be pushed at most (the oldest is dropped) [default: 8].
+    #[arg(long, value_name = "N")]
+    pub push_queue: Option<usize>,
+    /// Deadline of one push request, seconds [default: 10].
+    #[arg(long, value_name = "SECS")]
+    pub push_timeout: Option<u64>,
+    /// Sample kernel code too.
+    #[arg(long)]
+    pub include_kernel: bool,
+    /// BPF ring buffer size, MiB (a power of two) [default: 8].
+    #[arg(long, value_name = "MIB")]
+    pub ring_buffer_mib: Option<u32>,
+    /// error, warn, info, debug or trace [default: info].
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let flags = AgentOptions {
+        pid: args.pids,
+        comm: args.comm,
+        cgroup: args.cgroup,
+        interval: args.interval,
+        frequency: args.frequency,
+        min_frequency: args.min_frequency,
+        overhead_budget: args.overhead_budget,
+        cache_mib: args.cache_mib,
+        store: args.store,
+        retain: args.retain,
+        store_max_mib: args.store_max_mib,
+        metrics_addr: args.metrics_addr,
+        metrics_top_comms: args.metrics_top_comms,
+        metrics_top_functions: args.metrics_top_functions,
+        push_pyroscope: args.push_pyroscope,
+        push_tenant: args.push_tenant,
+        service_label: args.service_label,
+        push_queue: args.push_queue,
+        push_timeout: args.push_timeout,
+        include_kernel: args.include_kernel.then_some(true),
+        ring_buffer_mib: args.ring_buffer_mib,
+        log_level: args.log_level,
+    };
+    let options = match &args.config {
+        Some(path) => flags.over(AgentOptions::from_file(path)?),
+        None => flags,
+    };
+    let config = options.resolve()?;
+    if args.check_config {
+        agent::check(&config)?;
+        eprintln!("cpi-bpf: config OK: {config:?}");
+        return Ok(0);
+    }
+    let max = match config.log_level.as_str() {
+        "error" => Level::Error,
+        "warn" => Level::Warn,
+        "info" => Level::Info,
+        _ => Level::Debug,
+    };
+    let log: agent::Log = Arc::new(move |level, msg| {
+        if level <= max {
+            let tag = match level {
+                Level::Error => "error: ",
+                Level::Warn => "warning: ",
+                _ => "",
+            };
+            eprintln!("cpi-bpf: {tag}{msg}");
+        }
+    });
+    let a = Agent::new(config.clone(), log.clone())?;
+    log(
+        Level::Info,
+        &format!(
+            "agent: {} windows of {} s into {}{}{}",
+            a.mode().name(),
+            config.interval.as_secs(),
+            config.store.display(),
+            config
+                .metrics_addr
+                .map(|m| format!(", metrics on http://{m}/metrics"))
+                .unwrap_or_default(),
+            config
+                .push_url
+                .as_ref()
+                .map(|u| format!(", pushing to {u}"))
+                .unwrap_or_default(),
+        ),
+    );
+    let summary = a.run()?;
+    log(
+        Level::Info,
+        &format!("agent: stopped after {} windows", summary.windows),
+    );
+    Ok(0)
+}

@@ -1,0 +1,743 @@
+//! Merging profiles of the same kind (the agent's windows, cpi-user/src/agent/store.rs)
+//! into one: counts are summed per process (pid, comm), function (binary, address,
+//! name), block, instruction and edge; shares, CPI and error bars are recomputed from the
+//! merged sums, so a merged profile renders in every view and format like any other.
+//!
+//! What is exact and what is bounded:
+//! - samples, time, cycles, instructions, execution counts, edge counts and losses are
+//!   sums, exact;
+//! - a CPI value is the ratio of the merged cycles and instructions (per instruction,
+//!   block, function, process) — the same ratio [`super::analyze`] takes;
+//! - the samples behind a merged CPI are the sum of the windows' own (each the scarcer
+//!   of its cycle samples and instruction evidence), so the error bar (1/√samples) is the
+//!   one the windows support; a unit is `None` ("below floor") when that sum is under
+//!   the floor;
+//! - blocks are rebuilt from the merged instructions at every block boundary any window
+//!   had (windows see different branch targets, so their blocks can differ);
+//! - timed CPI (LBR `cycles`) keeps no sums in the profile: the merged value is the
+//!   windows' values weighted by their samples.
+//!
+//! Profiles of different modes cannot be merged (their numbers mean different things).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::analyze::lost_total;
+use super::model::{
+    BlockProfile, CallEdge, EdgeProfile, Estimate, EventInfo, FunctionProfile, InstructionProfile,
+    LossReport, Mode, ProcessProfile, Profile,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MergeError {
+    #[error("no profiles to merge")]
+    Empty,
+    #[error("profiles of different modes cannot be merged ({0} and {1})")]
+    Modes(&'static str, &'static str),
+}
+
+/// Merges `profiles` (see the module doc) with the analysis' default sample floor.
+pub fn merge(profiles: &[Profile]) -> Result<Profile, MergeError> {
+    let mut m = Merger::new(super::AnalysisOptions::default().sample_floor);
+    for p in profiles {
+        m.add(p)?;
+    }
+    m.finish()
+}
+
+/// Incremental merge: add profiles one at a time (memory holds the sums, not the
+/// profiles), then [`Merger::finish`].
+pub struct Merger {
+    floor: u64,
+    base: Option<Profile>,
+    duration_secs: f64,
+    events: Vec<EventInfo>,
+    lost: LossReport,
+    binaries: BTreeMap<String, super::model::BinaryInfo>,
+    processes: BTreeMap<(u32, String), ProcAcc>,
+}
+
+#[derive(Default)]
+struct Sum {
+    value: Option<f64>,
+}
+
+impl Sum {
+    fn add(&mut self, v: Option<f64>) {
+        if let Some(v) = v {
+            *self.value.get_or_insert(0.0) += v;
+        }
+    }
+}
+
+/// Σ value × samples and Σ samples of an estimate (for weighted means).
+#[derive(Default, Clone, Copy)]
+struct Weighted {
+    num: f64,
+    samples: u64,
+}
+
+impl Weighted {
+    fn add(&mut self, e: Option<&Estimate>) {
+        if let Some(e) = e {
+            self.num += e.value * e.samples as f64;
+            self.samples += e.samples;
+        }
+    }
+
+    fn estimate(&self, floor: u64) -> Option<Estimate> {
+        (self.samples >= floor.max(1)).then(|| Estimate {
+            value: self.num / self.samples as f64,
+            rel_error: 1.0 / (self.samples as f64).sqrt(),
+            samples: self.samples,
+        })
+    }
+}
+
+struct ProcAcc {
+    base: ProcessProfile,
+    samples: u64,
+    branch_samples: u64,
+    time_ns: Sum,
+    cycles: Sum,
+    instructions: Sum,
+    cpi_samples: u64,
+    functions: BTreeMap<(String, u64, String), FuncAcc>,
+    /// (caller, its binary, callee, its binary) → (Σ count, Σ samples).
+    calls: BTreeMap<(String, String, String, String), (f64, u64)>,
+}
+
+struct FuncAcc {
+    base: FunctionProfile,
+    samples: u64,
+    time_ns: Sum,
+    cycles: Sum,
+    instructions: Sum,
+    cpi_samples: u64,
+    timed: Weighted,
+    lines: BTreeMap<u64, LineAcc>,
+    /// Every window's blocks: (start, end) → (Σ CPI samples, timed CPI).
+    blocks: BTreeMap<(u64, u64), (u64, Weighted)>,
+    edges: BTreeMap<(u64, u64, u8), EdgeProfile>,
+}
+
+struct LineAcc {
+    base: InstructionProfile,
+    count: f64,
+    samples: u64,
+    cycles: Sum,
+    cpi_samples: u64,
+}
+
+fn estimate(cycles: Option<f64>, instructions: f64, samples: u64, floor: u64) -> Option<Estimate> {
+    let cycles = cycles?;
+    (samples >= floor.max(1) && instructions > 0.0).then(|| Estimate {
+        value: cycles / instructions,
+        rel_error: 1.0 / (samples as f64).sqrt(),
+        samples,
+    })
+}
+
+fn cpi_samples(e: &Option<Estimate>) -> u64 {
+    e.as_ref().map_or(0, |e| e.samples)
+}
+
+impl Merger {
+    /// `floor`: units with fewer samples behind their CPI get `None`, as in analysis.
+    pub fn new(floor: u64) -> Self {
+        Merger {
+            floor,
+            base: None,
+            duration_secs: 0.0,
+            events: Vec::new(),
+            lost: LossReport::default(),
+            binaries: BTreeMap::new(),
+            processes: BTreeMap::new(),
+        }
+    }
+
+    /// Profiles added so far.
+    pub fn is_empty(&self) -> bool {
+        self.base.is_none()
+    }
+
+    pub fn add(&mut self, p: &Profile) -> Result<(), MergeError> {
+        if let Some(b) = &self.base {
+            if b.mode != p.mode {
+                return Err(MergeError::Modes(b.mode.name(), p.mode.name()));
+            }
+        } else {
+            let mut base = p.clone();
+            base.processes.clear();
+            base.binaries.clear();
+            base.events.clear();
+            self.base = Some(base);
+        }
+        self.duration_secs += p.duration_secs;
+        for e in &p.events {
+            match self
+                .events
+                .iter_mut()
+                .find(|m| m.role == e.role && m.name == e.name)
+            {
+                // The latest period (the governor may have changed it); samples summed.
+                Some(m) => {
+                    m.samples += e.samples;
+                    m.period = e.period;
+                    m.jitter = m.jitter.max(e.jitter);
+                }
+                None => self.events.push(e.clone()),
+            }
+        }
+        let l = &mut self.lost;
+        l.ring_full += p.lost.ring_full;
+        l.branch_errors += p.lost.branch_errors;
+        l.malformed += p.lost.malformed;
+        l.thinned += p.lost.thinned;
+        l.short_samples += p.lost.short_samples;
+        l.invalid_ranges += p.lost.invalid_ranges;
+        l.unmapped_samples += p.lost.unmapped_samples;
+        for b in &p.binaries {
+            self.binaries
+                .entry(b.path.clone())
+                .or_insert_with(|| b.clone());
+        }
+        for proc in &p.processes {
+            self.add_process(proc);
+        }
+        Ok(())
+    }
+
+    fn add_process(&mut self, p: &ProcessProfile) {
+        let acc = self
+            .processes
+            .entry((p.pid, p.comm.clone()))
+            .or_insert_with(|| ProcAcc {
+                base: ProcessProfile {
+                    functions: Vec::new(),
+                    calls: Vec::new(),
+                    ..p.clone()
+                },
+                samples: 0,
+                branch_samples: 0,
+                time_ns: Sum::default(),
+                cycles: Sum::default(),
+                instructions: Sum::default(),
+                cpi_samples: 0,
+                functions: BTreeMap::new(),
+                calls: BTreeMap::new(),
+            });
+        for c in &p.calls {
+            let e = acc
+                .calls
+                .entry((
+                    c.caller.clone(),
+                    c.caller_binary.clone(),
+                    c.callee.clone(),
+                    c.callee_binary.clone(),
+                ))
+                .or_default();
+            e.0 += c.count;
+            e.1 += c.samples;
+        }
+        acc.samples += p.samples;
+        acc.branch_samples += p.branch_samples;
+        acc.time_ns.add(p.time_ns);
+        acc.cycles.add(p.cycles);
+        acc.instructions.add(p.instructions);
+        acc.cpi_samples += cpi_samples(&p.cpi);
+        for f in &p.functions {
+            let fa = acc
+                .functions
+                .entry((f.binary.clone(), f.address, f.name.clone()))
+                .or_insert_with(|| FuncAcc {
+                    base: FunctionProfile {
+                        blocks: Vec::new(),
+                        edges: Vec::new(),
+                        lines: Vec::new(),
+                        ..f.clone()
+                    },
+                    samples: 0,
+                    time_ns: Sum::default(),
+                    cycles: Sum::default(),
+                    instructions: Sum::default(),
+                    cpi_samples: 0,
+                    timed: Weighted::default(),
+                    lines: BTreeMap::new(),
+                    blocks: BTreeMap::new(),
+                    edges: BTreeMap::new(),
+                });
+            fa.add(f);
+        }
+    }
+
+    /// The merged profile.
+    pub fn finish(self) -> Result<Profile, MergeError> {
+        let base = self.base.ok_or(MergeError::Empty)?;
+        let mode = base.mode;
+        let floor = self.floor;
+        let processes = self
+            .processes
+            .into_values()
+            .map(|p| p.finish(mode, floor))
+            .collect();
+        Ok(Profile {
+            tool_version: env!("CARGO_PKG_VERSION").to_string(),
+            duration_secs: self.duration_secs,
+            events: self.events,
+            lost_samples: lost_total(&self.lost),
+            lost: self.lost,
+            binaries: self.binaries.into_values().collect(),
+            processes,
+            // Accuracy belongs to one simulated run, not to a merge of windows.
+            accuracy: None,
+            ..base
+        })
+    }
+}
+
+impl FuncAcc {
+    fn add(&mut self, f: &FunctionProfile) {
+        self.samples += f.samples;
+        self.time_ns.add(f.time_ns);
+        self.cycles.add(f.cycles);
+        self.instructions.add(f.instructions);
+        self.cpi_samples += cpi_samples(&f.cpi);
+        self.timed.add(f.timed_cpi.as_ref());
+        for l in &f.lines {
+            let la = self.lines.entry(l.address).or_insert_with(|| LineAcc {
+                base: l.clone(),
+                count: 0.0,
+                samples: 0,
+                cycles: Sum::default(),
+                cpi_samples: 0,
+            });
+            la.count += l.count;
+            la.samples += l.samples;
+            la.cycles.add(l.cycles);
+            la.cpi_samples += cpi_samples(&l.cpi);
+        }
+        for b in &f.blocks {
+            let e = self.blocks.entry((b.start, b.end)).or_default();
+            e.0 += cpi_samples(&b.cpi);
+            e.1.add(b.timed_cpi.as_ref());
+        }
+        for e in &f.edges {
+            self.edges
+                .entry((e.from, e.to, e.kind as u8))
+                .and_modify(|m| {
+                    m.count += e.count;
+                    m.mispredicts += e.mispredicts;
+                })
+                .or_insert_with(|| e.clone());
+        }
+    }
+
+    fn finish(self, floor: u64) -> FunctionProfile {
+        let lines: Vec<InstructionProfile> = self
+            .lines
+            .into_values()
+            .map(|l| InstructionProfile {
+                count: l.count,
+                samples: l.samples,
+                cycles: l.cycles.value,
+                cpi: estimate(l.cycles.value, l.count, l.cpi_samples, floor),
+                ..l.base
+            })
+            .collect();
+        let blocks = rebuild_blocks(&self.blocks, &lines, floor);
+        // Analysis takes a function's CPI over its decoded instructions.
+        let (cycles_on_lines, instr_on_lines) = lines.iter().fold((None, 0.0), |(c, n), l| {
+            (
+                match (c, l.cycles) {
+                    (None, None) => None,
+                    (c, l) => Some(c.unwrap_or(0.0) + l.unwrap_or(0.0)),
+                },
+                n + l.count,
+            )
+        });
+        let (cpi_cycles, cpi_instr) = if instr_on_lines > 0.0 {
+            (cycles_on_lines, instr_on_lines)
+        } else {
+            (self.cycles.value, self.instructions.value.unwrap_or(0.0))
+        };
+        FunctionProfile {
+            samples: self.samples,
+            time_ns: self.time_ns.value,
+            cycles: self.cycles.value,
+            instructions: self.instructions.value,
+            cpi: estimate(cpi_cycles, cpi_instr, self.cpi_samples, floor),
+            timed_cpi: self.timed.estimate(floor),
+            blocks,
+            edges: self.edges.into_values().collect(),
+            lines,
+            ..self.base
+        }
+    }
+}
+
+/// Blocks of the merged instructions, cut at every boundary any window's blocks had.
+fn rebuild_blocks(
+    windows: &BTreeMap<(u64, u64), (u64, Weighted)>,
+    lines: &[InstructionProfile],
+    floor: u64,
+) -> Vec<BlockProfile> {
+    let cuts: BTreeSet<u64> = windows.keys().flat_map(|&(s, e)| [s, e]).collect();
+    let mut out = Vec::new();
+    for &(start, end) in windows.keys() {
+        let mut pieces: Vec<u64> = cuts.range(start..end).copied().collect();
+        pieces.push(end);
+        for w in pieces.windows(2) {
+            let (a, b) = (w[0], w[1]);
+            if out
+                .iter()
+                .any(|x: &BlockProfile| x.start == a && x.end == b)
+            {
+                continue;
+            }
+            let in_piece: Vec<&InstructionProfile> = lines
+                .iter()
+                .filter(|l| (a..b).contains(&l.address))
+                .collect();
+            if in_piece.is_empty() {
+                continue;
+            }
+            // Every window block covering this piece: its CPI samples and timed CPI.
+            let mut samples_behind = 0;
+            let mut timed = Weighted::default();
+            for (_, (s, t)) in windows.iter().filter(|((s, e), _)| *s <= a && b <= *e) {
+                samples_behind += s;
+                timed.num += t.num;
+                timed.samples += t.samples;
+            }
+            let cycles = in_piece
+                .iter()
+                .filter_map(|l| l.cycles)
+                .fold(None, |acc: Option<f64>, c| Some(acc.unwrap_or(0.0) + c));
+            let instr: f64 = in_piece.iter().map(|l| l.count).sum();
+            let cycle_samples: u64 = in_piece.iter().map(|l| l.samples).sum();
+            out.push(BlockProfile {
+                start: a,
+                end: b,
+                len: in_piece.len() as u32,
+                count: in_piece[0].count,
+                samples: cycle_samples,
+                cycles,
+                cpi: estimate(cycles, instr, samples_behind.min(cycle_samples), floor),
+                timed_cpi: timed.estimate(floor),
+            });
+        }
+    }
+    out.sort_by_key(|b| (b.start, b.end));
+    out
+}
+
+impl ProcAcc {
+    fn finish(self, mode: Mode, floor: u64) -> ProcessProfile {
+        let mut functions: Vec<FunctionProfile> = self
+            .functions
+            .into_values()
+            .map(|f| f.finish(floor))
+            .collect();
+        // Shares of the merged weight: cycles where there is a PMU, else time.
+        let weight = |cycles: Option<f64>, time: Option<f64>| match mode {
+            Mode::TimeProfile => time.unwrap_or(0.0),
+            _ => cycles.unwrap_or(0.0),
+        };
+        let total = weight(self.cycles.value, self.time_ns.value);
+        for f in &mut functions {
+            f.share = if total > 0.0 {
+                weight(f.cycles, f.time_ns) / total
+            } else {
+                0.0
+            };
+        }
+        functions.sort_by(|a, b| {
+            b.cycles
+                .unwrap_or(0.0)
+                .total_cmp(&a.cycles.unwrap_or(0.0))
+                .then(b.samples.cmp(&a.samples))
+                .then(a.name.cmp(&b.name))
+                .then(a.binary.cmp(&b.binary))
+                .then(a.address.cmp(&b.address))
+        });
+        let cpi = match mode {
+            Mode::TimeProfile => None,
+            Mode::IpSampling => estimate(
+                self.cycles.value,
+                self.instructions.value.unwrap_or(0.0),
+                self.cpi_samples,
+                floor,
+            ),
+            // As analysis: over the functions analysed at instruction level.
+            Mode::Cpi | Mode::Simulated => {
+                let (c, n) = functions
+                    .iter()
+                    .filter_map(|f| Some((f.cycles.unwrap_or(0.0), f.instructions?)))
+                    .fold((0.0, 0.0), |(c, n), (fc, fi)| (c + fc, n + fi));
+                estimate(Some(c), n, self.cpi_samples, floor)
+            }
+        };
+        ProcessProfile {
+            samples: self.samples,
+            branch_samples: self.branch_samples,
+            time_ns: self.time_ns.value,
+            cycles: self.cycles.value,
+            instructions: self.instructions.value,
+            cpi,
+            functions,
+            calls: {
+                let mut calls: Vec<CallEdge> = self
+                    .calls
+                    .into_iter()
+                    .map(
+                        |((caller, caller_binary, callee, callee_binary), (count, samples))| {
+                            CallEdge {
+                                caller,
+                                caller_binary,
+                                callee,
+                                callee_binary,
+                                count,
+                                samples,
+                            }
+                        },
+                    )
+                    .collect();
+                calls.sort_by(|a, b| b.count.total_cmp(&a.count));
+                calls
+            },
+            ..self.base
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::model::{BinaryInfo, EdgeKind, PROFILE_FORMAT_VERSION};
+
+    fn est(value: f64, samples: u64) -> Option<Estimate> {
+        Some(Estimate {
+            value,
+            rel_error: 1.0 / (samples as f64).sqrt(),
+            samples,
+        })
+    }
+
+    fn line(address: u64, count: f64, samples: u64, cycles: f64, cpi_s: u64) -> InstructionProfile {
+        InstructionProfile {
+            address,
+            count,
+            samples,
+            cycles: Some(cycles),
+            // As analysis: below the floor (20) no CPI.
+            cpi: if cpi_s >= 20 {
+                est(cycles / count, cpi_s)
+            } else {
+                None
+            },
+            text: format!("insn at {address:#x}"),
+        }
+    }
+
+    /// A CPI-mode window: one process, one function with two instructions at 0x10 and
+    /// 0x14, one block [0x10, 0x18) (or two, split at 0x14), one taken edge.
+    fn window(scale: f64, split: bool) -> Profile {
+        let lines = vec![
+            line(0x10, 100.0 * scale, 10, 300.0 * scale, 10),
+            line(0x14, 100.0 * scale, 30, 500.0 * scale, 30),
+        ];
+        let blocks = if split {
+            vec![
+                BlockProfile {
+                    start: 0x10,
+                    end: 0x14,
+                    len: 1,
+                    count: 100.0 * scale,
+                    samples: 10,
+                    cycles: Some(300.0 * scale),
+                    cpi: est(3.0, 10),
+                    timed_cpi: None,
+                },
+                BlockProfile {
+                    start: 0x14,
+                    end: 0x18,
+                    len: 1,
+                    count: 100.0 * scale,
+                    samples: 30,
+                    cycles: Some(500.0 * scale),
+                    cpi: est(5.0, 30),
+                    timed_cpi: None,
+                },
+            ]
+        } else {
+            vec![BlockProfile {
+                start: 0x10,
+                end: 0x18,
+                len: 2,
+                count: 100.0 * scale,
+                samples: 40,
+                cycles: Some(800.0 * scale),
+                cpi: est(4.0, 40),
+                timed_cpi: None,
+            }]
+        };
+        let f = FunctionProfile {
+            name: "hot".into(),
+            binary: "/bin/x".into(),
+            address: 0x10,
+            size: 8,
+            samples: 40,
+            share: 0.8,
+            time_ns: None,
+            cycles: Some(800.0 * scale),
+            instructions: Some(200.0 * scale),
+            cpi: est(4.0, 40),
+            timed_cpi: None,
+            bolt_name: None,
+            blocks,
+            edges: vec![EdgeProfile {
+                from: 0x14,
+                to: 0x10,
+                kind: EdgeKind::Taken,
+                count: 99.0 * scale,
+                mispredicts: 1.0,
+                to_function: None,
+                to_binary: None,
+            }],
+            lines,
+        };
+        let cold = FunctionProfile {
+            name: "cold".into(),
+            address: 0x40,
+            samples: 10,
+            share: 0.2,
+            cycles: Some(200.0 * scale),
+            instructions: None,
+            cpi: None,
+            blocks: vec![],
+            edges: vec![],
+            lines: vec![],
+            ..f.clone()
+        };
+        Profile {
+            format_version: PROFILE_FORMAT_VERSION,
+            tool_version: "0".into(),
+            mode: Mode::Cpi,
+            mode_reason: "test".into(),
+            command: vec![],
+            duration_secs: 10.0,
+            events: vec![EventInfo {
+                role: cpi_common::wire::EventRole::Cycles,
+                name: "cycles".into(),
+                period: 1009,
+                jitter: 0,
+                thinning: 1,
+                unit: crate::profile::model::EventUnit::Events,
+                samples: 50,
+            }],
+            perturbation: cpi_common::policy::Perturbation::User,
+            range_window: 31,
+            lost_samples: 2,
+            lost: LossReport {
+                ring_full: 1,
+                unmapped_samples: 1,
+                ..Default::default()
+            },
+            binaries: vec![BinaryInfo {
+                path: "/bin/x".into(),
+                build_id: None,
+                deleted: false,
+                stripped: false,
+            }],
+            processes: vec![ProcessProfile {
+                pid: 7,
+                comm: "x".into(),
+                samples: 50,
+                branch_samples: 20,
+                time_ns: None,
+                cycles: Some(1000.0 * scale),
+                instructions: Some(200.0 * scale),
+                cpi: est(4.0, 40),
+                functions: vec![f, cold],
+                calls: vec![],
+            }],
+            accuracy: None,
+        }
+    }
+
+    #[test]
+    fn sums_and_recomputes_from_the_sums() {
+        let m = merge(&[window(1.0, false), window(3.0, false)]).unwrap();
+        assert_eq!(m.duration_secs, 20.0);
+        assert_eq!(m.events[0].samples, 100);
+        assert_eq!((m.lost.ring_full, m.lost_samples), (2, 4));
+        assert_eq!(m.binaries.len(), 1);
+        let p = &m.processes[0];
+        assert_eq!((p.samples, p.branch_samples), (100, 40));
+        assert_eq!(p.cycles, Some(4000.0));
+        let f = &p.functions[0];
+        assert_eq!(f.name, "hot", "hottest first");
+        assert_eq!(
+            (f.samples, f.cycles, f.instructions),
+            (80, Some(3200.0), Some(800.0))
+        );
+        let cpi = f.cpi.unwrap();
+        assert_eq!((cpi.value, cpi.samples), (4.0, 80));
+        assert!((cpi.rel_error - 1.0 / 80f64.sqrt()).abs() < 1e-12);
+        assert!((f.share - 3200.0 / 4000.0).abs() < 1e-12);
+        assert_eq!(p.functions[1].name, "cold");
+        assert!((p.functions[1].share - 0.2).abs() < 1e-12);
+        // Process CPI over the functions with instructions, samples summed.
+        assert_eq!(p.cpi.unwrap().value, 4.0);
+        assert_eq!(p.cpi.unwrap().samples, 80);
+        let l = &f.lines[1];
+        assert_eq!((l.count, l.samples, l.cycles), (400.0, 60, Some(2000.0)));
+        assert_eq!(l.cpi.unwrap().value, 5.0);
+        assert_eq!(l.text, "insn at 0x14");
+        assert_eq!(f.edges.len(), 1);
+        assert_eq!((f.edges[0].count, f.edges[0].mispredicts), (396.0, 2.0));
+        assert_eq!(f.blocks.len(), 1);
+        let b = &f.blocks[0];
+        assert_eq!((b.count, b.len, b.cycles), (400.0, 2, Some(3200.0)));
+        assert_eq!(b.cpi.unwrap().value, 4.0);
+    }
+
+    #[test]
+    fn blocks_are_cut_where_any_window_cut_them() {
+        let m = merge(&[window(1.0, false), window(1.0, true)]).unwrap();
+        let f = &m.processes[0].functions[0];
+        let spans: Vec<(u64, u64)> = f.blocks.iter().map(|b| (b.start, b.end)).collect();
+        assert_eq!(spans, [(0x10, 0x14), (0x14, 0x18)]);
+        assert_eq!(f.blocks[0].count, 200.0);
+        assert_eq!(f.blocks[0].cpi.unwrap().value, 3.0);
+        assert_eq!(f.blocks[1].cpi.unwrap().value, 5.0);
+    }
+
+    #[test]
+    fn below_floor_stays_below_floor_and_modes_must_agree() {
+        let mut m = Merger::new(100);
+        m.add(&window(1.0, false)).unwrap();
+        let p = m.finish().unwrap();
+        assert!(
+            p.processes[0].functions[0].cpi.is_none(),
+            "40 samples < 100"
+        );
+        let mut tp = window(1.0, false);
+        tp.mode = Mode::TimeProfile;
+        let mut m = Merger::new(20);
+        m.add(&window(1.0, false)).unwrap();
+        assert!(matches!(
+            m.add(&tp),
+            Err(MergeError::Modes("cpi", "time-profile"))
+        ));
+        assert!(matches!(Merger::new(1).finish(), Err(MergeError::Empty)));
+    }
+
+    #[test]
+    fn one_profile_merges_to_itself() {
+        let w = window(1.0, false);
+        let mut m = merge(std::slice::from_ref(&w)).unwrap();
+        m.tool_version = w.tool_version.clone();
+        assert_eq!(m, w);
+    }
+}

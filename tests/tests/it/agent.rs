@@ -1,0 +1,304 @@
+//! `cpi-bpf agent` for real (root, BPF; skips with its reason otherwise): windows land in
+//! the store on the wall-clock interval, `report --store` merges them and names the hot
+//! function of a two-function busy program with its share, SIGKILL while writing never
+//! leaves an unreadable window, SIGTERM exits 0 after the last window; and every bad
+//! input is one line at start with a non-zero exit (no root needed).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cpi_tests::{compile_c, cpi_bpf, output_ok, require_root, temp_dir};
+use serde_json::Value;
+
+fn agent(store: &Path, extra: &[&str]) -> Child {
+    Command::new(cpi_bpf())
+        .args([
+            "agent",
+            "--interval",
+            "1",
+            "--metrics-addr",
+            "off",
+            "--store",
+        ])
+        .arg(store)
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting cpi-bpf agent")
+}
+
+fn windows(store: &Path) -> usize {
+    std::fs::read_dir(store)
+        .map(|d| {
+            d.filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().starts_with("w-"))
+            })
+            .count()
+        })
+        .unwrap_or(0)
+}
+
+fn sigterm(child: &Child) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+}
+
+#[test]
+fn store_fills_per_interval_and_report_merges_the_hot_function() {
+    if !require_root("the agent") {
+        return;
+    }
+    let dir = temp_dir("agent-store");
+    let Some(busy) = compile_c("busy.c", &dir, "busy", &["-lpthread"]) else {
+        return;
+    };
+    let store = dir.join("store");
+    let mut prog = Command::new(&busy)
+        .arg("30")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // --pid keeps the test's analysis small on a machine busy with other work; the
+    // system-wide path is the same Session and analysis.
+    let pid = prog.id().to_string();
+    let a = agent(&store, &["--pid", &pid]);
+    // N + 1 seconds after the agent's first window boundary: at least N windows.
+    let n = 5;
+    let t0 = Instant::now();
+    while windows(&store) == 0 && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(windows(&store) > 0, "no window within 30 s");
+    std::thread::sleep(Duration::from_secs(n + 1));
+    let seen = windows(&store);
+    eprintln!("{seen} windows {} s after the first", n + 1);
+    assert!(seen as u64 > n, "{seen} windows after {} s", n + 1);
+    sigterm(&a);
+    let out = a.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "agent exit {}: {stderr}", out.status);
+    assert!(
+        stderr
+            .lines()
+            .next()
+            .unwrap_or("")
+            .starts_with("cpi-bpf: mode: "),
+        "{stderr}"
+    );
+    let _ = prog.kill();
+    let _ = prog.wait();
+
+    let comm = "busy";
+    let out = output_ok(
+        Command::new(cpi_bpf())
+            .args(["report", "--store"])
+            .arg(&store)
+            .args(["--since", "5m", "--comm", comm, "--format", "json"]),
+    );
+    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let procs = p["processes"].as_array().unwrap();
+    assert!(!procs.is_empty(), "no {comm} process in {p:#}");
+    assert!(procs.iter().all(|x| x["comm"] == comm));
+    let proc = &procs[0];
+    let f = &proc["functions"][0];
+    assert_eq!(f["name"], "hot_spin", "{proc:#}");
+    // busy.c's known split: hot_spin runs 2 000 000 iterations per 20 000 of cold_spin
+    // (a multiply-add against three shifts/xors): well above 90 % of its time.
+    let share = f["share"].as_f64().unwrap();
+    eprintln!("hot_spin share {share:.3} over {} samples", proc["samples"]);
+    assert!(share > 0.9, "hot_spin share {share}");
+    // The merge adds up: the process's samples are the sum over its functions and
+    // unmapped ones, its shares sum to 1.
+    let total: f64 = proc["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["share"].as_f64().unwrap())
+        .sum();
+    assert!((total - 1.0).abs() < 1e-6, "shares sum to {total}");
+    // Every view renders from the store.
+    for fmt in [
+        &["--format", "table"][..],
+        &["--format", "pprof", "--output"],
+    ] {
+        let mut cmd = Command::new(cpi_bpf());
+        cmd.args(["report", "--store"]).arg(&store).args(fmt);
+        if fmt.len() == 3 {
+            cmd.arg(dir.join("p.pb.gz"));
+        }
+        output_ok(&mut cmd);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sigkill_while_writing_never_leaves_an_unreadable_window() {
+    if !require_root("the agent") {
+        return;
+    }
+    let dir = temp_dir("agent-kill");
+    let Some(busy) = compile_c("busy.c", &dir, "busy", &["-lpthread"]) else {
+        return;
+    };
+    let store = dir.join("store");
+    let mut prog = Command::new(&busy)
+        .arg("60")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = prog.id().to_string();
+    let mut rng = 0x9e3779b97f4a7c15u64;
+    for round in 0..8 {
+        let mut a = agent(&store, &["--pid", &pid]);
+        // Kill at varying points of the second (the write happens just after a
+        // boundary).
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let ms = 1500 + rng % 2000;
+        std::thread::sleep(Duration::from_millis(ms));
+        a.kill().unwrap();
+        a.wait().unwrap();
+        eprintln!(
+            "round {round}: killed after {ms} ms, {} windows",
+            windows(&store)
+        );
+    }
+    let _ = prog.kill();
+    let _ = prog.wait();
+    assert!(windows(&store) > 0, "no window written at all");
+    let out = output_ok(
+        Command::new(cpi_bpf())
+            .args(["report", "--store"])
+            .arg(&store)
+            .args(["--format", "json"]),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("skipped"), "unreadable windows: {stderr}");
+    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(p["duration_secs"].as_f64().unwrap() > 0.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `cpi-bpf agent ARGS` expecting a one-line error containing `want`, fast.
+fn bad(args: &[&str], want: &str) {
+    let t = Instant::now();
+    let out = Command::new(cpi_bpf())
+        .arg("agent")
+        .args(args)
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
+    assert!(stderr.contains(want), "{args:?}: {stderr:?} lacks {want:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "{args:?} took {:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
+fn bad_input_is_one_line_at_start() {
+    let dir = temp_dir("agent-bad");
+    let store = dir.join("s");
+    let s = store.to_str().unwrap();
+    bad(
+        &["--store", "/proc/cpi-bpf", "--check-config"],
+        "store /proc/cpi-bpf",
+    );
+    bad(
+        &["--store", s, "--overhead-budget", "0"],
+        "overhead-budget: must be",
+    );
+    bad(
+        &["--store", s, "--overhead-budget", "101"],
+        "overhead-budget: must be",
+    );
+    bad(
+        &[
+            "--store",
+            s,
+            "--push-pyroscope",
+            "ftp://x",
+            "--check-config",
+        ],
+        "--push-pyroscope",
+    );
+    let conf = dir.join("a.toml");
+    std::fs::write(&conf, "interval = 5\nno-such-key = 1\n").unwrap();
+    bad(
+        &["--config", conf.to_str().unwrap(), "--check-config"],
+        "line 2: unknown field `no-such-key`",
+    );
+    // A port in use: hold it, then ask the agent to serve on it.
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = held.local_addr().unwrap().to_string();
+    bad(
+        &["--store", s, "--metrics-addr", &addr, "--check-config"],
+        "--metrics-addr",
+    );
+    if require_root("the port-in-use case of a starting agent") {
+        bad(&["--store", s, "--metrics-addr", &addr], "--metrics-addr");
+    }
+    // And a good config checks out.
+    std::fs::write(&conf, "interval = 5\nmetrics-addr = \"off\"\n").unwrap();
+    output_ok(
+        Command::new(cpi_bpf())
+            .args(["agent", "--check-config", "--store", s, "--config"])
+            .arg(&conf),
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn systemd_unit_verifies() {
+    let unit = cpi_tests::workspace_root().join("dist/cpi-bpf.service");
+    let conf = cpi_tests::workspace_root().join("dist/agent.toml");
+    let text = std::fs::read_to_string(&unit).unwrap();
+    // The unit names the installed paths; verify it against this build's binary.
+    let dir = temp_dir("agent-unit");
+    // The example config checks out (its store and port replaced by free ones).
+    output_ok(
+        Command::new(cpi_bpf())
+            .args([
+                "agent",
+                "--check-config",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--config",
+            ])
+            .arg(&conf)
+            .arg("--store")
+            .arg(dir.join("store")),
+    );
+    let local = dir.join("cpi-bpf.service");
+    std::fs::write(
+        &local,
+        text.replace("/usr/local/bin/cpi-bpf", cpi_bpf().to_str().unwrap())
+            .replace("/etc/cpi-bpf/agent.toml", conf.to_str().unwrap()),
+    )
+    .unwrap();
+    let out = match Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&local)
+        .output()
+    {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("skipped: systemd-analyze not available ({e})");
+            return;
+        }
+    };
+    assert!(
+        out.status.success() && out.stderr.is_empty(),
+        "systemd-analyze verify: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
