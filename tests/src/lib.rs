@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: test programs compiled with gcc into a temp
 //! dir, the `cpi-bpf` binary, and skips that print their reason.
 
+pub mod pyroscope;
 pub mod tracer;
 use std::path::{Path, PathBuf};
 use std::process::Command;
