@@ -3,6 +3,7 @@
 
 pub mod perf_data;
 pub mod programs;
+pub mod pyroscope;
 pub mod tracer;
 use std::path::{Path, PathBuf};
 use std::process::Command;

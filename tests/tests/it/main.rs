@@ -4,6 +4,7 @@
 //! test programs in `tests/programs/`.
 
 mod agent;
+mod agent_sinks;
 mod collect;
 mod collect_reliability;
 mod collect_ring;
