@@ -257,10 +257,14 @@ impl Drain {
         }
         let miss =
             addr.is_some_and(|a| a != 0 && p.maps.as_ref().is_none_or(|m| m.find(a).is_none()));
+        let due = self
+            .maps_read_at
+            .get(&pid)
+            .is_none_or(|t| t.elapsed() >= REREAD_EVERY);
         // The kernel's records explain a miss at once, without reading /proc (an
         // exec'd child whose maps were read as its parent's a moment ago).
         let recorded = addr
-            .filter(|_| miss)
+            .filter(|_| miss && !first && !due)
             .and_then(|a| self.recorded.get(&pid).filter(|(_, m)| m.find(a).is_some()));
         if let Some((comm, m)) = recorded {
             p.maps = Some(match p.maps.take() {
@@ -272,10 +276,6 @@ impl Drain {
             }
             return;
         }
-        let due = self
-            .maps_read_at
-            .get(&pid)
-            .is_none_or(|t| t.elapsed() >= REREAD_EVERY);
         if first || (miss && due) {
             self.maps_read_at.insert(pid, Instant::now());
             // A process that already exited keeps the maps (and name) read last time.

@@ -355,7 +355,7 @@ fn prometheus_scrapes_the_metrics() {
 /// End to end with the real agent (needs the agent command and root): a busy program's
 /// sampled CPU time in Prometheus matches the CPU time it reports for itself.
 #[test]
-#[ignore = "needs `cpi-bpf agent` (issue 10, agent helper's branch): run with --ignored after the merge"]
+#[ignore = "not reliable yet: -24 % against the ±30 % bound in its one passing run (the agent's system-wide analysis is slow on these VMs, BENCHMARKS.md); run with --ignored"]
 fn agent_cpu_seconds_in_prometheus() {
     if !require_root("the agent") || !have("prometheus", "--version") {
         return;

@@ -504,3 +504,94 @@ fn cpu_of_reaped(target: &mut Child, pid: u32, cpu0: f64) -> f64 {
     let _ = target.wait();
     cpu
 }
+
+/// What can be checked before a collection is checked before it starts: a bad
+/// `--output` or `--annotate` with a non-table format fails within a second, not after
+/// a 30 s run whose profile is then thrown away.
+#[test]
+fn output_problems_are_found_before_collecting() {
+    let dir = cpi_tests::temp_dir("bad-output");
+    let missing = dir.join("no/such/folder/p.json");
+    let cases: [(&[&str], &str); 4] = [
+        (&["--output", "/proc/x"], "--output /proc/x"),
+        (&["--output", dir.to_str().unwrap()], "is a directory"),
+        (&["--output", missing.to_str().unwrap()], "does not exist"),
+        (
+            &["--annotate", "hot_spin", "--format", "json"],
+            "--annotate",
+        ),
+    ];
+    for (args, needle) in cases {
+        let t0 = std::time::Instant::now();
+        let out = Command::new(cpi_bpf())
+            .args(["--system-wide", "--duration", "30"])
+            .args(args)
+            .output()
+            .unwrap();
+        let took = t0.elapsed();
+        assert_one_line(&out, needle);
+        assert!(took < Duration::from_secs(1), "{args:?} took {took:?}");
+    }
+}
+
+/// An unknown `--annotate` name still prints the profile, with the nearest names.
+#[test]
+fn an_unknown_annotate_name_keeps_the_profile() {
+    if !require_root("cpi-bpf -- CMD") {
+        return;
+    }
+    let Some(exe) = busy("annotate") else { return };
+    let out = Command::new(cpi_bpf())
+        .args(["--annotate", "hot_spn", "--"])
+        .arg(&exe)
+        .arg("0.5")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(err.contains("hot_spin"), "nearest names listed: {err}");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("hot_spin"),
+        "the profile is still printed: {table}"
+    );
+}
+
+/// `report` reads at most a bounded amount: `/dev/zero` is one line, quickly, within
+/// 1 GiB of address space (it grew past 5 GiB and never ended).
+#[test]
+fn report_of_an_endless_file_is_bounded() {
+    let t0 = std::time::Instant::now();
+    let out = Command::new("prlimit")
+        .arg("--as=1073741824")
+        .arg(cpi_bpf())
+        .args(["report", "/dev/zero"])
+        .output()
+        .unwrap();
+    assert_one_line(&out, "/dev/zero");
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+}
+
+/// pprof is binary: refused on a terminal without `--output` (as gzip does), before
+/// anything is collected. `script` gives the command a terminal.
+#[test]
+fn pprof_is_not_written_to_a_terminal() {
+    let cmd = format!(
+        "{} --system-wide --duration 30 --format pprof",
+        cpi_bpf().display()
+    );
+    let out = match Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("skipped: needs script(1) for a terminal ({e})");
+            return;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("refusing to write it to a terminal"),
+        "{text}"
+    );
+}

@@ -54,7 +54,8 @@ pub fn validate(args: &OutputArgs) -> anyhow::Result<()> {
     let Some(path) = &args.output else {
         if args.format == Format::Pprof && std::io::stdout().is_terminal() {
             anyhow::bail!(
-                "--format pprof is binary: refusing to write it to a terminal; give                  --output FILE or redirect standard output"
+                "--format pprof is binary: refusing to write it to a terminal; give --output FILE \
+                 or redirect standard output"
             );
         }
         return Ok(());
