@@ -5,6 +5,7 @@
 //! bound the verifier cannot see, no floating point), because the eBPF program compiles
 //! the same source.
 #![no_std]
+#![warn(missing_docs)]
 
 pub mod policy;
 pub mod wire;

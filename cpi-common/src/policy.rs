@@ -15,6 +15,7 @@
 //!
 //! The eBPF program, the collector and the PMU model all call these functions, so the
 //! model measures the policy that production runs.
+#![warn(missing_docs)]
 
 /// xorshift64* — tiny, branch-free, no division: fine for the verifier. Not for crypto.
 #[repr(C)]
@@ -35,6 +36,7 @@ impl Rng {
         }
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let mut x = self.state;
         x ^= x >> 12;
@@ -68,10 +70,12 @@ pub enum Perturbation {
 }
 
 impl Perturbation {
+    /// The in-kernel thinning layer runs.
     pub const fn kernel(self) -> bool {
         matches!(self, Perturbation::Kernel | Perturbation::Both)
     }
 
+    /// The user-space period re-draw layer runs.
     pub const fn user(self) -> bool {
         matches!(self, Perturbation::User | Perturbation::Both)
     }
@@ -171,15 +175,18 @@ pub const REDRAW_PERIODS: core::ops::RangeInclusive<u64> = 48..=112;
 pub struct Thinning {
     /// 1 = emit every overflow.
     pub keep_one_in: u32,
+    /// Keeps the layout free of implicit padding (the eBPF side reads it as bytes).
     pub _pad: u32,
 }
 
 impl Thinning {
+    /// No thinning: every overflow is emitted.
     pub const OFF: Thinning = Thinning {
         keep_one_in: 1,
         _pad: 0,
     };
 
+    /// One record per `keep_one_in` overflows (0 is taken as 1).
     pub const fn new(keep_one_in: u32) -> Self {
         Thinning {
             keep_one_in: if keep_one_in == 0 { 1 } else { keep_one_in },
@@ -192,6 +199,8 @@ impl Thinning {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ThinState {
+    /// [`Rng`] state for the skip draws; 0 = not seeded yet (`cpi-ebpf/src/main.rs`
+    /// seeds it on a CPU's first overflow).
     pub rng_state: u64,
     /// Overflows still to skip before the next emitted record.
     pub skip_left: u64,
@@ -200,6 +209,7 @@ pub struct ThinState {
 }
 
 impl ThinState {
+    /// A fresh state whose skip draws start from `seed`; the first overflow is emitted.
     pub const fn new(seed: u64) -> Self {
         ThinState {
             rng_state: Rng::new(seed).state,
@@ -235,9 +245,11 @@ impl ThinState {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelConfig {
+    /// Thinning applied to every event's overflows.
     pub thinning: Thinning,
     /// Emit samples whose IP is in the kernel (otherwise counted as seen, not emitted).
     pub include_kernel: u32,
+    /// Keeps the layout free of implicit padding (the eBPF side reads it as bytes).
     pub _pad: u32,
 }
 

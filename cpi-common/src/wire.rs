@@ -2,6 +2,7 @@
 //!
 //! All records are `#[repr(C)]`, fixed size and start with a [`SampleHeader`] carrying
 //! [`WIRE_VERSION`], so a reader can reject a record it does not understand.
+#![warn(missing_docs)]
 
 /// Bumped on any layout change of the records below.
 pub const WIRE_VERSION: u16 = 1;
@@ -17,8 +18,11 @@ pub const MAX_BRANCH_ENTRIES: usize = 32;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct BranchEntry {
+    /// Address of the taken branch instruction.
     pub from: u64,
+    /// Address it went to: the first instruction of the next straight-line range.
     pub to: u64,
+    /// The kernel's bitfield word (layout above); read it through the methods.
     pub flags: u64,
 }
 
@@ -33,10 +37,13 @@ impl BranchEntry {
         BranchEntry { from, to, flags }
     }
 
+    /// The branch was mispredicted (`mispred` bit).
     pub const fn mispred(&self) -> bool {
         self.flags & 1 != 0
     }
 
+    /// The branch was predicted (`predicted` bit); with [`Self::mispred`] both clear,
+    /// the hardware did not say.
     pub const fn predicted(&self) -> bool {
         self.flags & 2 != 0
     }
@@ -63,6 +70,7 @@ pub enum SampleKind {
 }
 
 impl SampleKind {
+    /// The kind a [`SampleHeader::kind`] holds; `None` for a value this reader does not know.
     pub const fn from_u16(v: u16) -> Option<Self> {
         match v {
             1 => Some(SampleKind::Branch),
@@ -88,6 +96,7 @@ pub enum EventRole {
 }
 
 impl EventRole {
+    /// The role a [`SampleHeader::event`] holds; `None` for a value this reader does not know.
     pub const fn from_u32(v: u32) -> Option<Self> {
         match v {
             0 => Some(EventRole::Branches),
@@ -109,6 +118,7 @@ pub const FLAG_SNAPSHOT: u16 = 1 << 1;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SampleHeader {
+    /// [`WIRE_VERSION`] of the writer; a reader drops records of another version.
     pub version: u16,
     /// A [`SampleKind`] as `u16`.
     pub kind: u16,
@@ -116,6 +126,7 @@ pub struct SampleHeader {
     pub flags: u16,
     /// Valid entries in a branch sample (0 for IP samples).
     pub nr: u16,
+    /// CPU the sample was taken on.
     pub cpu: u32,
     /// Process id (the kernel's tgid).
     pub tgid: u32,
@@ -136,7 +147,9 @@ pub struct SampleHeader {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct BranchSample {
+    /// Who, when, where and how much (`nr` valid entries).
     pub header: SampleHeader,
+    /// Newest first; only the first `header.nr` are valid (see [`Self::entries`]).
     pub entries: [BranchEntry; MAX_BRANCH_ENTRIES],
 }
 
@@ -171,6 +184,7 @@ impl BranchSample {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IpSample {
+    /// The whole record: the IP is [`SampleHeader::ip`], the weight its `period`.
     pub header: SampleHeader,
 }
 

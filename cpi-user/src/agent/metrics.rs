@@ -535,7 +535,7 @@ impl State {
             self.samples
                 .get_or_create(&vec![(
                     "event",
-                    crate::collect::events::role_name(e.role).to_string(),
+                    crate::profile::model::role_name(e.role).to_string(),
                 )])
                 .inc_by(e.samples);
         }

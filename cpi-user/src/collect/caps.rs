@@ -2,6 +2,7 @@
 //! LBR + cycles → [`Mode::Cpi`]; PMU without branch records → [`Mode::IpSampling`];
 //! no PMU → [`Mode::TimeProfile`]. The file-system probes take a root directory so the
 //! ladder is tested on fake `/sys` and `/proc` trees.
+#![warn(missing_docs)]
 
 use std::path::Path;
 
@@ -10,8 +11,11 @@ use crate::profile::Mode;
 /// CPU vendor, for the raw retired-taken-branches event code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Vendor {
+    /// `GenuineIntel`: `BR_INST_RETIRED.NEAR_TAKEN`.
     Intel,
+    /// `AuthenticAMD`: `ex_ret_brn_tkn`.
     Amd,
+    /// Anything else: no raw branch event is known, the generic one is tried.
     Other,
 }
 
@@ -26,12 +30,17 @@ pub struct Capabilities {
     pub cpu_pmu: Option<String>,
     /// LBR depth from `…/cpu*/caps/branches`; `None` = no branch records.
     pub lbr_depth: Option<u32>,
+    /// From `/proc/cpuinfo`'s `vendor_id`.
     pub vendor: Vendor,
     /// `/sys/kernel/btf/vmlinux` exists.
     pub btf: bool,
+    /// Effective user id (0 = root).
     pub euid: u32,
+    /// `CAP_BPF` in the effective set (`/proc/self/status` `CapEff`).
     pub cap_bpf: bool,
+    /// `CAP_PERFMON` in the effective set.
     pub cap_perfmon: bool,
+    /// `CAP_SYS_ADMIN` in the effective set (stands for both on older kernels).
     pub cap_sys_admin: bool,
     /// `/proc/sys/kernel/perf_event_paranoid`.
     pub perf_event_paranoid: Option<i32>,

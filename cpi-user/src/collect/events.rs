@@ -1,10 +1,12 @@
 //! Which perf events a mode samples, and the `perf_event_attr` of each.
+#![warn(missing_docs)]
 
 use cpi_common::policy::PeriodPolicy;
 use cpi_common::wire::EventRole;
 
 use super::caps::Vendor;
 use super::sys::{self, flag, PerfEventAttr};
+use crate::profile::model::role_name;
 use crate::profile::Mode;
 
 /// Intel `BR_INST_RETIRED.NEAR_TAKEN` (umask 0x20, event 0xc4).
@@ -72,30 +74,17 @@ pub fn cpu_clock_floor_note(rate: &Rate) -> Option<String> {
 /// One event to open (per thread or per CPU) and the program to attach to it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EventSpec {
+    /// What the event measures; its period's unit is
+    /// [`crate::profile::model::EventUnit::of_role`].
     pub role: EventRole,
     /// What a user would pass to `perf -e`, e.g. `cpu/r20c4/`.
     pub name: String,
+    /// The attributes `perf_event_open` gets (disabled, sampling at `policy.base`).
     pub attr: PerfEventAttr,
+    /// Base period and jitter of the user-space re-draws.
     pub policy: PeriodPolicy,
-    /// `events` or `ns`.
-    pub unit: &'static str,
-    /// Name of the eBPF program in `cpi-ebpf`.
+    /// Name of the eBPF program in `cpi-ebpf/src/main.rs` attached to it.
     pub program: &'static str,
-}
-
-impl EventSpec {
-    pub fn role_name(&self) -> &'static str {
-        role_name(self.role)
-    }
-}
-
-pub fn role_name(role: EventRole) -> &'static str {
-    match role {
-        EventRole::Branches => "branches",
-        EventRole::Cycles => "cycles",
-        EventRole::Instructions => "instructions",
-        EventRole::CpuClock => "cpu-clock",
-    }
 }
 
 fn sampling_attr(type_: u32, config: u64, period: u64, include_kernel: bool) -> PerfEventAttr {
@@ -153,32 +142,28 @@ pub fn branch_event(vendor: Vendor, rate: &Rate, include_kernel: bool) -> EventS
         name,
         attr,
         policy,
-        unit: "events",
         program: "branch_sample",
     }
 }
 
 fn ip_event(role: EventRole, rate: &Rate, include_kernel: bool) -> EventSpec {
-    let (type_, config, per_second, unit, program) = match role {
+    let (type_, config, per_second, program) = match role {
         EventRole::Cycles => (
             sys::PERF_TYPE_HARDWARE,
             sys::PERF_COUNT_HW_CPU_CYCLES,
             rate.core_hz,
-            "events",
             "ip_cycles",
         ),
         EventRole::Instructions => (
             sys::PERF_TYPE_HARDWARE,
             sys::PERF_COUNT_HW_INSTRUCTIONS,
             rate.core_hz,
-            "events",
             "ip_instructions",
         ),
         EventRole::CpuClock | EventRole::Branches => (
             sys::PERF_TYPE_SOFTWARE,
             sys::PERF_COUNT_SW_CPU_CLOCK,
             1_000_000_000,
-            "ns",
             "ip_cpu_clock",
         ),
     };
@@ -192,7 +177,6 @@ fn ip_event(role: EventRole, rate: &Rate, include_kernel: bool) -> EventSpec {
         name: role_name(role).to_string(),
         attr: sampling_attr(type_, config, policy.base, include_kernel),
         policy,
-        unit,
         program,
     }
 }
@@ -232,6 +216,7 @@ pub fn nominal_core_hz() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::profile::model::EventUnit;
     use cpi_common::policy::is_prime;
 
     const RATE: Rate = Rate {
@@ -300,7 +285,7 @@ mod tests {
         let clock = &plan(Mode::TimeProfile, Vendor::Other, &RATE, false)[0];
         assert_eq!((clock.attr.type_, clock.attr.config), (1, 0), "cpu-clock");
         assert_eq!(clock.attr.sample_period, 1_000_003, "≈ 1 ms, prime");
-        assert_eq!(clock.unit, "ns");
+        assert_eq!(EventUnit::of_role(clock.role), EventUnit::Ns);
         assert_eq!(Mode::Cpi.step_down(), Some(Mode::IpSampling));
         assert_eq!(Mode::TimeProfile.step_down(), None);
     }

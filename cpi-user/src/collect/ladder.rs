@@ -1,6 +1,7 @@
 //! The capability ladder as collection walks it: open the mode's events at every
 //! placement, and while they cannot be opened step down one rung ([`Mode::step_down`])
 //! and say why. `cpi-bpf doctor` walks the same ladder on its own process.
+#![warn(missing_docs)]
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
@@ -12,6 +13,7 @@ use crate::profile::Mode;
 /// An open event: the fd keeps the program attached; closing it detaches.
 #[derive(Debug)]
 pub struct OpenEvent {
+    /// The perf event; enabled, disabled and re-periodised through [`PerfSys`].
     pub fd: OwnedFd,
     /// Index into the specs it was opened from.
     pub spec_index: usize,
@@ -109,10 +111,13 @@ pub fn open_events(
 /// Where the ladder settled.
 #[derive(Debug)]
 pub struct Rung {
+    /// The mode whose events all opened.
     pub mode: Mode,
     /// Why this mode, in one line (the probe's reason, or the step-downs').
     pub reason: String,
+    /// That mode's events ([`super::events::plan`]).
     pub specs: Vec<EventSpec>,
+    /// Every event opened, at every placement, with its program attached.
     pub open: Vec<OpenEvent>,
 }
 

@@ -33,45 +33,81 @@ pub use target::Target;
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cpi-ebpf"));
 
+/// Why collection could not start or go on; each prints as one line.
 #[derive(Debug, thiserror::Error)]
 pub enum CollectError {
+    /// Not allowed to open perf events or load BPF; the text says what is missing
+    /// ([`caps`]).
     #[error("{0}")]
     NotPrivileged(String),
+    /// `--pid` names no live process.
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
+    /// The command to start is not on `PATH` or not a file.
     #[error("command not found: {0}")]
     CommandNotFound(String),
+    /// The command to start exists but cannot be executed.
     #[error("not executable: {0}")]
     NotExecutable(String),
+    /// Forking or exec'ing the command failed.
     #[error("starting {cmd}: {cause}")]
-    Spawn { cmd: String, cause: io::Error },
+    Spawn {
+        /// The command as given.
+        cmd: String,
+        /// What the OS said.
+        cause: io::Error,
+    },
+    /// No pid, no `--system-wide` and no command.
     #[error("nothing to profile: give --pid PID, --system-wide or -- CMD")]
     NoTarget,
+    /// The binary was built without the eBPF object (`build.rs`).
     #[error(
         "this cpi-bpf was built with AYA_BUILD_SKIP=1 and holds no eBPF object; rebuild without it"
     )]
     NoObject,
     // Causes are part of the one-line message, not `source()`: callers print `{:#}`
     // chains, which would repeat them.
+    /// The verifier or the loader refused the eBPF object ([`load`]).
     #[error("loading the eBPF programs{hint}: {cause}")]
     Load {
+        /// A likely reason, such as missing kernel BTF, or empty.
         hint: &'static str,
+        /// What aya said.
         cause: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// `perf_event_open` failed for an event the mode needs ([`ladder`]).
     #[error("opening {event} on {on}: {cause}")]
     Open {
+        /// The event's name ([`events::EventSpec`]).
         event: String,
+        /// Where: the pid or CPU it was opened on.
         on: String,
+        /// The errno; the ladder steps down on the ones a missing PMU gives.
         cause: io::Error,
     },
+    /// `PERF_EVENT_IOC_SET_BPF` failed.
     #[error("attaching the BPF program to {event}: {cause}")]
-    Attach { event: String, cause: io::Error },
+    Attach {
+        /// The event's name ([`events::EventSpec`]).
+        event: String,
+        /// The errno.
+        cause: io::Error,
+    },
+    /// A sampling rate or period out of range ([`events`]).
     #[error("{0}")]
     Range(String),
+    /// `RLIMIT_NOFILE` is below what one event per CPU and kind needs, even raised to
+    /// the hard limit.
     #[error(
         "too few open files allowed: about {need} needed, the limit is {limit} (raise `ulimit -n`)"
     )]
-    TooFewFiles { need: u64, limit: u64 },
+    TooFewFiles {
+        /// File descriptors the session would open.
+        need: u64,
+        /// The soft limit after raising it as far as allowed.
+        limit: u64,
+    },
+    /// Any other I/O failure (ring buffer, `/proc`, signals).
     #[error(transparent)]
     Io(#[from] io::Error),
 }
@@ -83,12 +119,15 @@ pub const DEFAULT_FREQUENCY: u64 = 999;
 /// How to collect.
 #[derive(Clone, Debug)]
 pub struct CollectOptions {
+    /// What to profile.
     pub target: Target,
     /// Stop after this long (else on target exit or a signal).
     pub duration: Option<Duration>,
+    /// Samples per second per busy CPU, or a fixed period ([`events::Rate`]).
     pub rate: Rate,
     /// Sample kernel-mode IPs and branches too.
     pub include_kernel: bool,
+    /// Which layers of the period policy run ([`cpi_common::policy`]).
     pub perturbation: Perturbation,
     /// In-kernel thinning factor (1 = off) when the kernel layer runs.
     pub thinning: u32,
@@ -105,8 +144,11 @@ pub struct CollectOptions {
 /// Why collection stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {
+    /// `--duration` elapsed.
     Duration,
+    /// Every target process exited.
     TargetExit,
+    /// SIGINT or SIGTERM, by name.
     Signal(&'static str),
     /// The caller finished the session before any other stop condition.
     Finished,
@@ -115,6 +157,7 @@ pub enum StopReason {
 /// What a window (or a whole one-shot run) brought home.
 #[derive(Debug)]
 pub struct Collected {
+    /// The window's samples, per process.
     pub set: SampleSet,
     /// Event sample counts, losses and duration of this window only.
     pub run: RunInfo,

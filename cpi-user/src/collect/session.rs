@@ -2,6 +2,7 @@
 //! run until a deadline or a stop condition, handing out windows of samples while
 //! collection goes on → finish (disable, drain, end the command). The one-shot command
 //! is one window ([`collect`]); the always-on agent cuts many.
+#![warn(missing_docs)]
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -350,10 +351,12 @@ impl Session {
         Ok(Session { live, rt })
     }
 
+    /// The mode the ladder settled on ([`super::ladder`]).
     pub fn mode(&self) -> Mode {
         self.live.mode
     }
 
+    /// Why that mode and not a higher one, as printed at start.
     pub fn mode_reason(&self) -> &str {
         &self.live.reason
     }

@@ -3,23 +3,26 @@
 //! `BPF_ENABLE_STATS`. Callers get owned fds and `io::Result`s.
 //!
 //! The collector reaches them through [`PerfSys`], so the mode ladder, the step-downs and
-//! the exit paths are unit-tested with fake error codes ([`fake`], aya's `sys/fake.rs`
-//! pattern) on machines without root.
+//! the exit paths are unit-tested with fake error codes (`collect/sys/fake.rs`, aya's
+//! `sys/fake.rs` pattern) on machines without root.
+#![warn(missing_docs)]
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 #[cfg(test)]
-pub mod fake;
+pub(crate) mod fake;
 
 /// The system calls the collector makes on perf events, as a trait: [`Linux`] runs them,
-/// [`fake::FakeSys`] answers with scripted errors in unit tests.
+/// `fake::FakeSys` (`collect/sys/fake.rs`) answers with scripted errors in unit tests.
 pub trait PerfSys {
     /// `perf_event_open(attr, pid, cpu, -1, PERF_FLAG_FD_CLOEXEC)`.
     fn perf_event_open(&self, attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd>;
     /// Runs BPF program `prog_fd` on every overflow of the event.
     fn set_bpf(&self, fd: &OwnedFd, prog_fd: i32) -> io::Result<()>;
+    /// `PERF_EVENT_IOC_ENABLE`: start counting and sampling.
     fn enable(&self, fd: &OwnedFd) -> io::Result<()>;
+    /// `PERF_EVENT_IOC_DISABLE`: stop; the count is kept.
     fn disable(&self, fd: &OwnedFd) -> io::Result<()>;
     /// New sample period; the kernel restarts the count from it.
     fn set_period(&self, fd: &OwnedFd, period: u64) -> io::Result<()>;
@@ -86,67 +89,112 @@ impl PerfSys for Linux {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PerfEventAttr {
+    /// `PERF_TYPE_*`: hardware, software or raw.
     pub type_: u32,
+    /// [`PERF_ATTR_SIZE`]: which version of the struct the kernel reads.
     pub size: u32,
+    /// The event within its type (`PERF_COUNT_*` or a raw vendor code).
     pub config: u64,
     /// `sample_period` (or `sample_freq` with [`flag::FREQ`]).
     pub sample_period: u64,
+    /// `PERF_SAMPLE_*` bits: what each sample record holds.
     pub sample_type: u64,
+    /// `PERF_FORMAT_*` bits for `read()`; 0 = the count alone ([`PerfSys::read_count`]).
     pub read_format: u64,
     /// The kernel's bitfield word: see [`flag`].
     pub flags: u64,
+    /// Records (or bytes, with the watermark flag) between ring-buffer wake-ups.
     pub wakeup_events: u32,
+    /// Breakpoint type (unused here).
     pub bp_type: u32,
+    /// Event-specific extension of `config` (unused here).
     pub config1: u64,
+    /// Event-specific extension of `config1` (unused here).
     pub config2: u64,
+    /// `PERF_SAMPLE_BRANCH_*` bits: which branches the branch stack records.
     pub branch_sample_type: u64,
+    /// User registers to dump per sample (unused here).
     pub sample_regs_user: u64,
+    /// Bytes of user stack to dump per sample (unused here).
     pub sample_stack_user: u32,
+    /// Clock for sample times with `use_clockid` (unused here).
     pub clockid: i32,
+    /// Registers at the interrupt to dump per sample (unused here).
     pub sample_regs_intr: u64,
+    /// AUX-area wake-up watermark (unused here).
     pub aux_watermark: u32,
+    /// Deepest call chain recorded (unused here).
     pub sample_max_stack: u16,
+    /// Kernel padding; must be zero.
     pub reserved_2: u16,
+    /// AUX data per sample (unused here).
     pub aux_sample_size: u32,
+    /// Kernel padding; must be zero.
     pub reserved_3: u32,
+    /// Value given to the signal handler with `sigtrap` (unused here).
     pub sig_data: u64,
+    /// Event-specific extension of `config2` (unused here).
     pub config3: u64,
 }
 
 /// `PERF_ATTR_SIZE_VER8`.
 pub const PERF_ATTR_SIZE: u32 = 136;
 
+/// Generic hardware events (`config` is a `PERF_COUNT_HW_*`).
 pub const PERF_TYPE_HARDWARE: u32 = 0;
+/// Kernel software events (`config` is a `PERF_COUNT_SW_*`).
 pub const PERF_TYPE_SOFTWARE: u32 = 1;
+/// A vendor event code in `config` (e.g. [`super::events::INTEL_RETIRED_TAKEN`]).
 pub const PERF_TYPE_RAW: u32 = 4;
+/// Core cycles.
 pub const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
+/// Retired instructions.
 pub const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
+/// CPU time in nanoseconds, driven by an hrtimer: works without a PMU.
 pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
 /// A software event that counts nothing: it only carries side-band records.
 pub const PERF_COUNT_SW_DUMMY: u64 = 9;
 
+/// Samples carry the interrupted IP.
 pub const PERF_SAMPLE_IP: u64 = 1 << 0;
+/// Samples carry pid and tid.
 pub const PERF_SAMPLE_TID: u64 = 1 << 1;
+/// Samples carry a timestamp.
 pub const PERF_SAMPLE_TIME: u64 = 1 << 2;
+/// Samples carry the period they stand for.
 pub const PERF_SAMPLE_PERIOD: u64 = 1 << 8;
+/// Samples carry the branch stack (LBR); needs `branch_sample_type`.
 pub const PERF_SAMPLE_BRANCH_STACK: u64 = 1 << 11;
 
+/// Record branches in user mode.
 pub const PERF_SAMPLE_BRANCH_USER: u64 = 1 << 0;
+/// Record branches in kernel mode.
 pub const PERF_SAMPLE_BRANCH_KERNEL: u64 = 1 << 1;
+/// Record every kind of taken branch.
 pub const PERF_SAMPLE_BRANCH_ANY: u64 = 1 << 3;
 
 /// Bits of [`PerfEventAttr::flags`] (bitfield order, bit 0 first).
 pub mod flag {
+    /// Open disabled; enabled later with `PERF_EVENT_IOC_ENABLE`.
     pub const DISABLED: u64 = 1 << 0;
+    /// Children and new threads get the event too.
     pub const INHERIT: u64 = 1 << 1;
+    /// Do not count in kernel mode.
     pub const EXCLUDE_KERNEL: u64 = 1 << 5;
+    /// Do not count in the hypervisor.
     pub const EXCLUDE_HV: u64 = 1 << 6;
+    /// `sample_period` is a frequency the kernel adapts the period to.
     pub const FREQ: u64 = 1 << 10;
+    /// Enable at the target's next exec.
     pub const ENABLE_ON_EXEC: u64 = 1 << 12;
-    /// Side-band records: `mmap` (executable mappings), `comm`, `mmap2`, `comm_exec`.
+    /// Side-band records: `PERF_RECORD_MMAP` for executable mappings (with
+    /// [`COMM`], [`MMAP2`] and [`COMM_EXEC`], what `collect/sideband.rs` opens).
     pub const MMAP: u64 = 1 << 8;
+    /// `PERF_RECORD_COMM` when a thread's name changes.
     pub const COMM: u64 = 1 << 9;
+    /// Mapping records are `PERF_RECORD_MMAP2` (device, inode, build-id).
     pub const MMAP2: u64 = 1 << 23;
+    /// Mark COMM records caused by exec.
     pub const COMM_EXEC: u64 = 1 << 24;
 }
 

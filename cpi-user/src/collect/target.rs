@@ -1,5 +1,6 @@
 //! What to profile: existing pids (all their threads), every CPU, or a command started
 //! suspended so its events exist before its first instruction.
+#![warn(missing_docs)]
 
 use std::ffi::CString;
 use std::io;
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::CollectError;
 
+/// What a session profiles (`--pid`, `--system-wide` or `-- CMD`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
     /// These processes, every thread (existing ones, and new ones through `inherit`).
@@ -131,6 +133,7 @@ pub struct Child {
 }
 
 impl Child {
+    /// The child's process id.
     pub fn pid(&self) -> u32 {
         self.pid
     }
@@ -248,6 +251,7 @@ pub fn spawn_suspended(argv: &[String]) -> Result<Suspended, CollectError> {
 }
 
 impl Suspended {
+    /// The suspended child's process id, to open its events on before it runs.
     pub fn pid(&self) -> u32 {
         self.child.pid
     }

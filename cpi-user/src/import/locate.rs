@@ -3,22 +3,29 @@
 //! build-id caches (`~/.debug/.build-id/`, `/usr/lib/debug/.build-id/`) and among the
 //! files given with `--binary PATH`. A file whose build-id differs from the recorded
 //! one is refused, never analysed as if it were the recorded binary.
+#![warn(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::binary::Binary;
 
+/// Why a recorded binary cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum LocateError {
+    /// The file found has another build-id than the recording names: a different build.
     #[error(
         "{recorded}: build-id mismatch: the recording has {want}, {found} has {got} \
          (give the recorded binary with --binary NAME=PATH or --symfs DIR)"
     )]
     BuildIdMismatch {
+        /// The path in the recording.
         recorded: String,
+        /// The build-id the recording has for it.
         want: String,
+        /// The file found on this machine.
         found: String,
+        /// That file's build-id.
         got: String,
     },
 }

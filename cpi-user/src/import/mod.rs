@@ -14,6 +14,7 @@
 //! other events a relative instruction profile. CPI is shown only where the recording
 //! holds both (a taken-branch event plus a cycles event), timed CPI wherever the
 //! branch entries carry cycles.
+#![warn(missing_docs)]
 
 pub mod locate;
 pub mod perf_data;
@@ -42,47 +43,82 @@ pub const MAX_TEXT_BYTES: u64 = 512 << 20;
 /// Longest text line: a 64-entry stack with long dso names is well under this.
 pub const MAX_LINE_BYTES: usize = 1 << 20;
 
+/// Why a recording could not be imported; each prints as one line (with its source).
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
+    /// Reading the input failed.
     #[error("{what}")]
     Io {
+        /// The input, as named in messages (a path, or `-`).
         what: String,
+        /// What the OS said.
         #[source]
         source: std::io::Error,
     },
+    /// Text input over [`MAX_TEXT_BYTES`].
     #[error("{what}: larger than {limit} bytes: not `perf script` text this tool reads whole")]
-    TooLarge { what: String, limit: u64 },
+    TooLarge {
+        /// The input, as named in messages (a path, or `-`).
+        what: String,
+        /// [`MAX_TEXT_BYTES`].
+        limit: u64,
+    },
+    /// A text line over [`MAX_LINE_BYTES`]: the input is not `perf script` text.
     #[error(
         "{what}: line {line} is longer than {limit} bytes: not `perf script` text \
          (perf.data files start with PERFILE2)"
     )]
     LongLine {
+        /// The input, as named in messages (a path, or `-`).
         what: String,
+        /// 1-based number of the offending line.
         line: usize,
+        /// [`MAX_LINE_BYTES`].
         limit: usize,
     },
+    /// The perf.data file is malformed or not one this reader handles ([`perf_data`]).
     #[error("{what}")]
     PerfData {
+        /// The input, as named in messages (a path, or `-`).
         what: String,
+        /// What is wrong with it.
         #[source]
         source: PerfDataError,
     },
+    /// No event of the recording has branch stacks.
     #[error(
         "{what}: no branch stacks: its events ({events}) were recorded without \
          `perf record -b` (or -j), so no instruction counts can be derived"
     )]
-    NoBranchStacks { what: String, events: String },
+    NoBranchStacks {
+        /// The input, as named in messages (a path, or `-`).
+        what: String,
+        /// The recording's event names, comma-separated.
+        events: String,
+    },
+    /// A recorded binary could not be matched on this machine ([`locate`]).
     #[error("{what}")]
     Locate {
+        /// The input, as named in messages (a path, or `-`).
         what: String,
+        /// Which binary and why.
         #[source]
         source: LocateError,
     },
+    /// The recording parses but holds nothing this tool can use (say why).
     #[error("{what}: {why}")]
-    Unusable { what: String, why: String },
+    Unusable {
+        /// The input, as named in messages (a path, or `-`).
+        what: String,
+        /// One sentence.
+        why: String,
+    },
+    /// The `perf script` text could not be parsed ([`perf_script`]).
     #[error("{what}")]
     PerfScript {
+        /// The input, as named in messages (a path, or `-`).
         what: String,
+        /// The parser's error.
         #[source]
         source: PerfScriptError,
     },
@@ -104,6 +140,7 @@ pub struct ImportOptions {
     pub text_event: Estimator,
     /// Where the recorded binaries are on this machine.
     pub locator: Locator,
+    /// Passed on to [`analyze`] unchanged.
     pub analysis: AnalysisOptions,
 }
 
@@ -127,6 +164,7 @@ impl Default for ImportOptions {
 /// An imported recording, analysed.
 #[derive(Clone, Debug)]
 pub struct Imported {
+    /// The analysed profile, its mode line saying what the numbers mean.
     pub profile: Profile,
     /// What the user should know about the input (dropped lines, unplaced dsos, ...),
     /// one sentence each.

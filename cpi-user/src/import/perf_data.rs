@@ -12,6 +12,7 @@
 //! grow with the file. Written by hand rather than with the `linux-perf-data` crate:
 //! its sample parser skips the branch stack without returning it, and its event types
 //! hide the raw `type`/`config` the estimator choice needs.
+#![warn(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -63,28 +64,41 @@ const MISC_BUILD_ID_SIZE: u16 = 1 << 15;
 const FEAT_BUILD_ID: usize = 2;
 const FEAT_EVENT_DESC: usize = 12;
 
+/// Why a perf.data file could not be read; one line each.
 #[derive(Debug, thiserror::Error)]
 pub enum PerfDataError {
+    /// Reading or seeking failed.
     #[error("reading the file")]
     Io(#[from] std::io::Error),
+    /// The file does not start with [`MAGIC`].
     #[error("not a perf.data file (no PERFILE2 magic)")]
     NotPerfData,
+    /// A pipe-mode stream (16-byte header): its attrs come as records, not read here.
     #[error(
         "pipe-mode perf.data (perf record -o -) is not read: save it as a file with \
          `perf inject -i FILE -o perf.data` and import that"
     )]
     PipeMode,
+    /// A section or record runs past the end of the file; says which.
     #[error("truncated perf.data: {0}")]
     Truncated(String),
+    /// A size or offset that cannot be right; says which.
     #[error("malformed perf.data: {0}")]
     Malformed(String),
+    /// `PERF_RECORD_COMPRESSED` records (zstd), not decoded here.
     #[error(
         "compressed perf.data records (perf record -z) are not read: decompress with \
          `perf inject -i FILE -o plain.data`"
     )]
     Compressed,
+    /// A sample's id matches no event of the attrs section.
     #[error("sample {index} names event id {id}, which no event attribute lists (unknown event)")]
-    UnknownEvent { index: u64, id: u64 },
+    UnknownEvent {
+        /// 0-based index of the sample in the file.
+        index: u64,
+        /// The sample's `PERF_SAMPLE_ID`/`IDENTIFIER` value.
+        id: u64,
+    },
 }
 
 /// One recorded event (`perf_event_attr` plus its name).
@@ -92,12 +106,18 @@ pub enum PerfDataError {
 pub struct EventAttr {
     /// `perf_event_attr.type` (0 hardware, 1 software, 4 raw / the core PMU, ...).
     pub kind: u32,
+    /// `perf_event_attr.config`: the event within its type.
     pub config: u64,
     /// `sample_period`, or the frequency when `freq` is set.
     pub period_or_freq: u64,
+    /// Frequency mode (`perf record -F`): each sample carries its own period.
     pub freq: bool,
+    /// `PERF_SAMPLE_*` bits: the layout of this event's sample records.
     pub sample_type: u64,
+    /// `PERF_FORMAT_*` bits: the layout of `PERF_SAMPLE_READ` values.
     pub read_format: u64,
+    /// `PERF_SAMPLE_BRANCH_*` bits: what the branch stack recorded (and whether it has
+    /// the `hw_idx` word).
     pub branch_sample_type: u64,
     /// From `HEADER_EVENT_DESC` when the file has it (e.g. `cycles`, `cpu/r20c4/`).
     pub name: Option<String>,
@@ -106,6 +126,7 @@ pub struct EventAttr {
 }
 
 impl EventAttr {
+    /// The event's samples carry a branch stack (`perf record -b`/`-j`).
     pub fn has_branch_stack(&self) -> bool {
         self.sample_type & SAMPLE_BRANCH_STACK != 0
     }
@@ -124,9 +145,13 @@ impl EventAttr {
 pub struct Sample {
     /// Index into [`Header::events`].
     pub event: usize,
+    /// Process id.
     pub pid: u32,
+    /// Thread id.
     pub tid: u32,
+    /// Sampled instruction pointer (runtime address).
     pub ip: u64,
+    /// Events this sample stands for: the sample's own period, or the attr's fixed one.
     pub period: u64,
     /// Kernel order: entry 0 is the newest branch. Empty without a branch stack.
     pub branches: Vec<BranchEntry>,
@@ -135,6 +160,7 @@ pub struct Sample {
 /// Everything but the samples.
 #[derive(Clone, Debug, Default)]
 pub struct Header {
+    /// The recorded events, in attrs-section order.
     pub events: Vec<EventAttr>,
     /// Path → build-id (lowercase hex), from `HEADER_BUILD_ID`.
     pub build_ids: BTreeMap<String, String>,
@@ -149,6 +175,7 @@ pub struct Records {
     pub maps: BTreeMap<u32, Vec<Mapping>>,
     /// Build-ids carried by MMAP2 records (`perf record --buildid-mmap`).
     pub build_ids: BTreeMap<String, String>,
+    /// Sample records read.
     pub samples: u64,
     /// Records of types this reader does not use (LOST, FORK, ...).
     pub other_records: u64,

@@ -16,6 +16,7 @@
 //! addresses; with `brstackoff`, any other dso at a synthetic base (runtime address =
 //! base + file offset). A PIE or shared library seen through runtime `brstack`
 //! addresses without mmap events cannot be placed; it is reported, not guessed.
+#![warn(missing_docs)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -26,15 +27,19 @@ use crate::binary::Binary;
 use crate::procmap::{MappedObject, Mapping, ProcessMaps};
 use crate::profile::SampleSet;
 
+/// Why `perf script` text gave nothing to analyse.
 #[derive(Debug, thiserror::Error)]
 pub enum PerfScriptError {
+    /// No line held a sample with branch entries.
     #[error(
         "no branch stacks found{}: expected `perf script -F pid,tid,ip,sym,dso,brstack` \
          output of a `perf record -b` recording",
         malformed_note(*.malformed, .first_malformed)
     )]
     NoBranchStacks {
+        /// Lines that looked like samples but did not parse.
         malformed: usize,
+        /// The first of them, to show the user what was wrong.
         first_malformed: Option<String>,
     },
 }
@@ -71,8 +76,11 @@ impl Default for ImportOptions {
 /// What a text held.
 #[derive(Clone, Debug, Default)]
 pub struct PerfImport {
+    /// Every sample with branch entries, as wire records (newest entry first).
     pub samples: Vec<BranchSample>,
+    /// pid → process name, from the samples' comm column.
     pub comms: BTreeMap<u32, String>,
+    /// pid → mappings: from mmap events, else laid out from the samples' dsos.
     pub maps: BTreeMap<u32, ProcessMaps>,
     /// Lines that were neither samples with branch entries nor mmap events (samples
     /// without a branch stack, the kernel's own map).

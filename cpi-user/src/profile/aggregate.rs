@@ -5,6 +5,7 @@
 //! entries e₁…eₙ (oldest → newest), the newest `window` ranges [eₖ.to, eₖ₊₁.from] and
 //! the taken branch eₖ₊₁ that ends each are added with weight Q / window, Q being the
 //! events the sample stands for. Memory is bounded by distinct ranges, not samples.
+#![warn(missing_docs)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -41,10 +42,13 @@ pub struct RangeStat {
 /// Branch-record aggregate of one process.
 #[derive(Clone, Debug, Default)]
 pub struct BranchAggregate {
+    /// Branch samples used (deep enough for the window).
     pub samples: u64,
     /// Σ Q over samples used.
     pub weight: u64,
+    /// Taken branches by (from, to).
     pub taken: HashMap<(u64, u64), TakenStat>,
+    /// Straight-line ranges by (first, last instruction address).
     pub ranges: HashMap<(u64, u64), RangeStat>,
     /// Samples with fewer than `window + 1` entries (dropped: counting them would
     /// weigh shallow samples differently).
@@ -56,15 +60,18 @@ pub struct BranchAggregate {
 /// IP samples of one process and one event role.
 #[derive(Clone, Debug, Default)]
 pub struct IpAggregate {
+    /// IP samples received.
     pub samples: u64,
     /// Σ periods (events, or ns for cpu-clock).
     pub weight: u64,
     /// ip → (samples, Σ periods).
     pub by_ip: HashMap<u64, (u64, u64)>,
+    /// Samples whose IP was in kernel mode ([`FLAG_KERNEL`]).
     pub kernel_samples: u64,
 }
 
 impl IpAggregate {
+    /// Counts one IP sample with its period.
     pub fn add(&mut self, s: &IpSample) {
         let h = &s.header;
         self.samples += 1;
@@ -119,14 +126,18 @@ impl BranchAggregate {
 /// Everything gathered for one process.
 #[derive(Clone, Debug, Default)]
 pub struct ProcessSamples {
+    /// Process id (tgid).
     pub pid: u32,
+    /// Process name; filled in by the collector or the importer, never left empty.
     pub comm: String,
     /// Mappings as last read (kept after exit).
     pub maps: Option<ProcessMaps>,
     /// Files of executable mappings opened while the process lived, by mapping start
     /// ([`crate::procmap::CapturedFiles`]): analysis reads these first.
     pub files: HashMap<u64, Arc<File>>,
+    /// The branch samples, reduced to ranges and taken branches.
     pub branches: BranchAggregate,
+    /// The IP samples, per event role.
     pub ips: BTreeMap<EventRole, IpAggregate>,
 }
 
@@ -135,10 +146,12 @@ pub struct ProcessSamples {
 pub struct SampleSet {
     /// Ranges used per branch sample (the range window).
     pub window: usize,
+    /// By pid.
     pub processes: BTreeMap<u32, ProcessSamples>,
 }
 
 impl SampleSet {
+    /// An empty set using the newest `window` ranges of each branch sample (at least 1).
     pub fn new(window: usize) -> Self {
         SampleSet {
             window: window.max(1),
@@ -146,6 +159,7 @@ impl SampleSet {
         }
     }
 
+    /// The process `pid`, added empty when new.
     pub fn process(&mut self, pid: u32) -> &mut ProcessSamples {
         self.processes.entry(pid).or_insert_with(|| ProcessSamples {
             pid,
@@ -153,6 +167,7 @@ impl SampleSet {
         })
     }
 
+    /// Adds a branch sample to its process ([`BranchAggregate::add`]).
     pub fn add_branch(&mut self, s: &BranchSample) {
         let window = self.window;
         self.process(s.header.tgid).branches.add(s, window);

@@ -18,6 +18,7 @@
 //!
 //! The last instruction may be anything: a taken branch normally, any instruction when
 //! the record's source was an interrupt or signal.
+#![warn(missing_docs)]
 
 use std::collections::HashMap;
 
@@ -30,6 +31,7 @@ use super::aggregate::RangeStat;
 pub enum InvalidRange {
     /// An end is not an instruction start of this function.
     NotInstructionBoundary,
+    /// Ends before it starts.
     Backwards,
     /// Crosses an unconditional transfer at this address.
     CrossesTransfer(u64),
@@ -68,14 +70,18 @@ pub struct RangeCounts {
     pub valid_hits: u64,
     /// Occurrences of invalid ranges.
     pub invalid_hits: u64,
-    /// Timed LBR, per block: cycles apportioned by instruction share, instructions
-    /// covered, occurrences.
+    /// Timed LBR, per block: cycles apportioned by the block's share of each range's
+    /// instructions.
     pub block_timed_cycles: Vec<f64>,
+    /// Timed LBR, per block: instructions covered by timed occurrences.
     pub block_timed_instructions: Vec<f64>,
+    /// Timed LBR, per block: timed occurrences covering it.
     pub block_timed_hits: Vec<u64>,
-    /// Timed LBR for the whole function.
+    /// Timed LBR for the whole function: cycles of every timed occurrence.
     pub timed_cycles: f64,
+    /// Instructions those timed occurrences covered.
     pub timed_instructions: f64,
+    /// Timed occurrences.
     pub timed_hits: u64,
 }
 

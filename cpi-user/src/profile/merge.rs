@@ -18,6 +18,7 @@
 //!   windows' values weighted by their samples.
 //!
 //! Profiles of different modes cannot be merged (their numbers mean different things).
+#![warn(missing_docs)]
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -27,10 +28,13 @@ use super::model::{
     LossReport, Mode, ProcessProfile, Profile,
 };
 
+/// Why profiles could not be merged.
 #[derive(Debug, thiserror::Error)]
 pub enum MergeError {
+    /// Nothing was added.
     #[error("no profiles to merge")]
     Empty,
+    /// Two profiles of different [`Mode`]s, by name.
     #[error("profiles of different modes cannot be merged ({0} and {1})")]
     Modes(&'static str, &'static str),
 }
@@ -155,11 +159,12 @@ impl Merger {
         }
     }
 
-    /// Profiles added so far.
+    /// No profile added so far.
     pub fn is_empty(&self) -> bool {
         self.base.is_none()
     }
 
+    /// Adds `p`'s counts to the sums; refused when its mode differs from the first's.
     pub fn add(&mut self, p: &Profile) -> Result<(), MergeError> {
         if let Some(b) = &self.base {
             if b.mode != p.mode {
