@@ -1,5 +1,5 @@
 //! ELF binaries: build-id, file offset ↔ virtual address, function bounds, and (in
-//! [`cfg`]) disassembly, basic blocks and the control-flow graph of one function.
+//! [`cfg`](mod@cfg)) disassembly, basic blocks and the control-flow graph of one function.
 //!
 //! Function bounds come from `.symtab` when present; otherwise (stripped binaries, as
 //! Debian ships them) from `.eh_frame` FDE starts, named from `.dynsym` where a dynamic

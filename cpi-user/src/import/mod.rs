@@ -1,5 +1,5 @@
 //! Recordings made elsewhere → the same per-pid [`SampleSet`] as live samples, then
-//! the normal analysis ([`crate::profile::analyze`]): `cpi-bpf import-perf`.
+//! the normal analysis ([`crate::profile::analyze()`]): `cpi-bpf import-perf`.
 //!
 //! Inputs: `perf.data` ([`perf_data`], told by its `PERFILE2` magic) and `perf script`
 //! branch-stack text ([`perf_script`]). Everything read is bounded: perf.data is
@@ -140,7 +140,7 @@ pub struct ImportOptions {
     pub text_event: Estimator,
     /// Where the recorded binaries are on this machine.
     pub locator: Locator,
-    /// Passed on to [`analyze`] unchanged.
+    /// Passed on to [`analyze()`] unchanged.
     pub analysis: AnalysisOptions,
 }
 

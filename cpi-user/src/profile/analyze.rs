@@ -218,8 +218,13 @@ fn uses_ranges(mode: Mode) -> bool {
 }
 
 /// CPI = cycles / instructions with rel_error ≈ 1/√samples; `None` below the floor or
-/// without instructions.
-fn estimate(cycles: f64, instructions: f64, samples: u64, floor: u64) -> Option<Estimate> {
+/// without instructions. The one CPI estimate: merging (`profile/merge.rs`) uses it too.
+pub(super) fn estimate(
+    cycles: f64,
+    instructions: f64,
+    samples: u64,
+    floor: u64,
+) -> Option<Estimate> {
     (samples >= floor.max(1) && instructions > 0.0).then(|| Estimate {
         value: cycles / instructions,
         rel_error: 1.0 / (samples as f64).sqrt(),

@@ -7,7 +7,7 @@
 //! - samples, time, cycles, instructions, execution counts, edge counts and losses are
 //!   sums, exact;
 //! - a CPI value is the ratio of the merged cycles and instructions (per instruction,
-//!   block, function, process) — the same ratio [`super::analyze`] takes;
+//!   block, function, process) — the same ratio [`super::analyze()`] takes;
 //! - the samples behind a merged CPI are the sum of the windows' own (each the scarcer
 //!   of its cycle samples and instruction evidence), so the error bar (1/√samples) is the
 //!   one the windows support; a unit is `None` ("below floor") when that sum is under
@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::analyze::lost_total;
+use super::analyze::{estimate, lost_total};
 use super::model::{
     BlockProfile, CallEdge, EdgeProfile, Estimate, EventInfo, FunctionProfile, InstructionProfile,
     LossReport, Mode, ProcessProfile, Profile,
@@ -88,12 +88,9 @@ impl Weighted {
         }
     }
 
+    /// The samples-weighted mean, as an estimate backed by all their samples.
     fn estimate(&self, floor: u64) -> Option<Estimate> {
-        (self.samples >= floor.max(1)).then(|| Estimate {
-            value: self.num / self.samples as f64,
-            rel_error: 1.0 / (self.samples as f64).sqrt(),
-            samples: self.samples,
-        })
+        estimate(self.num, self.samples as f64, self.samples, floor)
     }
 }
 
@@ -130,15 +127,6 @@ struct LineAcc {
     samples: u64,
     cycles: Sum,
     cpi_samples: u64,
-}
-
-fn estimate(cycles: Option<f64>, instructions: f64, samples: u64, floor: u64) -> Option<Estimate> {
-    let cycles = cycles?;
-    (samples >= floor.max(1) && instructions > 0.0).then(|| Estimate {
-        value: cycles / instructions,
-        rel_error: 1.0 / (samples as f64).sqrt(),
-        samples,
-    })
 }
 
 fn cpi_samples(e: &Option<Estimate>) -> u64 {
@@ -345,7 +333,10 @@ impl FuncAcc {
                 count: l.count,
                 samples: l.samples,
                 cycles: l.cycles.value,
-                cpi: estimate(l.cycles.value, l.count, l.cpi_samples, floor),
+                cpi: l
+                    .cycles
+                    .value
+                    .and_then(|c| estimate(c, l.count, l.cpi_samples, floor)),
                 ..l.base
             })
             .collect();
@@ -370,7 +361,7 @@ impl FuncAcc {
             time_ns: self.time_ns.value,
             cycles: self.cycles.value,
             instructions: self.instructions.value,
-            cpi: estimate(cpi_cycles, cpi_instr, self.cpi_samples, floor),
+            cpi: cpi_cycles.and_then(|c| estimate(c, cpi_instr, self.cpi_samples, floor)),
             timed_cpi: self.timed.estimate(floor),
             blocks,
             edges: self.edges.into_values().collect(),
@@ -427,7 +418,8 @@ fn rebuild_blocks(
                 count: in_piece[0].count,
                 samples: cycle_samples,
                 cycles,
-                cpi: estimate(cycles, instr, samples_behind.min(cycle_samples), floor),
+                cpi: cycles
+                    .and_then(|c| estimate(c, instr, samples_behind.min(cycle_samples), floor)),
                 timed_cpi: timed.estimate(floor),
             });
         }
@@ -467,19 +459,21 @@ impl ProcAcc {
         });
         let cpi = match mode {
             Mode::TimeProfile => None,
-            Mode::IpSampling => estimate(
-                self.cycles.value,
-                self.instructions.value.unwrap_or(0.0),
-                self.cpi_samples,
-                floor,
-            ),
+            Mode::IpSampling => self.cycles.value.and_then(|c| {
+                estimate(
+                    c,
+                    self.instructions.value.unwrap_or(0.0),
+                    self.cpi_samples,
+                    floor,
+                )
+            }),
             // As analysis: over the functions analysed at instruction level.
             Mode::Cpi | Mode::Simulated => {
                 let (c, n) = functions
                     .iter()
                     .filter_map(|f| Some((f.cycles.unwrap_or(0.0), f.instructions?)))
                     .fold((0.0, 0.0), |(c, n), (fc, fi)| (c + fc, n + fi));
-                estimate(Some(c), n, self.cpi_samples, floor)
+                estimate(c, n, self.cpi_samples, floor)
             }
         };
         ProcessProfile {

@@ -21,7 +21,7 @@ pub enum Format {
     /// gzip'd pprof profile.proto (go tool pprof, Pyroscope, Parca).
     Pprof,
     /// BOLT .fdata, per binary: with --output FILE, FILE holds the main binary and
-    /// FILE.<name> each other binary; on standard output, the main binary only.
+    /// `FILE.<name>` each other binary; on standard output, the main binary only.
     Fdata,
 }
 
