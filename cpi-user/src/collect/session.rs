@@ -39,6 +39,46 @@ const DRAIN_EVERY: Duration = Duration::from_millis(25);
 
 /// An open collection. Fields drop in order: everything registered with the runtime
 /// goes before it.
+///
+/// Profiling a command in one-second windows, each analysed while the next collects
+/// (needs root or `CAP_BPF` + `CAP_PERFMON`, hence `no_run`):
+///
+/// ```no_run
+/// use std::time::{Duration, Instant};
+///
+/// use cpi_user::collect::events::{nominal_core_hz, Rate};
+/// use cpi_user::collect::{CollectOptions, Session, Target, DEFAULT_FREQUENCY};
+/// use cpi_user::profile::{analyze, AnalysisOptions};
+/// use cpi_common::policy::{DEFAULT_PERTURBATION, DEFAULT_THINNING};
+///
+/// let opts = CollectOptions {
+///     target: Target::Command(vec!["gzip".into(), "-9".into(), "big.tar".into()]),
+///     duration: Some(Duration::from_secs(10)),
+///     rate: Rate { frequency: DEFAULT_FREQUENCY, period: None, core_hz: nominal_core_hz() },
+///     include_kernel: false,
+///     perturbation: DEFAULT_PERTURBATION,
+///     thinning: DEFAULT_THINNING,
+///     redraw_every: Duration::from_millis(10),
+///     ring_bytes: 8 << 20,
+///     window: None,
+/// };
+/// let mut session = Session::open(&opts, &mut |line| eprintln!("{line}"))?;
+/// println!("mode: {} ({})", session.mode().name(), session.mode_reason());
+/// let mut next = Instant::now();
+/// loop {
+///     next += Duration::from_secs(1);
+///     let stop = session.run_until(Some(next))?;
+///     let window = session.take_window();
+///     let profile = analyze(&window.set, window.run, &AnalysisOptions::default());
+///     println!("{} processes this window", profile.processes.len());
+///     if stop.is_some() {
+///         break;
+///     }
+/// }
+/// let last = session.finish()?;
+/// println!("stopped: {:?}, exit status {:?}", last.stop, last.command_status);
+/// # Ok::<(), cpi_user::collect::CollectError>(())
+/// ```
 pub struct Session {
     live: Live,
     rt: tokio::runtime::Runtime,

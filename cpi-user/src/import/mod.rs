@@ -657,6 +657,19 @@ fn read_text(mut r: impl Read, what: &str) -> Result<String, ImportError> {
 }
 
 /// Imports `perf script` text (`what` names it in messages and the mode line).
+///
+/// Text without a single branch stack is refused with one line saying what was
+/// expected:
+///
+/// ```
+/// use cpi_user::import::{import_text, ImportError, ImportOptions};
+///
+/// let text = "gzip 4242/4242: 401136 deflate+0x16 (/usr/bin/gzip)\n";
+/// let err = import_text(text, "gzip.txt", &ImportOptions::default()).unwrap_err();
+/// assert!(matches!(err, ImportError::PerfScript { .. }));
+/// let line = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+/// assert!(line.contains("no branch stacks found"), "{line}");
+/// ```
 pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Imported, ImportError> {
     let parse_opts = perf_script::ImportOptions {
         offsets: opts.offsets,
