@@ -6,8 +6,8 @@ pub mod programs;
 pub mod pyroscope;
 pub mod tracer;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
+use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
@@ -128,4 +128,64 @@ pub fn output_ok(cmd: &mut Command) -> std::process::Output {
         String::from_utf8_lossy(&out.stderr)
     );
     out
+}
+
+/// Held by every test whose expectations follow the CPU a target got (rates, CPU time):
+/// two of them at once would share the CPUs and compete with the collector. One lock
+/// for the whole test binary, so tests of different modules do not overlap either.
+pub fn cpu_heavy() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A private copy of `tests/programs/busy.c` (`-O2 -g` plus `extra`) in a fresh temp
+/// dir named after `tag`; `None` after printing why (gcc is missing).
+pub fn busy(tag: &str, extra: &[&str]) -> Option<PathBuf> {
+    compile_c("busy.c", &temp_dir(tag), "busy", extra)
+}
+
+/// The CPU time busy (`tests/programs/busy.c`) reports on stderr at exit as
+/// `cpu_seconds=S`: its own, all threads.
+pub fn busy_cpu(out: &Output) -> f64 {
+    stderr(out)
+        .lines()
+        .find_map(|l| l.strip_prefix("cpu_seconds="))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("busy did not report its CPU time: {}", stderr(out)))
+}
+
+/// A command's stderr as text.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A command's stdout parsed as JSON; fails showing both streams when it is not.
+pub fn stdout_json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): stdout {:?}, stderr {:?}",
+            String::from_utf8_lossy(&out.stdout),
+            stderr(out)
+        )
+    })
+}
+
+/// cpi-bpf refused: a non-zero exit, exactly one line on stderr, `cpi-bpf: error: …`
+/// containing `needle`, no panic or backtrace, and nothing on stdout.
+pub fn assert_one_error_line(out: &Output, needle: &str) {
+    let err = stderr(out);
+    assert!(!out.status.success(), "succeeded: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "not one line: {err}");
+    assert!(lines[0].starts_with("cpi-bpf: error: "), "{err}");
+    assert!(lines[0].contains(needle), "{err} lacks {needle:?}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "nothing on stdout when nothing was collected: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 }

@@ -4,12 +4,13 @@
 //! Root only (BPF); each test prints why it skips otherwise.
 
 use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use cpi_tests::{
-    compile_c, cpi_bpf, cpu_seconds, output_ok, require_root, symbol_address, temp_dir,
+    assert_one_error_line, busy, busy_cpu, compile_c, cpi_bpf, cpu_heavy, cpu_seconds, output_ok,
+    require_root, stdout_json, symbol_address, temp_dir,
 };
 use serde_json::Value;
 
@@ -20,20 +21,6 @@ fn rate(profile: &Value) -> f64 {
     assert_eq!(e["unit"], "ns", "{e:#}");
     let mean = e["period"].as_f64().unwrap() + e["jitter"].as_f64().unwrap() / 2.0;
     1e9 / mean
-}
-
-fn busy(tag: &str, extra: &[&str]) -> Option<PathBuf> {
-    compile_c("busy.c", &temp_dir(tag), "busy", extra)
-}
-
-fn json(out: &Output) -> Value {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(&stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): stdout {stdout:?}, stderr {:?}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
 }
 
 fn process(profile: &Value, pid: u32) -> &Value {
@@ -88,9 +75,6 @@ fn start_busy(exe: &Path, seconds: &str) -> Child {
     std::thread::sleep(Duration::from_millis(200));
     child
 }
-
-/// Rate checks run one at a time: parallel busy programs would share the 2 CPUs.
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Runs cpi-bpf with `args`, calling `on_line(line, cpi_bpf_pid)` for each line of its
 /// stderr as it comes.
@@ -149,7 +133,7 @@ fn run_on_pid(pid: u32, args: &[&str]) -> (Output, f64) {
 /// `--pid` on a busy child for 2 s: samples ≈ rate × the CPU time the child got while
 /// collection ran (= rate × duration on an idle machine), hot function by name.
 fn pid_run(exe: &Path, expect_function: impl Fn(&Value)) {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = cpu_heavy();
     let mut child = start_busy(exe, "20");
     let pid = child.id();
     let (out, cpu) = run_on_pid(
@@ -171,7 +155,7 @@ fn pid_run(exe: &Path, expect_function: impl Fn(&Value)) {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_mode_first(&out);
-    let profile = json(&out);
+    let profile = stdout_json(&out);
     assert_eq!(profile["mode"], "time-profile");
     let duration = profile["duration_secs"].as_f64().unwrap();
     assert!((1.9..3.0).contains(&duration), "duration {duration}");
@@ -225,7 +209,7 @@ fn pid_exiting_mid_run_is_reported_with_its_functions() {
         return;
     }
     let Some(exe) = busy("exit", &[]) else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = cpu_heavy();
     let mut child = start_busy(&exe, "4");
     let pid = child.id();
     let out = Command::new(cpi_bpf())
@@ -247,7 +231,7 @@ fn pid_exiting_mid_run_is_reported_with_its_functions() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("stopped (target exited)"), "{stderr}");
-    let profile = json(&out);
+    let profile = stdout_json(&out);
     assert!(profile["duration_secs"].as_f64().unwrap() < 10.0);
     let p = process(&profile, pid);
     assert!(samples(p) > 0.0, "{p:#}");
@@ -264,7 +248,7 @@ fn system_wide_sees_the_busy_process() {
     let Some(exe) = busy("system", &[]) else {
         return;
     };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = cpu_heavy();
     let mut child = start_busy(&exe, "20");
     let pid = child.id();
     let (out, cpu) = run_on_pid(
@@ -278,7 +262,7 @@ fn system_wide_sees_the_busy_process() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let profile = json(&out);
+    let profile = stdout_json(&out);
     let p = process(&profile, pid);
     assert_within(
         samples(p),
@@ -298,22 +282,13 @@ fn command_run(exe: &Path, seconds: &str) -> Output {
         .unwrap()
 }
 
-/// busy prints `cpu_seconds=S` (its own CPU time) on stderr at exit.
-fn busy_cpu(out: &Output) -> f64 {
-    String::from_utf8_lossy(&out.stderr)
-        .lines()
-        .find_map(|l| l.strip_prefix("cpu_seconds="))
-        .and_then(|s| s.parse().ok())
-        .expect("busy reported its CPU time")
-}
-
 #[test]
 fn command_samples_follow_rate_and_hot_function() {
     if !require_root("cpi-bpf -- CMD") {
         return;
     }
     let Some(exe) = busy("cmd", &[]) else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = cpu_heavy();
     let out = command_run(&exe, "2");
     assert!(
         out.status.success(),
@@ -323,7 +298,7 @@ fn command_samples_follow_rate_and_hot_function() {
     assert_mode_first(&out);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("command exited with status 0"), "{stderr}");
-    let profile = json(&out);
+    let profile = stdout_json(&out);
     assert_eq!(profile["command"][0], exe.to_str().unwrap());
     let procs = profile["processes"].as_array().unwrap();
     assert_eq!(procs.len(), 1, "only the command was sampled: {profile:#}");
@@ -360,7 +335,7 @@ fn command_threads_are_followed() {
             .arg(&exe)
             .args(["1", "2"]),
     );
-    let profile = json(&out);
+    let profile = stdout_json(&out);
     let p = &profile["processes"][0];
     // Both threads' CPU time (threads created after exec inherit the event).
     assert_within(
@@ -402,7 +377,7 @@ fn sigint_mid_run_still_reports_everything() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("SIGINT received"), "{stderr}");
-    let profile = json(&out);
+    let profile = stdout_json(&out);
     let p = &profile["processes"][0];
     let duration = profile["duration_secs"].as_f64().unwrap();
     assert!(
@@ -419,36 +394,21 @@ fn sigint_mid_run_still_reports_everything() {
     assert_eq!(hottest(p, &exe)["name"], "hot_spin");
 }
 
-/// One line on stderr, `cpi-bpf: error: …`, non-zero exit, no panic or backtrace.
-fn assert_one_clear_line(out: &Output, needle: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "succeeded: {stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "not one line: {stderr}");
-    assert!(lines[0].starts_with("cpi-bpf: error: "), "{stderr}");
-    assert!(lines[0].contains(needle), "{stderr} lacks {needle:?}");
-    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"));
-    assert!(
-        out.stdout.is_empty(),
-        "no report when nothing was collected"
-    );
-}
-
 #[test]
 fn bad_input_gets_one_clear_line() {
     let bin = cpi_bpf();
     let run = |args: &[&str]| Command::new(bin).args(args).output().unwrap();
-    assert_one_clear_line(&run(&[]), "nothing to profile");
-    assert_one_clear_line(&run(&["--duration=0", "--system-wide"]), "--duration");
+    assert_one_error_line(&run(&[]), "nothing to profile");
+    assert_one_error_line(&run(&["--duration=0", "--system-wide"]), "--duration");
     if !require_root("the pid / command / privilege errors") {
         return;
     }
     // pid_max is at most 2^22: this pid cannot exist.
-    assert_one_clear_line(
+    assert_one_error_line(
         &run(&["--pid", "4194305", "--duration", "1"]),
         "no process with pid 4194305",
     );
-    assert_one_clear_line(
+    assert_one_error_line(
         &run(&["--", "no-such-command-cpi-bpf"]),
         "command not found: no-such-command-cpi-bpf",
     );
@@ -458,7 +418,7 @@ fn bad_input_gets_one_clear_line() {
         .args(["--pid", "1", "--duration", "1"])
         .output();
     match nobody {
-        Ok(out) => assert_one_clear_line(&out, "not root"),
+        Ok(out) => assert_one_error_line(&out, "not root"),
         Err(e) => eprintln!("skipped: the not-root case needs setpriv ({e})"),
     }
 }
@@ -506,7 +466,7 @@ fn a_command_that_execs_is_named_after_what_it_became() {
         return;
     }
     let Some(exe) = busy("exec", &[]) else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = cpu_heavy();
     // The shell spins first, so it is sampled as "sh"; exec then replaces its image
     // and name.
     let out = output_ok(
@@ -517,7 +477,7 @@ fn a_command_that_execs_is_named_after_what_it_became() {
                 exe.display()
             )),
     );
-    let profile = json(&out);
+    let profile = stdout_json(&out);
     let p = profile["processes"]
         .as_array()
         .unwrap()
@@ -538,7 +498,7 @@ fn profile_of_script(script: &str, args: &[&str]) -> Value {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let profile = json(&out);
+    let profile = stdout_json(&out);
     let total: f64 = profile["processes"]
         .as_array()
         .unwrap()

@@ -4,21 +4,14 @@
 //! the period re-draws, one loss account, numbers out of range. Root only where BPF is
 //! needed; each test prints why it skips otherwise.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use cpi_tests::{compile_c, cpi_bpf, require_root, temp_dir};
+use cpi_tests::{
+    assert_one_error_line, busy, busy_cpu, cpi_bpf, cpu_heavy, require_root, stderr, stdout_json,
+};
 use serde_json::Value;
-
-/// CPU-heavy tests run one at a time: their expectations follow the CPU the target got,
-/// but two of them at once would also compete with the collector.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn busy(tag: &str) -> Option<PathBuf> {
-    compile_c("busy.c", &temp_dir(tag), "busy", &[])
-}
 
 /// Runs `cmd`, killing it (and failing) when it is not done within `limit`.
 fn output_within(cmd: &mut Command, limit: Duration) -> (Output, Duration) {
@@ -48,58 +41,21 @@ fn wait_or_kill(child: Child, limit: Duration) -> Output {
     }
 }
 
-fn json(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}); stderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// `cpu_seconds=S` that busy prints at exit: its own CPU time (all threads).
-fn busy_cpu(out: &Output) -> f64 {
-    stderr(out)
-        .lines()
-        .find_map(|l| l.strip_prefix("cpu_seconds="))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("busy did not report its CPU time: {}", stderr(out)))
-}
-
-/// One line `cpi-bpf: …` containing `needle`, non-zero exit, no panic, nothing on stdout.
-fn assert_one_line(out: &Output, needle: &str) {
-    let err = stderr(out);
-    assert!(!out.status.success(), "succeeded: {err}");
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "not one line: {err}");
-    assert!(lines[0].starts_with("cpi-bpf: "), "{err}");
-    assert!(lines[0].contains(needle), "{err} lacks {needle:?}");
-    assert!(
-        !err.contains("panicked") && !err.contains("backtrace"),
-        "{err}"
-    );
-    assert!(out.stdout.is_empty());
-}
-
 #[test]
 fn out_of_range_numbers_get_one_line() {
     let run = |args: &[&str]| {
         output_within(Command::new(cpi_bpf()).args(args), Duration::from_secs(20)).0
     };
     for bad in ["0", "18446744073709551615", "9223372036854775807"] {
-        assert_one_line(&run(&["--period", bad, "--", "true"]), "--period");
+        assert_one_error_line(&run(&["--period", bad, "--", "true"]), "--period");
     }
-    assert_one_line(&run(&["--duration=1e20", "--system-wide"]), "--duration");
-    assert_one_line(&run(&["--duration=nan", "--system-wide"]), "--duration");
-    assert_one_line(
+    assert_one_error_line(&run(&["--duration=1e20", "--system-wide"]), "--duration");
+    assert_one_error_line(&run(&["--duration=nan", "--system-wide"]), "--duration");
+    assert_one_error_line(
         &run(&["--frequency", "10", "--period", "1000", "--", "true"]),
         "cannot be used with",
     );
-    assert_one_line(&run(&["--frequency", "0", "--", "true"]), "--frequency");
+    assert_one_error_line(&run(&["--frequency", "0", "--", "true"]), "--frequency");
 }
 
 #[test]
@@ -111,7 +67,7 @@ fn a_file_that_is_not_executable_is_said_so() {
         .args(["--", "/etc/passwd"])
         .output()
         .unwrap();
-    assert_one_line(&out, "not executable: /etc/passwd");
+    assert_one_error_line(&out, "not executable: /etc/passwd");
 }
 
 #[test]
@@ -127,7 +83,7 @@ fn too_few_open_files_is_one_line_not_a_panic() {
         Command::new("sh").args(["-c", &cmd]),
         Duration::from_secs(20),
     );
-    assert_one_line(&out, "too few open files");
+    assert_one_error_line(&out, "too few open files");
 }
 
 /// The repro of issue 8 item 2: the period used to fail after the fork, and the child,
@@ -137,7 +93,7 @@ fn a_failing_start_leaves_no_child_holding_the_pipe() {
     if !require_root("collection") {
         return;
     }
-    let Some(exe) = busy("hang") else { return };
+    let Some(exe) = busy("hang", &[]) else { return };
     let cmd = format!(
         "{} --period=9223372036854775807 -- {} 0.5 2>&1 | cat",
         cpi_bpf().display(),
@@ -159,7 +115,7 @@ fn a_command_ignoring_sigterm_is_killed_after_sigint() {
     if !require_root("collection") {
         return;
     }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _serial = cpu_heavy();
     let child = Command::new(cpi_bpf())
         .args(["--format", "json", "--", "sh", "-c"])
         .arg("trap '' INT TERM; while :; do :; done")
@@ -181,7 +137,7 @@ fn a_command_ignoring_sigterm_is_killed_after_sigint() {
         err.contains("did not end within 2 s of SIGTERM: killed it (SIGKILL)"),
         "{err}"
     );
-    let profile = json(&out);
+    let profile = stdout_json(&out);
     assert!(
         profile["events"][0]["samples"].as_u64().unwrap() > 0,
         "the collection is reported: {profile:#}"
@@ -221,7 +177,7 @@ fn profile_pids(
     let _ = target.kill();
     let _ = target.wait();
     assert!(out.status.success(), "{}", stderr(&out));
-    (json(&out), stderr(&out), cpu, pid)
+    (stdout_json(&out), stderr(&out), cpu, pid)
 }
 
 fn time_of(profile: &Value, pid: u32) -> f64 {
@@ -247,8 +203,8 @@ fn repeated_and_overlapping_pids_are_counted_once() {
     if !require_root("collection") {
         return;
     }
-    let Some(exe) = busy("dup") else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(exe) = busy("dup", &[]) else { return };
+    let _serial = cpu_heavy();
     let pid_flags = |ids: &[u32]| {
         ids.iter()
             .flat_map(|i| ["--pid".to_string(), i.to_string()])
@@ -279,8 +235,8 @@ fn stderr_and_profile_count_the_same_losses() {
     if !require_root("collection") {
         return;
     }
-    let Some(exe) = busy("loss") else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(exe) = busy("loss", &[]) else { return };
+    let _serial = cpu_heavy();
     let gone = exe.with_file_name("busy-deleted");
     std::fs::copy(&exe, &gone).unwrap();
     let script = format!("{0} 0.7; rm -f {0}", gone.display());
@@ -290,7 +246,7 @@ fn stderr_and_profile_count_the_same_losses() {
         .unwrap();
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
-    let profile = json(&out);
+    let profile = stdout_json(&out);
     let said: u64 = err
         .lines()
         .find_map(|l| {
@@ -314,8 +270,10 @@ fn every_rate_and_perturbation_samples_the_cpu_time() {
     if !require_root("collection") {
         return;
     }
-    let Some(exe) = busy("rates") else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(exe) = busy("rates", &[]) else {
+        return;
+    };
+    let _serial = cpu_heavy();
     let mut failures = Vec::new();
     // Low rates need a longer run for the count to mean something.
     for (hz, secs) in [(10, "4"), (100, "2"), (1000, "1"), (10_000, "1")] {
@@ -334,7 +292,7 @@ fn every_rate_and_perturbation_samples_the_cpu_time() {
                 .unwrap();
             assert!(out.status.success(), "{}", stderr(&out));
             let cpu = busy_cpu(&out);
-            let profile = json(&out);
+            let profile = stdout_json(&out);
             let e = &profile["events"][0];
             let (period, jitter, thinning) = (
                 e["period"].as_f64().unwrap(),
@@ -373,8 +331,8 @@ fn an_impossible_rate_is_clamped_and_weighted_with_the_real_period() {
     if !require_root("collection") {
         return;
     }
-    let Some(exe) = busy("fast") else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(exe) = busy("fast", &[]) else { return };
+    let _serial = cpu_heavy();
     let out = Command::new(cpi_bpf())
         .args(["--frequency", "10000000", "--format", "json", "--"])
         .arg(&exe)
@@ -385,7 +343,7 @@ fn an_impossible_rate_is_clamped_and_weighted_with_the_real_period() {
     assert!(out.status.success(), "{err}");
     assert!(err.contains("period 100 ns raised to"), "{err}");
     let cpu = busy_cpu(&out);
-    let profile = json(&out);
+    let profile = stdout_json(&out);
     assert!(profile["events"][0]["period"].as_u64().unwrap() >= 10_000);
     let sampled = profile["processes"][0]["time_ns"].as_f64().unwrap() / 1e9;
     eprintln!("10 MHz asked: {sampled:.3} s sampled of {cpu:.3} s CPU");
@@ -411,8 +369,10 @@ fn session_windows_add_up_and_the_rate_changes_live() {
     if !require_root("a collection session") {
         return;
     }
-    let Some(exe) = busy("session") else { return };
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(exe) = busy("session", &[]) else {
+        return;
+    };
+    let _serial = cpu_heavy();
     let mut target = Command::new(&exe)
         .arg("30")
         .stderr(Stdio::null())
@@ -529,7 +489,7 @@ fn output_problems_are_found_before_collecting() {
             .output()
             .unwrap();
         let took = t0.elapsed();
-        assert_one_line(&out, needle);
+        assert_one_error_line(&out, needle);
         assert!(took < Duration::from_secs(1), "{args:?} took {took:?}");
     }
 }
@@ -540,7 +500,9 @@ fn an_unknown_annotate_name_keeps_the_profile() {
     if !require_root("cpi-bpf -- CMD") {
         return;
     }
-    let Some(exe) = busy("annotate") else { return };
+    let Some(exe) = busy("annotate", &[]) else {
+        return;
+    };
     let out = Command::new(cpi_bpf())
         .args(["--annotate", "hot_spn", "--"])
         .arg(&exe)
@@ -567,7 +529,7 @@ fn report_of_an_endless_file_is_bounded() {
         .args(["report", "/dev/zero"])
         .output()
         .unwrap();
-    assert_one_line(&out, "/dev/zero");
+    assert_one_error_line(&out, "/dev/zero");
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
 }
 

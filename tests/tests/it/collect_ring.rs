@@ -8,7 +8,7 @@ use std::time::Duration;
 use aya::maps::RingBuf;
 use cpi_common::policy::KernelConfig;
 use cpi_common::wire::{Counter, EventRole};
-use cpi_tests::{compile_c, require_root, temp_dir};
+use cpi_tests::{busy, require_root};
 use cpi_user::collect::sys::{self, PerfSys};
 use cpi_user::collect::{self, caps::Vendor, events, ladder};
 use cpi_user::profile::Mode;
@@ -18,7 +18,7 @@ fn full_ring_buffer_is_counted_and_nothing_is_silent() {
     if !require_root("loading BPF programs") {
         return;
     }
-    let Some(exe) = compile_c("busy.c", &temp_dir("ring"), "busy", &[]) else {
+    let Some(exe) = busy("ring", &[]) else {
         return;
     };
     let mut busy = Command::new(&exe)

@@ -124,6 +124,19 @@ fn stack(l: Loop, depth: usize, cycles: u16) -> Vec<Entry> {
     ]
 }
 
+/// A sample of event `attr` in [`PID`], at loop `l`'s head, standing for `period`
+/// events, with `branches` (newest first; empty for an event without branch stacks).
+fn sample(attr: usize, l: Loop, period: u64, branches: Vec<Entry>) -> Record {
+    Record::Sample {
+        attr,
+        pid: PID,
+        tid: PID,
+        ip: l.head,
+        period,
+        branches,
+    }
+}
+
 /// Deterministic pseudo-random periods (freq mode gives every sample its own).
 fn periods(n: usize, seed: u64) -> Vec<u64> {
     let mut x = seed;
@@ -229,24 +242,10 @@ fn cycles_freq_mode_periods_match_perf_report() {
     let mut recs = fx.preamble();
     let (ph, pc) = (periods(300, 1), periods(100, 2));
     for &p in &ph {
-        recs.push(Record::Sample {
-            attr: 0,
-            pid: PID,
-            tid: PID,
-            ip: fx.hot.head,
-            period: p,
-            branches: stack(fx.hot, 16, 0),
-        });
+        recs.push(sample(0, fx.hot, p, stack(fx.hot, 16, 0)));
     }
     for &p in &pc {
-        recs.push(Record::Sample {
-            attr: 0,
-            pid: PID,
-            tid: PID,
-            ip: fx.cold.head,
-            period: p,
-            branches: stack(fx.cold, 16, 0),
-        });
+        recs.push(sample(0, fx.cold, p, stack(fx.cold, 16, 0)));
     }
     let file = fx.dir.join("cycles.data");
     perf_data::write(&file, &[cycles_attr(true, 11)], &recs, &fx.build_ids());
@@ -310,26 +309,12 @@ fn taken_branch_event_with_cycles_event_gives_absolute_counts_and_cpi() {
     let (nh, nc) = (120u64, 40u64);
     for i in 0..nh + nc {
         let l = if i < nh { fx.hot } else { fx.cold };
-        recs.push(Record::Sample {
-            attr: 0,
-            pid: PID,
-            tid: PID,
-            ip: l.head,
-            period: 500_009,
-            branches: stack(l, 16, 0),
-        });
+        recs.push(sample(0, l, 500_009, stack(l, 16, 0)));
     }
     let (ch, cc) = (periods(200, 3), periods(50, 4));
     for (ps, l) in [(&ch, fx.hot), (&cc, fx.cold)] {
         for &p in ps {
-            recs.push(Record::Sample {
-                attr: 1,
-                pid: PID,
-                tid: PID,
-                ip: l.head,
-                period: p,
-                branches: vec![],
-            });
+            recs.push(sample(1, l, p, vec![]));
         }
     }
     let file = fx.dir.join("taken.data");
@@ -376,14 +361,7 @@ fn taken_branch_event_alone_has_timed_cpi_only() {
     let mut recs = fx.preamble();
     for i in 0..90u64 {
         let l = if i % 3 == 0 { fx.cold } else { fx.hot };
-        recs.push(Record::Sample {
-            attr: 0,
-            pid: PID,
-            tid: PID,
-            ip: l.head,
-            period: 500_009,
-            branches: stack(l, 32, 7),
-        });
+        recs.push(sample(0, l, 500_009, stack(l, 32, 7)));
     }
     let file = fx.dir.join("timed.data");
     perf_data::write(&file, &[taken_attr(5)], &recs, &fx.build_ids());
@@ -429,14 +407,7 @@ fn window_larger_than_the_stacks_is_clamped() {
     };
     let mut recs = fx.preamble();
     for _ in 0..30 {
-        recs.push(Record::Sample {
-            attr: 0,
-            pid: PID,
-            tid: PID,
-            ip: fx.hot.head,
-            period: 500_009,
-            branches: stack(fx.hot, 8, 0),
-        });
+        recs.push(sample(0, fx.hot, 500_009, stack(fx.hot, 8, 0)));
     }
     let file = fx.dir.join("w.data");
     perf_data::write(&file, &[taken_attr(5)], &recs, &[]);
@@ -458,14 +429,7 @@ fn bad_perf_data_is_one_line() {
     let Some(fx) = fixture("pd-bad") else { return };
     let mut recs = fx.preamble();
     for _ in 0..50 {
-        recs.push(Record::Sample {
-            attr: 0,
-            pid: PID,
-            tid: PID,
-            ip: fx.hot.head,
-            period: 500_009,
-            branches: stack(fx.hot, 8, 0),
-        });
+        recs.push(sample(0, fx.hot, 500_009, stack(fx.hot, 8, 0)));
     }
     let good = fx.dir.join("good.data");
     perf_data::write(&good, &[taken_attr(5)], &recs, &[]);
@@ -473,27 +437,12 @@ fn bad_perf_data_is_one_line() {
     let truncated = fx.dir.join("truncated.data");
     std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
     let no_stacks = fx.dir.join("nostacks.data");
-    let plain: Vec<Record> = recs
-        .iter()
-        .map(|r| match r {
-            Record::Sample {
-                attr,
-                pid,
-                tid,
-                ip,
-                period,
-                ..
-            } => Record::Sample {
-                attr: *attr,
-                pid: *pid,
-                tid: *tid,
-                ip: *ip,
-                period: *period,
-                branches: vec![],
-            },
-            r => r.clone(),
-        })
-        .collect();
+    let mut plain = recs.clone();
+    for r in &mut plain {
+        if let Record::Sample { branches, .. } = r {
+            branches.clear();
+        }
+    }
     perf_data::write(&no_stacks, &[cycles_attr(false, 5)], &plain, &[]);
     let pipe = fx.dir.join("pipe.data");
     perf_data::write_pipe_header(&pipe);
@@ -501,14 +450,7 @@ fn bad_perf_data_is_one_line() {
     // attribute lists.
     let unknown = fx.dir.join("unknown.data");
     let mut two = recs.clone();
-    two.push(Record::Sample {
-        attr: 1,
-        pid: PID,
-        tid: PID,
-        ip: fx.hot.head,
-        period: 7,
-        branches: vec![],
-    });
+    two.push(sample(1, fx.hot, 7, vec![]));
     perf_data::write(&unknown, &[taken_attr(5), cycles_attr(false, 6)], &two, &[]);
     let mut b = std::fs::read(&unknown).unwrap();
     let ids_off = 104 + 2 * (128 + 16);
@@ -549,14 +491,7 @@ fn binaries_recorded_elsewhere_are_found_and_checked() {
         *path = recorded.into();
     }
     for _ in 0..40 {
-        recs.push(Record::Sample {
-            attr: 0,
-            pid: PID,
-            tid: PID,
-            ip: fx.hot.head,
-            period: 500_009,
-            branches: stack(fx.hot, 16, 0),
-        });
+        recs.push(sample(0, fx.hot, 500_009, stack(fx.hot, 16, 0)));
     }
     let mut ids = fx.build_ids();
     ids[0].0 = recorded.into();
@@ -644,14 +579,7 @@ fn llvm_profgen_range_counts_equal_ours() {
     let (ph, pc) = (periods(70, 5), periods(25, 6));
     for (ps, l) in [(&ph, fx.hot), (&pc, fx.cold)] {
         for &p in ps {
-            recs.push(Record::Sample {
-                attr: 0,
-                pid: PID,
-                tid: PID,
-                ip: l.head,
-                period: p,
-                branches: stack(l, 32, 0),
-            });
+            recs.push(sample(0, l, p, stack(l, 32, 0)));
         }
     }
     let file = fx.dir.join("profgen.data");
@@ -756,14 +684,7 @@ fn call_records_give_the_call_graph() {
         };
         b.push(c);
         b.push(c);
-        recs.push(Record::Sample {
-            attr: 0,
-            pid: PID,
-            tid: PID,
-            ip: fx.hot.head,
-            period: 500_009,
-            branches: b,
-        });
+        recs.push(sample(0, fx.hot, 500_009, b));
     }
     let file = fx.dir.join("calls.data");
     perf_data::write(&file, &[taken_attr(5)], &recs, &fx.build_ids());
