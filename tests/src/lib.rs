@@ -135,7 +135,8 @@ pub fn output_ok(cmd: &mut Command) -> std::process::Output {
 /// for the whole test binary, so tests of different modules do not overlap either.
 pub fn cpu_heavy() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A private copy of `tests/programs/busy.c` (`-O2 -g` plus `extra`) in a fresh temp

@@ -60,7 +60,9 @@ pub fn compile(source: &str, flags: &[&str]) -> Option<PathBuf> {
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     let stem = Path::new(source).file_stem().expect("a source file name");
     let exe = dir.join(stem);
-    let _one_at_a_time = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    let _one_at_a_time = BUILDING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let src_time = mtime(&src).unwrap_or_else(|| panic!("{}: missing", src.display()));
     if mtime(&exe).is_some_and(|t| t >= src_time) {
         return Some(exe);
@@ -73,7 +75,9 @@ pub fn compile(source: &str, flags: &[&str]) -> Option<PathBuf> {
 /// printing why (strip is missing).
 pub fn stripped(exe: &Path) -> Option<PathBuf> {
     let out = PathBuf::from(format!("{}.stripped", exe.display()));
-    let _one_at_a_time = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    let _one_at_a_time = BUILDING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if mtime(&out).is_some_and(|t| Some(t) >= mtime(exe)) {
         return Some(out);
     }

@@ -22,7 +22,7 @@ pub fn shared_tool_dir(tool_dir: &Path, scratch: &Path) -> Result<PathBuf, Strin
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let mut links: Vec<(PathBuf, PathBuf)> = std::fs::read_dir(tool_dir)
         .map_err(|e| e.to_string())?
-        .filter_map(|e| e.ok())
+        .filter_map(Result::ok)
         .map(|e| {
             let p = e.path();
             (

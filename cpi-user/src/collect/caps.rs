@@ -64,7 +64,7 @@ impl Capabilities {
         let devices_dir = root.join("sys/bus/event_source/devices");
         let mut pmu_devices: Vec<String> = std::fs::read_dir(&devices_dir)
             .map(|rd| {
-                rd.filter_map(|e| e.ok())
+                rd.filter_map(Result::ok)
                     .map(|e| e.file_name().to_string_lossy().into_owned())
                     .collect()
             })
@@ -73,7 +73,7 @@ impl Capabilities {
         let cpu_pmu = ["cpu", "cpu_core"]
             .iter()
             .find(|n| pmu_devices.iter().any(|d| d == *n))
-            .map(|n| n.to_string());
+            .map(ToString::to_string);
         let lbr_depth = cpu_pmu.as_ref().and_then(|pmu| {
             read_trim(&devices_dir.join(pmu).join("caps/branches"))
                 .and_then(|s| s.parse::<u32>().ok())
@@ -89,7 +89,7 @@ impl Capabilities {
             .as_deref()
         {
             Some("GenuineIntel") => Vendor::Intel,
-            Some("AuthenticAMD") | Some("HygonGenuine") => Vendor::Amd,
+            Some("AuthenticAMD" | "HygonGenuine") => Vendor::Amd,
             _ => Vendor::Other,
         };
         let cap_eff = read_trim(&root.join("proc/self/status"))
@@ -167,7 +167,7 @@ fn read_trim(p: &Path) -> Option<String> {
 pub fn kernel_release() -> String {
     // SAFETY: utsname is plain data; uname fills it.
     let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    if unsafe { libc::uname(&mut u) } != 0 {
+    if unsafe { libc::uname(&raw mut u) } != 0 {
         return "unknown".to_string();
     }
     // SAFETY: release is NUL-terminated by the kernel.

@@ -210,7 +210,7 @@ fn check_fd_room(target: &Target) -> Result<(), CollectError> {
             .sum(),
         Target::Command(_) => 1,
     } as u64;
-    let open_now = std::fs::read_dir("/proc/self/fd").map_or(0, |d| d.count()) as u64;
+    let open_now = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count) as u64;
     // Two events per placement at most, plus the object (≈ 12 fds), the ring, the
     // runtime (epoll, eventfd, signal pipe), pidfds and the re-exec pipes.
     let need = open_now + 2 * places + 32;
@@ -273,7 +273,7 @@ impl Session {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let _entered = rt.enter();
+        let entered = rt.enter();
         let sigint = signal(SignalKind::interrupt())?;
         let sigterm = signal(SignalKind::terminate())?;
 
@@ -282,7 +282,8 @@ impl Session {
             Target::Command(argv) => Some(target::spawn_suspended(argv)?),
             _ => None,
         };
-        let (places, extra) = placements(&opts.target, suspended.as_ref().map(|c| c.pid()))?;
+        let (places, extra) =
+            placements(&opts.target, suspended.as_ref().map(target::Suspended::pid))?;
         let sys = Linux;
         let attach = |name: &'static str| ladder::program_fd(&bpf, name);
         let rung = ladder::walk(
@@ -387,7 +388,7 @@ impl Session {
             bpf,
             opts,
         };
-        drop(_entered);
+        drop(entered);
         Ok(Session { live, rt })
     }
 
@@ -544,7 +545,7 @@ impl Live {
                 }
                 _ = poll.tick() => drain_all(sideband, ring.get_mut(), drain),
                 _ = redraw.tick(), if redrawing => {
-                    schedule.tick(&Linux, specs, open, &mut drain.cpu_clock)
+                    schedule.tick(&Linux, specs, open, &mut drain.cpu_clock);
                 }
                 _ = tokio::time::sleep_until(deadline), if self.deadline.is_some() => {
                     break Some(StopReason::Duration)

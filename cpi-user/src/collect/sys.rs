@@ -56,13 +56,13 @@ impl PerfSys for Linux {
         ioctl(
             fd,
             PERF_EVENT_IOC_PERIOD,
-            &period as *const u64 as libc::c_ulong,
+            &raw const period as libc::c_ulong,
         )
     }
     fn read_count(&self, fd: &OwnedFd) -> io::Result<u64> {
         let mut v = 0u64;
         // SAFETY: reading 8 bytes into a local u64 (read_format 0: the count alone).
-        let n = unsafe { libc::read(fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        let n = unsafe { libc::read(fd.as_raw_fd(), (&raw mut v).cast(), 8) };
         match n {
             8 => Ok(v),
             n if n < 0 => Err(io::Error::last_os_error()),
@@ -213,7 +213,7 @@ fn perf_event_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<Owned
     let fd = unsafe {
         libc::syscall(
             libc::SYS_perf_event_open,
-            &a as *const PerfEventAttr,
+            &raw const a,
             pid,
             cpu,
             -1,
@@ -235,7 +235,7 @@ pub fn raise_fd_limit(want: u64) -> io::Result<u64> {
         rlim_max: 0,
     };
     // SAFETY: getrlimit fills a local struct.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) } != 0 {
         return Err(io::Error::last_os_error());
     }
     if lim.rlim_cur < want && lim.rlim_cur < lim.rlim_max {
@@ -244,7 +244,7 @@ pub fn raise_fd_limit(want: u64) -> io::Result<u64> {
             rlim_max: lim.rlim_max,
         };
         // SAFETY: setrlimit reads a local struct.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const raised) } == 0 {
             return Ok(raised.rlim_cur);
         }
     }

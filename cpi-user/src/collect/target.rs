@@ -229,12 +229,12 @@ pub fn spawn_suspended(argv: &[String]) -> Result<Suspended, CollectError> {
             libc::close(go_w.as_raw_fd());
             libc::close(err_r.as_raw_fd());
             let mut b = 0u8;
-            if libc::read(go_r.as_raw_fd(), (&mut b as *mut u8).cast(), 1) != 1 {
+            if libc::read(go_r.as_raw_fd(), (&raw mut b).cast(), 1) != 1 {
                 libc::_exit(127); // the collector gave up before releasing us
             }
             libc::execv(c_path.as_ptr(), c_argv.as_ptr());
             let errno = *libc::__errno_location();
-            libc::write(err_w.as_raw_fd(), (&errno as *const i32).cast(), 4);
+            libc::write(err_w.as_raw_fd(), (&raw const errno).cast(), 4);
             libc::_exit(127);
         }
     }
@@ -260,18 +260,12 @@ impl Suspended {
     pub fn release(self) -> Result<Child, CollectError> {
         let b = 1u8;
         // SAFETY: writing one byte from a local.
-        unsafe { libc::write(self.go.as_raw_fd(), (&b as *const u8).cast(), 1) };
+        unsafe { libc::write(self.go.as_raw_fd(), (&raw const b).cast(), 1) };
         drop(self.go);
         let mut errno = 0i32;
         // EOF (0 bytes): the CLOEXEC pipe closed, exec succeeded.
         // SAFETY: reading at most 4 bytes into a local i32.
-        let n = unsafe {
-            libc::read(
-                self.exec_error.as_raw_fd(),
-                (&mut errno as *mut i32).cast(),
-                4,
-            )
-        };
+        let n = unsafe { libc::read(self.exec_error.as_raw_fd(), (&raw mut errno).cast(), 4) };
         if n == 4 {
             self.child.wait();
             return Err(CollectError::Spawn {
@@ -297,7 +291,7 @@ fn exit_status(status: i32) -> Option<i32> {
 pub fn reap(pid: u32) -> Option<i32> {
     let mut status = 0;
     // SAFETY: plain waitpid on our own child.
-    let r = unsafe { libc::waitpid(pid as i32, &mut status, 0) };
+    let r = unsafe { libc::waitpid(pid as i32, &raw mut status, 0) };
     if r != pid as i32 {
         return None;
     }
@@ -309,7 +303,7 @@ pub fn reap(pid: u32) -> Option<i32> {
 fn try_reap(pid: u32) -> Option<Option<i32>> {
     let mut status = 0;
     // SAFETY: plain waitpid on our own child.
-    let r = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+    let r = unsafe { libc::waitpid(pid as i32, &raw mut status, libc::WNOHANG) };
     match r {
         0 => None,
         r if r == pid as i32 => Some(exit_status(status)),

@@ -552,7 +552,7 @@ fn relocate(
                     })?;
                 match &local {
                     Some(l) if *l != *path => {
-                        notes.push(format!("{recorded}: read from {}", l.display()))
+                        notes.push(format!("{recorded}: read from {}", l.display()));
                     }
                     None if build_ids.contains_key(&recorded) || !path.exists() => {
                         notes.push(format!(
@@ -562,7 +562,7 @@ fn relocate(
                                 .get(&recorded)
                                 .map(String::as_str)
                                 .unwrap_or("unknown")
-                        ))
+                        ));
                     }
                     _ => {}
                 }

@@ -34,7 +34,7 @@ pub enum PerfScriptError {
     #[error(
         "no branch stacks found{}: expected `perf script -F pid,tid,ip,sym,dso,brstack` \
          output of a `perf record -b` recording",
-        malformed_note(*.malformed, .first_malformed)
+        malformed_note(*.malformed, .first_malformed.as_deref())
     )]
     NoBranchStacks {
         /// Lines that looked like samples but did not parse.
@@ -44,7 +44,7 @@ pub enum PerfScriptError {
     },
 }
 
-fn malformed_note(n: usize, first: &Option<String>) -> String {
+fn malformed_note(n: usize, first: Option<&str>) -> String {
     match first {
         Some(f) if n > 0 => format!(" ({n} malformed lines, the first {f})"),
         _ => String::new(),

@@ -129,8 +129,8 @@ struct LineAcc {
     cpi_samples: u64,
 }
 
-fn cpi_samples(e: &Option<Estimate>) -> u64 {
-    e.as_ref().map_or(0, |e| e.samples)
+fn cpi_samples(e: Option<&Estimate>) -> u64 {
+    e.map_or(0, |e| e.samples)
 }
 
 impl Merger {
@@ -237,7 +237,7 @@ impl Merger {
         acc.time_ns.add(p.time_ns);
         acc.cycles.add(p.cycles);
         acc.instructions.add(p.instructions);
-        acc.cpi_samples += cpi_samples(&p.cpi);
+        acc.cpi_samples += cpi_samples(p.cpi.as_ref());
         for f in &p.functions {
             let fa = acc
                 .functions
@@ -294,7 +294,7 @@ impl FuncAcc {
         self.time_ns.add(f.time_ns);
         self.cycles.add(f.cycles);
         self.instructions.add(f.instructions);
-        self.cpi_samples += cpi_samples(&f.cpi);
+        self.cpi_samples += cpi_samples(f.cpi.as_ref());
         self.timed.add(f.timed_cpi.as_ref());
         for l in &f.lines {
             let la = self.lines.entry(l.address).or_insert_with(|| LineAcc {
@@ -307,11 +307,11 @@ impl FuncAcc {
             la.count += l.count;
             la.samples += l.samples;
             la.cycles.add(l.cycles);
-            la.cpi_samples += cpi_samples(&l.cpi);
+            la.cpi_samples += cpi_samples(l.cpi.as_ref());
         }
         for b in &f.blocks {
             let e = self.blocks.entry((b.start, b.end)).or_default();
-            e.0 += cpi_samples(&b.cpi);
+            e.0 += cpi_samples(b.cpi.as_ref());
             e.1.add(b.timed_cpi.as_ref());
         }
         for e in &f.edges {
