@@ -547,11 +547,11 @@ impl Live {
                 _ = redraw.tick(), if redrawing => {
                     schedule.tick(&Linux, specs, open, &mut drain.cpu_clock);
                 }
-                _ = tokio::time::sleep_until(deadline), if self.deadline.is_some() => {
+                () = tokio::time::sleep_until(deadline), if self.deadline.is_some() => {
                     break Some(StopReason::Duration)
                 }
-                _ = tokio::time::sleep_until(until_at), if until.is_some() => break None,
-                _ = &mut all_exited, if *watching => break Some(StopReason::TargetExit),
+                () = tokio::time::sleep_until(until_at), if until.is_some() => break None,
+                () = &mut all_exited, if *watching => break Some(StopReason::TargetExit),
                 _ = sigint.recv() => break Some(StopReason::Signal("SIGINT")),
                 _ = sigterm.recv() => break Some(StopReason::Signal("SIGTERM")),
             }
