@@ -111,8 +111,8 @@ pub const DEFAULT_PERTURBATION: Perturbation = Perturbation::User;
 /// Thinning factor when the kernel layer runs and none is given.
 pub const DEFAULT_THINNING: u32 = 4;
 
-/// Seed 001's CBT window for branch stacks `depth` entries deep: every range of a full
-/// stack (a fixed count, so samples weigh the same).
+/// The range window (`--range-window`, README.md "Usage") for branch stacks `depth`
+/// entries deep: every range of a full stack (a fixed count, so samples weigh the same).
 pub const fn range_window(depth: usize) -> usize {
     if depth > 1 {
         depth - 1

@@ -9,7 +9,8 @@
 //!
 //! The event the branch stacks were sampled on decides what the numbers mean
 //! ([`Estimator`]), and the mode line says it: taken-branch events give absolute
-//! instruction counts (seed 000: each range occurrence stands for period/k), cycles
+//! instruction counts (each range occurrence stands for period / window, as in
+//! `profile/aggregate.rs`), cycles
 //! give cycles per function from the periods but only a relative instruction profile,
 //! other events a relative instruction profile. CPI is shown only where the recording
 //! holds both (a taken-branch event plus a cycles event), timed CPI wherever the
@@ -127,7 +128,8 @@ pub enum ImportError {
 /// How to import.
 #[derive(Clone, Debug)]
 pub struct ImportOptions {
-    /// Newest ranges used per branch stack (seed 001's CBT window).
+    /// Newest ranges used per branch stack (the range window, `--window`; README.md,
+    /// "Usage").
     pub window: usize,
     /// Text only: entries are `brstackoff` dso offsets rather than runtime addresses.
     pub offsets: bool,
