@@ -126,6 +126,22 @@ pub struct Profile {
     pub accuracy: Option<Accuracy>,
 }
 
+impl Profile {
+    /// Removes the cycles/instructions CPI, for profiles whose instruction counts are
+    /// relative (stacks not sampled on taken branches, uncorrected) or that hold no
+    /// cycles; timed CPI (from the branch entries themselves) stays.
+    pub fn without_cpi(&mut self) {
+        for proc in &mut self.processes {
+            proc.cpi = None;
+            for f in &mut proc.functions {
+                f.cpi = None;
+                f.blocks.iter_mut().for_each(|b| b.cpi = None);
+                f.lines.iter_mut().for_each(|l| l.cpi = None);
+            }
+        }
+    }
+}
+
 /// One sampled event.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct EventInfo {
