@@ -113,7 +113,8 @@ pub struct Profile {
     /// `cpi_common::policy::range_window`).
     #[serde(default)]
     pub range_window: u32,
-    /// Every sample lost on the way (sum of `lost`'s loss fields).
+    /// Every sample lost on the way ([`LossReport::lost`]: ring full, branch errors,
+    /// malformed; not the samples received and left unused).
     pub lost_samples: u64,
     /// Losses by kind.
     pub lost: LossReport,
@@ -271,6 +272,32 @@ pub struct LossReport {
     pub invalid_ranges: u64,
     /// IP samples whose address maps to no known code.
     pub unmapped_samples: u64,
+}
+
+impl LossReport {
+    /// Samples really lost on the way: the ring was full, the branch helper failed, or
+    /// the record could not be decoded. Thinned overflows carry their period forward;
+    /// short stacks and invalid ranges were received and left unused by design;
+    /// unmapped samples were received and could not be placed: each is its own line.
+    pub fn lost(&self) -> u64 {
+        self.ring_full + self.branch_errors + self.malformed
+    }
+
+    /// The account after the lost total, as the table and the stop line print it:
+    /// `(ring full a, branch errors b, malformed c); not used: …; unmapped …; thinned …`.
+    pub fn breakdown(&self) -> String {
+        format!(
+            "(ring full {}, branch errors {}, malformed {}); not used: short stacks {}, \
+             invalid ranges {}; unmapped samples {}; thinned on purpose {} (period carried)",
+            self.ring_full,
+            self.branch_errors,
+            self.malformed,
+            self.short_samples,
+            self.invalid_ranges,
+            self.unmapped_samples,
+            self.thinned
+        )
+    }
 }
 
 /// One binary the profile refers to.

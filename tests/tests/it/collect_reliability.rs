@@ -272,8 +272,8 @@ fn repeated_and_overlapping_pids_are_counted_once() {
 }
 
 /// One loss account: the `samples lost` line on stderr is the profile's `lost_samples`
-/// (collection and analysis losses alike), here with samples that cannot be mapped (the
-/// binary is gone by the end of the run) whenever the collector loses them.
+/// (ring full, branch errors, malformed), here with samples that cannot be mapped (the
+/// binary is gone by the end of the run): those are their own count, not losses.
 #[test]
 fn stderr_and_profile_count_the_same_losses() {
     if !require_root("collection") {
