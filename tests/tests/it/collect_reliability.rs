@@ -568,7 +568,9 @@ fn report_of_an_endless_file_is_bounded() {
         .output()
         .unwrap();
     assert_one_line(&out, "/dev/zero");
-    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    // A hang guard, not a speed claim: it reads 256 MiB and stops (about a second on an
+    // idle machine); only a reader that never stops comes near this on a busy one.
+    assert!(t0.elapsed() < Duration::from_secs(300), "{:?}", t0.elapsed());
 }
 
 /// pprof is binary: refused on a terminal without `--output` (as gzip does), before
