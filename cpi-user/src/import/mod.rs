@@ -35,7 +35,7 @@ use locate::{LocateError, Locator};
 use perf_data::{EventAttr, PerfDataError};
 
 use crate::profile::model::{EventInfo, EventUnit, LossReport, Mode, Profile, RunInfo};
-use crate::profile::{analyze, AnalysisOptions};
+use crate::profile::{analyze, AnalysisOptions, StackWeighting};
 use cpi_common::policy::Perturbation;
 use perf_script::{PerfImport, PerfScriptError};
 
@@ -140,6 +140,10 @@ pub struct ImportOptions {
     pub period_field: bool,
     /// Text only (perf.data names its events): what the stacks were sampled on.
     pub text_event: Estimator,
+    /// How each stack's ranges are weighted; `None`: period / cycles spanned for
+    /// perf.data stacks sampled on cycles with timed entries, period / window otherwise
+    /// ([`StackWeighting`]).
+    pub stack_weighting: Option<StackWeighting>,
     /// Where the recorded binaries are on this machine.
     pub locator: Locator,
     /// Passed on to [`analyze()`] unchanged.
@@ -154,6 +158,7 @@ impl Default for ImportOptions {
             period: 1,
             period_field: false,
             text_event: Estimator::Cycles,
+            stack_weighting: None,
             locator: Locator {
                 caches: Locator::default_caches(),
                 ..Locator::default()
@@ -268,18 +273,22 @@ struct Pass {
     period_sums: Vec<u64>,
     /// Deepest branch stack seen.
     max_depth: usize,
+    /// Branch entries that carry cycles, per event.
+    timed_per_event: Vec<u64>,
+    /// The same over the stacks used.
     timed_entries: u64,
     truncated_stacks: u64,
     records: perf_data::Records,
     header: perf_data::Header,
 }
 
-/// One pass over the file with range window `window`; `branch` is the event whose
-/// stacks are used and `cycles` the event whose samples give cycles (when known).
+/// One pass over the file with range window `window` and stack weighting `weighting`;
+/// `branch` is the event whose stacks are used and `cycles` the event whose samples
+/// give cycles (when known).
 fn perf_data_pass(
     path: &Path,
     what: &str,
-    window: usize,
+    (window, weighting): (usize, StackWeighting),
     roles: Option<(usize, Option<usize>, Estimator)>,
 ) -> Result<Pass, ImportError> {
     let mut f = std::fs::File::open(path).map_err(|source| ImportError::Io {
@@ -287,16 +296,21 @@ fn perf_data_pass(
         source,
     })?;
     let mut set = SampleSet::new(window);
+    set.weighting = weighting;
     let mut per_event = Vec::new();
     let mut period_sums: Vec<u64> = Vec::new();
+    let mut timed_per_event: Vec<u64> = Vec::new();
     let (mut max_depth, mut timed_entries, mut truncated_stacks) = (0usize, 0u64, 0u64);
     let (header, records) = perf_data::read(&mut f, |h, s| {
         if per_event.len() < h.events.len() {
             per_event.resize(h.events.len(), 0);
             period_sums.resize(h.events.len(), 0);
+            timed_per_event.resize(h.events.len(), 0);
         }
         per_event[s.event] += 1;
         period_sums[s.event] = period_sums[s.event].saturating_add(s.period);
+        let timed = s.branches.iter().filter(|e| e.cycles() != 0).count() as u64;
+        timed_per_event[s.event] += timed;
         if !s.branches.is_empty() {
             max_depth = max_depth.max(s.branches.len());
         }
@@ -329,7 +343,7 @@ fn perf_data_pass(
             if s.branches.len() > MAX_BRANCH_ENTRIES {
                 truncated_stacks += 1;
             }
-            timed_entries += s.branches.iter().filter(|e| e.cycles() != 0).count() as u64;
+            timed_entries += timed;
             let period = match est {
                 Estimator::TakenBranches | Estimator::Cycles => s.period,
                 Estimator::Other => 1,
@@ -346,11 +360,13 @@ fn perf_data_pass(
     })?;
     per_event.resize(header.events.len(), 0);
     period_sums.resize(header.events.len(), 0);
+    timed_per_event.resize(header.events.len(), 0);
     Ok(Pass {
         set,
         per_event,
         period_sums,
         max_depth,
+        timed_per_event,
         timed_entries,
         truncated_stacks,
         records,
@@ -369,7 +385,7 @@ pub fn import_perf_data(
         why,
     };
     // First pass: the events, how deep the stacks are.
-    let scan = perf_data_pass(path, what, opts.window, None)?;
+    let scan = perf_data_pass(path, what, (opts.window, StackWeighting::Window), None)?;
     let events = &scan.header.events;
     let with_stacks: Vec<usize> = (0..events.len())
         .filter(|&i| events[i].has_branch_stack())
@@ -413,7 +429,24 @@ pub fn import_perf_data(
         ));
         window = usable - 1;
     }
-    let pass = perf_data_pass(path, what, window, Some((branch, cycles, est)))?;
+    // Stacks sampled on cycles over-weight ranges ahead of slow code; timed entries
+    // let each window be weighted by the cycles it spans instead (README.md,
+    // "Cycle-sampled branch stacks").
+    let timed_stacks = scan.timed_per_event[branch] > 0;
+    let weighting = opts
+        .stack_weighting
+        .unwrap_or(if est == Estimator::Cycles && timed_stacks {
+            StackWeighting::CyclesSpanned
+        } else {
+            StackWeighting::Window
+        });
+    if weighting == StackWeighting::CyclesSpanned && !timed_stacks {
+        return Err(unusable(
+            "--stack-weighting cycles-spanned needs branch entries that carry cycles (timed LBR); these carry none".into(),
+        ));
+    }
+    let corrected = est == Estimator::Cycles && weighting == StackWeighting::CyclesSpanned;
+    let pass = perf_data_pass(path, what, (window, weighting), Some((branch, cycles, est)))?;
     let header = pass.header;
     let mut set = pass.set;
     let records = pass.records;
@@ -459,6 +492,8 @@ pub fn import_perf_data(
         (Estimator::TakenBranches, None) => format!(
             "taken-branch event: absolute instruction counts (each range stands for period/{window}), shares of instructions; the recording holds no cycles: no cycles, no CPI"
         ),
+        (Estimator::Cycles, _) if corrected => "cycles event: cycles per function from the sample periods; instruction counts from the stacks weighted by period / cycles each window spans (timed entries; corrects cycle sampling's bias towards slow code); CPI = cycles / those counts"
+            .to_string(),
         (Estimator::Cycles, _) => "cycles event: cycles per function from the sample periods; the instruction profile is relative (stacks sampled on cycles, not taken branches): no CPI from it"
             .to_string(),
         (Estimator::Other, Some(c)) => format!(
@@ -514,9 +549,10 @@ pub fn import_perf_data(
         perturbation: Perturbation::None,
         lost: LossReport::default(),
     };
+    notes.extend(untimed_note(&set));
     let mut profile = analyze(&set, run, &opts.analysis);
-    if est != Estimator::TakenBranches || cycles.is_none() {
-        without_cpi(&mut profile);
+    if !(est == Estimator::TakenBranches || corrected) || cycles.is_none() {
+        profile.without_cpi();
     }
     if cycles.is_none() {
         shares_of_instructions(&mut profile);
@@ -578,17 +614,18 @@ fn relocate(
     Ok(notes)
 }
 
-/// Removes the cycles/instructions CPI where the instruction counts are relative or
-/// there are no cycles; timed CPI (from the branch entries themselves) stays.
-pub fn without_cpi(p: &mut Profile) {
-    for proc in &mut p.processes {
-        proc.cpi = None;
-        for f in &mut proc.functions {
-            f.cpi = None;
-            f.blocks.iter_mut().for_each(|b| b.cpi = None);
-            f.lines.iter_mut().for_each(|l| l.cpi = None);
-        }
-    }
+/// Says how many stacks the cycles-spanned weighting left out for an untimed entry.
+fn untimed_note(set: &SampleSet) -> Option<String> {
+    let untimed: u64 = set
+        .processes
+        .values()
+        .map(|p| p.branches.untimed_samples)
+        .sum();
+    (untimed > 0).then(|| {
+        format!(
+            "{untimed} stacks had an entry without cycles in the window and were left out of the cycles-spanned weighting"
+        )
+    })
 }
 
 /// Without cycles, a function's share is its share of the process's instructions and
@@ -718,7 +755,23 @@ pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Impor
     if est == Estimator::Other {
         import.samples.iter_mut().for_each(|s| s.header.period = 1);
     }
-    let mut set = import.into_sample_set(opts.window);
+    // As for perf.data: stacks on cycles with timed entries are weighted by the cycles
+    // each window spans.
+    let weighting = opts
+        .stack_weighting
+        .unwrap_or(if est == Estimator::Cycles && timed {
+            StackWeighting::CyclesSpanned
+        } else {
+            StackWeighting::Window
+        });
+    if weighting == StackWeighting::CyclesSpanned && !timed {
+        return Err(ImportError::Unusable {
+            what: what.into(),
+            why: "--stack-weighting cycles-spanned needs branch entries that carry cycles (timed LBR); these carry none".into(),
+        });
+    }
+    let corrected = est == Estimator::Cycles && weighting == StackWeighting::CyclesSpanned;
+    let mut set = import.into_sample_set(opts.window, weighting);
     let mut notes = notes;
     notes.extend(relocate(&mut set, &opts.locator, &BTreeMap::new(), what)?);
     for ip in &ips {
@@ -756,6 +809,12 @@ pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Impor
         "no period in the text and no --period: each sample weighs 1, counts are relative"
     };
     let meaning = match est {
+        Estimator::Cycles if corrected => {
+            "taken as cycles (perf record -b's default; --event says \
+             otherwise): cycles per function from the periods; instruction counts from the \
+             stacks weighted by period / cycles each window spans (timed entries; corrects \
+             cycle sampling's bias towards slow code); CPI = cycles / those counts"
+        }
         Estimator::Cycles => {
             "taken as cycles (perf record -b's default; --event says \
              otherwise): cycles per function from the periods; the instruction profile is \
@@ -786,8 +845,11 @@ pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Impor
         perturbation: Perturbation::None,
         lost: LossReport::default(),
     };
+    notes.extend(untimed_note(&set));
     let mut profile = analyze(&set, run, &opts.analysis);
-    without_cpi(&mut profile);
+    if !corrected {
+        profile.without_cpi();
+    }
     if est != Estimator::Cycles {
         shares_of_instructions(&mut profile);
     }

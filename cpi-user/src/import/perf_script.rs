@@ -25,7 +25,7 @@ use cpi_common::wire::{BranchEntry, BranchSample, SampleHeader, MAX_BRANCH_ENTRI
 
 use crate::binary::Binary;
 use crate::procmap::{MappedObject, Mapping, ProcessMaps};
-use crate::profile::SampleSet;
+use crate::profile::{SampleSet, StackWeighting};
 
 /// Why `perf script` text gave nothing to analyse.
 #[derive(Debug, thiserror::Error)]
@@ -106,8 +106,9 @@ impl PerfImport {
     }
 
     /// Feeds the samples and mappings into a [`SampleSet`] with the given range window.
-    pub fn into_sample_set(self, window: usize) -> SampleSet {
+    pub fn into_sample_set(self, window: usize, weighting: StackWeighting) -> SampleSet {
         let mut set = SampleSet::new(window);
+        set.weighting = weighting;
         for s in &self.samples {
             set.add_branch(s);
         }

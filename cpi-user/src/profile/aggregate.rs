@@ -4,7 +4,9 @@
 //! Branch samples are reduced on arrival (the range window): of each sample's
 //! entries e₁…eₙ (oldest → newest), the newest `window` ranges [eₖ.to, eₖ₊₁.from] and
 //! the taken branch eₖ₊₁ that ends each are added with weight Q / window, Q being the
-//! events the sample stands for. Memory is bounded by distinct ranges, not samples.
+//! events the sample stands for ([`StackWeighting::Window`]). Stacks sampled on cycles
+//! instead weigh Q / (cycles the window spans) ([`StackWeighting::CyclesSpanned`]).
+//! Memory is bounded by distinct ranges, not samples.
 #![warn(missing_docs)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -14,6 +16,49 @@ use std::sync::Arc;
 use cpi_common::wire::{BranchSample, EventRole, IpSample, FLAG_KERNEL};
 
 use crate::procmap::ProcessMaps;
+
+/// How each branch stack's ranges are weighted.
+///
+/// A stack sampled every Q taken branches covers `window` of them: each range stands
+/// for Q / window executions (seed 000). A stack sampled every Q *cycles* is taken with
+/// probability proportional to the cycles of the range the sample lands in, so ranges
+/// ahead of slow code are over-represented; weighting the window by Q / (Σ cycles of its
+/// ranges, from timed branch entries) makes each range count its executions again, up
+/// to how well the window's cycles stand for those of the ranges sampled after it
+/// (README.md, "Cycle-sampled branch stacks", gives the measured bias before and after).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StackWeighting {
+    /// Q / window: stacks sampled on retired taken branches.
+    #[default]
+    Window,
+    /// Q / (cycles the window spans): stacks sampled on cycles with timed entries.
+    /// Stacks with an untimed entry in the window are counted and left out.
+    CyclesSpanned,
+}
+
+impl std::str::FromStr for StackWeighting {
+    type Err = String;
+    /// `window` or `cycles-spanned` (the CLI's names).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "window" => Ok(StackWeighting::Window),
+            "cycles-spanned" => Ok(StackWeighting::CyclesSpanned),
+            _ => Err(format!("`{s}`: expected window or cycles-spanned")),
+        }
+    }
+}
+
+impl StackWeighting {
+    /// How the profile names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            StackWeighting::Window => "each range weighs period / window",
+            StackWeighting::CyclesSpanned => {
+                "each range weighs period / cycles its window spans (timed entries), correcting cycle-sampled stacks"
+            }
+        }
+    }
+}
 
 /// A taken branch (from, to) as recorded.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -55,6 +100,9 @@ pub struct BranchAggregate {
     pub short_samples: u64,
     /// Ranges dropped at aggregation: running backwards.
     pub backward_ranges: u64,
+    /// Samples left out under [`StackWeighting::CyclesSpanned`]: an entry of the window
+    /// carries no cycles.
+    pub untimed_samples: u64,
 }
 
 /// IP samples of one process and one event role.
@@ -86,17 +134,31 @@ impl IpAggregate {
 }
 
 impl BranchAggregate {
-    /// Adds one branch sample using its newest `window` ranges.
-    pub fn add(&mut self, s: &BranchSample, window: usize) {
+    /// Adds one branch sample using its newest `window` ranges, weighted as `weighting`
+    /// says.
+    pub fn add(&mut self, s: &BranchSample, window: usize, weighting: StackWeighting) {
         let entries = s.entries(); // newest first
         let window = window.max(1);
         if entries.len() < window + 1 {
             self.short_samples += 1;
             return;
         }
+        let span = match weighting {
+            StackWeighting::Window => window as f64,
+            StackWeighting::CyclesSpanned => {
+                // Entry i carries the cycles of the range it ends (Skylake's LBR_INFO
+                // cycle count; saturated counts are a lower bound and kept).
+                let c = &entries[..window];
+                if c.iter().any(|e| e.cycles() == 0) {
+                    self.untimed_samples += 1;
+                    return;
+                }
+                c.iter().map(|e| e.cycles() as f64).sum()
+            }
+        };
         self.samples += 1;
         self.weight += s.header.period;
-        let w = s.header.period as f64 / window as f64;
+        let w = s.header.period as f64 / span;
         // entries[i + 1] is older than entries[i]: range [older.to, newer.from], ended
         // by the taken branch `newer`.
         for i in 0..window {
@@ -146,6 +208,8 @@ pub struct ProcessSamples {
 pub struct SampleSet {
     /// Ranges used per branch sample (the range window).
     pub window: usize,
+    /// How each sample's ranges are weighted.
+    pub weighting: StackWeighting,
     /// By pid.
     pub processes: BTreeMap<u32, ProcessSamples>,
 }
@@ -155,6 +219,7 @@ impl SampleSet {
     pub fn new(window: usize) -> Self {
         SampleSet {
             window: window.max(1),
+            weighting: StackWeighting::Window,
             processes: BTreeMap::new(),
         }
     }
@@ -169,8 +234,10 @@ impl SampleSet {
 
     /// Adds a branch sample to its process ([`BranchAggregate::add`]).
     pub fn add_branch(&mut self, s: &BranchSample) {
-        let window = self.window;
-        self.process(s.header.tgid).branches.add(s, window);
+        let (window, weighting) = (self.window, self.weighting);
+        self.process(s.header.tgid)
+            .branches
+            .add(s, window, weighting);
     }
 
     /// Adds an IP sample under its event role; records with an unknown role are
@@ -224,6 +291,28 @@ mod tests {
         // A sample too shallow for the window is counted, not used.
         set.add_branch(&sample(1000, &e[..2]));
         assert_eq!(set.processes[&7].branches.short_samples, 1);
+    }
+
+    #[test]
+    fn cycles_spanned_weighs_the_window_by_its_cycles() {
+        // Oldest → newest; the newest two entries carry 30 and 10 cycles.
+        let e = [
+            BranchEntry::new(0x310, 0x400, false, 10),
+            BranchEntry::new(0x230, 0x300, false, 30),
+            BranchEntry::new(0x120, 0x200, false, 0),
+        ];
+        let mut set = SampleSet::new(2);
+        set.weighting = StackWeighting::CyclesSpanned;
+        set.add_branch(&sample(1000, &e));
+        let b = &set.processes[&7].branches;
+        // 1000 cycles over a 40-cycle window: it repeated 25 times.
+        assert_eq!(b.ranges[&(0x300, 0x310)].count, 25.0);
+        assert_eq!(b.ranges[&(0x200, 0x230)].count, 25.0);
+        // An untimed entry inside the window: left out, counted.
+        let untimed = [e[0], BranchEntry::new(0x230, 0x300, false, 0), e[2]];
+        set.add_branch(&sample(1000, &untimed));
+        let b = &set.processes[&7].branches;
+        assert_eq!((b.samples, b.untimed_samples), (1, 1));
     }
 
     #[test]

@@ -185,22 +185,12 @@ pub fn analyze_with(
         events: run.events,
         perturbation: run.perturbation,
         range_window: set.window as u32,
-        lost_samples: lost_total(&lost),
+        lost_samples: lost.lost(),
         lost,
         binaries: binaries.into_values().collect(),
         processes,
         accuracy: None,
     }
-}
-
-/// Every loss except `thinned` (thinned overflows carry their period forward).
-pub fn lost_total(l: &LossReport) -> u64 {
-    l.ring_full
-        + l.branch_errors
-        + l.malformed
-        + l.short_samples
-        + l.invalid_ranges
-        + l.unmapped_samples
 }
 
 /// The role whose IP samples are the process's "samples": cycles where there is a PMU,
@@ -834,7 +824,10 @@ mod tests {
             run.lost.thinned = 7;
             let prof = analyze(&set, run, &opts());
             assert_eq!(prof.lost.unmapped_samples, 3);
-            assert_eq!(prof.lost_samples, 5, "ring_full + unmapped, not thinned");
+            assert_eq!(
+                prof.lost_samples, 2,
+                "ring_full only: not unmapped, not thinned"
+            );
             let pp = &prof.processes[0];
             assert_eq!((pp.pid, pp.comm.as_str(), pp.samples), (100, "loops", 48));
             assert_eq!(pp.time_ns, Some(48e6));
@@ -866,7 +859,7 @@ mod tests {
             // The JSON fields issue 2 promises.
             let j = serde_json::to_value(&prof).unwrap();
             assert_eq!(j["mode"], "time-profile");
-            assert_eq!(j["lost_samples"], 5);
+            assert_eq!(j["lost_samples"], 2);
             assert_eq!(j["processes"][0]["pid"], 100);
             assert_eq!(j["processes"][0]["comm"], "loops");
             assert_eq!(j["processes"][0]["samples"], 48);
@@ -1239,7 +1232,7 @@ mod range_tests {
         ));
         let prof = analyze(&set, run_info(Mode::Cpi), &opts());
         assert_eq!(prof.lost.invalid_ranges, 3);
-        assert_eq!(prof.lost_samples, 3);
+        assert_eq!(prof.lost_samples, 0, "invalid ranges are not lost samples");
         let f = func(&prof, "fib");
         let counted: Vec<u64> = f
             .lines

@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::analyze::{estimate, lost_total};
+use super::analyze::estimate;
 use super::model::{
     BlockProfile, CallEdge, EdgeProfile, Estimate, EventInfo, FunctionProfile, InstructionProfile,
     LossReport, Mode, ProcessProfile, Profile,
@@ -277,7 +277,7 @@ impl Merger {
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
             duration_secs: self.duration_secs,
             events: self.events,
-            lost_samples: lost_total(&self.lost),
+            lost_samples: self.lost.lost(),
             lost: self.lost,
             binaries: self.binaries.into_values().collect(),
             processes,
@@ -636,7 +636,7 @@ mod tests {
             }],
             perturbation: cpi_common::policy::Perturbation::User,
             range_window: 31,
-            lost_samples: 2,
+            lost_samples: 1,
             lost: LossReport {
                 ring_full: 1,
                 unmapped_samples: 1,
@@ -669,7 +669,7 @@ mod tests {
         let m = merge(&[window(1.0, false), window(3.0, false)]).unwrap();
         assert_eq!(m.duration_secs, 20.0);
         assert_eq!(m.events[0].samples, 100);
-        assert_eq!((m.lost.ring_full, m.lost_samples), (2, 4));
+        assert_eq!((m.lost.ring_full, m.lost_samples), (2, 2));
         assert_eq!(m.binaries.len(), 1);
         let p = &m.processes[0];
         assert_eq!((p.samples, p.branch_samples), (100, 40));

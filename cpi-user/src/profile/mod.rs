@@ -8,6 +8,6 @@ pub mod flow;
 pub mod merge;
 pub mod model;
 
-pub use aggregate::{BranchAggregate, IpAggregate, ProcessSamples, SampleSet};
+pub use aggregate::{BranchAggregate, IpAggregate, ProcessSamples, SampleSet, StackWeighting};
 pub use analyze::{analyze, AnalysisOptions};
 pub use model::{Mode, Profile, RunInfo};

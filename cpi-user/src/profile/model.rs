@@ -113,7 +113,8 @@ pub struct Profile {
     /// `cpi_common::policy::range_window`).
     #[serde(default)]
     pub range_window: u32,
-    /// Every sample lost on the way (sum of `lost`'s loss fields).
+    /// Every sample lost on the way ([`LossReport::lost`]: ring full, branch errors,
+    /// malformed; not the samples received and left unused).
     pub lost_samples: u64,
     /// Losses by kind.
     pub lost: LossReport,
@@ -124,6 +125,22 @@ pub struct Profile {
     /// Distance from the exact answer, when there is one (`cpi-bpf simulate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<Accuracy>,
+}
+
+impl Profile {
+    /// Removes the cycles/instructions CPI, for profiles whose instruction counts are
+    /// relative (stacks not sampled on taken branches, uncorrected) or that hold no
+    /// cycles; timed CPI (from the branch entries themselves) stays.
+    pub fn without_cpi(&mut self) {
+        for proc in &mut self.processes {
+            proc.cpi = None;
+            for f in &mut proc.functions {
+                f.cpi = None;
+                f.blocks.iter_mut().for_each(|b| b.cpi = None);
+                f.lines.iter_mut().for_each(|l| l.cpi = None);
+            }
+        }
+    }
 }
 
 /// One sampled event.
@@ -255,6 +272,32 @@ pub struct LossReport {
     pub invalid_ranges: u64,
     /// IP samples whose address maps to no known code.
     pub unmapped_samples: u64,
+}
+
+impl LossReport {
+    /// Samples really lost on the way: the ring was full, the branch helper failed, or
+    /// the record could not be decoded. Thinned overflows carry their period forward;
+    /// short stacks and invalid ranges were received and left unused by design;
+    /// unmapped samples were received and could not be placed: each is its own line.
+    pub fn lost(&self) -> u64 {
+        self.ring_full + self.branch_errors + self.malformed
+    }
+
+    /// The account after the lost total, as the table and the stop line print it:
+    /// `(ring full a, branch errors b, malformed c); not used: …; unmapped …; thinned …`.
+    pub fn breakdown(&self) -> String {
+        format!(
+            "(ring full {}, branch errors {}, malformed {}); not used: short stacks {}, \
+             invalid ranges {}; unmapped samples {}; thinned on purpose {} (period carried)",
+            self.ring_full,
+            self.branch_errors,
+            self.malformed,
+            self.short_samples,
+            self.invalid_ranges,
+            self.unmapped_samples,
+            self.thinned
+        )
+    }
 }
 
 /// One binary the profile refers to.

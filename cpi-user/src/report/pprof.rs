@@ -7,6 +7,12 @@
 //! and `pprof -top` shows the same ranking. Sample types:
 //! `cycles`, `instructions`, `samples` (counts); in a time profile `samples` and `cpu`
 //! (nanoseconds), since there are no cycles to report.
+//!
+//! The calls-only call graph ([`crate::profile::model::CallEdge`]) travels as a fourth
+//! sample type, `calls`, when the profile has call edges: one two-frame sample
+//! [callee, caller] per edge whose `calls` value is the estimated calls and whose other
+//! values are 0, so the other types' totals and `-top` are unchanged and
+//! `go tool pprof -sample_index=calls -peek FUNC` lists FUNC's callers and callees.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -212,15 +218,22 @@ pub fn build(p: &Profile) -> PprofProfile {
 pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> PprofProfile {
     let mut st = Strings::new();
     let time = !p.mode.has_cpi();
-    let types: &[(&str, &str)] = if time {
-        &[("samples", "count"), ("cpu", "nanoseconds")]
+    let mut types: Vec<(&str, &str)> = if time {
+        vec![("samples", "count"), ("cpu", "nanoseconds")]
     } else {
-        &[
+        vec![
             ("cycles", "count"),
             ("instructions", "count"),
             ("samples", "count"),
         ]
     };
+    let with_calls = p
+        .processes
+        .iter()
+        .any(|pr| keep(pr) && !pr.calls.is_empty());
+    if with_calls {
+        types.push(("calls", "count"));
+    }
     let sample_type = types
         .iter()
         .map(|(t, u)| ValueType {
@@ -273,6 +286,9 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
     let mut location = Vec::new();
     let mut func_ids: HashMap<(&str, u64, &str), u64> = HashMap::new();
     let mut loc_ids: HashMap<(&str, u64), u64> = HashMap::new();
+    // Call-graph frames by function id: their own locations, so a function's
+    // instruction-level locations keep only its own samples.
+    let mut call_locs: HashMap<u64, u64> = HashMap::new();
     let mut sample = Vec::new();
     let (pid_key, comm_key) = (st.id("pid"), st.id("comm"));
     for proc in p.processes.iter().filter(|pr| keep(pr)) {
@@ -318,13 +334,62 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                         id
                     })
             };
-            for (address, value) in function_values(f, time) {
+            for (address, mut value) in function_values(f, time) {
+                if with_calls {
+                    value.push(0);
+                }
                 sample.push(Sample {
                     location_id: vec![loc(address)],
                     value,
                     label: labels.clone(),
                 });
             }
+        }
+        // Call edges: [callee, caller] at the functions' starts, `calls` only.
+        for c in &proc.calls {
+            let mut value = vec![0; types.len()];
+            *value.last_mut().expect("calls is a type") = count(Some(c.count));
+            let mut frames = Vec::with_capacity(2);
+            for (binary, name) in [
+                (c.callee_binary.as_str(), c.callee.as_str()),
+                (c.caller_binary.as_str(), c.caller.as_str()),
+            ] {
+                let address = proc
+                    .functions
+                    .iter()
+                    .find(|f| f.binary == binary && f.name == name)
+                    .map_or(0, |f| f.address);
+                let fid = *func_ids.entry((binary, address, name)).or_insert_with(|| {
+                    let id = function.len() as u64 + 1;
+                    let n = st.id(name);
+                    function.push(Function {
+                        id,
+                        name: n,
+                        system_name: n,
+                        filename: st.id(binary),
+                    });
+                    id
+                });
+                frames.push(*call_locs.entry(fid).or_insert_with(|| {
+                    let id = location.len() as u64 + 1;
+                    location.push(Location {
+                        id,
+                        // A function without samples has no mapping span: 0 is "none".
+                        mapping_id: mapping_ids.get(binary).copied().unwrap_or(0),
+                        address,
+                        line: vec![Line {
+                            function_id: fid,
+                            line: 0,
+                        }],
+                    });
+                    id
+                }));
+            }
+            sample.push(Sample {
+                location_id: frames,
+                value,
+                label: labels.clone(),
+            });
         }
     }
 

@@ -1,5 +1,6 @@
 //! Human tables: the run header (mode first, losses always), top functions, hot blocks,
-//! and `--annotate FUNC`. A time profile (no PMU) gets the same views over samples and
+//! `--annotate FUNC`, and `--callgraph` (callers and callees from the branch records that
+//! are calls). A time profile (no PMU) gets the same views over samples and
 //! CPU time, and says so; units below the sample floor say so instead of a number. A
 //! profile with an accuracy (`cpi-bpf simulate`) ends with it.
 #![warn(missing_docs)]
@@ -9,7 +10,8 @@ use std::fmt::Write;
 use comfy_table::{presets, CellAlignment, Table, TableComponent};
 
 use crate::profile::model::{
-    role_name, Accuracy, BlockProfile, Estimate, FunctionProfile, Mode, ProcessProfile, Profile,
+    role_name, Accuracy, BlockProfile, CallEdge, Estimate, FunctionProfile, Mode, ProcessProfile,
+    Profile,
 };
 
 /// What to render.
@@ -19,6 +21,9 @@ pub struct TableOptions {
     pub top: usize,
     /// Show this function's annotated disassembly instead of the top tables.
     pub annotate: Option<String>,
+    /// Show the calls-only call graph instead of the top tables: callers and callees
+    /// of the hottest functions, or of `annotate`'s function after its disassembly.
+    pub callgraph: bool,
 }
 
 impl Default for TableOptions {
@@ -26,6 +31,7 @@ impl Default for TableOptions {
         TableOptions {
             top: 20,
             annotate: None,
+            callgraph: false,
         }
     }
 }
@@ -55,14 +61,32 @@ fn suggest(similar: &[String]) -> String {
 pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
     let mut out = header(p);
     match &opts.annotate {
-        Some(name) => annotate(p, name, &mut out)?,
+        Some(name) => {
+            annotate(p, name, &mut out)?;
+            if opts.callgraph {
+                for proc in &p.processes {
+                    let focus: Vec<&FunctionProfile> =
+                        proc.functions.iter().filter(|f| f.name == *name).collect();
+                    if !focus.is_empty() {
+                        out.push_str(&call_graph(p.mode, proc, &focus));
+                    }
+                }
+            }
+        }
         None => {
             let (shown, rest) = processes_to_show(p);
             for proc in shown {
                 out.push('\n');
                 out.push_str(&process_line(p.mode, proc));
-                out.push_str(&top_functions(p.mode, proc, opts.top));
-                out.push_str(&hot_blocks(p.mode, proc, opts.top));
+                if opts.callgraph {
+                    let mut fns: Vec<&FunctionProfile> = proc.functions.iter().collect();
+                    fns.sort_by(|a, b| heat(p.mode, b).total_cmp(&heat(p.mode, a)));
+                    fns.truncate(opts.top);
+                    out.push_str(&call_graph(p.mode, proc, &fns));
+                } else {
+                    out.push_str(&top_functions(p.mode, proc, opts.top));
+                    out.push_str(&hot_blocks(p.mode, proc, opts.top));
+                }
             }
             if !rest.is_empty() {
                 let samples: u64 = rest.iter().map(|pr| pr.samples).sum();
@@ -166,19 +190,11 @@ fn header(p: &Profile) -> String {
             group(e.samples)
         );
     }
-    let l = &p.lost;
     let _ = writeln!(
         s,
-        "lost samples: {} (ring full {}, branch errors {}, malformed {}, short {}, \
-         unmapped {}, invalid ranges {}); thinned on purpose {} (period carried)",
+        "lost samples: {} {}",
         group(p.lost_samples),
-        group(l.ring_full),
-        group(l.branch_errors),
-        group(l.malformed),
-        group(l.short_samples),
-        group(l.unmapped_samples),
-        group(l.invalid_ranges),
-        group(l.thinned),
+        p.lost.breakdown()
     );
     for b in p.binaries.iter().filter(|b| b.deleted || b.stripped) {
         let what = match (b.deleted, b.stripped) {
@@ -401,6 +417,81 @@ fn hot_blocks(mode: Mode, p: &ProcessProfile, top: usize) -> String {
         t
     };
     finish("hot blocks", &t, shown, blocks.len())
+}
+
+/// Callers (←) and callees (→) of each function of `focus` that has any, with the
+/// estimated calls and the call records behind them (seed 001's calls-only call graph).
+fn call_graph(mode: Mode, p: &ProcessProfile, focus: &[&FunctionProfile]) -> String {
+    if !matches!(mode, Mode::Cpi | Mode::Simulated) {
+        return format!(
+            "\nno call graph: {} mode has no branch records (calls come from the branch \
+             records that are calls)\n",
+            mode.name()
+        );
+    }
+    if p.calls.is_empty() {
+        return "\nno call graph: no sampled branch record of this process is a call\n".into();
+    }
+    let is = |f: &FunctionProfile, name: &str, binary: &str| f.name == name && f.binary == binary;
+    let mut t = new_table(vec!["function", "binary", "calls", "records"], 2);
+    let mut shown = 0;
+    for f in focus {
+        let mut callers: Vec<&CallEdge> = p
+            .calls
+            .iter()
+            .filter(|c| is(f, &c.callee, &c.callee_binary))
+            .collect();
+        let mut callees: Vec<&CallEdge> = p
+            .calls
+            .iter()
+            .filter(|c| is(f, &c.caller, &c.caller_binary))
+            .collect();
+        if callers.is_empty() && callees.is_empty() {
+            continue;
+        }
+        shown += 1;
+        callers.sort_by(|a, b| b.count.total_cmp(&a.count));
+        callees.sort_by(|a, b| b.count.total_cmp(&a.count));
+        // The function's own row: the calls into it, when any were sampled.
+        let (called, records) = if callers.is_empty() {
+            ("-".to_string(), "-".to_string())
+        } else {
+            (
+                si(callers.iter().map(|c| c.count).sum()),
+                group(callers.iter().map(|c| c.samples).sum()),
+            )
+        };
+        t.add_row(vec![f.name.clone(), base(&f.binary), called, records]);
+        for c in callers {
+            t.add_row(vec![
+                format!("  ← {}", c.caller),
+                base(&c.caller_binary),
+                si(c.count),
+                group(c.samples),
+            ]);
+        }
+        for c in callees {
+            t.add_row(vec![
+                format!("  → {}", c.callee),
+                base(&c.callee_binary),
+                si(c.count),
+                group(c.samples),
+            ]);
+        }
+    }
+    let records: u64 = p.calls.iter().map(|c| c.samples).sum();
+    if shown == 0 {
+        return format!(
+            "\nno call graph for these functions: none of the {} call records involves them\n",
+            group(records)
+        );
+    }
+    format!(
+        "\ncall graph (calls only: ← callers, → callees; estimated calls, scaled like ranges, \
+         from {} call records)\n{}\n",
+        group(records),
+        t.trim_fmt()
+    )
 }
 
 fn annotate(p: &Profile, name: &str, out: &mut String) -> Result<(), TableError> {

@@ -19,10 +19,10 @@ use std::process::{ExitStatus, Stdio};
 
 use crate::binary::SymbolizerOptions;
 use crate::profile::model::{EventInfo, EventUnit, LossReport, Mode, Profile, RunInfo};
-use crate::profile::{analyze, AnalysisOptions, SampleSet};
+use crate::profile::{analyze, AnalysisOptions, SampleSet, StackWeighting};
 use cpi_common::policy::PeriodPolicy;
 use cpi_common::wire::EventRole;
-use pmu::{PmuConfig, PmuStats};
+use pmu::{BranchEvent, PmuConfig, PmuStats};
 use replay::{Replay, Truth};
 
 /// Why a simulation failed.
@@ -165,22 +165,55 @@ pub fn profile_of(
         unit: EventUnit::of_role(role),
         samples,
     };
+    let weighting = cfg.weighting();
+    // Stacks sampled on cycles, weighted per window, give a relative instruction
+    // profile: no CPI from it.
+    let relative = cfg.branch_event == BranchEvent::Cycles && weighting == StackWeighting::Window;
+    let stacks = match cfg.branch_event {
+        BranchEvent::Branches => "branch stacks sampled on taken branches",
+        BranchEvent::Cycles => "branch stacks sampled on cycles",
+    };
+    let untimed = samples
+        .processes
+        .values()
+        .map(|p| p.branches.untimed_samples)
+        .sum::<u64>();
     let run = RunInfo {
         mode: Mode::Simulated,
         mode_reason: format!(
             "PMU model replaying an exact trace (Valgrind cpitrace) with modelled cycles; \
-             {} instructions, {} cycles exactly",
-            truth.instructions, truth.cycles
+             {} instructions, {} cycles exactly; {stacks}, {}{}{}",
+            truth.instructions,
+            truth.cycles,
+            weighting.describe(),
+            if relative {
+                ": a relative instruction profile, no CPI"
+            } else {
+                ""
+            },
+            if untimed > 0 {
+                format!("; {untimed} stacks without timed entries left out")
+            } else {
+                String::new()
+            }
         ),
         command,
         duration_secs,
         events: vec![
-            event(
-                EventRole::Branches,
-                "model: retired taken branches + LBR",
-                &cfg.branch,
-                pmu.branch_samples,
-            ),
+            match cfg.branch_event {
+                BranchEvent::Branches => event(
+                    EventRole::Branches,
+                    "model: retired taken branches + LBR",
+                    &cfg.branch,
+                    pmu.branch_samples,
+                ),
+                BranchEvent::Cycles => event(
+                    EventRole::Branches,
+                    "model: cycles + LBR",
+                    &cfg.cycles,
+                    pmu.branch_samples,
+                ),
+            },
             event(
                 EventRole::Cycles,
                 "model: cycles",
@@ -203,6 +236,9 @@ pub fn profile_of(
         ..AnalysisOptions::default()
     };
     let mut profile = analyze(samples, run, &opts);
+    if relative {
+        profile.without_cpi();
+    }
     profile.accuracy = Some(accuracy::compare(&profile, truth));
     profile
 }
@@ -221,6 +257,7 @@ fn simulate_command(
         cpi_common::policy::range_window(cfg.depth.clamp(2, cpi_common::wire::MAX_BRANCH_ENTRIES));
     let ((samples, truth, pmu), status) = run::run_streaming(&tool, cmd, stdout, move |fifo| {
         let mut set = SampleSet::new(window);
+        set.weighting = cfg.weighting();
         // The pid is only known from the trace header; the model is created lazily.
         let mut replay = Replay::default();
         replay.run(fifo, &mut set, Some(cfg))?;

@@ -17,6 +17,11 @@
 //! Without the user layer the period is used exactly as given (the defaults are primes),
 //! which is what lets a test lock a loop onto it.
 //!
+//! The branch stack is snapshotted on the taken-branch counter's overflow
+//! ([`BranchEvent::Branches`], seed 000) or, as `perf record -b` does by default, on
+//! the cycle counter's ([`BranchEvent::Cycles`]: each cycle sample then carries the LBR
+//! as it was at that instruction, and the taken-branch counter emits nothing).
+//!
 //! LBR entries carry the cycles since the previous entry (Skylake+ semantics, saturated
 //! at 0xffff) and the predictor's mispredict flag. Skid: the cycle sample's IP is taken
 //! `skid` instructions after the overflowing one (within its range); the branch sample
@@ -32,11 +37,39 @@ use cpi_common::wire::{
 
 use super::cycles::{Dynamic, Ending, RangeInfo};
 use super::FastMap;
-use crate::profile::SampleSet;
+use crate::profile::{SampleSet, StackWeighting};
+
+/// The counter whose overflow snapshots the branch stack.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BranchEvent {
+    /// Retired taken branches (Intel `BR_INST_RETIRED.NEAR_TAKEN`): each stack stands
+    /// for `period` taken branches.
+    #[default]
+    Branches,
+    /// Cycles (`perf record -b`'s default): each stack stands for `period` cycles.
+    Cycles,
+}
+
+impl std::str::FromStr for BranchEvent {
+    type Err = String;
+    /// `branches` or `cycles` (the CLI's names).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "branches" => Ok(BranchEvent::Branches),
+            "cycles" => Ok(BranchEvent::Cycles),
+            _ => Err(format!("`{s}`: expected branches or cycles")),
+        }
+    }
+}
 
 /// What the model samples and how.
 #[derive(Clone, Debug)]
 pub struct PmuConfig {
+    /// The counter whose overflow snapshots the branch stack.
+    pub branch_event: BranchEvent,
+    /// How the analysis weighs each stack's ranges; `None`: the default for
+    /// `branch_event` ([`PmuConfig::weighting`]).
+    pub stack_weighting: Option<StackWeighting>,
     /// Taken branches per emitted branch sample (base, and the user layer's jitter).
     pub branch: PeriodPolicy,
     /// Cycles per emitted IP sample.
@@ -57,6 +90,8 @@ pub struct PmuConfig {
 impl Default for PmuConfig {
     fn default() -> Self {
         PmuConfig {
+            branch_event: BranchEvent::Branches,
+            stack_weighting: None,
             branch: PeriodPolicy::around(SIM_BRANCH_PERIOD),
             cycles: PeriodPolicy::around(SIM_CYCLE_PERIOD),
             depth: MAX_BRANCH_ENTRIES,
@@ -67,6 +102,18 @@ impl Default for PmuConfig {
             cycles_per_ns: 3,
             seed: SIM_SEED,
         }
+    }
+}
+
+impl PmuConfig {
+    /// The stack weighting in force: as given, else period / window for stacks sampled
+    /// on taken branches and period / cycles spanned for stacks sampled on cycles (the
+    /// model's entries are always timed).
+    pub fn weighting(&self) -> StackWeighting {
+        self.stack_weighting.unwrap_or(match self.branch_event {
+            BranchEvent::Branches => StackWeighting::Window,
+            BranchEvent::Cycles => StackWeighting::CyclesSpanned,
+        })
     }
 }
 
@@ -236,6 +283,20 @@ impl Pmu {
         }
     }
 
+    /// Emits thread `tid`'s LBR as a branch sample standing for `weight` events.
+    fn emit_stack(&mut self, set: &mut SampleSet, tid: u32, ip: u64, weight: u64) {
+        let t = &self.threads[&tid];
+        let depth = self.cfg.depth;
+        let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
+        for (i, e) in entries.iter_mut().enumerate().take(t.filled) {
+            *e = t.lbr[(t.head + i) % depth];
+        }
+        let nr = t.filled as u16;
+        let h = self.header(SampleKind::Branch, tid, EventRole::Branches, weight, ip, nr);
+        set.add_branch(&BranchSample { header: h, entries });
+        self.stats.branch_samples += 1;
+    }
+
     /// One execution of range `r` by thread `tid`, as the cycle model costed it.
     /// `ending` with `Taken` retires the taken branch `r.end → to`.
     pub fn on_range(
@@ -284,6 +345,11 @@ impl Pmu {
                     set.add_ip(&IpSample { header: h })
                         .expect("Cycles is a known role");
                     self.stats.ip_samples += 1;
+                    if self.cfg.branch_event == BranchEvent::Cycles {
+                        // The stack as it stands at this instruction: r's own taken
+                        // branch has not retired yet.
+                        self.emit_stack(set, tid, ip, w);
+                    }
                 }
                 None => self.stats.thinned += 1,
             }
@@ -294,6 +360,7 @@ impl Pmu {
         let depth = self.cfg.depth;
         let mut fire = None;
         let (mut overflowed, mut thinned) = (false, false);
+        let on_branches = self.cfg.branch_event == BranchEvent::Branches;
         {
             let t = self.thread(tid);
             t.since_entry += cycles;
@@ -311,7 +378,7 @@ impl Pmu {
                         *left -= 1;
                     }
                 }
-                t.branches.left -= 1;
+                t.branches.left -= u64::from(on_branches);
                 if t.branches.left == 0 {
                     overflowed = true;
                     let p = t.branches.period;
@@ -328,15 +395,7 @@ impl Pmu {
         self.stats.branch_overflows += overflowed as u64;
         self.stats.thinned += thinned as u64;
         if let Some((ip, weight)) = fire {
-            let t = &self.threads[&tid];
-            let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
-            for (i, e) in entries.iter_mut().enumerate().take(t.filled) {
-                *e = t.lbr[(t.head + i) % depth];
-            }
-            let nr = t.filled as u16;
-            let h = self.header(SampleKind::Branch, tid, EventRole::Branches, weight, ip, nr);
-            set.add_branch(&BranchSample { header: h, entries });
-            self.stats.branch_samples += 1;
+            self.emit_stack(set, tid, ip, weight);
         }
         if self.now_cycles >= self.next_redraw {
             self.redraw();

@@ -228,8 +228,8 @@ fn repeated_and_overlapping_pids_are_counted_once() {
 }
 
 /// One loss account: the `samples lost` line on stderr is the profile's `lost_samples`
-/// (collection and analysis losses alike), here with samples that cannot be mapped (the
-/// binary is gone by the end of the run) whenever the collector loses them.
+/// (ring full, branch errors, malformed), here with samples that cannot be mapped (the
+/// binary is gone by the end of the run): those are their own count, not losses.
 #[test]
 fn stderr_and_profile_count_the_same_losses() {
     if !require_root("collection") {
@@ -530,7 +530,13 @@ fn report_of_an_endless_file_is_bounded() {
         .output()
         .unwrap();
     assert_one_error_line(&out, "/dev/zero");
-    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    // A hang guard, not a speed claim: it reads 256 MiB and stops (about a second on an
+    // idle machine); only a reader that never stops comes near this on a busy one.
+    assert!(
+        t0.elapsed() < Duration::from_secs(300),
+        "{:?}",
+        t0.elapsed()
+    );
 }
 
 /// pprof is binary: refused on a terminal without `--output` (as gzip does), before

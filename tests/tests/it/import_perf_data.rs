@@ -399,6 +399,79 @@ fn taken_branch_event_alone_has_timed_cpi_only() {
     }
 }
 
+/// Stacks sampled on cycles with timed entries (`perf record -b` on Skylake+): each
+/// window is weighted by period / the cycles it spans, so a loop's estimated iterations
+/// are Σ period / (its cycles per iteration) whatever its share of the samples, and CPI
+/// is cycles / those counts. `--stack-weighting window` gives the uncorrected relative
+/// profile without CPI.
+#[test]
+fn cycle_sampled_timed_stacks_are_weighted_by_cycles_spanned() {
+    let Some(fx) = fixture("pd-cyc-timed") else {
+        return;
+    };
+    const PERIOD: u64 = 100_003;
+    // The cold loop is slow (40 cycles an iteration), the hot one fast (4).
+    let (n_hot, n_cold, c_hot, c_cold) = (60u64, 40u64, 4u16, 40u16);
+    let mut recs = fx.preamble();
+    for i in 0..n_hot + n_cold {
+        let (l, c) = if i < n_hot {
+            (fx.hot, c_hot)
+        } else {
+            (fx.cold, c_cold)
+        };
+        recs.push(Record::Sample {
+            attr: 0,
+            pid: PID,
+            tid: PID,
+            ip: l.head,
+            period: PERIOD,
+            branches: stack(l, 32, c),
+        });
+    }
+    let file = fx.dir.join("cyc-timed.data");
+    let attr = Attr {
+        freq: false,
+        period_or_freq: PERIOD,
+        ..cycles_attr(true, 3)
+    };
+    perf_data::write(&file, &[attr], &recs, &fx.build_ids());
+    let (p, _) = import(&file, &[]);
+    assert!(
+        p.mode_reason.contains("cycles each window spans"),
+        "{}",
+        p.mode_reason
+    );
+    for (name, l, n, c) in [
+        ("hot", fx.hot, n_hot, c_hot),
+        ("cold", fx.cold, n_cold, c_cold),
+    ] {
+        let f = func(&p, name);
+        let iterations = (n * PERIOD) as f64 / c as f64;
+        let want = iterations * l.instructions as f64;
+        let got = f.instructions.unwrap();
+        assert!(
+            (got - want).abs() < 1e-6 * want,
+            "{name}: {got} want {want}"
+        );
+        let cpi = f.cpi.expect("CPI from corrected counts").value;
+        let want_cpi = c as f64 / l.instructions as f64;
+        assert!(
+            (cpi - want_cpi).abs() < 1e-9,
+            "{name}: CPI {cpi} want {want_cpi}"
+        );
+    }
+    let (raw, _) = import(&file, &["--stack-weighting", "window"]);
+    assert!(raw.mode_reason.contains("relative"), "{}", raw.mode_reason);
+    let (h, c) = (func(&raw, "hot"), func(&raw, "cold"));
+    assert!(h.cpi.is_none() && c.cpi.is_none());
+    // Uncorrected, the counts follow the samples (60:40), not the iterations (15:1 per
+    // instruction of each loop).
+    let per_sample = |f: &FunctionProfile, l: Loop, n: u64| {
+        f.instructions.unwrap() / l.instructions as f64 / n as f64
+    };
+    assert!((per_sample(h, fx.hot, n_hot) - per_sample(c, fx.cold, n_cold)).abs() < 1e-6);
+}
+
 /// A window larger than the stacks is clamped to what they hold, with a note.
 #[test]
 fn window_larger_than_the_stacks_is_clamped() {

@@ -147,7 +147,7 @@ fn report_command_reproduces_views_offline_and_rejects_bad_files() {
     );
     let opts = TableOptions {
         top: 5,
-        annotate: None,
+        ..TableOptions::default()
     };
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
@@ -157,8 +157,8 @@ fn report_command_reproduces_views_offline_and_rejects_bad_files() {
     let out = run(&["report", f, "--annotate", "crc_update"]);
     assert!(out.status.success());
     let opts = TableOptions {
-        top: 20,
         annotate: Some("crc_update".into()),
+        ..TableOptions::default()
     };
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),

@@ -7,6 +7,7 @@ fn opts(top: usize, annotate: Option<&str>) -> TableOptions {
     TableOptions {
         top,
         annotate: annotate.map(str::to_string),
+        callgraph: false,
     }
 }
 
@@ -84,5 +85,30 @@ fn minor_processes_are_summarised_hottest_first() {
     assert!(
         out.contains("1 more processes below 1% of the samples each, 3 samples in all"),
         "{out}"
+    );
+}
+
+/// `--callgraph` where there can be none says why instead of an empty table.
+#[test]
+fn callgraph_says_why_there_is_none() {
+    let with = |p| {
+        render(
+            &p,
+            &TableOptions {
+                callgraph: true,
+                ..TableOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let t = with(time_profile());
+    assert!(
+        t.contains("no call graph: time-profile mode has no branch records"),
+        "{t}"
+    );
+    let c = with(cpi_profile());
+    assert!(
+        c.contains("no call graph: no sampled branch record of this process is a call"),
+        "{c}"
     );
 }

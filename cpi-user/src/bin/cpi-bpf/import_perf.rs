@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use cpi_user::import::{self, Estimator, ImportOptions};
+use cpi_user::profile::StackWeighting;
 
 use crate::output::{emit, OutputArgs};
 
@@ -39,6 +40,12 @@ pub struct Args {
     /// Newest ranges used per branch stack (seed 001's CBT window).
     #[arg(long, value_name = "N", default_value_t = ImportOptions::default().window)]
     pub window: usize,
+    /// How each stack's ranges are weighted: `window` (period / window) or
+    /// `cycles-spanned` (period / cycles the window spans, from timed entries). Default:
+    /// `cycles-spanned` for stacks sampled on cycles whose entries carry cycles, else
+    /// `window`.
+    #[arg(long, value_name = "HOW", value_parser = clap::value_parser!(StackWeighting))]
+    pub stack_weighting: Option<StackWeighting>,
     #[command(flatten)]
     pub output: OutputArgs,
 }
@@ -49,6 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         offsets: args.brstackoff,
         period: args.period.max(1),
         text_event: args.event,
+        stack_weighting: args.stack_weighting,
         period_field: args.period_field,
         ..ImportOptions::default()
     };

@@ -39,12 +39,23 @@ pub struct OutputArgs {
     /// Rows per table.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub top: usize,
+    /// Show the calls-only call graph (callers and callees of the hottest functions, or
+    /// of --annotate FUNC) instead of the top tables (table). pprof always carries it
+    /// (sample type `calls`).
+    #[arg(long)]
+    pub callgraph: bool,
 }
 
 /// Checks the options before any work: `--annotate` only with tables, pprof (binary)
 /// not to a terminal, and `--output` a file that can be written (an existing regular
 /// file or device, or a new file in an existing directory: created and removed again).
 pub fn validate(args: &OutputArgs) -> anyhow::Result<()> {
+    if args.callgraph && args.format != Format::Table {
+        anyhow::bail!(
+            "--callgraph shows a table; it cannot be combined with --format {} (json has `calls`, pprof the `calls` sample type)",
+            format_name(args.format)
+        );
+    }
     if args.annotate.is_some() && args.format != Format::Table {
         anyhow::bail!(
             "--annotate shows a table; it cannot be combined with --format {}",
@@ -180,6 +191,7 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
             let opts = table::TableOptions {
                 top: args.top,
                 annotate: args.annotate.clone(),
+                callgraph: args.callgraph,
             };
             match table::render(profile, &opts) {
                 Ok(text) => write_saving(profile, args.output.as_deref(), text.as_bytes()),

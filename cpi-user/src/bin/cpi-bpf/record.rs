@@ -109,17 +109,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let profile = analyze(&collected.set, collected.run, &AnalysisOptions::default());
     // The profile's own loss account (collection and analysis), so this line, the table
     // and the JSON count the same things.
-    let l = &profile.lost;
     eprintln!(
-        "cpi-bpf: {} samples lost (ring buffer full {}, branch errors {}, malformed {}, \
-         short {}, unmapped {}, invalid ranges {})",
+        "cpi-bpf: {} samples lost {}",
         profile.lost_samples,
-        l.ring_full,
-        l.branch_errors,
-        l.malformed,
-        l.short_samples,
-        l.unmapped_samples,
-        l.invalid_ranges,
+        profile.lost.breakdown()
     );
     emit(&profile, &args.output)?;
     Ok(0)

@@ -8,7 +8,8 @@ use std::process::Stdio;
 use anyhow::Context;
 use cpi_common::policy::PeriodPolicy;
 use cpi_common::wire::MAX_BRANCH_ENTRIES;
-use cpi_user::sim::pmu::{self, PmuConfig};
+use cpi_user::profile::StackWeighting;
+use cpi_user::sim::pmu::{self, BranchEvent, PmuConfig};
 
 use crate::output::{emit, OutputArgs};
 use crate::policy::PolicyArgs;
@@ -23,6 +24,17 @@ pub struct Args {
     #[arg(long, value_name = "P", default_value_t = pmu::SIM_CYCLE_PERIOD,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub cycle_period: u64,
+    /// The counter whose overflow snapshots the branch stack: `branches` (retired taken
+    /// branches, seed 000) or `cycles` (as `perf record -b` does by default; the stacks
+    /// then ride on the cycle samples, at --cycle-period).
+    #[arg(long, value_name = "EVENT", default_value = "branches",
+          value_parser = clap::value_parser!(BranchEvent))]
+    pub branch_event: BranchEvent,
+    /// How each stack's ranges are weighted: `window` (period / window) or
+    /// `cycles-spanned` (period / cycles the window spans). Default: `window` for
+    /// stacks on branches, `cycles-spanned` for stacks on cycles.
+    #[arg(long, value_name = "HOW", value_parser = clap::value_parser!(StackWeighting))]
+    pub stack_weighting: Option<StackWeighting>,
     /// LBR depth: branch records per sample (2..=32); the range window is depth − 1.
     #[arg(long, value_name = "N", default_value_t = MAX_BRANCH_ENTRIES, value_parser = depth)]
     pub depth: usize,
@@ -66,6 +78,8 @@ fn policy(base: u64) -> PeriodPolicy {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let cfg = PmuConfig {
+        branch_event: args.branch_event,
+        stack_weighting: args.stack_weighting,
         branch: policy(args.branch_period),
         cycles: policy(args.cycle_period),
         depth: args.depth,
