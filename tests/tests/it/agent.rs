@@ -302,3 +302,86 @@ fn systemd_unit_verifies() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SIGTERM finishes the last window and gives the sinks up to
+/// `cpi_user::agent::FLUSH_WITHIN` (5 s) to deliver; a second signal during that flush
+/// ends the agent at once. The push receiver here accepts and never answers, so the
+/// flush would wait its whole bound.
+#[test]
+fn second_signal_exits_at_once() {
+    use std::os::unix::process::ExitStatusExt;
+    if !require_root("the agent") {
+        return;
+    }
+    let dir = temp_dir("agent-2nd-signal");
+    let Some(busy) = compile_c("busy.c", &dir, "busy", &["-lpthread"]) else {
+        return;
+    };
+    // Accepts connections and holds them open without a byte of answer.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", silent.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for s in silent.incoming().flatten() {
+            held.push(s);
+        }
+    });
+    let store = dir.join("store");
+    let mut prog = Command::new(&busy)
+        .arg("30")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = prog.id().to_string();
+    let mut a = agent(
+        &store,
+        &[
+            "--pid",
+            &pid,
+            "--push-pyroscope",
+            &url,
+            "--push-timeout",
+            "30",
+        ],
+    );
+    let t0 = Instant::now();
+    while windows(&store) < 2 && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(windows(&store) >= 2, "no windows within 30 s");
+    sigterm(&a);
+    // Still flushing to the silent receiver 2 s later: the first signal does not kill.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        a.try_wait().unwrap().is_none(),
+        "the agent should still be flushing after the first signal"
+    );
+    sigterm(&a);
+    let t1 = Instant::now();
+    let status = loop {
+        if let Some(s) = a.try_wait().unwrap() {
+            break s;
+        }
+        // A hang guard: the exit is immediate, the flush bound is 5 s.
+        assert!(
+            t1.elapsed() < Duration::from_secs(20),
+            "still running after the second signal"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let _ = prog.kill();
+    let _ = prog.wait();
+    eprintln!(
+        "exit after the second signal in {:?}: {status:?}",
+        t1.elapsed()
+    );
+    assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+    // What was written stays readable.
+    let out = output_ok(
+        Command::new(cpi_bpf())
+            .args(["report", "--format", "json", "--store"])
+            .arg(&store),
+    );
+    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(p["processes"].as_array().is_some_and(|a| !a.is_empty()));
+}
