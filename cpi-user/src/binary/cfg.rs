@@ -12,6 +12,7 @@
 //!   a syscall, or before a leader. A block ending in a call has **no** fall-through
 //!   edge: execution continues in the callee, and control comes back by a taken return
 //!   (recorded as a taken edge of the callee's `ret`).
+#![warn(missing_docs)]
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Formatter, IntelFormatter, Mnemonic, OpKind};
 
@@ -43,8 +44,11 @@ pub enum FlowKind {
     Jump,
     /// Indirect jump (jump tables, tail calls through a register).
     IndirectJump,
+    /// Direct call.
     Call,
+    /// Call through a register or memory.
     IndirectCall,
+    /// `ret`.
     Return,
     /// `syscall`/`sysenter`: enters the kernel and comes back to the next instruction.
     Syscall,
@@ -77,10 +81,14 @@ impl FlowKind {
     }
 }
 
+/// One decoded instruction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Instruction {
+    /// Address in the binary.
     pub addr: u64,
+    /// Length in bytes.
     pub len: u8,
+    /// How control leaves it.
     pub kind: FlowKind,
     /// Direct branch or call target.
     pub target: Option<u64>,
@@ -89,13 +97,16 @@ pub struct Instruction {
 }
 
 impl Instruction {
+    /// Address of the next instruction.
     pub fn next(&self) -> u64 {
         self.addr + u64::from(self.len)
     }
 }
 
+/// A basic block: straight-line instructions with one entry and one exit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BasicBlock {
+    /// Address of its first instruction.
     pub start: u64,
     /// First address after the last instruction.
     pub end: u64,
@@ -106,6 +117,7 @@ pub struct BasicBlock {
 }
 
 impl BasicBlock {
+    /// Index of its last instruction in [`Cfg::instructions`].
     pub fn last(&self) -> usize {
         self.first + self.len - 1
     }
@@ -114,19 +126,26 @@ impl BasicBlock {
 /// A static CFG edge between two blocks of the function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CfgEdge {
+    /// Source block index.
     pub from_block: usize,
+    /// Target block index.
     pub to_block: usize,
+    /// Taken or fall-through.
     pub kind: EdgeKind,
 }
 
+/// One function's instructions, blocks and static edges.
 #[derive(Clone, Debug)]
 pub struct Cfg {
+    /// The function.
     pub function: Function,
     /// Sorted by address; shared between CFGs of the same function.
     pub instructions: Arc<[Instruction]>,
+    /// Blocks in address order.
     pub blocks: Vec<BasicBlock>,
     /// Instruction index → block index.
     pub block_of: Vec<usize>,
+    /// Static edges between blocks of the function.
     pub edges: Vec<CfgEdge>,
 }
 
@@ -359,7 +378,7 @@ mod tests {
         };
         let bin = Binary::open(&t.plain).unwrap();
         let f = bin.function_by_name("classify").unwrap();
-        let cfg = bin.cfg(f, &[]).unwrap();
+        let cfg = bin.cfg(&f, &[]).unwrap();
         let out = match std::process::Command::new("objdump")
             .args(["-d", "--no-show-raw-insn"])
             .arg(format!("--start-address={:#x}", f.start))

@@ -7,6 +7,11 @@
 //! `/proc/PID/map_files/` (which still works when the file was deleted or replaced) and
 //! `/proc/PID/root/` (containers) when the process is live and
 //! [`SymbolizerOptions::use_proc`] is set, else by the mapped path.
+//!
+//! The symbolizer is the cache that outlives analyses (the always-on agent keeps one for
+//! its lifetime): binaries by file identity, and decoded functions
+//! ([`Symbolizer::decode`]), both in one LRU bounded in bytes by [`Symbolizer::trim`].
+#![warn(missing_docs)]
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -14,32 +19,54 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Binary, BinaryCache, BinaryError, Function};
+use super::{Binary, BinaryCache, BinaryError, Function, Instruction};
 use crate::procmap::{MappedObject, Mapping, ProcessMaps};
 
 /// Lowest x86-64 kernel address (canonical upper half).
 pub const KERNEL_START: u64 = 0xffff_8000_0000_0000;
 
+/// Why an address could not be symbolised.
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolizeError {
+    /// No mapping (and no perf map entry) holds the address.
     #[error("pid {pid}: {addr:#x} is in no mapping")]
-    Unmapped { pid: u32, addr: u64 },
+    Unmapped {
+        /// The process.
+        pid: u32,
+        /// The runtime address.
+        addr: u64,
+    },
+    /// The mapped binary could not be used.
     #[error("pid {pid}: {addr:#x}: {source}")]
     Binary {
+        /// The process.
         pid: u32,
+        /// Start of the mapping.
         addr: u64,
+        /// Why.
         source: Arc<BinaryError>,
     },
+    /// The mapping's file offset is in no `PT_LOAD` of the binary.
     #[error("{path}: file offset {offset:#x} (runtime {addr:#x}) is in no PT_LOAD segment")]
     OutsideSegments {
+        /// The mapped file.
         path: PathBuf,
+        /// The file offset.
         offset: u64,
+        /// The runtime address.
         addr: u64,
     },
+    /// No function of the binary holds the address.
     #[error("{path}: no function contains {vaddr:#x}")]
-    NoFunction { path: PathBuf, vaddr: u64 },
+    NoFunction {
+        /// The mapped file.
+        path: PathBuf,
+        /// The address in the binary.
+        vaddr: u64,
+    },
 }
 
+/// Where the symbolizer looks.
 #[derive(Clone, Debug)]
 pub struct SymbolizerOptions {
     /// Open files through `/proc/PID/map_files` and `/proc/PID/root` (live processes).
@@ -65,7 +92,9 @@ impl Default for SymbolizerOptions {
 /// What an address lies in.
 #[derive(Clone, Debug)]
 pub enum CodeObject {
+    /// An ELF file.
     Elf(Arc<Binary>),
+    /// The kernel.
     Kernel,
     /// Anonymous executable memory (JIT).
     Anon,
@@ -76,6 +105,7 @@ pub enum CodeObject {
 /// A symbolised address.
 #[derive(Clone, Debug)]
 pub struct Resolved {
+    /// What the address lies in.
     pub object: CodeObject,
     /// Path as mapped, or `[kernel]`, `[anon]`, `[vdso]`.
     pub object_name: String,
@@ -91,7 +121,8 @@ pub struct Resolved {
     pub function_index: Option<usize>,
 }
 
-/// Symbolises addresses of many processes, caching binaries and perf maps.
+/// Symbolises addresses of many processes, caching binaries, decoded functions and perf
+/// maps.
 pub struct Symbolizer {
     opts: SymbolizerOptions,
     binaries: BinaryCache,
@@ -102,12 +133,35 @@ pub struct Symbolizer {
     kernel: Option<Vec<Function>>,
     /// (pid, mapping start) → the file opened while the process lived.
     captured: HashMap<(u32, u64), Arc<File>>,
-    /// Last use of each binary (by address of its `Arc`), for [`Symbolizer::trim`].
-    used: HashMap<usize, u64>,
+    /// Last use of each binary (by [`Binary::id`]), for [`Symbolizer::trim`].
+    used: HashMap<u64, u64>,
+    /// Decoded functions by (binary id, start, size).
+    decoded: HashMap<DecodedKey, Decoded>,
+    /// Bytes of `decoded`.
+    decoded_bytes: u64,
     clock: u64,
 }
 
+/// (binary id, function start, function size).
+type DecodedKey = (u64, u64, u64);
+
+/// A decoded function in the cache.
+struct Decoded {
+    instructions: Arc<[Instruction]>,
+    /// Heap bytes: the instructions, their text, the entry.
+    bytes: u64,
+    /// Clock of its last use.
+    used: u64,
+}
+
+/// What [`Symbolizer::trim`] can drop.
+enum Held {
+    Binary(Arc<Binary>),
+    Decoded(DecodedKey),
+}
+
 impl Symbolizer {
+    /// An empty symbolizer.
     pub fn new(opts: SymbolizerOptions) -> Self {
         Symbolizer {
             opts,
@@ -117,8 +171,44 @@ impl Symbolizer {
             kernel: None,
             captured: HashMap::new(),
             used: HashMap::new(),
+            decoded: HashMap::new(),
+            decoded_bytes: 0,
             clock: 0,
         }
+    }
+
+    /// `func`'s instructions (of `bin`, which [`Symbolizer::resolve`] returned), decoded
+    /// on first use and then kept until [`Symbolizer::trim`] drops them: analyses of later
+    /// windows that sample the same function do not decode it again.
+    pub fn decode(
+        &mut self,
+        bin: &Arc<Binary>,
+        func: &Function,
+    ) -> Result<Arc<[Instruction]>, BinaryError> {
+        self.clock += 1;
+        self.used.insert(bin.id, self.clock);
+        let key = (bin.id, func.start, func.size);
+        if let Some(d) = self.decoded.get_mut(&key) {
+            d.used = self.clock;
+            return Ok(Arc::clone(&d.instructions));
+        }
+        let instructions: Arc<[Instruction]> = bin.decode(func)?.into();
+        let bytes = (size_of::<DecodedKey>() + size_of::<Decoded>() + 2 * size_of::<usize>())
+            as u64
+            + instructions
+                .iter()
+                .map(|i| (size_of::<Instruction>() + i.text.capacity()) as u64)
+                .sum::<u64>();
+        self.decoded_bytes += bytes;
+        self.decoded.insert(
+            key,
+            Decoded {
+                instructions: Arc::clone(&instructions),
+                bytes,
+                used: self.clock,
+            },
+        );
+        Ok(instructions)
     }
 
     /// Files of `pid`'s executable mappings opened while it lived (by mapping start,
@@ -139,50 +229,86 @@ impl Symbolizer {
         self.perf_maps.remove(&pid);
     }
 
-    /// Distinct binaries held, with their heap bytes.
-    fn held(&self) -> HashMap<usize, (Arc<Binary>, u64)> {
+    /// Distinct binaries held, by id.
+    fn held(&self) -> HashMap<u64, Arc<Binary>> {
         let mut held = HashMap::new();
         let mapped = self.by_mapping.values().filter_map(|r| r.as_ref().ok());
         for b in self.binaries.binaries().chain(mapped) {
-            held.entry(Arc::as_ptr(b) as usize)
-                .or_insert_with(|| (b.clone(), b.heap_bytes()));
+            held.entry(b.id).or_insert_with(|| Arc::clone(b));
         }
         held
     }
 
-    /// Bytes held: binaries, perf maps and kernel symbols.
+    /// Heap bytes held: binaries' tables ([`Binary::heap_bytes`]; mapped pages are page
+    /// cache, not counted — see cpi-user/src/binary/mod.rs), decoded functions, perf maps
+    /// and kernel symbols.
     pub fn cache_bytes(&self) -> u64 {
         let funcs = |v: &Vec<Function>| {
             v.iter()
-                .map(|f| (size_of::<Function>() + f.name.len()) as u64)
+                .map(|f| (size_of::<Function>() + f.name.capacity()) as u64)
                 .sum::<u64>()
         };
-        self.held().values().map(|(_, n)| n).sum::<u64>()
+        self.held().values().map(|b| b.heap_bytes()).sum::<u64>()
+            + self.decoded_bytes
             + self.perf_maps.values().map(funcs).sum::<u64>()
             + self.kernel.as_ref().map_or(0, funcs)
     }
 
-    /// Drops the least recently used binaries until at most `max_bytes` are held.
+    /// Drops the least recently used binaries and decoded functions until at most
+    /// `max_bytes` are held (a dropped binary takes its decoded functions with it), then
+    /// drops the pages the binaries' mappings touched since the last trim from this
+    /// process's resident set.
     pub fn trim(&mut self, max_bytes: u64) {
-        let mut held: Vec<(u64, usize, Arc<Binary>, u64)> = self
-            .held()
-            .into_iter()
-            .map(|(ptr, (b, n))| (self.used.get(&ptr).copied().unwrap_or(0), ptr, b, n))
+        let held = self.held();
+        let mut order: Vec<(u64, Held, u64)> = held
+            .values()
+            .map(|b| {
+                let used = self.used.get(&b.id).copied().unwrap_or(0);
+                (used, Held::Binary(Arc::clone(b)), b.heap_bytes())
+            })
+            .chain(
+                self.decoded
+                    .iter()
+                    .map(|(k, d)| (d.used, Held::Decoded(*k), d.bytes)),
+            )
             .collect();
+        order.sort_by_key(|h| h.0);
         let mut total = self.cache_bytes();
-        held.sort_by_key(|h| (h.0, h.1));
-        for (_, ptr, bin, bytes) in held {
+        for (_, item, bytes) in order {
             if total <= max_bytes {
                 break;
             }
-            self.binaries.evict(&bin);
-            self.by_mapping
-                .retain(|_, r| !r.as_ref().is_ok_and(|b| Arc::ptr_eq(b, &bin)));
-            self.used.remove(&ptr);
-            total = total.saturating_sub(bytes);
+            match item {
+                Held::Decoded(k) => {
+                    // Gone already when its binary was dropped.
+                    if let Some(d) = self.decoded.remove(&k) {
+                        self.decoded_bytes -= d.bytes;
+                        total = total.saturating_sub(d.bytes);
+                    }
+                }
+                Held::Binary(bin) => {
+                    self.binaries.evict(&bin);
+                    self.by_mapping
+                        .retain(|_, r| !r.as_ref().is_ok_and(|b| Arc::ptr_eq(b, &bin)));
+                    self.used.remove(&bin.id);
+                    let mut freed = bytes;
+                    self.decoded.retain(|k, d| {
+                        let keep = k.0 != bin.id;
+                        if !keep {
+                            freed += d.bytes;
+                        }
+                        keep
+                    });
+                    self.decoded_bytes -= freed - bytes;
+                    total = total.saturating_sub(freed);
+                }
+            }
         }
         let held = self.held();
-        self.used.retain(|ptr, _| held.contains_key(ptr));
+        self.used.retain(|id, _| held.contains_key(id));
+        for b in held.values() {
+            b.release_pages();
+        }
     }
 
     /// Symbolises `addr` of process `pid` whose mappings are `maps`.
@@ -228,7 +354,7 @@ impl Symbolizer {
                         vaddr,
                     })?;
                 Ok(Resolved {
-                    function: bin.functions()[i].clone(),
+                    function: bin.function(i).expect("index from function_index"),
                     function_index: Some(i),
                     object_name: path.display().to_string(),
                     deleted: *deleted,
@@ -286,7 +412,7 @@ impl Symbolizer {
         let r = self.by_mapping[&key].clone();
         if let Ok(b) = &r {
             self.clock += 1;
-            self.used.insert(Arc::as_ptr(b) as usize, self.clock);
+            self.used.insert(b.id, self.clock);
         }
         r.map_err(|source| SymbolizeError::Binary {
             pid,

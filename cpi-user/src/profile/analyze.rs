@@ -490,7 +490,7 @@ impl Ctx<'_> {
             cpi: None,
             timed_cpi: None,
             bolt_name: match &w.object {
-                CodeObject::Elf(bin) => bin.bolt_local_name(&w.function).map(str::to_string),
+                CodeObject::Elf(bin) => bin.bolt_local_name(&w.function),
                 _ => None,
             },
             blocks: Vec::new(),
@@ -504,7 +504,7 @@ impl Ctx<'_> {
                 let key = w.key();
                 let instructions = match self.decoded.get(&key) {
                     Some(d) => Ok(d.clone()),
-                    None => bin.decode(&w.function).map(Arc::<[Instruction]>::from),
+                    None => self.sym.decode(bin, &w.function),
                 };
                 let users = self.users.entry(key.clone()).or_default();
                 *users = users.saturating_sub(1);
@@ -1335,8 +1335,8 @@ mod range_tests {
             (&t.pie_stripped, 0x5555_5555_4000),
         ] {
             let bin = Binary::open(path).unwrap();
-            for f in bin.functions().iter().filter(|f| !f.name.starts_with('[')) {
-                let cfg = bin.cfg(f, &[]).unwrap();
+            for f in bin.functions().filter(|f| !f.name.starts_with('[')) {
+                let cfg = bin.cfg(&f, &[]).unwrap();
                 let mut set = set_for(path, &bin, base, WINDOW);
                 let mut truth = Walk::default();
                 for _ in 0..5 {
@@ -1442,7 +1442,7 @@ mod bench {
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         // The FUNCS largest functions are the "sampled" ones; walks pick them with a
         // skewed (hot/cold) distribution.
-        let mut funcs: Vec<&Function> = bin.functions().iter().collect();
+        let mut funcs: Vec<Function> = bin.functions().collect();
         funcs.sort_by_key(|f| std::cmp::Reverse(f.size));
         funcs.truncate(FUNCS);
         let t_cfg = Instant::now();

@@ -173,8 +173,7 @@ fn hand_profile(exe: &Path) -> Profile {
                         name: name.clone(),
                         start: *start,
                         size: *size,
-                    })
-                    .map(str::to_string),
+                    }),
                 blocks: vec![],
                 edges,
                 lines,
