@@ -609,6 +609,58 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// Decoded functions outlive analyses and leave in LRU order under a byte bound; a
+    /// dropped binary takes its decoded functions with it.
+    #[test]
+    fn decoded_functions_are_cached_and_trimmed_least_recently_used_first() {
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let mut s = Symbolizer::new(SymbolizerOptions {
+            use_proc: false,
+            kallsyms: None,
+            ..Default::default()
+        });
+        let bin = Binary::open(&t.plain).unwrap();
+        let maps = maps_for(&t.plain, &bin, 0);
+        let at = |s: &mut Symbolizer, name: &str| {
+            let f = bin.function_by_name(name).unwrap();
+            let r = s.resolve(1, &maps, f.start).unwrap();
+            let CodeObject::Elf(b) = r.object else {
+                panic!("{name} is in an ELF file")
+            };
+            (b, r.function)
+        };
+        let (b, sum) = at(&mut s, "sum_loop");
+        let (_, fib) = at(&mut s, "fib");
+        let table = s.cache_bytes();
+        assert_eq!(table, b.heap_bytes(), "only the binary's table so far");
+        let d_sum = s.decode(&b, &sum).unwrap();
+        assert!(
+            Arc::ptr_eq(&d_sum, &s.decode(&b, &sum).unwrap()),
+            "decoded once"
+        );
+        let with_sum = s.cache_bytes();
+        let d_fib = s.decode(&b, &fib).unwrap();
+        assert!(with_sum > table && s.cache_bytes() > with_sum);
+        // Use sum_loop again: fib is now the least recently used.
+        s.decode(&b, &sum).unwrap();
+        s.trim(s.cache_bytes() - 1);
+        assert_eq!(s.cache_bytes(), with_sum, "fib's instructions left");
+        assert!(Arc::ptr_eq(&d_sum, &s.decode(&b, &sum).unwrap()));
+        assert!(
+            !Arc::ptr_eq(&d_fib, &s.decode(&b, &fib).unwrap()),
+            "fib decoded anew"
+        );
+        assert_eq!(*d_fib, *s.decode(&b, &fib).unwrap());
+        // Nothing may stay: the binary goes, and its decoded functions with it.
+        s.trim(0);
+        assert_eq!(s.cache_bytes(), 0);
+        let (b2, sum2) = at(&mut s, "sum_loop");
+        assert!(!Arc::ptr_eq(&b, &b2), "reopened");
+        assert!(!Arc::ptr_eq(&d_sum, &s.decode(&b2, &sum2).unwrap()));
+    }
+
     #[test]
     fn live_process_through_proc() {
         // Our own process: resolve this very function through /proc/self.
