@@ -261,30 +261,56 @@ impl Cfg {
 pub fn decode(func: &Function, bytes: &[u8]) -> Vec<Instruction> {
     let mut decoder = Decoder::with_ip(64, bytes, func.start, DecoderOptions::NONE);
     let mut fmt = IntelFormatter::new();
-    let mut instructions = Vec::new();
+    (&mut decoder)
+        .into_iter()
+        .map(|ins| instruction(&ins, &mut fmt))
+        .collect()
+}
+
+/// The instruction starts of [`decode`]'s linear sweep, as offsets from the function's
+/// start, followed by the end of the last instruction (so instruction `i` spans
+/// `starts[i]..starts[i + 1]`): what finding the instruction that holds an address needs,
+/// at 4 bytes per instruction and without formatting any.
+pub fn instruction_starts(bytes: &[u8]) -> Vec<u32> {
+    let mut decoder = Decoder::with_ip(64, bytes, 0, DecoderOptions::NONE);
+    let mut starts = Vec::new();
+    let mut end = 0;
     for ins in &mut decoder {
-        let mut text = String::new();
-        let kind = if ins.is_invalid() {
-            text.push_str("(bad)");
-            FlowKind::Stop
-        } else {
-            fmt.format(&ins, &mut text);
-            flow_kind(&ins)
-        };
-        let target = matches!(
-            ins.op0_kind(),
-            OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
-        )
-        .then(|| ins.near_branch_target());
-        instructions.push(Instruction {
-            addr: ins.ip(),
-            len: ins.len() as u8,
-            kind,
-            target,
-            text,
-        });
+        starts.push(ins.ip() as u32);
+        end = ins.next_ip() as u32;
     }
-    instructions
+    starts.push(end);
+    starts
+}
+
+/// The one instruction at the start of `bytes` (at address `addr`), as [`decode`] gives
+/// it.
+pub fn decode_one(addr: u64, bytes: &[u8]) -> Instruction {
+    let mut decoder = Decoder::with_ip(64, bytes, addr, DecoderOptions::NONE);
+    instruction(&decoder.decode(), &mut IntelFormatter::new())
+}
+
+fn instruction(ins: &iced_x86::Instruction, fmt: &mut IntelFormatter) -> Instruction {
+    let mut text = String::new();
+    let kind = if ins.is_invalid() {
+        text.push_str("(bad)");
+        FlowKind::Stop
+    } else {
+        fmt.format(ins, &mut text);
+        flow_kind(ins)
+    };
+    let target = matches!(
+        ins.op0_kind(),
+        OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+    )
+    .then(|| ins.near_branch_target());
+    Instruction {
+        addr: ins.ip(),
+        len: ins.len() as u8,
+        kind,
+        target,
+        text,
+    }
 }
 
 fn flow_kind(ins: &iced_x86::Instruction) -> FlowKind {

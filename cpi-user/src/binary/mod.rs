@@ -628,15 +628,18 @@ impl Binary {
 
     /// `func`'s instructions (linear sweep), for [`Cfg::from_instructions`].
     pub fn decode(&self, func: &Function) -> Result<Vec<Instruction>, BinaryError> {
-        let bytes = self
-            .code(func.start, func.end())
+        Ok(cfg::decode(func, self.code_of(func)?))
+    }
+
+    /// `func`'s code bytes.
+    fn code_of(&self, func: &Function) -> Result<&[u8], BinaryError> {
+        self.code(func.start, func.end())
             .ok_or_else(|| BinaryError::NoCode {
                 path: self.path.clone(),
                 function: func.name.clone(),
                 vaddr: func.start,
                 end: func.end(),
-            })?;
-        Ok(cfg::decode(func, bytes))
+            })
     }
 }
 

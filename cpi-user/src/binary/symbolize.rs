@@ -135,24 +135,36 @@ pub struct Symbolizer {
     captured: HashMap<(u32, u64), Arc<File>>,
     /// Last use of each binary (by [`Binary::id`]), for [`Symbolizer::trim`].
     used: HashMap<u64, u64>,
-    /// Decoded functions by (binary id, start, size).
+    /// Decoded functions by (binary id, start, size, form).
     decoded: HashMap<DecodedKey, Decoded>,
     /// Bytes of `decoded`.
     decoded_bytes: u64,
     clock: u64,
 }
 
-/// (binary id, function start, function size).
-type DecodedKey = (u64, u64, u64);
+/// (binary id, function start, function size, instruction starts only).
+type DecodedKey = (u64, u64, u64, bool);
+
+/// What is kept of a decoded function.
+#[derive(Clone)]
+enum Decoding {
+    /// Every instruction, formatted ([`Symbolizer::decode`]).
+    Instructions(Arc<[Instruction]>),
+    /// Instruction starts ([`super::cfg::instruction_starts`]).
+    Starts(Arc<[u32]>),
+}
 
 /// A decoded function in the cache.
 struct Decoded {
-    instructions: Arc<[Instruction]>,
-    /// Heap bytes: the instructions, their text, the entry.
+    value: Decoding,
+    /// Heap bytes: the instructions (and their text) or starts, and the entry.
     bytes: u64,
     /// Clock of its last use.
     used: u64,
 }
+
+/// Heap bytes of a cache entry besides its contents (key, entry, `Arc` counts).
+const ENTRY_BYTES: usize = size_of::<DecodedKey>() + size_of::<Decoded>() + 2 * size_of::<usize>();
 
 /// What [`Symbolizer::trim`] can drop.
 enum Held {
@@ -185,30 +197,79 @@ impl Symbolizer {
         bin: &Arc<Binary>,
         func: &Function,
     ) -> Result<Arc<[Instruction]>, BinaryError> {
+        let d = self.cached((bin.id, func.start, func.size, false), || {
+            let instructions: Arc<[Instruction]> = bin.decode(func)?.into();
+            let bytes = instructions
+                .iter()
+                .map(|i| size_of::<Instruction>() + i.text.capacity())
+                .sum();
+            Ok((Decoding::Instructions(instructions), bytes))
+        })?;
+        match d {
+            Decoding::Instructions(i) => Ok(i),
+            Decoding::Starts(_) => unreachable!("keyed apart"),
+        }
+    }
+
+    /// For each of `addrs`, the instruction of `func`'s linear sweep (the one
+    /// [`Symbolizer::decode`] gives) that holds it, decoded and formatted alone; `None`
+    /// where none does. It costs what the addresses do: only the sweep's instruction
+    /// starts are cached (4 bytes per instruction), no formatted instruction. Time
+    /// profiles use it for their sampled instructions (cpi-user/src/profile/analyze.rs).
+    pub fn instructions_holding(
+        &mut self,
+        bin: &Arc<Binary>,
+        func: &Function,
+        addrs: &[u64],
+    ) -> Result<Vec<Option<Instruction>>, BinaryError> {
+        let code = bin.code_of(func)?;
+        let d = self.cached((bin.id, func.start, func.size, true), || {
+            let starts: Arc<[u32]> = super::cfg::instruction_starts(code).into();
+            let bytes = starts.len() * size_of::<u32>();
+            Ok((Decoding::Starts(starts), bytes))
+        })?;
+        let Decoding::Starts(starts) = d else {
+            unreachable!("keyed apart")
+        };
+        let (ends, heads) = (&starts[1..], &starts[..starts.len() - 1]);
+        Ok(addrs
+            .iter()
+            .map(|&a| {
+                let off = u32::try_from(a.checked_sub(func.start)?).ok()?;
+                let i = heads.partition_point(|&s| s <= off).checked_sub(1)?;
+                (off < ends[i]).then(|| {
+                    let at = heads[i] as usize;
+                    super::cfg::decode_one(func.start + at as u64, &code[at..])
+                })
+            })
+            .collect())
+    }
+
+    /// The cache entry at `key`, made by `make` (contents, their heap bytes) on a miss; a
+    /// use of it and of its binary either way.
+    fn cached(
+        &mut self,
+        key: DecodedKey,
+        make: impl FnOnce() -> Result<(Decoding, usize), BinaryError>,
+    ) -> Result<Decoding, BinaryError> {
         self.clock += 1;
-        self.used.insert(bin.id, self.clock);
-        let key = (bin.id, func.start, func.size);
+        self.used.insert(key.0, self.clock);
         if let Some(d) = self.decoded.get_mut(&key) {
             d.used = self.clock;
-            return Ok(Arc::clone(&d.instructions));
+            return Ok(d.value.clone());
         }
-        let instructions: Arc<[Instruction]> = bin.decode(func)?.into();
-        let bytes = (size_of::<DecodedKey>() + size_of::<Decoded>() + 2 * size_of::<usize>())
-            as u64
-            + instructions
-                .iter()
-                .map(|i| (size_of::<Instruction>() + i.text.capacity()) as u64)
-                .sum::<u64>();
+        let (value, bytes) = make()?;
+        let bytes = (bytes + ENTRY_BYTES) as u64;
         self.decoded_bytes += bytes;
         self.decoded.insert(
             key,
             Decoded {
-                instructions: Arc::clone(&instructions),
+                value: value.clone(),
                 bytes,
                 used: self.clock,
             },
         );
-        Ok(instructions)
+        Ok(value)
     }
 
     /// Files of `pid`'s executable mappings opened while it lived (by mapping start,
