@@ -42,8 +42,9 @@ pub use error::AgentError;
 use crate::binary::{Symbolizer, SymbolizerOptions};
 use crate::collect::events::Rate;
 use crate::collect::{self, CollectError, CollectOptions, Collected, Session, StopReason, Target};
+use crate::profile::analyze::{analyze_with, LineDetail};
 use crate::profile::model::{Mode, Profile};
-use crate::profile::{analyze::analyze_with, AnalysisOptions, SampleSet};
+use crate::profile::{AnalysisOptions, SampleSet};
 use config::{AgentConfig, Service};
 use governor::{Governor, Usage};
 use metrics::{Metrics, MetricsLimits};
@@ -468,7 +469,10 @@ impl ProcessTable {
 /// The analysis thread: window → profile → sinks, until the channel closes; then
 /// flushes the push queue.
 fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log) {
-    let opts = AnalysisOptions::default();
+    let opts = AnalysisOptions {
+        lines: LineDetail::Evidence,
+        ..AnalysisOptions::default()
+    };
     let mut sym = Symbolizer::new(SymbolizerOptions::default());
     let mut table = ProcessTable::default();
     let cgroup_rel = c.cgroup.as_ref().map(|d| {

@@ -12,6 +12,7 @@
 //!   a syscall, or before a leader. A block ending in a call has **no** fall-through
 //!   edge: execution continues in the callee, and control comes back by a taken return
 //!   (recorded as a taken edge of the callee's `ret`).
+#![warn(missing_docs)]
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Formatter, IntelFormatter, Mnemonic, OpKind};
 
@@ -43,8 +44,11 @@ pub enum FlowKind {
     Jump,
     /// Indirect jump (jump tables, tail calls through a register).
     IndirectJump,
+    /// Direct call.
     Call,
+    /// Call through a register or memory.
     IndirectCall,
+    /// `ret`.
     Return,
     /// `syscall`/`sysenter`: enters the kernel and comes back to the next instruction.
     Syscall,
@@ -77,10 +81,14 @@ impl FlowKind {
     }
 }
 
+/// One decoded instruction.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Instruction {
+    /// Address in the binary.
     pub addr: u64,
+    /// Length in bytes.
     pub len: u8,
+    /// How control leaves it.
     pub kind: FlowKind,
     /// Direct branch or call target.
     pub target: Option<u64>,
@@ -89,13 +97,16 @@ pub struct Instruction {
 }
 
 impl Instruction {
+    /// Address of the next instruction.
     pub fn next(&self) -> u64 {
         self.addr + u64::from(self.len)
     }
 }
 
+/// A basic block: straight-line instructions with one entry and one exit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BasicBlock {
+    /// Address of its first instruction.
     pub start: u64,
     /// First address after the last instruction.
     pub end: u64,
@@ -106,6 +117,7 @@ pub struct BasicBlock {
 }
 
 impl BasicBlock {
+    /// Index of its last instruction in [`Cfg::instructions`].
     pub fn last(&self) -> usize {
         self.first + self.len - 1
     }
@@ -114,19 +126,26 @@ impl BasicBlock {
 /// A static CFG edge between two blocks of the function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CfgEdge {
+    /// Source block index.
     pub from_block: usize,
+    /// Target block index.
     pub to_block: usize,
+    /// Taken or fall-through.
     pub kind: EdgeKind,
 }
 
+/// One function's instructions, blocks and static edges.
 #[derive(Clone, Debug)]
 pub struct Cfg {
+    /// The function.
     pub function: Function,
     /// Sorted by address; shared between CFGs of the same function.
     pub instructions: Arc<[Instruction]>,
+    /// Blocks in address order.
     pub blocks: Vec<BasicBlock>,
     /// Instruction index → block index.
     pub block_of: Vec<usize>,
+    /// Static edges between blocks of the function.
     pub edges: Vec<CfgEdge>,
 }
 
@@ -242,30 +261,56 @@ impl Cfg {
 pub fn decode(func: &Function, bytes: &[u8]) -> Vec<Instruction> {
     let mut decoder = Decoder::with_ip(64, bytes, func.start, DecoderOptions::NONE);
     let mut fmt = IntelFormatter::new();
-    let mut instructions = Vec::new();
+    (&mut decoder)
+        .into_iter()
+        .map(|ins| instruction(&ins, &mut fmt))
+        .collect()
+}
+
+/// The instruction starts of [`decode`]'s linear sweep, as offsets from the function's
+/// start, followed by the end of the last instruction (so instruction `i` spans
+/// `starts[i]..starts[i + 1]`): what finding the instruction that holds an address needs,
+/// at 4 bytes per instruction and without formatting any.
+pub fn instruction_starts(bytes: &[u8]) -> Vec<u32> {
+    let mut decoder = Decoder::with_ip(64, bytes, 0, DecoderOptions::NONE);
+    let mut starts = Vec::new();
+    let mut end = 0;
     for ins in &mut decoder {
-        let mut text = String::new();
-        let kind = if ins.is_invalid() {
-            text.push_str("(bad)");
-            FlowKind::Stop
-        } else {
-            fmt.format(&ins, &mut text);
-            flow_kind(&ins)
-        };
-        let target = matches!(
-            ins.op0_kind(),
-            OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
-        )
-        .then(|| ins.near_branch_target());
-        instructions.push(Instruction {
-            addr: ins.ip(),
-            len: ins.len() as u8,
-            kind,
-            target,
-            text,
-        });
+        starts.push(ins.ip() as u32);
+        end = ins.next_ip() as u32;
     }
-    instructions
+    starts.push(end);
+    starts
+}
+
+/// The one instruction at the start of `bytes` (at address `addr`), as [`decode`] gives
+/// it.
+pub fn decode_one(addr: u64, bytes: &[u8]) -> Instruction {
+    let mut decoder = Decoder::with_ip(64, bytes, addr, DecoderOptions::NONE);
+    instruction(&decoder.decode(), &mut IntelFormatter::new())
+}
+
+fn instruction(ins: &iced_x86::Instruction, fmt: &mut IntelFormatter) -> Instruction {
+    let mut text = String::new();
+    let kind = if ins.is_invalid() {
+        text.push_str("(bad)");
+        FlowKind::Stop
+    } else {
+        fmt.format(ins, &mut text);
+        flow_kind(ins)
+    };
+    let target = matches!(
+        ins.op0_kind(),
+        OpKind::NearBranch16 | OpKind::NearBranch32 | OpKind::NearBranch64
+    )
+    .then(|| ins.near_branch_target());
+    Instruction {
+        addr: ins.ip(),
+        len: ins.len() as u8,
+        kind,
+        target,
+        text,
+    }
 }
 
 fn flow_kind(ins: &iced_x86::Instruction) -> FlowKind {
@@ -359,7 +404,7 @@ mod tests {
         };
         let bin = Binary::open(&t.plain).unwrap();
         let f = bin.function_by_name("classify").unwrap();
-        let cfg = bin.cfg(f, &[]).unwrap();
+        let cfg = bin.cfg(&f, &[]).unwrap();
         let out = match std::process::Command::new("objdump")
             .args(["-d", "--no-show-raw-insn"])
             .arg(format!("--start-address={:#x}", f.start))

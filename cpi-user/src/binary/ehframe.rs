@@ -2,6 +2,7 @@
 //! `.eh_frame`). Each FDE covers one function (or one `.cold` part) with its start and
 //! length, which is all we need; CFA programs are not read. A small parser of the
 //! pointer encodings gcc/clang emit is enough here, so no DWARF crate is pulled in.
+#![warn(missing_docs)]
 
 /// `DW_EH_PE_*` pointer encodings (LSB "Exception Frame Header" / DWARF).
 const PE_OMIT: u8 = 0xff;
@@ -23,7 +24,9 @@ const PE_DATAREL: u8 = 0x30;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(".eh_frame at offset {offset:#x}: {what}")]
 pub struct EhFrameError {
+    /// Byte offset in the section.
     pub offset: usize,
+    /// What is wrong.
     pub what: &'static str,
 }
 

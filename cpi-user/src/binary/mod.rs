@@ -7,8 +7,28 @@
 //! pseudo-functions (`name@plt`-less: `[.plt]`, `[.plt.sec]`) so calls through them stay
 //! inside a function.
 //!
-//! A [`Binary`] keeps only its executable segments' bytes. Bad ELF is an error, never a
-//! panic.
+//! A [`Binary`] maps its file read-only ([`Binary::open`]) instead of reading it: a
+//! compiler's `libLLVM.so` is 200 MB, of which a profile needs a few functions. What it
+//! keeps on the heap is small and fixed after parsing: the load segments, one 16-byte
+//! entry per function (start, size, and where its name lies in the mapping — no `String`
+//! per function), and BOLT's local-name ordinals (4 bytes per function of a binary with
+//! a symbol table). Code bytes and names are read from the mapping when a function is
+//! decoded or named; decoded functions are cached, bounded, by
+//! [`symbolize::Symbolizer`]. Bad ELF is an error, never a panic.
+//!
+//! Mapped pages are page cache, shared with every process that maps the same file, and
+//! reclaimable; they are not heap and [`Binary::heap_bytes`] does not count them. They
+//! do count in this process's resident set while touched, so the pages read while
+//! parsing (symbol and string tables, `.eh_frame`) are dropped from it right after
+//! ([`Binary::release_pages`]), and the symbolizer drops the pages later reads touched
+//! whenever it trims its cache.
+//!
+//! A file truncated in place while it is mapped (not replaced: a new file at the same
+//! path is a new inode, see [`BinaryCache`]) makes reads past its new end fault with
+//! `SIGBUS`, as in every tool that maps binaries (perf through libelf). Binaries are
+//! replaced by rename or `install` in practice; the cache re-checks size and mtime each
+//! time a process's mapping is first resolved.
+#![warn(missing_docs)]
 
 pub mod cfg;
 mod ehframe;
@@ -16,6 +36,7 @@ pub mod symbolize;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -30,24 +51,56 @@ const PF_X: u32 = 1;
 /// Why a binary could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum BinaryError {
+    /// The file could not be opened or mapped.
     #[error("{path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// What the system said.
         source: std::io::Error,
     },
+    /// No ELF magic, or `object` could not parse the headers.
     #[error("{path}: not an ELF file ({reason})")]
-    NotElf { path: PathBuf, reason: String },
+    NotElf {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// An ELF file for another machine.
     #[error("{path}: not an x86-64 ELF file ({arch})")]
-    UnsupportedArch { path: PathBuf, arch: String },
+    UnsupportedArch {
+        /// The file.
+        path: PathBuf,
+        /// Its architecture.
+        arch: String,
+    },
+    /// Headers or tables that point outside the file.
     #[error("{path}: malformed ELF: {what}")]
-    Malformed { path: PathBuf, what: String },
+    Malformed {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// A file that failed before and has not changed since ([`BinaryCache`]).
     #[error("{path}: unusable, not retried until the file changes: {reason}")]
-    Unusable { path: PathBuf, reason: String },
+    Unusable {
+        /// The file.
+        path: PathBuf,
+        /// The first failure.
+        reason: String,
+    },
+    /// A function whose bounds lie outside every executable segment.
     #[error("{path}: no code at {vaddr:#x}..{end:#x} (function {function})")]
     NoCode {
+        /// The file.
         path: PathBuf,
+        /// The function's name.
         function: String,
+        /// Its start.
         vaddr: u64,
+        /// Its end.
         end: u64,
     },
 }
@@ -55,16 +108,21 @@ pub enum BinaryError {
 /// A function's bounds in the binary's own address space.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Function {
+    /// Symbol name, `func_<hexaddr>` for an unnamed FDE, `[.plt]`-style for PLTs.
     pub name: String,
+    /// First address.
     pub start: u64,
+    /// Length in bytes.
     pub size: u64,
 }
 
 impl Function {
+    /// First address after the function.
     pub fn end(&self) -> u64 {
         self.start.saturating_add(self.size)
     }
 
+    /// `vaddr` lies in the function.
     pub fn contains(&self, vaddr: u64) -> bool {
         (self.start..self.end()).contains(&vaddr)
     }
@@ -73,10 +131,15 @@ impl Function {
 /// A `PT_LOAD` segment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LoadSegment {
+    /// Virtual address.
     pub vaddr: u64,
+    /// Size in memory.
     pub memsz: u64,
+    /// File offset.
     pub offset: u64,
+    /// Size in the file.
     pub filesz: u64,
+    /// `PF_X` is set.
     pub executable: bool,
 }
 
@@ -89,36 +152,108 @@ pub enum BoundsSource {
     EhFrame,
 }
 
-/// One ELF file, parsed once.
+/// The bytes of an ELF file.
+enum Bytes {
+    /// The file, mapped read-only and shared (`PROT_READ`, `MAP_SHARED`: memmap2's
+    /// `Mmap::map`).
+    Mapped(memmap2::Mmap),
+    /// Bytes handed to [`Binary::parse`].
+    Owned(Box<[u8]>),
+}
+
+impl Bytes {
+    fn get(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(b) => b,
+        }
+    }
+}
+
+impl std::fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Bytes::Mapped(m) => write!(f, "Mapped({} bytes)", m.len()),
+            Bytes::Owned(b) => write!(f, "Owned({} bytes)", b.len()),
+        }
+    }
+}
+
+/// One function of the table: 16 bytes.
+#[derive(Clone, Copy, Debug)]
+struct FnEntry {
+    start: u64,
+    size: u32,
+    /// [`NAME_SYNTH`], [`NAME_OWNED`] | index into `Binary::owned_names`, or the file
+    /// offset of the NUL-terminated name.
+    name: u32,
+}
+
+/// The name is `func_<start in hex>`.
+const NAME_SYNTH: u32 = u32::MAX;
+/// The name is held on the heap (PLT pseudo-functions; names past 2 GiB into a file).
+const NAME_OWNED: u32 = 1 << 31;
+
+/// An executable segment's bytes: a range of the file.
+#[derive(Clone, Copy, Debug)]
+struct CodeRange {
+    vaddr: u64,
+    offset: usize,
+    len: usize,
+}
+
+/// Distinct for every [`Binary`] opened by this process: keys caches of what was derived
+/// from one (decoded functions), which a reopened file must not hit.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// One ELF file, parsed once, mapped (see the module documentation).
 #[derive(Debug)]
 pub struct Binary {
+    /// The path it was opened by.
     pub path: PathBuf,
     /// GNU build-id, lowercase hex.
     pub build_id: Option<String>,
     /// `ET_DYN` (PIE or shared library): loaded at a base chosen at run time.
     pub dynamic: bool,
+    /// Where the function bounds came from.
     pub bounds: BoundsSource,
+    /// Every `PT_LOAD`.
     pub segments: Vec<LoadSegment>,
+    id: u64,
+    bytes: Bytes,
     /// Sorted by start, non-overlapping.
-    functions: Vec<Function>,
-    /// Executable segments: (vaddr, file bytes).
-    code: Vec<(u64, Vec<u8>)>,
-    /// (name, address) of each local symbol in `.symtab` → BOLT's name for it.
-    bolt_local_names: HashMap<(String, u64), String>,
+    functions: Vec<FnEntry>,
+    owned_names: Vec<Box<str>>,
+    /// Per function: its ordinal among the local `.symtab` symbols of its name (BOLT's
+    /// `name/N`), 0 when global; empty when no function is local.
+    bolt_ordinals: Vec<u32>,
+    code: Vec<CodeRange>,
+    heap: u64,
 }
 
-impl Binary {
-    /// Reads and parses `path`.
-    pub fn open(path: &Path) -> Result<Binary, BinaryError> {
-        let data = std::fs::read(path).map_err(|source| BinaryError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Binary::parse(path, &data)
-    }
+/// A function while the table is built: its name borrows the file's bytes (`None`:
+/// `func_<addr>`).
+#[derive(Clone, Copy, Debug)]
+struct Cand<'d> {
+    start: u64,
+    size: u64,
+    name: Option<&'d str>,
+}
 
-    /// Parses ELF bytes; `path` is only used for naming and errors.
-    pub fn parse(path: &Path, data: &[u8]) -> Result<Binary, BinaryError> {
+/// What parsing finds.
+struct Tables {
+    build_id: Option<String>,
+    dynamic: bool,
+    bounds: BoundsSource,
+    segments: Vec<LoadSegment>,
+    functions: Vec<FnEntry>,
+    owned_names: Vec<Box<str>>,
+    bolt_ordinals: Vec<u32>,
+    code: Vec<CodeRange>,
+}
+
+impl Tables {
+    fn parse(path: &Path, data: &[u8]) -> Result<Tables, BinaryError> {
         let p = || path.to_path_buf();
         if !data.starts_with(b"\x7fELF") {
             return Err(BinaryError::NotElf {
@@ -149,10 +284,15 @@ impl Binary {
             let executable =
                 matches!(seg.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & PF_X != 0);
             if executable {
+                // Checks the range lies in the file.
                 let bytes = seg
                     .data()
                     .map_err(|e| malformed(format!("segment at {:#x}: {e}", seg.address())))?;
-                code.push((seg.address(), bytes.to_vec()));
+                code.push(CodeRange {
+                    vaddr: seg.address(),
+                    offset: offset_in(data, bytes).unwrap_or(0),
+                    len: bytes.len(),
+                });
             }
             segments.push(LoadSegment {
                 vaddr: seg.address(),
@@ -165,13 +305,13 @@ impl Binary {
 
         let in_code = |a: u64| {
             code.iter()
-                .any(|(v, b)| (*v..*v + b.len() as u64).contains(&a))
+                .any(|c| (c.vaddr..c.vaddr + c.len as u64).contains(&a))
         };
-        let bolt_local_names = file
+        let ordinals = file
             .symbol_table()
-            .map(|t| bolt_local_names(t.symbols()))
+            .map(|t| bolt_ordinals(t.symbols()))
             .unwrap_or_default();
-        let symtab_funcs: Vec<Function> = match file.symbol_table() {
+        let symtab_funcs = match file.symbol_table() {
             Some(t) => collect_symbols(t.symbols()),
             None => Vec::new(),
         };
@@ -181,8 +321,10 @@ impl Binary {
             f.extend(dyn_funcs);
             (BoundsSource::SymbolTable, f)
         } else {
-            let dyn_names: HashMap<u64, &Function> =
-                dyn_funcs.iter().map(|f| (f.start, f)).collect();
+            let dyn_names: HashMap<u64, &str> = dyn_funcs
+                .iter()
+                .filter_map(|f| Some((f.start, f.name?)))
+                .collect();
             let mut f = Vec::new();
             if let Some(sec) = file.section_by_name(".eh_frame") {
                 let d = sec
@@ -190,15 +332,10 @@ impl Binary {
                     .map_err(|e| malformed(format!(".eh_frame: {e}")))?;
                 // A broken .eh_frame leaves .dynsym bounds only; say so, don't fail.
                 match ehframe::fde_ranges(d, sec.address()) {
-                    Ok(r) => f.extend(r.into_iter().map(|(start, size)| {
-                        Function {
-                            name: dyn_names
-                                .get(&start)
-                                .map(|d| d.name.clone())
-                                .unwrap_or_else(|| format!("func_{start:x}")),
-                            start,
-                            size,
-                        }
+                    Ok(r) => f.extend(r.into_iter().map(|(start, size)| Cand {
+                        name: dyn_names.get(&start).copied(),
+                        start,
+                        size,
                     })),
                     Err(e) => log::warn!("{}: {e}; using .dynsym bounds only", path.display()),
                 }
@@ -208,11 +345,11 @@ impl Binary {
         };
         // PLT sections first: they win over the linker's FDE at the same start.
         let mut plt = Vec::new();
-        for name in [".plt", ".plt.sec", ".plt.got"] {
-            if let Some(sec) = file.section_by_name(name) {
+        for name in ["[.plt]", "[.plt.sec]", "[.plt.got]"] {
+            if let Some(sec) = file.section_by_name(&name[1..name.len() - 1]) {
                 if sec.size() > 0 {
-                    plt.push(Function {
-                        name: format!("[{name}]"),
+                    plt.push(Cand {
+                        name: Some(name),
                         start: sec.address(),
                         size: sec.size(),
                     });
@@ -222,51 +359,229 @@ impl Binary {
         plt.append(&mut funcs);
         let mut funcs = plt;
         funcs.retain(|f| f.size > 0 && in_code(f.start));
-        Ok(Binary {
-            path: p(),
+        let funcs = normalise(funcs);
+
+        let mut owned_names: Vec<Box<str>> = Vec::new();
+        let mut functions = Vec::with_capacity(funcs.len());
+        for f in &funcs {
+            let name = match f.name {
+                None => NAME_SYNTH,
+                Some(n) => {
+                    match offset_in(data, n.as_bytes()).and_then(|o| u32::try_from(o).ok()) {
+                        Some(off) if off < NAME_OWNED => off,
+                        _ => {
+                            owned_names.push(n.into());
+                            NAME_OWNED | (owned_names.len() - 1) as u32
+                        }
+                    }
+                }
+            };
+            functions.push(FnEntry {
+                start: f.start,
+                size: u32::try_from(f.size).unwrap_or(u32::MAX),
+                name,
+            });
+        }
+        let mut bolt: Vec<u32> = funcs
+            .iter()
+            .map(|f| {
+                f.name
+                    .and_then(|n| ordinals.get(&(n, f.start)))
+                    .copied()
+                    .unwrap_or(0)
+            })
+            .collect();
+        if bolt.iter().all(|&n| n == 0) {
+            bolt = Vec::new();
+        }
+        Ok(Tables {
             build_id,
             dynamic: file.kind() == object::ObjectKind::Dynamic,
             bounds,
             segments,
-            functions: normalise(funcs),
+            functions,
+            owned_names,
+            bolt_ordinals: bolt,
             code,
-            bolt_local_names,
         })
+    }
+}
+
+/// Offset of `part` in `whole` when `part` is a slice of it (names and section data
+/// `object` returns borrow the file's bytes).
+fn offset_in(whole: &[u8], part: &[u8]) -> Option<usize> {
+    let off = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+    (off.checked_add(part.len())? <= whole.len()).then_some(off)
+}
+
+impl Binary {
+    /// Maps `path` read-only and parses it. The file is not read: the headers and the
+    /// symbol (or `.eh_frame`) tables are paged in while parsing and dropped from this
+    /// process's resident set right after.
+    pub fn open(path: &Path) -> Result<Binary, BinaryError> {
+        let io = |source| BinaryError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: a read-only mapping that this process never writes; the file changing
+        // under it is the module documentation's SIGBUS case (a truncation in place).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        let bin = Binary::with_bytes(path, Bytes::Mapped(map))?;
+        bin.release_pages();
+        Ok(bin)
+    }
+
+    /// Parses ELF bytes (copied: the binary owns them); `path` is only used for naming
+    /// and errors.
+    pub fn parse(path: &Path, data: &[u8]) -> Result<Binary, BinaryError> {
+        Binary::with_bytes(path, Bytes::Owned(data.into()))
+    }
+
+    fn with_bytes(path: &Path, bytes: Bytes) -> Result<Binary, BinaryError> {
+        let t = Tables::parse(path, bytes.get())?;
+        let mut b = Binary {
+            path: path.to_path_buf(),
+            build_id: t.build_id,
+            dynamic: t.dynamic,
+            bounds: t.bounds,
+            segments: t.segments,
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            bytes,
+            functions: t.functions,
+            owned_names: t.owned_names,
+            bolt_ordinals: t.bolt_ordinals,
+            code: t.code,
+            heap: 0,
+        };
+        b.heap = b.count_heap();
+        Ok(b)
+    }
+
+    /// Heap bytes held: the function table, names held on the heap, segments, paths and
+    /// (for [`Binary::parse`]) the file's bytes — what a cache counts. Mapped pages are
+    /// not heap (module documentation).
+    pub fn heap_bytes(&self) -> u64 {
+        self.heap
+    }
+
+    fn count_heap(&self) -> u64 {
+        let owned = match &self.bytes {
+            Bytes::Mapped(_) => 0,
+            Bytes::Owned(b) => b.len(),
+        };
+        let names: usize = self
+            .owned_names
+            .iter()
+            .map(|n| n.len() + size_of::<Box<str>>())
+            .sum();
+        (size_of::<Binary>()
+            + owned
+            + names
+            + self.functions.capacity() * size_of::<FnEntry>()
+            + self.bolt_ordinals.capacity() * size_of::<u32>()
+            + self.code.capacity() * size_of::<CodeRange>()
+            + self.segments.capacity() * size_of::<LoadSegment>()
+            + self.path.as_os_str().len()
+            + self.build_id.as_ref().map_or(0, String::len)) as u64
+    }
+
+    /// Drops the mapping's pages from this process's resident set (they stay in the page
+    /// cache; the next read faults them back in).
+    fn release_pages(&self) {
+        if let Bytes::Mapped(m) = &self.bytes {
+            // SAFETY: `m` is a read-only shared file mapping (`Mmap::map`). MADV_DONTNEED
+            // only unmaps its pages from this process: "subsequent accesses ... will
+            // result in ... repopulating the memory contents from the up-to-date contents
+            // of the underlying mapped file (for shared file mappings ...)" (madvise(2)),
+            // so every slice into it reads the same bytes afterwards.
+            if let Err(e) = unsafe { m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) } {
+                log::debug!("{}: madvise(MADV_DONTNEED): {e}", self.path.display());
+            }
+        }
     }
 
     /// The name BOLT gives `func` when its symbol is local (`static`): `name/N`, N
     /// counting the local symbols of that name in address order (BOLT's
     /// `NameResolver::uniquify`). `None` for a global or unknown symbol.
-    pub fn bolt_local_name(&self, func: &Function) -> Option<&str> {
-        self.bolt_local_names
-            .get(&(func.name.clone(), func.start))
-            .map(String::as_str)
+    pub fn bolt_local_name(&self, func: &Function) -> Option<String> {
+        let i = self.function_index(func.start)?;
+        let n = *self.bolt_ordinals.get(i)?;
+        let e = self.functions[i];
+        (n > 0 && e.start == func.start && self.name_is(e, &func.name))
+            .then(|| format!("{}/{n}", func.name))
     }
 
+    /// Function bounds came from `.eh_frame` (no symbol table).
     pub fn stripped(&self) -> bool {
         self.bounds == BoundsSource::EhFrame
     }
 
+    /// Number of functions.
+    pub fn function_count(&self) -> usize {
+        self.functions.len()
+    }
+
     /// Functions sorted by start address.
-    pub fn functions(&self) -> &[Function] {
-        &self.functions
+    pub fn functions(&self) -> impl ExactSizeIterator<Item = Function> + '_ {
+        self.functions.iter().map(|&e| self.materialise(e))
+    }
+
+    /// Function `i` of [`Binary::functions`].
+    pub fn function(&self, i: usize) -> Option<Function> {
+        self.functions.get(i).map(|&e| self.materialise(e))
     }
 
     /// The function containing `vaddr`.
-    pub fn function_at(&self, vaddr: u64) -> Option<&Function> {
-        self.function_index(vaddr).map(|i| &self.functions[i])
+    pub fn function_at(&self, vaddr: u64) -> Option<Function> {
+        self.function_index(vaddr).and_then(|i| self.function(i))
     }
 
     /// Index into [`Binary::functions`] of the function containing `vaddr`.
     pub fn function_index(&self, vaddr: u64) -> Option<usize> {
         let i = self.functions.partition_point(|f| f.start <= vaddr);
         let i = i.checked_sub(1)?;
-        self.functions[i].contains(vaddr).then_some(i)
+        let f = self.functions[i];
+        (vaddr - f.start < u64::from(f.size)).then_some(i)
     }
 
-    /// The first function called `name`.
-    pub fn function_by_name(&self, name: &str) -> Option<&Function> {
-        self.functions.iter().find(|f| f.name == name)
+    /// The first function called `name` (reads every name: for tests and tools, not
+    /// for lookups in a loop).
+    pub fn function_by_name(&self, name: &str) -> Option<Function> {
+        self.functions
+            .iter()
+            .find(|&&e| self.name_is(e, name))
+            .map(|&e| self.materialise(e))
+    }
+
+    fn materialise(&self, e: FnEntry) -> Function {
+        Function {
+            name: self.name_of(e),
+            start: e.start,
+            size: u64::from(e.size),
+        }
+    }
+
+    /// The name's bytes in the mapping (up to its NUL).
+    fn mapped_name(&self, off: u32) -> &[u8] {
+        let d = self.bytes.get().get(off as usize..).unwrap_or_default();
+        &d[..d.iter().position(|&b| b == 0).unwrap_or(d.len())]
+    }
+
+    fn name_of(&self, e: FnEntry) -> String {
+        match e.name {
+            NAME_SYNTH => format!("func_{:x}", e.start),
+            n if n & NAME_OWNED != 0 => self.owned_names[(n & !NAME_OWNED) as usize].to_string(),
+            off => String::from_utf8_lossy(self.mapped_name(off)).into_owned(),
+        }
+    }
+
+    fn name_is(&self, e: FnEntry, name: &str) -> bool {
+        match e.name {
+            NAME_SYNTH => name == format!("func_{:x}", e.start),
+            n if n & NAME_OWNED != 0 => &*self.owned_names[(n & !NAME_OWNED) as usize] == name,
+            off => self.mapped_name(off) == name.as_bytes(),
+        }
     }
 
     /// Virtual address of a file offset (through the `PT_LOAD` that maps it).
@@ -285,12 +600,17 @@ impl Binary {
             .map(|s| vaddr - s.vaddr + s.offset)
     }
 
-    /// The code bytes of `[start, end)`, when they lie in one executable segment.
+    /// The code bytes of `[start, end)`, when they lie in one executable segment (a
+    /// slice of the mapping).
     pub fn code(&self, start: u64, end: u64) -> Option<&[u8]> {
-        self.code.iter().find_map(|(v, b)| {
-            let lo = usize::try_from(start.checked_sub(*v)?).ok()?;
-            let hi = usize::try_from(end.checked_sub(*v)?).ok()?;
-            b.get(lo..hi)
+        let data = self.bytes.get();
+        self.code.iter().find_map(|c| {
+            let lo = usize::try_from(start.checked_sub(c.vaddr)?).ok()?;
+            let hi = usize::try_from(end.checked_sub(c.vaddr)?).ok()?;
+            if lo > hi || hi > c.len {
+                return None;
+            }
+            data.get(c.offset + lo..c.offset + hi)
         })
     }
 
@@ -308,50 +628,52 @@ impl Binary {
 
     /// `func`'s instructions (linear sweep), for [`Cfg::from_instructions`].
     pub fn decode(&self, func: &Function) -> Result<Vec<Instruction>, BinaryError> {
-        let bytes = self
-            .code(func.start, func.end())
+        Ok(cfg::decode(func, self.code_of(func)?))
+    }
+
+    /// `func`'s code bytes.
+    fn code_of(&self, func: &Function) -> Result<&[u8], BinaryError> {
+        self.code(func.start, func.end())
             .ok_or_else(|| BinaryError::NoCode {
                 path: self.path.clone(),
                 function: func.name.clone(),
                 vaddr: func.start,
                 end: func.end(),
-            })?;
-        Ok(cfg::decode(func, bytes))
+            })
     }
 }
 
-/// BOLT's names of local text and data symbols, keyed by (name, address).
-fn bolt_local_names<'d, S: ObjectSymbol<'d>>(
+/// Each local text and data symbol of `.symtab`, keyed by (name, address), with its
+/// ordinal among the local symbols of that name in address order (BOLT's `name/N`).
+fn bolt_ordinals<'d, S: ObjectSymbol<'d>>(
     syms: impl Iterator<Item = S>,
-) -> HashMap<(String, u64), String> {
-    let mut locals: Vec<(u64, String)> = syms
+) -> HashMap<(&'d str, u64), u32> {
+    let mut locals: Vec<(u64, &'d str)> = syms
         .filter(|s| s.is_local() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Data))
-        .filter_map(|s| Some((s.address(), s.name().ok()?.to_string())))
+        .filter_map(|s| Some((s.address(), s.name().ok()?)))
         .filter(|(_, n)| !n.is_empty())
         .collect();
-    locals.sort();
-    let mut seen: HashMap<String, u32> = HashMap::new();
+    locals.sort_unstable();
+    let mut seen: HashMap<&str, u32> = HashMap::new();
     locals
         .into_iter()
         .map(|(addr, name)| {
-            let n = seen.entry(name.clone()).or_default();
+            let n = seen.entry(name).or_default();
             *n += 1;
-            let bolt = format!("{name}/{n}");
-            ((name, addr), bolt)
+            ((name, addr), *n)
         })
         .collect()
 }
 
 /// Text symbols with an address, one per start address.
-fn collect_symbols<'d, S: ObjectSymbol<'d>>(syms: impl Iterator<Item = S>) -> Vec<Function> {
-    let mut out: Vec<(bool, Function)> = syms
+fn collect_symbols<'d, S: ObjectSymbol<'d>>(syms: impl Iterator<Item = S>) -> Vec<Cand<'d>> {
+    let mut out: Vec<(bool, Cand<'d>)> = syms
         .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0 && !s.is_undefined())
         .filter_map(|s| {
-            let name = s.name().ok()?.to_string();
             Some((
                 s.is_global() && !s.is_weak(),
-                Function {
-                    name,
+                Cand {
+                    name: Some(s.name().ok()?),
                     start: s.address(),
                     size: s.size(),
                 },
@@ -359,13 +681,8 @@ fn collect_symbols<'d, S: ObjectSymbol<'d>>(syms: impl Iterator<Item = S>) -> Ve
         })
         .collect();
     // Aliases at one address: prefer the strong global name, then the sized one.
-    out.sort_by(|a, b| {
-        (a.1.start, !a.0, a.1.size == 0, &a.1.name).cmp(&(
-            b.1.start,
-            !b.0,
-            b.1.size == 0,
-            &b.1.name,
-        ))
+    out.sort_unstable_by(|a, b| {
+        (a.1.start, !a.0, a.1.size == 0, a.1.name).cmp(&(b.1.start, !b.0, b.1.size == 0, b.1.name))
     });
     out.dedup_by_key(|f| f.1.start);
     out.into_iter().map(|(_, f)| f).collect()
@@ -373,14 +690,14 @@ fn collect_symbols<'d, S: ObjectSymbol<'d>>(syms: impl Iterator<Item = S>) -> Ve
 
 /// Sorts, drops duplicate starts (first wins: callers put the better source first) and
 /// trims overlaps so lookups are unambiguous.
-fn normalise(mut funcs: Vec<Function>) -> Vec<Function> {
+fn normalise(mut funcs: Vec<Cand<'_>>) -> Vec<Cand<'_>> {
     // Stable sort keeps the caller's preference order among equal starts.
     funcs.sort_by_key(|f| f.start);
     funcs.dedup_by_key(|f| f.start);
     for i in 1..funcs.len() {
         let next = funcs[i].start;
         let prev = &mut funcs[i - 1];
-        if prev.end() > next {
+        if prev.start.saturating_add(prev.size) > next {
             prev.size = next - prev.start;
         }
     }
@@ -400,6 +717,7 @@ type FileId = (u64, u64);
 type FileStamp = (u64, Option<SystemTime>);
 
 impl BinaryCache {
+    /// An empty cache.
     pub fn new() -> Self {
         Self::default()
     }
@@ -438,19 +756,6 @@ impl BinaryCache {
     /// The binaries held.
     pub fn binaries(&self) -> impl Iterator<Item = &Arc<Binary>> {
         self.entries.values().filter_map(|(_, r)| r.as_ref().ok())
-    }
-}
-
-impl Binary {
-    /// Heap bytes held (code, function names and bounds): what a cache counts.
-    pub fn heap_bytes(&self) -> u64 {
-        let code: usize = self.code.iter().map(|(_, b)| b.len()).sum();
-        let funcs: usize = self
-            .functions
-            .iter()
-            .map(|f| size_of::<Function>() + f.name.len())
-            .sum();
-        (code + funcs + self.segments.len() * size_of::<LoadSegment>()) as u64
     }
 }
 
@@ -503,7 +808,7 @@ mod tests {
             if let Ok(b) = Binary::parse(Path::new("corrupt"), &d) {
                 parsed += 1;
                 for f in b.functions() {
-                    if b.cfg(f, &[f.start + 1]).is_ok() {
+                    if b.cfg(&f, &[f.start + 1]).is_ok() {
                         decoded += 1;
                     }
                 }
@@ -556,7 +861,6 @@ mod tests {
             // The PLT is one pseudo-function, named, not func_<addr>.
             let plt = full
                 .functions()
-                .iter()
                 .find(|f| f.name.starts_with("[.plt"))
                 .unwrap();
             assert_eq!(s.function_at(plt.start).unwrap().name, plt.name);
@@ -609,7 +913,7 @@ mod debian_tests {
             seen += 1;
             let data = std::fs::read(path).unwrap();
             let file = object::File::parse(&*data).unwrap();
-            let b = Binary::parse(path, &data).unwrap();
+            let b = Binary::open(path).unwrap();
             assert!(b.stripped(), "{p}");
             let fdes = {
                 let s = file.section_by_name(".eh_frame").unwrap();
@@ -617,7 +921,7 @@ mod debian_tests {
             };
             let fde: HashMap<u64, u64> = fdes.iter().copied().collect();
             let dyn_funcs = collect_symbols(file.dynamic_symbols());
-            let sized: Vec<&Function> = dyn_funcs.iter().filter(|f| f.size > 0).collect();
+            let sized: Vec<&Cand> = dyn_funcs.iter().filter(|f| f.size > 0).collect();
             let same = sized
                 .iter()
                 .filter(|f| fde.get(&f.start) == Some(&f.size))
@@ -636,17 +940,95 @@ mod debian_tests {
             );
             for f in sized.iter().take(200) {
                 let g = b.function_at(f.start).unwrap();
-                assert_eq!(g.name, f.name);
-                let cfg = b.cfg(g, &[]).unwrap();
+                assert_eq!(Some(g.name.as_str()), f.name);
+                let cfg = b.cfg(&g, &[]).unwrap();
                 assert!(
                     cfg.instructions.iter().all(|i| i.text != "(bad)"),
-                    "{}",
+                    "{:?}",
                     f.name
                 );
             }
         }
         if seen == 0 {
             eprintln!("skipped: no Debian library to check");
+        }
+    }
+
+    /// Big shared libraries (LLVM: 100+ MB, hundreds of thousands of functions) are
+    /// mapped, not read: the heap holds a compact table whatever the file's size, and
+    /// names read back from the mapping agree with an independent reader (`nm -D`).
+    #[test]
+    fn big_libraries_keep_a_compact_table_with_right_names() {
+        let mut libs: Vec<PathBuf> =
+            vec![PathBuf::from("/usr/lib/x86_64-linux-gnu/libLLVM.so.19.1")];
+        // A Rust toolchain's own libLLVM has a full .symtab (the other bounds source).
+        if let Ok(out) = std::process::Command::new("rustc")
+            .args(["--print", "sysroot"])
+            .output()
+        {
+            let lib = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("lib");
+            if let Ok(dir) = std::fs::read_dir(lib) {
+                libs.extend(dir.flatten().map(|e| e.path()).filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("libLLVM.so"))
+                }));
+            }
+        }
+        let mut seen = 0;
+        for path in libs.iter().filter(|p| p.exists()) {
+            seen += 1;
+            let b = Binary::open(path).unwrap();
+            let size = std::fs::metadata(path).unwrap().len();
+            let n = b.function_count();
+            eprintln!(
+                "{}: {} MB, {:?}, {n} functions, {} KB heap",
+                path.display(),
+                size >> 20,
+                b.bounds,
+                b.heap_bytes() >> 10
+            );
+            assert!(n > 50_000, "{n} functions");
+            // 16 B per function, 4 B of BOLT ordinal, fixed overhead.
+            assert!(
+                b.heap_bytes() <= 20 * n as u64 + (1 << 20),
+                "{}",
+                b.heap_bytes()
+            );
+            assert!(b.heap_bytes() < size / 20);
+            let nm = std::process::Command::new("nm")
+                .args(["-D", "--defined-only"])
+                .arg(path)
+                .output();
+            let Ok(nm) = nm else {
+                eprintln!("skipped the name check: nm unavailable");
+                continue;
+            };
+            let text = String::from_utf8_lossy(&nm.stdout);
+            let mut by_addr: HashMap<u64, Vec<&str>> = HashMap::new();
+            for l in text.lines() {
+                let mut f = l.split_whitespace();
+                if let (Some(a), Some("T" | "t"), Some(name)) = (f.next(), f.next(), f.next()) {
+                    if let Ok(a) = u64::from_str_radix(a, 16) {
+                        // Versioned names print as name@VERSION or name@@VERSION.
+                        let name = name.split('@').next().unwrap_or(name);
+                        by_addr.entry(a).or_default().push(name);
+                    }
+                }
+            }
+            let mut checked = 0;
+            for (&addr, names) in by_addr.iter().filter(|(_, v)| v.len() == 1).take(500) {
+                let f = b.function_at(addr).expect("an exported function");
+                assert_eq!((f.start, f.name.as_str()), (addr, names[0]));
+                if checked < 3 {
+                    // A scan of every name: a few are enough.
+                    assert_eq!(b.function_by_name(&f.name).map(|g| g.start), Some(addr));
+                }
+                checked += 1;
+            }
+            assert!(checked > 100, "{checked} names checked");
+        }
+        if seen == 0 {
+            eprintln!("skipped: no LLVM library installed");
         }
     }
 }

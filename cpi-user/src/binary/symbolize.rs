@@ -7,6 +7,11 @@
 //! `/proc/PID/map_files/` (which still works when the file was deleted or replaced) and
 //! `/proc/PID/root/` (containers) when the process is live and
 //! [`SymbolizerOptions::use_proc`] is set, else by the mapped path.
+//!
+//! The symbolizer is the cache that outlives analyses (the always-on agent keeps one for
+//! its lifetime): binaries by file identity, and decoded functions
+//! ([`Symbolizer::decode`]), both in one LRU bounded in bytes by [`Symbolizer::trim`].
+#![warn(missing_docs)]
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -14,32 +19,54 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{Binary, BinaryCache, BinaryError, Function};
+use super::{Binary, BinaryCache, BinaryError, Function, Instruction};
 use crate::procmap::{MappedObject, Mapping, ProcessMaps};
 
 /// Lowest x86-64 kernel address (canonical upper half).
 pub const KERNEL_START: u64 = 0xffff_8000_0000_0000;
 
+/// Why an address could not be symbolised.
 #[derive(Debug, thiserror::Error)]
 pub enum SymbolizeError {
+    /// No mapping (and no perf map entry) holds the address.
     #[error("pid {pid}: {addr:#x} is in no mapping")]
-    Unmapped { pid: u32, addr: u64 },
+    Unmapped {
+        /// The process.
+        pid: u32,
+        /// The runtime address.
+        addr: u64,
+    },
+    /// The mapped binary could not be used.
     #[error("pid {pid}: {addr:#x}: {source}")]
     Binary {
+        /// The process.
         pid: u32,
+        /// Start of the mapping.
         addr: u64,
+        /// Why.
         source: Arc<BinaryError>,
     },
+    /// The mapping's file offset is in no `PT_LOAD` of the binary.
     #[error("{path}: file offset {offset:#x} (runtime {addr:#x}) is in no PT_LOAD segment")]
     OutsideSegments {
+        /// The mapped file.
         path: PathBuf,
+        /// The file offset.
         offset: u64,
+        /// The runtime address.
         addr: u64,
     },
+    /// No function of the binary holds the address.
     #[error("{path}: no function contains {vaddr:#x}")]
-    NoFunction { path: PathBuf, vaddr: u64 },
+    NoFunction {
+        /// The mapped file.
+        path: PathBuf,
+        /// The address in the binary.
+        vaddr: u64,
+    },
 }
 
+/// Where the symbolizer looks.
 #[derive(Clone, Debug)]
 pub struct SymbolizerOptions {
     /// Open files through `/proc/PID/map_files` and `/proc/PID/root` (live processes).
@@ -65,7 +92,9 @@ impl Default for SymbolizerOptions {
 /// What an address lies in.
 #[derive(Clone, Debug)]
 pub enum CodeObject {
+    /// An ELF file.
     Elf(Arc<Binary>),
+    /// The kernel.
     Kernel,
     /// Anonymous executable memory (JIT).
     Anon,
@@ -76,6 +105,7 @@ pub enum CodeObject {
 /// A symbolised address.
 #[derive(Clone, Debug)]
 pub struct Resolved {
+    /// What the address lies in.
     pub object: CodeObject,
     /// Path as mapped, or `[kernel]`, `[anon]`, `[vdso]`.
     pub object_name: String,
@@ -91,7 +121,8 @@ pub struct Resolved {
     pub function_index: Option<usize>,
 }
 
-/// Symbolises addresses of many processes, caching binaries and perf maps.
+/// Symbolises addresses of many processes, caching binaries, decoded functions and perf
+/// maps.
 pub struct Symbolizer {
     opts: SymbolizerOptions,
     binaries: BinaryCache,
@@ -102,12 +133,47 @@ pub struct Symbolizer {
     kernel: Option<Vec<Function>>,
     /// (pid, mapping start) → the file opened while the process lived.
     captured: HashMap<(u32, u64), Arc<File>>,
-    /// Last use of each binary (by address of its `Arc`), for [`Symbolizer::trim`].
-    used: HashMap<usize, u64>,
+    /// Last use of each binary (by [`Binary::id`]), for [`Symbolizer::trim`].
+    used: HashMap<u64, u64>,
+    /// Decoded functions by (binary id, start, size, form).
+    decoded: HashMap<DecodedKey, Decoded>,
+    /// Bytes of `decoded`.
+    decoded_bytes: u64,
     clock: u64,
 }
 
+/// (binary id, function start, function size, instruction starts only).
+type DecodedKey = (u64, u64, u64, bool);
+
+/// What is kept of a decoded function.
+#[derive(Clone)]
+enum Decoding {
+    /// Every instruction, formatted ([`Symbolizer::decode`]).
+    Instructions(Arc<[Instruction]>),
+    /// Instruction starts ([`super::cfg::instruction_starts`]).
+    Starts(Arc<[u32]>),
+}
+
+/// A decoded function in the cache.
+struct Decoded {
+    value: Decoding,
+    /// Heap bytes: the instructions (and their text) or starts, and the entry.
+    bytes: u64,
+    /// Clock of its last use.
+    used: u64,
+}
+
+/// Heap bytes of a cache entry besides its contents (key, entry, `Arc` counts).
+const ENTRY_BYTES: usize = size_of::<DecodedKey>() + size_of::<Decoded>() + 2 * size_of::<usize>();
+
+/// What [`Symbolizer::trim`] can drop.
+enum Held {
+    Binary(Arc<Binary>),
+    Decoded(DecodedKey),
+}
+
 impl Symbolizer {
+    /// An empty symbolizer.
     pub fn new(opts: SymbolizerOptions) -> Self {
         Symbolizer {
             opts,
@@ -117,8 +183,93 @@ impl Symbolizer {
             kernel: None,
             captured: HashMap::new(),
             used: HashMap::new(),
+            decoded: HashMap::new(),
+            decoded_bytes: 0,
             clock: 0,
         }
+    }
+
+    /// `func`'s instructions (of `bin`, which [`Symbolizer::resolve`] returned), decoded
+    /// on first use and then kept until [`Symbolizer::trim`] drops them: analyses of later
+    /// windows that sample the same function do not decode it again.
+    pub fn decode(
+        &mut self,
+        bin: &Arc<Binary>,
+        func: &Function,
+    ) -> Result<Arc<[Instruction]>, BinaryError> {
+        let d = self.cached((bin.id, func.start, func.size, false), || {
+            let instructions: Arc<[Instruction]> = bin.decode(func)?.into();
+            let bytes = instructions
+                .iter()
+                .map(|i| size_of::<Instruction>() + i.text.capacity())
+                .sum();
+            Ok((Decoding::Instructions(instructions), bytes))
+        })?;
+        match d {
+            Decoding::Instructions(i) => Ok(i),
+            Decoding::Starts(_) => unreachable!("keyed apart"),
+        }
+    }
+
+    /// For each of `addrs`, the instruction of `func`'s linear sweep (the one
+    /// [`Symbolizer::decode`] gives) that holds it, decoded and formatted alone; `None`
+    /// where none does. It costs what the addresses do: only the sweep's instruction
+    /// starts are cached (4 bytes per instruction), no formatted instruction. Time
+    /// profiles use it for their sampled instructions (cpi-user/src/profile/analyze.rs).
+    pub fn instructions_holding(
+        &mut self,
+        bin: &Arc<Binary>,
+        func: &Function,
+        addrs: &[u64],
+    ) -> Result<Vec<Option<Instruction>>, BinaryError> {
+        let code = bin.code_of(func)?;
+        let d = self.cached((bin.id, func.start, func.size, true), || {
+            let starts: Arc<[u32]> = super::cfg::instruction_starts(code).into();
+            let bytes = starts.len() * size_of::<u32>();
+            Ok((Decoding::Starts(starts), bytes))
+        })?;
+        let Decoding::Starts(starts) = d else {
+            unreachable!("keyed apart")
+        };
+        let (ends, heads) = (&starts[1..], &starts[..starts.len() - 1]);
+        Ok(addrs
+            .iter()
+            .map(|&a| {
+                let off = u32::try_from(a.checked_sub(func.start)?).ok()?;
+                let i = heads.partition_point(|&s| s <= off).checked_sub(1)?;
+                (off < ends[i]).then(|| {
+                    let at = heads[i] as usize;
+                    super::cfg::decode_one(func.start + at as u64, &code[at..])
+                })
+            })
+            .collect())
+    }
+
+    /// The cache entry at `key`, made by `make` (contents, their heap bytes) on a miss; a
+    /// use of it and of its binary either way.
+    fn cached(
+        &mut self,
+        key: DecodedKey,
+        make: impl FnOnce() -> Result<(Decoding, usize), BinaryError>,
+    ) -> Result<Decoding, BinaryError> {
+        self.clock += 1;
+        self.used.insert(key.0, self.clock);
+        if let Some(d) = self.decoded.get_mut(&key) {
+            d.used = self.clock;
+            return Ok(d.value.clone());
+        }
+        let (value, bytes) = make()?;
+        let bytes = (bytes + ENTRY_BYTES) as u64;
+        self.decoded_bytes += bytes;
+        self.decoded.insert(
+            key,
+            Decoded {
+                value: value.clone(),
+                bytes,
+                used: self.clock,
+            },
+        );
+        Ok(value)
     }
 
     /// Files of `pid`'s executable mappings opened while it lived (by mapping start,
@@ -139,50 +290,86 @@ impl Symbolizer {
         self.perf_maps.remove(&pid);
     }
 
-    /// Distinct binaries held, with their heap bytes.
-    fn held(&self) -> HashMap<usize, (Arc<Binary>, u64)> {
+    /// Distinct binaries held, by id.
+    fn held(&self) -> HashMap<u64, Arc<Binary>> {
         let mut held = HashMap::new();
         let mapped = self.by_mapping.values().filter_map(|r| r.as_ref().ok());
         for b in self.binaries.binaries().chain(mapped) {
-            held.entry(Arc::as_ptr(b) as usize)
-                .or_insert_with(|| (b.clone(), b.heap_bytes()));
+            held.entry(b.id).or_insert_with(|| Arc::clone(b));
         }
         held
     }
 
-    /// Bytes held: binaries, perf maps and kernel symbols.
+    /// Heap bytes held: binaries' tables ([`Binary::heap_bytes`]; mapped pages are page
+    /// cache, not counted — see cpi-user/src/binary/mod.rs), decoded functions, perf maps
+    /// and kernel symbols.
     pub fn cache_bytes(&self) -> u64 {
         let funcs = |v: &Vec<Function>| {
             v.iter()
-                .map(|f| (size_of::<Function>() + f.name.len()) as u64)
+                .map(|f| (size_of::<Function>() + f.name.capacity()) as u64)
                 .sum::<u64>()
         };
-        self.held().values().map(|(_, n)| n).sum::<u64>()
+        self.held().values().map(|b| b.heap_bytes()).sum::<u64>()
+            + self.decoded_bytes
             + self.perf_maps.values().map(funcs).sum::<u64>()
             + self.kernel.as_ref().map_or(0, funcs)
     }
 
-    /// Drops the least recently used binaries until at most `max_bytes` are held.
+    /// Drops the least recently used binaries and decoded functions until at most
+    /// `max_bytes` are held (a dropped binary takes its decoded functions with it), then
+    /// drops the pages the binaries' mappings touched since the last trim from this
+    /// process's resident set.
     pub fn trim(&mut self, max_bytes: u64) {
-        let mut held: Vec<(u64, usize, Arc<Binary>, u64)> = self
-            .held()
-            .into_iter()
-            .map(|(ptr, (b, n))| (self.used.get(&ptr).copied().unwrap_or(0), ptr, b, n))
+        let held = self.held();
+        let mut order: Vec<(u64, Held, u64)> = held
+            .values()
+            .map(|b| {
+                let used = self.used.get(&b.id).copied().unwrap_or(0);
+                (used, Held::Binary(Arc::clone(b)), b.heap_bytes())
+            })
+            .chain(
+                self.decoded
+                    .iter()
+                    .map(|(k, d)| (d.used, Held::Decoded(*k), d.bytes)),
+            )
             .collect();
+        order.sort_by_key(|h| h.0);
         let mut total = self.cache_bytes();
-        held.sort_by_key(|h| (h.0, h.1));
-        for (_, ptr, bin, bytes) in held {
+        for (_, item, bytes) in order {
             if total <= max_bytes {
                 break;
             }
-            self.binaries.evict(&bin);
-            self.by_mapping
-                .retain(|_, r| !r.as_ref().is_ok_and(|b| Arc::ptr_eq(b, &bin)));
-            self.used.remove(&ptr);
-            total = total.saturating_sub(bytes);
+            match item {
+                Held::Decoded(k) => {
+                    // Gone already when its binary was dropped.
+                    if let Some(d) = self.decoded.remove(&k) {
+                        self.decoded_bytes -= d.bytes;
+                        total = total.saturating_sub(d.bytes);
+                    }
+                }
+                Held::Binary(bin) => {
+                    self.binaries.evict(&bin);
+                    self.by_mapping
+                        .retain(|_, r| !r.as_ref().is_ok_and(|b| Arc::ptr_eq(b, &bin)));
+                    self.used.remove(&bin.id);
+                    let mut freed = bytes;
+                    self.decoded.retain(|k, d| {
+                        let keep = k.0 != bin.id;
+                        if !keep {
+                            freed += d.bytes;
+                        }
+                        keep
+                    });
+                    self.decoded_bytes -= freed - bytes;
+                    total = total.saturating_sub(freed);
+                }
+            }
         }
         let held = self.held();
-        self.used.retain(|ptr, _| held.contains_key(ptr));
+        self.used.retain(|id, _| held.contains_key(id));
+        for b in held.values() {
+            b.release_pages();
+        }
     }
 
     /// Symbolises `addr` of process `pid` whose mappings are `maps`.
@@ -228,7 +415,7 @@ impl Symbolizer {
                         vaddr,
                     })?;
                 Ok(Resolved {
-                    function: bin.functions()[i].clone(),
+                    function: bin.function(i).expect("index from function_index"),
                     function_index: Some(i),
                     object_name: path.display().to_string(),
                     deleted: *deleted,
@@ -286,7 +473,7 @@ impl Symbolizer {
         let r = self.by_mapping[&key].clone();
         if let Ok(b) = &r {
             self.clock += 1;
-            self.used.insert(Arc::as_ptr(b) as usize, self.clock);
+            self.used.insert(b.id, self.clock);
         }
         r.map_err(|source| SymbolizeError::Binary {
             pid,
@@ -481,6 +668,58 @@ mod tests {
         let e = s.resolve(1, &maps, 0x400010).unwrap_err();
         assert!(e.to_string().contains("/gone/bin"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Decoded functions outlive analyses and leave in LRU order under a byte bound; a
+    /// dropped binary takes its decoded functions with it.
+    #[test]
+    fn decoded_functions_are_cached_and_trimmed_least_recently_used_first() {
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let mut s = Symbolizer::new(SymbolizerOptions {
+            use_proc: false,
+            kallsyms: None,
+            ..Default::default()
+        });
+        let bin = Binary::open(&t.plain).unwrap();
+        let maps = maps_for(&t.plain, &bin, 0);
+        let at = |s: &mut Symbolizer, name: &str| {
+            let f = bin.function_by_name(name).unwrap();
+            let r = s.resolve(1, &maps, f.start).unwrap();
+            let CodeObject::Elf(b) = r.object else {
+                panic!("{name} is in an ELF file")
+            };
+            (b, r.function)
+        };
+        let (b, sum) = at(&mut s, "sum_loop");
+        let (_, fib) = at(&mut s, "fib");
+        let table = s.cache_bytes();
+        assert_eq!(table, b.heap_bytes(), "only the binary's table so far");
+        let d_sum = s.decode(&b, &sum).unwrap();
+        assert!(
+            Arc::ptr_eq(&d_sum, &s.decode(&b, &sum).unwrap()),
+            "decoded once"
+        );
+        let with_sum = s.cache_bytes();
+        let d_fib = s.decode(&b, &fib).unwrap();
+        assert!(with_sum > table && s.cache_bytes() > with_sum);
+        // Use sum_loop again: fib is now the least recently used.
+        s.decode(&b, &sum).unwrap();
+        s.trim(s.cache_bytes() - 1);
+        assert_eq!(s.cache_bytes(), with_sum, "fib's instructions left");
+        assert!(Arc::ptr_eq(&d_sum, &s.decode(&b, &sum).unwrap()));
+        assert!(
+            !Arc::ptr_eq(&d_fib, &s.decode(&b, &fib).unwrap()),
+            "fib decoded anew"
+        );
+        assert_eq!(*d_fib, *s.decode(&b, &fib).unwrap());
+        // Nothing may stay: the binary goes, and its decoded functions with it.
+        s.trim(0);
+        assert_eq!(s.cache_bytes(), 0);
+        let (b2, sum2) = at(&mut s, "sum_loop");
+        assert!(!Arc::ptr_eq(&b, &b2), "reopened");
+        assert!(!Arc::ptr_eq(&d_sum, &s.decode(&b2, &sum2).unwrap()));
     }
 
     #[test]

@@ -37,7 +37,8 @@ use super::model::{
     InstructionProfile, LossReport, Mode, ProcessProfile, Profile, RunInfo, PROFILE_FORMAT_VERSION,
 };
 use crate::binary::{
-    Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, Symbolizer, SymbolizerOptions,
+    Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, Symbolizer,
+    SymbolizerOptions,
 };
 use crate::procmap::ProcessMaps;
 
@@ -49,6 +50,8 @@ pub struct AnalysisOptions {
     pub sample_floor: u64,
     /// How runtime addresses are mapped to files and symbols.
     pub symbolizer: SymbolizerOptions,
+    /// Which instructions get a line.
+    pub lines: LineDetail,
 }
 
 impl Default for AnalysisOptions {
@@ -56,8 +59,21 @@ impl Default for AnalysisOptions {
         AnalysisOptions {
             sample_floor: 20,
             symbolizer: SymbolizerOptions::default(),
+            lines: LineDetail::Every,
         }
     }
+}
+
+/// Which instructions of an analysed function get a line (`FunctionProfile::lines`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineDetail {
+    /// Every instruction of the function (what `--annotate` shows).
+    Every,
+    /// Only instructions with samples or counts: what the always-on agent keeps
+    /// (cpi-user/src/agent/mod.rs). A time profile then decodes its sampled instructions
+    /// only, so a window costs what its samples do, not what the sizes of the functions
+    /// they hit do.
+    Evidence,
 }
 
 /// IP-sample tallies of one role: (samples, Σ periods).
@@ -485,13 +501,22 @@ impl Ctx<'_> {
             cpi: None,
             timed_cpi: None,
             bolt_name: match &w.object {
-                CodeObject::Elf(bin) => bin.bolt_local_name(&w.function).map(str::to_string),
+                CodeObject::Elf(bin) => bin.bolt_local_name(&w.function),
                 _ => None,
             },
             blocks: Vec::new(),
             edges: Vec::new(),
             lines: Vec::new(),
         };
+        if let (false, LineDetail::Evidence, CodeObject::Elf(bin)) =
+            (self.mode.has_cpi(), self.opts.lines, &w.object)
+        {
+            profile.lines = self.sampled_lines(bin, w);
+            return FunctionOutcome {
+                profile,
+                cpi_inputs: None,
+            };
+        }
         // Time profiles decode too (sampled functions only): annotate shows samples per
         // instruction there, as perf annotate does.
         let cfg = match &w.object {
@@ -499,7 +524,7 @@ impl Ctx<'_> {
                 let key = w.key();
                 let instructions = match self.decoded.get(&key) {
                     Some(d) => Ok(d.clone()),
-                    None => bin.decode(&w.function).map(Arc::<[Instruction]>::from),
+                    None => self.sym.decode(bin, &w.function),
                 };
                 let users = self.users.entry(key.clone()).or_default();
                 *users = users.saturating_sub(1);
@@ -556,6 +581,54 @@ impl Ctx<'_> {
         }
     }
 
+    /// The lines of a time profile's sampled instructions ([`LineDetail::Evidence`]):
+    /// the same lines [`LineDetail::Every`] gives those instructions, without decoding
+    /// the rest of the function. A time profile has no instruction counts.
+    fn sampled_lines(&mut self, bin: &Arc<Binary>, w: &FunctionWork) -> Vec<InstructionProfile> {
+        let addrs: Vec<u64> = w.ips.keys().copied().collect();
+        let found = match self.sym.instructions_holding(bin, &w.function, &addrs) {
+            Ok(f) => f,
+            Err(e) => {
+                log::warn!("{e}");
+                return Vec::new();
+            }
+        };
+        let role = role_index(sample_role(self.mode));
+        let mut lines: Vec<(InstructionProfile, Tally)> = Vec::new();
+        for (t, ins) in w.ips.values().zip(found) {
+            let Some(ins) = ins else {
+                continue;
+            };
+            let samples = t[role].samples;
+            let cycles = t[role_index(EventRole::Cycles)];
+            match lines.last_mut() {
+                Some((l, c)) if l.address == ins.addr => {
+                    l.samples += samples;
+                    c.add(cycles);
+                }
+                _ => lines.push((
+                    InstructionProfile {
+                        address: ins.addr,
+                        count: 0.0,
+                        samples,
+                        cycles: None,
+                        cpi: None,
+                        text: ins.text,
+                    },
+                    cycles,
+                )),
+            }
+        }
+        lines
+            .into_iter()
+            .filter(|(l, _)| l.samples > 0)
+            .map(|(mut l, c)| {
+                l.cycles = (c.samples > 0).then_some(c.weight as f64);
+                l
+            })
+            .collect()
+    }
+
     /// Instruction/block/edge level of one function.
     fn detail(
         &mut self,
@@ -597,10 +670,12 @@ impl Ctx<'_> {
             }
         }
 
+        let every = self.opts.lines == LineDetail::Every;
         let lines = cfg
             .instructions
             .iter()
             .enumerate()
+            .filter(|&(i, _)| every || primary[i] > 0 || count[i] > 0.0)
             .map(|(i, ins)| InstructionProfile {
                 address: ins.addr,
                 count: count[i],
@@ -869,6 +944,58 @@ mod tests {
                 j["processes"][0]["functions"][0]["binary"],
                 path.display().to_string()
             );
+        }
+    }
+
+    /// The agent's lines (sampled instructions only, each decoded alone) are the lines
+    /// of every instruction, kept where there are samples.
+    #[test]
+    fn evidence_lines_are_every_line_with_samples() {
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        const BASE: u64 = 0x5555_5555_4000;
+        for path in [&t.pie, &t.pie_stripped] {
+            let bin = Binary::open(path).unwrap();
+            let main = Binary::open(&t.pie)
+                .unwrap()
+                .function_by_name("main")
+                .unwrap();
+            let mut set = SampleSet::new(8);
+            let p = set.process(100);
+            p.maps = Some(maps_for(path, &bin, BASE));
+            // Every byte of main, some twice: instruction starts and middles.
+            for off in 0..main.size {
+                for _ in 0..1 + off % 2 {
+                    set.add_ip(&ip(100, EventRole::CpuClock, BASE + main.start + off, 1000))
+                        .unwrap();
+                }
+            }
+            let every = analyze(&set, run_info(Mode::TimeProfile), &opts());
+            let evidence = analyze(
+                &set,
+                run_info(Mode::TimeProfile),
+                &AnalysisOptions {
+                    lines: LineDetail::Evidence,
+                    ..opts()
+                },
+            );
+            let (a, b) = (
+                &every.processes[0].functions,
+                &evidence.processes[0].functions,
+            );
+            assert_eq!(a.len(), b.len());
+            for (a, b) in a.iter().zip(b) {
+                let kept: Vec<InstructionProfile> =
+                    a.lines.iter().filter(|l| l.samples > 0).cloned().collect();
+                assert!(kept.len() > 10, "{}: {} lines", a.name, kept.len());
+                assert_eq!(kept, b.lines, "{}", a.name);
+                assert_eq!(
+                    b.lines.iter().map(|l| l.samples).sum::<u64>(),
+                    a.samples,
+                    "every sample on a line"
+                );
+            }
         }
     }
 
@@ -1333,8 +1460,8 @@ mod range_tests {
             (&t.pie_stripped, 0x5555_5555_4000),
         ] {
             let bin = Binary::open(path).unwrap();
-            for f in bin.functions().iter().filter(|f| !f.name.starts_with('[')) {
-                let cfg = bin.cfg(f, &[]).unwrap();
+            for f in bin.functions().filter(|f| !f.name.starts_with('[')) {
+                let cfg = bin.cfg(&f, &[]).unwrap();
                 let mut set = set_for(path, &bin, base, WINDOW);
                 let mut truth = Walk::default();
                 for _ in 0..5 {
@@ -1440,7 +1567,7 @@ mod bench {
         let mut rng = rand::rngs::StdRng::seed_from_u64(1);
         // The FUNCS largest functions are the "sampled" ones; walks pick them with a
         // skewed (hot/cold) distribution.
-        let mut funcs: Vec<&Function> = bin.functions().iter().collect();
+        let mut funcs: Vec<Function> = bin.functions().collect();
         funcs.sort_by_key(|f| std::cmp::Reverse(f.size));
         funcs.truncate(FUNCS);
         let t_cfg = Instant::now();

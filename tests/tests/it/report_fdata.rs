@@ -168,13 +168,11 @@ fn hand_profile(exe: &Path) -> Profile {
                 instructions: Some(1.0e6),
                 cpi: None,
                 timed_cpi: None,
-                bolt_name: bin_elf
-                    .bolt_local_name(&Function {
-                        name: name.clone(),
-                        start: *start,
-                        size: *size,
-                    })
-                    .map(str::to_string),
+                bolt_name: bin_elf.bolt_local_name(&Function {
+                    name: name.clone(),
+                    start: *start,
+                    size: *size,
+                }),
                 blocks: vec![],
                 edges,
                 lines,
