@@ -355,14 +355,16 @@ fn prometheus_scrapes_the_metrics() {
 /// End to end with the real agent (needs the agent command and root): a busy program's
 /// sampled CPU time in Prometheus matches the CPU time it reports for itself (its own
 /// getrusage, so a loaded machine that gives it less than a CPU changes both sides).
-/// The agent collects system-wide; `--comm` keeps each window's analysis to busy.
+/// The agent collects system-wide; `--comm` keeps each window's analysis to this
+/// program, which has a name of its own (other tests run `busy` meanwhile).
 #[test]
 fn agent_cpu_seconds_in_prometheus() {
     if !require_root("the agent") || !have("prometheus", "--version") {
         return;
     }
     let dir = temp_dir("agent-prom");
-    let Some(busy) = compile_c("busy.c", &dir, "busy", &[]) else {
+    // Its own name: other tests run `busy` programs at the same time, system-wide.
+    let Some(busy) = compile_c("busy.c", &dir, "busy-prom", &[]) else {
         return;
     };
     let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
@@ -374,7 +376,7 @@ fn agent_cpu_seconds_in_prometheus() {
             "--metrics-addr",
             &metrics.to_string(),
             "--comm",
-            "^busy$",
+            "^busy-prom$",
         ])
         .arg("--store")
         .arg(dir.join("store"))
@@ -396,13 +398,13 @@ fn agent_cpu_seconds_in_prometheus() {
         .expect("busy prints cpu_seconds=S");
     // Rising while it ran: the scraped counter changed more than once.
     prom.wait_for(
-        r#"changes(cpi_bpf_cpu_seconds_total{comm="busy"}[1m])"#,
+        r#"changes(cpi_bpf_cpu_seconds_total{comm="busy-prom"}[1m])"#,
         |v| v >= 2.0,
     );
     // Once the last windows are analysed and scraped, the counter stops moving: wait
     // until it has held still for 4 s (analysis may lag behind the windows on a loaded
     // machine), then it holds busy's CPU time within 30 %.
-    let q = r#"cpi_bpf_cpu_seconds_total{comm="busy"}"#;
+    let q = r#"cpi_bpf_cpu_seconds_total{comm="busy-prom"}"#;
     let (mut last, mut since) = (prom.query(q).expect("a busy series"), Instant::now());
     let t0 = Instant::now();
     while since.elapsed() < Duration::from_secs(4) {
@@ -416,7 +418,7 @@ fn agent_cpu_seconds_in_prometheus() {
     eprintln!("busy: own CPU {own:.2} s, cpi_bpf_cpu_seconds_total {last:.2} s");
     assert!(
         (last - own).abs() <= 0.3 * own,
-        "cpi_bpf_cpu_seconds_total{{comm=\"busy\"}} = {last:.2} s, busy's own CPU time {own:.2} s (see {}/agent.log)",
+        "cpi_bpf_cpu_seconds_total{{comm=\"busy-prom\"}} = {last:.2} s, busy's own CPU time {own:.2} s (see {}/agent.log)",
         dir.display()
     );
     let _ = agent.kill();
