@@ -190,3 +190,14 @@ pub fn assert_one_error_line(out: &Output, needle: &str) {
         String::from_utf8_lossy(&out.stdout)
     );
 }
+
+/// A child process killed and reaped when the guard drops, so a failing assertion does
+/// not leave an agent or a load program running behind the test.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -368,22 +368,24 @@ fn agent_cpu_seconds_in_prometheus() {
         return;
     };
     let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut agent = Command::new(cpi_bpf())
-        .args([
-            "agent",
-            "--interval",
-            "1",
-            "--metrics-addr",
-            &metrics.to_string(),
-            "--comm",
-            "^busy-prom$",
-        ])
-        .arg("--store")
-        .arg(dir.join("store"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("agent.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let _agent = cpi_tests::KillOnDrop(
+        Command::new(cpi_bpf())
+            .args([
+                "agent",
+                "--interval",
+                "1",
+                "--metrics-addr",
+                &metrics.to_string(),
+                "--comm",
+                "^busy-prom$",
+            ])
+            .arg("--store")
+            .arg(dir.join("store"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("agent.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     let prom = Prometheus::start(metrics, "agent-prom-server");
     prom.wait_for("up", |v| v == 1.0);
     let run = Command::new(&busy)
@@ -421,8 +423,6 @@ fn agent_cpu_seconds_in_prometheus() {
         "cpi_bpf_cpu_seconds_total{{comm=\"busy-prom\"}} = {last:.2} s, busy's own CPU time {own:.2} s (see {}/agent.log)",
         dir.display()
     );
-    let _ = agent.kill();
-    let _ = agent.wait();
 }
 
 // ---- push ----------------------------------------------------------------------------
@@ -725,34 +725,38 @@ fn governor_lowers_the_frequency_to_the_budget() {
     // Two busy CPUs give 20 kHz something to sample.
     let progs: Vec<_> = (0..2)
         .map(|_| {
-            Command::new(&busy)
-                .arg("40")
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap()
+            cpi_tests::KillOnDrop(
+                Command::new(&busy)
+                    .arg("40")
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
         })
         .collect();
     let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let mut agent = Command::new(cpi_bpf())
-        .args([
-            "agent",
-            "--interval",
-            "1",
-            "--frequency",
-            "20000",
-            "--min-frequency",
-            "49",
-            "--overhead-budget",
-            "0.5",
-            "--metrics-addr",
-            &metrics.to_string(),
-        ])
-        .arg("--store")
-        .arg(dir.join("store"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("agent.log")).unwrap())
-        .spawn()
-        .unwrap();
+    let agent = cpi_tests::KillOnDrop(
+        Command::new(cpi_bpf())
+            .args([
+                "agent",
+                "--interval",
+                "1",
+                "--frequency",
+                "20000",
+                "--min-frequency",
+                "49",
+                "--overhead-budget",
+                "0.5",
+                "--metrics-addr",
+                &metrics.to_string(),
+            ])
+            .arg("--store")
+            .arg(dir.join("store"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("agent.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
     let value = |text: &str, name: &str| -> Option<f64> {
         text.lines()
             .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
@@ -778,12 +782,8 @@ fn governor_lowers_the_frequency_to_the_budget() {
             seen.push((t0.elapsed().as_secs_f64(), hz, cpu + bpf));
         }
     }
-    let _ = agent.kill();
-    let _ = agent.wait();
-    for mut p in progs {
-        let _ = p.kill();
-        let _ = p.wait();
-    }
+    drop(agent);
+    drop(progs);
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     eprintln!("(s, Hz, cost s): {seen:?}");
     let lowered = seen.iter().position(|s| s.1 < 20000.0);
