@@ -196,8 +196,10 @@ fn bad(args: &[&str], want: &str) {
     assert!(!out.status.success(), "{args:?} succeeded: {stderr}");
     assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: {stderr}");
     assert!(stderr.contains(want), "{args:?}: {stderr:?} lacks {want:?}");
+    // A hang guard, not a speed claim (13 s was seen with both CPUs loaded): an agent
+    // that got past its checks would collect until signalled and never return here.
     assert!(
-        t.elapsed() < Duration::from_secs(10),
+        t.elapsed() < Duration::from_secs(120),
         "{args:?} took {:?}",
         t.elapsed()
     );
