@@ -267,6 +267,11 @@ impl Drain {
             .filter(|_| miss && !first && !due)
             .and_then(|a| self.recorded.get(&pid).filter(|(_, m)| m.find(a).is_some()));
         if let Some((comm, m)) = recorded {
+            // Open the new image's files now, while the process lives: after it exits
+            // a file seen only in its mount namespace (a container) cannot be found.
+            for (start, f) in self.files.capture_live(pid, tid, m) {
+                p.files.insert(start, f);
+            }
             p.maps = Some(match p.maps.take() {
                 Some(older) => m.clone().with_older(&older),
                 None => m.clone(),

@@ -209,6 +209,22 @@ impl CapturedFiles {
         out
     }
 
+    /// [`CapturedFiles::capture`] through `/proc/PID`, else through the thread's own
+    /// directory (a leader that exited leaves its threads' maps there): for mappings
+    /// known from the kernel's records rather than read from `/proc`.
+    pub fn capture_live(
+        &mut self,
+        pid: u32,
+        tid: u32,
+        maps: &ProcessMaps,
+    ) -> HashMap<u64, Arc<File>> {
+        let got = self.capture(&proc_dir(pid, None), maps);
+        if !got.is_empty() || tid == pid || tid == 0 {
+            return got;
+        }
+        self.capture(&proc_dir(pid, Some(tid)), maps)
+    }
+
     /// Distinct files held open.
     pub fn len(&self) -> usize {
         self.by_inode.len()
