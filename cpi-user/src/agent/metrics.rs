@@ -222,7 +222,7 @@ fn mode_name(m: Mode) -> &'static str {
 
 /// Every loss reason of the profile file, by its field name (destructured, so a new
 /// field cannot be forgotten here).
-fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 7] {
+fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 8] {
     let LossReport {
         ring_full,
         branch_errors,
@@ -231,6 +231,7 @@ fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 7] {
         short_samples,
         invalid_ranges,
         unmapped_samples,
+        sideband_lost,
     } = *l;
     [
         ("ring_full", ring_full),
@@ -240,6 +241,7 @@ fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 7] {
         ("short_samples", short_samples),
         ("invalid_ranges", invalid_ranges),
         ("unmapped_samples", unmapped_samples),
+        ("sideband_lost", sideband_lost),
     ]
 }
 

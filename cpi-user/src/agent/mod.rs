@@ -41,6 +41,7 @@ pub use error::AgentError;
 
 use crate::binary::{Symbolizer, SymbolizerOptions};
 use crate::collect::events::Rate;
+use crate::collect::target::process_start;
 use crate::collect::{self, CollectError, CollectOptions, Collected, Session, StopReason, Target};
 use crate::profile::analyze::{analyze_with, LineDetail};
 use crate::profile::model::{Mode, Profile};
@@ -193,6 +194,7 @@ fn collect_options(c: &AgentConfig) -> CollectOptions {
         redraw_every: Duration::from_millis(50),
         ring_bytes: c.ring_bytes,
         window: None,
+        cpu_time: true,
     }
 }
 
@@ -380,14 +382,6 @@ fn clock_ticks() -> f64 {
     }
 }
 
-/// Start time of a process (clock ticks since boot, `/proc/PID/stat` field 22): with the
-/// pid, what identifies a process across pid reuse. `None` once it is gone.
-pub fn process_start(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
 /// Processes the agent holds state for, keyed by (pid, start time).
 #[derive(Debug, Default)]
 pub struct ProcessTable {
@@ -410,12 +404,13 @@ impl ProcessTable {
         self.procs.is_empty()
     }
 
-    /// Notes the processes of window `n`; returns the pids whose earlier state belongs
-    /// to another process (the pid was reused).
+    /// Notes the processes of window `n` (their start times as the collector read them,
+    /// cpi-user/src/collect/drain.rs); returns the pids whose earlier state belongs to
+    /// another process (the pid was reused).
     pub fn see(&mut self, n: u64, set: &SampleSet, want_cgroup: bool) -> Vec<u32> {
         let mut reused = Vec::new();
-        for &pid in set.processes.keys() {
-            let start = process_start(pid);
+        for (&pid, p) in &set.processes {
+            let start = p.start;
             match self.procs.get_mut(&pid) {
                 Some(t) if start.is_some() && t.start.is_some() && t.start != start => {
                     reused.push(pid);
@@ -584,7 +579,7 @@ mod tests {
     fn processes_are_keyed_by_pid_and_start_and_leave_after_their_last_window() {
         let me = std::process::id();
         let mut set = SampleSet::new(1);
-        set.process(me);
+        set.process(me).start = process_start(me);
         // A pid that does not exist (above the kernel's pid_max limit).
         set.process(u32::MAX - 7);
         let mut t = ProcessTable::default();
@@ -596,7 +591,7 @@ mod tests {
         // Our pid with another start time is another process.
         t.procs.get_mut(&me).unwrap().start = Some(1);
         let mut set = SampleSet::new(1);
-        set.process(me);
+        set.process(me).start = process_start(me);
         assert_eq!(t.see(3, &set, false), [me]);
         assert_eq!(t.procs[&me].start, process_start(me));
         assert!(process_start(me).is_some());

@@ -123,6 +123,8 @@ pub struct DrainWindow {
     pub set: SampleSet,
     pub received: BTreeMap<EventRole, u64>,
     pub malformed: u64,
+    /// Side-band records the kernel dropped in this window.
+    pub sideband_lost: u64,
 }
 
 impl Drain {
@@ -150,22 +152,29 @@ impl Drain {
             self.known.insert(
                 pid,
                 Known {
+                    start: p.start,
                     comm: p.comm.clone(),
                     maps: p.maps.clone(),
                     files: p.files.clone(),
                 },
             );
         }
-        // Side-band records of processes that are gone and had no sample in this window
-        // will explain none later.
-        self.recorded.retain(|pid, _| {
-            set.processes.contains_key(pid)
-                || std::path::Path::new(&format!("/proc/{pid}")).exists()
-        });
+        // What is held per process stays bounded under churn: a process gone with no
+        // sample in this window will have none later (its pid, if reused, is another
+        // process: see `first_in_window`), so it leaves after its last window.
+        let keep = |pid: &u32| set.processes.contains_key(pid) || target::alive(*pid);
+        self.known.retain(|pid, _| keep(pid));
+        self.recorded.retain(|pid, _| keep(pid));
+        self.maps_read_at
+            .retain(|pid, _| self.known.contains_key(pid));
+        self.cpu_clock.by_tid.retain(|&tid, _| target::alive(tid));
+        // Files no process holds any more (the window handed out still holds its own).
+        self.files.release_unused();
         DrainWindow {
             set,
             received: std::mem::take(&mut self.received),
             malformed: std::mem::take(&mut self.malformed),
+            sideband_lost: std::mem::take(&mut self.sideband_lost),
         }
     }
 
@@ -214,12 +223,7 @@ impl Drain {
             return;
         };
         if !self.set.processes.contains_key(&h.tgid) {
-            if let Some(k) = self.known.get(&h.tgid) {
-                let p = self.set.process(h.tgid);
-                p.comm = k.comm.clone();
-                p.maps = k.maps.clone();
-                p.files = k.files.clone();
-            }
+            self.first_in_window(h.tgid);
         }
         self.track(
             h.tgid,
@@ -236,6 +240,32 @@ impl Drain {
             Record::Branch(s) => self.set.add_branch(s),
         }
         *self.received.entry(role).or_default() += 1;
+    }
+
+    /// A process's first sample of this window: its start time, and what earlier
+    /// windows learnt of it unless its pid now belongs to another process.
+    fn first_in_window(&mut self, pid: u32) {
+        let start = if pid == 0 {
+            None
+        } else {
+            target::process_start(pid)
+        };
+        let p = self.set.process(pid);
+        p.start = start;
+        let Some(k) = self.known.get(&pid) else {
+            return;
+        };
+        // Gone already (`None`): no other process has taken the pid yet, so it is the
+        // one we knew.
+        if start.is_none() || k.start == start {
+            p.start = k.start;
+            p.comm.clone_from(&k.comm);
+            p.maps.clone_from(&k.maps);
+            p.files.clone_from(&k.files);
+        } else {
+            self.known.remove(&pid);
+            self.maps_read_at.remove(&pid);
+        }
     }
 
     /// Comm, maps and mapped files of `pid`: read on first sight, re-read when `addr` (a
@@ -325,6 +355,7 @@ impl Drain {
 /// What the drain keeps of a process between windows.
 #[derive(Debug)]
 struct Known {
+    start: Option<u64>,
     comm: String,
     maps: Option<ProcessMaps>,
     files: HashMap<u64, std::sync::Arc<std::fs::File>>,

@@ -181,9 +181,18 @@ fn ip_event(role: EventRole, rate: &Rate, include_kernel: bool) -> EventSpec {
     }
 }
 
-/// The events a mode samples.
-pub fn plan(mode: Mode, vendor: Vendor, rate: &Rate, include_kernel: bool) -> Vec<EventSpec> {
-    match mode {
+/// The events a mode samples; with `cpu_time`, the hardware modes sample `cpu-clock`
+/// too, at the same rate, so CPU seconds are measured in every mode (cycles are not
+/// time: the clock rate changes under them).
+pub fn plan(
+    mode: Mode,
+    vendor: Vendor,
+    rate: &Rate,
+    include_kernel: bool,
+    cpu_time: bool,
+) -> Vec<EventSpec> {
+    let clock = || ip_event(EventRole::CpuClock, rate, include_kernel);
+    let mut specs = match mode {
         Mode::Cpi => vec![
             branch_event(vendor, rate, include_kernel),
             ip_event(EventRole::Cycles, rate, include_kernel),
@@ -192,10 +201,12 @@ pub fn plan(mode: Mode, vendor: Vendor, rate: &Rate, include_kernel: bool) -> Ve
             ip_event(EventRole::Cycles, rate, include_kernel),
             ip_event(EventRole::Instructions, rate, include_kernel),
         ],
-        Mode::TimeProfile | Mode::Simulated => {
-            vec![ip_event(EventRole::CpuClock, rate, include_kernel)]
-        }
+        Mode::TimeProfile | Mode::Simulated => return vec![clock()],
+    };
+    if cpu_time {
+        specs.push(clock());
     }
+    specs
 }
 
 /// Nominal core clock from `/proc/cpuinfo` (`cpu MHz`), 2 GHz when absent.
@@ -270,19 +281,24 @@ mod tests {
 
     #[test]
     fn plans_follow_the_ladder() {
-        let roles = |m| {
-            plan(m, Vendor::Intel, &RATE, false)
+        let roles = |m, cpu_time| {
+            plan(m, Vendor::Intel, &RATE, false, cpu_time)
                 .iter()
                 .map(|e| e.role)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(roles(Mode::Cpi), [EventRole::Branches, EventRole::Cycles]);
+        use EventRole::*;
+        assert_eq!(roles(Mode::Cpi, false), [Branches, Cycles]);
+        assert_eq!(roles(Mode::IpSampling, false), [Cycles, Instructions]);
+        assert_eq!(roles(Mode::TimeProfile, false), [CpuClock]);
+        // CPU seconds in every mode (the agent): one cpu-clock event more, never two.
+        assert_eq!(roles(Mode::Cpi, true), [Branches, Cycles, CpuClock]);
         assert_eq!(
-            roles(Mode::IpSampling),
-            [EventRole::Cycles, EventRole::Instructions]
+            roles(Mode::IpSampling, true),
+            [Cycles, Instructions, CpuClock]
         );
-        assert_eq!(roles(Mode::TimeProfile), [EventRole::CpuClock]);
-        let clock = &plan(Mode::TimeProfile, Vendor::Other, &RATE, false)[0];
+        assert_eq!(roles(Mode::TimeProfile, true), [CpuClock]);
+        let clock = &plan(Mode::TimeProfile, Vendor::Other, &RATE, false, false)[0];
         assert_eq!((clock.attr.type_, clock.attr.config), (1, 0), "cpu-clock");
         assert_eq!(clock.attr.sample_period, 1_000_003, "≈ 1 ms, prime");
         assert_eq!(EventUnit::of_role(clock.role), EventUnit::Ns);
@@ -296,13 +312,13 @@ mod tests {
             frequency: 10_000_000,
             ..RATE
         };
-        let clock = &plan(Mode::TimeProfile, Vendor::Other, &fast, false)[0];
+        let clock = &plan(Mode::TimeProfile, Vendor::Other, &fast, false, false)[0];
         assert_eq!(clock.policy.base, 12_503, "raised to the floor, prime");
         let note = cpu_clock_floor_note(&fast).unwrap();
         assert!(note.contains("period 100 ns raised to 12503 ns"), "{note}");
         assert_eq!(cpu_clock_floor_note(&RATE), None);
         // Cycles are not bound by the hrtimer floor.
-        let cycles = &plan(Mode::IpSampling, Vendor::Intel, &fast, false)[0];
+        let cycles = &plan(Mode::IpSampling, Vendor::Intel, &fast, false, false)[0];
         assert_eq!(cycles.policy.base, 307, "3 GHz / 10 MHz, prime");
         for bad in [0, MAX_PERIOD + 1, u64::MAX] {
             let r = Rate {

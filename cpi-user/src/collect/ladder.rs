@@ -175,7 +175,7 @@ mod tests {
     };
 
     fn plan(mode: Mode) -> Vec<EventSpec> {
-        events::plan(mode, Vendor::Intel, &RATE, false)
+        events::plan(mode, Vendor::Intel, &RATE, false, false)
     }
 
     fn attach_7(_: &'static str) -> Result<Option<i32>, CollectError> {

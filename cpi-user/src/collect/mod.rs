@@ -139,6 +139,9 @@ pub struct CollectOptions {
     /// Ranges per branch sample (the range window); `None`: the branch-record depth
     /// − 1 ([`cpi_common::policy::range_window`]).
     pub window: Option<usize>,
+    /// Sample `cpu-clock` too in the hardware modes ([`events::plan`]): CPU seconds in
+    /// every mode, for the agent's `cpi_bpf_cpu_seconds_total`.
+    pub cpu_time: bool,
 }
 
 /// Why collection stopped.

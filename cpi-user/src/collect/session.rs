@@ -61,6 +61,7 @@ const DRAIN_EVERY: Duration = Duration::from_millis(25);
 ///     redraw_every: Duration::from_millis(10),
 ///     ring_bytes: 8 << 20,
 ///     window: None,
+///     cpu_time: false,
 /// };
 /// let mut session = Session::open(&opts, &mut |line| eprintln!("{line}"))?;
 /// println!("mode: {} ({})", session.mode().name(), session.mode_reason());
@@ -224,7 +225,7 @@ fn check_fd_room(target: &Target) -> Result<(), CollectError> {
 /// The events of `mode` at `rate`, with the cpu-clock floor applied
 /// ([`events::plan`]).
 fn plan(mode: Mode, vendor: Vendor, opts: &CollectOptions, rate: &Rate) -> Vec<EventSpec> {
-    events::plan(mode, vendor, rate, opts.include_kernel)
+    events::plan(mode, vendor, rate, opts.include_kernel, opts.cpu_time)
 }
 
 impl Session {
@@ -585,6 +586,7 @@ impl Live {
             branch_errors: delta(Counter::BranchError),
             malformed: w.malformed,
             thinned: delta(Counter::Thinned),
+            sideband_lost: w.sideband_lost,
             ..Default::default()
         };
         self.counters_seen = counters;
@@ -694,7 +696,7 @@ mod tests {
             period: None,
             core_hz: 2_000_000_000,
         };
-        let specs = events::plan(Mode::TimeProfile, Vendor::Other, &rate, false);
+        let specs = events::plan(Mode::TimeProfile, Vendor::Other, &rate, false, false);
         let sys = FakeSys::new(|_, _, _| None);
         let attach = |_: &'static str| Ok(None);
         let open = ladder::open_events(&sys, &specs, &[(1, -1), (2, -1)], 0, &attach).unwrap();

@@ -58,6 +58,19 @@ pub fn comm(pid: u32) -> String {
         .unwrap_or_default()
 }
 
+/// Start time of a live process (clock ticks since boot, `/proc/PID/stat` field 22):
+/// with the pid, what identifies a process across pid reuse. `None` once it is gone.
+pub fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// True while `/proc/PID` exists (a process, or a thread by its id).
+pub fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// Resolves `cmd` like `execvp` does: a name with a `/` as given, else through `PATH`.
 /// A file that exists but cannot be executed (or a directory) is
 /// [`CollectError::NotExecutable`], not "not found".

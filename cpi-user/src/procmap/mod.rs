@@ -225,6 +225,11 @@ impl CapturedFiles {
         self.capture(&proc_dir(pid, Some(tid)), maps)
     }
 
+    /// Closes the files nothing else holds (every process that mapped them is gone).
+    pub fn release_unused(&mut self) {
+        self.by_inode.retain(|_, f| Arc::strong_count(f) > 1);
+    }
+
     /// Distinct files held open.
     pub fn len(&self) -> usize {
         self.by_inode.len()

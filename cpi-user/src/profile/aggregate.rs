@@ -192,6 +192,10 @@ pub struct ProcessSamples {
     pub pid: u32,
     /// Process name; filled in by the collector or the importer, never left empty.
     pub comm: String,
+    /// Start time (clock ticks since boot, `/proc/PID/stat`) read while it lived: with
+    /// the pid, what tells it from a later process given the same pid. `None` when it was
+    /// gone before it could be read, or for recordings made elsewhere.
+    pub start: Option<u64>,
     /// Mappings as last read (kept after exit).
     pub maps: Option<ProcessMaps>,
     /// Files of executable mappings opened while the process lived, by mapping start

@@ -1031,9 +1031,17 @@ mod tests {
             set.add_ip(&ip(5, EventRole::Instructions, fib + 1, 500))
                 .unwrap();
         }
+        // The agent's cpu-clock companion (collect/events.rs `plan`): CPU time beside
+        // the hardware events, leaving their numbers alone.
+        for _ in 0..30 {
+            set.add_ip(&ip(5, EventRole::CpuClock, fib + 1, 1_000_000))
+                .unwrap();
+        }
         let prof = analyze(&set, run_info(Mode::IpSampling), &opts());
         assert!(prof.binaries[0].deleted);
+        assert_eq!(prof.processes[0].time_ns, Some(30e6));
         let f = &prof.processes[0].functions[0];
+        assert_eq!(f.time_ns, Some(30e6));
         assert_eq!(f.name, "fib");
         assert_eq!((f.cycles, f.instructions), (Some(40_000.0), Some(12_500.0)));
         let cpi = f.cpi.unwrap();

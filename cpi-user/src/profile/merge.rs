@@ -181,14 +181,7 @@ impl Merger {
                 None => self.events.push(e.clone()),
             }
         }
-        let l = &mut self.lost;
-        l.ring_full += p.lost.ring_full;
-        l.branch_errors += p.lost.branch_errors;
-        l.malformed += p.lost.malformed;
-        l.thinned += p.lost.thinned;
-        l.short_samples += p.lost.short_samples;
-        l.invalid_ranges += p.lost.invalid_ranges;
-        l.unmapped_samples += p.lost.unmapped_samples;
+        self.lost += &p.lost;
         for b in &p.binaries {
             self.binaries
                 .entry(b.path.clone())

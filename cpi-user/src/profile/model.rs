@@ -272,6 +272,11 @@ pub struct LossReport {
     pub invalid_ranges: u64,
     /// IP samples whose address maps to no known code.
     pub unmapped_samples: u64,
+    /// Side-band records (mmap, comm, exec) the kernel dropped, its buffer full: no
+    /// sample is lost, but processes too short-lived for `/proc` may lose their mappings
+    /// (their samples then count as unmapped). Absent from files before it existed.
+    #[serde(default)]
+    pub sideband_lost: u64,
 }
 
 impl LossReport {
@@ -288,15 +293,42 @@ impl LossReport {
     pub fn breakdown(&self) -> String {
         format!(
             "(ring full {}, branch errors {}, malformed {}); not used: short stacks {}, \
-             invalid ranges {}; unmapped samples {}; thinned on purpose {} (period carried)",
+             invalid ranges {}; unmapped samples {}; thinned on purpose {} (period carried); \
+             side-band records lost {}",
             self.ring_full,
             self.branch_errors,
             self.malformed,
             self.short_samples,
             self.invalid_ranges,
             self.unmapped_samples,
-            self.thinned
+            self.thinned,
+            self.sideband_lost
         )
+    }
+}
+
+impl std::ops::AddAssign<&LossReport> for LossReport {
+    /// Sums two accounts (windows merged into one profile, cpi-user/src/profile/merge.rs).
+    fn add_assign(&mut self, o: &LossReport) {
+        // Destructured: a new counter cannot be left out of the sum.
+        let LossReport {
+            ring_full,
+            branch_errors,
+            malformed,
+            thinned,
+            short_samples,
+            invalid_ranges,
+            unmapped_samples,
+            sideband_lost,
+        } = o;
+        self.ring_full += ring_full;
+        self.branch_errors += branch_errors;
+        self.malformed += malformed;
+        self.thinned += thinned;
+        self.short_samples += short_samples;
+        self.invalid_ranges += invalid_ranges;
+        self.unmapped_samples += unmapped_samples;
+        self.sideband_lost += sideband_lost;
     }
 }
 

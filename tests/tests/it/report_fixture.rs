@@ -237,6 +237,7 @@ pub fn cpi_profile() -> Profile {
             short_samples: 0,
             invalid_ranges: 117,
             unmapped_samples: 0,
+            sideband_lost: 2,
         },
         binaries: vec![
             BinaryInfo {

@@ -94,8 +94,8 @@ pub fn run(_args: Args) -> anyhow::Result<i32> {
     };
     for spec in [
         events::branch_event(c.vendor, &rate, false),
-        events::plan(Mode::IpSampling, c.vendor, &rate, false).remove(0),
-        events::plan(Mode::TimeProfile, c.vendor, &rate, false).remove(0),
+        events::plan(Mode::IpSampling, c.vendor, &rate, false, false).remove(0),
+        events::plan(Mode::TimeProfile, c.vendor, &rate, false, false).remove(0),
     ] {
         let label = match spec.role {
             EventRole::Branches => "branch-stack event",
@@ -115,7 +115,7 @@ pub fn run(_args: Args) -> anyhow::Result<i32> {
     let rung = ladder::walk(
         &Linux,
         c.mode(),
-        &|m| events::plan(m, c.vendor, &rate, false),
+        &|m| events::plan(m, c.vendor, &rate, false, false),
         &[(0, -1)],
         0,
         &attach,

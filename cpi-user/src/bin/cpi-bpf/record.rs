@@ -90,6 +90,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         redraw_every: Duration::from_millis(args.redraw_ms.max(1)),
         ring_bytes: args.ring_buffer_mib << 20,
         window: args.range_window.map(|w| w.max(1)),
+        cpu_time: false,
     };
     let collected = collect::collect(&opts, &mut |msg| eprintln!("cpi-bpf: {msg}"))?;
     let stop = match collected.stop {
