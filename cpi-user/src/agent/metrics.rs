@@ -58,7 +58,9 @@ const MAX_REQUEST: usize = 8192;
 /// `--metrics-top-comms` and `--metrics-top-functions`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MetricsLimits {
+    /// Comms with series of their own; the rest are `comm="other"`.
     pub top_comms: usize,
+    /// Functions in `cpi_bpf_function_cpi`, by cycles.
     pub top_functions: usize,
 }
 

@@ -58,14 +58,19 @@ pub const FLUSH_WITHIN: Duration = Duration::from_secs(5);
 /// The agent's own state after a window, as the metrics export it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentStatus {
+    /// The collection mode (`cpi_bpf_mode`).
     pub mode: Mode,
     /// Windows completed since start.
     pub windows: u64,
     /// Analysis time of the last window.
     pub analysis_seconds: f64,
+    /// Processes the analysis holds state for (keyed by pid and start time).
     pub tracked_processes: usize,
+    /// Bytes held by the symbolizer's caches (bounded by `--cache-mib`).
     pub cache_bytes: u64,
+    /// Bytes of the store's window files.
     pub store_bytes: u64,
+    /// The sampling frequency the governor runs at now.
     pub sampling_frequency_hz: u64,
     /// Cumulative in-kernel run time of the agent's BPF programs.
     pub bpf_run_seconds: f64,
@@ -74,22 +79,30 @@ pub struct AgentStatus {
 /// One window of collection, analysed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Window {
+    /// Wall-clock start of the window (a multiple of `--interval`, but the first).
     pub start: std::time::SystemTime,
+    /// Wall-clock end of the window.
     pub end: std::time::SystemTime,
+    /// The window's samples, analysed.
     pub profile: Profile,
 }
 
 /// Why the agent could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// A bad flag or config-file key or value.
     #[error(transparent)]
     Config(#[from] config::ConfigError),
+    /// The store directory cannot be used.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The metrics server or the push sink cannot start.
     #[error(transparent)]
     Sink(#[from] AgentError),
+    /// Collection could not start (or failed).
     #[error(transparent)]
     Collect(#[from] CollectError),
+    /// No thread for the analysis.
     #[error("cannot start the analysis thread: {0}")]
     Thread(std::io::Error),
 }
@@ -97,9 +110,13 @@ pub enum StartError {
 /// How important a message is (`--log-level`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
+    /// Something failed (a window not stored, say); the agent goes on.
     Error,
+    /// Something the operator should know (a sink falling behind).
     Warn,
+    /// Start, stop, governor changes.
     Info,
+    /// Every window.
     Debug,
 }
 
@@ -125,7 +142,9 @@ pub struct Agent {
 /// What [`Agent::run`] did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Summary {
+    /// Windows analysed.
     pub windows: u64,
+    /// Why collection stopped.
     pub stop: Option<StopReason>,
 }
 
@@ -215,6 +234,7 @@ impl Agent {
         })
     }
 
+    /// The mode collection runs in (after the capability ladder).
     pub fn mode(&self) -> Mode {
         self.session.mode()
     }
@@ -396,10 +416,12 @@ struct Tracked {
 }
 
 impl ProcessTable {
+    /// Processes tracked.
     pub fn len(&self) -> usize {
         self.procs.len()
     }
 
+    /// True when no process is tracked.
     pub fn is_empty(&self) -> bool {
         self.procs.is_empty()
     }

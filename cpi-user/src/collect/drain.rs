@@ -17,7 +17,9 @@ use crate::profile::SampleSet;
 /// A decoded record.
 #[derive(Debug)]
 pub enum Record {
+    /// A branch-stack sample (boxed: its entries make it large).
     Branch(Box<BranchSample>),
+    /// An instruction-pointer sample.
     Ip(IpSample),
 }
 
@@ -52,6 +54,7 @@ const REREAD_EVERY: Duration = Duration::from_millis(100);
 /// The collector's side of the ring buffer.
 #[derive(Debug)]
 pub struct Drain {
+    /// The current window's samples.
     pub set: SampleSet,
     /// Records received per event role.
     pub received: BTreeMap<EventRole, u64>,
@@ -86,7 +89,9 @@ pub struct Drain {
 pub struct CpuClockPeriods {
     /// The period every cpu-clock event was opened with.
     pub opened: u64,
+    /// Period now, of per-thread events, by thread.
     pub by_tid: HashMap<u32, u64>,
+    /// Period now, of per-CPU events (system-wide), by CPU.
     pub by_cpu: HashMap<u32, u64>,
 }
 
@@ -120,14 +125,18 @@ impl CpuClockPeriods {
 /// What [`Drain::take_window`] hands out: one window's samples and counts.
 #[derive(Debug)]
 pub struct DrainWindow {
+    /// The window's samples, per process, with comm and maps as known at its end.
     pub set: SampleSet,
+    /// Records received per event role.
     pub received: BTreeMap<EventRole, u64>,
+    /// Records that failed to decode.
     pub malformed: u64,
     /// Side-band records the kernel dropped in this window.
     pub sideband_lost: u64,
 }
 
 impl Drain {
+    /// An empty drain whose branch samples use `window` ranges each.
     pub fn new(window: usize) -> Self {
         Drain {
             set: SampleSet::new(window),

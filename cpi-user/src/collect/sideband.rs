@@ -34,9 +34,21 @@ const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Sideband {
     /// Process `pid` mapped code.
-    Mapping { pid: u32, mapping: Mapping },
+    Mapping {
+        /// The process.
+        pid: u32,
+        /// What it mapped.
+        mapping: Mapping,
+    },
     /// Process `pid` is now called `comm` (`exec`: its image was replaced).
-    Comm { pid: u32, comm: String, exec: bool },
+    Comm {
+        /// The process.
+        pid: u32,
+        /// Its new name.
+        comm: String,
+        /// The name changed with an `exec`.
+        exec: bool,
+    },
     /// The kernel dropped this many records (buffer full).
     Lost(u64),
 }

@@ -11,17 +11,34 @@ use std::sync::Arc;
 /// Why maps could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcMapError {
+    /// `/proc/PID/maps` could not be read (the process is gone, or not ours to read).
     #[error("reading /proc/{pid}/maps: {source}")]
-    Read { pid: u32, source: std::io::Error },
+    Read {
+        /// The process.
+        pid: u32,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A line that is not `start-end perms offset dev inode [path]`.
     #[error("line {line} of a maps file is malformed: {text:?}")]
-    Malformed { line: usize, text: String },
+    Malformed {
+        /// 1-based line number.
+        line: usize,
+        /// The line.
+        text: String,
+    },
 }
 
 /// What a mapping maps.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MappedObject {
     /// A file; `deleted` when the kernel marks it `(deleted)`.
-    File { path: PathBuf, deleted: bool },
+    File {
+        /// The path as the process saw it (in its own mount namespace).
+        path: PathBuf,
+        /// The file was deleted or replaced since it was mapped.
+        deleted: bool,
+    },
     /// Anonymous memory (JIT code lands here).
     Anon,
     /// `[vdso]`, `[heap]`, `[stack]`, …
@@ -39,17 +56,23 @@ impl MappedObject {
     }
 }
 
+/// One line of `/proc/PID/maps` (or one side-band mmap record).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mapping {
+    /// First runtime address.
     pub start: u64,
+    /// One past the last runtime address.
     pub end: u64,
     /// File offset of `start`.
     pub offset: u64,
+    /// Mapped executable (`x` in the permissions).
     pub executable: bool,
+    /// What is mapped.
     pub object: MappedObject,
 }
 
 impl Mapping {
+    /// True when `addr` is in `[start, end)`.
     pub fn contains(&self, addr: u64) -> bool {
         (self.start..self.end).contains(&addr)
     }
@@ -63,10 +86,12 @@ impl Mapping {
 /// A process's mappings, sorted by start address.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcessMaps {
+    /// Sorted by start, not overlapping.
     pub mappings: Vec<Mapping>,
 }
 
 impl ProcessMaps {
+    /// `/proc/PID/maps`, parsed.
     pub fn read(pid: u32) -> Result<Self, ProcMapError> {
         Self::read_from(pid, &proc_dir(pid, None))
     }
