@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::analyze::{estimate, hottest_first};
+use super::analyze::{estimate, hottest_call_first, hottest_first};
 use super::model::{
     BlockProfile, CallEdge, EdgeProfile, Estimate, EventInfo, FunctionProfile, InstructionProfile,
     LossReport, Mode, ProcessProfile, Profile,
@@ -493,7 +493,7 @@ impl ProcAcc {
                         },
                     )
                     .collect();
-                calls.sort_by(|a, b| b.count.total_cmp(&a.count));
+                calls.sort_by(hottest_call_first);
                 calls
             },
             ..self.base
