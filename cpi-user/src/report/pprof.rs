@@ -37,7 +37,8 @@ pub struct PprofProfile {
     /// samples[, calls], or samples and cpu in a time profile).
     #[prost(message, repeated, tag = "1")]
     pub sample_type: Vec<ValueType>,
-    /// Leaf-only samples, one per instruction with data, plus the call-edge samples.
+    /// Leaf-only samples (per instruction with data, plus each function's remainder at its
+    /// start), then the two-frame call-edge samples.
     #[prost(message, repeated, tag = "2")]
     pub sample: Vec<Sample>,
     /// One per binary, spanning its sampled functions.
