@@ -4,6 +4,7 @@
 //! checked here, before anything starts; each problem is one line.
 //!
 //! Example: dist/agent.toml.
+#![warn(missing_docs)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -35,12 +36,25 @@ pub const DEFAULT_RING_MIB: u32 = 8;
 /// Longest `--interval`: a day.
 const MAX_INTERVAL_SECS: u64 = 86_400;
 
+/// A configuration the agent refuses to start with: one line naming the file or key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// `--config FILE` cannot be read or is not valid TOML of known keys.
     #[error("config {}: {detail}", .path.display())]
-    File { path: PathBuf, detail: String },
+    File {
+        /// The file given to `--config`.
+        path: PathBuf,
+        /// What is wrong, with the line number when TOML gives one.
+        detail: String,
+    },
+    /// A setting (flag or file) is out of range or malformed.
     #[error("{key}: {detail}")]
-    Value { key: &'static str, detail: String },
+    Value {
+        /// The setting's name without dashes, e.g. `min-frequency`.
+        key: &'static str,
+        /// What is allowed, and what was given.
+        detail: String,
+    },
 }
 
 fn bad(key: &'static str, detail: impl Into<String>) -> ConfigError {
@@ -71,21 +85,31 @@ pub struct AgentOptions {
     pub overhead_budget: Option<f64>,
     /// Cache bound (binaries, symbols), MiB.
     pub cache_mib: Option<u64>,
+    /// Store directory, one gzip'd profile per window (agent/store.rs).
     pub store: Option<PathBuf>,
     /// Keep windows this long (`24h`, `90m`, `7d`).
     pub retain: Option<String>,
+    /// Bound of the store's size, MiB; the oldest windows go first.
     pub store_max_mib: Option<u64>,
     /// `/metrics` address; `off` disables the endpoint.
     pub metrics_addr: Option<String>,
+    /// Comms with series of their own; the rest are summed as comm="other".
     pub metrics_top_comms: Option<usize>,
+    /// Functions with a `cpi_bpf_function_cpi` series.
     pub metrics_top_functions: Option<usize>,
+    /// Pyroscope base URL each window is pushed to (`http://host:4040`).
     pub push_pyroscope: Option<String>,
+    /// `X-Scope-OrgID` header of the pushes (multi-tenant Pyroscope).
     pub push_tenant: Option<String>,
     /// `comm` or `cgroup`.
     pub service_label: Option<String>,
+    /// Windows waiting to be pushed at most; beyond it the oldest is dropped.
     pub push_queue: Option<usize>,
+    /// Deadline of one push request, seconds.
     pub push_timeout: Option<u64>,
+    /// Sample kernel code too.
     pub include_kernel: Option<bool>,
+    /// BPF ring buffer size, MiB (a power of two).
     pub ring_buffer_mib: Option<u32>,
     /// `error`, `warn`, `info`, `debug` or `trace`.
     pub log_level: Option<String>,
@@ -94,35 +118,58 @@ pub struct AgentOptions {
 /// `service_name` of pushed series.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Service {
+    /// The process's comm.
     Comm,
+    /// The process's cgroup v2 path ([`process_cgroup`]).
     Cgroup,
 }
 
 /// The agent's checked configuration.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
+    /// Processes to sample (all their threads); empty: system-wide.
     pub pids: Vec<u32>,
+    /// Only processes whose comm matches.
     pub comm: Option<Regex>,
-    /// Absolute cgroup v2 directory.
+    /// Absolute cgroup v2 directory: only processes in it or below.
     pub cgroup: Option<PathBuf>,
+    /// Window length: one profile, one store file, one push per window.
     pub interval: Duration,
+    /// Sampling frequency the agent starts at, Hz per busy CPU; the governor's ceiling.
     pub frequency: u64,
+    /// The governor's floor, Hz (at most `frequency`).
     pub min_frequency: u64,
+    /// Percent of one CPU the agent and its BPF programs may use (agent/governor.rs).
     pub overhead_budget_pct: f64,
+    /// Bound of the caches that outlive windows (binaries, symbols), bytes.
     pub cache_bytes: u64,
+    /// Store directory (agent/store.rs).
     pub store: PathBuf,
+    /// Windows older than this are deleted from the store.
     pub retain: Duration,
+    /// Bound of the store's size, bytes; the oldest windows go first.
     pub store_max_bytes: u64,
+    /// `/metrics` listen address; `None`: no endpoint (agent/metrics.rs).
     pub metrics_addr: Option<SocketAddr>,
+    /// Comms with series of their own; the rest are summed as comm="other".
     pub metrics_top_comms: usize,
+    /// Functions with a `cpi_bpf_function_cpi` series.
     pub metrics_top_functions: usize,
+    /// Pyroscope base URL; `None`: no pushes (agent/push.rs).
     pub push_url: Option<String>,
+    /// `X-Scope-OrgID` header of the pushes.
     pub push_tenant: Option<String>,
+    /// What pushed series are named by (`service_name`).
     pub service_label: Service,
+    /// Windows waiting to be pushed at most; beyond it the oldest is dropped.
     pub push_queue: usize,
+    /// Deadline of one push request.
     pub push_timeout: Duration,
+    /// Sample kernel code too.
     pub include_kernel: bool,
+    /// BPF ring buffer size, bytes (a power of two).
     pub ring_bytes: u32,
+    /// `error`, `warn`, `info`, `debug` or `trace`.
     pub log_level: String,
 }
 

@@ -1,27 +1,43 @@
 //! Errors of the always-on agent (`cpi-bpf agent`) and its sinks
 //! (cpi-user/src/agent/metrics.rs, cpi-user/src/agent/push.rs). Each is one line a user
 //! can act on: printed at start, non-zero exit, nothing half-started.
+#![warn(missing_docs)]
 
 use std::net::SocketAddr;
 
+/// Why a sink of the agent could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     /// `--metrics-addr` could not be bound (port in use, address not local, ...).
     #[error("--metrics-addr {addr}: cannot listen: {source}")]
     MetricsBind {
+        /// The address given.
         addr: SocketAddr,
+        /// The cause.
         source: std::io::Error,
     },
     /// `--push-pyroscope` is not a URL the pusher can send to.
     #[error("--push-pyroscope {url:?}: {reason}")]
-    PushUrl { url: String, reason: String },
+    PushUrl {
+        /// The URL given.
+        url: String,
+        /// What is wrong with it (scheme, host, port).
+        reason: String,
+    },
     /// `--push-tenant` cannot be sent as an HTTP header value.
     #[error("--push-tenant {tenant:?}: {reason}")]
-    PushTenant { tenant: String, reason: String },
+    PushTenant {
+        /// The tenant given.
+        tenant: String,
+        /// Why: it must be non-empty printable ASCII without spaces.
+        reason: String,
+    },
     /// A sink's worker thread could not be started.
     #[error("cannot start the {what} thread: {source}")]
     Thread {
+        /// Which thread ("metrics server", "push").
         what: &'static str,
+        /// The cause.
         source: std::io::Error,
     },
 }

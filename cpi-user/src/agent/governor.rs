@@ -8,6 +8,7 @@
 //! never above `--frequency`. Samples carry their period, so profiles stay unbiased
 //! across a change. The logic is pure ([`Governor::observe`]); the agent measures and
 //! applies.
+#![warn(missing_docs)]
 
 use std::time::Duration;
 
@@ -36,6 +37,7 @@ pub struct Decision {
     pub change: Option<(u64, u64)>,
 }
 
+/// The frequency and the last usage seen; one per agent, driven once per window.
 #[derive(Clone, Debug)]
 pub struct Governor {
     /// Percent of one CPU.
@@ -58,6 +60,7 @@ impl Governor {
         }
     }
 
+    /// The sampling frequency to run at now, Hz.
     pub fn frequency(&self) -> u64 {
         self.hz
     }

@@ -21,6 +21,7 @@
 //! rejection, dropped at once (counted). Every connect, write and read shares one
 //! deadline of `timeout`, so a slow receiver costs at most that per attempt. Plain
 //! `http://` only (a TLS-terminating proxy on loopback serves an `https` endpoint).
+#![warn(missing_docs)]
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{Read, Write};
@@ -42,6 +43,7 @@ pub const PROFILE_NAME: &str = "cpi_bpf";
 pub const MAX_ATTEMPTS: u32 = 5;
 /// First retry delay; doubled per attempt up to [`MAX_BACKOFF`].
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+/// Longest retry delay.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(8);
 /// `service_name` of a process whose cgroup cannot be read.
 pub const UNKNOWN_SERVICE: &str = "unknown";
@@ -51,16 +53,20 @@ const MAX_RESPONSE: usize = 16 * 1024;
 /// What `service_name` is (`--service-label`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServiceLabel {
+    /// The process's comm.
     Comm,
+    /// The process's cgroup v2 path, [`UNKNOWN_SERVICE`] when it cannot be read.
     Cgroup,
 }
 
+/// What [`Pusher::new`] needs (from the agent's `--push-*` settings).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PushConfig {
     /// `http://host[:port][/prefix]`; [`PUSH_PATH`] is appended.
     pub url: String,
     /// `X-Scope-OrgID` (multi-tenant Pyroscope).
     pub tenant: Option<String>,
+    /// What each series is named by.
     pub service_label: ServiceLabel,
     /// Windows waiting at most (at least 1).
     pub queue_windows: usize,
@@ -410,6 +416,7 @@ impl Pusher {
         self.shared.changed.notify_all();
     }
 
+    /// The counts so far.
     pub fn stats(&self) -> PushStats {
         self.shared.lock().stats
     }

@@ -10,6 +10,7 @@
 //!
 //! [`read_range`] merges the windows of a time range into one profile
 //! (cpi-user/src/profile/merge.rs): `cpi-bpf report --store DIR --since 1h`.
+#![warn(missing_docs)]
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -38,41 +39,56 @@ const PREFIX: &str = "w-";
 const SUFFIX: &str = ".json.gz";
 const TEMP_PREFIX: &str = ".tmp-";
 
+/// A store that cannot be opened, written or read; one line naming the directory.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// A file-system operation on the store failed.
     #[error("store {}: {what}: {source}", .dir.display())]
     Io {
+        /// The store directory.
         dir: PathBuf,
+        /// What was being done ("not writable", "writing w-….json.gz", ...).
         what: String,
+        /// The cause.
         source: io::Error,
     },
+    /// A window's profile cannot be written as a profile file.
     #[error("store {}: {0}", .dir.display())]
     Profile {
+        /// The store directory.
         dir: PathBuf,
+        /// Why [`file::to_json`] refused it.
         #[source]
         source: file::ProfileFileError,
     },
+    /// The windows of a range cannot be merged (e.g. different modes).
     #[error("store {}: {source}", .dir.display())]
     Merge {
+        /// The store directory.
         dir: PathBuf,
+        /// Why cpi-user/src/profile/merge.rs refused.
         #[source]
         source: MergeError,
     },
+    /// [`read_range`] found no readable window in the range.
     #[error("store {}: no windows between {since} and {until}", .dir.display())]
     NoWindows {
+        /// The store directory.
         dir: PathBuf,
+        /// The range's start (RFC 3339), or "the first".
         since: String,
+        /// The range's end (RFC 3339), or "now".
         until: String,
     },
 }
 
-/// A window file in the store.
+/// A window file in the store: its path, the window's times (from its name) and size.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StoredWindow {
-    pub path: PathBuf,
-    pub start: SystemTime,
-    pub end: SystemTime,
-    pub bytes: u64,
+struct StoredWindow {
+    path: PathBuf,
+    start: SystemTime,
+    end: SystemTime,
+    bytes: u64,
 }
 
 /// The writer side, owned by the agent.
@@ -129,10 +145,6 @@ impl Store {
             max_bytes,
             windows: list(dir)?,
         })
-    }
-
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     /// Bytes of the windows stored.
@@ -230,7 +242,7 @@ impl Store {
 }
 
 /// The windows in `dir`, oldest first (temp files and foreign files ignored).
-pub fn list(dir: &Path) -> Result<Vec<StoredWindow>, StoreError> {
+fn list(dir: &Path) -> Result<Vec<StoredWindow>, StoreError> {
     let err = |source| StoreError::Io {
         dir: dir.to_path_buf(),
         what: "cannot list it".into(),
@@ -260,7 +272,7 @@ pub fn list(dir: &Path) -> Result<Vec<StoredWindow>, StoreError> {
 }
 
 /// Reads one stored window.
-pub fn read_window(path: &Path) -> Result<Profile, file::ProfileFileError> {
+fn read_window(path: &Path) -> Result<Profile, file::ProfileFileError> {
     let io_err = |error| file::ProfileFileError::Io {
         path: path.to_path_buf(),
         error,
@@ -288,9 +300,13 @@ pub struct RangeQuery {
 /// The merged profile of a range and what went into it.
 #[derive(Debug)]
 pub struct RangeProfile {
+    /// The merged profile (cpi-user/src/profile/merge.rs).
     pub profile: Profile,
+    /// Windows merged (those skipped not counted).
     pub windows: usize,
+    /// Start of the earliest window merged.
     pub first_start: SystemTime,
+    /// End of the latest window merged.
     pub last_end: SystemTime,
     /// Windows that could not be read (each with why): skipped, not fatal.
     pub skipped: Vec<(PathBuf, String)>,

@@ -20,7 +20,7 @@
 //! reclaimable; they are not heap and [`Binary::heap_bytes`] does not count them. They
 //! do count in this process's resident set while touched, so the pages read while
 //! parsing (symbol and string tables, `.eh_frame`) are dropped from it right after
-//! ([`Binary::release_pages`]), and the symbolizer drops the pages later reads touched
+//! (`Binary::release_pages`), and the symbolizer drops the pages later reads touched
 //! whenever it trims its cache.
 //!
 //! A file truncated in place while it is mapped (not replaced: a new file at the same

@@ -223,6 +223,31 @@ fn uses_ranges(mode: Mode) -> bool {
     matches!(mode, Mode::Cpi | Mode::Simulated)
 }
 
+/// The order of a process's functions: most cycles first, then most samples (a time
+/// profile has no cycles), then name, binary and address so equal ones sort the same
+/// on every run. Merging (`profile/merge.rs`) orders by it too.
+pub(super) fn hottest_first(a: &FunctionProfile, b: &FunctionProfile) -> std::cmp::Ordering {
+    b.cycles
+        .unwrap_or(0.0)
+        .total_cmp(&a.cycles.unwrap_or(0.0))
+        .then(b.samples.cmp(&a.samples))
+        .then(a.name.cmp(&b.name))
+        .then(a.binary.cmp(&b.binary))
+        .then(a.address.cmp(&b.address))
+}
+
+/// The order of a process's call edges: most calls first, then by caller and callee
+/// (names, then binaries) so equal ones sort the same on every run. Merging orders by
+/// it too.
+pub(super) fn hottest_call_first(a: &CallEdge, b: &CallEdge) -> std::cmp::Ordering {
+    b.count
+        .total_cmp(&a.count)
+        .then_with(|| (&a.caller, &a.callee).cmp(&(&b.caller, &b.callee)))
+        .then_with(|| {
+            (&a.caller_binary, &a.callee_binary).cmp(&(&b.caller_binary, &b.callee_binary))
+        })
+}
+
 /// CPI = cycles / instructions with rel_error ≈ 1/√samples; `None` below the floor or
 /// without instructions. The one CPI estimate: merging (`profile/merge.rs`) uses it too.
 pub(super) fn estimate(
@@ -384,20 +409,8 @@ impl Ctx<'_> {
                 samples,
             })
             .collect();
-        calls.sort_by(|a, b| {
-            b.count
-                .total_cmp(&a.count)
-                .then_with(|| (&a.caller, &a.callee).cmp(&(&b.caller, &b.callee)))
-        });
-        functions.sort_by(|a, b| {
-            b.cycles
-                .unwrap_or(0.0)
-                .total_cmp(&a.cycles.unwrap_or(0.0))
-                .then(b.samples.cmp(&a.samples))
-                .then(a.name.cmp(&b.name))
-                .then(a.binary.cmp(&b.binary))
-                .then(a.address.cmp(&b.address))
-        });
+        calls.sort_by(hottest_call_first);
+        functions.sort_by(hottest_first);
 
         let total = |r: EventRole| p.ips.get(&r).map(|a| a.weight as f64);
         let floor = self.opts.sample_floor;

@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::analyze::estimate;
+use super::analyze::{estimate, hottest_call_first, hottest_first};
 use super::model::{
     BlockProfile, CallEdge, EdgeProfile, Estimate, EventInfo, FunctionProfile, InstructionProfile,
     LossReport, Mode, ProcessProfile, Profile,
@@ -441,15 +441,7 @@ impl ProcAcc {
                 0.0
             };
         }
-        functions.sort_by(|a, b| {
-            b.cycles
-                .unwrap_or(0.0)
-                .total_cmp(&a.cycles.unwrap_or(0.0))
-                .then(b.samples.cmp(&a.samples))
-                .then(a.name.cmp(&b.name))
-                .then(a.binary.cmp(&b.binary))
-                .then(a.address.cmp(&b.address))
-        });
+        functions.sort_by(hottest_first);
         let cpi = match mode {
             Mode::TimeProfile => None,
             Mode::IpSampling => self.cycles.value.and_then(|c| {
@@ -494,7 +486,7 @@ impl ProcAcc {
                         },
                     )
                     .collect();
-                calls.sort_by(|a, b| b.count.total_cmp(&a.count));
+                calls.sort_by(hottest_call_first);
                 calls
             },
             ..self.base

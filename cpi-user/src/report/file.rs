@@ -3,46 +3,81 @@
 //! newer file is one [`ProfileFileError`]. What is read is bounded: at most
 //! [`MAX_PROFILE_BYTES`] (`report /dev/zero` stops there), and JSON nesting by
 //! serde_json's recursion limit (128), so no input grows memory without end.
+#![warn(missing_docs)]
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use crate::profile::model::{Profile, PROFILE_FORMAT_VERSION};
 
+/// Why a profile file could not be written or read back; each is one line naming the
+/// file (`origin`), which `cpi-bpf report` prints as is.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileFileError {
+    /// Opening or reading the file (or stream) failed.
     // Not a `#[source]`: the message already carries the cause, once.
     #[error("reading profile {}: {error}", .path.display())]
     Io {
+        /// The file, or the stream's name for [`read_stream`].
         path: PathBuf,
+        /// The cause.
         error: std::io::Error,
     },
+    /// The JSON ends early (e.g. a copy cut short).
     #[error("profile {origin} is truncated (ends at line {line}, column {column})")]
     Truncated {
+        /// The file's name as given.
         origin: String,
+        /// Where the text ends, 1-based.
         line: usize,
+        /// Column of that end, 1-based.
         column: usize,
     },
+    /// The bytes are not JSON at all.
     #[error("profile {origin} is not valid JSON: {detail}")]
-    NotJson { origin: String, detail: String },
+    NotJson {
+        /// The file's name as given.
+        origin: String,
+        /// serde_json's message (with its line and column).
+        detail: String,
+    },
+    /// JSON without a `format_version`: some other program's file.
     #[error("{origin} is not a cpi-bpf profile (no format_version field)")]
-    NotAProfile { origin: String },
+    NotAProfile {
+        /// The file's name as given.
+        origin: String,
+    },
+    /// Written by a newer cpi-bpf: refused rather than misread.
     #[error(
         "profile {origin} has format version {found}, newer than this cpi-bpf reads \
          ({supported}); use a newer cpi-bpf"
     )]
     FutureVersion {
+        /// The file's name as given.
         origin: String,
+        /// The file's `format_version`.
         found: u64,
+        /// The newest this build reads ([`PROFILE_FORMAT_VERSION`]).
         supported: u32,
     },
+    /// A known version whose content does not fit the profile model.
     #[error("profile {origin} is corrupt: {detail}")]
-    Corrupt { origin: String, detail: String },
+    Corrupt {
+        /// The file's name as given.
+        origin: String,
+        /// What does not fit (serde_json's message, or the bad version).
+        detail: String,
+    },
+    /// Longer than [`MAX_PROFILE_BYTES`]; reading stopped there.
     #[error(
         "profile {origin} is larger than {} MiB: not a profile this cpi-bpf reads",
         MAX_PROFILE_BYTES >> 20
     )]
-    TooLarge { origin: String },
+    TooLarge {
+        /// The file's name as given.
+        origin: String,
+    },
+    /// Writing: the profile cannot be serialised or would not read back ([`to_json`]).
     #[error("serialising the profile: {0}")]
     Serialise(String),
 }

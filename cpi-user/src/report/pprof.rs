@@ -13,6 +13,7 @@
 //! [callee, caller] per edge whose `calls` value is the estimated calls and whose other
 //! values are 0, so the other types' totals and `-top` are unchanged and
 //! `go tool pprof -sample_index=calls -peek FUNC` lists FUNC's callers and callees.
+#![warn(missing_docs)]
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -27,108 +28,159 @@ use crate::profile::model::{FunctionProfile, Mode, ProcessProfile, Profile};
 // profile.proto, field for field (the parts we write). Hand-written so no protoc is
 // needed at build time.
 
+/// The `Profile` message: what [`build`] returns and [`gzip`] encodes; the tests decode
+/// it back (tests/tests/it/report_pprof.rs). String fields are indices into
+/// `string_table`.
 #[derive(Clone, PartialEq, Message)]
 pub struct PprofProfile {
+    /// What each entry of [`Sample::value`] counts, in order (cycles, instructions,
+    /// samples[, calls], or samples and cpu in a time profile).
     #[prost(message, repeated, tag = "1")]
     pub sample_type: Vec<ValueType>,
+    /// Leaf-only samples (per instruction with data, plus each function's remainder at its
+    /// start), then the two-frame call-edge samples.
     #[prost(message, repeated, tag = "2")]
     pub sample: Vec<Sample>,
+    /// One per binary, spanning its sampled functions.
     #[prost(message, repeated, tag = "3")]
     pub mapping: Vec<Mapping>,
+    /// Instruction addresses (binary addresses, not runtime ones).
     #[prost(message, repeated, tag = "4")]
     pub location: Vec<Location>,
+    /// Functions by name and binary; names are resolved already.
     #[prost(message, repeated, tag = "5")]
     pub function: Vec<Function>,
+    /// Every string the message refers to; index 0 is "" as the format requires.
     #[prost(string, repeated, tag = "6")]
     pub string_table: Vec<String>,
+    /// Collection start: 0 from [`build`] (the profile keeps only its duration); the agent
+    /// sets its window's start (cpi-user/src/agent/push.rs).
     #[prost(int64, tag = "9")]
     pub time_nanos: i64,
+    /// The profile's duration (`Profile::duration_secs`).
     #[prost(int64, tag = "10")]
     pub duration_nanos: i64,
+    /// The sampling event's type and unit: cycles/count, or cpu/nanoseconds.
     #[prost(message, optional, tag = "11")]
     pub period_type: Option<ValueType>,
+    /// The sampling event's period (from `Profile::events`), 0 if unknown.
     #[prost(int64, tag = "12")]
     pub period: i64,
+    /// The tool version with the mode, and the mode's reason (string indices).
     #[prost(int64, repeated, tag = "13")]
     pub comment: Vec<i64>,
+    /// The sample type pprof shows by default: cycles, or cpu in a time profile.
     #[prost(int64, tag = "14")]
     pub default_sample_type: i64,
 }
 
+/// A sample type or period type: what is counted and in which unit.
 #[derive(Clone, PartialEq, Message)]
 pub struct ValueType {
+    /// What is counted, e.g. "cycles" (string index).
     #[prost(int64, tag = "1")]
     pub r#type: i64,
+    /// Its unit, "count" or "nanoseconds" (string index).
     #[prost(int64, tag = "2")]
     pub unit: i64,
 }
 
+/// One sample: a stack of locations (leaf first) and one value per sample type.
 #[derive(Clone, PartialEq, Message)]
 pub struct Sample {
+    /// The stack, leaf first: one location, or [callee, caller] for a call edge.
     #[prost(uint64, repeated, tag = "1")]
     pub location_id: Vec<u64>,
+    /// One value per [`PprofProfile::sample_type`], same order.
     #[prost(int64, repeated, tag = "2")]
     pub value: Vec<i64>,
+    /// The process's `pid` and `comm`, so pprof can filter by them.
     #[prost(message, repeated, tag = "3")]
     pub label: Vec<Label>,
 }
 
+/// A sample label: a string (`str`) or a number (`num`) under a key.
 #[derive(Clone, PartialEq, Message)]
 pub struct Label {
+    /// The label's name (string index).
     #[prost(int64, tag = "1")]
     pub key: i64,
+    /// A string value (string index), 0 for a numeric label.
     #[prost(int64, tag = "2")]
     pub str: i64,
+    /// A numeric value, 0 for a string label.
     #[prost(int64, tag = "3")]
     pub num: i64,
 }
 
+/// A binary's address range among the profile's locations.
 #[derive(Clone, PartialEq, Message)]
 pub struct Mapping {
+    /// Nonzero id that [`Location::mapping_id`] refers to.
     #[prost(uint64, tag = "1")]
     pub id: u64,
+    /// Lowest address of its sampled functions (binary addresses).
     #[prost(uint64, tag = "2")]
     pub memory_start: u64,
+    /// End of its highest sampled function.
     #[prost(uint64, tag = "3")]
     pub memory_limit: u64,
+    /// Always 0: addresses are already the binary's own.
     #[prost(uint64, tag = "4")]
     pub file_offset: u64,
+    /// The binary's path (string index).
     #[prost(int64, tag = "5")]
     pub filename: i64,
+    /// The binary's GNU build id in hex, "" if it has none (string index).
     #[prost(int64, tag = "6")]
     pub build_id: i64,
+    /// True: names are resolved, so pprof must not symbolise again.
     #[prost(bool, tag = "7")]
     pub has_functions: bool,
 }
 
+/// One address in one binary, and the function it belongs to.
 #[derive(Clone, PartialEq, Message)]
 pub struct Location {
+    /// Nonzero id that [`Sample::location_id`] refers to.
     #[prost(uint64, tag = "1")]
     pub id: u64,
+    /// The binary's [`Mapping::id`]; 0 (none) for a call-graph frame of a function
+    /// without samples.
     #[prost(uint64, tag = "2")]
     pub mapping_id: u64,
+    /// The instruction's address in its binary (function start for call frames).
     #[prost(uint64, tag = "3")]
     pub address: u64,
+    /// The function at this address (one entry: no inlining, no line numbers).
     #[prost(message, repeated, tag = "4")]
     pub line: Vec<Line>,
 }
 
+/// The function a location belongs to; line numbers are not known (0).
 #[derive(Clone, PartialEq, Message)]
 pub struct Line {
+    /// The [`Function::id`].
     #[prost(uint64, tag = "1")]
     pub function_id: u64,
+    /// Always 0: the profile has no line numbers.
     #[prost(int64, tag = "2")]
     pub line: i64,
 }
 
+/// A function by name and binary.
 #[derive(Clone, PartialEq, Message)]
 pub struct Function {
+    /// Nonzero id that [`Line::function_id`] refers to.
     #[prost(uint64, tag = "1")]
     pub id: u64,
+    /// Its name as in the profile (string index).
     #[prost(int64, tag = "2")]
     pub name: i64,
+    /// The same name: the profile keeps one name per function (string index).
     #[prost(int64, tag = "3")]
     pub system_name: i64,
+    /// Its binary's path (string index).
     #[prost(int64, tag = "4")]
     pub filename: i64,
 }

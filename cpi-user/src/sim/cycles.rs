@@ -28,6 +28,7 @@
 //! Replay is fast because each distinct straight-line range (from a branch target to the
 //! next taken branch) is decoded once into a [`RangeInfo`] with its static cost summed;
 //! per execution only the range's conditional branches go through the predictor.
+#![warn(missing_docs)]
 
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,
@@ -46,22 +47,28 @@ pub const TAKEN_COST: u32 = 1;
 pub enum Flow {
     /// Not a control transfer (or unknown bytes).
     Other,
+    /// Conditional jump: predicted by the [`Predictor`]'s pattern history table.
     Conditional,
-    /// Direct jump or call (call: `ret_to` is the return address).
+    /// Direct jump or call: never mispredicted.
     Direct {
+        /// A call's return address (pushed on the return stack); `None` for a jump.
         ret_to: Option<u64>,
     },
-    /// Indirect jump or call.
+    /// Indirect jump or call: predicted by the branch target buffer.
     Indirect {
+        /// A call's return address (pushed on the return stack); `None` for a jump.
         ret_to: Option<u64>,
     },
+    /// `ret`: predicted by the return stack.
     Return,
 }
 
 /// A decoded straight-line range [start, end] (both instruction addresses).
 #[derive(Clone, Debug)]
 pub struct RangeInfo {
+    /// Runtime address of the first instruction.
     pub start: u64,
+    /// Runtime address of the last instruction.
     pub end: u64,
     /// Instructions in the range (from the trace when the bytes are unknown).
     pub n: u32,
@@ -69,6 +76,8 @@ pub struct RangeInfo {
     pub addrs: Vec<u64>,
     /// Static cost of each instruction (parallel to `addrs`).
     pub costs: Vec<u32>,
+    /// Sum of `costs` (`n` when the bytes are unknown): a range's cycles without
+    /// mispredictions and taken-branch cost.
     pub static_cycles: u64,
     /// Indices of conditional branches before the last instruction (not taken here).
     pub conds: Vec<u32>,
@@ -79,6 +88,7 @@ pub struct RangeInfo {
 }
 
 impl RangeInfo {
+    /// The bytes decoded: per-instruction addresses and costs exist.
     pub fn known(&self) -> bool {
         !self.addrs.is_empty()
     }
@@ -253,7 +263,10 @@ pub fn decode_range(code: &mut CodeMap, start: u64, end: u64, n: u32) -> (RangeI
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ending {
     /// A taken transfer from the range's last instruction to `to`.
-    Taken { to: u64 },
+    Taken {
+        /// Where control went (runtime address).
+        to: u64,
+    },
     /// The range ended without a taken transfer (thread end, signal).
     Stop,
 }
@@ -334,6 +347,8 @@ impl Predictor {
         !hit
     }
 
+    /// A call whose return address is `ret_to`: pushed on the return stack (the oldest
+    /// entry falls off when full).
     pub fn call(&mut self, ret_to: u64) {
         if self.rsb.len() == RSB_DEPTH {
             self.rsb.remove(0);
@@ -394,6 +409,7 @@ impl Predictor {
 /// Decoded ranges, keyed by (start, end), decoded once.
 #[derive(Default)]
 pub struct RangeTable {
+    /// The ranges by id (what [`RangeTable::get`] returns).
     pub infos: Vec<RangeInfo>,
     by_bounds: FastMap<(u64, u64), u32>,
     /// Ranges whose bytes did not decode to the trace's instruction count.

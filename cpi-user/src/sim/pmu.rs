@@ -26,6 +26,7 @@
 //! at 0xffff) and the predictor's mispredict flag. Skid: the cycle sample's IP is taken
 //! `skid` instructions after the overflowing one (within its range); the branch sample
 //! is taken `skid` taken branches after the overflow.
+#![warn(missing_docs)]
 
 use cpi_common::policy::{
     PeriodPolicy, Perturbation, Rng, ThinState, Thinning, DEFAULT_PERTURBATION, DEFAULT_THINNING,
@@ -76,14 +77,18 @@ pub struct PmuConfig {
     pub cycles: PeriodPolicy,
     /// LBR depth (entries per branch sample), 2..=32.
     pub depth: usize,
+    /// Which perturbation layers run (kernel thinning, user re-draws), as in collection.
     pub perturbation: Perturbation,
     /// Kernel-layer thinning factor K (used when the kernel layer is on).
     pub thinning: u32,
+    /// Instructions (cycle samples) or taken branches (branch samples) between the
+    /// overflow and where the sample is taken; 0: exact.
     pub skid: u32,
     /// How often due re-draws are made (the collector's drain cadence).
     pub redraw_interval_ns: u64,
     /// Simulated clock: cycles per nanosecond.
     pub cycles_per_ns: u64,
+    /// Seed of the period draws and thinning phases: one seed, one result.
     pub seed: u64,
 }
 
@@ -182,9 +187,13 @@ struct ThreadPmu {
 /// Counts of what the model did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PmuStats {
+    /// Overflows of the taken-branch counter.
     pub branch_overflows: u64,
+    /// Overflows of the cycle counter.
     pub cycle_overflows: u64,
+    /// Branch-stack records emitted (after thinning).
     pub branch_samples: u64,
+    /// IP records emitted (after thinning).
     pub ip_samples: u64,
     /// Overflows thinned by the kernel layer.
     pub thinned: u64,
@@ -202,10 +211,12 @@ pub struct Pmu {
     rng: Rng,
     now_cycles: u64,
     next_redraw: u64,
+    /// What the model did so far.
     pub stats: PmuStats,
 }
 
 impl Pmu {
+    /// The model of process `pid`; `cfg.depth` is clamped to 2..=32.
     pub fn new(cfg: PmuConfig, pid: u32) -> Self {
         let mut cfg = cfg;
         cfg.depth = cfg.depth.clamp(2, MAX_BRANCH_ENTRIES);

@@ -1,5 +1,6 @@
 //! Replays a trace: every straight-line range a thread ran goes through the cycle model
 //! once, then into the exact truth and (optionally) the PMU model.
+#![warn(missing_docs)]
 
 use std::io::Read;
 
@@ -14,7 +15,9 @@ use crate::profile::SampleSet;
 /// Exact counts of one executed instruction (runtime address).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct InsnTruth {
+    /// Executions.
     pub count: u64,
+    /// Modelled cycles charged to it over all executions (cpi-user/src/sim/cycles.rs).
     pub cycles: u64,
     /// Executions followed by the next sequential instruction (fall-through out).
     pub fall_out: u64,
@@ -25,21 +28,29 @@ pub struct InsnTruth {
 /// Exact counts of one taken transfer (runtime addresses).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TakenTruth {
+    /// Times the transfer was taken.
     pub count: u64,
+    /// Of those, the times the model's predictor mispredicted it.
     pub mispredicts: u64,
 }
 
 /// The exact answer for a whole run, in runtime addresses.
 #[derive(Clone, Debug, Default)]
 pub struct Truth {
+    /// The traced process (Valgrind runs the program in its own process).
     pub pid: u32,
+    /// Instructions the run executed, all threads.
     pub instructions: u64,
+    /// Modelled cycles of the whole run.
     pub cycles: u64,
+    /// Per instruction, by runtime address (only code whose bytes decoded).
     pub insns: FastMap<u64, InsnTruth>,
+    /// Per taken transfer, by (from, to) runtime addresses.
     pub taken: FastMap<(u64, u64), TakenTruth>,
     /// Instructions (and their cycles) in code without bytes (vdso, JIT) or whose bytes
     /// did not decode to the traced count: counted in totals, not per instruction.
     pub unknown_instructions: u64,
+    /// The cycles of `unknown_instructions`.
     pub unknown_cycles: u64,
     /// Every executable mapping of the run.
     pub maps: ProcessMaps,
@@ -48,20 +59,28 @@ pub struct Truth {
     /// with their execution counts. (Callgrind charges a block when it completes, so it
     /// does not count these: the tracer tests need them.)
     pub unreturned_ranges: Vec<(u64, u64, u64)>,
+    /// How the replay went (anomalies, undecodable ranges).
     pub stats: ReplayStats,
 }
 
 /// Bookkeeping of a replay.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReplayStats {
+    /// Trace records read.
     pub records: u64,
+    /// Range executions replayed.
     pub ranges: u64,
+    /// Distinct [start, end] ranges (each decoded once).
     pub distinct_ranges: u64,
+    /// Threads seen.
     pub threads: u64,
+    /// Signal deliveries that cut a range.
     pub interrupts: u64,
     /// Records that make no sense (a range with no start); counted, skipped.
     pub anomalies: u64,
+    /// Distinct ranges whose bytes did not decode to the trace's instruction count.
     pub mismatched_ranges: u64,
+    /// Distinct ranges without code bytes (vdso, anonymous/JIT code).
     pub unknown_ranges: u64,
 }
 

@@ -14,12 +14,15 @@
 //! | 5 maps | `n` bytes of `/proc/PID/maps`-format text (the client's executable segments) follow, zero-padded to a multiple of 8 |
 //!
 //! `rep` string instructions count once per execution, as hardware retires them.
+#![warn(missing_docs)]
 
 use std::io::Read;
 
 use crate::procmap::{ProcMapError, ProcessMaps};
 
+/// The first 8 bytes of every trace.
 pub const MAGIC: &[u8; 8] = b"CPITRC01";
+/// The format version this reader reads (and `tests/tracer/cpitrace.c` writes).
 pub const VERSION: u32 = 1;
 const HEADER_LEN: usize = 16;
 const RECORD_LEN: usize = 24;
@@ -33,24 +36,49 @@ const K_MAPS: u16 = 5;
 /// Why a trace could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
+    /// Reading the stream failed.
     #[error("reading the trace: {0}")]
     Io(#[from] std::io::Error),
+    /// The first 8 bytes are not [`MAGIC`] (they are shown).
     #[error("not a cpitrace trace (bad magic {0:02x?})")]
     BadMagic([u8; 8]),
+    /// A trace of another format version than [`VERSION`].
     #[error("trace version {found} is not supported (expected {VERSION})")]
-    Version { found: u32 },
+    Version {
+        /// The header's version.
+        found: u32,
+    },
+    /// The stream ends inside the header or a record (the tracer died).
     #[error("trace truncated at byte {offset}: {what}")]
-    Truncated { offset: u64, what: &'static str },
+    Truncated {
+        /// Where the cut part starts.
+        offset: u64,
+        /// What was being read ("header", "record" or "maps text").
+        what: &'static str,
+    },
+    /// A record kind this reader does not know.
     #[error("corrupt trace: unknown record kind {kind} at byte {offset}")]
-    UnknownKind { kind: u16, offset: u64 },
+    UnknownKind {
+        /// The record's kind field.
+        kind: u16,
+        /// Where the record starts.
+        offset: u64,
+    },
+    /// A maps record whose text is not `/proc/PID/maps` format.
     #[error("corrupt trace: maps record at byte {offset}: {source}")]
     Maps {
+        /// Where the record starts.
         offset: u64,
+        /// Why cpi-user/src/procmap/mod.rs rejected the text.
         #[source]
         source: ProcMapError,
     },
+    /// A maps record whose text is not UTF-8.
     #[error("corrupt trace: maps record at byte {offset} is not UTF-8")]
-    MapsText { offset: u64 },
+    MapsText {
+        /// Where the record starts.
+        offset: u64,
+    },
 }
 
 /// One trace event.
@@ -58,19 +86,38 @@ pub enum TraceError {
 pub enum Event {
     /// `n` instructions ran, the last at `from`; control continued at `to`.
     /// `from == 0 && n == 0`: the thread (re)starts at `to`.
-    Branch { from: u64, to: u64, n: u32 },
+    Branch {
+        /// Address of the last instruction of the range (the branch), 0 at a (re)start.
+        from: u64,
+        /// Where control continued.
+        to: u64,
+        /// Instructions in the range, including `from`.
+        n: u32,
+    },
     /// Following events belong to this OS thread.
-    Thread { tid: u32 },
+    Thread {
+        /// Its kernel thread id.
+        tid: u32,
+    },
     /// The range ends after `n` instructions (the last at `from`); a signal interrupts
     /// the thread, which later resumes at `resume`.
     Interrupt {
+        /// Address of the range's last instruction.
         from: u64,
+        /// Where the thread resumes after the handler.
         resume: u64,
+        /// Instructions in the range, including `from`.
         n: u32,
+        /// The signal delivered.
         signal: u16,
     },
     /// The thread's last range.
-    End { from: u64, n: u32 },
+    End {
+        /// Address of the thread's last instruction.
+        from: u64,
+        /// Instructions in the range, including `from`.
+        n: u32,
+    },
     /// The client's executable mappings at this point.
     Maps(ProcessMaps),
 }
@@ -203,8 +250,9 @@ impl<R: Read> TraceReader<R> {
     }
 }
 
-/// Writes traces in the tool's format (tests and tools that synthesise traces).
-pub mod write {
+/// Writes traces in the tool's format, for the tests below.
+#[cfg(test)]
+mod write {
     /// The header for `pid`.
     pub fn header(pid: u32) -> Vec<u8> {
         let mut v = super::MAGIC.to_vec();
