@@ -6,6 +6,8 @@
 //! [`procmap`] and [`binary`], [`import`] reads recordings made elsewhere (`perf.data`,
 //! `perf script` text) into the same samples, and [`report`] renders and exports the result.
 
+#![warn(missing_docs)]
+
 pub mod agent;
 pub mod binary;
 pub mod collect;

@@ -4,7 +4,6 @@
 //! checked here, before anything starts; each problem is one line.
 //!
 //! Example: dist/agent.toml.
-#![warn(missing_docs)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

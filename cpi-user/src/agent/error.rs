@@ -1,7 +1,6 @@
 //! Errors of the always-on agent (`cpi-bpf agent`) and its sinks
 //! (cpi-user/src/agent/metrics.rs, cpi-user/src/agent/push.rs). Each is one line a user
 //! can act on: printed at start, non-zero exit, nothing half-started.
-#![warn(missing_docs)]
 
 use std::net::SocketAddr;
 

@@ -8,7 +8,6 @@
 //! never above `--frequency`. Samples carry their period, so profiles stay unbiased
 //! across a change. The logic is pure ([`Governor::observe`]); the agent measures and
 //! applies.
-#![warn(missing_docs)]
 
 use std::time::Duration;
 

@@ -21,7 +21,6 @@
 //! rejection, dropped at once (counted). Every connect, write and read shares one
 //! deadline of `timeout`, so a slow receiver costs at most that per attempt. Plain
 //! `http://` only (a TLS-terminating proxy on loopback serves an `https` endpoint).
-#![warn(missing_docs)]
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{Read, Write};

@@ -10,7 +10,6 @@
 //!
 //! [`read_range`] merges the windows of a time range into one profile
 //! (cpi-user/src/profile/merge.rs): `cpi-bpf report --store DIR --since 1h`.
-#![warn(missing_docs)]
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};

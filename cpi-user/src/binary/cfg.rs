@@ -12,7 +12,6 @@
 //!   a syscall, or before a leader. A block ending in a call has **no** fall-through
 //!   edge: execution continues in the callee, and control comes back by a taken return
 //!   (recorded as a taken edge of the callee's `ret`).
-#![warn(missing_docs)]
 
 use iced_x86::{Decoder, DecoderOptions, FlowControl, Formatter, IntelFormatter, Mnemonic, OpKind};
 

@@ -2,7 +2,6 @@
 //! `.eh_frame`). Each FDE covers one function (or one `.cold` part) with its start and
 //! length, which is all we need; CFA programs are not read. A small parser of the
 //! pointer encodings gcc/clang emit is enough here, so no DWARF crate is pulled in.
-#![warn(missing_docs)]
 
 /// `DW_EH_PE_*` pointer encodings (LSB "Exception Frame Header" / DWARF).
 const PE_OMIT: u8 = 0xff;

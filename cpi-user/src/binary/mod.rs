@@ -28,7 +28,6 @@
 //! `SIGBUS`, as in every tool that maps binaries (perf through libelf). Binaries are
 //! replaced by rename or `install` in practice; the cache re-checks size and mtime each
 //! time a process's mapping is first resolved.
-#![warn(missing_docs)]
 
 pub mod cfg;
 mod ehframe;

@@ -11,7 +11,6 @@
 //! The symbolizer is the cache that outlives analyses (the always-on agent keeps one for
 //! its lifetime): binaries by file identity, and decoded functions
 //! ([`Symbolizer::decode`]), both in one LRU bounded in bytes by [`Symbolizer::trim`].
-#![warn(missing_docs)]
 
 use std::collections::HashMap;
 use std::fs::File;

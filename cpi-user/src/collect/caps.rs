@@ -2,7 +2,6 @@
 //! LBR + cycles → [`Mode::Cpi`]; PMU without branch records → [`Mode::IpSampling`];
 //! no PMU → [`Mode::TimeProfile`]. The file-system probes take a root directory so the
 //! ladder is tested on fake `/sys` and `/proc` trees.
-#![warn(missing_docs)]
 
 use std::path::Path;
 

@@ -1,5 +1,4 @@
 //! Which perf events a mode samples, and the `perf_event_attr` of each.
-#![warn(missing_docs)]
 
 use cpi_common::policy::PeriodPolicy;
 use cpi_common::wire::EventRole;

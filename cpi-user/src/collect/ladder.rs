@@ -1,7 +1,6 @@
 //! The capability ladder as collection walks it: open the mode's events at every
 //! placement, and while they cannot be opened step down one rung ([`Mode::step_down`])
 //! and say why. `cpi-bpf doctor` walks the same ladder on its own process.
-#![warn(missing_docs)]
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 

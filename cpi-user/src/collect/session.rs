@@ -2,7 +2,6 @@
 //! run until a deadline or a stop condition, handing out windows of samples while
 //! collection goes on → finish (disable, drain, end the command). The one-shot command
 //! is one window ([`collect`]); the always-on agent cuts many.
-#![warn(missing_docs)]
 
 use std::io;
 use std::os::fd::OwnedFd;

@@ -5,7 +5,6 @@
 //! The collector reaches them through [`PerfSys`], so the mode ladder, the step-downs and
 //! the exit paths are unit-tested with fake error codes (`collect/sys/fake.rs`, aya's
 //! `sys/fake.rs` pattern) on machines without root.
-#![warn(missing_docs)]
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};

@@ -1,6 +1,5 @@
 //! What to profile: existing pids (all their threads), every CPU, or a command started
 //! suspended so its events exist before its first instruction.
-#![warn(missing_docs)]
 
 use std::ffi::CString;
 use std::io;

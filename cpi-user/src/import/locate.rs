@@ -3,7 +3,6 @@
 //! build-id caches (`~/.debug/.build-id/`, `/usr/lib/debug/.build-id/`) and among the
 //! files given with `--binary PATH`. A file whose build-id differs from the recorded
 //! one is refused, never analysed as if it were the recorded binary.
-#![warn(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -15,7 +15,6 @@
 //! other events a relative instruction profile. CPI is shown only where the recording
 //! holds both (a taken-branch event plus a cycles event), timed CPI wherever the
 //! branch entries carry cycles.
-#![warn(missing_docs)]
 
 pub mod locate;
 pub mod perf_data;

@@ -12,7 +12,6 @@
 //! grow with the file. Written by hand rather than with the `linux-perf-data` crate:
 //! its sample parser skips the branch stack without returning it, and its event types
 //! hide the raw `type`/`config` the estimator choice needs.
-#![warn(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};

@@ -16,7 +16,6 @@
 //! addresses; with `brstackoff`, any other dso at a synthetic base (runtime address =
 //! base + file offset). A PIE or shared library seen through runtime `brstack`
 //! addresses without mmap events cannot be placed; it is reported, not guessed.
-#![warn(missing_docs)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

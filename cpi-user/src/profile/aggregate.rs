@@ -7,7 +7,6 @@
 //! events the sample stands for ([`StackWeighting::Window`]). Stacks sampled on cycles
 //! instead weigh Q / (cycles the window spans) ([`StackWeighting::CyclesSpanned`]).
 //! Memory is bounded by distinct ranges, not samples.
-#![warn(missing_docs)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;

@@ -23,7 +23,6 @@
 //!
 //! Nothing is dropped silently: unsymbolisable IP samples go to
 //! `lost.unmapped_samples`, invalid range occurrences to `lost.invalid_ranges`.
-#![warn(missing_docs)]
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

@@ -18,7 +18,6 @@
 //!
 //! The last instruction may be anything: a taken branch normally, any instruction when
 //! the record's source was an interrupt or signal.
-#![warn(missing_docs)]
 
 use std::collections::HashMap;
 

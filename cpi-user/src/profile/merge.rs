@@ -18,7 +18,6 @@
 //!   windows' values weighted by their samples.
 //!
 //! Profiles of different modes cannot be merged (their numbers mean different things).
-#![warn(missing_docs)]
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,6 +1,5 @@
 //! Per-process aggregation of wire samples and the analysis that turns them into a
 //! [`Profile`]: LBR ranges → instruction/block/edge counts, cycles, CPI.
-#![warn(missing_docs)]
 
 pub mod aggregate;
 pub mod analyze;

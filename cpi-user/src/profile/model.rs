@@ -4,7 +4,6 @@
 //! Addresses are in each binary's own address space (ELF virtual addresses, as
 //! `objdump`/BOLT see them), not runtime addresses, so profiles of PIE binaries and
 //! shared libraries compare across runs.
-#![warn(missing_docs)]
 
 use cpi_common::policy::Perturbation;
 use cpi_common::wire::EventRole;

@@ -20,7 +20,6 @@
 //!
 //! `.fdata` is per binary: [`render`] returns one file per binary, the main binary
 //! first (the profiled command's executable, else the binary with most edge counts).
-#![warn(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::fmt::Write;

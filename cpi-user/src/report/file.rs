@@ -3,7 +3,6 @@
 //! newer file is one [`ProfileFileError`]. What is read is bounded: at most
 //! [`MAX_PROFILE_BYTES`] (`report /dev/zero` stops there), and JSON nesting by
 //! serde_json's recursion limit (128), so no input grows memory without end.
-#![warn(missing_docs)]
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

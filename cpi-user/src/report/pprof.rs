@@ -13,7 +13,6 @@
 //! [callee, caller] per edge whose `calls` value is the estimated calls and whose other
 //! values are 0, so the other types' totals and `-top` are unchanged and
 //! `go tool pprof -sample_index=calls -peek FUNC` lists FUNC's callers and callees.
-#![warn(missing_docs)]
 
 use std::collections::HashMap;
 use std::io::Write;

@@ -3,7 +3,6 @@
 //! are calls). A time profile (no PMU) gets the same views over samples and
 //! CPU time, and says so; units below the sample floor say so instead of a number. A
 //! profile with an accuracy (`cpi-bpf simulate`) ends with it.
-#![warn(missing_docs)]
 
 use std::fmt::Write;
 

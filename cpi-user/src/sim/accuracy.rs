@@ -11,7 +11,6 @@
 //!   source and target address) and fall-through edges out of block ends.
 //! * **CPI error** |ĉ − c| / c per function, over functions with at least
 //!   [`CPI_SHARE_FLOOR`] of the cycles: median and maximum.
-#![warn(missing_docs)]
 
 use std::collections::{BTreeMap, HashMap};
 

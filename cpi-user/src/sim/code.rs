@@ -1,6 +1,5 @@
 //! Guest code bytes by runtime address: the traced process's executable mappings (from
 //! the trace's maps records) resolved to the mapped files on disk.
-#![warn(missing_docs)]
 
 use std::collections::HashMap;
 use std::path::PathBuf;

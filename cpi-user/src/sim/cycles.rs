@@ -28,7 +28,6 @@
 //! Replay is fast because each distinct straight-line range (from a branch target to the
 //! next taken branch) is decoded once into a [`RangeInfo`] with its static cost summed;
 //! per execution only the range's conditional branches go through the predictor.
-#![warn(missing_docs)]
 
 use iced_x86::{
     Decoder, DecoderOptions, FlowControl, Instruction, InstructionInfoFactory, Mnemonic, OpAccess,

@@ -3,7 +3,6 @@
 //! a deterministic [`cycles`] model, the [`pmu`] model that turns the replayed trace
 //! into the wire samples real collection produces, and the exact truth those samples
 //! are measured against ([`replay`], [`accuracy`]).
-#![warn(missing_docs)]
 
 pub mod accuracy;
 pub mod code;

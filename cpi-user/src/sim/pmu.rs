@@ -26,7 +26,6 @@
 //! at 0xffff) and the predictor's mispredict flag. Skid: the cycle sample's IP is taken
 //! `skid` instructions after the overflowing one (within its range); the branch sample
 //! is taken `skid` taken branches after the overflow.
-#![warn(missing_docs)]
 
 use cpi_common::policy::{
     PeriodPolicy, Perturbation, Rng, ThinState, Thinning, DEFAULT_PERTURBATION, DEFAULT_THINNING,

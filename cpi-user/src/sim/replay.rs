@@ -1,6 +1,5 @@
 //! Replays a trace: every straight-line range a thread ran goes through the cycle model
 //! once, then into the exact truth and (optionally) the PMU model.
-#![warn(missing_docs)]
 
 use std::io::Read;
 

@@ -4,7 +4,6 @@
 //! folder: the tool plus links to the installed preload files), found through
 //! `$CPI_TRACER_DIR` or next to the running executable. The trace streams through a FIFO
 //! so it is never stored: a large run produces gigabytes of records.
-#![warn(missing_docs)]
 
 use std::ffi::OsString;
 use std::fs::File;

@@ -14,7 +14,6 @@
 //! | 5 maps | `n` bytes of `/proc/PID/maps`-format text (the client's executable segments) follow, zero-padded to a multiple of 8 |
 //!
 //! `rep` string instructions count once per execution, as hardware retires them.
-#![warn(missing_docs)]
 
 use std::io::Read;
 
