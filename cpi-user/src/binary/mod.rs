@@ -724,11 +724,34 @@ impl BinaryCache {
     /// The parsed binary at `path`, opened on first use. A failure is remembered (and
     /// returned again) until the file changes, so a bad file is read once.
     pub fn get(&mut self, path: &Path) -> Result<Arc<Binary>, BinaryError> {
-        use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(path).map_err(|source| BinaryError::Io {
             path: path.to_path_buf(),
             source,
         })?;
+        self.get_with(path, &meta)
+    }
+
+    /// [`BinaryCache::get`] for a file already open (`path` names it, e.g.
+    /// `/proc/self/fd/N`): identified by `fstat`, without walking a `/proc` path each
+    /// time a process maps a binary already cached.
+    pub fn get_open(
+        &mut self,
+        file: &std::fs::File,
+        path: &Path,
+    ) -> Result<Arc<Binary>, BinaryError> {
+        let meta = file.metadata().map_err(|source| BinaryError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.get_with(path, &meta)
+    }
+
+    fn get_with(
+        &mut self,
+        path: &Path,
+        meta: &std::fs::Metadata,
+    ) -> Result<Arc<Binary>, BinaryError> {
+        use std::os::unix::fs::MetadataExt;
         let stamp = (meta.len(), meta.modified().ok());
         let key = (meta.dev(), meta.ino());
         let entry = match self.entries.get(&key) {

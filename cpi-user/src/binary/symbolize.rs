@@ -132,6 +132,8 @@ pub struct Symbolizer {
     kernel: Option<Vec<Function>>,
     /// (pid, mapping start) → the file opened while the process lived.
     captured: HashMap<(u32, u64), Arc<File>>,
+    /// Processes found gone (no `/proc/PID`): their `/proc` paths are not tried again.
+    gone: std::collections::HashSet<u32>,
     /// Last use of each binary (by [`Binary::id`]), for [`Symbolizer::trim`].
     used: HashMap<u64, u64>,
     /// Decoded functions by (binary id, start, size, form).
@@ -181,6 +183,7 @@ impl Symbolizer {
             perf_maps: HashMap::new(),
             kernel: None,
             captured: HashMap::new(),
+            gone: std::collections::HashSet::new(),
             used: HashMap::new(),
             decoded: HashMap::new(),
             decoded_bytes: 0,
@@ -287,6 +290,7 @@ impl Symbolizer {
         self.by_mapping.retain(|&(p, _), _| p != pid);
         self.captured.retain(|&(p, _), _| p != pid);
         self.perf_maps.remove(&pid);
+        self.gone.remove(&pid);
     }
 
     /// Distinct binaries held, by id.
@@ -433,35 +437,49 @@ impl Symbolizer {
     ) -> Result<Arc<Binary>, SymbolizeError> {
         let key = (pid, m.start);
         if !self.by_mapping.contains_key(&key) {
-            let mut candidates = Vec::new();
-            if let Some(f) = self.captured.get(&key) {
-                // The open file itself, through our own fd table.
-                candidates.push(PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd())));
-            }
-            if self.opts.use_proc {
-                candidates.push(PathBuf::from(format!(
-                    "/proc/{pid}/map_files/{:x}-{:x}",
-                    m.start, m.end
-                )));
-                candidates.push(
-                    Path::new(&format!("/proc/{pid}/root"))
-                        .join(path.strip_prefix("/").unwrap_or(path)),
-                );
-            }
-            candidates.push(path.to_path_buf());
             let mut result = Err(Arc::new(BinaryError::Io {
                 path: path.to_path_buf(),
                 source: std::io::ErrorKind::NotFound.into(),
             }));
-            for c in &candidates {
-                match self.binaries.get(c) {
-                    Ok(b) => {
-                        result = Ok(b);
-                        break;
+            if let Some(f) = self.captured.get(&key) {
+                // The open file itself, identified by fstat (no /proc path walk per
+                // process), opened through our own fd table when not cached.
+                let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
+                if let Ok(b) = self.binaries.get_open(f, &fd_path) {
+                    result = Ok(b);
+                }
+            }
+            if result.is_err() {
+                let mut candidates = Vec::new();
+                // A short-lived process is often gone before its samples are analysed:
+                // one failed look instead of two per mapping.
+                if self.opts.use_proc
+                    && !self.gone.contains(&pid)
+                    && !Path::new(&format!("/proc/{pid}")).exists()
+                {
+                    self.gone.insert(pid);
+                }
+                if self.opts.use_proc && !self.gone.contains(&pid) {
+                    candidates.push(PathBuf::from(format!(
+                        "/proc/{pid}/map_files/{:x}-{:x}",
+                        m.start, m.end
+                    )));
+                    candidates.push(
+                        Path::new(&format!("/proc/{pid}/root"))
+                            .join(path.strip_prefix("/").unwrap_or(path)),
+                    );
+                }
+                candidates.push(path.to_path_buf());
+                for c in &candidates {
+                    match self.binaries.get(c) {
+                        Ok(b) => {
+                            result = Ok(b);
+                            break;
+                        }
+                        // The mapped path's own error is the one worth reporting.
+                        Err(e) if c == path => result = Err(Arc::new(e)),
+                        Err(_) => {}
                     }
-                    // The mapped path's own error is the one worth reporting.
-                    Err(e) if c == path => result = Err(Arc::new(e)),
-                    Err(_) => {}
                 }
             }
             if let Err(e) = &result {

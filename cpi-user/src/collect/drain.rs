@@ -156,8 +156,17 @@ impl Drain {
     /// processes for later ones.
     pub fn take_window(&mut self) -> DrainWindow {
         let window = self.set.window;
-        let set = std::mem::replace(&mut self.set, SampleSet::new(window));
-        for (&pid, p) in &set.processes {
+        let mut set = std::mem::replace(&mut self.set, SampleSet::new(window));
+        for (&pid, p) in &mut set.processes {
+            // Read once, at the end of the process's first window: with the pid, what
+            // tells it from a later process given the same pid (here and in the agent's
+            // analysis). A process already gone needs none: it will have no more samples.
+            if p.start.is_none() && pid != 0 {
+                p.start = target::process_start(pid);
+            }
+            if p.start.is_none() && pid != 0 {
+                continue;
+            }
             self.known.insert(
                 pid,
                 Known {
@@ -172,7 +181,11 @@ impl Drain {
         // sample in this window will have none later (its pid, if reused, is another
         // process: see `first_in_window`), so it leaves after its last window.
         let keep = |pid: &u32| set.processes.contains_key(pid) || target::alive(*pid);
-        self.known.retain(|pid, _| keep(pid));
+        self.known.retain(|pid, k| {
+            set.processes
+                .get(pid)
+                .map_or_else(|| target::alive(*pid), |p| p.start == k.start)
+        });
         self.recorded.retain(|pid, _| keep(pid));
         self.maps_read_at
             .retain(|pid, _| self.known.contains_key(pid));
@@ -251,30 +264,29 @@ impl Drain {
         *self.received.entry(role).or_default() += 1;
     }
 
-    /// A process's first sample of this window: its start time, and what earlier
-    /// windows learnt of it unless its pid now belongs to another process.
+    /// A process's first sample of this window: what earlier windows learnt of it,
+    /// unless its pid now belongs to another process (another start time). Only pids
+    /// known from earlier windows cost a `/proc/PID/stat` read here.
     fn first_in_window(&mut self, pid: u32) {
-        let start = if pid == 0 {
-            None
-        } else {
-            target::process_start(pid)
-        };
-        let p = self.set.process(pid);
-        p.start = start;
         let Some(k) = self.known.get(&pid) else {
             return;
         };
-        // Gone already (`None`): no other process has taken the pid yet, so it is the
-        // one we knew.
-        if start.is_none() || k.start == start {
-            p.start = k.start;
-            p.comm.clone_from(&k.comm);
-            p.maps.clone_from(&k.maps);
-            p.files.clone_from(&k.files);
-        } else {
-            self.known.remove(&pid);
-            self.maps_read_at.remove(&pid);
+        let start = target::comm_and_start(pid);
+        let p = self.set.process(pid);
+        match start {
+            // Gone already: no other process has taken the pid yet, so it is the one
+            // we knew.
+            None => p.comm.clone_from(&k.comm),
+            Some((comm, start)) if k.start == Some(start) => p.comm = comm,
+            Some(_) => {
+                self.known.remove(&pid);
+                self.maps_read_at.remove(&pid);
+                return;
+            }
         }
+        p.start = k.start;
+        p.maps.clone_from(&k.maps);
+        p.files.clone_from(&k.files);
     }
 
     /// Comm, maps and mapped files of `pid`: read on first sight, re-read when `addr` (a
@@ -345,10 +357,13 @@ impl Drain {
                 });
             }
             // A miss usually means exec replaced the image (a shell wrapper or a pyenv
-            // shim becoming the real program): its name changed with it.
-            let comm = target::comm(pid);
-            if !comm.is_empty() {
-                p.comm = comm;
+            // shim becoming the real program): its name changed with it. (On first
+            // sight it was read a moment ago.)
+            if !first {
+                let comm = target::comm(pid);
+                if !comm.is_empty() {
+                    p.comm = comm;
+                }
             }
         }
         if p.comm.is_empty() {

@@ -60,9 +60,18 @@ pub fn comm(pid: u32) -> String {
 /// Start time of a live process (clock ticks since boot, `/proc/PID/stat` field 22):
 /// with the pid, what identifies a process across pid reuse. `None` once it is gone.
 pub fn process_start(pid: u32) -> Option<u64> {
+    comm_and_start(pid).map(|(_, start)| start)
+}
+
+/// Name and start time of a live process from one read of `/proc/PID/stat` (its comm
+/// field is `/proc/PID/comm`): a process seen for the first time costs one `/proc` read
+/// for both.
+pub fn comm_and_start(pid: u32) -> Option<(String, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let rest = stat.get(close + 2..)?;
+    let start = rest.split_whitespace().nth(19)?.parse().ok()?;
+    Some((stat.get(open + 1..close)?.to_string(), start))
 }
 
 /// True while `/proc/PID` exists (a process, or a thread by its id).
