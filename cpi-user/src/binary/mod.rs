@@ -1038,7 +1038,11 @@ mod debian_tests {
                 }
             }
             let mut checked = 0;
-            for (&addr, names) in by_addr.iter().filter(|(_, v)| v.len() == 1).take(500) {
+            // Thread-local symbols can print as `T` too (the Rust toolchain's libLLVM:
+            // `_ZSt11__once_call` at 0x18): their value is an offset in the TLS block,
+            // not code. No code lives in the first page (the ELF headers).
+            let code = by_addr.iter().filter(|(&a, v)| v.len() == 1 && a >= 0x1000);
+            for (&addr, names) in code.take(500) {
                 let f = b.function_at(addr).expect("an exported function");
                 assert_eq!((f.start, f.name.as_str()), (addr, names[0]));
                 if checked < 3 {
