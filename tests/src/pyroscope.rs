@@ -1,5 +1,5 @@
 //! A local stand-in for Pyroscope's ingestion endpoint (no Pyroscope server is
-//! installable here: ENVIRONMENT.md). It enforces the public contract of the Connect
+//! installable from Debian's archive on these machines). It enforces the public contract of the Connect
 //! procedure `push.v1.PusherService/Push` with the JSON codec, as the agent uses it
 //! (cpi-user/src/agent/push.rs): method, path, content type, the protojson shape of
 //! `PushRequest` (no unknown fields: `series[].labels[].{name,value}`,

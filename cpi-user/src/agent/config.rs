@@ -12,6 +12,7 @@ use std::time::Duration;
 use regex::Regex;
 use serde::Deserialize;
 
+use super::push::ServiceLabel;
 use super::store;
 
 /// `--interval` default, seconds.
@@ -114,15 +115,6 @@ pub struct AgentOptions {
     pub log_level: Option<String>,
 }
 
-/// `service_name` of pushed series.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Service {
-    /// The process's comm.
-    Comm,
-    /// The process's cgroup v2 path ([`process_cgroup`]).
-    Cgroup,
-}
-
 /// The agent's checked configuration.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
@@ -159,7 +151,7 @@ pub struct AgentConfig {
     /// `X-Scope-OrgID` header of the pushes.
     pub push_tenant: Option<String>,
     /// What pushed series are named by (`service_name`).
-    pub service_label: Service,
+    pub service_label: ServiceLabel,
     /// Windows waiting to be pushed at most; beyond it the oldest is dropped.
     pub push_queue: usize,
     /// Deadline of one push request.
@@ -292,8 +284,8 @@ impl AgentOptions {
             })?),
         };
         let service_label = match self.service_label.as_deref().unwrap_or("comm") {
-            "comm" => Service::Comm,
-            "cgroup" => Service::Cgroup,
+            "comm" => ServiceLabel::Comm,
+            "cgroup" => ServiceLabel::Cgroup,
             s => {
                 return Err(bad(
                     "service-label",

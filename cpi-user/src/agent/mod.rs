@@ -46,10 +46,10 @@ use crate::collect::{self, CollectError, CollectOptions, Collected, Session, Sto
 use crate::profile::analyze::{analyze_with, LineDetail};
 use crate::profile::model::{Mode, Profile};
 use crate::profile::{AnalysisOptions, SampleSet};
-use config::{AgentConfig, Service};
+use config::AgentConfig;
 use governor::{Governor, Usage};
 use metrics::{Metrics, MetricsLimits};
-use push::{PushConfig, Pusher, ServiceLabel};
+use push::{PushConfig, Pusher};
 use store::{Store, StoreError};
 
 /// How long the sinks get to deliver after the last window.
@@ -170,10 +170,7 @@ impl Sinks {
                 Pusher::new(PushConfig {
                     url: url.clone(),
                     tenant: c.push_tenant.clone(),
-                    service_label: match c.service_label {
-                        Service::Comm => ServiceLabel::Comm,
-                        Service::Cgroup => ServiceLabel::Cgroup,
-                    },
+                    service_label: c.service_label,
                     queue_windows: c.push_queue,
                     timeout: c.push_timeout,
                 })

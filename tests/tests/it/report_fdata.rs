@@ -511,7 +511,7 @@ fn bolt_optimises_with_fdata_from_imported_branch_stacks() {
     );
 
     // The imported taken-edge profile against the walk's exact counts: degree of
-    // overlap Σ min(p̂, p) of the normalised counts (DESIGN.md's metric).
+    // overlap Σ min(p̂, p) of the normalised counts (cpi-user/src/sim/accuracy.rs).
     let out = Command::new(cpi)
         .args([
             "import-perf",

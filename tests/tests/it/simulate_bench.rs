@@ -46,8 +46,8 @@ fn bzip2_trace(bytes: usize) -> Option<(std::path::PathBuf, std::path::PathBuf, 
     };
     let dir = std::env::temp_dir().join(format!("cpi-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    // 1 MB of words for bzip2 (ENVIRONMENT.md measured a helper-per-instruction tool on
-    // the same kind of run).
+    // 1 MB of words for bzip2 (the run BENCHMARKS.md's tracer figures were measured
+    // on).
     let input = dir.join("input.txt");
     std::fs::write(&input, words_text(bytes)).unwrap();
     let cmd: Vec<OsString> = ["/usr/bin/bzip2", "-c", "-9", input.to_str().unwrap()]
