@@ -207,10 +207,15 @@ fn collect_options(c: &AgentConfig) -> CollectOptions {
         include_kernel: c.include_kernel,
         perturbation: cpi_common::policy::Perturbation::User,
         thinning: 1,
-        redraw_every: Duration::from_millis(50),
+        // Fewer wake-ups than the one-shot command (each costs the agent more than
+        // the work it does; BENCHMARKS.md, "Agent steady state"): periods re-drawn
+        // within 200 ms of due, the ring read every 100 ms (short-lived processes are
+        // explained by the side-band records).
+        redraw_every: Duration::from_millis(200),
         ring_bytes: c.ring_bytes,
         window: None,
         cpu_time: true,
+        drain_every: Duration::from_millis(100),
     }
 }
 

@@ -142,7 +142,14 @@ pub struct CollectOptions {
     /// Sample `cpu-clock` too in the hardware modes ([`events::plan`]): CPU seconds in
     /// every mode, for the agent's `cpi_bpf_cpu_seconds_total`.
     pub cpu_time: bool,
+    /// How often the ring buffer is drained without a wake-up (the kernel side wakes us
+    /// only when it is a quarter full): sooner reads a short-lived process's `/proc`
+    /// while it lives; later wakes the collector less ([`DRAIN_EVERY`]).
+    pub drain_every: Duration,
 }
+
+/// The one-shot command's drain interval: a process living 25 ms is read while it lives.
+pub const DRAIN_EVERY: Duration = Duration::from_millis(25);
 
 /// Why collection stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -32,10 +32,6 @@ pub const KILL_AFTER: Duration = Duration::from_secs(2);
 /// with thousands of threads must not turn re-draws into a CPU hog (≈ 5 µs each).
 const REDRAWS_PER_TICK: usize = 64;
 
-/// How often the ring buffer is drained without a wake-up (the kernel side wakes us only
-/// when it is a quarter full).
-const DRAIN_EVERY: Duration = Duration::from_millis(25);
-
 /// An open collection. Fields drop in order: everything registered with the runtime
 /// goes before it.
 ///
@@ -61,6 +57,7 @@ const DRAIN_EVERY: Duration = Duration::from_millis(25);
 ///     ring_bytes: 8 << 20,
 ///     window: None,
 ///     cpu_time: false,
+///     drain_every: Duration::from_millis(25),
 /// };
 /// let mut session = Session::open(&opts, &mut |line| eprintln!("{line}"))?;
 /// println!("mode: {} ({})", session.mode().name(), session.mode_reason());
@@ -514,7 +511,7 @@ impl Live {
         let mut redraw =
             tokio::time::interval(self.opts.redraw_every.max(Duration::from_millis(1)));
         redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut poll = tokio::time::interval(DRAIN_EVERY);
+        let mut poll = tokio::time::interval(self.opts.drain_every.max(Duration::from_millis(1)));
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let redrawing = self.opts.perturbation.user() && !self.open.is_empty();
         let Live {

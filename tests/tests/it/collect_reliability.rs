@@ -397,6 +397,7 @@ fn session_windows_add_up_and_the_rate_changes_live() {
         ring_bytes: 1 << 20,
         window: None,
         cpu_time: false,
+        drain_every: cpi_user::collect::DRAIN_EVERY,
     };
     let mut notes = Vec::new();
     let mut session = Session::open(&opts, &mut |m| notes.push(m.to_string())).expect("open");

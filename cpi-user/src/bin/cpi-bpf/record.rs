@@ -91,6 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         ring_bytes: args.ring_buffer_mib << 20,
         window: args.range_window.map(|w| w.max(1)),
         cpu_time: false,
+        drain_every: collect::DRAIN_EVERY,
     };
     let collected = collect::collect(&opts, &mut |msg| eprintln!("cpi-bpf: {msg}"))?;
     let stop = match collected.stop {
