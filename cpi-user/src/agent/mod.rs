@@ -64,7 +64,8 @@ pub struct AgentStatus {
     pub windows: u64,
     /// Analysis time of the last window.
     pub analysis_seconds: f64,
-    /// Processes the analysis holds state for (keyed by pid and start time).
+    /// Processes the agent holds state for: the larger of the collector's count
+    /// (cpi-user/src/collect/drain.rs) and the analysis's (keyed by pid and start time).
     pub tracked_processes: usize,
     /// Bytes held by the symbolizer's caches (bounded by `--cache-mib`).
     pub cache_bytes: u64,
@@ -500,7 +501,12 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
     });
     for job in rx {
         let began = Instant::now();
-        let Collected { mut set, run, .. } = job.collected;
+        let Collected {
+            mut set,
+            run,
+            held_processes,
+            ..
+        } = job.collected;
         for pid in table.see(job.windows, &set, cgroup_rel.is_some()) {
             sym.forget_process(pid);
         }
@@ -537,7 +543,9 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
             mode: job.mode,
             windows: job.windows,
             analysis_seconds,
-            tracked_processes: table.len(),
+            // Whichever side holds more: the collector's state and the analysis's
+            // must both leave with their processes.
+            tracked_processes: table.len().max(held_processes),
             cache_bytes: sym.cache_bytes(),
             store_bytes: sinks.store.bytes(),
             sampling_frequency_hz: job.frequency,

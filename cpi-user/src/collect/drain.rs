@@ -200,6 +200,15 @@ impl Drain {
         }
     }
 
+    /// Processes the drain keeps anything for (name, maps, files, side-band records,
+    /// when maps were read): the largest of its per-process tables.
+    pub fn held_processes(&self) -> usize {
+        self.known
+            .len()
+            .max(self.recorded.len())
+            .max(self.maps_read_at.len())
+    }
+
     /// Takes in one side-band record (read before the samples it may explain).
     pub fn observe(&mut self, s: Sideband) {
         match s {

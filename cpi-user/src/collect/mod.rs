@@ -175,6 +175,9 @@ pub struct Collected {
     pub stop: Option<StopReason>,
     /// Exit status of the command cpi-bpf started (in the last window).
     pub command_status: Option<i32>,
+    /// Processes the collector still holds state for (name, maps, open files) after
+    /// this window: those of this window and the live ones of earlier windows.
+    pub held_processes: usize,
 }
 
 /// Loads the eBPF object with its ring buffer sized and its config written.

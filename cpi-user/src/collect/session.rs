@@ -623,6 +623,7 @@ impl Live {
             run,
             stop: self.stop,
             command_status: None,
+            held_processes: self.drain.held_processes(),
         }
     }
 }
