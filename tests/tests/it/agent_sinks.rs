@@ -72,6 +72,24 @@ fn url_encode(q: &str) -> String {
         .collect()
 }
 
+/// `cpi-bpf agent ARGS` serving metrics on a free loopback port (returned), with its
+/// store and its log (`agent.log`) in `dir`; killed on drop.
+fn agent_with_metrics(dir: &Path, args: &[&str]) -> (cpi_tests::KillOnDrop, SocketAddr) {
+    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let child = Command::new(cpi_bpf())
+        .arg("agent")
+        .args(args)
+        .arg("--metrics-addr")
+        .arg(metrics.to_string())
+        .arg("--store")
+        .arg(dir.join("store"))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("agent.log")).unwrap())
+        .spawn()
+        .expect("starting cpi-bpf agent");
+    (cpi_tests::KillOnDrop(child), metrics)
+}
+
 /// A Prometheus server scraping `target` every second, killed on drop.
 struct Prometheus {
     child: Child,
@@ -366,25 +384,7 @@ fn agent_cpu_seconds_in_prometheus() {
     let Some(busy) = compile_c("busy.c", &dir, "busy-prom", &[]) else {
         return;
     };
-    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let _agent = cpi_tests::KillOnDrop(
-        Command::new(cpi_bpf())
-            .args([
-                "agent",
-                "--interval",
-                "1",
-                "--metrics-addr",
-                &metrics.to_string(),
-                "--comm",
-                "^busy-prom$",
-            ])
-            .arg("--store")
-            .arg(dir.join("store"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("agent.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let (_agent, metrics) = agent_with_metrics(&dir, &["--interval", "1", "--comm", "^busy-prom$"]);
     let prom = Prometheus::start(metrics, "agent-prom-server");
     prom.wait_for("up", |v| v == 1.0);
     let run = Command::new(&busy)
@@ -459,25 +459,8 @@ fn churn_keeps_memory_flat_and_processes_leave() {
     let Some(churn) = compile_c("churn.c", &dir, "churn", &[]) else {
         return;
     };
-    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let agent = cpi_tests::KillOnDrop(
-        Command::new(cpi_bpf())
-            .args([
-                "agent",
-                "--interval",
-                "2",
-                "--overhead-budget",
-                "50",
-                "--metrics-addr",
-                &metrics.to_string(),
-            ])
-            .arg("--store")
-            .arg(dir.join("store"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("agent.log")).unwrap())
-            .spawn()
-            .unwrap(),
-    );
+    let (agent, metrics) =
+        agent_with_metrics(&dir, &["--interval", "2", "--overhead-budget", "50"]);
     let scrape = || {
         http_get(metrics, "/metrics")
             .ok()
@@ -867,28 +850,18 @@ fn governor_lowers_the_frequency_to_the_budget() {
             )
         })
         .collect();
-    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let agent = cpi_tests::KillOnDrop(
-        Command::new(cpi_bpf())
-            .args([
-                "agent",
-                "--interval",
-                "1",
-                "--frequency",
-                "20000",
-                "--min-frequency",
-                "49",
-                "--overhead-budget",
-                "0.5",
-                "--metrics-addr",
-                &metrics.to_string(),
-            ])
-            .arg("--store")
-            .arg(dir.join("store"))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("agent.log")).unwrap())
-            .spawn()
-            .unwrap(),
+    let (agent, metrics) = agent_with_metrics(
+        &dir,
+        &[
+            "--interval",
+            "1",
+            "--frequency",
+            "20000",
+            "--min-frequency",
+            "49",
+            "--overhead-budget",
+            "0.5",
+        ],
     );
     let value = |text: &str, name: &str| -> Option<f64> {
         text.lines()
