@@ -428,22 +428,8 @@ pub fn import_perf_data(
         ));
         window = usable - 1;
     }
-    // Stacks sampled on cycles over-weight ranges ahead of slow code; timed entries
-    // let each window be weighted by the cycles it spans instead (README.md,
-    // "Cycle-sampled branch stacks").
-    let timed_stacks = scan.timed_per_event[branch] > 0;
-    let weighting = opts
-        .stack_weighting
-        .unwrap_or(if est == Estimator::Cycles && timed_stacks {
-            StackWeighting::CyclesSpanned
-        } else {
-            StackWeighting::Window
-        });
-    if weighting == StackWeighting::CyclesSpanned && !timed_stacks {
-        return Err(unusable(
-            "--stack-weighting cycles-spanned needs branch entries that carry cycles (timed LBR); these carry none".into(),
-        ));
-    }
+    let weighting = stack_weighting(opts.stack_weighting, est, scan.timed_per_event[branch] > 0)
+        .map_err(unusable)?;
     let corrected = est == Estimator::Cycles && weighting == StackWeighting::CyclesSpanned;
     let pass = perf_data_pass(path, what, (window, weighting), Some((branch, cycles, est)))?;
     let header = pass.header;
@@ -614,6 +600,30 @@ fn relocate(
 }
 
 /// Says how many stacks the cycles-spanned weighting left out for an untimed entry.
+/// How branch stacks are weighted: as asked, else by the cycles each window spans when
+/// the stacks were sampled on cycles and carry timed entries (stacks on cycles
+/// over-weight ranges ahead of slow code: README.md, "Cycle-sampled branch stacks"),
+/// else per window. `Err` (why) when cycles-spanned is asked of untimed stacks.
+fn stack_weighting(
+    asked: Option<StackWeighting>,
+    est: Estimator,
+    timed: bool,
+) -> Result<StackWeighting, String> {
+    let weighting = asked.unwrap_or(if est == Estimator::Cycles && timed {
+        StackWeighting::CyclesSpanned
+    } else {
+        StackWeighting::Window
+    });
+    if weighting == StackWeighting::CyclesSpanned && !timed {
+        return Err(
+            "--stack-weighting cycles-spanned needs branch entries that carry cycles \
+                    (timed LBR); these carry none"
+                .into(),
+        );
+    }
+    Ok(weighting)
+}
+
 fn untimed_note(set: &SampleSet) -> Option<String> {
     let untimed: u64 = set
         .processes
@@ -754,21 +764,11 @@ pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Impor
     if est == Estimator::Other {
         import.samples.iter_mut().for_each(|s| s.header.period = 1);
     }
-    // As for perf.data: stacks on cycles with timed entries are weighted by the cycles
-    // each window spans.
-    let weighting = opts
-        .stack_weighting
-        .unwrap_or(if est == Estimator::Cycles && timed {
-            StackWeighting::CyclesSpanned
-        } else {
-            StackWeighting::Window
-        });
-    if weighting == StackWeighting::CyclesSpanned && !timed {
-        return Err(ImportError::Unusable {
+    let weighting =
+        stack_weighting(opts.stack_weighting, est, timed).map_err(|why| ImportError::Unusable {
             what: what.into(),
-            why: "--stack-weighting cycles-spanned needs branch entries that carry cycles (timed LBR); these carry none".into(),
-        });
-    }
+            why,
+        })?;
     let corrected = est == Estimator::Cycles && weighting == StackWeighting::CyclesSpanned;
     let mut set = import.into_sample_set(opts.window, weighting);
     let mut notes = notes;
