@@ -453,10 +453,7 @@ impl Symbolizer {
                 let mut candidates = Vec::new();
                 // A short-lived process is often gone before its samples are analysed:
                 // one failed look instead of two per mapping.
-                if self.opts.use_proc
-                    && !self.gone.contains(&pid)
-                    && !Path::new(&format!("/proc/{pid}")).exists()
-                {
+                if self.opts.use_proc && !self.gone.contains(&pid) && !crate::procmap::alive(pid) {
                     self.gone.insert(pid);
                 }
                 if self.opts.use_proc && !self.gone.contains(&pid) {

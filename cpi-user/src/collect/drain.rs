@@ -11,7 +11,7 @@ use cpi_common::wire::{
 
 use super::sideband::Sideband;
 use super::target;
-use crate::procmap::{CapturedFiles, ProcessMaps};
+use crate::procmap::{self, CapturedFiles, ProcessMaps};
 use crate::profile::SampleSet;
 
 /// A decoded record.
@@ -180,16 +180,16 @@ impl Drain {
         // What is held per process stays bounded under churn: a process gone with no
         // sample in this window will have none later (its pid, if reused, is another
         // process: see `first_in_window`), so it leaves after its last window.
-        let keep = |pid: &u32| set.processes.contains_key(pid) || target::alive(*pid);
+        let keep = |pid: &u32| set.processes.contains_key(pid) || procmap::alive(*pid);
         self.known.retain(|pid, k| {
             set.processes
                 .get(pid)
-                .map_or_else(|| target::alive(*pid), |p| p.start == k.start)
+                .map_or_else(|| procmap::alive(*pid), |p| p.start == k.start)
         });
         self.recorded.retain(|pid, _| keep(pid));
         self.maps_read_at
             .retain(|pid, _| self.known.contains_key(pid));
-        self.cpu_clock.by_tid.retain(|&tid, _| target::alive(tid));
+        self.cpu_clock.by_tid.retain(|&tid, _| procmap::alive(tid));
         // Files no process holds any more (the window handed out still holds its own).
         self.files.release_unused();
         DrainWindow {

@@ -74,11 +74,6 @@ pub fn comm_and_start(pid: u32) -> Option<(String, u64)> {
     Some((stat.get(open + 1..close)?.to_string(), start))
 }
 
-/// True while `/proc/PID` exists (a process, or a thread by its id).
-pub fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
 /// Resolves `cmd` like `execvp` does: a name with a `/` as given, else through `PATH`.
 /// A file that exists but cannot be executed (or a directory) is
 /// [`CollectError::NotExecutable`], not "not found".
@@ -335,6 +330,7 @@ fn try_reap(pid: u32) -> Option<Option<i32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::procmap::alive;
 
     #[test]
     fn resolves_through_path_and_rejects_missing() {
@@ -366,11 +362,6 @@ mod tests {
         let child = child.release().unwrap();
         assert_eq!(child.wait(), Some(0));
         assert!(marker.exists());
-    }
-
-    /// Whether `pid` is still a process (a zombie counts: it is not reaped).
-    fn alive(pid: u32) -> bool {
-        std::path::Path::new(&format!("/proc/{pid}")).exists()
     }
 
     #[test]

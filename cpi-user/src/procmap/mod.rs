@@ -189,6 +189,12 @@ impl ProcessMaps {
     }
 }
 
+/// True while `/proc/PID` exists: a process (a zombie counts: it is not reaped), or a
+/// thread by its id.
+pub fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// `/proc/PID` or `/proc/PID/task/TID`.
 fn proc_dir(pid: u32, tid: Option<u32>) -> PathBuf {
     match tid {

@@ -462,40 +462,35 @@ fn call_graph_estimates_known_call_counts() {
         eprintln!("skipped the pprof check: `go` not installed (cargo xtask setup installs it)");
         return;
     }
-    let peek = output_ok(
-        Command::new("go")
-            .args(["tool", "pprof", "-sample_index=calls", "-peek", "^inner$"])
-            .arg(&pb)
-            .env("PPROF_BINARY_PATH", "/nonexistent")
-            .env("HOME", std::env::temp_dir()),
-    );
-    let text = String::from_utf8_lossy(&peek.stdout);
-    eprintln!("{text}");
-    // -peek prints callers above the focus line and callees below it.
+    // `go tool pprof -peek ^FUNC$` on the calls: its lines and the focus line's index
+    // (callers are printed above it, callees below).
+    let peek = |func: &str| {
+        let out = output_ok(
+            Command::new("go")
+                .args(["tool", "pprof", "-sample_index=calls", "-peek"])
+                .arg(format!("^{func}$"))
+                .arg(&pb)
+                .env("PPROF_BINARY_PATH", "/nonexistent")
+                .env("HOME", std::env::temp_dir()),
+        );
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        eprintln!("{text}");
+        let focus = text
+            .lines()
+            .position(|l| l.split_whitespace().last() == Some(func) && l.contains('|'))
+            .unwrap_or_else(|| panic!("no {func} line: {text}"));
+        (text, focus)
+    };
+    let (text, focus) = peek("inner");
     let lines: Vec<&str> = text.lines().collect();
-    let focus = lines
-        .iter()
-        .position(|l| l.split_whitespace().last() == Some("inner") && l.contains('|'))
-        .unwrap_or_else(|| panic!("no inner line: {text}"));
     assert!(
         lines[..focus]
             .iter()
             .any(|l| l.trim_end().ends_with("outer")),
         "outer above inner: {text}"
     );
-    let peek = output_ok(
-        Command::new("go")
-            .args(["tool", "pprof", "-sample_index=calls", "-peek", "^outer$"])
-            .arg(&pb)
-            .env("PPROF_BINARY_PATH", "/nonexistent")
-            .env("HOME", std::env::temp_dir()),
-    );
-    let text = String::from_utf8_lossy(&peek.stdout);
+    let (text, focus) = peek("outer");
     let lines: Vec<&str> = text.lines().collect();
-    let focus = lines
-        .iter()
-        .position(|l| l.split_whitespace().last() == Some("outer") && l.contains('|'))
-        .unwrap_or_else(|| panic!("no outer line: {text}"));
     assert!(
         lines[..focus]
             .iter()
