@@ -645,6 +645,8 @@ pub(crate) mod tests {
             time_ns: None,
             cycles: Some(cycles),
             instructions: Some(instructions),
+            cycles_rel_error: None,
+            instructions_rel_error: None,
             cpi: Some(Estimate {
                 value: cycles / instructions,
                 rel_error: 0.1,
@@ -700,6 +702,8 @@ pub(crate) mod tests {
                     time_ns: time.then_some(w),
                     cycles: (!time).then_some(w),
                     instructions: (!time).then_some(w / 2.0),
+                    cycles_rel_error: None,
+                    instructions_rel_error: None,
                     cpi: None,
                     functions: Vec::new(),
                     calls: Vec::new(),

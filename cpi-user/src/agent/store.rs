@@ -392,6 +392,8 @@ mod tests {
                 time_ns: Some(samples as f64 * 1e6),
                 cycles: None,
                 instructions: None,
+                cycles_rel_error: None,
+                instructions_rel_error: None,
                 cpi: None,
                 functions: vec![],
                 calls: vec![],

@@ -352,7 +352,8 @@ pub struct BinaryInfo {
 pub struct Estimate {
     /// The estimate.
     pub value: f64,
-    /// Relative error bound (≈ 1/√samples of the scarcer input).
+    /// One standard error, relative to `value` (cpi-user/src/profile/error.rs says how
+    /// each is computed). Files written before the error model hold 1/√samples here.
     pub rel_error: f64,
     /// Samples behind the estimate (the scarcer input).
     pub samples: u64,
@@ -376,6 +377,13 @@ pub struct ProcessProfile {
     pub cycles: Option<f64>,
     /// Instructions attributed to the process.
     pub instructions: Option<f64>,
+    /// One standard error of `cycles`, relative to it (cpi-user/src/profile/error.rs).
+    /// Absent from files before the error model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycles_rel_error: Option<f64>,
+    /// One standard error of `instructions`, relative to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions_rel_error: Option<f64>,
     /// Cycles per instruction of the whole process.
     pub cpi: Option<Estimate>,
     /// Sorted by cycles (or samples), hottest first.
@@ -424,6 +432,13 @@ pub struct FunctionProfile {
     pub cycles: Option<f64>,
     /// Instructions executed in the function.
     pub instructions: Option<f64>,
+    /// One standard error of `cycles`, relative to it (cpi-user/src/profile/error.rs).
+    /// Absent from files before the error model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycles_rel_error: Option<f64>,
+    /// One standard error of `instructions`, relative to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions_rel_error: Option<f64>,
     /// Cycles per instruction; `None` below the sample floor.
     pub cpi: Option<Estimate>,
     /// CPI from timed branch records (LBR `cycles` field), when the hardware has them.
