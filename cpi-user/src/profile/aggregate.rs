@@ -7,7 +7,7 @@
 //! events the sample stands for ([`StackWeighting::Window`]). Stacks sampled on cycles
 //! instead weigh Q / (cycles the window spans) ([`StackWeighting::CyclesSpanned`]).
 //! Memory is bounded by distinct ranges, not samples. Each range also keeps its weight
-//! per random group of samples, for its error (`profile/error.rs`).
+//! per group of samples, for its error (`profile/error.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -83,11 +83,11 @@ pub struct RangeStat {
     pub timed_cycles: u64,
     /// Occurrences that carried cycles.
     pub timed_hits: u64,
-    /// `count` per random group of samples (the error model, `profile/error.rs`).
+    /// `count` per group of samples (the error model, `profile/error.rs`).
     pub count_groups: Groups,
-    /// `timed_cycles` per random group.
+    /// `timed_cycles` per group of samples.
     pub timed_cycles_groups: Groups,
-    /// `timed_hits` per random group.
+    /// `timed_hits` per group of samples.
     pub timed_hits_groups: Groups,
 }
 
@@ -119,10 +119,10 @@ pub struct IpAggregate {
     pub samples: u64,
     /// Σ periods (events, or ns for cpu-clock).
     pub weight: u64,
-    /// Σ periods²: the variance of `weight` (`profile/error.rs`).
-    pub weight_sq: f64,
-    /// ip → (samples, Σ periods, Σ periods²: the variance, `profile/error.rs`).
-    pub by_ip: HashMap<u64, (u64, u64, f64)>,
+    /// `weight` per group of samples (its error, `profile/error.rs`).
+    pub weight_groups: Groups,
+    /// ip → (samples, Σ periods, Σ periods per group of samples).
+    pub by_ip: HashMap<u64, (u64, u64, Groups)>,
     /// Samples whose IP was in kernel mode ([`FLAG_KERNEL`]).
     pub kernel_samples: u64,
 }
@@ -131,16 +131,17 @@ impl IpAggregate {
     /// Counts one IP sample with its period.
     pub fn add(&mut self, s: &IpSample) {
         let h = &s.header;
+        let group = group_of(self.samples);
         self.samples += 1;
         self.weight += h.period;
-        self.weight_sq += (h.period as f64).powi(2);
+        self.weight_groups.add(group, h.period as f64);
         if h.flags & FLAG_KERNEL != 0 {
             self.kernel_samples += 1;
         }
         let e = self.by_ip.entry(h.ip).or_default();
         e.0 += 1;
         e.1 += h.period;
-        e.2 += (h.period as f64).powi(2);
+        e.2.add(group, h.period as f64);
     }
 }
 

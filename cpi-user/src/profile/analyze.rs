@@ -76,25 +76,25 @@ pub enum LineDetail {
     Evidence,
 }
 
-/// IP-sample tallies of one role: (samples, Σ periods, Σ periods²).
+/// IP-sample tallies of one role: (samples, Σ periods, Σ periods per group).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Tally {
     samples: u64,
     weight: u64,
-    /// Σ periods²: the variance of `weight` (cpi-user/src/profile/error.rs).
-    sq: f64,
+    /// `weight` per group of samples (cpi-user/src/profile/error.rs).
+    groups: Groups,
 }
 
 impl Tally {
     fn add(&mut self, o: Tally) {
         self.samples += o.samples;
         self.weight += o.weight;
-        self.sq += o.sq;
+        self.groups.add_scaled(&o.groups, 1.0);
     }
 
     /// One standard error of `weight`, relative to it.
     fn rel_error(&self) -> f64 {
-        error::relative(self.weight as f64, self.sq)
+        error::relative(self.weight as f64, self.groups.variance())
     }
 }
 
@@ -287,7 +287,7 @@ fn cpi_of(
 }
 
 /// The timed-LBR CPI estimate of Σ cycles over Σ instructions of the same timed ranges,
-/// each also given per random group.
+/// each also given per group of samples.
 fn timed_cpi_of(
     (cycles, cycles_groups): (f64, &Groups),
     (instructions, instructions_groups): (f64, &Groups),
@@ -369,7 +369,7 @@ struct Ctx<'a> {
 /// Per-function results the process totals need.
 struct FunctionOutcome {
     profile: FunctionProfile,
-    /// Cycles, cycle samples, instructions (per random group) and instruction samples
+    /// Cycles, cycle samples, instructions (per group of samples) and instruction samples
     /// that enter the process CPI (ELF functions analysed at instruction level).
     cpi_inputs: Option<(Tally, f64, Groups, u64)>,
 }
@@ -389,13 +389,13 @@ impl Ctx<'_> {
         for (&role, agg) in &p.ips {
             // Sorted: the aggregate's hash order must not change float sums between
             // two analyses of the same samples.
-            for (&ip, &(samples, weight, sq)) in sorted(&agg.by_ip) {
+            for (&ip, &(samples, weight, groups)) in sorted(&agg.by_ip) {
                 match res.resolve(self.sym, &mut self.binaries, ip) {
                     Some((i, vaddr)) => {
                         res.funcs[i].ips.entry(vaddr).or_default()[role_index(role)].add(Tally {
                             samples,
                             weight,
-                            sq,
+                            groups,
                         })
                     }
                     None => self.lost.unmapped_samples += samples,
@@ -417,7 +417,7 @@ impl Ctx<'_> {
                 .map(|a| Tally {
                     samples: a.samples,
                     weight: a.weight,
-                    sq: a.weight_sq,
+                    groups: a.weight_groups,
                 })
                 .unwrap_or_default()
         };
@@ -470,7 +470,13 @@ impl Ctx<'_> {
             Mode::IpSampling => {
                 let i = proc_tally(EventRole::Instructions);
                 let c = proc_tally(EventRole::Cycles);
-                let cpi = cpi_of(&c, i.weight as f64, i.sq, c.samples.min(i.samples), floor);
+                let cpi = cpi_of(
+                    &c,
+                    i.weight as f64,
+                    i.groups.variance(),
+                    c.samples.min(i.samples),
+                    floor,
+                );
                 (
                     total(EventRole::Instructions),
                     total(EventRole::Instructions).map(|_| i.rel_error()),
@@ -722,20 +728,14 @@ impl Ctx<'_> {
         };
         self.lost.invalid_ranges += rc.invalid_hits;
         let (mut count, mut hits) = (rc.instr_count.clone(), rc.instr_hits.clone());
-        // IP-sampling mode: Σ period² of the instructions samples per instruction.
-        let mut count_sq = vec![0.0; n];
-        // The variance of the instructions counted over `span`: one range covers many
-        // instructions, so ranged counts are summed per group first.
-        let span_var = |span: std::ops::Range<usize>, count_sq: &[f64]| {
-            if ranged {
-                let mut g = Groups::default();
-                rc.instr_groups[span]
-                    .iter()
-                    .for_each(|x| g.add_scaled(x, 1.0));
-                g.variance()
-            } else {
-                count_sq[span].iter().sum()
-            }
+        // Instruction counts per group of samples (ranges, or IP-sampling mode's
+        // instructions samples). One range covers many instructions: a span's groups are
+        // summed before its variance is taken.
+        let mut count_groups = rc.instr_groups.clone();
+        let span_var = |span: std::ops::Range<usize>, count_groups: &[Groups]| {
+            let mut g = Groups::default();
+            count_groups[span].iter().for_each(|x| g.add_scaled(x, 1.0));
+            g.variance()
         };
         let mut cyc = vec![Tally::default(); n];
         let role = sample_role(self.mode);
@@ -750,7 +750,7 @@ impl Ctx<'_> {
                 let ins = t[role_index(EventRole::Instructions)];
                 count[i] += ins.weight as f64;
                 hits[i] += ins.samples;
-                count_sq[i] += ins.sq;
+                count_groups[i].add_scaled(&ins.groups, 1.0);
             }
         }
 
@@ -768,7 +768,7 @@ impl Ctx<'_> {
                 cpi: cpi_of(
                     &cyc[i],
                     count[i],
-                    span_var(i..i + 1, &count_sq),
+                    span_var(i..i + 1, &count_groups),
                     cyc[i].samples.min(hits[i]),
                     floor,
                 ),
@@ -796,7 +796,7 @@ impl Ctx<'_> {
                     cpi: cpi_of(
                         &c,
                         instr,
-                        span_var(span, &count_sq),
+                        span_var(span, &count_groups),
                         c.samples.min(h),
                         floor,
                     ),
@@ -860,12 +860,12 @@ impl Ctx<'_> {
         let mut cycles = Tally::default();
         cyc.iter().for_each(|t| cycles.add(*t));
         let mut instruction_groups = Groups::default();
-        rc.instr_groups
+        count_groups
             .iter()
             .for_each(|g| instruction_groups.add_scaled(g, 1.0));
         Detail {
             instructions: count.iter().sum(),
-            instructions_var: span_var(0..n, &count_sq),
+            instructions_var: span_var(0..n, &count_groups),
             instruction_groups,
             instruction_samples: if ranged {
                 rc.valid_hits
@@ -890,7 +890,7 @@ struct Detail {
     instructions: f64,
     /// The variance of `instructions` (cpi-user/src/profile/error.rs).
     instructions_var: f64,
-    /// `instructions` per random group of branch samples (ranged modes).
+    /// `instructions` per group of branch samples (ranged modes).
     instruction_groups: Groups,
     /// Range occurrences (or instruction samples) behind `instructions`.
     instruction_samples: u64,
@@ -933,8 +933,24 @@ mod tests {
     use super::*;
     use crate::binary::testbin::{maps_for, TestProgram};
     use crate::binary::Binary;
+    use crate::profile::error::{group_of, GROUPS};
     use cpi_common::policy::Perturbation;
     use cpi_common::wire::{IpSample, SampleHeader, SampleKind, FLAG_KERNEL, WIRE_VERSION};
+
+    /// The relative standard error profile/error.rs gives the sum of `weights`, the
+    /// i-th sample's weight falling in group `group_of(i)`: computed here from the
+    /// formula, independently of `Groups`.
+    pub(super) fn groups_rel(weights: &[f64]) -> f64 {
+        let mut g = [0.0; GROUPS];
+        for (i, w) in weights.iter().enumerate() {
+            g[group_of(i as u64)] += w;
+        }
+        let total: f64 = weights.iter().sum();
+        let mean = total / GROUPS as f64;
+        let var =
+            g.iter().map(|x| (x - mean).powi(2)).sum::<f64>() * GROUPS as f64 / (GROUPS - 1) as f64;
+        var.sqrt() / total
+    }
 
     pub(super) fn ip(pid: u32, role: EventRole, addr: u64, period: u64) -> IpSample {
         IpSample {
@@ -1168,10 +1184,12 @@ mod tests {
         );
         assert_eq!(l.cpi.unwrap().value, 3.2);
         assert_eq!(f.lines.iter().filter(|l| l.count > 0.0).count(), 1);
-        // Independent samplers: 40 cycle samples of 1000 (1/√40) and 25 instructions
-        // samples of 500 (1/√25) combine in quadrature.
-        assert!((cpi.rel_error - (0.025f64 + 0.04).sqrt()).abs() < 1e-12);
-        assert!((f.cycles_rel_error.unwrap() - 1.0 / 40f64.sqrt()).abs() < 1e-12);
+        // Independent samplers: 40 cycle samples of 1000 and 25 instructions samples of
+        // 500, each spread over the groups of profile/error.rs, combine in quadrature.
+        let (rel_c, rel_n) = (groups_rel(&[1000.0; 40]), groups_rel(&[500.0; 25]));
+        assert!(rel_c > 0.0 && rel_n > 0.0);
+        assert!((cpi.rel_error - rel_c.hypot(rel_n)).abs() < 1e-9);
+        assert!((f.cycles_rel_error.unwrap() - rel_c).abs() < 1e-9);
         // Below the floor: no number.
         let mut o = opts();
         o.sample_floor = 26;
@@ -1185,11 +1203,10 @@ mod tests {
 /// branch traces whose exact counts are known.
 #[cfg(test)]
 mod range_tests {
-    use super::tests::{ip, opts, run_info};
+    use super::tests::{groups_rel, ip, opts, run_info};
     use super::*;
     use crate::binary::testbin::{maps_for, TestProgram};
     use crate::binary::Binary;
-    use crate::profile::error::{group_of, GROUPS};
     use cpi_common::wire::{BranchEntry, BranchSample, SampleHeader};
     use rand::{Rng, SeedableRng};
     use std::path::Path;
@@ -1335,18 +1352,15 @@ mod range_tests {
             let cpi = fp.cpi.unwrap();
             assert_eq!(cpi.value, cycles / (50_000.0 * n_instr as f64));
             assert_eq!(cpi.samples, 40);
-            // The error model (profile/error.rs): cycles √Σ period² / Σ period; the
-            // instructions from the 50 branch samples, not the 150 ranges, through the
-            // random groups each sample fell in (1000 × n_instr instructions each).
-            let rel_c = (30.0 * 997f64.powi(2) + 10.0 * 1009f64.powi(2)).sqrt() / cycles;
-            let per_sample = 1000.0 * n_instr as f64;
-            let mut groups = [0.0; GROUPS];
-            (0..50).for_each(|i| groups[group_of(i)] += per_sample);
-            let mean = 50.0 * per_sample / GROUPS as f64;
-            let var = groups.iter().map(|g| (g - mean).powi(2)).sum::<f64>() * GROUPS as f64
-                / (GROUPS - 1) as f64;
-            let rel_n = var.sqrt() / (50.0 * per_sample);
-            assert!(rel_n > 0.05, "about 1/√50, not 1/√150: {rel_n}");
+            // The error model (profile/error.rs): the cycles through the groups their
+            // 40 samples fell in (the head's 30 first, then the entry's 10); the
+            // instructions through the groups of the 50 branch samples, not of the 150
+            // ranges (1000 × n_instr instructions each).
+            let mut periods = vec![997.0; 30];
+            periods.extend([1009.0; 10]);
+            let rel_c = groups_rel(&periods);
+            let rel_n = groups_rel(&[1000.0 * n_instr as f64; 50]);
+            assert!(rel_n > 0.0);
             assert!((fp.instructions_rel_error.unwrap() - rel_n).abs() < 1e-9);
             assert!((cpi.rel_error - rel_c.hypot(rel_n)).abs() < 1e-9);
             // The loop block: 30 cycle samples (< floor 10? no: 30 ≥ 10) → a number;

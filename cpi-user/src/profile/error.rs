@@ -1,31 +1,32 @@
 //! The error model: every ± the profile reports is **one standard error** of the
-//! estimate, relative to it (`Estimate::rel_error`, `*_rel_error` fields in
-//! `profile/model.rs`).
+//! estimate, relative to it (`Estimate::rel_error`, the `*_rel_error` fields in
+//! cpi-user/src/profile/model.rs).
 //!
-//! * **Instructions** (and block and instruction counts) come from branch samples whose
-//!   ranges are correlated: the ranges of one sample come from one window (a loop's body
-//!   repeats in it), so the observations are the samples, not the ranges. Each branch
-//!   sample is assigned to one of [`GROUPS`] random groups on arrival and every range
-//!   keeps its weight per group; a unit's estimate is then the sum of [`GROUPS`]
-//!   independent group estimates, and its variance is the random-groups estimator
-//!   G/(G−1) Σ_g (x_g − x/G)² — which holds whatever the correlation inside a sample, and
-//!   takes the period's variance along (each sample weighs its own period).
-//! * **Cycles** (and instructions in IP-sampling mode, and time) come from IP samples, one
-//!   address each: Var = Σ period² over the unit's samples (a Poisson count of samples,
-//!   each standing for its own, perturbed, period).
+//! Samples of each kind (branch samples; IP samples per event) are dealt in turn into
+//! [`GROUPS`] interleaved groups as they arrive (sample i → group i mod G), and every
+//! aggregate keeps its weight per group. A unit's estimate is then the sum of G
+//! replicate estimates, each a sample of the run at G times the period, and its variance
+//! is the replicate estimator G/(G−1) Σ_g (x_g − x/G)².
+//! * **Instructions** (and block and instruction counts): the ranges of one branch sample
+//!   come from one window (a loop's body repeats in it), so they are correlated; a
+//!   sample's ranges all fall in its group, so the variance counts samples, not ranges,
+//!   whatever the correlation, and each sample weighs its own (perturbed) period.
+//! * **Cycles** (time; instructions in IP-sampling mode): the same over IP samples.
 //! * **CPI** = cycles / instructions from two independent samplers:
 //!   rel² = rel²(cycles) + rel²(instructions).
-//! * **Timed CPI** = Σ LBR cycles / Σ instructions of the same timed ranges: the
-//!   random-groups variance of the residuals c_g − R·n_g (the delta method for a ratio).
+//! * **Timed CPI** = Σ LBR cycles / Σ instructions of the same timed ranges: the replicate
+//!   variance of the residuals c_g − R·n_g (the delta method for a ratio).
 //!
-//! With [`GROUPS`] groups the standard error is itself estimated with G − 1 degrees of
-//! freedom: an error / reported error ratio is Student's t₃₁ at worst, within ±1 for
-//! 67.5 % and ±2 for 94.6 % of estimates (`cpi-bpf simulate --calibrate` measures it).
+//! The variance is estimated with G − 1 = 31 degrees of freedom (an error / reported
+//! error ratio is Student's t₃₁ at worst). Interleaved replicates see the run at 32 times
+//! the period, so where a unit runs in bursts longer than one period they overstate the
+//! error of the full sample somewhat: `cpi-bpf simulate --calibrate N -- CMD` measures the
+//! coverage (README.md, "Error bars").
 
-/// Random groups the branch samples are split into.
+/// Interleaved groups the samples of each kind are dealt into.
 pub const GROUPS: usize = 32;
 
-/// Per-group sums of one quantity over the branch samples of each group.
+/// Per-group sums of one quantity over the samples of each group.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Groups(pub [f32; GROUPS]);
 
@@ -52,7 +53,7 @@ impl Groups {
         self.0.iter().map(|&x| x as f64).sum()
     }
 
-    /// The random-groups variance of the total.
+    /// The replicate variance of the total.
     pub fn variance(&self) -> f64 {
         let mean = self.total() / GROUPS as f64;
         let ss: f64 = self.0.iter().map(|&x| (x as f64 - mean).powi(2)).sum();
@@ -60,7 +61,7 @@ impl Groups {
     }
 }
 
-/// The group of the `n`-th branch sample of a process.
+/// The group of a process's `n`-th sample of one kind.
 pub fn group_of(n: u64) -> usize {
     (n % GROUPS as u64) as usize
 }
@@ -80,7 +81,7 @@ pub fn quotient(rel_num: f64, rel_den: f64) -> f64 {
 }
 
 /// Relative standard error of Σnum / Σden when both come from the same samples (timed
-/// CPI): the random-groups variance of the residuals num_g − R·den_g, over Σden².
+/// CPI): the replicate variance of the residuals num_g − R·den_g, over Σden².
 pub fn ratio(num: &Groups, den: &Groups) -> f64 {
     let (n, d) = (num.total(), den.total());
     if n <= 0.0 || d <= 0.0 {
@@ -108,7 +109,7 @@ mod tests {
         assert!((one.variance() - 99_200.0 * 32.0 / 31.0).abs() < 1e-6);
     }
 
-    /// Poisson draws: the random-groups standard error matches √(Σ weight²).
+    /// Independent (Bernoulli) draws: the replicate variance matches Σ weight².
     #[test]
     fn groups_estimate_the_spread_of_independent_samples() {
         let mut g = Groups::default();
@@ -118,7 +119,7 @@ mod tests {
             state = state
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
-            if (state >> 33) % 10 == 0 {
+            if (state >> 33).is_multiple_of(10) {
                 g.add(group_of(n), 3.0);
                 sq += 9.0;
             }

@@ -64,7 +64,7 @@ pub struct RangeCounts {
     pub instr_count: Vec<f64>,
     /// Range occurrences covering each instruction.
     pub instr_hits: Vec<u64>,
-    /// `instr_count` per random group of samples (`profile/error.rs`).
+    /// `instr_count` per group of samples (`profile/error.rs`).
     pub instr_groups: Vec<Groups>,
     /// (from block, to block) → estimated fall-through traversals.
     pub fall_through: HashMap<(usize, usize), f64>,
@@ -79,9 +79,9 @@ pub struct RangeCounts {
     pub block_timed_instructions: Vec<f64>,
     /// Timed LBR, per block: timed occurrences covering it.
     pub block_timed_hits: Vec<u64>,
-    /// `block_timed_cycles` per random group.
+    /// `block_timed_cycles` per group of samples.
     pub block_timed_cycles_groups: Vec<Groups>,
-    /// `block_timed_instructions` per random group.
+    /// `block_timed_instructions` per group of samples.
     pub block_timed_instructions_groups: Vec<Groups>,
     /// Timed LBR for the whole function: cycles of every timed occurrence.
     pub timed_cycles: f64,
@@ -89,9 +89,9 @@ pub struct RangeCounts {
     pub timed_instructions: f64,
     /// Timed occurrences.
     pub timed_hits: u64,
-    /// `timed_cycles` per random group.
+    /// `timed_cycles` per group of samples.
     pub timed_cycles_groups: Groups,
-    /// `timed_instructions` per random group.
+    /// `timed_instructions` per group of samples.
     pub timed_instructions_groups: Groups,
 }
 

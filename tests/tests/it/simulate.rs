@@ -58,7 +58,7 @@ fn simulate(cfg: &PmuConfig, cmd: &[&str]) -> Option<(SimReport, Profile, Accura
 }
 
 /// How many reported standard errors a sampled CPI may be from the truth. The reported
-/// error is itself estimated (cpi-user/src/profile/error.rs: 32 random groups of branch
+/// error is itself estimated (cpi-user/src/profile/error.rs: 32 interleaved groups of
 /// samples), so error / reported error follows Student's t with 31 degrees of freedom at
 /// worst: P(|t₃₁| > 5) ≈ 2·10⁻⁵ per function, under 10⁻³ for the ≈ 40 functions the
 /// tests of this file check together — a statistically normal run essentially never
