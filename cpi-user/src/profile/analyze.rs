@@ -14,7 +14,8 @@
 //!    gives instruction, block and fall-through counts.
 //! 5. CPI = cycles / instructions per process, function, block and instruction, with
 //!    `samples` = the scarcer of cycle samples and range occurrences (instruction
-//!    samples in IP-sampling mode) and rel_error = 1/√samples; `None` below the floor.
+//!    samples in IP-sampling mode) and rel_error one standard error
+//!    ([`super::error`]); `None` below the floor.
 //!    Timed CPI (LBR `cycles`) is the second estimator per function and block.
 //!
 //! Process-level CPI covers the ELF functions analysed (user code): kernel and JIT

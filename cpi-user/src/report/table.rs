@@ -344,8 +344,16 @@ fn top_functions(mode: Mode, p: &ProcessProfile, top: usize) -> String {
     } else {
         "top functions by CPU time (time profile)"
     };
-    finish(title, &t, shown, fns.len())
+    let mut s = finish(title, &t, shown, fns.len());
+    if mode.has_cpi() {
+        s.push_str(ERROR_LEGEND);
+    }
+    s
 }
+
+/// What every `±` of the tables means (cpi-user/src/profile/error.rs).
+const ERROR_LEGEND: &str =
+    "± = one standard error (the truth lies within ±1 for about 68 % of units, ±2 for 95 %)\n";
 
 fn heat(mode: Mode, f: &FunctionProfile) -> f64 {
     if mode.has_cpi() {
