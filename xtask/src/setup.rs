@@ -11,8 +11,9 @@ use anyhow::{bail, Context};
 
 /// Debian packages the tests use: gcc (test programs), valgrind (the tracer and its
 /// headers, libs and valgrind.pc), pkgconf (pkg-config: the tracer build reads
-/// valgrind.pc), golang-go (`go tool pprof`), bolt-22 (llvm-bolt / perf2bolt for `.fdata`).
 /// valgrind.pc), golang-go (`go tool pprof`), bolt-22 (llvm-bolt / perf2bolt for `.fdata`),
+/// llvm-19 (llvm-profgen), linux-perf (`perf report`/`perf script`: the references the
+/// imports of real recordings are checked against, tests/tests/it/import_real.rs),
 /// prometheus (the server that scrapes the agent in tests/tests/agent_sinks.rs).
 const PACKAGES: &[&str] = &[
     "gcc",
@@ -21,6 +22,7 @@ const PACKAGES: &[&str] = &[
     "golang-go",
     "bolt-22",
     "llvm-19",
+    "linux-perf",
     "prometheus",
 ];
 /// Installed when the archive has them (benchmarks only).
