@@ -82,12 +82,14 @@ impl Locator {
             Some(b.build_id)
         };
         let check = |found: &Path, got: Option<String>| match (build_id, got) {
-            (Some(want), Some(got)) if !same_build_id(want, &got) => Err(LocateError::BuildIdMismatch {
-                recorded: recorded.into(),
-                want: want.into(),
-                found: found.display().to_string(),
-                got,
-            }),
+            (Some(want), Some(got)) if !same_build_id(want, &got) => {
+                Err(LocateError::BuildIdMismatch {
+                    recorded: recorded.into(),
+                    want: want.into(),
+                    found: found.display().to_string(),
+                    got,
+                })
+            }
             _ => Ok(()),
         };
         let file_name = Path::new(recorded)
@@ -131,7 +133,11 @@ impl Locator {
                 ]
             });
             for p in cached.chain(self.files.iter().cloned()) {
-                if p.is_file() && id_of(&p).flatten().is_some_and(|got| same_build_id(want, &got)) {
+                if p.is_file()
+                    && id_of(&p)
+                        .flatten()
+                        .is_some_and(|got| same_build_id(want, &got))
+                {
                     return Ok(Some(p));
                 }
             }
