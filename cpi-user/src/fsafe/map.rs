@@ -105,15 +105,17 @@ impl GuardedMap {
         // is recovered by the handler above instead of killing the process.
         let map = unsafe { memmap2::Mmap::map(file) }?;
         if map.is_empty() {
-            return Ok(GuardedMap { map, slot: usize::MAX });
+            return Ok(GuardedMap {
+                map,
+                slot: usize::MAX,
+            });
         }
         let start = map.as_ptr() as usize;
         let first = HINT.load(Ordering::Relaxed);
         for k in 0..MAX_GUARDED {
             let i = (first + k) % MAX_GUARDED;
             let s = &SLOTS[i];
-            if s
-                .start
+            if s.start
                 .compare_exchange(0, start, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
@@ -144,8 +146,15 @@ impl GuardedMap {
 
     /// `madvise(MADV_DONTNEED)` on the whole mapping (see `Binary::release_pages`).
     pub fn dont_need(&self) -> io::Result<()> {
-        // SAFETY: read-only shared file mapping; see cpi-user/src/binary/mod.rs.
-        unsafe { self.map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) }
+        // SAFETY: a read-only shared file mapping. MADV_DONTNEED only unmaps its pages
+        // from this process: "subsequent accesses ... will result in ... repopulating the
+        // memory contents from the up-to-date contents of the underlying mapped file (for
+        // shared file mappings ...)" (madvise(2)), so every slice into it reads the same
+        // bytes afterwards (zeros where a recovered fault put them, as before).
+        unsafe {
+            self.map
+                .unchecked_advise(memmap2::UncheckedAdvice::DontNeed)
+        }
     }
 }
 

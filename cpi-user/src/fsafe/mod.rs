@@ -204,12 +204,7 @@ fn walk_in_root(root: &OwnedFd, path: &Path) -> io::Result<OwnedFd> {
             }
             libc::S_IFDIR if !rest.is_empty() => stack.push(fd),
             _ if rest.is_empty() => {
-                return sys::openat(
-                    Some(cur),
-                    comp,
-                    sys::READ_FLAGS | libc::O_NOFOLLOW,
-                    0,
-                );
+                return sys::openat(Some(cur), comp, sys::READ_FLAGS | libc::O_NOFOLLOW, 0);
             }
             _ => return Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
         }
@@ -391,7 +386,10 @@ mod tests {
         // SAFETY: a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
         let e = open(&p).unwrap_err();
-        assert!(matches!(e, OpenError::NotRegular { kind: "FIFO", .. }), "{e}");
+        assert!(
+            matches!(e, OpenError::NotRegular { kind: "FIFO", .. }),
+            "{e}"
+        );
         let e = open_in_root(&d, Path::new("/lib.so")).unwrap_err();
         assert!(matches!(e, OpenError::NotRegular { .. }), "{e}");
         let e = open(Path::new("/dev/null")).unwrap_err();
@@ -466,7 +464,11 @@ mod tests {
         assert!(m.is_file());
         assert_eq!(m.permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::read(&out).unwrap(), b"profile");
-        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 2, "no temp file left");
+        assert_eq!(
+            std::fs::read_dir(&d).unwrap().count(),
+            2,
+            "no temp file left"
+        );
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -482,7 +484,10 @@ mod tests {
         assert!(matches!(e, DirError::Writable { .. }), "{e}");
         let f = d.join("file");
         std::fs::write(&f, b"").unwrap();
-        assert!(matches!(check_private_dir(&f), Err(DirError::NotDir { .. })));
+        assert!(matches!(
+            check_private_dir(&f),
+            Err(DirError::NotDir { .. })
+        ));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -64,7 +64,14 @@ pub fn readlinkat(dir: &OwnedFd, name: &OsStr) -> io::Result<OsString> {
     let p = cstr(name)?;
     let mut buf = vec![0u8; libc::PATH_MAX as usize];
     // SAFETY: `buf` is writable for its length; `p` is NUL-terminated.
-    let n = unsafe { libc::readlinkat(dir.as_raw_fd(), p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    let n = unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            p.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
