@@ -580,7 +580,7 @@ fn relocate(
     build_ids: &BTreeMap<String, String>,
     what: &str,
 ) -> Result<Vec<String>, ImportError> {
-    let mut found: BTreeMap<String, Option<PathBuf>> = BTreeMap::new();
+    let mut found: BTreeMap<String, Option<(PathBuf, crate::fsafe::FileId)>> = BTreeMap::new();
     let mut ids = BTreeMap::new();
     let mut notes = Vec::new();
     for p in set.processes.values_mut() {
@@ -601,7 +601,7 @@ fn relocate(
                         source,
                     })?;
                 match &local {
-                    Some(l) if *l != *path => {
+                    Some((l, _)) if *l != *path => {
                         notes.push(format!("{recorded}: read from {}", l.display()));
                     }
                     None if build_ids.contains_key(&recorded) || !path.exists() => {
@@ -618,8 +618,9 @@ fn relocate(
                 }
                 found.insert(recorded.clone(), local);
             }
-            if let Some(Some(l)) = found.get(&recorded) {
+            if let Some(Some((l, id))) = found.get(&recorded) {
                 *path = l.clone();
+                m.file_id = Some(*id);
             }
         }
     }
