@@ -84,7 +84,7 @@ pub fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
     // SAFETY: an all-zero `stat` is valid; the kernel fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a live fd and a writable `stat`.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+    if unsafe { libc::fstat(fd.as_raw_fd(), &raw mut st) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(st)
@@ -101,7 +101,7 @@ pub fn install_sigbus(
     new.sa_sigaction = handler as usize;
     new.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_ONSTACK;
     // SAFETY: valid pointers to initialised `sigaction`s.
-    if unsafe { libc::sigaction(libc::SIGBUS, &new, &mut old) } < 0 {
+    if unsafe { libc::sigaction(libc::SIGBUS, &raw const new, &raw mut old) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(old)

@@ -237,7 +237,7 @@ impl Default for CapturedFiles {
             rlim_max: 1024,
         };
         // SAFETY: a valid, writable rlimit.
-        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) };
         CapturedFiles::with_cap((lim.rlim_cur / 4).clamp(64, 8192) as usize)
     }
 }

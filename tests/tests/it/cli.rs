@@ -114,7 +114,9 @@ fn short_flags_profile_a_pid_into_a_file_and_keep_the_old_one() {
         serde_json::from_slice(&std::fs::read(&file).unwrap()).expect("-o wrote the JSON");
     let procs = p["processes"].as_array().expect("processes");
     assert!(
-        procs.iter().any(|pr| pr["pid"].to_string() == pid),
+        procs
+            .iter()
+            .any(|pr| pr["pid"].as_u64().map(|p| p.to_string()) == Some(pid.clone())),
         "pid {pid} in {procs:?}"
     );
     // perf keeps perf.data.old: the file that was there is kept beside it.

@@ -717,7 +717,7 @@ fn raw_event_codes_are_read_on_the_recording_cpu() {
     let mut recs = fx.preamble();
     for i in 0..60u64 {
         let l = if i % 3 == 0 { fx.cold } else { fx.hot };
-        recs.push(sample(0, l, 500_009, stack(l, 32, 0)));
+        recs.push(sample(0, l, 500_009, loop_stack(l, 32, 0)));
     }
     let raw = |config: u64, name: &str| Attr {
         kind: 4,
