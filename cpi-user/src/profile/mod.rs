@@ -4,6 +4,7 @@
 pub mod aggregate;
 pub mod analyze;
 pub mod error;
+pub mod events;
 pub mod flow;
 pub mod merge;
 pub mod model;
