@@ -576,20 +576,15 @@ fn reported_errors_cover_the_truth() {
             continue;
         }
         assert!(r.units >= 50, "{}: {} units", r.estimate, r.units);
-        assert!(
-            two >= 0.954 - band(0.954, r.units),
-            "{}: errors too small: {:.1} % within ±2 of {} units",
-            r.estimate,
-            two * 100.0,
-            r.units
-        );
-        assert!(
-            one >= 0.683 - band(0.683, r.units),
-            "{}: errors too small: {:.1} % within ±1 of {} units",
-            r.estimate,
-            one * 100.0,
-            r.units
-        );
+        for (k, share, target) in [(2, two, 0.954), (1, one, 0.683)] {
+            assert!(
+                share >= target - band(target, r.units),
+                "{}: errors too small: {:.1} % within ±{k} of {} units",
+                r.estimate,
+                share * 100.0,
+                r.units
+            );
+        }
         if r.estimate == "block CPI" {
             assert!(
                 one <= 0.683 + band(0.683, r.units),
