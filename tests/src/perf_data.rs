@@ -1,6 +1,7 @@
 //! A small perf.data writer in the kernel's and perf's file layout
 //! (tools/perf/util/header.h: a 104-byte header, attrs + id lists, the data section of
-//! records, the feature table with `HEADER_BUILD_ID` and `HEADER_EVENT_DESC`), so the
+//! records, the feature table with `HEADER_BUILD_ID`, `HEADER_EVENT_DESC` and optionally
+//! `HEADER_CPUID`), so the
 //! import tests exercise every case without a PMU. `perf script`/`perf report` read
 //! what it writes.
 
@@ -188,6 +189,18 @@ fn data(attrs: &[Attr], records: &[Record]) -> Vec<u8> {
 
 /// Writes a perf.data file. `build_ids`: (path, build-id bytes) for the header's table.
 pub fn write(path: &Path, attrs: &[Attr], records: &[Record], build_ids: &[(String, Vec<u8>)]) {
+    write_on(path, None, attrs, records, build_ids);
+}
+
+/// [`write`] with the recording CPU's `HEADER_CPUID` (`GenuineIntel,6,85,4`), which
+/// decides what raw event codes mean.
+pub fn write_on(
+    path: &Path,
+    cpuid: Option<&str>,
+    attrs: &[Attr],
+    records: &[Record],
+    build_ids: &[(String, Vec<u8>)],
+) {
     let mut out = vec![0u8; 104];
     // attrs section: attr + ids section per event; the id lists follow it.
     let attrs_off = out.len();
@@ -205,9 +218,9 @@ pub fn write(path: &Path, attrs: &[Attr], records: &[Record], build_ids: &[(Stri
     let d = data(attrs, records);
     out.extend(&d);
     let data_size = d.len();
-    // Feature table: HEADER_BUILD_ID (2), HEADER_EVENT_DESC (12).
+    // Feature table: HEADER_BUILD_ID (2), [HEADER_CPUID (9)], HEADER_EVENT_DESC (12).
     let table_off = out.len();
-    out.extend(vec![0u8; 32]);
+    out.extend(vec![0u8; 16 * (2 + usize::from(cpuid.is_some()))]);
     let mut bid = Vec::new();
     for (p, id) in build_ids {
         let mut b = Vec::new();
@@ -232,7 +245,17 @@ pub fn write(path: &Path, attrs: &[Attr], records: &[Record], build_ids: &[(Stri
         desc.extend_from_slice(&a.id.to_le_bytes());
     }
     let mut sections = Vec::new();
-    for body in [bid, desc] {
+    // perf's do_write_string: u32 length, the string NUL-padded to 64.
+    let cpuid_body = cpuid.map(|c| {
+        let s = cstr_padded(c, 64);
+        let mut b = (s.len() as u32).to_le_bytes().to_vec();
+        b.extend(s);
+        b
+    });
+    for body in std::iter::once(bid)
+        .chain(cpuid_body)
+        .chain(std::iter::once(desc))
+    {
         sections.push((out.len() as u64, body.len() as u64));
         out.extend(body);
     }
@@ -252,8 +275,12 @@ pub fn write(path: &Path, attrs: &[Attr], records: &[Record], build_ids: &[(Stri
     put(&mut out, 32, attrs_size as u64);
     put(&mut out, 40, data_off as u64);
     put(&mut out, 48, data_size as u64);
-    // event_types section: empty. Features bitmap: bits 2 and 12.
-    put(&mut out, 72, 1 << 2 | 1 << 12);
+    // event_types section: empty. Features bitmap: bits 2, (9) and 12.
+    put(
+        &mut out,
+        72,
+        1 << 2 | 1 << 12 | u64::from(cpuid.is_some()) << 9,
+    );
     std::fs::write(path, out).expect("write perf.data");
 }
 

@@ -7,16 +7,7 @@ use std::path::Path;
 
 use crate::profile::Mode;
 
-/// CPU vendor, for the raw retired-taken-branches event code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Vendor {
-    /// `GenuineIntel`: `BR_INST_RETIRED.NEAR_TAKEN`.
-    Intel,
-    /// `AuthenticAMD`: `ex_ret_brn_tkn`.
-    Amd,
-    /// Anything else: no raw branch event is known, the generic one is tried.
-    Other,
-}
+pub use crate::profile::events::Vendor;
 
 /// Everything the probe found. Each field is one line of `cpi-bpf doctor`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,19 +69,17 @@ impl Capabilities {
                 .and_then(|s| s.parse::<u32>().ok())
                 .filter(|&d| d > 0)
         });
-        let vendor = match read_trim(&root.join("proc/cpuinfo"))
-            .and_then(|t| {
-                t.lines()
-                    .find(|l| l.starts_with("vendor_id"))
-                    .and_then(|l| l.split(':').nth(1))
-                    .map(|v| v.trim().to_string())
-            })
-            .as_deref()
-        {
-            Some("GenuineIntel") => Vendor::Intel,
-            Some("AuthenticAMD" | "HygonGenuine") => Vendor::Amd,
-            _ => Vendor::Other,
-        };
+        let vendor = Vendor::from_vendor_id(
+            read_trim(&root.join("proc/cpuinfo"))
+                .and_then(|t| {
+                    t.lines()
+                        .find(|l| l.starts_with("vendor_id"))
+                        .and_then(|l| l.split(':').nth(1))
+                        .map(|v| v.trim().to_string())
+                })
+                .as_deref()
+                .unwrap_or(""),
+        );
         let cap_eff = read_trim(&root.join("proc/self/status"))
             .and_then(|t| {
                 t.lines()

@@ -180,6 +180,17 @@ pub enum StopReason {
     Finished,
 }
 
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopReason::Duration => f.write_str("duration reached"),
+            StopReason::TargetExit => f.write_str("target exited"),
+            StopReason::Signal(name) => write!(f, "{name} received"),
+            StopReason::Finished => f.write_str("finished"),
+        }
+    }
+}
+
 /// What a window (or a whole one-shot run) brought home.
 #[derive(Debug)]
 pub struct Collected {

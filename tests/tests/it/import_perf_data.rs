@@ -705,3 +705,85 @@ fn call_records_give_the_call_graph() {
         c.count
     );
 }
+
+/// A raw event code means what the recording's CPU (its cpuid header) counts with it,
+/// as the collector decides when it opens one (`profile/events.rs`): `-e rc4` is
+/// taken branches on AMD, all branches on Intel; `-e r20c4` taken branches on Intel.
+#[test]
+fn raw_event_codes_are_read_on_the_recording_cpu() {
+    let Some(fx) = fixture("pd-raw") else {
+        return;
+    };
+    let mut recs = fx.preamble();
+    for i in 0..60u64 {
+        let l = if i % 3 == 0 { fx.cold } else { fx.hot };
+        recs.push(sample(0, l, 500_009, loop_stack(l, 32, 0)));
+    }
+    let raw = |config: u64, name: &str| Attr {
+        kind: 4,
+        config,
+        name: name.into(),
+        ..taken_attr(5)
+    };
+    let amd = "AuthenticAMD,25,17,1";
+    let intel = "GenuineIntel,6,85,4";
+    for (cpuid, attr, taken) in [
+        (Some(amd), raw(0xc4, "rc4:u"), true),
+        (Some(intel), raw(0xc4, "rc4:u"), false),
+        (Some(intel), raw(0x20c4, "r20c4:u"), true),
+        (Some(amd), raw(0x20c4, "r20c4:u"), false),
+        (None, raw(0xc4, "rc4:u"), false),
+        (None, raw(0x20c4, "r20c4:u"), true),
+    ] {
+        let file = fx.dir.join("raw.data");
+        perf_data::write_on(
+            &file,
+            cpuid,
+            std::slice::from_ref(&attr),
+            &recs,
+            &fx.build_ids(),
+        );
+        let (p, _) = import(&file, &[]);
+        let what = format!("{} on {cpuid:?}: {}", attr.name, p.mode_reason);
+        assert_eq!(
+            p.mode_reason
+                .contains("taken-branch event: absolute instruction counts"),
+            taken,
+            "{what}"
+        );
+        assert_eq!(
+            p.mode_reason.contains("neither taken branches nor cycles"),
+            !taken,
+            "{what}"
+        );
+        match cpuid {
+            Some(c) => assert!(p.mode_reason.contains(c), "{what}"),
+            None => assert!(p.mode_reason.contains("no cpuid header"), "{what}"),
+        }
+        // Absolute counts: each range stands for period / window executions.
+        let hot = func(&p, "hot").instructions.unwrap();
+        let per_range = if taken { 500_009.0 / 8.0 } else { 1.0 / 8.0 };
+        assert!(
+            (hot - 40.0 * 8.0 * per_range * fx.hot.instructions as f64).abs() < 1e-6 * hot,
+            "{what}: hot {hot}"
+        );
+    }
+    // perf reads the header the writer gave it.
+    let file = fx.dir.join("raw.data");
+    perf_data::write_on(
+        &file,
+        Some(amd),
+        &[raw(0xc4, "rc4:u")],
+        &recs,
+        &fx.build_ids(),
+    );
+    let head = output_ok(
+        Command::new("perf")
+            .args(["report", "--header-only", "-i"])
+            .arg(&file),
+    );
+    assert!(
+        String::from_utf8_lossy(&head.stdout).contains(&format!("cpuid : {amd}")),
+        "perf report --header-only does not show the cpuid"
+    );
+}

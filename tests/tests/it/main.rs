@@ -5,6 +5,7 @@
 
 mod agent;
 mod agent_sinks;
+mod cli;
 mod collect;
 mod collect_reliability;
 mod collect_ring;
