@@ -122,14 +122,6 @@ fn fetch_suite(suite: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out)?;
     let tmp = out.join("vmlinuz.tmp");
     std::fs::copy(&kernel, &tmp)?;
-    std::fs::write(
-        out.join("release"),
-        kernel
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("vmlinuz-"))
-            .unwrap_or_default(),
-    )?;
     std::fs::rename(&tmp, &vmlinuz)?;
     // Only the kernel is kept: the package's modules and the suite's apt lists are
     // ~150 MB more, and the initramfs boots without modules.
