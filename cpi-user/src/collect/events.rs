@@ -196,7 +196,7 @@ pub fn plan(
             ip_event(EventRole::Cycles, rate, include_kernel),
             ip_event(EventRole::Instructions, rate, include_kernel),
         ],
-        Mode::TimeProfile | Mode::Simulated => return vec![clock()],
+        Mode::TimeProfile | Mode::Simulated | Mode::Instructions => return vec![clock()],
     };
     if cpu_time {
         specs.push(clock());

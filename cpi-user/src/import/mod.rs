@@ -529,7 +529,11 @@ pub fn import_perf_data(
         }
     }
     let run = RunInfo {
-        mode: Mode::Cpi,
+        mode: if cycles.is_some() {
+            Mode::Cpi
+        } else {
+            Mode::Instructions
+        },
         mode_reason: format!(
             "imported from perf.data {what}: branch stacks on {} ({}{}): {meaning}{timed_note}",
             ev.display_name(),
@@ -861,7 +865,11 @@ pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Impor
         ""
     };
     let run = RunInfo {
-        mode: Mode::Cpi,
+        mode: if est == Estimator::Cycles {
+            Mode::Cpi
+        } else {
+            Mode::Instructions
+        },
         mode_reason: format!(
             "imported from perf script text {what} ({periods}): {meaning}{timed_note}"
         ),

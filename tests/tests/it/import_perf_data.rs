@@ -9,7 +9,7 @@ use std::process::Command;
 use cpi_tests::perf_data::{self, Attr, Entry, Record};
 use cpi_tests::{cpi_bpf, output_ok, temp_dir};
 use cpi_user::binary::{Binary, FlowKind};
-use cpi_user::profile::model::{FunctionProfile, Profile};
+use cpi_user::profile::model::{FunctionProfile, Mode, Profile};
 
 const PROG: &str = r#"
 __attribute__((noinline)) long hot(long n) { long s = 0; for (long i = 0; i < n; i++) s = (s ^ i) * 7 + (i >> 3); return s; }
@@ -330,6 +330,7 @@ fn taken_branch_event_with_cycles_event_gives_absolute_counts_and_cpi() {
         "{}",
         p.mode_reason
     );
+    assert_eq!(p.mode, Mode::Cpi);
     assert!(p.mode_reason.contains("CPI"), "{}", p.mode_reason);
     for (name, n, l, cyc) in [("hot", nh, fx.hot, &ch), ("cold", nc, fx.cold, &cc)] {
         let f = func(&p, name);
@@ -370,6 +371,11 @@ fn taken_branch_event_alone_has_timed_cpi_only() {
         p.mode_reason.contains("no cycles, no CPI"),
         "{}",
         p.mode_reason
+    );
+    assert_eq!(
+        p.mode,
+        Mode::Instructions,
+        "one label: no cycles, not `cpi`"
     );
     assert!(p.mode_reason.contains("timed LBR"), "{}", p.mode_reason);
     let (hot, cold) = (func(&p, "hot"), func(&p, "cold"));
@@ -814,6 +820,7 @@ fn raw_event_codes_are_read_on_the_recording_cpu() {
         );
         let (p, _) = import(&file, &[]);
         let what = format!("{} on {cpuid:?}: {}", attr.name, p.mode_reason);
+        assert_eq!(p.mode, Mode::Instructions, "{what}");
         assert_eq!(
             p.mode_reason
                 .contains("taken-branch event: absolute instruction counts"),
