@@ -585,6 +585,7 @@ fn relocate(
     what: &str,
 ) -> Result<Vec<String>, ImportError> {
     let mut found: BTreeMap<String, Option<PathBuf>> = BTreeMap::new();
+    let mut other_builds = std::collections::BTreeSet::new();
     let mut ids = BTreeMap::new();
     let mut notes = Vec::new();
     for p in set.processes.values_mut() {
@@ -594,21 +595,41 @@ fn relocate(
             };
             let recorded = path.display().to_string();
             if !found.contains_key(&recorded) {
-                let local = locator
-                    .locate(
-                        &recorded,
-                        build_ids.get(&recorded).map(String::as_str),
-                        &mut ids,
-                    )
-                    .map_err(|source| ImportError::Locate {
-                        what: what.into(),
-                        source,
-                    })?;
+                let (local, refused) = match locator.locate(
+                    &recorded,
+                    build_ids.get(&recorded).map(String::as_str),
+                    &mut ids,
+                ) {
+                    Ok(l) => (l, false),
+                    // This machine's own file at the recorded path (its ld.so, libc) is
+                    // another build: not used, said, and the rest imported as perf does.
+                    // A file the user named is refused.
+                    Err(LocateError::BuildIdMismatch {
+                        found: at,
+                        want,
+                        got,
+                        ..
+                    }) if at == recorded => {
+                        notes.push(format!(
+                            "{recorded}: the file at that path here is another build \
+                             (build-id {got}; the recording has {want}): its samples are \
+                             unmapped; give the recorded binary with --binary NAME=PATH or \
+                             --symfs DIR"
+                        ));
+                        (None, true)
+                    }
+                    Err(source) => {
+                        return Err(ImportError::Locate {
+                            what: what.into(),
+                            source,
+                        })
+                    }
+                };
                 match &local {
                     Some(l) if *l != *path => {
                         notes.push(format!("{recorded}: read from {}", l.display()));
                     }
-                    None if build_ids.contains_key(&recorded) || !path.exists() => {
+                    None if !refused && (build_ids.contains_key(&recorded) || !path.exists()) => {
                         notes.push(format!(
                             "{recorded}: not found on this machine (build-id {}): its samples \
                              are unmapped; give it with --binary NAME=PATH or --symfs DIR",
@@ -620,10 +641,21 @@ fn relocate(
                     }
                     _ => {}
                 }
+                if refused {
+                    other_builds.insert(recorded.clone());
+                }
                 found.insert(recorded.clone(), local);
             }
             if let Some(Some(l)) = found.get(&recorded) {
                 *path = l.clone();
+            } else if other_builds.contains(&recorded) {
+                // Named, never opened: its samples count against no function.
+                m.object = MappedObject::Special(format!(
+                    "[{}: another build]",
+                    Path::new(&recorded)
+                        .file_name()
+                        .map_or(recorded.clone(), |n| n.to_string_lossy().into_owned())
+                ));
             }
         }
     }

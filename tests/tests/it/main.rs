@@ -9,6 +9,7 @@ mod collect;
 mod collect_reliability;
 mod collect_ring;
 mod import_perf_data;
+mod import_real;
 mod report_fdata;
 mod report_file;
 mod report_fixture;
