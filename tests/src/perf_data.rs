@@ -7,6 +7,8 @@
 
 use std::path::Path;
 
+use cpi_user::binary::{Binary, FlowKind};
+
 /// `perf_event_attr` size written (PERF_ATTR_SIZE_VER7).
 const ATTR_SIZE: usize = 128;
 pub const SAMPLE_IP: u64 = 1 << 0;
@@ -287,4 +289,93 @@ pub fn write_pipe_header(path: &Path) {
     let mut out = b"PERFILE2".to_vec();
     out.extend_from_slice(&16u64.to_le_bytes());
     std::fs::write(path, out).expect("write pipe perf.data");
+}
+
+/// A function's loop: its head, the backward conditional branch closing it, and the
+/// instructions in [head, branch].
+#[derive(Clone, Copy, Debug)]
+pub struct Loop {
+    pub head: u64,
+    pub branch: u64,
+    pub instructions: usize,
+}
+
+/// The loop of function `name` in `bin`: its first backward conditional branch.
+pub fn loop_of(bin: &Binary, name: &str) -> Loop {
+    let f = bin
+        .function_by_name(name)
+        .unwrap_or_else(|| panic!("no function {name}"))
+        .clone();
+    let ins = bin.decode(&f).unwrap();
+    let br = ins
+        .iter()
+        .find(|i| i.kind == FlowKind::CondBranch && i.target.is_some_and(|t| t < i.addr))
+        .unwrap_or_else(|| panic!("{name} has no loop"));
+    let head = br.target.unwrap();
+    Loop {
+        head,
+        branch: br.addr,
+        instructions: ins
+            .iter()
+            .filter(|i| (head..=br.addr).contains(&i.addr))
+            .count(),
+    }
+}
+
+/// A branch stack of `depth` entries, all `l`'s closing branch (newest first).
+pub fn loop_stack(l: Loop, depth: usize, cycles: u16) -> Vec<Entry> {
+    vec![
+        Entry {
+            from: l.branch,
+            to: l.head,
+            cycles,
+            mispred: false,
+        };
+        depth
+    ]
+}
+
+/// Intel's retired taken branches with branch stacks, period 500009 (`perf record -b -e
+/// br_inst_retired.near_taken:u -c 500009`).
+pub fn taken_attr(id: u64) -> Attr {
+    Attr {
+        kind: 4,
+        config: 0x20c4,
+        period_or_freq: 500_009,
+        freq: false,
+        branch_stack: true,
+        name: "br_inst_retired.near_taken:u".into(),
+        id,
+    }
+}
+
+/// COMM and the executable's MMAP2 for `pid` running `bin`, mapped from `path` and
+/// page-aligned as the kernel maps it.
+pub fn exec_records(bin: &Binary, pid: u32, comm: &str, path: &str) -> Vec<Record> {
+    let seg = bin.segments.iter().find(|s| s.executable).unwrap();
+    let start = seg.vaddr & !0xfff;
+    vec![
+        Record::Comm {
+            pid,
+            name: comm.into(),
+            exec: true,
+        },
+        Record::Mmap2 {
+            pid,
+            start,
+            len: seg.memsz + (seg.vaddr - start),
+            pgoff: seg.offset & !0xfff,
+            path: path.into(),
+        },
+    ]
+}
+
+/// The build-id feature entry for `bin` recorded at `path`.
+pub fn build_id(bin: &Binary, path: &str) -> (String, Vec<u8>) {
+    let hex = bin.build_id.clone().expect("gcc writes a build-id");
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    (path.to_string(), bytes)
 }

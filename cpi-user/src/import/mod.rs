@@ -619,7 +619,7 @@ fn relocate(
     build_ids: &BTreeMap<String, String>,
     what: &str,
 ) -> Result<Vec<String>, ImportError> {
-    let mut found: BTreeMap<String, Option<PathBuf>> = BTreeMap::new();
+    let mut found: BTreeMap<String, Option<(PathBuf, crate::fsafe::FileId)>> = BTreeMap::new();
     let mut other_builds = std::collections::BTreeSet::new();
     let mut ids = BTreeMap::new();
     let mut notes = Vec::new();
@@ -661,7 +661,7 @@ fn relocate(
                     }
                 };
                 match &local {
-                    Some(l) if *l != *path => {
+                    Some((l, _)) if *l != *path => {
                         notes.push(format!("{recorded}: read from {}", l.display()));
                     }
                     None if !refused && (build_ids.contains_key(&recorded) || !path.exists()) => {
@@ -681,8 +681,9 @@ fn relocate(
                 }
                 found.insert(recorded.clone(), local);
             }
-            if let Some(Some(l)) = found.get(&recorded) {
+            if let Some(Some((l, id))) = found.get(&recorded) {
                 *path = l.clone();
+                m.file_id = Some(*id);
             } else if other_builds.contains(&recorded) {
                 // Named, never opened: its samples count against no function.
                 m.object = MappedObject::Special(format!(

@@ -559,6 +559,8 @@ fn parse_mmap(kind: u32, misc: u16, b: &[u8]) -> Option<(u32, Mapping, Option<St
             offset: pgoff,
             executable: exec,
             object,
+            // Recorded elsewhere: device and inode mean nothing here.
+            file_id: None,
         },
         build_id,
     ))

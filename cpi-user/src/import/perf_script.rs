@@ -317,6 +317,8 @@ impl Scan {
                                 offset: 0,
                                 executable: true,
                                 object: file(&dso),
+                                // Recorded elsewhere: device and inode mean nothing here.
+                                file_id: None,
                             });
                         }
                         // `[kernel.kallsyms]`, `[unknown]`, `[vdso]`: no file to place.
@@ -484,6 +486,8 @@ impl ElfLayout {
                 offset,
                 executable: true,
                 object: file(dso),
+                // Recorded elsewhere: device and inode mean nothing here.
+                file_id: None,
             })
             .collect()
     }
@@ -696,6 +700,8 @@ fn parse_mmap(line: &str) -> Option<Option<(u32, Mapping)>> {
             offset: pgoff,
             executable: prot.contains('x'),
             object,
+            // Recorded elsewhere: device and inode mean nothing here.
+            file_id: None,
         },
     )))
 }
