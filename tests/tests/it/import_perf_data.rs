@@ -618,40 +618,13 @@ fn llvm_profgen_range_counts_equal_ours() {
     .stdout;
     let script = fx.dir.join("profgen.txt");
     std::fs::write(&script, text).unwrap();
-    let out = fx.dir.join("profgen.out");
-    output_ok(
-        Command::new("llvm-profgen-19")
-            .arg("--skip-symbolization")
-            .arg(format!("--perfscript={}", script.display()))
-            .arg(format!("--binary={}", fx.exe.display()))
-            .arg(format!("--output={}", out.display())),
-    );
-    // `N` then N lines `start-end:count` (offsets from the text segment's page), then
-    // the branch counts.
-    let ranges: Vec<(u64, u64, f64)> = std::fs::read_to_string(&out)
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map_while(|l| {
-            let (r, c) = l.split_once(':')?;
-            let (a, b) = r.split_once('-')?;
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-                c.parse().ok()?,
-            ))
-        })
-        .collect();
+    let ranges = cpi_tests::profgen::ranges(&script, &fx.exe, &fx.dir.join("profgen.out"));
     assert_eq!(ranges.len(), 2, "{ranges:?}");
     let base = fx.bin.segments.iter().find(|s| s.executable).unwrap().vaddr & !0xfff;
     let mut compared = 0;
     for name in ["hot", "cold"] {
         for line in &func(&p, name).lines {
-            let theirs: f64 = ranges
-                .iter()
-                .filter(|(a, b, _)| (base + a..=base + b).contains(&line.address))
-                .map(|r| r.2)
-                .sum();
+            let theirs = cpi_tests::profgen::count_at(&ranges, base, line.address);
             assert!(
                 (line.count * 31.0 - theirs).abs() < 1e-6 * theirs.max(1.0),
                 "{name} {:#x}: ours {} × 31, llvm-profgen {theirs}",

@@ -121,28 +121,7 @@ fn skylake_recording_agrees_with_perf_report_and_llvm_profgen() {
     // llvm-profgen finds the binary by the mmap events' file name.
     let named = dir.join("propeller_sample_1.bin.gen");
     std::fs::copy(&at, &named).unwrap();
-    let out = dir.join("profgen.out");
-    output_ok(
-        Command::new("llvm-profgen-19")
-            .arg("--skip-symbolization")
-            .arg(format!("--perfscript={}", theirs_txt.display()))
-            .arg(format!("--binary={}", named.display()))
-            .arg(format!("--output={}", out.display())),
-    );
-    let ranges: Vec<(u64, u64, f64)> = std::fs::read_to_string(&out)
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map_while(|l| {
-            let (r, c) = l.split_once(':')?;
-            let (a, b) = r.split_once('-')?;
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-                c.parse().ok()?,
-            ))
-        })
-        .collect();
+    let ranges = cpi_tests::profgen::ranges(&theirs_txt, &named, &dir.join("profgen.out"));
     assert!(ranges.len() > 5, "llvm-profgen: {ranges:?}");
     // Its offsets count from the executable segment's page.
     let bin = Binary::open(&at).unwrap();
@@ -150,11 +129,7 @@ fn skylake_recording_agrees_with_perf_report_and_llvm_profgen() {
     let mut compared = 0;
     for f in &t.processes[0].functions {
         for line in &f.lines {
-            let theirs: f64 = ranges
-                .iter()
-                .filter(|(a, b, _)| (base + a..=base + b).contains(&line.address))
-                .map(|r| r.2)
-                .sum();
+            let theirs = cpi_tests::profgen::count_at(&ranges, base, line.address);
             assert!(
                 (line.count * 31.0 - theirs).abs() < 1e-6 * theirs.max(1.0),
                 "{} {:#x}: ours {} × 31, llvm-profgen {theirs}",
