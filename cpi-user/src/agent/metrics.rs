@@ -219,6 +219,7 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::IpSampling => "ip-sampling",
         Mode::TimeProfile => "time-profile",
         Mode::Simulated => "simulated",
+        Mode::Instructions => "instructions",
     }
 }
 

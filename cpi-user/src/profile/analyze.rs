@@ -223,13 +223,8 @@ pub fn analyze_with(
 fn sample_role(mode: Mode) -> EventRole {
     match mode {
         Mode::TimeProfile => EventRole::CpuClock,
-        Mode::Cpi | Mode::IpSampling | Mode::Simulated => EventRole::Cycles,
+        Mode::Cpi | Mode::IpSampling | Mode::Simulated | Mode::Instructions => EventRole::Cycles,
     }
-}
-
-/// Instructions come from branch-record ranges.
-fn uses_ranges(mode: Mode) -> bool {
-    matches!(mode, Mode::Cpi | Mode::Simulated)
 }
 
 /// The order of a process's functions: most cycles first, then most samples (a time
@@ -403,7 +398,7 @@ impl Ctx<'_> {
                 }
             }
         }
-        if uses_ranges(self.mode) {
+        if self.mode.uses_ranges() {
             self.gather_branches(p, &mut res);
         }
         res
@@ -484,7 +479,7 @@ impl Ctx<'_> {
                     cpi,
                 )
             }
-            Mode::Cpi | Mode::Simulated => {
+            Mode::Cpi | Mode::Simulated | Mode::Instructions => {
                 let (n, var) = (instr, instr_groups.variance());
                 (
                     (n > 0.0).then_some(n),
@@ -721,7 +716,7 @@ impl Ctx<'_> {
     ) -> Detail {
         let floor = self.opts.sample_floor;
         let n = cfg.instructions.len();
-        let ranged = uses_ranges(self.mode);
+        let ranged = self.mode.uses_ranges();
         let rc = if ranged {
             count_ranges(cfg, w.ranges.iter().map(|(s, e, r)| (*s, *e, r)))
         } else {

@@ -536,7 +536,7 @@ impl ProcAcc {
                 )
             }),
             // As analysis: over the functions analysed at instruction level.
-            Mode::Cpi | Mode::Simulated => {
+            Mode::Cpi | Mode::Simulated | Mode::Instructions => {
                 let (c, n) = functions
                     .iter()
                     .filter_map(|f| Some((f.cycles.unwrap_or(0.0), f.instructions?)))

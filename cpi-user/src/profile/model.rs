@@ -29,12 +29,23 @@ pub enum Mode {
     /// The PMU model replaying an exact trace (`cpi-bpf simulate`): a CPI profile of
     /// modelled cycles.
     Simulated,
+    /// Branch records without cycles (an imported recording with no cycles event):
+    /// instructions from the ranges, no cycles, no CPI (timed CPI where entries carry
+    /// cycles). No collection mode: the ladder never chooses it.
+    Instructions,
 }
 
 impl Mode {
-    /// Whether the mode gives cycles and instructions (every mode but the time profile).
+    /// Whether the mode counts instructions, so tables show the cycles, instructions
+    /// and CPI columns (empty where the profile has none): every mode but the time
+    /// profile.
     pub fn has_cpi(self) -> bool {
-        matches!(self, Mode::Cpi | Mode::IpSampling | Mode::Simulated)
+        !matches!(self, Mode::TimeProfile)
+    }
+
+    /// Whether instructions come from branch-record ranges.
+    pub fn uses_ranges(self) -> bool {
+        matches!(self, Mode::Cpi | Mode::Simulated | Mode::Instructions)
     }
 
     /// The name on the command line, in profiles and in the mode line (`time-profile`).
@@ -44,6 +55,7 @@ impl Mode {
             Mode::IpSampling => "ip-sampling",
             Mode::TimeProfile => "time-profile",
             Mode::Simulated => "simulated",
+            Mode::Instructions => "instructions",
         }
     }
 
@@ -55,6 +67,7 @@ impl Mode {
             Mode::IpSampling => "cycles and instructions IP samples, CPI per unit is imprecise",
             Mode::TimeProfile => "cpu-clock time profile, no cycles, no instructions, no CPI",
             Mode::Simulated => "the PMU model replaying an exact trace; modelled cycles",
+            Mode::Instructions => "instructions from branch-record ranges; no cycles, no CPI",
         }
     }
 
@@ -73,6 +86,9 @@ impl Mode {
             Mode::Simulated => {
                 "simulated (the PMU model replaying an exact trace; modelled cycles)"
             }
+            Mode::Instructions => {
+                "instructions (from branch records; the recording holds no cycles: no CPI)"
+            }
         }
     }
 
@@ -82,7 +98,7 @@ impl Mode {
         match self {
             Mode::Cpi => Some(Mode::IpSampling),
             Mode::IpSampling => Some(Mode::TimeProfile),
-            Mode::TimeProfile | Mode::Simulated => None,
+            Mode::TimeProfile | Mode::Simulated | Mode::Instructions => None,
         }
     }
 }

@@ -169,7 +169,7 @@ fn header(p: &Profile) -> String {
         p.perturbation.name()
     );
     // The range window only means something where there are branch records.
-    if p.range_window > 0 && matches!(p.mode, Mode::Cpi | Mode::Simulated) {
+    if p.range_window > 0 && p.mode.uses_ranges() {
         let _ = write!(s, "    range window: {}", p.range_window);
     }
     s.push('\n');
@@ -429,7 +429,7 @@ fn hot_blocks(mode: Mode, p: &ProcessProfile, top: usize) -> String {
 /// Callers (←) and callees (→) of each function of `focus` that has any, with the
 /// estimated calls and the call records behind them (seed 001's calls-only call graph).
 fn call_graph(mode: Mode, p: &ProcessProfile, focus: &[&FunctionProfile]) -> String {
-    if !matches!(mode, Mode::Cpi | Mode::Simulated) {
+    if !mode.uses_ranges() {
         return format!(
             "\nno call graph: {} mode has no branch records (calls come from the branch \
              records that are calls)\n",

@@ -156,7 +156,7 @@ fn check_events(events: &[String]) -> anyhow::Result<()> {
     let used: &[&str] = match mode {
         Mode::Cpi => &["cycles", "branches"],
         Mode::IpSampling => &["cycles", "instructions"],
-        Mode::TimeProfile | Mode::Simulated => &["cpu-clock"],
+        Mode::TimeProfile | Mode::Simulated | Mode::Instructions => &["cpu-clock"],
     };
     for e in events {
         // perf's modifiers (`cycles:u`, `cycles:pp`) say where and how precisely.
