@@ -15,10 +15,14 @@
 //! never written through. [`check_private_dir`] refuses a directory another user owns or
 //! can write.
 //!
-//! Mapped files cannot kill the process when truncated: [`map::GuardedMap`].
+//! Mapped files cannot kill the process when truncated: [`map::GuardedMap`]. Text from
+//! other processes is printed through [`escape`].
 
 pub mod map;
 mod sys;
+mod text;
+
+pub use text::escape;
 
 use std::ffi::OsStr;
 use std::fs::File;

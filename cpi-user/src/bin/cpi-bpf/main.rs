@@ -40,9 +40,16 @@ enum Command {
     ImportPerf(import_perf::Args),
 }
 
+use cpi_user::fsafe::escape;
+
 fn main() {
+    // Log lines carry paths and names other processes chose: escaped, one line each.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .format_timestamp(None)
+        .format(|buf, r| {
+            use std::io::Write;
+            let msg = r.args().to_string();
+            writeln!(buf, "[{:<5} {}] {}", r.level(), r.target(), escape(&msg))
+        })
         .init();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -67,7 +74,7 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             // One clear line (with its causes), no backtrace.
-            eprintln!("cpi-bpf: error: {e:#}");
+            eprintln!("cpi-bpf: error: {}", escape(&format!("{e:#}")));
             std::process::exit(1);
         }
     }

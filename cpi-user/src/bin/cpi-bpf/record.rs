@@ -93,7 +93,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         cpu_time: false,
         drain_every: collect::DRAIN_EVERY,
     };
-    let collected = collect::collect(&opts, &mut |msg| eprintln!("cpi-bpf: {msg}"))?;
+    let collected = collect::collect(&opts, &mut |msg| {
+        eprintln!("cpi-bpf: {}", cpi_user::fsafe::escape(&msg))
+    })?;
     let stop = match collected.stop {
         Some(StopReason::Duration) => "duration reached".to_string(),
         Some(StopReason::TargetExit) => match collected.command_status {
