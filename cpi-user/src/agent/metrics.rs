@@ -679,9 +679,9 @@ impl State {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::profile::model::{Estimate, EventInfo, FunctionProfile, ProcessProfile};
     use std::io::{Read, Write};
     use std::time::Instant;
-    use crate::profile::model::{Estimate, EventInfo, FunctionProfile, ProcessProfile};
 
     pub(crate) fn function(name: &str, cycles: f64, instructions: f64) -> FunctionProfile {
         FunctionProfile {
@@ -994,7 +994,9 @@ pub(crate) mod tests {
     fn idle_and_slow_clients_do_not_stall_a_scrape() {
         let m = Metrics::serve("127.0.0.1:0".parse().unwrap(), MetricsLimits::default()).unwrap();
         let addr = m.local_addr();
-        let idle: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let idle: Vec<TcpStream> = (0..200)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
         let slow: Vec<_> = (0..20)
             .map(|_| {
                 std::thread::spawn(move || {
