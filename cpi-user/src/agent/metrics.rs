@@ -365,9 +365,20 @@ impl CommSlots {
 }
 
 /// `process_cpu_seconds_total` and `process_resident_memory_bytes`, read at each scrape
-/// from /proc/self/stat and /proc/self/statm.
+/// from /proc/self/stat and /proc/self/statm; `cpi_bpf_last_window_age_seconds`, the
+/// time since the last window was completed (or since start), so a stalled analysis
+/// shows while `/metrics` still answers.
 #[derive(Debug)]
-struct ProcessCollector;
+struct ProcessCollector {
+    /// Unix milliseconds of the last completed window (start, before the first).
+    last_window_ms: Arc<AtomicU64>,
+}
+
+fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 /// (CPU seconds, resident bytes) of this process.
 fn self_usage() -> Option<(f64, f64)> {
@@ -390,6 +401,14 @@ fn self_usage() -> Option<(f64, f64)> {
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let age_ms = unix_ms_now().saturating_sub(self.last_window_ms.load(Ordering::Relaxed));
+        let a = ConstGauge::new(age_ms as f64 / 1e3);
+        a.encode(encoder.encode_descriptor(
+            "cpi_bpf_last_window_age_seconds",
+            "Seconds since the last window was completed (since start before the first).",
+            None,
+            a.metric_type(),
+        )?)?;
         let Some((cpu, rss)) = self_usage() else {
             return Ok(());
         };
@@ -424,6 +443,8 @@ struct State {
     samples: Family<Labels, Counter>,
     lost: Family<Labels, Counter>,
     windows: Counter,
+    last_window_ms: Arc<AtomicU64>,
+    store_failures: Counter,
     analysis: FloatGauge,
     tracked: Gauge,
     cache_bytes: Gauge,
@@ -435,6 +456,7 @@ struct State {
     mode: Family<Labels, Gauge>,
     /// Cumulative inputs already counted.
     seen_windows: u64,
+    seen_store_failures: u64,
     seen_bpf: f64,
     seen_push: PushStats,
 }
@@ -460,6 +482,8 @@ impl State {
             samples: Family::default(),
             lost: Family::default(),
             windows: Counter::default(),
+            last_window_ms: Arc::new(AtomicU64::new(unix_ms_now())),
+            store_failures: Counter::default(),
             analysis: FloatGauge::default(),
             tracked: Gauge::default(),
             cache_bytes: Gauge::default(),
@@ -470,6 +494,7 @@ impl State {
             bpf_run: FloatCounter::default(),
             mode: Family::default(),
             seen_windows: 0,
+            seen_store_failures: 0,
             seen_bpf: 0.0,
             seen_push: PushStats::default(),
         };
@@ -549,7 +574,14 @@ impl State {
             "Collection mode: 1 for the current one.",
             s.mode.clone(),
         );
-        r.register_collector(Box::new(ProcessCollector));
+        r.register(
+            "cpi_bpf_store_failures",
+            "Windows the store could not write (full disk, permissions, descriptors).",
+            s.store_failures.clone(),
+        );
+        r.register_collector(Box::new(ProcessCollector {
+            last_window_ms: Arc::clone(&s.last_window_ms),
+        }));
         for (reason, _) in loss_reasons(&LossReport::default()) {
             s.lost
                 .get_or_create(&vec![("reason", reason.to_string())])
@@ -635,6 +667,12 @@ impl State {
         if s.windows > self.seen_windows {
             self.windows.inc_by(s.windows - self.seen_windows);
             self.seen_windows = s.windows;
+            self.last_window_ms.store(unix_ms_now(), Ordering::Relaxed);
+        }
+        if s.store_failures > self.seen_store_failures {
+            self.store_failures
+                .inc_by(s.store_failures - self.seen_store_failures);
+            self.seen_store_failures = s.store_failures;
         }
         if s.bpf_run_seconds > self.seen_bpf {
             self.bpf_run.inc_by(s.bpf_run_seconds - self.seen_bpf);
@@ -775,6 +813,7 @@ pub(crate) mod tests {
             tracked_processes: 7,
             cache_bytes: 1024,
             store_bytes: 4096,
+            store_failures: 0,
             sampling_frequency_hz: 999,
             bpf_run_seconds: 0.5 * windows as f64,
         }
