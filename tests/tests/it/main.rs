@@ -8,6 +8,7 @@ mod agent_sinks;
 mod collect;
 mod collect_reliability;
 mod collect_ring;
+mod hostile;
 mod import_perf_data;
 mod report_fdata;
 mod report_file;
