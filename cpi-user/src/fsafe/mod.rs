@@ -22,6 +22,7 @@ pub mod map;
 mod sys;
 mod text;
 
+pub use sys::soft_nofile_limit;
 pub use text::escape;
 
 use std::ffi::OsStr;

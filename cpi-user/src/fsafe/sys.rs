@@ -84,7 +84,7 @@ pub fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
     // SAFETY: an all-zero `stat` is valid; the kernel fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a live fd and a writable `stat`.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+    if unsafe { libc::fstat(fd.as_raw_fd(), &raw mut st) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(st)
@@ -101,7 +101,7 @@ pub fn install_sigbus(
     new.sa_sigaction = handler as usize;
     new.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_ONSTACK;
     // SAFETY: valid pointers to initialised `sigaction`s.
-    if unsafe { libc::sigaction(libc::SIGBUS, &new, &mut old) } < 0 {
+    if unsafe { libc::sigaction(libc::SIGBUS, &raw const new, &raw mut old) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(old)
@@ -122,6 +122,17 @@ pub fn zero_page_over(page: usize) -> bool {
         )
     };
     p != libc::MAP_FAILED
+}
+
+/// The soft `RLIMIT_NOFILE` (1024 when it cannot be read).
+pub fn soft_nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 1024,
+        rlim_max: 1024,
+    };
+    // SAFETY: a valid, writable rlimit.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) };
+    lim.rlim_cur
 }
 
 /// The page size (4096 on x86-64; asked once).

@@ -232,13 +232,8 @@ pub struct CapturedFiles {
 
 impl Default for CapturedFiles {
     fn default() -> Self {
-        let mut lim = libc::rlimit {
-            rlim_cur: 1024,
-            rlim_max: 1024,
-        };
-        // SAFETY: a valid, writable rlimit.
-        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-        CapturedFiles::with_cap((lim.rlim_cur / 4).clamp(64, 8192) as usize)
+        let soft = crate::fsafe::soft_nofile_limit();
+        CapturedFiles::with_cap((soft / 4).clamp(64, 8192) as usize)
     }
 }
 

@@ -94,7 +94,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         drain_every: collect::DRAIN_EVERY,
     };
     let collected = collect::collect(&opts, &mut |msg| {
-        eprintln!("cpi-bpf: {}", cpi_user::fsafe::escape(&msg))
+        eprintln!("cpi-bpf: {}", cpi_user::fsafe::escape(msg))
     })?;
     let stop = match collected.stop {
         Some(StopReason::Duration) => "duration reached".to_string(),
