@@ -145,6 +145,14 @@ pub fn open(path: &Path) -> Result<File, OpenError> {
     regular(fd, path)
 }
 
+/// [`open`] that refuses a symbolic link as the last component (`O_NOFOLLOW`): for
+/// files at well-known names in shared directories (`/tmp/perf-PID.map`).
+pub fn open_nofollow(path: &Path) -> Result<File, OpenError> {
+    let fd = sys::openat(None, path, sys::READ_FLAGS | libc::O_NOFOLLOW, 0)
+        .map_err(OpenError::io(path))?;
+    regular(fd, path)
+}
+
 /// Opens `path` (absolute or not) as seen by a process whose root directory is `root`
 /// (`/proc/PID/root`, a `--symfs` tree): `..` and symbolic links, absolute or not, never
 /// lead out of `root`; regular files only, never blocking.

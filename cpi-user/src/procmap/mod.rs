@@ -389,6 +389,21 @@ mod tests {
     }
 
     #[test]
+    fn captured_files_stay_under_the_cap() {
+        let me = std::process::id();
+        let (maps, dir) = ProcessMaps::read_live(me, me).unwrap();
+        let mut files = CapturedFiles::with_cap(1);
+        let got = files.capture(&dir, &maps);
+        assert_eq!(files.len(), 1);
+        assert!(got.len() <= 2, "one file (maybe mapped twice): {got:?}");
+        assert!(
+            files.skipped() > 0,
+            "this test binary maps libc and ld.so too"
+        );
+        assert!(CapturedFiles::default().cap() >= 64);
+    }
+
+    #[test]
     fn malformed_line_is_an_error_with_its_number() {
         let err = ProcessMaps::parse("zz-yy r-xp\n").unwrap_err();
         assert!(
