@@ -371,7 +371,7 @@ impl Agent {
         if let Some(s) = stop {
             log(
                 Level::Info,
-                &format!("stopping ({s:?}): analysing the last window, flushing the sinks"),
+                &format!("stopping ({s}): analysing the last window, flushing the sinks"),
             );
         }
         let bpf = bpf_seconds(&session);

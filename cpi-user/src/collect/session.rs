@@ -14,7 +14,7 @@ use cpi_common::wire::{Counter, EventRole, COUNTERS};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-use super::caps::{Capabilities, Vendor};
+use super::caps::{Capabilities, KernelFeatures, Vendor};
 use super::drain::{CpuClockPeriods, Drain};
 use super::events::{self, EventSpec, Rate};
 use super::ladder::{self, OpenEvent};
@@ -171,7 +171,7 @@ impl Redraw {
 /// Where events are opened: (pid, cpu) pairs and extra attr flags.
 fn placements(target: &Target, child: Option<u32>) -> Result<(Vec<(i32, i32)>, u64), CollectError> {
     match target {
-        Target::SystemWide => Ok((
+        Target::SystemWide | Target::SystemWideWhile(_) => Ok((
             target::online_cpus()
                 .into_iter()
                 .map(|c| (-1, c as i32))
@@ -200,7 +200,7 @@ fn placements(target: &Target, child: Option<u32>) -> Result<(Vec<(i32, i32)>, u
 /// soft limit when it can: running out half-way would end in the runtime's panic.
 fn check_fd_room(target: &Target) -> Result<(), CollectError> {
     let places = match target {
-        Target::SystemWide => target::online_cpus().len(),
+        Target::SystemWide | Target::SystemWideWhile(_) => target::online_cpus().len(),
         Target::Pids(pids) => pids
             .iter()
             .map(|&p| target::threads(p).map_or(1, |t| t.len()))
@@ -236,6 +236,12 @@ impl Session {
         let caps = Capabilities::probe();
         caps.check_privileges()
             .map_err(CollectError::NotPrivileged)?;
+        let features = KernelFeatures::probe();
+        features
+            .check_floor(&caps.kernel)
+            .map_err(CollectError::Kernel)?;
+        // The rung the PMU allows, lowered to what this kernel's helpers allow.
+        let start = features.limit(caps.mode());
         let mut opts = opts.clone();
         // Said after the mode line, which comes first.
         let mut pid_notes = Vec::new();
@@ -246,7 +252,7 @@ impl Session {
                 pid_notes = notes;
                 opts.target = Target::Pids(pids);
             }
-            Target::Command(argv) => {
+            Target::Command(argv) | Target::SystemWideWhile(argv) => {
                 target::resolve_command(argv.first().ok_or(CollectError::NoTarget)?)?;
             }
             Target::SystemWide => {}
@@ -264,7 +270,8 @@ impl Session {
             _pad: 0,
         };
         check_fd_room(&opts.target)?;
-        let mut bpf = load(opts.ring_bytes, bpf_cfg, caps.btf)?;
+        let programs = ladder::programs_from(start.0, &|m| plan(m, caps.vendor, &opts, &opts.rate));
+        let mut bpf = load(opts.ring_bytes, bpf_cfg, caps.btf, &programs)?;
 
         // Signals are caught from here on, so a SIGINT during set-up still reports.
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -275,9 +282,9 @@ impl Session {
         let sigterm = signal(SignalKind::terminate())?;
 
         // From the fork on, dropping `suspended` (any `?` below) kills and reaps it.
-        let suspended = match &opts.target {
-            Target::Command(argv) => Some(target::spawn_suspended(argv)?),
-            _ => None,
+        let suspended = match opts.target.command() {
+            Some(argv) => Some(target::spawn_suspended(argv)?),
+            None => None,
         };
         let (places, extra) =
             placements(&opts.target, suspended.as_ref().map(target::Suspended::pid))?;
@@ -285,7 +292,7 @@ impl Session {
         let attach = |name: &'static str| ladder::program_fd(&bpf, name);
         let rung = ladder::walk(
             &sys,
-            caps.mode(),
+            start,
             &|m| plan(m, caps.vendor, &opts, &opts.rate),
             &places,
             extra,
@@ -325,23 +332,21 @@ impl Session {
             Target::Command(_) => {
                 per_cpu(suspended.as_ref().map_or(-1, |c| c.pid() as i32)).collect()
             }
-            Target::SystemWide => places.clone(),
+            Target::SystemWide | Target::SystemWideWhile(_) => places.clone(),
         };
         let sideband = SidebandReader::open(&sys, &sideband_places, extra)?;
         // Run-time accounting of our programs, for as long as the session lives.
         let stats = sys.enable_bpf_stats().ok();
 
         let started = Instant::now();
-        let child = match suspended {
-            Some(s) => Some(s.release()?),
-            None => {
-                sideband.enable(&sys)?;
-                for e in &rung.open {
-                    sys.enable(&e.fd)?;
-                }
-                None
+        // A command's own events start at its exec; every other target's now.
+        if !matches!(opts.target, Target::Command(_)) {
+            sideband.enable(&sys)?;
+            for e in &rung.open {
+                sys.enable(&e.fd)?;
             }
-        };
+        }
+        let child = suspended.map(target::Suspended::release).transpose()?;
         let watch: Vec<u32> = match (&opts.target, &child) {
             (_, Some(c)) => vec![c.pid()],
             (Target::Pids(pids), None) => pids.clone(),
@@ -609,10 +614,12 @@ impl Live {
         let run = RunInfo {
             mode: self.mode,
             mode_reason: self.reason.clone(),
-            command: match &self.opts.target {
-                Target::Command(argv) => argv.clone(),
-                _ => Vec::new(),
-            },
+            command: self
+                .opts
+                .target
+                .command()
+                .map(<[String]>::to_vec)
+                .unwrap_or_default(),
             duration_secs,
             events,
             perturbation: self.opts.perturbation,

@@ -19,6 +19,18 @@ pub enum Target {
     SystemWide,
     /// Start this command and follow it and its children.
     Command(Vec<String>),
+    /// Every CPU, every process, for as long as this command runs (perf's `-a -- CMD`).
+    SystemWideWhile(Vec<String>),
+}
+
+impl Target {
+    /// The command cpi-bpf starts, if any.
+    pub fn command(&self) -> Option<&[String]> {
+        match self {
+            Target::Command(argv) | Target::SystemWideWhile(argv) => Some(argv),
+            Target::Pids(_) | Target::SystemWide => None,
+        }
+    }
 }
 
 /// The thread ids of `pid` (`/proc/PID/task`).

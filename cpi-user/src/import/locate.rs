@@ -34,6 +34,18 @@ pub enum LocateError {
     },
 }
 
+/// Whether a file's build-id `got` is the recorded `want` (lowercase hex), as perf
+/// decides (`dso__build_id_equal`, tools/perf/util/dso.c): equal, or -- for headers
+/// written before perf recorded build-id sizes, which store every id as 20 bytes --
+/// `got` followed by zeros (lld's 8-byte `--build-id=fast` ids).
+pub fn same_build_id(want: &str, got: &str) -> bool {
+    want == got
+        || (want.len() == 40
+            && got.len() < want.len()
+            && want.starts_with(got)
+            && want[got.len()..].bytes().all(|b| b == b'0'))
+}
+
 /// Where to look.
 #[derive(Clone, Debug, Default)]
 pub struct Locator {
@@ -87,12 +99,14 @@ impl Locator {
             got
         };
         let check = |found: &Path, got: Option<String>| match (build_id, got) {
-            (Some(want), Some(got)) if want != got => Err(LocateError::BuildIdMismatch {
-                recorded: recorded.into(),
-                want: want.into(),
-                found: found.display().to_string(),
-                got,
-            }),
+            (Some(want), Some(got)) if !same_build_id(want, &got) => {
+                Err(LocateError::BuildIdMismatch {
+                    recorded: recorded.into(),
+                    want: want.into(),
+                    found: found.display().to_string(),
+                    got,
+                })
+            }
             _ => Ok(()),
         };
         let file_name = Path::new(recorded)
@@ -133,7 +147,7 @@ impl Locator {
             });
             for p in cached.chain(self.files.iter().cloned()) {
                 if let Some((Some(got), id)) = id_of(&p) {
-                    if got == want {
+                    if same_build_id(want, &got) {
                         return Ok(Some((p, id)));
                     }
                 }
@@ -143,5 +157,33 @@ impl Locator {
             Some(e) => Err(e),
             None => Ok(None),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_build_id;
+
+    #[test]
+    fn build_ids_compare_as_perf_does() {
+        // AutoFDO's propeller_sample_1.perfdata1 (Skylake, 2018 header) and its binary.
+        assert!(same_build_id(
+            "572ac72487ae1966000000000000000000000000",
+            "572ac72487ae1966"
+        ));
+        assert!(same_build_id("572ac72487ae1966", "572ac72487ae1966"));
+        // A sized record (or an MMAP2 build-id) is compared whole.
+        assert!(!same_build_id("572ac72487ae1966", "572ac72487ae19"));
+        assert!(!same_build_id(
+            "572ac72487ae1966000000000000000000000001",
+            "572ac72487ae1966"
+        ));
+        assert!(!same_build_id(
+            "572ac72487ae1966000000000000000000000000",
+            "672ac72487ae1966"
+        ));
+        let sha1 = "a05de3862b94ccc1cbffc5b3aabd1243691187e1";
+        assert!(same_build_id(sha1, sha1));
+        assert!(!same_build_id(sha1, &sha1[..16]));
     }
 }

@@ -96,6 +96,22 @@ pub fn to_json(p: &Profile) -> Result<String, ProfileFileError> {
     Ok(text + "\n")
 }
 
+/// As perf keeps `perf.data.old`: an existing regular file at `path` is renamed
+/// `path.old` (replacing an older one) before a new output is written there, so a run
+/// never overwrites the last one. Devices, pipes and missing files are left alone.
+pub fn keep_old(path: &Path) -> std::io::Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_file() => {
+            let mut old = path.as_os_str().to_owned();
+            old.push(".old");
+            std::fs::rename(path, old)
+        }
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// The largest profile file read (its parsed form takes a few times this in memory).
 pub const MAX_PROFILE_BYTES: u64 = 256 << 20;
 

@@ -5,11 +5,13 @@
 
 mod agent;
 mod agent_sinks;
+mod cli;
 mod collect;
 mod collect_reliability;
 mod collect_ring;
 mod hostile;
 mod import_perf_data;
+mod kernels;
 mod report_fdata;
 mod report_file;
 mod report_fixture;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use cpi_user::agent::config::AgentOptions;
+use cpi_user::agent::config::{AgentConfig, AgentOptions};
 use cpi_user::agent::{self, Agent, Level};
 
 #[derive(clap::Args, Debug)]
@@ -117,7 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let config = options.resolve()?;
     if args.check_config {
         agent::check(&config)?;
-        eprintln!("cpi-bpf: config OK: {config:?}");
+        eprintln!("cpi-bpf: config OK: {}", summary(&config));
         return Ok(0);
     }
     let max = match config.log_level.as_str() {
@@ -161,4 +161,42 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         &format!("agent: stopped after {} windows", summary.windows),
     );
     Ok(0)
+}
+
+/// The checked configuration in one line, in the flags' words.
+fn summary(c: &AgentConfig) -> String {
+    let target = if c.pids.is_empty() {
+        "system-wide".to_string()
+    } else {
+        let pids: Vec<String> = c.pids.iter().map(u32::to_string).collect();
+        format!("--pid {}", pids.join(","))
+    };
+    let mut s = format!(
+        "{target}, windows of {} s into {} (kept {}, at most {} MiB), {}-{} Hz within {} % \
+         of a CPU",
+        c.interval.as_secs(),
+        c.store.display(),
+        humantime::format_duration(c.retain),
+        c.store_max_bytes >> 20,
+        c.min_frequency,
+        c.frequency,
+        c.overhead_budget_pct
+    );
+    if let Some(re) = &c.comm {
+        s += &format!(", --comm {}", re.as_str());
+    }
+    if let Some(cg) = &c.cgroup {
+        s += &format!(", --cgroup {}", cg.display());
+    }
+    match c.metrics_addr {
+        Some(m) => s += &format!(", metrics on http://{m}/metrics"),
+        None => s += ", no metrics",
+    }
+    if let Some(u) = &c.push_url {
+        s += &format!(", pushing to {u}");
+    }
+    if c.include_kernel {
+        s += ", kernel included";
+    }
+    s
 }

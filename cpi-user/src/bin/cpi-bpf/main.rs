@@ -43,12 +43,18 @@ enum Command {
 use cpi_user::fsafe::escape;
 
 fn main() {
-    // Log lines carry paths and names other processes chose: escaped, one line each.
+    // Library warnings in the one style of every message: `cpi-bpf: warning: …`, with
+    // the paths and names other processes chose escaped.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .format(|buf, r| {
+        .format(|buf, record| {
             use std::io::Write;
-            let msg = r.args().to_string();
-            writeln!(buf, "[{:<5} {}] {}", r.level(), r.target(), escape(&msg))
+            let tag = match record.level() {
+                log::Level::Error => "error: ",
+                log::Level::Warn => "warning: ",
+                _ => "",
+            };
+            let msg = record.args().to_string();
+            writeln!(buf, "cpi-bpf: {tag}{}", escape(&msg))
         })
         .init();
     let cli = match Cli::try_parse() {
@@ -56,9 +62,7 @@ fn main() {
         // Help and version go out as clap writes them; a bad argument is one line.
         Err(e) if !e.use_stderr() => e.exit(),
         Err(e) => {
-            let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            eprintln!("cpi-bpf: {first}");
+            eprintln!("cpi-bpf: error: {}", one_line(&e));
             std::process::exit(2);
         }
     };
@@ -78,4 +82,43 @@ fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// clap's message in one line: its first line, then the suggestion ("did you mean") or
+/// the valid values it would have printed below it.
+fn one_line(e: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let text = e.render().to_string();
+    let first = text.lines().next().unwrap_or("invalid arguments");
+    let mut line = first.strip_prefix("error: ").unwrap_or(first).to_string();
+    let values = |v: &ContextValue| match v {
+        ContextValue::String(s) => vec![s.clone()],
+        ContextValue::Strings(s) => s.clone(),
+        _ => Vec::new(),
+    };
+    let quoted = |v: Vec<String>| {
+        v.iter()
+            .map(|s| format!("'{s}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for (kind, value) in e.context() {
+        match kind {
+            ContextKind::SuggestedArg
+            | ContextKind::SuggestedSubcommand
+            | ContextKind::SuggestedValue => {
+                line += &format!("; did you mean {}?", quoted(values(value)));
+            }
+            ContextKind::ValidValue => {
+                line += &format!("; possible values: {}", values(value).join(", "));
+            }
+            ContextKind::InvalidArg
+                if e.kind() == clap::error::ErrorKind::MissingRequiredArgument =>
+            {
+                line += &format!(" {}", values(value).join(" "));
+            }
+            _ => {}
+        }
+    }
+    line
 }

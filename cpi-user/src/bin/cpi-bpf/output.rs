@@ -30,14 +30,15 @@ pub struct OutputArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
-    /// Write the output to FILE instead of standard output.
-    #[arg(long, value_name = "FILE")]
+    /// Write the output to FILE instead of standard output (an existing FILE is kept as
+    /// FILE.old).
+    #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Show FUNC's disassembly with per-instruction counts and per-block CPI (table).
     #[arg(long, value_name = "FUNC")]
     pub annotate: Option<String>,
     /// Rows per table.
-    #[arg(long, value_name = "N", default_value_t = 20)]
+    #[arg(long, value_name = "N", default_value_t = 20, value_parser = rows)]
     pub top: usize,
     /// Show the calls-only call graph (callers and callees of the hottest functions, or
     /// of --annotate FUNC) instead of the top tables (table). pprof always carries it
@@ -72,6 +73,15 @@ pub fn validate(args: &OutputArgs) -> anyhow::Result<()> {
         return Ok(());
     };
     file::check_output(path).map_err(|e| anyhow::anyhow!("--output {}: {e}", path.display()))
+}
+
+/// `--top`: at least one row.
+fn rows(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("tables need at least 1 row".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("not a number of rows: {s}")),
+    }
 }
 
 fn format_name(f: Format) -> String {
@@ -242,9 +252,9 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
 /// Writes `bytes` to `path`, or standard output.
 pub fn write_out(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
     match path {
-        Some(path) => {
-            file::write_output(path, bytes).with_context(|| format!("writing {}", path.display()))
-        }
+        Some(path) => file::keep_old(path)
+            .and_then(|()| file::write_output(path, bytes))
+            .with_context(|| format!("writing {}", path.display())),
         None => {
             let mut out = std::io::stdout().lock();
             // A closed pipe (`| head`) is not an error worth a message.

@@ -3,33 +3,43 @@
 use std::time::Duration;
 
 use anyhow::bail;
+use cpi_user::collect::caps::Capabilities;
 use cpi_user::collect::events::{Rate, MAX_PERIOD};
 use cpi_user::collect::{self, CollectOptions, StopReason, Target, DEFAULT_FREQUENCY};
-use cpi_user::profile::{analyze, AnalysisOptions};
+use cpi_user::profile::{analyze, AnalysisOptions, Mode};
 
 use crate::output::{emit, validate, OutputArgs};
 use crate::policy::PolicyArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Profile this process, all its threads (repeat for more processes).
-    #[arg(long = "pid", value_name = "PID")]
+    /// Profile this process, all its threads (repeat, or PID,PID,...).
+    #[arg(short, long = "pid", value_name = "PID", value_delimiter = ',')]
     pub pids: Vec<u32>,
-    /// Profile every process on every CPU.
-    #[arg(long, conflicts_with = "pids")]
+    /// Profile every process on every CPU (with a command: while it runs).
+    #[arg(short = 'a', long, conflicts_with = "pids")]
     pub system_wide: bool,
     /// Stop after SECS seconds (default: when the target exits, or on Ctrl-C).
     #[arg(long, value_name = "SECS", value_parser = parse_duration)]
     pub duration: Option<Duration>,
     /// Samples per second per busy CPU.
-    #[arg(long, value_name = "HZ", default_value_t = DEFAULT_FREQUENCY,
+    #[arg(short = 'F', long, value_name = "HZ", default_value_t = DEFAULT_FREQUENCY,
           value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "period")]
     pub frequency: u64,
     /// Base sampling period instead of --frequency (events; ns for cpu-clock); rounded
     /// up to a prime.
-    #[arg(long, value_name = "N",
+    #[arg(short = 'c', long, value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..=MAX_PERIOD))]
     pub period: Option<u64>,
+    /// The events to sample, as perf names them (cycles, branches, instructions,
+    /// cpu-clock): cpi-bpf picks its events from what the machine can measure (see
+    /// `cpi-bpf doctor`); naming others is an error.
+    #[arg(short, long, value_name = "EVENT", value_delimiter = ',')]
+    pub event: Vec<String>,
+    /// Call stacks, as perf's -g: not yet (profiles are leaf-only); a warning, then the
+    /// profile without stacks.
+    #[arg(short = 'g')]
+    pub call_graph: bool,
     #[command(flatten)]
     pub policy: PolicyArgs,
     /// How often the user layer checks which events are due a period re-draw (each is
@@ -48,8 +58,8 @@ pub struct Args {
     pub range_window: Option<usize>,
     #[command(flatten)]
     pub output: OutputArgs,
-    /// Command to start and profile (with its children).
-    #[arg(last = true, value_name = "CMD")]
+    /// Command to start and profile (with its children); `--` before it is optional.
+    #[arg(trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<String>,
 }
 
@@ -62,11 +72,19 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         (false, false, true) => Target::Pids(args.pids.clone()),
         (true, true, true) => Target::SystemWide,
         (true, false, false) => Target::Command(args.command.clone()),
+        (true, true, false) => Target::SystemWideWhile(args.command.clone()),
         (true, false, true) => {
-            bail!("nothing to profile: give --pid PID, --system-wide or -- CMD (see --help)")
+            bail!("nothing to profile: give -p PID, -a (system-wide) or a command (see --help)")
         }
-        _ => bail!("give only one of --pid, --system-wide and -- CMD"),
+        _ => bail!("give -p PID or -a (system-wide), not both, and a command only without -p"),
     };
+    check_events(&args.event)?;
+    if args.call_graph {
+        log::warn!(
+            "-g: no call stacks yet: profiles are leaf-only (--callgraph shows the calls seen \
+             in branch records)"
+        );
+    }
     let duration = args.duration;
     if args.ring_buffer_mib == 0
         || !args.ring_buffer_mib.is_power_of_two()
@@ -96,14 +114,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let collected = collect::collect(&opts, &mut |msg| {
         eprintln!("cpi-bpf: {}", cpi_user::fsafe::escape(msg))
     })?;
-    let stop = match collected.stop {
-        Some(StopReason::Duration) => "duration reached".to_string(),
-        Some(StopReason::TargetExit) => match collected.command_status {
-            Some(status) => format!("command exited with status {status}"),
-            None => "target exited".to_string(),
-        },
-        Some(StopReason::Signal(s)) => format!("{s} received"),
-        Some(StopReason::Finished) | None => "finished".to_string(),
+    let stop = match (collected.stop, collected.command_status) {
+        (Some(StopReason::TargetExit), Some(status)) => {
+            format!("command exited with status {status}")
+        }
+        (s, _) => s.unwrap_or(StopReason::Finished).to_string(),
     };
     let received: u64 = collected.run.events.iter().map(|e| e.samples).sum();
     eprintln!(
@@ -119,7 +134,45 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         profile.lost.breakdown()
     );
     emit(&profile, &args.output)?;
-    Ok(0)
+    Ok(exit_status(collected.stop, collected.command_status))
+}
+
+/// perf's exit status: the command's own (a shell's 128+N when a signal ended it), and
+/// 128+N when cpi-bpf itself was stopped by signal N, whatever was profiled.
+fn exit_status(stop: Option<StopReason>, command_status: Option<i32>) -> i32 {
+    match stop {
+        Some(StopReason::Signal("SIGINT")) => 128 + libc::SIGINT,
+        Some(StopReason::Signal(_)) => 128 + libc::SIGTERM,
+        Some(StopReason::TargetExit) => command_status.unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// `-e`: perf's event names, accepted when they are the events the capability ladder
+/// samples on this machine; cpi-bpf does not sample others.
+fn check_events(events: &[String]) -> anyhow::Result<()> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let (mode, _) = Capabilities::probe().mode();
+    let used: &[&str] = match mode {
+        Mode::Cpi => &["cycles", "branches"],
+        Mode::IpSampling => &["cycles", "instructions"],
+        Mode::TimeProfile | Mode::Simulated => &["cpu-clock"],
+    };
+    for e in events {
+        // perf's modifiers (`cycles:u`, `cycles:pp`) say where and how precisely.
+        let name = e.split(':').next().unwrap_or(e);
+        if !used.contains(&name) {
+            bail!(
+                "-e {e}: on this machine cpi-bpf samples {} ({} mode) and picks its events \
+                 itself (cpi-bpf doctor says why)",
+                used.join(" and "),
+                mode.name()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// `--duration`: positive seconds, small enough to be a deadline.

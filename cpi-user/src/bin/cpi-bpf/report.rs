@@ -13,11 +13,7 @@ use crate::output::{emit, OutputArgs};
 pub struct Args {
     /// A profile file written with `--format json --output FILE`; `-` reads standard
     /// input.
-    #[arg(
-        value_name = "FILE",
-        required_unless_present = "store",
-        conflicts_with = "store"
-    )]
+    #[arg(value_name = "FILE", conflicts_with = "store")]
     pub file: Option<PathBuf>,
     /// Merge the windows of an agent's store (cpi-bpf agent --store DIR) instead.
     #[arg(long, value_name = "DIR")]
@@ -37,7 +33,12 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
     let Some(file) = args.file else {
-        let dir = args.store.unwrap_or_default();
+        let Some(dir) = args.store else {
+            anyhow::bail!(
+                "report: which profile? give FILE (written with --format json -o FILE), `-` \
+                 for standard input, or --store DIR (an agent's store)"
+            );
+        };
         let q = store::RangeQuery {
             since: args.since,
             until: args.until,

@@ -1,0 +1,162 @@
+//! The command line as a perf user types it: perf's short flags, a command with or
+//! without `--`, the workload's exit status, one-line errors with clap's suggestions.
+
+use std::process::Command;
+
+use cpi_tests::{assert_one_error_line, busy, cpi_bpf, cpu_heavy, require_root, stderr, temp_dir};
+
+fn run(args: &[&str]) -> std::process::Output {
+    Command::new(cpi_bpf())
+        .args(args)
+        .output()
+        .expect("running cpi-bpf")
+}
+
+#[test]
+fn misspelt_flags_and_values_get_suggestions_in_one_line() {
+    let out = run(&["--duraton", "1", "--", "true"]);
+    assert_one_error_line(&out, "did you mean '--duration'?");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = run(&["--format", "csv", "--", "true"]);
+    assert_one_error_line(&out, "possible values: table, json, pprof, fdata");
+    let out = run(&["report", "--formt", "json", "x.json"]);
+    assert_one_error_line(&out, "did you mean '--format'?");
+}
+
+#[test]
+fn report_without_a_profile_and_top_zero_say_what_to_give() {
+    let out = run(&["report"]);
+    assert_one_error_line(&out, "give FILE (written with --format json -o FILE)");
+    let out = run(&["report", "--top", "0", "x.json"]);
+    assert_one_error_line(&out, "--top <N>': tables need at least 1 row");
+}
+
+#[test]
+fn a_command_without_dashes_runs_and_its_exit_status_is_ours() {
+    if !require_root("the exit-status cases") {
+        return;
+    }
+    // perf's exit statuses: the workload's own, with or without `--`.
+    let out = run(&["--", "false"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let out = run(&["sh", "-c", "exit 3"]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("command exited with status 3"),
+        "{}",
+        stderr(&out)
+    );
+    // A signal that ends the workload is 128+N, as a shell shows it.
+    let out = run(&["-F", "99", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(out.status.code(), Some(143), "{}", stderr(&out));
+    // A command that does not exist is an error, not a profile of nothing.
+    let out = run(&["./no-such-program-here"]);
+    assert_one_error_line(&out, "command not found: ./no-such-program-here");
+}
+
+#[test]
+fn g_says_there_are_no_stacks_yet_and_e_names_only_the_ladders_events() {
+    if !require_root("-g and -e") {
+        return;
+    }
+    let out = run(&["-g", "-F", "99", "--", "true"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cpi-bpf: warning: -g: no call stacks yet: profiles are leaf-only"),
+        "{}",
+        stderr(&out)
+    );
+    // The event the ladder picks here is accepted; others are one clear error.
+    let doctor = String::from_utf8_lossy(&run(&["doctor"]).stdout).into_owned();
+    let (ok, other) = if doctor.contains("time-profile") {
+        ("cpu-clock", "cycles")
+    } else {
+        ("cycles", "cpu-clock")
+    };
+    let out = run(&["-e", ok, "-F", "99", "--", "true"]);
+    assert!(out.status.success(), "-e {ok}: {}", stderr(&out));
+    let out = run(&["-e", other, "--", "true"]);
+    assert_one_error_line(
+        &out,
+        &format!("-e {other}: on this machine cpi-bpf samples"),
+    );
+}
+
+#[test]
+fn short_flags_profile_a_pid_into_a_file_and_keep_the_old_one() {
+    if !require_root("-p PID -F 499 -o FILE") {
+        return;
+    }
+    let Some(exe) = busy("cli-pid", &[]) else {
+        panic!("gcc is needed to build tests/programs/busy.c (cargo xtask setup installs it)");
+    };
+    let _cpu = cpu_heavy();
+    let dir = temp_dir("cli-pid-out");
+    let file = dir.join("f.json");
+    std::fs::write(&file, "the previous run\n").unwrap();
+    let mut child = cpi_tests::KillOnDrop(Command::new(&exe).arg("3").spawn().unwrap());
+    let pid = child.0.id().to_string();
+    let out = run(&[
+        "-p",
+        &pid,
+        "-F",
+        "499",
+        "--duration",
+        "1",
+        "--format",
+        "json",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let _ = child.0.kill();
+    let p: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).expect("-o wrote the JSON");
+    let procs = p["processes"].as_array().expect("processes");
+    assert!(
+        procs
+            .iter()
+            .any(|pr| pr["pid"].as_u64().map(|p| p.to_string()) == Some(pid.clone())),
+        "pid {pid} in {procs:?}"
+    );
+    // perf keeps perf.data.old: the file that was there is kept beside it.
+    let old = std::fs::read_to_string(dir.join("f.json.old")).expect("f.json.old kept");
+    assert_eq!(old, "the previous run\n");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_with_a_command_profiles_the_system_while_it_runs() {
+    if !require_root("-a -- sleep 1") {
+        return;
+    }
+    let _cpu = cpu_heavy();
+    let Some(exe) = busy("cli-a", &[]) else {
+        panic!("gcc is needed to build tests/programs/busy.c (cargo xtask setup installs it)");
+    };
+    // A process that is not the command: system-wide sees it, while `sleep` runs.
+    let mut other = cpi_tests::KillOnDrop(Command::new(&exe).arg("10").spawn().unwrap());
+    let out = run(&["-a", "-F", "199", "--format", "json", "--", "sleep", "1"]);
+    let _ = other.0.kill();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("command exited with status 0"),
+        "stopped when sleep exited: {}",
+        stderr(&out)
+    );
+    let p = cpi_tests::stdout_json(&out);
+    let pid = other.0.id();
+    assert!(
+        p["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|pr| pr["pid"] == pid),
+        "the busy process {pid} is in a system-wide profile"
+    );
+    let secs = p["duration_secs"].as_f64().unwrap();
+    assert!(
+        secs < 8.0,
+        "ended with sleep 1, not the busy program: {secs} s"
+    );
+}
