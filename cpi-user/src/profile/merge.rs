@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::analyze::{estimate, hottest_call_first, hottest_first};
 use super::error;
+use super::model::add_count;
 use super::model::{
     BlockProfile, CallEdge, EdgeProfile, Estimate, EventInfo, FunctionProfile, InstructionProfile,
     LossReport, Mode, ProcessProfile, Profile,
@@ -40,6 +41,10 @@ pub enum MergeError {
     /// Two profiles of different [`Mode`]s, by name.
     #[error("profiles of different modes cannot be merged ({0} and {1})")]
     Modes(&'static str, &'static str),
+    /// A count summed past `u64::MAX`: no real run counts that much, so some input is
+    /// corrupt or forged; refused rather than printed wrapped or clamped.
+    #[error("counts exceed 2^64-1 when summed: a profile or window holds impossible counts")]
+    Overflow,
 }
 
 /// Merges `profiles` (see the module doc) with the analysis' default sample floor.
@@ -61,6 +66,8 @@ pub struct Merger {
     lost: LossReport,
     binaries: BTreeMap<String, super::model::BinaryInfo>,
     processes: BTreeMap<(u32, String), ProcAcc>,
+    /// A count saturated ([`MergeError::Overflow`] from [`Merger::add`]).
+    overflow: bool,
 }
 
 #[derive(Default)]
@@ -85,12 +92,12 @@ struct Weighted {
 }
 
 impl Weighted {
-    fn add(&mut self, e: Option<&Estimate>) {
+    fn add(&mut self, e: Option<&Estimate>, overflow: &mut bool) {
         if let Some(e) = e {
             let x = e.value * e.samples as f64;
             self.num += x;
             self.var += (e.rel_error * x).powi(2);
-            self.samples += e.samples;
+            add_count(&mut self.samples, e.samples, overflow);
         }
     }
 
@@ -188,6 +195,7 @@ impl Merger {
     /// `floor`: units with fewer samples behind their CPI get `None`, as in analysis.
     pub fn new(floor: u64) -> Self {
         Merger {
+            overflow: false,
             floor,
             base: None,
             duration_secs: 0.0,
@@ -225,14 +233,14 @@ impl Merger {
             {
                 // The latest period (the governor may have changed it); samples summed.
                 Some(m) => {
-                    m.samples += e.samples;
+                    add_count(&mut m.samples, e.samples, &mut self.overflow);
                     m.period = e.period;
                     m.jitter = m.jitter.max(e.jitter);
                 }
                 None => self.events.push(e.clone()),
             }
         }
-        self.lost += &p.lost;
+        self.lost.add_checked(&p.lost, &mut self.overflow);
         for b in &p.binaries {
             self.binaries
                 .entry(b.path.clone())
@@ -240,6 +248,9 @@ impl Merger {
         }
         for proc in &p.processes {
             self.add_process(proc);
+        }
+        if self.overflow {
+            return Err(MergeError::Overflow);
         }
         Ok(())
     }
@@ -277,14 +288,22 @@ impl Merger {
                 ))
                 .or_default();
             e.0 += c.count;
-            e.1 += c.samples;
+            add_count(&mut e.1, c.samples, &mut self.overflow);
         }
-        acc.samples += p.samples;
-        acc.branch_samples += p.branch_samples;
+        add_count(&mut acc.samples, p.samples, &mut self.overflow);
+        add_count(
+            &mut acc.branch_samples,
+            p.branch_samples,
+            &mut self.overflow,
+        );
         acc.time_ns.add(p.time_ns);
         acc.cycles.add(p.cycles);
         acc.instructions.add(p.instructions);
-        acc.cpi_samples += cpi_samples(p.cpi.as_ref());
+        add_count(
+            &mut acc.cpi_samples,
+            cpi_samples(p.cpi.as_ref()),
+            &mut self.overflow,
+        );
         acc.cpi_spread.add_cpi(p.cpi.as_ref(), p.cycles);
         acc.cycles_spread.add(p.cycles_rel_error, p.cycles);
         acc.instructions_spread
@@ -313,7 +332,7 @@ impl Merger {
                     blocks: BTreeMap::new(),
                     edges: BTreeMap::new(),
                 });
-            fa.add(f);
+            fa.add(f, &mut self.overflow);
         }
     }
 
@@ -343,17 +362,17 @@ impl Merger {
 }
 
 impl FuncAcc {
-    fn add(&mut self, f: &FunctionProfile) {
-        self.samples += f.samples;
+    fn add(&mut self, f: &FunctionProfile, overflow: &mut bool) {
+        add_count(&mut self.samples, f.samples, overflow);
         self.time_ns.add(f.time_ns);
         self.cycles.add(f.cycles);
         self.instructions.add(f.instructions);
-        self.cpi_samples += cpi_samples(f.cpi.as_ref());
+        add_count(&mut self.cpi_samples, cpi_samples(f.cpi.as_ref()), overflow);
         self.cpi_spread.add_cpi(f.cpi.as_ref(), f.cycles);
         self.cycles_spread.add(f.cycles_rel_error, f.cycles);
         self.instructions_spread
             .add(f.instructions_rel_error, f.instructions);
-        self.timed.add(f.timed_cpi.as_ref());
+        self.timed.add(f.timed_cpi.as_ref(), overflow);
         for l in &f.lines {
             let la = self.lines.entry(l.address).or_insert_with(|| LineAcc {
                 base: l.clone(),
@@ -364,16 +383,16 @@ impl FuncAcc {
                 cpi_spread: Spread::default(),
             });
             la.count += l.count;
-            la.samples += l.samples;
+            add_count(&mut la.samples, l.samples, overflow);
             la.cycles.add(l.cycles);
-            la.cpi_samples += cpi_samples(l.cpi.as_ref());
+            add_count(&mut la.cpi_samples, cpi_samples(l.cpi.as_ref()), overflow);
             la.cpi_spread.add_cpi(l.cpi.as_ref(), l.cycles);
         }
         for b in &f.blocks {
             let e = self.blocks.entry((b.start, b.end)).or_default();
-            e.0 += cpi_samples(b.cpi.as_ref());
+            add_count(&mut e.0, cpi_samples(b.cpi.as_ref()), overflow);
             e.1.add_cpi(b.cpi.as_ref(), b.cycles);
-            e.2.add(b.timed_cpi.as_ref());
+            e.2.add(b.timed_cpi.as_ref(), overflow);
         }
         for e in &f.edges {
             self.edges
@@ -463,15 +482,15 @@ fn rebuild_blocks(
             }
             // Every window block covering this piece: its CPI samples, CPI error and
             // timed CPI (a piece of a window's block takes that block's relative error).
-            let mut samples_behind = 0;
+            let mut samples_behind: u64 = 0;
             let mut spread = Spread::default();
             let mut timed = Weighted::default();
             for (_, (s, sp, t)) in windows.iter().filter(|((s, e), _)| *s <= a && b <= *e) {
-                samples_behind += s;
+                samples_behind = samples_behind.saturating_add(*s);
                 spread.combine(sp);
                 timed.num += t.num;
                 timed.var += t.var;
-                timed.samples += t.samples;
+                timed.samples = timed.samples.saturating_add(t.samples);
             }
             let cycles = in_piece
                 .iter()
@@ -812,6 +831,22 @@ mod tests {
             Err(MergeError::Modes("cpi", "time-profile"))
         ));
         assert!(matches!(Merger::new(1).finish(), Err(MergeError::Empty)));
+    }
+
+    /// Issue 20: two windows edited to hold 2^64-1 samples are refused, not summed to a
+    /// wrapped count.
+    #[test]
+    fn counts_past_u64_max_are_an_error_not_a_wrap() {
+        let mut p = window(1.0, false);
+        p.processes[0].samples = u64::MAX;
+        p.lost.ring_full = 1;
+        let mut m = Merger::new(1);
+        m.add(&p).unwrap();
+        assert!(matches!(m.add(&p), Err(MergeError::Overflow)));
+        let mut q = p.clone();
+        q.processes[0].samples = 1;
+        q.lost.ring_full = u64::MAX;
+        assert!(matches!(merge(&[q.clone(), q]), Err(MergeError::Overflow)));
     }
 
     #[test]

@@ -300,7 +300,9 @@ impl LossReport {
     /// short stacks and invalid ranges were received and left unused by design;
     /// unmapped samples were received and could not be placed: each is its own line.
     pub fn lost(&self) -> u64 {
-        self.ring_full + self.branch_errors + self.malformed
+        self.ring_full
+            .saturating_add(self.branch_errors)
+            .saturating_add(self.malformed)
     }
 
     /// The account after the lost total, as the table and the stop line print it:
@@ -322,9 +324,11 @@ impl LossReport {
     }
 }
 
-impl std::ops::AddAssign<&LossReport> for LossReport {
-    /// Sums two accounts (windows merged into one profile, cpi-user/src/profile/merge.rs).
-    fn add_assign(&mut self, o: &LossReport) {
+impl LossReport {
+    /// Adds another account (windows merged into one profile,
+    /// cpi-user/src/profile/merge.rs); a count that would pass `u64::MAX` stays there and
+    /// sets `overflow`.
+    pub fn add_checked(&mut self, o: &LossReport, overflow: &mut bool) {
         // Destructured: a new counter cannot be left out of the sum.
         let LossReport {
             ring_full,
@@ -336,14 +340,30 @@ impl std::ops::AddAssign<&LossReport> for LossReport {
             unmapped_samples,
             sideband_lost,
         } = o;
-        self.ring_full += ring_full;
-        self.branch_errors += branch_errors;
-        self.malformed += malformed;
-        self.thinned += thinned;
-        self.short_samples += short_samples;
-        self.invalid_ranges += invalid_ranges;
-        self.unmapped_samples += unmapped_samples;
-        self.sideband_lost += sideband_lost;
+        for (a, b) in [
+            (&mut self.ring_full, ring_full),
+            (&mut self.branch_errors, branch_errors),
+            (&mut self.malformed, malformed),
+            (&mut self.thinned, thinned),
+            (&mut self.short_samples, short_samples),
+            (&mut self.invalid_ranges, invalid_ranges),
+            (&mut self.unmapped_samples, unmapped_samples),
+            (&mut self.sideband_lost, sideband_lost),
+        ] {
+            add_count(a, *b, overflow);
+        }
+    }
+}
+
+/// `*a += b` for counts summed from files others may have written: saturates at
+/// `u64::MAX` and sets `overflow` instead of wrapping.
+pub fn add_count(a: &mut u64, b: u64, overflow: &mut bool) {
+    match a.checked_add(b) {
+        Some(v) => *a = v,
+        None => {
+            *a = u64::MAX;
+            *overflow = true;
+        }
     }
 }
 

@@ -58,6 +58,7 @@ fn suggest(similar: &[String]) -> String {
 
 /// Renders the header and either the top tables or the annotated function.
 pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
+    let p = &super::terminal::escaped(p);
     let mut out = header(p);
     match &opts.annotate {
         Some(name) => {

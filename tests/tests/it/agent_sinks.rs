@@ -272,6 +272,7 @@ fn status(windows: u64) -> AgentStatus {
         tracked_processes: 2,
         cache_bytes: 1 << 20,
         store_bytes: 1 << 16,
+        store_failures: 0,
         sampling_frequency_hz: 999,
         bpf_run_seconds: 0.001 * windows as f64,
     }

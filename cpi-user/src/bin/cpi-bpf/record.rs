@@ -111,7 +111,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         cpu_time: false,
         drain_every: collect::DRAIN_EVERY,
     };
-    let collected = collect::collect(&opts, &mut |msg| eprintln!("cpi-bpf: {msg}"))?;
+    let collected = collect::collect(&opts, &mut |msg| {
+        eprintln!("cpi-bpf: {}", cpi_user::fsafe::escape(msg))
+    })?;
     let stop = match (collected.stop, collected.command_status) {
         (Some(StopReason::TargetExit), Some(status)) => {
             format!("command exited with status {status}")
