@@ -95,10 +95,10 @@ fn short_flags_profile_a_pid_into_a_file_and_keep_the_old_one() {
     let file = dir.join("f.json");
     std::fs::write(&file, "the previous run\n").unwrap();
     let mut child = cpi_tests::KillOnDrop(Command::new(&exe).arg("3").spawn().unwrap());
-    let pid = child.0.id().to_string();
+    let pid = child.0.id();
     let out = run(&[
         "-p",
-        &pid,
+        &pid.to_string(),
         "-F",
         "499",
         "--duration",
@@ -114,7 +114,7 @@ fn short_flags_profile_a_pid_into_a_file_and_keep_the_old_one() {
         serde_json::from_slice(&std::fs::read(&file).unwrap()).expect("-o wrote the JSON");
     let procs = p["processes"].as_array().expect("processes");
     assert!(
-        procs.iter().any(|pr| pr["pid"].to_string() == pid),
+        procs.iter().any(|pr| pr["pid"] == pid),
         "pid {pid} in {procs:?}"
     );
     // perf keeps perf.data.old: the file that was there is kept beside it.
@@ -157,4 +157,56 @@ fn a_with_a_command_profiles_the_system_while_it_runs() {
         secs < 8.0,
         "ended with sleep 1, not the busy program: {secs} s"
     );
+}
+
+#[test]
+fn a_300_character_name_fits_an_80_column_table() {
+    if !require_root("profiling a program with a long name") {
+        return;
+    }
+    let dir = temp_dir("cli-long");
+    let name = format!("hot_{}", "template_argument_".repeat(17));
+    assert!(name.len() >= 300);
+    let src = dir.join("long.c");
+    std::fs::write(
+        &src,
+        format!(
+            "#include <time.h>\n\
+             __attribute__((noinline)) unsigned long {name}(unsigned long n) {{\n\
+               unsigned long x = 1; for (unsigned long i = 0; i < n; i++) x = x * 31 + i;\n\
+               return x; }}\n\
+             int main(void) {{ volatile unsigned long s = 0; time_t t = time(0);\n\
+               while (time(0) - t < 1) s += {name}(1000000); return 0; }}\n"
+        ),
+    )
+    .unwrap();
+    let exe = dir.join("long");
+    let built = Command::new("gcc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("gcc (cargo xtask setup installs it)");
+    assert!(built.success());
+    let _cpu = cpu_heavy();
+    let out = Command::new(cpi_bpf())
+        .env("COLUMNS", "80")
+        .args(["-F", "499"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    for l in table.lines() {
+        assert!(
+            l.chars().count() <= 80,
+            "{} wide: {l}\n{table}",
+            l.chars().count()
+        );
+    }
+    assert!(
+        table.contains("hot_template_argument_") && table.contains('…'),
+        "the name, shortened:\n{table}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -119,17 +119,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         (s, _) => s.unwrap_or(StopReason::Finished).to_string(),
     };
     let received: u64 = collected.run.events.iter().map(|e| e.samples).sum();
-    eprintln!(
-        "cpi-bpf: stopped ({stop}) after {:.2} s: {received} samples received",
-        collected.run.duration_secs
-    );
+    let secs = collected.run.duration_secs;
     let profile = analyze(&collected.set, collected.run, &AnalysisOptions::default());
-    // The profile's own loss account (collection and analysis), so this line, the table
-    // and the JSON count the same things.
+    // The profile's own loss count (collection and analysis), so this line, the table
+    // and the JSON count the same things; the reasons are in `-v` and the JSON.
     eprintln!(
-        "cpi-bpf: {} samples lost {}",
-        profile.lost_samples,
-        profile.lost.breakdown()
+        "cpi-bpf: stopped ({stop}) after {secs:.2} s: {received} samples received, {} lost",
+        profile.lost_samples
     );
     emit(&profile, &args.output)?;
     Ok(exit_status(collected.stop, collected.command_status))
