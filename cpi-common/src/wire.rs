@@ -110,9 +110,6 @@ impl EventRole {
 
 /// The sampled IP was in kernel mode.
 pub const FLAG_KERNEL: u16 = 1 << 0;
-/// Branch entries came from `bpf_get_branch_snapshot` (live LBR) rather than from the
-/// records the PMI froze for this sample; the newest few entries are the program's own.
-pub const FLAG_SNAPSHOT: u16 = 1 << 1;
 
 /// Common header of every record.
 #[repr(C)]

@@ -3,8 +3,15 @@
 //!
 //! * `branch_sample` — on the retired-taken-branches event (opened with
 //!   `PERF_SAMPLE_BRANCH_STACK`): the branch stack the PMI froze for this sample
-//!   (`bpf_read_branch_records`), else a live snapshot (`bpf_get_branch_snapshot`,
-//!   flagged `FLAG_SNAPSHOT`).
+//!   (`bpf_read_branch_records`, Linux 5.6). There is deliberately no
+//!   `bpf_get_branch_snapshot` fallback: on x86 it disables and re-enables the whole PMU
+//!   and re-reads the LBR into the per-CPU buffer this very sample's frozen stack lives
+//!   in, from inside the overflow handler that has the PMU stopped; and it can only help
+//!   where the frozen stack is missing, which an event opened with a branch stack never
+//!   is (README, "Kernels").
+//!
+//! User space loads only the programs the mode it runs needs (cpi-user/src/collect/mod.rs
+//! `load`), so a kernel lacking a helper of one program still runs the others.
 //! * `ip_cycles`, `ip_instructions`, `ip_cpu_clock` — the interrupted IP, one program per
 //!   event role so the role is a constant of the program.
 //!
@@ -21,8 +28,8 @@ use aya_ebpf::{
         BPF_RB_RING_SIZE,
     },
     helpers::{
-        bpf_get_branch_snapshot, bpf_get_current_pid_tgid, bpf_get_prandom_u32,
-        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_read_branch_records,
+        bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_read_branch_records,
     },
     macros::{map, perf_event},
     maps::{Array, PerCpuArray, RingBuf},
@@ -32,7 +39,7 @@ use cpi_common::{
     policy::{KernelConfig, ThinState},
     wire::{
         BranchEntry, BranchSample, Counter, EventRole, IpSample, SampleHeader, SampleKind,
-        COUNTERS as COUNTER_SLOTS, FLAG_KERNEL, FLAG_SNAPSHOT, MAX_BRANCH_ENTRIES, WIRE_VERSION,
+        COUNTERS as COUNTER_SLOTS, FLAG_KERNEL, MAX_BRANCH_ENTRIES, WIRE_VERSION,
     },
 };
 
@@ -156,14 +163,9 @@ pub fn branch_sample(ctx: PerfEventContext) -> u32 {
         return 0;
     };
     let rec = slot.as_mut_ptr();
-    // The helpers write straight into the reserved record: no 768-byte stack copy.
+    // The helper writes straight into the reserved record: no 768-byte stack copy.
     let entries = unsafe { core::ptr::addr_of_mut!((*rec).entries) } as *mut core::ffi::c_void;
-    let mut flags = 0;
-    let mut got = unsafe { bpf_read_branch_records(ctx.ctx, entries, BRANCH_BYTES, 0) };
-    if got < 0 {
-        got = unsafe { bpf_get_branch_snapshot(entries, BRANCH_BYTES, 0) };
-        flags = FLAG_SNAPSHOT;
-    }
+    let got = unsafe { bpf_read_branch_records(ctx.ctx, entries, BRANCH_BYTES, 0) };
     if got <= 0 {
         count(Counter::BranchError);
         slot.discard(0);
@@ -176,7 +178,6 @@ pub fn branch_sample(ctx: PerfEventContext) -> u32 {
         weight,
         kernel,
     );
-    h.flags |= flags;
     h.nr = (got as u64 / core::mem::size_of::<BranchEntry>() as u64) as u16;
     unsafe { core::ptr::addr_of_mut!((*rec).header).write(h) };
     slot.submit(wakeup_flags());

@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod binary;
 pub mod collect;
+pub mod fsafe;
 pub mod import;
 pub mod procmap;
 pub mod profile;

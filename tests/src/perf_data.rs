@@ -1,10 +1,13 @@
 //! A small perf.data writer in the kernel's and perf's file layout
 //! (tools/perf/util/header.h: a 104-byte header, attrs + id lists, the data section of
-//! records, the feature table with `HEADER_BUILD_ID` and `HEADER_EVENT_DESC`), so the
+//! records, the feature table with `HEADER_BUILD_ID`, `HEADER_EVENT_DESC` and optionally
+//! `HEADER_CPUID`), so the
 //! import tests exercise every case without a PMU. `perf script`/`perf report` read
 //! what it writes.
 
 use std::path::Path;
+
+use cpi_user::binary::{Binary, FlowKind};
 
 /// `perf_event_attr` size written (PERF_ATTR_SIZE_VER7).
 const ATTR_SIZE: usize = 128;
@@ -186,6 +189,18 @@ fn data(attrs: &[Attr], records: &[Record]) -> Vec<u8> {
 
 /// Writes a perf.data file. `build_ids`: (path, build-id bytes) for the header's table.
 pub fn write(path: &Path, attrs: &[Attr], records: &[Record], build_ids: &[(String, Vec<u8>)]) {
+    write_on(path, None, attrs, records, build_ids);
+}
+
+/// [`write`] with the recording CPU's `HEADER_CPUID` (`GenuineIntel,6,85,4`), which
+/// decides what raw event codes mean.
+pub fn write_on(
+    path: &Path,
+    cpuid: Option<&str>,
+    attrs: &[Attr],
+    records: &[Record],
+    build_ids: &[(String, Vec<u8>)],
+) {
     let mut out = vec![0u8; 104];
     // attrs section: attr + ids section per event; the id lists follow it.
     let attrs_off = out.len();
@@ -203,9 +218,9 @@ pub fn write(path: &Path, attrs: &[Attr], records: &[Record], build_ids: &[(Stri
     let d = data(attrs, records);
     out.extend(&d);
     let data_size = d.len();
-    // Feature table: HEADER_BUILD_ID (2), HEADER_EVENT_DESC (12).
+    // Feature table: HEADER_BUILD_ID (2), [HEADER_CPUID (9)], HEADER_EVENT_DESC (12).
     let table_off = out.len();
-    out.extend(vec![0u8; 32]);
+    out.extend(vec![0u8; 16 * (2 + usize::from(cpuid.is_some()))]);
     let mut bid = Vec::new();
     for (p, id) in build_ids {
         let mut b = Vec::new();
@@ -230,7 +245,17 @@ pub fn write(path: &Path, attrs: &[Attr], records: &[Record], build_ids: &[(Stri
         desc.extend_from_slice(&a.id.to_le_bytes());
     }
     let mut sections = Vec::new();
-    for body in [bid, desc] {
+    // perf's do_write_string: u32 length, the string NUL-padded to 64.
+    let cpuid_body = cpuid.map(|c| {
+        let s = cstr_padded(c, 64);
+        let mut b = (s.len() as u32).to_le_bytes().to_vec();
+        b.extend(s);
+        b
+    });
+    for body in std::iter::once(bid)
+        .chain(cpuid_body)
+        .chain(std::iter::once(desc))
+    {
         sections.push((out.len() as u64, body.len() as u64));
         out.extend(body);
     }
@@ -250,8 +275,12 @@ pub fn write(path: &Path, attrs: &[Attr], records: &[Record], build_ids: &[(Stri
     put(&mut out, 32, attrs_size as u64);
     put(&mut out, 40, data_off as u64);
     put(&mut out, 48, data_size as u64);
-    // event_types section: empty. Features bitmap: bits 2 and 12.
-    put(&mut out, 72, 1 << 2 | 1 << 12);
+    // event_types section: empty. Features bitmap: bits 2, (9) and 12.
+    put(
+        &mut out,
+        72,
+        1 << 2 | 1 << 12 | u64::from(cpuid.is_some()) << 9,
+    );
     std::fs::write(path, out).expect("write perf.data");
 }
 
@@ -260,4 +289,93 @@ pub fn write_pipe_header(path: &Path) {
     let mut out = b"PERFILE2".to_vec();
     out.extend_from_slice(&16u64.to_le_bytes());
     std::fs::write(path, out).expect("write pipe perf.data");
+}
+
+/// A function's loop: its head, the backward conditional branch closing it, and the
+/// instructions in [head, branch].
+#[derive(Clone, Copy, Debug)]
+pub struct Loop {
+    pub head: u64,
+    pub branch: u64,
+    pub instructions: usize,
+}
+
+/// The loop of function `name` in `bin`: its first backward conditional branch.
+pub fn loop_of(bin: &Binary, name: &str) -> Loop {
+    let f = bin
+        .function_by_name(name)
+        .unwrap_or_else(|| panic!("no function {name}"))
+        .clone();
+    let ins = bin.decode(&f).unwrap();
+    let br = ins
+        .iter()
+        .find(|i| i.kind == FlowKind::CondBranch && i.target.is_some_and(|t| t < i.addr))
+        .unwrap_or_else(|| panic!("{name} has no loop"));
+    let head = br.target.unwrap();
+    Loop {
+        head,
+        branch: br.addr,
+        instructions: ins
+            .iter()
+            .filter(|i| (head..=br.addr).contains(&i.addr))
+            .count(),
+    }
+}
+
+/// A branch stack of `depth` entries, all `l`'s closing branch (newest first).
+pub fn loop_stack(l: Loop, depth: usize, cycles: u16) -> Vec<Entry> {
+    vec![
+        Entry {
+            from: l.branch,
+            to: l.head,
+            cycles,
+            mispred: false,
+        };
+        depth
+    ]
+}
+
+/// Intel's retired taken branches with branch stacks, period 500009 (`perf record -b -e
+/// br_inst_retired.near_taken:u -c 500009`).
+pub fn taken_attr(id: u64) -> Attr {
+    Attr {
+        kind: 4,
+        config: 0x20c4,
+        period_or_freq: 500_009,
+        freq: false,
+        branch_stack: true,
+        name: "br_inst_retired.near_taken:u".into(),
+        id,
+    }
+}
+
+/// COMM and the executable's MMAP2 for `pid` running `bin`, mapped from `path` and
+/// page-aligned as the kernel maps it.
+pub fn exec_records(bin: &Binary, pid: u32, comm: &str, path: &str) -> Vec<Record> {
+    let seg = bin.segments.iter().find(|s| s.executable).unwrap();
+    let start = seg.vaddr & !0xfff;
+    vec![
+        Record::Comm {
+            pid,
+            name: comm.into(),
+            exec: true,
+        },
+        Record::Mmap2 {
+            pid,
+            start,
+            len: seg.memsz + (seg.vaddr - start),
+            pgoff: seg.offset & !0xfff,
+            path: path.into(),
+        },
+    ]
+}
+
+/// The build-id feature entry for `bin` recorded at `path`.
+pub fn build_id(bin: &Binary, path: &str) -> (String, Vec<u8>) {
+    let hex = bin.build_id.clone().expect("gcc writes a build-id");
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    (path.to_string(), bytes)
 }

@@ -1,5 +1,6 @@
 //! Developer entry points: `cargo xtask setup`, `cargo xtask run -- ARGS`.
 
+mod kernels;
 mod setup;
 mod tracer;
 

@@ -1,7 +1,8 @@
 //! `cargo xtask setup`: everything the build and the tests need on a fresh Debian 12
 //! machine of the dev kind, each step skipped when already done:
 //! Debian packages, the nightly's `rust-src`, bpf-linker built against the nightly's own
-//! libLLVM (rebuilt only when `rustc +nightly -vV` changes), the Valgrind tracer.
+//! libLLVM (rebuilt only when `rustc +nightly -vV` changes), the Valgrind tracer, Debian's
+//! kernels for the QEMU matrix (`kernels.rs`).
 //! `cargo xtask run -- ARGS`: build cpi-bpf and run it as root.
 
 use std::path::{Path, PathBuf};
@@ -11,9 +12,11 @@ use anyhow::{bail, Context};
 
 /// Debian packages the tests use: gcc (test programs), valgrind (the tracer and its
 /// headers, libs and valgrind.pc), pkgconf (pkg-config: the tracer build reads
-/// valgrind.pc), golang-go (`go tool pprof`), bolt-22 (llvm-bolt / perf2bolt for `.fdata`).
 /// valgrind.pc), golang-go (`go tool pprof`), bolt-22 (llvm-bolt / perf2bolt for `.fdata`),
-/// prometheus (the server that scrapes the agent in tests/tests/agent_sinks.rs).
+/// llvm-19 (llvm-profgen), linux-perf (`perf report`/`perf script`: the references the
+/// imports of real recordings are checked against, tests/tests/it/import_real.rs),
+/// prometheus (the server that scrapes the agent in tests/tests/agent_sinks.rs),
+/// qemu-system-x86 and busybox-static (the kernel matrix, tests/tests/it/kernels.rs).
 const PACKAGES: &[&str] = &[
     "gcc",
     "valgrind",
@@ -21,7 +24,10 @@ const PACKAGES: &[&str] = &[
     "golang-go",
     "bolt-22",
     "llvm-19",
+    "linux-perf",
     "prometheus",
+    "qemu-system-x86",
+    "busybox-static",
 ];
 /// Installed when the archive has them (benchmarks only).
 const OPTIONAL_PACKAGES: &[&str] = &["bpftool"];
@@ -34,11 +40,12 @@ pub fn setup() -> anyhow::Result<()> {
     rust_src()?;
     bpf_linker()?;
     super::tracer::build()?;
+    super::kernels::fetch()?;
     println!("setup: done");
     Ok(())
 }
 
-fn output(cmd: &mut Command) -> anyhow::Result<String> {
+pub fn output(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
     if !out.status.success() {
         bail!(
@@ -50,7 +57,7 @@ fn output(cmd: &mut Command) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn status(cmd: &mut Command) -> anyhow::Result<()> {
+pub fn status(cmd: &mut Command) -> anyhow::Result<()> {
     let st = cmd.status().with_context(|| format!("running {cmd:?}"))?;
     if !st.success() {
         bail!("{cmd:?} failed ({st})");

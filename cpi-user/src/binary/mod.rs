@@ -24,10 +24,11 @@
 //! whenever it trims its cache.
 //!
 //! A file truncated in place while it is mapped (not replaced: a new file at the same
-//! path is a new inode, see [`BinaryCache`]) makes reads past its new end fault with
-//! `SIGBUS`, as in every tool that maps binaries (perf through libelf). Binaries are
-//! replaced by rename or `install` in practice; the cache re-checks size and mtime each
-//! time a process's mapping is first resolved.
+//! path is a new inode, see [`BinaryCache`]) would make reads past its new end fault with
+//! `SIGBUS`; the mapping is a `fsafe::map::GuardedMap` (cpi-user/src/fsafe/map.rs), so
+//! such a read gets zeros instead and [`Binary::truncated`] says so: the symbolizer then
+//! drops the binary and counts its samples as unusable. Files are opened with
+//! cpi-user/src/fsafe/mod.rs (never blocking, regular files only).
 
 pub mod cfg;
 mod ehframe;
@@ -50,7 +51,16 @@ const PF_X: u32 = 1;
 /// Why a binary could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum BinaryError {
-    /// The file could not be opened or mapped.
+    /// The file could not be opened safely (a FIFO, a device, another file than mapped).
+    #[error(transparent)]
+    Open(#[from] crate::fsafe::OpenError),
+    /// The file was truncated while mapped: what was read is not the file.
+    #[error("{path}: truncated while in use; not used")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file could not be mapped.
     #[error("{path}: {source}")]
     Io {
         /// The file.
@@ -153,9 +163,8 @@ pub enum BoundsSource {
 
 /// The bytes of an ELF file.
 enum Bytes {
-    /// The file, mapped read-only and shared (`PROT_READ`, `MAP_SHARED`: memmap2's
-    /// `Mmap::map`).
-    Mapped(memmap2::Mmap),
+    /// The file, mapped read-only and shared, guarded against truncation.
+    Mapped(crate::fsafe::map::GuardedMap),
     /// Bytes handed to [`Binary::parse`].
     Owned(Box<[u8]>),
 }
@@ -163,7 +172,7 @@ enum Bytes {
 impl Bytes {
     fn get(&self) -> &[u8] {
         match self {
-            Bytes::Mapped(m) => m,
+            Bytes::Mapped(m) => m.bytes(),
             Bytes::Owned(b) => b,
         }
     }
@@ -172,7 +181,7 @@ impl Bytes {
 impl std::fmt::Debug for Bytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Bytes::Mapped(m) => write!(f, "Mapped({} bytes)", m.len()),
+            Bytes::Mapped(m) => write!(f, "{m:?}"),
             Bytes::Owned(b) => write!(f, "Owned({} bytes)", b.len()),
         }
     }
@@ -418,17 +427,30 @@ impl Binary {
     /// symbol (or `.eh_frame`) tables are paged in while parsing and dropped from this
     /// process's resident set right after.
     pub fn open(path: &Path) -> Result<Binary, BinaryError> {
-        let io = |source| BinaryError::Io {
+        Binary::from_file(&crate::fsafe::open(path)?, path)
+    }
+
+    /// [`Binary::open`] for a file already opened (with cpi-user/src/fsafe/mod.rs);
+    /// `path` names it.
+    pub fn from_file(file: &std::fs::File, path: &Path) -> Result<Binary, BinaryError> {
+        let map = crate::fsafe::map::GuardedMap::new(file).map_err(|source| BinaryError::Io {
             path: path.to_path_buf(),
             source,
-        };
-        let file = std::fs::File::open(path).map_err(io)?;
-        // SAFETY: a read-only mapping that this process never writes; the file changing
-        // under it is the module documentation's SIGBUS case (a truncation in place).
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        })?;
         let bin = Binary::with_bytes(path, Bytes::Mapped(map))?;
+        if bin.truncated() {
+            return Err(BinaryError::Truncated {
+                path: path.to_path_buf(),
+            });
+        }
         bin.release_pages();
         Ok(bin)
+    }
+
+    /// The file shrank under the mapping and a read past its new end returned zeros:
+    /// nothing read from this binary can be trusted.
+    pub fn truncated(&self) -> bool {
+        matches!(&self.bytes, Bytes::Mapped(m) if m.truncated())
     }
 
     /// Parses ELF bytes (copied: the binary owns them); `path` is only used for naming
@@ -489,12 +511,7 @@ impl Binary {
     /// cache; the next read faults them back in).
     fn release_pages(&self) {
         if let Bytes::Mapped(m) = &self.bytes {
-            // SAFETY: `m` is a read-only shared file mapping (`Mmap::map`). MADV_DONTNEED
-            // only unmaps its pages from this process: "subsequent accesses ... will
-            // result in ... repopulating the memory contents from the up-to-date contents
-            // of the underlying mapped file (for shared file mappings ...)" (madvise(2)),
-            // so every slice into it reads the same bytes afterwards.
-            if let Err(e) = unsafe { m.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) } {
+            if let Err(e) = m.dont_need() {
                 log::debug!("{}: madvise(MADV_DONTNEED): {e}", self.path.display());
             }
         }
@@ -721,43 +738,31 @@ impl BinaryCache {
         Self::default()
     }
 
-    /// The parsed binary at `path`, opened on first use. A failure is remembered (and
-    /// returned again) until the file changes, so a bad file is read once.
+    /// The parsed binary at `path` (opened with cpi-user/src/fsafe/mod.rs), parsed on
+    /// first use. A failure is remembered (and returned again) until the file changes, so
+    /// a bad file is read once.
     pub fn get(&mut self, path: &Path) -> Result<Arc<Binary>, BinaryError> {
-        let meta = std::fs::metadata(path).map_err(|source| BinaryError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        self.get_with(path, &meta)
+        self.get_open(&crate::fsafe::open(path)?, path)
     }
 
-    /// [`BinaryCache::get`] for a file already open (`path` names it, e.g.
-    /// `/proc/self/fd/N`): identified by `fstat`, without walking a `/proc` path each
-    /// time a process maps a binary already cached.
+    /// [`BinaryCache::get`] for a file already open (a captured mapping, or opened and
+    /// identity-checked by the caller); `path` names it. Identified by `fstat`.
     pub fn get_open(
         &mut self,
         file: &std::fs::File,
         path: &Path,
     ) -> Result<Arc<Binary>, BinaryError> {
+        use std::os::unix::fs::MetadataExt;
         let meta = file.metadata().map_err(|source| BinaryError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        self.get_with(path, &meta)
-    }
-
-    fn get_with(
-        &mut self,
-        path: &Path,
-        meta: &std::fs::Metadata,
-    ) -> Result<Arc<Binary>, BinaryError> {
-        use std::os::unix::fs::MetadataExt;
         let stamp = (meta.len(), meta.modified().ok());
         let key = (meta.dev(), meta.ino());
         let entry = match self.entries.get(&key) {
             Some((s, r)) if *s == stamp => r.clone(),
             _ => {
-                let r = Binary::open(path).map(Arc::new);
+                let r = Binary::from_file(file, path).map(Arc::new);
                 let cached = r.as_ref().map(Arc::clone).map_err(|e| e.to_string());
                 self.entries.insert(key, (stamp, cached));
                 return r;
@@ -796,7 +801,7 @@ mod tests {
         let e = Binary::parse(Path::new("x"), b"\x7fELF\x02\x01\x01").unwrap_err();
         assert!(matches!(e, BinaryError::NotElf { .. }), "{e}");
         let e = Binary::open(Path::new("/nonexistent/bin")).unwrap_err();
-        assert!(matches!(e, BinaryError::Io { .. }), "{e}");
+        assert!(matches!(e, BinaryError::Open(_)), "{e}");
     }
 
     #[test]

@@ -14,12 +14,14 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Binary, BinaryCache, BinaryError, Function, Instruction};
 use crate::procmap::{MappedObject, Mapping, ProcessMaps};
+
+/// Unusable files named in the log, at most.
+const MAX_NAMED: usize = 1000;
 
 /// Lowest x86-64 kernel address (canonical upper half).
 pub const KERNEL_START: u64 = 0xffff_8000_0000_0000;
@@ -132,6 +134,8 @@ pub struct Symbolizer {
     kernel: Option<Vec<Function>>,
     /// (pid, mapping start) → the file opened while the process lived.
     captured: HashMap<(u32, u64), Arc<File>>,
+    /// Files already named as unusable ([`Symbolizer::warn_once`]).
+    warned: std::collections::HashSet<PathBuf>,
     /// Processes found gone (no `/proc/PID`): their `/proc` paths are not tried again.
     gone: std::collections::HashSet<u32>,
     /// Last use of each binary (by [`Binary::id`]), for [`Symbolizer::trim`].
@@ -184,6 +188,7 @@ impl Symbolizer {
             kernel: None,
             captured: HashMap::new(),
             gone: std::collections::HashSet::new(),
+            warned: std::collections::HashSet::new(),
             used: HashMap::new(),
             decoded: HashMap::new(),
             decoded_bytes: 0,
@@ -417,8 +422,12 @@ impl Symbolizer {
                         path: path.clone(),
                         vaddr,
                     })?;
+                let function = bin.function(i).expect("index from function_index");
+                if bin.truncated() {
+                    return Err(self.drop_truncated(pid, m, &bin));
+                }
                 Ok(Resolved {
-                    function: bin.function(i).expect("index from function_index"),
+                    function,
                     function_index: Some(i),
                     object_name: path.display().to_string(),
                     deleted: *deleted,
@@ -437,50 +446,9 @@ impl Symbolizer {
     ) -> Result<Arc<Binary>, SymbolizeError> {
         let key = (pid, m.start);
         if !self.by_mapping.contains_key(&key) {
-            let mut result = Err(Arc::new(BinaryError::Io {
-                path: path.to_path_buf(),
-                source: std::io::ErrorKind::NotFound.into(),
-            }));
-            if let Some(f) = self.captured.get(&key) {
-                // The open file itself, identified by fstat (no /proc path walk per
-                // process), opened through our own fd table when not cached.
-                let fd_path = PathBuf::from(format!("/proc/self/fd/{}", f.as_raw_fd()));
-                if let Ok(b) = self.binaries.get_open(f, &fd_path) {
-                    result = Ok(b);
-                }
-            }
-            if result.is_err() {
-                let mut candidates = Vec::new();
-                // A short-lived process is often gone before its samples are analysed:
-                // one failed look instead of two per mapping.
-                if self.opts.use_proc && !self.gone.contains(&pid) && !crate::procmap::alive(pid) {
-                    self.gone.insert(pid);
-                }
-                if self.opts.use_proc && !self.gone.contains(&pid) {
-                    candidates.push(PathBuf::from(format!(
-                        "/proc/{pid}/map_files/{:x}-{:x}",
-                        m.start, m.end
-                    )));
-                    candidates.push(
-                        Path::new(&format!("/proc/{pid}/root"))
-                            .join(path.strip_prefix("/").unwrap_or(path)),
-                    );
-                }
-                candidates.push(path.to_path_buf());
-                for c in &candidates {
-                    match self.binaries.get(c) {
-                        Ok(b) => {
-                            result = Ok(b);
-                            break;
-                        }
-                        // The mapped path's own error is the one worth reporting.
-                        Err(e) if c == path => result = Err(Arc::new(e)),
-                        Err(_) => {}
-                    }
-                }
-            }
+            let result = self.open_mapped(pid, m, path).map_err(Arc::new);
             if let Err(e) = &result {
-                log::warn!("pid {pid}: {e}");
+                self.warn_once(path, pid, e);
             }
             self.by_mapping.insert(key, result);
         }
@@ -494,6 +462,101 @@ impl Symbolizer {
             addr: m.start,
             source,
         })
+    }
+
+    /// The binary of mapping `m`: the file captured while the process lived; else,
+    /// opened with cpi-user/src/fsafe/mod.rs (never blocking, regular files only),
+    /// `/proc/PID/map_files/…` (the mapped file itself), the path inside the process's
+    /// root, then the path as mapped — each accepted only if it is the file the mapping
+    /// recorded (device, inode), so a replaced library or a planted link is refused.
+    fn open_mapped(
+        &mut self,
+        pid: u32,
+        m: &Mapping,
+        path: &Path,
+    ) -> Result<Arc<Binary>, BinaryError> {
+        if let Some(f) = self.captured.get(&(pid, m.start)) {
+            // The open file itself, identified by fstat (no /proc path walk per process).
+            if let Ok(b) = self.binaries.get_open(f, path) {
+                return Ok(b);
+            }
+        }
+        let mut opened: Vec<Result<std::fs::File, crate::fsafe::OpenError>> = Vec::new();
+        // A short-lived process is often gone before its samples are analysed: one failed
+        // look instead of two per mapping.
+        if self.opts.use_proc && !self.gone.contains(&pid) && !crate::procmap::alive(pid) {
+            self.gone.insert(pid);
+        }
+        if self.opts.use_proc && !self.gone.contains(&pid) {
+            opened.push(crate::fsafe::open(Path::new(&format!(
+                "/proc/{pid}/map_files/{:x}-{:x}",
+                m.start, m.end
+            ))));
+            opened.push(crate::fsafe::open_in_root(
+                Path::new(&format!("/proc/{pid}/root")),
+                path,
+            ));
+        }
+        let last = crate::fsafe::open(path);
+        let mut err = None;
+        for f in opened.into_iter().chain([last]) {
+            let checked = f.and_then(|f| {
+                crate::fsafe::check_identity(&f, path, m.file_id)?;
+                Ok(f)
+            });
+            let r = checked
+                .map_err(BinaryError::from)
+                .and_then(|f| self.binaries.get_open(&f, path));
+            match r {
+                Ok(b) => return Ok(b),
+                // The last error (the mapped path's own) is the one worth reporting,
+                // unless one of the paths named another file than the mapped one.
+                Err(e) => {
+                    if !matches!(
+                        err,
+                        Some(BinaryError::Open(
+                            crate::fsafe::OpenError::NotTheMappedFile { .. }
+                        ))
+                    ) {
+                        err = Some(e);
+                    }
+                }
+            }
+        }
+        Err(err.expect("the mapped path was tried"))
+    }
+
+    /// Logs why `path` is unusable, once per file (at most [`MAX_NAMED`] files, then once
+    /// that more are not named): thousands of failing mappings are not thousands of lines.
+    fn warn_once(&mut self, path: &Path, pid: u32, e: &BinaryError) {
+        if self.warned.len() < MAX_NAMED {
+            if self.warned.insert(path.to_path_buf()) {
+                log::warn!("pid {pid}: {e}");
+            }
+        } else if self.warned.len() == MAX_NAMED {
+            self.warned.insert(PathBuf::new());
+            log::warn!("more than {MAX_NAMED} unusable files: no longer named");
+        }
+    }
+
+    /// Forgets `bin`, found truncated under its mapping (cpi-user/src/fsafe/map.rs):
+    /// this mapping stays unusable, other processes' mappings reopen the file as it is.
+    fn drop_truncated(&mut self, pid: u32, m: &Mapping, bin: &Arc<Binary>) -> SymbolizeError {
+        self.binaries.evict(bin);
+        self.by_mapping
+            .retain(|_, r| !r.as_ref().is_ok_and(|b| Arc::ptr_eq(b, bin)));
+        self.decoded.retain(|k, _| k.0 != bin.id);
+        self.decoded_bytes = self.decoded.values().map(|d| d.bytes).sum();
+        let e = Arc::new(BinaryError::Truncated {
+            path: bin.path.clone(),
+        });
+        self.warn_once(&bin.path, pid, &e);
+        self.by_mapping.insert((pid, m.start), Err(Arc::clone(&e)));
+        SymbolizeError::Binary {
+            pid,
+            addr: m.start,
+            source: e,
+        }
     }
 
     fn kernel_lookup(&mut self, addr: u64) -> Resolved {

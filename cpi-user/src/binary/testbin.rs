@@ -53,6 +53,18 @@ impl TestProgram {
     }
 }
 
+/// `path`'s device and inode as `/proc/PID/maps` shows them (`fe:00 247030`).
+pub fn maps_dev_ino(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).expect("test binary exists");
+    format!(
+        "{:x}:{:02x} {}",
+        libc::major(m.dev()),
+        libc::minor(m.dev()),
+        m.ino()
+    )
+}
+
 /// `/proc/PID/maps` text mapping `bin`'s PT_LOADs at `base` + vaddr (page-aligned, as
 /// ld.so does), plus an anonymous rwx page at 0x7f0000000000 and a `[vdso]`.
 pub fn maps_for(
@@ -66,8 +78,9 @@ pub fn maps_for(
         let end = base + ((s.vaddr + s.memsz + 0xfff) & !0xfff);
         let x = if s.executable { 'x' } else { '-' };
         text += &format!(
-            "{start:x}-{end:x} r{x}p {:08x} 00:00 1 {}\n",
+            "{start:x}-{end:x} r{x}p {:08x} {} {}\n",
             s.offset & !0xfff,
+            maps_dev_ino(path),
             path.display()
         );
     }

@@ -7,16 +7,7 @@ use std::path::Path;
 
 use crate::profile::Mode;
 
-/// CPU vendor, for the raw retired-taken-branches event code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Vendor {
-    /// `GenuineIntel`: `BR_INST_RETIRED.NEAR_TAKEN`.
-    Intel,
-    /// `AuthenticAMD`: `ex_ret_brn_tkn`.
-    Amd,
-    /// Anything else: no raw branch event is known, the generic one is tried.
-    Other,
-}
+pub use crate::profile::events::Vendor;
 
 /// Everything the probe found. Each field is one line of `cpi-bpf doctor`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,19 +69,17 @@ impl Capabilities {
                 .and_then(|s| s.parse::<u32>().ok())
                 .filter(|&d| d > 0)
         });
-        let vendor = match read_trim(&root.join("proc/cpuinfo"))
-            .and_then(|t| {
-                t.lines()
-                    .find(|l| l.starts_with("vendor_id"))
-                    .and_then(|l| l.split(':').nth(1))
-                    .map(|v| v.trim().to_string())
-            })
-            .as_deref()
-        {
-            Some("GenuineIntel") => Vendor::Intel,
-            Some("AuthenticAMD" | "HygonGenuine") => Vendor::Amd,
-            _ => Vendor::Other,
-        };
+        let vendor = Vendor::from_vendor_id(
+            read_trim(&root.join("proc/cpuinfo"))
+                .and_then(|t| {
+                    t.lines()
+                        .find(|l| l.starts_with("vendor_id"))
+                        .and_then(|l| l.split(':').nth(1))
+                        .map(|v| v.trim().to_string())
+                })
+                .as_deref()
+                .unwrap_or(""),
+        );
         let cap_eff = read_trim(&root.join("proc/self/status"))
             .and_then(|t| {
                 t.lines()
@@ -153,6 +142,104 @@ impl Capabilities {
             ),
         };
         (mode, format!("{why}: {}", mode.measures()))
+    }
+}
+
+/// What the running kernel's BPF offers of what cpi-bpf uses. Each is probed (aya's
+/// `is_*_supported`: a tiny program or map the kernel accepts or refuses), never
+/// inferred from the version: distributions backport. The floor and what each feature
+/// decides are in README.md, "Kernels".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelFeatures {
+    /// `BPF_PROG_TYPE_PERF_EVENT` (Linux 4.9): every program is one.
+    pub perf_event_programs: bool,
+    /// `BPF_MAP_TYPE_RINGBUF` (5.8): the only way samples come home.
+    pub ring_buffer: bool,
+    /// `bpf_read_branch_records` from perf_event programs (5.6): the `cpi` mode's
+    /// branch stacks.
+    pub read_branch_records: bool,
+    /// `BPF_ENABLE_STATS` (5.8): the agent's measure of its programs' own run time.
+    pub bpf_stats: bool,
+}
+
+impl KernelFeatures {
+    /// Probes the running kernel (needs the privileges collection needs).
+    pub fn probe() -> Self {
+        use aya::programs::ProgramType;
+        use aya::sys::{is_helper_supported, is_map_supported, is_program_supported, BpfHelper};
+        KernelFeatures {
+            perf_event_programs: is_program_supported(ProgramType::PerfEvent).unwrap_or(false),
+            ring_buffer: is_map_supported(aya::maps::MapType::RingBuf).unwrap_or(false),
+            read_branch_records: is_helper_supported(
+                ProgramType::PerfEvent,
+                BpfHelper::BPF_FUNC_read_branch_records,
+            )
+            .unwrap_or(false),
+            bpf_stats: aya::sys::enable_stats(aya::sys::Stats::RunTime).is_ok(),
+        }
+    }
+
+    /// Each feature as `(name, "yes"/"missing" with the Linux version that added it and
+    /// what depends on it)`: the lines of `cpi-bpf doctor`.
+    pub fn lines(&self) -> [(&'static str, String); 4] {
+        let say = |has: bool, since: &str, what: &str| {
+            if has {
+                format!("yes (Linux {since}; {what})")
+            } else {
+                format!("MISSING (Linux {since}; {what})")
+            }
+        };
+        [
+            (
+                "perf_event programs",
+                say(self.perf_event_programs, "4.9", "every mode"),
+            ),
+            (
+                "BPF ring buffer",
+                say(self.ring_buffer, "5.8", "every mode"),
+            ),
+            (
+                "bpf_read_branch_records",
+                say(self.read_branch_records, "5.6", "the cpi mode"),
+            ),
+            (
+                "BPF run-time stats",
+                say(self.bpf_stats, "5.8", "the agent's own BPF time"),
+            ),
+        ]
+    }
+
+    /// `Err`: one line saying that `kernel` is below what cpi-bpf supports, and which
+    /// missing feature makes it so.
+    pub fn check_floor(&self, kernel: &str) -> Result<(), String> {
+        let missing = match (self.perf_event_programs, self.ring_buffer) {
+            (false, _) => "perf_event BPF programs (Linux 4.9)",
+            (true, false) => "the BPF ring buffer (Linux 5.8)",
+            (true, true) => return Ok(()),
+        };
+        Err(format!(
+            "kernel {kernel} lacks {missing}: cpi-bpf needs Linux 5.8 or later (tested from 5.10)"
+        ))
+    }
+
+    /// The highest mode at or below `probed` (the PMU's answer, [`Capabilities::mode`])
+    /// whose programs this kernel can load, and why, naming the missing feature when it
+    /// is the kernel and not the PMU that decided.
+    pub fn limit(&self, probed: (Mode, String)) -> (Mode, String) {
+        match probed.0 {
+            Mode::Cpi if !self.read_branch_records => {
+                let mode = Mode::IpSampling;
+                (
+                    mode,
+                    format!(
+                        "the PMU has branch records but this kernel lacks the \
+                         bpf_read_branch_records helper (Linux 5.6): {}",
+                        mode.measures()
+                    ),
+                )
+            }
+            _ => probed,
+        }
     }
 }
 
@@ -251,6 +338,58 @@ mod tests {
         assert!(c.btf);
         assert_eq!(c.perf_event_paranoid, Some(2));
         assert_eq!(c.mode().0, Mode::Cpi);
+    }
+
+    const EVERYTHING: KernelFeatures = KernelFeatures {
+        perf_event_programs: true,
+        ring_buffer: true,
+        read_branch_records: true,
+        bpf_stats: true,
+    };
+
+    #[test]
+    fn a_kernel_without_read_branch_records_steps_cpi_down_and_says_why() {
+        let probed = (Mode::Cpi, "PMU cpu with 32-deep branch records".to_string());
+        assert_eq!(EVERYTHING.limit(probed.clone()), probed);
+        let old = KernelFeatures {
+            read_branch_records: false,
+            ..EVERYTHING
+        };
+        let (mode, why) = old.limit(probed);
+        assert_eq!(mode, Mode::IpSampling);
+        assert!(
+            why.contains("lacks the bpf_read_branch_records helper (Linux 5.6)"),
+            "{why}"
+        );
+        // Lower rungs need no branch records: the PMU's answer stands.
+        let time = (Mode::TimeProfile, "no PMU".to_string());
+        assert_eq!(old.limit(time.clone()), time);
+        assert!(old.lines()[2].1.starts_with("MISSING (Linux 5.6"));
+        assert!(EVERYTHING.lines().iter().all(|(_, l)| l.starts_with("yes")));
+    }
+
+    #[test]
+    fn below_the_floor_is_one_line_naming_the_missing_feature() {
+        assert_eq!(EVERYTHING.check_floor("5.10.0"), Ok(()));
+        let no_ring = KernelFeatures {
+            ring_buffer: false,
+            ..EVERYTHING
+        };
+        let err = no_ring.check_floor("5.4.0").unwrap_err();
+        assert!(
+            err.starts_with("kernel 5.4.0 lacks the BPF ring buffer (Linux 5.8)")
+                && err.contains("Linux 5.8 or later")
+                && !err.contains('\n'),
+            "{err}"
+        );
+        let none = KernelFeatures {
+            perf_event_programs: false,
+            ..no_ring
+        };
+        assert!(none
+            .check_floor("4.4.0")
+            .unwrap_err()
+            .contains("perf_event BPF programs"));
     }
 
     #[test]

@@ -5,13 +5,9 @@ use cpi_common::wire::EventRole;
 
 use super::caps::Vendor;
 use super::sys::{self, flag, PerfEventAttr};
+use crate::profile::events::{AMD_RETIRED_TAKEN, INTEL_RETIRED_TAKEN};
 use crate::profile::model::role_name;
 use crate::profile::Mode;
-
-/// Intel `BR_INST_RETIRED.NEAR_TAKEN` (umask 0x20, event 0xc4).
-pub const INTEL_RETIRED_TAKEN: u64 = 0x20c4;
-/// AMD `ex_ret_brn_tkn` (PMCx0C4, retired taken branch instructions).
-pub const AMD_RETIRED_TAKEN: u64 = 0xc4;
 
 /// How often to sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

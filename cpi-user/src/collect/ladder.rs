@@ -107,6 +107,23 @@ pub fn open_events(
     }
 }
 
+/// The programs the ladder may attach walking down from `start`: those of
+/// `plan(mode)` for `start` and every rung below it, each once, the only ones
+/// [`super::load`] needs to load.
+pub fn programs_from(start: Mode, plan: &dyn Fn(Mode) -> Vec<EventSpec>) -> Vec<&'static str> {
+    let mut names = Vec::new();
+    let mut mode = Some(start);
+    while let Some(m) = mode {
+        for spec in plan(m) {
+            if !names.contains(&spec.program) {
+                names.push(spec.program);
+            }
+        }
+        mode = m.step_down();
+    }
+    names
+}
+
 /// Where the ladder settled.
 #[derive(Debug)]
 pub struct Rung {
@@ -229,6 +246,24 @@ mod tests {
         assert_eq!(
             sys.calls_where(|c| matches!(c, Call::SetBpf(_, 7))).len(),
             1
+        );
+    }
+
+    #[test]
+    fn only_the_programs_of_the_start_rung_and_below_load() {
+        assert_eq!(programs_from(Mode::TimeProfile, &plan), ["ip_cpu_clock"]);
+        assert_eq!(
+            programs_from(Mode::IpSampling, &plan),
+            ["ip_cycles", "ip_instructions", "ip_cpu_clock"]
+        );
+        assert_eq!(
+            programs_from(Mode::Cpi, &plan),
+            [
+                "branch_sample",
+                "ip_cycles",
+                "ip_instructions",
+                "ip_cpu_clock"
+            ]
         );
     }
 

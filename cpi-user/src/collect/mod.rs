@@ -67,7 +67,23 @@ pub enum CollectError {
     NoObject,
     // Causes are part of the one-line message, not `source()`: callers print `{:#}`
     // chains, which would repeat them.
-    /// The verifier or the loader refused the eBPF object ([`load`]).
+    /// The kernel lacks a BPF feature every mode needs ([`caps::KernelFeatures`]).
+    #[error("{0}")]
+    Kernel(String),
+    /// The kernel's verifier refused a program ([`load`]): its last words in the line,
+    /// the whole log in a file named there.
+    #[error("the kernel's verifier refused BPF program {program} ({cause}): {last}; {log}")]
+    Verifier {
+        /// The program's name in the object.
+        program: &'static str,
+        /// What `BPF_PROG_LOAD` returned.
+        cause: io::Error,
+        /// The log's last line that says what is wrong.
+        last: String,
+        /// Where the full log went, or why it could not be written.
+        log: String,
+    },
+    /// The loader refused the eBPF object ([`load`]).
     #[error("loading the eBPF programs{hint}: {cause}")]
     Load {
         /// A likely reason, such as missing kernel BTF, or empty.
@@ -191,8 +207,15 @@ pub struct Collected {
     pub held_processes: usize,
 }
 
-/// Loads the eBPF object with its ring buffer sized and its config written.
-pub fn load(ring_bytes: u32, config: KernelConfig, btf: bool) -> Result<Ebpf, CollectError> {
+/// Loads the eBPF object with its ring buffer sized and its config written, and of its
+/// programs only `programs` ([`ladder::programs_from`]): a kernel that lacks a helper one
+/// program calls still runs the modes that do not need it.
+pub fn load(
+    ring_bytes: u32,
+    config: KernelConfig,
+    btf: bool,
+    programs: &[&'static str],
+) -> Result<Ebpf, CollectError> {
     if EBPF_OBJECT.is_empty() {
         return Err(CollectError::NoObject);
     }
@@ -207,18 +230,19 @@ pub fn load(ring_bytes: u32, config: KernelConfig, btf: bool) -> Result<Ebpf, Co
         .map_max_entries("SAMPLES", ring_bytes)
         .load(EBPF_OBJECT)
         .map_err(|e| load_err(e.into()))?;
-    for name in [
-        "branch_sample",
-        "ip_cycles",
-        "ip_instructions",
-        "ip_cpu_clock",
-    ] {
+    for &name in programs {
         let prog: &mut PerfEvent = bpf
             .program_mut(name)
             .ok_or_else(|| load_err(format!("program {name} missing from the object").into()))?
             .try_into()
             .map_err(|e: aya::programs::ProgramError| load_err(e.into()))?;
-        prog.load().map_err(|e| load_err(e.into()))?;
+        prog.load().map_err(|e| match e {
+            aya::programs::ProgramError::LoadError {
+                io_error,
+                verifier_log,
+            } => verifier_error(name, io_error, &verifier_log.to_string()),
+            e => load_err(e.into()),
+        })?;
     }
     let mut cfg: Array<_, KernelConfig> = Array::try_from(
         bpf.map_mut("CONFIG")
@@ -227,6 +251,46 @@ pub fn load(ring_bytes: u32, config: KernelConfig, btf: bool) -> Result<Ebpf, Co
     .map_err(|e| load_err(e.into()))?;
     cfg.set(0, config, 0).map_err(|e| load_err(e.into()))?;
     Ok(bpf)
+}
+
+/// A verifier refusal as one line: the log's verdict (its last line other than the
+/// statistics the kernel appends), and the whole log written to a new file in the temp
+/// directory, never to the screen (screens of it hid the one line that mattered).
+fn verifier_error(program: &'static str, cause: io::Error, log: &str) -> CollectError {
+    let last = log
+        .lines()
+        .map(str::trim)
+        .rfind(|l| {
+            !l.is_empty()
+                && !l.starts_with("processed ")
+                && !l.starts_with("verification time")
+                && !l.starts_with("stack depth")
+        })
+        .unwrap_or("the verifier gave no log")
+        .to_string();
+    let path = std::env::temp_dir().join(format!(
+        "cpi-bpf-verifier-{}-{program}.log",
+        std::process::id()
+    ));
+    // create_new: never through a link or over a file someone left there.
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, log.as_bytes()));
+    let log = match written {
+        Ok(()) => format!("the full log is in {}", path.display()),
+        Err(e) => format!(
+            "the full log could not be written to {}: {e}",
+            path.display()
+        ),
+    };
+    CollectError::Verifier {
+        program,
+        cause,
+        last,
+        log,
+    }
 }
 
 /// Kernel counters summed over CPUs, indexed by [`cpi_common::wire::Counter`].

@@ -14,7 +14,7 @@ use cpi_common::wire::{Counter, EventRole, COUNTERS};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-use super::caps::{Capabilities, Vendor};
+use super::caps::{Capabilities, KernelFeatures, Vendor};
 use super::drain::{CpuClockPeriods, Drain};
 use super::events::{self, EventSpec, Rate};
 use super::ladder::{self, OpenEvent};
@@ -236,6 +236,12 @@ impl Session {
         let caps = Capabilities::probe();
         caps.check_privileges()
             .map_err(CollectError::NotPrivileged)?;
+        let features = KernelFeatures::probe();
+        features
+            .check_floor(&caps.kernel)
+            .map_err(CollectError::Kernel)?;
+        // The rung the PMU allows, lowered to what this kernel's helpers allow.
+        let start = features.limit(caps.mode());
         let mut opts = opts.clone();
         // Said after the mode line, which comes first.
         let mut pid_notes = Vec::new();
@@ -264,7 +270,8 @@ impl Session {
             _pad: 0,
         };
         check_fd_room(&opts.target)?;
-        let mut bpf = load(opts.ring_bytes, bpf_cfg, caps.btf)?;
+        let programs = ladder::programs_from(start.0, &|m| plan(m, caps.vendor, &opts, &opts.rate));
+        let mut bpf = load(opts.ring_bytes, bpf_cfg, caps.btf, &programs)?;
 
         // Signals are caught from here on, so a SIGINT during set-up still reports.
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -285,7 +292,7 @@ impl Session {
         let attach = |name: &'static str| ladder::program_fd(&bpf, name);
         let rung = ladder::walk(
             &sys,
-            caps.mode(),
+            start,
             &|m| plan(m, caps.vendor, &opts, &opts.rate),
             &places,
             extra,

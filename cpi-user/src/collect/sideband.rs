@@ -196,7 +196,16 @@ fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<Sideband> {
             let (addr, len, pgoff) = (u64_at(8)?, u64_at(16)?, u64_at(24)?);
             let prot = u32_at(56)?;
             let name = c_str(64)?;
-            let _ = misc & MISC_MMAP_BUILD_ID;
+            // With a build-id instead of device and inode, identity is left unchecked.
+            let file_id = if misc & MISC_MMAP_BUILD_ID == 0 {
+                Some(crate::fsafe::FileId::new(
+                    u32_at(32)?,
+                    u32_at(36)?,
+                    u64_at(40)?,
+                ))
+            } else {
+                None
+            };
             if prot & libc::PROT_EXEC as u32 == 0 || len == 0 {
                 return None;
             }
@@ -217,6 +226,8 @@ fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<Sideband> {
                     end: addr.checked_add(len)?,
                     offset: pgoff,
                     executable: true,
+                    file_id: file_id
+                        .filter(|id| id.ino != 0 && matches!(object, MappedObject::File { .. })),
                     object,
                 },
             })

@@ -143,7 +143,7 @@ pub const PERF_ATTR_SIZE: u32 = 136;
 pub const PERF_TYPE_HARDWARE: u32 = 0;
 /// Kernel software events (`config` is a `PERF_COUNT_SW_*`).
 pub const PERF_TYPE_SOFTWARE: u32 = 1;
-/// A vendor event code in `config` (e.g. [`super::events::INTEL_RETIRED_TAKEN`]).
+/// A vendor event code in `config` (e.g. [`crate::profile::events::INTEL_RETIRED_TAKEN`]).
 pub const PERF_TYPE_RAW: u32 = 4;
 /// Core cycles.
 pub const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;

@@ -29,6 +29,7 @@ use cpi_common::wire::{
 };
 
 use crate::procmap::{MappedObject, ProcessMaps};
+use crate::profile::events::{raw_event, RawEvent, Vendor};
 use crate::profile::SampleSet;
 use locate::{LocateError, Locator};
 use perf_data::{EventAttr, PerfDataError};
@@ -238,23 +239,29 @@ pub enum Estimator {
 }
 
 impl Estimator {
-    /// Classifies an event by its recorded name, else by its type and config.
-    pub fn of(e: &EventAttr) -> Estimator {
+    /// Classifies an event of `header`'s recording: by its recorded name, a raw core-PMU
+    /// code by what it counts on the recording's CPU (its cpuid: `rc4` is taken branches
+    /// on AMD, all branches on Intel; [`crate::profile::events::raw_event`], the table the
+    /// collector opens events from), else by its generic type and config.
+    pub fn of(e: &EventAttr, header: &perf_data::Header) -> Estimator {
         let name = e.name.as_deref().unwrap_or("").to_ascii_lowercase();
         let base = name.split(':').next().unwrap_or("");
         let taken_name = name.contains("near_taken")
             || name.contains("ex_ret_brn_tkn")
             || (name.contains("br_inst_exec") && name.contains("taken"));
-        // PERF_TYPE_RAW (4, also the core PMU's type on x86): Intel
-        // BR_INST_RETIRED.NEAR_TAKEN is 0x20c4 (E-cores 0xc0c4); 0x3c is
-        // CPU_CLK_UNHALTED.THREAD.
-        let raw = e.kind == 4;
-        let code = e.config & 0xffff;
-        if taken_name || (raw && (code == 0x20c4 || code == 0xc0c4)) {
+        let vendor = header.cpuid.as_deref().map(Vendor::from_vendor_id);
+        let raw = header
+            .is_core_raw(e)
+            .then(|| raw_event(vendor, e.config))
+            .flatten();
+        // Generic hardware events: the low 32 bits (hybrid parts put the PMU's type in
+        // the high ones); 0 is PERF_COUNT_HW_CPU_CYCLES.
+        let hw_cycles = e.kind == 0 && e.config & 0xffff_ffff == 0;
+        if taken_name || raw == Some(RawEvent::TakenBranches) {
             Estimator::TakenBranches
         } else if matches!(base, "cycles" | "cpu-cycles" | "cpu_clk_unhalted.thread")
-            || (e.kind == 0 && e.config == 0)
-            || (raw && code == 0x3c)
+            || hw_cycles
+            || raw == Some(RawEvent::Cycles)
         {
             Estimator::Cycles
         } else {
@@ -406,12 +413,12 @@ pub fn import_perf_data(
     let branch = with_stacks
         .iter()
         .copied()
-        .find(|&i| Estimator::of(&events[i]) == Estimator::TakenBranches)
+        .find(|&i| Estimator::of(&events[i], &scan.header) == Estimator::TakenBranches)
         .unwrap_or(with_stacks[0]);
-    let est = Estimator::of(&events[branch]);
+    let est = Estimator::of(&events[branch], &scan.header);
     let cycles = (0..events.len())
         .filter(|&i| scan.per_event[i] > 0)
-        .find(|&i| Estimator::of(&events[i]) == Estimator::Cycles);
+        .find(|&i| Estimator::of(&events[i], &scan.header) == Estimator::Cycles);
     let mut notes = Vec::new();
     let usable = scan.max_depth.min(MAX_BRANCH_ENTRIES);
     if usable < 2 {
@@ -524,9 +531,10 @@ pub fn import_perf_data(
     let run = RunInfo {
         mode: Mode::Cpi,
         mode_reason: format!(
-            "imported from perf.data {what}: branch stacks on {} ({}): {meaning}{timed_note}",
+            "imported from perf.data {what}: branch stacks on {} ({}{}): {meaning}{timed_note}",
             ev.display_name(),
-            sampling(ev)
+            sampling(ev),
+            raw_note(ev, &header)
         ),
         command: Vec::new(),
         duration_secs: 0.0,
@@ -545,6 +553,25 @@ pub fn import_perf_data(
     Ok(Imported { profile, notes })
 }
 
+/// How a raw core-PMU event was read ([`Estimator::of`]): on the recording's CPU, or
+/// without one.
+fn raw_note(e: &EventAttr, header: &perf_data::Header) -> String {
+    if !header.is_core_raw(e) {
+        return String::new();
+    }
+    match &header.cpuid {
+        Some(cpu) => format!(
+            "; raw code {:#x} read as counted on its CPU, {cpu}",
+            e.config
+        ),
+        None => format!(
+            "; raw code {:#x}: the recording names no CPU (no cpuid header), so only codes \
+             that mean one event on every vendor are known",
+            e.config
+        ),
+    }
+}
+
 /// Points every mapped file at the local copy [`Locator`] finds (checked against the
 /// recorded build-id); returns a note per binary read from another path.
 fn relocate(
@@ -553,7 +580,7 @@ fn relocate(
     build_ids: &BTreeMap<String, String>,
     what: &str,
 ) -> Result<Vec<String>, ImportError> {
-    let mut found: BTreeMap<String, Option<PathBuf>> = BTreeMap::new();
+    let mut found: BTreeMap<String, Option<(PathBuf, crate::fsafe::FileId)>> = BTreeMap::new();
     let mut ids = BTreeMap::new();
     let mut notes = Vec::new();
     for p in set.processes.values_mut() {
@@ -574,7 +601,7 @@ fn relocate(
                         source,
                     })?;
                 match &local {
-                    Some(l) if *l != *path => {
+                    Some((l, _)) if *l != *path => {
                         notes.push(format!("{recorded}: read from {}", l.display()));
                     }
                     None if build_ids.contains_key(&recorded) || !path.exists() => {
@@ -591,8 +618,9 @@ fn relocate(
                 }
                 found.insert(recorded.clone(), local);
             }
-            if let Some(Some(l)) = found.get(&recorded) {
+            if let Some(Some((l, id))) = found.get(&recorded) {
                 *path = l.clone();
+                m.file_id = Some(*id);
             }
         }
     }

@@ -6,7 +6,9 @@
 //! feature bitmap); the attrs section holds `perf_event_attr` + an ids section per
 //! event; the data section holds records (`perf_event_header` + body); after the data
 //! section, one (offset, size) section per feature bit set, of which this reads
-//! `HEADER_BUILD_ID` (2) and `HEADER_EVENT_DESC` (12, the event names).
+//! `HEADER_BUILD_ID` (2), `HEADER_CPUID` (9: which vendor's raw event codes),
+//! `HEADER_EVENT_DESC` (12, the event names) and `HEADER_PMU_MAPPINGS` (16: which PMU a
+//! dynamic event type is, e.g. hybrid Intel's `cpu_atom`).
 //!
 //! The records are streamed ([`read`] calls a sink per sample), so memory does not
 //! grow with the file. Written by hand rather than with the `linux-perf-data` crate:
@@ -25,6 +27,8 @@ pub const MAGIC: &[u8; 8] = b"PERFILE2";
 /// Largest single record the kernel writes (its size field is 16 bits).
 const HEADER_SIZE: u64 = 104;
 const PIPE_HEADER_SIZE: u64 = 16;
+
+const PERF_TYPE_RAW: u32 = 4;
 
 const PERF_RECORD_MMAP: u32 = 1;
 const PERF_RECORD_COMM: u32 = 3;
@@ -61,7 +65,9 @@ const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
 const MISC_BUILD_ID_SIZE: u16 = 1 << 15;
 
 const FEAT_BUILD_ID: usize = 2;
+const FEAT_CPUID: usize = 9;
 const FEAT_EVENT_DESC: usize = 12;
+const FEAT_PMU_MAPPINGS: usize = 16;
 
 /// Why a perf.data file could not be read; one line each.
 #[derive(Debug, thiserror::Error)]
@@ -163,6 +169,22 @@ pub struct Header {
     pub events: Vec<EventAttr>,
     /// Path → build-id (lowercase hex), from `HEADER_BUILD_ID`.
     pub build_ids: BTreeMap<String, String>,
+    /// The recording CPU's `HEADER_CPUID` (`GenuineIntel,6,85,4` on x86).
+    pub cpuid: Option<String>,
+    /// Event type → PMU name (`cpu`, `cpu_core`, `cpu_atom`, ...), `HEADER_PMU_MAPPINGS`.
+    pub pmus: BTreeMap<u32, String>,
+}
+
+impl Header {
+    /// Whether `e` is a raw event of a core PMU (`-e r20c4`, `-e cpu_atom/rc0c4/`):
+    /// `PERF_TYPE_RAW`, or a type the header maps to a core PMU.
+    pub fn is_core_raw(&self, e: &EventAttr) -> bool {
+        e.kind == PERF_TYPE_RAW
+            || self
+                .pmus
+                .get(&e.kind)
+                .is_some_and(|p| matches!(p.as_str(), "cpu" | "cpu_core" | "cpu_atom"))
+    }
 }
 
 /// What the records besides samples said.
@@ -285,7 +307,7 @@ fn read_header<R: Read + Seek>(r: &mut R) -> Result<(Header, Layout), PerfDataEr
     }
     let mut header = Header {
         events,
-        build_ids: BTreeMap::new(),
+        ..Header::default()
     };
     // Feature sections: one (offset, size) per set bit, in bit order, after the data.
     let set: Vec<usize> = (0..256)
@@ -308,16 +330,24 @@ fn read_header<R: Read + Seek>(r: &mut R) -> Result<(Header, Layout), PerfDataEr
         let (Some(off), Some(size)) = (u64_at(&table, 16 * i), u64_at(&table, 16 * i + 8)) else {
             break;
         };
-        if bit != FEAT_BUILD_ID && bit != FEAT_EVENT_DESC {
+        if ![
+            FEAT_BUILD_ID,
+            FEAT_CPUID,
+            FEAT_EVENT_DESC,
+            FEAT_PMU_MAPPINGS,
+        ]
+        .contains(&bit)
+        {
             continue;
         }
         let Ok(sec) = read_at(r, off, size, file_len, "feature section") else {
             continue;
         };
-        if bit == FEAT_BUILD_ID {
-            parse_build_ids(&sec, &mut header.build_ids);
-        } else {
-            parse_event_desc(&sec, &mut header.events);
+        match bit {
+            FEAT_BUILD_ID => parse_build_ids(&sec, &mut header.build_ids),
+            FEAT_CPUID => header.cpuid = perf_string(&sec, 0).map(|(s, _)| s),
+            FEAT_EVENT_DESC => parse_event_desc(&sec, &mut header.events),
+            _ => parse_pmu_mappings(&sec, &mut header.pmus),
         }
     }
     Ok((
@@ -360,6 +390,28 @@ fn parse_build_ids(sec: &[u8], out: &mut BTreeMap<String, String>) {
             out.insert(name, hex(&id[..len]));
         }
         o += size;
+    }
+}
+
+/// A header string at `o` (perf's `do_write_string`: u32 length, then the bytes,
+/// NUL-padded); the string and the offset after it.
+fn perf_string(sec: &[u8], o: usize) -> Option<(String, usize)> {
+    let len = u32_at(sec, o)? as usize;
+    let end = (o + 4).checked_add(len)?;
+    Some((c_str(sec.get(o + 4..end)?), end))
+}
+
+/// `HEADER_PMU_MAPPINGS`: nr, then per PMU its type (u32) and name (string).
+fn parse_pmu_mappings(sec: &[u8], out: &mut BTreeMap<u32, String>) {
+    let Some(nr) = u32_at(sec, 0) else { return };
+    let mut o = 4usize;
+    for _ in 0..nr.min(4096) {
+        let Some(kind) = u32_at(sec, o) else { return };
+        let Some((name, next)) = perf_string(sec, o + 4) else {
+            return;
+        };
+        out.insert(kind, name);
+        o = next;
     }
 }
 
@@ -507,6 +559,8 @@ fn parse_mmap(kind: u32, misc: u16, b: &[u8]) -> Option<(u32, Mapping, Option<St
             offset: pgoff,
             executable: exec,
             object,
+            // Recorded elsewhere: device and inode mean nothing here.
+            file_id: None,
         },
         build_id,
     ))

@@ -255,6 +255,8 @@ pub fn parse(
                             offset: 0,
                             executable: true,
                             object: file(&dso),
+                            // Recorded elsewhere: device and inode mean nothing here.
+                            file_id: None,
                         });
                     }
                     // `[kernel.kallsyms]`, `[unknown]`, `[vdso]`: no file to place.
@@ -364,6 +366,8 @@ impl ElfLayout {
                 offset,
                 executable: true,
                 object: file(dso),
+                // Recorded elsewhere: device and inode mean nothing here.
+                file_id: None,
             })
             .collect()
     }
@@ -576,6 +580,8 @@ fn parse_mmap(line: &str) -> Option<Option<(u32, Mapping)>> {
             offset: pgoff,
             executable: prot.contains('x'),
             object,
+            // Recorded elsewhere: device and inode mean nothing here.
+            file_id: None,
         },
     )))
 }

@@ -8,6 +8,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use crate::fsafe::FileId;
+
 /// Why maps could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcMapError {
@@ -69,6 +71,10 @@ pub struct Mapping {
     pub executable: bool,
     /// What is mapped.
     pub object: MappedObject,
+    /// The mapped file's device and inode as the kernel recorded them at mapping time
+    /// (`None` for non-file mappings and recordings from elsewhere): a file opened later
+    /// by path must be this one (cpi-user/src/fsafe/mod.rs).
+    pub file_id: Option<FileId>,
 }
 
 impl Mapping {
@@ -149,11 +155,15 @@ impl ProcessMaps {
             let range = f.next().ok_or_else(bad)?;
             let perms = f.next().ok_or_else(bad)?;
             let offset = f.next().ok_or_else(bad)?;
-            let _dev = f.next().ok_or_else(bad)?;
-            let _inode = f.next().ok_or_else(bad)?;
+            let dev = f.next().ok_or_else(bad)?;
+            let inode = f.next().ok_or_else(bad)?;
             let name = f.next().map(str::trim).unwrap_or("");
             let (s, e) = range.split_once('-').ok_or_else(bad)?;
             let hex = |t: &str| u64::from_str_radix(t, 16).map_err(|_| bad());
+            let (major, minor) = dev.split_once(':').ok_or_else(bad)?;
+            let num = |t: &str| u32::from_str_radix(t, 16).map_err(|_| bad());
+            let (major, minor) = (num(major)?, num(minor)?);
+            let ino: u64 = inode.parse().map_err(|_| bad())?;
             let object = if name.is_empty() {
                 MappedObject::Anon
             } else if name.starts_with('[') {
@@ -174,6 +184,8 @@ impl ProcessMaps {
                 end: hex(e)?,
                 offset: hex(offset)?,
                 executable: perms.as_bytes().get(2) == Some(&b'x'),
+                file_id: (matches!(object, MappedObject::File { .. }) && ino != 0)
+                    .then(|| FileId::new(major, minor, ino)),
                 object,
             });
         }
@@ -207,17 +219,44 @@ fn proc_dir(pid: u32, tid: Option<u32>) -> PathBuf {
 /// after it exits, after the file is deleted or replaced, and when it is visible only
 /// in the process's mount namespace (a container): an open file is the file itself,
 /// whatever its path has become. One open file per (device, inode), shared by every
-/// process that maps it.
-#[derive(Debug, Default)]
+/// process that maps it; at most [`CapturedFiles::cap`] held (a quarter of the soft
+/// `RLIMIT_NOFILE`, within 64..=8192), so a process mapping thousands of files cannot
+/// exhaust our descriptors: beyond it files are not captured (counted) and the
+/// symbolizer opens them by their checked path instead (cpi-user/src/fsafe/mod.rs).
+#[derive(Debug)]
 pub struct CapturedFiles {
     by_inode: HashMap<(u64, u64), Arc<File>>,
+    cap: usize,
+    skipped: u64,
+}
+
+impl Default for CapturedFiles {
+    fn default() -> Self {
+        let mut lim = libc::rlimit {
+            rlim_cur: 1024,
+            rlim_max: 1024,
+        };
+        // SAFETY: a valid, writable rlimit.
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) };
+        CapturedFiles::with_cap((lim.rlim_cur / 4).clamp(64, 8192) as usize)
+    }
 }
 
 impl CapturedFiles {
+    /// At most `cap` files held open.
+    pub fn with_cap(cap: usize) -> Self {
+        CapturedFiles {
+            by_inode: HashMap::new(),
+            cap,
+            skipped: 0,
+        }
+    }
+
     /// Opens the file of every executable file mapping of `maps` through
     /// `DIR/map_files/START-END` (`dir` from [`ProcessMaps::read_live`]); returns them
-    /// by mapping start. Mappings whose file cannot be opened are left out (the path is
-    /// tried again at analysis).
+    /// by mapping start. Mappings whose file cannot be opened, is not a regular file, or
+    /// does not fit under the cap are left out (the path is tried again, checked, at
+    /// analysis).
     pub fn capture(&mut self, dir: &Path, maps: &ProcessMaps) -> HashMap<u64, Arc<File>> {
         let mut out = HashMap::new();
         for m in &maps.mappings {
@@ -225,19 +264,34 @@ impl CapturedFiles {
                 continue;
             }
             let link = dir.join(format!("map_files/{:x}-{:x}", m.start, m.end));
-            let Ok(file) = File::open(&link) else {
+            let Ok(file) = crate::fsafe::open(&link) else {
                 continue;
             };
             let Ok(meta) = file.metadata() else {
                 continue;
             };
-            let f = self
-                .by_inode
-                .entry((meta.dev(), meta.ino()))
-                .or_insert_with(|| Arc::new(file));
+            let key = (meta.dev(), meta.ino());
+            if !self.by_inode.contains_key(&key) && self.by_inode.len() >= self.cap {
+                self.release_unused();
+                if self.by_inode.len() >= self.cap {
+                    self.skipped += 1;
+                    continue;
+                }
+            }
+            let f = self.by_inode.entry(key).or_insert_with(|| Arc::new(file));
             out.insert(m.start, Arc::clone(f));
         }
         out
+    }
+
+    /// The most files held open at once.
+    pub fn cap(&self) -> usize {
+        self.cap
+    }
+
+    /// Mappings not captured because the cap was reached.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
     }
 
     /// [`CapturedFiles::capture`] through `/proc/PID`, else through the thread's own

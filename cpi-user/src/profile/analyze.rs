@@ -1024,10 +1024,11 @@ mod tests {
             .iter()
             .map(|m| match &m.object {
                 crate::procmap::MappedObject::File { path, .. } => format!(
-                    "{:x}-{:x} r-xp {:08x} 00:00 1 {} (deleted)\n",
+                    "{:x}-{:x} r-xp {:08x} {} {} (deleted)\n",
                     m.start,
                     m.end,
                     m.offset,
+                    crate::binary::testbin::maps_dev_ino(path),
                     path.display()
                 ),
                 _ => String::new(),

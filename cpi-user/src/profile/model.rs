@@ -564,6 +564,10 @@ pub struct FunctionAccuracy {
     pub cpi_est: Option<f64>,
     /// |cpi_est − cpi_true| / cpi_true.
     pub cpi_error: Option<f64>,
+    /// The error the profile reports for `cpi_est` (its [`Estimate::rel_error`]): what
+    /// tests and calibration judge `cpi_error` by. Absent from files before it existed.
+    #[serde(default)]
+    pub cpi_rel_error: Option<f64>,
 }
 
 /// What the caller (collector, PMU model, importer) knows about a run; analysis turns

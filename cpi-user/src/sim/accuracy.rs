@@ -214,6 +214,7 @@ pub fn compare(profile: &Profile, truth: &Truth) -> Accuracy {
             cpi_true,
             cpi_est,
             cpi_error,
+            cpi_rel_error: est.and_then(|f| f.cpi).map(|c| c.rel_error),
         });
     }
     functions.sort_by(|a, b| b.share.total_cmp(&a.share));

@@ -6,7 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use cpi_tests::perf_data::{self, Attr, Entry, Record};
+use cpi_tests::perf_data::{
+    self, build_id, exec_records, loop_of, loop_stack, taken_attr, Attr, Entry, Loop, Record,
+};
 use cpi_tests::{cpi_bpf, output_ok, temp_dir};
 use cpi_user::binary::{Binary, FlowKind};
 use cpi_user::profile::model::{FunctionProfile, Profile};
@@ -18,15 +20,6 @@ int main(int argc, char **argv) { (void)argv; return (int)(hot(argc * 1000) + co
 "#;
 
 const PID: u32 = 4242;
-
-/// A function's loop: its head, the backward conditional branch closing it, and the
-/// instructions in [head, branch].
-#[derive(Clone, Copy, Debug)]
-struct Loop {
-    head: u64,
-    branch: u64,
-    instructions: usize,
-}
 
 struct Fixture {
     dir: PathBuf,
@@ -54,24 +47,7 @@ fn fixture(tag: &str) -> Option<Fixture> {
         }
     }
     let bin = Binary::open(&exe).unwrap();
-    let find = |name: &str| {
-        let f = bin.function_by_name(name).unwrap().clone();
-        let ins = bin.decode(&f).unwrap();
-        let br = ins
-            .iter()
-            .find(|i| i.kind == FlowKind::CondBranch && i.target.is_some_and(|t| t < i.addr))
-            .unwrap_or_else(|| panic!("{name} has no loop"));
-        let head = br.target.unwrap();
-        Loop {
-            head,
-            branch: br.addr,
-            instructions: ins
-                .iter()
-                .filter(|i| (head..=br.addr).contains(&i.addr))
-                .count(),
-        }
-    };
-    let (hot, cold) = (find("hot"), find("cold"));
+    let (hot, cold) = (loop_of(&bin, "hot"), loop_of(&bin, "cold"));
     Some(Fixture {
         dir,
         exe,
@@ -82,46 +58,13 @@ fn fixture(tag: &str) -> Option<Fixture> {
 }
 
 impl Fixture {
-    /// COMM and the executable's MMAP2, page-aligned as the kernel maps it.
     fn preamble(&self) -> Vec<Record> {
-        let seg = self.bin.segments.iter().find(|s| s.executable).unwrap();
-        let start = seg.vaddr & !0xfff;
-        vec![
-            Record::Comm {
-                pid: PID,
-                name: "prog".into(),
-                exec: true,
-            },
-            Record::Mmap2 {
-                pid: PID,
-                start,
-                len: seg.memsz + (seg.vaddr - start),
-                pgoff: seg.offset & !0xfff,
-                path: self.exe.display().to_string(),
-            },
-        ]
+        exec_records(&self.bin, PID, "prog", &self.exe.display().to_string())
     }
 
     fn build_ids(&self) -> Vec<(String, Vec<u8>)> {
-        let hex = self.bin.build_id.clone().expect("gcc writes a build-id");
-        let bytes = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-            .collect();
-        vec![(self.exe.display().to_string(), bytes)]
+        vec![build_id(&self.bin, &self.exe.display().to_string())]
     }
-}
-
-fn stack(l: Loop, depth: usize, cycles: u16) -> Vec<Entry> {
-    vec![
-        Entry {
-            from: l.branch,
-            to: l.head,
-            cycles,
-            mispred: false,
-        };
-        depth
-    ]
 }
 
 /// A sample of event `attr` in [`PID`], at loop `l`'s head, standing for `period`
@@ -158,18 +101,6 @@ fn cycles_attr(branch_stack: bool, id: u64) -> Attr {
         freq: true,
         branch_stack,
         name: "cycles:u".into(),
-        id,
-    }
-}
-
-fn taken_attr(id: u64) -> Attr {
-    Attr {
-        kind: 4,
-        config: 0x20c4,
-        period_or_freq: 500_009,
-        freq: false,
-        branch_stack: true,
-        name: "br_inst_retired.near_taken:u".into(),
         id,
     }
 }
@@ -242,10 +173,10 @@ fn cycles_freq_mode_periods_match_perf_report() {
     let mut recs = fx.preamble();
     let (ph, pc) = (periods(300, 1), periods(100, 2));
     for &p in &ph {
-        recs.push(sample(0, fx.hot, p, stack(fx.hot, 16, 0)));
+        recs.push(sample(0, fx.hot, p, loop_stack(fx.hot, 16, 0)));
     }
     for &p in &pc {
-        recs.push(sample(0, fx.cold, p, stack(fx.cold, 16, 0)));
+        recs.push(sample(0, fx.cold, p, loop_stack(fx.cold, 16, 0)));
     }
     let file = fx.dir.join("cycles.data");
     perf_data::write(&file, &[cycles_attr(true, 11)], &recs, &fx.build_ids());
@@ -309,7 +240,7 @@ fn taken_branch_event_with_cycles_event_gives_absolute_counts_and_cpi() {
     let (nh, nc) = (120u64, 40u64);
     for i in 0..nh + nc {
         let l = if i < nh { fx.hot } else { fx.cold };
-        recs.push(sample(0, l, 500_009, stack(l, 16, 0)));
+        recs.push(sample(0, l, 500_009, loop_stack(l, 16, 0)));
     }
     let (ch, cc) = (periods(200, 3), periods(50, 4));
     for (ps, l) in [(&ch, fx.hot), (&cc, fx.cold)] {
@@ -361,7 +292,7 @@ fn taken_branch_event_alone_has_timed_cpi_only() {
     let mut recs = fx.preamble();
     for i in 0..90u64 {
         let l = if i % 3 == 0 { fx.cold } else { fx.hot };
-        recs.push(sample(0, l, 500_009, stack(l, 32, 7)));
+        recs.push(sample(0, l, 500_009, loop_stack(l, 32, 7)));
     }
     let file = fx.dir.join("timed.data");
     perf_data::write(&file, &[taken_attr(5)], &recs, &fx.build_ids());
@@ -425,7 +356,7 @@ fn cycle_sampled_timed_stacks_are_weighted_by_cycles_spanned() {
             tid: PID,
             ip: l.head,
             period: PERIOD,
-            branches: stack(l, 32, c),
+            branches: loop_stack(l, 32, c),
         });
     }
     let file = fx.dir.join("cyc-timed.data");
@@ -480,7 +411,7 @@ fn window_larger_than_the_stacks_is_clamped() {
     };
     let mut recs = fx.preamble();
     for _ in 0..30 {
-        recs.push(sample(0, fx.hot, 500_009, stack(fx.hot, 8, 0)));
+        recs.push(sample(0, fx.hot, 500_009, loop_stack(fx.hot, 8, 0)));
     }
     let file = fx.dir.join("w.data");
     perf_data::write(&file, &[taken_attr(5)], &recs, &[]);
@@ -502,7 +433,7 @@ fn bad_perf_data_is_one_line() {
     let Some(fx) = fixture("pd-bad") else { return };
     let mut recs = fx.preamble();
     for _ in 0..50 {
-        recs.push(sample(0, fx.hot, 500_009, stack(fx.hot, 8, 0)));
+        recs.push(sample(0, fx.hot, 500_009, loop_stack(fx.hot, 8, 0)));
     }
     let good = fx.dir.join("good.data");
     perf_data::write(&good, &[taken_attr(5)], &recs, &[]);
@@ -564,7 +495,7 @@ fn binaries_recorded_elsewhere_are_found_and_checked() {
         *path = recorded.into();
     }
     for _ in 0..40 {
-        recs.push(sample(0, fx.hot, 500_009, stack(fx.hot, 16, 0)));
+        recs.push(sample(0, fx.hot, 500_009, loop_stack(fx.hot, 16, 0)));
     }
     let mut ids = fx.build_ids();
     ids[0].0 = recorded.into();
@@ -652,7 +583,7 @@ fn llvm_profgen_range_counts_equal_ours() {
     let (ph, pc) = (periods(70, 5), periods(25, 6));
     for (ps, l) in [(&ph, fx.hot), (&pc, fx.cold)] {
         for &p in ps {
-            recs.push(sample(0, l, p, stack(l, 32, 0)));
+            recs.push(sample(0, l, p, loop_stack(l, 32, 0)));
         }
     }
     let file = fx.dir.join("profgen.data");
@@ -748,7 +679,7 @@ fn call_records_give_the_call_graph() {
     for _ in 0..n {
         // Newest first: seven loop iterations in hot, then the call into it, then an
         // older call record (outside the window of 8 ranges).
-        let mut b = stack(fx.hot, 7, 0);
+        let mut b = loop_stack(fx.hot, 7, 0);
         let c = Entry {
             from: call.addr,
             to: hot_start,
@@ -772,5 +703,87 @@ fn call_records_give_the_call_graph() {
         (c.count - want).abs() < 1e-9 * want,
         "{} calls, want {want}",
         c.count
+    );
+}
+
+/// A raw event code means what the recording's CPU (its cpuid header) counts with it,
+/// as the collector decides when it opens one (`profile/events.rs`): `-e rc4` is
+/// taken branches on AMD, all branches on Intel; `-e r20c4` taken branches on Intel.
+#[test]
+fn raw_event_codes_are_read_on_the_recording_cpu() {
+    let Some(fx) = fixture("pd-raw") else {
+        return;
+    };
+    let mut recs = fx.preamble();
+    for i in 0..60u64 {
+        let l = if i % 3 == 0 { fx.cold } else { fx.hot };
+        recs.push(sample(0, l, 500_009, loop_stack(l, 32, 0)));
+    }
+    let raw = |config: u64, name: &str| Attr {
+        kind: 4,
+        config,
+        name: name.into(),
+        ..taken_attr(5)
+    };
+    let amd = "AuthenticAMD,25,17,1";
+    let intel = "GenuineIntel,6,85,4";
+    for (cpuid, attr, taken) in [
+        (Some(amd), raw(0xc4, "rc4:u"), true),
+        (Some(intel), raw(0xc4, "rc4:u"), false),
+        (Some(intel), raw(0x20c4, "r20c4:u"), true),
+        (Some(amd), raw(0x20c4, "r20c4:u"), false),
+        (None, raw(0xc4, "rc4:u"), false),
+        (None, raw(0x20c4, "r20c4:u"), true),
+    ] {
+        let file = fx.dir.join("raw.data");
+        perf_data::write_on(
+            &file,
+            cpuid,
+            std::slice::from_ref(&attr),
+            &recs,
+            &fx.build_ids(),
+        );
+        let (p, _) = import(&file, &[]);
+        let what = format!("{} on {cpuid:?}: {}", attr.name, p.mode_reason);
+        assert_eq!(
+            p.mode_reason
+                .contains("taken-branch event: absolute instruction counts"),
+            taken,
+            "{what}"
+        );
+        assert_eq!(
+            p.mode_reason.contains("neither taken branches nor cycles"),
+            !taken,
+            "{what}"
+        );
+        match cpuid {
+            Some(c) => assert!(p.mode_reason.contains(c), "{what}"),
+            None => assert!(p.mode_reason.contains("no cpuid header"), "{what}"),
+        }
+        // Absolute counts: each range stands for period / window executions.
+        let hot = func(&p, "hot").instructions.unwrap();
+        let per_range = if taken { 500_009.0 / 8.0 } else { 1.0 / 8.0 };
+        assert!(
+            (hot - 40.0 * 8.0 * per_range * fx.hot.instructions as f64).abs() < 1e-6 * hot,
+            "{what}: hot {hot}"
+        );
+    }
+    // perf reads the header the writer gave it.
+    let file = fx.dir.join("raw.data");
+    perf_data::write_on(
+        &file,
+        Some(amd),
+        &[raw(0xc4, "rc4:u")],
+        &recs,
+        &fx.build_ids(),
+    );
+    let head = output_ok(
+        Command::new("perf")
+            .args(["report", "--header-only", "-i"])
+            .arg(&file),
+    );
+    assert!(
+        String::from_utf8_lossy(&head.stdout).contains(&format!("cpuid : {amd}")),
+        "perf report --header-only does not show the cpuid"
     );
 }

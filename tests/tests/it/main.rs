@@ -10,6 +10,7 @@ mod collect;
 mod collect_reliability;
 mod collect_ring;
 mod import_perf_data;
+mod kernels;
 mod report_fdata;
 mod report_file;
 mod report_fixture;

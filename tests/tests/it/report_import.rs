@@ -308,6 +308,7 @@ fn import_perf_command_gives_the_same_profile() {
                     path: exe.clone(),
                     deleted: false,
                 },
+                file_id: None,
             })
             .collect(),
     });

@@ -9,7 +9,7 @@ use cpi_tests::tracer::{program, tool_dir, words_text};
 use cpi_tests::{cpi_bpf, output_ok};
 use cpi_user::profile::model::Profile;
 use cpi_user::profile::StackWeighting;
-use cpi_user::sim::accuracy::Accuracy;
+use cpi_user::sim::accuracy::{Accuracy, CPI_SHARE_FLOOR};
 use cpi_user::sim::pmu::{BranchEvent, PmuConfig};
 use cpi_user::sim::SimReport;
 
@@ -45,27 +45,56 @@ fn simulate(cfg: &PmuConfig, cmd: &[&str]) -> Option<(SimReport, Profile, Accura
     );
     for f in acc.functions.iter().filter(|f| f.share >= 0.02) {
         eprintln!(
-            "  {:6.2}% {:<28} CPI true {:?} est {:?} error {:?}",
+            "  {:6.2}% {:<28} CPI true {:?} est {:?} error {:?} reported ± {:?}",
             f.share * 100.0,
             f.name,
             f.cpi_true,
             f.cpi_est,
-            f.cpi_error
+            f.cpi_error,
+            f.cpi_rel_error
         );
     }
     Some((out, profile, acc))
 }
 
-/// The bounds of issue 3 for default periods.
+/// How many reported errors (`Estimate::rel_error`) a sampled CPI may be from the truth:
+/// five standard errors of a normal estimate are exceeded with probability ≈ 6·10⁻⁷ per
+/// function, so a statistically normal run essentially never fails, while a 10 % bias is
+/// 5 to 20 reported errors on the functions with ≥ 2 % of cycles here.
+const K_ERRORS: f64 = 5.0;
+
+/// Every function with ≥ `CPI_SHARE_FLOOR` of the cycles has a CPI within
+/// [`K_ERRORS`] reported standard errors of the exact one.
+fn assert_cpi_within_reported_errors(acc: &Accuracy, what: &str) {
+    assert_eq!(acc.functions_without_cpi, 0, "{what}: {acc:?}");
+    let checked: Vec<_> = acc
+        .functions
+        .iter()
+        .filter(|f| f.share >= CPI_SHARE_FLOOR)
+        .collect();
+    assert!(!checked.is_empty(), "{what}: no function to check");
+    for f in checked {
+        let (Some(est), Some(truth), Some(rel)) = (f.cpi_est, f.cpi_true, f.cpi_rel_error) else {
+            panic!("{what}: {} has no CPI estimate: {f:?}", f.name);
+        };
+        let z = (est - truth).abs() / (rel * est);
+        assert!(
+            z <= K_ERRORS,
+            "{what}: {} CPI {est:.4} vs exact {truth:.4}: {z:.1} reported errors (± {:.2} %)",
+            f.name,
+            rel * 100.0
+        );
+    }
+}
+
+/// The bounds of issue 3 for default periods; CPI judged by its reported error.
 fn assert_bounds(acc: &Accuracy, branch_samples: u64) {
     assert!(branch_samples >= 5000, "{branch_samples} branch samples");
     assert!(acc.overlap_instruction >= 0.95, "{acc:?}");
     assert!(acc.overlap_block >= 0.97, "{acc:?}");
     assert!(acc.overlap_function >= 0.99, "{acc:?}");
     assert!(acc.overlap_edge >= 0.95, "{acc:?}");
-    assert_eq!(acc.functions_without_cpi, 0, "{acc:?}");
-    assert!(acc.cpi_error_max.unwrap() <= 0.05, "{acc:?}");
-    assert!(acc.cpi_error_median.unwrap() <= 0.02, "{acc:?}");
+    assert_cpi_within_reported_errors(acc, "default periods");
 }
 
 /// Every taken branch sampled and every cycle sampled: the estimate is the truth, up to
@@ -216,15 +245,12 @@ fn synchronised_loop_is_fixed_by_the_user_layer() {
         "thinning alone keeps the phase: {:.3}",
         kernel.1
     );
-    // `both` keeps a quarter of the records (thinning 4): its per-function CPI rests on
-    // ≈ 1000 cycle records for the smallest function here, ±3 % each way at one sigma,
-    // so its bound is twice the full-rate one. Misattribution (the phase) is held alike.
-    for (p, mis, acc, cpi_bound) in [
-        (user.0, user.1, &user.2, 0.05),
-        (both.0, both.1, &both.2, 0.10),
-    ] {
+    // `both` keeps a quarter of the records (thinning 4): its reported errors are about
+    // twice the full-rate ones, and the CPI is judged by them. Misattribution (the phase)
+    // is held alike.
+    for (p, mis, acc) in [(user.0, user.1, &user.2), (both.0, both.1, &both.2)] {
         assert!(mis < 0.02, "{p:?}: {mis:.3}");
-        assert!(acc.cpi_error_max.unwrap() <= cpi_bound, "{p:?}: {acc:?}");
+        assert_cpi_within_reported_errors(acc, &format!("perturbation {p:?}"));
     }
 }
 

@@ -2,8 +2,9 @@
 
 use cpi_common::policy::KernelConfig;
 use cpi_common::wire::EventRole;
+use cpi_user::collect::caps::{Capabilities, KernelFeatures};
 use cpi_user::collect::sys::Linux;
-use cpi_user::collect::{self, caps::Capabilities, events, ladder, DEFAULT_FREQUENCY};
+use cpi_user::collect::{self, events, ladder, DEFAULT_FREQUENCY};
 use cpi_user::profile::Mode;
 
 #[derive(clap::Args, Debug)]
@@ -64,12 +65,36 @@ pub fn run(_args: Args) -> anyhow::Result<i32> {
             "missing (/sys/kernel/btf/vmlinux)"
         },
     );
+    let rate = events::Rate {
+        frequency: DEFAULT_FREQUENCY,
+        period: None,
+        core_hz: events::nominal_core_hz(),
+    };
+    let plan = |m: Mode| events::plan(m, c.vendor, &rate, false, false);
+    // What the kernel's BPF has decides which programs load and where the ladder starts.
+    let mut start = c.mode();
+    let mut below_floor = false;
     let bpf = if privileged.is_ok() {
-        match collect::load(1 << 20, KernelConfig::default(), c.btf) {
+        let features = KernelFeatures::probe();
+        for (name, has) in features.lines() {
+            line(name, &has);
+        }
+        start = features.limit(start);
+        if let Err(why) = features.check_floor(&c.kernel) {
+            line("", &why);
+            below_floor = true;
+        }
+        // Every program the kernel can run, so each event below is tried with its own.
+        let all = features.limit((Mode::Cpi, String::new())).0;
+        let programs = ladder::programs_from(all, &plan);
+        match collect::load(1 << 20, KernelConfig::default(), c.btf, &programs) {
             Ok(b) => {
                 line(
                     "BPF load",
-                    "perf_event programs and a 1 MiB ring buffer load",
+                    &format!(
+                        "perf_event programs ({}) and a 1 MiB ring buffer load",
+                        programs.join(", ")
+                    ),
                 );
                 Some(b)
             }
@@ -79,13 +104,9 @@ pub fn run(_args: Args) -> anyhow::Result<i32> {
             }
         }
     } else {
+        line("kernel features", "not probed (no privileges)");
         line("BPF load", "not tried (no privileges)");
         None
-    };
-    let rate = events::Rate {
-        frequency: DEFAULT_FREQUENCY,
-        period: None,
-        core_hz: events::nominal_core_hz(),
     };
     let what = if bpf.is_some() {
         "opens, BPF attaches"
@@ -112,17 +133,9 @@ pub fn run(_args: Args) -> anyhow::Result<i32> {
         Some(b) => ladder::program_fd(b, name),
         None => Ok(None),
     };
-    let rung = ladder::walk(
-        &Linux,
-        c.mode(),
-        &|m| events::plan(m, c.vendor, &rate, false, false),
-        &[(0, -1)],
-        0,
-        &attach,
-        &mut |_| {},
-    );
+    let rung = ladder::walk(&Linux, start, &plan, &[(0, -1)], 0, &attach, &mut |_| {});
     match rung {
-        Ok(rung) if privileged.is_ok() && bpf.is_some() => {
+        Ok(rung) if privileged.is_ok() && bpf.is_some() && !below_floor => {
             line("mode", &format!("{} — {}", rung.mode.name(), rung.reason));
             Ok(0)
         }

@@ -1,0 +1,493 @@
+//! The one way cpi-bpf opens files that other users control, and creates the files it
+//! writes (DESIGN.md, "Trust boundaries").
+//!
+//! Reading on another's behalf ([`open`], [`open_in_root`]): `O_NONBLOCK|O_NOCTTY`, so a
+//! FIFO or a device planted at a path never blocks the open or becomes our terminal;
+//! `fstat` on the fd and regular files only, so nothing is read from a FIFO or device;
+//! inside a process's root, resolution cannot leave it (`openat2` with
+//! `RESOLVE_IN_ROOT|RESOLVE_NO_MAGICLINKS`, a checked walk on kernels without it); and
+//! [`check_identity`] compares the file with what the mapping recorded (device, inode),
+//! so a path now naming another file (a library replaced by rename, a symlink to a
+//! root-only file) is refused instead of read as if it were the mapped one.
+//!
+//! Writing ([`create_new`], [`replace`]): `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600, and a
+//! temp file renamed over the destination, so a symlink planted at a name is replaced,
+//! never written through. [`check_private_dir`] refuses a directory another user owns or
+//! can write.
+//!
+//! Mapped files cannot kill the process when truncated: [`map::GuardedMap`].
+
+pub mod map;
+mod sys;
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+
+/// A file's identity: what `/proc/PID/maps` and `PERF_RECORD_MMAP2` record for a mapping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FileId {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+}
+
+impl FileId {
+    /// From a device's major and minor numbers and an inode.
+    pub fn new(major: u32, minor: u32, ino: u64) -> FileId {
+        FileId {
+            dev: libc::makedev(major, minor),
+            ino,
+        }
+    }
+
+    /// An open file's identity.
+    pub fn of(meta: &std::fs::Metadata) -> FileId {
+        FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    }
+}
+
+impl std::fmt::Display for FileId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:x}:{:02x} inode {}",
+            libc::major(self.dev),
+            libc::minor(self.dev),
+            self.ino
+        )
+    }
+}
+
+/// Why a file was not opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The system refused.
+    #[error("{}: {source}", .path.display())]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// A FIFO, device, socket or directory where a regular file was expected.
+    #[error("{}: not a regular file ({kind}); not read", .path.display())]
+    NotRegular {
+        /// The path.
+        path: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// The path names another file than the one mapped (replaced, or a link elsewhere).
+    #[error("{}: not the mapped file (it is {found}, the mapping is {want}); not read", .path.display())]
+    NotTheMappedFile {
+        /// The path.
+        path: PathBuf,
+        /// The file the path names now.
+        found: FileId,
+        /// The file mapped.
+        want: FileId,
+    },
+}
+
+impl OpenError {
+    fn io(path: &Path) -> impl FnOnce(io::Error) -> OpenError + '_ {
+        move |source| OpenError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// The file type in `st_mode`, by name.
+fn kind(mode: u32) -> &'static str {
+    match mode & libc::S_IFMT {
+        libc::S_IFREG => "regular file",
+        libc::S_IFDIR => "directory",
+        libc::S_IFIFO => "FIFO",
+        libc::S_IFCHR => "character device",
+        libc::S_IFBLK => "block device",
+        libc::S_IFSOCK => "socket",
+        libc::S_IFLNK => "symbolic link",
+        _ => "unknown file type",
+    }
+}
+
+/// `fd` as a [`File`] when it is a regular file.
+fn regular(fd: OwnedFd, path: &Path) -> Result<File, OpenError> {
+    let st = sys::fstat(&fd).map_err(OpenError::io(path))?;
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err(OpenError::NotRegular {
+            path: path.to_path_buf(),
+            kind: kind(st.st_mode),
+        });
+    }
+    Ok(File::from(fd))
+}
+
+/// Opens `path` for reading on another's behalf: never blocks on a FIFO or device,
+/// regular files only. Symbolic links are followed (callers check identity, or the
+/// path was given by the user running cpi-bpf).
+pub fn open(path: &Path) -> Result<File, OpenError> {
+    let fd = sys::openat(None, path, sys::READ_FLAGS, 0).map_err(OpenError::io(path))?;
+    regular(fd, path)
+}
+
+/// Opens `path` (absolute or not) as seen by a process whose root directory is `root`
+/// (`/proc/PID/root`, a `--symfs` tree): `..` and symbolic links, absolute or not, never
+/// lead out of `root`; regular files only, never blocking.
+pub fn open_in_root(root: &Path, path: &Path) -> Result<File, OpenError> {
+    let shown = root.join(path.strip_prefix("/").unwrap_or(path));
+    let dir = sys::openat(
+        None,
+        root,
+        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        0,
+    )
+    .map_err(OpenError::io(&shown))?;
+    let fd = match sys::openat2_in_root(&dir, path, sys::READ_FLAGS) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => walk_in_root(&dir, path),
+        r => r,
+    }
+    .map_err(OpenError::io(&shown))?;
+    regular(fd, &shown)
+}
+
+/// Symbolic links followed by one resolution (the kernel's `MAXSYMLINKS`).
+const MAX_LINKS: usize = 40;
+
+/// [`open_in_root`] without `openat2` (kernels before 5.6): one component at a time,
+/// each opened with `O_NOFOLLOW`; a link's target is spliced into the remaining path
+/// (from `root` when absolute); `..` at `root` stays there.
+fn walk_in_root(root: &OwnedFd, path: &Path) -> io::Result<OwnedFd> {
+    let dup = |fd: &OwnedFd| fd.try_clone();
+    let mut stack: Vec<OwnedFd> = vec![dup(root)?];
+    let mut rest: Vec<std::ffi::OsString> = components(path);
+    rest.reverse();
+    let mut links = 0;
+    while let Some(name) = rest.pop() {
+        if name == ".." {
+            if stack.len() > 1 {
+                stack.pop();
+            }
+            continue;
+        }
+        let cur = stack.last().expect("root stays");
+        let comp = Path::new(&name);
+        let fd = sys::openat(
+            Some(cur),
+            comp,
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            0,
+        )?;
+        let st = sys::fstat(&fd)?;
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFLNK => {
+                links += 1;
+                if links > MAX_LINKS {
+                    return Err(io::Error::from_raw_os_error(libc::ELOOP));
+                }
+                let target = sys::readlinkat(cur, &name)?;
+                if Path::new(&target).is_absolute() {
+                    stack.truncate(1);
+                }
+                let mut t = components(Path::new(&target));
+                t.reverse();
+                rest.extend(t);
+            }
+            libc::S_IFDIR if !rest.is_empty() => stack.push(fd),
+            _ if rest.is_empty() => {
+                return sys::openat(Some(cur), comp, sys::READ_FLAGS | libc::O_NOFOLLOW, 0);
+            }
+            _ => return Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
+        }
+    }
+    // The path named `root` itself (or a directory): not a file.
+    dup(stack.last().expect("root stays"))
+}
+
+fn components(p: &Path) -> Vec<std::ffi::OsString> {
+    p.components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_os_string()),
+            Component::ParentDir => Some(OsStr::new("..").to_os_string()),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
+        })
+        .collect()
+}
+
+/// `file` (opened by `path`) is the file `want` names; `None` (nothing recorded, e.g. a
+/// recording from another machine) accepts it.
+pub fn check_identity(file: &File, path: &Path, want: Option<FileId>) -> Result<(), OpenError> {
+    let Some(want) = want else { return Ok(()) };
+    let found = FileId::of(&file.metadata().map_err(OpenError::io(path))?);
+    if found != want {
+        return Err(OpenError::NotTheMappedFile {
+            path: path.to_path_buf(),
+            found,
+            want,
+        });
+    }
+    Ok(())
+}
+
+/// Creates `path`, which must not exist (not even as a dangling link), mode 0600.
+pub fn create_new(path: &Path) -> io::Result<File> {
+    let fd = sys::openat(
+        None,
+        path,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        0o600,
+    )?;
+    Ok(File::from(fd))
+}
+
+/// Writes a new `path` through a temp file in its directory (created with [`create_new`]),
+/// fsync'd and renamed over `path`: whatever was at `path` (a file, a planted link) is
+/// replaced, never written through, and readers see the old file or the whole new one.
+pub fn replace(path: &Path, write: impl FnOnce(&mut File) -> io::Result<()>) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let mut tmp;
+    let mut tries = 0;
+    let mut f = loop {
+        tmp = dir.join(format!(
+            ".{}.{:016x}.tmp",
+            name.to_string_lossy(),
+            rand::random::<u64>()
+        ));
+        match create_new(&tmp) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 8 => tries += 1,
+            r => break r?,
+        }
+    };
+    let r = write(&mut f)
+        .and_then(|_| f.flush())
+        .and_then(|_| f.sync_all())
+        .and_then(|_| std::fs::rename(&tmp, path));
+    if r.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    r
+}
+
+/// Why a directory is not private to this user.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    /// `lstat` failed.
+    #[error("{}: {source}", .dir.display())]
+    Io {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// Not a directory.
+    #[error("{} is not a directory ({kind}); refusing to use it", .dir.display())]
+    NotDir {
+        /// The path.
+        dir: PathBuf,
+        /// What it is.
+        kind: &'static str,
+    },
+    /// Another user owns it.
+    #[error("{} is owned by uid {owner}, not {me}; refusing to use it", .dir.display())]
+    Owner {
+        /// The directory.
+        dir: PathBuf,
+        /// Its owner.
+        owner: u32,
+        /// This process's effective uid.
+        me: u32,
+    },
+    /// Group or others may write in it.
+    #[error("{} is writable by group or others (mode {mode:04o}); refusing to use it (chmod 700 it)", .dir.display())]
+    Writable {
+        /// The directory.
+        dir: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+}
+
+/// Creates `dir` (mode 0700) if missing; refuses it unless it is a directory (a link is
+/// followed: its target is checked) owned by this process's effective user that no one
+/// else can write.
+pub fn check_private_dir(dir: &Path) -> Result<(), DirError> {
+    let io = |source| DirError::Io {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    if let Err(e) = std::fs::symlink_metadata(dir) {
+        if e.kind() != io::ErrorKind::NotFound {
+            return Err(io(e));
+        }
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io)?;
+    }
+    let meta = std::fs::metadata(dir).map_err(io)?;
+    if !meta.is_dir() {
+        return Err(DirError::NotDir {
+            dir: dir.to_path_buf(),
+            kind: kind(meta.mode()),
+        });
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != me {
+        return Err(DirError::Owner {
+            dir: dir.to_path_buf(),
+            owner: meta.uid(),
+            me,
+        });
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(DirError::Writable {
+            dir: dir.to_path_buf(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("cpi-fsafe-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_blocking() {
+        let d = scratch("fifo");
+        let p = d.join("lib.so");
+        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let e = open(&p).unwrap_err();
+        assert!(
+            matches!(e, OpenError::NotRegular { kind: "FIFO", .. }),
+            "{e}"
+        );
+        let e = open_in_root(&d, Path::new("/lib.so")).unwrap_err();
+        assert!(matches!(e, OpenError::NotRegular { .. }), "{e}");
+        let e = open(Path::new("/dev/null")).unwrap_err();
+        assert!(matches!(e, OpenError::NotRegular { .. }), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn links_stay_inside_the_root_with_and_without_openat2() {
+        let d = scratch("root");
+        let root = d.join("root");
+        std::fs::create_dir_all(root.join("lib")).unwrap();
+        std::fs::write(d.join("outside"), b"secret").unwrap();
+        std::fs::write(root.join("lib/inside"), b"inside").unwrap();
+        std::fs::write(root.join("outside"), b"root's own").unwrap();
+        symlink("/outside", root.join("lib/abs")).unwrap();
+        symlink("../../../../outside", root.join("lib/rel")).unwrap();
+        symlink("inside", root.join("lib/ok")).unwrap();
+        let read = |f: File| std::io::read_to_string(f).unwrap();
+        for walk in [false, true] {
+            let open = |p: &str| -> io::Result<File> {
+                if walk {
+                    let dir = sys::openat(
+                        None,
+                        &root,
+                        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                        0,
+                    )?;
+                    walk_in_root(&dir, Path::new(p)).map(File::from)
+                } else {
+                    open_in_root(&root, Path::new(p)).map_err(io::Error::other)
+                }
+            };
+            assert_eq!(read(open("/lib/ok").unwrap()), "inside", "walk {walk}");
+            assert_eq!(read(open("/lib/abs").unwrap()), "root's own", "walk {walk}");
+            assert_eq!(read(open("lib/rel").unwrap()), "root's own", "walk {walk}");
+            assert_eq!(read(open("/../../outside").unwrap()), "root's own");
+            assert!(open("/lib/missing").is_err());
+        }
+        symlink("loop", root.join("loop")).unwrap();
+        let dir = sys::openat(None, &root, libc::O_PATH | libc::O_DIRECTORY, 0).unwrap();
+        let e = walk_in_root(&dir, Path::new("/loop")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn identity_is_checked() {
+        let d = scratch("id");
+        let (a, b) = (d.join("a"), d.join("b"));
+        std::fs::write(&a, b"a").unwrap();
+        std::fs::write(&b, b"b").unwrap();
+        let want = FileId::of(&std::fs::metadata(&a).unwrap());
+        check_identity(&open(&a).unwrap(), &a, Some(want)).unwrap();
+        check_identity(&open(&b).unwrap(), &b, None).unwrap();
+        let e = check_identity(&open(&b).unwrap(), &b, Some(want)).unwrap_err();
+        assert!(matches!(e, OpenError::NotTheMappedFile { .. }), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn writes_replace_links_instead_of_following_them() {
+        let d = scratch("write");
+        let victim = d.join("victim");
+        std::fs::write(&victim, b"root only").unwrap();
+        let out = d.join("out");
+        symlink(&victim, &out).unwrap();
+        assert!(create_new(&out).is_err(), "O_EXCL|O_NOFOLLOW");
+        replace(&out, |f| f.write_all(b"profile")).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"root only");
+        let m = std::fs::symlink_metadata(&out).unwrap();
+        assert!(m.is_file());
+        assert_eq!(m.permissions().mode() & 0o777, 0o600);
+        assert_eq!(std::fs::read(&out).unwrap(), b"profile");
+        assert_eq!(
+            std::fs::read_dir(&d).unwrap().count(),
+            2,
+            "no temp file left"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn only_private_directories_are_used() {
+        let d = scratch("dir");
+        let s = d.join("store");
+        check_private_dir(&s).unwrap();
+        let m = std::fs::metadata(&s).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o700);
+        std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = check_private_dir(&s).unwrap_err();
+        assert!(matches!(e, DirError::Writable { .. }), "{e}");
+        let f = d.join("file");
+        std::fs::write(&f, b"").unwrap();
+        assert!(matches!(
+            check_private_dir(&f),
+            Err(DirError::NotDir { .. })
+        ));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}

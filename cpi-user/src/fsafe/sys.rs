@@ -1,0 +1,132 @@
+//! The raw system calls of [`super`]: `openat` with explicit flags, `openat2` with
+//! `RESOLVE_IN_ROOT`, `readlinkat`, and the `SIGBUS` handler's `sigaction`/`mmap`.
+//! Callers get owned fds and `io::Result`s.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+
+/// Flags of every read-only open on another's behalf: a FIFO or a device opens without
+/// waiting for a writer or becoming our terminal, and no child inherits the fd.
+pub const READ_FLAGS: libc::c_int =
+    libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
+
+fn cstr(p: &OsStr) -> io::Result<CString> {
+    CString::new(p.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+fn owned(fd: libc::c_long) -> io::Result<OwnedFd> {
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new fd the kernel just returned, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// `openat(dir, path, flags, mode)`; `dir` `None` is `AT_FDCWD`.
+pub fn openat(
+    dir: Option<&OwnedFd>,
+    path: &Path,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+) -> io::Result<OwnedFd> {
+    let p = cstr(path.as_os_str())?;
+    let d = dir.map_or(libc::AT_FDCWD, AsRawFd::as_raw_fd);
+    // SAFETY: a NUL-terminated path that outlives the call.
+    owned(unsafe { libc::openat(d, p.as_ptr(), flags, libc::c_uint::from(mode)) }.into())
+}
+
+/// `openat2(dir, path, {flags, resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS})`:
+/// `path` resolved as if `dir` were `/` (`..` and absolute symlinks stay inside it).
+/// `ENOSYS` on kernels before 5.6.
+pub fn openat2_in_root(dir: &OwnedFd, path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let p = cstr(path.as_os_str())?;
+    // SAFETY: all-zero is a valid `open_how` (no flags, no mode, no resolve bits).
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = flags as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: `how` and `p` outlive the call; the size is `how`'s own.
+    owned(unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir.as_raw_fd(),
+            p.as_ptr(),
+            &raw const how,
+            size_of::<libc::open_how>(),
+        )
+    })
+}
+
+/// `readlinkat(dir, name)`.
+pub fn readlinkat(dir: &OwnedFd, name: &OsStr) -> io::Result<OsString> {
+    let p = cstr(name)?;
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: `buf` is writable for its length; `p` is NUL-terminated.
+    let n = unsafe {
+        libc::readlinkat(
+            dir.as_raw_fd(),
+            p.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(OsString::from_vec(buf))
+}
+
+/// `fstat(fd)`.
+pub fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
+    // SAFETY: an all-zero `stat` is valid; the kernel fills it.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: a live fd and a writable `stat`.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &raw mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st)
+}
+
+/// Installs `handler` for `SIGBUS` (`SA_SIGINFO | SA_NODEFER | SA_ONSTACK`); returns the
+/// action it replaces.
+pub fn install_sigbus(
+    handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void),
+) -> io::Result<libc::sigaction> {
+    // SAFETY: all-zero `sigaction`s are valid (empty mask, no flags) before being filled.
+    let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
+    let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    new.sa_sigaction = handler as usize;
+    new.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_ONSTACK;
+    // SAFETY: valid pointers to initialised `sigaction`s.
+    if unsafe { libc::sigaction(libc::SIGBUS, &raw const new, &raw mut old) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(old)
+}
+
+/// Maps one page of zeros, read-only, over `page` (async-signal-safe: one syscall).
+pub fn zero_page_over(page: usize) -> bool {
+    // SAFETY: `page` is page-aligned and lies in a mapping this process owns and reads
+    // only through the slice it registered (fsafe/map.rs); MAP_FIXED replaces that page.
+    let p = unsafe {
+        libc::mmap(
+            page as *mut libc::c_void,
+            page_size(),
+            libc::PROT_READ,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    p != libc::MAP_FAILED
+}
+
+/// The page size (4096 on x86-64; asked once).
+pub fn page_size() -> usize {
+    static SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: sysconf has no preconditions.
+    *SIZE.get_or_init(|| unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize)
+}

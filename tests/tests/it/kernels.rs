@@ -1,0 +1,426 @@
+//! The kernel matrix: Debian's own cloud kernels — bullseye 5.10, bookworm 6.1, trixie
+//! 6.12, fetched by `cargo xtask setup` into `target/kernels/` (xtask/src/kernels.rs) —
+//! booted in QEMU with TCG (KVM hangs in this nested VM) from an initramfs holding
+//! busybox, this cpi-bpf with its shared libraries, `tests/programs/twofunc.c` (2/3 of its
+//! time in `alpha_work`, 1/3 in `beta_work`) and a perf.data recording of it. The guest's
+//! `/init` ([`GUEST_INIT`]) runs `doctor`, a one-shot time profile, `--pid`, a short
+//! `agent` read back with `report --store`, and `import-perf`, and writes every output on
+//! a second serial port (the first one carries the kernel's console, which could
+//! interleave); the test parses it and asserts per kernel. The host's own kernel runs the
+//! same checks through the other modules. Kernels boot two at a time (this machine has
+//! two cores).
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cpi_tests::perf_data::{self, build_id, exec_records, loop_of, loop_stack, taken_attr, Record};
+use cpi_tests::{compile_c, cpi_bpf, cpu_heavy, temp_dir, workspace_root};
+use cpi_user::binary::Binary;
+use cpi_user::profile::model::Profile;
+
+/// (Debian suite, the release prefix its kernel must report).
+const KERNELS: [(&str, &str); 3] = [
+    ("bullseye", "5.10."),
+    ("bookworm", "6.1."),
+    ("trixie", "6.12."),
+];
+
+/// One guest's whole run, boot to power-off, at most this long (≈ 30 s each measured on
+/// an idle machine; TCG slows down a lot with both CPUs busy).
+const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The guest's `/init`: each step's stdout between `@@begin NAME` and `@@end NAME rc=N`
+/// on `/dev/ttyS1`, its stderr likewise as `NAME.stderr`. The profiled programs outlive the profiler (killed after it), so a
+/// slow start under TCG still finds them running.
+const GUEST_INIT: &str = r#"#!/bin/busybox sh
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /tmp
+exec 3>/dev/ttyS1
+step() {
+  name=$1; shift
+  echo "@@begin $name" >&3; "$@" >&3 2>/tmp/$name.err; echo "@@end $name rc=$?" >&3
+  echo "@@begin $name.stderr" >&3; cat /tmp/$name.err >&3; echo "@@end $name.stderr rc=0" >&3
+}
+echo "@@kernel $(uname -r)" >&3
+step doctor /cpi-bpf doctor
+step oneshot /cpi-bpf --duration 10 --format json --output /tmp/one.json -- /twofunc 4
+step oneshot-json cat /tmp/one.json
+/twofunc 600 & P=$!
+step pid /cpi-bpf --pid $P --duration 3 --format json --output /tmp/pid.json
+kill $P
+step pid-json cat /tmp/pid.json
+/twofunc 600 & P=$!
+/cpi-bpf agent --pid $P --interval 2 --store /tmp/store --metrics-addr off --overhead-budget 100 > /tmp/agent.log 2>&1 & A=$!
+i=0; while [ $i -lt 120 ] && [ -z "$(ls /tmp/store 2>/dev/null)" ]; do sleep 1; i=$((i+1)); done
+kill -TERM $A; wait $A; echo "@@agent rc=$?" >&3
+kill $P
+step agent-log cat /tmp/agent.log
+step store /cpi-bpf report --store /tmp/store --format json
+step import /cpi-bpf import-perf /rec.data --format json
+echo "@@done" >&3
+poweroff -f
+"#;
+
+/// Fails under CI (a missing tool there is a broken set-up), else says why and skips.
+fn missing(what: &str) -> bool {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "kernel matrix: {what} (CI must run it: `cargo xtask setup` installs it)"
+    );
+    eprintln!("skipped: kernel matrix: {what}; run `cargo xtask setup`");
+    true
+}
+
+fn run_ok(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The samples of `alpha_work` and `beta_work` in `twofunc`'s process of `p` must split
+/// 2 : 1 within four binomial standard errors of the profile's own sample count.
+fn check_split(p: &Profile, what: &str) -> Result<String, String> {
+    let proc = p
+        .processes
+        .iter()
+        .find(|p| p.comm == "twofunc")
+        .ok_or(format!("{what}: no twofunc process"))?;
+    let samples = |name: &str| {
+        proc.functions
+            .iter()
+            .find(|f| f.name == name)
+            .map_or(0, |f| f.samples)
+    };
+    let (a, b) = (samples("alpha_work"), samples("beta_work"));
+    let n = (a + b) as f64;
+    if n < 100.0 {
+        return Err(format!(
+            "{what}: only {n} samples in alpha_work + beta_work"
+        ));
+    }
+    let share = a as f64 / n;
+    let sigma = (2.0 / 9.0 / n).sqrt();
+    let line = format!(
+        "{what}: alpha_work {:.1} % of {n} samples (2/3 ± {:.1} points)",
+        share * 100.0,
+        400.0 * sigma
+    );
+    if (share - 2.0 / 3.0).abs() <= 4.0 * sigma {
+        Ok(line)
+    } else {
+        Err(line)
+    }
+}
+
+/// The guest's output: `@@kernel`, and each step's text and exit status.
+struct GuestRun {
+    kernel: String,
+    steps: BTreeMap<String, (String, i32)>,
+    agent_rc: Option<i32>,
+    done: bool,
+}
+
+fn parse(text: &str) -> GuestRun {
+    let mut run = GuestRun {
+        kernel: String::new(),
+        steps: BTreeMap::new(),
+        agent_rc: None,
+        done: false,
+    };
+    let mut current: Option<(String, String)> = None;
+    for line in text.lines().map(|l| l.trim_end_matches('\r')) {
+        if let Some(k) = line.strip_prefix("@@kernel ") {
+            run.kernel = k.to_string();
+        } else if let Some(name) = line.strip_prefix("@@begin ") {
+            current = Some((name.to_string(), String::new()));
+        } else if let Some(rest) = line.strip_prefix("@@end ") {
+            let rc = rest
+                .rsplit_once(" rc=")
+                .and_then(|(_, rc)| rc.parse().ok())
+                .unwrap_or(-1);
+            if let Some((name, body)) = current.take() {
+                run.steps.insert(name, (body, rc));
+            }
+        } else if let Some(rc) = line.strip_prefix("@@agent rc=") {
+            run.agent_rc = rc.parse().ok();
+        } else if line == "@@done" {
+            run.done = true;
+        } else if let Some((_, body)) = current.as_mut() {
+            body.push_str(line);
+            body.push('\n');
+        }
+    }
+    run
+}
+
+/// Every check of one kernel: the lines that passed, or the first failure.
+fn check(run: &GuestRun, release: &str, import_share: f64) -> Result<Vec<String>, String> {
+    let mut seen = vec![format!("kernel {}", run.kernel)];
+    if !run.kernel.starts_with(release) {
+        return Err(format!("booted {:?}, want {release}*", run.kernel));
+    }
+    let step = |name: &str| -> Result<&str, String> {
+        match run.steps.get(name) {
+            Some((body, 0)) => Ok(body),
+            Some((body, rc)) => {
+                let err = run.steps.get(&format!("{name}.stderr"));
+                let err = err.map_or("", |(e, _)| e.as_str());
+                Err(format!("{name} exited {rc}:\n{body}{err}"))
+            }
+            None => Err(format!("{name} did not run (guest done: {})", run.done)),
+        }
+    };
+    let json = |name: &str| -> Result<Profile, String> {
+        Profile::from_json(step(name)?.as_bytes()).map_err(|e| format!("{name}: {e}"))
+    };
+    let doctor = step("doctor")?;
+    for feature in [
+        "perf_event programs",
+        "BPF ring buffer",
+        "bpf_read_branch_records",
+    ] {
+        let line = doctor
+            .lines()
+            .find(|l| l.starts_with(feature))
+            .ok_or(format!("doctor shows no {feature} line:\n{doctor}"))?;
+        if !line[feature.len()..].trim_start().starts_with("yes") {
+            return Err(format!("doctor: {line}"));
+        }
+    }
+    let mode = doctor
+        .lines()
+        .find(|l| l.starts_with("mode "))
+        .ok_or(format!("doctor shows no mode:\n{doctor}"))?;
+    // Guests have no PMU: the time profile is the mode every kernel must give.
+    if !mode["mode".len()..]
+        .trim_start()
+        .starts_with("time-profile")
+    {
+        return Err(format!("doctor: {mode}"));
+    }
+    seen.push(format!(
+        "doctor: {}",
+        mode.split(" — ").next().unwrap_or(mode)
+    ));
+    seen.push(check_split(&json("oneshot-json")?, "one-shot")?);
+    seen.push(check_split(&json("pid-json")?, "--pid")?);
+    if run.agent_rc != Some(0) {
+        let log = run.steps.get("agent-log").map_or("", |(b, _)| b.as_str());
+        return Err(format!("agent exited {:?}:\n{log}", run.agent_rc));
+    }
+    seen.push(check_split(
+        &json("store")?,
+        "agent window via report --store",
+    )?);
+    let imported = json("import")?;
+    let share = imported
+        .processes
+        .iter()
+        .flat_map(|p| &p.functions)
+        .find(|f| f.name == "alpha_work")
+        .map(|f| f.share)
+        .ok_or("import-perf: no alpha_work")?;
+    if (share - import_share).abs() > 1e-9 {
+        return Err(format!(
+            "import-perf: alpha_work share {share}, the recording holds {import_share}"
+        ));
+    }
+    seen.push(format!(
+        "import-perf: alpha_work share {share:.4} as recorded"
+    ));
+    Ok(seen)
+}
+
+/// A recording of `exe` (as `/twofunc` in the guest) on the taken-branch event: 60
+/// samples in alpha_work's loop, 30 in beta_work's, full 32-deep stacks. Returns the
+/// alpha_work share of instructions it must import as.
+fn recording(exe: &Path, out: &Path) -> f64 {
+    const PID: u32 = 4242;
+    let bin = Binary::open(exe).unwrap();
+    let (alpha, beta) = (loop_of(&bin, "alpha_work"), loop_of(&bin, "beta_work"));
+    let mut recs = exec_records(&bin, PID, "twofunc", "/twofunc");
+    for i in 0..90 {
+        let l = if i % 3 == 2 { beta } else { alpha };
+        recs.push(Record::Sample {
+            attr: 0,
+            pid: PID,
+            tid: PID,
+            ip: l.head,
+            period: 500_009,
+            branches: loop_stack(l, 32, 0),
+        });
+    }
+    perf_data::write(out, &[taken_attr(5)], &recs, &[build_id(&bin, "/twofunc")]);
+    let (a, b) = (
+        alpha.instructions as f64 * 60.0,
+        beta.instructions as f64 * 30.0,
+    );
+    a / (a + b)
+}
+
+/// The initramfs (newc cpio, built with busybox's cpio): busybox, cpi-bpf without its
+/// debug info, the libraries `ldd` lists for both executables, twofunc, the recording.
+fn initramfs(dir: &Path, busybox: &Path, twofunc: &Path, rec: &Path) -> PathBuf {
+    let root = dir.join("root");
+    for d in ["bin", "proc", "sys", "dev", "tmp"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
+    run_ok(
+        Command::new("objcopy")
+            .arg("--strip-debug")
+            .arg(cpi_bpf())
+            .arg(root.join("cpi-bpf")),
+    );
+    std::fs::copy(twofunc, root.join("twofunc")).unwrap();
+    std::fs::copy(rec, root.join("rec.data")).unwrap();
+    for exe in [cpi_bpf(), twofunc] {
+        let out = Command::new("ldd").arg(exe).output().expect("ldd");
+        for lib in String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .filter(|w| w.starts_with('/'))
+        {
+            let to = root.join(lib.trim_start_matches('/'));
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(lib, &to).unwrap_or_else(|e| panic!("{lib}: {e}"));
+        }
+    }
+    let init = root.join("init");
+    std::fs::write(&init, GUEST_INIT).unwrap();
+    std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let list = Command::new(busybox)
+        .args(["find", "."])
+        .current_dir(&root)
+        .output()
+        .unwrap();
+    let cpio = dir.join("initrd.cpio");
+    let mut child = Command::new(busybox)
+        .args(["cpio", "-o", "-H", "newc"])
+        .current_dir(&root)
+        .stdin(Stdio::piped())
+        .stdout(std::fs::File::create(&cpio).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), &list.stdout).unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success(), "busybox cpio failed");
+    cpio
+}
+
+/// Boots `kernel` with `initrd`; the guest's results port, or why there is none.
+fn boot(kernel: &Path, initrd: &Path, dir: &Path, name: &str) -> (String, Duration) {
+    let console = dir.join(format!("{name}.console"));
+    let results = dir.join(format!("{name}.results"));
+    let started = Instant::now();
+    let mut qemu = Command::new("qemu-system-x86_64")
+        .args(["-accel", "tcg", "-cpu", "max", "-m", "2048", "-smp", "2"])
+        .arg("-kernel")
+        .arg(kernel)
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-append", "console=ttyS0 quiet panic=-1"])
+        .args(["-display", "none", "-monitor", "none", "-no-reboot"])
+        .arg("-serial")
+        .arg(format!("file:{}", console.display()))
+        .arg("-serial")
+        .arg(format!("file:{}", results.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("qemu-system-x86_64");
+    let exited = loop {
+        if let Some(st) = qemu.try_wait().unwrap() {
+            break Some(st);
+        }
+        if started.elapsed() > GUEST_TIMEOUT {
+            let _ = qemu.kill();
+            let _ = qemu.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let took = started.elapsed();
+    let text = std::fs::read_to_string(&results).unwrap_or_default();
+    if exited.is_none() {
+        let tail = std::fs::read_to_string(&console).unwrap_or_default();
+        let tail: Vec<&str> = tail.lines().rev().take(15).collect();
+        eprintln!(
+            "{name}: no power-off within {GUEST_TIMEOUT:?}; console ends:\n{}",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    (text, took)
+}
+
+#[test]
+fn every_debian_kernel_collects_in_every_mode_its_guest_has() {
+    let kernels_dir = workspace_root().join("target/kernels");
+    let busybox = Path::new("/bin/busybox");
+    let qemu_there = Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !qemu_there && missing("qemu-system-x86_64 is not installed") {
+        return;
+    }
+    if !busybox.exists() && missing("/bin/busybox (busybox-static) is not installed") {
+        return;
+    }
+    for (suite, _) in KERNELS {
+        let k = kernels_dir.join(suite).join("vmlinuz");
+        if !k.exists() && missing(&format!("{} is missing", k.display())) {
+            return;
+        }
+    }
+    let dir = temp_dir("kernels");
+    let Some(twofunc) = compile_c("twofunc.c", &dir, "twofunc", &[]) else {
+        assert!(missing("gcc is not installed"), "unreachable");
+        return;
+    };
+    let rec = dir.join("rec.data");
+    let import_share = recording(&twofunc, &rec);
+    let initrd = initramfs(&dir, busybox, &twofunc, &rec);
+
+    // TCG wants both CPUs: nothing else CPU-bound runs meanwhile.
+    let _cpu = cpu_heavy();
+    let started = Instant::now();
+    let mut failures = Vec::new();
+    for pair in KERNELS.chunks(2) {
+        let runs: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = pair
+                .iter()
+                .map(|&(suite, release)| {
+                    let (kernel, initrd, dir) =
+                        (kernels_dir.join(suite).join("vmlinuz"), &initrd, &dir);
+                    s.spawn(move || (suite, release, boot(&kernel, initrd, dir, suite)))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (suite, release, (text, took)) in runs {
+            match check(&parse(&text), release, import_share) {
+                Ok(lines) => {
+                    eprintln!("{suite} ({took:.1?}):");
+                    for l in lines {
+                        eprintln!("  {l}");
+                    }
+                }
+                Err(e) => failures.push(format!("{suite} ({took:.1?}): {e}")),
+            }
+        }
+    }
+    eprintln!("kernel matrix: {:.1?} in all", started.elapsed());
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
