@@ -418,6 +418,9 @@ fn header(p: &Profile, opts: &TableOptions) -> String {
         events.join(", "),
         group(p.lost_samples)
     );
+    if let Some(k) = kernel_share(p) {
+        let _ = write!(line, ", {} in the kernel", pct(k));
+    }
     if !opts.verbose {
         line += " (-v: periods, losses by reason, notes)";
     }
@@ -467,6 +470,21 @@ fn header(p: &Profile, opts: &TableOptions) -> String {
     }
     s
 }
+
+/// The share of the profile's cycles (CPU time in a time profile) in kernel code,
+/// when there is any: said on the summary line, so the shares below are read knowing it.
+fn kernel_share(p: &Profile) -> Option<f64> {
+    let fns = || p.processes.iter().flat_map(|pr| &pr.functions);
+    let total: f64 = fns().map(|f| heat(p.mode, f)).sum();
+    let kernel: f64 = fns()
+        .filter(|f| f.binary == KERNEL)
+        .map(|f| heat(p.mode, f))
+        .sum();
+    (kernel > 0.0 && total > 0.0).then(|| kernel / total)
+}
+
+/// The binary kernel code is attributed to (binary/symbolize.rs).
+const KERNEL: &str = "[kernel]";
 
 /// Processes with less than this share of all samples are summarised in one line:
 /// a command that forks helpers (shell wrappers, `pyenv` shims) would otherwise bury the

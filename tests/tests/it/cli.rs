@@ -210,3 +210,64 @@ fn a_300_character_name_fits_an_80_column_table() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// perf's default where it is allowed: kernel samples are kept (`[kernel]`), so `dd`
+/// from /dev/zero shows where its CPU time goes, the summary line states the kernel's
+/// share, and the totals add up; `--user-only` leaves the kernel out.
+#[test]
+fn kernel_time_is_shown_and_totals_add_up() {
+    if !require_root("kernel samples") {
+        return;
+    }
+    let _cpu = cpu_heavy();
+    let dd = [
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=64k",
+        "count=300000",
+    ];
+    let out = Command::new(cpi_bpf())
+        .args(["--format", "json", "--"])
+        .args(dd)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let p = cpi_tests::stdout_json(&out);
+    let procs = p["processes"].as_array().unwrap();
+    let dd_proc = procs
+        .iter()
+        .find(|pr| pr["comm"] == "dd")
+        .unwrap_or_else(|| panic!("dd in {procs:?}"));
+    let fns = dd_proc["functions"].as_array().unwrap();
+    let samples = |kernel: bool| -> u64 {
+        fns.iter()
+            .filter(|f| (f["binary"] == "[kernel]") == kernel)
+            .map(|f| f["samples"].as_u64().unwrap())
+            .sum()
+    };
+    let (k, u) = (samples(true), samples(false));
+    assert_eq!(
+        k + u,
+        dd_proc["samples"].as_u64().unwrap(),
+        "every sample is in a function"
+    );
+    // Reading /dev/zero is the kernel zeroing pages: most of dd's time by far.
+    assert!(k > u, "kernel {k} samples, user {u}");
+    let shares: f64 = fns.iter().map(|f| f["share"].as_f64().unwrap()).sum();
+    assert!((shares - 1.0).abs() < 1e-6, "shares add up to {shares}");
+    // The table says the share on its summary line.
+    let out = Command::new(cpi_bpf()).arg("--").args(dd).output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("% in the kernel"), "{table}");
+    let out = Command::new(cpi_bpf())
+        .args(["--user-only", "--format", "json", "--"])
+        .args(dd)
+        .output()
+        .unwrap();
+    let p = cpi_tests::stdout_json(&out);
+    assert!(
+        !p.to_string().contains("\"[kernel]\""),
+        "--user-only has no kernel samples"
+    );
+}

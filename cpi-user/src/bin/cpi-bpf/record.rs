@@ -49,8 +49,13 @@ pub struct Args {
     /// BPF ring buffer size, MiB (a power of two).
     #[arg(long, value_name = "MIB", default_value_t = 8)]
     pub ring_buffer_mib: u32,
-    /// Sample kernel code too.
+    /// User space only (as perf's `-e cycles:u`). By default kernel code is sampled
+    /// too, as perf does where it is allowed (cpi-bpf runs as root), and shown as the
+    /// `[kernel]` binary, so a program's CPU time in system calls is not missing.
     #[arg(long)]
+    pub user_only: bool,
+    /// Sample kernel code too: the default (see --user-only).
+    #[arg(long, hide = true, conflicts_with = "user_only")]
     pub include_kernel: bool,
     /// Ranges used per branch sample, the fixed window that keeps the profile uniform
     /// (default: branch-record depth − 1, as the PMU model uses).
@@ -78,7 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         _ => bail!("give -p PID or -a (system-wide), not both, and a command only without -p"),
     };
-    check_events(&args.event)?;
+    let user_only = check_events(&args.event)? || args.user_only;
     if args.call_graph {
         log::warn!(
             "-g: no call stacks yet: profiles are leaf-only (--callgraph shows the calls seen \
@@ -102,7 +107,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             period: args.period,
             core_hz: collect::events::nominal_core_hz(),
         },
-        include_kernel: args.include_kernel,
+        include_kernel: !user_only,
         perturbation: args.policy.perturbation(),
         thinning: args.policy.thinning.max(1),
         redraw_every: Duration::from_millis(args.redraw_ms.max(1)),
@@ -143,10 +148,11 @@ fn exit_status(stop: Option<StopReason>, command_status: Option<i32>) -> i32 {
 }
 
 /// `-e`: perf's event names, accepted when they are the events the capability ladder
-/// samples on this machine; cpi-bpf does not sample others.
-fn check_events(events: &[String]) -> anyhow::Result<()> {
+/// samples on this machine; cpi-bpf does not sample others. True when every event has
+/// perf's `:u` modifier (user space only).
+fn check_events(events: &[String]) -> anyhow::Result<bool> {
     if events.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     let (mode, _) = Capabilities::probe().mode();
     let used: &[&str] = match mode {
@@ -156,7 +162,7 @@ fn check_events(events: &[String]) -> anyhow::Result<()> {
     };
     for e in events {
         // perf's modifiers (`cycles:u`, `cycles:pp`) say where and how precisely.
-        let name = e.split(':').next().unwrap_or(e);
+        let (name, _) = e.split_once(':').unwrap_or((e, ""));
         if !used.contains(&name) {
             bail!(
                 "-e {e}: on this machine cpi-bpf samples {} ({} mode) and picks its events \
@@ -166,7 +172,10 @@ fn check_events(events: &[String]) -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
+    Ok(events.iter().all(|e| {
+        e.split_once(':')
+            .is_some_and(|(_, m)| m.contains('u') && !m.contains('k'))
+    }))
 }
 
 /// `--duration`: positive seconds, small enough to be a deadline.
