@@ -124,14 +124,22 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         (s, _) => s.unwrap_or(StopReason::Finished).to_string(),
     };
     let received: u64 = collected.run.events.iter().map(|e| e.samples).sum();
-    let secs = collected.run.duration_secs;
-    let profile = analyze(&collected.set, collected.run, &AnalysisOptions::default());
-    // The profile's own loss count (collection and analysis), so this line, the table
-    // and the JSON count the same things; the reasons are in `-v` and the JSON.
+    // Said before the analysis: the collection is over (the tests read the target's CPU
+    // time at this line).
     eprintln!(
-        "cpi-bpf: stopped ({stop}) after {secs:.2} s: {received} samples received, {} lost",
-        profile.lost_samples
+        "cpi-bpf: stopped ({stop}) after {:.2} s: {received} samples received",
+        collected.run.duration_secs
     );
+    let profile = analyze(&collected.set, collected.run, &AnalysisOptions::default());
+    // The profile's own loss account (collection and analysis), so this line, the table
+    // and the JSON count the same things; none lost is said by the table and JSON only.
+    if profile.lost_samples > 0 {
+        log::warn!(
+            "{} samples lost {}",
+            profile.lost_samples,
+            profile.lost.breakdown()
+        );
+    }
     emit(&profile, &args.output)?;
     Ok(exit_status(collected.stop, collected.command_status))
 }
