@@ -12,6 +12,20 @@ fn run(args: &[&str]) -> std::process::Output {
         .expect("running cpi-bpf")
 }
 
+/// Starts a freshly copied program: another test thread's fork can hold the copy's
+/// write descriptor for a moment (ETXTBSY), so that is retried briefly.
+fn spawn(cmd: &mut Command) -> std::process::Child {
+    for _ in 0..50 {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r.expect("starting the test program"),
+        }
+    }
+    panic!("{cmd:?} stayed busy (ETXTBSY) for a second")
+}
+
 #[test]
 fn misspelt_flags_and_values_get_suggestions_in_one_line() {
     let out = run(&["--duraton", "1", "--", "true"]);
@@ -94,7 +108,7 @@ fn short_flags_profile_a_pid_into_a_file_and_keep_the_old_one() {
     let dir = temp_dir("cli-pid-out");
     let file = dir.join("f.json");
     std::fs::write(&file, "the previous run\n").unwrap();
-    let mut child = cpi_tests::KillOnDrop(Command::new(&exe).arg("3").spawn().unwrap());
+    let mut child = cpi_tests::KillOnDrop(spawn(Command::new(&exe).arg("3")));
     let pid = child.0.id();
     let out = run(&[
         "-p",
@@ -117,6 +131,20 @@ fn short_flags_profile_a_pid_into_a_file_and_keep_the_old_one() {
         procs.iter().any(|pr| pr["pid"] == pid),
         "pid {pid} in {procs:?}"
     );
+    // Lines for sampled instructions only: the profile grows with the samples, not
+    // with the code the sampled functions hold.
+    let lines: Vec<&serde_json::Value> = procs
+        .iter()
+        .flat_map(|pr| pr["functions"].as_array().unwrap())
+        .flat_map(|f| f["lines"].as_array().unwrap())
+        .collect();
+    assert!(!lines.is_empty());
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["samples"].as_u64() > Some(0) || l["count"].as_f64() > Some(0.0)),
+        "a line without samples or counts"
+    );
     // perf keeps perf.data.old: the file that was there is kept beside it.
     let old = std::fs::read_to_string(dir.join("f.json.old")).expect("f.json.old kept");
     assert_eq!(old, "the previous run\n");
@@ -133,7 +161,7 @@ fn a_with_a_command_profiles_the_system_while_it_runs() {
         panic!("gcc is needed to build tests/programs/busy.c (cargo xtask setup installs it)");
     };
     // A process that is not the command: system-wide sees it, while `sleep` runs.
-    let mut other = cpi_tests::KillOnDrop(Command::new(&exe).arg("10").spawn().unwrap());
+    let mut other = cpi_tests::KillOnDrop(spawn(Command::new(&exe).arg("10")));
     let out = run(&["-a", "-F", "199", "--format", "json", "--", "sleep", "1"]);
     let _ = other.0.kill();
     assert!(out.status.success(), "{}", stderr(&out));
