@@ -299,3 +299,30 @@ fn kernel_time_is_shown_and_totals_add_up() {
         "--user-only has no kernel samples"
     );
 }
+
+/// `--version` names the commit; `--help` speaks the user's words, not the design's.
+#[test]
+fn version_has_the_commit_and_help_no_internal_words() {
+    let out = run(&["--version"]);
+    let v = String::from_utf8_lossy(&out.stdout);
+    let commit = v
+        .trim()
+        .strip_prefix(&format!("cpi-bpf {} (", env!("CARGO_PKG_VERSION")))
+        .and_then(|r| r.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{v}"));
+    let hash = commit.strip_suffix("-dirty").unwrap_or(commit);
+    assert!(
+        hash == "unknown" || (hash.len() == 12 && hash.chars().all(|c| c.is_ascii_hexdigit())),
+        "{v}"
+    );
+    for cmd in [
+        &["--help"][..],
+        &["simulate", "--help"],
+        &["import-perf", "--help"],
+    ] {
+        let help = String::from_utf8_lossy(&run(cmd).stdout).to_lowercase();
+        for word in ["seed 00", "on a timer"] {
+            assert!(!help.contains(word), "{cmd:?} says {word:?}");
+        }
+    }
+}
