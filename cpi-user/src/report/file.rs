@@ -1,5 +1,5 @@
 //! The profile file: the versioned JSON form of a [`Profile`] (`--output FILE`), read
-//! back by `cpi-bpf report`. Reading never panics: a truncated, corrupt, foreign or
+//! back by `cpi-bpf report`, plain or gzip'd (an agent's window, agent/store.rs). Reading never panics: a truncated, corrupt, foreign or
 //! newer file is one [`ProfileFileError`]. What is read is bounded: at most
 //! [`MAX_PROFILE_BYTES`] (`report /dev/zero` stops there), and JSON nesting by
 //! serde_json's recursion limit (128), so no input grows memory without end.
@@ -146,14 +146,30 @@ enum ReadError {
 }
 
 fn read_from(r: impl Read, origin: &str) -> Result<Profile, ReadError> {
+    let too_large = || {
+        ReadError::Profile(ProfileFileError::TooLarge {
+            origin: origin.to_string(),
+        })
+    };
     let mut bytes = Vec::new();
     r.take(MAX_PROFILE_BYTES + 1)
         .read_to_end(&mut bytes)
         .map_err(ReadError::Io)?;
     if bytes.len() as u64 > MAX_PROFILE_BYTES {
-        return Err(ReadError::Profile(ProfileFileError::TooLarge {
-            origin: origin.to_string(),
-        }));
+        return Err(too_large());
+    }
+    // A gzip'd profile (an agent's window, `w-….json.gz`): the same bound after
+    // decompression.
+    if bytes.starts_with(&[0x1f, 0x8b]) {
+        let mut text = Vec::new();
+        flate2::read::GzDecoder::new(&bytes[..])
+            .take(MAX_PROFILE_BYTES + 1)
+            .read_to_end(&mut text)
+            .map_err(ReadError::Io)?;
+        if text.len() as u64 > MAX_PROFILE_BYTES {
+            return Err(too_large());
+        }
+        bytes = text;
     }
     parse(&bytes, origin).map_err(ReadError::Profile)
 }

@@ -4,10 +4,12 @@
 //! CPU time, and says so; units below the sample floor say so instead of a number. A
 //! profile with an accuracy (`cpi-bpf simulate`) ends with it.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use comfy_table::{presets, CellAlignment, Table, TableComponent};
 
+use crate::profile::merge;
 use crate::profile::model::{
     role_name, Accuracy, BlockProfile, CallEdge, Estimate, FunctionProfile, Mode, ProcessProfile,
     Profile,
@@ -23,6 +25,17 @@ pub struct TableOptions {
     /// Show the calls-only call graph instead of the top tables: callers and callees
     /// of the hottest functions, or of `annotate`'s function after its disassembly.
     pub callgraph: bool,
+    /// The widest line, in characters: names are shortened with an ellipsis to fit
+    /// (the JSON keeps them whole). `None`: no limit, as perf's `--stdio` into a pipe.
+    pub width: Option<usize>,
+    /// The whole run header: the mode's reason, events and periods, losses by reason,
+    /// notes on binaries.
+    pub verbose: bool,
+    /// A table per process instead of one list over all of them (perf's default,
+    /// `--sort comm,dso,sym`: processes of one name are one).
+    pub per_process: bool,
+    /// The column the function tables are sorted by.
+    pub sort: SortKey,
 }
 
 impl Default for TableOptions {
@@ -31,7 +44,58 @@ impl Default for TableOptions {
             top: 20,
             annotate: None,
             callgraph: false,
+            width: None,
+            verbose: false,
+            per_process: false,
+            sort: SortKey::Share,
         }
+    }
+}
+
+/// A column of the function tables to sort by: numbers largest first, names A to Z.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SortKey {
+    /// Share of the cycles (CPU time in a time profile): the default.
+    #[default]
+    Share,
+    /// Function name.
+    Function,
+    /// Binary path.
+    Binary,
+    /// Process name.
+    Comm,
+    /// Process id.
+    Pid,
+    /// Samples.
+    Samples,
+    /// CPU time.
+    Time,
+    /// Cycles.
+    Cycles,
+    /// Instructions.
+    Instructions,
+    /// CPI.
+    Cpi,
+}
+
+impl SortKey {
+    /// Every key with its name on the command line.
+    pub const ALL: [(&'static str, SortKey); 10] = [
+        ("share", SortKey::Share),
+        ("function", SortKey::Function),
+        ("binary", SortKey::Binary),
+        ("comm", SortKey::Comm),
+        ("pid", SortKey::Pid),
+        ("samples", SortKey::Samples),
+        ("time", SortKey::Time),
+        ("cycles", SortKey::Cycles),
+        ("instructions", SortKey::Instructions),
+        ("cpi", SortKey::Cpi),
+    ];
+
+    /// The key named `name` (one of [`SortKey::ALL`]).
+    pub fn named(name: &str) -> Option<SortKey> {
+        Self::ALL.iter().find(|(n, _)| *n == name).map(|&(_, k)| k)
     }
 }
 
@@ -59,55 +123,233 @@ fn suggest(similar: &[String]) -> String {
 /// Renders the header and either the top tables or the annotated function.
 pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
     let p = &super::terminal::escaped(p);
-    let mut out = header(p);
+    let mut out = header(p, opts);
+    let w = opts.width;
     match &opts.annotate {
         Some(name) => {
-            annotate(p, name, &mut out)?;
+            annotate(p, name, w, &mut out)?;
             if opts.callgraph {
                 for proc in &p.processes {
                     let focus: Vec<&FunctionProfile> =
                         proc.functions.iter().filter(|f| f.name == *name).collect();
                     if !focus.is_empty() {
-                        out.push_str(&call_graph(p.mode, proc, &focus));
+                        out.push_str(&call_graph(p.mode, proc, &focus, w));
                     }
                 }
             }
+        }
+        None if p.processes.len() > 1 && !opts.per_process && !opts.callgraph => {
+            all_processes(p, opts, &mut out);
         }
         None => {
             let (shown, rest) = processes_to_show(p);
             for proc in shown {
                 out.push('\n');
-                out.push_str(&process_line(p.mode, proc));
+                out.push_str(&wrap(&process_line(p.mode, proc), w));
+                let fns: Vec<Row> = proc
+                    .functions
+                    .iter()
+                    .map(|f| Row {
+                        f,
+                        comm: &proc.comm,
+                        pid: proc.pid.to_string(),
+                        share: f.share,
+                    })
+                    .collect();
                 if opts.callgraph {
                     let mut fns: Vec<&FunctionProfile> = proc.functions.iter().collect();
                     fns.sort_by(|a, b| heat(p.mode, b).total_cmp(&heat(p.mode, a)));
                     fns.truncate(opts.top);
-                    out.push_str(&call_graph(p.mode, proc, &fns));
+                    out.push_str(&call_graph(p.mode, proc, &fns, w));
                 } else {
-                    out.push_str(&top_functions(p.mode, proc, opts.top));
-                    out.push_str(&hot_blocks(p.mode, proc, opts.top));
+                    out.push_str(&top_functions(p.mode, fns, false, opts));
+                    let fns: Vec<&FunctionProfile> = proc.functions.iter().collect();
+                    out.push_str(&hot_blocks(p.mode, &fns, opts.top, w));
                 }
             }
             if !rest.is_empty() {
                 let samples: u64 = rest.iter().map(|pr| pr.samples).sum();
-                let _ = writeln!(
-                    out,
-                    "\n{} more processes below {}% of the samples each, {} samples in all \
-                     (every process is in --format json/pprof)",
-                    rest.len(),
-                    MINOR_PROCESS_SHARE * 100.0,
-                    group(samples)
-                );
+                out.push('\n');
+                out.push_str(&wrap(
+                    &format!(
+                        "{} more processes below {}% of the samples each, {} samples in all \
+                         (every process is in --format json/pprof)",
+                        rest.len(),
+                        MINOR_PROCESS_SHARE * 100.0,
+                        group(samples)
+                    ),
+                    w,
+                ));
             }
             if p.processes.is_empty() {
                 out.push_str("\nno samples attributed to any process\n");
             }
         }
     }
+    out.push_str(&legend(&out, w));
     if let Some(a) = &p.accuracy {
-        out.push_str(&accuracy(a));
+        out.push_str(&accuracy(a, w));
     }
     Ok(out)
+}
+
+/// A line under the tables explaining the notation they use, only what they use.
+fn legend(out: &str, width: Option<usize>) -> String {
+    let mut parts = Vec::new();
+    if out.contains(" ±") {
+        // What every ± means: cpi-user/src/profile/error.rs.
+        parts.push(
+            "±: one standard error (the truth within ±1 for about 68 % of units, ±2 for 95 %)",
+        );
+    }
+    if out.contains("below floor") {
+        parts.push("below floor: too few samples for a CPI");
+    }
+    if out.contains("timed CPI") {
+        parts.push("timed CPI: from the cycles the branch records carry");
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!("\n{}", wrap(&parts.join("; "), width))
+}
+
+/// One row of a function table: the function and the process (or processes of one
+/// name) it ran in; `share` of what the table covers.
+struct Row<'a> {
+    f: &'a FunctionProfile,
+    comm: &'a str,
+    pid: String,
+    share: f64,
+}
+
+/// One list over every process, as perf shows by default: processes of the same name
+/// merged (profile/merge.rs), comm and pid columns, shares of the whole profile.
+fn all_processes(p: &Profile, opts: &TableOptions, out: &mut String) {
+    let mut pids: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for pr in &p.processes {
+        pids.entry(&pr.comm).or_default().push(pr.pid);
+    }
+    // Merged only where a name has several processes; pid 0 stands for "all of them".
+    let merged;
+    let procs: &[ProcessProfile] = if pids.values().any(|v| v.len() > 1) {
+        let mut by_name = p.clone();
+        for pr in &mut by_name.processes {
+            if pids[pr.comm.as_str()].len() > 1 {
+                pr.pid = 0;
+            }
+        }
+        merged = merge::merge(std::slice::from_ref(&by_name)).unwrap_or(by_name);
+        &merged.processes
+    } else {
+        &p.processes
+    };
+    let total: f64 = procs
+        .iter()
+        .flat_map(|pr| pr.functions.iter())
+        .map(|f| heat(p.mode, f))
+        .sum();
+    let rows: Vec<Row> = procs
+        .iter()
+        .flat_map(|pr| {
+            let pid = match pids.get(pr.comm.as_str()) {
+                Some(v) if pr.pid == 0 => format!("{} pids", v.len()),
+                _ => pr.pid.to_string(),
+            };
+            pr.functions.iter().map(move |f| Row {
+                f,
+                comm: &pr.comm,
+                pid: pid.clone(),
+                share: if total > 0.0 {
+                    heat(p.mode, f) / total
+                } else {
+                    0.0
+                },
+            })
+        })
+        .collect();
+    let _ = write!(
+        out,
+        "\n{} processes, {} samples (--per-process: a table each)\n",
+        group(p.processes.len() as u64),
+        group(p.processes.iter().map(|pr| pr.samples).sum())
+    );
+    out.push_str(&top_functions(p.mode, rows, true, opts));
+    let fns: Vec<&FunctionProfile> = procs.iter().flat_map(|pr| &pr.functions).collect();
+    out.push_str(&hot_blocks(p.mode, &fns, opts.top, opts.width));
+}
+
+/// `text` broken at spaces into lines of at most `width` characters (continuations
+/// indented two); a word longer than a line is shortened with an ellipsis.
+fn wrap(text: &str, width: Option<usize>) -> String {
+    let Some(width) = width else {
+        return format!("{text}\n");
+    };
+    let mut out = String::new();
+    let (mut line, mut len) = (String::new(), 0);
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        let wlen = word.chars().count();
+        if len > 0 && len + 1 + wlen > width {
+            out.push_str(&line);
+            out.push('\n');
+            (line, len) = ("  ".into(), 2);
+        } else if len > 0 {
+            line.push(' ');
+            len += 1;
+        }
+        let word = ellipsize(word, width.saturating_sub(len).max(2));
+        len += word.chars().count();
+        line.push_str(&word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
+}
+
+/// `s` in at most `max` characters: cut with "…" when longer.
+fn ellipsize(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        return s.to_string();
+    }
+    let mut t: String = s.chars().take(max.saturating_sub(1)).collect();
+    t.push('…');
+    t
+}
+
+/// The narrowest a name gets when a table is fitted to the width.
+const MIN_NAME: usize = 5;
+
+/// The table `build` makes, its names at most `max` characters (`usize::MAX` for
+/// whole), with the longest names that keep every line within `width`; where even the
+/// shortest names do not fit, with one space between columns instead of two.
+fn fitted(width: Option<usize>, build: impl Fn(usize) -> Table) -> String {
+    let widest = |t: &str| t.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    let render = |max: usize, tight: bool| {
+        let mut t = build(max);
+        if tight {
+            for c in t.column_iter_mut() {
+                c.set_padding((0, 1));
+            }
+        }
+        t.trim_fmt()
+    };
+    let whole = render(usize::MAX, false);
+    let Some(width) = width else { return whole };
+    if widest(&whole) <= width {
+        return whole;
+    }
+    let tight = widest(&render(MIN_NAME, false)) > width;
+    // The longest cap that fits, by bisection (a cap changes one column's width).
+    let (mut lo, mut hi) = (MIN_NAME, widest(&whole));
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if widest(&render(mid, tight)) <= width {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    render(lo, tight)
 }
 
 fn pct_or_dash(x: Option<f64>) -> String {
@@ -115,7 +357,7 @@ fn pct_or_dash(x: Option<f64>) -> String {
 }
 
 /// The distance from the exact answer: overlaps, CPI error, the top functions.
-fn accuracy(a: &Accuracy) -> String {
+fn accuracy(a: &Accuracy, width: Option<usize>) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "\naccuracy against the exact trace");
     let _ = writeln!(
@@ -150,30 +392,52 @@ fn accuracy(a: &Accuracy) -> String {
             cpi(f.cpi_true),
             cpi(f.cpi_est),
             pct_or_dash(f.cpi_error),
-            f.name
+            // The columns before the name take 66 characters.
+            ellipsize(
+                &f.name,
+                width.map_or(usize::MAX, |w| w.saturating_sub(66).max(MIN_NAME))
+            )
         );
     }
     s
 }
 
-fn header(p: &Profile) -> String {
-    let mut s = String::new();
-    let _ = writeln!(s, "mode:         {}", p.mode.description());
-    let _ = writeln!(s, "reason:       {}", p.mode_reason);
-    if !p.command.is_empty() {
-        let _ = writeln!(s, "command:      {}", p.command.join(" "));
+/// The run in a few lines: the mode, the command, duration, samples and losses; with
+/// `verbose`, the mode's reason, each event and its period, losses by reason, notes.
+fn header(p: &Profile, opts: &TableOptions) -> String {
+    let w = opts.width;
+    let mut s = wrap(&format!("mode: {}", p.mode.description()), w);
+    if opts.verbose {
+        s += &wrap(&format!("reason: {}", p.mode_reason), w);
     }
-    let _ = write!(
-        s,
-        "duration:     {:.2} s    perturbation: {}",
+    if !p.command.is_empty() {
+        s += &wrap(&format!("command: {}", p.command.join(" ")), w);
+    }
+    let samples: u64 = p.events.iter().map(|e| e.samples).sum();
+    let events: Vec<&str> = p.events.iter().map(|e| e.name.as_str()).collect();
+    let mut line = format!(
+        "{:.2} s, {} samples ({}), {} lost",
         p.duration_secs,
-        p.perturbation.name()
+        group(samples),
+        events.join(", "),
+        group(p.lost_samples)
     );
+    if let Some(k) = kernel_share(p) {
+        let _ = write!(line, ", {} in the kernel", pct(k));
+    }
+    if !opts.verbose {
+        line += " (-v: periods, losses by reason, notes)";
+    }
+    s += &wrap(&line, w);
+    if !opts.verbose {
+        return s;
+    }
+    let mut line = format!("perturbation: {}", p.perturbation.name());
     // The range window only means something where there are branch records.
     if p.range_window > 0 && p.mode.uses_ranges() {
-        let _ = write!(s, "    range window: {}", p.range_window);
+        let _ = write!(line, ", range window: {}", p.range_window);
     }
-    s.push('\n');
+    s += &wrap(&line, w);
     for e in &p.events {
         let mut period = format!("period {} {}", e.period, e.unit);
         if e.jitter > 0 {
@@ -182,19 +446,23 @@ fn header(p: &Profile) -> String {
         if e.thinning > 1 {
             let _ = write!(period, ", thinned 1/{}", e.thinning);
         }
-        let _ = writeln!(
-            s,
-            "event:        {:<13} {} ({period}): {} samples",
-            role_name(e.role),
-            e.name,
-            group(e.samples)
+        s += &wrap(
+            &format!(
+                "event: {} {} ({period}): {} samples",
+                role_name(e.role),
+                e.name,
+                group(e.samples)
+            ),
+            w,
         );
     }
-    let _ = writeln!(
-        s,
-        "lost samples: {} {}",
-        group(p.lost_samples),
-        p.lost.breakdown()
+    s += &wrap(
+        &format!(
+            "lost samples: {} {}",
+            group(p.lost_samples),
+            p.lost.breakdown()
+        ),
+        w,
     );
     for b in p.binaries.iter().filter(|b| b.deleted || b.stripped) {
         let what = match (b.deleted, b.stripped) {
@@ -202,10 +470,25 @@ fn header(p: &Profile) -> String {
             (true, false) => "deleted since mapped",
             _ => "stripped: function bounds from .eh_frame",
         };
-        let _ = writeln!(s, "note:         {}: {what}", b.path);
+        s += &wrap(&format!("note: {}: {what}", b.path), w);
     }
     s
 }
+
+/// The share of the profile's cycles (CPU time in a time profile) in kernel code,
+/// when there is any: said on the summary line, so the shares below are read knowing it.
+fn kernel_share(p: &Profile) -> Option<f64> {
+    let fns = || p.processes.iter().flat_map(|pr| &pr.functions);
+    let total: f64 = fns().map(|f| heat(p.mode, f)).sum();
+    let kernel: f64 = fns()
+        .filter(|f| f.binary == KERNEL)
+        .map(|f| heat(p.mode, f))
+        .sum();
+    (kernel > 0.0 && total > 0.0).then(|| kernel / total)
+}
+
+/// The binary kernel code is attributed to (binary/symbolize.rs).
+const KERNEL: &str = "[kernel]";
 
 /// Processes with less than this share of all samples are summarised in one line:
 /// a command that forks helpers (shell wrappers, `pyenv` shims) would otherwise bury the
@@ -249,7 +532,6 @@ fn process_line(mode: Mode, p: &ProcessProfile) -> String {
             )
         );
     }
-    s.push('\n');
     s
 }
 
@@ -275,68 +557,68 @@ fn new_table(header: Vec<&str>, right_from: usize) -> Table {
     t
 }
 
-fn finish(title: &str, t: &Table, shown: usize, total: usize) -> String {
+fn finish(title: &str, table: &str, shown: usize, total: usize) -> String {
     let mut s = format!("\n{title}");
     if shown < total {
         let _ = write!(s, " (top {shown} of {total})");
     }
     s.push('\n');
-    s.push_str(&t.trim_fmt());
+    s.push_str(table);
     s.push('\n');
     s
 }
 
-fn top_functions(mode: Mode, p: &ProcessProfile, top: usize) -> String {
-    if p.functions.is_empty() {
+/// The top functions of `rows`, sorted by `opts.sort`; with `procs`, comm and pid
+/// columns.
+fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOptions) -> String {
+    if rows.is_empty() {
         return "\nno functions with samples\n".to_string();
     }
-    let mut fns: Vec<&FunctionProfile> = p.functions.iter().collect();
-    // Hottest first by what the mode measures; the model promises this order, but a
-    // hand-edited or foreign file need not keep it.
-    fns.sort_by(|a, b| heat(mode, b).total_cmp(&heat(mode, a)));
-    let shown = fns.len().min(top);
-    let timed = fns.iter().any(|f| f.timed_cpi.is_some());
-    let t = if mode.has_cpi() {
-        let mut h = vec![
-            "function",
-            "binary",
-            "cycles",
-            "instructions",
-            "CPI ± error",
-        ];
-        if timed {
-            h.push("timed CPI");
+    sort_rows(mode, &mut rows, opts.sort);
+    let total = rows.len();
+    let shown = total.min(opts.top);
+    let rows = &rows[..shown];
+    let timed = rows.iter().any(|r| r.f.timed_cpi.is_some());
+    let build = |max: usize| {
+        let mut h = vec!["function", "binary"];
+        if procs {
+            h.extend(["comm", "pid"]);
         }
-        h.extend(["share", "samples"]);
-        let mut t = new_table(h, 2);
-        for f in &fns[..shown] {
-            let mut row = vec![
-                f.name.clone(),
-                base(&f.binary),
-                opt_si(f.cycles),
-                opt_si(f.instructions),
-                cpi(f.cpi, f.samples, inputs(f.cycles, f.instructions)),
-            ];
+        let first_number = h.len();
+        if mode.has_cpi() {
+            h.extend(["cycles", "instructions", "CPI ± error"]);
             if timed {
-                row.push(cpi(f.timed_cpi, f.samples, f.instructions.is_some()));
+                h.push("timed CPI");
             }
-            row.extend([pct(f.share), group(f.samples)]);
-            t.add_row(row);
+            h.extend(["share", "samples"]);
+        } else {
+            h.extend(["samples", "CPU time", "share"]);
         }
-        t
-    } else {
-        let mut t = new_table(
-            vec!["function", "binary", "samples", "CPU time", "share"],
-            2,
-        );
-        for f in &fns[..shown] {
-            t.add_row(vec![
-                f.name.clone(),
-                base(&f.binary),
-                group(f.samples),
-                f.time_ns.map(time).unwrap_or_else(|| "-".into()),
-                pct(f.share),
-            ]);
+        let mut t = new_table(h, first_number);
+        for r in rows {
+            let f = r.f;
+            let mut row = vec![ellipsize(&f.name, max), ellipsize(&base(&f.binary), max)];
+            if procs {
+                row.extend([ellipsize(or_unknown(r.comm), max), r.pid.clone()]);
+            }
+            if mode.has_cpi() {
+                row.extend([
+                    opt_si(f.cycles),
+                    opt_si(f.instructions),
+                    cpi(f.cpi, f.samples, inputs(f.cycles, f.instructions)),
+                ]);
+                if timed {
+                    row.push(cpi(f.timed_cpi, f.samples, f.instructions.is_some()));
+                }
+                row.extend([pct(r.share), group(f.samples)]);
+            } else {
+                row.extend([
+                    group(f.samples),
+                    f.time_ns.map(time).unwrap_or_else(|| "-".into()),
+                    pct(r.share),
+                ]);
+            }
+            t.add_row(row);
         }
         t
     };
@@ -345,16 +627,48 @@ fn top_functions(mode: Mode, p: &ProcessProfile, top: usize) -> String {
     } else {
         "top functions by CPU time (time profile)"
     };
-    let mut s = finish(title, &t, shown, fns.len());
-    if mode.has_cpi() {
-        s.push_str(ERROR_LEGEND);
-    }
-    s
+    let title = match SortKey::ALL.iter().find(|(_, k)| *k == opts.sort) {
+        Some((name, _)) if opts.sort != SortKey::Share => format!("{title}, sorted by {name}"),
+        _ => title.to_string(),
+    };
+    finish(&title, &fitted(opts.width, build), shown, total)
 }
 
-/// What every `±` of the tables means (cpi-user/src/profile/error.rs).
-const ERROR_LEGEND: &str =
-    "± = one standard error (the truth lies within ±1 for about 68 % of units, ±2 for 95 %)\n";
+/// A process that exited before it was first looked at has no name.
+fn or_unknown(comm: &str) -> &str {
+    if comm.is_empty() {
+        "?"
+    } else {
+        comm
+    }
+}
+
+/// Rows in `key`'s order (numbers largest first, names A to Z), then hottest first.
+fn sort_rows(mode: Mode, rows: &mut [Row], key: SortKey) {
+    let num = |r: &Row| -> f64 {
+        let f = r.f;
+        match key {
+            SortKey::Share | SortKey::Function | SortKey::Binary | SortKey::Comm => r.share,
+            SortKey::Pid => -(r.pid.parse::<f64>().unwrap_or(f64::MAX)),
+            SortKey::Samples => f.samples as f64,
+            SortKey::Time => f.time_ns.unwrap_or(0.0),
+            SortKey::Cycles => f.cycles.unwrap_or(0.0),
+            SortKey::Instructions => f.instructions.unwrap_or(0.0),
+            SortKey::Cpi => f.cpi.map_or(-1.0, |e| e.value),
+        }
+    };
+    rows.sort_by(|a, b| {
+        let by_name = match key {
+            SortKey::Function => a.f.name.cmp(&b.f.name),
+            SortKey::Binary => a.f.binary.cmp(&b.f.binary),
+            SortKey::Comm => a.comm.cmp(b.comm),
+            _ => std::cmp::Ordering::Equal,
+        };
+        by_name
+            .then(num(b).total_cmp(&num(a)))
+            .then(heat(mode, b.f).total_cmp(&heat(mode, a.f)))
+    });
+}
 
 fn heat(mode: Mode, f: &FunctionProfile) -> f64 {
     if mode.has_cpi() {
@@ -368,15 +682,18 @@ fn block_heat(b: &BlockProfile) -> (f64, f64, u64) {
     (b.cycles.unwrap_or(0.0), b.count, b.samples)
 }
 
-fn hot_blocks(mode: Mode, p: &ProcessProfile, top: usize) -> String {
-    let mut blocks: Vec<(&FunctionProfile, &BlockProfile)> = p
-        .functions
+fn hot_blocks(mode: Mode, fns: &[&FunctionProfile], top: usize, width: Option<usize>) -> String {
+    let mut blocks: Vec<(&FunctionProfile, &BlockProfile)> = fns
         .iter()
-        .flat_map(|f| f.blocks.iter().map(move |b| (f, b)))
+        .flat_map(|&f| f.blocks.iter().map(move |b| (f, b)))
         .collect();
     if blocks.is_empty() {
-        return "\nhot blocks: none in this profile (block counts need branch records)\n"
-            .to_string();
+        // Only a mode with branch records could have had them.
+        return if matches!(mode, Mode::Cpi | Mode::Simulated) {
+            "\nhot blocks: none in this profile (no sampled branch records)\n".to_string()
+        } else {
+            String::new()
+        };
     }
     blocks.sort_by(|(_, a), (_, b)| {
         let (ac, an, asm) = block_heat(a);
@@ -387,49 +704,56 @@ fn hot_blocks(mode: Mode, p: &ProcessProfile, top: usize) -> String {
             .then(a.start.cmp(&b.start))
     });
     let shown = blocks.len().min(top);
-    let t = if mode.has_cpi() {
-        let mut t = new_table(
-            vec![
-                "address range",
-                "function",
-                "instrs",
-                "count",
-                "cycles",
-                "CPI ± error",
-                "samples",
-            ],
-            2,
-        );
-        for (f, b) in &blocks[..shown] {
-            t.add_row(vec![
-                range(b.start, b.end),
-                f.name.clone(),
-                b.len.to_string(),
-                si(b.count),
-                opt_si(b.cycles),
-                cpi(b.cpi, b.samples, b.cycles.is_some()),
-                group(b.samples),
-            ]);
+    let build = |max: usize| {
+        if mode.has_cpi() {
+            let mut t = new_table(
+                vec![
+                    "address range",
+                    "function",
+                    "instrs",
+                    "count",
+                    "cycles",
+                    "CPI ± error",
+                    "samples",
+                ],
+                2,
+            );
+            for (f, b) in &blocks[..shown] {
+                t.add_row(vec![
+                    range(b.start, b.end),
+                    ellipsize(&f.name, max),
+                    b.len.to_string(),
+                    si(b.count),
+                    opt_si(b.cycles),
+                    cpi(b.cpi, b.samples, b.cycles.is_some()),
+                    group(b.samples),
+                ]);
+            }
+            t
+        } else {
+            let mut t = new_table(vec!["address range", "function", "instrs", "samples"], 2);
+            for (f, b) in &blocks[..shown] {
+                t.add_row(vec![
+                    range(b.start, b.end),
+                    ellipsize(&f.name, max),
+                    b.len.to_string(),
+                    group(b.samples),
+                ]);
+            }
+            t
         }
-        t
-    } else {
-        let mut t = new_table(vec!["address range", "function", "instrs", "samples"], 2);
-        for (f, b) in &blocks[..shown] {
-            t.add_row(vec![
-                range(b.start, b.end),
-                f.name.clone(),
-                b.len.to_string(),
-                group(b.samples),
-            ]);
-        }
-        t
     };
-    finish("hot blocks", &t, shown, blocks.len())
+    finish("hot blocks", &fitted(width, build), shown, blocks.len())
 }
 
 /// Callers (←) and callees (→) of each function of `focus` that has any, with the
 /// estimated calls and the call records behind them (seed 001's calls-only call graph).
-fn call_graph(mode: Mode, p: &ProcessProfile, focus: &[&FunctionProfile]) -> String {
+fn call_graph(
+    mode: Mode,
+    p: &ProcessProfile,
+    focus: &[&FunctionProfile],
+    width: Option<usize>,
+) -> String {
     if !mode.uses_ranges() {
         return format!(
             "\nno call graph: {} mode has no branch records (calls come from the branch \
@@ -441,7 +765,7 @@ fn call_graph(mode: Mode, p: &ProcessProfile, focus: &[&FunctionProfile]) -> Str
         return "\nno call graph: no sampled branch record of this process is a call\n".into();
     }
     let is = |f: &FunctionProfile, name: &str, binary: &str| f.name == name && f.binary == binary;
-    let mut t = new_table(vec!["function", "binary", "calls", "records"], 2);
+    let mut rows: Vec<[String; 4]> = Vec::new();
     let mut shown = 0;
     for f in focus {
         let mut callers: Vec<&CallEdge> = p
@@ -469,24 +793,36 @@ fn call_graph(mode: Mode, p: &ProcessProfile, focus: &[&FunctionProfile]) -> Str
                 group(callers.iter().map(|c| c.samples).sum()),
             )
         };
-        t.add_row(vec![f.name.clone(), base(&f.binary), called, records]);
+        rows.push([f.name.clone(), f.binary.clone(), called, records]);
         for c in callers {
-            t.add_row(vec![
+            rows.push([
                 format!("  ← {}", c.caller),
-                base(&c.caller_binary),
+                c.caller_binary.clone(),
                 si(c.count),
                 group(c.samples),
             ]);
         }
         for c in callees {
-            t.add_row(vec![
+            rows.push([
                 format!("  → {}", c.callee),
-                base(&c.callee_binary),
+                c.callee_binary.clone(),
                 si(c.count),
                 group(c.samples),
             ]);
         }
     }
+    let build = |max: usize| {
+        let mut t = new_table(vec!["function", "binary", "calls", "records"], 2);
+        for [name, binary, calls, records] in &rows {
+            t.add_row(vec![
+                ellipsize(name, max),
+                ellipsize(&base(binary), max),
+                calls.clone(),
+                records.clone(),
+            ]);
+        }
+        t
+    };
     let records: u64 = p.calls.iter().map(|c| c.samples).sum();
     if shown == 0 {
         return format!(
@@ -495,20 +831,31 @@ fn call_graph(mode: Mode, p: &ProcessProfile, focus: &[&FunctionProfile]) -> Str
         );
     }
     format!(
-        "\ncall graph (calls only: ← callers, → callees; estimated calls, scaled like ranges, \
-         from {} call records)\n{}\n",
-        group(records),
-        t.trim_fmt()
+        "\n{}{}\n",
+        wrap(
+            &format!(
+                "call graph (calls only: ← callers, → callees; estimated calls, scaled like \
+                 ranges, from {} call records)",
+                group(records)
+            ),
+            width
+        ),
+        fitted(width, build)
     )
 }
 
-fn annotate(p: &Profile, name: &str, out: &mut String) -> Result<(), TableError> {
+fn annotate(
+    p: &Profile,
+    name: &str,
+    width: Option<usize>,
+    out: &mut String,
+) -> Result<(), TableError> {
     let mut found = false;
     for proc in &p.processes {
         for f in proc.functions.iter().filter(|f| f.name == name) {
             found = true;
             out.push('\n');
-            out.push_str(&annotate_function(p.mode, proc, f));
+            out.push_str(&annotate_function(p.mode, proc, f, width));
         }
     }
     if found {
@@ -531,7 +878,12 @@ fn annotate(p: &Profile, name: &str, out: &mut String) -> Result<(), TableError>
     })
 }
 
-fn annotate_function(mode: Mode, proc: &ProcessProfile, f: &FunctionProfile) -> String {
+fn annotate_function(
+    mode: Mode,
+    proc: &ProcessProfile,
+    f: &FunctionProfile,
+    width: Option<usize>,
+) -> String {
     let mut s = format!(
         "{} [{}] pid {} ({}): {}, {} bytes, {} samples",
         f.name,
@@ -553,7 +905,7 @@ fn annotate_function(mode: Mode, proc: &ProcessProfile, f: &FunctionProfile) -> 
     } else if let Some(t) = f.time_ns {
         let _ = write!(s, ", {} CPU", time(t));
     }
-    s.push('\n');
+    let mut s = wrap(&s, width);
     if f.lines.is_empty() {
         s.push_str("no per-instruction data for this function\n");
         return s;
@@ -581,61 +933,63 @@ fn annotate_function(mode: Mode, proc: &ProcessProfile, f: &FunctionProfile) -> 
         })
         .map(|l| l.address);
     let block_at = |addr: u64| f.blocks.iter().find(|b| b.start == addr);
-    let t = if mode.has_cpi() {
-        let mut t = new_table(
-            vec![
-                "",
-                "address",
-                "count",
-                "samples",
-                "cycles",
-                "CPI",
-                "block CPI",
-                "instruction",
-            ],
-            2,
-        );
-        if let Some(c) = t.column_mut(7) {
-            c.set_cell_alignment(CellAlignment::Left);
+    let build = |max: usize| {
+        if mode.has_cpi() {
+            let mut t = new_table(
+                vec![
+                    "",
+                    "address",
+                    "count",
+                    "samples",
+                    "cycles",
+                    "CPI",
+                    "block CPI",
+                    "instruction",
+                ],
+                2,
+            );
+            if let Some(c) = t.column_mut(7) {
+                c.set_cell_alignment(CellAlignment::Left);
+            }
+            for l in &f.lines {
+                t.add_row(vec![
+                    marker(hottest == Some(l.address)),
+                    format!("{:x}", l.address),
+                    si(l.count),
+                    group(l.samples),
+                    opt_si(l.cycles),
+                    cpi(l.cpi, l.samples, l.cycles.is_some()),
+                    block_at(l.address)
+                        .map(|b| cpi(b.cpi, b.samples, b.cycles.is_some()))
+                        .unwrap_or_default(),
+                    ellipsize(&l.text, max),
+                ]);
+            }
+            t
+        } else {
+            let mut t = new_table(vec!["", "address", "samples", "share", "instruction"], 2);
+            if let Some(c) = t.column_mut(4) {
+                c.set_cell_alignment(CellAlignment::Left);
+            }
+            let total: u64 = f.lines.iter().map(|l| l.samples).sum();
+            for l in &f.lines {
+                let share = if total > 0 {
+                    pct(l.samples as f64 / total as f64)
+                } else {
+                    "-".into()
+                };
+                t.add_row(vec![
+                    marker(hottest == Some(l.address)),
+                    format!("{:x}", l.address),
+                    group(l.samples),
+                    share,
+                    ellipsize(&l.text, max),
+                ]);
+            }
+            t
         }
-        for l in &f.lines {
-            t.add_row(vec![
-                marker(hottest == Some(l.address)),
-                format!("{:x}", l.address),
-                si(l.count),
-                group(l.samples),
-                opt_si(l.cycles),
-                cpi(l.cpi, l.samples, l.cycles.is_some()),
-                block_at(l.address)
-                    .map(|b| cpi(b.cpi, b.samples, b.cycles.is_some()))
-                    .unwrap_or_default(),
-                l.text.clone(),
-            ]);
-        }
-        t
-    } else {
-        let mut t = new_table(vec!["", "address", "samples", "share", "instruction"], 2);
-        if let Some(c) = t.column_mut(4) {
-            c.set_cell_alignment(CellAlignment::Left);
-        }
-        let total: u64 = f.lines.iter().map(|l| l.samples).sum();
-        for l in &f.lines {
-            let share = if total > 0 {
-                pct(l.samples as f64 / total as f64)
-            } else {
-                "-".into()
-            };
-            t.add_row(vec![
-                marker(hottest == Some(l.address)),
-                format!("{:x}", l.address),
-                group(l.samples),
-                share,
-                l.text.clone(),
-            ]);
-        }
-        t
     };
-    s.push_str(&t.trim_fmt());
+    s.push_str(&fitted(width, build));
     s.push('\n');
     if hottest.is_some() {
         s.push_str("▶ hottest instruction\n");
@@ -671,9 +1025,11 @@ fn si(v: f64) -> String {
     if a < 10_000.0 {
         return format!("{v:.0}");
     }
+    // The largest unit that leaves at least 1 after rounding to three digits (999,999
+    // is 1.00M, not 1000k).
     let (scaled, suffix) = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
         .into_iter()
-        .find(|(d, _)| a >= *d)
+        .find(|(d, _)| a >= *d * 0.9995)
         .map(|(d, s)| (v / d, s))
         .unwrap_or((v, ""));
     let digits = if scaled.abs() >= 100.0 {
@@ -730,6 +1086,8 @@ mod tests {
         assert_eq!(si(12_345.0), "12.3k");
         assert_eq!(si(1_234_567.0), "1.23M");
         assert_eq!(si(987_654_321.0), "988M");
+        assert_eq!(si(999_999.0), "1.00M");
+        assert_eq!(si(42_000_000.0), "42.0M");
         assert_eq!(group(1_234_567), "1,234,567");
         assert_eq!(group(12), "12");
     }

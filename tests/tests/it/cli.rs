@@ -12,6 +12,20 @@ fn run(args: &[&str]) -> std::process::Output {
         .expect("running cpi-bpf")
 }
 
+/// Starts a freshly copied program: another test thread's fork can hold the copy's
+/// write descriptor for a moment (ETXTBSY), so that is retried briefly.
+fn spawn(cmd: &mut Command) -> std::process::Child {
+    for _ in 0..50 {
+        match cmd.spawn() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r.expect("starting the test program"),
+        }
+    }
+    panic!("{cmd:?} stayed busy (ETXTBSY) for a second")
+}
+
 #[test]
 fn misspelt_flags_and_values_get_suggestions_in_one_line() {
     let out = run(&["--duraton", "1", "--", "true"]);
@@ -94,11 +108,11 @@ fn short_flags_profile_a_pid_into_a_file_and_keep_the_old_one() {
     let dir = temp_dir("cli-pid-out");
     let file = dir.join("f.json");
     std::fs::write(&file, "the previous run\n").unwrap();
-    let mut child = cpi_tests::KillOnDrop(Command::new(&exe).arg("3").spawn().unwrap());
-    let pid = child.0.id().to_string();
+    let mut child = cpi_tests::KillOnDrop(spawn(Command::new(&exe).arg("3")));
+    let pid = child.0.id();
     let out = run(&[
         "-p",
-        &pid,
+        &pid.to_string(),
         "-F",
         "499",
         "--duration",
@@ -114,10 +128,22 @@ fn short_flags_profile_a_pid_into_a_file_and_keep_the_old_one() {
         serde_json::from_slice(&std::fs::read(&file).unwrap()).expect("-o wrote the JSON");
     let procs = p["processes"].as_array().expect("processes");
     assert!(
-        procs
-            .iter()
-            .any(|pr| pr["pid"].as_u64().map(|p| p.to_string()) == Some(pid.clone())),
+        procs.iter().any(|pr| pr["pid"] == pid),
         "pid {pid} in {procs:?}"
+    );
+    // Lines for sampled instructions only: the profile grows with the samples, not
+    // with the code the sampled functions hold.
+    let lines: Vec<&serde_json::Value> = procs
+        .iter()
+        .flat_map(|pr| pr["functions"].as_array().unwrap())
+        .flat_map(|f| f["lines"].as_array().unwrap())
+        .collect();
+    assert!(!lines.is_empty());
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["samples"].as_u64() > Some(0) || l["count"].as_f64() > Some(0.0)),
+        "a line without samples or counts"
     );
     // perf keeps perf.data.old: the file that was there is kept beside it.
     let old = std::fs::read_to_string(dir.join("f.json.old")).expect("f.json.old kept");
@@ -135,7 +161,7 @@ fn a_with_a_command_profiles_the_system_while_it_runs() {
         panic!("gcc is needed to build tests/programs/busy.c (cargo xtask setup installs it)");
     };
     // A process that is not the command: system-wide sees it, while `sleep` runs.
-    let mut other = cpi_tests::KillOnDrop(Command::new(&exe).arg("10").spawn().unwrap());
+    let mut other = cpi_tests::KillOnDrop(spawn(Command::new(&exe).arg("10")));
     let out = run(&["-a", "-F", "199", "--format", "json", "--", "sleep", "1"]);
     let _ = other.0.kill();
     assert!(out.status.success(), "{}", stderr(&out));
@@ -159,4 +185,144 @@ fn a_with_a_command_profiles_the_system_while_it_runs() {
         secs < 8.0,
         "ended with sleep 1, not the busy program: {secs} s"
     );
+}
+
+#[test]
+fn a_300_character_name_fits_an_80_column_table() {
+    if !require_root("profiling a program with a long name") {
+        return;
+    }
+    let dir = temp_dir("cli-long");
+    let name = format!("hot_{}", "template_argument_".repeat(17));
+    assert!(name.len() >= 300);
+    let src = dir.join("long.c");
+    std::fs::write(
+        &src,
+        format!(
+            "#include <time.h>\n\
+             __attribute__((noinline)) unsigned long {name}(unsigned long n) {{\n\
+               unsigned long x = 1; for (unsigned long i = 0; i < n; i++) x = x * 31 + i;\n\
+               return x; }}\n\
+             int main(void) {{ volatile unsigned long s = 0; time_t t = time(0);\n\
+               while (time(0) - t < 1) s += {name}(1000000); return 0; }}\n"
+        ),
+    )
+    .unwrap();
+    let exe = dir.join("long");
+    let built = Command::new("gcc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("gcc (cargo xtask setup installs it)");
+    assert!(built.success());
+    let _cpu = cpu_heavy();
+    let out = Command::new(cpi_bpf())
+        .env("COLUMNS", "80")
+        .args(["-F", "499"])
+        .arg(&exe)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = String::from_utf8_lossy(&out.stdout);
+    for l in table.lines() {
+        assert!(
+            l.chars().count() <= 80,
+            "{} wide: {l}\n{table}",
+            l.chars().count()
+        );
+    }
+    assert!(
+        table.contains("hot_template_argument_") && table.contains('…'),
+        "the name, shortened:\n{table}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// perf's default where it is allowed: kernel samples are kept (`[kernel]`), so `dd`
+/// from /dev/zero shows where its CPU time goes, the summary line states the kernel's
+/// share, and the totals add up; `--user-only` leaves the kernel out.
+#[test]
+fn kernel_time_is_shown_and_totals_add_up() {
+    if !require_root("kernel samples") {
+        return;
+    }
+    let _cpu = cpu_heavy();
+    let dd = [
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=64k",
+        "count=300000",
+    ];
+    let out = Command::new(cpi_bpf())
+        .args(["--format", "json", "--"])
+        .args(dd)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let p = cpi_tests::stdout_json(&out);
+    let procs = p["processes"].as_array().unwrap();
+    let dd_proc = procs
+        .iter()
+        .find(|pr| pr["comm"] == "dd")
+        .unwrap_or_else(|| panic!("dd in {procs:?}"));
+    let fns = dd_proc["functions"].as_array().unwrap();
+    let samples = |kernel: bool| -> u64 {
+        fns.iter()
+            .filter(|f| (f["binary"] == "[kernel]") == kernel)
+            .map(|f| f["samples"].as_u64().unwrap())
+            .sum()
+    };
+    let (k, u) = (samples(true), samples(false));
+    assert_eq!(
+        k + u,
+        dd_proc["samples"].as_u64().unwrap(),
+        "every sample is in a function"
+    );
+    // Reading /dev/zero is the kernel zeroing pages: most of dd's time by far.
+    assert!(k > u, "kernel {k} samples, user {u}");
+    let shares: f64 = fns.iter().map(|f| f["share"].as_f64().unwrap()).sum();
+    assert!((shares - 1.0).abs() < 1e-6, "shares add up to {shares}");
+    // The table says the share on its summary line.
+    let out = Command::new(cpi_bpf()).arg("--").args(dd).output().unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("% in the kernel"), "{table}");
+    let out = Command::new(cpi_bpf())
+        .args(["--user-only", "--format", "json", "--"])
+        .args(dd)
+        .output()
+        .unwrap();
+    let p = cpi_tests::stdout_json(&out);
+    assert!(
+        !p.to_string().contains("\"[kernel]\""),
+        "--user-only has no kernel samples"
+    );
+}
+
+/// `--version` names the commit; `--help` speaks the user's words, not the design's.
+#[test]
+fn version_has_the_commit_and_help_no_internal_words() {
+    let out = run(&["--version"]);
+    let v = String::from_utf8_lossy(&out.stdout);
+    let commit = v
+        .trim()
+        .strip_prefix(&format!("cpi-bpf {} (", env!("CARGO_PKG_VERSION")))
+        .and_then(|r| r.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{v}"));
+    let hash = commit.strip_suffix("-dirty").unwrap_or(commit);
+    assert!(
+        hash == "unknown" || (hash.len() == 12 && hash.chars().all(|c| c.is_ascii_hexdigit())),
+        "{v}"
+    );
+    for cmd in [
+        &["--help"][..],
+        &["simulate", "--help"],
+        &["import-perf", "--help"],
+    ] {
+        let help = String::from_utf8_lossy(&run(cmd).stdout).to_lowercase();
+        for word in ["seed 00", "on a timer"] {
+            assert!(!help.contains(word), "{cmd:?} says {word:?}");
+        }
+    }
 }

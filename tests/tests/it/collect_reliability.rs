@@ -130,7 +130,7 @@ fn a_command_ignoring_sigterm_is_killed_after_sigint() {
     let out = wait_or_kill(child, Duration::from_secs(15));
     let took = t.elapsed();
     let err = stderr(&out);
-    assert!(out.status.success(), "{err}");
+    assert_eq!(out.status.code(), Some(130), "Ctrl-C's status: {err}");
     assert!(took < Duration::from_secs(8), "took {took:?} after SIGINT");
     assert!(err.contains("SIGINT received"), "{err}");
     assert!(
@@ -227,7 +227,7 @@ fn repeated_and_overlapping_pids_are_counted_once() {
     assert_cpu_once(time_of(&p, pid), cpu, "--pid TID");
 }
 
-/// One loss account: the `samples lost` line on stderr is the profile's `lost_samples`
+/// One loss account: the `N samples lost` warning on stderr (none when none are lost) is the profile's `lost_samples`
 /// (ring full, branch errors, malformed), here with samples that cannot be mapped (the
 /// binary is gone by the end of the run): those are their own count, not losses.
 #[test]
@@ -250,13 +250,14 @@ fn stderr_and_profile_count_the_same_losses() {
     let said: u64 = err
         .lines()
         .find_map(|l| {
-            l.strip_prefix("cpi-bpf: ")?
+            l.strip_prefix("cpi-bpf: warning: ")?
                 .split_once(" samples lost")?
                 .0
                 .parse()
                 .ok()
         })
-        .unwrap_or_else(|| panic!("no `N samples lost` line: {err}"));
+        // None lost is said by the table and the JSON only.
+        .unwrap_or(0);
     eprintln!("{err}");
     assert_eq!(said, profile["lost_samples"].as_u64().unwrap(), "{err}");
 }

@@ -185,3 +185,27 @@ fn report_command_reproduces_views_offline_and_rejects_bad_files() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no function named \"nope\""));
 }
+
+/// `report` reads one window of an agent's store as it is written (`w-….json.gz`).
+#[test]
+fn report_reads_a_single_gzipped_agent_window() {
+    use std::io::Write;
+    let dir = scratch("report-gz");
+    let p = time_profile();
+    let file = dir.join("w-1700000000-10.json.gz");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(to_json(&p).unwrap().as_bytes()).unwrap();
+    std::fs::write(&file, gz.finish().unwrap()).unwrap();
+    assert_eq!(read(&file).unwrap(), p);
+    let out = Command::new(cpi_bpf())
+        .args(["report", "--format", "json"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(parse(&out.stdout, "stdout").unwrap(), p);
+}

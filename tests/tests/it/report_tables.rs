@@ -1,13 +1,13 @@
 //! Golden-file tests of the table views (`CPI_BPF_BLESS=1` regenerates the files).
 
 use crate::report_fixture::{cpi_profile, golden, time_profile};
-use cpi_user::report::table::{render, TableError, TableOptions};
+use cpi_user::report::table::{render, SortKey, TableError, TableOptions};
 
 fn opts(top: usize, annotate: Option<&str>) -> TableOptions {
     TableOptions {
         top,
         annotate: annotate.map(str::to_string),
-        callgraph: false,
+        ..TableOptions::default()
     }
 }
 
@@ -17,7 +17,7 @@ fn cpi_top_functions_and_hot_blocks() {
     golden("cpi_top.txt", &out);
     // Mode and losses come first; the floor is words, not a number.
     assert!(out.starts_with("mode:"));
-    assert!(out.contains("lost samples: 15"));
+    assert!(out.contains("15 lost"));
     assert!(out.contains("below floor"));
 }
 
@@ -70,7 +70,14 @@ fn minor_processes_are_summarised_hottest_first() {
     let mut second = main.clone();
     (second.pid, second.comm, second.samples) = (9002, "second".into(), main.samples / 10);
     p.processes = vec![helper, main.clone(), second];
-    let out = render(&p, &opts(20, None)).unwrap();
+    let out = render(
+        &p,
+        &TableOptions {
+            per_process: true,
+            ..TableOptions::default()
+        },
+    )
+    .unwrap();
     let first = out
         .find(&format!("pid {} (", main.pid))
         .expect("main process shown");
@@ -111,4 +118,115 @@ fn callgraph_says_why_there_is_none() {
         c.contains("no call graph: no sampled branch record of this process is a call"),
         "{c}"
     );
+}
+
+/// Several processes are one list by default (perf's `--sort comm,dso,sym`): processes
+/// of one name merged, comm and pid columns, shares of the whole profile.
+#[test]
+fn processes_are_one_list_with_comm_and_pid() {
+    let mut p = time_profile();
+    let main = p.processes[0].clone();
+    let mut twin = main.clone();
+    twin.pid = 9003;
+    let mut other = main.clone();
+    (other.pid, other.comm) = (9004, "other".into());
+    p.processes = vec![main.clone(), twin, other];
+    let out = render(&p, &opts(50, None)).unwrap();
+    assert_eq!(
+        out.matches("top functions").count(),
+        1,
+        "one table, not one per process:\n{out}"
+    );
+    let hot = &main.functions[0].name;
+    let rows: Vec<&str> = out.lines().filter(|l| l.contains(hot.as_str())).collect();
+    assert_eq!(rows.len(), 2, "{hot} once per comm:\n{out}");
+    assert!(
+        rows[0].contains(&main.comm) && rows[0].contains("2 pids"),
+        "{out}"
+    );
+    assert!(
+        rows[1].contains("other") && rows[1].contains("9004"),
+        "{out}"
+    );
+    // The two processes of one name hold 2/3 of the time: the shares add up to 100 %.
+    let share = |row: &str| -> f64 {
+        row.split_whitespace()
+            .last()
+            .and_then(|s| s.trim_end_matches('%').parse().ok())
+            .unwrap()
+    };
+    let one = main.functions[0].share * 100.0;
+    assert!((share(rows[0]) - one * 2.0 / 3.0).abs() < 0.06, "{out}");
+    assert!((share(rows[1]) - one / 3.0).abs() < 0.06, "{out}");
+}
+
+/// A 300-character C++ name in an 80-column table: every line fits, the name is cut
+/// with an ellipsis, and the JSON keeps it whole.
+#[test]
+fn long_names_fit_the_width_with_an_ellipsis() {
+    let long = format!(
+        "_ZN{}std6vectorIiSaIiEE9push_backERKi",
+        "very_long_namespace_component".repeat(10)
+    );
+    assert!(long.len() >= 300);
+    for mut p in [cpi_profile(), time_profile()] {
+        p.processes[0].functions[0].name = long.clone();
+        p.command = vec!["./prog".into(), long.clone()];
+        let name = long.clone();
+        for o in [
+            opts(20, None),
+            opts(20, Some(name.as_str())),
+            TableOptions {
+                verbose: true,
+                ..opts(20, None)
+            },
+        ] {
+            let out = render(
+                &p,
+                &TableOptions {
+                    width: Some(80),
+                    ..o
+                },
+            )
+            .unwrap();
+            for l in out.lines() {
+                assert!(
+                    l.chars().count() <= 80,
+                    "{} wide: {l}\n{out}",
+                    l.chars().count()
+                );
+            }
+            assert!(out.contains("_ZNvery_l") && out.contains('…'), "{out}");
+        }
+        let json = cpi_user::report::file::to_json(&p).unwrap();
+        assert!(json.contains(&long), "the JSON keeps the whole name");
+    }
+}
+
+/// `--sort` by a column other than the share, and the legend for the CPI notation.
+#[test]
+fn sort_by_any_column_and_a_legend() {
+    let p = cpi_profile();
+    let by = |sort| {
+        render(
+            &p,
+            &TableOptions {
+                sort,
+                ..opts(20, None)
+            },
+        )
+        .unwrap()
+    };
+    let names = by(SortKey::Function);
+    assert!(names.contains("sorted by function"), "{names}");
+    let mut fns: Vec<&str> = p.processes[0]
+        .functions
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
+    fns.sort();
+    let at: Vec<usize> = fns.iter().map(|f| names.find(f).unwrap()).collect();
+    assert!(at.windows(2).all(|w| w[0] < w[1]), "A to Z:\n{names}");
+    assert!(names.contains("±: relative error"), "{names}");
+    assert!(names.contains("below floor: too few samples"), "{names}");
 }

@@ -37,7 +37,8 @@ pub struct Args {
     /// `cycles` (perf record -b's default), `taken-branches` or `other`.
     #[arg(long, value_name = "EVENT", default_value = "cycles", value_parser = parse_event)]
     pub event: Estimator,
-    /// Newest ranges used per branch stack (seed 001's CBT window).
+    /// Newest ranges used per branch stack: a fixed number, so deep and shallow stacks
+    /// weigh the same.
     #[arg(long, value_name = "N", default_value_t = ImportOptions::default().window)]
     pub window: usize,
     /// How each stack's ranges are weighted: `window` (period / window) or

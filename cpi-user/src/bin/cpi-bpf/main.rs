@@ -14,7 +14,11 @@ use clap::{Parser, Subcommand};
 /// Accurate fine-grained CPI (cycles per instruction) and edge profiles from sampled
 /// branch records, collected with eBPF.
 #[derive(Parser, Debug)]
-#[command(name = "cpi-bpf", version, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "cpi-bpf",
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("CPI_BPF_COMMIT"), ")"),
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,

@@ -37,6 +37,18 @@ pub struct OutputArgs {
     /// Show FUNC's disassembly with per-instruction counts and per-block CPI (table).
     #[arg(long, value_name = "FUNC")]
     pub annotate: Option<String>,
+    /// Sort the function tables by this column, largest first (names A to Z).
+    #[arg(long, value_name = "COLUMN", default_value = "share",
+          value_parser = clap::builder::PossibleValuesParser::new(
+              table::SortKey::ALL.map(|(name, _)| name)))]
+    pub sort: String,
+    /// One table per process (default: one list over all processes, with comm and pid
+    /// columns; processes of one name are merged, as perf does).
+    #[arg(long)]
+    pub per_process: bool,
+    /// The whole header: why this mode, each event and its period, losses by reason.
+    #[arg(short, long)]
+    pub verbose: bool,
     /// Rows per table.
     #[arg(long, value_name = "N", default_value_t = 20, value_parser = rows)]
     pub top: usize,
@@ -172,6 +184,10 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
                 top: args.top,
                 annotate: args.annotate.clone(),
                 callgraph: args.callgraph,
+                width: args.output.is_none().then(terminal_width).flatten(),
+                verbose: args.verbose,
+                per_process: args.per_process,
+                sort: table::SortKey::named(&args.sort).unwrap_or_default(),
             };
             match table::render(profile, &opts) {
                 Ok(text) => write_saving(profile, args.output.as_deref(), text.as_bytes()),
@@ -247,6 +263,28 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
             Ok(())
         }
     }
+}
+
+/// The width tables are fitted to on standard output: `COLUMNS` when set, else the
+/// terminal's; none when standard output is not a terminal (a pipe or file gets whole
+/// names, as perf's `--stdio` does).
+fn terminal_width() -> Option<usize> {
+    if let Some(n) = std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()) {
+        return Some(n).filter(|&n| n > 0);
+    }
+    let out = std::io::stdout();
+    if !out.is_terminal() {
+        return None;
+    }
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ fills the winsize we own; the fd is standard output's.
+    let ok = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0;
+    (ok && ws.ws_col > 0).then_some(usize::from(ws.ws_col))
 }
 
 /// Writes `bytes` to `path`, or standard output.

@@ -37,7 +37,7 @@ impl From<Perturbation> for PerturbationArg {
 #[derive(clap::Args, Debug, Clone)]
 pub struct PolicyArgs {
     /// Period perturbation layers: `user` re-draws each event's period (P + R, prime)
-    /// on a timer, which removes the bias of loops locked onto the period (measured with
+    /// after a random 48-112 of its own periods, which removes the bias of loops locked onto the period (measured with
     /// the PMU model); `kernel` thins records in the BPF program (fewer records, exact
     /// totals, same phase); `both`; `none`.
     #[arg(long, visible_alias = "perturb", value_enum,

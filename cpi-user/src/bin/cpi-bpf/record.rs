@@ -6,6 +6,7 @@ use anyhow::bail;
 use cpi_user::collect::caps::Capabilities;
 use cpi_user::collect::events::{Rate, MAX_PERIOD};
 use cpi_user::collect::{self, CollectOptions, StopReason, Target, DEFAULT_FREQUENCY};
+use cpi_user::profile::analyze::LineDetail;
 use cpi_user::profile::{analyze, AnalysisOptions, Mode};
 
 use crate::output::{emit, validate, OutputArgs};
@@ -49,8 +50,13 @@ pub struct Args {
     /// BPF ring buffer size, MiB (a power of two).
     #[arg(long, value_name = "MIB", default_value_t = 8)]
     pub ring_buffer_mib: u32,
-    /// Sample kernel code too.
+    /// User space only (as perf's `-e cycles:u`). By default kernel code is sampled
+    /// too, as perf does where it is allowed (cpi-bpf runs as root), and shown as the
+    /// `[kernel]` binary, so a program's CPU time in system calls is not missing.
     #[arg(long)]
+    pub user_only: bool,
+    /// Sample kernel code too: the default (see --user-only).
+    #[arg(long, hide = true, conflicts_with = "user_only")]
     pub include_kernel: bool,
     /// Ranges used per branch sample, the fixed window that keeps the profile uniform
     /// (default: branch-record depth − 1, as the PMU model uses).
@@ -78,7 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         _ => bail!("give -p PID or -a (system-wide), not both, and a command only without -p"),
     };
-    check_events(&args.event)?;
+    let user_only = check_events(&args.event)? || args.user_only;
     if args.call_graph {
         log::warn!(
             "-g: no call stacks yet: profiles are leaf-only (--callgraph shows the calls seen \
@@ -102,7 +108,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             period: args.period,
             core_hz: collect::events::nominal_core_hz(),
         },
-        include_kernel: args.include_kernel,
+        include_kernel: !user_only,
         perturbation: args.policy.perturbation(),
         thinning: args.policy.thinning.max(1),
         redraw_every: Duration::from_millis(args.redraw_ms.max(1)),
@@ -121,18 +127,37 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         (s, _) => s.unwrap_or(StopReason::Finished).to_string(),
     };
     let received: u64 = collected.run.events.iter().map(|e| e.samples).sum();
+    // Said before the analysis: the collection is over (the tests read the target's CPU
+    // time at this line).
     eprintln!(
         "cpi-bpf: stopped ({stop}) after {:.2} s: {received} samples received",
         collected.run.duration_secs
     );
-    let profile = analyze(&collected.set, collected.run, &AnalysisOptions::default());
-    // The profile's own loss account (collection and analysis), so this line, the table
-    // and the JSON count the same things.
-    eprintln!(
-        "cpi-bpf: {} samples lost {}",
-        profile.lost_samples,
-        profile.lost.breakdown()
+    // Lines for the sampled instructions only, so the profile costs what its samples
+    // do (every instruction of every sampled function made a clang build's profile
+    // 185 MB); every instruction where --annotate shows them.
+    let lines = if args.output.annotate.is_some() {
+        LineDetail::Every
+    } else {
+        LineDetail::Evidence
+    };
+    let profile = analyze(
+        &collected.set,
+        collected.run,
+        &AnalysisOptions {
+            lines,
+            ..AnalysisOptions::default()
+        },
     );
+    // The profile's own loss account (collection and analysis), so this line, the table
+    // and the JSON count the same things; none lost is said by the table and JSON only.
+    if profile.lost_samples > 0 {
+        log::warn!(
+            "{} samples lost {}",
+            profile.lost_samples,
+            profile.lost.breakdown()
+        );
+    }
     emit(&profile, &args.output)?;
     Ok(exit_status(collected.stop, collected.command_status))
 }
@@ -149,10 +174,11 @@ fn exit_status(stop: Option<StopReason>, command_status: Option<i32>) -> i32 {
 }
 
 /// `-e`: perf's event names, accepted when they are the events the capability ladder
-/// samples on this machine; cpi-bpf does not sample others.
-fn check_events(events: &[String]) -> anyhow::Result<()> {
+/// samples on this machine; cpi-bpf does not sample others. True when every event has
+/// perf's `:u` modifier (user space only).
+fn check_events(events: &[String]) -> anyhow::Result<bool> {
     if events.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     let (mode, _) = Capabilities::probe().mode();
     let used: &[&str] = match mode {
@@ -162,7 +188,7 @@ fn check_events(events: &[String]) -> anyhow::Result<()> {
     };
     for e in events {
         // perf's modifiers (`cycles:u`, `cycles:pp`) say where and how precisely.
-        let name = e.split(':').next().unwrap_or(e);
+        let (name, _) = e.split_once(':').unwrap_or((e, ""));
         if !used.contains(&name) {
             bail!(
                 "-e {e}: on this machine cpi-bpf samples {} ({} mode) and picks its events \
@@ -172,7 +198,10 @@ fn check_events(events: &[String]) -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
+    Ok(events.iter().all(|e| {
+        e.split_once(':')
+            .is_some_and(|(_, m)| m.contains('u') && !m.contains('k'))
+    }))
 }
 
 /// `--duration`: positive seconds, small enough to be a deadline.

@@ -11,8 +11,8 @@ use crate::output::{emit, OutputArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// A profile file written with `--format json --output FILE`; `-` reads standard
-    /// input.
+    /// A profile file written with `--format json -o FILE`, or one window of an
+    /// agent's store (`w-….json.gz`); `-` reads standard input.
     #[arg(value_name = "FILE", conflicts_with = "store")]
     pub file: Option<PathBuf>,
     /// Merge the windows of an agent's store (cpi-bpf agent --store DIR) instead.

@@ -26,7 +26,7 @@ pub struct Args {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub cycle_period: u64,
     /// The counter whose overflow snapshots the branch stack: `branches` (retired taken
-    /// branches, seed 000) or `cycles` (as `perf record -b` does by default; the stacks
+    /// branches, the method's choice) or `cycles` (as `perf record -b` does by default; the stacks
     /// then ride on the cycle samples, at --cycle-period).
     #[arg(long, value_name = "EVENT", default_value = "branches",
           value_parser = clap::value_parser!(BranchEvent))]
