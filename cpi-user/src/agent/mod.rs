@@ -616,12 +616,26 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
                 status.store_bytes
             ),
         );
+        drop(window);
+        release_free_heap();
     }
     if let Some(p) = &sinks.pusher {
         p.flush(FLUSH_WITHIN);
         if let Some(m) = &sinks.metrics {
             m.set_push_stats(&p.stats());
         }
+    }
+}
+
+/// Gives the heap pages a window's analysis freed back to the system. glibc keeps freed
+/// memory in its arenas, so without this the agent's resident set would stay at the high
+/// mark of its busiest window (seen: +15 MiB held after a burst of exiting processes,
+/// tests/tests/it/agent_sinks.rs, the churn test).
+fn release_free_heap() {
+    // SAFETY: malloc_trim only returns free memory of the allocator to the system.
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
