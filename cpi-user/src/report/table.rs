@@ -198,9 +198,7 @@ fn legend(out: &str, width: Option<usize>) -> String {
     let mut parts = Vec::new();
     if out.contains(" ±") {
         // What every ± means: cpi-user/src/profile/error.rs.
-        parts.push(
-            "±: one standard error (the truth within ±1 for about 68 % of units, ±2 for 95 %)",
-        );
+        parts.push("±: one standard error (the truth within ±1 for ~68 % of units, ±2 for ~95 %)");
     }
     if out.contains("below floor") {
         parts.push("below floor: too few samples for a CPI");
