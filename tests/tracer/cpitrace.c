@@ -159,9 +159,13 @@ static void emit_maps(void)
       if (!s || !s->hasX)
          continue;
       name = s->kind == SkFileC ? VG_(am_get_filename)(s) : NULL;
-      len += VG_(snprintf)(text + len, cap - len, "%lx-%lx %c%c%cp %08llx 00:00 %llu %s\n",
+      /* The device as /proc/PID/maps prints it (glibc's major()/minor() of st_dev), so
+         the analysis can check that the file it opens is the one mapped. */
+      ULong major = ((s->dev >> 8) & 0xfff) | ((s->dev >> 32) & ~0xfffULL);
+      ULong minor = (s->dev & 0xff) | ((s->dev >> 12) & ~0xffULL);
+      len += VG_(snprintf)(text + len, cap - len, "%lx-%lx %c%c%cp %08llx %02llx:%02llx %llu %s\n",
                            s->start, s->end + 1, s->hasR ? 'r' : '-', s->hasW ? 'w' : '-',
-                           'x', (ULong)s->offset, s->ino, name ? name : "");
+                           'x', (ULong)s->offset, major, minor, s->ino, name ? name : "");
    }
    emit(0, 0, (ULong)len, K_MAPS, 0);
    put(text, len);

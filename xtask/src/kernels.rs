@@ -1,7 +1,8 @@
 //! `cargo xtask setup`'s kernel step: Debian's own cloud kernels (bullseye 5.10, bookworm
 //! 6.1, trixie 6.12), which tests/tests/it/kernels.rs boots in QEMU. Each suite gets a
 //! private apt state (its own sources list and lists directory under
-//! `target/kernels/apt-SUITE/`), so the system's apt is untouched; the kernel package is
+//! `target/kernels/apt-SUITE/`, removed once the kernel is out), so the system's apt is
+//! untouched; the kernel package is
 //! fetched with `apt-get download` and unpacked with `dpkg -x`, and its `boot/vmlinuz-*` is
 //! kept as `target/kernels/SUITE/vmlinuz`. A kernel already there is not fetched again.
 
@@ -121,19 +122,10 @@ fn fetch_suite(suite: &str) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out)?;
     let tmp = out.join("vmlinuz.tmp");
     std::fs::copy(&kernel, &tmp)?;
-    std::fs::write(
-        out.join("release"),
-        kernel
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix("vmlinuz-"))
-            .unwrap_or_default(),
-    )?;
     std::fs::rename(&tmp, &vmlinuz)?;
-    // Only the kernel is kept: the modules tree is ~100 MB per suite and the initramfs
-    // boots without modules.
-    let _ = std::fs::remove_dir_all(&unpacked);
-    let _ = std::fs::remove_dir_all(&debs);
+    // Only the kernel is kept: the package's modules and the suite's apt lists are
+    // ~150 MB more, and the initramfs boots without modules.
+    let _ = std::fs::remove_dir_all(&state);
     println!("setup: {suite} kernel ready ({})", vmlinuz.display());
     Ok(())
 }

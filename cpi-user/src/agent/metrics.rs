@@ -20,17 +20,23 @@
 //! comm that comes back after retirement restarts its counters at 0 (a counter reset,
 //! which `rate()` handles).
 //!
-//! The server is a std `TcpListener` on its own thread: one request per connection,
-//! every read and write under [`CLIENT_TIMEOUT`], the exposition text rendered under a
-//! lock and written after it is released, so neither a slow client nor a scrape ever
-//! holds up [`Metrics::observe`] for longer than the rendering.
+//! The server runs on its own thread, a single-threaded tokio runtime serving every
+//! client at once: one request per connection, each connection cut off after
+//! [`CLIENT_TIMEOUT`] in all, at most [`MAX_CLIENTS`] open (a new one closes the oldest),
+//! so idle or slow local clients cannot hold up a scrape (issue 20: 200 idle connections
+//! or 20 one-byte-a-second clients). The exposition text is rendered under a lock and
+//! written after it is released, so no client holds up [`Metrics::observe`] for longer
+//! than the rendering.
+//!
+//! Label values (comm, binary, function) come from other processes: they are escaped
+//! for the terminal (cpi-user/src/fsafe/text.rs) and then for the exposition format
+//! (`\\`, `\"`), which `prometheus-client` 0.24 does not do itself.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -54,6 +60,8 @@ pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const OTHER_COMM: &str = "other";
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const MAX_REQUEST: usize = 8192;
+/// Connections served at once; the oldest is closed to admit a new one.
+pub const MAX_CLIENTS: usize = 64;
 
 /// `--metrics-top-comms` and `--metrics-top-functions`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,7 +104,7 @@ impl Metrics {
         let (s, st) = (state.clone(), stop.clone());
         std::thread::Builder::new()
             .name("cpi-bpf-metrics".into())
-            .spawn(move || serve_loop(listener, &s, &st))
+            .spawn(move || serve_loop(listener, s, &st))
             .map_err(|source| AgentError::Thread {
                 what: "metrics server",
                 source,
@@ -143,41 +151,74 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn serve_loop(listener: TcpListener, state: &Mutex<State>, stop: &AtomicBool) {
-    for conn in listener.incoming() {
-        if stop.load(Ordering::SeqCst) {
+fn serve_loop(listener: TcpListener, state: Arc<Mutex<State>>, stop: &AtomicBool) {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            log::error!("metrics: no runtime: {e}");
             return;
         }
-        match conn {
-            Ok(stream) => {
-                if let Err(e) = answer(stream, state) {
-                    log::debug!("metrics: client: {e}");
+    };
+    rt.block_on(async {
+        let listener = match listener
+            .set_nonblocking(true)
+            .and_then(|_| tokio::net::TcpListener::from_std(listener))
+        {
+            Ok(l) => l,
+            Err(e) => {
+                log::error!("metrics: {e}");
+                return;
+            }
+        };
+        let mut open: std::collections::VecDeque<tokio::task::AbortHandle> =
+            std::collections::VecDeque::new();
+        loop {
+            let conn = listener.accept().await;
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let stream = match conn {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    log::warn!("metrics: accept: {e}");
+                    // EMFILE and the like: do not spin.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            open.retain(|h| !h.is_finished());
+            if open.len() >= MAX_CLIENTS {
+                if let Some(oldest) = open.pop_front() {
+                    oldest.abort();
                 }
             }
-            Err(e) => {
-                log::warn!("metrics: accept: {e}");
-                // EMFILE and the like: do not spin.
-                std::thread::sleep(Duration::from_millis(100));
-            }
+            let state = Arc::clone(&state);
+            let task = tokio::spawn(async move {
+                match tokio::time::timeout(CLIENT_TIMEOUT, answer(stream, &state)).await {
+                    Ok(Err(e)) => log::debug!("metrics: client: {e}"),
+                    Err(_) => log::debug!("metrics: client too slow, cut off"),
+                    Ok(Ok(())) => {}
+                }
+            });
+            open.push_back(task.abort_handle());
         }
-    }
+    });
 }
 
-/// Reads one request (headers only, bounded in size and time) and answers it.
-fn answer(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
-    let deadline = Instant::now() + CLIENT_TIMEOUT;
+/// Reads one request (headers only, bounded in size) and answers it.
+async fn answer(mut stream: tokio::net::TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = Vec::with_capacity(512);
     let mut chunk = [0u8; 1024];
     while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || buf.len() > MAX_REQUEST {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "request too slow or too large",
-            ));
+        if buf.len() > MAX_REQUEST {
+            return Err(std::io::Error::other("request too large"));
         }
-        stream.set_read_timeout(Some(left))?;
-        let n = stream.read(&mut chunk)?;
+        let n = stream.read(&mut chunk).await?;
         if n == 0 {
             return Ok(());
         }
@@ -200,16 +241,22 @@ fn answer(mut stream: TcpStream, state: &Mutex<State>) -> std::io::Result<()> {
             "only GET\n".to_string(),
         ),
     };
-    stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
-    write!(
-        stream,
+    let head = format!(
         "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
-    )?;
-    stream.write_all(body.as_bytes())?;
-    stream.flush()?;
-    let _ = stream.shutdown(Shutdown::Write);
-    Ok(())
+    );
+    stream.write_all(head.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.flush().await?;
+    stream.shutdown().await
+}
+
+/// A label value from another process: terminal-escaped, then escaped for the
+/// exposition format (module documentation).
+fn label(s: &str) -> String {
+    crate::fsafe::escape(s)
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
 }
 
 /// The `mode` label value (the profile file's spelling).
@@ -219,6 +266,7 @@ fn mode_name(m: Mode) -> &'static str {
         Mode::IpSampling => "ip-sampling",
         Mode::TimeProfile => "time-profile",
         Mode::Simulated => "simulated",
+        Mode::Instructions => "instructions",
     }
 }
 
@@ -318,9 +366,20 @@ impl CommSlots {
 }
 
 /// `process_cpu_seconds_total` and `process_resident_memory_bytes`, read at each scrape
-/// from /proc/self/stat and /proc/self/statm.
+/// from /proc/self/stat and /proc/self/statm; `cpi_bpf_last_window_age_seconds`, the
+/// time since the last window was completed (or since start), so a stalled analysis
+/// shows while `/metrics` still answers.
 #[derive(Debug)]
-struct ProcessCollector;
+struct ProcessCollector {
+    /// Unix milliseconds of the last completed window (start, before the first).
+    last_window_ms: Arc<AtomicU64>,
+}
+
+fn unix_ms_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
 
 /// (CPU seconds, resident bytes) of this process.
 fn self_usage() -> Option<(f64, f64)> {
@@ -343,6 +402,14 @@ fn self_usage() -> Option<(f64, f64)> {
 
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let age_ms = unix_ms_now().saturating_sub(self.last_window_ms.load(Ordering::Relaxed));
+        let a = ConstGauge::new(age_ms as f64 / 1e3);
+        a.encode(encoder.encode_descriptor(
+            "cpi_bpf_last_window_age_seconds",
+            "Seconds since the last window was completed (since start before the first).",
+            None,
+            a.metric_type(),
+        )?)?;
         let Some((cpu, rss)) = self_usage() else {
             return Ok(());
         };
@@ -377,6 +444,8 @@ struct State {
     samples: Family<Labels, Counter>,
     lost: Family<Labels, Counter>,
     windows: Counter,
+    last_window_ms: Arc<AtomicU64>,
+    store_failures: Counter,
     analysis: FloatGauge,
     tracked: Gauge,
     cache_bytes: Gauge,
@@ -388,12 +457,13 @@ struct State {
     mode: Family<Labels, Gauge>,
     /// Cumulative inputs already counted.
     seen_windows: u64,
+    seen_store_failures: u64,
     seen_bpf: f64,
     seen_push: PushStats,
 }
 
 fn comm(c: &str) -> Labels {
-    vec![("comm", c.to_string())]
+    vec![("comm", label(c))]
 }
 
 impl State {
@@ -413,6 +483,8 @@ impl State {
             samples: Family::default(),
             lost: Family::default(),
             windows: Counter::default(),
+            last_window_ms: Arc::new(AtomicU64::new(unix_ms_now())),
+            store_failures: Counter::default(),
             analysis: FloatGauge::default(),
             tracked: Gauge::default(),
             cache_bytes: Gauge::default(),
@@ -423,6 +495,7 @@ impl State {
             bpf_run: FloatCounter::default(),
             mode: Family::default(),
             seen_windows: 0,
+            seen_store_failures: 0,
             seen_bpf: 0.0,
             seen_push: PushStats::default(),
         };
@@ -502,7 +575,14 @@ impl State {
             "Collection mode: 1 for the current one.",
             s.mode.clone(),
         );
-        r.register_collector(Box::new(ProcessCollector));
+        r.register(
+            "cpi_bpf_store_failures",
+            "Windows the store could not write (full disk, permissions, descriptors).",
+            s.store_failures.clone(),
+        );
+        r.register_collector(Box::new(ProcessCollector {
+            last_window_ms: Arc::clone(&s.last_window_ms),
+        }));
         for (reason, _) in loss_reasons(&LossReport::default()) {
             s.lost
                 .get_or_create(&vec![("reason", reason.to_string())])
@@ -574,9 +654,9 @@ impl State {
         let mut seen = HashSet::new();
         for ((c, b, f), (cyc, ins)) in v.into_iter().take(self.limits.top_functions) {
             let l: Labels = vec![
-                ("comm", c.to_string()),
-                ("binary", b.to_string()),
-                ("function", f.to_string()),
+                ("comm", label(c)),
+                ("binary", label(b)),
+                ("function", label(f)),
             ];
             if seen.insert(l.clone()) {
                 self.function_cpi.get_or_create(&l).set(cyc / ins);
@@ -588,6 +668,12 @@ impl State {
         if s.windows > self.seen_windows {
             self.windows.inc_by(s.windows - self.seen_windows);
             self.seen_windows = s.windows;
+            self.last_window_ms.store(unix_ms_now(), Ordering::Relaxed);
+        }
+        if s.store_failures > self.seen_store_failures {
+            self.store_failures
+                .inc_by(s.store_failures - self.seen_store_failures);
+            self.seen_store_failures = s.store_failures;
         }
         if s.bpf_run_seconds > self.seen_bpf {
             self.bpf_run.inc_by(s.bpf_run_seconds - self.seen_bpf);
@@ -633,6 +719,8 @@ impl State {
 pub(crate) mod tests {
     use super::*;
     use crate::profile::model::{Estimate, EventInfo, FunctionProfile, ProcessProfile};
+    use std::io::{Read, Write};
+    use std::time::Instant;
 
     pub(crate) fn function(name: &str, cycles: f64, instructions: f64) -> FunctionProfile {
         FunctionProfile {
@@ -645,6 +733,8 @@ pub(crate) mod tests {
             time_ns: None,
             cycles: Some(cycles),
             instructions: Some(instructions),
+            cycles_rel_error: None,
+            instructions_rel_error: None,
             cpi: Some(Estimate {
                 value: cycles / instructions,
                 rel_error: 0.1,
@@ -700,6 +790,8 @@ pub(crate) mod tests {
                     time_ns: time.then_some(w),
                     cycles: (!time).then_some(w),
                     instructions: (!time).then_some(w / 2.0),
+                    cycles_rel_error: None,
+                    instructions_rel_error: None,
                     cpi: None,
                     functions: Vec::new(),
                     calls: Vec::new(),
@@ -726,6 +818,7 @@ pub(crate) mod tests {
             tracked_processes: 7,
             cache_bytes: 1024,
             store_bytes: 4096,
+            store_failures: 0,
             sampling_frequency_hz: 999,
             bpf_run_seconds: 0.5 * windows as f64,
         }
@@ -926,6 +1019,59 @@ pub(crate) mod tests {
         assert!(
             e.to_string().starts_with("--metrics-addr 127.0.0.1:"),
             "{e}"
+        );
+    }
+
+    fn scrape(addr: SocketAddr) -> String {
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    }
+
+    /// Issue 20: 200 idle connections and 20 clients sending a byte at a time do not
+    /// hold up a scrape past a few seconds (CLIENT_TIMEOUT bounds what one client can
+    /// take; they are served at once, not one after another).
+    #[test]
+    fn idle_and_slow_clients_do_not_stall_a_scrape() {
+        let m = Metrics::serve("127.0.0.1:0".parse().unwrap(), MetricsLimits::default()).unwrap();
+        let addr = m.local_addr();
+        let idle: Vec<TcpStream> = (0..200)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let slow: Vec<_> = (0..20)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    let mut c = TcpStream::connect(addr).unwrap();
+                    for b in b"GET /metrics HTTP/1.1\r\n" {
+                        if c.write_all(&[*b]).is_err() {
+                            return;
+                        }
+                        std::thread::sleep(Duration::from_millis(500));
+                    }
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        let out = scrape(addr);
+        let took = t0.elapsed();
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        assert!(took < CLIENT_TIMEOUT + Duration::from_secs(1), "{took:?}");
+        drop(idle);
+        for t in slow {
+            t.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn label_values_from_other_processes_cannot_forge_series() {
+        assert_eq!(label("python3"), "python3");
+        assert_eq!(
+            label("x\"} 1\nfake_total{a=\"\x1b"),
+            r#"x\"} 1\\nfake_total{a=\"\\x1b"#
         );
     }
 

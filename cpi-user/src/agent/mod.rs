@@ -23,7 +23,10 @@
 //! Stopping: the first SIGTERM/SIGINT ends the current window early, which is analysed
 //! and written like any other; the sinks get [`FLUSH_WITHIN`] to deliver; then the
 //! agent returns. The first signal restores the default action, so a second one ends the
-//! process at once.
+//! process at once — also when the analysis thread is stuck: the collection loop never
+//! blocks on it (it keeps draining while a window waits for the analysis, logs a window
+//! late by two intervals, at least [`STALL_AFTER_MIN`]), and `/metrics` exports
+//! `cpi_bpf_last_window_age_seconds` and `cpi_bpf_store_failures_total`.
 
 pub mod config;
 pub mod error;
@@ -33,7 +36,7 @@ pub mod push;
 pub mod store;
 
 use std::collections::HashMap;
-use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::mpsc::{sync_channel, Receiver, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -54,6 +57,8 @@ use store::{Store, StoreError};
 
 /// How long the sinks get to deliver after the last window.
 pub const FLUSH_WITHIN: Duration = Duration::from_secs(5);
+/// A window's analysis is reported late after two intervals, and never before this.
+pub const STALL_AFTER_MIN: Duration = Duration::from_secs(10);
 
 /// The agent's own state after a window, as the metrics export it.
 #[derive(Clone, Debug, PartialEq)]
@@ -71,6 +76,8 @@ pub struct AgentStatus {
     pub cache_bytes: u64,
     /// Bytes of the store's window files.
     pub store_bytes: u64,
+    /// Windows the store failed to write since start.
+    pub store_failures: u64,
     /// The sampling frequency the governor runs at now.
     pub sampling_frequency_hz: u64,
     /// Cumulative in-kernel run time of the agent's BPF programs.
@@ -272,6 +279,9 @@ impl Agent {
         let mut start = started;
         let mut window_started = Instant::now();
         let mut windows = 0u64;
+        // A window waiting for the analysis thread when a stop came.
+        let mut pending = None;
+        let stall_after = (config.interval * 2).max(STALL_AFTER_MIN);
         let stop = loop {
             let boundary = next_boundary(SystemTime::now(), config.interval);
             let until = Instant::now()
@@ -322,8 +332,36 @@ impl Agent {
                 bpf_seconds: bpf_seconds(&session),
             };
             start = end;
-            if tx.send(job).is_err() {
-                break None;
+            // Hand the window over; while the analysis is still busy with the last one,
+            // keep draining (and seeing signals), and say so once it is late.
+            let (mut job, waiting) = (job, Instant::now());
+            let mut told = false;
+            let handed = loop {
+                match tx.try_send(job) {
+                    Ok(()) => break None,
+                    Err(TrySendError::Disconnected(_)) => break Some(None),
+                    Err(TrySendError::Full(j)) => job = j,
+                }
+                if !told && waiting.elapsed() > stall_after {
+                    told = true;
+                    log(
+                        Level::Warn,
+                        &format!(
+                            "window {windows}: the analysis of the previous window has not \
+                             finished after {} s; this window waits (collection goes on, \
+                             a second SIGTERM ends the agent)",
+                            waiting.elapsed().as_secs()
+                        ),
+                    );
+                }
+                let tick = Instant::now() + Duration::from_millis(100);
+                if let Some(s) = session.run_until(Some(tick))? {
+                    pending = Some(job);
+                    break Some(Some(s));
+                }
+            };
+            if let Some(stop) = handed {
+                break stop;
             }
         };
         // A second signal ends the process at once.
@@ -338,6 +376,9 @@ impl Agent {
         }
         let bpf = bpf_seconds(&session);
         let last = session.finish()?;
+        if let Some(job) = pending {
+            let _ = tx.send(job);
+        }
         windows += 1;
         let _ = tx.send(Job {
             collected: last,
@@ -499,6 +540,7 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
         let rel = d.strip_prefix(config::CGROUP_ROOT).unwrap_or(d);
         format!("/{}", rel.display()).replace("//", "/")
     });
+    let mut store_failures = 0;
     for job in rx {
         let began = Instant::now();
         let Collected {
@@ -534,6 +576,7 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
             profile,
         };
         if let Err(e) = sinks.store.write(&window) {
+            store_failures += 1;
             log(Level::Error, &e.to_string());
         }
         if let Some(p) = &sinks.pusher {
@@ -548,6 +591,7 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
             tracked_processes: table.len().max(held_processes),
             cache_bytes: sym.cache_bytes(),
             store_bytes: sinks.store.bytes(),
+            store_failures,
             sampling_frequency_hz: job.frequency,
             bpf_run_seconds: job.bpf_seconds,
         };

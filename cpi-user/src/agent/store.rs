@@ -2,17 +2,26 @@
 //! file per window, in the versioned JSON format of cpi-user/src/report/file.rs, named
 //! `w-<start ms>-<end ms>.json.gz` (Unix milliseconds, so names sort by time).
 //!
-//! Writes are atomic: the window goes to a hidden temp file, is fsync'd, renamed into
-//! place, and the directory is fsync'd. A crash at any point leaves either the complete
-//! window or no window (plus, at worst, a temp file that readers ignore and the next
-//! [`Store::open`] removes). Retention: windows that ended more than `retain` ago go
-//! first, then the oldest until the store is under `max_bytes`.
+//! Writes are atomic: the window goes to a hidden temp file with an unpredictable name,
+//! created `O_EXCL|O_NOFOLLOW` mode 0600 (cpi-user/src/fsafe/mod.rs), is fsync'd,
+//! renamed into place, and the directory is fsync'd. A crash at any point leaves either
+//! the complete window or no window (plus, at worst, a temp file that readers ignore and
+//! the next [`Store::open`] removes). The agent's store must be a directory of its own
+//! user that no one else can write ([`Store::open`] refuses others). Retention: windows
+//! that ended more than `retain` ago go first, then the oldest until the store is under
+//! `max_bytes`.
+//!
+//! Reading is bounded: at most [`MAX_INDEX`] windows are listed (the newest; the rest
+//! counted), windows are opened without blocking and only if regular files, and a
+//! window decompresses to at most the profile file's own limit
+//! ([`file::MAX_PROFILE_BYTES`]), so a FIFO, a gzip bomb or a million files in the
+//! directory cost bounded time and memory.
 //!
 //! [`read_range`] merges the windows of a time range into one profile
 //! (cpi-user/src/profile/merge.rs): `cpi-bpf report --store DIR --since 1h`.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::fs::{self, File};
+use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -30,13 +39,14 @@ pub const DEFAULT_DIR: &str = "/var/lib/cpi-bpf";
 pub const DEFAULT_RETAIN: Duration = Duration::from_secs(24 * 3600);
 /// `--store-max-mib` default.
 pub const DEFAULT_MAX_MIB: u64 = 1024;
-/// Largest decompressed window read back (a corrupt or hostile file cannot exhaust
-/// memory).
-const MAX_WINDOW_BYTES: u64 = 1 << 30;
+/// Windows listed at most: 100 000 is 11 days of 10 s windows; an index entry is about
+/// 70 bytes, so the index stays under 8 MB whatever the directory holds.
+pub const MAX_INDEX: usize = 100_000;
 
 const PREFIX: &str = "w-";
 const SUFFIX: &str = ".json.gz";
-const TEMP_PREFIX: &str = ".tmp-";
+/// Temp files are hidden: every name starting with a dot.
+const TEMP_PREFIX: &str = ".";
 
 /// A store that cannot be opened, written or read; one line naming the directory.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +61,9 @@ pub enum StoreError {
         /// The cause.
         source: io::Error,
     },
+    /// The store directory belongs to another user or others can write it.
+    #[error("store {0}")]
+    Unsafe(#[from] crate::fsafe::DirError),
     /// A window's profile cannot be written as a profile file.
     #[error("store {}: {0}", .dir.display())]
     Profile {
@@ -81,10 +94,10 @@ pub enum StoreError {
     },
 }
 
-/// A window file in the store: its path, the window's times (from its name) and size.
+/// A window file in the store: its name, the window's times (from its name) and size.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct StoredWindow {
-    path: PathBuf,
+    name: Box<str>,
     start: SystemTime,
     end: SystemTime,
     bytes: u64,
@@ -114,9 +127,10 @@ fn parse_name(name: &str) -> Option<(SystemTime, SystemTime)> {
 }
 
 impl Store {
-    /// Creates `dir` if needed, checks that a window can be written there (a probe file
-    /// is written, fsync'd and removed), removes temp files a crash left, and lists the
-    /// windows already stored.
+    /// Creates `dir` (0700) if needed, refuses it if another user owns it or others can
+    /// write it, checks that a window can be written there (a probe file is written,
+    /// fsync'd and removed), removes temp files a crash left, and lists the windows
+    /// already stored.
     pub fn open(dir: &Path, retain: Duration, max_bytes: u64) -> Result<Store, StoreError> {
         let err = |what: &str| {
             let what = what.to_string();
@@ -126,9 +140,9 @@ impl Store {
                 source,
             }
         };
-        fs::create_dir_all(dir).map_err(err("cannot create it"))?;
+        crate::fsafe::check_private_dir(dir)?;
         let probe = dir.join(format!("{TEMP_PREFIX}probe-{}", std::process::id()));
-        File::create(&probe)
+        crate::fsafe::create_new(&probe)
             .and_then(|mut f| f.write_all(b"probe").and_then(|_| f.sync_all()))
             .map_err(err("not writable"))?;
         fs::remove_file(&probe).map_err(err("not writable"))?;
@@ -142,7 +156,7 @@ impl Store {
             dir: dir.to_path_buf(),
             retain,
             max_bytes,
-            windows: list(dir)?,
+            windows: list(dir)?.0,
         })
     }
 
@@ -167,35 +181,25 @@ impl Store {
             dir: self.dir.clone(),
             source,
         })?;
-        let tmp = self.dir.join(format!("{TEMP_PREFIX}{name}"));
         let dest = self.dir.join(&name);
-        let write = || -> io::Result<u64> {
-            let f = OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .open(&tmp)?;
-            // Level 1: a window is compressed every interval, within the CPU budget.
-            let mut gz = GzEncoder::new(f, flate2::Compression::fast());
-            gz.write_all(text.as_bytes())?;
-            let f = gz.finish()?;
-            f.sync_all()?;
-            let bytes = f.metadata()?.len();
-            drop(f);
-            fs::rename(&tmp, &dest)?;
-            File::open(&self.dir)?.sync_all()?;
-            Ok(bytes)
+        let mut bytes = 0;
+        let mut write = || -> io::Result<()> {
+            crate::fsafe::replace(&dest, |f| {
+                // Level 1: a window is compressed every interval, within the CPU budget.
+                let mut gz = GzEncoder::new(&mut *f, flate2::Compression::fast());
+                gz.write_all(text.as_bytes())?;
+                gz.finish()?;
+                bytes = f.metadata()?.len();
+                Ok(())
+            })?;
+            File::open(&self.dir)?.sync_all()
         };
-        let bytes = match write() {
-            Ok(b) => b,
-            Err(e) => {
-                let _ = fs::remove_file(&tmp);
-                return Err(err(format!("writing {name}"))(e));
-            }
-        };
-        self.windows.retain(|x| x.path != dest);
+        if let Err(e) = write() {
+            return Err(err(format!("writing {name}"))(e));
+        }
+        self.windows.retain(|x| *x.name != *name);
         self.windows.push(StoredWindow {
-            path: dest.clone(),
+            name: name.into(),
             start: w.start,
             end: w.end,
             bytes,
@@ -215,10 +219,10 @@ impl Store {
         for w in std::mem::take(&mut self.windows) {
             let newest = keep.is_empty() && total <= w.bytes;
             if (w.end < cutoff || total > self.max_bytes) && !newest {
-                match fs::remove_file(&w.path) {
+                match fs::remove_file(self.dir.join(&*w.name)) {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => {
                         // Kept (and counted); the first failure is reported.
-                        failed.get_or_insert((w.path.clone(), e));
+                        failed.get_or_insert((self.dir.join(&*w.name), e));
                         keep.push(w);
                         continue;
                     }
@@ -240,18 +244,26 @@ impl Store {
     }
 }
 
-/// The windows in `dir`, oldest first (temp files and foreign files ignored).
-fn list(dir: &Path) -> Result<Vec<StoredWindow>, StoreError> {
+/// The windows in `dir`, oldest first (temp files and foreign files ignored): the newest
+/// [`MAX_INDEX`], and how many older ones were left out.
+fn list(dir: &Path) -> Result<(Vec<StoredWindow>, u64), StoreError> {
     let err = |source| StoreError::Io {
         dir: dir.to_path_buf(),
         what: "cannot list it".into(),
         source,
     };
     let mut out = Vec::new();
+    let mut dropped = 0u64;
+    let newest_first = |v: &mut Vec<StoredWindow>, dropped: &mut u64| {
+        v.sort_unstable_by_key(|w| std::cmp::Reverse((w.start, w.end)));
+        *dropped += v.len().saturating_sub(MAX_INDEX) as u64;
+        v.truncate(MAX_INDEX);
+    };
     for entry in fs::read_dir(dir).map_err(err)? {
         let entry = entry.map_err(err)?;
         let name = entry.file_name();
-        let Some((start, end)) = parse_name(&name.to_string_lossy()) else {
+        let name = name.to_string_lossy();
+        let Some((start, end)) = parse_name(&name) else {
             continue;
         };
         let bytes = match entry.metadata() {
@@ -260,29 +272,28 @@ fn list(dir: &Path) -> Result<Vec<StoredWindow>, StoreError> {
             Err(_) => continue,
         };
         out.push(StoredWindow {
-            path: entry.path(),
+            name: name.into(),
             start,
             end,
             bytes,
         });
+        if out.len() >= 2 * MAX_INDEX {
+            newest_first(&mut out, &mut dropped);
+        }
     }
-    out.sort_by_key(|w| (w.start, w.end));
-    Ok(out)
+    newest_first(&mut out, &mut dropped);
+    out.reverse();
+    Ok((out, dropped))
 }
 
-/// Reads one stored window.
+/// Reads one stored window: a regular file (opened without blocking), decompressed to at
+/// most [`file::MAX_PROFILE_BYTES`].
 fn read_window(path: &Path) -> Result<Profile, file::ProfileFileError> {
-    let io_err = |error| file::ProfileFileError::Io {
+    let f = crate::fsafe::open(path).map_err(|e| file::ProfileFileError::Io {
         path: path.to_path_buf(),
-        error,
-    };
-    let f = File::open(path).map_err(io_err)?;
-    let mut bytes = Vec::new();
-    GzDecoder::new(f)
-        .take(MAX_WINDOW_BYTES)
-        .read_to_end(&mut bytes)
-        .map_err(io_err)?;
-    file::parse(&bytes, &path.display().to_string())
+        error: io::Error::other(e.to_string()),
+    })?;
+    file::read_stream(GzDecoder::new(f), &path.display().to_string())
 }
 
 /// What [`read_range`] selects.
@@ -307,25 +318,39 @@ pub struct RangeProfile {
     pub first_start: SystemTime,
     /// End of the latest window merged.
     pub last_end: SystemTime,
-    /// Windows that could not be read (each with why): skipped, not fatal.
+    /// Windows that could not be read (each with why, the first [`MAX_NAMED_SKIPS`]):
+    /// skipped, not fatal.
     pub skipped: Vec<(PathBuf, String)>,
+    /// Windows skipped beyond those named in `skipped`.
+    pub skipped_unnamed: u64,
+    /// Older windows left out of the index ([`MAX_INDEX`]).
+    pub not_indexed: u64,
 }
+
+/// Unreadable windows named one by one, at most; the rest are counted.
+pub const MAX_NAMED_SKIPS: usize = 20;
 
 /// Merges the windows of `dir` that overlap the query's range (one at a time: memory
 /// holds the sums, not the windows).
 pub fn read_range(dir: &Path, q: &RangeQuery) -> Result<RangeProfile, StoreError> {
-    let in_range: Vec<StoredWindow> = list(dir)?
+    let (listed, not_indexed) = list(dir)?;
+    let in_range: Vec<StoredWindow> = listed
         .into_iter()
         .filter(|w| q.since.is_none_or(|s| w.end > s) && q.until.is_none_or(|u| w.start < u))
         .collect();
     let mut merger = Merger::new(AnalysisOptions::default().sample_floor);
-    let mut skipped = Vec::new();
+    let (mut skipped, mut skipped_unnamed) = (Vec::new(), 0);
     let (mut first, mut last, mut n) = (None, None, 0);
     for w in &in_range {
-        let mut p = match read_window(&w.path) {
+        let path = dir.join(&*w.name);
+        let mut p = match read_window(&path) {
             Ok(p) => p,
+            Err(_) if skipped.len() >= MAX_NAMED_SKIPS => {
+                skipped_unnamed += 1;
+                continue;
+            }
             Err(e) => {
-                skipped.push((w.path.clone(), e.to_string()));
+                skipped.push((path, e.to_string()));
                 continue;
             }
         };
@@ -362,6 +387,8 @@ pub fn read_range(dir: &Path, q: &RangeQuery) -> Result<RangeProfile, StoreError
         first_start,
         last_end,
         skipped,
+        skipped_unnamed,
+        not_indexed,
     })
 }
 
@@ -392,6 +419,8 @@ mod tests {
                 time_ns: Some(samples as f64 * 1e6),
                 cycles: None,
                 instructions: None,
+                cycles_rel_error: None,
+                instructions_rel_error: None,
                 cpi: None,
                 functions: vec![],
                 calls: vec![],
@@ -428,7 +457,7 @@ mod tests {
             b"\x1f\x8b junk",
         )
         .unwrap();
-        assert_eq!(list(&dir).unwrap().len(), 5);
+        assert_eq!(list(&dir).unwrap().0.len(), 5);
         let all = read_range(&dir, &RangeQuery::default()).unwrap();
         assert_eq!(
             (all.windows, all.first_start, all.last_end),
@@ -490,21 +519,21 @@ mod tests {
         }
         // At t=60 windows ending before t=30 are gone: [30,40) [40,50) [50,60) stay,
         // and [20,30) (ends at 30, not before).
-        let left: Vec<SystemTime> = list(&dir).unwrap().iter().map(|w| w.start).collect();
+        let left: Vec<SystemTime> = list(&dir).unwrap().0.iter().map(|w| w.start).collect();
         assert_eq!(left, [at(20), at(30), at(40), at(50)]);
         assert_eq!(
             s.bytes(),
-            list(&dir).unwrap().iter().map(|w| w.bytes).sum::<u64>()
+            list(&dir).unwrap().0.iter().map(|w| w.bytes).sum::<u64>()
         );
-        let one = list(&dir).unwrap()[0].bytes;
+        let one = list(&dir).unwrap().0[0].bytes;
         s.max_bytes = 2 * one + one / 2;
         s.retain(at(60)).unwrap();
-        let left: Vec<SystemTime> = list(&dir).unwrap().iter().map(|w| w.start).collect();
+        let left: Vec<SystemTime> = list(&dir).unwrap().0.iter().map(|w| w.start).collect();
         assert_eq!(left, [at(40), at(50)]);
         // The newest window stays even when it alone is over the bound.
         s.max_bytes = 1;
         s.retain(at(60)).unwrap();
-        assert_eq!(list(&dir).unwrap().len(), 1);
+        assert_eq!(list(&dir).unwrap().0.len(), 1);
         fs::remove_dir_all(&dir).unwrap();
     }
 

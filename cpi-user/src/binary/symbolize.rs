@@ -581,7 +581,7 @@ impl Symbolizer {
         let funcs = self
             .perf_maps
             .entry(pid)
-            .or_insert_with(|| read_perf_map(&dir.join(format!("perf-{pid}.map"))));
+            .or_insert_with(|| read_perf_map(pid, &dir.join(format!("perf-{pid}.map"))));
         let i = funcs.partition_point(|f| f.start <= addr).checked_sub(1)?;
         let f = funcs.get(i).filter(|f| f.contains(addr))?;
         Some(Resolved {
@@ -612,10 +612,36 @@ fn pseudo(object: CodeObject, name: &str, addr: u64, start: u64, end: u64) -> Re
 
 /// Parses a perf map (`START SIZE NAME`, hex, one per line); a missing or unreadable
 /// file is an empty map. Bad lines are skipped: the file is written by a foreign runtime.
-fn read_perf_map(path: &Path) -> Vec<Function> {
-    let Ok(text) = std::fs::read_to_string(path) else {
+/// Largest perf map read.
+const MAX_PERF_MAP_BYTES: u64 = 64 << 20;
+
+/// `/tmp/perf-PID.map`, where anyone can plant a file: read only if it is a regular
+/// file, not a link, owned by root or by the user who owns process `pid` (as perf
+/// requires), and at most [`MAX_PERF_MAP_BYTES`].
+fn read_perf_map(pid: u32, path: &Path) -> Vec<Function> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let Ok(f) = crate::fsafe::open_nofollow(path) else {
         return Vec::new();
     };
+    let owner = f.metadata().map(|m| m.uid()).ok();
+    let process_owner = std::fs::metadata(format!("/proc/{pid}"))
+        .map(|m| m.uid())
+        .ok();
+    if !(owner == Some(0) || (owner.is_some() && owner == process_owner)) {
+        log::warn!(
+            "{}: owned by uid {owner:?}, not by the process's user: not read",
+            path.display()
+        );
+        return Vec::new();
+    }
+    let mut text = String::new();
+    if f.take(MAX_PERF_MAP_BYTES)
+        .read_to_string(&mut text)
+        .is_err()
+    {
+        return Vec::new();
+    }
     parse_perf_map(&text)
 }
 

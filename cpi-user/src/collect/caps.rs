@@ -175,7 +175,7 @@ impl KernelFeatures {
                 BpfHelper::BPF_FUNC_read_branch_records,
             )
             .unwrap_or(false),
-            bpf_stats: aya::sys::enable_stats(aya::sys::Stats::RunTime).is_ok(),
+            bpf_stats: super::sys::PerfSys::enable_bpf_stats(&super::sys::Linux).is_ok(),
         }
     }
 

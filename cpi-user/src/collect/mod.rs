@@ -319,3 +319,36 @@ pub fn try_event(spec: &EventSpec, bpf: Option<&Ebpf>) -> Result<(), CollectErro
     };
     ladder::open_attached(&sys::Linux, spec, 0, (0, -1), &attach).map(drop)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_verifier_refusal_is_one_line_and_the_log_goes_to_a_file() {
+        let log = "0: (85) call unknown#176\ninvalid func unknown#176\n\
+                   processed 112 insns (limit 1000000)\n";
+        let err = verifier_error(
+            "branch_sample_test",
+            io::Error::from_raw_os_error(libc::EINVAL),
+            log,
+        );
+        let line = err.to_string();
+        assert!(!line.contains('\n'), "{line}");
+        assert!(
+            line.starts_with("the kernel's verifier refused BPF program branch_sample_test (")
+                && line.contains("): invalid func unknown#176; the full log is in "),
+            "{line}"
+        );
+        let path = line.rsplit("the full log is in ").next().unwrap();
+        assert_eq!(std::fs::read_to_string(path).unwrap(), log);
+        // A second refusal in the same process finds the file there: never overwritten.
+        let again = verifier_error("branch_sample_test", io::Error::other("x"), "other");
+        assert!(
+            again.to_string().contains("could not be written"),
+            "{again}"
+        );
+        assert_eq!(std::fs::read_to_string(path).unwrap(), log);
+        std::fs::remove_file(path).unwrap();
+    }
+}

@@ -3,7 +3,7 @@
 //! Why mapped and not read: binaries are mapped so that a 200 MB `libLLVM.so` costs its
 //! function table on the heap, not its size (cpi-user/src/binary/mod.rs); reading the
 //! whole file with bounded `pread`s would put every mapped library's bytes on the heap
-//! (BENCHMARKS.md, "Truncated binaries": 120 MB of heap for libLLVM-19 against 3.6 MB),
+//! (BENCHMARKS.md, "Truncated binaries": 123 MB of heap for libLLVM-19 against 1.8 MB),
 //! and reading only the ranges used would mean a second ELF reader. So the mapping
 //! stays, and a fault in it is recovered: every [`GuardedMap`] registers its range in a
 //! fixed table; a process-wide `SIGBUS` handler that finds the faulting address there

@@ -15,10 +15,15 @@
 //! never written through. [`check_private_dir`] refuses a directory another user owns or
 //! can write.
 //!
-//! Mapped files cannot kill the process when truncated: [`map::GuardedMap`].
+//! Mapped files cannot kill the process when truncated: [`map::GuardedMap`]. Text from
+//! other processes is printed through [`escape`].
 
 pub mod map;
 mod sys;
+mod text;
+
+pub use sys::soft_nofile_limit;
+pub use text::escape;
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -137,6 +142,14 @@ fn regular(fd: OwnedFd, path: &Path) -> Result<File, OpenError> {
 /// path was given by the user running cpi-bpf).
 pub fn open(path: &Path) -> Result<File, OpenError> {
     let fd = sys::openat(None, path, sys::READ_FLAGS, 0).map_err(OpenError::io(path))?;
+    regular(fd, path)
+}
+
+/// [`open`] that refuses a symbolic link as the last component (`O_NOFOLLOW`): for
+/// files at well-known names in shared directories (`/tmp/perf-PID.map`).
+pub fn open_nofollow(path: &Path) -> Result<File, OpenError> {
+    let fd = sys::openat(None, path, sys::READ_FLAGS | libc::O_NOFOLLOW, 0)
+        .map_err(OpenError::io(path))?;
     regular(fd, path)
 }
 

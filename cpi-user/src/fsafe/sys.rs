@@ -124,6 +124,17 @@ pub fn zero_page_over(page: usize) -> bool {
     p != libc::MAP_FAILED
 }
 
+/// The soft `RLIMIT_NOFILE` (1024 when it cannot be read).
+pub fn soft_nofile_limit() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 1024,
+        rlim_max: 1024,
+    };
+    // SAFETY: a valid, writable rlimit.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) };
+    lim.rlim_cur
+}
+
 /// The page size (4096 on x86-64; asked once).
 pub fn page_size() -> usize {
     static SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();

@@ -2,10 +2,12 @@
 //! the normal analysis ([`crate::profile::analyze()`]): `cpi-bpf import-perf`.
 //!
 //! Inputs: `perf.data` ([`perf_data`], told by its `PERFILE2` magic) and `perf script`
-//! branch-stack text ([`perf_script`]). Everything read is bounded: perf.data is
-//! streamed record by record, text by [`MAX_TEXT_BYTES`] and [`MAX_LINE_BYTES`], so a
-//! file that is not a recording (`/dev/zero`) ends in one error, not in memory
-//! exhaustion.
+//! branch-stack text ([`perf_script`]). Both are streamed in two passes (what the
+//! recording holds, then its samples), so memory does not grow with the input; text
+//! lines are bounded by [`MAX_LINE_BYTES`], so a file that is not a recording
+//! (`/dev/zero`) ends in one error, not in memory exhaustion. Standard input is
+//! spooled to an unnamed temporary file (at most [`MAX_STDIN_BYTES`]) for the second
+//! pass.
 //!
 //! The event the branch stacks were sampled on decides what the numbers mean
 //! ([`Estimator`]), and the mode line says it: taken-branch events give absolute
@@ -21,7 +23,7 @@ pub mod perf_data;
 pub mod perf_script;
 
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use cpi_common::wire::{
@@ -39,8 +41,9 @@ use crate::profile::{analyze, AnalysisOptions, StackWeighting};
 use cpi_common::policy::Perturbation;
 use perf_script::{PerfImport, PerfScriptError};
 
-/// Largest `perf script` text read (it is held in memory while parsed).
-pub const MAX_TEXT_BYTES: u64 = 512 << 20;
+/// Largest `perf script` text read from standard input (spooled to a temporary file
+/// for the second pass); files are not limited.
+pub const MAX_STDIN_BYTES: u64 = 16 << 30;
 /// Longest text line: a 64-entry stack with long dso names is well under this.
 pub const MAX_LINE_BYTES: usize = 1 << 20;
 
@@ -56,12 +59,12 @@ pub enum ImportError {
         #[source]
         source: std::io::Error,
     },
-    /// Text input over [`MAX_TEXT_BYTES`].
-    #[error("{what}: larger than {limit} bytes: not `perf script` text this tool reads whole")]
+    /// Standard input over [`MAX_STDIN_BYTES`].
+    #[error("{what}: more than {limit} bytes on standard input: save the text to a file and import that")]
     TooLarge {
-        /// The input, as named in messages (a path, or `-`).
+        /// The input, as named in messages (`-`).
         what: String,
-        /// [`MAX_TEXT_BYTES`].
+        /// [`MAX_STDIN_BYTES`].
         limit: u64,
     },
     /// A text line over [`MAX_LINE_BYTES`]: the input is not `perf script` text.
@@ -196,11 +199,11 @@ pub fn import_path(path: &Path, opts: &ImportOptions) -> Result<Imported, Import
                 source: PerfDataError::PipeMode,
             });
         }
-        let text = read_text(
+        let spool = spool(
             std::io::Cursor::new(magic[..n].to_vec()).chain(stdin),
             &what,
         )?;
-        return import_text(&text, &what, opts);
+        return import_lines(rewind(&spool), &what, opts);
     }
     let mut f = std::fs::File::open(path).map_err(io)?;
     let mut magic = [0u8; 8];
@@ -208,8 +211,40 @@ pub fn import_path(path: &Path, opts: &ImportOptions) -> Result<Imported, Import
     if &magic[..n] == perf_data::MAGIC {
         return import_perf_data(path, &what, opts);
     }
-    let text = read_text(std::io::Cursor::new(magic[..n].to_vec()).chain(f), &what)?;
-    import_text(&text, &what, opts)
+    import_lines(rewind(&f), &what, opts)
+}
+
+/// Opens `f` again from its start (one pass of [`import_lines`]).
+fn rewind(f: &std::fs::File) -> impl FnMut() -> std::io::Result<BufReader<std::fs::File>> + '_ {
+    move || {
+        let mut g = f.try_clone()?;
+        g.seek(SeekFrom::Start(0))?;
+        Ok(BufReader::with_capacity(1 << 16, g))
+    }
+}
+
+/// Copies `r` into an unnamed temporary file (`O_TMPFILE`: no name to follow or leave
+/// behind), at most [`MAX_STDIN_BYTES`].
+fn spool(r: impl Read, what: &str) -> Result<std::fs::File, ImportError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |source| ImportError::Io {
+        what: what.into(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_TMPFILE)
+        .open(std::env::temp_dir())
+        .map_err(io)?;
+    let copied = std::io::copy(&mut r.take(MAX_STDIN_BYTES + 1), &mut f).map_err(io)?;
+    if copied > MAX_STDIN_BYTES {
+        return Err(ImportError::TooLarge {
+            what: what.into(),
+            limit: MAX_STDIN_BYTES,
+        });
+    }
+    Ok(f)
 }
 
 fn read_full(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -529,7 +564,11 @@ pub fn import_perf_data(
         }
     }
     let run = RunInfo {
-        mode: Mode::Cpi,
+        mode: if cycles.is_some() {
+            Mode::Cpi
+        } else {
+            Mode::Instructions
+        },
         mode_reason: format!(
             "imported from perf.data {what}: branch stacks on {} ({}{}): {meaning}{timed_note}",
             ev.display_name(),
@@ -581,6 +620,7 @@ fn relocate(
     what: &str,
 ) -> Result<Vec<String>, ImportError> {
     let mut found: BTreeMap<String, Option<(PathBuf, crate::fsafe::FileId)>> = BTreeMap::new();
+    let mut other_builds = std::collections::BTreeSet::new();
     let mut ids = BTreeMap::new();
     let mut notes = Vec::new();
     for p in set.processes.values_mut() {
@@ -590,21 +630,41 @@ fn relocate(
             };
             let recorded = path.display().to_string();
             if !found.contains_key(&recorded) {
-                let local = locator
-                    .locate(
-                        &recorded,
-                        build_ids.get(&recorded).map(String::as_str),
-                        &mut ids,
-                    )
-                    .map_err(|source| ImportError::Locate {
-                        what: what.into(),
-                        source,
-                    })?;
+                let (local, refused) = match locator.locate(
+                    &recorded,
+                    build_ids.get(&recorded).map(String::as_str),
+                    &mut ids,
+                ) {
+                    Ok(l) => (l, false),
+                    // This machine's own file at the recorded path (its ld.so, libc) is
+                    // another build: not used, said, and the rest imported as perf does.
+                    // A file the user named is refused.
+                    Err(LocateError::BuildIdMismatch {
+                        found: at,
+                        want,
+                        got,
+                        ..
+                    }) if at == recorded => {
+                        notes.push(format!(
+                            "{recorded}: the file at that path here is another build \
+                             (build-id {got}; the recording has {want}): its samples are \
+                             unmapped; give the recorded binary with --binary NAME=PATH or \
+                             --symfs DIR"
+                        ));
+                        (None, true)
+                    }
+                    Err(source) => {
+                        return Err(ImportError::Locate {
+                            what: what.into(),
+                            source,
+                        })
+                    }
+                };
                 match &local {
                     Some((l, _)) if *l != *path => {
                         notes.push(format!("{recorded}: read from {}", l.display()));
                     }
-                    None if build_ids.contains_key(&recorded) || !path.exists() => {
+                    None if !refused && (build_ids.contains_key(&recorded) || !path.exists()) => {
                         notes.push(format!(
                             "{recorded}: not found on this machine (build-id {}): its samples \
                              are unmapped; give it with --binary NAME=PATH or --symfs DIR",
@@ -616,11 +676,22 @@ fn relocate(
                     }
                     _ => {}
                 }
+                if refused {
+                    other_builds.insert(recorded.clone());
+                }
                 found.insert(recorded.clone(), local);
             }
             if let Some(Some((l, id))) = found.get(&recorded) {
                 *path = l.clone();
                 m.file_id = Some(*id);
+            } else if other_builds.contains(&recorded) {
+                // Named, never opened: its samples count against no function.
+                m.object = MappedObject::Special(format!(
+                    "[{}: another build]",
+                    Path::new(&recorded)
+                        .file_name()
+                        .map_or(recorded.clone(), |n| n.to_string_lossy().into_owned())
+                ));
             }
         }
     }
@@ -685,51 +756,43 @@ fn shares_of_instructions(p: &mut Profile) {
     }
 }
 
-/// Reads text, bounded by [`MAX_TEXT_BYTES`] and [`MAX_LINE_BYTES`]; invalid UTF-8 is
-/// replaced (comm names may hold anything).
-fn read_text(mut r: impl Read, what: &str) -> Result<String, ImportError> {
-    let mut data = Vec::new();
-    let mut buf = vec![0u8; 64 << 10];
-    let (mut line, mut line_len) = (1usize, 0usize);
-    loop {
-        let n = match r.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(source) => {
-                return Err(ImportError::Io {
-                    what: what.into(),
-                    source,
-                })
-            }
-        };
-        for &b in &buf[..n] {
-            if b == b'\n' {
-                line += 1;
-                line_len = 0;
-            } else {
-                line_len += 1;
-                if line_len > MAX_LINE_BYTES {
-                    return Err(ImportError::LongLine {
-                        what: what.into(),
-                        line,
-                        limit: MAX_LINE_BYTES,
-                    });
-                }
+/// Calls `f` with each line of `r` (1-based number, text without its line end; invalid
+/// UTF-8 replaced: comm names may hold anything); a line over [`MAX_LINE_BYTES`] ends
+/// the read with an error.
+fn for_each_line(
+    mut r: impl BufRead,
+    what: &str,
+    mut f: impl FnMut(usize, &str),
+) -> Result<(), ImportError> {
+    let mut buf = Vec::new();
+    for n in 1.. {
+        buf.clear();
+        let got = (&mut r)
+            .take(MAX_LINE_BYTES as u64 + 2)
+            .read_until(b'\n', &mut buf)
+            .map_err(|source| ImportError::Io {
+                what: what.into(),
+                source,
+            })?;
+        if got == 0 {
+            break;
+        }
+        if buf.last() == Some(&b'\n') {
+            buf.pop();
+            if buf.last() == Some(&b'\r') {
+                buf.pop();
             }
         }
-        if (data.len() + n) as u64 > MAX_TEXT_BYTES {
-            return Err(ImportError::TooLarge {
+        if buf.len() > MAX_LINE_BYTES {
+            return Err(ImportError::LongLine {
                 what: what.into(),
-                limit: MAX_TEXT_BYTES,
+                line: n,
+                limit: MAX_LINE_BYTES,
             });
         }
-        data.extend_from_slice(&buf[..n]);
+        f(n, &String::from_utf8_lossy(&buf));
     }
-    Ok(match String::from_utf8(data) {
-        Ok(s) => s,
-        Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-    })
+    Ok(())
 }
 
 /// Imports `perf script` text (`what` names it in messages and the mode line).
@@ -747,67 +810,74 @@ fn read_text(mut r: impl Read, what: &str) -> Result<String, ImportError> {
 /// assert!(line.contains("no branch stacks found"), "{line}");
 /// ```
 pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Imported, ImportError> {
+    import_lines(|| Ok(text.as_bytes()), what, opts)
+}
+
+/// Imports `perf script` text in two passes over `open()`'s lines: the mappings,
+/// comms and what the stacks carry, then the samples straight into the aggregate.
+fn import_lines<R: BufRead>(
+    mut open: impl FnMut() -> std::io::Result<R>,
+    what: &str,
+    opts: &ImportOptions,
+) -> Result<Imported, ImportError> {
+    let io = |source| ImportError::Io {
+        what: what.into(),
+        source,
+    };
     let parse_opts = perf_script::ImportOptions {
         offsets: opts.offsets,
         period: opts.period.max(1),
         period_field: opts.period_field,
     };
-    let import =
-        perf_script::parse(text, parse_opts, &perf_script::elf_layout).map_err(|source| {
-            ImportError::PerfScript {
+    let mut scan = perf_script::Scan::new(parse_opts);
+    for_each_line(open().map_err(io)?, what, |n, l| scan.line(n, l))?;
+    let mut placed =
+        scan.finish(&perf_script::elf_layout)
+            .map_err(|source| ImportError::PerfScript {
                 what: what.into(),
                 source,
-            }
-        })?;
-    let notes = text_notes(&import);
+            })?;
     let est = opts.text_event;
-    let timed = import
-        .samples
-        .iter()
-        .any(|s| s.entries().iter().any(|e| e.cycles() != 0));
-    let per_sample = import
-        .samples
-        .iter()
-        .any(|s| s.header.period != parse_opts.period);
-    // Cycles: each perf sample is also a cycles IP sample.
-    let ips: Vec<IpSample> = if est == Estimator::Cycles {
-        import
-            .samples
-            .iter()
-            .map(|s| IpSample {
-                header: SampleHeader {
-                    version: WIRE_VERSION,
-                    kind: SampleKind::Ip as u16,
-                    event: EventRole::Cycles as u32,
-                    nr: 0,
-                    ..s.header
-                },
-            })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let n = import.samples.len() as u64;
-    let mut import = import;
-    if est == Estimator::Other {
-        import.samples.iter_mut().for_each(|s| s.header.period = 1);
-    }
+    let (n, timed, per_sample) = (placed.samples, placed.timed, placed.per_sample);
     let weighting =
         stack_weighting(opts.stack_weighting, est, timed).map_err(|why| ImportError::Unusable {
             what: what.into(),
             why,
         })?;
     let corrected = est == Estimator::Cycles && weighting == StackWeighting::CyclesSpanned;
-    let mut set = import.into_sample_set(opts.window, weighting);
-    let mut notes = notes;
+    let mut set = SampleSet::new(opts.window);
+    set.weighting = weighting;
+    for_each_line(open().map_err(io)?, what, |_, l| {
+        let Some(mut s) = placed.sample(l) else {
+            return;
+        };
+        match est {
+            // Cycles: each perf sample is also a cycles IP sample.
+            Estimator::Cycles => {
+                let ip = IpSample {
+                    header: SampleHeader {
+                        version: WIRE_VERSION,
+                        kind: SampleKind::Ip as u16,
+                        event: EventRole::Cycles as u32,
+                        nr: 0,
+                        ..s.header
+                    },
+                };
+                set.process(ip.header.tgid)
+                    .ips
+                    .entry(EventRole::Cycles)
+                    .or_default()
+                    .add(&ip);
+            }
+            Estimator::Other => s.header.period = 1,
+            Estimator::TakenBranches => {}
+        }
+        set.add_branch(&s);
+    })?;
+    let import = placed.import;
+    let mut notes = text_notes(&import, n);
+    import.place(&mut set);
     notes.extend(relocate(&mut set, &opts.locator, &BTreeMap::new(), what)?);
-    for ip in &ips {
-        set.process(ip.header.tgid)
-            .ips
-            .entry(EventRole::Cycles)
-            .or_default()
-            .add(ip);
-    }
     let (role, name) = match est {
         Estimator::TakenBranches => (EventRole::Branches, "taken branches (--event)"),
         Estimator::Cycles => (EventRole::Cycles, "cycles (perf record -b)"),
@@ -862,7 +932,11 @@ pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Impor
         ""
     };
     let run = RunInfo {
-        mode: Mode::Cpi,
+        mode: if est == Estimator::Cycles {
+            Mode::Cpi
+        } else {
+            Mode::Instructions
+        },
         mode_reason: format!(
             "imported from perf script text {what} ({periods}): {meaning}{timed_note}"
         ),
@@ -883,13 +957,12 @@ pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Impor
     Ok(Imported { profile, notes })
 }
 
-fn text_notes(import: &PerfImport) -> Vec<String> {
+fn text_notes(import: &PerfImport, samples: u64) -> Vec<String> {
     let mut notes = Vec::new();
     if import.malformed_lines > 0 {
         notes.push(format!(
-            "{} malformed lines dropped ({} samples read); the first at {}",
+            "{} malformed lines dropped ({samples} samples read); the first at {}",
             import.malformed_lines,
-            import.samples.len(),
             import.first_malformed.as_deref().unwrap_or("?")
         ));
     }
@@ -922,9 +995,17 @@ mod tests {
 
     #[test]
     fn endless_input_is_bounded() {
-        let e = read_text(std::io::repeat(0).take(4 * MAX_LINE_BYTES as u64), "zeros").unwrap_err();
+        let zeros = std::io::BufReader::new(std::io::repeat(0));
+        let e = for_each_line(zeros, "zeros", |_, _| {}).unwrap_err();
         assert!(matches!(e, ImportError::LongLine { line: 1, .. }), "{e}");
-        let e = read_text(std::io::repeat(b'\n').take(MAX_TEXT_BYTES + 1), "newlines").unwrap_err();
-        assert!(matches!(e, ImportError::TooLarge { .. }), "{e}");
+        // Lines of exactly the limit pass, with and without their line end.
+        let max = "x".repeat(MAX_LINE_BYTES);
+        let text = format!("{max}\r\n\n{max}");
+        let mut lines = Vec::new();
+        for_each_line(text.as_bytes(), "t", |n, l| lines.push((n, l.len()))).unwrap();
+        assert_eq!(lines, [(1, MAX_LINE_BYTES), (2, 0), (3, MAX_LINE_BYTES)]);
+        let long = format!("a\n{max}y\n");
+        let e = for_each_line(long.as_bytes(), "t", |_, _| {}).unwrap_err();
+        assert!(matches!(e, ImportError::LongLine { line: 2, .. }), "{e}");
     }
 }

@@ -111,194 +111,314 @@ impl PerfImport {
         for s in &self.samples {
             set.add_branch(s);
         }
+        self.place(&mut set);
+        set
+    }
+
+    /// Gives `set`'s processes their mappings and names.
+    pub fn place(self, set: &mut SampleSet) {
         for (pid, maps) in self.maps {
             set.process(pid).maps = Some(maps);
         }
         for (pid, comm) in self.comms {
             set.process(pid).comm = comm;
         }
-        set
     }
 }
 
-/// Parses `perf script` text. `read_elf` reads a dso's ELF placement (injected so tests
-/// and callers can resolve paths as they need; [`elf_layout`] reads the file).
-pub fn parse(
-    text: &str,
+/// One line of `perf script` text, classified.
+enum Line<'a> {
+    /// A `PERF_RECORD_MMAP*` event ([`parse_mmap`]'s answer; `None`: malformed).
+    Mmap(Option<Option<(u32, Mapping)>>),
+    /// A sample with branch entries.
+    Sample(Parsed<'a>),
+    /// Neither (a sample without a branch stack, a comment, a blank line).
+    Skip,
+    /// Looked like a sample or an entry and did not parse: why.
+    Malformed(String),
+}
+
+/// A sample line's fields; entries newest first, at most [`MAX_BRANCH_ENTRIES`].
+struct Parsed<'a> {
+    head: Head,
+    entries: Vec<BranchEntry>,
+    /// Each entry's (from, to) dso, for `brstackoff` rebasing.
+    dsos: Vec<[Option<&'a str>; 2]>,
+    /// Entries beyond [`MAX_BRANCH_ENTRIES`] were dropped.
+    truncated: bool,
+}
+
+fn classify(line: &str, period_field: bool) -> Line<'_> {
+    if line.contains("PERF_RECORD_MMAP") {
+        return Line::Mmap(parse_mmap(line));
+    }
+    let trimmed = line.trim();
+    if trimmed.is_empty() || trimmed.starts_with('#') {
+        return Line::Skip;
+    }
+    let malformed_entry = |t: &str| {
+        let why = parse_entry(t).err().unwrap_or("not a branch entry");
+        Line::Malformed(format!("malformed branch entry {:?} ({why})", clip(t)))
+    };
+    let Some(start) = first_entry(line) else {
+        // A token shaped like a branch entry that does not parse: malformed, not a
+        // sample without a branch stack.
+        return branch_shaped(line).map_or(Line::Skip, malformed_entry);
+    };
+    let (head, tail) = line.split_at(start);
+    if let Some(t) = branch_shaped(head) {
+        return malformed_entry(t);
+    }
+    let Some(head) = parse_head(head, period_field) else {
+        return Line::Malformed(
+            "sample has no pid/tid field (use `perf script -F pid,tid,ip,sym,dso,brstack`)".into(),
+        );
+    };
+    let mut entries = Vec::new();
+    let mut dsos = Vec::new();
+    let mut rest = tail;
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        match parse_entry(rest) {
+            Ok((e, used)) => {
+                entries.push(e.entry);
+                dsos.push([e.from_dso, e.to_dso]);
+                rest = &rest[used..];
+            }
+            Err(why) => {
+                let entry = rest.split_whitespace().next().unwrap_or("");
+                return Line::Malformed(format!(
+                    "malformed branch entry {:?} ({why})",
+                    clip(entry)
+                ));
+            }
+        }
+    }
+    let truncated = entries.len() > MAX_BRANCH_ENTRIES;
+    entries.truncate(MAX_BRANCH_ENTRIES);
+    dsos.truncate(MAX_BRANCH_ENTRIES);
+    Line::Sample(Parsed {
+        head,
+        entries,
+        dsos,
+        truncated,
+    })
+}
+
+/// The first pass over the text: everything but the samples themselves, which
+/// [`Placed::sample`] reads in a second pass once the mappings are known, so memory
+/// does not grow with the text.
+pub struct Scan {
     opts: ImportOptions,
-    read_elf: &dyn Fn(&Path) -> Option<ElfLayout>,
-) -> Result<PerfImport, PerfScriptError> {
-    let mut out = PerfImport::default();
-    let mut mmaps: BTreeMap<u32, Vec<Mapping>> = BTreeMap::new();
-    // pid → dsos seen in its entries, for placement without mmap events.
-    let mut dsos: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
-    // brstackoff only: per sample, each entry's (from dso, to dso), for rebasing below.
-    let mut entry_dsos: Vec<Vec<[Option<&str>; 2]>> = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let n = i + 1;
-        if line.contains("PERF_RECORD_MMAP") {
-            match parse_mmap(line) {
-                Some(Some((pid, m))) => mmaps.entry(pid).or_default().push(m),
-                // The kernel's own map (pid -1): kernel addresses are not placed.
-                Some(None) => out.skipped_lines += 1,
-                None => out.malformed(n, format!("malformed mmap event {:?}", clip(line))),
-            }
-            continue;
+    out: PerfImport,
+    mmaps: BTreeMap<u32, Vec<Mapping>>,
+    /// pid → dsos seen in its entries, for placement without mmap events.
+    dsos: BTreeMap<u32, BTreeSet<String>>,
+    /// Samples with branch entries.
+    samples: u64,
+    /// Some entry carries cycles (timed LBR).
+    timed: bool,
+    /// Some sample's own period differs from [`ImportOptions::period`].
+    per_sample: bool,
+}
+
+impl Scan {
+    /// An empty scan of text written as `opts` says.
+    pub fn new(opts: ImportOptions) -> Scan {
+        Scan {
+            opts,
+            out: PerfImport::default(),
+            mmaps: BTreeMap::new(),
+            dsos: BTreeMap::new(),
+            samples: 0,
+            timed: false,
+            per_sample: false,
         }
-        let trimmed = line.trim();
-        if trimmed.is_empty() || trimmed.starts_with('#') {
-            continue;
-        }
-        let Some(start) = first_entry(line) else {
-            // A token shaped like a branch entry that does not parse: malformed, not a
-            // sample without a branch stack.
-            match branch_shaped(line) {
-                Some(t) => {
-                    let why = parse_entry(t).err().unwrap_or("not a branch entry");
-                    out.malformed(n, format!("malformed branch entry {:?} ({why})", clip(t)));
-                }
-                None => out.skipped_lines += 1,
-            }
-            continue;
-        };
-        let (head, tail) = line.split_at(start);
-        if let Some(t) = branch_shaped(head) {
-            let why = parse_entry(t).err().unwrap_or("not a branch entry");
-            out.malformed(n, format!("malformed branch entry {:?} ({why})", clip(t)));
-            continue;
-        }
-        let Some(Head {
-            pid,
-            tid,
-            comm,
-            ip,
-            period,
-        }) = parse_head(head, opts.period_field)
-        else {
-            out.malformed(
-                n,
-                "sample has no pid/tid field (use `perf script -F pid,tid,ip,sym,dso,brstack`)"
-                    .into(),
-            );
-            continue;
-        };
-        let mut entries = Vec::new();
-        let mut names = Vec::new();
-        let mut rest = tail;
-        let mut bad = None;
-        loop {
-            rest = rest.trim_start();
-            if rest.is_empty() {
-                break;
-            }
-            let (e, used) = match parse_entry(rest) {
-                Ok(x) => x,
-                Err(why) => {
-                    let entry = rest.split_whitespace().next().unwrap_or("");
-                    bad = Some(format!("malformed branch entry {:?} ({why})", clip(entry)));
-                    break;
-                }
-            };
-            let seen = dsos.entry(pid).or_default();
-            for d in [e.from_dso, e.to_dso].into_iter().flatten() {
-                if !seen.contains(d) {
-                    seen.insert(d.to_string());
-                }
-            }
-            entries.push(e.entry);
-            if opts.offsets {
-                names.push([e.from_dso, e.to_dso]);
-            }
-            rest = &rest[used..];
-        }
-        if let Some(why) = bad {
-            out.malformed(n, why);
-            continue;
-        }
-        if entries.len() > MAX_BRANCH_ENTRIES {
-            out.truncated_stacks += 1;
-            entries.truncate(MAX_BRANCH_ENTRIES);
-            names.truncate(MAX_BRANCH_ENTRIES);
-        }
-        if let Some(c) = comm {
-            out.comms.entry(pid).or_insert(c);
-        }
-        out.samples.push(branch_sample(
-            pid,
-            tid,
-            ip.unwrap_or(entries[0].to),
-            period.filter(|&p| p > 0).unwrap_or(opts.period),
-            &entries,
-        ));
-        entry_dsos.push(names);
     }
-    if out.samples.is_empty() {
-        return Err(PerfScriptError::NoBranchStacks {
-            malformed: out.malformed_lines,
-            first_malformed: out.first_malformed,
-        });
+
+    /// Takes line `n` (1-based) into account.
+    pub fn line(&mut self, n: usize, line: &str) {
+        let p = match classify(line, self.opts.period_field) {
+            Line::Mmap(Some(Some((pid, m)))) => {
+                self.mmaps.entry(pid).or_default().push(m);
+                return;
+            }
+            // The kernel's own map (pid -1): kernel addresses are not placed.
+            Line::Mmap(Some(None)) | Line::Skip => {
+                self.out.skipped_lines += 1;
+                return;
+            }
+            Line::Mmap(None) => {
+                let why = format!("malformed mmap event {:?}", clip(line));
+                self.out.malformed(n, why);
+                return;
+            }
+            Line::Malformed(why) => {
+                self.out.malformed(n, why);
+                return;
+            }
+            Line::Sample(p) => p,
+        };
+        let seen = self.dsos.entry(p.head.pid).or_default();
+        for d in p.dsos.iter().flatten().flatten() {
+            if !seen.contains(*d) {
+                seen.insert(d.to_string());
+            }
+        }
+        if let Some(c) = p.head.comm {
+            self.out.comms.entry(p.head.pid).or_insert(c);
+        }
+        self.out.truncated_stacks += usize::from(p.truncated);
+        self.samples += 1;
+        self.timed |= p.entries.iter().any(|e| e.cycles() != 0);
+        self.per_sample |= p
+            .head
+            .period
+            .is_some_and(|q| q > 0 && q != self.opts.period);
     }
-    // Placement: recorded mmap events win; else the dsos' own ELF headers.
-    let mut bases: BTreeMap<String, u64> = BTreeMap::new();
-    for (pid, seen) in dsos {
-        let mut maps = mmaps.remove(&pid).unwrap_or_default();
-        if maps.is_empty() {
-            for dso in seen {
-                match read_elf(Path::new(&dso)) {
-                    Some(l) if !l.pie => maps.extend(l.link_mappings(&dso)),
-                    Some(l) if opts.offsets => {
-                        let next = SYNTHETIC_BASE * (bases.len() as u64 + 1);
-                        let base = *bases.entry(dso.clone()).or_insert(next);
-                        maps.push(Mapping {
-                            start: base,
-                            end: base + l.file_size.max(1),
-                            offset: 0,
-                            executable: true,
-                            object: file(&dso),
-                            // Recorded elsewhere: device and inode mean nothing here.
-                            file_id: None,
-                        });
+
+    /// Places every dso (recorded mmap events win; else the dsos' own ELF headers,
+    /// read by `read_elf`); `Err` when no line held a branch stack.
+    pub fn finish(
+        self,
+        read_elf: &dyn Fn(&Path) -> Option<ElfLayout>,
+    ) -> Result<Placed, PerfScriptError> {
+        let Scan {
+            opts,
+            mut out,
+            mut mmaps,
+            dsos,
+            samples,
+            timed,
+            per_sample,
+        } = self;
+        if samples == 0 {
+            return Err(PerfScriptError::NoBranchStacks {
+                malformed: out.malformed_lines,
+                first_malformed: out.first_malformed,
+            });
+        }
+        let mut bases: BTreeMap<String, u64> = BTreeMap::new();
+        for (pid, seen) in dsos {
+            let mut maps = mmaps.remove(&pid).unwrap_or_default();
+            if maps.is_empty() {
+                for dso in seen {
+                    match read_elf(Path::new(&dso)) {
+                        Some(l) if !l.pie => maps.extend(l.link_mappings(&dso)),
+                        Some(l) if opts.offsets => {
+                            let next = SYNTHETIC_BASE * (bases.len() as u64 + 1);
+                            let base = *bases.entry(dso.clone()).or_insert(next);
+                            maps.push(Mapping {
+                                start: base,
+                                end: base + l.file_size.max(1),
+                                offset: 0,
+                                executable: true,
+                                object: file(&dso),
+                                // Recorded elsewhere: device and inode mean nothing here.
+                                file_id: None,
+                            });
+                        }
+                        // `[kernel.kallsyms]`, `[unknown]`, `[vdso]`: no file to place.
+                        _ if dso.starts_with('[') => {}
+                        _ => out.unplaced.push(dso),
                     }
-                    // `[kernel.kallsyms]`, `[unknown]`, `[vdso]`: no file to place.
-                    _ if dso.starts_with('[') => {}
-                    _ => out.unplaced.push(dso),
                 }
             }
+            maps.sort_by_key(|m| m.start);
+            out.maps.insert(pid, ProcessMaps { mappings: maps });
         }
-        maps.sort_by_key(|m| m.start);
-        out.maps.insert(pid, ProcessMaps { mappings: maps });
+        for (pid, mut maps) in mmaps {
+            maps.sort_by_key(|m| m.start);
+            out.maps.insert(pid, ProcessMaps { mappings: maps });
+        }
+        out.unplaced.sort();
+        out.unplaced.dedup();
+        Ok(Placed {
+            opts,
+            import: out,
+            bases,
+            samples,
+            timed,
+            per_sample,
+        })
     }
-    for (pid, mut maps) in mmaps {
-        maps.sort_by_key(|m| m.start);
-        out.maps.insert(pid, ProcessMaps { mappings: maps });
-    }
-    out.unplaced.sort();
-    out.unplaced.dedup();
-    if opts.offsets {
-        // A brstackoff offset into a dso placed at a synthetic base is base + offset.
-        let rebase = |a: u64, d: &Option<&str>| match d.and_then(|d| bases.get(d)) {
-            Some(base) => base + a,
-            None => a,
+}
+
+/// The text's mappings, known after [`Scan::finish`]; turns sample lines into wire
+/// samples.
+pub struct Placed {
+    opts: ImportOptions,
+    /// Everything but the samples (those go where the caller sends them).
+    pub import: PerfImport,
+    bases: BTreeMap<String, u64>,
+    /// Samples with branch entries in the text.
+    pub samples: u64,
+    /// Some entry carries cycles (timed LBR).
+    pub timed: bool,
+    /// Some sample's own period differs from [`ImportOptions::period`].
+    pub per_sample: bool,
+}
+
+impl Placed {
+    /// The wire sample of `line` when it is a sample with branch entries.
+    pub fn sample(&mut self, line: &str) -> Option<BranchSample> {
+        let Line::Sample(p) = classify(line, self.opts.period_field) else {
+            return None;
         };
-        for (s, names) in out.samples.iter_mut().zip(&entry_dsos) {
-            for (e, [fd, td]) in s.entries.iter_mut().zip(names) {
+        let mut entries = p.entries;
+        let mut ip = p.head.ip.unwrap_or(entries[0].to);
+        if self.opts.offsets {
+            // A brstackoff offset into a dso placed at a synthetic base is base + offset.
+            let rebase = |a: u64, d: &Option<&str>| match d.and_then(|d| self.bases.get(d)) {
+                Some(base) => base + a,
+                None => a,
+            };
+            for (e, [fd, td]) in entries.iter_mut().zip(&p.dsos) {
                 e.from = rebase(e.from, fd);
                 e.to = rebase(e.to, td);
             }
             // perf prints the sample ip as a runtime address even with brstackoff: one
             // that no mapping holds is taken at the newest branch target, the start of
             // the straight-line run the sample interrupted.
-            let placed = out
+            let placed = self
+                .import
                 .maps
-                .get(&s.header.tgid)
-                .is_some_and(|m| m.find(s.header.ip).is_some());
+                .get(&p.head.pid)
+                .is_some_and(|m| m.find(ip).is_some());
             if !placed {
-                s.header.ip = s.entries[0].to;
-                out.ips_at_branch_target += 1;
+                ip = entries[0].to;
+                self.import.ips_at_branch_target += 1;
             }
         }
+        Some(branch_sample(
+            p.head.pid,
+            p.head.tid,
+            ip,
+            p.head.period.filter(|&q| q > 0).unwrap_or(self.opts.period),
+            &entries,
+        ))
     }
-    Ok(out)
+}
+
+/// Parses `perf script` text held in memory (both passes; the samples collected).
+/// `read_elf` reads a dso's ELF placement (injected so tests and callers can resolve
+/// paths as they need; [`elf_layout`] reads the file).
+pub fn parse(
+    text: &str,
+    opts: ImportOptions,
+    read_elf: &dyn Fn(&Path) -> Option<ElfLayout>,
+) -> Result<PerfImport, PerfScriptError> {
+    let mut scan = Scan::new(opts);
+    for (i, line) in text.lines().enumerate() {
+        scan.line(i + 1, line);
+    }
+    let mut placed = scan.finish(read_elf)?;
+    let samples: Vec<BranchSample> = text.lines().filter_map(|l| placed.sample(l)).collect();
+    placed.import.samples = samples;
+    Ok(placed.import)
 }
 
 /// Synthetic bases for `brstackoff` dsos: far above user space addresses so they never

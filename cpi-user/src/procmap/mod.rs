@@ -232,13 +232,8 @@ pub struct CapturedFiles {
 
 impl Default for CapturedFiles {
     fn default() -> Self {
-        let mut lim = libc::rlimit {
-            rlim_cur: 1024,
-            rlim_max: 1024,
-        };
-        // SAFETY: a valid, writable rlimit.
-        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) };
-        CapturedFiles::with_cap((lim.rlim_cur / 4).clamp(64, 8192) as usize)
+        let soft = crate::fsafe::soft_nofile_limit();
+        CapturedFiles::with_cap((soft / 4).clamp(64, 8192) as usize)
     }
 }
 
@@ -391,6 +386,21 @@ mod tests {
         assert_eq!(again.len(), got.len());
         assert!(files.len() <= got.len(), "one open file per inode");
         assert!(!files.is_empty());
+    }
+
+    #[test]
+    fn captured_files_stay_under_the_cap() {
+        let me = std::process::id();
+        let (maps, dir) = ProcessMaps::read_live(me, me).unwrap();
+        let mut files = CapturedFiles::with_cap(1);
+        let got = files.capture(&dir, &maps);
+        assert_eq!(files.len(), 1);
+        assert!(got.len() <= 2, "one file (maybe mapped twice): {got:?}");
+        assert!(
+            files.skipped() > 0,
+            "this test binary maps libc and ld.so too"
+        );
+        assert!(CapturedFiles::default().cap() >= 64);
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! the taken branch eₖ₊₁ that ends each are added with weight Q / window, Q being the
 //! events the sample stands for ([`StackWeighting::Window`]). Stacks sampled on cycles
 //! instead weigh Q / (cycles the window spans) ([`StackWeighting::CyclesSpanned`]).
-//! Memory is bounded by distinct ranges, not samples.
+//! Memory is bounded by distinct ranges, not samples. Each range also keeps its weight
+//! per group of samples, for its error (`profile/error.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 
 use cpi_common::wire::{BranchSample, EventRole, IpSample, FLAG_KERNEL};
 
+use super::error::{group_of, Groups};
 use crate::procmap::ProcessMaps;
 
 /// How each branch stack's ranges are weighted.
@@ -81,6 +83,12 @@ pub struct RangeStat {
     pub timed_cycles: u64,
     /// Occurrences that carried cycles.
     pub timed_hits: u64,
+    /// `count` per group of samples (the error model, `profile/error.rs`).
+    pub count_groups: Groups,
+    /// `timed_cycles` per group of samples.
+    pub timed_cycles_groups: Groups,
+    /// `timed_hits` per group of samples.
+    pub timed_hits_groups: Groups,
 }
 
 /// Branch-record aggregate of one process.
@@ -111,8 +119,10 @@ pub struct IpAggregate {
     pub samples: u64,
     /// Σ periods (events, or ns for cpu-clock).
     pub weight: u64,
-    /// ip → (samples, Σ periods).
-    pub by_ip: HashMap<u64, (u64, u64)>,
+    /// `weight` per group of samples (its error, `profile/error.rs`).
+    pub weight_groups: Groups,
+    /// ip → (samples, Σ periods, Σ periods per group of samples).
+    pub by_ip: HashMap<u64, (u64, u64, Groups)>,
     /// Samples whose IP was in kernel mode ([`FLAG_KERNEL`]).
     pub kernel_samples: u64,
 }
@@ -121,14 +131,17 @@ impl IpAggregate {
     /// Counts one IP sample with its period.
     pub fn add(&mut self, s: &IpSample) {
         let h = &s.header;
+        let group = group_of(self.samples);
         self.samples += 1;
         self.weight += h.period;
+        self.weight_groups.add(group, h.period as f64);
         if h.flags & FLAG_KERNEL != 0 {
             self.kernel_samples += 1;
         }
         let e = self.by_ip.entry(h.ip).or_default();
         e.0 += 1;
         e.1 += h.period;
+        e.2.add(group, h.period as f64);
     }
 }
 
@@ -155,6 +168,7 @@ impl BranchAggregate {
                 c.iter().map(|e| e.cycles() as f64).sum()
             }
         };
+        let group = group_of(self.samples);
         self.samples += 1;
         self.weight += s.header.period;
         let w = s.header.period as f64 / span;
@@ -175,10 +189,13 @@ impl BranchAggregate {
             let r = self.ranges.entry((older.to, newer.from)).or_default();
             r.count += w;
             r.hits += 1;
+            r.count_groups.add(group, w);
             let c = newer.cycles();
             if c != 0 {
                 r.timed_cycles += c as u64;
                 r.timed_hits += 1;
+                r.timed_cycles_groups.add(group, c as f64);
+                r.timed_hits_groups.add(group, 1.0);
             }
         }
     }

@@ -14,7 +14,8 @@
 //!    gives instruction, block and fall-through counts.
 //! 5. CPI = cycles / instructions per process, function, block and instruction, with
 //!    `samples` = the scarcer of cycle samples and range occurrences (instruction
-//!    samples in IP-sampling mode) and rel_error = 1/√samples; `None` below the floor.
+//!    samples in IP-sampling mode) and rel_error one standard error
+//!    ([`super::error`]); `None` below the floor.
 //!    Timed CPI (LBR `cycles`) is the second estimator per function and block.
 //!
 //! Process-level CPI covers the ELF functions analysed (user code): kernel and JIT
@@ -30,6 +31,7 @@ use std::sync::Arc;
 use cpi_common::wire::EventRole;
 
 use super::aggregate::{ProcessSamples, RangeStat, SampleSet, TakenStat};
+use super::error::{self, Groups};
 use super::flow::{count_ranges, RangeCounts};
 use super::model::{
     BinaryInfo, BlockProfile, CallEdge, EdgeKind, EdgeProfile, Estimate, FunctionProfile,
@@ -75,17 +77,25 @@ pub enum LineDetail {
     Evidence,
 }
 
-/// IP-sample tallies of one role: (samples, Σ periods).
+/// IP-sample tallies of one role: (samples, Σ periods, Σ periods per group).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Tally {
     samples: u64,
     weight: u64,
+    /// `weight` per group of samples (cpi-user/src/profile/error.rs).
+    groups: Groups,
 }
 
 impl Tally {
     fn add(&mut self, o: Tally) {
         self.samples += o.samples;
         self.weight += o.weight;
+        self.groups.add_scaled(&o.groups, 1.0);
+    }
+
+    /// One standard error of `weight`, relative to it.
+    fn rel_error(&self) -> f64 {
+        error::relative(self.weight as f64, self.groups.variance())
     }
 }
 
@@ -213,13 +223,8 @@ pub fn analyze_with(
 fn sample_role(mode: Mode) -> EventRole {
     match mode {
         Mode::TimeProfile => EventRole::CpuClock,
-        Mode::Cpi | Mode::IpSampling | Mode::Simulated => EventRole::Cycles,
+        Mode::Cpi | Mode::IpSampling | Mode::Simulated | Mode::Instructions => EventRole::Cycles,
     }
-}
-
-/// Instructions come from branch-record ranges.
-fn uses_ranges(mode: Mode) -> bool {
-    matches!(mode, Mode::Cpi | Mode::Simulated)
 }
 
 /// The order of a process's functions: most cycles first, then most samples (a time
@@ -247,19 +252,51 @@ pub(super) fn hottest_call_first(a: &CallEdge, b: &CallEdge) -> std::cmp::Orderi
         })
 }
 
-/// CPI = cycles / instructions with rel_error ≈ 1/√samples; `None` below the floor or
-/// without instructions. The one CPI estimate: merging (`profile/merge.rs`) uses it too.
+/// CPI = cycles / instructions with its relative standard error `rel_error`
+/// (cpi-user/src/profile/error.rs); `None` below the floor or without instructions. The
+/// one CPI estimate: merging (`profile/merge.rs`) uses it too.
 pub(super) fn estimate(
     cycles: f64,
     instructions: f64,
+    rel_error: f64,
     samples: u64,
     floor: u64,
 ) -> Option<Estimate> {
     (samples >= floor.max(1) && instructions > 0.0).then(|| Estimate {
         value: cycles / instructions,
-        rel_error: 1.0 / (samples as f64).sqrt(),
+        rel_error,
         samples,
     })
+}
+
+/// The CPI estimate of cycles `c` over `instructions` (with variance `instr_var`), two
+/// independent samplers.
+fn cpi_of(
+    c: &Tally,
+    instructions: f64,
+    instr_var: f64,
+    samples: u64,
+    floor: u64,
+) -> Option<Estimate> {
+    let rel = error::quotient(c.rel_error(), error::relative(instructions, instr_var));
+    estimate(c.weight as f64, instructions, rel, samples, floor)
+}
+
+/// The timed-LBR CPI estimate of Σ cycles over Σ instructions of the same timed ranges,
+/// each also given per group of samples.
+fn timed_cpi_of(
+    (cycles, cycles_groups): (f64, &Groups),
+    (instructions, instructions_groups): (f64, &Groups),
+    samples: u64,
+    floor: u64,
+) -> Option<Estimate> {
+    estimate(
+        cycles,
+        instructions,
+        error::ratio(cycles_groups, instructions_groups),
+        samples,
+        floor,
+    )
 }
 
 /// Symbolises one process's addresses once each and collects the functions they hit.
@@ -328,9 +365,9 @@ struct Ctx<'a> {
 /// Per-function results the process totals need.
 struct FunctionOutcome {
     profile: FunctionProfile,
-    /// Cycles, cycle samples, instructions and instruction samples that enter the
-    /// process CPI (ELF functions analysed at instruction level).
-    cpi_inputs: Option<(Tally, f64, u64)>,
+    /// Cycles, cycle samples, instructions (per group of samples) and instruction samples
+    /// that enter the process CPI (ELF functions analysed at instruction level).
+    cpi_inputs: Option<(Tally, f64, Groups, u64)>,
 }
 
 impl Ctx<'_> {
@@ -348,16 +385,20 @@ impl Ctx<'_> {
         for (&role, agg) in &p.ips {
             // Sorted: the aggregate's hash order must not change float sums between
             // two analyses of the same samples.
-            for (&ip, &(samples, weight)) in sorted(&agg.by_ip) {
+            for (&ip, &(samples, weight, groups)) in sorted(&agg.by_ip) {
                 match res.resolve(self.sym, &mut self.binaries, ip) {
-                    Some((i, vaddr)) => res.funcs[i].ips.entry(vaddr).or_default()
-                        [role_index(role)]
-                    .add(Tally { samples, weight }),
+                    Some((i, vaddr)) => {
+                        res.funcs[i].ips.entry(vaddr).or_default()[role_index(role)].add(Tally {
+                            samples,
+                            weight,
+                            groups,
+                        })
+                    }
                     None => self.lost.unmapped_samples += samples,
                 }
             }
         }
-        if uses_ranges(self.mode) {
+        if self.mode.uses_ranges() {
             self.gather_branches(p, &mut res);
         }
         res
@@ -372,6 +413,7 @@ impl Ctx<'_> {
                 .map(|a| Tally {
                     samples: a.samples,
                     weight: a.weight,
+                    groups: a.weight_groups,
                 })
                 .unwrap_or_default()
         };
@@ -382,7 +424,7 @@ impl Ctx<'_> {
             .map(|w| (w.function.name.clone(), w.object_name.clone()))
             .collect();
         let mut cyc = Tally::default();
-        let (mut instr, mut instr_samples) = (0.0, 0u64);
+        let (mut instr, mut instr_groups, mut instr_samples) = (0.0, Groups::default(), 0u64);
         let mut functions = Vec::with_capacity(res.funcs.len());
         for (i, w) in res.funcs.iter().enumerate() {
             // Known only as a branch target outside the window: nothing to report.
@@ -390,9 +432,10 @@ impl Ctx<'_> {
                 continue;
             }
             let out = self.function(i, w, primary.weight, &names);
-            if let Some((c, n, s)) = out.cpi_inputs {
+            if let Some((c, n, g, s)) = out.cpi_inputs {
                 cyc.add(c);
                 instr += n;
+                instr_groups.add_scaled(&g, 1.0);
                 instr_samples += s;
             }
             functions.push(out.profile);
@@ -413,28 +456,37 @@ impl Ctx<'_> {
 
         let total = |r: EventRole| p.ips.get(&r).map(|a| a.weight as f64);
         let floor = self.opts.sample_floor;
-        let (instructions, cpi) = match self.mode {
-            Mode::TimeProfile => (None, None),
+        let cycles_rel_error = p
+            .ips
+            .contains_key(&EventRole::Cycles)
+            .then(|| proc_tally(EventRole::Cycles).rel_error());
+        // (instructions, their relative standard error, CPI).
+        let (instructions, instructions_rel_error, cpi) = match self.mode {
+            Mode::TimeProfile => (None, None, None),
             Mode::IpSampling => {
                 let i = proc_tally(EventRole::Instructions);
                 let c = proc_tally(EventRole::Cycles);
-                let cpi = estimate(
-                    c.weight as f64,
+                let cpi = cpi_of(
+                    &c,
                     i.weight as f64,
+                    i.groups.variance(),
                     c.samples.min(i.samples),
                     floor,
                 );
-                (total(EventRole::Instructions), cpi)
+                (
+                    total(EventRole::Instructions),
+                    total(EventRole::Instructions).map(|_| i.rel_error()),
+                    cpi,
+                )
             }
-            Mode::Cpi | Mode::Simulated => (
-                (instr > 0.0).then_some(instr),
-                estimate(
-                    cyc.weight as f64,
-                    instr,
-                    cyc.samples.min(instr_samples),
-                    floor,
-                ),
-            ),
+            Mode::Cpi | Mode::Simulated | Mode::Instructions => {
+                let (n, var) = (instr, instr_groups.variance());
+                (
+                    (n > 0.0).then_some(n),
+                    (n > 0.0).then(|| error::relative(n, var)),
+                    cpi_of(&cyc, n, var, cyc.samples.min(instr_samples), floor),
+                )
+            }
         };
         ProcessProfile {
             pid: p.pid,
@@ -444,6 +496,8 @@ impl Ctx<'_> {
             time_ns: total(EventRole::CpuClock),
             cycles: total(EventRole::Cycles),
             instructions,
+            cycles_rel_error,
+            instructions_rel_error,
             cpi,
             functions,
             calls,
@@ -510,6 +564,9 @@ impl Ctx<'_> {
             time_ns: opt(EventRole::CpuClock),
             cycles: opt(EventRole::Cycles),
             instructions: None,
+            cycles_rel_error: opt(EventRole::Cycles)
+                .map(|_| w.total(EventRole::Cycles).rel_error()),
+            instructions_rel_error: None,
             cpi: None,
             timed_cpi: None,
             bolt_name: match &w.object {
@@ -576,10 +633,13 @@ impl Ctx<'_> {
                 cpi_inputs: None,
             };
         }
-        profile.instructions = Some(d.instructions);
-        profile.cpi = estimate(
-            d.cycles.weight as f64,
-            d.instructions,
+        let instructions = d.instructions;
+        profile.instructions = Some(instructions);
+        profile.instructions_rel_error = Some(error::relative(instructions, d.instructions_var));
+        profile.cpi = cpi_of(
+            &d.cycles,
+            instructions,
+            d.instructions_var,
             d.cycles.samples.min(d.instruction_samples),
             self.opts.sample_floor,
         );
@@ -589,7 +649,12 @@ impl Ctx<'_> {
         profile.lines = d.lines;
         FunctionOutcome {
             profile,
-            cpi_inputs: Some((d.cycles, d.instructions, d.instruction_samples)),
+            cpi_inputs: Some((
+                d.cycles,
+                d.instructions,
+                d.instruction_groups,
+                d.instruction_samples,
+            )),
         }
     }
 
@@ -651,21 +716,23 @@ impl Ctx<'_> {
     ) -> Detail {
         let floor = self.opts.sample_floor;
         let n = cfg.instructions.len();
-        let ranged = uses_ranges(self.mode);
+        let ranged = self.mode.uses_ranges();
         let rc = if ranged {
             count_ranges(cfg, w.ranges.iter().map(|(s, e, r)| (*s, *e, r)))
         } else {
-            RangeCounts {
-                instr_count: vec![0.0; n],
-                instr_hits: vec![0; n],
-                block_timed_cycles: vec![0.0; cfg.blocks.len()],
-                block_timed_instructions: vec![0.0; cfg.blocks.len()],
-                block_timed_hits: vec![0; cfg.blocks.len()],
-                ..Default::default()
-            }
+            RangeCounts::empty(cfg)
         };
         self.lost.invalid_ranges += rc.invalid_hits;
         let (mut count, mut hits) = (rc.instr_count.clone(), rc.instr_hits.clone());
+        // Instruction counts per group of samples (ranges, or IP-sampling mode's
+        // instructions samples). One range covers many instructions: a span's groups are
+        // summed before its variance is taken.
+        let mut count_groups = rc.instr_groups.clone();
+        let span_var = |span: std::ops::Range<usize>, count_groups: &[Groups]| {
+            let mut g = Groups::default();
+            count_groups[span].iter().for_each(|x| g.add_scaled(x, 1.0));
+            g.variance()
+        };
         let mut cyc = vec![Tally::default(); n];
         let role = sample_role(self.mode);
         let mut primary = vec![0u64; n];
@@ -679,6 +746,7 @@ impl Ctx<'_> {
                 let ins = t[role_index(EventRole::Instructions)];
                 count[i] += ins.weight as f64;
                 hits[i] += ins.samples;
+                count_groups[i].add_scaled(&ins.groups, 1.0);
             }
         }
 
@@ -693,9 +761,10 @@ impl Ctx<'_> {
                 count: count[i],
                 samples: primary[i],
                 cycles: (cyc[i].samples > 0).then_some(cyc[i].weight as f64),
-                cpi: estimate(
-                    cyc[i].weight as f64,
+                cpi: cpi_of(
+                    &cyc[i],
                     count[i],
+                    span_var(i..i + 1, &count_groups),
                     cyc[i].samples.min(hits[i]),
                     floor,
                 ),
@@ -718,12 +787,21 @@ impl Ctx<'_> {
                     end: blk.end,
                     len: blk.len as u32,
                     count: count[blk.first],
-                    samples: primary[span].iter().sum(),
+                    samples: primary[span.clone()].iter().sum(),
                     cycles: (c.samples > 0).then_some(c.weight as f64),
-                    cpi: estimate(c.weight as f64, instr, c.samples.min(h), floor),
-                    timed_cpi: estimate(
-                        rc.block_timed_cycles[b],
-                        rc.block_timed_instructions[b],
+                    cpi: cpi_of(
+                        &c,
+                        instr,
+                        span_var(span, &count_groups),
+                        c.samples.min(h),
+                        floor,
+                    ),
+                    timed_cpi: timed_cpi_of(
+                        (rc.block_timed_cycles[b], &rc.block_timed_cycles_groups[b]),
+                        (
+                            rc.block_timed_instructions[b],
+                            &rc.block_timed_instructions_groups[b],
+                        ),
                         rc.block_timed_hits[b],
                         floor,
                     ),
@@ -777,15 +855,26 @@ impl Ctx<'_> {
 
         let mut cycles = Tally::default();
         cyc.iter().for_each(|t| cycles.add(*t));
+        let mut instruction_groups = Groups::default();
+        count_groups
+            .iter()
+            .for_each(|g| instruction_groups.add_scaled(g, 1.0));
         Detail {
             instructions: count.iter().sum(),
+            instructions_var: span_var(0..n, &count_groups),
+            instruction_groups,
             instruction_samples: if ranged {
                 rc.valid_hits
             } else {
                 w.total(EventRole::Instructions).samples
             },
             cycles,
-            timed: estimate(rc.timed_cycles, rc.timed_instructions, rc.timed_hits, floor),
+            timed: timed_cpi_of(
+                (rc.timed_cycles, &rc.timed_cycles_groups),
+                (rc.timed_instructions, &rc.timed_instructions_groups),
+                rc.timed_hits,
+                floor,
+            ),
             blocks,
             edges,
             lines,
@@ -795,6 +884,10 @@ impl Ctx<'_> {
 
 struct Detail {
     instructions: f64,
+    /// The variance of `instructions` (cpi-user/src/profile/error.rs).
+    instructions_var: f64,
+    /// `instructions` per group of branch samples (ranged modes).
+    instruction_groups: Groups,
     /// Range occurrences (or instruction samples) behind `instructions`.
     instruction_samples: u64,
     /// Cycles on decoded instructions.
@@ -836,8 +929,24 @@ mod tests {
     use super::*;
     use crate::binary::testbin::{maps_for, TestProgram};
     use crate::binary::Binary;
+    use crate::profile::error::{group_of, GROUPS};
     use cpi_common::policy::Perturbation;
     use cpi_common::wire::{IpSample, SampleHeader, SampleKind, FLAG_KERNEL, WIRE_VERSION};
+
+    /// The relative standard error profile/error.rs gives the sum of `weights`, the
+    /// i-th sample's weight falling in group `group_of(i)`: computed here from the
+    /// formula, independently of `Groups`.
+    pub(super) fn groups_rel(weights: &[f64]) -> f64 {
+        let mut g = [0.0; GROUPS];
+        for (i, w) in weights.iter().enumerate() {
+            g[group_of(i as u64)] += w;
+        }
+        let total: f64 = weights.iter().sum();
+        let mean = total / GROUPS as f64;
+        let var =
+            g.iter().map(|x| (x - mean).powi(2)).sum::<f64>() * GROUPS as f64 / (GROUPS - 1) as f64;
+        var.sqrt() / total
+    }
 
     pub(super) fn ip(pid: u32, role: EventRole, addr: u64, period: u64) -> IpSample {
         IpSample {
@@ -1072,7 +1181,12 @@ mod tests {
         );
         assert_eq!(l.cpi.unwrap().value, 3.2);
         assert_eq!(f.lines.iter().filter(|l| l.count > 0.0).count(), 1);
-        assert!((cpi.rel_error - 0.2).abs() < 1e-12);
+        // Independent samplers: 40 cycle samples of 1000 and 25 instructions samples of
+        // 500, each spread over the groups of profile/error.rs, combine in quadrature.
+        let (rel_c, rel_n) = (groups_rel(&[1000.0; 40]), groups_rel(&[500.0; 25]));
+        assert!(rel_c > 0.0 && rel_n > 0.0);
+        assert!((cpi.rel_error - rel_c.hypot(rel_n)).abs() < 1e-9);
+        assert!((f.cycles_rel_error.unwrap() - rel_c).abs() < 1e-9);
         // Below the floor: no number.
         let mut o = opts();
         o.sample_floor = 26;
@@ -1086,7 +1200,7 @@ mod tests {
 /// branch traces whose exact counts are known.
 #[cfg(test)]
 mod range_tests {
-    use super::tests::{ip, opts, run_info};
+    use super::tests::{groups_rel, ip, opts, run_info};
     use super::*;
     use crate::binary::testbin::{maps_for, TestProgram};
     use crate::binary::Binary;
@@ -1235,7 +1349,17 @@ mod range_tests {
             let cpi = fp.cpi.unwrap();
             assert_eq!(cpi.value, cycles / (50_000.0 * n_instr as f64));
             assert_eq!(cpi.samples, 40);
-            assert!((cpi.rel_error - 1.0 / 40f64.sqrt()).abs() < 1e-12);
+            // The error model (profile/error.rs): the cycles through the groups their
+            // 40 samples fell in (the head's 30 first, then the entry's 10); the
+            // instructions through the groups of the 50 branch samples, not of the 150
+            // ranges (1000 × n_instr instructions each).
+            let mut periods = vec![997.0; 30];
+            periods.extend([1009.0; 10]);
+            let rel_c = groups_rel(&periods);
+            let rel_n = groups_rel(&[1000.0 * n_instr as f64; 50]);
+            assert!(rel_n > 0.0);
+            assert!((fp.instructions_rel_error.unwrap() - rel_n).abs() < 1e-9);
+            assert!((cpi.rel_error - rel_c.hypot(rel_n)).abs() < 1e-9);
             // The loop block: 30 cycle samples (< floor 10? no: 30 ≥ 10) → a number;
             // the entry block has 10 → a number; the ret block has none → None.
             let hb = block(ins[head].addr);
@@ -1251,6 +1375,8 @@ mod range_tests {
             let (r1, r2, r3) = (latch + 1, latch + 1 - head, latch + 2 - head);
             assert!((timed.value - 24.0 / (r1 + r2 + r3) as f64).abs() < 1e-12);
             assert_eq!(timed.samples, 150);
+            // Every sample timed alike: the ratio does not vary between samples.
+            assert!(timed.rel_error < 1e-6, "{}", timed.rel_error);
             let body = (latch + 1 - head) as f64;
             let loop_cycles = 12.0 * body / r1 as f64 + 5.0 + 7.0 * body / r3 as f64;
             assert!((hb.timed_cpi.unwrap().value - loop_cycles / (3.0 * body)).abs() < 1e-12);

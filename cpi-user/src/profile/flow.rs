@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use crate::binary::Cfg;
 
 use super::aggregate::RangeStat;
+use super::error::Groups;
 
 /// Why a range was dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +64,8 @@ pub struct RangeCounts {
     pub instr_count: Vec<f64>,
     /// Range occurrences covering each instruction.
     pub instr_hits: Vec<u64>,
+    /// `instr_count` per group of samples (`profile/error.rs`).
+    pub instr_groups: Vec<Groups>,
     /// (from block, to block) → estimated fall-through traversals.
     pub fall_through: HashMap<(usize, usize), f64>,
     /// Occurrences of valid ranges.
@@ -76,12 +79,38 @@ pub struct RangeCounts {
     pub block_timed_instructions: Vec<f64>,
     /// Timed LBR, per block: timed occurrences covering it.
     pub block_timed_hits: Vec<u64>,
+    /// `block_timed_cycles` per group of samples.
+    pub block_timed_cycles_groups: Vec<Groups>,
+    /// `block_timed_instructions` per group of samples.
+    pub block_timed_instructions_groups: Vec<Groups>,
     /// Timed LBR for the whole function: cycles of every timed occurrence.
     pub timed_cycles: f64,
     /// Instructions those timed occurrences covered.
     pub timed_instructions: f64,
     /// Timed occurrences.
     pub timed_hits: u64,
+    /// `timed_cycles` per group of samples.
+    pub timed_cycles_groups: Groups,
+    /// `timed_instructions` per group of samples.
+    pub timed_instructions_groups: Groups,
+}
+
+impl RangeCounts {
+    /// Zero counts for `cfg` (no range applied).
+    pub fn empty(cfg: &Cfg) -> Self {
+        let (n, nb) = (cfg.instructions.len(), cfg.blocks.len());
+        RangeCounts {
+            instr_count: vec![0.0; n],
+            instr_hits: vec![0; n],
+            instr_groups: vec![Groups::default(); n],
+            block_timed_cycles: vec![0.0; nb],
+            block_timed_instructions: vec![0.0; nb],
+            block_timed_hits: vec![0; nb],
+            block_timed_cycles_groups: vec![Groups::default(); nb],
+            block_timed_instructions_groups: vec![Groups::default(); nb],
+            ..Default::default()
+        }
+    }
 }
 
 /// Applies every range to `cfg`. Timed cycles of a range are measured per occurrence
@@ -91,16 +120,7 @@ pub fn count_ranges<'a>(
     cfg: &Cfg,
     ranges: impl IntoIterator<Item = (u64, u64, &'a RangeStat)>,
 ) -> RangeCounts {
-    let n = cfg.instructions.len();
-    let nb = cfg.blocks.len();
-    let mut c = RangeCounts {
-        instr_count: vec![0.0; n],
-        instr_hits: vec![0; n],
-        block_timed_cycles: vec![0.0; nb],
-        block_timed_instructions: vec![0.0; nb],
-        block_timed_hits: vec![0; nb],
-        ..Default::default()
-    };
+    let mut c = RangeCounts::empty(cfg);
     for (start, end, r) in ranges {
         let (first, last) = match check_range(cfg, start, end) {
             Ok(span) => span,
@@ -117,6 +137,7 @@ pub fn count_ranges<'a>(
         for i in first..=last {
             c.instr_count[i] += r.count;
             c.instr_hits[i] += r.hits;
+            c.instr_groups[i].add_scaled(&r.count_groups, 1.0);
             if i < last && cfg.block_of[i] != cfg.block_of[i + 1] {
                 *c.fall_through
                     .entry((cfg.block_of[i], cfg.block_of[i + 1]))
@@ -128,6 +149,10 @@ pub fn count_ranges<'a>(
             c.timed_cycles += r.timed_cycles as f64;
             c.timed_instructions += r.timed_hits as f64 * len;
             c.timed_hits += r.timed_hits;
+            c.timed_cycles_groups
+                .add_scaled(&r.timed_cycles_groups, 1.0);
+            c.timed_instructions_groups
+                .add_scaled(&r.timed_hits_groups, len);
             let (b0, b1) = (cfg.block_of[first], cfg.block_of[last]);
             for b in b0..=b1 {
                 let blk = &cfg.blocks[b];
@@ -135,6 +160,8 @@ pub fn count_ranges<'a>(
                 c.block_timed_cycles[b] += r.timed_cycles as f64 * k / len;
                 c.block_timed_instructions[b] += r.timed_hits as f64 * k;
                 c.block_timed_hits[b] += r.timed_hits;
+                c.block_timed_cycles_groups[b].add_scaled(&r.timed_cycles_groups, k / len);
+                c.block_timed_instructions_groups[b].add_scaled(&r.timed_hits_groups, k);
             }
         }
     }
@@ -166,6 +193,7 @@ mod tests {
             hits,
             timed_cycles,
             timed_hits,
+            ..Default::default()
         }
     }
 

@@ -9,19 +9,24 @@
 //! - a CPI value is the ratio of the merged cycles and instructions (per instruction,
 //!   block, function, process) — the same ratio [`super::analyze()`] takes;
 //! - the samples behind a merged CPI are the sum of the windows' own (each the scarcer
-//!   of its cycle samples and instruction evidence), so the error bar (1/√samples) is the
-//!   one the windows support; a unit is `None` ("below floor") when that sum is under
-//!   the floor;
+//!   of its cycle samples and instruction evidence); a unit is `None` ("below floor")
+//!   when that sum is under the floor;
+//! - windows are independent samples, so a merged standard error adds the windows'
+//!   absolute variances: rel² = Σ (rel_w · x_w)² / (Σ x_w)², x being the unit's cycles
+//!   for CPI (the delta method for Σcycles / Σinstructions) and the value itself for
+//!   cycles and instructions (cpi-user/src/profile/error.rs);
 //! - blocks are rebuilt from the merged instructions at every block boundary any window
 //!   had (windows see different branch targets, so their blocks can differ);
 //! - timed CPI (LBR `cycles`) keeps no sums in the profile: the merged value is the
-//!   windows' values weighted by their samples.
+//!   windows' values weighted by their samples, its error theirs weighted alike.
 //!
 //! Profiles of different modes cannot be merged (their numbers mean different things).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::analyze::{estimate, hottest_call_first, hottest_first};
+use super::error;
+use super::model::add_count;
 use super::model::{
     BlockProfile, CallEdge, EdgeProfile, Estimate, EventInfo, FunctionProfile, InstructionProfile,
     LossReport, Mode, ProcessProfile, Profile,
@@ -36,6 +41,10 @@ pub enum MergeError {
     /// Two profiles of different [`Mode`]s, by name.
     #[error("profiles of different modes cannot be merged ({0} and {1})")]
     Modes(&'static str, &'static str),
+    /// A count summed past `u64::MAX`: no real run counts that much, so some input is
+    /// corrupt or forged; refused rather than printed wrapped or clamped.
+    #[error("counts exceed 2^64-1 when summed: a profile or window holds impossible counts")]
+    Overflow,
 }
 
 /// Merges `profiles` (see the module doc) with the analysis' default sample floor.
@@ -57,6 +66,8 @@ pub struct Merger {
     lost: LossReport,
     binaries: BTreeMap<String, super::model::BinaryInfo>,
     processes: BTreeMap<(u32, String), ProcAcc>,
+    /// A count saturated ([`MergeError::Overflow`] from [`Merger::add`]).
+    overflow: bool,
 }
 
 #[derive(Default)]
@@ -72,24 +83,65 @@ impl Sum {
     }
 }
 
-/// Σ value × samples and Σ samples of an estimate (for weighted means).
+/// Σ value × samples, its variance and Σ samples of an estimate (for weighted means).
 #[derive(Default, Clone, Copy)]
 struct Weighted {
     num: f64,
+    var: f64,
     samples: u64,
 }
 
 impl Weighted {
-    fn add(&mut self, e: Option<&Estimate>) {
+    fn add(&mut self, e: Option<&Estimate>, overflow: &mut bool) {
         if let Some(e) = e {
-            self.num += e.value * e.samples as f64;
-            self.samples += e.samples;
+            let x = e.value * e.samples as f64;
+            self.num += x;
+            self.var += (e.rel_error * x).powi(2);
+            add_count(&mut self.samples, e.samples, overflow);
         }
     }
 
     /// The samples-weighted mean, as an estimate backed by all their samples.
     fn estimate(&self, floor: u64) -> Option<Estimate> {
-        estimate(self.num, self.samples as f64, self.samples, floor)
+        let rel = error::relative(self.num, self.var);
+        estimate(self.num, self.samples as f64, rel, self.samples, floor)
+    }
+}
+
+/// Σ (rel_w · x_w)² and Σ x_w over windows: the relative standard error of a sum of
+/// independent windows' estimates, each weighing `x`.
+#[derive(Default, Clone, Copy)]
+struct Spread {
+    var: f64,
+    weight: f64,
+}
+
+impl Spread {
+    fn add(&mut self, rel: Option<f64>, x: Option<f64>) {
+        if let (Some(r), Some(x)) = (rel, x) {
+            self.var += (r * x).powi(2);
+            self.weight += x;
+        }
+    }
+
+    /// A CPI estimate's share: its rel_error weighted by the unit's cycles.
+    fn add_cpi(&mut self, e: Option<&Estimate>, cycles: Option<f64>) {
+        self.add(e.map(|e| e.rel_error), cycles);
+    }
+
+    fn combine(&mut self, o: &Spread) {
+        self.var += o.var;
+        self.weight += o.weight;
+    }
+
+    /// The merged relative standard error.
+    fn rel(&self) -> f64 {
+        error::relative(self.weight, self.var)
+    }
+
+    /// [`Spread::rel`] where any window had one.
+    fn rel_if_any(&self) -> Option<f64> {
+        (self.weight > 0.0).then(|| self.rel())
     }
 }
 
@@ -101,6 +153,9 @@ struct ProcAcc {
     cycles: Sum,
     instructions: Sum,
     cpi_samples: u64,
+    cpi_spread: Spread,
+    cycles_spread: Spread,
+    instructions_spread: Spread,
     functions: BTreeMap<(String, u64, String), FuncAcc>,
     /// (caller, its binary, callee, its binary) → (Σ count, Σ samples).
     calls: BTreeMap<(String, String, String, String), (f64, u64)>,
@@ -113,10 +168,13 @@ struct FuncAcc {
     cycles: Sum,
     instructions: Sum,
     cpi_samples: u64,
+    cpi_spread: Spread,
+    cycles_spread: Spread,
+    instructions_spread: Spread,
     timed: Weighted,
     lines: BTreeMap<u64, LineAcc>,
-    /// Every window's blocks: (start, end) → (Σ CPI samples, timed CPI).
-    blocks: BTreeMap<(u64, u64), (u64, Weighted)>,
+    /// Every window's blocks: (start, end) → (Σ CPI samples, CPI spread, timed CPI).
+    blocks: BTreeMap<(u64, u64), (u64, Spread, Weighted)>,
     edges: BTreeMap<(u64, u64, u8), EdgeProfile>,
 }
 
@@ -126,6 +184,7 @@ struct LineAcc {
     samples: u64,
     cycles: Sum,
     cpi_samples: u64,
+    cpi_spread: Spread,
 }
 
 fn cpi_samples(e: Option<&Estimate>) -> u64 {
@@ -136,6 +195,7 @@ impl Merger {
     /// `floor`: units with fewer samples behind their CPI get `None`, as in analysis.
     pub fn new(floor: u64) -> Self {
         Merger {
+            overflow: false,
             floor,
             base: None,
             duration_secs: 0.0,
@@ -173,14 +233,14 @@ impl Merger {
             {
                 // The latest period (the governor may have changed it); samples summed.
                 Some(m) => {
-                    m.samples += e.samples;
+                    add_count(&mut m.samples, e.samples, &mut self.overflow);
                     m.period = e.period;
                     m.jitter = m.jitter.max(e.jitter);
                 }
                 None => self.events.push(e.clone()),
             }
         }
-        self.lost += &p.lost;
+        self.lost.add_checked(&p.lost, &mut self.overflow);
         for b in &p.binaries {
             self.binaries
                 .entry(b.path.clone())
@@ -188,6 +248,9 @@ impl Merger {
         }
         for proc in &p.processes {
             self.add_process(proc);
+        }
+        if self.overflow {
+            return Err(MergeError::Overflow);
         }
         Ok(())
     }
@@ -208,6 +271,9 @@ impl Merger {
                 cycles: Sum::default(),
                 instructions: Sum::default(),
                 cpi_samples: 0,
+                cpi_spread: Spread::default(),
+                cycles_spread: Spread::default(),
+                instructions_spread: Spread::default(),
                 functions: BTreeMap::new(),
                 calls: BTreeMap::new(),
             });
@@ -222,14 +288,26 @@ impl Merger {
                 ))
                 .or_default();
             e.0 += c.count;
-            e.1 += c.samples;
+            add_count(&mut e.1, c.samples, &mut self.overflow);
         }
-        acc.samples += p.samples;
-        acc.branch_samples += p.branch_samples;
+        add_count(&mut acc.samples, p.samples, &mut self.overflow);
+        add_count(
+            &mut acc.branch_samples,
+            p.branch_samples,
+            &mut self.overflow,
+        );
         acc.time_ns.add(p.time_ns);
         acc.cycles.add(p.cycles);
         acc.instructions.add(p.instructions);
-        acc.cpi_samples += cpi_samples(p.cpi.as_ref());
+        add_count(
+            &mut acc.cpi_samples,
+            cpi_samples(p.cpi.as_ref()),
+            &mut self.overflow,
+        );
+        acc.cpi_spread.add_cpi(p.cpi.as_ref(), p.cycles);
+        acc.cycles_spread.add(p.cycles_rel_error, p.cycles);
+        acc.instructions_spread
+            .add(p.instructions_rel_error, p.instructions);
         for f in &p.functions {
             let fa = acc
                 .functions
@@ -246,12 +324,15 @@ impl Merger {
                     cycles: Sum::default(),
                     instructions: Sum::default(),
                     cpi_samples: 0,
+                    cpi_spread: Spread::default(),
+                    cycles_spread: Spread::default(),
+                    instructions_spread: Spread::default(),
                     timed: Weighted::default(),
                     lines: BTreeMap::new(),
                     blocks: BTreeMap::new(),
                     edges: BTreeMap::new(),
                 });
-            fa.add(f);
+            fa.add(f, &mut self.overflow);
         }
     }
 
@@ -281,13 +362,17 @@ impl Merger {
 }
 
 impl FuncAcc {
-    fn add(&mut self, f: &FunctionProfile) {
-        self.samples += f.samples;
+    fn add(&mut self, f: &FunctionProfile, overflow: &mut bool) {
+        add_count(&mut self.samples, f.samples, overflow);
         self.time_ns.add(f.time_ns);
         self.cycles.add(f.cycles);
         self.instructions.add(f.instructions);
-        self.cpi_samples += cpi_samples(f.cpi.as_ref());
-        self.timed.add(f.timed_cpi.as_ref());
+        add_count(&mut self.cpi_samples, cpi_samples(f.cpi.as_ref()), overflow);
+        self.cpi_spread.add_cpi(f.cpi.as_ref(), f.cycles);
+        self.cycles_spread.add(f.cycles_rel_error, f.cycles);
+        self.instructions_spread
+            .add(f.instructions_rel_error, f.instructions);
+        self.timed.add(f.timed_cpi.as_ref(), overflow);
         for l in &f.lines {
             let la = self.lines.entry(l.address).or_insert_with(|| LineAcc {
                 base: l.clone(),
@@ -295,16 +380,19 @@ impl FuncAcc {
                 samples: 0,
                 cycles: Sum::default(),
                 cpi_samples: 0,
+                cpi_spread: Spread::default(),
             });
             la.count += l.count;
-            la.samples += l.samples;
+            add_count(&mut la.samples, l.samples, overflow);
             la.cycles.add(l.cycles);
-            la.cpi_samples += cpi_samples(l.cpi.as_ref());
+            add_count(&mut la.cpi_samples, cpi_samples(l.cpi.as_ref()), overflow);
+            la.cpi_spread.add_cpi(l.cpi.as_ref(), l.cycles);
         }
         for b in &f.blocks {
             let e = self.blocks.entry((b.start, b.end)).or_default();
-            e.0 += cpi_samples(b.cpi.as_ref());
-            e.1.add(b.timed_cpi.as_ref());
+            add_count(&mut e.0, cpi_samples(b.cpi.as_ref()), overflow);
+            e.1.add_cpi(b.cpi.as_ref(), b.cycles);
+            e.2.add(b.timed_cpi.as_ref(), overflow);
         }
         for e in &f.edges {
             self.edges
@@ -318,20 +406,19 @@ impl FuncAcc {
     }
 
     fn finish(self, floor: u64) -> FunctionProfile {
-        let lines: Vec<InstructionProfile> = self
-            .lines
-            .into_values()
-            .map(|l| InstructionProfile {
-                count: l.count,
-                samples: l.samples,
-                cycles: l.cycles.value,
-                cpi: l
-                    .cycles
-                    .value
-                    .and_then(|c| estimate(c, l.count, l.cpi_samples, floor)),
-                ..l.base
-            })
-            .collect();
+        let lines: Vec<InstructionProfile> =
+            self.lines
+                .into_values()
+                .map(|l| InstructionProfile {
+                    count: l.count,
+                    samples: l.samples,
+                    cycles: l.cycles.value,
+                    cpi: l.cycles.value.and_then(|c| {
+                        estimate(c, l.count, l.cpi_spread.rel(), l.cpi_samples, floor)
+                    }),
+                    ..l.base
+                })
+                .collect();
         let blocks = rebuild_blocks(&self.blocks, &lines, floor);
         // Analysis takes a function's CPI over its decoded instructions.
         let (cycles_on_lines, instr_on_lines) = lines.iter().fold((None, 0.0), |(c, n), l| {
@@ -353,7 +440,11 @@ impl FuncAcc {
             time_ns: self.time_ns.value,
             cycles: self.cycles.value,
             instructions: self.instructions.value,
-            cpi: cpi_cycles.and_then(|c| estimate(c, cpi_instr, self.cpi_samples, floor)),
+            cycles_rel_error: self.cycles_spread.rel_if_any(),
+            instructions_rel_error: self.instructions_spread.rel_if_any(),
+            cpi: cpi_cycles.and_then(|c| {
+                estimate(c, cpi_instr, self.cpi_spread.rel(), self.cpi_samples, floor)
+            }),
             timed_cpi: self.timed.estimate(floor),
             blocks,
             edges: self.edges.into_values().collect(),
@@ -365,7 +456,7 @@ impl FuncAcc {
 
 /// Blocks of the merged instructions, cut at every boundary any window's blocks had.
 fn rebuild_blocks(
-    windows: &BTreeMap<(u64, u64), (u64, Weighted)>,
+    windows: &BTreeMap<(u64, u64), (u64, Spread, Weighted)>,
     lines: &[InstructionProfile],
     floor: u64,
 ) -> Vec<BlockProfile> {
@@ -389,13 +480,17 @@ fn rebuild_blocks(
             if in_piece.is_empty() {
                 continue;
             }
-            // Every window block covering this piece: its CPI samples and timed CPI.
-            let mut samples_behind = 0;
+            // Every window block covering this piece: its CPI samples, CPI error and
+            // timed CPI (a piece of a window's block takes that block's relative error).
+            let mut samples_behind: u64 = 0;
+            let mut spread = Spread::default();
             let mut timed = Weighted::default();
-            for (_, (s, t)) in windows.iter().filter(|((s, e), _)| *s <= a && b <= *e) {
-                samples_behind += s;
+            for (_, (s, sp, t)) in windows.iter().filter(|((s, e), _)| *s <= a && b <= *e) {
+                samples_behind = samples_behind.saturating_add(*s);
+                spread.combine(sp);
                 timed.num += t.num;
-                timed.samples += t.samples;
+                timed.var += t.var;
+                timed.samples = timed.samples.saturating_add(t.samples);
             }
             let cycles = in_piece
                 .iter()
@@ -410,8 +505,15 @@ fn rebuild_blocks(
                 count: in_piece[0].count,
                 samples: cycle_samples,
                 cycles,
-                cpi: cycles
-                    .and_then(|c| estimate(c, instr, samples_behind.min(cycle_samples), floor)),
+                cpi: cycles.and_then(|c| {
+                    estimate(
+                        c,
+                        instr,
+                        spread.rel(),
+                        samples_behind.min(cycle_samples),
+                        floor,
+                    )
+                }),
                 timed_cpi: timed.estimate(floor),
             });
         }
@@ -447,17 +549,18 @@ impl ProcAcc {
                 estimate(
                     c,
                     self.instructions.value.unwrap_or(0.0),
+                    self.cpi_spread.rel(),
                     self.cpi_samples,
                     floor,
                 )
             }),
             // As analysis: over the functions analysed at instruction level.
-            Mode::Cpi | Mode::Simulated => {
+            Mode::Cpi | Mode::Simulated | Mode::Instructions => {
                 let (c, n) = functions
                     .iter()
                     .filter_map(|f| Some((f.cycles.unwrap_or(0.0), f.instructions?)))
                     .fold((0.0, 0.0), |(c, n), (fc, fi)| (c + fc, n + fi));
-                estimate(c, n, self.cpi_samples, floor)
+                estimate(c, n, self.cpi_spread.rel(), self.cpi_samples, floor)
             }
         };
         ProcessProfile {
@@ -466,6 +569,8 @@ impl ProcAcc {
             time_ns: self.time_ns.value,
             cycles: self.cycles.value,
             instructions: self.instructions.value,
+            cycles_rel_error: self.cycles_spread.rel_if_any(),
+            instructions_rel_error: self.instructions_spread.rel_if_any(),
             cpi,
             functions,
             calls: {
@@ -574,6 +679,8 @@ mod tests {
             time_ns: None,
             cycles: Some(800.0 * scale),
             instructions: Some(200.0 * scale),
+            cycles_rel_error: Some(0.1),
+            instructions_rel_error: None,
             cpi: est(4.0, 40),
             timed_cpi: None,
             bolt_name: None,
@@ -640,6 +747,8 @@ mod tests {
                 time_ns: None,
                 cycles: Some(1000.0 * scale),
                 instructions: Some(200.0 * scale),
+                cycles_rel_error: None,
+                instructions_rel_error: None,
                 cpi: est(4.0, 40),
                 functions: vec![f, cold],
                 calls: vec![],
@@ -666,7 +775,15 @@ mod tests {
         );
         let cpi = f.cpi.unwrap();
         assert_eq!((cpi.value, cpi.samples), (4.0, 80));
-        assert!((cpi.rel_error - 1.0 / 80f64.sqrt()).abs() < 1e-12);
+        // Independent windows: absolute variances add, each window's CPI error weighed
+        // by its cycles (800 and 2400 of 3200), likewise the cycles' own error.
+        let merged = |rel: f64| rel * 800f64.hypot(2400.0) / 3200.0;
+        assert!((cpi.rel_error - merged(1.0 / 40f64.sqrt())).abs() < 1e-12);
+        assert!((f.cycles_rel_error.unwrap() - merged(0.1)).abs() < 1e-12);
+        assert_eq!(
+            f.instructions_rel_error, None,
+            "no window had one (older files)"
+        );
         assert!((f.share - 3200.0 / 4000.0).abs() < 1e-12);
         assert_eq!(p.functions[1].name, "cold");
         assert!((p.functions[1].share - 0.2).abs() < 1e-12);
@@ -714,6 +831,22 @@ mod tests {
             Err(MergeError::Modes("cpi", "time-profile"))
         ));
         assert!(matches!(Merger::new(1).finish(), Err(MergeError::Empty)));
+    }
+
+    /// Issue 20: two windows edited to hold 2^64-1 samples are refused, not summed to a
+    /// wrapped count.
+    #[test]
+    fn counts_past_u64_max_are_an_error_not_a_wrap() {
+        let mut p = window(1.0, false);
+        p.processes[0].samples = u64::MAX;
+        p.lost.ring_full = 1;
+        let mut m = Merger::new(1);
+        m.add(&p).unwrap();
+        assert!(matches!(m.add(&p), Err(MergeError::Overflow)));
+        let mut q = p.clone();
+        q.processes[0].samples = 1;
+        q.lost.ring_full = u64::MAX;
+        assert!(matches!(merge(&[q.clone(), q]), Err(MergeError::Overflow)));
     }
 
     #[test]

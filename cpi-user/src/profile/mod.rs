@@ -3,6 +3,7 @@
 
 pub mod aggregate;
 pub mod analyze;
+pub mod error;
 pub mod events;
 pub mod flow;
 pub mod merge;

@@ -29,12 +29,23 @@ pub enum Mode {
     /// The PMU model replaying an exact trace (`cpi-bpf simulate`): a CPI profile of
     /// modelled cycles.
     Simulated,
+    /// Branch records without cycles (an imported recording with no cycles event):
+    /// instructions from the ranges, no cycles, no CPI (timed CPI where entries carry
+    /// cycles). No collection mode: the ladder never chooses it.
+    Instructions,
 }
 
 impl Mode {
-    /// Whether the mode gives cycles and instructions (every mode but the time profile).
+    /// Whether the mode counts instructions, so tables show the cycles, instructions
+    /// and CPI columns (empty where the profile has none): every mode but the time
+    /// profile.
     pub fn has_cpi(self) -> bool {
-        matches!(self, Mode::Cpi | Mode::IpSampling | Mode::Simulated)
+        !matches!(self, Mode::TimeProfile)
+    }
+
+    /// Whether instructions come from branch-record ranges.
+    pub fn uses_ranges(self) -> bool {
+        matches!(self, Mode::Cpi | Mode::Simulated | Mode::Instructions)
     }
 
     /// The name on the command line, in profiles and in the mode line (`time-profile`).
@@ -44,6 +55,7 @@ impl Mode {
             Mode::IpSampling => "ip-sampling",
             Mode::TimeProfile => "time-profile",
             Mode::Simulated => "simulated",
+            Mode::Instructions => "instructions",
         }
     }
 
@@ -55,6 +67,7 @@ impl Mode {
             Mode::IpSampling => "cycles and instructions IP samples, CPI per unit is imprecise",
             Mode::TimeProfile => "cpu-clock time profile, no cycles, no instructions, no CPI",
             Mode::Simulated => "the PMU model replaying an exact trace; modelled cycles",
+            Mode::Instructions => "instructions from branch-record ranges; no cycles, no CPI",
         }
     }
 
@@ -73,6 +86,9 @@ impl Mode {
             Mode::Simulated => {
                 "simulated (the PMU model replaying an exact trace; modelled cycles)"
             }
+            Mode::Instructions => {
+                "instructions (from branch records; the recording holds no cycles: no CPI)"
+            }
         }
     }
 
@@ -82,7 +98,7 @@ impl Mode {
         match self {
             Mode::Cpi => Some(Mode::IpSampling),
             Mode::IpSampling => Some(Mode::TimeProfile),
-            Mode::TimeProfile | Mode::Simulated => None,
+            Mode::TimeProfile | Mode::Simulated | Mode::Instructions => None,
         }
     }
 }
@@ -284,7 +300,9 @@ impl LossReport {
     /// short stacks and invalid ranges were received and left unused by design;
     /// unmapped samples were received and could not be placed: each is its own line.
     pub fn lost(&self) -> u64 {
-        self.ring_full + self.branch_errors + self.malformed
+        self.ring_full
+            .saturating_add(self.branch_errors)
+            .saturating_add(self.malformed)
     }
 
     /// The account after the lost total, as the table and the stop line print it:
@@ -306,9 +324,11 @@ impl LossReport {
     }
 }
 
-impl std::ops::AddAssign<&LossReport> for LossReport {
-    /// Sums two accounts (windows merged into one profile, cpi-user/src/profile/merge.rs).
-    fn add_assign(&mut self, o: &LossReport) {
+impl LossReport {
+    /// Adds another account (windows merged into one profile,
+    /// cpi-user/src/profile/merge.rs); a count that would pass `u64::MAX` stays there and
+    /// sets `overflow`.
+    pub fn add_checked(&mut self, o: &LossReport, overflow: &mut bool) {
         // Destructured: a new counter cannot be left out of the sum.
         let LossReport {
             ring_full,
@@ -320,14 +340,30 @@ impl std::ops::AddAssign<&LossReport> for LossReport {
             unmapped_samples,
             sideband_lost,
         } = o;
-        self.ring_full += ring_full;
-        self.branch_errors += branch_errors;
-        self.malformed += malformed;
-        self.thinned += thinned;
-        self.short_samples += short_samples;
-        self.invalid_ranges += invalid_ranges;
-        self.unmapped_samples += unmapped_samples;
-        self.sideband_lost += sideband_lost;
+        for (a, b) in [
+            (&mut self.ring_full, ring_full),
+            (&mut self.branch_errors, branch_errors),
+            (&mut self.malformed, malformed),
+            (&mut self.thinned, thinned),
+            (&mut self.short_samples, short_samples),
+            (&mut self.invalid_ranges, invalid_ranges),
+            (&mut self.unmapped_samples, unmapped_samples),
+            (&mut self.sideband_lost, sideband_lost),
+        ] {
+            add_count(a, *b, overflow);
+        }
+    }
+}
+
+/// `*a += b` for counts summed from files others may have written: saturates at
+/// `u64::MAX` and sets `overflow` instead of wrapping.
+pub fn add_count(a: &mut u64, b: u64, overflow: &mut bool) {
+    match a.checked_add(b) {
+        Some(v) => *a = v,
+        None => {
+            *a = u64::MAX;
+            *overflow = true;
+        }
     }
 }
 
@@ -352,7 +388,8 @@ pub struct BinaryInfo {
 pub struct Estimate {
     /// The estimate.
     pub value: f64,
-    /// Relative error bound (≈ 1/√samples of the scarcer input).
+    /// One standard error, relative to `value` (cpi-user/src/profile/error.rs says how
+    /// each is computed). Files written before the error model hold 1/√samples here.
     pub rel_error: f64,
     /// Samples behind the estimate (the scarcer input).
     pub samples: u64,
@@ -376,6 +413,13 @@ pub struct ProcessProfile {
     pub cycles: Option<f64>,
     /// Instructions attributed to the process.
     pub instructions: Option<f64>,
+    /// One standard error of `cycles`, relative to it (cpi-user/src/profile/error.rs).
+    /// Absent from files before the error model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycles_rel_error: Option<f64>,
+    /// One standard error of `instructions`, relative to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions_rel_error: Option<f64>,
     /// Cycles per instruction of the whole process.
     pub cpi: Option<Estimate>,
     /// Sorted by cycles (or samples), hottest first.
@@ -424,6 +468,13 @@ pub struct FunctionProfile {
     pub cycles: Option<f64>,
     /// Instructions executed in the function.
     pub instructions: Option<f64>,
+    /// One standard error of `cycles`, relative to it (cpi-user/src/profile/error.rs).
+    /// Absent from files before the error model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycles_rel_error: Option<f64>,
+    /// One standard error of `instructions`, relative to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions_rel_error: Option<f64>,
     /// Cycles per instruction; `None` below the sample floor.
     pub cpi: Option<Estimate>,
     /// CPI from timed branch records (LBR `cycles` field), when the hardware has them.

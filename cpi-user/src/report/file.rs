@@ -99,7 +99,7 @@ pub fn to_json(p: &Profile) -> Result<String, ProfileFileError> {
 /// As perf keeps `perf.data.old`: an existing regular file at `path` is renamed
 /// `path.old` (replacing an older one) before a new output is written there, so a run
 /// never overwrites the last one. Devices, pipes and missing files are left alone.
-pub fn keep_old(path: &Path) -> std::io::Result<()> {
+fn keep_old(path: &Path) -> std::io::Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_file() => {
             let mut old = path.as_os_str().to_owned();
@@ -223,5 +223,94 @@ impl Profile {
     /// Parses the JSON profile file format (see [`parse`]).
     pub fn from_json(bytes: &[u8]) -> Result<Profile, ProfileFileError> {
         parse(bytes, "(input)")
+    }
+}
+
+/// Where [`write_output`] puts the bytes.
+#[derive(Debug, PartialEq, Eq)]
+enum Dest {
+    /// A new file, temp + rename (cpi-user/src/fsafe/mod.rs): what was at the path, a
+    /// planted link included, is replaced, never written through.
+    Replace,
+    /// An existing FIFO or character device (`/dev/null`, a terminal, a pipe through
+    /// `/dev/stdout`), written in place.
+    InPlace,
+}
+
+/// How `path` is written: through a link only when this user owns it (as the kernel's
+/// `fs.protected_symlinks` rule: another user's link in a shared directory is never
+/// followed); in place only for FIFOs and character devices; a directory or a block
+/// device is refused.
+fn destination(path: &Path) -> std::io::Result<Dest> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let refuse = |what: &str| Err(std::io::Error::other(format!("is a {what}")));
+    let own_link = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Dest::Replace),
+        Err(e) => return Err(e),
+        // SAFETY: geteuid has no preconditions.
+        Ok(m) if m.file_type().is_symlink() => m.uid() == unsafe { libc::geteuid() },
+        Ok(_) => true,
+    };
+    if !own_link {
+        return Ok(Dest::Replace);
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => refuse("directory"),
+        Ok(m) if m.file_type().is_block_device() => refuse("block device"),
+        Ok(m) if m.file_type().is_fifo() || m.file_type().is_char_device() => Ok(Dest::InPlace),
+        Ok(_) => Ok(Dest::Replace),
+        // A dangling link of our own: replaced.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Dest::Replace),
+        Err(e) => Err(e),
+    }
+}
+
+/// Opens an in-place destination for writing: no create, no controlling terminal, and
+/// a FIFO without a reader is an error (`ENXIO`), not a wait.
+fn open_in_place(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(path)?;
+    // Blocking writes from here on (a reader is there).
+    // SAFETY: F_SETFL on an fd we own.
+    unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&f), libc::F_SETFL, 0) };
+    Ok(f)
+}
+
+/// Checks, before any work, that [`write_output`] can write `path`: a probe file is
+/// created and removed next to it (or the FIFO or device opened).
+pub fn check_output(path: &Path) -> std::io::Result<()> {
+    match destination(path)? {
+        Dest::InPlace => open_in_place(path).map(drop),
+        Dest::Replace => {
+            let dir = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p,
+                _ => Path::new("."),
+            };
+            if !dir.is_dir() {
+                return Err(std::io::Error::other(format!(
+                    "folder {} does not exist",
+                    dir.display()
+                )));
+            }
+            let probe = dir.join(format!(".cpi-bpf-probe-{:016x}", rand::random::<u64>()));
+            crate::fsafe::create_new(&probe)?;
+            std::fs::remove_file(&probe)
+        }
+    }
+}
+
+/// Writes `bytes` to `path` (`--output`): a new file (mode 0600) made by temp + rename
+/// (an existing regular file kept as `path.old` first), or an existing FIFO or character device written in place (see `destination`).
+pub fn write_output(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    match destination(path)? {
+        Dest::InPlace => open_in_place(path)?.write_all(bytes),
+        Dest::Replace => {
+            keep_old(path)?;
+            crate::fsafe::replace(path, |f| f.write_all(bytes))
+        }
     }
 }

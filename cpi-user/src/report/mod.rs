@@ -5,6 +5,7 @@ pub mod fdata;
 pub mod file;
 pub mod pprof;
 pub mod table;
+pub mod terminal;
 
 pub use file::ProfileFileError;
 pub use table::{TableError, TableOptions};

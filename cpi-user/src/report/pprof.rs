@@ -474,6 +474,7 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
             Mode::IpSampling => "ip-sampling (per-function CPI imprecise)",
             Mode::TimeProfile => "time-profile (no PMU: no cycles)",
             Mode::Simulated => "simulated (modelled cycles)",
+            Mode::Instructions => "instructions (no cycles)",
         }
     );
     let comment = vec![st.id(&note), st.id(&p.mode_reason)];

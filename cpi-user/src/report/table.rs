@@ -122,6 +122,7 @@ fn suggest(similar: &[String]) -> String {
 
 /// Renders the header and either the top tables or the annotated function.
 pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
+    let p = &super::terminal::escaped(p);
     let mut out = header(p, opts);
     let w = opts.width;
     match &opts.annotate {
@@ -195,8 +196,12 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
 /// A line under the tables explaining the notation they use, only what they use.
 fn legend(out: &str, width: Option<usize>) -> String {
     let mut parts = Vec::new();
+    // What every `±` means (cpi-user/src/profile/error.rs).
     if out.contains(" ±") {
-        parts.push("±: relative error (1/√samples)");
+        parts.push(
+            "± = one standard error (the truth lies within ±1 for about 68 % of units, ±2 \
+             for 95 %)",
+        );
     }
     if out.contains("below floor") {
         parts.push("below floor: too few samples for a CPI");
@@ -430,7 +435,7 @@ fn header(p: &Profile, opts: &TableOptions) -> String {
     }
     let mut line = format!("perturbation: {}", p.perturbation.name());
     // The range window only means something where there are branch records.
-    if p.range_window > 0 && matches!(p.mode, Mode::Cpi | Mode::Simulated) {
+    if p.range_window > 0 && p.mode.uses_ranges() {
         let _ = write!(line, ", range window: {}", p.range_window);
     }
     s += &wrap(&line, w);
@@ -685,7 +690,7 @@ fn hot_blocks(mode: Mode, fns: &[&FunctionProfile], top: usize, width: Option<us
         .collect();
     if blocks.is_empty() {
         // Only a mode with branch records could have had them.
-        return if matches!(mode, Mode::Cpi | Mode::Simulated) {
+        return if mode.uses_ranges() {
             "\nhot blocks: none in this profile (no sampled branch records)\n".to_string()
         } else {
             String::new()
@@ -750,7 +755,7 @@ fn call_graph(
     focus: &[&FunctionProfile],
     width: Option<usize>,
 ) -> String {
-    if !matches!(mode, Mode::Cpi | Mode::Simulated) {
+    if !mode.uses_ranges() {
         return format!(
             "\nno call graph: {} mode has no branch records (calls come from the branch \
              records that are calls)\n",

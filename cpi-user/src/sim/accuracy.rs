@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::replay::Truth;
+use super::replay::{InsnTruth, Truth};
 use crate::binary::{CodeObject, Symbolizer, SymbolizerOptions};
 pub use crate::profile::model::{Accuracy, FunctionAccuracy};
 use crate::profile::model::{EdgeKind, Profile};
@@ -52,35 +52,73 @@ struct FuncTruth {
     )>,
 }
 
-/// Compares the profile of process `pid` with the truth.
-pub fn compare(profile: &Profile, truth: &Truth) -> Accuracy {
-    let mut sym = Symbolizer::new(SymbolizerOptions {
+/// A truth symboliser: what the profile's analysis would resolve the trace's runtime
+/// addresses to.
+fn truth_symbolizer() -> Symbolizer {
+    Symbolizer::new(SymbolizerOptions {
         use_proc: false,
         ..Default::default()
-    });
-    let pid = truth.pid;
-    // Truth per instruction and function, in profile addresses.
-    let mut insn_true: HashMap<Addr, f64> = HashMap::new();
-    let mut fall_out: HashMap<Addr, u64> = HashMap::new();
+    })
+}
+
+/// The truth per instruction in profile addresses ((binary, address in it) → exact
+/// counts and cycles), and the truth per function (by its start).
+fn resolve_truth(
+    sym: &mut Symbolizer,
+    truth: &Truth,
+) -> (HashMap<Addr, InsnTruth>, BTreeMap<Addr, FuncTruth>) {
+    let mut insns: HashMap<Addr, InsnTruth> = HashMap::new();
     let mut funcs: BTreeMap<Addr, FuncTruth> = BTreeMap::new();
-    let mut func_of: HashMap<Addr, Addr> = HashMap::new();
     for (&a, t) in &truth.insns {
-        let Ok(r) = sym.resolve(pid, &truth.maps, a) else {
+        let Ok(r) = sym.resolve(truth.pid, &truth.maps, a) else {
             continue;
         };
-        let key = (r.object_name.clone(), r.vaddr);
-        let fkey = (r.object_name.clone(), r.function.start);
-        *insn_true.entry(key.clone()).or_default() += t.count as f64;
-        *fall_out.entry(key.clone()).or_default() += t.fall_out;
-        let f = funcs.entry(fkey.clone()).or_default();
+        let e = insns.entry((r.object_name.clone(), r.vaddr)).or_default();
+        e.count += t.count;
+        e.cycles += t.cycles;
+        e.fall_out += t.fall_out;
+        let f = funcs
+            .entry((r.object_name.clone(), r.function.start))
+            .or_default();
         f.name = r.function.name.clone();
         f.instructions += t.count;
         f.cycles += t.cycles;
         if let (CodeObject::Elf(b), None) = (&r.object, &f.elf) {
             f.elf = Some((b.clone(), r.function.clone()));
         }
-        func_of.insert(key, fkey);
     }
+    (insns, funcs)
+}
+
+/// Exact counts and cycles per instruction in profile addresses: what
+/// `sim::calibrate` judges each unit's estimate against.
+pub struct TruthByAddress(HashMap<Addr, InsnTruth>);
+
+impl TruthByAddress {
+    /// Resolves `truth` as the analysis resolves samples.
+    pub fn new(truth: &Truth) -> Self {
+        TruthByAddress(resolve_truth(&mut truth_symbolizer(), truth).0)
+    }
+
+    /// (executions, cycles) of the instruction at `address` of `binary`.
+    pub fn get(&self, binary: &str, address: u64) -> (u64, u64) {
+        self.0
+            .get(&(binary.to_string(), address))
+            .map_or((0, 0), |t| (t.count, t.cycles))
+    }
+}
+
+/// Compares the profile of process `pid` with the truth.
+pub fn compare(profile: &Profile, truth: &Truth) -> Accuracy {
+    let mut sym = truth_symbolizer();
+    let pid = truth.pid;
+    // Truth per instruction and function, in profile addresses.
+    let (insns, funcs) = resolve_truth(&mut sym, truth);
+    let insn_true: HashMap<Addr, f64> = insns
+        .iter()
+        .map(|(k, t)| (k.clone(), t.count as f64))
+        .collect();
+    let fall_out: HashMap<Addr, u64> = insns.iter().map(|(k, t)| (k.clone(), t.fall_out)).collect();
     let mut edge_true: HashMap<EdgeKey, f64> = HashMap::new();
     let mut targets: HashMap<Addr, Vec<u64>> = HashMap::new();
     for (&(from, to), t) in &truth.taken {

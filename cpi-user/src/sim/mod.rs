@@ -5,6 +5,7 @@
 //! are measured against ([`replay`], [`accuracy`]).
 
 pub mod accuracy;
+pub mod calibrate;
 pub mod code;
 pub mod cycles;
 pub mod pmu;
@@ -79,12 +80,11 @@ pub type FastMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<Fast
 
 /// What one traced and replayed run produced.
 struct SimOutput {
-    /// The wire samples the PMU model emitted, aggregated (maps and comm filled in).
-    pub samples: SampleSet,
+    /// Per PMU model: the wire samples it emitted, aggregated (maps and comm filled
+    /// in), and what it counted and emitted.
+    pub models: Vec<(SampleSet, PmuStats)>,
     /// The exact answer.
     pub truth: Truth,
-    /// What the PMU model counted and emitted.
-    pub pmu: PmuStats,
     /// How the command exited.
     pub status: ExitStatus,
     /// Wall-clock time of the traced run and replay.
@@ -119,25 +119,28 @@ impl SimReport {
 /// PMU model configured by `cfg`, analyses the samples with the production analysis and
 /// measures the profile against the exact answer.
 pub fn simulate(cfg: &PmuConfig, cmd: &[OsString], stdout: Stdio) -> Result<SimReport, SimError> {
-    let out = simulate_command(cfg, cmd, stdout)?;
-    let command = cmd
-        .iter()
-        .map(|s| s.to_string_lossy().into_owned())
-        .collect();
+    let mut out = simulate_command(std::slice::from_ref(cfg), cmd, stdout)?;
+    let (samples, pmu) = out.models.remove(0);
     let profile = profile_of(
         cfg,
-        &out.samples,
+        &samples,
         &out.truth,
-        &out.pmu,
-        command,
+        &pmu,
+        command_strings(cmd),
         out.wall_secs,
     );
     Ok(SimReport {
         profile,
         truth: out.truth,
-        pmu: out.pmu,
+        pmu,
         status: out.status,
     })
+}
+
+fn command_strings(cmd: &[OsString]) -> Vec<String> {
+    cmd.iter()
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect()
 }
 
 /// The analysis half of [`simulate`], for samples the PMU model produced from a trace
@@ -243,38 +246,48 @@ pub fn profile_of(
     profile
 }
 
-/// Runs `cmd` under the tracer and replays the live trace through the cycle model and
-/// the PMU model configured by `cfg`.
+/// Runs `cmd` under the tracer and replays the live trace once through the cycle model
+/// and one PMU model per entry of `cfgs`.
 fn simulate_command(
-    cfg: &PmuConfig,
+    cfgs: &[PmuConfig],
     cmd: &[OsString],
     stdout: Stdio,
 ) -> Result<SimOutput, SimError> {
     let tool = run::find_tool_dir()?;
     let t0 = std::time::Instant::now();
-    let cfg = cfg.clone();
-    let window =
-        cpi_common::policy::range_window(cfg.depth.clamp(2, cpi_common::wire::MAX_BRANCH_ENTRIES));
-    let ((samples, truth, pmu), status) = run::run_streaming(&tool, cmd, stdout, move |fifo| {
-        let mut set = SampleSet::new(window);
-        set.weighting = cfg.weighting();
-        // The pid is only known from the trace header; the model is created lazily.
+    let cfgs = cfgs.to_vec();
+    let ((sets, truth, stats), status) = run::run_streaming(&tool, cmd, stdout, move |fifo| {
+        let mut sets: Vec<SampleSet> = cfgs
+            .iter()
+            .map(|cfg| {
+                let depth = cfg.depth.clamp(2, cpi_common::wire::MAX_BRANCH_ENTRIES);
+                let mut set = SampleSet::new(cpi_common::policy::range_window(depth));
+                set.weighting = cfg.weighting();
+                set
+            })
+            .collect();
+        // The pid is only known from the trace header; the models are created lazily.
         let mut replay = Replay::default();
-        replay.run(fifo, &mut set, Some(cfg))?;
+        replay.run_models(fifo, &mut sets, cfgs)?;
         let truth = replay.truth();
-        let stats = replay.pmu().map(|p| p.stats.clone()).unwrap_or_default();
-        Ok((set, truth, stats))
+        let stats: Vec<PmuStats> = replay.pmus().iter().map(|p| p.stats.clone()).collect();
+        Ok((sets, truth, stats))
     })?;
-    let mut samples = samples;
     let comm = cmd[0].to_string_lossy();
     let comm = comm.rsplit('/').next().unwrap_or(&comm).to_string();
-    let p = samples.process(truth.pid);
-    p.maps = Some(truth.maps.clone());
-    p.comm = comm;
+    let models = sets
+        .into_iter()
+        .zip(stats)
+        .map(|(mut samples, stats)| {
+            let p = samples.process(truth.pid);
+            p.maps = Some(truth.maps.clone());
+            p.comm = comm.clone();
+            (samples, stats)
+        })
+        .collect();
     Ok(SimOutput {
-        samples,
+        models,
         truth,
-        pmu,
         status,
         wall_secs: t0.elapsed().as_secs_f64(),
     })

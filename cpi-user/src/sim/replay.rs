@@ -105,7 +105,8 @@ pub struct Replay {
     by_key: FastMap<(u64, u64, u64), u32>,
     inner_mispredicts: FastMap<(u32, u32), u64>,
     dynamic: Dynamic,
-    pmu: Option<Pmu>,
+    /// PMU models, each feeding its own sample set (one per seed when calibrating).
+    pmus: Vec<Pmu>,
     stats: ReplayStats,
     pid: u32,
     /// Thread ends: [start, end].
@@ -121,9 +122,23 @@ impl Replay {
         set: &mut SampleSet,
         pmu: Option<PmuConfig>,
     ) -> Result<(), TraceError> {
+        self.run_models(reader, std::slice::from_mut(set), pmu.into_iter().collect())
+    }
+
+    /// Replays a whole trace once through several PMU models: the samples of `pmus[i]`
+    /// go into `sets[i]` (one trace, many seeds: `sim::calibrate`).
+    pub fn run_models<R: Read>(
+        &mut self,
+        reader: R,
+        sets: &mut [SampleSet],
+        pmus: Vec<PmuConfig>,
+    ) -> Result<(), TraceError> {
         let mut r = TraceReader::new(reader)?;
         self.pid = r.pid();
-        self.pmu = pmu.map(|cfg| Pmu::new(cfg, self.pid));
+        self.pmus = pmus
+            .into_iter()
+            .map(|cfg| Pmu::new(cfg, self.pid))
+            .collect();
         let mut starts: FastMap<u32, u64> = FastMap::default();
         let (mut tid, mut start) = (self.pid, 0u64);
         while let Some(ev) = r.next()? {
@@ -137,7 +152,7 @@ impl Replay {
                 }
                 Event::Branch { from, to, n } => {
                     if n > 0 {
-                        self.range(set, tid, start, from, n, Ending::Taken { to });
+                        self.range(sets, tid, start, from, n, Ending::Taken { to });
                     } else if from != 0 {
                         self.stats.anomalies += 1;
                     }
@@ -146,7 +161,7 @@ impl Replay {
                 Event::Interrupt { from, n, .. } => {
                     self.stats.interrupts += 1;
                     if n > 0 {
-                        self.range(set, tid, start, from, n, Ending::Stop);
+                        self.range(sets, tid, start, from, n, Ending::Stop);
                     }
                     start = 0;
                 }
@@ -156,7 +171,7 @@ impl Replay {
                         *self.final_ranges.entry((start, from)).or_default() += 1;
                     }
                     if n > 0 {
-                        self.range(set, tid, start, from, n, Ending::Stop);
+                        self.range(sets, tid, start, from, n, Ending::Stop);
                     }
                     start = 0;
                 }
@@ -169,7 +184,7 @@ impl Replay {
 
     fn range(
         &mut self,
-        set: &mut SampleSet,
+        sets: &mut [SampleSet],
         tid: u32,
         start: u64,
         end: u64,
@@ -217,14 +232,19 @@ impl Replay {
         for &i in &self.dynamic.mispredicted {
             *self.inner_mispredicts.entry((sl.range, i)).or_default() += 1;
         }
-        if let Some(pmu) = self.pmu.as_mut() {
+        for (pmu, set) in self.pmus.iter_mut().zip(sets.iter_mut()) {
             pmu.on_range(set, tid, info, &self.dynamic, ending);
         }
     }
 
-    /// The PMU model, after the run.
+    /// The (first) PMU model, after the run.
     pub fn pmu(&self) -> Option<&Pmu> {
-        self.pmu.as_ref()
+        self.pmus.first()
+    }
+
+    /// Every PMU model, after the run, in the order given.
+    pub fn pmus(&self) -> &[Pmu] {
+        &self.pmus
     }
 
     /// Expands the per-range counts into the exact per-instruction and per-edge truth.

@@ -195,6 +195,8 @@ fn function(name: &str, address: u64, cycles: f64, instructions: f64) -> Functio
         time_ns: Some(1e8),
         cycles: Some(cycles),
         instructions: Some(instructions),
+        cycles_rel_error: None,
+        instructions_rel_error: None,
         cpi: est(cycles / instructions, 1000),
         timed_cpi: None,
         blocks: Vec::new(),
@@ -247,6 +249,8 @@ fn window(procs: &[(u32, &str)], start: SystemTime) -> Window {
                     time_ns: Some(0.25e9),
                     cycles: Some(1e9),
                     instructions: Some(4e8),
+                    cycles_rel_error: None,
+                    instructions_rel_error: None,
                     cpi: est(2.5, 1000),
                     functions: vec![
                         function("hot_function", 0x1000, 8e8, 4e8),
@@ -268,6 +272,7 @@ fn status(windows: u64) -> AgentStatus {
         tracked_processes: 2,
         cache_bytes: 1 << 20,
         store_bytes: 1 << 16,
+        store_failures: 0,
         sampling_frequency_hz: 999,
         bpf_run_seconds: 0.001 * windows as f64,
     }

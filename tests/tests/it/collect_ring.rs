@@ -3,12 +3,12 @@
 //! the user-space period re-draw ioctl works on the events we open. Root only.
 
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aya::maps::RingBuf;
 use cpi_common::policy::KernelConfig;
 use cpi_common::wire::{Counter, EventRole};
-use cpi_tests::{busy, require_root};
+use cpi_tests::{busy, cpu_seconds, require_root};
 use cpi_user::collect::sys::{self, PerfSys};
 use cpi_user::collect::{self, caps::Vendor, events, ladder};
 use cpi_user::profile::Mode;
@@ -22,7 +22,7 @@ fn full_ring_buffer_is_counted_and_nothing_is_silent() {
         return;
     };
     let mut busy = Command::new(&exe)
-        .arg("3")
+        .arg("60")
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
@@ -51,7 +51,17 @@ fn full_ring_buffer_is_counted_and_nothing_is_silent() {
     linux
         .set_period(&fd, spec.policy.base + 2)
         .expect("PERF_EVENT_IOC_PERIOD");
-    std::thread::sleep(Duration::from_millis(700)); // nobody drains meanwhile
+    // Nobody drains meanwhile. Until busy has had 0.7 s of CPU, not 0.7 s of wall time:
+    // on a loaded machine it once had 24 ms of a 700 ms sleep.
+    let cpu = || cpu_seconds(busy.id()).expect("busy's CPU time");
+    let (from, t0) = (cpu(), Instant::now());
+    while cpu() - from < 0.7 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(50),
+            "busy got no CPU in 50 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let counted = linux.read_count(&fd).expect("read the event's count");
     assert!(
         counted > 100_000_000,

@@ -11,7 +11,7 @@ use cpi_tests::perf_data::{
 };
 use cpi_tests::{cpi_bpf, output_ok, temp_dir};
 use cpi_user::binary::{Binary, FlowKind};
-use cpi_user::profile::model::{FunctionProfile, Profile};
+use cpi_user::profile::model::{FunctionProfile, Mode, Profile};
 
 const PROG: &str = r#"
 __attribute__((noinline)) long hot(long n) { long s = 0; for (long i = 0; i < n; i++) s = (s ^ i) * 7 + (i >> 3); return s; }
@@ -261,6 +261,7 @@ fn taken_branch_event_with_cycles_event_gives_absolute_counts_and_cpi() {
         "{}",
         p.mode_reason
     );
+    assert_eq!(p.mode, Mode::Cpi);
     assert!(p.mode_reason.contains("CPI"), "{}", p.mode_reason);
     for (name, n, l, cyc) in [("hot", nh, fx.hot, &ch), ("cold", nc, fx.cold, &cc)] {
         let f = func(&p, name);
@@ -301,6 +302,11 @@ fn taken_branch_event_alone_has_timed_cpi_only() {
         p.mode_reason.contains("no cycles, no CPI"),
         "{}",
         p.mode_reason
+    );
+    assert_eq!(
+        p.mode,
+        Mode::Instructions,
+        "one label: no cycles, not `cpi`"
     );
     assert!(p.mode_reason.contains("timed LBR"), "{}", p.mode_reason);
     let (hot, cold) = (func(&p, "hot"), func(&p, "cold"));
@@ -612,40 +618,13 @@ fn llvm_profgen_range_counts_equal_ours() {
     .stdout;
     let script = fx.dir.join("profgen.txt");
     std::fs::write(&script, text).unwrap();
-    let out = fx.dir.join("profgen.out");
-    output_ok(
-        Command::new("llvm-profgen-19")
-            .arg("--skip-symbolization")
-            .arg(format!("--perfscript={}", script.display()))
-            .arg(format!("--binary={}", fx.exe.display()))
-            .arg(format!("--output={}", out.display())),
-    );
-    // `N` then N lines `start-end:count` (offsets from the text segment's page), then
-    // the branch counts.
-    let ranges: Vec<(u64, u64, f64)> = std::fs::read_to_string(&out)
-        .unwrap()
-        .lines()
-        .skip(1)
-        .map_while(|l| {
-            let (r, c) = l.split_once(':')?;
-            let (a, b) = r.split_once('-')?;
-            Some((
-                u64::from_str_radix(a, 16).ok()?,
-                u64::from_str_radix(b, 16).ok()?,
-                c.parse().ok()?,
-            ))
-        })
-        .collect();
+    let ranges = cpi_tests::profgen::ranges(&script, &fx.exe, &fx.dir.join("profgen.out"));
     assert_eq!(ranges.len(), 2, "{ranges:?}");
     let base = fx.bin.segments.iter().find(|s| s.executable).unwrap().vaddr & !0xfff;
     let mut compared = 0;
     for name in ["hot", "cold"] {
         for line in &func(&p, name).lines {
-            let theirs: f64 = ranges
-                .iter()
-                .filter(|(a, b, _)| (base + a..=base + b).contains(&line.address))
-                .map(|r| r.2)
-                .sum();
+            let theirs = cpi_tests::profgen::count_at(&ranges, base, line.address);
             assert!(
                 (line.count * 31.0 - theirs).abs() < 1e-6 * theirs.max(1.0),
                 "{name} {:#x}: ours {} × 31, llvm-profgen {theirs}",
@@ -745,6 +724,7 @@ fn raw_event_codes_are_read_on_the_recording_cpu() {
         );
         let (p, _) = import(&file, &[]);
         let what = format!("{} on {cpuid:?}: {}", attr.name, p.mode_reason);
+        assert_eq!(p.mode, Mode::Instructions, "{what}");
         assert_eq!(
             p.mode_reason
                 .contains("taken-branch event: absolute instruction counts"),

@@ -166,6 +166,8 @@ fn hand_profile(exe: &Path) -> Profile {
                 time_ns: None,
                 cycles: Some(1.0e6),
                 instructions: Some(1.0e6),
+                cycles_rel_error: None,
+                instructions_rel_error: None,
                 cpi: None,
                 timed_cpi: None,
                 bolt_name: bin_elf.bolt_local_name(&Function {
@@ -206,6 +208,8 @@ fn hand_profile(exe: &Path) -> Profile {
             time_ns: None,
             cycles: Some(3.0e6),
             instructions: Some(3.0e6),
+            cycles_rel_error: None,
+            instructions_rel_error: None,
             cpi: None,
             functions,
             calls: Vec::new(),

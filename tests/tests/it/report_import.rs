@@ -337,6 +337,17 @@ fn import_perf_command_gives_the_same_profile() {
         .collect();
     assert_eq!(names, ["hot", "cold"], "ranked by samples");
     assert_eq!(imported.processes[0].functions[0].samples, 150);
+    assert_eq!(imported.mode, Mode::Cpi, "taken as cycles");
+    // Stacks on taken branches, and nothing else: instructions, not `cpi`.
+    let out = output_ok(
+        Command::new(bin)
+            .args(["import-perf", "--period", "1009", "--format", "json"])
+            .args(["--event", "taken-branches"])
+            .arg(&file),
+    );
+    let taken = Profile::from_json(&out.stdout).unwrap();
+    assert_eq!(taken.mode, Mode::Instructions, "{}", taken.mode_reason);
+    assert!(taken.mode_reason.contains("no cycles, no CPI"));
 }
 
 /// Random byte edits of real perf script text: the parser never panics; it returns

@@ -133,7 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 Level::Warn => "warning: ",
                 _ => "",
             };
-            eprintln!("cpi-bpf: {tag}{msg}");
+            eprintln!("cpi-bpf: {tag}{}", cpi_user::fsafe::escape(msg));
         }
     });
     let a = Agent::new(config.clone(), log.clone())?;

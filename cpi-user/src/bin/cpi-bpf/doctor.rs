@@ -123,7 +123,15 @@ pub fn run(_args: Args) -> anyhow::Result<i32> {
             EventRole::Cycles => "cycles event",
             _ => "cpu-clock event",
         };
-        match collect::try_event(&spec, bpf.as_ref()) {
+        // A program the kernel's features kept out is not attached: the event alone.
+        let prog = bpf
+            .as_ref()
+            .filter(|b| ladder::program_fd(b, spec.program).is_ok());
+        let what = match (prog, &bpf) {
+            (None, Some(_)) => "opens (its BPF program is not loaded: see the features above)",
+            _ => what,
+        };
+        match collect::try_event(&spec, prog) {
             Ok(()) => line(label, &format!("{} {what}", spec.name)),
             Err(e) => line(label, &format!("cannot: {e}")),
         }

@@ -44,8 +44,11 @@ enum Command {
     ImportPerf(import_perf::Args),
 }
 
+use cpi_user::fsafe::escape;
+
 fn main() {
-    // Library warnings in the one style of every message: `cpi-bpf: warning: …`.
+    // Library warnings in the one style of every message: `cpi-bpf: warning: …`, with
+    // the paths and names other processes chose escaped.
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
         .format(|buf, record| {
             use std::io::Write;
@@ -54,7 +57,8 @@ fn main() {
                 log::Level::Warn => "warning: ",
                 _ => "",
             };
-            writeln!(buf, "cpi-bpf: {tag}{}", record.args())
+            let msg = record.args().to_string();
+            writeln!(buf, "cpi-bpf: {tag}{}", escape(&msg))
         })
         .init();
     let cli = match Cli::try_parse() {
@@ -78,7 +82,7 @@ fn main() {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             // One clear line (with its causes), no backtrace.
-            eprintln!("cpi-bpf: error: {e:#}");
+            eprintln!("cpi-bpf: error: {}", escape(&format!("{e:#}")));
             std::process::exit(1);
         }
     }

@@ -60,8 +60,8 @@ pub struct OutputArgs {
 }
 
 /// Checks the options before any work: `--annotate` only with tables, pprof (binary)
-/// not to a terminal, and `--output` a file that can be written (an existing regular
-/// file or device, or a new file in an existing directory: created and removed again).
+/// not to a terminal, and `--output` a file that can be written
+/// (cpi-user/src/report/file.rs, `check_output`).
 pub fn validate(args: &OutputArgs) -> anyhow::Result<()> {
     if args.callgraph && args.format != Format::Table {
         anyhow::bail!(
@@ -84,37 +84,7 @@ pub fn validate(args: &OutputArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     };
-    let bad = |why: &dyn std::fmt::Display| anyhow::anyhow!("--output {}: {why}", path.display());
-    match std::fs::metadata(path) {
-        Ok(m) if m.is_dir() => return Err(bad(&"is a directory")),
-        Ok(_) => {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map_err(|e| bad(&e))?;
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let parent = match path.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p,
-                _ => Path::new("."),
-            };
-            if !parent.is_dir() {
-                return Err(bad(&format_args!(
-                    "folder {} does not exist",
-                    parent.display()
-                )));
-            }
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(path)
-                .map_err(|e| bad(&e))?;
-            // Only a probe: the file is written when the profile is ready.
-            std::fs::remove_file(path).map_err(|e| bad(&e))?;
-        }
-        Err(e) => return Err(bad(&e)),
-    }
-    Ok(())
+    file::check_output(path).map_err(|e| anyhow::anyhow!("--output {}: {e}", path.display()))
 }
 
 /// `--top`: at least one row.
@@ -320,9 +290,9 @@ fn terminal_width() -> Option<usize> {
 /// Writes `bytes` to `path`, or standard output.
 pub fn write_out(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
     match path {
-        Some(path) => file::keep_old(path)
-            .and_then(|()| std::fs::write(path, bytes))
-            .with_context(|| format!("writing {}", path.display())),
+        Some(path) => {
+            file::write_output(path, bytes).with_context(|| format!("writing {}", path.display()))
+        }
         None => {
             let mut out = std::io::stdout().lock();
             // A closed pipe (`| head`) is not an error worth a message.

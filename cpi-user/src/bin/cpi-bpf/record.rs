@@ -120,7 +120,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         cpu_time: false,
         drain_every: collect::DRAIN_EVERY,
     };
-    let collected = collect::collect(&opts, &mut |msg| eprintln!("cpi-bpf: {msg}"))?;
+    let collected = collect::collect(&opts, &mut |msg| {
+        eprintln!("cpi-bpf: {}", cpi_user::fsafe::escape(msg))
+    })?;
     let stop = match (collected.stop, collected.command_status) {
         (Some(StopReason::TargetExit), Some(status)) => {
             format!("command exited with status {status}")
@@ -185,7 +187,7 @@ fn check_events(events: &[String]) -> anyhow::Result<bool> {
     let used: &[&str] = match mode {
         Mode::Cpi => &["cycles", "branches"],
         Mode::IpSampling => &["cycles", "instructions"],
-        Mode::TimeProfile | Mode::Simulated => &["cpu-clock"],
+        Mode::TimeProfile | Mode::Simulated | Mode::Instructions => &["cpu-clock"],
     };
     for e in events {
         // perf's modifiers (`cycles:u`, `cycles:pp`) say where and how precisely.

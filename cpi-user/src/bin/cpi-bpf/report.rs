@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use cpi_user::agent::store;
+use cpi_user::fsafe::escape;
 use cpi_user::report::file;
 
 use crate::output::{emit, OutputArgs};
@@ -45,7 +46,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         };
         let r = store::read_range(&dir, &q)?;
         for (path, why) in &r.skipped {
-            eprintln!("cpi-bpf: warning: skipped {}: {why}", path.display());
+            let line = format!("skipped {}: {why}", path.display());
+            eprintln!("cpi-bpf: warning: {}", escape(&line));
+        }
+        if r.skipped_unnamed > 0 {
+            eprintln!(
+                "cpi-bpf: warning: skipped {} more unreadable windows",
+                r.skipped_unnamed
+            );
+        }
+        if r.not_indexed > 0 {
+            eprintln!(
+                "cpi-bpf: warning: the store holds more than {} windows: the {} oldest were not read",
+                store::MAX_INDEX,
+                r.not_indexed
+            );
         }
         eprintln!(
             "cpi-bpf: {} windows from {} to {} merged ({})",

@@ -9,6 +9,7 @@ use anyhow::Context;
 use cpi_common::policy::PeriodPolicy;
 use cpi_common::wire::MAX_BRANCH_ENTRIES;
 use cpi_user::profile::StackWeighting;
+use cpi_user::sim::calibrate::{calibrate, Calibration};
 use cpi_user::sim::pmu::{self, BranchEvent, PmuConfig};
 
 use crate::output::{emit, OutputArgs};
@@ -52,6 +53,12 @@ pub struct Args {
     /// Seed of the policy's random numbers.
     #[arg(long, default_value_t = pmu::SIM_SEED)]
     pub seed: u64,
+    /// Measure the error bars instead of showing one profile: replay the trace with N
+    /// seeds (--seed, --seed + 1, …) and print the share of functions and blocks whose
+    /// exact value lies within ±1 and ±2 reported errors (one standard error: ≈ 68 % and
+    /// 95 % when the errors are right).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..=1000))]
+    pub calibrate: Option<u32>,
     #[command(flatten)]
     pub output: OutputArgs,
     /// The command to run (after `--`). Its standard output goes to our standard error.
@@ -90,8 +97,44 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         seed: args.seed,
         ..PmuConfig::default()
     };
+    if let Some(seeds) = args.calibrate {
+        let c = calibrate(&cfg, seeds, &args.command, Stdio::from(std::io::stderr()))
+            .context("calibrating")?;
+        print!("{}", coverage_table(&c, &args.command));
+        return Ok(c.status.code().unwrap_or(1));
+    }
     let report = cpi_user::sim::simulate(&cfg, &args.command, Stdio::from(std::io::stderr()))
         .context("simulating")?;
     emit(&report.profile, &args.output)?;
     Ok(report.status.code().unwrap_or(1))
+}
+
+/// The coverage table of a calibration run.
+fn coverage_table(c: &Calibration, command: &[OsString]) -> String {
+    let cmd: Vec<String> = command
+        .iter()
+        .map(|s| s.to_string_lossy().into_owned())
+        .collect();
+    let mut t = format!(
+        "coverage of the reported errors (± = one standard error) over {} seeds of `{}`\n\
+         {:<24} {:>8} {:>10} {:>10}\n",
+        c.seeds,
+        cmd.join(" "),
+        "estimate",
+        "units",
+        "within ±1",
+        "within ±2"
+    );
+    for r in &c.rows {
+        let (one, two) = r.shares();
+        t += &format!(
+            "{:<24} {:>8} {:>9.1}% {:>9.1}%\n",
+            r.estimate,
+            r.units,
+            one * 100.0,
+            two * 100.0
+        );
+    }
+    t += "target (normal errors)              68.3%      95.4%\n";
+    t
 }

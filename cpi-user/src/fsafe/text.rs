@@ -1,0 +1,49 @@
+//! Text that another process controls (comm, paths, symbol names, cgroup names), made
+//! safe to print: one escaping, applied at the edges where it is shown (terminal tables
+//! and stderr lines, Prometheus labels); JSON keeps the raw text (serde escapes it).
+
+use std::borrow::Cow;
+
+/// A character that would act on a terminal instead of showing: C0 and C1 controls
+/// (escape sequences, newlines, carriage returns), DEL, and the bidirectional overrides
+/// and isolates that reorder what follows them.
+fn acts(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `s` with every control character written as an escape (`\n`, `\r`, `\t`, `\x1b`,
+/// `\u{202e}`): shows on one line, changes nothing on the terminal, and cannot forge a
+/// line of output. Borrowed when there is nothing to escape (the usual case).
+pub fn escape(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(acts) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if acts(c) && (c as u32) < 0x100 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if acts(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controls_are_escaped_and_plain_text_is_borrowed() {
+        assert!(matches!(escape("python3 /usr/lib/x.so"), Cow::Borrowed(_)));
+        assert_eq!(
+            escape("\x1b[2J\x1b[31mX\nFAKE\r"),
+            "\\x1b[2J\\x1b[31mX\\nFAKE\\r"
+        );
+        assert_eq!(escape("a\u{202e}b\u{9b}c\u{7f}"), "a\\u{202e}b\\x9bc\\x7f");
+        assert_eq!(escape("naïve 函数"), "naïve 函数");
+    }
+}
