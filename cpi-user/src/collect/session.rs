@@ -411,10 +411,29 @@ impl Session {
         &mut self,
         until: Option<Instant>,
     ) -> Result<Option<StopReason>, CollectError> {
+        self.run(until, Draining::Yes)
+    }
+
+    /// As [`Session::run_until`], but nothing is drained meanwhile: the kernel's buffers
+    /// take what comes, and what they cannot hold is counted as lost (`ring_full`,
+    /// `sideband_lost`), so memory stays bounded while the caller cannot take more
+    /// (the agent, while its analysis is behind). Stop conditions are still seen.
+    pub fn wait_until(
+        &mut self,
+        until: Option<Instant>,
+    ) -> Result<Option<StopReason>, CollectError> {
+        self.run(until, Draining::No)
+    }
+
+    fn run(
+        &mut self,
+        until: Option<Instant>,
+        drain: Draining,
+    ) -> Result<Option<StopReason>, CollectError> {
         if let Some(stop) = self.live.stop {
             return Ok(Some(stop));
         }
-        let stop = self.rt.block_on(self.live.run(until))?;
+        let stop = self.rt.block_on(self.live.run(until, drain))?;
         if let Some(stop) = stop {
             self.live.stop = Some(stop);
             self.rt.block_on(self.live.shut_down());
@@ -506,8 +525,20 @@ impl Session {
     }
 }
 
+/// Whether [`Live::run`] drains the ring buffer and the side-band buffers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Draining {
+    Yes,
+    No,
+}
+
 impl Live {
-    async fn run(&mut self, until: Option<Instant>) -> Result<Option<StopReason>, CollectError> {
+    async fn run(
+        &mut self,
+        until: Option<Instant>,
+        drain_mode: Draining,
+    ) -> Result<Option<StopReason>, CollectError> {
+        let draining = drain_mode == Draining::Yes;
         let far = || tokio::time::Instant::now() + Duration::from_secs(86_400 * 365);
         let deadline = self
             .deadline
@@ -540,12 +571,12 @@ impl Live {
         tokio::pin!(all_exited);
         let stop = loop {
             tokio::select! {
-                guard = ring.readable_mut() => {
+                guard = ring.readable_mut(), if draining => {
                     let mut guard = guard?;
                     drain_all(sideband, guard.get_inner_mut(), drain);
                     guard.clear_ready();
                 }
-                _ = poll.tick() => drain_all(sideband, ring.get_mut(), drain),
+                _ = poll.tick(), if draining => drain_all(sideband, ring.get_mut(), drain),
                 _ = redraw.tick(), if redrawing => {
                     schedule.tick(&Linux, specs, open, &mut drain.cpu_clock);
                 }
@@ -558,7 +589,9 @@ impl Live {
                 _ = sigterm.recv() => break Some(StopReason::Signal("SIGTERM")),
             }
         };
-        drain_all(sideband, ring.get_mut(), drain);
+        if draining {
+            drain_all(sideband, ring.get_mut(), drain);
+        }
         Ok(stop)
     }
 

@@ -196,11 +196,10 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
 /// A line under the tables explaining the notation they use, only what they use.
 fn legend(out: &str, width: Option<usize>) -> String {
     let mut parts = Vec::new();
-    // What every `±` means (cpi-user/src/profile/error.rs).
     if out.contains(" ±") {
+        // What every ± means: cpi-user/src/profile/error.rs.
         parts.push(
-            "± = one standard error (the truth lies within ±1 for about 68 % of units, ±2 \
-             for 95 %)",
+            "±: one standard error (the truth within ±1 for about 68 % of units, ±2 for 95 %)",
         );
     }
     if out.contains("below floor") {

@@ -362,3 +362,46 @@ fn a_hostile_thread_name_cannot_drive_the_terminal() {
     let _ = child.0.kill();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Row "handed over a `perf script` text whose MMAP2 records name a FIFO, or a --symfs
+/// tree with one": `import-perf` finishes within the bound, the FIFO's samples unmapped.
+#[test]
+fn import_perf_does_not_wait_on_a_fifo() {
+    let dir = temp_dir("hostile-import");
+    let fifo = dir.join("prog");
+    mkfifo(&fifo);
+    let symfs = dir.join("symfs");
+    std::fs::create_dir_all(symfs.join(dir.strip_prefix("/").unwrap())).unwrap();
+    mkfifo(&symfs.join(fifo.strip_prefix("/").unwrap()));
+    let p = fifo.display();
+    let text = format!(
+        "7/7 PERF_RECORD_MMAP2 7/7: [0x555555555000(0x2000) @ 0x1000 fe:00 12 0]: r-xp {p}\n\
+         7/7 555555555136 f ({p}) 0x555555555136({p})/0x555555555120({p})/P/-/-/0 \
+         0x555555555140({p})/0x555555555130({p})/P/-/-/0\n"
+    );
+    let input = dir.join("script.txt");
+    std::fs::write(&input, text).unwrap();
+    for symfs_args in [
+        vec![],
+        vec!["--symfs".to_string(), symfs.display().to_string()],
+    ] {
+        let r = run_bounded(
+            Command::new(cpi_bpf())
+                .arg("import-perf")
+                .arg(&input)
+                .args(&symfs_args)
+                .args(["--format", "json"]),
+        );
+        let err = stderr(&r);
+        assert!(r.status.success(), "{symfs_args:?}: {err}");
+        let p: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+        assert!(
+            p["lost"]["unmapped_samples"].as_u64().unwrap_or(0) > 0
+                || p["processes"].as_array().is_some_and(|v| v
+                    .iter()
+                    .all(|x| x["functions"].as_array().is_none_or(|f| f.is_empty()))),
+            "{symfs_args:?}: the FIFO's samples were attributed: {p}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
