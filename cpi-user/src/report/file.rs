@@ -99,7 +99,7 @@ pub fn to_json(p: &Profile) -> Result<String, ProfileFileError> {
 /// As perf keeps `perf.data.old`: an existing regular file at `path` is renamed
 /// `path.old` (replacing an older one) before a new output is written there, so a run
 /// never overwrites the last one. Devices, pipes and missing files are left alone.
-pub fn keep_old(path: &Path) -> std::io::Result<()> {
+fn keep_old(path: &Path) -> std::io::Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_file() => {
             let mut old = path.as_os_str().to_owned();
@@ -302,12 +302,15 @@ pub fn check_output(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Writes `bytes` to `path` (`--output`): a new file (mode 0600) made by temp + rename,
-/// or an existing FIFO or character device written in place (see `destination`).
+/// Writes `bytes` to `path` (`--output`): a new file (mode 0600) made by temp + rename
+/// (an existing regular file kept as `path.old` first), or an existing FIFO or character device written in place (see `destination`).
 pub fn write_output(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write;
     match destination(path)? {
         Dest::InPlace => open_in_place(path)?.write_all(bytes),
-        Dest::Replace => crate::fsafe::replace(path, |f| f.write_all(bytes)),
+        Dest::Replace => {
+            keep_old(path)?;
+            crate::fsafe::replace(path, |f| f.write_all(bytes))
+        }
     }
 }

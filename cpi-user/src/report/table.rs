@@ -687,7 +687,7 @@ fn hot_blocks(mode: Mode, fns: &[&FunctionProfile], top: usize, width: Option<us
         .collect();
     if blocks.is_empty() {
         // Only a mode with branch records could have had them.
-        return if matches!(mode, Mode::Cpi | Mode::Simulated) {
+        return if mode.uses_ranges() {
             "\nhot blocks: none in this profile (no sampled branch records)\n".to_string()
         } else {
             String::new()

@@ -290,9 +290,9 @@ fn terminal_width() -> Option<usize> {
 /// Writes `bytes` to `path`, or standard output.
 pub fn write_out(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
     match path {
-        Some(path) => file::keep_old(path)
-            .and_then(|()| file::write_output(path, bytes))
-            .with_context(|| format!("writing {}", path.display())),
+        Some(path) => {
+            file::write_output(path, bytes).with_context(|| format!("writing {}", path.display()))
+        }
         None => {
             let mut out = std::io::stdout().lock();
             // A closed pipe (`| head`) is not an error worth a message.

@@ -41,7 +41,16 @@ pub struct Args {
     /// profile without stacks.
     #[arg(short = 'g')]
     pub call_graph: bool,
+    /// User space only (as perf's `-e cycles:u`); by default kernel code is sampled too,
+    /// as perf does for root, and shown as the `[kernel]` binary.
+    #[arg(long)]
+    pub user_only: bool,
+    /// Sample kernel code too: the default (see --user-only).
+    #[arg(long, hide = true, conflicts_with = "user_only")]
+    pub include_kernel: bool,
     #[command(flatten)]
+    pub output: OutputArgs,
+    #[command(flatten, next_help_heading = "Tuning")]
     pub policy: PolicyArgs,
     /// How often the user layer checks which events are due a period re-draw (each is
     /// re-drawn after 48-112 of its own periods), milliseconds.
@@ -50,22 +59,16 @@ pub struct Args {
     /// BPF ring buffer size, MiB (a power of two).
     #[arg(long, value_name = "MIB", default_value_t = 8)]
     pub ring_buffer_mib: u32,
-    /// User space only (as perf's `-e cycles:u`). By default kernel code is sampled
-    /// too, as perf does where it is allowed (cpi-bpf runs as root), and shown as the
-    /// `[kernel]` binary, so a program's CPU time in system calls is not missing.
-    #[arg(long)]
-    pub user_only: bool,
-    /// Sample kernel code too: the default (see --user-only).
-    #[arg(long, hide = true, conflicts_with = "user_only")]
-    pub include_kernel: bool,
     /// Ranges used per branch sample, the fixed window that keeps the profile uniform
     /// (default: branch-record depth − 1, as the PMU model uses).
     #[arg(long, value_name = "N")]
     pub range_window: Option<usize>,
-    #[command(flatten)]
-    pub output: OutputArgs,
     /// Command to start and profile (with its children); `--` before it is optional.
-    #[arg(trailing_var_arg = true, value_name = "CMD")]
+    #[arg(
+        trailing_var_arg = true,
+        value_name = "CMD",
+        help_heading = "Arguments"
+    )]
     pub command: Vec<String>,
 }
 
