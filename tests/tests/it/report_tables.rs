@@ -227,6 +227,6 @@ fn sort_by_any_column_and_a_legend() {
     fns.sort();
     let at: Vec<usize> = fns.iter().map(|f| names.find(f).unwrap()).collect();
     assert!(at.windows(2).all(|w| w[0] < w[1]), "A to Z:\n{names}");
-    assert!(names.contains("±: relative error"), "{names}");
+    assert!(names.contains("±: one standard error"), "{names}");
     assert!(names.contains("below floor: too few samples"), "{names}");
 }
