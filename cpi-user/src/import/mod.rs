@@ -378,7 +378,7 @@ fn perf_data_pass(
                 .ips
                 .entry(EventRole::Cycles)
                 .or_default()
-                .add(&ip);
+                .add(&ip, true);
         }
         if s.event == branch && !s.branches.is_empty() {
             if s.branches.len() > MAX_BRANCH_ENTRIES {
@@ -867,7 +867,7 @@ fn import_lines<R: BufRead>(
                     .ips
                     .entry(EventRole::Cycles)
                     .or_default()
-                    .add(&ip);
+                    .add(&ip, true);
             }
             Estimator::Other => s.header.period = 1,
             Estimator::TakenBranches => {}

@@ -121,15 +121,17 @@ pub struct IpAggregate {
     pub weight: u64,
     /// `weight` per group of samples (its error, `profile/error.rs`).
     pub weight_groups: Groups,
-    /// ip → (samples, Σ periods, Σ periods per group of samples).
-    pub by_ip: HashMap<u64, (u64, u64, Groups)>,
+    /// ip → (samples, Σ periods, Σ periods per group of samples). The groups are kept
+    /// for the events CPI divides (cycles, instructions), not for `cpu-clock`, whose
+    /// time profile shows no ±: an always-on agent's per-address state stays small.
+    pub by_ip: HashMap<u64, (u64, u64, Option<Box<Groups>>)>,
     /// Samples whose IP was in kernel mode ([`FLAG_KERNEL`]).
     pub kernel_samples: u64,
 }
 
 impl IpAggregate {
-    /// Counts one IP sample with its period.
-    pub fn add(&mut self, s: &IpSample) {
+    /// Counts one IP sample with its period, per group of samples too when `grouped`.
+    pub fn add(&mut self, s: &IpSample, grouped: bool) {
         let h = &s.header;
         let group = group_of(self.samples);
         self.samples += 1;
@@ -141,7 +143,9 @@ impl IpAggregate {
         let e = self.by_ip.entry(h.ip).or_default();
         e.0 += 1;
         e.1 += h.period;
-        e.2.add(group, h.period as f64);
+        if grouped {
+            e.2.get_or_insert_default().add(group, h.period as f64);
+        }
     }
 }
 
@@ -268,7 +272,7 @@ impl SampleSet {
             .ips
             .entry(role)
             .or_default()
-            .add(s);
+            .add(s, role != EventRole::CpuClock);
         Ok(())
     }
 }

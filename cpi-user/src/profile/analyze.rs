@@ -78,24 +78,36 @@ pub enum LineDetail {
 }
 
 /// IP-sample tallies of one role: (samples, Σ periods, Σ periods per group).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct Tally {
     samples: u64,
     weight: u64,
-    /// `weight` per group of samples (cpi-user/src/profile/error.rs).
-    groups: Groups,
+    /// `weight` per group of samples (cpi-user/src/profile/error.rs); none for
+    /// `cpu-clock` (aggregate.rs keeps none).
+    groups: Option<Box<Groups>>,
 }
 
 impl Tally {
-    fn add(&mut self, o: Tally) {
-        self.samples += o.samples;
-        self.weight += o.weight;
-        self.groups.add_scaled(&o.groups, 1.0);
+    fn add(&mut self, o: &Tally) {
+        self.add_parts(o.samples, o.weight, o.groups.as_deref());
+    }
+
+    fn add_parts(&mut self, samples: u64, weight: u64, groups: Option<&Groups>) {
+        self.samples += samples;
+        self.weight += weight;
+        if let Some(g) = groups {
+            self.groups.get_or_insert_default().add_scaled(g, 1.0);
+        }
+    }
+
+    /// The variance of `weight`.
+    fn variance(&self) -> f64 {
+        self.groups.as_ref().map_or(0.0, |g| g.variance())
     }
 
     /// One standard error of `weight`, relative to it.
     fn rel_error(&self) -> f64 {
-        error::relative(self.weight as f64, self.groups.variance())
+        error::relative(self.weight as f64, self.variance())
     }
 }
 
@@ -140,7 +152,7 @@ impl FunctionWork {
     fn total(&self, role: EventRole) -> Tally {
         let mut t = Tally::default();
         for v in self.ips.values() {
-            t.add(v[role_index(role)]);
+            t.add(&v[role_index(role)]);
         }
         t
     }
@@ -385,15 +397,11 @@ impl Ctx<'_> {
         for (&role, agg) in &p.ips {
             // Sorted: the aggregate's hash order must not change float sums between
             // two analyses of the same samples.
-            for (&ip, &(samples, weight, groups)) in sorted(&agg.by_ip) {
+            for (&ip, (samples, weight, groups)) in sorted(&agg.by_ip) {
                 match res.resolve(self.sym, &mut self.binaries, ip) {
-                    Some((i, vaddr)) => {
-                        res.funcs[i].ips.entry(vaddr).or_default()[role_index(role)].add(Tally {
-                            samples,
-                            weight,
-                            groups,
-                        })
-                    }
+                    Some((i, vaddr)) => res.funcs[i].ips.entry(vaddr).or_default()
+                        [role_index(role)]
+                    .add_parts(*samples, *weight, groups.as_deref()),
                     None => self.lost.unmapped_samples += samples,
                 }
             }
@@ -413,7 +421,7 @@ impl Ctx<'_> {
                 .map(|a| Tally {
                     samples: a.samples,
                     weight: a.weight,
-                    groups: a.weight_groups,
+                    groups: Some(Box::new(a.weight_groups)),
                 })
                 .unwrap_or_default()
         };
@@ -433,7 +441,7 @@ impl Ctx<'_> {
             }
             let out = self.function(i, w, primary.weight, &names);
             if let Some((c, n, g, s)) = out.cpi_inputs {
-                cyc.add(c);
+                cyc.add(&c);
                 instr += n;
                 instr_groups.add_scaled(&g, 1.0);
                 instr_samples += s;
@@ -469,7 +477,7 @@ impl Ctx<'_> {
                 let cpi = cpi_of(
                     &c,
                     i.weight as f64,
-                    i.groups.variance(),
+                    i.variance(),
                     c.samples.min(i.samples),
                     floor,
                 );
@@ -677,11 +685,11 @@ impl Ctx<'_> {
                 continue;
             };
             let samples = t[role].samples;
-            let cycles = t[role_index(EventRole::Cycles)];
+            let cycles = t[role_index(EventRole::Cycles)].clone();
             match lines.last_mut() {
                 Some((l, c)) if l.address == ins.addr => {
                     l.samples += samples;
-                    c.add(cycles);
+                    c.add(&cycles);
                 }
                 _ => lines.push((
                     InstructionProfile {
@@ -740,13 +748,15 @@ impl Ctx<'_> {
             let Some(i) = cfg.instruction_containing(vaddr) else {
                 continue;
             };
-            cyc[i].add(t[role_index(EventRole::Cycles)]);
+            cyc[i].add(&t[role_index(EventRole::Cycles)]);
             primary[i] += t[role_index(role)].samples;
             if !ranged {
-                let ins = t[role_index(EventRole::Instructions)];
+                let ins = &t[role_index(EventRole::Instructions)];
                 count[i] += ins.weight as f64;
                 hits[i] += ins.samples;
-                count_groups[i].add_scaled(&ins.groups, 1.0);
+                if let Some(g) = &ins.groups {
+                    count_groups[i].add_scaled(g, 1.0);
+                }
             }
         }
 
@@ -779,7 +789,7 @@ impl Ctx<'_> {
             .map(|(b, blk)| {
                 let span = blk.first..blk.first + blk.len;
                 let mut c = Tally::default();
-                cyc[span.clone()].iter().for_each(|t| c.add(*t));
+                cyc[span.clone()].iter().for_each(|t| c.add(t));
                 let instr: f64 = count[span.clone()].iter().sum();
                 let h = hits[span.clone()].iter().copied().max().unwrap_or(0);
                 BlockProfile {
@@ -854,7 +864,7 @@ impl Ctx<'_> {
         edges.sort_by_key(|e| (e.from, e.to, e.kind as u8));
 
         let mut cycles = Tally::default();
-        cyc.iter().for_each(|t| cycles.add(*t));
+        cyc.iter().for_each(|t| cycles.add(t));
         let mut instruction_groups = Groups::default();
         count_groups
             .iter()
