@@ -64,15 +64,6 @@ pub enum StoreError {
     /// The store directory belongs to another user or others can write it.
     #[error("store {0}")]
     Unsafe(#[from] crate::fsafe::DirError),
-    /// A window's profile cannot be written as a profile file.
-    #[error("store {}: {0}", .dir.display())]
-    Profile {
-        /// The store directory.
-        dir: PathBuf,
-        /// Why [`file::to_json`] refused it.
-        #[source]
-        source: file::ProfileFileError,
-    },
     /// The windows of a range cannot be merged (e.g. different modes).
     #[error("store {}: {source}", .dir.display())]
     Merge {
@@ -177,17 +168,13 @@ impl Store {
             unix_ms(w.start),
             unix_ms(w.end)
         );
-        let text = file::to_json(&w.profile).map_err(|source| StoreError::Profile {
-            dir: self.dir.clone(),
-            source,
-        })?;
         let dest = self.dir.join(&name);
         let mut bytes = 0;
         let mut write = || -> io::Result<()> {
             crate::fsafe::replace(&dest, |f| {
                 // Level 1: a window is compressed every interval, within the CPU budget.
                 let mut gz = GzEncoder::new(&mut *f, flate2::Compression::fast());
-                gz.write_all(text.as_bytes())?;
+                file::write_json(&w.profile, &mut gz)?;
                 gz.finish()?;
                 bytes = f.metadata()?.len();
                 Ok(())
