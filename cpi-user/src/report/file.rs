@@ -124,6 +124,14 @@ macro_rules! nothing_to_check {
     };
 }
 
+/// The methods of [`FiniteCheck`] that start a sequence, map or struct: its parts are
+/// checked one by one (`check_parts!`).
+macro_rules! compound {
+    ($($method:ident($($arg:ty),*);)*) => {
+        $(fn $method(self, $(_: $arg),*) -> Result<Self, serde_json::Error> { Ok(self) })*
+    };
+}
+
 /// [`FiniteCheck`] for the parts of sequences, maps and structs: each element checked.
 macro_rules! check_parts {
     ($($trait:ident: $method:ident($($key:ty)?);)*) => {$(
@@ -220,44 +228,20 @@ impl serde::Serializer for FiniteCheck {
     ) -> Checked {
         v.serialize(self)
     }
-    fn serialize_seq(self, _: Option<usize>) -> Result<Self, serde_json::Error> {
-        Ok(self)
-    }
-    fn serialize_tuple(self, _: usize) -> Result<Self, serde_json::Error> {
-        Ok(self)
-    }
-    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self, serde_json::Error> {
-        Ok(self)
-    }
-    fn serialize_tuple_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self, serde_json::Error> {
-        Ok(self)
-    }
-    fn serialize_map(self, _: Option<usize>) -> Result<Self, serde_json::Error> {
-        Ok(self)
-    }
-    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self, serde_json::Error> {
-        Ok(self)
-    }
-    fn serialize_struct_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self, serde_json::Error> {
-        Ok(self)
+    compound! {
+        serialize_seq(Option<usize>);
+        serialize_tuple(usize);
+        serialize_tuple_struct(&'static str, usize);
+        serialize_tuple_variant(&'static str, u32, &'static str, usize);
+        serialize_map(Option<usize>);
+        serialize_struct(&'static str, usize);
+        serialize_struct_variant(&'static str, u32, &'static str, usize);
     }
 }
 
 /// As perf keeps `perf.data.old`: an existing regular file at `path` is renamed
-/// `path.old` (replacing an older one) before a new output is written there, so a run
-/// never overwrites the last one. Devices, pipes and missing files are left alone.
+/// `path.old` (replacing an older one) once the new output is written, just before it
+/// takes the name, so a run never overwrites the last one. Devices, pipes and missing files are left alone.
 fn keep_old(path: &Path) -> std::io::Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_file() => {
