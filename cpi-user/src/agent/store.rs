@@ -29,7 +29,7 @@ use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 
 use super::Window;
-use crate::profile::merge::{MergeError, Merger};
+use crate::profile::merge::{retain_processes, MergeError, Merger};
 use crate::profile::{AnalysisOptions, Profile};
 use crate::report::file;
 
@@ -64,15 +64,6 @@ pub enum StoreError {
     /// The store directory belongs to another user or others can write it.
     #[error("store {0}")]
     Unsafe(#[from] crate::fsafe::DirError),
-    /// A window's profile cannot be written as a profile file.
-    #[error("store {}: {0}", .dir.display())]
-    Profile {
-        /// The store directory.
-        dir: PathBuf,
-        /// Why [`file::to_json`] refused it.
-        #[source]
-        source: file::ProfileFileError,
-    },
     /// The windows of a range cannot be merged (e.g. different modes).
     #[error("store {}: {source}", .dir.display())]
     Merge {
@@ -177,17 +168,13 @@ impl Store {
             unix_ms(w.start),
             unix_ms(w.end)
         );
-        let text = file::to_json(&w.profile).map_err(|source| StoreError::Profile {
-            dir: self.dir.clone(),
-            source,
-        })?;
         let dest = self.dir.join(&name);
         let mut bytes = 0;
         let mut write = || -> io::Result<()> {
             crate::fsafe::replace(&dest, |f| {
                 // Level 1: a window is compressed every interval, within the CPU budget.
                 let mut gz = GzEncoder::new(&mut *f, flate2::Compression::fast());
-                gz.write_all(text.as_bytes())?;
+                file::write_json(&w.profile, &mut gz)?;
                 gz.finish()?;
                 bytes = f.metadata()?.len();
                 Ok(())
@@ -355,7 +342,7 @@ pub fn read_range(dir: &Path, q: &RangeQuery) -> Result<RangeProfile, StoreError
             }
         };
         if let Some(c) = &q.comm {
-            p.processes.retain(|x| &x.comm == c);
+            retain_processes(&mut p, |x| &x.comm == c);
         }
         merger.add(&p).map_err(|source| StoreError::Merge {
             dir: dir.to_path_buf(),
@@ -395,7 +382,9 @@ pub fn read_range(dir: &Path, q: &RangeQuery) -> Result<RangeProfile, StoreError
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::model::{LossReport, Mode, ProcessProfile, PROFILE_FORMAT_VERSION};
+    use crate::profile::model::{
+        EventInfo, EventUnit, LossReport, Mode, ProcessProfile, PROFILE_FORMAT_VERSION,
+    };
 
     fn profile(comm: &str, samples: u64) -> Profile {
         Profile {
@@ -405,7 +394,16 @@ mod tests {
             mode_reason: "test".into(),
             command: vec![],
             duration_secs: 1.0,
-            events: vec![],
+            // Each window also sampled a process of another comm, 100 samples.
+            events: vec![EventInfo {
+                role: cpi_common::wire::EventRole::CpuClock,
+                name: "cpu-clock".into(),
+                period: 1_000_000,
+                jitter: 0,
+                thinning: 1,
+                unit: EventUnit::Ns,
+                samples: samples + 100,
+            }],
             perturbation: cpi_common::policy::Perturbation::User,
             range_window: 1,
             lost_samples: 0,
@@ -480,6 +478,11 @@ mod tests {
         assert_eq!((r.windows, r.first_start, r.last_end), (3, at(20), at(50)));
         assert_eq!(r.profile.processes.len(), 1);
         assert_eq!(r.profile.processes[0].samples, 4);
+        // The header's event counts are those of the processes kept, not the windows'.
+        let samples: Vec<u64> = r.profile.events.iter().map(|e| e.samples).collect();
+        assert_eq!(samples, [4]);
+        let all_samples: Vec<u64> = all.profile.events.iter().map(|e| e.samples).collect();
+        assert_eq!(all_samples, [(1 + 2 + 3 + 4 + 5) + 5 * 100]);
         let q = RangeQuery {
             since: Some(at(1000)),
             ..Default::default()

@@ -24,6 +24,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use cpi_common::wire::EventRole;
+
 use super::analyze::{estimate, hottest_call_first, hottest_first};
 use super::error;
 use super::model::add_count;
@@ -54,6 +56,28 @@ pub fn merge(profiles: &[Profile]) -> Result<Profile, MergeError> {
         m.add(p)?;
     }
     m.finish()
+}
+
+/// Keeps the processes `keep` selects (`report --store --comm`) and recounts the
+/// events' samples from them, so the header counts what the table shows: branch events
+/// from their branch samples, cycles and `cpu-clock` from their IP samples. Instruction
+/// events and losses have no per-process count in a profile: they stay the whole
+/// profile's.
+pub fn retain_processes(p: &mut Profile, keep: impl FnMut(&ProcessProfile) -> bool) {
+    p.processes.retain(keep);
+    let sum = |count: fn(&ProcessProfile) -> u64| {
+        p.processes
+            .iter()
+            .fold(0u64, |n, x| n.saturating_add(count(x)))
+    };
+    let (ip, branch) = (sum(|x| x.samples), sum(|x| x.branch_samples));
+    for e in &mut p.events {
+        match e.role {
+            EventRole::Branches => e.samples = branch,
+            EventRole::Cycles | EventRole::CpuClock => e.samples = ip,
+            EventRole::Instructions => {}
+        }
+    }
 }
 
 /// Incremental merge: add profiles one at a time (memory holds the sums, not the

@@ -4,7 +4,9 @@
 //! [`MAX_PROFILE_BYTES`] (`report /dev/zero` stops there), and JSON nesting by
 //! serde_json's recursion limit (128), so no input grows memory without end.
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 
 use crate::profile::model::{Profile, PROFILE_FORMAT_VERSION};
@@ -81,24 +83,165 @@ pub enum ProfileFileError {
     Serialise(String),
 }
 
-/// The file's text: pretty JSON with a trailing newline.
+/// The file's text: pretty JSON with a trailing newline ([`write_json`] into memory).
 pub fn to_json(p: &Profile) -> Result<String, ProfileFileError> {
-    // serde_json writes a non-finite f64 as `null`, which the reader would then
-    // reject: refuse to write a file that cannot be read back.
-    let text =
-        serde_json::to_string_pretty(p).map_err(|e| ProfileFileError::Serialise(e.to_string()))?;
-    let back: serde_json::Result<Profile> = serde_json::from_str(&text);
-    if let Err(e) = back {
-        return Err(ProfileFileError::Serialise(format!(
-            "the profile does not survive a round trip (a non-finite number?): {e}"
-        )));
+    let mut text = Vec::new();
+    write_json(p, &mut text).map_err(|e| ProfileFileError::Serialise(e.to_string()))?;
+    String::from_utf8(text).map_err(|e| ProfileFileError::Serialise(e.to_string()))
+}
+
+/// Writes the file's text (pretty JSON, a trailing newline) to `w` as it is serialised,
+/// buffered: the whole text is never in memory. A profile that would not read back is
+/// refused before a byte is written: serde_json writes a non-finite f64 as `null`,
+/// which the reader rejects.
+pub fn write_json(p: &Profile, w: impl Write) -> std::io::Result<()> {
+    let invalid = |e: serde_json::Error| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("serialising the profile: {e}"),
+        )
+    };
+    p.serialize(FiniteCheck).map_err(invalid)?;
+    let mut w = BufWriter::new(w);
+    serde_json::to_writer_pretty(&mut w, p).map_err(|e| match e.io_error_kind() {
+        Some(_) => std::io::Error::from(e),
+        None => invalid(e),
+    })?;
+    w.write_all(b"\n")?;
+    w.flush()
+}
+
+/// A serializer that writes nothing and fails at the first non-finite float
+/// ([`write_json`]'s check, without a copy of the text).
+struct FiniteCheck;
+
+type Checked = Result<(), serde_json::Error>;
+
+/// The methods of [`FiniteCheck`] that see nothing to check.
+macro_rules! nothing_to_check {
+    ($($method:ident($($arg:ty),*);)*) => {
+        $(fn $method(self, $(_: $arg),*) -> Checked { Ok(()) })*
+    };
+}
+
+/// The methods of [`FiniteCheck`] that start a sequence, map or struct: its parts are
+/// checked one by one (`check_parts!`).
+macro_rules! compound {
+    ($($method:ident($($arg:ty),*);)*) => {
+        $(fn $method(self, $(_: $arg),*) -> Result<Self, serde_json::Error> { Ok(self) })*
+    };
+}
+
+/// [`FiniteCheck`] for the parts of sequences, maps and structs: each element checked.
+macro_rules! check_parts {
+    ($($trait:ident: $method:ident($($key:ty)?);)*) => {$(
+        impl serde::ser::$trait for FiniteCheck {
+            type Ok = ();
+            type Error = serde_json::Error;
+            fn $method<T: ?Sized + Serialize>(&mut self, $(_: $key,)? v: &T) -> Checked {
+                v.serialize(FiniteCheck)
+            }
+            fn end(self) -> Checked {
+                Ok(())
+            }
+        }
+    )*};
+}
+
+check_parts! {
+    SerializeSeq: serialize_element();
+    SerializeTuple: serialize_element();
+    SerializeTupleStruct: serialize_field();
+    SerializeTupleVariant: serialize_field();
+    SerializeStruct: serialize_field(&'static str);
+    SerializeStructVariant: serialize_field(&'static str);
+}
+
+impl serde::ser::SerializeMap for FiniteCheck {
+    type Ok = ();
+    type Error = serde_json::Error;
+    fn serialize_key<T: ?Sized + Serialize>(&mut self, k: &T) -> Checked {
+        k.serialize(FiniteCheck)
     }
-    Ok(text + "\n")
+    fn serialize_value<T: ?Sized + Serialize>(&mut self, v: &T) -> Checked {
+        v.serialize(FiniteCheck)
+    }
+    fn end(self) -> Checked {
+        Ok(())
+    }
+}
+
+impl serde::Serializer for FiniteCheck {
+    type Ok = ();
+    type Error = serde_json::Error;
+    type SerializeSeq = Self;
+    type SerializeTuple = Self;
+    type SerializeTupleStruct = Self;
+    type SerializeTupleVariant = Self;
+    type SerializeMap = Self;
+    type SerializeStruct = Self;
+    type SerializeStructVariant = Self;
+
+    nothing_to_check! {
+        serialize_bool(bool);
+        serialize_i8(i8);
+        serialize_i16(i16);
+        serialize_i32(i32);
+        serialize_i64(i64);
+        serialize_u8(u8);
+        serialize_u16(u16);
+        serialize_u32(u32);
+        serialize_u64(u64);
+        serialize_char(char);
+        serialize_str(&str);
+        serialize_bytes(&[u8]);
+        serialize_none();
+        serialize_unit();
+        serialize_unit_struct(&'static str);
+        serialize_unit_variant(&'static str, u32, &'static str);
+    }
+
+    fn serialize_f32(self, v: f32) -> Checked {
+        self.serialize_f64(v.into())
+    }
+    fn serialize_f64(self, v: f64) -> Checked {
+        if v.is_finite() {
+            Ok(())
+        } else {
+            Err(serde::ser::Error::custom(format!(
+                "{v} would be written as null and not read back"
+            )))
+        }
+    }
+    fn serialize_some<T: ?Sized + Serialize>(self, v: &T) -> Checked {
+        v.serialize(self)
+    }
+    fn serialize_newtype_struct<T: ?Sized + Serialize>(self, _: &'static str, v: &T) -> Checked {
+        v.serialize(self)
+    }
+    fn serialize_newtype_variant<T: ?Sized + Serialize>(
+        self,
+        _: &'static str,
+        _: u32,
+        _: &'static str,
+        v: &T,
+    ) -> Checked {
+        v.serialize(self)
+    }
+    compound! {
+        serialize_seq(Option<usize>);
+        serialize_tuple(usize);
+        serialize_tuple_struct(&'static str, usize);
+        serialize_tuple_variant(&'static str, u32, &'static str, usize);
+        serialize_map(Option<usize>);
+        serialize_struct(&'static str, usize);
+        serialize_struct_variant(&'static str, u32, &'static str, usize);
+    }
 }
 
 /// As perf keeps `perf.data.old`: an existing regular file at `path` is renamed
-/// `path.old` (replacing an older one) before a new output is written there, so a run
-/// never overwrites the last one. Devices, pipes and missing files are left alone.
+/// `path.old` (replacing an older one) once the new output is written, just before it
+/// takes the name, so a run never overwrites the last one. Devices, pipes and missing files are left alone.
 fn keep_old(path: &Path) -> std::io::Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_file() => {
@@ -151,48 +294,81 @@ fn read_from(r: impl Read, origin: &str) -> Result<Profile, ReadError> {
             origin: origin.to_string(),
         })
     };
-    let mut bytes = Vec::new();
-    r.take(MAX_PROFILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(ReadError::Io)?;
-    if bytes.len() as u64 > MAX_PROFILE_BYTES {
-        return Err(too_large());
-    }
+    let mut r = BufReader::new(r.take(MAX_PROFILE_BYTES + 1));
     // A gzip'd profile (an agent's window, `w-….json.gz`): the same bound after
     // decompression.
-    if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut text = Vec::new();
-        flate2::read::GzDecoder::new(&bytes[..])
-            .take(MAX_PROFILE_BYTES + 1)
-            .read_to_end(&mut text)
-            .map_err(ReadError::Io)?;
-        if text.len() as u64 > MAX_PROFILE_BYTES {
-            return Err(too_large());
-        }
-        bytes = text;
+    let gzip = r
+        .fill_buf()
+        .map_err(ReadError::Io)?
+        .starts_with(&[0x1f, 0x8b]);
+    let mut text: Box<dyn Read> = if gzip {
+        Box::new(flate2::bufread::GzDecoder::new(&mut r).take(MAX_PROFILE_BYTES + 1))
+    } else {
+        Box::new(&mut r)
+    };
+    let mut counted = Counted {
+        inner: &mut text,
+        bytes: 0,
+    };
+    let value = serde_json::from_reader(BufReader::new(&mut counted));
+    // Either bound reached (of the file or of its decompressed text): whatever the
+    // parser made of the cut, the file is too large.
+    if counted.bytes > MAX_PROFILE_BYTES {
+        return Err(too_large());
     }
-    parse(&bytes, origin).map_err(ReadError::Profile)
+    drop(text);
+    if r.get_ref().limit() == 0 {
+        return Err(too_large());
+    }
+    let value = value.map_err(|e| match e.io_error_kind() {
+        Some(_) => ReadError::Io(e.into()),
+        None => ReadError::Profile(json_error(e, origin)),
+    })?;
+    from_value(value, origin).map_err(ReadError::Profile)
+}
+
+/// Counts the bytes read through it (the decompressed length of a gzip'd profile).
+struct Counted<R> {
+    inner: R,
+    bytes: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+/// A JSON syntax error: the text ends early, or is not JSON.
+fn json_error(e: serde_json::Error, origin: &str) -> ProfileFileError {
+    if e.is_eof() {
+        ProfileFileError::Truncated {
+            origin: origin.to_string(),
+            line: e.line(),
+            column: e.column(),
+        }
+    } else {
+        ProfileFileError::NotJson {
+            origin: origin.to_string(),
+            detail: e.to_string(),
+        }
+    }
 }
 
 /// Parses a profile file's bytes; `origin` names it in errors.
 pub fn parse(bytes: &[u8], origin: &str) -> Result<Profile, ProfileFileError> {
+    from_value(
+        serde_json::from_slice(bytes).map_err(|e| json_error(e, origin))?,
+        origin,
+    )
+}
+
+/// The profile of a file's JSON. Two steps so the version is checked before the shape: a
+/// newer file must say "newer", not "missing field".
+fn from_value(value: serde_json::Value, origin: &str) -> Result<Profile, ProfileFileError> {
     let origin = origin.to_string();
-    // Two steps so the version is checked before the shape: a newer file must say
-    // "newer", not "missing field".
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
-        if e.is_eof() {
-            ProfileFileError::Truncated {
-                origin: origin.clone(),
-                line: e.line(),
-                column: e.column(),
-            }
-        } else {
-            ProfileFileError::NotJson {
-                origin: origin.clone(),
-                detail: e.to_string(),
-            }
-        }
-    })?;
     let version = match value.get("format_version") {
         Some(v) => v.as_u64().ok_or_else(|| ProfileFileError::Corrupt {
             origin: origin.clone(),
@@ -226,7 +402,7 @@ impl Profile {
     }
 }
 
-/// Where [`write_output`] puts the bytes.
+/// Where [`write_output`] writes.
 #[derive(Debug, PartialEq, Eq)]
 enum Dest {
     /// A new file, temp + rename (cpi-user/src/fsafe/mod.rs): what was at the path, a
@@ -302,15 +478,19 @@ pub fn check_output(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Writes `bytes` to `path` (`--output`): a new file (mode 0600) made by temp + rename
-/// (an existing regular file kept as `path.old` first), or an existing FIFO or character device written in place (see `destination`).
-pub fn write_output(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
+/// Writes to `path` (`--output`) what `write` writes: a new file (mode 0600) made by
+/// temp + rename (an existing regular file kept as `path.old` once the new one is
+/// written), or an existing FIFO or character device written in place (see
+/// `destination`).
+pub fn write_output(
+    path: &Path,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     match destination(path)? {
-        Dest::InPlace => open_in_place(path)?.write_all(bytes),
-        Dest::Replace => {
-            keep_old(path)?;
-            crate::fsafe::replace(path, |f| f.write_all(bytes))
-        }
+        Dest::InPlace => write(&mut open_in_place(path)?),
+        Dest::Replace => crate::fsafe::replace(path, |f| {
+            write(f)?;
+            keep_old(path)
+        }),
     }
 }

@@ -278,12 +278,13 @@ fn report_store_survives_fifos_bombs_and_forged_counts() {
     })
     .unwrap();
     mkfifo(&s.join("w-1700000010000-1700000020000.json.gz"));
-    // 600 MiB of zeros in a ~600 KB gzip: decompression stops at the profile limit.
+    // 600 MiB of spaces (JSON's whitespace: the parser reads on) in a ~600 KB gzip:
+    // decompression stops at the profile limit.
     let bomb = std::fs::File::create(s.join("w-1700000020000-1700000030000.json.gz")).unwrap();
     let mut gz = flate2::write::GzEncoder::new(bomb, flate2::Compression::best());
-    let zeros = vec![0u8; 1 << 20];
+    let spaces = vec![b' '; 1 << 20];
     for _ in 0..600 {
-        gz.write_all(&zeros).unwrap();
+        gz.write_all(&spaces).unwrap();
     }
     gz.finish().unwrap();
     let r = run_bounded(

@@ -7,7 +7,7 @@ use std::process::Command;
 use crate::report_fixture::{cpi_profile, golden, scratch, time_profile};
 use cpi_tests::cpi_bpf;
 use cpi_user::profile::model::Profile;
-use cpi_user::report::file::{parse, read, to_json, ProfileFileError};
+use cpi_user::report::file::{parse, read, to_json, write_json, write_output, ProfileFileError};
 use cpi_user::report::table::{render, TableOptions};
 use rand::{rngs::StdRng, Rng, SeedableRng};
 
@@ -29,6 +29,29 @@ fn file_format_is_stable() {
     // And what was written before reads back as the same profile.
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden");
     assert_eq!(read(&dir.join("cpi_profile.json")).unwrap(), cpi_profile());
+}
+
+/// The profile is serialised as it is written, so what would not read back (serde_json
+/// writes NaN as `null`) is refused before a byte goes out: the file already there stays
+/// whole, not renamed to `.old`.
+#[test]
+fn a_profile_that_would_not_read_back_is_not_written() {
+    let mut p = time_profile();
+    p.processes[0].functions[0].share = f64::NAN;
+    let e = to_json(&p).unwrap_err().to_string();
+    assert!(e.contains("NaN"), "{e}");
+    let dir = scratch("report-file-nan");
+    let file = dir.join("p.json");
+    std::fs::write(&file, "earlier run\n").unwrap();
+    let e = write_output(&file, |w| write_json(&p, w)).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData, "{e}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "earlier run\n");
+    assert!(!dir.join("p.json.old").exists());
+    // A profile that reads back is written, and the earlier file kept as `.old`.
+    write_output(&file, |w| write_json(&time_profile(), w)).unwrap();
+    assert_eq!(read(&file).unwrap(), time_profile());
+    let old = std::fs::read_to_string(dir.join("p.json.old")).unwrap();
+    assert_eq!(old, "earlier run\n");
 }
 
 #[test]

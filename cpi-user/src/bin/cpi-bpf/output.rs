@@ -111,7 +111,16 @@ pub fn emit(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> {
 
 /// [`write_out`]; on failure the profile is saved elsewhere and the error says where.
 fn write_saving(profile: &Profile, path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
-    write_out(path, bytes).map_err(|e| match save_elsewhere(profile) {
+    write_saving_with(profile, path, |w| w.write_all(bytes))
+}
+
+/// [`write_saving`] of what `write` writes (the JSON profile, serialised as it goes).
+fn write_saving_with(
+    profile: &Profile,
+    path: Option<&Path>,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    write_out(path, write).map_err(|e| match save_elsewhere(profile) {
         Some(saved) => e.context(format!(
             "the profile is saved in {} (`cpi-bpf report {}` shows it)",
             saved.display(),
@@ -123,7 +132,6 @@ fn write_saving(profile: &Profile, path: Option<&Path>, bytes: &[u8]) -> anyhow:
 
 /// Writes the JSON profile to `$TMPDIR` (else /tmp), else the current directory.
 fn save_elsewhere(profile: &Profile) -> Option<PathBuf> {
-    let text = file::to_json(profile).ok()?;
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -136,7 +144,7 @@ fn save_elsewhere(profile: &Profile) -> Option<PathBuf> {
                 .write(true)
                 .create_new(true)
                 .open(p)
-                .and_then(|mut f| f.write_all(text.as_bytes()))
+                .and_then(|f| file::write_json(profile, f))
                 .is_ok()
         })
 }
@@ -217,11 +225,9 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
                 }
             }
         }
-        Format::Json => write_saving(
-            profile,
-            args.output.as_deref(),
-            file::to_json(profile)?.as_bytes(),
-        ),
+        Format::Json => write_saving_with(profile, args.output.as_deref(), |w| {
+            file::write_json(profile, w)
+        }),
         Format::Pprof => {
             let bytes = pprof::encode(profile).context("compressing the pprof profile")?;
             write_saving(profile, args.output.as_deref(), &bytes)
@@ -287,16 +293,19 @@ fn terminal_width() -> Option<usize> {
     (ok && ws.ws_col > 0).then_some(usize::from(ws.ws_col))
 }
 
-/// Writes `bytes` to `path`, or standard output.
-pub fn write_out(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
+/// Writes what `write` writes to `path`, or standard output.
+fn write_out(
+    path: Option<&Path>,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
     match path {
         Some(path) => {
-            file::write_output(path, bytes).with_context(|| format!("writing {}", path.display()))
+            file::write_output(path, write).with_context(|| format!("writing {}", path.display()))
         }
         None => {
             let mut out = std::io::stdout().lock();
             // A closed pipe (`| head`) is not an error worth a message.
-            match out.write_all(bytes).and_then(|_| out.flush()) {
+            match write(&mut out).and_then(|_| out.flush()) {
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
                 r => r.context("writing to standard output"),
             }
