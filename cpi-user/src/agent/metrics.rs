@@ -745,6 +745,7 @@ pub(crate) mod tests {
             edges: Vec::new(),
             lines: Vec::new(),
             bolt_name: None,
+            source: None,
         }
     }
 

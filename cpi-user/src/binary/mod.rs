@@ -32,6 +32,7 @@
 
 pub mod cfg;
 mod ehframe;
+pub mod lines;
 pub mod symbolize;
 
 use std::collections::HashMap;
@@ -43,6 +44,7 @@ use std::time::SystemTime;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, SymbolKind};
 
 pub use cfg::{BasicBlock, Cfg, CfgEdge, FlowKind, Instruction};
+pub use lines::{SourceLine, SourceLines};
 pub use symbolize::{CodeObject, Resolved, SymbolizeError, Symbolizer, SymbolizerOptions};
 
 /// ELF `PF_X`.
@@ -526,6 +528,11 @@ impl Binary {
         let e = self.functions[i];
         (n > 0 && e.start == func.start && self.name_is(e, &func.name))
             .then(|| format!("{}/{n}", func.name))
+    }
+
+    /// The whole file, for readers of other sections ([`lines`](mod@lines)).
+    fn data(&self) -> &[u8] {
+        self.bytes.get()
     }
 
     /// Function bounds came from `.eh_frame` (no symbol table).

@@ -38,7 +38,7 @@ use super::model::{
     InstructionProfile, LossReport, Mode, ProcessProfile, Profile, RunInfo, PROFILE_FORMAT_VERSION,
 };
 use crate::binary::{
-    Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, Symbolizer,
+    Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines, Symbolizer,
     SymbolizerOptions,
 };
 use crate::procmap::ProcessMaps;
@@ -434,12 +434,24 @@ impl Ctx<'_> {
         let mut cyc = Tally::default();
         let (mut instr, mut instr_groups, mut instr_samples) = (0.0, Groups::default(), 0u64);
         let mut functions = Vec::with_capacity(res.funcs.len());
+        // Line tables per binary, parsed once for all its functions here.
+        let mut sources: HashMap<*const Binary, SourceLines<'_>> = HashMap::new();
         for (i, w) in res.funcs.iter().enumerate() {
             // Known only as a branch target outside the window: nothing to report.
             if !w.has_evidence() {
                 continue;
             }
-            let out = self.function(i, w, primary.weight, &names);
+            let mut out = self.function(i, w, primary.weight, &names);
+            if let CodeObject::Elf(bin) = &w.object {
+                let lines = sources
+                    .entry(Arc::as_ptr(bin))
+                    .or_insert_with(|| SourceLines::new(bin));
+                let f = &mut out.profile;
+                f.source = lines.at(f.address);
+                for l in &mut f.lines {
+                    l.source = lines.at(l.address);
+                }
+            }
             if let Some((c, n, g, s)) = out.cpi_inputs {
                 cyc.add(&c);
                 instr += n;
@@ -581,6 +593,7 @@ impl Ctx<'_> {
                 CodeObject::Elf(bin) => bin.bolt_local_name(&w.function),
                 _ => None,
             },
+            source: None,
             blocks: Vec::new(),
             edges: Vec::new(),
             lines: Vec::new(),
@@ -699,6 +712,7 @@ impl Ctx<'_> {
                         cycles: None,
                         cpi: None,
                         text: ins.text,
+                        source: None,
                     },
                     cycles,
                 )),
@@ -779,6 +793,7 @@ impl Ctx<'_> {
                     floor,
                 ),
                 text: ins.text.clone(),
+                source: None,
             })
             .collect();
 

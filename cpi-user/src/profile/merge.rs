@@ -648,6 +648,7 @@ mod tests {
                 None
             },
             text: format!("insn at {address:#x}"),
+            source: None,
         }
     }
 
@@ -708,6 +709,7 @@ mod tests {
             cpi: est(4.0, 40),
             timed_cpi: None,
             bolt_name: None,
+            source: None,
             blocks,
             edges: vec![EdgeProfile {
                 from: 0x14,

@@ -10,6 +10,7 @@ use cpi_common::wire::EventRole;
 use serde::{Deserialize, Serialize};
 
 pub use crate::binary::cfg::EdgeKind;
+pub use crate::binary::SourceLine;
 
 /// Bumped on any incompatible change; readers reject newer versions.
 pub const PROFILE_FORMAT_VERSION: u32 = 1;
@@ -485,6 +486,10 @@ pub struct FunctionProfile {
     /// symbol table during analysis, so `.fdata` is written from the profile alone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bolt_name: Option<String>,
+    /// Source line of the function's first instruction, from the binary's DWARF line
+    /// table (cpi-user/src/binary/lines.rs); absent without debug info and in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceLine>,
     /// Basic blocks with counts, by address.
     #[serde(default)]
     pub blocks: Vec<BlockProfile>,
@@ -557,6 +562,9 @@ pub struct InstructionProfile {
     /// Disassembly (Intel syntax), so `cpi-bpf report --annotate` works offline.
     #[serde(default)]
     pub text: String,
+    /// Source line of the instruction, when the binary has DWARF line tables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceLine>,
 }
 
 /// Accuracy of one process's profile against the exact answer (computed by

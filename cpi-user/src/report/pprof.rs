@@ -156,13 +156,13 @@ pub struct Location {
     pub line: Vec<Line>,
 }
 
-/// The function a location belongs to; line numbers are not known (0).
+/// The function a location belongs to, and its source line.
 #[derive(Clone, PartialEq, Message)]
 pub struct Line {
     /// The [`Function::id`].
     #[prost(uint64, tag = "1")]
     pub function_id: u64,
-    /// Always 0: the profile has no line numbers.
+    /// The instruction's source line from the binary's DWARF; 0 when unknown.
     #[prost(int64, tag = "2")]
     pub line: i64,
 }
@@ -179,9 +179,18 @@ pub struct Function {
     /// The same name: the profile keeps one name per function (string index).
     #[prost(int64, tag = "3")]
     pub system_name: i64,
-    /// Its binary's path (string index).
+    /// Its source file from the binary's DWARF, "" when unknown (string index); never
+    /// the binary, which `go tool pprof -list` would print as source.
     #[prost(int64, tag = "4")]
     pub filename: i64,
+    /// Line of its first instruction; 0 when unknown.
+    #[prost(int64, tag = "5")]
+    pub start_line: i64,
+}
+
+/// A function's source file (string index), 0 ("") when the profile has none.
+fn source_file(st: &mut Strings, f: &FunctionProfile) -> i64 {
+    f.source.as_ref().map_or(0, |s| st.id(&s.file))
 }
 
 /// The string table: index 0 is "" as the format requires.
@@ -364,10 +373,16 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                     id,
                     name,
                     system_name: name,
-                    filename: st.id(&f.binary),
+                    filename: source_file(&mut st, f),
+                    start_line: f.source.as_ref().map_or(0, |s| s.line.into()),
                 });
                 id
             });
+            let lines: HashMap<u64, i64> = f
+                .lines
+                .iter()
+                .filter_map(|l| Some((l.address, l.source.as_ref()?.line.into())))
+                .collect();
             let mut loc = |address: u64| {
                 *loc_ids
                     .entry((f.binary.as_str(), address))
@@ -379,7 +394,7 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                             address,
                             line: vec![Line {
                                 function_id: fid,
-                                line: 0,
+                                line: lines.get(&address).copied().unwrap_or(0),
                             }],
                         });
                         id
@@ -405,11 +420,11 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                 (c.callee_binary.as_str(), c.callee.as_str()),
                 (c.caller_binary.as_str(), c.caller.as_str()),
             ] {
-                let address = proc
+                let found = proc
                     .functions
                     .iter()
-                    .find(|f| f.binary == binary && f.name == name)
-                    .map_or(0, |f| f.address);
+                    .find(|f| f.binary == binary && f.name == name);
+                let address = found.map_or(0, |f| f.address);
                 let fid = *func_ids.entry((binary, address, name)).or_insert_with(|| {
                     let id = function.len() as u64 + 1;
                     let n = st.id(name);
@@ -417,7 +432,10 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                         id,
                         name: n,
                         system_name: n,
-                        filename: st.id(binary),
+                        filename: found.map_or(0, |f| source_file(&mut st, f)),
+                        start_line: found
+                            .and_then(|f| f.source.as_ref())
+                            .map_or(0, |s| s.line.into()),
                     });
                     id
                 });
@@ -430,7 +448,9 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                         address,
                         line: vec![Line {
                             function_id: fid,
-                            line: 0,
+                            line: found
+                                .and_then(|f| f.source.as_ref())
+                                .map_or(0, |s| s.line.into()),
                         }],
                     });
                     id

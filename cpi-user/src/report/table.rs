@@ -4,11 +4,14 @@
 //! CPU time, and says so; units below the sample floor say so instead of a number. A
 //! profile with an accuracy (`cpi-bpf simulate`) ends with it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
+use std::io::Read;
+use std::path::Path;
 
 use comfy_table::{presets, CellAlignment, Table, TableComponent};
 
+use crate::fsafe::escape;
 use crate::profile::merge;
 use crate::profile::model::{
     role_name, Accuracy, BlockProfile, CallEdge, Estimate, FunctionProfile, Mode, ProcessProfile,
@@ -903,6 +906,10 @@ fn annotate_function(
     } else if let Some(t) = f.time_ns {
         let _ = write!(s, ", {} CPU", time(t));
     }
+    if let Some(src) = &f.source {
+        // Source paths come from the binary, not escaped with the rest of the profile.
+        let _ = write!(s, ", source {}:{}", escape(&src.file), src.line);
+    }
     let mut s = wrap(&s, width);
     if f.lines.is_empty() {
         s.push_str("no per-instruction data for this function\n");
@@ -931,6 +938,7 @@ fn annotate_function(
         })
         .map(|l| l.address);
     let block_at = |addr: u64| f.blocks.iter().find(|b| b.start == addr);
+    let sources = source_rows(&f.lines);
     let build = |max: usize| {
         if mode.has_cpi() {
             let mut t = new_table(
@@ -949,7 +957,12 @@ fn annotate_function(
             if let Some(c) = t.column_mut(7) {
                 c.set_cell_alignment(CellAlignment::Left);
             }
-            for l in &f.lines {
+            for (l, src) in f.lines.iter().zip(&sources) {
+                if let Some(src) = src {
+                    let mut row = vec![String::new(); 7];
+                    row.push(ellipsize(src, max));
+                    t.add_row(row);
+                }
                 t.add_row(vec![
                     marker(hottest == Some(l.address)),
                     format!("{:x}", l.address),
@@ -970,7 +983,12 @@ fn annotate_function(
                 c.set_cell_alignment(CellAlignment::Left);
             }
             let total: u64 = f.lines.iter().map(|l| l.samples).sum();
-            for l in &f.lines {
+            for (l, src) in f.lines.iter().zip(&sources) {
+                if let Some(src) = src {
+                    let mut row = vec![String::new(); 4];
+                    row.push(ellipsize(src, max));
+                    t.add_row(row);
+                }
                 let share = if total > 0 {
                     pct(l.samples as f64 / total as f64)
                 } else {
@@ -993,6 +1011,50 @@ fn annotate_function(
         s.push_str("▶ hottest instruction\n");
     }
     s
+}
+
+/// Per instruction, the source line to show above it when it starts a new one (as perf
+/// annotate interleaves source): `file:line` by the file's last component, then the
+/// line's text when the source file is readable here.
+fn source_rows(lines: &[crate::profile::model::InstructionProfile]) -> Vec<Option<String>> {
+    let mut files: HashMap<&str, Option<Vec<String>>> = HashMap::new();
+    let mut last = None;
+    lines
+        .iter()
+        .map(|l| {
+            let src = l.source.as_ref()?;
+            if last == Some(src) {
+                return None;
+            }
+            last = Some(src);
+            let name = Path::new(&src.file).file_name()?.to_string_lossy();
+            let text = files
+                .entry(&src.file)
+                .or_insert_with(|| read_source(Path::new(&src.file)))
+                .as_ref()
+                .and_then(|t| t.get(src.line.checked_sub(1)? as usize))
+                .map(|t| format!("  {}", escape(t.trim())))
+                .unwrap_or_default();
+            Some(format!("{}:{}{text}", escape(&name), src.line))
+        })
+        .collect()
+}
+
+/// A source file's lines, when it can be read safely (cpi-user/src/fsafe/mod.rs): a
+/// regular file, never blocking, at most 16 MiB.
+fn read_source(path: &Path) -> Option<Vec<String>> {
+    let mut text = Vec::new();
+    crate::fsafe::open(path)
+        .ok()?
+        .take(16 << 20)
+        .read_to_end(&mut text)
+        .ok()?;
+    Some(
+        String::from_utf8_lossy(&text)
+            .lines()
+            .map(str::to_string)
+            .collect(),
+    )
 }
 
 fn marker(hot: bool) -> String {

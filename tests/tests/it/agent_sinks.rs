@@ -203,6 +203,7 @@ fn function(name: &str, address: u64, cycles: f64, instructions: f64) -> Functio
         edges: Vec::new(),
         lines: Vec::new(),
         bolt_name: None,
+        source: None,
     }
 }
 

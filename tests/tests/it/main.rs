@@ -22,4 +22,5 @@ mod report_tables;
 mod simulate;
 mod simulate_bench;
 mod simulate_report;
+mod source_lines;
 mod tracer;

@@ -154,6 +154,7 @@ fn hand_profile(exe: &Path) -> Profile {
                     cycles: Some(1000.0),
                     cpi: None,
                     text: i.text.clone(),
+                    source: None,
                 })
                 .collect();
             FunctionProfile {
@@ -175,6 +176,7 @@ fn hand_profile(exe: &Path) -> Profile {
                     start: *start,
                     size: *size,
                 }),
+                source: None,
                 blocks: vec![],
                 edges,
                 lines,
@@ -577,6 +579,7 @@ fn fdata_lines_of_the_fixture_profile() {
         cycles: None,
         cpi: None,
         text: "rep movsb".into(),
+        source: None,
     }];
     let files = fdata::render(&p).unwrap();
     let names: Vec<_> = files.iter().map(|f| f.binary.as_str()).collect();

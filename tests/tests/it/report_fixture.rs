@@ -33,6 +33,7 @@ fn line(
             .filter(|_| samples >= 1_000)
             .and_then(|c| est(c / count, samples)),
         text: text.to_string(),
+        source: None,
     }
 }
 
@@ -74,6 +75,7 @@ pub fn cpi_profile() -> Profile {
         cpi: est(2.4, 30_000),
         timed_cpi: None,
         bolt_name: None,
+        source: None,
         blocks: vec![
             BlockProfile {
                 start: 0x401200,
@@ -184,6 +186,7 @@ pub fn cpi_profile() -> Profile {
         cpi: est(0.88, 9_860),
         timed_cpi: None,
         bolt_name: None,
+        source: None,
         blocks: vec![BlockProfile {
             start: 0x401160,
             end: 0x401190,
@@ -220,6 +223,7 @@ pub fn cpi_profile() -> Profile {
         cpi: None,
         timed_cpi: None,
         bolt_name: None,
+        source: None,
         blocks: vec![],
         edges: vec![],
         lines: vec![],
@@ -295,6 +299,7 @@ pub fn time_profile() -> Profile {
         cpi: None,
         timed_cpi: None,
         bolt_name: None,
+        source: None,
         blocks: vec![],
         edges: vec![],
         lines,
