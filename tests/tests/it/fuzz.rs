@@ -444,3 +444,12 @@ fn agent_config() {
     });
     ran(n, 1);
 }
+
+/// The first finding (a stored window whose block ends before its start panicked the
+/// merge in `read_range`): the reader now says why it refuses the file.
+#[test]
+fn a_block_ending_before_its_start_is_corrupt() {
+    let b = data("tests/data/fuzz/store_window/block-ends-before-start.json");
+    let e = file::parse(&b, "w").expect_err("a reversed block is refused");
+    assert!(e.to_string().contains("before its start 0x"), "{e}");
+}
