@@ -1,4 +1,4 @@
-//! Developer entry points: `cargo xtask setup`, `cargo xtask run -- ARGS`.
+//! Developer entry points: `cargo xtask setup`, `cargo xtask run -- ARGS`, `cargo xtask docs`.
 
 mod kernels;
 mod setup;
@@ -22,11 +22,14 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Build cpi-bpf and write its man pages and shell completions into target/release/.
+    Docs,
 }
 
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Setup => setup::setup(),
         Command::Run { args } => setup::run(&args),
+        Command::Docs => setup::docs(),
     }
 }

@@ -2,8 +2,10 @@
 //! machine of the dev kind, each step skipped when already done:
 //! Debian packages, the nightly's `rust-src`, bpf-linker built against the nightly's own
 //! libLLVM (rebuilt only when `rustc +nightly -vV` changes), the Valgrind tracer, Debian's
-//! kernels for the QEMU matrix (`kernels.rs`).
+//! kernels for the QEMU matrix (`kernels.rs`), then the release build with its man pages
+//! and shell completions ([`docs`]).
 //! `cargo xtask run -- ARGS`: build cpi-bpf and run it as root.
+//! `cargo xtask docs`: only the man pages and completions.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -41,6 +43,7 @@ pub fn setup() -> anyhow::Result<()> {
     bpf_linker()?;
     super::tracer::build()?;
     super::kernels::fetch()?;
+    docs()?;
     println!("setup: done");
     Ok(())
 }
@@ -243,6 +246,32 @@ fn bpf_linker() -> anyhow::Result<()> {
 
 /// Builds cpi-bpf (release, eBPF object included) and runs it as root with `args`.
 pub fn run(args: &[String]) -> anyhow::Result<()> {
+    let bin = build()?;
+    let mut cmd = as_root(&bin.to_string_lossy());
+    let st = cmd
+        .args(args)
+        .status()
+        .with_context(|| format!("running {}", bin.display()))?;
+    std::process::exit(st.code().unwrap_or(1));
+}
+
+/// Builds cpi-bpf and has it write its man pages and bash/zsh/fish completions (from its
+/// own CLI definition, cpi-user/src/bin/cpi-bpf/docs.rs) beside it:
+/// `target/release/man/` and `target/release/completions/`.
+pub fn docs() -> anyhow::Result<()> {
+    let bin = build()?;
+    let dir = bin.parent().context("the binary's folder")?;
+    status(Command::new(&bin).arg("generate-docs").arg(dir))?;
+    println!(
+        "setup: man page {}/man/cpi-bpf.1; completions in {}/completions (bash, zsh, fish)",
+        dir.display(),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// `cargo build --release` of the cpi-bpf binary; its path.
+fn build() -> anyhow::Result<PathBuf> {
     status(Command::new("cargo").args([
         "build",
         "--release",
@@ -258,11 +287,5 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
     let target_dir = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"));
-    let bin = target_dir.join("release/cpi-bpf");
-    let mut cmd = as_root(&bin.to_string_lossy());
-    let st = cmd
-        .args(args)
-        .status()
-        .with_context(|| format!("running {}", bin.display()))?;
-    std::process::exit(st.code().unwrap_or(1));
+    Ok(target_dir.join("release/cpi-bpf"))
 }

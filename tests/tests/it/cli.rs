@@ -326,3 +326,145 @@ fn version_has_the_commit_and_help_no_internal_words() {
         }
     }
 }
+
+/// Each main flag (`-p`, `-a`, `-F`, `-o`, `--format`) as the man page and each shell's
+/// completions declare an option: the page's entry, zsh's spec, fish's `-s`/`-l`, bash's
+/// word list.
+fn assert_docs_name_the_main_flags(dir: &std::path::Path) {
+    let read = |rel: &str| {
+        std::fs::read_to_string(dir.join(rel))
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.join(rel).display()))
+    };
+    // roff escapes every dash.
+    let man = read("man/cpi-bpf.1").replace("\\-", "-");
+    let bash = read("completions/cpi-bpf.bash");
+    let bash_words: Vec<&str> = bash
+        .split(|c: char| c.is_whitespace() || c == '"')
+        .collect();
+    let zsh = read("completions/_cpi-bpf");
+    let fish = read("completions/cpi-bpf.fish");
+    for (short, long) in [
+        (Some('p'), "pid"),
+        (Some('a'), "system-wide"),
+        (Some('F'), "frequency"),
+        (Some('o'), "output"),
+        (None, "format"),
+    ] {
+        let (man_entry, zsh_spec, fish_spec) = match short {
+            Some(s) => (
+                format!("\\fB-{s}\\fR, \\fB--{long}\\fR"),
+                format!("-{s}"),
+                format!("-s {s} -l {long} "),
+            ),
+            None => (
+                format!("\\fB--{long}\\fR"),
+                format!("--{long}"),
+                format!("-l {long} "),
+            ),
+        };
+        assert!(man.contains(&man_entry), "man page lacks {man_entry}");
+        assert!(
+            ["+[", "[", "=["]
+                .iter()
+                .any(|end| zsh.contains(&format!("{zsh_spec}{end}"))),
+            "zsh completions lack {zsh_spec}"
+        );
+        assert!(
+            fish.contains(&fish_spec),
+            "fish completions lack {fish_spec}"
+        );
+        for flag in short
+            .map(|s| format!("-{s}"))
+            .into_iter()
+            .chain([format!("--{long}")])
+        {
+            assert!(
+                bash_words.contains(&flag.as_str()),
+                "bash completions lack {flag}"
+            );
+        }
+    }
+}
+
+/// The man page and completions come from the CLI definition (`generate-docs`), and
+/// `cargo xtask setup` has put them beside the binary (target/release/man, completions).
+#[test]
+fn man_page_and_completions_name_the_main_flags() {
+    let dir = temp_dir("docs");
+    let out = run(&["generate-docs", &dir.to_string_lossy()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_docs_name_the_main_flags(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    let installed = cpi_bpf().parent().expect("the binary's folder");
+    if installed.join("man/cpi-bpf.1").exists() {
+        assert_docs_name_the_main_flags(installed);
+    } else {
+        let msg = format!(
+            "no man page in {}: `cargo xtask setup` (or `cargo xtask docs`) writes it",
+            installed.display()
+        );
+        assert!(std::env::var_os("CI").is_none(), "{msg}");
+        eprintln!("skipped: {msg}");
+    }
+}
+
+/// Every flag README's Usage block shows for a command is one that command's `--help`
+/// lists, so the two cannot drift apart.
+#[test]
+fn every_flag_in_readme_usage_is_in_help() {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
+        .expect("README.md");
+    let usage = readme
+        .split_once("\n## Usage\n")
+        .and_then(|(_, rest)| rest.split_once("```\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .map(|(block, _)| block)
+        .expect("README has a ## Usage section with a code block");
+    // A line starting `cpi-bpf SUB` opens SUB's synopsis; the indented lines continue it.
+    let mut flags: Vec<(String, String)> = Vec::new();
+    let mut sub = String::new();
+    for line in usage.lines() {
+        if let Some(rest) = line.strip_prefix("cpi-bpf") {
+            sub = rest
+                .split_whitespace()
+                .next()
+                .filter(|w| w.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+                .unwrap_or("")
+                .to_string();
+        }
+        for word in line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-')) {
+            let name = word.trim_start_matches('-');
+            let dashes = word.len() - name.len();
+            let is_flag = match dashes {
+                1 => name.len() == 1,
+                2 => name.len() > 1,
+                _ => false,
+            };
+            if is_flag && name.starts_with(|c: char| c.is_ascii_alphabetic()) {
+                flags.push((sub.clone(), word.to_string()));
+            }
+        }
+    }
+    assert!(
+        flags.len() > 40 && flags.iter().any(|(s, f)| s.is_empty() && f == "-p"),
+        "parsed too little of README's Usage: {flags:?}"
+    );
+    let mut help = std::collections::HashMap::new();
+    for (sub, flag) in &flags {
+        let text = help.entry(sub.clone()).or_insert_with(|| {
+            let args: Vec<&str> = [sub.as_str(), "--help"]
+                .into_iter()
+                .filter(|a| !a.is_empty())
+                .collect();
+            String::from_utf8_lossy(&run(&args).stdout).into_owned()
+        });
+        // `--help` lists each as `-p, --pid <PID>` or `--format <FORMAT>`.
+        let listed = text
+            .lines()
+            .any(|l| l.trim_start().split([',', ' ']).any(|w| w == flag.as_str()));
+        assert!(
+            listed,
+            "README's Usage shows `cpi-bpf {sub} … {flag}`; its --help does not list {flag}"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! `cpi-bpf`: the thin CLI over the `cpi_user` library.
 
 mod agent;
+mod docs;
 mod doctor;
 mod import_perf;
 mod output;
@@ -9,7 +10,7 @@ mod record;
 mod report;
 mod simulate;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// Accurate fine-grained CPI (cycles per instruction) and edge profiles from sampled
 /// branch records, collected with eBPF.
@@ -44,6 +45,12 @@ enum Command {
     ImportPerf(import_perf::Args),
 }
 
+/// What the command line asks for: a profile (`Cli`) or the hidden `generate-docs`.
+enum Invocation {
+    Run(Box<Cli>),
+    Docs(docs::Args),
+}
+
 use cpi_user::fsafe::escape;
 
 fn main() {
@@ -61,8 +68,18 @@ fn main() {
             writeln!(buf, "cpi-bpf: {tag}{}", escape(&msg))
         })
         .init();
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
+    // `generate-docs` is added here, not in `Cli`, so that the pages and completions it
+    // writes from `Cli` do not offer it.
+    let parsed = Cli::command()
+        .subcommand(docs::command())
+        .try_get_matches()
+        .and_then(|m| match m.subcommand() {
+            Some((docs::NAME, sub)) => docs::Args::from_arg_matches(sub).map(Invocation::Docs),
+            _ => Cli::from_arg_matches(&m).map(|c| Invocation::Run(Box::new(c))),
+        });
+    let cli = match parsed {
+        Ok(Invocation::Run(cli)) => *cli,
+        Ok(Invocation::Docs(a)) => exit_with(docs::run(a, Cli::command())),
         // Help and version go out as clap writes them; a bad argument is one line.
         Err(e) if !e.use_stderr() => e.exit(),
         Err(e) => {
@@ -78,6 +95,10 @@ fn main() {
         Some(Command::Report(a)) => report::run(a),
         Some(Command::ImportPerf(a)) => import_perf::run(a),
     };
+    exit_with(result)
+}
+
+fn exit_with(result: anyhow::Result<i32>) -> ! {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
