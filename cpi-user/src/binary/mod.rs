@@ -31,7 +31,7 @@
 //! cpi-user/src/fsafe/mod.rs (never blocking, regular files only).
 
 pub mod cfg;
-mod ehframe;
+pub mod ehframe;
 pub mod lines;
 pub mod symbolize;
 

@@ -389,10 +389,28 @@ fn from_value(value: serde_json::Value, origin: &str) -> Result<Profile, Profile
             detail: "format_version 0 was never written".into(),
         });
     }
-    serde_json::from_value(value).map_err(|e| ProfileFileError::Corrupt {
-        origin,
+    let p: Profile = serde_json::from_value(value).map_err(|e| ProfileFileError::Corrupt {
+        origin: origin.clone(),
         detail: e.to_string(),
-    })
+    })?;
+    // Merging cuts blocks at their bounds (cpi-user/src/profile/merge.rs): a block that
+    // ends before it starts is a corrupt file, found by fuzzing (tests/tests/it/fuzz.rs).
+    let reversed = p
+        .processes
+        .iter()
+        .flat_map(|x| &x.functions)
+        .flat_map(|f| f.blocks.iter().map(move |b| (f, b)))
+        .find(|(_, b)| b.end < b.start);
+    if let Some((f, b)) = reversed {
+        return Err(ProfileFileError::Corrupt {
+            origin,
+            detail: format!(
+                "a block of {} ends at {:#x}, before its start {:#x}",
+                f.name, b.end, b.start
+            ),
+        });
+    }
+    Ok(p)
 }
 
 impl Profile {

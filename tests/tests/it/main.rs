@@ -9,6 +9,7 @@ mod cli;
 mod collect;
 mod collect_reliability;
 mod collect_ring;
+mod fuzz;
 mod hostile;
 mod import_perf_data;
 mod import_real;

@@ -1,0 +1,455 @@
+//! Fuzz targets for every reader of foreign bytes (issue 20 item 7): ELF, `.eh_frame`,
+//! perf.data, `perf script` text, the profile JSON, stored agent windows and the agent
+//! config. Inputs are real files the other tests use, edited by proptest strategies
+//! (bit flips, boundary integers, inserts, removals, truncation, splices) drawn from a
+//! deterministic RNG, for a bounded time per target (`CPI_FUZZ_SECS`, default 10).
+//! Each input must return (no panic) within [`PER_INPUT`] and allocate at most
+//! [`MAX_LIVE`] live bytes. A failing input is written to `target/fuzz-<target>.bin`;
+//! once fixed it belongs in `tests/data/fuzz/<target>/`, which is replayed first.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::io::{Cursor, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use cpi_tests::{temp_dir, workspace_root};
+use cpi_user::agent::config::AgentOptions;
+use cpi_user::agent::store::{read_range, RangeQuery};
+use cpi_user::binary::{ehframe::fde_ranges, Binary};
+use cpi_user::import::{perf_data, perf_script};
+use cpi_user::report::file;
+use object::{Object, ObjectSection};
+use proptest::prelude::*;
+use proptest::sample::Index;
+use proptest::strategy::ValueTree;
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+/// A reader that has not returned after this long on one input is taken as hung
+/// (generous: the machine may be busy with other tests).
+const PER_INPUT: Duration = Duration::from_secs(20);
+/// Live heap bytes one input may hold at its peak.
+const MAX_LIVE: usize = 512 << 20;
+
+thread_local! {
+    /// Counting is on for the fuzz worker thread only: (on, live, peak).
+    static HEAP: (Cell<bool>, Cell<usize>, Cell<usize>) =
+        const { (Cell::new(false), Cell::new(0), Cell::new(0)) };
+}
+
+/// The system allocator, counting the live bytes of the thread being fuzzed.
+struct Counting;
+
+// SAFETY: delegates every call to `System`; the counters are thread-local cells that
+// never allocate.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        track(l.size() as isize);
+        unsafe { System.alloc(l) }
+    }
+    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        track(l.size() as isize);
+        unsafe { System.alloc_zeroed(l) }
+    }
+    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+        track(-(l.size() as isize));
+        unsafe { System.dealloc(p, l) }
+    }
+    unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
+        track(new as isize - l.size() as isize);
+        unsafe { System.realloc(p, l, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn track(delta: isize) {
+    // `try_with`: the allocator runs during thread teardown too.
+    let _ = HEAP.try_with(|(on, live, peak)| {
+        if on.get() {
+            let now = live.get().saturating_add_signed(delta);
+            live.set(now);
+            peak.set(peak.get().max(now));
+        }
+    });
+}
+
+/// Runs `f` with this thread's allocations counted; returns the peak live bytes.
+fn peak_heap(f: impl FnOnce()) -> usize {
+    HEAP.with(|(on, live, peak)| {
+        live.set(0);
+        peak.set(0);
+        on.set(true);
+    });
+    f();
+    HEAP.with(|(on, _, peak)| {
+        on.set(false);
+        peak.get()
+    })
+}
+
+/// A position: anywhere, or within the first 512 bytes where headers live.
+#[derive(Clone, Debug)]
+struct Pos {
+    head: bool,
+    at: Index,
+}
+
+impl Pos {
+    fn of(&self, len: usize) -> usize {
+        let span = if self.head { len.min(512) } else { len };
+        if span == 0 {
+            0
+        } else {
+            self.at.index(span)
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Edit {
+    Flip(Pos, u8),
+    Byte(Pos, u8),
+    /// A boundary integer written little-endian, `width` bytes.
+    Word(Pos, u64, usize),
+    Insert(Pos, Vec<u8>),
+    Remove(Pos, usize),
+    Truncate(Pos),
+    /// Copies `len` bytes from one position over another.
+    Splice(Pos, Pos, usize),
+}
+
+fn pos() -> impl Strategy<Value = Pos> {
+    (any::<bool>(), any::<Index>()).prop_map(|(head, at)| Pos { head, at })
+}
+
+fn edit() -> impl Strategy<Value = Edit> {
+    let word = prop_oneof![
+        Just(0u64),
+        Just(1),
+        Just(0x7f),
+        Just(0x80),
+        Just(0xff),
+        Just(0xffff),
+        Just(0x7fff_ffff),
+        Just(0xffff_ffff),
+        Just(u64::MAX),
+        Just(1 << 63),
+        any::<u64>(),
+    ];
+    prop_oneof![
+        (pos(), 0u8..8).prop_map(|(p, b)| Edit::Flip(p, b)),
+        (pos(), any::<u8>()).prop_map(|(p, b)| Edit::Byte(p, b)),
+        (pos(), word, prop_oneof![Just(2usize), Just(4), Just(8)])
+            .prop_map(|(p, v, w)| Edit::Word(p, v, w)),
+        (pos(), prop::collection::vec(any::<u8>(), 1..16)).prop_map(|(p, b)| Edit::Insert(p, b)),
+        (pos(), 1usize..64).prop_map(|(p, n)| Edit::Remove(p, n)),
+        pos().prop_map(Edit::Truncate),
+        (pos(), pos(), 1usize..256).prop_map(|(a, b, n)| Edit::Splice(a, b, n)),
+    ]
+}
+
+fn apply(mut b: Vec<u8>, edits: &[Edit]) -> Vec<u8> {
+    for e in edits {
+        let len = b.len();
+        match e {
+            Edit::Flip(p, bit) if len > 0 => b[p.of(len)] ^= 1 << bit,
+            Edit::Byte(p, v) if len > 0 => b[p.of(len)] = *v,
+            Edit::Word(p, v, w) => {
+                let i = p.of(len);
+                let end = (i + w).min(len);
+                b[i..end].copy_from_slice(&v.to_le_bytes()[..end - i]);
+            }
+            Edit::Insert(p, v) => {
+                let i = p.of(len);
+                b.splice(i..i, v.iter().copied());
+            }
+            Edit::Remove(p, n) => {
+                let i = p.of(len);
+                b.drain(i..(i + n).min(len));
+            }
+            Edit::Truncate(p) => b.truncate(p.of(len)),
+            Edit::Splice(from, to, n) => {
+                let (f, t) = (from.of(len), to.of(len));
+                let n = (*n).min(len - f).min(len - t);
+                b.copy_within(f..f + n, t);
+            }
+            _ => {}
+        }
+    }
+    b
+}
+
+fn budget() -> Duration {
+    let secs = std::env::var("CPI_FUZZ_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10.0);
+    Duration::from_secs_f64(secs)
+}
+
+/// What the worker reports per input, so the watchdog can name a hung one.
+enum Progress {
+    Start(Vec<u8>),
+    Done,
+    Finished(u64),
+}
+
+fn keep(name: &str, input: &[u8]) -> PathBuf {
+    let path = workspace_root().join(format!("target/fuzz-{name}.bin"));
+    std::fs::write(&path, input).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    path
+}
+
+/// Runs `target` on the committed regressions, the seeds, then edited seeds until the
+/// budget is spent; panics on the first input that panics, hangs or holds too much heap.
+/// Returns the executions.
+fn fuzz(name: &'static str, seeds: Vec<Vec<u8>>, target: fn(&[u8])) -> u64 {
+    assert!(!seeds.is_empty(), "{name}: no seeds");
+    let regressions: Vec<Vec<u8>> =
+        std::fs::read_dir(workspace_root().join("tests/data/fuzz").join(name))
+            .into_iter()
+            .flatten()
+            .map(|e| std::fs::read(e.expect("list regressions").path()).expect("read regression"))
+            .collect();
+    let (tx, rx) = mpsc::channel();
+    let deadline = Instant::now() + budget();
+    let worker = std::thread::spawn(move || {
+        let run = |input: Vec<u8>| {
+            tx.send(Progress::Start(input.clone()))
+                .expect("watchdog gone");
+            let mut panicked = None;
+            let peak = peak_heap(|| {
+                let r = std::panic::catch_unwind(|| target(&input));
+                panicked = r.err();
+            });
+            if panicked.is_some() {
+                panic!(
+                    "{name}: the reader panicked; input kept as {}",
+                    keep(name, &input).display()
+                );
+            }
+            assert!(
+                peak <= MAX_LIVE,
+                "{name}: {peak} live heap bytes for one input; input kept as {}",
+                keep(name, &input).display()
+            );
+            tx.send(Progress::Done).expect("watchdog gone");
+        };
+        let mut n = 0u64;
+        for input in regressions.iter().chain(&seeds) {
+            run(input.clone());
+            n += 1;
+        }
+        let mut runner = TestRunner::new_with_rng(
+            Config::default(),
+            TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+        );
+        let strategy = (0..seeds.len(), prop::collection::vec(edit(), 1..8));
+        while Instant::now() < deadline {
+            let (s, edits) = strategy.new_tree(&mut runner).expect("strategy").current();
+            run(apply(seeds[s].clone(), &edits));
+            n += 1;
+        }
+        tx.send(Progress::Finished(n)).expect("watchdog gone");
+    });
+    let mut current = Vec::new();
+    loop {
+        match rx.recv_timeout(PER_INPUT) {
+            Ok(Progress::Start(input)) => current = input,
+            Ok(Progress::Done) => {}
+            Ok(Progress::Finished(n)) => {
+                worker.join().expect("fuzz worker");
+                println!("fuzz {name}: {n} executions, nothing found");
+                return n;
+            }
+            // The worker panicked: its message says which input and why.
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                std::panic::resume_unwind(worker.join().expect_err("worker ended early"))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!(
+                "{name}: one input ran over {PER_INPUT:?}; input kept as {}",
+                keep(name, &current).display()
+            ),
+        }
+    }
+}
+
+fn read(path: impl AsRef<Path>) -> Vec<u8> {
+    let path = path.as_ref();
+    std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn data(rel: &str) -> Vec<u8> {
+    read(workspace_root().join(rel))
+}
+
+/// ELF binaries of different shapes: the Debian gzip (PIE, stripped), an autofdo test
+/// program (with symbols), a propeller sample.
+fn elf_seeds() -> Vec<Vec<u8>> {
+    vec![
+        read("/usr/bin/gzip"),
+        data("tests/data/autofdo/hierarchical_discriminator_test.x86_64"),
+        data("tests/data/autofdo/propeller_sample_1.bin"),
+    ]
+}
+
+/// Executions a target must reach: more than the seeds, or it did not fuzz.
+fn ran(n: u64, seeds: usize) {
+    assert!(n > seeds as u64, "only {n} executions");
+}
+
+#[test]
+fn elf() {
+    let n = fuzz("elf", elf_seeds(), |b| {
+        let Ok(bin) = Binary::parse(Path::new("fuzz.elf"), b) else {
+            return;
+        };
+        // The instruction decoder and CFG read the (edited) code bytes too.
+        for f in bin.functions().take(64) {
+            let _ = bin.cfg(&f, &[]);
+        }
+    });
+    ran(n, 3);
+}
+
+#[test]
+fn eh_frame() {
+    // The section's contents at its address, where the pointer encodings are relative.
+    let seeds: Vec<Vec<u8>> = elf_seeds()
+        .iter()
+        .filter_map(|elf| {
+            let obj = object::File::parse(&**elf).expect("seed ELF");
+            let s = obj.section_by_name(".eh_frame")?;
+            let mut b = s.address().to_le_bytes().to_vec();
+            b.extend_from_slice(s.data().ok()?);
+            Some(b)
+        })
+        .collect();
+    let n = fuzz("eh_frame", seeds, |b| {
+        let (addr, data) = b.split_at(8.min(b.len()));
+        let mut a = [0u8; 8];
+        a[..addr.len()].copy_from_slice(addr);
+        let _ = fde_ranges(data, u64::from_le_bytes(a));
+    });
+    ran(n, 3);
+}
+
+#[test]
+fn perf_data() {
+    // The propeller recording is 3 MB: its first 256 KiB (header, attrs, the first
+    // records; the rest reads as truncated) keeps each execution short.
+    let mut big = data("tests/data/autofdo/propeller_sample_1.perfdata1");
+    big.truncate(256 << 10);
+    let seeds = vec![
+        data("tests/data/autofdo/hierarchical_discriminator_test.x86_64.perf.data"),
+        big,
+    ];
+    let n = fuzz("perf_data", seeds, |b| {
+        let mut samples = 0u64;
+        let _ = perf_data::read(&mut Cursor::new(b), |_, _| samples += 1);
+    });
+    ran(n, 2);
+}
+
+/// `perf script -F pid,tid,ip,sym,dso,brstack` lines in the shapes perf has printed
+/// (tests/tests/it/report_import.rs writes the same variants), with an mmap event line.
+const PERF_SCRIPT: &str = "\
+# perf script -F pid,tid,ip,sym,dso,brstack
+PERF_RECORD_MMAP2 4242/4242: [0x401000(0x2000) @ 0x1000 08:01 1234 0]: r-xp /bin/prog
+   4242/4242            401234 f (/bin/prog) 0x401200/0x401100/P/-/-/7 0x401180/0x401010/M/-/-/12
+bench    4242/4243            401234 f (/bin/prog) 0x401200(/bin/prog)/0x401100(/bin/prog)/P/-/-/7/COND
+   4242/4242            401234 f (/bin/prog) 0x401200(/bin/prog+0x200)/0x401100(/bin/prog+0x100)/P/-/-/3/COND/NON_SPEC_CORRECT_PATH
+";
+
+#[test]
+fn perf_script_text() {
+    let n = fuzz("perf_script", vec![PERF_SCRIPT.as_bytes().to_vec()], |b| {
+        let text = String::from_utf8_lossy(b);
+        for opts in [
+            perf_script::ImportOptions::default(),
+            perf_script::ImportOptions {
+                offsets: true,
+                period: 1000,
+                period_field: true,
+            },
+        ] {
+            let _ = perf_script::parse(&text, opts, &|_| None);
+        }
+    });
+    ran(n, 1);
+}
+
+fn golden_profiles() -> Vec<Vec<u8>> {
+    vec![
+        data("tests/golden/cpi_profile.json"),
+        data("tests/golden/time_profile.json"),
+    ]
+}
+
+#[test]
+fn profile_json() {
+    let n = fuzz("profile_json", golden_profiles(), |b| {
+        // What is accepted can be written back and read again.
+        if let Ok(p) = file::parse(b, "fuzz") {
+            let json = file::to_json(&p).expect("an accepted profile writes");
+            file::parse(json.as_bytes(), "fuzz").expect("a written profile reads");
+        }
+    });
+    ran(n, 2);
+}
+
+fn gzip(b: &[u8]) -> Vec<u8> {
+    let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    z.write_all(b).expect("gzip");
+    z.finish().expect("gzip")
+}
+
+#[test]
+fn store_window() {
+    // Both forms: compressed windows (edits hit the gzip layer) and JSON the target
+    // compresses (edits reach the profile reader behind it).
+    let mut seeds = golden_profiles();
+    seeds.extend(golden_profiles().iter().map(|p| gzip(p)));
+    let n = fuzz("store_window", seeds, |b| {
+        thread_local!(static DIR: PathBuf = temp_dir("fuzz-store"));
+        DIR.with(|dir| {
+            let body = if b.starts_with(&[0x1f, 0x8b]) {
+                b.to_vec()
+            } else {
+                gzip(b)
+            };
+            std::fs::write(dir.join("w-1000-2000.json.gz"), body).expect("write window");
+            // A window that cannot be read is skipped and named, never fatal.
+            if let Ok(r) = read_range(dir, &RangeQuery::default()) {
+                assert_eq!(r.windows + r.skipped.len(), 1);
+            }
+        })
+    });
+    ran(n, 4);
+}
+
+#[test]
+fn agent_config() {
+    let n = fuzz("agent_config", vec![data("dist/agent.toml")], |b| {
+        thread_local!(static PATH: PathBuf = temp_dir("fuzz-config").join("agent.toml"));
+        PATH.with(|path| {
+            std::fs::write(path, b).expect("write config");
+            if let Ok(o) = AgentOptions::from_file(path) {
+                let _ = o.resolve();
+            }
+        })
+    });
+    ran(n, 1);
+}
+
+/// The first finding (a stored window whose block ends before its start panicked the
+/// merge in `read_range`): the reader now says why it refuses the file.
+#[test]
+fn a_block_ending_before_its_start_is_corrupt() {
+    let b = data("tests/data/fuzz/store_window/block-ends-before-start.json");
+    let e = file::parse(&b, "w").expect_err("a reversed block is refused");
+    assert!(e.to_string().contains("before its start 0x"), "{e}");
+}
