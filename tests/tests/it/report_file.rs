@@ -5,7 +5,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::Command;
 
 use crate::report_fixture::{cpi_profile, golden, scratch, time_profile};
-use cpi_tests::cpi_bpf;
+use cpi_tests::{cpi_bpf, output_ok};
 use cpi_user::profile::model::Profile;
 use cpi_user::report::file::{parse, read, to_json, write_json, write_output, ProfileFileError};
 use cpi_user::report::table::{render, TableOptions};
@@ -220,15 +220,10 @@ fn report_reads_a_single_gzipped_agent_window() {
     gz.write_all(to_json(&p).unwrap().as_bytes()).unwrap();
     std::fs::write(&file, gz.finish().unwrap()).unwrap();
     assert_eq!(read(&file).unwrap(), p);
-    let out = Command::new(cpi_bpf())
-        .args(["report", "--format", "json"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = output_ok(
+        Command::new(cpi_bpf())
+            .args(["report", "--format", "json"])
+            .arg(&file),
     );
     assert_eq!(parse(&out.stdout, "stdout").unwrap(), p);
 }
