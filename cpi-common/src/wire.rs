@@ -5,7 +5,7 @@
 #![warn(missing_docs)]
 
 /// Bumped on any layout change of the records below.
-pub const WIRE_VERSION: u16 = 1;
+pub const WIRE_VERSION: u16 = 2;
 
 /// Most branch entries one sample carries: Intel arch LBR / Skylake+ depth.
 pub const MAX_BRANCH_ENTRIES: usize = 32;
@@ -111,6 +111,45 @@ impl EventRole {
 /// The sampled IP was in kernel mode.
 pub const FLAG_KERNEL: u16 = 1 << 0;
 
+/// The fixed record is followed by a call stack: a [`StackHeader`], then
+/// `kernel_nr` kernel frames (`u64`, leaf first), `user_nr` user frames (`u64`, leaf
+/// first) and `stack_len` bytes of the user stack copied from `user_sp` upwards, for
+/// unwinding in user space. Records with this flag are longer than their fixed size.
+pub const FLAG_STACK: u16 = 1 << 1;
+
+/// Most kernel frames a record carries.
+pub const MAX_KERNEL_FRAMES: usize = 64;
+
+/// Most user frames a record carries (frames already unwound by the writer: the PMU
+/// model's exact stacks; unwinding from copied stack bytes stops at the same depth).
+pub const MAX_USER_FRAMES: usize = 128;
+
+/// Most bytes of user stack a record carries.
+pub const MAX_STACK_BYTES: usize = 8192;
+
+/// The call-stack section of a record flagged [`FLAG_STACK`].
+///
+/// Kernel frames are what the kernel's own unwinder reports (entry 0 the interrupted
+/// kernel IP). User frames, when the writer unwound them, start with the interrupted user
+/// IP; the rest are return addresses. A writer that copies the stack instead sets
+/// `user_nr = 0`, `stack_len` > 0 and the user registers the unwinding starts from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackHeader {
+    /// Kernel frames that follow.
+    pub kernel_nr: u16,
+    /// User frames that follow the kernel frames.
+    pub user_nr: u16,
+    /// Bytes of user stack that follow the frames.
+    pub stack_len: u32,
+    /// User-mode instruction pointer at the sample (0 when unknown).
+    pub user_ip: u64,
+    /// User-mode stack pointer: the address of the first copied stack byte.
+    pub user_sp: u64,
+    /// User-mode frame pointer (`rbp`).
+    pub user_bp: u64,
+}
+
 /// Common header of every record.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -211,6 +250,7 @@ mod pod {
     unsafe impl aya::Pod for super::BranchEntry {}
     unsafe impl aya::Pod for super::SampleHeader {}
     unsafe impl aya::Pod for super::IpSample {}
+    unsafe impl aya::Pod for super::StackHeader {}
 }
 
 #[cfg(test)]
@@ -229,6 +269,7 @@ mod tests {
         assert_eq!(size_of::<SampleHeader>(), 48);
         assert_eq!(offset_of!(BranchSample, entries), 48);
         assert_eq!(size_of::<BranchSample>(), 48 + 24 * MAX_BRANCH_ENTRIES);
+        assert_eq!(size_of::<StackHeader>(), 32);
     }
 
     #[test]

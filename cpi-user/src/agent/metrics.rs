@@ -796,6 +796,7 @@ pub(crate) mod tests {
                     cpi: None,
                     functions: Vec::new(),
                     calls: Vec::new(),
+                    stacks: Vec::new(),
                 })
                 .collect(),
             accuracy: None,

@@ -422,6 +422,7 @@ mod tests {
                 cpi: None,
                 functions: vec![],
                 calls: vec![],
+                stacks: vec![],
             }],
             accuracy: None,
         }

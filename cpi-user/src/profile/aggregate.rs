@@ -16,6 +16,7 @@ use std::sync::Arc;
 use cpi_common::wire::{BranchSample, EventRole, IpSample, FLAG_KERNEL};
 
 use super::error::{group_of, Groups};
+use super::stack::{CallStack, StackAggregate};
 use crate::procmap::ProcessMaps;
 
 /// How each branch stack's ranges are weighted.
@@ -225,6 +226,8 @@ pub struct ProcessSamples {
     pub branches: BranchAggregate,
     /// The IP samples, per event role.
     pub ips: BTreeMap<EventRole, IpAggregate>,
+    /// Call stacks of the samples that carried one.
+    pub stacks: StackAggregate,
 }
 
 /// All processes of a run.
@@ -258,21 +261,42 @@ impl SampleSet {
 
     /// Adds a branch sample to its process ([`BranchAggregate::add`]).
     pub fn add_branch(&mut self, s: &BranchSample) {
+        self.add_branch_with_stack(s, None);
+    }
+
+    /// Adds a branch sample and, when it carried one, its call stack.
+    pub fn add_branch_with_stack(&mut self, s: &BranchSample, stack: Option<&CallStack>) {
         let (window, weighting) = (self.window, self.weighting);
-        self.process(s.header.tgid)
-            .branches
-            .add(s, window, weighting);
+        let p = self.process(s.header.tgid);
+        p.branches.add(s, window, weighting);
+        match stack {
+            Some(stack) => p.stacks.add_branch(stack),
+            None => p.stacks.unstacked += 1,
+        }
     }
 
     /// Adds an IP sample under its event role; records with an unknown role are
     /// returned as an error so the caller counts them as malformed.
     pub fn add_ip(&mut self, s: &IpSample) -> Result<(), u32> {
+        self.add_ip_with_stack(s, None)
+    }
+
+    /// Adds an IP sample ([`Self::add_ip`]) and, when it carried one, its call stack.
+    pub fn add_ip_with_stack(
+        &mut self,
+        s: &IpSample,
+        stack: Option<&CallStack>,
+    ) -> Result<(), u32> {
         let role = EventRole::from_u32(s.header.event).ok_or(s.header.event)?;
-        self.process(s.header.tgid)
-            .ips
+        let p = self.process(s.header.tgid);
+        p.ips
             .entry(role)
             .or_default()
             .add(s, role != EventRole::CpuClock);
+        match stack {
+            Some(stack) => p.stacks.add_ip(stack, role, s.header.period),
+            None => p.stacks.unstacked += 1,
+        }
         Ok(())
     }
 }

@@ -521,6 +521,7 @@ impl Ctx<'_> {
             cpi,
             functions,
             calls,
+            stacks: Vec::new(),
         }
     }
 

@@ -287,6 +287,7 @@ impl Merger {
                 base: ProcessProfile {
                     functions: Vec::new(),
                     calls: Vec::new(),
+                    stacks: Vec::new(),
                     ..p.clone()
                 },
                 samples: 0,
@@ -778,6 +779,7 @@ mod tests {
                 cpi: est(4.0, 40),
                 functions: vec![f, cold],
                 calls: vec![],
+                stacks: vec![],
             }],
             accuracy: None,
         }

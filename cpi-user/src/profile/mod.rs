@@ -8,7 +8,9 @@ pub mod events;
 pub mod flow;
 pub mod merge;
 pub mod model;
+pub mod stack;
 
 pub use aggregate::{BranchAggregate, IpAggregate, ProcessSamples, SampleSet, StackWeighting};
 pub use analyze::{analyze, AnalysisOptions};
 pub use model::{Mode, Profile, RunInfo};
+pub use stack::{CallStack, StackAggregate, StackEnd};

@@ -9,6 +9,8 @@ use cpi_common::policy::Perturbation;
 use cpi_common::wire::EventRole;
 use serde::{Deserialize, Serialize};
 
+use super::stack::StackEnd;
+
 pub use crate::binary::cfg::EdgeKind;
 pub use crate::binary::SourceLine;
 
@@ -429,6 +431,45 @@ pub struct ProcessProfile {
     /// records that are calls, scaled like ranges; most frequent first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub calls: Vec<CallEdge>,
+    /// Call paths, hottest first (empty when no sample carried a stack, and in files
+    /// written before stacks).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stacks: Vec<StackProfile>,
+}
+
+/// One call path of one process and what ran under it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct StackProfile {
+    /// Frames, leaf first: kernel frames (when kernel samples are included), then user
+    /// frames.
+    pub frames: Vec<StackFrame>,
+    /// How unwinding ended (cpi-user/src/profile/stack.rs).
+    pub end: StackEnd,
+    /// IP samples (cycles or cpu-clock) under the path.
+    pub samples: u64,
+    /// Branch samples under the path.
+    #[serde(default)]
+    pub branch_samples: u64,
+    /// cpu-clock time, ns (time profile).
+    pub time_ns: Option<f64>,
+    /// Cycles under the path.
+    pub cycles: Option<f64>,
+    /// Instructions that ran in the leaf frame's function under the path.
+    pub instructions: Option<f64>,
+    /// Cycles per instruction of the path's leaf function under this path.
+    pub cpi: Option<Estimate>,
+}
+
+/// One frame of a [`StackProfile`].
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct StackFrame {
+    /// Function name (`[kernel]`, `[anon]`, `func_<addr>` when the binary names none).
+    pub function: String,
+    /// Path of the binary (a key into `Profile::binaries`); empty when unknown.
+    pub binary: String,
+    /// The frame's address in the binary's own address space (for callers, the
+    /// return address).
+    pub address: u64,
 }
 
 /// One caller → callee pair of the calls-only call graph.

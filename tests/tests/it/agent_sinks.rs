@@ -258,6 +258,7 @@ fn window(procs: &[(u32, &str)], start: SystemTime) -> Window {
                         function("cold_function", 0x2000, 2e8, 2e8),
                     ],
                     calls: Vec::new(),
+                    stacks: Vec::new(),
                 })
                 .collect(),
             accuracy: None,

@@ -215,6 +215,7 @@ fn hand_profile(exe: &Path) -> Profile {
             cpi: None,
             functions,
             calls: Vec::new(),
+            stacks: Vec::new(),
         }],
     }
 }

@@ -277,6 +277,7 @@ pub fn cpi_profile() -> Profile {
             cpi: est(1.68, 39_862),
             functions: vec![hot, main, cold],
             calls: Vec::new(),
+            stacks: Vec::new(),
         }],
     }
 }
@@ -349,6 +350,7 @@ pub fn time_profile() -> Profile {
                 f("func_13a40", 0x13a40, 80, vec![]),
             ],
             calls: Vec::new(),
+            stacks: Vec::new(),
         }],
     }
 }
