@@ -27,7 +27,8 @@ use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use cpi_common::wire::{
-    BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES, WIRE_VERSION,
+    BranchSample, EventRole, IpSample, SampleHeader, SampleKind, FLAG_KERNEL, MAX_BRANCH_ENTRIES,
+    WIRE_VERSION,
 };
 
 use crate::procmap::{MappedObject, ProcessMaps};
@@ -181,9 +182,47 @@ pub struct Imported {
     pub notes: Vec<String>,
 }
 
-/// Imports `path` (`-` is standard input, text only): perf.data when it starts with
-/// `PERFILE2`, else `perf script` text.
+/// A recording read into samples, not yet analysed: [`Loaded::analyze`] makes the
+/// profile; the samples and their call stacks are here for callers that want them.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    /// The samples, per pid, with their mappings, names and call stacks.
+    pub set: SampleSet,
+    /// What the numbers mean (the mode line) and the events.
+    pub run: RunInfo,
+    /// What the user should know about the input, one sentence each.
+    pub notes: Vec<String>,
+    /// The recording supports CPI (else the profile drops it).
+    cpi: bool,
+    /// No cycles or time: shares are of instructions.
+    by_instructions: bool,
+}
+
+impl Loaded {
+    /// Analyses the samples ([`analyze()`]) into the profile `import-perf` shows.
+    pub fn analyze(self, opts: &AnalysisOptions) -> Imported {
+        let mut profile = analyze(&self.set, self.run, opts);
+        if !self.cpi {
+            profile.without_cpi();
+        }
+        if self.by_instructions {
+            shares_of_instructions(&mut profile);
+        }
+        Imported {
+            profile,
+            notes: self.notes,
+        }
+    }
+}
+
+/// Imports `path` ([`load_path`], then [`Loaded::analyze`]).
 pub fn import_path(path: &Path, opts: &ImportOptions) -> Result<Imported, ImportError> {
+    Ok(load_path(path, opts)?.analyze(&opts.analysis))
+}
+
+/// Reads `path` (`-` is standard input, text only) into samples: perf.data when it
+/// starts with `PERFILE2`, else `perf script` text.
+pub fn load_path(path: &Path, opts: &ImportOptions) -> Result<Loaded, ImportError> {
     let what = path.display().to_string();
     let io = |source| ImportError::Io {
         what: what.clone(),
@@ -203,15 +242,15 @@ pub fn import_path(path: &Path, opts: &ImportOptions) -> Result<Imported, Import
             std::io::Cursor::new(magic[..n].to_vec()).chain(stdin),
             &what,
         )?;
-        return import_lines(rewind(&spool), &what, opts);
+        return load_lines(rewind(&spool), &what, opts);
     }
     let mut f = std::fs::File::open(path).map_err(io)?;
     let mut magic = [0u8; 8];
     let n = read_full(&mut f, &mut magic).map_err(io)?;
     if &magic[..n] == perf_data::MAGIC {
-        return import_perf_data(path, &what, opts);
+        return load_perf_data(path, &what, opts);
     }
-    import_lines(rewind(&f), &what, opts)
+    load_lines(rewind(&f), &what, opts)
 }
 
 /// Opens `f` again from its start (one pass of [`import_lines`]).
@@ -319,18 +358,31 @@ struct Pass {
     /// The same over the stacks used.
     timed_entries: u64,
     truncated_stacks: u64,
+    /// Samples used whose user stack was recorded as bytes (`--call-graph dwarf`),
+    /// which nothing here unwinds: added without a stack.
+    not_unwound: u64,
     records: perf_data::Records,
     header: perf_data::Header,
 }
 
-/// One pass over the file with range window `window` and stack weighting `weighting`;
-/// `branch` is the event whose stacks are used and `cycles` the event whose samples
-/// give cycles (when known).
+/// Which event's samples a pass feeds into the aggregate, and as what.
+#[derive(Clone, Copy, Debug, Default)]
+struct Roles {
+    /// The event whose branch stacks are used, and what it counts.
+    branch: Option<(usize, Estimator)>,
+    /// The event whose samples give cycles.
+    cycles: Option<usize>,
+    /// The clock event whose samples give time (a time profile).
+    clock: Option<usize>,
+}
+
+/// One pass over the file with range window `window` and stack weighting `weighting`,
+/// feeding the samples of `roles`' events (none in a first pass) with their call stacks.
 fn perf_data_pass(
     path: &Path,
     what: &str,
     (window, weighting): (usize, StackWeighting),
-    roles: Option<(usize, Option<usize>, Estimator)>,
+    roles: Roles,
 ) -> Result<Pass, ImportError> {
     let mut f = std::fs::File::open(path).map_err(|source| ImportError::Io {
         what: what.into(),
@@ -342,6 +394,7 @@ fn perf_data_pass(
     let mut period_sums: Vec<u64> = Vec::new();
     let mut timed_per_event: Vec<u64> = Vec::new();
     let (mut max_depth, mut timed_entries, mut truncated_stacks) = (0usize, 0u64, 0u64);
+    let mut not_unwound = 0u64;
     let (header, records) = perf_data::read(&mut f, |h, s| {
         if per_event.len() < h.events.len() {
             per_event.resize(h.events.len(), 0);
@@ -355,32 +408,48 @@ fn perf_data_pass(
         if !s.branches.is_empty() {
             max_depth = max_depth.max(s.branches.len());
         }
-        let Some((branch, cycles, est)) = roles else {
+        let branch = roles
+            .branch
+            .filter(|&(b, _)| b == s.event && !s.branches.is_empty());
+        let ip_role = if Some(s.event) == roles.cycles {
+            Some(EventRole::Cycles)
+        } else if Some(s.event) == roles.clock {
+            Some(EventRole::CpuClock)
+        } else {
+            None
+        };
+        if branch.is_none() && ip_role.is_none() {
             return;
+        }
+        // A dwarf recording's callchain holds only the kernel part; its user part is in
+        // stack bytes nothing here unwinds: such a sample counts without a stack.
+        let stack = if s.user_stack_bytes > 0 {
+            not_unwound += 1;
+            None
+        } else {
+            s.stack.as_ref()
         };
         let sh = SampleHeader {
+            version: WIRE_VERSION,
+            flags: if s.kernel { FLAG_KERNEL } else { 0 },
             tgid: s.pid,
             tid: s.tid,
             ip: s.ip,
             period: s.period,
             ..Default::default()
         };
-        if Some(s.event) == cycles {
+        if let Some(role) = ip_role {
             let ip = IpSample {
                 header: SampleHeader {
-                    version: WIRE_VERSION,
                     kind: SampleKind::Ip as u16,
-                    event: EventRole::Cycles as u32,
+                    event: role as u32,
                     ..sh
                 },
             };
-            set.process(s.pid)
-                .ips
-                .entry(EventRole::Cycles)
-                .or_default()
-                .add(&ip, true);
+            // Both roles are known ones: the aggregate refuses only unknown roles.
+            let _ = set.add_ip_with_stack(&ip, stack);
         }
-        if s.event == branch && !s.branches.is_empty() {
+        if let Some((_, est)) = branch {
             if s.branches.len() > MAX_BRANCH_ENTRIES {
                 truncated_stacks += 1;
             }
@@ -389,10 +458,10 @@ fn perf_data_pass(
                 Estimator::TakenBranches | Estimator::Cycles => s.period,
                 Estimator::Other => 1,
             };
-            set.add_branch(&BranchSample::new(
-                SampleHeader { period, ..sh },
-                &s.branches,
-            ));
+            set.add_branch_with_stack(
+                &BranchSample::new(SampleHeader { period, ..sh }, &s.branches),
+                stack,
+            );
         }
     })
     .map_err(|source| ImportError::PerfData {
@@ -410,23 +479,26 @@ fn perf_data_pass(
         timed_per_event,
         timed_entries,
         truncated_stacks,
+        not_unwound,
         records,
         header,
     })
 }
 
-/// Imports a perf.data file.
-pub fn import_perf_data(
-    path: &Path,
-    what: &str,
-    opts: &ImportOptions,
-) -> Result<Imported, ImportError> {
+/// Reads a perf.data file into samples: its branch stacks when it has them, else the
+/// samples of a clock event as a time profile.
+fn load_perf_data(path: &Path, what: &str, opts: &ImportOptions) -> Result<Loaded, ImportError> {
     let unusable = |why: String| ImportError::Unusable {
         what: what.into(),
         why,
     };
     // First pass: the events, how deep the stacks are.
-    let scan = perf_data_pass(path, what, (opts.window, StackWeighting::Window), None)?;
+    let scan = perf_data_pass(
+        path,
+        what,
+        (opts.window, StackWeighting::Window),
+        Roles::default(),
+    )?;
     let events = &scan.header.events;
     let with_stacks: Vec<usize> = (0..events.len())
         .filter(|&i| events[i].has_branch_stack())
@@ -439,6 +511,11 @@ pub fn import_perf_data(
             .join(", ")
     };
     if with_stacks.is_empty() || scan.max_depth == 0 {
+        if let Some(clock) =
+            (0..events.len()).find(|&i| events[i].is_clock() && scan.per_event[i] > 0)
+        {
+            return load_time_profile(path, what, opts, clock);
+        }
         return Err(ImportError::NoBranchStacks {
             what: what.into(),
             events: names(),
@@ -473,24 +550,15 @@ pub fn import_perf_data(
     let weighting = stack_weighting(opts.stack_weighting, est, scan.timed_per_event[branch] > 0)
         .map_err(unusable)?;
     let corrected = est == Estimator::Cycles && weighting == StackWeighting::CyclesSpanned;
-    let pass = perf_data_pass(path, what, (window, weighting), Some((branch, cycles, est)))?;
+    let roles = Roles {
+        branch: Some((branch, est)),
+        cycles,
+        clock: None,
+    };
+    let mut pass = perf_data_pass(path, what, (window, weighting), roles)?;
+    notes.extend(place(&mut pass, &opts.locator, what)?);
     let header = pass.header;
-    let mut set = pass.set;
-    let records = pass.records;
-    for (pid, mut maps) in records.maps.clone() {
-        if let Some(p) = set.processes.get_mut(&pid) {
-            maps.sort_by_key(|m| m.start);
-            p.maps = Some(ProcessMaps { mappings: maps });
-        }
-    }
-    for (pid, comm) in records.comms.clone() {
-        if let Some(p) = set.processes.get_mut(&pid) {
-            p.comm = comm;
-        }
-    }
-    let mut build_ids = header.build_ids.clone();
-    build_ids.extend(records.build_ids.clone());
-    notes.extend(relocate(&mut set, &opts.locator, &build_ids, what)?);
+    let set = pass.set;
     if pass.truncated_stacks > 0 {
         notes.push(format!(
             "{} branch stacks were deeper than {MAX_BRANCH_ENTRIES} entries; the newest were kept",
@@ -582,14 +650,103 @@ pub fn import_perf_data(
         lost: LossReport::default(),
     };
     notes.extend(untimed_note(&set));
-    let mut profile = analyze(&set, run, &opts.analysis);
-    if !(est == Estimator::TakenBranches || corrected) || cycles.is_none() {
-        profile.without_cpi();
+    Ok(Loaded {
+        set,
+        run,
+        notes,
+        cpi: (est == Estimator::TakenBranches || corrected) && cycles.is_some(),
+        by_instructions: cycles.is_none(),
+    })
+}
+
+/// Gives the pass's processes their recorded mappings and names, and points the
+/// mappings at the local binaries ([`relocate`]); returns the notes on both, and on
+/// stacks that were not unwound.
+fn place(pass: &mut Pass, locator: &Locator, what: &str) -> Result<Vec<String>, ImportError> {
+    let set = &mut pass.set;
+    for (pid, maps) in &pass.records.maps {
+        if let Some(p) = set.processes.get_mut(pid) {
+            let mut maps = maps.clone();
+            maps.sort_by_key(|m| m.start);
+            p.maps = Some(ProcessMaps { mappings: maps });
+        }
     }
-    if cycles.is_none() {
-        shares_of_instructions(&mut profile);
+    for (pid, comm) in &pass.records.comms {
+        if let Some(p) = set.processes.get_mut(pid) {
+            p.comm = comm.clone();
+        }
     }
-    Ok(Imported { profile, notes })
+    let mut build_ids = pass.header.build_ids.clone();
+    build_ids.extend(pass.records.build_ids.clone());
+    let mut notes = relocate(set, locator, &build_ids, what)?;
+    if pass.not_unwound > 0 {
+        notes.push(format!(
+            "{} samples carry their user stack as bytes (perf record --call-graph dwarf), \
+             which this import does not unwind: they count without a call stack \
+             (record with -g or --call-graph fp for stacks)",
+            pass.not_unwound
+        ));
+    }
+    Ok(notes)
+}
+
+/// A recording without branch stacks: the samples of `clock` (`cpu-clock`,
+/// `task-clock`; periods in ns) as a time profile, with their callchains.
+fn load_time_profile(
+    path: &Path,
+    what: &str,
+    opts: &ImportOptions,
+    clock: usize,
+) -> Result<Loaded, ImportError> {
+    let roles = Roles {
+        clock: Some(clock),
+        ..Roles::default()
+    };
+    let mut pass = perf_data_pass(path, what, (opts.window, StackWeighting::Window), roles)?;
+    let notes = place(&mut pass, &opts.locator, what)?;
+    let e = &pass.header.events[clock];
+    let n = pass.per_event[clock];
+    let (sampling, period) = if e.freq {
+        (
+            format!("freq {} Hz, each sample's own period", e.period_or_freq),
+            pass.period_sums[clock] / n.max(1),
+        )
+    } else {
+        (format!("period {} ns", e.period_or_freq), e.period_or_freq)
+    };
+    let stacks = if e.has_callchain() {
+        "with callchains"
+    } else {
+        "without callchains (perf record -g records them)"
+    };
+    let run = RunInfo {
+        mode: Mode::TimeProfile,
+        mode_reason: format!(
+            "imported from perf.data {what}: {} samples ({sampling}), {stacks}; no \
+             branch stacks: a time profile, no instructions, no CPI",
+            e.display_name()
+        ),
+        command: Vec::new(),
+        duration_secs: 0.0,
+        events: vec![EventInfo {
+            role: EventRole::CpuClock,
+            name: e.display_name(),
+            period,
+            jitter: 0,
+            thinning: 1,
+            unit: EventUnit::Ns,
+            samples: n,
+        }],
+        perturbation: Perturbation::None,
+        lost: LossReport::default(),
+    };
+    Ok(Loaded {
+        set: pass.set,
+        run,
+        notes,
+        cpi: false,
+        by_instructions: false,
+    })
 }
 
 /// How a raw core-PMU event was read ([`Estimator::of`]): on the recording's CPU, or
@@ -810,16 +967,22 @@ fn for_each_line(
 /// assert!(line.contains("no branch stacks found"), "{line}");
 /// ```
 pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Imported, ImportError> {
-    import_lines(|| Ok(text.as_bytes()), what, opts)
+    Ok(load_text(text, what, opts)?.analyze(&opts.analysis))
 }
 
-/// Imports `perf script` text in two passes over `open()`'s lines: the mappings,
-/// comms and what the stacks carry, then the samples straight into the aggregate.
-fn import_lines<R: BufRead>(
+/// Reads `perf script` text held in memory into samples ([`import_text`] without the
+/// analysis).
+pub fn load_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Loaded, ImportError> {
+    load_lines(|| Ok(text.as_bytes()), what, opts)
+}
+
+/// Reads `perf script` text in two passes over `open()`'s lines: the mappings, comms
+/// and what the stacks carry, then the samples straight into the aggregate.
+fn load_lines<R: BufRead>(
     mut open: impl FnMut() -> std::io::Result<R>,
     what: &str,
     opts: &ImportOptions,
-) -> Result<Imported, ImportError> {
+) -> Result<Loaded, ImportError> {
     let io = |source| ImportError::Io {
         what: what.into(),
         source,
@@ -947,14 +1110,13 @@ fn import_lines<R: BufRead>(
         lost: LossReport::default(),
     };
     notes.extend(untimed_note(&set));
-    let mut profile = analyze(&set, run, &opts.analysis);
-    if !corrected {
-        profile.without_cpi();
-    }
-    if est != Estimator::Cycles {
-        shares_of_instructions(&mut profile);
-    }
-    Ok(Imported { profile, notes })
+    Ok(Loaded {
+        set,
+        run,
+        notes,
+        cpi: corrected,
+        by_instructions: est != Estimator::Cycles,
+    })
 }
 
 fn text_notes(import: &PerfImport, samples: u64) -> Vec<String> {

@@ -10,6 +10,14 @@
 //! `HEADER_EVENT_DESC` (12, the event names) and `HEADER_PMU_MAPPINGS` (16: which PMU a
 //! dynamic event type is, e.g. hybrid Intel's `cpu_atom`).
 //!
+//! Samples follow the kernel's `perf_output_sample` order (kernel/events/core.c; the
+//! record layout in include/uapi/linux/perf_event.h): identifier, ip, tid, time, addr,
+//! id, stream id, cpu, period, read values, callchain, raw, branch stack (+ hw index,
+//! + per-entry counters), user regs, user stack bytes. The callchain becomes the
+//! sample's [`CallStack`] ([`callchain`]); `--call-graph dwarf` user stack bytes are
+//! measured and skipped (nothing here unwinds them, so those samples' user stacks are
+//! counted as not unwound, never guessed).
+//!
 //! The records are streamed ([`read`] calls a sink per sample), so memory does not
 //! grow with the file. Written by hand rather than with the `linux-perf-data` crate:
 //! its sample parser skips the branch stack without returning it, and its event types
@@ -21,6 +29,7 @@ use std::io::{Read, Seek, SeekFrom};
 use cpi_common::wire::BranchEntry;
 
 use crate::procmap::{MappedObject, Mapping};
+use crate::profile::stack::{CallStack, StackEnd};
 
 /// The file magic.
 pub const MAGIC: &[u8; 8] = b"PERFILE2";
@@ -28,6 +37,7 @@ pub const MAGIC: &[u8; 8] = b"PERFILE2";
 const HEADER_SIZE: u64 = 104;
 const PIPE_HEADER_SIZE: u64 = 16;
 
+const PERF_TYPE_SOFTWARE: u32 = 1;
 const PERF_TYPE_RAW: u32 = 4;
 
 const PERF_RECORD_MMAP: u32 = 1;
@@ -48,6 +58,8 @@ const SAMPLE_PERIOD: u64 = 1 << 8;
 const SAMPLE_STREAM_ID: u64 = 1 << 9;
 const SAMPLE_RAW: u64 = 1 << 10;
 const SAMPLE_BRANCH_STACK: u64 = 1 << 11;
+const SAMPLE_REGS_USER: u64 = 1 << 12;
+const SAMPLE_STACK_USER: u64 = 1 << 13;
 const SAMPLE_IDENTIFIER: u64 = 1 << 16;
 
 const FORMAT_TOTAL_TIME_ENABLED: u64 = 1 << 0;
@@ -57,12 +69,25 @@ const FORMAT_GROUP: u64 = 1 << 3;
 const FORMAT_LOST: u64 = 1 << 4;
 
 const BRANCH_HW_INDEX: u64 = 1 << 17;
+/// `PERF_SAMPLE_BRANCH_COUNTERS` (6.8+): a u64 of event counts per entry follows them.
+const BRANCH_COUNTERS: u64 = 1 << 19;
 const ATTR_FLAG_FREQ: u64 = 1 << 10;
 
+const MISC_CPUMODE_MASK: u16 = 7;
+const MISC_KERNEL: u16 = 1;
 const MISC_MMAP_DATA: u16 = 1 << 13;
 const MISC_COMM_EXEC: u16 = 1 << 13;
 const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
 const MISC_BUILD_ID_SIZE: u16 = 1 << 15;
+
+/// Callchain context markers (`enum perf_callchain_context`): the frames after one
+/// belong to that context.
+const CONTEXT_KERNEL: u64 = -128i64 as u64;
+const CONTEXT_USER: u64 = -512i64 as u64;
+/// Values at or above this are markers, not addresses.
+const CONTEXT_MAX: u64 = -4095i64 as u64;
+/// `kernel.perf_event_max_stack`'s default: the kernel's limit when the attr names none.
+pub const DEFAULT_MAX_STACK: u64 = 127;
 
 const FEAT_BUILD_ID: usize = 2;
 const FEAT_CPUID: usize = 9;
@@ -124,6 +149,11 @@ pub struct EventAttr {
     /// `PERF_SAMPLE_BRANCH_*` bits: what the branch stack recorded (and whether it has
     /// the `hw_idx` word).
     pub branch_sample_type: u64,
+    /// `sample_regs_user`: which user registers `PERF_SAMPLE_REGS_USER` records.
+    pub sample_regs_user: u64,
+    /// `sample_max_stack`: the callchain's frame limit (0: the recording machine's
+    /// `kernel.perf_event_max_stack`, [`DEFAULT_MAX_STACK`] unless changed).
+    pub sample_max_stack: u16,
     /// From `HEADER_EVENT_DESC` when the file has it (e.g. `cycles`, `cpu/r20c4/`).
     pub name: Option<String>,
     /// Sample ids that belong to this event.
@@ -134,6 +164,24 @@ impl EventAttr {
     /// The event's samples carry a branch stack (`perf record -b`/`-j`).
     pub fn has_branch_stack(&self) -> bool {
         self.sample_type & SAMPLE_BRANCH_STACK != 0
+    }
+
+    /// The event's samples carry a callchain (`perf record -g`).
+    pub fn has_callchain(&self) -> bool {
+        self.sample_type & SAMPLE_CALLCHAIN != 0
+    }
+
+    /// The software clock events (`cpu-clock`, `task-clock`): periods in nanoseconds.
+    pub fn is_clock(&self) -> bool {
+        self.kind == PERF_TYPE_SOFTWARE && matches!(self.config, 0 | 1)
+    }
+
+    /// Frames a callchain holds at most: a chain of this many was cut by the kernel.
+    fn max_stack(&self) -> u64 {
+        match self.sample_max_stack {
+            0 => DEFAULT_MAX_STACK,
+            n => n.into(),
+        }
     }
 
     /// A name for messages: the recorded one, else `type/config`.
@@ -160,6 +208,13 @@ pub struct Sample {
     pub period: u64,
     /// Kernel order: entry 0 is the newest branch. Empty without a branch stack.
     pub branches: Vec<BranchEntry>,
+    /// Taken in kernel mode (the record's cpumode).
+    pub kernel: bool,
+    /// The recorded callchain (`PERF_SAMPLE_CALLCHAIN`); `None` without one.
+    pub stack: Option<CallStack>,
+    /// Bytes of user stack the sample copied for `--call-graph dwarf`
+    /// (`PERF_SAMPLE_STACK_USER`'s `dyn_size`); 0 without.
+    pub user_stack_bytes: u64,
 }
 
 /// Everything but the samples.
@@ -292,6 +347,12 @@ fn read_header<R: Read + Seek>(r: &mut R) -> Result<(Header, Layout), PerfDataEr
             sample_type: at(24),
             read_format: at(32),
             branch_sample_type: if attr_size >= 80 { at(72) } else { 0 },
+            sample_regs_user: if attr_size >= 88 { at(80) } else { 0 },
+            sample_max_stack: if attr_size >= 112 {
+                u16_at(a, 108).unwrap_or(0)
+            } else {
+                0
+            },
             name: None,
             ids: ids.chunks_exact(8).filter_map(|c| u64_at(c, 0)).collect(),
         });
@@ -489,7 +550,8 @@ pub fn read<R: Read + Seek>(
         pos += size;
         match kind {
             PERF_RECORD_SAMPLE => {
-                let s = parse_sample(&header, &by_id, body, recs.samples)?;
+                let mut s = parse_sample(&header, &by_id, body, recs.samples)?;
+                s.kernel = misc & MISC_CPUMODE_MASK == MISC_KERNEL;
                 recs.samples += 1;
                 sink(&header, s);
             }
@@ -623,6 +685,9 @@ fn parse_sample(
             attr.period_or_freq.max(1)
         },
         branches: Vec::new(),
+        kernel: false,
+        stack: None,
+        user_stack_bytes: 0,
     };
     if st & SAMPLE_IP != 0 {
         s.ip = u64_at(b, take(8)?).ok_or_else(short)?;
@@ -670,7 +735,9 @@ fn parse_sample(
             .ok()
             .filter(|&n| n <= 1 << 16)
             .ok_or_else(short)?;
-        take(8 * n)?;
+        let at = take(8 * n)?;
+        let ips = b[at..at + 8 * n].chunks_exact(8).filter_map(|c| u64_at(c, 0));
+        s.stack = Some(callchain(ips, attr.max_stack()));
     }
     if st & SAMPLE_RAW != 0 {
         let size = u32_at(b, take(4)?).ok_or_else(short)? as usize;
@@ -694,6 +761,60 @@ fn parse_sample(
                 flags: u64_at(e, 16).unwrap_or(0),
             })
             .collect();
+        if attr.branch_sample_type & BRANCH_COUNTERS != 0 {
+            take(8 * n)?;
+        }
+    }
+    if st & SAMPLE_REGS_USER != 0 {
+        // abi, then one u64 per register of the mask unless abi is NONE (no regs: a
+        // kernel thread).
+        let abi = u64_at(b, take(8)?).ok_or_else(short)?;
+        if abi != 0 {
+            take(8 * attr.sample_regs_user.count_ones() as usize)?;
+        }
+    }
+    if st & SAMPLE_STACK_USER != 0 {
+        // size, then (when size > 0) size bytes and dyn_size, the bytes actually copied.
+        let size = u64_at(b, take(8)?).ok_or_else(short)?;
+        if size > 0 {
+            let size = usize::try_from(size).map_err(|_| short())?;
+            take(size)?;
+            s.user_stack_bytes = u64_at(b, take(8)?).ok_or_else(short)?.min(size as u64);
+        }
     }
     Ok(s)
+}
+
+/// A recorded callchain (`ips`, markers included) as a [`CallStack`]: frames after
+/// `PERF_CONTEXT_KERNEL` are kernel frames, after `PERF_CONTEXT_USER` user frames (the
+/// first of each is the interrupted IP); hypervisor and guest frames are another
+/// machine's addresses and are left out. A chain holding `max_stack` frames was cut
+/// there by the kernel: [`StackEnd::Truncated`].
+pub fn callchain(ips: impl IntoIterator<Item = u64>, max_stack: u64) -> CallStack {
+    let (mut kernel, mut user) = (Vec::new(), Vec::new());
+    let mut frames = 0u64;
+    // The kernel starts every chain with a marker; frames before one are taken as user.
+    let mut context = CONTEXT_USER;
+    for ip in ips {
+        if ip >= CONTEXT_MAX {
+            context = ip;
+            continue;
+        }
+        frames += 1;
+        match context {
+            CONTEXT_KERNEL => kernel.push(ip),
+            CONTEXT_USER => user.push(ip),
+            // PERF_CONTEXT_HV and the guest contexts: another machine's addresses.
+            _ => {}
+        }
+    }
+    CallStack {
+        kernel: kernel.into(),
+        user: user.into(),
+        end: if frames >= max_stack {
+            StackEnd::Truncated
+        } else {
+            StackEnd::Complete
+        },
+    }
 }
