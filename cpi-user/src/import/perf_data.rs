@@ -818,3 +818,127 @@ pub fn callchain(ips: impl IntoIterator<Item = u64>, max_stack: u64) -> CallStac
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GUEST_KERNEL: u64 = -2176i64 as u64;
+    const HV: u64 = -32i64 as u64;
+
+    #[test]
+    fn markers_split_kernel_and_user_frames() {
+        let chain = [
+            CONTEXT_KERNEL,
+            0xffff_ffff_8100_0010,
+            0xffff_ffff_8100_0020,
+            CONTEXT_USER,
+            0x40_1000,
+            0x40_2000,
+            0x40_3000,
+        ];
+        let s = callchain(chain, DEFAULT_MAX_STACK);
+        assert_eq!(*s.kernel, [0xffff_ffff_8100_0010, 0xffff_ffff_8100_0020]);
+        assert_eq!(*s.user, [0x40_1000, 0x40_2000, 0x40_3000]);
+        assert_eq!(s.end, StackEnd::Complete);
+        // A user-mode sample: only the user context.
+        let s = callchain([CONTEXT_USER, 0x40_1000], DEFAULT_MAX_STACK);
+        assert!(s.kernel.is_empty());
+        assert_eq!(*s.user, [0x40_1000]);
+    }
+
+    #[test]
+    fn guest_and_hypervisor_frames_are_left_out() {
+        let chain = [HV, 0x1, GUEST_KERNEL, 0x2, CONTEXT_USER, 0x40_1000];
+        let s = callchain(chain, DEFAULT_MAX_STACK);
+        assert!(s.kernel.is_empty());
+        assert_eq!(*s.user, [0x40_1000]);
+    }
+
+    #[test]
+    fn a_chain_at_the_frame_limit_is_truncated() {
+        let frames = |n: u64| std::iter::once(CONTEXT_USER).chain(0x1000..0x1000 + n);
+        assert_eq!(callchain(frames(126), 127).end, StackEnd::Complete);
+        assert_eq!(callchain(frames(127), 127).end, StackEnd::Truncated);
+        assert_eq!(callchain(frames(127), 127).user.len(), 127);
+        // Markers do not count as frames.
+        let split = [CONTEXT_KERNEL, 0xffff_ffff_8100_0000, CONTEXT_USER, 0x1000];
+        assert_eq!(callchain(split, 2).end, StackEnd::Truncated);
+        assert_eq!(callchain(split, 3).end, StackEnd::Complete);
+        // The attr's own limit, else the kernel's default.
+        let mut e = attr(SAMPLE_CALLCHAIN);
+        assert_eq!(e.max_stack(), DEFAULT_MAX_STACK);
+        e.sample_max_stack = 16;
+        assert_eq!(e.max_stack(), 16);
+    }
+
+    fn attr(sample_type: u64) -> EventAttr {
+        EventAttr {
+            kind: PERF_TYPE_SOFTWARE,
+            config: 0,
+            period_or_freq: 4000,
+            freq: true,
+            sample_type,
+            read_format: 0,
+            branch_sample_type: 0,
+            sample_regs_user: 0b111,
+            sample_max_stack: 0,
+            name: None,
+            ids: vec![],
+        }
+    }
+
+    fn words(w: &[u64]) -> Vec<u8> {
+        w.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// Every section between the callchain and `PERF_SAMPLE_DATA_SRC`, in the kernel's
+    /// order: the fields read come from where perf_output_sample puts them.
+    #[test]
+    fn sample_layout_through_branch_counters_regs_and_user_stack() {
+        const DATA_SRC: u64 = 1 << 15;
+        let st = SAMPLE_IP
+            | SAMPLE_TID
+            | SAMPLE_PERIOD
+            | SAMPLE_CALLCHAIN
+            | SAMPLE_BRANCH_STACK
+            | SAMPLE_REGS_USER
+            | SAMPLE_STACK_USER
+            | DATA_SRC;
+        let mut e = attr(st);
+        e.branch_sample_type = BRANCH_HW_INDEX | BRANCH_COUNTERS;
+        let header = Header {
+            events: vec![e],
+            ..Header::default()
+        };
+        let mut b = words(&[0x40_1234, 7 | (8 << 32), 250_000]);
+        b.extend(words(&[3, CONTEXT_USER, 0x40_1234, 0x40_2000]));
+        // One branch entry, hw_idx before it, its counter after it.
+        b.extend(words(&[1, 99, 0x40_1000, 0x40_1200, 0, 0xc0]));
+        // regs: abi 64-bit, three registers (mask 0b111).
+        b.extend(words(&[2, 1, 2, 3]));
+        // 16 bytes of stack reserved, 8 copied.
+        b.extend(words(&[16, 0xaa, 0xbb, 8]));
+        b.extend(words(&[0x1e05]));
+        let s = parse_sample(&header, &BTreeMap::new(), &b, 0).unwrap();
+        assert_eq!((s.ip, s.pid, s.tid, s.period), (0x40_1234, 7, 8, 250_000));
+        assert_eq!(*s.stack.unwrap().user, [0x40_1234, 0x40_2000]);
+        assert_eq!(s.branches.len(), 1);
+        assert_eq!((s.branches[0].from, s.branches[0].to), (0x40_1000, 0x40_1200));
+        assert_eq!(s.user_stack_bytes, 8);
+        // One word short of the user stack's dyn_size: refused, not misread.
+        let cut = &b[..b.len() - 16];
+        assert!(matches!(
+            parse_sample(&header, &BTreeMap::new(), cut, 0),
+            Err(PerfDataError::Malformed(_))
+        ));
+        // An empty branch stack (nr, hw_idx), no regs (abi NONE, a kernel thread) and no
+        // stack (size 0): no dyn_size word.
+        let mut k = words(&[0xffff_ffff_8100_0000, 1 | (1 << 32), 1000]);
+        k.extend(words(&[2, CONTEXT_KERNEL, 0xffff_ffff_8100_0000]));
+        k.extend(words(&[0, 0, 0, 0, 0x1e05]));
+        let s = parse_sample(&header, &BTreeMap::new(), &k, 1).unwrap();
+        assert_eq!(*s.stack.unwrap().kernel, [0xffff_ffff_8100_0000]);
+        assert_eq!(s.user_stack_bytes, 0);
+    }
+}
