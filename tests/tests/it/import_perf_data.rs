@@ -3,8 +3,13 @@
 //! the estimator, each sample's own period is honoured, `perf script`/`perf report`
 //! read the same files and agree, and bad input ends in one line.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use cpi_common::wire::EventRole;
+use cpi_user::import::{self, ImportOptions};
+use cpi_user::profile::SampleSet;
 
 use cpi_tests::perf_data::{
     self, build_id, exec_records, loop_of, loop_stack, taken_attr, Attr, Entry, Loop, Record,
@@ -765,5 +770,149 @@ fn raw_event_codes_are_read_on_the_recording_cpu() {
     assert!(
         String::from_utf8_lossy(&head.stdout).contains(&format!("cpuid : {amd}")),
         "perf report --header-only does not show the cpuid"
+    );
+}
+
+/// `main → a → b → leaf` with frame pointers, running long enough for a few hundred
+/// `cpu-clock` samples.
+const CHAIN: &str = r#"
+#include <stdlib.h>
+volatile unsigned long sink;
+__attribute__((noipa)) void leaf(unsigned long n) { for (unsigned long i = 0; i < n; i++) sink += i * i; }
+__attribute__((noipa)) void b(unsigned long n) { leaf(n); leaf(n / 2); }
+__attribute__((noipa)) void a(unsigned long n) { b(n); leaf(n); }
+int main(int argc, char **argv) { unsigned long n = argc > 1 ? strtoul(argv[1], 0, 10) : 1; a(n); b(n); return 0; }
+"#;
+
+/// Records `perf record -e cpu-clock ARGS` of the chain program in `dir`; fails (in
+/// CI, or always for a missing perf) rather than skipping. `None` when not root
+/// outside CI.
+fn record_chain(dir: &Path, args: &[&str]) -> Option<PathBuf> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "recording with perf needs root; CI runs as root"
+        );
+        eprintln!("skipped: recording with perf needs root");
+        return None;
+    }
+    let src = dir.join("chain.c");
+    std::fs::write(&src, CHAIN).unwrap();
+    let exe = dir.join("chain");
+    output_ok(
+        Command::new("gcc")
+            // -O0: gcc 12 sets up a frame in leaf functions only there (it ignores
+            // -mno-omit-leaf-frame-pointer), and makes no tail calls.
+            .args(["-O0", "-fno-omit-frame-pointer", "-o"])
+            .arg(&exe)
+            .arg(&src),
+    );
+    let data = dir.join("perf.data");
+    output_ok(
+        Command::new("perf")
+            .args(["record", "-q", "-e", "cpu-clock", "-F", "2000"])
+            .args(args)
+            .arg("-o")
+            .arg(&data)
+            .arg("--")
+            .arg(&exe)
+            .arg("100000000"),
+    );
+    Some(data)
+}
+
+/// Each sample's call path as `perf script -F pid,ip` prints it: (pid, frames leaf
+/// first), kernel frames as recorded, user frames relative to their mapping
+/// (`map_ip`: address − start + file offset), counted.
+fn perf_script_paths(data: &Path) -> BTreeMap<(u32, Vec<u64>), u64> {
+    let out = output_ok(
+        Command::new("perf")
+            .args(["script", "-F", "pid,ip", "-i"])
+            .arg(data),
+    );
+    let mut paths = BTreeMap::new();
+    let mut cur: Option<(u32, Vec<u64>)> = None;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if line.starts_with('\t') {
+            let frame = line.split_whitespace().next().expect("frame address");
+            let c = cur.as_mut().expect("frames follow a sample line");
+            c.1.push(u64::from_str_radix(frame, 16).expect("hex frame"));
+        } else if !line.trim().is_empty() {
+            if let Some(c) = cur.take() {
+                *paths.entry(c).or_insert(0) += 1;
+            }
+            cur = Some((line.trim().parse().expect("pid line"), Vec::new()));
+        }
+    }
+    if let Some(c) = cur {
+        *paths.entry(c).or_insert(0) += 1;
+    }
+    paths
+}
+
+/// The imported samples' call paths in the same terms as [`perf_script_paths`].
+fn imported_paths(set: &SampleSet) -> BTreeMap<(u32, Vec<u64>), u64> {
+    let mut paths = BTreeMap::new();
+    for (pid, p) in &set.processes {
+        let maps = p.maps.as_ref().expect("the recording's mmap records");
+        for (stack, stat) in &p.stacks.stacks {
+            let mut frames = stack.kernel.to_vec();
+            frames.extend(stack.user.iter().map(|&a| match maps.find(a) {
+                Some(m) => a - m.start + m.offset,
+                None => a,
+            }));
+            let n = stat.ips.get(&EventRole::CpuClock).map_or(0, |c| c.0);
+            *paths.entry((*pid, frames)).or_insert(0) += n;
+        }
+    }
+    paths
+}
+
+/// A real `perf record -e cpu-clock -g` recording (frame-pointer callchains, user and
+/// kernel frames) imports as a time profile whose every sample carries its recorded
+/// call path: the same paths with the same sample counts as `perf script` prints from
+/// the same file, and leaf's callers are the program's (more under b than under a).
+#[test]
+fn real_fp_callchains_equal_perf_scripts() {
+    let dir = temp_dir("pd-real-fp");
+    let Some(data) = record_chain(&dir, &["-g"]) else {
+        return;
+    };
+    let loaded = import::load_path(&data, &ImportOptions::default()).unwrap();
+    assert_eq!(loaded.run.mode, Mode::TimeProfile, "{}", loaded.run.mode_reason);
+    let ours = imported_paths(&loaded.set);
+    let perf = perf_script_paths(&data);
+    let total: u64 = perf.values().sum();
+    assert!(total >= 100, "only {total} samples recorded");
+    assert_eq!(ours, perf, "call paths differ from perf script's");
+    // Every sample carried its stack; the chain program's own frames are there.
+    let unstacked: u64 = loaded.set.processes.values().map(|p| p.stacks.unstacked).sum();
+    assert_eq!(unstacked, 0);
+    let exe = Binary::open(&dir.join("chain")).unwrap();
+    // A PIE's text lies at its file offsets: `map_ip` addresses are its vaddrs; return
+    // addresses name their caller through the call before them.
+    let name = |i: usize, f: u64| {
+        let at = if i == 0 { f } else { f.wrapping_sub(1) };
+        exe.function_at(at).map_or("?".to_string(), |f| f.name)
+    };
+    let mut by_names: BTreeMap<Vec<String>, u64> = BTreeMap::new();
+    for ((_, frames), n) in &ours {
+        let names = frames.iter().enumerate().map(|(i, &f)| name(i, f)).collect();
+        *by_names.entry(names).or_insert(0) += n;
+    }
+    let starting = |path: &[&str]| -> u64 {
+        by_names
+            .iter()
+            .filter(|(names, _)| names.len() >= path.len() && names[..path.len()] == *path)
+            .map(|(_, n)| n)
+            .sum()
+    };
+    // leaf runs 2n iterations under b (n + n/2 via a, n/2 via main) and n under a.
+    let under_b = starting(&["leaf", "b", "a", "main"]) + starting(&["leaf", "b", "main"]);
+    let under_a = starting(&["leaf", "a", "main"]);
+    assert!(
+        under_b > under_a && under_a * 10 > total,
+        "leaf←b {under_b}, leaf←a←main {under_a} of {total}: {by_names:?}"
     );
 }
