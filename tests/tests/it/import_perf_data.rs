@@ -916,3 +916,52 @@ fn real_fp_callchains_equal_perf_scripts() {
         "leaf←b {under_b}, leaf←a←main {under_a} of {total}: {by_names:?}"
     );
 }
+
+/// A real `--call-graph dwarf` recording: each sample's user registers and stack bytes
+/// sit between its callchain and its `data_src`; every sample is read with the stack
+/// size perf reads (`perf report -D`), and, as nothing here unwinds stack bytes, those
+/// samples count without a call stack, said in a note, none guessed.
+#[test]
+fn real_dwarf_stacks_are_read_in_layout_and_counted_not_unwound() {
+    let dir = temp_dir("pd-real-dwarf");
+    let Some(data) = record_chain(&dir, &["--call-graph", "dwarf"]) else {
+        return;
+    };
+    let mut ours = Vec::new();
+    let mut f = std::fs::File::open(&data).unwrap();
+    import::perf_data::read(&mut f, |_, s| ours.push(s.user_stack_bytes)).unwrap();
+    let dump = output_ok(Command::new("perf").args(["report", "-D", "-i"]).arg(&data));
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    let mut perf: Vec<u64> = dump
+        .lines()
+        .filter_map(|l| l.strip_prefix("... ustack: size "))
+        .map(|l| l.split(',').next().unwrap().trim().parse().unwrap())
+        .collect();
+    let samples = dump.matches("PERF_RECORD_SAMPLE(").count();
+    assert!(samples >= 100, "only {samples} samples recorded");
+    assert_eq!(ours.len(), samples);
+    assert_eq!(perf.len(), samples, "a ustack line per sample");
+    // perf dumps samples in time order, the file holds them per CPU buffer.
+    ours.sort_unstable();
+    perf.sort_unstable();
+    assert_eq!(ours, perf, "user stack sizes differ from perf's");
+    let with_bytes = ours.iter().filter(|&&n| n > 0).count() as u64;
+    assert!(with_bytes > 0);
+    let loaded = import::load_path(&data, &ImportOptions::default()).unwrap();
+    let set = &loaded.set;
+    let imported: u64 = set
+        .processes
+        .values()
+        .filter_map(|p| p.ips.get(&EventRole::CpuClock))
+        .map(|a| a.samples)
+        .sum();
+    assert_eq!(imported, samples as u64);
+    let unstacked: u64 = set.processes.values().map(|p| p.stacks.unstacked).sum();
+    assert_eq!(unstacked, with_bytes);
+    let note = format!("{with_bytes} samples carry their user stack as bytes");
+    assert!(
+        loaded.notes.iter().any(|n| n.starts_with(&note)),
+        "{:?}",
+        loaded.notes
+    );
+}
