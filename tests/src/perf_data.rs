@@ -14,6 +14,11 @@ const ATTR_SIZE: usize = 128;
 pub const SAMPLE_IP: u64 = 1 << 0;
 pub const SAMPLE_TID: u64 = 1 << 1;
 pub const SAMPLE_PERIOD: u64 = 1 << 8;
+pub const SAMPLE_CALLCHAIN: u64 = 1 << 5;
+/// `PERF_CONTEXT_USER`: the callchain frames after it are user frames.
+pub const CONTEXT_USER: u64 = -512i64 as u64;
+/// `PERF_CONTEXT_KERNEL`: the callchain frames after it are kernel frames.
+pub const CONTEXT_KERNEL: u64 = -128i64 as u64;
 pub const SAMPLE_BRANCH_STACK: u64 = 1 << 11;
 pub const SAMPLE_IDENTIFIER: u64 = 1 << 16;
 /// `PERF_SAMPLE_BRANCH_USER | PERF_SAMPLE_BRANCH_ANY`.
@@ -28,6 +33,8 @@ pub struct Attr {
     pub period_or_freq: u64,
     pub freq: bool,
     pub branch_stack: bool,
+    /// Samples carry a callchain (`perf record -g`).
+    pub callchain: bool,
     pub name: String,
     pub id: u64,
 }
@@ -39,7 +46,8 @@ impl Attr {
         } else {
             0
         };
-        SAMPLE_IDENTIFIER | SAMPLE_IP | SAMPLE_TID | SAMPLE_PERIOD | b
+        let c = if self.callchain { SAMPLE_CALLCHAIN } else { 0 };
+        SAMPLE_IDENTIFIER | SAMPLE_IP | SAMPLE_TID | SAMPLE_PERIOD | b | c
     }
 }
 
@@ -75,6 +83,9 @@ pub enum Record {
         period: u64,
         /// Newest first.
         branches: Vec<Entry>,
+        /// The callchain as the kernel writes it (context markers included); written
+        /// when the attr has callchains.
+        callchain: Vec<u64>,
     },
 }
 
@@ -161,6 +172,7 @@ fn data(attrs: &[Attr], records: &[Record]) -> Vec<u8> {
                 ip,
                 period,
                 branches,
+                callchain,
             } => {
                 let a = &attrs[*attr];
                 let mut b = Vec::new();
@@ -169,6 +181,12 @@ fn data(attrs: &[Attr], records: &[Record]) -> Vec<u8> {
                 b.extend_from_slice(&pid.to_le_bytes());
                 b.extend_from_slice(&tid.to_le_bytes());
                 b.extend_from_slice(&period.to_le_bytes());
+                if a.callchain {
+                    b.extend_from_slice(&(callchain.len() as u64).to_le_bytes());
+                    for ip in callchain {
+                        b.extend_from_slice(&ip.to_le_bytes());
+                    }
+                }
                 if a.branch_stack {
                     b.extend_from_slice(&(branches.len() as u64).to_le_bytes());
                     for e in branches {
@@ -344,6 +362,7 @@ pub fn taken_attr(id: u64) -> Attr {
         period_or_freq: 500_009,
         freq: false,
         branch_stack: true,
+        callchain: false,
         name: "br_inst_retired.near_taken:u".into(),
         id,
     }

@@ -1010,10 +1010,7 @@ fn load_lines<R: BufRead>(
     let corrected = est == Estimator::Cycles && weighting == StackWeighting::CyclesSpanned;
     let mut set = SampleSet::new(opts.window);
     set.weighting = weighting;
-    for_each_line(open().map_err(io)?, what, |_, l| {
-        let Some(mut s) = placed.sample(l) else {
-            return;
-        };
+    let mut add = |(mut s, stack): perf_script::StackedSample| {
         match est {
             // Cycles: each perf sample is also a cycles IP sample.
             Estimator::Cycles => {
@@ -1026,17 +1023,16 @@ fn load_lines<R: BufRead>(
                         ..s.header
                     },
                 };
-                set.process(ip.header.tgid)
-                    .ips
-                    .entry(EventRole::Cycles)
-                    .or_default()
-                    .add(&ip, true);
+                // A known role: the aggregate refuses only unknown ones.
+                let _ = set.add_ip_with_stack(&ip, stack.as_ref());
             }
             Estimator::Other => s.header.period = 1,
             Estimator::TakenBranches => {}
         }
-        set.add_branch(&s);
-    })?;
+        set.add_branch_with_stack(&s, stack.as_ref());
+    };
+    for_each_line(open().map_err(io)?, what, |_, l| placed.line(l, &mut add))?;
+    placed.finish(&mut add);
     let import = placed.import;
     let mut notes = text_notes(&import, n);
     import.place(&mut set);
@@ -1132,6 +1128,13 @@ fn text_notes(import: &PerfImport, samples: u64) -> Vec<String> {
         notes.push(format!(
             "{dso}: cannot place its runtime addresses (PIE or shared library without mmap \
              events): re-run `perf script` with --show-mmap-events, or use brstackoff"
+        ));
+    }
+    if import.unplaced_frames > 0 {
+        notes.push(format!(
+            "{} callchain frames lie in no mapping of their dso: kept as printed (re-run \
+             `perf script` with --show-mmap-events)",
+            import.unplaced_frames
         ));
     }
     if import.ips_at_branch_target > 0 {

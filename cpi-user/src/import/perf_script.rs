@@ -9,6 +9,14 @@
 //! `/`-separated parts as perf grew fields (a dso name may itself hold `/`; it is
 //! read between its parentheses).
 //!
+//! With a `-g` recording, perf prints each sample's callchain under its sample line,
+//! one tab-indented `ADDR sym+off (dso)` line per frame, leaf first, then the branch
+//! entries on a line of their own; [`Joiner`] puts each such sample back together and
+//! the frames become its [`CallStack`]. perf 6.1 prints a frame as its dso-relative
+//! address (runtime address − mapping start + file offset; kernel frames as they are),
+//! older perfs the runtime address: a frame is taken as runtime when its dso's mapping
+//! holds it, else as relative to that mapping's file offset.
+//!
 //! Addresses: `brstack` prints runtime addresses; `brstackoff` prints each address as an
 //! offset into its dso, except for non-PIE executables (`ET_EXEC`), whose addresses stay
 //! as they are. Mappings come from `PERF_RECORD_MMAP`/`MMAP2` lines when present. Without
@@ -24,7 +32,10 @@ use cpi_common::wire::{BranchEntry, BranchSample, SampleHeader, MAX_BRANCH_ENTRI
 
 use crate::binary::Binary;
 use crate::procmap::{MappedObject, Mapping, ProcessMaps};
+use crate::profile::stack::{CallStack, StackEnd};
 use crate::profile::{SampleSet, StackWeighting};
+
+use super::perf_data::DEFAULT_MAX_STACK;
 
 /// Why `perf script` text gave nothing to analyse.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +88,9 @@ impl Default for ImportOptions {
 pub struct PerfImport {
     /// Every sample with branch entries, as wire records (newest entry first).
     pub samples: Vec<BranchSample>,
+    /// The call stack of each of [`Self::samples`] (same order) when the text had
+    /// callchain lines for it.
+    pub stacks: Vec<Option<CallStack>>,
     /// pid → process name, from the samples' comm column.
     pub comms: BTreeMap<u32, String>,
     /// pid → mappings: from mmap events, else laid out from the samples' dsos.
@@ -95,6 +109,8 @@ pub struct PerfImport {
     /// `brstackoff` samples whose runtime ip could not be placed, taken at their newest
     /// branch target instead.
     pub ips_at_branch_target: usize,
+    /// User callchain frames no mapping of their dso holds: kept as printed.
+    pub unplaced_frames: usize,
 }
 
 impl PerfImport {
@@ -108,8 +124,8 @@ impl PerfImport {
     pub fn into_sample_set(self, window: usize, weighting: StackWeighting) -> SampleSet {
         let mut set = SampleSet::new(window);
         set.weighting = weighting;
-        for s in &self.samples {
-            set.add_branch(s);
+        for (s, stack) in self.samples.iter().zip(&self.stacks) {
+            set.add_branch_with_stack(s, stack.as_ref());
         }
         self.place(&mut set);
         set
@@ -208,6 +224,79 @@ fn classify(line: &str, period_field: bool) -> Line<'_> {
     })
 }
 
+/// A callchain line's frame: its address as printed and its dso.
+type Frame = (u64, Option<String>);
+
+/// `\t  ADDR sym+off (dso)`, a line of a `-g` recording's callchain.
+fn callchain_frame(line: &str) -> Option<Frame> {
+    let rest = line.strip_prefix('\t')?.trim();
+    let (addr, rest) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+    let addr = u64::from_str_radix(addr, 16).ok()?;
+    let rest = rest.trim_end();
+    let dso = rest
+        .strip_suffix(')')
+        .and_then(|r| r.rfind('(').map(|i| r[i + 1..].to_string()));
+    Some((addr, dso))
+}
+
+/// A line holding only branch entries (a `-g` sample's, after its callchain).
+fn entries_only(line: &str) -> bool {
+    first_entry(line).is_some_and(|at| line[..at].trim().is_empty())
+}
+
+/// One sample as `perf script` printed it over one or more lines.
+#[derive(Debug, Default)]
+struct Joined {
+    /// 1-based number of its first line.
+    line: usize,
+    /// The sample line, its branch entries appended when they came on a line of their own.
+    text: String,
+    /// Its callchain, leaf first.
+    frames: Vec<Frame>,
+}
+
+/// Puts `-g` samples back together: a sample line, its callchain lines, then its
+/// branch-entry line. Every other line passes through as it is.
+#[derive(Debug, Default)]
+struct Joiner {
+    pending: Option<Joined>,
+}
+
+impl Joiner {
+    /// Takes line `n`; whatever it completes goes to `f` (line number, text, frames).
+    fn push(&mut self, n: usize, line: &str, f: &mut impl FnMut(usize, &str, &[Frame])) {
+        if let Some(p) = &mut self.pending {
+            if let Some(frame) = callchain_frame(line) {
+                p.frames.push(frame);
+                return;
+            }
+            if !p.frames.is_empty() && entries_only(line) {
+                p.text.push(' ');
+                p.text.push_str(line);
+                return;
+            }
+        }
+        self.finish(f);
+        let trimmed = line.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') || line.contains("PERF_RECORD_MMAP") {
+            f(n, line, &[]);
+        } else {
+            self.pending = Some(Joined {
+                line: n,
+                text: line.to_string(),
+                frames: Vec::new(),
+            });
+        }
+    }
+
+    /// Passes on the sample still open at the end of the text.
+    fn finish(&mut self, f: &mut impl FnMut(usize, &str, &[Frame])) {
+        if let Some(p) = self.pending.take() {
+            f(p.line, &p.text, &p.frames);
+        }
+    }
+}
+
 /// The first pass over the text: everything but the samples themselves, which
 /// [`Placed::sample`] reads in a second pass once the mappings are known, so memory
 /// does not grow with the text.
@@ -223,6 +312,7 @@ pub struct Scan {
     timed: bool,
     /// Some sample's own period differs from [`ImportOptions::period`].
     per_sample: bool,
+    joiner: Joiner,
 }
 
 impl Scan {
@@ -236,11 +326,19 @@ impl Scan {
             samples: 0,
             timed: false,
             per_sample: false,
+            joiner: Joiner::default(),
         }
     }
 
     /// Takes line `n` (1-based) into account.
     pub fn line(&mut self, n: usize, line: &str) {
+        let mut joiner = std::mem::take(&mut self.joiner);
+        joiner.push(n, line, &mut |n, text, frames| self.sample(n, text, frames));
+        self.joiner = joiner;
+    }
+
+    /// One sample (or other line) put back together.
+    fn sample(&mut self, n: usize, line: &str, frames: &[Frame]) {
         let p = match classify(line, self.opts.period_field) {
             Line::Mmap(Some(Some((pid, m)))) => {
                 self.mmaps.entry(pid).or_default().push(m);
@@ -263,8 +361,9 @@ impl Scan {
             Line::Sample(p) => p,
         };
         let seen = self.dsos.entry(p.head.pid).or_default();
-        for d in p.dsos.iter().flatten().flatten() {
-            if !seen.contains(*d) {
+        let frame_dsos = frames.iter().filter_map(|(_, d)| d.as_deref());
+        for d in p.dsos.iter().flatten().flatten().copied().chain(frame_dsos) {
+            if !seen.contains(d) {
                 seen.insert(d.to_string());
             }
         }
@@ -283,9 +382,11 @@ impl Scan {
     /// Places every dso (recorded mmap events win; else the dsos' own ELF headers,
     /// read by `read_elf`); `Err` when no line held a branch stack.
     pub fn finish(
-        self,
+        mut self,
         read_elf: &dyn Fn(&Path) -> Option<ElfLayout>,
     ) -> Result<Placed, PerfScriptError> {
+        let mut joiner = std::mem::take(&mut self.joiner);
+        joiner.finish(&mut |n, text, frames| self.sample(n, text, frames));
         let Scan {
             opts,
             mut out,
@@ -294,6 +395,7 @@ impl Scan {
             samples,
             timed,
             per_sample,
+            joiner: _,
         } = self;
         if samples == 0 {
             return Err(PerfScriptError::NoBranchStacks {
@@ -343,6 +445,7 @@ impl Scan {
             samples,
             timed,
             per_sample,
+            joiner: Joiner::default(),
         })
     }
 }
@@ -360,16 +463,85 @@ pub struct Placed {
     pub timed: bool,
     /// Some sample's own period differs from [`ImportOptions::period`].
     pub per_sample: bool,
+    joiner: Joiner,
 }
 
+/// A wire sample and its call stack, when the text had one.
+pub type StackedSample = (BranchSample, Option<CallStack>);
+
 impl Placed {
-    /// The wire sample of `line` when it is a sample with branch entries.
-    pub fn sample(&mut self, line: &str) -> Option<BranchSample> {
+    /// Takes the next line; each sample with branch entries it completes (a `-g`
+    /// sample ends at the line after it) goes to `f`.
+    pub fn line(&mut self, line: &str, f: &mut impl FnMut(StackedSample)) {
+        let mut joiner = std::mem::take(&mut self.joiner);
+        joiner.push(0, line, &mut |_, text, frames| {
+            if let Some(s) = self.sample(text, frames) {
+                f(s);
+            }
+        });
+        self.joiner = joiner;
+    }
+
+    /// Ends the text: the last sample goes to `f`.
+    pub fn finish(&mut self, f: &mut impl FnMut(StackedSample)) {
+        let mut joiner = std::mem::take(&mut self.joiner);
+        joiner.finish(&mut |_, text, frames| {
+            if let Some(s) = self.sample(text, frames) {
+                f(s);
+            }
+        });
+    }
+
+    /// A callchain in runtime addresses: kernel frames as printed, user frames through
+    /// their dso's mapping (see the module doc).
+    fn stack(&mut self, pid: u32, frames: &[Frame]) -> CallStack {
+        let (mut kernel, mut user) = (Vec::new(), Vec::new());
+        let maps = self.import.maps.get(&pid);
+        for (addr, dso) in frames {
+            let dso = dso.as_deref().unwrap_or("");
+            if dso.starts_with("[kernel") || *addr >= KERNEL_START {
+                kernel.push(*addr);
+                continue;
+            }
+            let of_dso = maps.into_iter().flat_map(|m| &m.mappings).filter(|m| {
+                matches!(&m.object, MappedObject::File { path, .. } if path.as_os_str() == dso)
+            });
+            let runtime = of_dso.clone().find(|m| (m.start..m.end).contains(addr));
+            let relative = of_dso
+                .clone()
+                .find(|m| (m.offset..m.offset.saturating_add(m.end - m.start)).contains(addr));
+            user.push(match (runtime, relative) {
+                (Some(_), _) => *addr,
+                (None, Some(m)) => m.start + (addr - m.offset),
+                (None, None) => {
+                    self.import.unplaced_frames += 1;
+                    *addr
+                }
+            });
+        }
+        CallStack {
+            kernel: kernel.into(),
+            user: user.into(),
+            end: if frames.len() as u64 >= DEFAULT_MAX_STACK {
+                StackEnd::Truncated
+            } else {
+                StackEnd::Complete
+            },
+        }
+    }
+
+    /// The wire sample of a sample put back together, with its stack.
+    fn sample(&mut self, line: &str, frames: &[Frame]) -> Option<StackedSample> {
         let Line::Sample(p) = classify(line, self.opts.period_field) else {
             return None;
         };
+        let stack = (!frames.is_empty()).then(|| self.stack(p.head.pid, frames));
         let mut entries = p.entries;
-        let mut ip = p.head.ip.unwrap_or(entries[0].to);
+        // A `-g` sample line has no ip: its callchain's leaf is the ip.
+        let leaf = stack
+            .as_ref()
+            .and_then(|s| s.kernel.first().or(s.user.first()).copied());
+        let mut ip = p.head.ip.or(leaf).unwrap_or(entries[0].to);
         if self.opts.offsets {
             // A brstackoff offset into a dso placed at a synthetic base is base + offset.
             let rebase = |a: u64, d: &Option<&str>| match d.and_then(|d| self.bases.get(d)) {
@@ -393,15 +565,19 @@ impl Placed {
                 self.import.ips_at_branch_target += 1;
             }
         }
-        Some(branch_sample(
+        let sample = branch_sample(
             p.head.pid,
             p.head.tid,
             ip,
             p.head.period.filter(|&q| q > 0).unwrap_or(self.opts.period),
             &entries,
-        ))
+        );
+        Some((sample, stack))
     }
 }
+
+/// Lowest kernel address on x86-64: callchain frames at or above it are kernel frames.
+const KERNEL_START: u64 = 0xffff_8000_0000_0000;
 
 /// Parses `perf script` text held in memory (both passes; the samples collected).
 /// `read_elf` reads a dso's ELF placement (injected so tests and callers can resolve
@@ -416,8 +592,12 @@ pub fn parse(
         scan.line(i + 1, line);
     }
     let mut placed = scan.finish(read_elf)?;
-    let samples: Vec<BranchSample> = text.lines().filter_map(|l| placed.sample(l)).collect();
-    placed.import.samples = samples;
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        placed.line(line, &mut |s| samples.push(s));
+    }
+    placed.finish(&mut |s| samples.push(s));
+    (placed.import.samples, placed.import.stacks) = samples.into_iter().unzip();
     Ok(placed.import)
 }
 

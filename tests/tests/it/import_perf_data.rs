@@ -9,10 +9,11 @@ use std::process::Command;
 
 use cpi_common::wire::EventRole;
 use cpi_user::import::{self, ImportOptions};
+use cpi_user::profile::stack::StackEnd;
 use cpi_user::profile::SampleSet;
 
 use cpi_tests::perf_data::{
-    self, build_id, exec_records, loop_of, loop_stack, taken_attr, Attr, Entry, Loop, Record,
+    self, build_id, CONTEXT_USER, exec_records, loop_of, loop_stack, taken_attr, Attr, Entry, Loop, Record,
 };
 use cpi_tests::{cpi_bpf, output_ok, temp_dir};
 use cpi_user::binary::{Binary, FlowKind};
@@ -82,6 +83,7 @@ fn sample(attr: usize, l: Loop, period: u64, branches: Vec<Entry>) -> Record {
         ip: l.head,
         period,
         branches,
+        callchain: vec![],
     }
 }
 
@@ -105,6 +107,7 @@ fn cycles_attr(branch_stack: bool, id: u64) -> Attr {
         period_or_freq: 4000,
         freq: true,
         branch_stack,
+        callchain: false,
         name: "cycles:u".into(),
         id,
     }
@@ -368,6 +371,7 @@ fn cycle_sampled_timed_stacks_are_weighted_by_cycles_spanned() {
             ip: l.head,
             period: PERIOD,
             branches: loop_stack(l, 32, c),
+            callchain: vec![],
         });
     }
     let file = fx.dir.join("cyc-timed.data");
@@ -604,6 +608,7 @@ fn llvm_profgen_range_counts_equal_ours() {
         period_or_freq: 100_003,
         freq: false,
         branch_stack: true,
+        callchain: false,
         name: "instructions:u".into(),
         id: 9,
     };
@@ -964,4 +969,80 @@ fn real_dwarf_stacks_are_read_in_layout_and_counted_not_unwound() {
         "{:?}",
         loaded.notes
     );
+}
+
+/// Cycles samples with branch stacks and `-g` callchains: each sample's chain (after
+/// `PERF_CONTEXT_USER`) becomes its call stack in the perf.data import, and the
+/// `perf script` text perf prints from the same file, callchain lines under each sample
+/// line, imports with the very same stacks and counts.
+#[test]
+fn callchains_give_the_same_stacks_from_perf_data_and_perf_script() {
+    let Some(fx) = fixture("pd-callchain") else {
+        return;
+    };
+    let main = fx.bin.function_by_name("main").unwrap();
+    // Return addresses in main (after its calls of hot and cold).
+    let (ret_hot, ret_cold) = (main.start + 9, main.start + 17);
+    let mut recs = fx.preamble();
+    let mut want: BTreeMap<Vec<u64>, u64> = BTreeMap::new();
+    for i in 0..90u64 {
+        let (l, ret) = if i % 3 == 0 {
+            (fx.cold, ret_cold)
+        } else {
+            (fx.hot, ret_hot)
+        };
+        // Every fifth sample also passes through a frame the unwinder found above main.
+        let mut chain = vec![CONTEXT_USER, l.head, ret];
+        if i % 5 == 0 {
+            chain.push(main.start + 1);
+        }
+        *want.entry(chain[1..].to_vec()).or_insert(0) += 1;
+        let mut r = sample(0, l, 1000 + i, loop_stack(l, 16, 0));
+        if let Record::Sample { callchain, .. } = &mut r {
+            *callchain = chain;
+        }
+        recs.push(r);
+    }
+    let file = fx.dir.join("callchain.data");
+    let attr = Attr {
+        callchain: true,
+        ..cycles_attr(true, 12)
+    };
+    perf_data::write(&file, &[attr], &recs, &fx.build_ids());
+    let stacks = |set: &SampleSet| -> BTreeMap<Vec<u64>, (u64, u64)> {
+        let p = &set.processes[&PID];
+        assert_eq!(p.stacks.unstacked, 0);
+        p.stacks
+            .stacks
+            .iter()
+            .map(|(s, st)| {
+                assert!(s.kernel.is_empty());
+                assert_eq!(s.end, StackEnd::Complete);
+                let ips = st.ips.get(&EventRole::Cycles).map_or(0, |c| c.0);
+                (s.user.to_vec(), (ips, st.branch_samples))
+            })
+            .collect()
+    };
+    let from_data = import::load_path(&file, &ImportOptions::default()).unwrap();
+    let expected: BTreeMap<_, _> = want.iter().map(|(k, &n)| (k.clone(), (n, n))).collect();
+    assert_eq!(stacks(&from_data.set), expected);
+    // perf prints the chains from the same file; its text gives the same stacks, with
+    // runtime branch addresses and with dso offsets alike.
+    for (entries, offsets) in [("brstack", false), ("brstackoff", true)] {
+        let fields = format!("comm,pid,tid,period,ip,sym,dso,{entries}");
+        let out = output_ok(
+            Command::new("perf")
+                .args(["script", "-F", &fields, "-i"])
+                .arg(&file),
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("\n\t"), "no callchain lines: {text}");
+        let opts = ImportOptions {
+            period_field: true,
+            offsets,
+            ..ImportOptions::default()
+        };
+        let from_text = import::load_text(&text, "callchain.txt", &opts).unwrap();
+        assert_eq!(stacks(&from_text.set), expected, "{entries}: {:?}", from_text.notes);
+    }
 }

@@ -272,6 +272,7 @@ fn recording(exe: &Path, out: &Path) -> f64 {
             ip: l.head,
             period: 500_009,
             branches: loop_stack(l, 32, 0),
+            callchain: vec![],
         });
     }
     perf_data::write(out, &[taken_attr(5)], &recs, &[build_id(&bin, "/twofunc")]);
