@@ -12,8 +12,8 @@
 //!
 //! Samples follow the kernel's `perf_output_sample` order (kernel/events/core.c; the
 //! record layout in include/uapi/linux/perf_event.h): identifier, ip, tid, time, addr,
-//! id, stream id, cpu, period, read values, callchain, raw, branch stack (+ hw index,
-//! + per-entry counters), user regs, user stack bytes. The callchain becomes the
+//! id, stream id, cpu, period, read values, callchain, raw, branch stack (with its hw
+//! index and per-entry counters when asked for), user regs, user stack bytes. The callchain becomes the
 //! sample's [`CallStack`] ([`callchain`]); `--call-graph dwarf` user stack bytes are
 //! measured and skipped (nothing here unwinds them, so those samples' user stacks are
 //! counted as not unwound, never guessed).
@@ -736,7 +736,9 @@ fn parse_sample(
             .filter(|&n| n <= 1 << 16)
             .ok_or_else(short)?;
         let at = take(8 * n)?;
-        let ips = b[at..at + 8 * n].chunks_exact(8).filter_map(|c| u64_at(c, 0));
+        let ips = b[at..at + 8 * n]
+            .chunks_exact(8)
+            .filter_map(|c| u64_at(c, 0));
         s.stack = Some(callchain(ips, attr.max_stack()));
     }
     if st & SAMPLE_RAW != 0 {
@@ -924,7 +926,10 @@ mod tests {
         assert_eq!((s.ip, s.pid, s.tid, s.period), (0x40_1234, 7, 8, 250_000));
         assert_eq!(*s.stack.unwrap().user, [0x40_1234, 0x40_2000]);
         assert_eq!(s.branches.len(), 1);
-        assert_eq!((s.branches[0].from, s.branches[0].to), (0x40_1000, 0x40_1200));
+        assert_eq!(
+            (s.branches[0].from, s.branches[0].to),
+            (0x40_1000, 0x40_1200)
+        );
         assert_eq!(s.user_stack_bytes, 8);
         // One word short of the user stack's dyn_size: refused, not misread.
         let cut = &b[..b.len() - 16];

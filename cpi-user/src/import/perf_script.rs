@@ -503,9 +503,9 @@ impl Placed {
                 kernel.push(*addr);
                 continue;
             }
-            let of_dso = maps.into_iter().flat_map(|m| &m.mappings).filter(|m| {
-                matches!(&m.object, MappedObject::File { path, .. } if path.as_os_str() == dso)
-            });
+            let of_dso = maps.into_iter().flat_map(|m| &m.mappings).filter(
+                |m| matches!(&m.object, MappedObject::File { path, .. } if path.as_os_str() == dso),
+            );
             let runtime = of_dso.clone().find(|m| (m.start..m.end).contains(addr));
             let relative = of_dso
                 .clone()
@@ -958,6 +958,47 @@ mod tests {
             (0x555555555000, 0x555555557000, 0x1000, true)
         );
         assert!(imp.unplaced.is_empty());
+    }
+
+    /// `-g` text: the sample line, its callchain lines (kernel frames as they are, a PIE's
+    /// frames dso-relative as perf 6.1 prints them or runtime as older perfs do, a frame
+    /// of no known mapping), then its branch entries on a line of their own.
+    #[test]
+    fn callchain_lines_become_the_samples_stack() {
+        let text = "\
+prog 7 [000] 0.0: PERF_RECORD_MMAP2 7/7: [0x555555555000(0x2000) @ 0x1000 08:01 12 0]: r-xp /tmp/pie
+prog     7/7        1000 
+\t ffffffff81001234 irq_exit+0x4 ([kernel.kallsyms])
+\t            1136 f+0x6 (/tmp/pie)
+\t    555555555200 main+0x20 (/tmp/pie)
+\t          2724a [unknown] ([unknown])
+ 0x555555555136(/tmp/pie)/0x555555555120(/tmp/pie)/P/-/-/0/ 
+
+prog     7/7        1001 
+\t            1136 f+0x6 (/tmp/pie)
+ 0x555555555136(/tmp/pie)/0x555555555120(/tmp/pie)/P/-/-/0/ 
+prog     7/7        1002  0x555555555136(/tmp/pie)/0x555555555120(/tmp/pie)/P/-/-/0/
+";
+        let opts = ImportOptions {
+            period_field: true,
+            ..ImportOptions::default()
+        };
+        let imp = parse(text, opts, &no_elf).unwrap();
+        assert_eq!(imp.malformed_lines, 0, "{:?}", imp.first_malformed);
+        assert_eq!(imp.samples.len(), 3);
+        let periods: Vec<u64> = imp.samples.iter().map(|s| s.header.period).collect();
+        assert_eq!(periods, [1000, 1001, 1002]);
+        let s = imp.stacks[0].as_ref().unwrap();
+        assert_eq!(*s.kernel, [0xffff_ffff_8100_1234]);
+        assert_eq!(*s.user, [0x5555_5555_5136, 0x5555_5555_5200, 0x2724a]);
+        assert_eq!(s.end, StackEnd::Complete);
+        assert_eq!(imp.unplaced_frames, 1);
+        // The callchain's leaf is the ip of a -g sample line without one.
+        assert_eq!(imp.samples[0].header.ip, 0xffff_ffff_8100_1234);
+        assert_eq!(imp.samples[1].header.ip, 0x5555_5555_5136);
+        assert_eq!(*imp.stacks[1].as_ref().unwrap().user, [0x5555_5555_5136]);
+        // A sample without callchain lines has no stack.
+        assert!(imp.stacks[2].is_none());
     }
 
     /// Lines as Debian's perf 6.1 prints them (`perf script -F pid,tid,ip,sym,dso

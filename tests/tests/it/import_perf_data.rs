@@ -13,7 +13,8 @@ use cpi_user::profile::stack::StackEnd;
 use cpi_user::profile::SampleSet;
 
 use cpi_tests::perf_data::{
-    self, build_id, CONTEXT_USER, exec_records, loop_of, loop_stack, taken_attr, Attr, Entry, Loop, Record,
+    self, build_id, exec_records, loop_of, loop_stack, taken_attr, Attr, Entry, Loop, Record,
+    CONTEXT_USER,
 };
 use cpi_tests::{cpi_bpf, output_ok, temp_dir};
 use cpi_user::binary::{Binary, FlowKind};
@@ -885,14 +886,24 @@ fn real_fp_callchains_equal_perf_scripts() {
         return;
     };
     let loaded = import::load_path(&data, &ImportOptions::default()).unwrap();
-    assert_eq!(loaded.run.mode, Mode::TimeProfile, "{}", loaded.run.mode_reason);
+    assert_eq!(
+        loaded.run.mode,
+        Mode::TimeProfile,
+        "{}",
+        loaded.run.mode_reason
+    );
     let ours = imported_paths(&loaded.set);
     let perf = perf_script_paths(&data);
     let total: u64 = perf.values().sum();
     assert!(total >= 100, "only {total} samples recorded");
     assert_eq!(ours, perf, "call paths differ from perf script's");
     // Every sample carried its stack; the chain program's own frames are there.
-    let unstacked: u64 = loaded.set.processes.values().map(|p| p.stacks.unstacked).sum();
+    let unstacked: u64 = loaded
+        .set
+        .processes
+        .values()
+        .map(|p| p.stacks.unstacked)
+        .sum();
     assert_eq!(unstacked, 0);
     let exe = Binary::open(&dir.join("chain")).unwrap();
     // A PIE's text lies at its file offsets: `map_ip` addresses are its vaddrs; return
@@ -903,7 +914,11 @@ fn real_fp_callchains_equal_perf_scripts() {
     };
     let mut by_names: BTreeMap<Vec<String>, u64> = BTreeMap::new();
     for ((_, frames), n) in &ours {
-        let names = frames.iter().enumerate().map(|(i, &f)| name(i, f)).collect();
+        let names = frames
+            .iter()
+            .enumerate()
+            .map(|(i, &f)| name(i, f))
+            .collect();
         *by_names.entry(names).or_insert(0) += n;
     }
     let starting = |path: &[&str]| -> u64 {
@@ -1043,6 +1058,11 @@ fn callchains_give_the_same_stacks_from_perf_data_and_perf_script() {
             ..ImportOptions::default()
         };
         let from_text = import::load_text(&text, "callchain.txt", &opts).unwrap();
-        assert_eq!(stacks(&from_text.set), expected, "{entries}: {:?}", from_text.notes);
+        assert_eq!(
+            stacks(&from_text.set),
+            expected,
+            "{entries}: {:?}",
+            from_text.notes
+        );
     }
 }
