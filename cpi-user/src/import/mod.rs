@@ -93,7 +93,8 @@ pub enum ImportError {
     /// No event of the recording has branch stacks.
     #[error(
         "{what}: no branch stacks: its events ({events}) were recorded without \
-         `perf record -b` (or -j), so no instruction counts can be derived"
+         `perf record -b` (or -j), so no instruction counts can be derived (a \
+         cpu-clock or task-clock recording imports as a time profile)"
     )]
     NoBranchStacks {
         /// The input, as named in messages (a path, or `-`).

@@ -1,5 +1,6 @@
-//! `import-perf`: analyse branch stacks recorded elsewhere with `perf record -b`; the
-//! pipeline is [`cpi_user::import`], this parses arguments and renders.
+//! `import-perf`: analyse recordings made elsewhere with `perf record` (branch stacks,
+//! or a clock event's samples; callchains as call stacks); the pipeline is
+//! [`cpi_user::import`], this parses arguments and renders.
 
 use std::path::PathBuf;
 
@@ -10,8 +11,9 @@ use crate::output::{emit, OutputArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// A `perf.data` file (`perf record -b`), or `perf script -F
-    /// pid,tid,ip,sym,dso,brstack` text; `-` reads text from standard input.
+    /// A `perf.data` file (`perf record -b`, or `-e cpu-clock` as a time profile; `-g`
+    /// callchains become call stacks), or `perf script -F pid,tid,ip,sym,dso,brstack`
+    /// text (with its callchain lines); `-` reads text from standard input.
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
     /// Look for the recorded binaries under DIR (DIR + recorded path), as perf does.

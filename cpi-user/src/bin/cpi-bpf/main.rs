@@ -40,8 +40,9 @@ enum Command {
     /// Always-on profiling: windows into a local store, Prometheus metrics, push to
     /// Pyroscope; runs until SIGTERM.
     Agent(Box<agent::Args>),
-    /// Analyse branch stacks recorded elsewhere with `perf record -b`: a perf.data
-    /// file, or `perf script -F pid,tid,ip,sym,dso,brstack` text.
+    /// Analyse recordings made elsewhere with `perf record -b` (or `-e cpu-clock`, a
+    /// time profile), `-g` callchains as call stacks: a perf.data file, or `perf script
+    /// -F pid,tid,ip,sym,dso,brstack` text.
     ImportPerf(import_perf::Args),
 }
 
