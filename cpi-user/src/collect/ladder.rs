@@ -74,19 +74,41 @@ pub fn open_attached(
     Ok(fd)
 }
 
+/// What [`open_events`] opened.
+#[derive(Debug)]
+pub struct Opened {
+    /// Every event at every placement it opened on, its program attached.
+    pub open: Vec<OpenEvent>,
+    /// One line per event that failed on some CPUs but opened on others: those CPUs
+    /// go unsampled by it, the rest collect.
+    pub notes: Vec<String>,
+}
+
 /// Opens every event of `specs` at every placement (`(pid, cpu)` pairs) and attaches
-/// its program. A thread that exited since it was listed (ESRCH) is skipped; when every
-/// thread is gone, the target is.
+/// its program. A per-CPU placement outside the event's PMU ([`EventSpec::cpus`]) is
+/// not tried. A thread that exited since it was listed (ESRCH) is skipped; when every
+/// thread is gone, the target is. An event that fails on some CPUs but opens on others
+/// is kept and said ([`Opened::notes`]); one that opens on no CPU is the error.
 pub fn open_events(
     sys: &dyn PerfSys,
     specs: &[EventSpec],
     places: &[(i32, i32)],
     extra_flags: u64,
     attach: Attach,
-) -> Result<Vec<OpenEvent>, CollectError> {
+) -> Result<Opened, CollectError> {
     let mut open = Vec::new();
+    let mut notes = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
+        let mut failed: Vec<(i32, CollectError)> = Vec::new();
+        let opened_before = open.len();
         for &place in places {
+            let on_its_pmu = spec
+                .cpus
+                .as_ref()
+                .is_none_or(|cpus| place.1 < 0 || cpus.contains(&(place.1 as u32)));
+            if !on_its_pmu {
+                continue;
+            }
             match open_attached(sys, spec, extra_flags, place, attach) {
                 Ok(fd) => open.push(OpenEvent {
                     fd,
@@ -95,15 +117,32 @@ pub fn open_events(
                 }),
                 Err(CollectError::Open { cause, .. })
                     if cause.raw_os_error() == Some(libc::ESRCH) && place.0 > 0 => {}
+                Err(e @ CollectError::Open { .. }) if place.0 == -1 => failed.push((place.1, e)),
                 Err(e) => return Err(e),
             }
+        }
+        if let Some((_, first)) = failed.first() {
+            if open.len() == opened_before {
+                return Err(failed.swap_remove(0).1);
+            }
+            let cpus: Vec<u32> = failed.iter().map(|&(c, _)| c as u32).collect();
+            let cause = match first {
+                CollectError::Open { cause, .. } => cause.to_string(),
+                e => e.to_string(),
+            };
+            notes.push(format!(
+                "{} cannot be opened on CPU {} ({cause}): not sampled there; the other CPUs \
+                 collect",
+                spec.name,
+                super::caps::cpu_list(&cpus)
+            ));
         }
     }
     match places.first() {
         Some(&(pid, _)) if open.is_empty() && pid > 0 => {
             Err(CollectError::NoSuchProcess(pid as u32))
         }
-        _ => Ok(open),
+        _ => Ok(Opened { open, notes }),
     }
 }
 
@@ -135,6 +174,9 @@ pub struct Rung {
     pub specs: Vec<EventSpec>,
     /// Every event opened, at every placement, with its program attached.
     pub open: Vec<OpenEvent>,
+    /// CPUs an event could not be opened on while it opened on others, one line per
+    /// event ([`Opened::notes`]).
+    pub notes: Vec<String>,
 }
 
 /// Walks the ladder from `start` (the probed mode and why): opens `plan(mode)`'s events,
@@ -154,13 +196,17 @@ pub fn walk(
     loop {
         let specs = plan(mode);
         match open_events(sys, &specs, places, extra_flags, attach) {
-            Ok(open) => {
+            Ok(Opened { open, notes }) => {
+                for n in &notes {
+                    notify(n);
+                }
                 return Ok(Rung {
                     mode,
                     reason,
                     specs,
                     open,
-                })
+                    notes,
+                });
             }
             Err(CollectError::Open { event, cause, .. }) if mode.step_down().is_some() => {
                 mode = mode.step_down().unwrap_or(Mode::TimeProfile);
@@ -191,7 +237,7 @@ mod tests {
     };
 
     fn plan(mode: Mode) -> Vec<EventSpec> {
-        events::plan(mode, Vendor::Intel, &RATE, false, false)
+        events::plan(mode, Vendor::Intel, &[], &RATE, false, false)
     }
 
     fn attach_7(_: &'static str) -> Result<Option<i32>, CollectError> {
@@ -317,7 +363,8 @@ mod tests {
             0,
             &attach_7,
         )
-        .unwrap();
+        .unwrap()
+        .open;
         assert_eq!(open.len(), 2);
         let sys = FakeSys::new(|_, _, _| Some(libc::ESRCH));
         let err = open_events(
@@ -339,7 +386,9 @@ mod tests {
     fn opening_without_a_program_attaches_nothing() {
         let sys = FakeSys::new(|_, _, _| None);
         let none = |_: &'static str| Ok(None);
-        let open = open_events(&sys, &plan(Mode::Cpi), &[(0, -1)], 0, &none).unwrap();
+        let open = open_events(&sys, &plan(Mode::Cpi), &[(0, -1)], 0, &none)
+            .unwrap()
+            .open;
         assert_eq!(open.len(), 2);
         assert!(sys
             .calls_where(|c| matches!(c, Call::SetBpf(..)))

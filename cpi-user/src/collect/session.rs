@@ -14,7 +14,7 @@ use cpi_common::wire::{Counter, EventRole, COUNTERS};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-use super::caps::{Capabilities, KernelFeatures, Vendor};
+use super::caps::{Capabilities, CorePmu, KernelFeatures, Vendor};
 use super::drain::{CpuClockPeriods, Drain};
 use super::events::{self, EventSpec, Rate};
 use super::ladder::{self, OpenEvent};
@@ -84,6 +84,7 @@ pub struct Session {
 struct Live {
     opts: CollectOptions,
     vendor: Vendor,
+    core_pmus: Vec<CorePmu>,
     mode: Mode,
     reason: String,
     thinning: Thinning,
@@ -220,8 +221,13 @@ fn check_fd_room(target: &Target) -> Result<(), CollectError> {
 
 /// The events of `mode` at `rate`, with the cpu-clock floor applied
 /// ([`events::plan`]).
-fn plan(mode: Mode, vendor: Vendor, opts: &CollectOptions, rate: &Rate) -> Vec<EventSpec> {
-    events::plan(mode, vendor, rate, opts.include_kernel, opts.cpu_time)
+fn plan(
+    mode: Mode,
+    (vendor, pmus): (Vendor, &[CorePmu]),
+    opts: &CollectOptions,
+    rate: &Rate,
+) -> Vec<EventSpec> {
+    events::plan(mode, vendor, pmus, rate, opts.include_kernel, opts.cpu_time)
 }
 
 impl Session {
@@ -270,7 +276,9 @@ impl Session {
             _pad: 0,
         };
         check_fd_room(&opts.target)?;
-        let programs = ladder::programs_from(start.0, &|m| plan(m, caps.vendor, &opts, &opts.rate));
+        let programs = ladder::programs_from(start.0, &|m| {
+            plan(m, (caps.vendor, &caps.core_pmus), &opts, &opts.rate)
+        });
         let mut bpf = load(opts.ring_bytes, bpf_cfg, caps.btf, &programs)?;
 
         // Signals are caught from here on, so a SIGINT during set-up still reports.
@@ -293,7 +301,7 @@ impl Session {
         let rung = ladder::walk(
             &sys,
             start,
-            &|m| plan(m, caps.vendor, &opts, &opts.rate),
+            &|m| plan(m, (caps.vendor, &caps.core_pmus), &opts, &opts.rate),
             &places,
             extra,
             &attach,
@@ -319,7 +327,7 @@ impl Session {
         .map_err(|e| load_err(e.into()))?;
         // SAFETY: the ring buffer owns its fd, open as long as the AsyncFd wrapping it.
         let ring = unsafe { AsyncFd::register(ring) }.map_err(io::Error::from)?;
-        let window = opts.window.unwrap_or(match caps.lbr_depth {
+        let window = opts.window.unwrap_or(match caps.lbr_depth() {
             Some(depth) => policy::range_window(depth as usize),
             None => policy::FALLBACK_RANGE_WINDOW,
         });
@@ -367,6 +375,7 @@ impl Session {
         }
         let live = Live {
             vendor: caps.vendor,
+            core_pmus: caps.core_pmus.clone(),
             mode: rung.mode,
             reason: rung.reason,
             thinning,
@@ -469,7 +478,7 @@ impl Session {
             period: None,
             ..l.opts.rate
         };
-        let specs = plan(l.mode, l.vendor, &l.opts, &rate);
+        let specs = plan(l.mode, (l.vendor, &l.core_pmus), &l.opts, &rate);
         let sys = Linux;
         for e in &l.open {
             let spec = &specs[e.spec_index];
@@ -733,10 +742,12 @@ mod tests {
             period: None,
             core_hz: 2_000_000_000,
         };
-        let specs = events::plan(Mode::TimeProfile, Vendor::Other, &rate, false, false);
+        let specs = events::plan(Mode::TimeProfile, Vendor::Other, &[], &rate, false, false);
         let sys = FakeSys::new(|_, _, _| None);
         let attach = |_: &'static str| Ok(None);
-        let open = ladder::open_events(&sys, &specs, &[(1, -1), (2, -1)], 0, &attach).unwrap();
+        let open = ladder::open_events(&sys, &specs, &[(1, -1), (2, -1)], 0, &attach)
+            .unwrap()
+            .open;
         let mut r = Redraw::new(&specs, &open);
         let base = specs[0].policy.base;
         let sets = || sys.calls_where(|c| matches!(c, Call::SetPeriod(..))).len();
