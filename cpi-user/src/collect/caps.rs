@@ -196,7 +196,7 @@ impl Capabilities {
     pub fn mode(&self) -> (Mode, String) {
         let devices = "/sys/bus/event_source/devices";
         let vm = if self.hypervisor {
-            "; a virtual machine (cpuinfo flag hypervisor) whose virtual PMU has no LBR"
+            "; a virtual machine's PMU (cpuinfo flag hypervisor): no LBR passed through"
         } else {
             ""
         };
@@ -225,15 +225,15 @@ impl Capabilities {
             (all, None) => (
                 Mode::Cpi,
                 format!(
-                    "PMUs {}, each with branch records (depth {})",
+                    "PMUs {}",
                     all.iter()
-                        .map(CorePmu::describe)
+                        .map(|p| format!(
+                            "{} with {}-deep branch records",
+                            p.describe(),
+                            p.branches.unwrap_or(0)
+                        ))
                         .collect::<Vec<_>>()
-                        .join(" and "),
-                    all.iter()
-                        .map(|p| p.branches.unwrap_or(0).to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(" and ")
                 ),
             ),
         };

@@ -133,11 +133,11 @@ pub fn branch_event(
         (Some(code), None) => (sys::PERF_TYPE_RAW, code, format!("cpu/r{code:x}/")),
         (Some(code), Some(p)) => (p.type_, code, format!("{}/r{code:x}/", p.name)),
         (None, _) => {
-            let (config, prefix) = hardware(sys::PERF_COUNT_HW_CPU_CYCLES, pmu);
+            let (config, name) = hardware(sys::PERF_COUNT_HW_CPU_CYCLES, "cycles", pmu);
             (
                 sys::PERF_TYPE_HARDWARE,
                 config,
-                format!("{prefix}cycles (no retired-taken-branch event known for this CPU)"),
+                format!("{name} (no retired-taken-branch event known for this CPU)"),
             )
         }
     };
@@ -158,16 +158,16 @@ pub fn branch_event(
     }
 }
 
-/// A generic hardware event's config on `pmu` (the PMU's type in bits 63..32, as perf
-/// passes `cpu_atom/cycles/`: tools/perf/Documentation/intel-hybrid.txt), and the
-/// name prefix that says which.
-fn hardware(id: u64, pmu: Option<&CorePmu>) -> (u64, String) {
+/// The config of generic hardware event `id` (named `name`) on `pmu`, with the PMU's
+/// type in bits 63..32 as perf passes `cpu_atom/cycles/`
+/// (tools/perf/Documentation/intel-hybrid.txt), and its name as perf spells it.
+fn hardware(id: u64, name: &str, pmu: Option<&CorePmu>) -> (u64, String) {
     match pmu {
         Some(p) => (
             u64::from(p.type_) << sys::PERF_PMU_TYPE_SHIFT | id,
-            format!("{}/", p.name),
+            format!("{}/{name}/", p.name),
         ),
-        None => (id, String::new()),
+        None => (id, name.to_string()),
     }
 }
 
@@ -202,8 +202,8 @@ fn ip_event(
         period = period.max(CPU_CLOCK_MIN_PERIOD_NS);
         (config, role_name(role).to_string(), None)
     } else {
-        let (config, prefix) = hardware(config, pmu);
-        (config, format!("{prefix}{}", role_name(role)), pmu)
+        let (config, name) = hardware(config, role_name(role), pmu);
+        (config, name, pmu)
     };
     let policy = PeriodPolicy::around(period);
     EventSpec {
@@ -606,5 +606,56 @@ mod tests {
                 .sample_period,
             500_009
         );
+    }
+
+    #[test]
+    fn one_event_per_core_pmu_on_hybrid_parts() {
+        let pmu = |name: &str, type_, cpus: std::ops::Range<u32>| CorePmu {
+            name: name.to_string(),
+            type_,
+            cpus: Some(cpus.collect()),
+            branches: Some(32),
+            pmu_name: None,
+        };
+        let pmus = [pmu("cpu_core", 4, 0..16), pmu("cpu_atom", 8, 16..24)];
+        let specs = plan(Mode::Cpi, Vendor::Intel, &pmus, &RATE, false, true);
+        let got: Vec<(&str, u32, u64, Option<u32>)> = specs
+            .iter()
+            .map(|s| {
+                let first = s.cpus.as_ref().map(|c| c[0]);
+                (s.name.as_str(), s.attr.type_, s.attr.config, first)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("cpu_core/r20c4/", 4, 0x20c4, Some(0)),
+                ("cpu_core/cycles/", 0, 4 << 32, Some(0)),
+                ("cpu_atom/rc0c4/", 8, 0xc0c4, Some(16)),
+                ("cpu_atom/cycles/", 0, 8 << 32, Some(16)),
+                ("cpu-clock", 1, 0, None),
+            ]
+        );
+        assert!(specs[..4]
+            .iter()
+            .step_by(2)
+            .all(|s| s.attr.branch_sample_type != 0));
+        // One PMU: the plain types, as before (perf's own attributes, above).
+        let one = plan(
+            Mode::IpSampling,
+            Vendor::Amd,
+            &pmus[..1],
+            &RATE,
+            false,
+            false,
+        );
+        assert_eq!((one[0].attr.type_, one[0].attr.config), (0, 0));
+        assert_eq!(one[0].cpus, None);
+        // A hybrid part of another vendor, or an unknown Intel core kind: cycles with
+        // a branch stack on that PMU, said in the name.
+        let lp = pmu("cpu_lowpower", 9, 24..26);
+        let e = branch_event(Vendor::Intel, Some(&lp), &RATE, false);
+        assert_eq!((e.attr.type_, e.attr.config), (0, 9 << 32));
+        assert!(e.name.starts_with("cpu_lowpower/cycles/ (no retired-taken"));
     }
 }
