@@ -257,12 +257,16 @@ pub fn plan(
     specs
 }
 
-/// Nominal core clock from `/proc/cpuinfo` ([`core_hz_of`]), 2 GHz when absent.
+/// The core clock assumed where `/proc/cpuinfo` gives none (arm64's never does).
+pub const DEFAULT_CORE_HZ: u64 = 2_000_000_000;
+
+/// Nominal core clock from `/proc/cpuinfo` ([`core_hz_of`]), [`DEFAULT_CORE_HZ`] when
+/// absent.
 pub fn nominal_core_hz() -> u64 {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|t| core_hz_of(&t))
-        .unwrap_or(2_000_000_000)
+        .unwrap_or(DEFAULT_CORE_HZ)
 }
 
 /// The first `cpu MHz` of a `/proc/cpuinfo` text, in Hz.

@@ -102,7 +102,7 @@ fn recorded(root: &std::path::Path) -> anyhow::Result<i32> {
     let rate = events::Rate {
         frequency: DEFAULT_FREQUENCY,
         period: None,
-        core_hz: c.core_hz.unwrap_or(2_000_000_000),
+        core_hz: c.core_hz.unwrap_or(events::DEFAULT_CORE_HZ),
     };
     let (mode, reason) = c.mode();
     line("mode", &format!("{} — {reason}", mode.name()));
