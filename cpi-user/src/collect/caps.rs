@@ -553,4 +553,40 @@ mod tests {
             "CAP_BPF + CAP_PERFMON suffice"
         );
     }
+
+    #[test]
+    fn core_pmus_are_cpu_or_those_with_a_cpus_file() {
+        let root = tree(
+            "hybrid",
+            &[
+                ("sys/bus/event_source/devices/cpu_atom/type", "8\n"),
+                ("sys/bus/event_source/devices/cpu_atom/cpus", "16-23\n"),
+                ("sys/bus/event_source/devices/cpu_core/type", "4\n"),
+                ("sys/bus/event_source/devices/cpu_core/cpus", "0-15\n"),
+                (
+                    "sys/bus/event_source/devices/cpu_core/caps/branches",
+                    "32\n",
+                ),
+                ("sys/bus/event_source/devices/uncore_imc_0/cpumask", "0\n"),
+                CPUINFO_INTEL,
+            ],
+        );
+        let c = Capabilities::probe_at(&root, 0, "6.18.0");
+        let names: Vec<&str> = c.core_pmus.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["cpu_core", "cpu_atom"], "by type; uncore left out");
+        assert_eq!(cpu_list(c.core_pmus[1].cpus.as_deref().unwrap()), "16-23");
+        // One kind of core without branch records: no CPI anywhere, and which is said.
+        assert_eq!(c.lbr_depth(), None);
+        let (mode, why) = c.mode();
+        assert_eq!(mode, Mode::IpSampling);
+        assert!(
+            why.starts_with("PMU cpu_atom (CPUs 16-23) has no branch records"),
+            "{why}"
+        );
+        assert_eq!(cpu_list(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(
+            crate::collect::target::parse_cpu_list("0-2,5,7-8\n"),
+            [0, 1, 2, 5, 7, 8]
+        );
+    }
 }
