@@ -196,10 +196,11 @@ fn placements(target: &Target, child: Option<u32>) -> Result<(Vec<(i32, i32)>, u
     }
 }
 
-/// Makes sure the process may open what the session needs (an event per thread or CPU
-/// and event, the BPF object's maps and programs, the runtime's own few), raising the
-/// soft limit when it can: running out half-way would end in the runtime's panic.
-fn check_fd_room(target: &Target) -> Result<(), CollectError> {
+/// Makes sure the process may open what the session needs (`per_place` events per
+/// thread or CPU at most, the BPF object's maps and programs, the runtime's own few),
+/// raising the soft limit when it can: running out half-way would end in the runtime's
+/// panic.
+fn check_fd_room(target: &Target, per_place: u64) -> Result<(), CollectError> {
     let places = match target {
         Target::SystemWide | Target::SystemWideWhile(_) => target::online_cpus().len(),
         Target::Pids(pids) => pids
@@ -209,9 +210,9 @@ fn check_fd_room(target: &Target) -> Result<(), CollectError> {
         Target::Command(_) => 1,
     } as u64;
     let open_now = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count) as u64;
-    // Two events per placement at most, plus the object (≈ 12 fds), the ring, the
-    // runtime (epoll, eventfd, signal pipe), pidfds and the re-exec pipes.
-    let need = open_now + 2 * places + 32;
+    // The events, plus the object (≈ 12 fds), the ring, the runtime (epoll, eventfd,
+    // signal pipe), pidfds and the re-exec pipes.
+    let need = open_now + per_place * places + 32;
     let limit = sys::raise_fd_limit(need)?;
     if limit < need {
         return Err(CollectError::TooFewFiles { need, limit });
@@ -275,7 +276,9 @@ impl Session {
             include_kernel: opts.include_kernel as u32,
             _pad: 0,
         };
-        check_fd_room(&opts.target)?;
+        // The start rung plans the most events (one set per core PMU on hybrid parts).
+        let per_place = plan(start.0, (caps.vendor, &caps.core_pmus), &opts, &opts.rate).len();
+        check_fd_room(&opts.target, per_place as u64)?;
         let programs = ladder::programs_from(start.0, &|m| {
             plan(m, (caps.vendor, &caps.core_pmus), &opts, &opts.rate)
         });
