@@ -25,4 +25,5 @@ mod simulate;
 mod simulate_bench;
 mod simulate_report;
 mod source_lines;
+mod symbols;
 mod tracer;
