@@ -14,6 +14,7 @@ mod hostile;
 mod import_perf_data;
 mod import_real;
 mod kernels;
+mod machines;
 mod report_fdata;
 mod report_file;
 mod report_fixture;
