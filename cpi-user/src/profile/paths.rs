@@ -107,6 +107,11 @@ fn var_of(v: Option<f64>, rel: Option<f64>) -> f64 {
 }
 
 impl PathTotals {
+    /// What the sums weigh in orderings and shares: cycles, else time, else samples.
+    pub fn weight(&self) -> f64 {
+        self.cycles.or(self.time_ns).unwrap_or(self.samples as f64)
+    }
+
     /// Adds one path.
     pub fn add(&mut self, s: &StackProfile) {
         self.samples = self.samples.saturating_add(s.samples);
@@ -190,6 +195,8 @@ pub struct PathNode {
     pub inclusive: PathTotals,
     /// Paths ending at the node.
     pub own: PathTotals,
+    /// Distinct callees below the node ([`call_tree`] only).
+    pub children: usize,
 }
 
 impl PathNode {
@@ -200,9 +207,9 @@ impl PathNode {
 }
 
 fn node_order(a: &PathNode, b: &PathNode) -> std::cmp::Ordering {
-    let w = |t: &PathTotals| t.cycles.or(t.time_ns).unwrap_or(t.samples as f64);
-    w(&b.inclusive)
-        .total_cmp(&w(&a.inclusive))
+    b.inclusive
+        .weight()
+        .total_cmp(&a.inclusive.weight())
         .then(a.path.len().cmp(&b.path.len()))
         .then_with(|| {
             let k = |n: &PathNode| {
@@ -221,19 +228,29 @@ pub fn call_tree(paths: &[StackProfile]) -> Vec<PathNode> {
     let mut index: HashMap<Vec<(&str, &str)>, usize> = HashMap::new();
     for s in paths {
         let root_first: Vec<&StackFrame> = s.frames.iter().rev().collect();
+        let mut parent: Option<usize> = None;
         for depth in 1..=root_first.len() {
             let k: Vec<(&str, &str)> = root_first[..depth]
                 .iter()
                 .map(|f| (f.function.as_str(), f.binary.as_str()))
                 .collect();
-            let i = *index.entry(k).or_insert_with(|| {
-                nodes.push(PathNode {
-                    path: root_first[..depth].iter().map(|f| (*f).clone()).collect(),
-                    inclusive: PathTotals::default(),
-                    own: PathTotals::default(),
-                });
-                nodes.len() - 1
-            });
+            let i = match index.get(&k) {
+                Some(&i) => i,
+                None => {
+                    nodes.push(PathNode {
+                        path: root_first[..depth].iter().map(|f| (*f).clone()).collect(),
+                        inclusive: PathTotals::default(),
+                        own: PathTotals::default(),
+                        children: 0,
+                    });
+                    if let Some(p) = parent {
+                        nodes[p].children += 1;
+                    }
+                    index.insert(k, nodes.len() - 1);
+                    nodes.len() - 1
+                }
+            };
+            parent = Some(i);
             nodes[i].inclusive.add(s);
             if depth == root_first.len() {
                 nodes[i].own.add(s);
@@ -261,6 +278,7 @@ pub fn callers(paths: &[StackProfile], function: &str) -> Vec<PathNode> {
                     path,
                     inclusive: PathTotals::default(),
                     own: PathTotals::default(),
+                    children: 0,
                 });
                 nodes.len() - 1
             }
@@ -315,7 +333,7 @@ pub(crate) mod tests {
         let main = &tree[0];
         assert_eq!(main.function(), "main");
         assert_eq!(main.inclusive.samples, 180);
-        assert_eq!(main.own.samples, 0);
+        assert_eq!((main.own.samples, main.children), (0, 2));
         let a = tree.iter().find(|n| n.function() == "a").unwrap();
         assert_eq!(a.path.len(), 2);
         assert_eq!(a.inclusive.cycles, Some(500.0));

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::ValueEnum;
 use cpi_user::profile::Profile;
-use cpi_user::report::{fdata, file, pprof, table};
+use cpi_user::report::{fdata, file, folded, pprof, table};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -18,8 +18,11 @@ pub enum Format {
     Table,
     /// The versioned JSON profile (what `cpi-bpf report` reads).
     Json,
-    /// gzip'd pprof profile.proto (go tool pprof, Pyroscope, Parca).
+    /// gzip'd pprof profile.proto (go tool pprof, Pyroscope, Parca); call paths as
+    /// location chains where samples carried stacks.
     Pprof,
+    /// Folded stacks (`comm;root;…;leaf SAMPLES`, flamegraph.pl, inferno, speedscope).
+    Folded,
     /// BOLT .fdata, per binary: with --output FILE, FILE holds the main binary and
     /// `FILE.<name>` each other binary; on standard output, the main binary only.
     Fdata,
@@ -57,6 +60,10 @@ pub struct OutputArgs {
     /// (sample type `calls`).
     #[arg(long)]
     pub callgraph: bool,
+    /// Show the call paths into FUNC (from the samples' stacks) instead of the top
+    /// tables (table).
+    #[arg(long, value_name = "FUNC")]
+    pub callers: Option<String>,
 }
 
 /// Checks the options before any work: `--annotate` only with tables, pprof (binary)
@@ -66,6 +73,12 @@ pub fn validate(args: &OutputArgs) -> anyhow::Result<()> {
     if args.callgraph && args.format != Format::Table {
         anyhow::bail!(
             "--callgraph shows a table; it cannot be combined with --format {} (json has `calls`, pprof the `calls` sample type)",
+            format_name(args.format)
+        );
+    }
+    if args.callers.is_some() && args.format != Format::Table {
+        anyhow::bail!(
+            "--callers shows a table; it cannot be combined with --format {} (json and pprof hold the call paths)",
             format_name(args.format)
         );
     }
@@ -196,6 +209,7 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
                 verbose: args.verbose,
                 per_process: args.per_process,
                 sort: table::SortKey::named(&args.sort).unwrap_or_default(),
+                callers: args.callers.clone(),
             };
             match table::render(profile, &opts) {
                 Ok(text) => write_saving(profile, args.output.as_deref(), text.as_bytes()),
@@ -232,6 +246,11 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
             let bytes = pprof::encode(profile).context("compressing the pprof profile")?;
             write_saving(profile, args.output.as_deref(), &bytes)
         }
+        Format::Folded => write_saving(
+            profile,
+            args.output.as_deref(),
+            folded::render(profile).as_bytes(),
+        ),
         Format::Fdata => {
             let files = fdata::render(profile)?;
             let Some((main, others)) = files.split_first() else {
