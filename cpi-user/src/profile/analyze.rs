@@ -57,7 +57,7 @@ use super::model::{
     InstructionProfile, LossReport, Mode, ProcessProfile, Profile, RunInfo, StackFrame,
     StackProfile, PROFILE_FORMAT_VERSION,
 };
-use super::paths::{bound_paths, pseudo_path, DROPPED_FRAME, NO_STACK_FRAME};
+use super::paths::{bound_paths, frames_key, pseudo_path, PathKey, DROPPED_FRAME, NO_STACK_FRAME};
 use super::stack::{CallStack, StackEnd, StackStat};
 use crate::binary::{
     Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines, Symbolizer,
@@ -565,7 +565,7 @@ impl Ctx<'_> {
         }
         let role = sample_role(self.mode);
         let ranged = self.mode.uses_ranges();
-        let mut paths: BTreeMap<Vec<(String, String)>, PathAcc> = BTreeMap::new();
+        let mut paths: BTreeMap<PathKey, PathAcc> = BTreeMap::new();
         let mut entries: Vec<(&CallStack, &StackStat)> = agg.stacks.iter().collect();
         entries.sort_unstable_by(|a, b| {
             (&a.0.kernel, &a.0.user, a.0.end as u8).cmp(&(&b.0.kernel, &b.0.user, b.0.end as u8))
@@ -1166,15 +1166,11 @@ impl PathAcc {
 
 /// The path of `frames` in `paths`, added empty when new.
 fn path_acc<'p>(
-    paths: &'p mut BTreeMap<Vec<(String, String)>, PathAcc>,
+    paths: &'p mut BTreeMap<PathKey, PathAcc>,
     frames: &[StackFrame],
     end: StackEnd,
 ) -> &'p mut PathAcc {
-    let key = frames
-        .iter()
-        .map(|f| (f.function.clone(), f.binary.clone()))
-        .collect();
-    let acc = paths.entry(key).or_insert_with(|| PathAcc {
+    let acc = paths.entry(frames_key(frames)).or_insert_with(|| PathAcc {
         frames: frames.to_vec(),
         end,
         ..Default::default()
@@ -1536,6 +1532,47 @@ mod range_tests {
             .unwrap_or_else(|| panic!("{name} not in profile"))
     }
 
+    /// sum_loop of analysis_loops: its CFG, the loop's latch (backward jne) and head,
+    /// the `ret` after the latch, and main's call to it.
+    struct SumLoop {
+        f: crate::binary::Function,
+        cfg: Cfg,
+        latch: usize,
+        head: usize,
+        ret: usize,
+        call: Instruction,
+    }
+
+    fn sum_loop(bin: &Binary) -> SumLoop {
+        let f = bin.function_by_name("sum_loop").unwrap().clone();
+        let cfg = bin.cfg(&f, &[]).unwrap();
+        let ins = &cfg.instructions;
+        let latch = ins
+            .iter()
+            .position(|i| i.kind == FlowKind::CondBranch && i.target < Some(i.addr))
+            .expect("a backward loop branch");
+        let head = cfg.instruction_at(ins[latch].target.unwrap()).unwrap();
+        let ret = latch + 1;
+        assert_eq!(ins[ret].kind, FlowKind::Return);
+        let main = bin.function_by_name("main").unwrap().clone();
+        let call = bin
+            .cfg(&main, &[])
+            .unwrap()
+            .instructions
+            .iter()
+            .find(|i| i.kind == FlowKind::Call && i.target == Some(f.start))
+            .unwrap()
+            .clone();
+        SumLoop {
+            f,
+            cfg,
+            latch,
+            head,
+            ret,
+            call,
+        }
+    }
+
     /// sum_loop(a, 3) as gcc -O2 compiles it: entered by a call from main, three
     /// iterations (the backward jne taken twice), ret back to main. One sample of
     /// period 3000 with window 3 → each range occurrence stands for 1000, and the
@@ -1547,23 +1584,15 @@ mod range_tests {
         };
         for (path, base) in [(&t.plain, 0u64), (&t.pie, 0x5555_5555_4000)] {
             let bin = Binary::open(path).unwrap();
-            let f = bin.function_by_name("sum_loop").unwrap().clone();
-            let cfg = bin.cfg(&f, &[]).unwrap();
+            let SumLoop {
+                f,
+                cfg,
+                latch,
+                head,
+                ret,
+                call,
+            } = sum_loop(&bin);
             let ins = &cfg.instructions;
-            let latch = ins
-                .iter()
-                .position(|i| i.kind == FlowKind::CondBranch && i.target < Some(i.addr))
-                .expect("a backward loop branch");
-            let head = cfg.instruction_at(ins[latch].target.unwrap()).unwrap();
-            let ret = latch + 1;
-            assert_eq!(ins[ret].kind, FlowKind::Return, "{path:?}");
-            let main = bin.function_by_name("main").unwrap().clone();
-            let mcfg = bin.cfg(&main, &[]).unwrap();
-            let call = mcfg
-                .instructions
-                .iter()
-                .find(|i| i.kind == FlowKind::Call && i.target == Some(f.start))
-                .unwrap();
             let rt = |a: u64| a + base;
             // Oldest → newest: call, jne, jne, ret; cycles since the previous entry.
             let e1 = BranchEntry::new(rt(call.addr), rt(f.start), false, 0);
@@ -1699,22 +1728,15 @@ mod range_tests {
         let t = TestProgram::get("analysis_loops").expect("analysis_loops builds (gcc)");
         let base = 0x5555_5555_4000;
         let bin = Binary::open(&t.pie).unwrap();
-        let f = bin.function_by_name("sum_loop").unwrap().clone();
-        let cfg = bin.cfg(&f, &[]).unwrap();
+        let SumLoop {
+            f,
+            cfg,
+            latch,
+            head,
+            ret,
+            call,
+        } = sum_loop(&bin);
         let ins = &cfg.instructions;
-        let latch = ins
-            .iter()
-            .position(|i| i.kind == FlowKind::CondBranch && i.target < Some(i.addr))
-            .unwrap();
-        let head = cfg.instruction_at(ins[latch].target.unwrap()).unwrap();
-        let ret = latch + 1;
-        let main = bin.function_by_name("main").unwrap().clone();
-        let mcfg = bin.cfg(&main, &[]).unwrap();
-        let call = mcfg
-            .instructions
-            .iter()
-            .find(|i| i.kind == FlowKind::Call && i.target == Some(f.start))
-            .unwrap();
         let rt = |a: u64| a + base;
         let e1 = BranchEntry::new(rt(call.addr), rt(f.start), false, 0);
         let e2 = BranchEntry::new(rt(ins[latch].addr), rt(ins[head].addr), false, 0);

@@ -37,7 +37,7 @@ use super::model::{
     BlockProfile, CallEdge, EdgeProfile, Estimate, EventInfo, FunctionProfile, InstructionProfile,
     LossReport, Mode, ProcessProfile, Profile, StackFrame, StackProfile,
 };
-use super::paths::{self, PathTotals};
+use super::paths::{self, PathKey, PathTotals};
 
 /// Why profiles could not be merged.
 #[derive(Debug, thiserror::Error)]
@@ -190,7 +190,7 @@ struct ProcAcc {
     calls: BTreeMap<(String, String, String, String), (f64, u64)>,
     /// Call paths by their chain of (function, binary), leaf first: the first window's
     /// frames and the sums.
-    stacks: BTreeMap<Vec<(String, String)>, (Vec<StackFrame>, PathTotals)>,
+    stacks: BTreeMap<PathKey, (Vec<StackFrame>, PathTotals)>,
 }
 
 struct FuncAcc {
@@ -312,12 +312,8 @@ impl Merger {
                 stacks: BTreeMap::new(),
             });
         for s in &p.stacks {
-            let key = paths::key(s)
-                .into_iter()
-                .map(|(f, b)| (f.to_string(), b.to_string()))
-                .collect();
             acc.stacks
-                .entry(key)
+                .entry(paths::frames_key(&s.frames))
                 .or_insert_with(|| (s.frames.clone(), PathTotals::default()))
                 .1
                 .add(s);

@@ -70,6 +70,17 @@ pub fn key(s: &StackProfile) -> Vec<(&str, &str)> {
         .collect()
 }
 
+/// [`key`] owned, of a path's frames (what paths are summed by).
+pub type PathKey = Vec<(String, String)>;
+
+/// The [`PathKey`] of `frames`.
+pub fn frames_key(frames: &[StackFrame]) -> PathKey {
+    frames
+        .iter()
+        .map(|f| (f.function.clone(), f.binary.clone()))
+        .collect()
+}
+
 /// Sums of paths as independent estimates.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PathTotals {
