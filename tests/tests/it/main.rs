@@ -25,4 +25,5 @@ mod simulate_bench;
 mod simulate_report;
 mod source_lines;
 mod stacks_output;
+mod symbols;
 mod tracer;
