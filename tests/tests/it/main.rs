@@ -25,5 +25,6 @@ mod simulate;
 mod simulate_bench;
 mod simulate_report;
 mod source_lines;
+mod stacks_output;
 mod symbols;
 mod tracer;
