@@ -878,7 +878,9 @@ fn imported_paths(set: &SampleSet) -> BTreeMap<(u32, Vec<u64>), u64> {
 /// A real `perf record -e cpu-clock -g` recording (frame-pointer callchains, user and
 /// kernel frames) imports as a time profile whose every sample carries its recorded
 /// call path: the same paths with the same sample counts as `perf script` prints from
-/// the same file, and leaf's callers are the program's (more under b than under a).
+/// the same file, and leaf's callers are the program's (more under b than under a);
+/// symbolised by the analysis (`--format folded`), the paths from main down have
+/// perf script's counts too.
 #[test]
 fn real_fp_callchains_equal_perf_scripts() {
     let dir = temp_dir("pd-real-fp");
@@ -935,6 +937,50 @@ fn real_fp_callchains_equal_perf_scripts() {
         under_b > under_a && under_a * 10 > total,
         "leaf←b {under_b}, leaf←a←main {under_a} of {total}: {by_names:?}"
     );
+    // Through the analysis, symbolised (`--format folded`, root first): the paths from
+    // main down carry the counts perf script gives the same paths.
+    let out = output_ok(
+        Command::new(cpi_bpf())
+            .args(["import-perf", "--format", "folded"])
+            .arg(&data),
+    );
+    let from_main = |frames: Vec<String>| -> Option<String> {
+        let at = frames.iter().position(|f| f == "main")?;
+        Some(frames[at..].join(";"))
+    };
+    let mut folded: BTreeMap<String, u64> = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let (path, n) = line.rsplit_once(' ').expect("`path count`");
+        let frames = path
+            .split(';')
+            .map(|f| f.trim_end_matches("_[k]").to_string())
+            .collect();
+        if let Some(p) = from_main(frames) {
+            *folded.entry(p).or_insert(0) += n.parse::<u64>().unwrap();
+        }
+    }
+    let script = output_ok(
+        Command::new("perf")
+            .args(["script", "-F", "pid,ip,sym", "-i"])
+            .arg(&data),
+    );
+    let mut perf_paths: BTreeMap<String, u64> = BTreeMap::new();
+    for sample in String::from_utf8_lossy(&script.stdout).split("\n\n") {
+        let frames: Vec<String> = sample
+            .lines()
+            .filter(|l| l.starts_with('\t'))
+            .filter_map(|l| l.split_whitespace().nth(1).map(String::from))
+            .rev()
+            .collect();
+        if let Some(p) = from_main(frames) {
+            *perf_paths.entry(p).or_insert(0) += 1;
+        }
+    }
+    assert!(
+        perf_paths.values().sum::<u64>() * 10 > total * 9,
+        "{perf_paths:?}"
+    );
+    assert_eq!(folded, perf_paths);
 }
 
 /// A real `--call-graph dwarf` recording: each sample's user registers and stack bytes
