@@ -400,6 +400,44 @@ fn accuracy(a: &Accuracy, width: Option<usize>) -> String {
             )
         );
     }
+    if let Some(o) = a.overlap_path {
+        let _ = writeln!(
+            s,
+            "  call paths: instruction overlap {o:.4}; CPI error (paths with >= 2% of cycles): \
+             median {} ({} reported errors)  max {}{}",
+            pct_or_dash(a.path_cpi_error_median),
+            a.path_cpi_errors_reported_median
+                .map_or_else(|| "-".into(), |z| format!("{z:.2}")),
+            pct_or_dash(a.path_cpi_error_max),
+            if a.paths_without_cpi > 0 {
+                format!("  ({} without a CPI estimate)", a.paths_without_cpi)
+            } else {
+                String::new()
+            }
+        );
+        let _ = writeln!(
+            s,
+            "  {:>7} {:>12} {:>12} {:>8} {:>8} {:>7}  call path (leaf first)",
+            "share", "instr true", "instr est", "CPI true", "CPI est", "error"
+        );
+        for p in a.paths.iter().take(10) {
+            let cpi = |c: Option<f64>| c.map_or_else(|| "-".into(), |v| format!("{v:.3}"));
+            let _ = writeln!(
+                s,
+                "  {:>6.2}% {:>12} {:>12.0} {:>8} {:>8} {:>7}  {}",
+                p.share * 100.0,
+                p.instructions_true,
+                p.instructions_est,
+                cpi(p.cpi_true),
+                cpi(p.cpi_est),
+                pct_or_dash(p.cpi_error),
+                ellipsize(
+                    &p.frames.join(" <- "),
+                    width.map_or(usize::MAX, |w| w.saturating_sub(66).max(MIN_NAME))
+                )
+            );
+        }
+    }
     s
 }
 

@@ -273,7 +273,7 @@ pub fn compare(profile: &Profile, truth: &Truth) -> Accuracy {
     let median = median(&errors);
     let paths = proc
         .filter(|p| !p.stacks.is_empty())
-        .map(|p| compare_paths(&path_truth(&mut sym, truth), &p.stacks))
+        .map(|p| compare_paths(&paths_of(&mut sym, truth), &p.stacks))
         .unwrap_or_default();
     Accuracy {
         overlap_instruction: overlap(&insn_est, &insn_true),
@@ -312,8 +312,12 @@ fn median(v: &[f64]) -> Option<f64> {
 /// Exact (instructions, cycles) per call path (function names, leaf first, at most
 /// `MAX_USER_FRAMES`): the replay's per-context truth with each return address named
 /// by the function of its call instruction (`ret - 1`), as analysis names sampled
-/// stacks.
-pub fn path_truth(sym: &mut Symbolizer, truth: &Truth) -> HashMap<Vec<String>, (u64, u64)> {
+/// stacks. The paths [`compare`] judges the profile's by.
+pub fn path_truth(truth: &Truth) -> HashMap<Vec<String>, (u64, u64)> {
+    paths_of(&mut truth_symbolizer(), truth)
+}
+
+fn paths_of(sym: &mut Symbolizer, truth: &Truth) -> HashMap<Vec<String>, (u64, u64)> {
     let mut names: Vec<String> = Vec::new();
     let mut ids: HashMap<String, u32> = HashMap::new();
     let mut name_of = |sym: &mut Symbolizer, addr: u64| -> u32 {

@@ -504,6 +504,79 @@ mod tests {
         assert!(r.timed_hits > 0 && r.timed_cycles >= 6 * r.timed_hits);
     }
 
+    /// A call range [0x2000, 0x2004] to 0x3000 (return address 0x2009): cycle samples
+    /// in it carry the caller's stack, branch samples taken at the call the callee's.
+    #[test]
+    fn samples_carry_the_stack_of_where_they_were_taken() {
+        let cfg = PmuConfig {
+            branch: fixed(1),
+            cycles: fixed(1),
+            depth: 4,
+            perturbation: Perturbation::None,
+            ..PmuConfig::default()
+        };
+        let r = RangeInfo {
+            start: 0x2000,
+            end: 0x2004,
+            n: 2,
+            addrs: vec![0x2000, 0x2004],
+            costs: vec![1, 2],
+            static_cycles: 3,
+            conds: Vec::new(),
+            last: Flow::Direct {
+                ret_to: Some(0x2009),
+            },
+            reps: Vec::new(),
+        };
+        let mut tree = ContextTree::default();
+        let outer = tree.transfer(
+            ThreadStack::default(),
+            Flow::Direct {
+                ret_to: Some(0x1005),
+            },
+            0x2000,
+        );
+        let inner = tree.transfer(outer, r.last, 0x3000);
+        let frames = Frames {
+            tree: &tree,
+            before: outer,
+            after: inner,
+        };
+        let mut set = SampleSet::new(3);
+        let mut pmu = Pmu::new(cfg, 7);
+        let mut d = Dynamic::default();
+        Predictor::default().execute(&r, Ending::Taken { to: 0x3000 }, &mut d);
+        pmu.on_range(&mut set, 7, &r, &d, Ending::Taken { to: 0x3000 }, &frames);
+        let stacks = &set.processes[&7].stacks;
+        assert_eq!(stacks.unstacked, 0);
+        let user = |s: &CallStack| s.user.to_vec();
+        let mut ip: Vec<(Vec<u64>, u64)> = stacks
+            .stacks
+            .iter()
+            .filter_map(|(s, st)| st.ips.get(&EventRole::Cycles).map(|c| (user(s), c.1)))
+            .collect();
+        ip.sort();
+        // Every cycle of the range sampled (period 1), each under [ip, 0x1005].
+        assert_eq!(
+            ip,
+            vec![
+                (vec![0x2000, 0x1005], 1),
+                (vec![0x2004, 0x1005], d.cycles - 1)
+            ]
+        );
+        let branch: Vec<Vec<u64>> = stacks
+            .stacks
+            .iter()
+            .filter(|(_, st)| st.branch_samples > 0)
+            .map(|(s, _)| user(s))
+            .collect();
+        assert_eq!(branch, vec![vec![0x3000, 0x2009, 0x1005]]);
+        assert!(stacks
+            .stacks
+            .keys()
+            .all(|s| s.end == crate::profile::StackEnd::Complete));
+    }
+
     #[test]
     fn thinning_and_redraws_keep_total_weight_near_exact() {
         for perturbation in [Perturbation::Kernel, Perturbation::Both] {
