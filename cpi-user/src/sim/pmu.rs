@@ -477,16 +477,20 @@ mod tests {
         PeriodPolicy { base: p, jitter: 0 }
     }
 
-    #[test]
-    fn period_one_samples_every_taken_branch_and_every_cycle() {
-        let cfg = PmuConfig {
+    /// Every taken branch and every cycle sampled, LBR depth 4, periods as given.
+    fn every_event() -> PmuConfig {
+        PmuConfig {
             branch: fixed(1),
             cycles: fixed(1),
             depth: 4,
             perturbation: Perturbation::None,
             ..PmuConfig::default()
-        };
-        let (set, pmu, cycles) = run(cfg, 1000);
+        }
+    }
+
+    #[test]
+    fn period_one_samples_every_taken_branch_and_every_cycle() {
+        let (set, pmu, cycles) = run(every_event(), 1000);
         assert_eq!(pmu.stats.branch_samples, 1000);
         assert_eq!(pmu.stats.ip_samples, cycles);
         let p = &set.processes[&7];
@@ -508,13 +512,6 @@ mod tests {
     /// in it carry the caller's stack, branch samples taken at the call the callee's.
     #[test]
     fn samples_carry_the_stack_of_where_they_were_taken() {
-        let cfg = PmuConfig {
-            branch: fixed(1),
-            cycles: fixed(1),
-            depth: 4,
-            perturbation: Perturbation::None,
-            ..PmuConfig::default()
-        };
         let r = RangeInfo {
             start: 0x2000,
             end: 0x2004,
@@ -543,7 +540,7 @@ mod tests {
             after: inner,
         };
         let mut set = SampleSet::new(3);
-        let mut pmu = Pmu::new(cfg, 7);
+        let mut pmu = Pmu::new(every_event(), 7);
         let mut d = Dynamic::default();
         Predictor::default().execute(&r, Ending::Taken { to: 0x3000 }, &mut d);
         pmu.on_range(&mut set, 7, &r, &d, Ending::Taken { to: 0x3000 }, &frames);
