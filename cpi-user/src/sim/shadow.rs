@@ -157,13 +157,8 @@ impl ContextTree {
     }
 
     /// Nodes in the tree (the root included); node ids are `0..len()`.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.nodes.len()
-    }
-
-    /// Only the root.
-    pub fn is_empty(&self) -> bool {
-        self.nodes.len() == 1
     }
 
     /// The stack an unwinder would report at `ip` under `at`: `[ip, return addresses…]`
