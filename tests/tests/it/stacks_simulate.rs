@@ -95,6 +95,31 @@ fn exact_paths_of_sim_mix_follow_its_calls() {
     }
 }
 
+/// Signal handlers and threads: sim_threads raises SIGUSR1 20 times between calls of
+/// `work` from `main`, then runs `work` in two threads. The handler runs above the
+/// interrupted code (its path passes through `main`), the stack is whole again after
+/// each handler returns (so `work` has exactly one path under `main`), and a thread's
+/// `work` runs under `worker`.
+#[test]
+fn signal_handlers_and_threads_keep_exact_stacks() {
+    let exe = program("sim_threads").unwrap();
+    let Some(out) = simulate(&PmuConfig::default(), &[exe.to_str().unwrap()]) else {
+        return;
+    };
+    assert_eq!(out.truth.stats.interrupts, 20, "one per raise()");
+    let paths = path_truth(&out.truth);
+    show(&paths);
+    let handler: Vec<_> = paths.keys().filter(|k| k[0] == "on_signal").collect();
+    assert!(!handler.is_empty());
+    for k in handler {
+        assert!(k.len() > 2 && k.contains(&"main".to_string()), "{k:?}");
+    }
+    let work: Vec<_> = paths.keys().filter(|k| k[0] == "work").collect();
+    assert_eq!(work.len(), 2, "{work:?}");
+    assert!(work.iter().any(|k| k[1] == "main"), "{work:?}");
+    assert!(work.iter().any(|k| k[1] == "worker"), "{work:?}");
+}
+
 /// How many reported standard errors the median path CPI error may be: half the
 /// checked paths beyond 2 errors each has probability C(n, n/2)·0.054^(n/2) at most
 /// (0.054: |t₃₁| > 2, the reported errors being estimated from 32 groups, cf.
