@@ -531,6 +531,9 @@ mod tests {
                 rel_error,
                 samples: 10,
             }),
+            cycles_rel_error: None,
+            instructions_rel_error: None,
+            range_hits: 10,
         }
     }
 
