@@ -683,6 +683,53 @@ pub struct Accuracy {
     pub cycles_est: Option<f64>,
     /// Functions by share of the exact cycles, largest first.
     pub functions: Vec<FunctionAccuracy>,
+    /// Overlap Σ min(p̂, p) of the normalised instructions per call path (a path is its
+    /// chain of function names, leaf first; its instructions are those that ran in the
+    /// leaf function under it). `None`: the profile has no call paths (files before
+    /// stacks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap_path: Option<f64>,
+    /// Median relative CPI error over call paths with ≥ 2 % of cycles.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_cpi_error_median: Option<f64>,
+    /// Largest relative CPI error over the same paths.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_cpi_error_max: Option<f64>,
+    /// Median over the same paths of |CPI error| in units of the error the profile
+    /// reports for the path (its standard errors).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_cpi_errors_reported_median: Option<f64>,
+    /// Call paths with ≥ 2 % of cycles but no CPI in the profile.
+    #[serde(default)]
+    pub paths_without_cpi: u64,
+    /// Call paths by share of the exact cycles, largest first (the top ones).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<PathAccuracy>,
+}
+
+/// One call path, true and estimated.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct PathAccuracy {
+    /// Function names, leaf first (as [`StackProfile::frames`]).
+    pub frames: Vec<String>,
+    /// Share of the truth's cycles.
+    pub share: f64,
+    /// Exact instructions in the leaf function under the path.
+    pub instructions_true: u64,
+    /// Instructions the profile estimates.
+    pub instructions_est: f64,
+    /// Exact cycles (modelled) of those instructions.
+    pub cycles_true: u64,
+    /// Cycles the profile estimates.
+    pub cycles_est: f64,
+    /// Exact cycles per instruction.
+    pub cpi_true: Option<f64>,
+    /// The profile's CPI for the path, when it has one.
+    pub cpi_est: Option<f64>,
+    /// |cpi_est − cpi_true| / cpi_true.
+    pub cpi_error: Option<f64>,
+    /// The error the profile reports for `cpi_est` (relative standard error).
+    pub cpi_rel_error: Option<f64>,
 }
 
 /// One function, true and estimated.

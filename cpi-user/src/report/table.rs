@@ -604,30 +604,79 @@ fn accuracy(a: &Accuracy, width: Option<usize>) -> String {
             String::new()
         }
     );
-    let _ = writeln!(
-        s,
-        "  {:>7} {:>12} {:>12} {:>8} {:>8} {:>7}  function",
-        "share", "instr true", "instr est", "CPI true", "CPI est", "error"
-    );
+    s += &accuracy_header("function");
     for f in a.functions.iter().take(15) {
-        let cpi = |c: Option<f64>| c.map_or_else(|| "-".into(), |v| format!("{v:.3}"));
-        let _ = writeln!(
-            s,
-            "  {:>6.2}% {:>12} {:>12.0} {:>8} {:>8} {:>7}  {}",
-            f.share * 100.0,
+        s += &accuracy_row(
+            f.share,
             f.instructions_true,
             f.instructions_est,
-            cpi(f.cpi_true),
-            cpi(f.cpi_est),
-            pct_or_dash(f.cpi_error),
-            // The columns before the name take 66 characters.
-            ellipsize(
-                &f.name,
-                width.map_or(usize::MAX, |w| w.saturating_sub(66).max(MIN_NAME))
-            )
+            [f.cpi_true, f.cpi_est, f.cpi_error],
+            &f.name,
+            width,
         );
     }
+    if let Some(o) = a.overlap_path {
+        let _ = writeln!(
+            s,
+            "  call paths: instruction overlap {o:.4}; CPI error (paths with >= 2% of cycles): \
+             median {} ({} reported errors)  max {}{}",
+            pct_or_dash(a.path_cpi_error_median),
+            a.path_cpi_errors_reported_median
+                .map_or_else(|| "-".into(), |z| format!("{z:.2}")),
+            pct_or_dash(a.path_cpi_error_max),
+            if a.paths_without_cpi > 0 {
+                format!("  ({} without a CPI estimate)", a.paths_without_cpi)
+            } else {
+                String::new()
+            }
+        );
+        s += &accuracy_header("call path (leaf first)");
+        for p in a.paths.iter().take(10) {
+            s += &accuracy_row(
+                p.share,
+                p.instructions_true,
+                p.instructions_est,
+                [p.cpi_true, p.cpi_est, p.cpi_error],
+                &p.frames.join(" <- "),
+                width,
+            );
+        }
+    }
     s
+}
+
+/// The column heads of an accuracy table whose units are `what`.
+fn accuracy_header(what: &str) -> String {
+    format!(
+        "  {:>7} {:>12} {:>12} {:>8} {:>8} {:>7}  {what}\n",
+        "share", "instr true", "instr est", "CPI true", "CPI est", "error"
+    )
+}
+
+/// One unit (function, call path) of an accuracy table: CPI true, estimated, error.
+fn accuracy_row(
+    share: f64,
+    instructions_true: u64,
+    instructions_est: f64,
+    [cpi_true, cpi_est, error]: [Option<f64>; 3],
+    name: &str,
+    width: Option<usize>,
+) -> String {
+    let cpi = |c: Option<f64>| c.map_or_else(|| "-".into(), |v| format!("{v:.3}"));
+    format!(
+        "  {:>6.2}% {:>12} {:>12.0} {:>8} {:>8} {:>7}  {}\n",
+        share * 100.0,
+        instructions_true,
+        instructions_est,
+        cpi(cpi_true),
+        cpi(cpi_est),
+        pct_or_dash(error),
+        // The columns before the name take 66 characters.
+        ellipsize(
+            name,
+            width.map_or(usize::MAX, |w| w.saturating_sub(66).max(MIN_NAME))
+        )
+    )
 }
 
 /// The run in a few lines: the mode, the command, duration, samples and losses; with

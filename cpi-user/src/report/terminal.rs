@@ -46,6 +46,9 @@ pub fn escaped(p: &Profile) -> Profile {
             each(&mut f.name);
             each(&mut f.binary);
         }
+        for p in &mut a.paths {
+            p.frames.iter_mut().for_each(each);
+        }
     }
     q
 }

@@ -11,16 +11,29 @@
 //!   source and target address) and fall-through edges out of block ends.
 //! * **CPI error** |ĉ − c| / c per function, over functions with at least
 //!   [`CPI_SHARE_FLOOR`] of the cycles: median and maximum.
+//! * **per call path** ([`compare_paths`]): a path is its chain of function names, leaf
+//!   first, cut at `MAX_USER_FRAMES` frames as a sampled stack is; its exact
+//!   instructions and cycles are those of the instructions that ran in the leaf function
+//!   with that stack (the replay's calling contexts, cpi-user/src/sim/shadow.rs), its
+//!   estimate the profile's [`StackProfile`]s of that chain. Overlap of the normalised
+//!   instructions, and CPI error over paths with [`CPI_SHARE_FLOOR`] of the cycles, also
+//!   in units of the error the profile reports.
 
 use std::collections::{BTreeMap, HashMap};
 
+use cpi_common::wire::MAX_USER_FRAMES;
+
 use super::replay::{InsnTruth, Truth};
 use crate::binary::{CodeObject, Symbolizer, SymbolizerOptions};
-pub use crate::profile::model::{Accuracy, FunctionAccuracy};
-use crate::profile::model::{EdgeKind, Profile};
+pub use crate::profile::model::{Accuracy, FunctionAccuracy, PathAccuracy};
+use crate::profile::model::{EdgeKind, Profile, StackProfile};
 
 /// Functions below this share of the truth's cycles are left out of the CPI error.
 pub const CPI_SHARE_FLOOR: f64 = 0.02;
+/// Call paths listed in [`Accuracy::paths`] at most.
+const PATHS_LISTED: usize = 50;
+/// The name of a frame whose address no mapping covers.
+const UNKNOWN_FUNCTION: &str = "[unknown]";
 
 /// Σ min(p̂, p) over the union of keys, each side normalised by its own total.
 pub fn overlap<K: std::hash::Hash + Eq>(est: &HashMap<K, f64>, truth: &HashMap<K, f64>) -> f64 {
@@ -257,14 +270,11 @@ pub fn compare(profile: &Profile, truth: &Truth) -> Accuracy {
     }
     functions.sort_by(|a, b| b.share.total_cmp(&a.share));
     errors.sort_by(f64::total_cmp);
-    let median = (!errors.is_empty()).then(|| {
-        let n = errors.len();
-        if n % 2 == 1 {
-            errors[n / 2]
-        } else {
-            (errors[n / 2 - 1] + errors[n / 2]) / 2.0
-        }
-    });
+    let median = median(&errors);
+    let paths = proc
+        .filter(|p| !p.stacks.is_empty())
+        .map(|p| compare_paths(&paths_of(&mut sym, truth), &p.stacks))
+        .unwrap_or_default();
     Accuracy {
         overlap_instruction: overlap(&insn_est, &insn_true),
         overlap_block: overlap(&block_est, &block_true),
@@ -278,6 +288,201 @@ pub fn compare(profile: &Profile, truth: &Truth) -> Accuracy {
         instructions_est: proc.and_then(|p| p.instructions),
         cycles_est: proc.and_then(|p| p.cycles),
         functions,
+        overlap_path: paths.overlap,
+        path_cpi_error_median: paths.cpi_error_median,
+        path_cpi_error_max: paths.cpi_error_max,
+        path_cpi_errors_reported_median: paths.errors_reported_median,
+        paths_without_cpi: paths.without_cpi,
+        paths: paths.paths,
+    }
+}
+
+/// The median of sorted `v`.
+fn median(v: &[f64]) -> Option<f64> {
+    let n = v.len();
+    (n > 0).then(|| {
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        }
+    })
+}
+
+/// Exact (instructions, cycles) per call path (function names, leaf first, at most
+/// `MAX_USER_FRAMES`): the replay's per-context truth with each return address named
+/// by the function of its call instruction (`ret - 1`), as analysis names sampled
+/// stacks. The paths [`compare`] judges the profile's by.
+pub fn path_truth(truth: &Truth) -> HashMap<Vec<String>, (u64, u64)> {
+    paths_of(&mut truth_symbolizer(), truth)
+}
+
+fn paths_of(sym: &mut Symbolizer, truth: &Truth) -> HashMap<Vec<String>, (u64, u64)> {
+    let mut names: Vec<String> = Vec::new();
+    let mut ids: HashMap<String, u32> = HashMap::new();
+    let mut name_of = |sym: &mut Symbolizer, addr: u64| -> u32 {
+        let name = sym
+            .resolve(truth.pid, &truth.maps, addr)
+            .map_or_else(|_| UNKNOWN_FUNCTION.to_string(), |r| r.function.name);
+        *ids.entry(name).or_insert_with_key(|n| {
+            names.push(n.clone());
+            names.len() as u32 - 1
+        })
+    };
+    // Each context's callers, innermost first, named once per context.
+    let callers: Vec<u32> = truth
+        .contexts
+        .iter()
+        .enumerate()
+        .map(|(n, &(_, ret))| {
+            if n == 0 {
+                0
+            } else {
+                name_of(sym, ret.saturating_sub(1))
+            }
+        })
+        .collect();
+    let mut leaf: HashMap<u64, u32> = HashMap::new();
+    let mut chains: HashMap<u32, Vec<u32>> = HashMap::new();
+    let mut paths: HashMap<Vec<u32>, (u64, u64)> = HashMap::new();
+    for (&(ctx, addr), &(count, cycles)) in &truth.context_insns {
+        let f = *leaf.entry(addr).or_insert_with(|| name_of(sym, addr));
+        let chain = chains.entry(ctx).or_insert_with(|| {
+            let mut c = Vec::new();
+            let mut n = ctx;
+            while n != 0 && c.len() + 1 < MAX_USER_FRAMES {
+                c.push(callers[n as usize]);
+                n = truth.contexts[n as usize].0;
+            }
+            c
+        });
+        let mut key = Vec::with_capacity(chain.len() + 1);
+        key.push(f);
+        key.extend_from_slice(chain);
+        let e = paths.entry(key).or_default();
+        e.0 += count;
+        e.1 += cycles;
+    }
+    paths
+        .into_iter()
+        .map(|(k, v)| (k.iter().map(|&i| names[i as usize].clone()).collect(), v))
+        .collect()
+}
+
+/// The per-path part of [`Accuracy`].
+#[derive(Debug, Default, PartialEq)]
+pub struct PathComparison {
+    /// [`Accuracy::overlap_path`].
+    pub overlap: Option<f64>,
+    /// [`Accuracy::path_cpi_error_median`].
+    pub cpi_error_median: Option<f64>,
+    /// [`Accuracy::path_cpi_error_max`].
+    pub cpi_error_max: Option<f64>,
+    /// [`Accuracy::path_cpi_errors_reported_median`].
+    pub errors_reported_median: Option<f64>,
+    /// [`Accuracy::paths_without_cpi`].
+    pub without_cpi: u64,
+    /// [`Accuracy::paths`].
+    pub paths: Vec<PathAccuracy>,
+}
+
+/// Compares the profile's call paths `est` with the exact `truth` per path
+/// ((instructions, cycles) by function-name chain, [`path_truth`]). Profile paths of
+/// the same chain are summed; their CPI is the sum's, with the largest error any of
+/// them reports.
+pub fn compare_paths(
+    truth: &HashMap<Vec<String>, (u64, u64)>,
+    est: &[StackProfile],
+) -> PathComparison {
+    #[derive(Default)]
+    struct Est {
+        instructions: f64,
+        cycles: f64,
+        cpi: Option<(f64, f64)>,
+        parts: usize,
+    }
+    let mut by_chain: HashMap<Vec<String>, Est> = HashMap::new();
+    for s in est {
+        let key: Vec<String> = s.frames.iter().map(|f| f.function.clone()).collect();
+        let e = by_chain.entry(key).or_default();
+        e.instructions += s.instructions.unwrap_or(0.0);
+        e.cycles += s.cycles.unwrap_or(0.0);
+        e.parts += 1;
+        e.cpi = match (e.cpi, s.cpi) {
+            (None, Some(c)) if e.parts == 1 => Some((c.value, c.rel_error)),
+            (Some((v, r)), Some(c)) => Some((v, r.max(c.rel_error))),
+            _ => None,
+        };
+    }
+    for e in by_chain.values_mut() {
+        if e.parts > 1 {
+            e.cpi = e
+                .cpi
+                .filter(|_| e.instructions > 0.0)
+                .map(|(_, r)| (e.cycles / e.instructions, r));
+        }
+    }
+    let est_instr: HashMap<&Vec<String>, f64> =
+        by_chain.iter().map(|(k, e)| (k, e.instructions)).collect();
+    let true_instr: HashMap<&Vec<String>, f64> =
+        truth.iter().map(|(k, t)| (k, t.0 as f64)).collect();
+    let total_cycles: u64 = truth.values().map(|t| t.1).sum();
+    let mut paths = Vec::new();
+    let (mut errors, mut reported, mut without) = (Vec::new(), Vec::new(), 0);
+    for (k, &(instructions, cycles)) in truth {
+        let share = if total_cycles > 0 {
+            cycles as f64 / total_cycles as f64
+        } else {
+            0.0
+        };
+        let e = by_chain.get(k);
+        let cpi_true = (instructions > 0).then(|| cycles as f64 / instructions as f64);
+        let cpi = e.and_then(|e| e.cpi);
+        let cpi_error = match (cpi, cpi_true) {
+            (Some((v, _)), Some(t)) if t > 0.0 => Some((v - t).abs() / t),
+            _ => None,
+        };
+        if share >= CPI_SHARE_FLOOR {
+            match (cpi, cpi_true) {
+                (Some((v, rel)), Some(t)) if t > 0.0 => {
+                    let err = (v - t).abs();
+                    errors.push(err / t);
+                    let bar = rel * v;
+                    reported.push(if bar > 0.0 {
+                        err / bar
+                    } else if err == 0.0 {
+                        0.0
+                    } else {
+                        f64::INFINITY
+                    });
+                }
+                _ => without += 1,
+            }
+        }
+        paths.push(PathAccuracy {
+            frames: k.clone(),
+            share,
+            instructions_true: instructions,
+            instructions_est: e.map_or(0.0, |e| e.instructions),
+            cycles_true: cycles,
+            cycles_est: e.map_or(0.0, |e| e.cycles),
+            cpi_true,
+            cpi_est: cpi.map(|c| c.0),
+            cpi_error,
+            cpi_rel_error: cpi.map(|c| c.1),
+        });
+    }
+    paths.sort_by(|a, b| b.share.total_cmp(&a.share).then(a.frames.cmp(&b.frames)));
+    paths.truncate(PATHS_LISTED);
+    errors.sort_by(f64::total_cmp);
+    reported.sort_by(f64::total_cmp);
+    PathComparison {
+        overlap: Some(overlap(&est_instr, &true_instr)),
+        cpi_error_median: median(&errors),
+        cpi_error_max: errors.last().copied(),
+        errors_reported_median: median(&reported),
+        without_cpi: without,
+        paths,
     }
 }
 
@@ -297,5 +502,82 @@ mod tests {
         // p = (.25, .75, 0) vs p̂ = (.25, 0, .75): overlap .25.
         assert!((overlap(&c, &b) - 0.25).abs() < 1e-12);
         assert_eq!(overlap(&HashMap::<u32, f64>::new(), &b), 0.0);
+    }
+
+    fn path(
+        frames: &[&str],
+        instructions: f64,
+        cycles: f64,
+        cpi: Option<(f64, f64)>,
+    ) -> StackProfile {
+        use crate::profile::model::{Estimate, StackFrame};
+        StackProfile {
+            frames: frames
+                .iter()
+                .map(|f| StackFrame {
+                    function: f.to_string(),
+                    binary: "/bin/x".into(),
+                    address: 0,
+                })
+                .collect(),
+            end: crate::profile::StackEnd::Complete,
+            samples: 10,
+            branch_samples: 10,
+            time_ns: None,
+            cycles: Some(cycles),
+            instructions: Some(instructions),
+            cpi: cpi.map(|(value, rel_error)| Estimate {
+                value,
+                rel_error,
+                samples: 10,
+            }),
+            cycles_rel_error: None,
+            instructions_rel_error: None,
+            range_hits: 10,
+        }
+    }
+
+    fn chain(frames: &[&str]) -> Vec<String> {
+        frames.iter().map(|f| f.to_string()).collect()
+    }
+
+    #[test]
+    fn paths_compare_by_name_chain_with_reported_errors() {
+        // Exact: main;a;leaf 600 instructions at CPI 2, main;b;leaf 300 at CPI 1,
+        // main 100 at CPI 1 (cycles: 1200, 300, 100).
+        let truth: HashMap<Vec<String>, (u64, u64)> = [
+            (chain(&["leaf", "a", "main"]), (600, 1200)),
+            (chain(&["leaf", "b", "main"]), (300, 300)),
+            (chain(&["main"]), (100, 100)),
+        ]
+        .into();
+        let est = [
+            // Same shape, CPI 2.2 ± 5 %: 0.1 off, 2 reported errors (0.11 each).
+            path(&["leaf", "a", "main"], 6000.0, 13200.0, Some((2.2, 0.05))),
+            // Split in two profile paths of one chain: summed.
+            path(&["leaf", "b", "main"], 1000.0, 1000.0, Some((1.0, 0.02))),
+            path(&["leaf", "b", "main"], 2000.0, 2000.0, Some((1.0, 0.04))),
+            // A path the truth does not have.
+            path(&["other", "main"], 1000.0, 1000.0, None),
+        ];
+        let c = compare_paths(&truth, &est);
+        // p̂ = (.6, .3, 0, .1) against p = (.6, .3, .1, 0): overlap .9.
+        assert!((c.overlap.unwrap() - 0.9).abs() < 1e-12, "{c:?}");
+        // Paths with ≥ 2 % of cycles: all three exact ones; main has no estimate.
+        assert_eq!(c.without_cpi, 1);
+        assert!((c.cpi_error_max.unwrap() - 0.1).abs() < 1e-12);
+        assert!((c.cpi_error_median.unwrap() - 0.05).abs() < 1e-12);
+        // Reported errors: 0.2 / (0.05 × 2.2) ≈ 1.82 and 0 → median ≈ 0.91.
+        let z = c.errors_reported_median.unwrap();
+        assert!((z - 0.2 / 0.11 / 2.0).abs() < 1e-9, "{z}");
+        let b = c.paths.iter().find(|p| p.frames[1] == "b").unwrap();
+        assert_eq!((b.instructions_est, b.cpi_rel_error), (3000.0, Some(0.04)));
+        assert_eq!(c.paths[0].frames, chain(&["leaf", "a", "main"]));
+        assert!((c.paths[0].share - 0.75).abs() < 1e-12);
+        // No estimate at all: no overlap, every checked path without CPI.
+        let none = compare_paths(&truth, &[]);
+        assert_eq!(none.overlap, Some(0.0));
+        assert_eq!(none.without_cpi, 3);
+        assert_eq!(none.errors_reported_median, None);
     }
 }

@@ -11,6 +11,7 @@ pub mod cycles;
 pub mod pmu;
 pub mod replay;
 pub mod run;
+pub mod shadow;
 pub mod trace;
 
 use std::ffi::OsString;

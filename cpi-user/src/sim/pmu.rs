@@ -22,6 +22,11 @@
 //! the cycle counter's ([`BranchEvent::Cycles`]: each cycle sample then carries the LBR
 //! as it was at that instruction, and the taken-branch counter emits nothing).
 //!
+//! Every record carries the thread's exact call stack from the replay's shadow stack
+//! (cpi-user/src/sim/shadow.rs): a cycle sample the stack of the instruction it lands
+//! on, a branch sample the stack after the taken branch it was taken at — as an unwinder
+//! run at the interrupt would see them.
+//!
 //! LBR entries carry the cycles since the previous entry (Skylake+ semantics, saturated
 //! at 0xffff) and the predictor's mispredict flag. Skid: the cycle sample's IP is taken
 //! `skid` instructions after the overflowing one (within its range); the branch sample
@@ -36,8 +41,9 @@ use cpi_common::wire::{
 };
 
 use super::cycles::{Dynamic, Ending, RangeInfo};
+use super::shadow::Frames;
 use super::FastMap;
-use crate::profile::{SampleSet, StackWeighting};
+use crate::profile::{CallStack, SampleSet, StackWeighting};
 
 /// The counter whose overflow snapshots the branch stack.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -293,8 +299,16 @@ impl Pmu {
         }
     }
 
-    /// Emits thread `tid`'s LBR as a branch sample standing for `weight` events.
-    fn emit_stack(&mut self, set: &mut SampleSet, tid: u32, ip: u64, weight: u64) {
+    /// Emits thread `tid`'s LBR as a branch sample standing for `weight` events, taken
+    /// under call stack `stack`.
+    fn emit_stack(
+        &mut self,
+        set: &mut SampleSet,
+        tid: u32,
+        ip: u64,
+        weight: u64,
+        stack: &CallStack,
+    ) {
         let t = &self.threads[&tid];
         let depth = self.cfg.depth;
         let mut entries = [BranchEntry::default(); MAX_BRANCH_ENTRIES];
@@ -303,12 +317,13 @@ impl Pmu {
         }
         let nr = t.filled as u16;
         let h = self.header(SampleKind::Branch, tid, EventRole::Branches, weight, ip, nr);
-        set.add_branch(&BranchSample { header: h, entries });
+        set.add_branch_with_stack(&BranchSample { header: h, entries }, Some(stack));
         self.stats.branch_samples += 1;
     }
 
-    /// One execution of range `r` by thread `tid`, as the cycle model costed it.
-    /// `ending` with `Taken` retires the taken branch `r.end → to`.
+    /// One execution of range `r` by thread `tid`, as the cycle model costed it, under
+    /// the call stacks `frames`. `ending` with `Taken` retires the taken branch
+    /// `r.end → to`.
     pub fn on_range(
         &mut self,
         set: &mut SampleSet,
@@ -316,6 +331,7 @@ impl Pmu {
         r: &RangeInfo,
         d: &Dynamic,
         ending: Ending,
+        frames: &Frames,
     ) {
         let thin = Counter::thinning(&self.cfg);
         let skid = self.cfg.skid as usize;
@@ -352,13 +368,14 @@ impl Pmu {
             match t.cycles.thin.on_overflow(period, thin) {
                 Some(w) => {
                     let h = self.header(SampleKind::Ip, tid, EventRole::Cycles, w, ip, 0);
-                    set.add_ip(&IpSample { header: h })
+                    let stack = frames.before(ip);
+                    set.add_ip_with_stack(&IpSample { header: h }, Some(&stack))
                         .expect("Cycles is a known role");
                     self.stats.ip_samples += 1;
                     if self.cfg.branch_event == BranchEvent::Cycles {
-                        // The stack as it stands at this instruction: r's own taken
+                        // The LBR as it stands at this instruction: r's own taken
                         // branch has not retired yet.
-                        self.emit_stack(set, tid, ip, w);
+                        self.emit_stack(set, tid, ip, w, &stack);
                     }
                 }
                 None => self.stats.thinned += 1,
@@ -405,7 +422,7 @@ impl Pmu {
         self.stats.branch_overflows += overflowed as u64;
         self.stats.thinned += thinned as u64;
         if let Some((ip, weight)) = fire {
-            self.emit_stack(set, tid, ip, weight);
+            self.emit_stack(set, tid, ip, weight, &frames.after(ip));
         }
         if self.now_cycles >= self.next_redraw {
             self.redraw();
@@ -417,6 +434,7 @@ impl Pmu {
 mod tests {
     use super::*;
     use crate::sim::cycles::{Flow, Predictor};
+    use crate::sim::shadow::{ContextTree, ThreadStack};
 
     /// A loop: range A [0x1000, 0x1008] (3 instructions, ends in a taken conditional
     /// back to 0x1000); every iteration is one taken branch 0x1008 → 0x1000.
@@ -440,11 +458,17 @@ mod tests {
         let mut pred = Predictor::default();
         let mut d = Dynamic::default();
         let r = loop_range();
+        let tree = ContextTree::default();
+        let frames = Frames {
+            tree: &tree,
+            before: ThreadStack::default(),
+            after: ThreadStack::default(),
+        };
         let mut cycles = 0;
         for _ in 0..iterations {
             pred.execute(&r, Ending::Taken { to: 0x1000 }, &mut d);
             cycles += d.cycles;
-            pmu.on_range(&mut set, 7, &r, &d, Ending::Taken { to: 0x1000 });
+            pmu.on_range(&mut set, 7, &r, &d, Ending::Taken { to: 0x1000 }, &frames);
         }
         (set, pmu, cycles)
     }
@@ -453,16 +477,20 @@ mod tests {
         PeriodPolicy { base: p, jitter: 0 }
     }
 
-    #[test]
-    fn period_one_samples_every_taken_branch_and_every_cycle() {
-        let cfg = PmuConfig {
+    /// Every taken branch and every cycle sampled, LBR depth 4, periods as given.
+    fn every_event() -> PmuConfig {
+        PmuConfig {
             branch: fixed(1),
             cycles: fixed(1),
             depth: 4,
             perturbation: Perturbation::None,
             ..PmuConfig::default()
-        };
-        let (set, pmu, cycles) = run(cfg, 1000);
+        }
+    }
+
+    #[test]
+    fn period_one_samples_every_taken_branch_and_every_cycle() {
+        let (set, pmu, cycles) = run(every_event(), 1000);
         assert_eq!(pmu.stats.branch_samples, 1000);
         assert_eq!(pmu.stats.ip_samples, cycles);
         let p = &set.processes[&7];
@@ -478,6 +506,72 @@ mod tests {
         assert_eq!(ips.by_ip[&0x1004].1, 3000);
         // The LBR entries carry the cycles since the previous entry.
         assert!(r.timed_hits > 0 && r.timed_cycles >= 6.0 * r.timed_count);
+    }
+
+    /// A call range [0x2000, 0x2004] to 0x3000 (return address 0x2009): cycle samples
+    /// in it carry the caller's stack, branch samples taken at the call the callee's.
+    #[test]
+    fn samples_carry_the_stack_of_where_they_were_taken() {
+        let r = RangeInfo {
+            start: 0x2000,
+            end: 0x2004,
+            n: 2,
+            addrs: vec![0x2000, 0x2004],
+            costs: vec![1, 2],
+            static_cycles: 3,
+            conds: Vec::new(),
+            last: Flow::Direct {
+                ret_to: Some(0x2009),
+            },
+            reps: Vec::new(),
+        };
+        let mut tree = ContextTree::default();
+        let outer = tree.transfer(
+            ThreadStack::default(),
+            Flow::Direct {
+                ret_to: Some(0x1005),
+            },
+            0x2000,
+        );
+        let inner = tree.transfer(outer, r.last, 0x3000);
+        let frames = Frames {
+            tree: &tree,
+            before: outer,
+            after: inner,
+        };
+        let mut set = SampleSet::new(3);
+        let mut pmu = Pmu::new(every_event(), 7);
+        let mut d = Dynamic::default();
+        Predictor::default().execute(&r, Ending::Taken { to: 0x3000 }, &mut d);
+        pmu.on_range(&mut set, 7, &r, &d, Ending::Taken { to: 0x3000 }, &frames);
+        let stacks = &set.processes[&7].stacks;
+        assert_eq!(stacks.unstacked, 0);
+        let user = |s: &CallStack| s.user.to_vec();
+        let mut ip: Vec<(Vec<u64>, u64)> = stacks
+            .stacks
+            .iter()
+            .filter_map(|(s, st)| st.ips.get(&EventRole::Cycles).map(|c| (user(s), c.1)))
+            .collect();
+        ip.sort();
+        // Every cycle of the range sampled (period 1), each under [ip, 0x1005].
+        assert_eq!(
+            ip,
+            vec![
+                (vec![0x2000, 0x1005], 1),
+                (vec![0x2004, 0x1005], d.cycles - 1)
+            ]
+        );
+        let branch: Vec<Vec<u64>> = stacks
+            .stacks
+            .iter()
+            .filter(|(_, st)| st.branch_samples > 0)
+            .map(|(s, _)| user(s))
+            .collect();
+        assert_eq!(branch, vec![vec![0x3000, 0x2009, 0x1005]]);
+        assert!(stacks
+            .stacks
+            .keys()
+            .all(|s| s.end == crate::profile::StackEnd::Complete));
     }
 
     #[test]

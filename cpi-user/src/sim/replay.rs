@@ -1,11 +1,14 @@
 //! Replays a trace: every straight-line range a thread ran goes through the cycle model
-//! once, then into the exact truth and (optionally) the PMU model.
+//! once, then into the exact truth and (optionally) the PMU model. Each thread's exact
+//! call stack is kept beside it (cpi-user/src/sim/shadow.rs), so the truth is also known
+//! per calling context and every sample carries its stack.
 
 use std::io::Read;
 
 use super::code::CodeMap;
 use super::cycles::{Dynamic, Ending, Predictor, RangeTable};
 use super::pmu::{Pmu, PmuConfig};
+use super::shadow::{ContextTree, Frames, ThreadStack};
 use super::trace::{Event, TraceError, TraceReader};
 use super::FastMap;
 use crate::procmap::ProcessMaps;
@@ -46,6 +49,12 @@ pub struct Truth {
     pub insns: FastMap<u64, InsnTruth>,
     /// Per taken transfer, by (from, to) runtime addresses.
     pub taken: FastMap<(u64, u64), TakenTruth>,
+    /// The calling contexts of the run: entry i is (parent context, return address) of
+    /// context i; entry 0 is the empty stack (cpi-user/src/sim/shadow.rs).
+    pub contexts: Vec<(u32, u64)>,
+    /// (executions, cycles) per (context, runtime instruction address): what ran with
+    /// that context as its stack (only code whose bytes decoded, as `insns`).
+    pub context_insns: FastMap<(u32, u64), (u64, u64)>,
     /// Instructions (and their cycles) in code without bytes (vdso, JIT) or whose bytes
     /// did not decode to the traced count: counted in totals, not per instruction.
     pub unknown_instructions: u64,
@@ -81,12 +90,16 @@ pub struct ReplayStats {
     pub mismatched_ranges: u64,
     /// Distinct ranges without code bytes (vdso, anonymous/JIT code).
     pub unknown_ranges: u64,
+    /// Calls made when the calling-context tree was full (cpi-user/src/sim/shadow.rs).
+    pub context_overflows: u64,
 }
 
 /// One (range, how it ended) pair and its exact counts.
 #[derive(Clone, Debug)]
 struct Slot {
     range: u32,
+    /// The calling context the range ran in.
+    context: u32,
     ending: Ending,
     count: u64,
     cycles: u64,
@@ -102,8 +115,13 @@ pub struct Replay {
     table: RangeTable,
     predictor: Predictor,
     slots: Vec<Slot>,
-    by_key: FastMap<(u64, u64, u64), u32>,
+    /// (context, start, end, to) → slot.
+    by_key: FastMap<(u32, u64, u64, u64), u32>,
+    /// (slot, index in its range) → mispredictions of that inner conditional.
     inner_mispredicts: FastMap<(u32, u32), u64>,
+    contexts: ContextTree,
+    /// The running thread's stack.
+    stack: ThreadStack,
     dynamic: Dynamic,
     /// PMU models, each feeding its own sample set (one per seed when calibrating).
     pmus: Vec<Pmu>,
@@ -140,6 +158,7 @@ impl Replay {
             .map(|cfg| Pmu::new(cfg, self.pid))
             .collect();
         let mut starts: FastMap<u32, u64> = FastMap::default();
+        let mut stacks: FastMap<u32, ThreadStack> = FastMap::default();
         let (mut tid, mut start) = (self.pid, 0u64);
         while let Some(ev) = r.next()? {
             self.stats.records += 1;
@@ -147,8 +166,10 @@ impl Replay {
                 Event::Maps(m) => self.code.update(m),
                 Event::Thread { tid: t } => {
                     starts.insert(tid, start);
+                    stacks.insert(tid, self.stack);
                     tid = t;
                     start = starts.get(&t).copied().unwrap_or(0);
+                    self.stack = stacks.get(&t).copied().unwrap_or_default();
                 }
                 Event::Branch { from, to, n } => {
                     if n > 0 {
@@ -158,11 +179,14 @@ impl Replay {
                     }
                     start = to;
                 }
-                Event::Interrupt { from, n, .. } => {
+                Event::Interrupt {
+                    from, n, resume, ..
+                } => {
                     self.stats.interrupts += 1;
                     if n > 0 {
                         self.range(sets, tid, start, from, n, Ending::Stop);
                     }
+                    self.stack = self.contexts.signal(self.stack, resume);
                     start = 0;
                 }
                 Event::End { from, n } => {
@@ -173,6 +197,7 @@ impl Replay {
                     if n > 0 {
                         self.range(sets, tid, start, from, n, Ending::Stop);
                     }
+                    self.stack = ThreadStack::default();
                     start = 0;
                 }
             }
@@ -200,7 +225,8 @@ impl Replay {
             Ending::Taken { to } => to,
             Ending::Stop => u64::MAX,
         };
-        let slot = match self.by_key.get(&(start, end, to)) {
+        let before = self.stack;
+        let slot = match self.by_key.get(&(before.node, start, end, to)) {
             Some(&s) if self.table.infos[self.slots[s as usize].range as usize].n == n => s,
             _ => {
                 let range = self.table.get(&mut self.code, start, end, n);
@@ -213,13 +239,14 @@ impl Replay {
                 let s = self.slots.len() as u32;
                 self.slots.push(Slot {
                     range,
+                    context: before.node,
                     ending,
                     count: 0,
                     cycles: 0,
                     last_mispredicts: 0,
                     unreturned,
                 });
-                self.by_key.insert((start, end, to), s);
+                self.by_key.insert((before.node, start, end, to), s);
                 s
             }
         };
@@ -230,11 +257,21 @@ impl Replay {
         sl.cycles += self.dynamic.cycles;
         sl.last_mispredicts += self.dynamic.last_mispredicted as u64;
         for &i in &self.dynamic.mispredicted {
-            *self.inner_mispredicts.entry((sl.range, i)).or_default() += 1;
+            *self.inner_mispredicts.entry((slot, i)).or_default() += 1;
         }
+        let after = match ending {
+            Ending::Taken { to } => self.contexts.transfer(before, info.last, to),
+            Ending::Stop => before,
+        };
+        let frames = Frames {
+            tree: &self.contexts,
+            before,
+            after,
+        };
         for (pmu, set) in self.pmus.iter_mut().zip(sets.iter_mut()) {
-            pmu.on_range(set, tid, info, &self.dynamic, ending);
+            pmu.on_range(set, tid, info, &self.dynamic, ending, &frames);
         }
+        self.stack = after;
     }
 
     /// The (first) PMU model, after the run.
@@ -252,6 +289,9 @@ impl Replay {
         let mut t = Truth {
             pid: self.pid,
             maps: self.code.all_maps(),
+            contexts: (0..self.contexts.len() as u32)
+                .map(|n| (self.contexts.parent(n), self.contexts.ret_addr(n)))
+                .collect(),
             unreturned_ranges: self
                 .final_ranges
                 .iter()
@@ -294,6 +334,9 @@ impl Replay {
                     rest -= cyc;
                 }
                 e.cycles += cyc;
+                let c = t.context_insns.entry((sl.context, a)).or_default();
+                c.0 += sl.count;
+                c.1 += cyc;
             }
             for &i in &r.reps {
                 if let Some(e) = t.insns.get_mut(&r.addrs[i as usize]) {
@@ -303,20 +346,32 @@ impl Replay {
         }
         // Misprediction penalties of inner conditionals belong to them, not to the last
         // instruction of their range, which absorbed them above.
-        for (&(range, i), &m) in &self.inner_mispredicts {
-            let r = &self.table.infos[range as usize];
+        for (&(slot, i), &m) in &self.inner_mispredicts {
+            let sl = &self.slots[slot as usize];
+            let r = &self.table.infos[sl.range as usize];
+            if !r.known() {
+                continue;
+            }
             let pen = m * penalty;
-            if let Some(e) = t.insns.get_mut(&r.addrs[i as usize]) {
+            let (at, end) = (r.addrs[i as usize], r.end);
+            if let Some(e) = t.insns.get_mut(&at) {
                 e.cycles += pen;
             }
-            if let Some(e) = t.insns.get_mut(&r.end) {
+            if let Some(e) = t.insns.get_mut(&end) {
                 e.cycles -= pen;
+            }
+            if let Some(e) = t.context_insns.get_mut(&(sl.context, at)) {
+                e.1 += pen;
+            }
+            if let Some(e) = t.context_insns.get_mut(&(sl.context, end)) {
+                e.1 -= pen;
             }
         }
         t.stats = ReplayStats {
             distinct_ranges: self.table.infos.len() as u64,
             mismatched_ranges: self.table.mismatched,
             unknown_ranges: self.table.unknown,
+            context_overflows: self.contexts.overflows,
             ..self.stats.clone()
         };
         t

@@ -26,5 +26,6 @@ mod simulate_bench;
 mod simulate_report;
 mod source_lines;
 mod stacks_output;
+mod stacks_simulate;
 mod symbols;
 mod tracer;
