@@ -53,10 +53,34 @@ impl BranchEntry {
         ((self.flags >> Self::CYCLES_SHIFT) & 0xffff) as u16
     }
 
-    /// `PERF_BR_*` branch type (0 = unknown).
+    /// `PERF_BR_*` branch type ([`branch_type`]; 0 = unknown).
     pub const fn branch_type(&self) -> u8 {
         ((self.flags >> Self::TYPE_SHIFT) & 0xf) as u8
     }
+
+    /// This entry with its `PERF_BR_*` type set.
+    pub const fn with_type(mut self, t: u8) -> Self {
+        self.flags =
+            (self.flags & !(0xf << Self::TYPE_SHIFT)) | (((t & 0xf) as u64) << Self::TYPE_SHIFT);
+        self
+    }
+}
+
+/// `PERF_BR_*` branch types (`include/uapi/linux/perf_event.h`), as
+/// [`BranchEntry::branch_type`] gives them; 0 = unknown.
+pub mod branch_type {
+    /// Conditional jump.
+    pub const COND: u8 = 1;
+    /// Unconditional direct jump.
+    pub const UNCOND: u8 = 2;
+    /// Indirect jump.
+    pub const IND: u8 = 3;
+    /// Direct call.
+    pub const CALL: u8 = 4;
+    /// Indirect call.
+    pub const IND_CALL: u8 = 5;
+    /// Return.
+    pub const RET: u8 = 6;
 }
 
 /// What a record is.

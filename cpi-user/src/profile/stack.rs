@@ -151,27 +151,53 @@ impl StackAggregate {
     /// Counts a branch sample under `stack` with its window
     /// ([`super::aggregate::sample_window`]: the weight of each range and the entries,
     /// newest first), `None` when the sample gives no ranges.
+    ///
+    /// Each range goes to the stack it ran under. Where the entries say which branches
+    /// are calls and returns (`PERF_BR_*` types: the PMU model's entries, LBRs recorded
+    /// with `save_type`), that stack is rebuilt walking the window from the newest entry
+    /// back, starting from the sample's stack: undoing a call pops the callee's frame,
+    /// undoing a return pushes the frame it left, other branches move the leaf; the leaf
+    /// of a range's stack is the range's first address. Where they do not (or the walk
+    /// runs out of known frames), the rest of the window's ranges go to the sample's own
+    /// stack and analysis assigns them by function (cpi-user/src/profile/analyze.rs).
     pub fn add_branch(&mut self, stack: &CallStack, window: Option<(f64, &[BranchEntry])>) {
-        self.update(stack, |s| {
-            let group = group_of(s.branch_samples);
-            s.branch_samples += 1;
-            let Some((w, entries)) = window else {
-                return;
-            };
-            for pair in entries.windows(2) {
-                let (newer, older) = (&pair[0], &pair[1]);
-                // Backward ranges are counted by the process's aggregate.
-                if older.to > newer.from {
-                    continue;
-                }
+        let group = self
+            .stacks
+            .get(stack)
+            .map_or(0, |s| group_of(s.branch_samples));
+        self.update(stack, |s| s.branch_samples += 1);
+        let Some((w, entries)) = window else {
+            return;
+        };
+        let mut rebuilt: Option<Vec<u64>> = Some(stack.user.to_vec());
+        for pair in entries.windows(2) {
+            let (newer, older) = (&pair[0], &pair[1]);
+            rebuilt = rebuilt.and_then(|frames| undo(frames, newer));
+            // Backward ranges are counted by the process's aggregate.
+            if older.to > newer.from {
+                continue;
+            }
+            let add = |s: &mut StackStat| {
                 let r = s.ranges.entry((older.to, newer.from)).or_default();
                 r.count += w;
                 r.hits += 1;
                 r.groups.add(group, w);
+            };
+            match &rebuilt {
+                Some(frames) => {
+                    let mut user = frames.clone();
+                    user[0] = older.to;
+                    let at = CallStack {
+                        kernel: Box::default(),
+                        user: user.into_boxed_slice(),
+                        end: stack.end,
+                    };
+                    self.update(&at, add);
+                }
+                None => self.update(stack, add),
             }
-        });
+        }
     }
-
     fn update(&mut self, stack: &CallStack, f: impl FnOnce(&mut StackStat)) {
         self.clock += 1;
         if !self.stacks.contains_key(stack) {
@@ -221,6 +247,32 @@ impl StackAggregate {
     }
 }
 
+/// The user frames before the taken branch `e` ran, from those after it (leaf first:
+/// the IP, then return addresses); `None` when `e` carries no type or the frames cannot
+/// say (a call undone with no caller left).
+fn undo(mut frames: Vec<u64>, e: &BranchEntry) -> Option<Vec<u64>> {
+    use cpi_common::wire::branch_type as bt;
+    match e.branch_type() {
+        bt::CALL | bt::IND_CALL => {
+            // The callee's frame goes; the caller was at the call.
+            if frames.len() < 2 {
+                return None;
+            }
+            frames.remove(0);
+            frames[0] = e.from;
+        }
+        bt::RET => {
+            // The frame the return left comes back: its leaf at the `ret`, returning to
+            // where the return went.
+            frames[0] = e.to;
+            frames.insert(0, e.from);
+        }
+        bt::COND | bt::UNCOND | bt::IND => frames[0] = e.from,
+        _ => return None,
+    }
+    (!frames.is_empty()).then_some(frames)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,6 +283,50 @@ mod tests {
             user: user.into(),
             end: StackEnd::Complete,
         }
+    }
+
+    #[test]
+    fn typed_entries_give_each_range_the_stack_it_ran_under() {
+        use cpi_common::wire::branch_type as bt;
+        let e = |from, to, t| BranchEntry::new(from, to, false, 0).with_type(t);
+        // Newest first: main jumps after f returned; f ran from its call.
+        let entries = [
+            e(0x120, 0x200, bt::UNCOND),
+            e(0x1010, 0x105, bt::RET),
+            e(0x100, 0x1000, bt::CALL),
+            e(0x50, 0x80, bt::UNCOND),
+        ];
+        let mut agg = StackAggregate::default();
+        let at_sample = stack(&[0x210, 0x9000]);
+        agg.add_branch(&at_sample, Some((10.0, &entries)));
+        let ranges = |user: &[u64]| {
+            let mut r: Vec<(u64, u64)> = agg.stacks[&stack(user)].ranges.keys().copied().collect();
+            r.sort();
+            r
+        };
+        assert_eq!(
+            ranges(&[0x105, 0x9000]),
+            [(0x105, 0x120)],
+            "main after the call"
+        );
+        assert_eq!(
+            ranges(&[0x1000, 0x105, 0x9000]),
+            [(0x1000, 0x1010)],
+            "f, called from main"
+        );
+        assert_eq!(
+            ranges(&[0x80, 0x9000]),
+            [(0x80, 0x100)],
+            "main before the call"
+        );
+        assert_eq!(agg.stacks[&at_sample].branch_samples, 1);
+        assert!(agg.stacks[&at_sample].ranges.is_empty());
+        // Untyped entries: every range stays with the sample's stack.
+        let untyped: Vec<BranchEntry> = entries.iter().map(|x| x.with_type(0)).collect();
+        let mut agg = StackAggregate::default();
+        agg.add_branch(&at_sample, Some((10.0, &untyped)));
+        assert_eq!(agg.stacks.len(), 1);
+        assert_eq!(agg.stacks[&at_sample].ranges.len(), 3);
     }
 
     #[test]

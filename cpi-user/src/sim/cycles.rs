@@ -62,6 +62,22 @@ pub enum Flow {
     Return,
 }
 
+impl Flow {
+    /// The `PERF_BR_*` type a branch record of this kind carries (0: not a branch).
+    pub fn perf_type(self) -> u8 {
+        use cpi_common::wire::branch_type as bt;
+        match self {
+            Flow::Other => 0,
+            Flow::Conditional => bt::COND,
+            Flow::Direct { ret_to: None } => bt::UNCOND,
+            Flow::Direct { ret_to: Some(_) } => bt::CALL,
+            Flow::Indirect { ret_to: None } => bt::IND,
+            Flow::Indirect { ret_to: Some(_) } => bt::IND_CALL,
+            Flow::Return => bt::RET,
+        }
+    }
+}
+
 /// A decoded straight-line range [start, end] (both instruction addresses).
 #[derive(Clone, Debug)]
 pub struct RangeInfo {

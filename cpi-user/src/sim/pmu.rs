@@ -395,7 +395,8 @@ impl Pmu {
                 let c = t.since_entry.min(0xffff) as u16;
                 t.since_entry = 0;
                 t.head = (t.head + depth - 1) % depth;
-                t.lbr[t.head] = BranchEntry::new(r.end, to, d.last_mispredicted, c);
+                t.lbr[t.head] = BranchEntry::new(r.end, to, d.last_mispredicted, c)
+                    .with_type(r.last.perf_type());
                 t.filled = (t.filled + 1).min(depth);
                 if let Some((left, w)) = t.branch_skid.as_mut() {
                     if *left == 0 {
