@@ -31,6 +31,7 @@
 //! cpi-user/src/fsafe/mod.rs (never blocking, regular files only).
 
 pub mod cfg;
+pub mod demangle;
 pub mod ehframe;
 pub mod lines;
 pub mod symbolize;
@@ -44,6 +45,7 @@ use std::time::SystemTime;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, SymbolKind};
 
 pub use cfg::{BasicBlock, Cfg, CfgEdge, FlowKind, Instruction};
+pub use demangle::demangle;
 pub use lines::{SourceLine, SourceLines};
 pub use symbolize::{CodeObject, Resolved, SymbolizeError, Symbolizer, SymbolizerOptions};
 

@@ -38,7 +38,7 @@ use super::model::{
     InstructionProfile, LossReport, Mode, ProcessProfile, Profile, RunInfo, PROFILE_FORMAT_VERSION,
 };
 use crate::binary::{
-    Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines, Symbolizer,
+    demangle, Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines, Symbolizer,
     SymbolizerOptions,
 };
 use crate::procmap::ProcessMaps;
@@ -426,10 +426,12 @@ impl Ctx<'_> {
                 .unwrap_or_default()
         };
         let primary = proc_tally(role);
+        // Functions are named as people read them everywhere in the profile (calls and
+        // edges refer to them by that name); the symbol stays on the function.
         let names: Vec<(String, String)> = res
             .funcs
             .iter()
-            .map(|w| (w.function.name.clone(), w.object_name.clone()))
+            .map(|w| (demangle(&w.function.name).into_owned(), w.object_name.clone()))
             .collect();
         let mut cyc = Tally::default();
         let (mut instr, mut instr_groups, mut instr_samples) = (0.0, Groups::default(), 0u64);
@@ -571,8 +573,10 @@ impl Ctx<'_> {
             let t = w.total(r);
             (t.samples > 0).then_some(t.weight as f64)
         };
+        let name = &names[index].0;
         let mut profile = FunctionProfile {
-            name: w.function.name.clone(),
+            name: name.clone(),
+            mangled: (*name != w.function.name).then(|| w.function.name.clone()),
             binary: w.object_name.clone(),
             address: w.function.start,
             size: w.function.size,

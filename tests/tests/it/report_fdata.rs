@@ -159,6 +159,7 @@ fn hand_profile(exe: &Path) -> Profile {
                 .collect();
             FunctionProfile {
                 name: name.clone(),
+                mangled: None,
                 binary: bin.clone(),
                 address: *start,
                 size: *size,
