@@ -313,11 +313,12 @@ fn k8s_validator() -> anyhow::Result<()> {
     if output(Command::new(&tool).arg("--version")).is_ok_and(|v| v.contains(pinned)) {
         return Ok(());
     }
-    status(Command::new("/usr/bin/python3").args(["-m", "venv"]).arg(&venv))?;
     status(
-        Command::new(venv.join("bin/pip"))
-            .args(["install", "--quiet", K8S_VALIDATE]),
+        Command::new("/usr/bin/python3")
+            .args(["-m", "venv"])
+            .arg(&venv),
     )?;
+    status(Command::new(venv.join("bin/pip")).args(["install", "--quiet", K8S_VALIDATE]))?;
     println!("setup: {K8S_VALIDATE} in {}", venv.display());
     Ok(())
 }

@@ -38,8 +38,8 @@ use super::model::{
     InstructionProfile, LossReport, Mode, ProcessProfile, Profile, RunInfo, PROFILE_FORMAT_VERSION,
 };
 use crate::binary::{
-    demangle, Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines, Symbolizer,
-    SymbolizerOptions,
+    demangle, Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines,
+    Symbolizer, SymbolizerOptions,
 };
 use crate::procmap::ProcessMaps;
 
@@ -431,7 +431,12 @@ impl Ctx<'_> {
         let names: Vec<(String, String)> = res
             .funcs
             .iter()
-            .map(|w| (demangle(&w.function.name).into_owned(), w.object_name.clone()))
+            .map(|w| {
+                (
+                    demangle(&w.function.name).into_owned(),
+                    w.object_name.clone(),
+                )
+            })
             .collect();
         let mut cyc = Tally::default();
         let (mut instr, mut instr_groups, mut instr_samples) = (0.0, Groups::default(), 0u64);
