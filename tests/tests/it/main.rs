@@ -9,6 +9,7 @@ mod cli;
 mod collect;
 mod collect_reliability;
 mod collect_ring;
+mod daemonset;
 mod demangle;
 mod fuzz;
 mod hostile;
