@@ -205,3 +205,49 @@ fn rust_names_are_demangled_legacy_and_v0() {
     }
     assert_eq!(schemes, ["legacy", "v0"]);
 }
+
+/// A C++ binary split as packagers split it (`objcopy --only-keep-debug`, `strip`,
+/// `objcopy --add-gnu-debuglink`): profiled, it is named and placed from its debug file
+/// (cpi-user/src/binary/debugfile.rs), demangled, with source lines.
+#[test]
+fn stripped_binary_takes_names_and_lines_from_its_debug_file() {
+    if !require_root("profiling a C++ program") {
+        return;
+    }
+    let dir = scratch("demangle-split");
+    let built = programs::compile("cpp_names.cpp", &["-O2", "-g"]).expect("g++");
+    let exe = dir.join("cpp_names");
+    std::fs::copy(&built, &exe).unwrap();
+    for args in [
+        vec![
+            "objcopy",
+            "--only-keep-debug",
+            "cpp_names",
+            "cpp_names.debug",
+        ],
+        vec!["strip", "cpp_names"],
+        vec![
+            "objcopy",
+            "--add-gnu-debuglink=cpp_names.debug",
+            "cpp_names",
+        ],
+    ] {
+        output_ok(Command::new(args[0]).args(&args[1..]).current_dir(&*dir));
+    }
+    let data = std::fs::read(&exe).unwrap();
+    let f = object::File::parse(&*data).unwrap();
+    assert!(f.symbol_table().is_none(), "stripped");
+    let (_, p) = profile(&exe, &dir);
+    let area = function(&p, &exe, "shapes::Square::area() const");
+    assert_eq!(area.mangled.as_deref(), Some("_ZNK6shapes6Square4areaEv"));
+    let src = area
+        .source
+        .as_ref()
+        .expect("a source line from the debug file");
+    assert!(
+        src.file.ends_with("tests/programs/cpp_names.cpp"),
+        "{src:?}"
+    );
+    // The local function, which no dynamic symbol names.
+    function(&p, &exe, "(anonymous namespace)::spin(int)");
+}
