@@ -80,16 +80,22 @@ pub struct RangeStat {
     pub count: f64,
     /// Sample occurrences.
     pub hits: u64,
-    /// Σ LBR `cycles` over occurrences that carried them (timed LBR).
-    pub timed_cycles: u64,
+    /// Σ w · LBR `cycles` over occurrences that carried them (timed LBR), w being the
+    /// occurrence's weight in `count`: the cycles of the executions those occurrences
+    /// stand for. Weighting matters when stacks are sampled on cycles: a window is picked
+    /// with probability proportional to its cycles, so a plain mean over occurrences
+    /// favours slow executions (measured with the PMU model: README, "Two CPI estimators").
+    pub timed_cycles: f64,
+    /// Σ w over the occurrences that carried cycles: the executions `timed_cycles` covers.
+    pub timed_count: f64,
     /// Occurrences that carried cycles.
     pub timed_hits: u64,
     /// `count` per group of samples (the error model, `profile/error.rs`).
     pub count_groups: Groups,
     /// `timed_cycles` per group of samples.
     pub timed_cycles_groups: Groups,
-    /// `timed_hits` per group of samples.
-    pub timed_hits_groups: Groups,
+    /// `timed_count` per group of samples.
+    pub timed_count_groups: Groups,
 }
 
 /// Branch-record aggregate of one process.
@@ -195,12 +201,13 @@ impl BranchAggregate {
             r.count += w;
             r.hits += 1;
             r.count_groups.add(group, w);
-            let c = newer.cycles();
-            if c != 0 {
-                r.timed_cycles += c as u64;
+            let c = newer.cycles() as f64;
+            if c != 0.0 {
+                r.timed_cycles += w * c;
+                r.timed_count += w;
                 r.timed_hits += 1;
-                r.timed_cycles_groups.add(group, c as f64);
-                r.timed_hits_groups.add(group, 1.0);
+                r.timed_cycles_groups.add(group, w * c);
+                r.timed_count_groups.add(group, w);
             }
         }
     }
@@ -331,7 +338,8 @@ mod tests {
         // Only the newest two ranges: [0x300,0x310] and [0x200,0x230].
         assert_eq!(b.ranges.len(), 2);
         assert_eq!(b.ranges[&(0x300, 0x310)].count, 500.0);
-        assert_eq!(b.ranges[&(0x300, 0x310)].timed_cycles, 9);
+        assert_eq!(b.ranges[&(0x300, 0x310)].timed_cycles, 500.0 * 9.0);
+        assert_eq!(b.ranges[&(0x300, 0x310)].timed_count, 500.0);
         assert_eq!(b.ranges[&(0x200, 0x230)].timed_hits, 0);
         assert!(!b.ranges.contains_key(&(0x100, 0x120)));
         assert_eq!(b.taken[&(0x310, 0x400)].mispredicts, 500.0);

@@ -460,7 +460,7 @@ impl FuncAcc {
         } else {
             (self.cycles.value, self.instructions.value.unwrap_or(0.0))
         };
-        FunctionProfile {
+        let mut merged = FunctionProfile {
             samples: self.samples,
             time_ns: self.time_ns.value,
             cycles: self.cycles.value,
@@ -471,11 +471,14 @@ impl FuncAcc {
                 estimate(c, cpi_instr, self.cpi_spread.rel(), self.cpi_samples, floor)
             }),
             timed_cpi: self.timed.estimate(floor),
+            cpi_disagree: false,
             blocks,
             edges: self.edges.into_values().collect(),
             lines,
             ..self.base
-        }
+        };
+        merged.flag_disagreement();
+        merged
     }
 }
 
@@ -540,6 +543,7 @@ fn rebuild_blocks(
                     )
                 }),
                 timed_cpi: timed.estimate(floor),
+                cpi_disagree: false,
             });
         }
     }
@@ -671,6 +675,7 @@ mod tests {
                     cycles: Some(300.0 * scale),
                     cpi: est(3.0, 10),
                     timed_cpi: None,
+                    cpi_disagree: false,
                 },
                 BlockProfile {
                     start: 0x14,
@@ -681,6 +686,7 @@ mod tests {
                     cycles: Some(500.0 * scale),
                     cpi: est(5.0, 30),
                     timed_cpi: None,
+                    cpi_disagree: false,
                 },
             ]
         } else {
@@ -693,6 +699,7 @@ mod tests {
                 cycles: Some(800.0 * scale),
                 cpi: est(4.0, 40),
                 timed_cpi: None,
+                cpi_disagree: false,
             }]
         };
         let f = FunctionProfile {
@@ -710,6 +717,7 @@ mod tests {
             instructions_rel_error: None,
             cpi: est(4.0, 40),
             timed_cpi: None,
+            cpi_disagree: false,
             bolt_name: None,
             source: None,
             blocks,

@@ -398,6 +398,22 @@ pub struct Estimate {
     pub samples: u64,
 }
 
+impl Estimate {
+    /// Combined standard errors beyond which two estimates of one quantity disagree: 3
+    /// (one unit in 370 by chance, where 2 would flag one in 20 of a long table).
+    pub const DISAGREE: f64 = 3.0;
+
+    /// Whether `a` and `b`, two estimates of the same quantity, differ by more than
+    /// [`Self::DISAGREE`] of their combined standard error; false when either is missing.
+    pub fn disagree(a: Option<&Estimate>, b: Option<&Estimate>) -> bool {
+        let (Some(a), Some(b)) = (a, b) else {
+            return false;
+        };
+        let sigma = (a.value * a.rel_error).hypot(b.value * b.rel_error);
+        (a.value - b.value).abs() > Self::DISAGREE * sigma
+    }
+}
+
 /// One process.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ProcessProfile {
@@ -527,6 +543,11 @@ pub struct FunctionProfile {
     pub cpi: Option<Estimate>,
     /// CPI from timed branch records (LBR `cycles` field), when the hardware has them.
     pub timed_cpi: Option<Estimate>,
+    /// `cpi` and `timed_cpi` differ by more than [`Estimate::DISAGREE`] combined
+    /// standard errors: one of the two estimators is off here (README, "Two CPI
+    /// estimators"). Absent (false) in older files.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cpi_disagree: bool,
     /// The name BOLT gives the symbol when it is local (`static`): `name/N`, N counting
     /// the local symbols of that name in address order (BOLT's
     /// `NameResolver::uniquify`); `None` for a global symbol. Resolved from the binary's
@@ -558,6 +579,14 @@ impl FunctionProfile {
     pub fn is_named(&self, name: &str) -> bool {
         self.name == name || self.mangled.as_deref() == Some(name)
     }
+
+    /// Sets `cpi_disagree` on the function and its blocks from their two CPI estimates.
+    pub fn flag_disagreement(&mut self) {
+        self.cpi_disagree = Estimate::disagree(self.cpi.as_ref(), self.timed_cpi.as_ref());
+        for b in &mut self.blocks {
+            b.cpi_disagree = Estimate::disagree(b.cpi.as_ref(), b.timed_cpi.as_ref());
+        }
+    }
 }
 
 /// One basic block.
@@ -579,6 +608,9 @@ pub struct BlockProfile {
     pub cpi: Option<Estimate>,
     /// CPI from timed branch records, when the hardware has them.
     pub timed_cpi: Option<Estimate>,
+    /// As [`FunctionProfile::cpi_disagree`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cpi_disagree: bool,
 }
 
 /// One control-flow edge.
@@ -707,4 +739,28 @@ pub struct RunInfo {
     pub perturbation: Perturbation,
     /// Losses counted before analysis (kernel counters, malformed records).
     pub lost: LossReport,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn estimates_disagree_beyond_three_combined_errors() {
+        let e = |value, rel_error| Estimate {
+            value,
+            rel_error,
+            samples: 100,
+        };
+        // σ = hypot(0.03, 0.04) = 0.05: 0.15 apart is the edge.
+        assert!(!Estimate::disagree(
+            Some(&e(1.0, 0.03)),
+            Some(&e(1.14, 0.04 / 1.14))
+        ));
+        assert!(Estimate::disagree(
+            Some(&e(1.0, 0.03)),
+            Some(&e(1.16, 0.04 / 1.16))
+        ));
+        assert!(!Estimate::disagree(Some(&e(1.0, 0.03)), None));
+    }
 }

@@ -209,6 +209,9 @@ fn legend(out: &str, width: Option<usize>) -> String {
     if out.contains("timed CPI") {
         parts.push("timed CPI: from the cycles the branch records carry");
     }
+    if out.contains(" ≠") {
+        parts.push("≠: the two CPI estimates differ by more than 3 combined errors");
+    }
     if parts.is_empty() {
         return String::new();
     }
@@ -609,7 +612,11 @@ fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOption
                     cpi(f.cpi, f.samples, inputs(f.cycles, f.instructions)),
                 ]);
                 if timed {
-                    row.push(cpi(f.timed_cpi, f.samples, f.instructions.is_some()));
+                    let mut t = cpi(f.timed_cpi, f.samples, f.instructions.is_some());
+                    if f.cpi_disagree {
+                        t.push_str(" ≠");
+                    }
+                    row.push(t);
                 }
                 row.extend([pct(r.share), group(f.samples)]);
             } else {

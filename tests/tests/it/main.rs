@@ -26,4 +26,5 @@ mod simulate;
 mod simulate_bench;
 mod simulate_report;
 mod source_lines;
+mod symbols;
 mod tracer;

@@ -75,6 +75,7 @@ pub fn cpi_profile() -> Profile {
         instructions_rel_error: None,
         cpi: est(2.4, 30_000),
         timed_cpi: None,
+        cpi_disagree: false,
         bolt_name: None,
         source: None,
         blocks: vec![
@@ -87,6 +88,7 @@ pub fn cpi_profile() -> Profile {
                 cycles: Some(4.1e7),
                 cpi: est(2.05, 40),
                 timed_cpi: None,
+                cpi_disagree: false,
             },
             BlockProfile {
                 start: 0x401208,
@@ -97,6 +99,7 @@ pub fn cpi_profile() -> Profile {
                 cycles: Some(2.99e10),
                 cpi: est(2.396, 29_900),
                 timed_cpi: None,
+                cpi_disagree: false,
             },
             BlockProfile {
                 start: 0x401224,
@@ -107,6 +110,7 @@ pub fn cpi_profile() -> Profile {
                 cycles: Some(3.0e6),
                 cpi: None,
                 timed_cpi: None,
+                cpi_disagree: false,
             },
         ],
         edges: vec![
@@ -187,6 +191,7 @@ pub fn cpi_profile() -> Profile {
         instructions_rel_error: None,
         cpi: est(0.88, 9_860),
         timed_cpi: None,
+        cpi_disagree: false,
         bolt_name: None,
         source: None,
         blocks: vec![BlockProfile {
@@ -198,6 +203,7 @@ pub fn cpi_profile() -> Profile {
             cycles: Some(9.86e9),
             cpi: est(0.88, 9_860),
             timed_cpi: None,
+            cpi_disagree: false,
         }],
         edges: vec![EdgeProfile {
             from: 0x401180,
@@ -225,6 +231,7 @@ pub fn cpi_profile() -> Profile {
         instructions_rel_error: None,
         cpi: None,
         timed_cpi: None,
+        cpi_disagree: false,
         bolt_name: None,
         source: None,
         blocks: vec![],
@@ -303,6 +310,7 @@ pub fn time_profile() -> Profile {
         instructions_rel_error: None,
         cpi: None,
         timed_cpi: None,
+        cpi_disagree: false,
         bolt_name: None,
         source: None,
         blocks: vec![],
