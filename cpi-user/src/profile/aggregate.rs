@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::sync::Arc;
 
-use cpi_common::wire::{BranchSample, EventRole, IpSample, FLAG_KERNEL};
+use cpi_common::wire::{BranchEntry, BranchSample, EventRole, IpSample, FLAG_KERNEL};
 
 use super::error::{group_of, Groups};
 use super::stack::{CallStack, StackAggregate};
@@ -156,37 +156,66 @@ impl IpAggregate {
     }
 }
 
+/// Why a branch sample contributes no ranges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowSkip {
+    /// Fewer than `window + 1` entries.
+    Short,
+    /// [`StackWeighting::CyclesSpanned`]: an entry of the window carries no cycles.
+    Untimed,
+}
+
+/// The window of one branch sample: the weight each of its ranges gets and its newest
+/// `window + 1` entries (newest first), or why it has none. The one reading of a sample's
+/// window: the process's ranges ([`BranchAggregate::add`]) and its call path's
+/// (cpi-user/src/profile/stack.rs) both come from it.
+pub fn sample_window(
+    s: &BranchSample,
+    window: usize,
+    weighting: StackWeighting,
+) -> Result<(f64, &[BranchEntry]), WindowSkip> {
+    let entries = s.entries(); // newest first
+    let window = window.max(1);
+    if entries.len() < window + 1 {
+        return Err(WindowSkip::Short);
+    }
+    let span = match weighting {
+        StackWeighting::Window => window as f64,
+        StackWeighting::CyclesSpanned => {
+            // Entry i carries the cycles of the range it ends (Skylake's LBR_INFO
+            // cycle count; saturated counts are a lower bound and kept).
+            let c = &entries[..window];
+            if c.iter().any(|e| e.cycles() == 0) {
+                return Err(WindowSkip::Untimed);
+            }
+            c.iter().map(|e| e.cycles() as f64).sum()
+        }
+    };
+    Ok((s.header.period as f64 / span, &entries[..=window]))
+}
+
 impl BranchAggregate {
     /// Adds one branch sample using its newest `window` ranges, weighted as `weighting`
     /// says.
     pub fn add(&mut self, s: &BranchSample, window: usize, weighting: StackWeighting) {
-        let entries = s.entries(); // newest first
-        let window = window.max(1);
-        if entries.len() < window + 1 {
-            self.short_samples += 1;
-            return;
-        }
-        let span = match weighting {
-            StackWeighting::Window => window as f64,
-            StackWeighting::CyclesSpanned => {
-                // Entry i carries the cycles of the range it ends (Skylake's LBR_INFO
-                // cycle count; saturated counts are a lower bound and kept).
-                let c = &entries[..window];
-                if c.iter().any(|e| e.cycles() == 0) {
-                    self.untimed_samples += 1;
-                    return;
-                }
-                c.iter().map(|e| e.cycles() as f64).sum()
+        let (w, entries) = match sample_window(s, window, weighting) {
+            Ok(x) => x,
+            Err(WindowSkip::Short) => {
+                self.short_samples += 1;
+                return;
+            }
+            Err(WindowSkip::Untimed) => {
+                self.untimed_samples += 1;
+                return;
             }
         };
         let group = group_of(self.samples);
         self.samples += 1;
         self.weight += s.header.period;
-        let w = s.header.period as f64 / span;
         // entries[i + 1] is older than entries[i]: range [older.to, newer.from], ended
         // by the taken branch `newer`.
-        for i in 0..window {
-            let (newer, older) = (&entries[i], &entries[i + 1]);
+        for pair in entries.windows(2) {
+            let (newer, older) = (&pair[0], &pair[1]);
             let t = self.taken.entry((newer.from, newer.to)).or_default();
             t.count += w;
             t.hits += 1;
@@ -277,7 +306,9 @@ impl SampleSet {
         let p = self.process(s.header.tgid);
         p.branches.add(s, window, weighting);
         match stack {
-            Some(stack) => p.stacks.add_branch(stack),
+            Some(stack) => p
+                .stacks
+                .add_branch(stack, sample_window(s, window, weighting).ok()),
             None => p.stacks.unstacked += 1,
         }
     }

@@ -448,7 +448,9 @@ pub struct ProcessProfile {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub calls: Vec<CallEdge>,
     /// Call paths, hottest first (empty when no sample carried a stack, and in files
-    /// written before stacks).
+    /// written before stacks); at most cpi-user/src/profile/paths.rs `MAX_PATHS`, the
+    /// rest summed into one `[dropped]` path with the stacks the memory bound evicted,
+    /// and the samples without a stack in a `[no stack]` path.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stacks: Vec<StackProfile>,
 }
@@ -470,10 +472,20 @@ pub struct StackProfile {
     pub time_ns: Option<f64>,
     /// Cycles under the path.
     pub cycles: Option<f64>,
-    /// Instructions that ran in the leaf frame's function under the path.
+    /// Instructions that ran in the leaf frame's function under the path (the rule for
+    /// branch ranges: cpi-user/src/profile/analyze.rs, "Call paths").
     pub instructions: Option<f64>,
     /// Cycles per instruction of the path's leaf function under this path.
     pub cpi: Option<Estimate>,
+    /// One standard error of `cycles`, relative to it (cpi-user/src/profile/error.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycles_rel_error: Option<f64>,
+    /// One standard error of `instructions`, relative to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions_rel_error: Option<f64>,
+    /// Range occurrences behind `instructions`.
+    #[serde(default)]
+    pub range_hits: u64,
 }
 
 /// One frame of a [`StackProfile`].

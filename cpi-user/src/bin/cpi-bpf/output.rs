@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::ValueEnum;
 use cpi_user::profile::Profile;
-use cpi_user::report::{fdata, file, pprof, table};
+use cpi_user::report::{fdata, file, folded, pprof, table};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -18,8 +18,11 @@ pub enum Format {
     Table,
     /// The versioned JSON profile (what `cpi-bpf report` reads).
     Json,
-    /// gzip'd pprof profile.proto (go tool pprof, Pyroscope, Parca).
+    /// gzip'd pprof profile.proto (go tool pprof, Pyroscope, Parca); call paths as
+    /// location chains where samples carried stacks.
     Pprof,
+    /// Folded stacks (`comm;root;…;leaf SAMPLES`, flamegraph.pl, inferno, speedscope).
+    Folded,
     /// BOLT .fdata, per binary: with --output FILE, FILE holds the main binary and
     /// `FILE.<name>` each other binary; on standard output, the main binary only.
     Fdata,
@@ -27,7 +30,7 @@ pub enum Format {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct OutputArgs {
-    /// Output format [default: from --output's name (.json, .pb.gz or .pprof, .fdata),
+    /// Output format [default: from --output's name (.json, .pb.gz or .pprof, .fdata, .folded),
     /// else table].
     #[arg(long, value_enum)]
     pub format: Option<Format>,
@@ -58,6 +61,10 @@ pub struct OutputArgs {
     /// (sample type `calls`).
     #[arg(long)]
     pub callgraph: bool,
+    /// Show the call paths into FUNC (from the samples' stacks) instead of the top
+    /// tables (table).
+    #[arg(long, value_name = "FUNC")]
+    pub callers: Option<String>,
 }
 
 impl OutputArgs {
@@ -77,6 +84,8 @@ impl OutputArgs {
                 Format::Pprof
             } else if name.ends_with(".fdata") {
                 Format::Fdata
+            } else if name.ends_with(".folded") {
+                Format::Folded
             } else {
                 Format::Table
             }
@@ -92,6 +101,12 @@ pub fn validate(args: &OutputArgs) -> anyhow::Result<()> {
     if args.callgraph && format != Format::Table {
         anyhow::bail!(
             "--callgraph shows a table; it cannot be combined with --format {} (json has `calls`, pprof the `calls` sample type)",
+            format_name(format)
+        );
+    }
+    if args.callers.is_some() && format != Format::Table {
+        anyhow::bail!(
+            "--callers shows a table; it cannot be combined with --format {} (json and pprof hold the call paths)",
             format_name(format)
         );
     }
@@ -222,6 +237,7 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
                 verbose: args.verbose,
                 per_process: args.per_process,
                 sort: table::SortKey::named(&args.sort).unwrap_or_default(),
+                callers: args.callers.clone(),
             };
             match table::render(profile, &opts) {
                 Ok(text) => write_saving(profile, args.output.as_deref(), text.as_bytes()),
@@ -258,6 +274,11 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
             let bytes = pprof::encode(profile).context("compressing the pprof profile")?;
             write_saving(profile, args.output.as_deref(), &bytes)
         }
+        Format::Folded => write_saving(
+            profile,
+            args.output.as_deref(),
+            folded::render(profile).as_bytes(),
+        ),
         Format::Fdata => {
             let files = fdata::render(profile)?;
             let Some((main, others)) = files.split_first() else {
