@@ -1,5 +1,6 @@
-//! The one place test programs are built: C sources in `tests/programs/` compiled with
-//! gcc (and stripped copies), cached under `target/test-programs/`.
+//! The one place test programs are built: sources in `tests/programs/` compiled by their
+//! language's compiler (C: gcc, C++: g++, Rust: rustc) (and stripped copies), cached
+//! under `target/test-programs/`.
 //!
 //! Used by the integration tests (`tests/src/lib.rs` exports it) and by cpi-user's unit
 //! tests (`cpi-user/src/binary/testbin.rs` includes this file), so it needs only `std`.
@@ -47,8 +48,8 @@ fn produce(cmd: &mut Command, out: &Path) -> Option<()> {
     Some(())
 }
 
-/// `tests/programs/SOURCE` compiled with `gcc FLAGS`: the cached executable, or `None`
-/// after printing why (gcc is missing).
+/// `tests/programs/SOURCE` compiled with `gcc FLAGS` (`g++` for `.cpp`, `rustc` for
+/// `.rs`): the cached executable, or `None` after printing why (the compiler is missing).
 pub fn compile(source: &str, flags: &[&str]) -> Option<PathBuf> {
     let root = workspace_root();
     let src = root.join("tests/programs").join(source);
@@ -67,7 +68,12 @@ pub fn compile(source: &str, flags: &[&str]) -> Option<PathBuf> {
     if mtime(&exe).is_some_and(|t| t >= src_time) {
         return Some(exe);
     }
-    produce(Command::new("gcc").args(flags).arg(&src).arg("-o"), &exe)?;
+    let compiler = match src.extension().and_then(|e| e.to_str()) {
+        Some("cpp") => "g++",
+        Some("rs") => "rustc",
+        _ => "gcc",
+    };
+    produce(Command::new(compiler).args(flags).arg(&src).arg("-o"), &exe)?;
     Some(exe)
 }
 

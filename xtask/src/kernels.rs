@@ -6,7 +6,7 @@
 //! fetched with `apt-get download` and unpacked with `dpkg -x`, and its `boot/vmlinuz-*` is
 //! kept as `target/kernels/SUITE/vmlinuz`. A kernel already there is not fetched again.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context};
@@ -18,15 +18,7 @@ pub const SUITES: &[&str] = &["bullseye", "bookworm", "trixie"];
 
 /// Where the kernels are kept: `target/kernels` in the workspace (or `CARGO_TARGET_DIR`).
 pub fn dir() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .expect("xtask sits in the workspace")
-                .join("target")
-        });
-    target.join("kernels")
+    super::setup::target_dir().join("kernels")
 }
 
 pub fn fetch() -> anyhow::Result<()> {

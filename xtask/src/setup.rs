@@ -12,15 +12,19 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
-/// Debian packages the tests use: gcc (test programs), valgrind (the tracer and its
+/// Debian packages the tests use: gcc and g++ (test programs; binutils' objcopy and strip
+/// split debug files off them), valgrind (the tracer and its
 /// headers, libs and valgrind.pc), pkgconf (pkg-config: the tracer build reads
 /// valgrind.pc), golang-go (`go tool pprof`), bolt-22 (llvm-bolt / perf2bolt for `.fdata`),
 /// llvm-19 (llvm-profgen), linux-perf (`perf report`/`perf script`: the references the
 /// imports of real recordings are checked against, tests/tests/it/import_real.rs),
 /// prometheus (the server that scrapes the agent in tests/tests/agent_sinks.rs),
-/// qemu-system-x86 and busybox-static (the kernel matrix, tests/tests/it/kernels.rs).
+/// qemu-system-x86 and busybox-static (the kernel matrix, tests/tests/it/kernels.rs),
+/// python3-venv (the Kubernetes schema validator's venv, [`k8s_validator`]).
 const PACKAGES: &[&str] = &[
     "gcc",
+    "g++",
+    "binutils",
     "valgrind",
     "pkgconf",
     "golang-go",
@@ -30,6 +34,7 @@ const PACKAGES: &[&str] = &[
     "prometheus",
     "qemu-system-x86",
     "busybox-static",
+    "python3-venv",
 ];
 /// Installed when the archive has them (benchmarks only).
 const OPTIONAL_PACKAGES: &[&str] = &["bpftool"];
@@ -43,6 +48,7 @@ pub fn setup() -> anyhow::Result<()> {
     bpf_linker()?;
     super::tracer::build()?;
     super::kernels::fetch()?;
+    k8s_validator()?;
     docs()?;
     println!("setup: done");
     Ok(())
@@ -280,12 +286,39 @@ fn build() -> anyhow::Result<PathBuf> {
         "--bin",
         "cpi-bpf",
     ]))?;
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .context("workspace root")?
-        .to_path_buf();
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+    Ok(target_dir().join("release/cpi-bpf"))
+}
+
+/// The workspace's `target/` (or `CARGO_TARGET_DIR`).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
-    Ok(target_dir.join("release/cpi-bpf"))
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("xtask sits in the workspace")
+                .join("target")
+        })
+}
+
+/// The Kubernetes schema validator the DaemonSet test runs offline
+/// (tests/tests/it/daemonset.rs): PyPI's `kubernetes-validate`, which bundles the
+/// schemas, in a venv at `target/k8s-validate/` (the system's Python stays untouched).
+const K8S_VALIDATE: &str = "kubernetes-validate==1.37.0";
+
+fn k8s_validator() -> anyhow::Result<()> {
+    let venv = target_dir().join("k8s-validate");
+    let tool = venv.join("bin/kubernetes-validate");
+    let pinned = K8S_VALIDATE.rsplit('=').next().unwrap_or_default();
+    if output(Command::new(&tool).arg("--version")).is_ok_and(|v| v.contains(pinned)) {
+        return Ok(());
+    }
+    status(
+        Command::new("/usr/bin/python3")
+            .args(["-m", "venv"])
+            .arg(&venv),
+    )?;
+    status(Command::new(venv.join("bin/pip")).args(["install", "--quiet", K8S_VALIDATE]))?;
+    println!("setup: {K8S_VALIDATE} in {}", venv.display());
+    Ok(())
 }

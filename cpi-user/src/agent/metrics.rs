@@ -725,6 +725,7 @@ pub(crate) mod tests {
     pub(crate) fn function(name: &str, cycles: f64, instructions: f64) -> FunctionProfile {
         FunctionProfile {
             name: name.into(),
+            mangled: None,
             binary: "/usr/bin/app".into(),
             address: 0x1000,
             size: 64,

@@ -25,10 +25,11 @@ pub struct SourceLines<'a> {
 }
 
 impl<'a> SourceLines<'a> {
-    /// The tables of `bin`; empty when it has no usable DWARF.
+    /// The tables of `bin`, or of its separate debug file
+    /// (cpi-user/src/binary/debugfile.rs); empty when neither has usable DWARF.
     pub fn new(bin: &'a Binary) -> SourceLines<'a> {
         SourceLines {
-            ctx: context(bin.data()),
+            ctx: context(bin.data()).or_else(|| context(bin.debug_data()?)),
         }
     }
 

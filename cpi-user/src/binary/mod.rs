@@ -1,8 +1,9 @@
 //! ELF binaries: build-id, file offset ↔ virtual address, function bounds, and (in
 //! [`cfg`](mod@cfg)) disassembly, basic blocks and the control-flow graph of one function.
 //!
-//! Function bounds come from `.symtab` when present; otherwise (stripped binaries, as
-//! Debian ships them) from `.eh_frame` FDE starts, named from `.dynsym` where a dynamic
+//! Function bounds come from `.symtab` when present, the binary's own or its separate
+//! debug file's ([`debugfile`](mod@debugfile): `.gnu_debuglink`, `/usr/lib/debug/.build-id/`);
+//! otherwise (stripped binaries, as Debian ships them) from `.eh_frame` FDE starts, named from `.dynsym` where a dynamic
 //! symbol starts at the same address and `func_<hexaddr>` elsewhere. PLT sections are
 //! pseudo-functions (`name@plt`-less: `[.plt]`, `[.plt.sec]`) so calls through them stay
 //! inside a function.
@@ -31,6 +32,8 @@
 //! cpi-user/src/fsafe/mod.rs (never blocking, regular files only).
 
 pub mod cfg;
+pub mod debugfile;
+pub mod demangle;
 pub mod ehframe;
 pub mod lines;
 pub mod symbolize;
@@ -45,6 +48,8 @@ use std::time::SystemTime;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, SymbolKind};
 
 pub use cfg::{BasicBlock, Cfg, CfgEdge, FlowKind, Instruction};
+pub use debugfile::DebugRoot;
+pub use demangle::demangle;
 pub use lines::{SourceLine, SourceLines};
 pub use symbolize::{CodeObject, Resolved, SymbolizeError, Symbolizer, SymbolizerOptions};
 
@@ -196,7 +201,8 @@ struct FnEntry {
     start: u64,
     size: u32,
     /// [`NAME_SYNTH`], [`NAME_OWNED`] | index into `Binary::owned_names`, or the file
-    /// offset of the NUL-terminated name.
+    /// offset of the NUL-terminated name (past the binary's length: in the debug file,
+    /// at the offset minus that length).
     name: u32,
 }
 
@@ -230,8 +236,13 @@ pub struct Binary {
     pub bounds: BoundsSource,
     /// Every `PT_LOAD`.
     pub segments: Vec<LoadSegment>,
+    /// The separate debug file symbols or source lines came from, when one was used.
+    pub debug_file: Option<PathBuf>,
     id: u64,
     bytes: Bytes,
+    /// The separate debug file's mapping: names at offsets past the binary's own bytes
+    /// lie in it ([`FnEntry::name`]).
+    debug: Option<crate::fsafe::map::GuardedMap>,
     /// Sorted by start, non-overlapping.
     functions: Vec<FnEntry>,
     owned_names: Vec<Box<str>>,
@@ -264,7 +275,9 @@ struct Tables {
 }
 
 impl Tables {
-    fn parse(path: &Path, data: &[u8]) -> Result<Tables, BinaryError> {
+    /// Parses `data`; the symbol table comes from `debug` (a separate debug file's bytes)
+    /// when `data` has none.
+    fn parse(path: &Path, data: &[u8], debug: Option<&[u8]>) -> Result<Tables, BinaryError> {
         let p = || path.to_path_buf();
         if !data.starts_with(b"\x7fELF") {
             return Err(BinaryError::NotElf {
@@ -318,11 +331,15 @@ impl Tables {
             code.iter()
                 .any(|c| (c.vaddr..c.vaddr + c.len as u64).contains(&a))
         };
-        let ordinals = file
+        let debug_file = debug.and_then(|d| object::File::parse(d).ok());
+        let symtab = file
             .symbol_table()
+            .or_else(|| debug_file.as_ref()?.symbol_table());
+        let ordinals = symtab
+            .as_ref()
             .map(|t| bolt_ordinals(t.symbols()))
             .unwrap_or_default();
-        let symtab_funcs = match file.symbol_table() {
+        let symtab_funcs = match &symtab {
             Some(t) => collect_symbols(t.symbols()),
             None => Vec::new(),
         };
@@ -367,7 +384,9 @@ impl Tables {
             let name = match &f.name {
                 None => NAME_SYNTH,
                 Some(n) => {
-                    match offset_in(data, n.as_bytes()).and_then(|o| u32::try_from(o).ok()) {
+                    let at = offset_in(data, n.as_bytes())
+                        .or_else(|| Some(data.len() + offset_in(debug?, n.as_bytes())?));
+                    match at.and_then(|o| u32::try_from(o).ok()) {
                         Some(off) if off < NAME_OWNED => off,
                         _ => {
                             owned_names.push(n.as_ref().into());
@@ -420,17 +439,32 @@ impl Binary {
     /// symbol (or `.eh_frame`) tables are paged in while parsing and dropped from this
     /// process's resident set right after.
     pub fn open(path: &Path) -> Result<Binary, BinaryError> {
-        Binary::from_file(&crate::fsafe::open(path)?, path)
+        Binary::open_with_debug(path, &DebugRoot::default())
+    }
+
+    /// [`Binary::open`] with separate debug files looked up under `root`.
+    pub fn open_with_debug(path: &Path, root: &DebugRoot) -> Result<Binary, BinaryError> {
+        Binary::from_file_with_debug(&crate::fsafe::open(path)?, path, root)
     }
 
     /// [`Binary::open`] for a file already opened (with cpi-user/src/fsafe/mod.rs);
     /// `path` names it.
     pub fn from_file(file: &std::fs::File, path: &Path) -> Result<Binary, BinaryError> {
+        Binary::from_file_with_debug(file, path, &DebugRoot::default())
+    }
+
+    /// [`Binary::from_file`] with separate debug files looked up under `root`.
+    pub fn from_file_with_debug(
+        file: &std::fs::File,
+        path: &Path,
+        root: &DebugRoot,
+    ) -> Result<Binary, BinaryError> {
         let map = crate::fsafe::map::GuardedMap::new(file).map_err(|source| BinaryError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        let bin = Binary::with_bytes(path, Bytes::Mapped(map))?;
+        let debug = debugfile::find(path, map.bytes(), root);
+        let bin = Binary::with_bytes(path, Bytes::Mapped(map), debug)?;
         if bin.truncated() {
             return Err(BinaryError::Truncated {
                 path: path.to_path_buf(),
@@ -444,24 +478,32 @@ impl Binary {
     /// nothing read from this binary can be trusted.
     pub fn truncated(&self) -> bool {
         matches!(&self.bytes, Bytes::Mapped(m) if m.truncated())
+            || self.debug.as_ref().is_some_and(|d| d.truncated())
     }
 
     /// Parses ELF bytes (copied: the binary owns them); `path` is only used for naming
     /// and errors.
     pub fn parse(path: &Path, data: &[u8]) -> Result<Binary, BinaryError> {
-        Binary::with_bytes(path, Bytes::Owned(data.into()))
+        Binary::with_bytes(path, Bytes::Owned(data.into()), None)
     }
 
-    fn with_bytes(path: &Path, bytes: Bytes) -> Result<Binary, BinaryError> {
-        let t = Tables::parse(path, bytes.get())?;
+    fn with_bytes(
+        path: &Path,
+        bytes: Bytes,
+        debug: Option<debugfile::DebugFile>,
+    ) -> Result<Binary, BinaryError> {
+        let (debug_file, debug) = debug.map(|d| (d.path, d.map)).unzip();
+        let t = Tables::parse(path, bytes.get(), debug.as_ref().map(|d| d.bytes()))?;
         let mut b = Binary {
             path: path.to_path_buf(),
             build_id: t.build_id,
             dynamic: t.dynamic,
             bounds: t.bounds,
             segments: t.segments,
+            debug_file,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             bytes,
+            debug,
             functions: t.functions,
             owned_names: t.owned_names,
             bolt_ordinals: t.bolt_ordinals,
@@ -497,13 +539,18 @@ impl Binary {
             + self.code.capacity() * size_of::<CodeRange>()
             + self.segments.capacity() * size_of::<LoadSegment>()
             + self.path.as_os_str().len()
+            + self.debug_file.as_ref().map_or(0, |p| p.as_os_str().len())
             + self.build_id.as_ref().map_or(0, String::len)) as u64
     }
 
     /// Drops the mapping's pages from this process's resident set (they stay in the page
     /// cache; the next read faults them back in).
     fn release_pages(&self) {
-        if let Bytes::Mapped(m) = &self.bytes {
+        let own = match &self.bytes {
+            Bytes::Mapped(m) => Some(m),
+            Bytes::Owned(_) => None,
+        };
+        for m in own.into_iter().chain(&self.debug) {
             if let Err(e) = m.dont_need() {
                 log::debug!("{}: madvise(MADV_DONTNEED): {e}", self.path.display());
             }
@@ -524,6 +571,11 @@ impl Binary {
     /// The whole file, for readers of other sections ([`lines`](mod@lines)).
     fn data(&self) -> &[u8] {
         self.bytes.get()
+    }
+
+    /// The separate debug file's bytes, when one is used.
+    fn debug_data(&self) -> Option<&[u8]> {
+        self.debug.as_ref().map(|d| d.bytes())
     }
 
     /// Function bounds came from `.eh_frame` (no symbol table).
@@ -576,9 +628,16 @@ impl Binary {
         }
     }
 
-    /// The name's bytes in the mapping (up to its NUL).
+    /// The name's bytes in the mapping, or the debug file's (up to its NUL).
     fn mapped_name(&self, off: u32) -> &[u8] {
-        let d = self.bytes.get().get(off as usize..).unwrap_or_default();
+        let own = self.bytes.get();
+        let d = match (off as usize).checked_sub(own.len()) {
+            None => &own[off as usize..],
+            Some(o) => self
+                .debug_data()
+                .and_then(|d| d.get(o..))
+                .unwrap_or_default(),
+        };
         &d[..d.iter().position(|&b| b == 0).unwrap_or(d.len())]
     }
 
@@ -845,6 +904,8 @@ fn normalise(mut funcs: Vec<Cand<'_>>) -> Vec<Cand<'_>> {
 #[derive(Default)]
 pub struct BinaryCache {
     entries: HashMap<FileId, (FileStamp, Result<Arc<Binary>, String>)>,
+    /// Where separate debug files are looked up.
+    debug_root: DebugRoot,
 }
 
 /// (device, inode).
@@ -855,6 +916,14 @@ impl BinaryCache {
     /// An empty cache.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty cache whose binaries take separate debug files from under `root`.
+    pub fn with_debug_root(root: DebugRoot) -> Self {
+        BinaryCache {
+            debug_root: root,
+            ..Self::default()
+        }
     }
 
     /// The parsed binary at `path` (opened with cpi-user/src/fsafe/mod.rs), parsed on
@@ -881,7 +950,7 @@ impl BinaryCache {
         let entry = match self.entries.get(&key) {
             Some((s, r)) if *s == stamp => r.clone(),
             _ => {
-                let r = Binary::from_file(file, path).map(Arc::new);
+                let r = Binary::from_file_with_debug(file, path, &self.debug_root).map(Arc::new);
                 let cached = r.as_ref().map(Arc::clone).map_err(|e| e.to_string());
                 self.entries.insert(key, (stamp, cached));
                 return r;

@@ -78,6 +78,9 @@ pub struct SymbolizerOptions {
     /// Kernel symbols (`/proc/kallsyms`) to name `[kernel]` functions; `None`, an
     /// unreadable file or hidden addresses (kptr_restrict) leave them `[kernel]`.
     pub kallsyms: Option<PathBuf>,
+    /// Where separate debug files of stripped binaries are looked up
+    /// (cpi-user/src/binary/debugfile.rs).
+    pub debug_root: super::DebugRoot,
 }
 
 impl Default for SymbolizerOptions {
@@ -86,6 +89,7 @@ impl Default for SymbolizerOptions {
             use_proc: true,
             perf_map_dir: PathBuf::from("/tmp"),
             kallsyms: Some(PathBuf::from("/proc/kallsyms")),
+            debug_root: super::DebugRoot::default(),
         }
     }
 }
@@ -181,8 +185,8 @@ impl Symbolizer {
     /// An empty symbolizer.
     pub fn new(opts: SymbolizerOptions) -> Self {
         Symbolizer {
+            binaries: BinaryCache::with_debug_root(opts.debug_root.clone()),
             opts,
-            binaries: BinaryCache::new(),
             by_mapping: HashMap::new(),
             perf_maps: HashMap::new(),
             kernel: None,
@@ -734,6 +738,7 @@ mod tests {
             use_proc: false,
             perf_map_dir: dir.clone(),
             kallsyms: Some(dir.join("kallsyms")),
+            debug_root: Default::default(),
         });
         for (path, base) in [(&t.plain, 0), (&t.pie, 0x5555_5555_4000)] {
             let bin = Binary::open(path).unwrap();

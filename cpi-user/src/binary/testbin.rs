@@ -32,6 +32,12 @@ fn build(name: &str) -> Option<TestProgram> {
     })
 }
 
+/// `tests/programs/NAME.c` built non-PIE with `-O2 -g` (DWARF line tables), or `None`
+/// after printing why.
+pub fn debug_build(name: &str) -> Option<PathBuf> {
+    programs::compile(&format!("{name}.c"), &["-O2", "-g", "-fno-PIE", "-no-pie"])
+}
+
 impl TestProgram {
     /// The compiled program, or `None` after printing why it is unavailable.
     pub fn get(name: &str) -> Option<&'static TestProgram> {

@@ -60,8 +60,8 @@ use super::model::{
 use super::paths::{bound_paths, frames_key, pseudo_path, PathKey, DROPPED_FRAME, NO_STACK_FRAME};
 use super::stack::{CallStack, StackEnd, StackStat};
 use crate::binary::{
-    Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines, Symbolizer,
-    SymbolizerOptions,
+    demangle, Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines,
+    Symbolizer, SymbolizerOptions,
 };
 use crate::procmap::ProcessMaps;
 
@@ -152,6 +152,9 @@ struct FunctionWork {
     object: CodeObject,
     object_name: String,
     function: Function,
+    /// The function's name as people read it (demangled once: profile functions, calls,
+    /// edges and stack frames all use it).
+    name: String,
     /// vaddr → tallies per role.
     ips: BTreeMap<u64, [Tally; ROLES]>,
     /// (start, end) in binary addresses.
@@ -362,6 +365,7 @@ impl<'a> ProcessResolver<'a> {
                     self.funcs.push(FunctionWork {
                         object: r.object,
                         object_name: r.object_name,
+                        name: demangle(&r.function.name).into_owned(),
                         function: r.function,
                         ips: BTreeMap::new(),
                         ranges: Vec::new(),
@@ -451,10 +455,12 @@ impl Ctx<'_> {
                 .unwrap_or_default()
         };
         let primary = proc_tally(role);
+        // Functions are named as people read them everywhere in the profile (calls and
+        // edges refer to them by that name); the symbol stays on the function.
         let names: Vec<(String, String)> = res
             .funcs
             .iter()
-            .map(|w| (w.function.name.clone(), w.object_name.clone()))
+            .map(|w| (w.name.clone(), w.object_name.clone()))
             .collect();
         let mut cyc = Tally::default();
         let (mut instr, mut instr_groups, mut instr_samples) = (0.0, Groups::default(), 0u64);
@@ -605,7 +611,7 @@ impl Ctx<'_> {
                     None => {
                         let w = &res.funcs[fs];
                         let mut v = vec![StackFrame {
-                            function: w.function.name.clone(),
+                            function: w.name.clone(),
                             binary: w.object_name.clone(),
                             address: w.function.start,
                         }];
@@ -679,7 +685,7 @@ impl Ctx<'_> {
                 Some((i, vaddr)) => {
                     let w = &res.funcs[i];
                     frames.push(StackFrame {
-                        function: w.function.name.clone(),
+                        function: w.name.clone(),
                         binary: w.object_name.clone(),
                         address: vaddr + u64::from(is_return),
                     });
@@ -744,8 +750,10 @@ impl Ctx<'_> {
             let t = w.total(r);
             (t.samples > 0).then_some(t.weight as f64)
         };
+        let name = &names[index].0;
         let mut profile = FunctionProfile {
-            name: w.function.name.clone(),
+            name: name.clone(),
+            mangled: (*name != w.function.name).then(|| w.function.name.clone()),
             binary: w.object_name.clone(),
             address: w.function.start,
             size: w.function.size,

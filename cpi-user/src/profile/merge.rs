@@ -729,6 +729,7 @@ mod tests {
         };
         let f = FunctionProfile {
             name: "hot".into(),
+            mangled: None,
             binary: "/bin/x".into(),
             address: 0x10,
             size: 8,

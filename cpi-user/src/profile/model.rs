@@ -520,8 +520,14 @@ pub struct CallEdge {
 /// One function of one binary.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct FunctionProfile {
-    /// Symbol name (`func_<addr>` when the binary has none).
+    /// Name as people read it: the symbol demangled (C++, Rust:
+    /// cpi-user/src/binary/demangle.rs), `func_<addr>` when the binary has none.
     pub name: String,
+    /// The symbol as the binary spells it, when demangling changed it (BOLT's `.fdata`
+    /// names functions by it); absent for C names and in files written before demangling,
+    /// whose `name` is the symbol.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mangled: Option<String>,
     /// Path of the binary (a key into `Profile::binaries`).
     pub binary: String,
     /// Start address in the binary's own address space.
@@ -576,6 +582,16 @@ pub struct FunctionProfile {
 }
 
 impl FunctionProfile {
+    /// The symbol as the binary spells it.
+    pub fn symbol(&self) -> &str {
+        self.mangled.as_deref().unwrap_or(&self.name)
+    }
+
+    /// `name` is what people read or the symbol (`--annotate` takes either).
+    pub fn is_named(&self, name: &str) -> bool {
+        self.name == name || self.mangled.as_deref() == Some(name)
+    }
+
     /// Sets `cpi_disagree` on the function and its blocks from their two CPI estimates.
     pub fn flag_disagreement(&mut self) {
         self.cpi_disagree = Estimate::disagree(self.cpi.as_ref(), self.timed_cpi.as_ref());

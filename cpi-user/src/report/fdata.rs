@@ -11,7 +11,8 @@
 //! records: IP sampling or a time profile) gets BOLT's `no_lbr` form instead: one
 //! `1 <symbol> <hex offset> <samples>` line per sampled instruction.
 //!
-//! Symbols are named as BOLT names them: a global by its name, a local (`static`)
+//! Symbols are named as BOLT names them, mangled ([`FunctionProfile::symbol`], not the
+//! demangled name tables show): a global by its symbol, a local (`static`)
 //! function as `name/N`, N counting the local symbols of that name in address order
 //! (BOLT's `NameResolver::uniquify`). Analysis resolves those names from the binary's
 //! symbol table and keeps them in the profile ([`FunctionProfile::bolt_name`]), so the
@@ -73,9 +74,10 @@ struct Binary<'a> {
     by_name: BTreeMap<&'a str, (u64, &'a str)>,
 }
 
-/// BOLT's name of a function: its local `name/N` when the profile has one.
+/// BOLT's name of a function: its local `name/N` when the profile has one, else its
+/// symbol (mangled: BOLT matches symbols, not what people read).
 fn bolt_name(f: &FunctionProfile) -> &str {
-    f.bolt_name.as_deref().unwrap_or(&f.name)
+    f.bolt_name.as_deref().unwrap_or(f.symbol())
 }
 
 /// Renders one `.fdata` per binary with data, the main binary first.
@@ -128,7 +130,7 @@ fn branches(path: &str, b: &Binary, bins: &BTreeMap<&str, Binary>) -> FdataFile 
     // (from, to) → (mispreds, count), summed over processes.
     let mut lines: BTreeMap<(String, String), (f64, f64)> = BTreeMap::new();
     for f in &b.functions {
-        if !writable(&f.name) {
+        if !writable(bolt_name(f)) {
             continue;
         }
         for e in &f.edges {
@@ -142,7 +144,7 @@ fn branches(path: &str, b: &Binary, bins: &BTreeMap<&str, Binary>) -> FdataFile 
                         .get(to_bin)
                         .and_then(|tb| tb.by_name.get(name.as_str()).copied());
                     match start {
-                        Some((start, bolt)) if to_bin == path && writable(name) => {
+                        Some((start, bolt)) if to_bin == path && writable(bolt) => {
                             Some(format!("1 {bolt} {:x}", e.to.wrapping_sub(start)))
                         }
                         // Another binary, or a function the profile does not know:
@@ -191,7 +193,7 @@ fn samples(p: &Profile, path: &str, b: &Binary) -> FdataFile {
         .map(|e| e.name.as_str())
         .unwrap_or("cycles");
     let mut lines: BTreeMap<(String, u64), u64> = BTreeMap::new();
-    for f in b.functions.iter().filter(|f| writable(&f.name)) {
+    for f in b.functions.iter().filter(|f| writable(bolt_name(f))) {
         for l in f
             .lines
             .iter()

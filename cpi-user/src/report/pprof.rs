@@ -179,10 +179,10 @@ pub struct Function {
     /// Nonzero id that [`Line::function_id`] refers to.
     #[prost(uint64, tag = "1")]
     pub id: u64,
-    /// Its name as in the profile (string index).
+    /// Its name as people read it: the profile's, demangled (string index).
     #[prost(int64, tag = "2")]
     pub name: i64,
-    /// The same name: the profile keeps one name per function (string index).
+    /// Its symbol as the binary spells it, mangled (string index).
     #[prost(int64, tag = "3")]
     pub system_name: i64,
     /// Its source file from the binary's DWARF, "" when unknown (string index); never
@@ -212,7 +212,7 @@ fn function_id<'p>(
         function.push(Function {
             id,
             name: n,
-            system_name: n,
+            system_name: found.map_or(n, |f| st.id(f.symbol())),
             filename: found.map_or(0, |f| source_file(st, f)),
             start_line: found
                 .and_then(|f| f.source.as_ref())
@@ -446,11 +446,10 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
             let fkey = (f.binary.as_str(), f.address, f.name.as_str());
             let fid = *func_ids.entry(fkey).or_insert_with(|| {
                 let id = function.len() as u64 + 1;
-                let name = st.id(&f.name);
                 function.push(Function {
                     id,
-                    name,
-                    system_name: name,
+                    name: st.id(&f.name),
+                    system_name: st.id(f.symbol()),
                     filename: source_file(&mut st, f),
                     start_line: f.source.as_ref().map_or(0, |s| s.line.into()),
                 });

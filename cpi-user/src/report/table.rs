@@ -139,7 +139,7 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
             if opts.callgraph {
                 for proc in &p.processes {
                     let focus: Vec<&FunctionProfile> =
-                        proc.functions.iter().filter(|f| f.name == *name).collect();
+                        proc.functions.iter().filter(|f| f.is_named(name)).collect();
                     if !focus.is_empty() {
                         out.push_str(&call_graph(p.mode, proc, &focus, w));
                     }
@@ -1133,7 +1133,7 @@ fn annotate(
 ) -> Result<(), TableError> {
     let mut found = false;
     for proc in &p.processes {
-        for f in proc.functions.iter().filter(|f| f.name == name) {
+        for f in proc.functions.iter().filter(|f| f.is_named(name)) {
             found = true;
             out.push('\n');
             out.push_str(&annotate_function(p.mode, proc, f, width));

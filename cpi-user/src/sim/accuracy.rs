@@ -93,7 +93,9 @@ fn resolve_truth(
         let f = funcs
             .entry((r.object_name.clone(), r.function.start))
             .or_default();
-        f.name = r.function.name.clone();
+        if f.name.is_empty() {
+            f.name = crate::binary::demangle(&r.function.name).into_owned();
+        }
         f.instructions += t.count;
         f.cycles += t.cycles;
         if let (CodeObject::Elf(b), None) = (&r.object, &f.elf) {

@@ -187,6 +187,7 @@ fn est(value: f64, samples: u64) -> Option<Estimate> {
 fn function(name: &str, address: u64, cycles: f64, instructions: f64) -> FunctionProfile {
     FunctionProfile {
         name: name.into(),
+        mangled: None,
         binary: "/opt/app/bin/app".into(),
         address,
         size: 0x40,

@@ -20,7 +20,7 @@ use cpi_user::agent::store::{read_range, RangeQuery};
 use cpi_user::binary::{ehframe::fde_ranges, Binary};
 use cpi_user::import::{perf_data, perf_script};
 use cpi_user::report::file;
-use object::{Object, ObjectSection};
+use object::{Object, ObjectSection, ObjectSymbol};
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::strategy::ValueTree;
@@ -443,6 +443,30 @@ fn agent_config() {
         })
     });
     ran(n, 1);
+}
+
+/// Symbol names from binaries others built (cpi-user/src/binary/demangle.rs): each line
+/// of the input is demangled; a name comes back as it was or within the output bound.
+#[test]
+fn symbol_names() {
+    let lib = read("/usr/lib/x86_64-linux-gnu/libstdc++.so.6");
+    let obj = object::File::parse(&*lib).expect("libstdc++ is ELF");
+    let cpp: Vec<u8> = obj
+        .dynamic_symbols()
+        .filter_map(|s| s.name().ok())
+        .filter(|n| n.starts_with("_Z"))
+        .take(400)
+        .flat_map(|n| [n.as_bytes(), b"\n"].concat())
+        .collect();
+    let rust = b"_ZN3std2rt10lang_start17h0123456789abcdefE\n_RNvMNtCs1234_7mycrate5shapeNtB2_6Square4area\n_RINvCsbt0fQicOZbh_10rust_names3mixmEB2_\n".to_vec();
+    let n = fuzz("symbol_names", vec![cpp, rust], |b| {
+        for line in b.split(|&c| c == b'\n') {
+            let name = String::from_utf8_lossy(line);
+            let d = cpi_user::binary::demangle(&name);
+            assert!(d == name || d.len() <= 8 << 10, "{} bytes", d.len());
+        }
+    });
+    ran(n, 2);
 }
 
 /// The first finding (a stored window whose block ends before its start panicked the

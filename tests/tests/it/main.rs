@@ -9,6 +9,8 @@ mod cli;
 mod collect;
 mod collect_reliability;
 mod collect_ring;
+mod daemonset;
+mod demangle;
 mod fuzz;
 mod hostile;
 mod import_perf_data;

@@ -159,6 +159,7 @@ fn hand_profile(exe: &Path) -> Profile {
                 .collect();
             FunctionProfile {
                 name: name.clone(),
+                mangled: None,
                 binary: bin.clone(),
                 address: *start,
                 size: *size,
@@ -223,7 +224,7 @@ fn hand_profile(exe: &Path) -> Profile {
 
 /// Runs BOLT with `fdata`; returns its output after checking the optimised binary runs
 /// like the original.
-fn bolt(exe: &Path, fdata: &Path) -> String {
+pub(crate) fn bolt(exe: &Path, fdata: &Path) -> String {
     let out_exe = fdata.with_extension("bolt");
     let out = Command::new("llvm-bolt-22")
         .arg(exe)
@@ -268,7 +269,7 @@ fn profile_accuracy(bolt_output: &str) -> Vec<f64> {
 }
 
 /// "BOLT-INFO: N out of M functions in the binary (P%) have non-empty execution profile"
-fn profiled_functions(bolt_output: &str) -> Option<u64> {
+pub(crate) fn profiled_functions(bolt_output: &str) -> Option<u64> {
     let l = bolt_output
         .lines()
         .find(|l| l.contains("have non-empty execution profile"))?;

@@ -62,6 +62,7 @@ pub fn cpi_profile() -> Profile {
     let bin = "/opt/bench/bin/bench".to_string();
     let hot = FunctionProfile {
         name: "crc_update".into(),
+        mangled: None,
         binary: bin.clone(),
         address: 0x401200,
         size: 0x30,
@@ -177,6 +178,7 @@ pub fn cpi_profile() -> Profile {
     };
     let main = FunctionProfile {
         name: "main".into(),
+        mangled: None,
         binary: bin.clone(),
         address: 0x401160,
         size: 0x60,
@@ -216,6 +218,7 @@ pub fn cpi_profile() -> Profile {
     };
     let cold = FunctionProfile {
         name: "memcpy".into(),
+        mangled: None,
         binary: "/usr/lib/x86_64-linux-gnu/libc.so.6".into(),
         address: 0x9a0c0,
         size: 0x200,
@@ -294,6 +297,7 @@ pub fn time_profile() -> Profile {
     let bin = "/usr/bin/xz".to_string();
     let f = |name: &str, address, samples: u64, lines| FunctionProfile {
         name: name.into(),
+        mangled: None,
         binary: bin.clone(),
         address,
         size: 0x40,
