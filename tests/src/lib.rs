@@ -5,6 +5,7 @@ pub mod perf_data;
 pub mod profgen;
 pub mod programs;
 pub mod pyroscope;
+pub mod tls;
 pub mod tracer;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
