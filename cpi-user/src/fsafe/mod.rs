@@ -462,6 +462,14 @@ mod tests {
     }
 
     #[test]
+    fn groups_by_name_or_number() {
+        assert_eq!(group_id("root"), Ok(0));
+        assert_eq!(group_id("4242"), Ok(4242));
+        let e = group_id("no-such-group-cpi").unwrap_err();
+        assert!(e.contains("no group named"), "{e}");
+    }
+
+    #[test]
     fn links_stay_inside_the_root_with_and_without_openat2() {
         let d = scratch("root");
         let root = d.join("root");

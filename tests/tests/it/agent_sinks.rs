@@ -1016,7 +1016,7 @@ fn hostile_receivers_leave_the_agent_flat() {
     let agents: Vec<_> = cases
         .iter()
         .map(|(name, rx, password, _)| {
-            let d = dir.join(name);
+            let d = dir.join(format!("agent-{name}"));
             std::fs::create_dir_all(&d).unwrap();
             let url = rx.url().replacen("://", &format!("://{USER}@"), 1);
             let mut args: Vec<String> = [
@@ -1312,4 +1312,65 @@ fn governor_lowers_the_frequency_to_the_budget() {
         "{pct:.2} % of a CPU at {} Hz: {seen:?}\n{log}",
         last.1
     );
+}
+
+// ---- store permissions ---------------------------------------------------------------
+
+/// Issue 18 item 6: the store is root's alone by default (an existing 0755 directory is
+/// made 0700, windows are 0600), so an unprivileged user cannot read it; with a reader
+/// group (`--store-group`) the directory is 0750 and the windows 0640 of that group, and
+/// a member of it reads the store with `cpi-bpf report --store` (run as uid 65534 by
+/// `setpriv`, once with the group and once without).
+#[test]
+fn store_is_private_unless_a_reader_group_is_given() {
+    use cpi_user::agent::store::{self, Store};
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !require_root("changing owners and users") || !have("setpriv", "--version") {
+        return;
+    }
+    let dir = temp_dir("store-group");
+    let nobody = 65534;
+    let report_as = |gid: u32, store: &Path| {
+        Command::new("setpriv")
+            .args(["--reuid", &nobody.to_string(), "--regid", &gid.to_string()])
+            .arg("--clear-groups")
+            .arg(cpi_bpf())
+            .args(["report", "--format", "json", "--store"])
+            .arg(store)
+            .output()
+            .unwrap()
+    };
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    for group in [None, Some(nobody)] {
+        let s = dir.join(if group.is_some() { "shared" } else { "private" });
+        std::fs::create_dir(&s).unwrap();
+        std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut st = Store::open(&s, store::DEFAULT_RETAIN, 1 << 30, group).unwrap();
+        let w = st
+            .write(&window(&[(10, "alpha")], SystemTime::now()))
+            .unwrap();
+        let (want_dir, want_file) = if group.is_some() {
+            (0o750, 0o640)
+        } else {
+            (0o700, 0o600)
+        };
+        assert_eq!((mode(&s), mode(&w)), (want_dir, want_file), "{group:?}");
+        if let Some(gid) = group {
+            assert_eq!(std::fs::metadata(&s).unwrap().gid(), gid);
+            assert_eq!(std::fs::metadata(&w).unwrap().gid(), gid);
+        }
+        // A user outside the group (gid 1: daemon) is refused either way.
+        let outsider = report_as(1, &s);
+        assert!(!outsider.status.success(), "{group:?}: an outsider read the store");
+        let member = report_as(nobody, &s);
+        let err = String::from_utf8_lossy(&member.stderr);
+        if group.is_some() {
+            assert!(member.status.success(), "{err}");
+            assert!(String::from_utf8_lossy(&member.stdout).contains("alpha"));
+        } else {
+            assert!(!member.status.success(), "a member of no reader group read it");
+            assert!(err.contains("Permission denied"), "{err}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
