@@ -392,6 +392,11 @@ pub fn request_body(window: &Window, label: ServiceLabel) -> std::io::Result<Opt
     let mut series = Vec::with_capacity(services.len());
     for name in services.keys() {
         let mut msg = pprof::build_processes(p, &|pr| service(pr) == *name);
+        if msg.sample.is_empty() {
+            // Processes seen in the window without a sample of their own: Pyroscope
+            // takes no profile without samples.
+            continue;
+        }
         msg.time_nanos = start;
         msg.duration_nanos = duration;
         let raw = pprof::gzip(&msg)?;
@@ -406,6 +411,9 @@ pub fn request_body(window: &Window, label: ServiceLabel) -> std::io::Result<Opt
                 "rawProfile": base64::engine::general_purpose::STANDARD.encode(raw),
             }],
         }));
+    }
+    if series.is_empty() {
+        return Ok(None);
     }
     Ok(Some(
         serde_json::to_vec(&serde_json::json!({ "series": series }))
