@@ -257,6 +257,36 @@ fn bad_input_is_one_line_at_start() {
         ],
         "--push-pyroscope",
     );
+    bad(
+        &[
+            "--store",
+            s,
+            "--push-pyroscope",
+            "https://u:hunter2@x",
+            "--check-config",
+        ],
+        "--push-pyroscope \"https://u:***@x\": no password in the URL",
+    );
+    bad(
+        &[
+            "--store",
+            s,
+            "--push-pyroscope",
+            "https://u@x",
+            "--check-config",
+        ],
+        "push credentials: the URL names user \"u\": give its password with --push-password-file",
+    );
+    bad(
+        &[
+            "--store",
+            s,
+            "--store-group",
+            "no-such-group-cpi",
+            "--check-config",
+        ],
+        "store-group: no group named",
+    );
     let conf = dir.join("a.toml");
     std::fs::write(&conf, "interval = 5\nno-such-key = 1\n").unwrap();
     bad(
