@@ -478,6 +478,9 @@ fn churn_keeps_memory_flat_and_processes_leave() {
     if !require_root("the agent") {
         return;
     }
+    // Not beside the nine agents of hostile_receivers_leave_the_agent_flat: this agent
+    // is system-wide, and they would be its load.
+    let _heavy = cpi_tests::cpu_heavy();
     let dir = temp_dir("agent-churn");
     let Some(churn) = compile_c("churn.c", &dir, "churn", &[]) else {
         return;
@@ -960,6 +963,8 @@ fn hostile_receivers_leave_the_agent_flat() {
     if !require_root("the agent") {
         return;
     }
+    // Nine agents and receivers writing without end: the CPUs are this test's.
+    let _heavy = cpi_tests::cpu_heavy();
     let dir = temp_dir("push-hostile");
     let ca = TestCa::new("cpi-bpf test CA");
     let other = TestCa::new("another CA");
