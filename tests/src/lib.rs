@@ -5,6 +5,7 @@ pub mod perf_data;
 pub mod profgen;
 pub mod programs;
 pub mod pyroscope;
+pub mod tls;
 pub mod tracer;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -61,6 +62,14 @@ pub fn cpi_bpf() -> &'static Path {
         let release = profile_dir.file_name().is_some_and(|n| n == "release");
         let target_dir = profile_dir.parent().expect("target dir");
         let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+        // Build scripts (ring's) rerun when these differ from the outer build's, which
+        // would rebuild the whole chain here and again in the next `cargo test`.
+        for (k, _) in std::env::vars_os() {
+            let k = k.to_string_lossy();
+            if k.starts_with("CARGO_PKG_") || k.starts_with("CARGO_MANIFEST_") || k == "OUT_DIR" {
+                cmd.env_remove(&*k);
+            }
+        }
         cmd.current_dir(workspace_root())
             .args([
                 "build",

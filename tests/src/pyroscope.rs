@@ -9,7 +9,10 @@
 //! violation gets Connect's `400 {"code":"invalid_argument",...}` and is recorded.
 //!
 //! It can answer late ([`Receiver::set_delay`]) and be stopped and restarted on the same
-//! port, to test a slow or dead receiver.
+//! port, to test a slow or dead receiver. [`Receiver::start_with`] serves https (a
+//! certificate of tests/src/tls.rs), demands credentials (a request without the right
+//! `Authorization` gets `401 {"code":"unauthenticated"}`, counted, not a violation), or
+//! misbehaves in one of the ways of [`Behaviour`].
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -47,11 +50,42 @@ struct State {
     violations: Vec<String>,
     /// Requests received, conforming or not, answered in time or not.
     requests: u64,
+    /// Requests refused for their credentials.
+    unauthorized: u64,
     delay: Option<Duration>,
+}
+
+/// How a receiver answers a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Behaviour {
+    /// By the contract.
+    #[default]
+    Conform,
+    /// `HTTP/1.1 100 Continue` lines, without end.
+    EndlessContinue,
+    /// The connection reset (RST) once the request's head is read.
+    Reset,
+    /// `200 OK` announcing a body of 1 GiB, sent as fast as the client reads.
+    HugeBody,
+    /// A status line and one header, a byte every 100 ms, never ending.
+    SlowDrip,
+    /// Header lines without end.
+    EndlessHeaders,
+}
+
+/// What [`Receiver::start_with`] serves.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// https with this server configuration; `None`: plain http.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// The `Authorization` header value every request must carry.
+    pub authorization: Option<String>,
+    pub behaviour: Behaviour,
 }
 
 pub struct Receiver {
     addr: SocketAddr,
+    https: bool,
     state: Arc<Mutex<State>>,
     stop: Arc<AtomicBool>,
     accept: Option<std::thread::JoinHandle<()>>,
@@ -61,18 +95,24 @@ impl Receiver {
     /// Listens on `addr` (`127.0.0.1:0` for a free port; a stopped receiver's address to
     /// bring it back).
     pub fn start(addr: SocketAddr) -> std::io::Result<Receiver> {
+        Receiver::start_with(addr, Options::default())
+    }
+
+    /// [`Receiver::start`] serving `options`.
+    pub fn start_with(addr: SocketAddr, options: Options) -> std::io::Result<Receiver> {
         let listener = TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let state = Arc::new(Mutex::new(State::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let (st, sp) = (state.clone(), stop.clone());
+        let https = options.tls.is_some();
         let accept = std::thread::spawn(move || {
             while !sp.load(Ordering::SeqCst) {
                 match listener.accept() {
                     Ok((conn, _)) => {
-                        let (st, sp) = (st.clone(), sp.clone());
-                        std::thread::spawn(move || handle(conn, &st, &sp));
+                        let (st, sp, o) = (st.clone(), sp.clone(), options.clone());
+                        std::thread::spawn(move || serve(conn, &o, &st, &sp));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
@@ -81,6 +121,7 @@ impl Receiver {
         });
         Ok(Receiver {
             addr,
+            https,
             state,
             stop,
             accept: Some(accept),
@@ -91,8 +132,10 @@ impl Receiver {
         self.addr
     }
 
+    /// `http://ADDR`, or `https://ADDR` when serving TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// Answer every request only after `delay` (None: at once).
@@ -110,6 +153,11 @@ impl Receiver {
 
     pub fn requests(&self) -> u64 {
         self.state.lock().unwrap().requests
+    }
+
+    /// Requests refused for their credentials.
+    pub fn unauthorized(&self) -> u64 {
+        self.state.lock().unwrap().unauthorized
     }
 
     /// Closes the port (connections are refused from now on).
@@ -131,17 +179,129 @@ impl Drop for Receiver {
     }
 }
 
-fn handle(mut conn: TcpStream, state: &Mutex<State>, stop: &AtomicBool) {
+/// A plain or TLS connection.
+trait Conn: Read + Write {}
+impl<T: Read + Write> Conn for T {}
+
+fn serve(conn: TcpStream, o: &Options, state: &Mutex<State>, stop: &AtomicBool) {
     let _ = conn.set_nonblocking(false);
     let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
-    let Some((head, body)) = read_request(&mut conn) else {
+    let _ = conn.set_write_timeout(Some(Duration::from_secs(10)));
+    if o.behaviour == Behaviour::Reset {
+        let mut head = [0u8; 1024];
+        let _ = (&conn).read(&mut head);
+        state.lock().unwrap().requests += 1;
+        reset(&conn);
+        return;
+    }
+    let mut c: Box<dyn Conn> = match &o.tls {
+        Some(cfg) => match rustls::ServerConnection::new(cfg.clone()) {
+            Ok(tls) => Box::new(rustls::StreamOwned::new(tls, conn)),
+            Err(_) => return,
+        },
+        None => Box::new(conn),
+    };
+    // A TLS handshake the client refused ends in the first read.
+    let Some((head, body)) = read_request(&mut c) else {
         return;
     };
+    let _ = match o.behaviour {
+        Behaviour::Conform => handle(&mut c, &head, &body, o, state, stop),
+        b => misbehave(&mut c, b, state, stop),
+    };
+    let _ = c.flush();
+}
+
+/// Closes with a TCP reset: `SO_LINGER` of zero seconds, then close.
+fn reset(conn: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket and a `linger` of its size.
+    unsafe {
+        libc::setsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&raw const linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+}
+
+/// Writes what a [`Behaviour`] writes until the client gives up or the receiver stops.
+fn misbehave(
+    c: &mut dyn Conn,
+    b: Behaviour,
+    state: &Mutex<State>,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
+    state.lock().unwrap().requests += 1;
+    let chunk = |line: &[u8]| line.repeat(4096 / line.len());
+    let (first, repeat, pause): (&[u8], Vec<u8>, Duration) = match b {
+        Behaviour::EndlessContinue => (
+            b"",
+            chunk(b"HTTP/1.1 100 Continue\r\n\r\n"),
+            Duration::from_millis(1),
+        ),
+        Behaviour::EndlessHeaders => (
+            b"HTTP/1.1 200 OK\r\n",
+            chunk(b"X-Filler: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n"),
+            Duration::from_millis(1),
+        ),
+        Behaviour::HugeBody => (
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n",
+            vec![b' '; 64 * 1024],
+            Duration::ZERO,
+        ),
+        Behaviour::SlowDrip => (b"", b"HTTP/1.1 200 OK\r\nX-Drip: ".to_vec(), Duration::ZERO),
+        Behaviour::Conform | Behaviour::Reset => unreachable!("not a stream"),
+    };
+    c.write_all(first)?;
+    let mut sent = 0u64;
+    while !stop.load(Ordering::SeqCst) {
+        match b {
+            Behaviour::SlowDrip => {
+                let i = (sent as usize).min(repeat.len());
+                c.write_all(repeat.get(i..i + 1).unwrap_or(b"a"))?;
+                c.flush()?;
+                sent += 1;
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+            Behaviour::HugeBody if sent >= 1 << 30 => return Ok(()),
+            _ => {}
+        }
+        c.write_all(&repeat)?;
+        sent += repeat.len() as u64;
+        std::thread::sleep(pause);
+    }
+    Ok(())
+}
+
+/// Answers a request by the contract (after the credentials and any delay).
+fn handle(
+    conn: &mut dyn Conn,
+    head: &str,
+    body: &[u8],
+    o: &Options,
+    state: &Mutex<State>,
+    stop: &AtomicBool,
+) -> std::io::Result<()> {
     let delay = {
         let mut s = state.lock().unwrap();
         s.requests += 1;
         s.delay
     };
+    if let Some(want) = &o.authorization {
+        if header(head, "authorization") != Some(want.as_str()) {
+            state.lock().unwrap().unauthorized += 1;
+            let msg = r#"{"code":"unauthenticated","message":"bad credentials"}"#;
+            return respond(conn, "401 Unauthorized", msg);
+        }
+    }
     if let Some(d) = delay {
         // Answer late (or never, if the receiver stops first): the client must have
         // given up by then, so nothing is recorded.
@@ -149,27 +309,22 @@ fn handle(mut conn: TcpStream, state: &Mutex<State>, stop: &AtomicBool) {
         while Instant::now() < until && !stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = respond(
-            &mut conn,
-            "503 Service Unavailable",
-            r#"{"code":"unavailable"}"#,
-        );
-        return;
+        return respond(conn, "503 Service Unavailable", r#"{"code":"unavailable"}"#);
     }
-    match check(&head, &body) {
+    match check(head, body) {
         Ok(push) => {
             state.lock().unwrap().accepted.push(push);
-            let _ = respond(&mut conn, "200 OK", "{}");
+            respond(conn, "200 OK", "{}")
         }
         Err(why) => {
             state.lock().unwrap().violations.push(why.clone());
             let msg = serde_json::json!({"code": "invalid_argument", "message": why});
-            let _ = respond(&mut conn, "400 Bad Request", &msg.to_string());
+            respond(conn, "400 Bad Request", &msg.to_string())
         }
     }
 }
 
-fn respond(conn: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()> {
+fn respond(conn: &mut dyn Conn, status: &str, body: &str) -> std::io::Result<()> {
     write!(
         conn,
         "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -178,7 +333,7 @@ fn respond(conn: &mut TcpStream, status: &str, body: &str) -> std::io::Result<()
 }
 
 /// Head (request line and headers) and a body of Content-Length bytes.
-fn read_request(conn: &mut TcpStream) -> Option<(String, Vec<u8>)> {
+fn read_request(conn: &mut dyn Conn) -> Option<(String, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut tmp = [0u8; 8192];
     let end = loop {

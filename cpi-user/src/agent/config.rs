@@ -91,6 +91,8 @@ pub struct AgentOptions {
     pub retain: Option<String>,
     /// Bound of the store's size, MiB; the oldest windows go first.
     pub store_max_mib: Option<u64>,
+    /// Group given read access to the store (name or gid); default: root only.
+    pub store_group: Option<String>,
     /// `/metrics` address; `off` disables the endpoint.
     pub metrics_addr: Option<String>,
     /// Comms with series of their own; the rest are summed as comm="other".
@@ -101,6 +103,12 @@ pub struct AgentOptions {
     pub push_pyroscope: Option<String>,
     /// `X-Scope-OrgID` header of the pushes (multi-tenant Pyroscope).
     pub push_tenant: Option<String>,
+    /// PEM file of CA certificates trusted for https pushes, beside the system's.
+    pub push_ca: Option<PathBuf>,
+    /// File holding the password of the push URL's user (basic auth).
+    pub push_password_file: Option<PathBuf>,
+    /// File holding a bearer token for the pushes.
+    pub push_token_file: Option<PathBuf>,
     /// `comm` or `cgroup`.
     pub service_label: Option<String>,
     /// Windows waiting to be pushed at most; beyond it the oldest is dropped.
@@ -140,6 +148,8 @@ pub struct AgentConfig {
     pub retain: Duration,
     /// Bound of the store's size, bytes; the oldest windows go first.
     pub store_max_bytes: u64,
+    /// Group that may read the store (directory 0750, windows 0640); `None`: 0700/0600.
+    pub store_group: Option<u32>,
     /// `/metrics` listen address; `None`: no endpoint (agent/metrics.rs).
     pub metrics_addr: Option<SocketAddr>,
     /// Comms with series of their own; the rest are summed as comm="other".
@@ -150,6 +160,12 @@ pub struct AgentConfig {
     pub push_url: Option<String>,
     /// `X-Scope-OrgID` header of the pushes.
     pub push_tenant: Option<String>,
+    /// Extra CA certificates for https pushes (PEM).
+    pub push_ca: Option<PathBuf>,
+    /// Password file of basic auth (the URL names the user).
+    pub push_password_file: Option<PathBuf>,
+    /// Bearer token file.
+    pub push_token_file: Option<PathBuf>,
     /// What pushed series are named by (`service_name`).
     pub service_label: ServiceLabel,
     /// Windows waiting to be pushed at most; beyond it the oldest is dropped.
@@ -203,11 +219,15 @@ impl AgentOptions {
             store: self.store.or(file.store),
             retain: self.retain.or(file.retain),
             store_max_mib: self.store_max_mib.or(file.store_max_mib),
+            store_group: self.store_group.or(file.store_group),
             metrics_addr: self.metrics_addr.or(file.metrics_addr),
             metrics_top_comms: self.metrics_top_comms.or(file.metrics_top_comms),
             metrics_top_functions: self.metrics_top_functions.or(file.metrics_top_functions),
             push_pyroscope: self.push_pyroscope.or(file.push_pyroscope),
             push_tenant: self.push_tenant.or(file.push_tenant),
+            push_ca: self.push_ca.or(file.push_ca),
+            push_password_file: self.push_password_file.or(file.push_password_file),
+            push_token_file: self.push_token_file.or(file.push_token_file),
             service_label: self.service_label.or(file.service_label),
             push_queue: self.push_queue.or(file.push_queue),
             push_timeout: self.push_timeout.or(file.push_timeout),
@@ -268,6 +288,11 @@ impl AgentOptions {
         if store_max_mib == 0 {
             return Err(bad("store-max-mib", "must be at least 1"));
         }
+        let store_group = self
+            .store_group
+            .as_deref()
+            .map(|g| crate::fsafe::group_id(g).map_err(|detail| bad("store-group", detail)))
+            .transpose()?;
         let comm = self
             .comm
             .as_deref()
@@ -327,11 +352,15 @@ impl AgentOptions {
             store: self.store.unwrap_or_else(|| store::DEFAULT_DIR.into()),
             retain,
             store_max_bytes: store_max_mib << 20,
+            store_group,
             metrics_addr,
             metrics_top_comms: self.metrics_top_comms.unwrap_or(DEFAULT_TOP),
             metrics_top_functions: self.metrics_top_functions.unwrap_or(DEFAULT_TOP),
             push_url: self.push_pyroscope,
             push_tenant: self.push_tenant,
+            push_ca: self.push_ca,
+            push_password_file: self.push_password_file,
+            push_token_file: self.push_token_file,
             service_label,
             push_queue,
             push_timeout: Duration::from_secs(push_timeout),

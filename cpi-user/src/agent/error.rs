@@ -31,6 +31,20 @@ pub enum AgentError {
         /// Why: it must be non-empty printable ASCII without spaces.
         reason: String,
     },
+    /// `--push-ca`, `--push-password-file` or `--push-token-file` cannot be used.
+    #[error("{flag}: {detail}")]
+    PushFile {
+        /// The flag naming the file.
+        flag: &'static str,
+        /// Why (never the file's content).
+        detail: String,
+    },
+    /// The push credentials given do not fit together or with the URL.
+    #[error("push credentials: {reason}")]
+    PushCredentials {
+        /// What is wrong (never a secret).
+        reason: String,
+    },
     /// A sink's worker thread could not be started.
     #[error("cannot start the {what} thread: {source}")]
     Thread {

@@ -159,7 +159,7 @@ pub struct Summary {
 
 impl Sinks {
     fn start(c: &AgentConfig) -> Result<Sinks, StartError> {
-        let store = Store::open(&c.store, c.retain, c.store_max_bytes)?;
+        let store = Store::open(&c.store, c.retain, c.store_max_bytes, c.store_group)?;
         let metrics = c
             .metrics_addr
             .map(|addr| {
@@ -182,6 +182,9 @@ impl Sinks {
                     service_label: c.service_label,
                     queue_windows: c.push_queue,
                     timeout: c.push_timeout,
+                    ca_file: c.push_ca.clone(),
+                    password_file: c.push_password_file.clone(),
+                    token_file: c.push_token_file.clone(),
                 })
             })
             .transpose()?;

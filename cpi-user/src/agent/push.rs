@@ -16,19 +16,30 @@
 //! Never in the way of collection: [`Pusher::submit`] encodes the window and queues it
 //! without waiting; one worker thread sends. The queue holds at most `queue_windows`
 //! windows: when full, the oldest is dropped (counted). A failed request (connection
-//! refused, timeout, 408/429/5xx) is retried with exponential backoff up to
-//! [`MAX_ATTEMPTS`] times, then dropped (counted); any other answer than 2xx is a
-//! rejection, dropped at once (counted). Every connect, write and read shares one
-//! deadline of `timeout`, so a slow receiver costs at most that per attempt. Plain
-//! `http://` only (a TLS-terminating proxy on loopback serves an `https` endpoint).
+//! refused or reset, timeout, TLS failure, an answer beyond the bounds below,
+//! 408/429/5xx) is retried with exponential backoff up to [`MAX_ATTEMPTS`] times, then
+//! dropped (counted); any other answer than 2xx is a rejection, dropped at once
+//! (counted). One line is logged when pushes start failing, one when they succeed
+//! again.
+//!
+//! The transport is `ureq` over rustls: `http://` or `https://`, trusting the system's CA
+//! store plus `--push-ca FILE`. Credentials come from files, never from the command line:
+//! basic auth for the URL's user (`https://USER@host`) with `--push-password-file`, or a
+//! bearer token with `--push-token-file` (read through cpi-user/src/fsafe/mod.rs, sent
+//! only over https or to loopback, never logged). Redirects are refused (a 3xx is a
+//! rejection). The receiver is untrusted: one deadline of `timeout` covers connect, TLS,
+//! send and the whole answer, headers are read up to [`MAX_HEAD`] bytes and the body up
+//! to [`MAX_BODY`], and 1xx answers are skipped without being kept, so no receiver can
+//! make the agent wait longer or hold more.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::io::{Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use base64::Engine;
+use ureq::http::{HeaderValue, Uri};
+use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
 
 use super::{AgentError, Window};
 use crate::profile::model::ProcessProfile;
@@ -46,8 +57,16 @@ pub const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(8);
 /// `service_name` of a process whose cgroup cannot be read.
 pub const UNKNOWN_SERVICE: &str = "unknown";
-/// Response bytes read (status line and headers; the body is only logged).
-const MAX_RESPONSE: usize = 16 * 1024;
+/// Bytes of an answer's status line and headers read at most.
+pub const MAX_HEAD: usize = 16 * 1024;
+/// Bytes of an answer's body read at most (Pyroscope answers `{}`, or a short error).
+pub const MAX_BODY: u64 = 64 * 1024;
+/// Bytes of a password or token file read at most.
+const MAX_SECRET_FILE: u64 = 16 * 1024;
+/// Bytes of a `--push-ca` file read at most (Debian's whole bundle is about 220 KB).
+const MAX_CA_FILE: u64 = 4 << 20;
+/// Characters of an error answer's body logged.
+const LOGGED_BODY_CHARS: usize = 200;
 
 /// What `service_name` is (`--service-label`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,7 +80,7 @@ pub enum ServiceLabel {
 /// What [`Pusher::new`] needs (from the agent's `--push-*` settings).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PushConfig {
-    /// `http://host[:port][/prefix]`; [`PUSH_PATH`] is appended.
+    /// `http[s]://[USER@]host[:port][/prefix]`; [`PUSH_PATH`] is appended.
     pub url: String,
     /// `X-Scope-OrgID` (multi-tenant Pyroscope).
     pub tenant: Option<String>,
@@ -71,6 +90,12 @@ pub struct PushConfig {
     pub queue_windows: usize,
     /// Deadline of one request: connect, send and answer.
     pub timeout: Duration,
+    /// PEM certificates trusted beside the system's CA store (`--push-ca`).
+    pub ca_file: Option<PathBuf>,
+    /// The password of the URL's user, basic auth (`--push-password-file`).
+    pub password_file: Option<PathBuf>,
+    /// A bearer token (`--push-token-file`).
+    pub token_file: Option<PathBuf>,
 }
 
 /// Cumulative counts since start (exported by cpi-user/src/agent/metrics.rs).
@@ -78,7 +103,8 @@ pub struct PushConfig {
 pub struct PushStats {
     /// Requests answered 2xx.
     pub ok: u64,
-    /// Requests that failed and may be retried (connection, timeout, 408/429/5xx).
+    /// Requests that failed and may be retried (connection, timeout, TLS, an answer out
+    /// of bounds, 408/429/5xx).
     pub errors: u64,
     /// Requests answered with another status (not retried).
     pub rejected: u64,
@@ -91,71 +117,235 @@ pub struct PushStats {
 /// Where requests go, parsed once at start.
 #[derive(Clone, Debug, PartialEq)]
 struct Endpoint {
-    host: String,
-    port: u16,
-    /// Host header value.
-    authority: String,
-    path: String,
+    /// The request URL, without credentials.
+    url: String,
+    /// `host:port`, for log lines.
+    shown: String,
+    https: bool,
+    /// Loopback host (credentials may go there over plain http).
+    loopback: bool,
+    /// The URL's user (basic auth).
+    user: Option<String>,
+}
+
+/// `url` without the password of its user info, for messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..end].rsplit_once('@') {
+        Some((user, host)) => {
+            let user = user.split_once(':').map_or(user, |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}{}", &rest[end..])
+        }
+        None => url.to_string(),
+    }
 }
 
 fn parse_url(url: &str) -> Result<Endpoint, AgentError> {
     let bad = |reason: &str| AgentError::PushUrl {
-        url: url.to_string(),
+        url: redact(url),
         reason: reason.to_string(),
     };
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| bad("not a URL (expected http://host[:port][/path])"))?;
-    match scheme.to_ascii_lowercase().as_str() {
-        "http" => {}
-        "https" => {
+    let uri: Uri = url
+        .parse()
+        .map_err(|_| bad("not a URL (expected http[s]://[USER@]host[:port][/path])"))?;
+    let https = match uri.scheme_str().map(str::to_ascii_lowercase).as_deref() {
+        Some("http") => false,
+        Some("https") => true,
+        Some(_) => return Err(bad("scheme must be http or https")),
+        None => {
             return Err(bad(
-                "https is not supported: use plain http (e.g. a TLS proxy on loopback)",
+                "not a URL (expected http[s]://[USER@]host[:port][/path])",
             ))
         }
-        _ => return Err(bad("scheme must be http")),
-    }
-    if rest.contains(['?', '#']) {
+    };
+    if uri.query().is_some() || url.contains('#') {
         return Err(bad("no query or fragment allowed"));
     }
-    let (authority, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, ""),
-    };
-    if authority.contains('@') {
-        return Err(bad("credentials in the URL are not supported"));
-    }
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (h, after) = v6
-            .split_once(']')
-            .ok_or_else(|| bad("unclosed '[' in host"))?;
-        (h, after.strip_prefix(':'))
-    } else {
-        match authority.rsplit_once(':') {
-            Some((h, p)) => (h, Some(p)),
-            None => (authority, None),
-        }
-    };
-    if host.is_empty() || host.contains(|c: char| c.is_whitespace() || c.is_control()) {
+    let authority = uri.authority().ok_or_else(|| bad("missing host"))?;
+    let host = authority.host();
+    if host.is_empty() || host == "[]" {
         return Err(bad("missing or invalid host"));
     }
-    let port = match port {
-        None => 80,
-        Some(p) => p
+    let user = match authority.as_str().rsplit_once('@') {
+        Some((info, _)) if info.contains(':') => {
+            return Err(bad(
+                "no password in the URL: put it in a file given to --push-password-file",
+            ))
+        }
+        Some(("", _)) => return Err(bad("empty user before '@'")),
+        Some((info, _)) => Some(info.to_string()),
+        None => None,
+    };
+    // `Authority::port` hides a port that is not a u16: read it from the text.
+    let host_port = authority
+        .as_str()
+        .rsplit_once('@')
+        .map_or(authority.as_str(), |(_, h)| h);
+    let port = match host_port.strip_prefix(host).map(|p| p.strip_prefix(':')) {
+        Some(None) => {
+            if https {
+                443
+            } else {
+                80
+            }
+        }
+        Some(Some(p)) => p
             .parse::<u16>()
             .ok()
             .filter(|&p| p > 0)
             .ok_or_else(|| bad("invalid port"))?,
+        None => return Err(bad("missing or invalid host")),
     };
-    if path.contains(|c: char| c.is_whitespace() || c.is_control()) {
-        return Err(bad("invalid path"));
-    }
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let loopback = bare == "localhost"
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    let scheme = if https { "https" } else { "http" };
+    let path = uri.path().trim_end_matches('/');
     Ok(Endpoint {
-        host: host.to_string(),
-        port,
-        authority: authority.to_string(),
-        path: format!("{}{PUSH_PATH}", path.trim_end_matches('/')),
+        url: format!("{scheme}://{host}:{port}{path}{PUSH_PATH}"),
+        shown: format!("{host}:{port}"),
+        https,
+        loopback,
+        user,
     })
+}
+
+/// The `Authorization` header value; marked sensitive, so it is never printed.
+fn authorization(ep: &Endpoint, cfg: &PushConfig) -> Result<Option<HeaderValue>, AgentError> {
+    let bad = |reason: String| AgentError::PushCredentials { reason };
+    let value = match (&ep.user, &cfg.password_file, &cfg.token_file) {
+        (None, None, None) => return Ok(None),
+        (_, Some(_), Some(_)) | (Some(_), None, Some(_)) => {
+            return Err(bad(
+                "basic auth (a user in the URL, --push-password-file) and a bearer token \
+                 (--push-token-file) exclude each other"
+                    .into(),
+            ))
+        }
+        (Some(_), None, None) => {
+            return Err(bad(format!(
+                "the URL names user {:?}: give its password with --push-password-file",
+                ep.user.as_deref().unwrap_or_default()
+            )))
+        }
+        (None, Some(_), None) => {
+            return Err(bad(
+                "--push-password-file needs a user in the URL (https://USER@host)".into(),
+            ))
+        }
+        (Some(user), Some(file), None) => {
+            let password = read_secret(file, "--push-password-file")?;
+            let pair = [user.as_bytes(), b":", &password].concat();
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(pair)
+            )
+        }
+        (None, None, Some(file)) => {
+            let token = read_secret(file, "--push-token-file")?;
+            if !token.iter().all(|b| b.is_ascii_graphic()) {
+                return Err(bad(format!(
+                    "--push-token-file {}: a token is printable ASCII without spaces",
+                    file.display()
+                )));
+            }
+            format!("Bearer {}", String::from_utf8_lossy(&token))
+        }
+    };
+    if !ep.https && !ep.loopback {
+        return Err(bad(
+            "credentials are sent over https only (or to a loopback address)".into(),
+        ));
+    }
+    let mut v = HeaderValue::from_str(&value).map_err(|_| {
+        bad("the credentials cannot be sent in an HTTP header (control characters)".into())
+    })?;
+    v.set_sensitive(true);
+    Ok(Some(v))
+}
+
+/// A bounded regular file (cpi-user/src/fsafe/mod.rs), for `--push-*` files.
+fn read_file(path: &Path, flag: &'static str, max: u64) -> Result<Vec<u8>, AgentError> {
+    crate::fsafe::read_bounded(path, max).map_err(|e| AgentError::PushFile {
+        flag,
+        detail: e.to_string(),
+    })
+}
+
+/// A password or token: the file's content less its trailing line end.
+fn read_secret(path: &Path, flag: &'static str) -> Result<Vec<u8>, AgentError> {
+    let mut v = read_file(path, flag, MAX_SECRET_FILE)?;
+    while v.last().is_some_and(|&b| b == b'\n' || b == b'\r') {
+        v.pop();
+    }
+    if v.is_empty() {
+        return Err(AgentError::PushFile {
+            flag,
+            detail: format!("{} is empty", path.display()),
+        });
+    }
+    Ok(v)
+}
+
+/// The system's CA certificates plus those of `ca_file`.
+fn root_certs(ca_file: Option<&Path>) -> Result<RootCerts, AgentError> {
+    let mut certs: Vec<Certificate<'static>> = rustls_native_certs::load_native_certs()
+        .certs
+        .iter()
+        .map(|c| Certificate::from_der(c.as_ref()).to_owned())
+        .collect();
+    if let Some(path) = ca_file {
+        let pem = read_file(path, "--push-ca", MAX_CA_FILE)?;
+        let before = certs.len();
+        for item in ureq::tls::parse_pem(&pem) {
+            match item {
+                Ok(PemItem::Certificate(c)) => certs.push(c),
+                Ok(_) => {}
+                Err(e) => {
+                    return Err(AgentError::PushFile {
+                        flag: "--push-ca",
+                        detail: format!("{}: {e}", path.display()),
+                    })
+                }
+            }
+        }
+        if certs.len() == before {
+            return Err(AgentError::PushFile {
+                flag: "--push-ca",
+                detail: format!("{}: no PEM certificate in it", path.display()),
+            });
+        }
+    }
+    Ok(RootCerts::Specific(Arc::new(certs)))
+}
+
+/// The HTTP client: one deadline per request, no redirects, no proxy, bounded answers.
+fn client(cfg: &PushConfig, ep: &Endpoint) -> Result<ureq::Agent, AgentError> {
+    let mut b = ureq::Agent::config_builder()
+        .timeout_global(Some(cfg.timeout))
+        .max_redirects(0)
+        .http_status_as_error(false)
+        .max_response_header_size(MAX_HEAD)
+        .proxy(None)
+        .user_agent(concat!("cpi-bpf/", env!("CARGO_PKG_VERSION")));
+    if ep.https {
+        b = b.tls_config(
+            TlsConfig::builder()
+                .root_certs(root_certs(cfg.ca_file.as_deref())?)
+                .build(),
+        );
+    } else if cfg.ca_file.is_some() {
+        return Err(AgentError::PushFile {
+            flag: "--push-ca",
+            detail: "only used with an https:// URL".into(),
+        });
+    }
+    Ok(b.build().into())
 }
 
 /// The cgroup v2 path of a process (`0::/system.slice/x.service` → that path).
@@ -202,6 +392,11 @@ pub fn request_body(window: &Window, label: ServiceLabel) -> std::io::Result<Opt
     let mut series = Vec::with_capacity(services.len());
     for name in services.keys() {
         let mut msg = pprof::build_processes(p, &|pr| service(pr) == *name);
+        if msg.sample.is_empty() {
+            // Processes seen in the window without a sample of their own: Pyroscope
+            // takes no profile without samples.
+            continue;
+        }
         msg.time_nanos = start;
         msg.duration_nanos = duration;
         let raw = pprof::gzip(&msg)?;
@@ -216,6 +411,9 @@ pub fn request_body(window: &Window, label: ServiceLabel) -> std::io::Result<Opt
                 "rawProfile": base64::engine::general_purpose::STANDARD.encode(raw),
             }],
         }));
+    }
+    if series.is_empty() {
+        return Ok(None);
     }
     Ok(Some(
         serde_json::to_vec(&serde_json::json!({ "series": series }))
@@ -233,85 +431,64 @@ enum Outcome {
     Rejected(String),
 }
 
-/// One HTTP/1.1 request under one deadline.
-fn send(ep: &Endpoint, tenant: Option<&str>, body: &[u8], timeout: Duration) -> Outcome {
-    match try_send(ep, tenant, body, timeout) {
-        Ok((code, text)) => match code {
+/// Everything a request needs, fixed at start.
+struct Transport {
+    http: ureq::Agent,
+    ep: Endpoint,
+    tenant: Option<String>,
+    authorization: Option<HeaderValue>,
+}
+
+impl Transport {
+    /// One request under one deadline; the answer read within [`MAX_HEAD`] and
+    /// [`MAX_BODY`].
+    fn send(&self, body: &[u8]) -> Outcome {
+        let mut req = self
+            .http
+            .post(&self.ep.url)
+            .header("Content-Type", "application/json")
+            .header("Connect-Protocol-Version", "1");
+        if let Some(t) = &self.tenant {
+            req = req.header("X-Scope-OrgID", t);
+        }
+        if let Some(a) = &self.authorization {
+            req = req.header("Authorization", a.clone());
+        }
+        let mut answer = match req.send(body) {
+            Ok(a) => a,
+            Err(e) => return Outcome::Failed(describe(&e)),
+        };
+        let code = answer.status().as_u16();
+        let text = match answer
+            .body_mut()
+            .with_config()
+            .limit(MAX_BODY)
+            .read_to_vec()
+        {
+            Ok(b) => b,
+            Err(e) => return Outcome::Failed(format!("HTTP {code}, then {}", describe(&e))),
+        };
+        let text: String = String::from_utf8_lossy(&text)
+            .trim()
+            .chars()
+            .take(LOGGED_BODY_CHARS)
+            .collect();
+        match code {
             200..=299 => Outcome::Delivered,
+            300..=399 => Outcome::Rejected(format!("HTTP {code}: redirects are not followed")),
             408 | 429 | 500..=599 => Outcome::Failed(format!("HTTP {code}: {text}")),
             _ => Outcome::Rejected(format!("HTTP {code}: {text}")),
-        },
-        Err(e) => Outcome::Failed(e.to_string()),
+        }
     }
 }
 
-fn try_send(
-    ep: &Endpoint,
-    tenant: Option<&str>,
-    body: &[u8],
-    timeout: Duration,
-) -> std::io::Result<(u16, String)> {
-    use std::io::{Error, ErrorKind};
-    let deadline = Instant::now() + timeout;
-    let left = || {
-        let d = deadline.saturating_duration_since(Instant::now());
-        if d.is_zero() {
-            Err(Error::new(ErrorKind::TimedOut, "timed out"))
-        } else {
-            Ok(d)
-        }
-    };
-    let mut last = Error::new(ErrorKind::NotFound, "host resolves to no address");
-    let mut stream = None;
-    for addr in (ep.host.as_str(), ep.port).to_socket_addrs()? {
-        match TcpStream::connect_timeout(&addr, left()?) {
-            Ok(s) => {
-                stream = Some(s);
-                break;
-            }
-            Err(e) => last = e,
-        }
+/// A transport error in words (ureq's own; none carries a header or the body).
+fn describe(e: &ureq::Error) -> String {
+    match e {
+        ureq::Error::BodyExceedsLimit(n) => format!("an answer body over {n} bytes"),
+        ureq::Error::Timeout(_) => "no complete answer within --push-timeout".into(),
+        e => e.to_string(),
     }
-    let mut s = stream.ok_or(last)?;
-    let mut head = format!(
-        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-         Connect-Protocol-Version: 1\r\nUser-Agent: cpi-bpf/{}\r\nContent-Length: {}\r\n",
-        ep.path,
-        ep.authority,
-        env!("CARGO_PKG_VERSION"),
-        body.len()
-    );
-    if let Some(t) = tenant {
-        head.push_str(&format!("X-Scope-OrgID: {t}\r\n"));
-    }
-    head.push_str("Connection: close\r\n\r\n");
-    for chunk in [head.as_bytes(), body] {
-        for piece in chunk.chunks(64 * 1024) {
-            s.set_write_timeout(Some(left()?))?;
-            s.write_all(piece)?;
-        }
-    }
-    let mut buf = Vec::new();
-    let mut tmp = [0u8; 4096];
-    loop {
-        s.set_read_timeout(Some(left()?))?;
-        let n = s.read(&mut tmp)?;
-        buf.extend_from_slice(&tmp[..n]);
-        if n == 0 || buf.len() >= MAX_RESPONSE {
-            break;
-        }
-    }
-    let text = String::from_utf8_lossy(&buf);
-    let code = text
-        .strip_prefix("HTTP/1.")
-        .and_then(|r| r.get(2..5))
-        .and_then(|c| c.parse::<u16>().ok())
-        .ok_or_else(|| Error::new(ErrorKind::InvalidData, "no HTTP status line"))?;
-    let message = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.trim().chars().take(200).collect())
-        .unwrap_or_default();
-    Ok((code, message))
 }
 
 struct Queue {
@@ -346,7 +523,8 @@ pub struct Pusher {
 }
 
 impl Pusher {
-    /// Checks the URL and tenant and starts the worker thread.
+    /// Checks the URL, tenant and credentials, reads the CA and secret files, and starts
+    /// the worker thread.
     pub fn new(cfg: PushConfig) -> Result<Pusher, AgentError> {
         let ep = parse_url(&cfg.url)?;
         if let Some(t) = &cfg.tenant {
@@ -357,6 +535,12 @@ impl Pusher {
                 });
             }
         }
+        let transport = Transport {
+            http: client(&cfg, &ep)?,
+            authorization: authorization(&ep, &cfg)?,
+            tenant: cfg.tenant.clone(),
+            ep,
+        };
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 windows: VecDeque::new(),
@@ -369,10 +553,9 @@ impl Pusher {
             changed: Condvar::new(),
         });
         let worker = shared.clone();
-        let (tenant, timeout) = (cfg.tenant.clone(), cfg.timeout);
         std::thread::Builder::new()
             .name("cpi-bpf-push".into())
-            .spawn(move || work(&worker, &ep, tenant.as_deref(), timeout))
+            .spawn(move || work(&worker, &transport))
             .map_err(|source| AgentError::Thread {
                 what: "push",
                 source,
@@ -448,9 +631,10 @@ impl Drop for Pusher {
 
 /// The worker: sends the oldest window until it is delivered, rejected, out of
 /// attempts or pushed out of the queue.
-fn work(shared: &Shared, ep: &Endpoint, tenant: Option<&str>, timeout: Duration) {
+fn work(shared: &Shared, t: &Transport) {
     let mut attempts: (u64, u32) = (u64::MAX, 0);
-    let mut failing = false;
+    // Requests failed or rejected since the last delivery: only the first is logged.
+    let mut failing = 0u64;
     loop {
         let (id, body) = {
             let mut q = shared.lock();
@@ -468,26 +652,23 @@ fn work(shared: &Shared, ep: &Endpoint, tenant: Option<&str>, timeout: Duration)
             attempts = (id, 0);
         }
         attempts.1 += 1;
-        let outcome = send(ep, tenant, &body, timeout);
+        let outcome = t.send(&body);
         drop(body);
         let mut q = shared.lock();
         q.in_flight = None;
         let abandoned = std::mem::take(&mut q.abandoned);
         let mut backoff = None;
+        let host = &t.ep.shown;
         match &outcome {
             Outcome::Delivered => {
                 q.stats.ok += 1;
-                if failing {
-                    log::info!("push: {}:{} accepts again", ep.host, ep.port);
-                    failing = false;
+                if failing > 0 {
+                    log::info!("push: {host} accepts again (after {failing} failed requests)");
+                    failing = 0;
                 }
             }
-            Outcome::Failed(why) => {
+            Outcome::Failed(_) => {
                 q.stats.errors += 1;
-                if !failing {
-                    log::warn!("push: {}:{}: {why} (retrying)", ep.host, ep.port);
-                    failing = true;
-                }
                 if abandoned || attempts.1 >= MAX_ATTEMPTS {
                     q.stats.dropped_windows += 1;
                 } else {
@@ -498,10 +679,25 @@ fn work(shared: &Shared, ep: &Endpoint, tenant: Option<&str>, timeout: Duration)
                     );
                 }
             }
-            Outcome::Rejected(why) => {
+            Outcome::Rejected(_) => {
                 q.stats.rejected += 1;
                 q.stats.dropped_windows += 1;
-                log::warn!("push: {}:{} rejected a window: {why}", ep.host, ep.port);
+            }
+        }
+        match &outcome {
+            Outcome::Delivered => {}
+            Outcome::Failed(why) | Outcome::Rejected(why) => {
+                let what = if matches!(outcome, Outcome::Failed(_)) {
+                    "push failed (retrying, then dropping windows)"
+                } else {
+                    "push rejected (windows dropped)"
+                };
+                if failing == 0 {
+                    log::warn!("{what}: {host}: {why}; said once until a push succeeds");
+                } else {
+                    log::debug!("{what}: {host}: {why}");
+                }
+                failing += 1;
             }
         }
         if !abandoned && backoff.is_none() {
@@ -535,34 +731,132 @@ mod tests {
     fn urls() {
         let ep = parse_url("http://pyro.example:4040").unwrap();
         assert_eq!(
-            (ep.host.as_str(), ep.port, ep.path.as_str()),
-            ("pyro.example", 4040, PUSH_PATH)
+            (ep.url.as_str(), ep.shown.as_str(), ep.https, ep.loopback),
+            (
+                "http://pyro.example:4040/push.v1.PusherService/Push",
+                "pyro.example:4040",
+                false,
+                false
+            )
         );
         let ep = parse_url("HTTP://10.0.0.1/prefix/").unwrap();
         assert_eq!(
-            (ep.port, ep.path.as_str()),
-            (80, "/prefix/push.v1.PusherService/Push")
+            ep.url,
+            "http://10.0.0.1:80/prefix/push.v1.PusherService/Push"
         );
         let ep = parse_url("http://[::1]:9/").unwrap();
+        assert_eq!((ep.shown.as_str(), ep.loopback), ("[::1]:9", true));
+        let ep = parse_url("https://12345@profiles.example.net").unwrap();
         assert_eq!(
-            (ep.host.as_str(), ep.port, ep.authority.as_str()),
-            ("::1", 9, "[::1]:9")
+            (ep.url.as_str(), ep.https, ep.user.as_deref()),
+            (
+                "https://profiles.example.net:443/push.v1.PusherService/Push",
+                true,
+                Some("12345")
+            )
         );
         for bad in [
             "pyro:4040",
-            "https://pyro",
             "ftp://pyro",
             "http://",
             "http://:80",
             "http://h:0",
             "http://h:99999",
-            "http://u:p@h",
+            "https://u:hunter2@h",
+            "http://@h",
             "http://h/x?y",
+            "http://h/x#y",
             "http://[::1",
+            "http://h /x",
         ] {
-            let e = parse_url(bad).unwrap_err().to_string();
+            let e = parse_url(bad).expect_err(bad).to_string();
             assert!(e.starts_with("--push-pyroscope"), "{bad}: {e}");
+            assert!(!e.contains("hunter2"), "the password is shown: {e}");
         }
+    }
+
+    fn config(url: &str) -> PushConfig {
+        PushConfig {
+            url: url.into(),
+            tenant: None,
+            service_label: ServiceLabel::Comm,
+            queue_windows: 1,
+            timeout: Duration::from_millis(10),
+            ca_file: None,
+            password_file: None,
+            token_file: None,
+        }
+    }
+
+    #[test]
+    fn credentials_come_from_files_and_fit_the_url() {
+        let dir = std::env::temp_dir().join(format!("cpi-push-cred-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pw = dir.join("password");
+        std::fs::write(&pw, "s3cret\n").unwrap();
+        let token = dir.join("token");
+        std::fs::write(&token, "tok-123\r\n").unwrap();
+        let empty = dir.join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        let spaced = dir.join("spaced");
+        std::fs::write(&spaced, "a b").unwrap();
+        let auth = |url: &str, pw: Option<&Path>, token: Option<&Path>| {
+            let cfg = PushConfig {
+                password_file: pw.map(Path::to_path_buf),
+                token_file: token.map(Path::to_path_buf),
+                ..config(url)
+            };
+            authorization(&parse_url(url).unwrap(), &cfg)
+        };
+        let basic = auth("https://user@h", Some(&pw), None).unwrap().unwrap();
+        assert_eq!(
+            basic.to_str().unwrap(),
+            format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode("user:s3cret")
+            )
+        );
+        assert!(basic.is_sensitive());
+        let bearer = auth("https://h", None, Some(&token)).unwrap().unwrap();
+        assert_eq!(bearer.to_str().unwrap(), "Bearer tok-123");
+        assert!(auth("http://127.0.0.1:1", None, Some(&token)).is_ok());
+        assert!(auth("https://h", None, None).unwrap().is_none());
+        for (url, pw, token, want) in [
+            ("https://user@h", None, None, "--push-password-file"),
+            ("https://h", Some(&pw), None, "needs a user"),
+            (
+                "https://user@h",
+                Some(&pw),
+                Some(&token),
+                "exclude each other",
+            ),
+            ("http://pyro.example", None, Some(&token), "https only"),
+            ("https://h", None, Some(&empty), "is empty"),
+            ("https://h", None, Some(&spaced), "printable ASCII"),
+            (
+                "https://h",
+                None,
+                Some(&dir.join("none")),
+                "--push-token-file",
+            ),
+        ] {
+            let e = auth(url, pw.map(PathBuf::as_path), token.map(PathBuf::as_path))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want) && !e.contains('\n'), "{url}: {e}");
+            assert!(!e.contains("s3cret") && !e.contains("tok-123"), "{e}");
+        }
+        let ca = PushConfig {
+            ca_file: Some(pw.clone()),
+            ..config("https://h")
+        };
+        let e = Pusher::new(ca).err().unwrap().to_string();
+        assert!(
+            e.starts_with("--push-ca") && e.contains("no PEM certificate"),
+            "{e}"
+        );
+        assert!(!e.contains("s3cret"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -629,11 +923,8 @@ mod tests {
     #[test]
     fn tenant_must_be_a_header_value() {
         let cfg = |t: &str| PushConfig {
-            url: "http://127.0.0.1:1".into(),
             tenant: Some(t.into()),
-            service_label: ServiceLabel::Comm,
-            queue_windows: 1,
-            timeout: Duration::from_millis(10),
+            ..config("http://127.0.0.1:1")
         };
         assert!(Pusher::new(cfg("team-a")).is_ok());
         for bad in ["", "a b", "a\r\nX-Evil: 1"] {

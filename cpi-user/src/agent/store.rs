@@ -7,7 +7,10 @@
 //! renamed into place, and the directory is fsync'd. A crash at any point leaves either
 //! the complete window or no window (plus, at worst, a temp file that readers ignore and
 //! the next [`Store::open`] removes). The agent's store must be a directory of its own
-//! user that no one else can write ([`Store::open`] refuses others). Retention: windows
+//! user that no one else can write ([`Store::open`] refuses others). Profiles name every
+//! process and binary on the host, so the store is the agent's user's alone: directory
+//! 0700, windows 0600 (as perf writes perf.data), or with a reader group
+//! (`--store-group`) directory 0750 and windows 0640 of that group. Retention: windows
 //! that ended more than `retain` ago go first, then the oldest until the store is under
 //! `max_bytes`.
 //!
@@ -22,6 +25,7 @@
 
 use std::fs::{self, File};
 use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -100,6 +104,8 @@ pub struct Store {
     dir: PathBuf,
     retain: Duration,
     max_bytes: u64,
+    /// The reader group of the windows.
+    group: Option<u32>,
     windows: Vec<StoredWindow>,
 }
 
@@ -119,10 +125,15 @@ fn parse_name(name: &str) -> Option<(SystemTime, SystemTime)> {
 
 impl Store {
     /// Creates `dir` (0700) if needed, refuses it if another user owns it or others can
-    /// write it, checks that a window can be written there (a probe file is written,
-    /// fsync'd and removed), removes temp files a crash left, and lists the windows
-    /// already stored.
-    pub fn open(dir: &Path, retain: Duration, max_bytes: u64) -> Result<Store, StoreError> {
+    /// write it, makes it 0700 (0750 and of `group` when a reader group is given),
+    /// checks that a window can be written there (a probe file is written, fsync'd and
+    /// removed), removes temp files a crash left, and lists the windows already stored.
+    pub fn open(
+        dir: &Path,
+        retain: Duration,
+        max_bytes: u64,
+        group: Option<u32>,
+    ) -> Result<Store, StoreError> {
         let err = |what: &str| {
             let what = what.to_string();
             move |source| StoreError::Io {
@@ -132,6 +143,13 @@ impl Store {
             }
         };
         crate::fsafe::check_private_dir(dir)?;
+        if let Some(gid) = group {
+            std::os::unix::fs::chown(dir, None, Some(gid))
+                .map_err(err("cannot give it to the group"))?;
+        }
+        let mode = if group.is_some() { 0o750 } else { 0o700 };
+        fs::set_permissions(dir, fs::Permissions::from_mode(mode))
+            .map_err(err("cannot chmod it"))?;
         let probe = dir.join(format!("{TEMP_PREFIX}probe-{}", std::process::id()));
         crate::fsafe::create_new(&probe)
             .and_then(|mut f| f.write_all(b"probe").and_then(|_| f.sync_all()))
@@ -147,6 +165,7 @@ impl Store {
             dir: dir.to_path_buf(),
             retain,
             max_bytes,
+            group,
             windows: list(dir)?.0,
         })
     }
@@ -172,6 +191,10 @@ impl Store {
         let mut bytes = 0;
         let mut write = || -> io::Result<()> {
             crate::fsafe::replace(&dest, |f| {
+                if let Some(gid) = self.group {
+                    std::os::unix::fs::fchown(&*f, None, Some(gid))?;
+                    f.set_permissions(fs::Permissions::from_mode(0o640))?;
+                }
                 // Level 1: a window is compressed every interval, within the CPU budget.
                 let mut gz = GzEncoder::new(&mut *f, flate2::Compression::fast());
                 file::write_json(&w.profile, &mut gz)?;
@@ -441,7 +464,7 @@ mod tests {
     #[test]
     fn windows_round_trip_and_ranges_merge() {
         let dir = temp("rt");
-        let mut s = Store::open(&dir, Duration::from_secs(3600), 1 << 30).unwrap();
+        let mut s = Store::open(&dir, Duration::from_secs(3600), 1 << 30, None).unwrap();
         for i in 0..5 {
             let w = Window {
                 start: at(i * 10),
@@ -492,7 +515,7 @@ mod tests {
             read_range(&dir, &q),
             Err(StoreError::NoWindows { .. })
         ));
-        Store::open(&dir, Duration::from_secs(1), 1).unwrap();
+        Store::open(&dir, Duration::from_secs(1), 1, None).unwrap();
         assert!(fs::read_dir(&dir).unwrap().all(|e| !e
             .unwrap()
             .file_name()
@@ -512,7 +535,7 @@ mod tests {
     #[test]
     fn retention_by_age_then_size_keeps_the_newest() {
         let dir = temp("ret");
-        let mut s = Store::open(&dir, Duration::from_secs(30), 1 << 30).unwrap();
+        let mut s = Store::open(&dir, Duration::from_secs(30), 1 << 30, None).unwrap();
         for i in 0..6 {
             let w = Window {
                 start: at(i * 10),
@@ -543,7 +566,7 @@ mod tests {
 
     #[test]
     fn an_unwritable_store_is_one_error_at_open() {
-        let e = Store::open(Path::new("/proc/cpi-bpf-store"), DEFAULT_RETAIN, 1).unwrap_err();
+        let e = Store::open(Path::new("/proc/cpi-bpf-store"), DEFAULT_RETAIN, 1, None).unwrap_err();
         assert!(
             e.to_string().starts_with("store /proc/cpi-bpf-store: "),
             "{e}"

@@ -90,6 +90,14 @@ pub enum OpenError {
         /// What it is.
         kind: &'static str,
     },
+    /// Larger than the reader takes.
+    #[error("{}: larger than {max} bytes; not read", .path.display())]
+    TooLarge {
+        /// The path.
+        path: PathBuf,
+        /// The most read.
+        max: u64,
+    },
     /// The path names another file than the one mapped (replaced, or a link elsewhere).
     #[error("{}: not the mapped file (it is {found}, the mapping is {want}); not read", .path.display())]
     NotTheMappedFile {
@@ -143,6 +151,24 @@ fn regular(fd: OwnedFd, path: &Path) -> Result<File, OpenError> {
 pub fn open(path: &Path) -> Result<File, OpenError> {
     let fd = sys::openat(None, path, sys::READ_FLAGS, 0).map_err(OpenError::io(path))?;
     regular(fd, path)
+}
+
+/// The whole of a small regular file opened with [`open`], at most `max` bytes (a larger
+/// file is refused, not cut).
+pub fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, OpenError> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    open(path)?
+        .take(max.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(OpenError::io(path))?;
+    if out.len() as u64 > max {
+        return Err(OpenError::TooLarge {
+            path: path.to_path_buf(),
+            max,
+        });
+    }
+    Ok(out)
 }
 
 /// [`open`] that refuses a symbolic link as the last component (`O_NOFOLLOW`): for
@@ -296,6 +322,18 @@ pub fn replace(path: &Path, write: impl FnOnce(&mut File) -> io::Result<()>) -> 
     r
 }
 
+/// A group named by name or number (`--store-group`), as its gid.
+pub fn group_id(group: &str) -> Result<u32, String> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    match sys::getgrnam(group) {
+        Ok(Some(gid)) => Ok(gid),
+        Ok(None) => Err(format!("no group named {group:?}")),
+        Err(e) => Err(format!("cannot look up group {group:?}: {e}")),
+    }
+}
+
 /// Why a directory is not private to this user.
 #[derive(Debug, thiserror::Error)]
 pub enum DirError {
@@ -408,6 +446,27 @@ mod tests {
         let e = open(Path::new("/dev/null")).unwrap_err();
         assert!(matches!(e, OpenError::NotRegular { .. }), "{e}");
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn small_files_are_read_whole_and_large_ones_refused() {
+        let d = scratch("bounded");
+        let p = d.join("secret");
+        std::fs::write(&p, b"12345").unwrap();
+        assert_eq!(read_bounded(&p, 5).unwrap(), b"12345");
+        let e = read_bounded(&p, 4).unwrap_err();
+        assert!(matches!(e, OpenError::TooLarge { max: 4, .. }), "{e}");
+        let e = read_bounded(Path::new("/dev/zero"), 4).unwrap_err();
+        assert!(matches!(e, OpenError::NotRegular { .. }), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn groups_by_name_or_number() {
+        assert_eq!(group_id("root"), Ok(0));
+        assert_eq!(group_id("4242"), Ok(4242));
+        let e = group_id("no-such-group-cpi").unwrap_err();
+        assert!(e.contains("no group named"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The raw system calls of [`super`]: `openat` with explicit flags, `openat2` with
-//! `RESOLVE_IN_ROOT`, `readlinkat`, and the `SIGBUS` handler's `sigaction`/`mmap`.
+//! `RESOLVE_IN_ROOT`, `readlinkat`, the `SIGBUS` handler's `sigaction`/`mmap`, and the
+//! group database (`getgrnam_r`).
 //! Callers get owned fds and `io::Result`s.
 
 use std::ffi::{CString, OsStr, OsString};
@@ -140,4 +141,31 @@ pub fn page_size() -> usize {
     static SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     // SAFETY: sysconf has no preconditions.
     *SIZE.get_or_init(|| unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize)
+}
+
+/// The gid of group `name` from the group database; `None` when there is no such group.
+pub fn getgrnam(name: &str) -> io::Result<Option<u32>> {
+    let c = cstr(OsStr::new(name))?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // SAFETY: an all-zero `group` is a valid value to be filled in.
+        let mut grp: libc::group = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: valid NUL-terminated name, out-pointers and a buffer of its length.
+        let r = unsafe {
+            libc::getgrnam_r(
+                c.as_ptr(),
+                &raw mut grp,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &raw mut found,
+            )
+        };
+        match r {
+            0 if found.is_null() => return Ok(None),
+            0 => return Ok(Some(grp.gr_gid)),
+            libc::ERANGE if buf.len() < 1 << 20 => buf.resize(buf.len() * 4, 0),
+            e => return Err(io::Error::from_raw_os_error(e)),
+        }
+    }
 }

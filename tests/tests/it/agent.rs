@@ -210,8 +210,10 @@ fn sigkill_while_writing_never_leaves_an_unreadable_window() {
 
 /// Runs `cpi-bpf agent ARGS` expecting a one-line error containing `want`, fast.
 fn bad(args: &[&str], want: &str) {
+    // Built first (the first call builds it): the guard below times the agent only.
+    let bin = cpi_bpf();
     let t = Instant::now();
-    let out = Command::new(cpi_bpf())
+    let out = Command::new(bin)
         .arg("agent")
         .args(args)
         .stdout(Stdio::null())
@@ -256,6 +258,36 @@ fn bad_input_is_one_line_at_start() {
             "--check-config",
         ],
         "--push-pyroscope",
+    );
+    bad(
+        &[
+            "--store",
+            s,
+            "--push-pyroscope",
+            "https://u:hunter2@x",
+            "--check-config",
+        ],
+        "--push-pyroscope \"https://u:***@x\": no password in the URL",
+    );
+    bad(
+        &[
+            "--store",
+            s,
+            "--push-pyroscope",
+            "https://u@x",
+            "--check-config",
+        ],
+        "push credentials: the URL names user \"u\": give its password with --push-password-file",
+    );
+    bad(
+        &[
+            "--store",
+            s,
+            "--store-group",
+            "no-such-group-cpi",
+            "--check-config",
+        ],
+        "store-group: no group named",
     );
     let conf = dir.join("a.toml");
     std::fs::write(&conf, "interval = 5\nno-such-key = 1\n").unwrap();

@@ -245,7 +245,7 @@ fn the_store_must_be_private() {
     let s = dir.join("store");
     std::fs::create_dir(&s).unwrap();
     std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o777)).unwrap();
-    let e = Store::open(&s, store::DEFAULT_RETAIN, 1 << 30).unwrap_err();
+    let e = Store::open(&s, store::DEFAULT_RETAIN, 1 << 30, None).unwrap_err();
     let msg = e.to_string();
     assert!(msg.contains("writable by group or others"), "{msg}");
     assert_eq!(msg.lines().count(), 1);
@@ -253,7 +253,7 @@ fn the_store_must_be_private() {
     if unsafe { libc::geteuid() } == 0 {
         std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o700)).unwrap();
         std::os::unix::fs::chown(&s, Some(65534), Some(65534)).unwrap();
-        let msg = Store::open(&s, store::DEFAULT_RETAIN, 1 << 30)
+        let msg = Store::open(&s, store::DEFAULT_RETAIN, 1 << 30, None)
             .unwrap_err()
             .to_string();
         assert!(msg.contains("owned by uid 65534"), "{msg}");
@@ -269,7 +269,7 @@ fn the_store_must_be_private() {
 fn report_store_survives_fifos_bombs_and_forged_counts() {
     let dir = temp_dir("hostile-report-store");
     let s = dir.join("store");
-    let mut st = Store::open(&s, store::DEFAULT_RETAIN, 1 << 30).unwrap();
+    let mut st = Store::open(&s, store::DEFAULT_RETAIN, 1 << 30, None).unwrap();
     let t = |secs: u64| std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs);
     st.write(&cpi_user::agent::Window {
         start: t(0),

@@ -335,7 +335,7 @@ fn store_merge_keeps_the_paths() {
     let dir = scratch("stacks-store");
     let (p, _) = profile();
     let store_dir = dir.join("store");
-    let mut store = Store::open(&store_dir, Duration::from_secs(3600), 1 << 30).unwrap();
+    let mut store = Store::open(&store_dir, Duration::from_secs(3600), 1 << 30, None).unwrap();
     let now = SystemTime::now();
     for i in 0..2u64 {
         let start = now - Duration::from_secs(120 - 60 * i);
@@ -373,6 +373,9 @@ fn pyroscope_receiver_gets_multi_frame_samples() {
         service_label: cpi_user::agent::push::ServiceLabel::Comm,
         queue_windows: 4,
         timeout: Duration::from_secs(5),
+        ca_file: None,
+        password_file: None,
+        token_file: None,
     })
     .unwrap();
     let now = SystemTime::now();

@@ -50,6 +50,10 @@ pub struct Args {
     /// Keep at most this much in the store, MiB [default: 1024].
     #[arg(long, value_name = "MIB")]
     pub store_max_mib: Option<u64>,
+    /// Let this group read the store (directory 0750, windows 0640) [default: root only,
+    /// 0700/0600].
+    #[arg(long, value_name = "GROUP")]
+    pub store_group: Option<String>,
     /// Prometheus /metrics address, or `off` [default: 127.0.0.1:9464].
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
@@ -59,12 +63,22 @@ pub struct Args {
     /// Functions with a cpi_bpf_function_cpi series [default: 20].
     #[arg(long, value_name = "N")]
     pub metrics_top_functions: Option<usize>,
-    /// Push each window to Pyroscope at this URL (http://host:4040).
+    /// Push each window to Pyroscope at this URL: http[s]://[USER@]host[:port][/path]
+    /// (a USER is basic auth, its password in --push-password-file).
     #[arg(long, value_name = "URL")]
     pub push_pyroscope: Option<String>,
     /// X-Scope-OrgID of the pushes.
     #[arg(long, value_name = "TENANT")]
     pub push_tenant: Option<String>,
+    /// PEM CA certificates trusted for https pushes, beside the system's.
+    #[arg(long, value_name = "FILE")]
+    pub push_ca: Option<PathBuf>,
+    /// File holding the password of the URL's user (never give it on the command line).
+    #[arg(long, value_name = "FILE")]
+    pub push_password_file: Option<PathBuf>,
+    /// File holding a bearer token for the pushes.
+    #[arg(long, value_name = "FILE")]
+    pub push_token_file: Option<PathBuf>,
     /// service_name of pushed series: comm or cgroup [default: comm].
     #[arg(long, value_name = "LABEL")]
     pub service_label: Option<String>,
@@ -98,11 +112,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         store: args.store,
         retain: args.retain,
         store_max_mib: args.store_max_mib,
+        store_group: args.store_group,
         metrics_addr: args.metrics_addr,
         metrics_top_comms: args.metrics_top_comms,
         metrics_top_functions: args.metrics_top_functions,
         push_pyroscope: args.push_pyroscope,
         push_tenant: args.push_tenant,
+        push_ca: args.push_ca,
+        push_password_file: args.push_password_file,
+        push_token_file: args.push_token_file,
         service_label: args.service_label,
         push_queue: args.push_queue,
         push_timeout: args.push_timeout,
@@ -194,6 +212,14 @@ fn summary(c: &AgentConfig) -> String {
     }
     if let Some(u) = &c.push_url {
         s += &format!(", pushing to {u}");
+        if c.push_password_file.is_some() {
+            s += " with basic auth";
+        } else if c.push_token_file.is_some() {
+            s += " with a bearer token";
+        }
+    }
+    if let Some(g) = c.store_group {
+        s += &format!(", store readable by group {g}");
     }
     if c.include_kernel {
         s += ", kernel included";

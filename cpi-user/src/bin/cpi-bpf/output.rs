@@ -181,10 +181,7 @@ fn save_elsewhere(profile: &Profile) -> Option<PathBuf> {
         .into_iter()
         .map(|d| d.join(&name))
         .find(|p| {
-            std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(p)
+            cpi_user::fsafe::create_new(p)
                 .and_then(|f| file::write_json(profile, f))
                 .is_ok()
         })
