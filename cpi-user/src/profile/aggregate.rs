@@ -267,7 +267,7 @@ pub struct ProcessSamples {
 }
 
 /// All processes of a run.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct SampleSet {
     /// Ranges used per branch sample (the range window).
     pub window: usize,
@@ -275,6 +275,8 @@ pub struct SampleSet {
     pub weighting: StackWeighting,
     /// By pid.
     pub processes: BTreeMap<u32, ProcessSamples>,
+    /// Bytes each process's stacks may hold ([`StackAggregate::limit`]).
+    pub stack_bytes: usize,
 }
 
 impl SampleSet {
@@ -284,14 +286,20 @@ impl SampleSet {
             window: window.max(1),
             weighting: StackWeighting::Window,
             processes: BTreeMap::new(),
+            stack_bytes: super::stack::DEFAULT_STACK_BYTES,
         }
     }
 
     /// The process `pid`, added empty when new.
     pub fn process(&mut self, pid: u32) -> &mut ProcessSamples {
-        self.processes.entry(pid).or_insert_with(|| ProcessSamples {
-            pid,
-            ..Default::default()
+        let limit = self.stack_bytes;
+        self.processes.entry(pid).or_insert_with(|| {
+            let mut p = ProcessSamples {
+                pid,
+                ..Default::default()
+            };
+            p.stacks.limit = limit;
+            p
         })
     }
 

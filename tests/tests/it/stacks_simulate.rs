@@ -160,12 +160,10 @@ fn assert_path_bounds(acc: &Accuracy, what: &str) {
     );
 }
 
-/// Measured with main at 6ba16cf (issue-17b merged; its rule gives a range in a function
-/// on the stack to the nearest such frame, so the ranges of returned recursive calls go
-/// to their caller's path): path overlap 0.765, median path CPI error 0.48 reported
-/// errors (4.2 %). Ignored until the per-path estimates meet the bound.
+/// Issue 17's bound on sim_mix, whose glibc msort recurses two ways 11 deep: each range
+/// goes to the stack it ran under, rebuilt from the typed branch entries
+/// (cpi-user/src/profile/stack.rs `add_branch`; by-function attribution alone gave 0.765).
 #[test]
-#[ignore = "per-path estimates (profile/analyze.rs): overlap 0.765 < 0.98 on sim_mix (recursion)"]
 fn per_path_accuracy_meets_the_bounds_on_sim_mix() {
     let exe = program("sim_mix").unwrap();
     let Some(out) = simulate(&PmuConfig::default(), &[exe.to_str().unwrap(), "20"]) else {
@@ -174,10 +172,8 @@ fn per_path_accuracy_meets_the_bounds_on_sim_mix() {
     assert_path_bounds(out.accuracy(), "sim_mix");
 }
 
-/// Measured with main at 6ba16cf: path overlap 0.9790, median path CPI error 0.14
-/// reported errors (2.1 %).
+/// Issue 17's bound on Debian gzip (by-function attribution alone gave 0.979).
 #[test]
-#[ignore = "per-path estimates (profile/analyze.rs): overlap 0.9790 < 0.98 on gzip"]
 fn per_path_accuracy_meets_the_bounds_on_debian_gzip() {
     let input = std::env::temp_dir().join(format!("cpi-sim-paths-{}.txt", std::process::id()));
     std::fs::write(&input, words_text(700_000)).unwrap();
