@@ -24,4 +24,5 @@ mod simulate;
 mod simulate_bench;
 mod simulate_report;
 mod source_lines;
+mod stacks_collect;
 mod tracer;
