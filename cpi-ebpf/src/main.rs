@@ -186,7 +186,8 @@ fn output_with_stack(ctx: &PerfEventContext, buf: *mut u8, fixed: usize, kernel:
     let mut sh = StackHeader::default();
     let mut off = fixed + STACK_HEADER;
     if kernel {
-        let got = unsafe { bpf_get_stack(ctx.ctx.cast(), buf.add(off).cast(), KERNEL_BYTES as u32, 0) };
+        let got =
+            unsafe { bpf_get_stack(ctx.ctx.cast(), buf.add(off).cast(), KERNEL_BYTES as u32, 0) };
         if got > 0 && got as usize <= KERNEL_BYTES {
             let got = got as usize & !7;
             sh.kernel_nr = (got / 8) as u16;
@@ -307,7 +308,13 @@ pub fn branch_sample(ctx: PerfEventContext) -> u32 {
             count(Counter::BranchError);
             return 0;
         }
-        let mut h = header(&ctx, SampleKind::Branch, EventRole::Branches, weight, kernel);
+        let mut h = header(
+            &ctx,
+            SampleKind::Branch,
+            EventRole::Branches,
+            weight,
+            kernel,
+        );
         h.nr = (got as u64 / core::mem::size_of::<BranchEntry>() as u64) as u16;
         h.flags |= FLAG_STACK;
         unsafe { buf.cast::<SampleHeader>().write_unaligned(h) };

@@ -645,6 +645,100 @@ mod tests {
         assert_eq!(p.ips[&EventRole::Cycles].weight, 1000);
     }
 
+    /// `rec` followed by a stack section with `kernel` frames and `stack` bytes.
+    fn with_stack<T>(rec: &T, kernel: &[u64], regs: [u64; 3], stack: &[u8]) -> Vec<u8> {
+        let mut b = bytes_of(rec);
+        b[4] |= FLAG_STACK as u8; // SampleHeader::flags, little-endian
+        let sh = StackHeader {
+            kernel_nr: kernel.len() as u16,
+            user_nr: 0,
+            stack_len: stack.len() as u32,
+            user_ip: regs[0],
+            user_sp: regs[1],
+            user_bp: regs[2],
+        };
+        b.extend(bytes_of(&sh));
+        b.extend(kernel.iter().flat_map(|f| f.to_le_bytes()));
+        b.extend_from_slice(stack);
+        b
+    }
+
+    #[test]
+    fn stack_sections_decode_and_inconsistent_ones_are_malformed() {
+        let r = ip(1, 0x10, EventRole::CpuClock);
+        let good = with_stack(
+            &r,
+            &[0xffff_ffff_8100_0000, 0xffff_ffff_8100_0100],
+            [0; 3],
+            &[7; 24],
+        );
+        let (_, sec) = decode(&good).expect("decodes");
+        let sec = sec.expect("has a stack section");
+        assert_eq!(sec.kernel, [0xffff_ffff_8100_0000, 0xffff_ffff_8100_0100]);
+        assert_eq!(sec.stack, [7; 24]);
+        // One byte short, one too many, a count past the limit, no header: all refused.
+        assert!(decode(&good[..good.len() - 1]).is_none());
+        let mut long = good.clone();
+        long.push(0);
+        assert!(decode(&long).is_none());
+        let mut over = good.clone();
+        let at = size_of::<IpSample>();
+        over[at..at + 2].copy_from_slice(&(MAX_KERNEL_FRAMES as u16 + 1).to_le_bytes());
+        assert!(decode(&over).is_none());
+        assert!(decode(&good[..size_of::<IpSample>() + 4]).is_none());
+        // Without the flag, trailing bytes are not a record either.
+        let mut plain = bytes_of(&r);
+        plain.push(0);
+        assert!(decode(&plain).is_none());
+    }
+
+    #[test]
+    fn stacks_stop_at_unknown_code_and_unreadable_stacks_are_counted() {
+        let me = std::process::id();
+        let code =
+            stacks_stop_at_unknown_code_and_unreadable_stacks_are_counted as *const () as u64;
+        let data = Box::new([0u64; 4]);
+        let heap = data.as_ptr() as u64;
+        let mut d = Drain::new(1);
+        let r = ip(me, code, EventRole::CpuClock);
+        // An IP in no file mapping (JIT, anonymous memory): that frame, nothing more.
+        d.add(&with_stack(&r, &[], [heap, heap, 0], &[0; 64]));
+        // Nothing copied: the caller cannot be found.
+        d.add(&with_stack(&r, &[], [code, heap, 0], &[]));
+        // Garbage: a stack made of one code address over and over ends at the frame
+        // limit or the end of the copy, never past either.
+        let garbage: Vec<u8> = std::iter::repeat_n(code.to_le_bytes(), MAX_STACK_BYTES / 8)
+            .flatten()
+            .collect();
+        d.add(&with_stack(&r, &[], [code, heap, heap], &garbage));
+        let p = &d.set.processes[&me];
+        let ends: HashMap<StackEnd, Vec<usize>> =
+            p.stacks.stacks.keys().fold(HashMap::new(), |mut m, s| {
+                m.entry(s.end).or_default().push(s.user.len());
+                m
+            });
+        assert_eq!(ends[&StackEnd::UnknownCode], [1], "{ends:?}");
+        assert_eq!(ends[&StackEnd::Error], [1], "{ends:?}");
+        assert!(
+            ends[&StackEnd::Truncated]
+                .iter()
+                .all(|&n| n <= MAX_USER_FRAMES),
+            "{ends:?}"
+        );
+        assert_eq!(
+            d.stack_counts,
+            StackCounts {
+                truncated: 1,
+                unknown_code: 1,
+                failed: 1
+            }
+        );
+        assert_eq!((d.malformed, p.stacks.unstacked), (0, 0));
+        let w = d.take_window();
+        assert_eq!(w.stack_counts.failed, 1);
+        assert_eq!(d.stack_counts, StackCounts::default());
+    }
+
     #[test]
     fn bad_records_are_counted_not_used() {
         let mut d = Drain::new(1);

@@ -133,12 +133,18 @@ fn shares(paths: &[(String, StackEnd, u64)]) -> (HashMap<String, u64>, u64) {
 }
 
 /// ≥ 90 % of the samples have a complete stack down to main.
-fn assert_complete_to_main(what: &str, paths: &[(String, StackEnd, u64)]) -> (HashMap<String, u64>, u64) {
+fn assert_complete_to_main(
+    what: &str,
+    paths: &[(String, StackEnd, u64)],
+) -> (HashMap<String, u64>, u64) {
     let (by, total) = shares(paths);
     let complete: u64 = by.values().sum();
     let mut top: Vec<_> = by.iter().collect();
     top.sort_by(|a, b| b.1.cmp(a.1));
-    eprintln!("{what}: {complete} of {total} samples complete to main; top: {:?}", &top[..top.len().min(5)]);
+    eprintln!(
+        "{what}: {complete} of {total} samples complete to main; top: {:?}",
+        &top[..top.len().min(5)]
+    );
     assert!(total >= 200, "{what}: only {total} samples");
     assert!(
         complete as f64 >= 0.9 * total as f64,
@@ -159,7 +165,17 @@ fn perf_shares(exe: &Path, args: &[&str]) -> Option<(HashMap<String, u64>, u64)>
     let dir = temp_dir("stacks-perf");
     let data = dir.join("perf.data");
     let rec = Command::new("perf")
-        .args(["record", "-q", "-e", "cpu-clock", "-F", "999", "--call-graph", "dwarf", "-o"])
+        .args([
+            "record",
+            "-q",
+            "-e",
+            "cpu-clock",
+            "-F",
+            "999",
+            "--call-graph",
+            "dwarf",
+            "-o",
+        ])
         .arg(&data)
         .arg("--")
         .arg(exe)
@@ -179,7 +195,11 @@ fn perf_shares(exe: &Path, args: &[&str]) -> Option<(HashMap<String, u64>, u64)>
         .arg(&data)
         .output()
         .expect("perf script");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let mut by = HashMap::new();
     let mut total = 0;
@@ -218,7 +238,8 @@ fn chain(tag: &str, flags: &[&str]) {
     assert_eq!(lost.stacks_failed, 0, "{lost:?}");
     let ab = "main;path_a;path_b;leaf";
     let c = "main;path_c;leaf";
-    let share = |by: &HashMap<String, u64>, k: &str, n: u64| *by.get(k).unwrap_or(&0) as f64 / n as f64;
+    let share =
+        |by: &HashMap<String, u64>, k: &str, n: u64| *by.get(k).unwrap_or(&0) as f64 / n as f64;
     assert!(
         share(&ours, ab, n) > share(&ours, c, n) && share(&ours, c, n) > 0.1,
         "{tag}: {ours:?}"
