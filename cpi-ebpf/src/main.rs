@@ -261,6 +261,25 @@ fn output_with_stack(ctx: &PerfEventContext, buf: *mut u8, fixed: usize, kernel:
     SAMPLES.output::<[u8]>(record, flags).is_ok()
 }
 
+/// Writes `h` (flagged [`FLAG_STACK`]) at the start of `buf`, whose `fixed` bytes the
+/// record's body fills, appends the stack and counts the outcome.
+#[inline(always)]
+fn emit_with_stack(
+    ctx: &PerfEventContext,
+    buf: *mut u8,
+    mut h: SampleHeader,
+    fixed: usize,
+    kernel: bool,
+) {
+    h.flags |= FLAG_STACK;
+    unsafe { buf.cast::<SampleHeader>().write_unaligned(h) };
+    if output_with_stack(ctx, buf, fixed, kernel) {
+        count(Counter::Emitted);
+    } else {
+        count(Counter::RingFull);
+    }
+}
+
 #[inline(always)]
 fn emit_ip(ctx: &PerfEventContext, role: EventRole) {
     let Some((weight, kernel)) = admit(ctx, role) else {
@@ -270,15 +289,8 @@ fn emit_ip(ctx: &PerfEventContext, role: EventRole) {
         let Some(buf) = SCRATCH.get_ptr_mut(0) else {
             return;
         };
-        let buf = buf.cast::<u8>();
-        let mut h = header(ctx, SampleKind::Ip, role, weight, kernel);
-        h.flags |= FLAG_STACK;
-        unsafe { buf.cast::<SampleHeader>().write_unaligned(h) };
-        if output_with_stack(ctx, buf, core::mem::size_of::<IpSample>(), kernel) {
-            count(Counter::Emitted);
-        } else {
-            count(Counter::RingFull);
-        }
+        let h = header(ctx, SampleKind::Ip, role, weight, kernel);
+        emit_with_stack(ctx, buf.cast(), h, core::mem::size_of::<IpSample>(), kernel);
         return;
     }
     let Some(mut slot) = SAMPLES.reserve::<IpSample>(0) else {
@@ -290,6 +302,14 @@ fn emit_ip(ctx: &PerfEventContext, role: EventRole) {
     });
     slot.submit(wakeup_flags());
     count(Counter::Emitted);
+}
+
+/// The header of a branch record whose helper returned `got` bytes of entries.
+#[inline(always)]
+fn branch_header(ctx: &PerfEventContext, weight: u64, kernel: bool, got: i64) -> SampleHeader {
+    let mut h = header(ctx, SampleKind::Branch, EventRole::Branches, weight, kernel);
+    h.nr = (got as u64 / core::mem::size_of::<BranchEntry>() as u64) as u16;
+    h
 }
 
 #[perf_event]
@@ -308,21 +328,8 @@ pub fn branch_sample(ctx: PerfEventContext) -> u32 {
             count(Counter::BranchError);
             return 0;
         }
-        let mut h = header(
-            &ctx,
-            SampleKind::Branch,
-            EventRole::Branches,
-            weight,
-            kernel,
-        );
-        h.nr = (got as u64 / core::mem::size_of::<BranchEntry>() as u64) as u16;
-        h.flags |= FLAG_STACK;
-        unsafe { buf.cast::<SampleHeader>().write_unaligned(h) };
-        if output_with_stack(&ctx, buf, core::mem::size_of::<BranchSample>(), kernel) {
-            count(Counter::Emitted);
-        } else {
-            count(Counter::RingFull);
-        }
+        let h = branch_header(&ctx, weight, kernel, got);
+        emit_with_stack(&ctx, buf, h, core::mem::size_of::<BranchSample>(), kernel);
         return 0;
     }
     let Some(mut slot) = SAMPLES.reserve::<BranchSample>(0) else {
@@ -338,14 +345,7 @@ pub fn branch_sample(ctx: PerfEventContext) -> u32 {
         slot.discard(0);
         return 0;
     }
-    let mut h = header(
-        &ctx,
-        SampleKind::Branch,
-        EventRole::Branches,
-        weight,
-        kernel,
-    );
-    h.nr = (got as u64 / core::mem::size_of::<BranchEntry>() as u64) as u16;
+    let h = branch_header(&ctx, weight, kernel, got);
     unsafe { core::ptr::addr_of_mut!((*rec).header).write(h) };
     slot.submit(wakeup_flags());
     count(Counter::Emitted);

@@ -166,7 +166,7 @@ impl std::fmt::Debug for StackUnwinder {
             .field("files", &self.sections.len())
             .field("bytes", &self.bytes)
             .field("processes", &self.processes.len())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
