@@ -747,6 +747,7 @@ pub(crate) mod tests {
                 samples: 100,
             }),
             timed_cpi: None,
+            cpi_disagree: false,
             blocks: Vec::new(),
             edges: Vec::new(),
             lines: Vec::new(),

@@ -35,6 +35,7 @@ pub mod ehframe;
 pub mod lines;
 pub mod symbolize;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -241,13 +242,13 @@ pub struct Binary {
     heap: u64,
 }
 
-/// A function while the table is built: its name borrows the file's bytes (`None`:
-/// `func_<addr>`).
-#[derive(Clone, Copy, Debug)]
+/// A function while the table is built: its name borrows the file's bytes, or is made
+/// here (`memcmp@plt`); `None`: `func_<addr>`.
+#[derive(Clone, Debug)]
 struct Cand<'d> {
     start: u64,
     size: u64,
-    name: Option<&'d str>,
+    name: Option<Cow<'d, str>>,
 }
 
 /// What parsing finds.
@@ -331,9 +332,9 @@ impl Tables {
             f.extend(dyn_funcs);
             (BoundsSource::SymbolTable, f)
         } else {
-            let dyn_names: HashMap<u64, &str> = dyn_funcs
+            let dyn_names: HashMap<u64, Cow<str>> = dyn_funcs
                 .iter()
-                .filter_map(|f| Some((f.start, f.name?)))
+                .filter_map(|f| Some((f.start, f.name.clone()?)))
                 .collect();
             let mut f = Vec::new();
             if let Some(sec) = file.section_by_name(".eh_frame") {
@@ -343,7 +344,7 @@ impl Tables {
                 // A broken .eh_frame leaves .dynsym bounds only; say so, don't fail.
                 match ehframe::fde_ranges(d, sec.address()) {
                     Ok(r) => f.extend(r.into_iter().map(|(start, size)| Cand {
-                        name: dyn_names.get(&start).copied(),
+                        name: dyn_names.get(&start).cloned(),
                         start,
                         size,
                     })),
@@ -353,19 +354,8 @@ impl Tables {
             f.extend(dyn_funcs);
             (BoundsSource::EhFrame, f)
         };
-        // PLT sections first: they win over the linker's FDE at the same start.
-        let mut plt = Vec::new();
-        for name in ["[.plt]", "[.plt.sec]", "[.plt.got]"] {
-            if let Some(sec) = file.section_by_name(&name[1..name.len() - 1]) {
-                if sec.size() > 0 {
-                    plt.push(Cand {
-                        name: Some(name),
-                        start: sec.address(),
-                        size: sec.size(),
-                    });
-                }
-            }
-        }
+        // PLT stubs first: they win over the linker's FDE at the same start.
+        let mut plt = plt_stubs(&file, &funcs);
         plt.append(&mut funcs);
         let mut funcs = plt;
         funcs.retain(|f| f.size > 0 && in_code(f.start));
@@ -374,13 +364,13 @@ impl Tables {
         let mut owned_names: Vec<Box<str>> = Vec::new();
         let mut functions = Vec::with_capacity(funcs.len());
         for f in &funcs {
-            let name = match f.name {
+            let name = match &f.name {
                 None => NAME_SYNTH,
                 Some(n) => {
                     match offset_in(data, n.as_bytes()).and_then(|o| u32::try_from(o).ok()) {
                         Some(off) if off < NAME_OWNED => off,
                         _ => {
-                            owned_names.push(n.into());
+                            owned_names.push(n.as_ref().into());
                             NAME_OWNED | (owned_names.len() - 1) as u32
                         }
                     }
@@ -396,6 +386,7 @@ impl Tables {
             .iter()
             .map(|f| {
                 f.name
+                    .as_deref()
                     .and_then(|n| ordinals.get(&(n, f.start)))
                     .copied()
                     .unwrap_or(0)
@@ -690,25 +681,146 @@ fn bolt_ordinals<'d, S: ObjectSymbol<'d>>(
 
 /// Text symbols with an address, one per start address.
 fn collect_symbols<'d, S: ObjectSymbol<'d>>(syms: impl Iterator<Item = S>) -> Vec<Cand<'d>> {
-    let mut out: Vec<(bool, Cand<'d>)> = syms
+    let mut out: Vec<(AliasRank<'d>, Cand<'d>)> = syms
         .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0 && !s.is_undefined())
         .filter_map(|s| {
+            let name = s.name().ok()?;
             Some((
-                s.is_global() && !s.is_weak(),
+                AliasRank::of(&s, name),
                 Cand {
-                    name: Some(s.name().ok()?),
+                    name: Some(Cow::Borrowed(name)),
                     start: s.address(),
                     size: s.size(),
                 },
             ))
         })
         .collect();
-    // Aliases at one address: prefer the strong global name, then the sized one.
-    out.sort_unstable_by(|a, b| {
-        (a.1.start, !a.0, a.1.size == 0, a.1.name).cmp(&(b.1.start, !b.0, b.1.size == 0, b.1.name))
-    });
+    out.sort_unstable_by(|a, b| (a.1.start, &a.0).cmp(&(b.1.start, &b.0)));
     out.dedup_by_key(|f| f.1.start);
     out.into_iter().map(|(_, f)| f).collect()
+}
+
+/// Which of several names at one address is shown: perf's `choose_best_symbol`
+/// (tools/perf/util/symbol.c) — a sized symbol, then a strong one over a weak one, a
+/// global over a local, fewer leading underscores, the longer name (then A to Z, so
+/// the choice never depends on table order). Smaller is better.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct AliasRank<'d> {
+    no_size: bool,
+    weak: bool,
+    local: bool,
+    underscores: usize,
+    shorter: std::cmp::Reverse<usize>,
+    name: &'d str,
+}
+
+impl<'d> AliasRank<'d> {
+    fn of<S: ObjectSymbol<'d>>(s: &S, name: &'d str) -> Self {
+        AliasRank {
+            no_size: s.size() == 0,
+            weak: s.is_weak(),
+            local: !s.is_global(),
+            underscores: name.len() - name.trim_start_matches('_').len(),
+            shorter: std::cmp::Reverse(name.len()),
+            name,
+        }
+    }
+}
+
+/// PLT stubs as functions named by their target, as perf names them (`memcmp@plt`): each
+/// stub's `jmp *slot(%rip)` reads a GOT slot whose dynamic relocation names the symbol
+/// (robust to .plt/.plt.sec/.plt.got layouts and to relocation order). Stubs that jump
+/// through no named slot (PLT0, the lazy-binding stubs beside `.plt.sec`) stay one
+/// `[.plt]`-style pseudo-function per run, so calls through them are still seen.
+/// An IRELATIVE slot (an ifunc, `*ABS*+0x…` to objdump) is named after the function at
+/// its resolver's address, as perf's `get_ifunc_name` does.
+fn plt_stubs<'d>(file: &object::File<'d>, funcs: &[Cand<'d>]) -> Vec<Cand<'d>> {
+    let named_at: HashMap<u64, &str> = funcs
+        .iter()
+        .filter_map(|f| Some((f.start, f.name.as_deref()?)))
+        .collect();
+    let mut slots: HashMap<u64, String> = HashMap::new();
+    if let Some(relocs) = file.dynamic_relocations() {
+        let dynsym = file.dynamic_symbol_table();
+        for (offset, r) in relocs {
+            let name = match r.target() {
+                object::RelocationTarget::Symbol(i) => dynsym
+                    .as_ref()
+                    .and_then(|t| t.symbol_by_index(i).ok())
+                    .and_then(|s| s.name().ok())
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_string),
+                object::RelocationTarget::Absolute => u64::try_from(r.addend())
+                    .ok()
+                    .and_then(|a| named_at.get(&a))
+                    .map(|n| n.to_string()),
+                _ => None,
+            };
+            if let Some(name) = name {
+                slots.insert(offset, name);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for section in [".plt", ".plt.sec", ".plt.got"] {
+        let Some(sec) = file.section_by_name(section) else {
+            continue;
+        };
+        let Ok(bytes) = sec.data() else { continue };
+        if bytes.is_empty() {
+            continue;
+        }
+        // x86-64 stubs are 16 bytes, but .plt.got's are 8 without IBT (no endbr64).
+        let entry = if section == ".plt.got" && !bytes.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) {
+            8
+        } else {
+            16
+        };
+        let pseudo = |start: u64, end: u64| Cand {
+            name: Some(Cow::Owned(format!("[{section}]"))),
+            start,
+            size: end - start,
+        };
+        let mut unnamed: Option<u64> = None;
+        for (i, stub) in bytes.chunks(entry).enumerate() {
+            let at = sec.address() + (i * entry) as u64;
+            match stub_target(stub, at).and_then(|slot| slots.get(&slot)) {
+                Some(name) => {
+                    if let Some(s) = unnamed.take() {
+                        out.push(pseudo(s, at));
+                    }
+                    out.push(Cand {
+                        name: Some(Cow::Owned(format!("{name}@plt"))),
+                        start: at,
+                        size: stub.len() as u64,
+                    });
+                }
+                None => {
+                    unnamed.get_or_insert(at);
+                }
+            }
+        }
+        if let Some(s) = unnamed {
+            out.push(pseudo(s, sec.address() + bytes.len() as u64));
+        }
+    }
+    out
+}
+
+/// The GOT slot a PLT stub at `at` jumps through (`jmp qword ptr [rip+disp]`), if any.
+fn stub_target(stub: &[u8], at: u64) -> Option<u64> {
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind, Register};
+    let mut d = Decoder::with_ip(64, stub, at, DecoderOptions::NONE);
+    while d.can_decode() {
+        let ins = d.decode();
+        if ins.mnemonic() == Mnemonic::Jmp
+            && ins.op0_kind() == OpKind::Memory
+            && ins.memory_base() == Register::RIP
+        {
+            return Some(ins.ip_rel_memory_address());
+        }
+    }
+    None
 }
 
 /// Sorts, drops duplicate starts (first wins: callers put the better source first) and
@@ -974,7 +1086,7 @@ mod debian_tests {
             );
             for f in sized.iter().take(200) {
                 let g = b.function_at(f.start).unwrap();
-                assert_eq!(Some(g.name.as_str()), f.name);
+                assert_eq!(Some(g.name.as_str()), f.name.as_deref());
                 let cfg = b.cfg(&g, &[]).unwrap();
                 assert!(
                     cfg.instructions.iter().all(|i| i.text != "(bad)"),

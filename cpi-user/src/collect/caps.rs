@@ -11,19 +11,67 @@ use crate::profile::Mode;
 
 pub use crate::profile::events::Vendor;
 
+/// A core PMU, by perf's rule (`is_pmu_core` in tools/perf/util/pmu.c): `cpu`, or any
+/// PMU with a `cpus` file (Intel hybrid `cpu_core`/`cpu_atom`, Arm `armv8_pmuv3_0`, …).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CorePmu {
+    /// Its directory under `/sys/bus/event_source/devices/`.
+    pub name: String,
+    /// `type`: the `perf_event_attr.type` of its own events (4 = `PERF_TYPE_RAW` for
+    /// `cpu` and `cpu_core`; dynamic for the others).
+    pub type_: u32,
+    /// `cpus`: the CPUs it counts on; `None` (no such file) = every CPU.
+    pub cpus: Option<Vec<u32>>,
+    /// `caps/branches`: branch-record depth; `None` = no branch records.
+    pub branches: Option<u32>,
+    /// `caps/pmu_name` (Intel: the core's microarchitecture, e.g. `skylake`).
+    pub pmu_name: Option<String>,
+}
+
+impl CorePmu {
+    /// `cpu_atom (CPUs 16-23)`, or the name alone for a PMU of every CPU.
+    pub fn describe(&self) -> String {
+        match &self.cpus {
+            Some(cpus) => format!("{} (CPUs {})", self.name, cpu_list(cpus)),
+            None => self.name.clone(),
+        }
+    }
+}
+
+/// The instruction set, from `/proc/cpuinfo`'s layout: the analysis disassembles x86-64
+/// only (`binary/`, iced-x86).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    /// `vendor_id` lines.
+    X86_64,
+    /// `CPU implementer` lines (arm64's cpuinfo).
+    Aarch64,
+    /// Neither.
+    Other,
+}
+
 /// Everything the probe found. Each field is one line of `cpi-bpf doctor`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Capabilities {
-    /// `uname -r`.
+    /// `uname -r` (`/proc/sys/kernel/osrelease` in a recorded tree).
     pub kernel: String,
     /// `/sys/bus/event_source/devices/*`.
     pub pmu_devices: Vec<String>,
-    /// The core PMU (`cpu`, or `cpu_core` on hybrid parts), when there is one.
-    pub cpu_pmu: Option<String>,
-    /// LBR depth from `…/cpu*/caps/branches`; `None` = no branch records.
-    pub lbr_depth: Option<u32>,
+    /// The core PMUs ([`CorePmu`]), by `type`: one on most machines, one per core kind
+    /// on hybrid and big.LITTLE parts; none without a PMU.
+    pub core_pmus: Vec<CorePmu>,
     /// From `/proc/cpuinfo`'s `vendor_id`.
     pub vendor: Vendor,
+    /// From `/proc/cpuinfo`'s layout.
+    pub arch: Arch,
+    /// `/proc/cpuinfo`'s `model name`, when it has one.
+    pub model: Option<String>,
+    /// `/proc/cpuinfo` flags include `hypervisor`: a virtual machine.
+    pub hypervisor: bool,
+    /// `/proc/cpuinfo`'s first `cpu MHz`, in Hz.
+    pub core_hz: Option<u64>,
+    /// `/sys/devices/system/cpu/online`.
+    pub online_cpus: Vec<u32>,
     /// `/sys/kernel/btf/vmlinux` exists.
     pub btf: bool,
     /// Effective user id (0 = root).
@@ -43,6 +91,8 @@ const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
+const DEVICES: &str = "sys/bus/event_source/devices";
+
 impl Capabilities {
     /// Probes the running machine.
     pub fn probe() -> Self {
@@ -51,9 +101,11 @@ impl Capabilities {
         Self::probe_at(Path::new("/"), euid, &kernel_release())
     }
 
-    /// Probes a tree rooted at `root` (`/` on a real machine).
+    /// Probes a tree rooted at `root` (`/` on a real machine, a recorded machine's
+    /// `/sys` and `/proc` in tests and `cpi-bpf doctor --root`). `kernel` stands where the
+    /// tree has no `proc/sys/kernel/osrelease`.
     pub fn probe_at(root: &Path, euid: u32, kernel: &str) -> Self {
-        let devices_dir = root.join("sys/bus/event_source/devices");
+        let devices_dir = root.join(DEVICES);
         let mut pmu_devices: Vec<String> = std::fs::read_dir(&devices_dir)
             .map(|rd| {
                 rd.filter_map(Result::ok)
@@ -62,26 +114,25 @@ impl Capabilities {
             })
             .unwrap_or_default();
         pmu_devices.sort();
-        let cpu_pmu = ["cpu", "cpu_core"]
+        let mut core_pmus: Vec<CorePmu> = pmu_devices
             .iter()
-            .find(|n| pmu_devices.iter().any(|d| d == *n))
-            .map(ToString::to_string);
-        let lbr_depth = cpu_pmu.as_ref().and_then(|pmu| {
-            read_trim(&devices_dir.join(pmu).join("caps/branches"))
-                .and_then(|s| s.parse::<u32>().ok())
-                .filter(|&d| d > 0)
-        });
-        let vendor = Vendor::from_vendor_id(
-            read_trim(&root.join("proc/cpuinfo"))
-                .and_then(|t| {
-                    t.lines()
-                        .find(|l| l.starts_with("vendor_id"))
-                        .and_then(|l| l.split(':').nth(1))
-                        .map(|v| v.trim().to_string())
-                })
-                .as_deref()
-                .unwrap_or(""),
-        );
+            .filter_map(|name| core_pmu(&devices_dir.join(name), name))
+            .collect();
+        core_pmus.sort_by_key(|p| (p.type_, p.name.clone()));
+        let cpuinfo = read_trim(&root.join("proc/cpuinfo")).unwrap_or_default();
+        let field = |key: &str| {
+            cpuinfo.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                (k.trim() == key).then(|| v.trim().to_string())
+            })
+        };
+        let arch = if field("vendor_id").is_some() {
+            Arch::X86_64
+        } else if field("CPU implementer").is_some() {
+            Arch::Aarch64
+        } else {
+            Arch::Other
+        };
         let cap_eff = read_trim(&root.join("proc/self/status"))
             .and_then(|t| {
                 t.lines()
@@ -91,11 +142,19 @@ impl Capabilities {
             .unwrap_or(0);
         let has = |c: u32| cap_eff & (1u64 << c) != 0;
         Capabilities {
-            kernel: kernel.to_string(),
+            kernel: read_trim(&root.join("proc/sys/kernel/osrelease"))
+                .unwrap_or_else(|| kernel.to_string()),
             pmu_devices,
-            cpu_pmu,
-            lbr_depth,
-            vendor,
+            core_pmus,
+            vendor: Vendor::from_vendor_id(field("vendor_id").as_deref().unwrap_or("")),
+            arch,
+            model: field("model name"),
+            hypervisor: field("flags")
+                .is_some_and(|f| f.split_whitespace().any(|f| f == "hypervisor")),
+            core_hz: super::events::core_hz_of(&cpuinfo),
+            online_cpus: read_trim(&root.join("sys/devices/system/cpu/online"))
+                .map(|t| super::target::parse_cpu_list(&t))
+                .unwrap_or_default(),
             btf: root.join("sys/kernel/btf/vmlinux").exists(),
             euid,
             cap_bpf: has(CAP_BPF),
@@ -104,6 +163,15 @@ impl Capabilities {
             perf_event_paranoid: read_trim(&root.join("proc/sys/kernel/perf_event_paranoid"))
                 .and_then(|s| s.parse().ok()),
         }
+    }
+
+    /// The branch-record depth every core PMU offers (the smallest), `None` when one
+    /// has none: CPI needs branch records wherever the work runs.
+    pub fn lbr_depth(&self) -> Option<u32> {
+        if self.core_pmus.is_empty() {
+            return None;
+        }
+        self.core_pmus.iter().map(|p| p.branches).min().flatten()
     }
 
     /// Loading perf_event BPF programs and sampling other processes needs root, or
@@ -129,22 +197,96 @@ impl Capabilities {
     /// The rung of the ladder this machine supports, and why, in one line.
     pub fn mode(&self) -> (Mode, String) {
         let devices = "/sys/bus/event_source/devices";
-        let (mode, why) = match (&self.cpu_pmu, self.lbr_depth) {
-            (None, _) => (
+        let vm = if self.hypervisor {
+            "; a virtual machine's PMU (cpuinfo flag hypervisor): no LBR passed through"
+        } else {
+            ""
+        };
+        let without = self.core_pmus.iter().find(|p| p.branches.is_none());
+        let (mode, why) = match (self.core_pmus.as_slice(), without) {
+            ([], _) => (
                 Mode::TimeProfile,
                 format!("no PMU ({devices}/cpu missing; a VM without PMU passthrough?)"),
             ),
-            (Some(pmu), None) => (
+            (_, Some(p)) => (
                 Mode::IpSampling,
-                format!("PMU {pmu} has no branch records ({devices}/{pmu}/caps/branches missing)"),
+                format!(
+                    "PMU {} has no branch records ({devices}/{}/caps/branches missing{vm})",
+                    p.describe(),
+                    p.name
+                ),
             ),
-            (Some(pmu), Some(depth)) => (
+            ([p], None) => (
                 Mode::Cpi,
-                format!("PMU {pmu} with {depth}-deep branch records"),
+                format!(
+                    "PMU {} with {}-deep branch records",
+                    p.describe(),
+                    p.branches.unwrap_or(0)
+                ),
+            ),
+            (all, None) => (
+                Mode::Cpi,
+                format!(
+                    "PMUs {}",
+                    all.iter()
+                        .map(|p| format!(
+                            "{} with {}-deep branch records",
+                            p.describe(),
+                            p.branches.unwrap_or(0)
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
             ),
         };
-        (mode, format!("{why}: {}", mode.measures()))
+        let analysis = match (mode, self.arch) {
+            (Mode::Cpi | Mode::IpSampling, Arch::Aarch64 | Arch::Other) => {
+                "; samples are collected, but instructions and blocks need x86-64 \
+                 disassembly, which this CPU's code is not"
+            }
+            _ => "",
+        };
+        (mode, format!("{why}: {}{analysis}", mode.measures()))
     }
+}
+
+/// The core PMU at `dir`, when `name` is one (perf's rule, [`CorePmu`]).
+fn core_pmu(dir: &Path, name: &str) -> Option<CorePmu> {
+    let cpus = read_trim(&dir.join("cpus")).map(|t| super::target::parse_cpu_list(&t));
+    if name != "cpu" && cpus.is_none() {
+        return None;
+    }
+    Some(CorePmu {
+        name: name.to_string(),
+        // `cpu` is PERF_TYPE_RAW on every x86 kernel; a tree may leave `type` out.
+        type_: read_trim(&dir.join("type"))
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(super::sys::PERF_TYPE_RAW),
+        cpus,
+        branches: read_trim(&dir.join("caps/branches"))
+            .and_then(|s| s.parse::<u32>().ok())
+            .filter(|&d| d > 0),
+        pmu_name: read_trim(&dir.join("caps/pmu_name")),
+    })
+}
+
+/// `cpus` back in the kernel's list form (`0-15,20`).
+pub fn cpu_list(cpus: &[u32]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let mut j = i;
+        while j + 1 < cpus.len() && cpus[j + 1] == cpus[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            cpus[i].to_string()
+        } else {
+            format!("{}-{}", cpus[i], cpus[j])
+        });
+        i = j + 1;
+    }
+    parts.join(",")
 }
 
 /// What the running kernel's BPF offers of what cpi-bpf uses. Each is probed (aya's
@@ -326,7 +468,7 @@ mod tests {
             ],
         );
         let c = Capabilities::probe_at(&root, 0, "6.18.0");
-        assert_eq!(c.cpu_pmu, None);
+        assert!(c.core_pmus.is_empty());
         assert_eq!(c.vendor, Vendor::Amd);
         assert!(!c.btf, "no /sys/kernel/btf/vmlinux in the tree");
         let (mode, why) = c.mode();
@@ -345,8 +487,8 @@ mod tests {
             ],
         );
         let c = Capabilities::probe_at(&root, 0, "6.18.0");
-        assert_eq!(c.cpu_pmu.as_deref(), Some("cpu"));
-        assert_eq!(c.lbr_depth, None);
+        assert_eq!(c.core_pmus[0].name, "cpu");
+        assert_eq!(c.lbr_depth(), None);
         let (mode, why) = c.mode();
         assert_eq!(mode, Mode::IpSampling);
         assert!(why.contains("no branch records"), "{why}");
@@ -364,7 +506,7 @@ mod tests {
             ],
         );
         let c = Capabilities::probe_at(&root, 0, "6.18.0");
-        assert_eq!(c.lbr_depth, Some(32));
+        assert_eq!(c.lbr_depth(), Some(32));
         assert_eq!(c.vendor, Vendor::Intel);
         assert!(c.btf);
         assert_eq!(c.perf_event_paranoid, Some(2));
@@ -452,6 +594,42 @@ mod tests {
         assert!(
             c.check_privileges().is_ok(),
             "CAP_BPF + CAP_PERFMON suffice"
+        );
+    }
+
+    #[test]
+    fn core_pmus_are_cpu_or_those_with_a_cpus_file() {
+        let root = tree(
+            "hybrid",
+            &[
+                ("sys/bus/event_source/devices/cpu_atom/type", "8\n"),
+                ("sys/bus/event_source/devices/cpu_atom/cpus", "16-23\n"),
+                ("sys/bus/event_source/devices/cpu_core/type", "4\n"),
+                ("sys/bus/event_source/devices/cpu_core/cpus", "0-15\n"),
+                (
+                    "sys/bus/event_source/devices/cpu_core/caps/branches",
+                    "32\n",
+                ),
+                ("sys/bus/event_source/devices/uncore_imc_0/cpumask", "0\n"),
+                CPUINFO_INTEL,
+            ],
+        );
+        let c = Capabilities::probe_at(&root, 0, "6.18.0");
+        let names: Vec<&str> = c.core_pmus.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["cpu_core", "cpu_atom"], "by type; uncore left out");
+        assert_eq!(cpu_list(c.core_pmus[1].cpus.as_deref().unwrap()), "16-23");
+        // One kind of core without branch records: no CPI anywhere, and which is said.
+        assert_eq!(c.lbr_depth(), None);
+        let (mode, why) = c.mode();
+        assert_eq!(mode, Mode::IpSampling);
+        assert!(
+            why.starts_with("PMU cpu_atom (CPUs 16-23) has no branch records"),
+            "{why}"
+        );
+        assert_eq!(cpu_list(&[0, 1, 2, 5, 7, 8]), "0-2,5,7-8");
+        assert_eq!(
+            crate::collect::target::parse_cpu_list("0-2,5,7-8\n"),
+            [0, 1, 2, 5, 7, 8]
         );
     }
 }

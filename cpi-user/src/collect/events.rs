@@ -3,9 +3,9 @@
 use cpi_common::policy::PeriodPolicy;
 use cpi_common::wire::EventRole;
 
-use super::caps::Vendor;
+use super::caps::{CorePmu, Vendor};
 use super::sys::{self, flag, PerfEventAttr};
-use crate::profile::events::{AMD_RETIRED_TAKEN, INTEL_RETIRED_TAKEN};
+use crate::profile::events::{AMD_RETIRED_TAKEN, INTEL_ATOM_RETIRED_TAKEN, INTEL_RETIRED_TAKEN};
 use crate::profile::model::role_name;
 use crate::profile::Mode;
 
@@ -80,6 +80,9 @@ pub struct EventSpec {
     pub policy: PeriodPolicy,
     /// Name of the eBPF program in `cpi-ebpf/src/main.rs` attached to it.
     pub program: &'static str,
+    /// The CPUs its PMU counts on (its `cpus` file): a per-CPU placement elsewhere is
+    /// not opened. `None`: every CPU.
+    pub cpus: Option<Vec<u32>>,
 }
 
 fn sampling_attr(type_: u32, config: u64, period: u64, include_kernel: bool) -> PerfEventAttr {
@@ -104,26 +107,39 @@ fn sampling_attr(type_: u32, config: u64, period: u64, include_kernel: bool) -> 
 }
 
 /// The branch-stack event: retired taken branches where the vendor's code is known,
-/// else cycles with a branch stack (BOLT's choice), said in the name.
-pub fn branch_event(vendor: Vendor, rate: &Rate, include_kernel: bool) -> EventSpec {
+/// else cycles with a branch stack (BOLT's choice), said in the name. With `pmu` (one
+/// of several core PMUs, [`plan`]), the event of that PMU: its own `type`, its core's
+/// code (Intel E-cores: [`INTEL_ATOM_RETIRED_TAKEN`]), on its CPUs.
+pub fn branch_event(
+    vendor: Vendor,
+    pmu: Option<&CorePmu>,
+    rate: &Rate,
+    include_kernel: bool,
+) -> EventSpec {
     // ~1 taken branch per 8 cycles in typical code: about the cycles event's rate.
     let period = rate.period(rate.core_hz / 8);
-    let (type_, config, name) = match vendor {
-        Vendor::Intel => (
+    let raw = match (vendor, pmu.map(|p| p.name.as_str())) {
+        (Vendor::Intel, None | Some("cpu" | "cpu_core")) => Some(INTEL_RETIRED_TAKEN),
+        (Vendor::Intel, Some("cpu_atom")) => Some(INTEL_ATOM_RETIRED_TAKEN),
+        (Vendor::Amd, None | Some("cpu")) => Some(AMD_RETIRED_TAKEN),
+        _ => None,
+    };
+    let (type_, config, name) = match (raw, pmu) {
+        (Some(code), None) if vendor == Vendor::Amd => (
             sys::PERF_TYPE_RAW,
-            INTEL_RETIRED_TAKEN,
-            "cpu/r20c4/".to_string(),
+            code,
+            format!("cpu/ex_ret_brn_tkn/ (r{code:x})"),
         ),
-        Vendor::Amd => (
-            sys::PERF_TYPE_RAW,
-            AMD_RETIRED_TAKEN,
-            "cpu/ex_ret_brn_tkn/ (r0c4)".to_string(),
-        ),
-        Vendor::Other => (
-            sys::PERF_TYPE_HARDWARE,
-            sys::PERF_COUNT_HW_CPU_CYCLES,
-            "cycles (no retired-taken-branch event known for this CPU)".to_string(),
-        ),
+        (Some(code), None) => (sys::PERF_TYPE_RAW, code, format!("cpu/r{code:x}/")),
+        (Some(code), Some(p)) => (p.type_, code, format!("{}/r{code:x}/", p.name)),
+        (None, _) => {
+            let (config, name) = hardware(sys::PERF_COUNT_HW_CPU_CYCLES, "cycles", pmu);
+            (
+                sys::PERF_TYPE_HARDWARE,
+                config,
+                format!("{name} (no retired-taken-branch event known for this CPU)"),
+            )
+        }
     };
     let policy = PeriodPolicy::around(period);
     let mut attr = sampling_attr(type_, config, policy.base, include_kernel);
@@ -138,10 +154,29 @@ pub fn branch_event(vendor: Vendor, rate: &Rate, include_kernel: bool) -> EventS
         attr,
         policy,
         program: "branch_sample",
+        cpus: pmu.and_then(|p| p.cpus.clone()),
     }
 }
 
-fn ip_event(role: EventRole, rate: &Rate, include_kernel: bool) -> EventSpec {
+/// The config of generic hardware event `id` (named `name`) on `pmu`, with the PMU's
+/// type in bits 63..32 as perf passes `cpu_atom/cycles/`
+/// (tools/perf/Documentation/intel-hybrid.txt), and its name as perf spells it.
+fn hardware(id: u64, name: &str, pmu: Option<&CorePmu>) -> (u64, String) {
+    match pmu {
+        Some(p) => (
+            u64::from(p.type_) << sys::PERF_PMU_TYPE_SHIFT | id,
+            format!("{}/{name}/", p.name),
+        ),
+        None => (id, name.to_string()),
+    }
+}
+
+fn ip_event(
+    role: EventRole,
+    pmu: Option<&CorePmu>,
+    rate: &Rate,
+    include_kernel: bool,
+) -> EventSpec {
     let (type_, config, per_second, program) = match role {
         EventRole::Cycles => (
             sys::PERF_TYPE_HARDWARE,
@@ -163,60 +198,86 @@ fn ip_event(role: EventRole, rate: &Rate, include_kernel: bool) -> EventSpec {
         ),
     };
     let mut period = rate.period(per_second);
-    if config == sys::PERF_COUNT_SW_CPU_CLOCK && type_ == sys::PERF_TYPE_SOFTWARE {
+    let (config, name, pmu) = if type_ == sys::PERF_TYPE_SOFTWARE {
         period = period.max(CPU_CLOCK_MIN_PERIOD_NS);
-    }
+        (config, role_name(role).to_string(), None)
+    } else {
+        let (config, name) = hardware(config, role_name(role), pmu);
+        (config, name, pmu)
+    };
     let policy = PeriodPolicy::around(period);
     EventSpec {
         role,
-        name: role_name(role).to_string(),
+        name,
         attr: sampling_attr(type_, config, policy.base, include_kernel),
         policy,
         program,
+        cpus: pmu.and_then(|p| p.cpus.clone()),
     }
 }
 
 /// The events a mode samples; with `cpu_time`, the hardware modes sample `cpu-clock`
 /// too, at the same rate, so CPU seconds are measured in every mode (cycles are not
 /// time: the clock rate changes under them).
+///
+/// With several core PMUs (`pmus`: Intel hybrid `cpu_core` + `cpu_atom`, Arm
+/// big.LITTLE), each hardware event is planned once per PMU, in that PMU's own type and
+/// on its CPUs: a raw type-4 event binds to `cpu_core` alone, and time on the other
+/// cores would never be sampled. With one (or none), the events of the plain types.
 pub fn plan(
     mode: Mode,
     vendor: Vendor,
+    pmus: &[CorePmu],
     rate: &Rate,
     include_kernel: bool,
     cpu_time: bool,
 ) -> Vec<EventSpec> {
-    let clock = || ip_event(EventRole::CpuClock, rate, include_kernel);
-    let mut specs = match mode {
-        Mode::Cpi => vec![
-            branch_event(vendor, rate, include_kernel),
-            ip_event(EventRole::Cycles, rate, include_kernel),
-        ],
-        Mode::IpSampling => vec![
-            ip_event(EventRole::Cycles, rate, include_kernel),
-            ip_event(EventRole::Instructions, rate, include_kernel),
-        ],
-        Mode::TimeProfile | Mode::Simulated | Mode::Instructions => return vec![clock()],
+    let clock = || ip_event(EventRole::CpuClock, None, rate, include_kernel);
+    let each: Vec<Option<&CorePmu>> = match pmus {
+        [_, _, ..] => pmus.iter().map(Some).collect(),
+        _ => vec![None],
     };
+    let mut specs = Vec::new();
+    for &pmu in &each {
+        match mode {
+            Mode::Cpi => specs.extend([
+                branch_event(vendor, pmu, rate, include_kernel),
+                ip_event(EventRole::Cycles, pmu, rate, include_kernel),
+            ]),
+            Mode::IpSampling => specs.extend([
+                ip_event(EventRole::Cycles, pmu, rate, include_kernel),
+                ip_event(EventRole::Instructions, pmu, rate, include_kernel),
+            ]),
+            Mode::TimeProfile | Mode::Simulated | Mode::Instructions => return vec![clock()],
+        }
+    }
     if cpu_time {
         specs.push(clock());
     }
     specs
 }
 
-/// Nominal core clock from `/proc/cpuinfo` (`cpu MHz`), 2 GHz when absent.
+/// The core clock assumed where `/proc/cpuinfo` gives none (arm64's never does).
+pub const DEFAULT_CORE_HZ: u64 = 2_000_000_000;
+
+/// Nominal core clock from `/proc/cpuinfo` ([`core_hz_of`]), [`DEFAULT_CORE_HZ`] when
+/// absent.
 pub fn nominal_core_hz() -> u64 {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("cpu MHz"))
-                .and_then(|l| l.split(':').nth(1))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-        })
+        .and_then(|t| core_hz_of(&t))
+        .unwrap_or(DEFAULT_CORE_HZ)
+}
+
+/// The first `cpu MHz` of a `/proc/cpuinfo` text, in Hz.
+pub fn core_hz_of(cpuinfo: &str) -> Option<u64> {
+    cpuinfo
+        .lines()
+        .find(|l| l.starts_with("cpu MHz"))
+        .and_then(|l| l.split(':').nth(1))
+        .and_then(|v| v.trim().parse::<f64>().ok())
         .map(|mhz| (mhz * 1e6) as u64)
         .filter(|&hz| hz > 0)
-        .unwrap_or(2_000_000_000)
 }
 
 #[cfg(test)]
@@ -234,7 +295,7 @@ mod tests {
 
     #[test]
     fn intel_branch_stack_attr() {
-        let e = branch_event(Vendor::Intel, &RATE, false);
+        let e = branch_event(Vendor::Intel, None, &RATE, false);
         let a = &e.attr;
         assert_eq!(a.type_, 4, "PERF_TYPE_RAW");
         assert_eq!(a.config, 0x20c4, "BR_INST_RETIRED.NEAR_TAKEN");
@@ -261,7 +322,7 @@ mod tests {
 
     #[test]
     fn amd_and_unknown_vendor_branch_events() {
-        let amd = branch_event(Vendor::Amd, &RATE, true);
+        let amd = branch_event(Vendor::Amd, None, &RATE, true);
         assert_eq!((amd.attr.type_, amd.attr.config), (4, 0xc4));
         assert_eq!(
             amd.attr.branch_sample_type,
@@ -269,7 +330,7 @@ mod tests {
             "USER | KERNEL | ANY"
         );
         assert_eq!(amd.attr.flags & flag::EXCLUDE_KERNEL, 0);
-        let other = branch_event(Vendor::Other, &RATE, false);
+        let other = branch_event(Vendor::Other, None, &RATE, false);
         assert_eq!((other.attr.type_, other.attr.config), (0, 0), "HW cycles");
         assert!(other.name.contains("no retired-taken-branch event"));
         assert_ne!(other.attr.sample_type & sys::PERF_SAMPLE_BRANCH_STACK, 0);
@@ -278,7 +339,7 @@ mod tests {
     #[test]
     fn plans_follow_the_ladder() {
         let roles = |m, cpu_time| {
-            plan(m, Vendor::Intel, &RATE, false, cpu_time)
+            plan(m, Vendor::Intel, &[], &RATE, false, cpu_time)
                 .iter()
                 .map(|e| e.role)
                 .collect::<Vec<_>>()
@@ -294,7 +355,7 @@ mod tests {
             [Cycles, Instructions, CpuClock]
         );
         assert_eq!(roles(Mode::TimeProfile, true), [CpuClock]);
-        let clock = &plan(Mode::TimeProfile, Vendor::Other, &RATE, false, false)[0];
+        let clock = &plan(Mode::TimeProfile, Vendor::Other, &[], &RATE, false, false)[0];
         assert_eq!((clock.attr.type_, clock.attr.config), (1, 0), "cpu-clock");
         assert_eq!(clock.attr.sample_period, 1_000_003, "≈ 1 ms, prime");
         assert_eq!(EventUnit::of_role(clock.role), EventUnit::Ns);
@@ -308,13 +369,13 @@ mod tests {
             frequency: 10_000_000,
             ..RATE
         };
-        let clock = &plan(Mode::TimeProfile, Vendor::Other, &fast, false, false)[0];
+        let clock = &plan(Mode::TimeProfile, Vendor::Other, &[], &fast, false, false)[0];
         assert_eq!(clock.policy.base, 12_503, "raised to the floor, prime");
         let note = cpu_clock_floor_note(&fast).unwrap();
         assert!(note.contains("period 100 ns raised to 12503 ns"), "{note}");
         assert_eq!(cpu_clock_floor_note(&RATE), None);
         // Cycles are not bound by the hrtimer floor.
-        let cycles = &plan(Mode::IpSampling, Vendor::Intel, &fast, false, false)[0];
+        let cycles = &plan(Mode::IpSampling, Vendor::Intel, &[], &fast, false, false)[0];
         assert_eq!(cycles.policy.base, 307, "3 GHz / 10 MHz, prime");
         for bad in [0, MAX_PERIOD + 1, u64::MAX] {
             let r = Rate {
@@ -471,16 +532,19 @@ mod tests {
             ..RATE
         };
         let (r, clock) = (rate(500_009), rate(1_000_003));
-        let plan_of = |m, v, r: &Rate| plan(m, v, r, false, false);
+        let plan_of = |m, v, r: &Rate| plan(m, v, &[], r, false, false);
         let cases = [
             (
                 "intel-taken-branches",
-                branch_event(Vendor::Intel, &r, false),
+                branch_event(Vendor::Intel, None, &r, false),
             ),
-            ("amd-taken-branches", branch_event(Vendor::Amd, &r, false)),
+            (
+                "amd-taken-branches",
+                branch_event(Vendor::Amd, None, &r, false),
+            ),
             (
                 "cycles-branch-stack",
-                branch_event(Vendor::Other, &r, false),
+                branch_event(Vendor::Other, None, &r, false),
             ),
             (
                 "cycles",
@@ -541,8 +605,61 @@ mod tests {
             ..RATE
         };
         assert_eq!(
-            branch_event(Vendor::Intel, &r, false).attr.sample_period,
+            branch_event(Vendor::Intel, None, &r, false)
+                .attr
+                .sample_period,
             500_009
         );
+    }
+
+    #[test]
+    fn one_event_per_core_pmu_on_hybrid_parts() {
+        let pmu = |name: &str, type_, cpus: std::ops::Range<u32>| CorePmu {
+            name: name.to_string(),
+            type_,
+            cpus: Some(cpus.collect()),
+            branches: Some(32),
+            pmu_name: None,
+        };
+        let pmus = [pmu("cpu_core", 4, 0..16), pmu("cpu_atom", 8, 16..24)];
+        let specs = plan(Mode::Cpi, Vendor::Intel, &pmus, &RATE, false, true);
+        let got: Vec<(&str, u32, u64, Option<u32>)> = specs
+            .iter()
+            .map(|s| {
+                let first = s.cpus.as_ref().map(|c| c[0]);
+                (s.name.as_str(), s.attr.type_, s.attr.config, first)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("cpu_core/r20c4/", 4, 0x20c4, Some(0)),
+                ("cpu_core/cycles/", 0, 4 << 32, Some(0)),
+                ("cpu_atom/rc0c4/", 8, 0xc0c4, Some(16)),
+                ("cpu_atom/cycles/", 0, 8 << 32, Some(16)),
+                ("cpu-clock", 1, 0, None),
+            ]
+        );
+        assert!(specs[..4]
+            .iter()
+            .step_by(2)
+            .all(|s| s.attr.branch_sample_type != 0));
+        // One PMU: the plain types, as before (perf's own attributes, above).
+        let one = plan(
+            Mode::IpSampling,
+            Vendor::Amd,
+            &pmus[..1],
+            &RATE,
+            false,
+            false,
+        );
+        assert_eq!((one[0].attr.type_, one[0].attr.config), (0, 0));
+        assert_eq!(one[0].cpus, None);
+        // A hybrid part of another vendor, or an unknown Intel core kind: cycles with
+        // a branch stack on that PMU, said in the name.
+        let lp = pmu("cpu_lowpower", 9, 24..26);
+        let e = branch_event(Vendor::Intel, Some(&lp), &RATE, false);
+        assert_eq!((e.attr.type_, e.attr.config), (0, 9 << 32));
+        assert!(e.name.starts_with("cpu_lowpower/cycles/ (no retired-taken"));
     }
 }

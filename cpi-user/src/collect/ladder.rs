@@ -74,19 +74,41 @@ pub fn open_attached(
     Ok(fd)
 }
 
+/// What [`open_events`] opened.
+#[derive(Debug)]
+pub struct Opened {
+    /// Every event at every placement it opened on, its program attached.
+    pub open: Vec<OpenEvent>,
+    /// One line per event that failed on some CPUs but opened on others: those CPUs
+    /// go unsampled by it, the rest collect.
+    pub notes: Vec<String>,
+}
+
 /// Opens every event of `specs` at every placement (`(pid, cpu)` pairs) and attaches
-/// its program. A thread that exited since it was listed (ESRCH) is skipped; when every
-/// thread is gone, the target is.
+/// its program. A per-CPU placement outside the event's PMU ([`EventSpec::cpus`]) is
+/// not tried. A thread that exited since it was listed (ESRCH) is skipped; when every
+/// thread is gone, the target is. An event that fails on some CPUs but opens on others
+/// is kept and said ([`Opened::notes`]); one that opens on no CPU is the error.
 pub fn open_events(
     sys: &dyn PerfSys,
     specs: &[EventSpec],
     places: &[(i32, i32)],
     extra_flags: u64,
     attach: Attach,
-) -> Result<Vec<OpenEvent>, CollectError> {
+) -> Result<Opened, CollectError> {
     let mut open = Vec::new();
+    let mut notes = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
+        let mut failed: Vec<(i32, CollectError)> = Vec::new();
+        let opened_before = open.len();
         for &place in places {
+            let on_its_pmu = spec
+                .cpus
+                .as_ref()
+                .is_none_or(|cpus| place.1 < 0 || cpus.contains(&(place.1 as u32)));
+            if !on_its_pmu {
+                continue;
+            }
             match open_attached(sys, spec, extra_flags, place, attach) {
                 Ok(fd) => open.push(OpenEvent {
                     fd,
@@ -95,15 +117,32 @@ pub fn open_events(
                 }),
                 Err(CollectError::Open { cause, .. })
                     if cause.raw_os_error() == Some(libc::ESRCH) && place.0 > 0 => {}
+                Err(e @ CollectError::Open { .. }) if place.0 == -1 => failed.push((place.1, e)),
                 Err(e) => return Err(e),
             }
+        }
+        if let Some((_, first)) = failed.first() {
+            if open.len() == opened_before {
+                return Err(failed.swap_remove(0).1);
+            }
+            let cpus: Vec<u32> = failed.iter().map(|&(c, _)| c as u32).collect();
+            let cause = match first {
+                CollectError::Open { cause, .. } => cause.to_string(),
+                e => e.to_string(),
+            };
+            notes.push(format!(
+                "{} cannot be opened on CPU {} ({cause}): not sampled there; the other CPUs \
+                 collect",
+                spec.name,
+                super::caps::cpu_list(&cpus)
+            ));
         }
     }
     match places.first() {
         Some(&(pid, _)) if open.is_empty() && pid > 0 => {
             Err(CollectError::NoSuchProcess(pid as u32))
         }
-        _ => Ok(open),
+        _ => Ok(Opened { open, notes }),
     }
 }
 
@@ -135,6 +174,9 @@ pub struct Rung {
     pub specs: Vec<EventSpec>,
     /// Every event opened, at every placement, with its program attached.
     pub open: Vec<OpenEvent>,
+    /// CPUs an event could not be opened on while it opened on others, one line per
+    /// event ([`Opened::notes`]).
+    pub notes: Vec<String>,
 }
 
 /// Walks the ladder from `start` (the probed mode and why): opens `plan(mode)`'s events,
@@ -154,13 +196,17 @@ pub fn walk(
     loop {
         let specs = plan(mode);
         match open_events(sys, &specs, places, extra_flags, attach) {
-            Ok(open) => {
+            Ok(Opened { open, notes }) => {
+                for n in &notes {
+                    notify(n);
+                }
                 return Ok(Rung {
                     mode,
                     reason,
                     specs,
                     open,
-                })
+                    notes,
+                });
             }
             Err(CollectError::Open { event, cause, .. }) if mode.step_down().is_some() => {
                 mode = mode.step_down().unwrap_or(Mode::TimeProfile);
@@ -191,7 +237,7 @@ mod tests {
     };
 
     fn plan(mode: Mode) -> Vec<EventSpec> {
-        events::plan(mode, Vendor::Intel, &RATE, false, false)
+        events::plan(mode, Vendor::Intel, &[], &RATE, false, false)
     }
 
     fn attach_7(_: &'static str) -> Result<Option<i32>, CollectError> {
@@ -317,7 +363,8 @@ mod tests {
             0,
             &attach_7,
         )
-        .unwrap();
+        .unwrap()
+        .open;
         assert_eq!(open.len(), 2);
         let sys = FakeSys::new(|_, _, _| Some(libc::ESRCH));
         let err = open_events(
@@ -339,10 +386,137 @@ mod tests {
     fn opening_without_a_program_attaches_nothing() {
         let sys = FakeSys::new(|_, _, _| None);
         let none = |_: &'static str| Ok(None);
-        let open = open_events(&sys, &plan(Mode::Cpi), &[(0, -1)], 0, &none).unwrap();
+        let open = open_events(&sys, &plan(Mode::Cpi), &[(0, -1)], 0, &none)
+            .unwrap()
+            .open;
         assert_eq!(open.len(), 2);
         assert!(sys
             .calls_where(|c| matches!(c, Call::SetBpf(..)))
             .is_empty());
+    }
+
+    /// The recorded Alder Lake (tests/data/machines/README.md): `cpu_core` (type 4,
+    /// CPUs 0-15) and `cpu_atom` (type 8, CPUs 16-23), both with branch records.
+    fn alderlake() -> crate::collect::caps::Capabilities {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/data/machines/alderlake-hybrid");
+        crate::collect::caps::Capabilities::probe_at(&root, 0, "")
+    }
+
+    /// `(type, config, pid, cpu)` of every open, in order.
+    fn opens(sys: &FakeSys) -> Vec<(u32, u64, i32, i32)> {
+        sys.calls_where(|c| matches!(c, Call::Open { .. }))
+            .into_iter()
+            .map(|c| match c {
+                Call::Open {
+                    type_,
+                    config,
+                    pid,
+                    cpu,
+                } => (type_, config, pid, cpu),
+                _ => unreachable!(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn hybrid_events_open_in_each_pmus_type_on_its_cpus() {
+        let caps = alderlake();
+        let plan = |m| events::plan(m, caps.vendor, &caps.core_pmus, &RATE, false, false);
+        let cpus: Vec<(i32, i32)> = caps.online_cpus.iter().map(|&c| (-1, c as i32)).collect();
+        assert_eq!(cpus.len(), 24);
+        let sys = FakeSys::new(|_, _, _| None);
+        let rung = walk(&sys, caps.mode(), &plan, &cpus, 0, &attach_7, &mut |_| {}).unwrap();
+        assert_eq!(rung.mode, Mode::Cpi);
+        assert!(rung.notes.is_empty());
+        // P-cores: BR_INST_RETIRED.NEAR_TAKEN (umask 0x20) as cpu_core's raw type, cycles
+        // with cpu_core's type in config[63:32]; E-cores the same on cpu_atom (type 8,
+        // umask 0xc0). No event is opened on the other kind's CPUs.
+        let mut want = Vec::new();
+        for (type_, config, range) in [
+            (4, 0x20c4, 0..16),
+            (0, 4 << 32, 0..16),
+            (8, 0xc0c4, 16..24),
+            (0, 8 << 32, 16..24),
+        ] {
+            want.extend(range.map(|c| (type_, config, -1, c)));
+        }
+        assert_eq!(opens(&sys), want);
+        assert_eq!(rung.open.len(), 48);
+        // A process: each PMU's events once, on any CPU (the kernel counts each where
+        // its PMU's cores run the threads).
+        let sys = FakeSys::new(|_, _, _| None);
+        walk(
+            &sys,
+            caps.mode(),
+            &plan,
+            &[(1234, -1)],
+            0,
+            &attach_7,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(
+            opens(&sys),
+            [
+                (4, 0x20c4, 1234, -1),
+                (0, 4 << 32, 1234, -1),
+                (8, 0xc0c4, 1234, -1),
+                (0, 8 << 32, 1234, -1)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_cpu_whose_open_fails_is_said_once_per_event_and_the_rest_collect() {
+        let caps = alderlake();
+        let plan = |m| events::plan(m, caps.vendor, &caps.core_pmus, &RATE, false, false);
+        let cpus: Vec<(i32, i32)> = caps.online_cpus.iter().map(|&c| (-1, c as i32)).collect();
+        // CPU 17 (an E-core) refuses both of cpu_atom's events.
+        let sys = FakeSys::new(|_, _, cpu| (cpu == 17).then_some(libc::ENODEV));
+        let mut lines = Vec::new();
+        let rung = walk(&sys, caps.mode(), &plan, &cpus, 0, &attach_7, &mut |l| {
+            lines.push(l.to_string())
+        })
+        .unwrap();
+        assert_eq!(rung.mode, Mode::Cpi, "{lines:?}");
+        assert_eq!(rung.open.len(), 46);
+        assert!(rung.open.iter().all(|e| e.place.1 != 17));
+        let enodev = std::io::Error::from_raw_os_error(libc::ENODEV);
+        let said = [
+            format!(
+                "cpu_atom/rc0c4/ cannot be opened on CPU 17 ({enodev}): not sampled there; \
+                 the other CPUs collect"
+            ),
+            format!(
+                "cpu_atom/cycles/ cannot be opened on CPU 17 ({enodev}): not sampled there; \
+                 the other CPUs collect"
+            ),
+        ];
+        assert_eq!(rung.notes, said);
+        assert_eq!(lines[1..], said, "the mode line, then one line per event");
+    }
+
+    #[test]
+    fn an_e_core_event_that_opens_on_no_cpu_steps_the_ladder_down() {
+        let caps = alderlake();
+        let plan = |m| events::plan(m, caps.vendor, &caps.core_pmus, &RATE, false, false);
+        let cpus: Vec<(i32, i32)> = caps.online_cpus.iter().map(|&c| (-1, c as i32)).collect();
+        // cpu_atom takes no branch stack anywhere: CPI would miss every E-core.
+        let sys = FakeSys::new(|attr, _, _| {
+            (attr.type_ == 8 && attr.branch_sample_type != 0).then_some(libc::EOPNOTSUPP)
+        });
+        let mut lines = Vec::new();
+        let rung = walk(&sys, caps.mode(), &plan, &cpus, 0, &attach_7, &mut |l| {
+            lines.push(l.to_string())
+        })
+        .unwrap();
+        assert_eq!(rung.mode, Mode::IpSampling);
+        assert!(
+            lines[1].starts_with("mode: ip-sampling — cpu_atom/rc0c4/ cannot be opened here"),
+            "{lines:?}"
+        );
+        // Cycles and instructions, each PMU on its own CPUs.
+        assert_eq!(rung.open.len(), 2 * 24);
     }
 }

@@ -14,7 +14,7 @@ use cpi_common::wire::{Counter, EventRole, COUNTERS};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-use super::caps::{Capabilities, KernelFeatures, Vendor};
+use super::caps::{Capabilities, CorePmu, KernelFeatures, Vendor};
 use super::drain::{CpuClockPeriods, Drain};
 use super::events::{self, EventSpec, Rate};
 use super::ladder::{self, OpenEvent};
@@ -85,6 +85,7 @@ pub struct Session {
 struct Live {
     opts: CollectOptions,
     vendor: Vendor,
+    core_pmus: Vec<CorePmu>,
     mode: Mode,
     reason: String,
     thinning: Thinning,
@@ -196,10 +197,11 @@ fn placements(target: &Target, child: Option<u32>) -> Result<(Vec<(i32, i32)>, u
     }
 }
 
-/// Makes sure the process may open what the session needs (an event per thread or CPU
-/// and event, the BPF object's maps and programs, the runtime's own few), raising the
-/// soft limit when it can: running out half-way would end in the runtime's panic.
-fn check_fd_room(target: &Target) -> Result<(), CollectError> {
+/// Makes sure the process may open what the session needs (`per_place` events per
+/// thread or CPU at most, the BPF object's maps and programs, the runtime's own few),
+/// raising the soft limit when it can: running out half-way would end in the runtime's
+/// panic.
+fn check_fd_room(target: &Target, per_place: u64) -> Result<(), CollectError> {
     let places = match target {
         Target::SystemWide | Target::SystemWideWhile(_) => target::online_cpus().len(),
         Target::Pids(pids) => pids
@@ -209,9 +211,9 @@ fn check_fd_room(target: &Target) -> Result<(), CollectError> {
         Target::Command(_) => 1,
     } as u64;
     let open_now = std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count) as u64;
-    // Two events per placement at most, plus the object (≈ 12 fds), the ring, the
-    // runtime (epoll, eventfd, signal pipe), pidfds and the re-exec pipes.
-    let need = open_now + 2 * places + 32;
+    // The events, plus the object (≈ 12 fds), the ring, the runtime (epoll, eventfd,
+    // signal pipe), pidfds and the re-exec pipes.
+    let need = open_now + per_place * places + 32;
     let limit = sys::raise_fd_limit(need)?;
     if limit < need {
         return Err(CollectError::TooFewFiles { need, limit });
@@ -221,8 +223,13 @@ fn check_fd_room(target: &Target) -> Result<(), CollectError> {
 
 /// The events of `mode` at `rate`, with the cpu-clock floor applied
 /// ([`events::plan`]).
-fn plan(mode: Mode, vendor: Vendor, opts: &CollectOptions, rate: &Rate) -> Vec<EventSpec> {
-    events::plan(mode, vendor, rate, opts.include_kernel, opts.cpu_time)
+fn plan(
+    mode: Mode,
+    (vendor, pmus): (Vendor, &[CorePmu]),
+    opts: &CollectOptions,
+    rate: &Rate,
+) -> Vec<EventSpec> {
+    events::plan(mode, vendor, pmus, rate, opts.include_kernel, opts.cpu_time)
 }
 
 impl Session {
@@ -270,8 +277,12 @@ impl Session {
             include_kernel: opts.include_kernel as u32,
             _pad: 0,
         };
-        check_fd_room(&opts.target)?;
-        let programs = ladder::programs_from(start.0, &|m| plan(m, caps.vendor, &opts, &opts.rate));
+        // The start rung plans the most events (one set per core PMU on hybrid parts).
+        let per_place = plan(start.0, (caps.vendor, &caps.core_pmus), &opts, &opts.rate).len();
+        check_fd_room(&opts.target, per_place as u64)?;
+        let programs = ladder::programs_from(start.0, &|m| {
+            plan(m, (caps.vendor, &caps.core_pmus), &opts, &opts.rate)
+        });
         let stack_mode = features.stack_mode(opts.stacks);
         let mut bpf = load(opts.ring_bytes, bpf_cfg, stack_mode, caps.btf, &programs)?;
 
@@ -295,7 +306,7 @@ impl Session {
         let rung = ladder::walk(
             &sys,
             start,
-            &|m| plan(m, caps.vendor, &opts, &opts.rate),
+            &|m| plan(m, (caps.vendor, &caps.core_pmus), &opts, &opts.rate),
             &places,
             extra,
             &attach,
@@ -321,7 +332,7 @@ impl Session {
         .map_err(|e| load_err(e.into()))?;
         // SAFETY: the ring buffer owns its fd, open as long as the AsyncFd wrapping it.
         let ring = unsafe { AsyncFd::register(ring) }.map_err(io::Error::from)?;
-        let window = opts.window.unwrap_or(match caps.lbr_depth {
+        let window = opts.window.unwrap_or(match caps.lbr_depth() {
             Some(depth) => policy::range_window(depth as usize),
             None => policy::FALLBACK_RANGE_WINDOW,
         });
@@ -369,6 +380,7 @@ impl Session {
         }
         let live = Live {
             vendor: caps.vendor,
+            core_pmus: caps.core_pmus.clone(),
             mode: rung.mode,
             reason: rung.reason,
             thinning,
@@ -471,7 +483,7 @@ impl Session {
             period: None,
             ..l.opts.rate
         };
-        let specs = plan(l.mode, l.vendor, &l.opts, &rate);
+        let specs = plan(l.mode, (l.vendor, &l.core_pmus), &l.opts, &rate);
         let sys = Linux;
         for e in &l.open {
             let spec = &specs[e.spec_index];
@@ -738,10 +750,12 @@ mod tests {
             period: None,
             core_hz: 2_000_000_000,
         };
-        let specs = events::plan(Mode::TimeProfile, Vendor::Other, &rate, false, false);
+        let specs = events::plan(Mode::TimeProfile, Vendor::Other, &[], &rate, false, false);
         let sys = FakeSys::new(|_, _, _| None);
         let attach = |_: &'static str| Ok(None);
-        let open = ladder::open_events(&sys, &specs, &[(1, -1), (2, -1)], 0, &attach).unwrap();
+        let open = ladder::open_events(&sys, &specs, &[(1, -1), (2, -1)], 0, &attach)
+            .unwrap()
+            .open;
         let mut r = Redraw::new(&specs, &open);
         let base = specs[0].policy.base;
         let sets = || sys.calls_where(|c| matches!(c, Call::SetPeriod(..))).len();

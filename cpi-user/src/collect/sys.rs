@@ -145,6 +145,9 @@ pub const PERF_TYPE_HARDWARE: u32 = 0;
 pub const PERF_TYPE_SOFTWARE: u32 = 1;
 /// A vendor event code in `config` (e.g. [`crate::profile::events::INTEL_RETIRED_TAKEN`]).
 pub const PERF_TYPE_RAW: u32 = 4;
+/// A `PERF_TYPE_HARDWARE` config's bits 63..32 name the PMU it is for (Linux 5.13,
+/// `PERF_PMU_TYPE_SHIFT`): what opens `cycles` on a hybrid part's second core PMU.
+pub const PERF_PMU_TYPE_SHIFT: u32 = 32;
 /// Core cycles.
 pub const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
 /// Retired instructions.

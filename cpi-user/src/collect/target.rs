@@ -47,17 +47,25 @@ pub fn threads(pid: u32) -> Result<Vec<u32>, CollectError> {
 /// Online CPUs (`/sys/devices/system/cpu/online`, e.g. `0-3,6`).
 pub fn online_cpus() -> Vec<u32> {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
-    let mut cpus = Vec::new();
-    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
-        let (a, b) = part.split_once('-').unwrap_or((part, part));
-        if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
-            cpus.extend(a..=b);
-        }
-    }
+    let mut cpus = parse_cpu_list(&text);
     if cpus.is_empty() {
         // SAFETY: sysconf has no preconditions.
         let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32;
         cpus.extend(0..n);
+    }
+    cpus
+}
+
+/// A kernel CPU list (`0-3,6`, as sysfs `online` and a PMU's `cpus` write it); parts
+/// that do not parse are left out.
+pub fn parse_cpu_list(text: &str) -> Vec<u32> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        if let (Ok(a), Ok(b)) = (a.trim().parse::<u32>(), b.trim().parse::<u32>()) {
+            // Bounded: a CPU list names at most a few thousand CPUs.
+            cpus.extend(a..=b.min(a.saturating_add(65_535)));
+        }
     }
     cpus
 }

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::sync::Arc;
 
-use cpi_common::wire::{BranchSample, EventRole, IpSample, FLAG_KERNEL};
+use cpi_common::wire::{BranchEntry, BranchSample, EventRole, IpSample, FLAG_KERNEL};
 
 use super::error::{group_of, Groups};
 use super::stack::{CallStack, StackAggregate};
@@ -80,16 +80,22 @@ pub struct RangeStat {
     pub count: f64,
     /// Sample occurrences.
     pub hits: u64,
-    /// Σ LBR `cycles` over occurrences that carried them (timed LBR).
-    pub timed_cycles: u64,
+    /// Σ w · LBR `cycles` over occurrences that carried them (timed LBR), w being the
+    /// occurrence's weight in `count`: the cycles of the executions those occurrences
+    /// stand for. Weighting matters when stacks are sampled on cycles: a window is picked
+    /// with probability proportional to its cycles, so a plain mean over occurrences
+    /// favours slow executions (measured with the PMU model: README, "Two CPI estimators").
+    pub timed_cycles: f64,
+    /// Σ w over the occurrences that carried cycles: the executions `timed_cycles` covers.
+    pub timed_count: f64,
     /// Occurrences that carried cycles.
     pub timed_hits: u64,
     /// `count` per group of samples (the error model, `profile/error.rs`).
     pub count_groups: Groups,
     /// `timed_cycles` per group of samples.
     pub timed_cycles_groups: Groups,
-    /// `timed_hits` per group of samples.
-    pub timed_hits_groups: Groups,
+    /// `timed_count` per group of samples.
+    pub timed_count_groups: Groups,
 }
 
 /// Branch-record aggregate of one process.
@@ -150,37 +156,66 @@ impl IpAggregate {
     }
 }
 
+/// Why a branch sample contributes no ranges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WindowSkip {
+    /// Fewer than `window + 1` entries.
+    Short,
+    /// [`StackWeighting::CyclesSpanned`]: an entry of the window carries no cycles.
+    Untimed,
+}
+
+/// The window of one branch sample: the weight each of its ranges gets and its newest
+/// `window + 1` entries (newest first), or why it has none. The one reading of a sample's
+/// window: the process's ranges ([`BranchAggregate::add`]) and its call path's
+/// (cpi-user/src/profile/stack.rs) both come from it.
+pub fn sample_window(
+    s: &BranchSample,
+    window: usize,
+    weighting: StackWeighting,
+) -> Result<(f64, &[BranchEntry]), WindowSkip> {
+    let entries = s.entries(); // newest first
+    let window = window.max(1);
+    if entries.len() < window + 1 {
+        return Err(WindowSkip::Short);
+    }
+    let span = match weighting {
+        StackWeighting::Window => window as f64,
+        StackWeighting::CyclesSpanned => {
+            // Entry i carries the cycles of the range it ends (Skylake's LBR_INFO
+            // cycle count; saturated counts are a lower bound and kept).
+            let c = &entries[..window];
+            if c.iter().any(|e| e.cycles() == 0) {
+                return Err(WindowSkip::Untimed);
+            }
+            c.iter().map(|e| e.cycles() as f64).sum()
+        }
+    };
+    Ok((s.header.period as f64 / span, &entries[..=window]))
+}
+
 impl BranchAggregate {
     /// Adds one branch sample using its newest `window` ranges, weighted as `weighting`
     /// says.
     pub fn add(&mut self, s: &BranchSample, window: usize, weighting: StackWeighting) {
-        let entries = s.entries(); // newest first
-        let window = window.max(1);
-        if entries.len() < window + 1 {
-            self.short_samples += 1;
-            return;
-        }
-        let span = match weighting {
-            StackWeighting::Window => window as f64,
-            StackWeighting::CyclesSpanned => {
-                // Entry i carries the cycles of the range it ends (Skylake's LBR_INFO
-                // cycle count; saturated counts are a lower bound and kept).
-                let c = &entries[..window];
-                if c.iter().any(|e| e.cycles() == 0) {
-                    self.untimed_samples += 1;
-                    return;
-                }
-                c.iter().map(|e| e.cycles() as f64).sum()
+        let (w, entries) = match sample_window(s, window, weighting) {
+            Ok(x) => x,
+            Err(WindowSkip::Short) => {
+                self.short_samples += 1;
+                return;
+            }
+            Err(WindowSkip::Untimed) => {
+                self.untimed_samples += 1;
+                return;
             }
         };
         let group = group_of(self.samples);
         self.samples += 1;
         self.weight += s.header.period;
-        let w = s.header.period as f64 / span;
         // entries[i + 1] is older than entries[i]: range [older.to, newer.from], ended
         // by the taken branch `newer`.
-        for i in 0..window {
-            let (newer, older) = (&entries[i], &entries[i + 1]);
+        for pair in entries.windows(2) {
+            let (newer, older) = (&pair[0], &pair[1]);
             let t = self.taken.entry((newer.from, newer.to)).or_default();
             t.count += w;
             t.hits += 1;
@@ -195,12 +230,13 @@ impl BranchAggregate {
             r.count += w;
             r.hits += 1;
             r.count_groups.add(group, w);
-            let c = newer.cycles();
-            if c != 0 {
-                r.timed_cycles += c as u64;
+            let c = newer.cycles() as f64;
+            if c != 0.0 {
+                r.timed_cycles += w * c;
+                r.timed_count += w;
                 r.timed_hits += 1;
-                r.timed_cycles_groups.add(group, c as f64);
-                r.timed_hits_groups.add(group, 1.0);
+                r.timed_cycles_groups.add(group, w * c);
+                r.timed_count_groups.add(group, w);
             }
         }
     }
@@ -270,7 +306,9 @@ impl SampleSet {
         let p = self.process(s.header.tgid);
         p.branches.add(s, window, weighting);
         match stack {
-            Some(stack) => p.stacks.add_branch(stack),
+            Some(stack) => p
+                .stacks
+                .add_branch(stack, sample_window(s, window, weighting).ok()),
             None => p.stacks.unstacked += 1,
         }
     }
@@ -331,7 +369,8 @@ mod tests {
         // Only the newest two ranges: [0x300,0x310] and [0x200,0x230].
         assert_eq!(b.ranges.len(), 2);
         assert_eq!(b.ranges[&(0x300, 0x310)].count, 500.0);
-        assert_eq!(b.ranges[&(0x300, 0x310)].timed_cycles, 9);
+        assert_eq!(b.ranges[&(0x300, 0x310)].timed_cycles, 500.0 * 9.0);
+        assert_eq!(b.ranges[&(0x300, 0x310)].timed_count, 500.0);
         assert_eq!(b.ranges[&(0x200, 0x230)].timed_hits, 0);
         assert!(!b.ranges.contains_key(&(0x100, 0x120)));
         assert_eq!(b.taken[&(0x310, 0x400)].mispredicts, 500.0);

@@ -22,6 +22,25 @@
 //! cycles have no instruction counts (branch records are user-only by default) and
 //! are left out of it, though they stay in the process's `cycles`.
 //!
+//! Call paths ([`StackProfile`], from the samples' stacks): frames are symbolised like
+//! samples, return addresses at `addr - 1` (the call), kernel frames to kernel symbols
+//! (or `[kernel]`), addresses in no mapping to `[unknown]`; stacks whose frames name the
+//! same functions are one path. A path's samples, time and cycles are those of the IP
+//! samples taken under it. Its instructions come from the branch samples taken under
+//! its stacks: each range of such a sample's window (weighted as the process's) is
+//! given to a path by the function it ran in —
+//! - the leaf frame's function: the stack's own path;
+//! - otherwise the function of a caller frame (the nearest to the leaf): that frame's
+//!   path, the stack with the frames below it removed (the caller ran before it
+//!   called down, within the window);
+//! - otherwise (a function not on the stack): the stack with that function added as its
+//!   leaf (a callee of the leaf that returned within the window; when the callee was
+//!   itself called by a callee that returned, this names the wrong caller);
+//! - ranges the process drops as invalid are dropped here too (in
+//!   `lost.invalid_ranges`).
+//!
+//! Paths are then ordered and bounded ([`super::paths`]).
+//!
 //! Nothing is dropped silently: unsymbolisable IP samples go to
 //! `lost.unmapped_samples`, invalid range occurrences to `lost.invalid_ranges`.
 
@@ -32,11 +51,14 @@ use cpi_common::wire::EventRole;
 
 use super::aggregate::{ProcessSamples, RangeStat, SampleSet, TakenStat};
 use super::error::{self, Groups};
-use super::flow::{count_ranges, RangeCounts};
+use super::flow::{check_range, count_ranges, RangeCounts};
 use super::model::{
     BinaryInfo, BlockProfile, CallEdge, EdgeKind, EdgeProfile, Estimate, FunctionProfile,
-    InstructionProfile, LossReport, Mode, ProcessProfile, Profile, RunInfo, PROFILE_FORMAT_VERSION,
+    InstructionProfile, LossReport, Mode, ProcessProfile, Profile, RunInfo, StackFrame,
+    StackProfile, PROFILE_FORMAT_VERSION,
 };
+use super::paths::{bound_paths, frames_key, pseudo_path, PathKey, DROPPED_FRAME, NO_STACK_FRAME};
+use super::stack::{CallStack, StackEnd, StackStat};
 use crate::binary::{
     Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines, Symbolizer,
     SymbolizerOptions,
@@ -380,6 +402,9 @@ struct FunctionOutcome {
     /// Cycles, cycle samples, instructions (per group of samples) and instruction samples
     /// that enter the process CPI (ELF functions analysed at instruction level).
     cpi_inputs: Option<(Tally, f64, Groups, u64)>,
+    /// Instructions in each of the function's valid ranges (binary addresses): what a
+    /// call path's ranges weigh ([`Ctx::stacks`]).
+    range_lengths: Vec<(u64, u64, u64)>,
 }
 
 impl Ctx<'_> {
@@ -413,7 +438,7 @@ impl Ctx<'_> {
     }
 
     /// The process's profile from its gathered work.
-    fn finish(&mut self, p: &ProcessSamples, res: ProcessResolver<'_>) -> ProcessProfile {
+    fn finish(&mut self, p: &ProcessSamples, mut res: ProcessResolver<'_>) -> ProcessProfile {
         let role = sample_role(self.mode);
         let proc_tally = |r: EventRole| {
             p.ips
@@ -436,6 +461,7 @@ impl Ctx<'_> {
         let mut functions = Vec::with_capacity(res.funcs.len());
         // Line tables per binary, parsed once for all its functions here.
         let mut sources: HashMap<*const Binary, SourceLines<'_>> = HashMap::new();
+        let mut lens = HashMap::new();
         for (i, w) in res.funcs.iter().enumerate() {
             // Known only as a branch target outside the window: nothing to report.
             if !w.has_evidence() {
@@ -452,6 +478,7 @@ impl Ctx<'_> {
                     l.source = lines.at(l.address);
                 }
             }
+            lens.extend(out.range_lengths.iter().map(|&(s, e, n)| ((i, s, e), n)));
             if let Some((c, n, g, s)) = out.cpi_inputs {
                 cyc.add(&c);
                 instr += n;
@@ -521,8 +548,154 @@ impl Ctx<'_> {
             cpi,
             functions,
             calls,
-            stacks: Vec::new(),
+            stacks: self.stacks(p, &mut res, &lens),
         }
+    }
+
+    /// The process's call paths (see "Call paths" in the module doc).
+    fn stacks(
+        &mut self,
+        p: &ProcessSamples,
+        res: &mut ProcessResolver<'_>,
+        lens: &HashMap<(usize, u64, u64), u64>,
+    ) -> Vec<StackProfile> {
+        let agg = &p.stacks;
+        if agg.stacks.is_empty() && agg.dropped.samples() == 0 {
+            return Vec::new();
+        }
+        let role = sample_role(self.mode);
+        let ranged = self.mode.uses_ranges();
+        let mut paths: BTreeMap<PathKey, PathAcc> = BTreeMap::new();
+        let mut entries: Vec<(&CallStack, &StackStat)> = agg.stacks.iter().collect();
+        entries.sort_unstable_by(|a, b| {
+            (&a.0.kernel, &a.0.user, a.0.end as u8).cmp(&(&b.0.kernel, &b.0.user, b.0.end as u8))
+        });
+        let mut stacked = PathAcc::default();
+        // Every stack's own path first, so a path keeps the frames (addresses) of a
+        // stack that ran it rather than of a callee path a range implied.
+        let mut symbolised = Vec::with_capacity(entries.len());
+        for (stack, stat) in entries {
+            let (frames, funcs) = self.frames(stack, res);
+            stacked.add_ips(stat, role);
+            let acc = path_acc(&mut paths, &frames, stack.end);
+            acc.add_ips(stat, role);
+            acc.branch_samples += stat.branch_samples;
+            symbolised.push((stack.end, stat, frames, funcs));
+        }
+        for (end_of_stack, stat, frames, funcs) in symbolised {
+            if !ranged {
+                break;
+            }
+            for (&(start, end), r) in sorted(&stat.ranges) {
+                let s = res.resolve(self.sym, &mut self.binaries, start);
+                let e = res.resolve(self.sym, &mut self.binaries, end);
+                // Ranges the process drops (counted in `lost.invalid_ranges`) are
+                // dropped here too.
+                let (Some((fs, vs)), Some((fe, ve))) = (s, e) else {
+                    continue;
+                };
+                let Some(&n) = lens.get(&(fs, vs, ve)).filter(|_| fs == fe) else {
+                    continue;
+                };
+                let target = match funcs.iter().position(|f| *f == Some(fs)) {
+                    // The leaf's function, or a caller's: that frame's path.
+                    Some(k) => frames[k..].to_vec(),
+                    // A function not on the stack: a callee of the leaf that returned
+                    // within the window.
+                    None => {
+                        let w = &res.funcs[fs];
+                        let mut v = vec![StackFrame {
+                            function: w.function.name.clone(),
+                            binary: w.object_name.clone(),
+                            address: w.function.start,
+                        }];
+                        v.extend(frames.iter().cloned());
+                        v
+                    }
+                };
+                let acc = path_acc(&mut paths, &target, end_of_stack);
+                acc.instructions += r.count * n as f64;
+                acc.instruction_groups.add_scaled(&r.groups, n as f64);
+                acc.range_hits += r.hits;
+            }
+        }
+        let floor = self.opts.sample_floor;
+        let mut out: Vec<StackProfile> = paths
+            .into_values()
+            .map(|a| a.into_path(ranged, floor))
+            .collect();
+        // What no stack holds: evicted stacks, and samples without a stack (the
+        // process's IP samples less those under stacks, kept or evicted).
+        let mut dropped = PathAcc::default();
+        dropped.add_ips(&agg.dropped, role);
+        dropped.branch_samples = agg.dropped.branch_samples;
+        let mut no_stack = PathAcc::default();
+        for (&r, a) in &p.ips {
+            let (n, w) = stacked.ips.get(&r).copied().unwrap_or_default();
+            let (dn, dw) = agg.dropped.ips.get(&r).copied().unwrap_or_default();
+            let mut one = StackStat::default();
+            one.ips.insert(
+                r,
+                (
+                    a.samples.saturating_sub(n + dn),
+                    a.weight.saturating_sub(w + dw),
+                ),
+            );
+            no_stack.add_ips(&one, role);
+        }
+        // `unstacked` counts samples of both kinds.
+        let ip_unstacked: u64 = no_stack.ips.values().map(|v| v.0).sum();
+        no_stack.branch_samples = agg.unstacked.saturating_sub(ip_unstacked);
+        for (name, mut a) in [(DROPPED_FRAME, dropped), (NO_STACK_FRAME, no_stack)] {
+            if a.samples + a.branch_samples > 0 {
+                a.frames = pseudo_path(name).frames;
+                a.end = StackEnd::Truncated;
+                out.push(a.into_path(ranged, floor));
+            }
+        }
+        bound_paths(&mut out, floor);
+        out
+    }
+
+    /// The frames of `stack`, leaf first (kernel, then user), and each one's function
+    /// index; `[unknown]` where an address maps to nothing.
+    fn frames(
+        &mut self,
+        stack: &CallStack,
+        res: &mut ProcessResolver<'_>,
+    ) -> (Vec<StackFrame>, Vec<Option<usize>>) {
+        let user = stack.user.iter().enumerate().map(|(i, &a)| (a, i > 0));
+        let all = stack.kernel.iter().map(|&a| (a, false)).chain(user);
+        let mut frames = Vec::with_capacity(stack.kernel.len() + stack.user.len());
+        let mut funcs = Vec::with_capacity(frames.capacity());
+        for (addr, is_return) in all {
+            // A return address follows its call: look the call up.
+            let at = if is_return {
+                addr.saturating_sub(1)
+            } else {
+                addr
+            };
+            match res.resolve(self.sym, &mut self.binaries, at) {
+                Some((i, vaddr)) => {
+                    let w = &res.funcs[i];
+                    frames.push(StackFrame {
+                        function: w.function.name.clone(),
+                        binary: w.object_name.clone(),
+                        address: vaddr + u64::from(is_return),
+                    });
+                    funcs.push(Some(i));
+                }
+                None => {
+                    frames.push(StackFrame {
+                        function: "[unknown]".into(),
+                        binary: String::new(),
+                        address: addr,
+                    });
+                    funcs.push(None);
+                }
+            }
+        }
+        (frames, funcs)
     }
 
     /// Attaches taken edges and ranges to functions; ranges that do not start and end
@@ -590,6 +763,7 @@ impl Ctx<'_> {
             instructions_rel_error: None,
             cpi: None,
             timed_cpi: None,
+            cpi_disagree: false,
             bolt_name: match &w.object {
                 CodeObject::Elf(bin) => bin.bolt_local_name(&w.function),
                 _ => None,
@@ -606,6 +780,7 @@ impl Ctx<'_> {
             return FunctionOutcome {
                 profile,
                 cpi_inputs: None,
+                range_lengths: Vec::new(),
             };
         }
         // Time profiles decode too (sampled functions only): annotate shows samples per
@@ -644,6 +819,7 @@ impl Ctx<'_> {
             return FunctionOutcome {
                 profile,
                 cpi_inputs: None,
+                range_lengths: Vec::new(),
             };
         };
         let d = self.detail(index, w, &cfg, names);
@@ -653,6 +829,7 @@ impl Ctx<'_> {
             return FunctionOutcome {
                 profile,
                 cpi_inputs: None,
+                range_lengths: Vec::new(),
             };
         }
         let instructions = d.instructions;
@@ -666,9 +843,18 @@ impl Ctx<'_> {
             self.opts.sample_floor,
         );
         profile.timed_cpi = d.timed;
+        let range_lengths = w
+            .ranges
+            .iter()
+            .filter_map(|&(s, e, _)| {
+                let (first, last) = check_range(&cfg, s, e).ok()?;
+                Some((s, e, (last - first + 1) as u64))
+            })
+            .collect();
         profile.blocks = d.blocks;
         profile.edges = d.edges;
         profile.lines = d.lines;
+        profile.flag_disagreement();
         FunctionOutcome {
             profile,
             cpi_inputs: Some((
@@ -677,6 +863,7 @@ impl Ctx<'_> {
                 d.instruction_groups,
                 d.instruction_samples,
             )),
+            range_lengths,
         }
     }
 
@@ -831,6 +1018,7 @@ impl Ctx<'_> {
                         rc.block_timed_hits[b],
                         floor,
                     ),
+                    cpi_disagree: false,
                 }
             })
             .collect();
@@ -906,6 +1094,94 @@ impl Ctx<'_> {
             lines,
         }
     }
+}
+
+/// One call path being summed from the stacks.
+#[derive(Default)]
+struct PathAcc {
+    frames: Vec<StackFrame>,
+    end: StackEnd,
+    /// IP samples and Σ periods per role.
+    ips: BTreeMap<EventRole, (u64, u64)>,
+    samples: u64,
+    cycles_groups: Groups,
+    branch_samples: u64,
+    instructions: f64,
+    instruction_groups: Groups,
+    range_hits: u64,
+}
+
+impl PathAcc {
+    /// Adds the IP samples of a stack; `role` counts as the path's samples.
+    fn add_ips(&mut self, stat: &StackStat, role: EventRole) {
+        for (&r, &(n, w)) in &stat.ips {
+            let e = self.ips.entry(r).or_default();
+            e.0 += n;
+            e.1 += w;
+            if r == role {
+                self.samples += n;
+            }
+        }
+        self.cycles_groups.add_scaled(&stat.cycles_groups, 1.0);
+    }
+
+    fn into_path(self, ranged: bool, floor: u64) -> StackProfile {
+        let weight = |r: EventRole| self.ips.get(&r).map(|v| v.1 as f64);
+        let cycles = weight(EventRole::Cycles);
+        let cycles_rel_error = cycles.map(|c| error::relative(c, self.cycles_groups.variance()));
+        let n = self.instructions;
+        let (instructions, instructions_rel_error) = if ranged && self.range_hits > 0 {
+            (
+                Some(n),
+                Some(error::relative(n, self.instruction_groups.variance())),
+            )
+        } else {
+            (None, None)
+        };
+        let cpi = match (cycles, cycles_rel_error, instructions_rel_error) {
+            (Some(c), Some(rc), Some(ri)) => {
+                let cycle_samples = self.ips.get(&EventRole::Cycles).map_or(0, |v| v.0);
+                estimate(
+                    c,
+                    n,
+                    error::quotient(rc, ri),
+                    cycle_samples.min(self.range_hits),
+                    floor,
+                )
+            }
+            _ => None,
+        };
+        StackProfile {
+            frames: self.frames,
+            end: self.end,
+            samples: self.samples,
+            branch_samples: self.branch_samples,
+            time_ns: weight(EventRole::CpuClock),
+            cycles,
+            instructions,
+            cpi,
+            cycles_rel_error,
+            instructions_rel_error,
+            range_hits: self.range_hits,
+        }
+    }
+}
+
+/// The path of `frames` in `paths`, added empty when new.
+fn path_acc<'p>(
+    paths: &'p mut BTreeMap<PathKey, PathAcc>,
+    frames: &[StackFrame],
+    end: StackEnd,
+) -> &'p mut PathAcc {
+    let acc = paths.entry(frames_key(frames)).or_insert_with(|| PathAcc {
+        frames: frames.to_vec(),
+        end,
+        ..Default::default()
+    });
+    if acc.end == StackEnd::Complete {
+        acc.end = end;
+    }
+    acc
 }
 
 struct Detail {
@@ -1259,6 +1535,47 @@ mod range_tests {
             .unwrap_or_else(|| panic!("{name} not in profile"))
     }
 
+    /// sum_loop of analysis_loops: its CFG, the loop's latch (backward jne) and head,
+    /// the `ret` after the latch, and main's call to it.
+    struct SumLoop {
+        f: crate::binary::Function,
+        cfg: Cfg,
+        latch: usize,
+        head: usize,
+        ret: usize,
+        call: Instruction,
+    }
+
+    fn sum_loop(bin: &Binary) -> SumLoop {
+        let f = bin.function_by_name("sum_loop").unwrap().clone();
+        let cfg = bin.cfg(&f, &[]).unwrap();
+        let ins = &cfg.instructions;
+        let latch = ins
+            .iter()
+            .position(|i| i.kind == FlowKind::CondBranch && i.target < Some(i.addr))
+            .expect("a backward loop branch");
+        let head = cfg.instruction_at(ins[latch].target.unwrap()).unwrap();
+        let ret = latch + 1;
+        assert_eq!(ins[ret].kind, FlowKind::Return);
+        let main = bin.function_by_name("main").unwrap().clone();
+        let call = bin
+            .cfg(&main, &[])
+            .unwrap()
+            .instructions
+            .iter()
+            .find(|i| i.kind == FlowKind::Call && i.target == Some(f.start))
+            .unwrap()
+            .clone();
+        SumLoop {
+            f,
+            cfg,
+            latch,
+            head,
+            ret,
+            call,
+        }
+    }
+
     /// sum_loop(a, 3) as gcc -O2 compiles it: entered by a call from main, three
     /// iterations (the backward jne taken twice), ret back to main. One sample of
     /// period 3000 with window 3 → each range occurrence stands for 1000, and the
@@ -1270,23 +1587,15 @@ mod range_tests {
         };
         for (path, base) in [(&t.plain, 0u64), (&t.pie, 0x5555_5555_4000)] {
             let bin = Binary::open(path).unwrap();
-            let f = bin.function_by_name("sum_loop").unwrap().clone();
-            let cfg = bin.cfg(&f, &[]).unwrap();
+            let SumLoop {
+                f,
+                cfg,
+                latch,
+                head,
+                ret,
+                call,
+            } = sum_loop(&bin);
             let ins = &cfg.instructions;
-            let latch = ins
-                .iter()
-                .position(|i| i.kind == FlowKind::CondBranch && i.target < Some(i.addr))
-                .expect("a backward loop branch");
-            let head = cfg.instruction_at(ins[latch].target.unwrap()).unwrap();
-            let ret = latch + 1;
-            assert_eq!(ins[ret].kind, FlowKind::Return, "{path:?}");
-            let main = bin.function_by_name("main").unwrap().clone();
-            let mcfg = bin.cfg(&main, &[]).unwrap();
-            let call = mcfg
-                .instructions
-                .iter()
-                .find(|i| i.kind == FlowKind::Call && i.target == Some(f.start))
-                .unwrap();
             let rt = |a: u64| a + base;
             // Oldest → newest: call, jne, jne, ret; cycles since the previous entry.
             let e1 = BranchEntry::new(rt(call.addr), rt(f.start), false, 0);
@@ -1403,14 +1712,108 @@ mod range_tests {
             assert_eq!(timed.samples, 150);
             // Every sample timed alike: the ratio does not vary between samples.
             assert!(timed.rel_error < 1e-6, "{}", timed.rel_error);
+            // The loop block's timed CPI comes from the one range that is the block
+            // alone (5 cycles per iteration); the other two span other blocks too.
             let body = (latch + 1 - head) as f64;
-            let loop_cycles = 12.0 * body / r1 as f64 + 5.0 + 7.0 * body / r3 as f64;
-            assert!((hb.timed_cpi.unwrap().value - loop_cycles / (3.0 * body)).abs() < 1e-12);
+            assert!((hb.timed_cpi.unwrap().value - 5.0 / body).abs() < 1e-12);
             // Process CPI covers the analysed functions.
             let pp = &prof.processes[0];
             assert_eq!(pp.branch_samples, 50);
             assert_eq!(pp.cpi.unwrap().value, cycles / pp.instructions.unwrap());
         }
+    }
+
+    /// Call paths of sum_loop called from main: frames symbolised (main's at its return
+    /// address), cycles per path from the IP samples under it, instructions from the
+    /// branch samples' ranges by the attribution rule, CPI with its error, and the
+    /// samples without a stack in `[no stack]`.
+    #[test]
+    fn call_paths_get_their_samples_instructions_and_cpi() {
+        let t = TestProgram::get("analysis_loops").expect("analysis_loops builds (gcc)");
+        let base = 0x5555_5555_4000;
+        let bin = Binary::open(&t.pie).unwrap();
+        let SumLoop {
+            f,
+            cfg,
+            latch,
+            head,
+            ret,
+            call,
+        } = sum_loop(&bin);
+        let ins = &cfg.instructions;
+        let rt = |a: u64| a + base;
+        let e1 = BranchEntry::new(rt(call.addr), rt(f.start), false, 0);
+        let e2 = BranchEntry::new(rt(ins[latch].addr), rt(ins[head].addr), false, 0);
+        let e3 = BranchEntry::new(rt(ins[latch].addr), rt(ins[head].addr), false, 0);
+        let e4 = BranchEntry::new(rt(ins[ret].addr), rt(call.next()), false, 0);
+        let in_loop = CallStack {
+            kernel: Box::new([]),
+            user: Box::new([rt(ins[head].addr), rt(call.next())]),
+            end: StackEnd::Complete,
+        };
+        // Taken in main after sum_loop returned: its ranges ran in a callee no longer
+        // on the stack.
+        let in_main = CallStack {
+            user: Box::new([rt(call.next())]),
+            ..in_loop.clone()
+        };
+        let mut set = set_for(&t.pie, &bin, base, 2);
+        for _ in 0..40 {
+            // Window 2 of [e3, e2, e1]: [entry, latch] and [head, latch].
+            set.add_branch_with_stack(&branch_sample(2000, &[e3, e2, e1]), Some(&in_loop));
+            // Window 2 of [e4, e3, e2]: [head, latch] and [head, ret].
+            set.add_branch_with_stack(&branch_sample(2000, &[e4, e3, e2]), Some(&in_main));
+            set.add_ip_with_stack(
+                &ip(PID, EventRole::Cycles, rt(ins[head].addr), 997),
+                Some(&in_loop),
+            )
+            .unwrap();
+        }
+        for _ in 0..5 {
+            set.add_ip(&ip(PID, EventRole::Cycles, rt(ins[head].addr), 997))
+                .unwrap();
+        }
+        let prof = analyze(&set, run_info(Mode::Cpi), &opts());
+        let pp = &prof.processes[0];
+        let names = |s: &StackProfile| -> Vec<String> {
+            s.frames.iter().map(|f| f.function.clone()).collect()
+        };
+        let path = pp
+            .stacks
+            .iter()
+            .find(|s| names(s) == ["sum_loop", "main"])
+            .expect("sum_loop <- main");
+        assert_eq!(
+            path.frames[1].address,
+            call.next(),
+            "main at its return address"
+        );
+        assert_eq!(path.frames[0].address, ins[head].addr);
+        assert_eq!((path.samples, path.branch_samples), (40, 40));
+        assert_eq!(path.cycles, Some(40.0 * 997.0));
+        // Both stacks' ranges ran in sum_loop: its instructions are all the path's,
+        // 1000 per range occurrence (period 2000 / window 2).
+        let body = (latch + 1 - head) as f64;
+        let n = 40.0 * 1000.0 * ((latch + 1) as f64 + body + body + body + 1.0);
+        assert_eq!(path.instructions, Some(n));
+        assert_eq!(func(&prof, "sum_loop").instructions, Some(n));
+        assert_eq!(path.range_hits, 160);
+        let cpi = path.cpi.unwrap();
+        assert_eq!(cpi.value, 40.0 * 997.0 / n);
+        assert_eq!(cpi.samples, 40);
+        assert!(cpi.rel_error > 0.0 && cpi.rel_error.is_finite());
+        // main's own path: the samples taken there, no instructions of its own.
+        let m = pp.stacks.iter().find(|s| names(s) == ["main"]).unwrap();
+        assert_eq!((m.samples, m.branch_samples, m.instructions), (0, 40, None));
+        let none = pp
+            .stacks
+            .iter()
+            .find(|s| names(s) == ["[no stack]"])
+            .unwrap();
+        assert_eq!((none.samples, none.cycles), (5, Some(5.0 * 997.0)));
+        assert_eq!(pp.stacks[0], *path, "hottest first");
+        let total: u64 = pp.stacks.iter().map(|s| s.samples).sum();
+        assert_eq!(total, pp.samples);
     }
 
     /// Two processes mapping the same PIE at different bases (one decode, shared

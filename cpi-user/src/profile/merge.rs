@@ -20,6 +20,10 @@
 //! - timed CPI (LBR `cycles`) keeps no sums in the profile: the merged value is the
 //!   windows' values weighted by their samples, its error theirs weighted alike.
 //!
+//! - call paths are summed by their chain of (function, binary) like functions, errors
+//!   and CPI recomputed as [`super::paths::PathTotals`] does, then bounded again
+//!   ([`super::paths::bound_paths`]);
+//!
 //! Profiles of different modes cannot be merged (their numbers mean different things).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,8 +35,9 @@ use super::error;
 use super::model::add_count;
 use super::model::{
     BlockProfile, CallEdge, EdgeProfile, Estimate, EventInfo, FunctionProfile, InstructionProfile,
-    LossReport, Mode, ProcessProfile, Profile,
+    LossReport, Mode, ProcessProfile, Profile, StackFrame, StackProfile,
 };
+use super::paths::{self, PathKey, PathTotals};
 
 /// Why profiles could not be merged.
 #[derive(Debug, thiserror::Error)]
@@ -183,6 +188,9 @@ struct ProcAcc {
     functions: BTreeMap<(String, u64, String), FuncAcc>,
     /// (caller, its binary, callee, its binary) → (Σ count, Σ samples).
     calls: BTreeMap<(String, String, String, String), (f64, u64)>,
+    /// Call paths by their chain of (function, binary), leaf first: the first window's
+    /// frames and the sums.
+    stacks: BTreeMap<PathKey, (Vec<StackFrame>, PathTotals)>,
 }
 
 struct FuncAcc {
@@ -301,7 +309,15 @@ impl Merger {
                 instructions_spread: Spread::default(),
                 functions: BTreeMap::new(),
                 calls: BTreeMap::new(),
+                stacks: BTreeMap::new(),
             });
+        for s in &p.stacks {
+            acc.stacks
+                .entry(paths::frames_key(&s.frames))
+                .or_insert_with(|| (s.frames.clone(), PathTotals::default()))
+                .1
+                .add(s);
+        }
         for c in &p.calls {
             let e = acc
                 .calls
@@ -460,7 +476,7 @@ impl FuncAcc {
         } else {
             (self.cycles.value, self.instructions.value.unwrap_or(0.0))
         };
-        FunctionProfile {
+        let mut merged = FunctionProfile {
             samples: self.samples,
             time_ns: self.time_ns.value,
             cycles: self.cycles.value,
@@ -471,11 +487,14 @@ impl FuncAcc {
                 estimate(c, cpi_instr, self.cpi_spread.rel(), self.cpi_samples, floor)
             }),
             timed_cpi: self.timed.estimate(floor),
+            cpi_disagree: false,
             blocks,
             edges: self.edges.into_values().collect(),
             lines,
             ..self.base
-        }
+        };
+        merged.flag_disagreement();
+        merged
     }
 }
 
@@ -540,6 +559,7 @@ fn rebuild_blocks(
                     )
                 }),
                 timed_cpi: timed.estimate(floor),
+                cpi_disagree: false,
             });
         }
     }
@@ -618,6 +638,15 @@ impl ProcAcc {
                 calls.sort_by(hottest_call_first);
                 calls
             },
+            stacks: {
+                let mut stacks: Vec<StackProfile> = self
+                    .stacks
+                    .into_values()
+                    .map(|(frames, t)| t.into_path(frames, floor))
+                    .collect();
+                paths::bound_paths(&mut stacks, floor);
+                stacks
+            },
             ..self.base
         }
     }
@@ -671,6 +700,7 @@ mod tests {
                     cycles: Some(300.0 * scale),
                     cpi: est(3.0, 10),
                     timed_cpi: None,
+                    cpi_disagree: false,
                 },
                 BlockProfile {
                     start: 0x14,
@@ -681,6 +711,7 @@ mod tests {
                     cycles: Some(500.0 * scale),
                     cpi: est(5.0, 30),
                     timed_cpi: None,
+                    cpi_disagree: false,
                 },
             ]
         } else {
@@ -693,6 +724,7 @@ mod tests {
                 cycles: Some(800.0 * scale),
                 cpi: est(4.0, 40),
                 timed_cpi: None,
+                cpi_disagree: false,
             }]
         };
         let f = FunctionProfile {
@@ -709,6 +741,7 @@ mod tests {
             instructions_rel_error: None,
             cpi: est(4.0, 40),
             timed_cpi: None,
+            cpi_disagree: false,
             bolt_name: None,
             source: None,
             blocks,
@@ -783,6 +816,34 @@ mod tests {
             }],
             accuracy: None,
         }
+    }
+
+    #[test]
+    fn call_paths_merge_by_their_frame_chain() {
+        use crate::profile::paths::tests::path;
+        let (mut a, mut b) = (window(1.0, false), window(3.0, false));
+        a.processes[0].stacks = vec![
+            path(&["hot", "main"], 30, 1200.0, 300.0),
+            path(&["cold", "main"], 10, 100.0, 100.0),
+        ];
+        let mut moved = path(&["hot", "main"], 50, 2000.0, 500.0);
+        moved.frames[0].address = 0x1234;
+        b.processes[0].stacks = vec![moved];
+        let m = merge(&[a, b]).unwrap();
+        let s = &m.processes[0].stacks;
+        assert_eq!(s.len(), 2);
+        assert_eq!(paths::key(&s[0]), [("hot", "/bin/p"), ("main", "/bin/p")]);
+        assert_eq!(
+            (s[0].samples, s[0].cycles, s[0].instructions),
+            (80, Some(3200.0), Some(800.0))
+        );
+        assert_eq!(s[0].frames[0].address, 0x1000, "the first window's frames");
+        let cpi = s[0].cpi.unwrap();
+        assert_eq!((cpi.value, cpi.samples), (4.0, 80));
+        // Variances add: cycles (120² + 200²), instructions (30² + 50²), rel 0.1 each.
+        let want = (120f64.hypot(200.0) / 3200.0).hypot(30f64.hypot(50.0) / 800.0);
+        assert!((cpi.rel_error - want).abs() < 1e-12);
+        assert_eq!(s[1].samples, 10);
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod events;
 pub mod flow;
 pub mod merge;
 pub mod model;
+pub mod paths;
 pub mod stack;
 
 pub use aggregate::{BranchAggregate, IpAggregate, ProcessSamples, SampleSet, StackWeighting};

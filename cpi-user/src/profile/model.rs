@@ -416,6 +416,22 @@ pub struct Estimate {
     pub samples: u64,
 }
 
+impl Estimate {
+    /// Combined standard errors beyond which two estimates of one quantity disagree: 3
+    /// (one unit in 370 by chance, where 2 would flag one in 20 of a long table).
+    pub const DISAGREE: f64 = 3.0;
+
+    /// Whether `a` and `b`, two estimates of the same quantity, differ by more than
+    /// [`Self::DISAGREE`] of their combined standard error; false when either is missing.
+    pub fn disagree(a: Option<&Estimate>, b: Option<&Estimate>) -> bool {
+        let (Some(a), Some(b)) = (a, b) else {
+            return false;
+        };
+        let sigma = (a.value * a.rel_error).hypot(b.value * b.rel_error);
+        (a.value - b.value).abs() > Self::DISAGREE * sigma
+    }
+}
+
 /// One process.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ProcessProfile {
@@ -450,7 +466,9 @@ pub struct ProcessProfile {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub calls: Vec<CallEdge>,
     /// Call paths, hottest first (empty when no sample carried a stack, and in files
-    /// written before stacks).
+    /// written before stacks); at most cpi-user/src/profile/paths.rs `MAX_PATHS`, the
+    /// rest summed into one `[dropped]` path with the stacks the memory bound evicted,
+    /// and the samples without a stack in a `[no stack]` path.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stacks: Vec<StackProfile>,
 }
@@ -472,10 +490,20 @@ pub struct StackProfile {
     pub time_ns: Option<f64>,
     /// Cycles under the path.
     pub cycles: Option<f64>,
-    /// Instructions that ran in the leaf frame's function under the path.
+    /// Instructions that ran in the leaf frame's function under the path (the rule for
+    /// branch ranges: cpi-user/src/profile/analyze.rs, "Call paths").
     pub instructions: Option<f64>,
     /// Cycles per instruction of the path's leaf function under this path.
     pub cpi: Option<Estimate>,
+    /// One standard error of `cycles`, relative to it (cpi-user/src/profile/error.rs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycles_rel_error: Option<f64>,
+    /// One standard error of `instructions`, relative to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions_rel_error: Option<f64>,
+    /// Range occurrences behind `instructions`.
+    #[serde(default)]
+    pub range_hits: u64,
 }
 
 /// One frame of a [`StackProfile`].
@@ -539,6 +567,11 @@ pub struct FunctionProfile {
     pub cpi: Option<Estimate>,
     /// CPI from timed branch records (LBR `cycles` field), when the hardware has them.
     pub timed_cpi: Option<Estimate>,
+    /// `cpi` and `timed_cpi` differ by more than [`Estimate::DISAGREE`] combined
+    /// standard errors: one of the two estimators is off here (README, "Two CPI
+    /// estimators"). Absent (false) in older files.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cpi_disagree: bool,
     /// The name BOLT gives the symbol when it is local (`static`): `name/N`, N counting
     /// the local symbols of that name in address order (BOLT's
     /// `NameResolver::uniquify`); `None` for a global symbol. Resolved from the binary's
@@ -560,6 +593,16 @@ pub struct FunctionProfile {
     pub lines: Vec<InstructionProfile>,
 }
 
+impl FunctionProfile {
+    /// Sets `cpi_disagree` on the function and its blocks from their two CPI estimates.
+    pub fn flag_disagreement(&mut self) {
+        self.cpi_disagree = Estimate::disagree(self.cpi.as_ref(), self.timed_cpi.as_ref());
+        for b in &mut self.blocks {
+            b.cpi_disagree = Estimate::disagree(b.cpi.as_ref(), b.timed_cpi.as_ref());
+        }
+    }
+}
+
 /// One basic block.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct BlockProfile {
@@ -579,6 +622,9 @@ pub struct BlockProfile {
     pub cpi: Option<Estimate>,
     /// CPI from timed branch records, when the hardware has them.
     pub timed_cpi: Option<Estimate>,
+    /// As [`FunctionProfile::cpi_disagree`].
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cpi_disagree: bool,
 }
 
 /// One control-flow edge.
@@ -707,4 +753,28 @@ pub struct RunInfo {
     pub perturbation: Perturbation,
     /// Losses counted before analysis (kernel counters, malformed records).
     pub lost: LossReport,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn estimates_disagree_beyond_three_combined_errors() {
+        let e = |value, rel_error| Estimate {
+            value,
+            rel_error,
+            samples: 100,
+        };
+        // σ = hypot(0.03, 0.04) = 0.05: 0.15 apart is the edge.
+        assert!(!Estimate::disagree(
+            Some(&e(1.0, 0.03)),
+            Some(&e(1.14, 0.04 / 1.14))
+        ));
+        assert!(Estimate::disagree(
+            Some(&e(1.0, 0.03)),
+            Some(&e(1.16, 0.04 / 1.16))
+        ));
+        assert!(!Estimate::disagree(Some(&e(1.0, 0.03)), None));
+    }
 }

@@ -3,6 +3,7 @@
 
 pub mod fdata;
 pub mod file;
+pub mod folded;
 pub mod pprof;
 pub mod table;
 pub mod terminal;

@@ -1,10 +1,15 @@
 //! pprof export: a gzip'd `profile.proto` (github.com/google/pprof/proto/profile.proto),
 //! what `go tool pprof`, Pyroscope and Parca read.
 //!
-//! Leaf-only samples (the profile has no call stacks), labelled with `pid` and `comm`:
-//! one per instruction with data, plus one at the function's start for what the
-//! instructions do not account for, so each function's totals are exactly the table's
-//! and `pprof -top` shows the same ranking. Sample types:
+//! Samples labelled with `pid` and `comm`. Where samples carried stacks, each call path
+//! of the profile ([`crate::profile::model::StackProfile`]) is one sample with its whole
+//! location chain, leaf first (so `go tool pprof -traces`, flame graphs, Pyroscope and
+//! Parca show the call tree), valued with the path's cycles and instructions (a CPI
+//! flame graph is their ratio) or time; a function's samples that no path holds stay
+//! leaf-only at its start. Without stacks, leaf-only samples: one per instruction with
+//! data, plus one at the function's start for what the instructions do not account for.
+//! Either way each function's totals are the table's and `pprof -top` shows the same
+//! ranking. Sample types:
 //! `cycles`, `instructions`, `samples` (counts); in a time profile `samples` and `cpu`
 //! (nanoseconds), since there are no cycles to report.
 //!
@@ -22,7 +27,8 @@ use prost::Message;
 
 use cpi_common::wire::EventRole;
 
-use crate::profile::model::{FunctionProfile, Mode, ProcessProfile, Profile};
+use crate::profile::model::{FunctionProfile, Mode, ProcessProfile, Profile, StackProfile};
+use crate::profile::paths;
 
 // profile.proto, field for field (the parts we write). Hand-written so no protoc is
 // needed at build time.
@@ -188,6 +194,34 @@ pub struct Function {
     pub start_line: i64,
 }
 
+/// The id of function `name` of `binary` (`found`: its profile, when it has samples),
+/// added when new: one per (binary, start, name), so the call edges, the call paths and
+/// the functions' own samples name one function alike.
+fn function_id<'p>(
+    function: &mut Vec<Function>,
+    ids: &mut HashMap<(&'p str, u64, &'p str), u64>,
+    st: &mut Strings,
+    binary: &'p str,
+    name: &'p str,
+    found: Option<&FunctionProfile>,
+) -> u64 {
+    let address = found.map_or(0, |f| f.address);
+    *ids.entry((binary, address, name)).or_insert_with(|| {
+        let id = function.len() as u64 + 1;
+        let n = st.id(name);
+        function.push(Function {
+            id,
+            name: n,
+            system_name: n,
+            filename: found.map_or(0, |f| source_file(st, f)),
+            start_line: found
+                .and_then(|f| f.source.as_ref())
+                .map_or(0, |s| s.line.into()),
+        });
+        id
+    })
+}
+
 /// A function's source file (string index), 0 ("") when the profile has none.
 fn source_file(st: &mut Strings, f: &FunctionProfile) -> i64 {
     f.source.as_ref().map_or(0, |s| st.id(&s.file))
@@ -268,6 +302,36 @@ fn function_values(f: &FunctionProfile, time: bool) -> Vec<(u64, Vec<i64>)> {
     out
 }
 
+/// Widens `binary`'s span in `spans` to cover [start, end).
+fn widen(spans: &mut Vec<(String, u64, u64)>, binary: &str, start: u64, end: u64) {
+    match spans.iter_mut().find(|(b, _, _)| *b == binary) {
+        Some(s) => {
+            s.1 = s.1.min(start);
+            s.2 = s.2.max(end);
+        }
+        None => spans.push((binary.to_string(), start, end)),
+    }
+}
+
+/// A call path's values, in the order of the sample types.
+fn path_values(s: &StackProfile, time: bool) -> Vec<i64> {
+    if time {
+        vec![s.samples as i64, count(s.time_ns)]
+    } else {
+        vec![count(s.cycles), count(s.instructions), s.samples as i64]
+    }
+}
+
+/// The process's call paths that become samples (the `[dropped]` and `[no stack]`
+/// pseudo paths stay in their functions' leaf-only remainders).
+fn real_paths(proc: &ProcessProfile) -> impl Iterator<Item = &StackProfile> {
+    proc.stacks.iter().filter(|s| {
+        !(s.frames.len() == 1
+            && [paths::DROPPED_FRAME, paths::NO_STACK_FRAME]
+                .contains(&s.frames[0].function.as_str()))
+    })
+}
+
 /// Builds the (uncompressed) pprof message.
 pub fn build(p: &Profile) -> PprofProfile {
     build_processes(p, &|_| true)
@@ -311,13 +375,16 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
         .flat_map(|pr| pr.functions.iter())
     {
         let end = f.address + f.size.max(1);
-        match spans.iter_mut().find(|(b, _, _)| *b == f.binary) {
-            Some(s) => {
-                s.1 = s.1.min(f.address);
-                s.2 = s.2.max(end);
-            }
-            None => spans.push((f.binary.clone(), f.address, end)),
-        }
+        widen(&mut spans, &f.binary, f.address, end);
+    }
+    for fr in p
+        .processes
+        .iter()
+        .filter(|pr| keep(pr))
+        .flat_map(|pr| pr.stacks.iter().flat_map(|s| s.frames.iter()))
+        .filter(|fr| !fr.binary.is_empty())
+    {
+        widen(&mut spans, &fr.binary, fr.address, fr.address + 1);
     }
     let mut mapping_ids = HashMap::new();
     let mut mapping = Vec::new();
@@ -364,6 +431,17 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                 num: 0,
             },
         ];
+        // What the process's call paths hold per leaf function.
+        let mut leaf_totals: HashMap<(&str, &str), Vec<i64>> = HashMap::new();
+        for s in real_paths(proc) {
+            let leaf = &s.frames[0];
+            let t = leaf_totals
+                .entry((leaf.binary.as_str(), leaf.function.as_str()))
+                .or_insert_with(|| vec![0; if time { 2 } else { 3 }]);
+            t.iter_mut()
+                .zip(path_values(s, time))
+                .for_each(|(a, x)| *a += x);
+        }
         for f in &proc.functions {
             let fkey = (f.binary.as_str(), f.address, f.name.as_str());
             let fid = *func_ids.entry(fkey).or_insert_with(|| {
@@ -400,7 +478,29 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                         id
                     })
             };
-            for (address, mut value) in function_values(f, time) {
+            let values = match leaf_totals.get(&(f.binary.as_str(), f.name.as_str())) {
+                // The paths hold the function's samples as their leaf: what is left
+                // (samples without a stack) stays at its start.
+                Some(held) => {
+                    let mut rest = function_values(f, time).into_iter().fold(
+                        vec![0i64; held.len()],
+                        |mut acc, (_, v)| {
+                            acc.iter_mut().zip(v).for_each(|(a, x)| *a += x);
+                            acc
+                        },
+                    );
+                    rest.iter_mut()
+                        .zip(held)
+                        .for_each(|(r, h)| *r = (*r - h).max(0));
+                    if rest.iter().any(|&r| r > 0) {
+                        vec![(f.address, rest)]
+                    } else {
+                        Vec::new()
+                    }
+                }
+                None => function_values(f, time),
+            };
+            for (address, mut value) in values {
                 if with_calls {
                     value.push(0);
                 }
@@ -410,6 +510,40 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                     label: labels.clone(),
                 });
             }
+        }
+        // Call paths: the whole chain, leaf first.
+        for s in real_paths(proc) {
+            let mut value = path_values(s, time);
+            if with_calls {
+                value.push(0);
+            }
+            let mut chain = Vec::with_capacity(s.frames.len());
+            for fr in &s.frames {
+                let (binary, name) = (fr.binary.as_str(), fr.function.as_str());
+                let found = proc
+                    .functions
+                    .iter()
+                    .find(|f| f.binary == binary && f.name == name);
+                let fid = function_id(&mut function, &mut func_ids, &mut st, binary, name, found);
+                chain.push(*loc_ids.entry((binary, fr.address)).or_insert_with(|| {
+                    let id = location.len() as u64 + 1;
+                    location.push(Location {
+                        id,
+                        mapping_id: mapping_ids.get(binary).copied().unwrap_or(0),
+                        address: fr.address,
+                        line: vec![Line {
+                            function_id: fid,
+                            line: 0,
+                        }],
+                    });
+                    id
+                }));
+            }
+            sample.push(Sample {
+                location_id: chain,
+                value,
+                label: labels.clone(),
+            });
         }
         // Call edges: [callee, caller] at the functions' starts, `calls` only.
         for c in &proc.calls {
@@ -425,20 +559,7 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                     .iter()
                     .find(|f| f.binary == binary && f.name == name);
                 let address = found.map_or(0, |f| f.address);
-                let fid = *func_ids.entry((binary, address, name)).or_insert_with(|| {
-                    let id = function.len() as u64 + 1;
-                    let n = st.id(name);
-                    function.push(Function {
-                        id,
-                        name: n,
-                        system_name: n,
-                        filename: found.map_or(0, |f| source_file(&mut st, f)),
-                        start_line: found
-                            .and_then(|f| f.source.as_ref())
-                            .map_or(0, |s| s.line.into()),
-                    });
-                    id
-                });
+                let fid = function_id(&mut function, &mut func_ids, &mut st, binary, name, found);
                 frames.push(*call_locs.entry(fid).or_insert_with(|| {
                     let id = location.len() as u64 + 1;
                     location.push(Location {

@@ -1,6 +1,7 @@
 //! Human tables: the run header (mode first, losses always), top functions, hot blocks,
 //! `--annotate FUNC`, and `--callgraph` (callers and callees from the branch records that
-//! are calls). A time profile (no PMU) gets the same views over samples and
+//! are calls); where samples carried stacks, the hottest call paths, the call tree's
+//! inclusive and self CPI, and `--callers FUNC` (the paths into FUNC). A time profile (no PMU) gets the same views over samples and
 //! CPU time, and says so; units below the sample floor say so instead of a number. A
 //! profile with an accuracy (`cpi-bpf simulate`) ends with it.
 
@@ -15,8 +16,9 @@ use crate::fsafe::escape;
 use crate::profile::merge;
 use crate::profile::model::{
     role_name, Accuracy, BlockProfile, CallEdge, Estimate, FunctionProfile, Mode, ProcessProfile,
-    Profile,
+    Profile, StackProfile,
 };
+use crate::profile::paths::{self, PathNode};
 
 /// What to render.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +41,8 @@ pub struct TableOptions {
     pub per_process: bool,
     /// The column the function tables are sorted by.
     pub sort: SortKey,
+    /// Show the call paths into this function instead of the top tables.
+    pub callers: Option<String>,
 }
 
 impl Default for TableOptions {
@@ -51,6 +55,7 @@ impl Default for TableOptions {
             verbose: false,
             per_process: false,
             sort: SortKey::Share,
+            callers: None,
         }
     }
 }
@@ -141,6 +146,11 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
                 }
             }
         }
+        None if opts.callers.is_some() => {
+            let name = opts.callers.as_deref().unwrap_or_default();
+            let procs: Vec<&ProcessProfile> = p.processes.iter().collect();
+            out.push_str(&callers_table(p.mode, &procs, name, opts));
+        }
         None if p.processes.len() > 1 && !opts.per_process && !opts.callgraph => {
             all_processes(p, opts, &mut out);
         }
@@ -168,6 +178,7 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
                     out.push_str(&top_functions(p.mode, fns, false, opts));
                     let fns: Vec<&FunctionProfile> = proc.functions.iter().collect();
                     out.push_str(&hot_blocks(p.mode, &fns, opts.top, w));
+                    out.push_str(&call_paths(p.mode, &[proc], opts));
                 }
             }
             if !rest.is_empty() {
@@ -208,6 +219,9 @@ fn legend(out: &str, width: Option<usize>) -> String {
     }
     if out.contains("timed CPI") {
         parts.push("timed CPI: from the cycles the branch records carry");
+    }
+    if out.contains(" ≠") {
+        parts.push("≠: the two CPI estimates differ by more than 3 combined errors");
     }
     if parts.is_empty() {
         return String::new();
@@ -278,6 +292,219 @@ fn all_processes(p: &Profile, opts: &TableOptions, out: &mut String) {
     out.push_str(&top_functions(p.mode, rows, true, opts));
     let fns: Vec<&FunctionProfile> = procs.iter().flat_map(|pr| &pr.functions).collect();
     out.push_str(&hot_blocks(p.mode, &fns, opts.top, opts.width));
+    let procs: Vec<&ProcessProfile> = procs.iter().collect();
+    out.push_str(&call_paths(p.mode, &procs, opts));
+}
+
+/// A call path root first (`main → a → b`), behind its process's name when the table
+/// covers several.
+fn path_text(comm: Option<&str>, path: impl DoubleEndedIterator<Item = String>) -> String {
+    let chain: Vec<String> = path.collect();
+    match comm {
+        Some(c) => format!("{}: {}", or_unknown(c), chain.join(" → ")),
+        None => chain.join(" → "),
+    }
+}
+
+/// `s` in at most `max` characters, cut at the start ("…b → leaf"): the leaf end of a
+/// path says most.
+fn ellipsize_left(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        return s.to_string();
+    }
+    let mut t = String::from("…");
+    t.extend(s.chars().skip(n - max.saturating_sub(1)));
+    t
+}
+
+/// The share `x` is of `total` (0 when there is none).
+fn share_of(x: f64, total: f64) -> f64 {
+    if total > 0.0 {
+        x / total
+    } else {
+        0.0
+    }
+}
+
+/// The hottest call paths of `procs` (each path's own samples, time or cycles and its
+/// leaf's CPI on it), then the call tree's hottest nodes with inclusive and self CPI
+/// (cpi-user/src/profile/paths.rs). Nothing when no sample carried a stack.
+fn call_paths(mode: Mode, procs: &[&ProcessProfile], opts: &TableOptions) -> String {
+    let many = procs.len() > 1;
+    let mut paths: Vec<(&ProcessProfile, &StackProfile)> = procs
+        .iter()
+        .flat_map(|pr| pr.stacks.iter().map(move |s| (*pr, s)))
+        .collect();
+    if paths.is_empty() {
+        return String::new();
+    }
+    paths.sort_by(|a, b| paths::hottest_path_first(a.1, b.1));
+    let total: f64 = paths.iter().map(|(_, s)| paths::weight(s)).sum();
+    let shown = paths.len().min(opts.top);
+    let build = |max: usize| {
+        let mut h = vec!["path", "share", "samples"];
+        if mode.has_cpi() {
+            h.extend(["cycles", "instrs", "CPI ± error"]);
+        } else {
+            h.push("CPU time");
+        }
+        let mut t = new_table(h, 1);
+        for (pr, s) in &paths[..shown] {
+            let names = s.frames.iter().rev().map(|f| f.function.clone());
+            let text = path_text(many.then_some(pr.comm.as_str()), names);
+            let mut row = vec![
+                ellipsize_left(&text, max),
+                pct(share_of(paths::weight(s), total)),
+                group(s.samples),
+            ];
+            if mode.has_cpi() {
+                row.extend([
+                    opt_si(s.cycles),
+                    opt_si(s.instructions),
+                    cpi(s.cpi, s.samples, inputs(s.cycles, s.instructions)),
+                ]);
+            } else {
+                row.push(s.time_ns.map(time).unwrap_or_else(|| "-".into()));
+            }
+            t.add_row(row);
+        }
+        t
+    };
+    let mut out = finish(
+        "hottest call paths",
+        &fitted(opts.width, build),
+        shown,
+        paths.len(),
+    );
+    out.push_str(&call_tree_table(mode, procs, total, opts));
+    out
+}
+
+/// The call tree's nodes where it branches or code ran (a chain of single callers is
+/// shown once, at its end), hottest inclusive first.
+fn call_tree_table(
+    mode: Mode,
+    procs: &[&ProcessProfile],
+    total: f64,
+    opts: &TableOptions,
+) -> String {
+    let many = procs.len() > 1;
+    let mut nodes: Vec<(&ProcessProfile, PathNode)> = procs
+        .iter()
+        .flat_map(|pr| {
+            paths::call_tree(&pr.stacks)
+                .into_iter()
+                .filter(|n| n.children != 1 || n.own.samples + n.own.branch_samples > 0)
+                .map(move |n| (*pr, n))
+        })
+        .collect();
+    nodes.sort_by(|a, b| b.1.inclusive.weight().total_cmp(&a.1.inclusive.weight()));
+    let shown = nodes.len().min(opts.top);
+    let build = |max: usize| {
+        let mut h = vec!["node", "incl", "self"];
+        if mode.has_cpi() {
+            h.extend(["incl CPI ± error", "self CPI ± error"]);
+        } else {
+            h.push("incl CPU time");
+        }
+        let mut t = new_table(h, 1);
+        for (pr, n) in &nodes[..shown] {
+            let names = n.path.iter().map(|f| f.function.clone());
+            let text = path_text(many.then_some(pr.comm.as_str()), names);
+            let (i, o) = (&n.inclusive, &n.own);
+            let mut row = vec![
+                ellipsize_left(&text, max),
+                pct(share_of(i.weight(), total)),
+                pct(share_of(o.weight(), total)),
+            ];
+            let floor = crate::profile::AnalysisOptions::default().sample_floor;
+            if mode.has_cpi() {
+                row.extend([
+                    cpi(i.cpi(floor), i.samples, inputs(i.cycles, i.instructions)),
+                    cpi(o.cpi(floor), o.samples, inputs(o.cycles, o.instructions)),
+                ]);
+            } else {
+                row.push(i.time_ns.map(time).unwrap_or_else(|| "-".into()));
+            }
+            t.add_row(row);
+        }
+        t
+    };
+    finish(
+        "call tree: inclusive and self",
+        &fitted(opts.width, build),
+        shown,
+        nodes.len(),
+    )
+}
+
+/// `--callers FUNC`: the call paths into FUNC (root down to its outermost call), with
+/// what ran under it there.
+fn callers_table(mode: Mode, procs: &[&ProcessProfile], name: &str, opts: &TableOptions) -> String {
+    let many = procs.len() > 1;
+    let total: f64 = procs
+        .iter()
+        .flat_map(|pr| pr.stacks.iter())
+        .map(paths::weight)
+        .sum();
+    let nodes: Vec<(&ProcessProfile, PathNode)> = procs
+        .iter()
+        .flat_map(|pr| {
+            paths::callers(&pr.stacks, name)
+                .into_iter()
+                .map(move |n| (*pr, n))
+        })
+        .collect();
+    if nodes.is_empty() {
+        let why = if procs.iter().all(|pr| pr.stacks.is_empty()) {
+            "the profile has no call stacks"
+        } else {
+            "no call path holds it"
+        };
+        return format!(
+            "
+paths into {name}: none ({why})
+"
+        );
+    }
+    let shown = nodes.len().min(opts.top);
+    let build = |max: usize| {
+        let mut h = vec!["path", "share", "samples"];
+        if mode.has_cpi() {
+            h.extend(["cycles", "CPI ± error"]);
+        } else {
+            h.push("CPU time");
+        }
+        let mut t = new_table(h, 1);
+        for (pr, n) in &nodes[..shown] {
+            let names = n.path.iter().map(|f| f.function.clone());
+            let text = path_text(many.then_some(pr.comm.as_str()), names);
+            let i = &n.inclusive;
+            let mut row = vec![
+                ellipsize_left(&text, max),
+                pct(share_of(i.weight(), total)),
+                group(i.samples),
+            ];
+            let floor = crate::profile::AnalysisOptions::default().sample_floor;
+            if mode.has_cpi() {
+                row.extend([
+                    opt_si(i.cycles),
+                    cpi(i.cpi(floor), i.samples, inputs(i.cycles, i.instructions)),
+                ]);
+            } else {
+                row.push(i.time_ns.map(time).unwrap_or_else(|| "-".into()));
+            }
+            t.add_row(row);
+        }
+        t
+    };
+    finish(
+        &format!("paths into {name}"),
+        &fitted(opts.width, build),
+        shown,
+        nodes.len(),
+    )
 }
 
 /// `text` broken at spaces into lines of at most `width` characters (continuations
@@ -609,7 +836,11 @@ fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOption
                     cpi(f.cpi, f.samples, inputs(f.cycles, f.instructions)),
                 ]);
                 if timed {
-                    row.push(cpi(f.timed_cpi, f.samples, f.instructions.is_some()));
+                    let mut t = cpi(f.timed_cpi, f.samples, f.instructions.is_some());
+                    if f.cpi_disagree {
+                        t.push_str(" ≠");
+                    }
+                    row.push(t);
                 }
                 row.extend([pct(r.share), group(f.samples)]);
             } else {

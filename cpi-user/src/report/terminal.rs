@@ -36,6 +36,10 @@ pub fn escaped(p: &Profile) -> Profile {
                 each(s);
             }
         }
+        for fr in proc.stacks.iter_mut().flat_map(|s| s.frames.iter_mut()) {
+            each(&mut fr.function);
+            each(&mut fr.binary);
+        }
     }
     if let Some(a) = &mut q.accuracy {
         for f in &mut a.functions {

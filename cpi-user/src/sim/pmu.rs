@@ -477,7 +477,7 @@ mod tests {
         assert_eq!(ips.weight, cycles);
         assert_eq!(ips.by_ip[&0x1004].1, 3000);
         // The LBR entries carry the cycles since the previous entry.
-        assert!(r.timed_hits > 0 && r.timed_cycles >= 6 * r.timed_hits);
+        assert!(r.timed_hits > 0 && r.timed_cycles >= 6.0 * r.timed_count);
     }
 
     #[test]

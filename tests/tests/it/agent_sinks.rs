@@ -199,6 +199,7 @@ fn function(name: &str, address: u64, cycles: f64, instructions: f64) -> Functio
         instructions_rel_error: None,
         cpi: est(cycles / instructions, 1000),
         timed_cpi: None,
+        cpi_disagree: false,
         blocks: Vec::new(),
         edges: Vec::new(),
         lines: Vec::new(),

@@ -119,15 +119,14 @@ fn short_flags_profile_a_pid_into_a_file_and_keep_the_old_one() {
         "499",
         "--duration",
         "1",
-        "--format",
-        "json",
         "-o",
         file.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let _ = child.0.kill();
+    // No --format: `-o f.json` asks for JSON by its name.
     let p: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&file).unwrap()).expect("-o wrote the JSON");
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).expect("-o f.json wrote JSON");
     let procs = p["processes"].as_array().expect("processes");
     assert!(
         procs.iter().any(|pr| pr["pid"] == pid),

@@ -40,7 +40,7 @@ fn full_ring_buffer_is_counted_and_nothing_is_silent() {
         period: None,
         core_hz: 0,
     };
-    let spec = events::plan(Mode::TimeProfile, Vendor::Other, &rate, false, false).remove(0);
+    let spec = events::plan(Mode::TimeProfile, Vendor::Other, &[], &rate, false, false).remove(0);
     assert_eq!(spec.role, EventRole::CpuClock);
     let linux = sys::Linux;
     let attach = |name: &'static str| ladder::program_fd(&bpf, name);

@@ -406,3 +406,133 @@ fn import_perf_does_not_wait_on_a_fifo() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Row "mmapped 25 000 distinct small executable files in one process": with the
+/// descriptor limit of that row (20 000), the agent holds at most its stated cap of
+/// captured files (a quarter of the soft limit, procmap's `CapturedFiles`), every
+/// window is written (no "Too many open files"), and the process is in the profile.
+#[test]
+fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
+    if !require_root("the agent") {
+        return;
+    }
+    let dir = temp_dir("hostile-manymaps");
+    let prog = compile_c("manymaps.c", &dir, "manymaps", &[]).expect("gcc builds manymaps.c");
+    let files = dir.join("files");
+    std::fs::create_dir(&files).unwrap();
+    let mut target = KillOnDrop(
+        Command::new(&prog)
+            .arg(&files)
+            .args(["25000", "120"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    // Wait until every file is mapped (the program says so), within a hang guard.
+    let mut said = String::new();
+    let mut err = std::io::BufReader::new(target.0.stderr.take().unwrap());
+    std::io::BufRead::read_line(&mut err, &mut said).unwrap();
+    assert_eq!(
+        said.trim(),
+        "mapped 25000",
+        "the target could not map its files"
+    );
+    let store = dir.join("store");
+    let mut agent = Command::new(cpi_bpf());
+    agent
+        .args(["agent", "--interval", "1", "--metrics-addr", "off", "--pid"])
+        .arg(target.0.id().to_string())
+        .arg("--store")
+        .arg(&store)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit between fork and exec touches only the child.
+    unsafe {
+        agent.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 20_000,
+                rlim_max: 20_000,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut agent = KillOnDrop(agent.spawn().unwrap());
+    let mut agent_err = agent.0.stderr.take().unwrap();
+    let log = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut agent_err, &mut s);
+        s
+    });
+    let windows = || {
+        std::fs::read_dir(&store)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("w-"))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", agent.0.id()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let (t0, mut most_fds) = (Instant::now(), 0);
+    // Hang guard, not a rate: windows come every second when the machine is idle.
+    while windows() < 4 && t0.elapsed() < Duration::from_secs(90) {
+        most_fds = most_fds.max(fds());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    most_fds = most_fds.max(fds());
+    let written = windows();
+    // Where the agent is, should it have written too little: said on failure.
+    let whereabouts = || {
+        ["stack", "wchan", "status"]
+            .map(|f| {
+                std::fs::read_to_string(format!("/proc/{}/{f}", agent.0.id())).unwrap_or_default()
+            })
+            .join("\n")
+    };
+    let stuck = if written < 4 {
+        whereabouts()
+    } else {
+        String::new()
+    };
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    let t1 = Instant::now();
+    while agent.0.try_wait().unwrap().is_none() {
+        assert!(t1.elapsed() < BOUND, "the agent did not exit on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let log = log.join().unwrap();
+    eprintln!("{written} windows; at most {most_fds} descriptors open; the agent said:\n{log}");
+    assert!(
+        written >= 4,
+        "{written} windows in 90 s; the agent was at:\n{stuck}"
+    );
+    assert!(
+        most_fds <= 20_000 / 4 + 64,
+        "{most_fds} descriptors: more than the cap of captured files"
+    );
+    assert!(!log.contains("Too many open files"), "{log}");
+    assert!(!log.contains("error:"), "{log}");
+    let report = Command::new(cpi_bpf())
+        .args(["report", "--format", "json", "--store"])
+        .arg(&store)
+        .output()
+        .unwrap();
+    assert!(report.status.success(), "{}", stderr(&report));
+    let p: serde_json::Value = serde_json::from_slice(&report.stdout).unwrap();
+    let pid = target.0.id();
+    assert!(
+        p["processes"].as_array().is_some_and(|a| a
+            .iter()
+            .any(|pr| pr["pid"] == pid || pr["comm"] == "manymaps")),
+        "manymaps in the merged profile"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

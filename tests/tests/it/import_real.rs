@@ -165,6 +165,26 @@ fn skylake_recording_agrees_with_perf_report_and_llvm_profgen() {
     assert_eq!(p.mode, Mode::Cpi, "{}", p.mode_reason);
     assert!(p.mode_reason.contains("timed LBR"), "{}", p.mode_reason);
     assert!(compared >= 80, "{compared} instructions compared");
+    // Issue 16 item 3: the two CPI estimators agree within 3 combined errors once each
+    // timed occurrence weighs what its range count does (unweighted, cycle-sampled
+    // windows favour slow executions: main 0.54 vs 0.56, compute_flag 1.28 vs 1.38).
+    for name in ["main", "compute_flag"] {
+        let f = p
+            .processes
+            .iter()
+            .flat_map(|pr| &pr.functions)
+            .find(|f| f.name == name)
+            .unwrap_or_else(|| panic!("{name} in the profile"));
+        let (cpi, timed) = (f.cpi.expect("CPI"), f.timed_cpi.expect("timed CPI"));
+        assert!(
+            !f.cpi_disagree,
+            "{name}: CPI {:.3} ± {:.1} % vs timed {:.3} ± {:.1} %",
+            cpi.value,
+            cpi.rel_error * 100.0,
+            timed.value,
+            timed.rel_error * 100.0
+        );
+    }
 }
 
 /// A copy of perf.data `src` whose event attributes are perf 6.1's 128-byte struct:

@@ -171,6 +171,7 @@ fn hand_profile(exe: &Path) -> Profile {
                 instructions_rel_error: None,
                 cpi: None,
                 timed_cpi: None,
+                cpi_disagree: false,
                 bolt_name: bin_elf.bolt_local_name(&Function {
                     name: name.clone(),
                     start: *start,

@@ -74,6 +74,7 @@ pub fn cpi_profile() -> Profile {
         instructions_rel_error: None,
         cpi: est(2.4, 30_000),
         timed_cpi: None,
+        cpi_disagree: false,
         bolt_name: None,
         source: None,
         blocks: vec![
@@ -86,6 +87,7 @@ pub fn cpi_profile() -> Profile {
                 cycles: Some(4.1e7),
                 cpi: est(2.05, 40),
                 timed_cpi: None,
+                cpi_disagree: false,
             },
             BlockProfile {
                 start: 0x401208,
@@ -96,6 +98,7 @@ pub fn cpi_profile() -> Profile {
                 cycles: Some(2.99e10),
                 cpi: est(2.396, 29_900),
                 timed_cpi: None,
+                cpi_disagree: false,
             },
             BlockProfile {
                 start: 0x401224,
@@ -106,6 +109,7 @@ pub fn cpi_profile() -> Profile {
                 cycles: Some(3.0e6),
                 cpi: None,
                 timed_cpi: None,
+                cpi_disagree: false,
             },
         ],
         edges: vec![
@@ -185,6 +189,7 @@ pub fn cpi_profile() -> Profile {
         instructions_rel_error: None,
         cpi: est(0.88, 9_860),
         timed_cpi: None,
+        cpi_disagree: false,
         bolt_name: None,
         source: None,
         blocks: vec![BlockProfile {
@@ -196,6 +201,7 @@ pub fn cpi_profile() -> Profile {
             cycles: Some(9.86e9),
             cpi: est(0.88, 9_860),
             timed_cpi: None,
+            cpi_disagree: false,
         }],
         edges: vec![EdgeProfile {
             from: 0x401180,
@@ -222,6 +228,7 @@ pub fn cpi_profile() -> Profile {
         instructions_rel_error: None,
         cpi: None,
         timed_cpi: None,
+        cpi_disagree: false,
         bolt_name: None,
         source: None,
         blocks: vec![],
@@ -302,6 +309,7 @@ pub fn time_profile() -> Profile {
         instructions_rel_error: None,
         cpi: None,
         timed_cpi: None,
+        cpi_disagree: false,
         bolt_name: None,
         source: None,
         blocks: vec![],

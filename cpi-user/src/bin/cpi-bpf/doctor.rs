@@ -2,13 +2,21 @@
 
 use cpi_common::policy::KernelConfig;
 use cpi_common::wire::EventRole;
-use cpi_user::collect::caps::{Capabilities, KernelFeatures};
+use cpi_user::collect::caps::{self, Capabilities, KernelFeatures};
 use cpi_user::collect::sys::Linux;
 use cpi_user::collect::{self, events, ladder, DEFAULT_FREQUENCY};
 use cpi_user::profile::Mode;
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    /// Probe a recorded machine instead of this one: DIR holds its `sys/` and `proc/`
+    /// (`sys/bus/event_source/devices/*`, `sys/devices/system/cpu/online`,
+    /// `proc/cpuinfo`, `proc/sys/kernel/osrelease`; tests/data/machines/ has some).
+    /// Prints what cpi-bpf finds there, the mode and the events it would open, on
+    /// which CPUs; nothing is opened or loaded.
+    #[arg(long, value_name = "DIR")]
+    root: Option<std::path::PathBuf>,
+}
 
 fn yes(b: bool) -> &'static str {
     if b {
@@ -18,9 +26,109 @@ fn yes(b: bool) -> &'static str {
     }
 }
 
-pub fn run(_args: Args) -> anyhow::Result<i32> {
+fn line(k: &str, v: &str) {
+    println!("{k:<22} {v}");
+}
+
+/// The probe's lines that need no privileges: what a recorded tree shows too.
+fn machine_lines(c: &Capabilities) {
+    line(
+        "perf_event_paranoid",
+        &c.perf_event_paranoid
+            .map_or("unreadable".to_string(), |p| p.to_string()),
+    );
+    line("PMU devices", &c.pmu_devices.join(", "));
+    if c.core_pmus.is_empty() {
+        line(
+            "core PMU",
+            "none (/sys/bus/event_source/devices/cpu missing)",
+        );
+    }
+    for p in &c.core_pmus {
+        let name = p
+            .pmu_name
+            .as_deref()
+            .map_or(String::new(), |n| format!(", {n}"));
+        line(
+            "core PMU",
+            &format!("{} type {}{name}", p.describe(), p.type_),
+        );
+    }
+    line(
+        "branch records",
+        &match c.core_pmus.as_slice() {
+            [] => "none (no core PMU)".to_string(),
+            pmus => pmus
+                .iter()
+                .map(|p| match p.branches {
+                    Some(d) => format!("{d} entries ({}/caps/branches)", p.name),
+                    None => format!("none ({}/caps/branches missing)", p.name),
+                })
+                .collect::<Vec<_>>()
+                .join("; "),
+        },
+    );
+    let mut cpu = format!("{:?}, {:?}", c.vendor, c.arch);
+    if let Some(m) = &c.model {
+        cpu.push_str(&format!(", {m}"));
+    }
+    if c.hypervisor {
+        cpu.push_str(", virtual machine (cpuinfo flag hypervisor)");
+    }
+    line("CPU vendor", &cpu);
+    line(
+        "BTF",
+        if c.btf {
+            "/sys/kernel/btf/vmlinux present"
+        } else {
+            "missing (/sys/kernel/btf/vmlinux)"
+        },
+    );
+}
+
+/// `doctor --root DIR`: the recorded machine's probe, mode and event plan.
+fn recorded(root: &std::path::Path) -> anyhow::Result<i32> {
+    if !root.join("sys/bus/event_source/devices").is_dir() {
+        anyhow::bail!(
+            "--root {}: no sys/bus/event_source/devices there (not a recorded machine)",
+            root.display()
+        );
+    }
+    let c = Capabilities::probe_at(root, 0, "unrecorded");
+    line("kernel", &c.kernel);
+    line("privileges", "not probed (a recorded machine)");
+    machine_lines(&c);
+    line("online CPUs", &caps::cpu_list(&c.online_cpus));
+    let rate = events::Rate {
+        frequency: DEFAULT_FREQUENCY,
+        period: None,
+        core_hz: c.core_hz.unwrap_or(events::DEFAULT_CORE_HZ),
+    };
+    let (mode, reason) = c.mode();
+    line("mode", &format!("{} — {reason}", mode.name()));
+    for spec in events::plan(mode, c.vendor, &c.core_pmus, &rate, false, false) {
+        let on = spec
+            .cpus
+            .as_deref()
+            .map_or("every CPU".to_string(), |cpus| {
+                format!("CPUs {}", caps::cpu_list(cpus))
+            });
+        line(
+            "planned event",
+            &format!(
+                "{}: type {}, config {:#x}, period {}, on {on}, program {}",
+                spec.name, spec.attr.type_, spec.attr.config, spec.policy.base, spec.program
+            ),
+        );
+    }
+    Ok(0)
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    if let Some(root) = &args.root {
+        return recorded(root);
+    }
     let c = Capabilities::probe();
-    let line = |k: &str, v: &str| println!("{k:<22} {v}");
     line("kernel", &c.kernel);
     line(
         "privileges",
@@ -36,41 +144,13 @@ pub fn run(_args: Args) -> anyhow::Result<i32> {
     if let Err(why) = &privileged {
         line("", why);
     }
-    line(
-        "perf_event_paranoid",
-        &c.perf_event_paranoid
-            .map_or("unreadable".to_string(), |p| p.to_string()),
-    );
-    line("PMU devices", &c.pmu_devices.join(", "));
-    line(
-        "core PMU",
-        c.cpu_pmu
-            .as_deref()
-            .unwrap_or("none (/sys/bus/event_source/devices/cpu missing)"),
-    );
-    line(
-        "branch records",
-        &match (&c.cpu_pmu, c.lbr_depth) {
-            (Some(p), Some(d)) => format!("{d} entries ({p}/caps/branches)"),
-            (Some(p), None) => format!("none ({p}/caps/branches missing)"),
-            (None, _) => "none (no core PMU)".to_string(),
-        },
-    );
-    line("CPU vendor", &format!("{:?}", c.vendor));
-    line(
-        "BTF",
-        if c.btf {
-            "/sys/kernel/btf/vmlinux present"
-        } else {
-            "missing (/sys/kernel/btf/vmlinux)"
-        },
-    );
+    machine_lines(&c);
     let rate = events::Rate {
         frequency: DEFAULT_FREQUENCY,
         period: None,
         core_hz: events::nominal_core_hz(),
     };
-    let plan = |m: Mode| events::plan(m, c.vendor, &rate, false, false);
+    let plan = |m: Mode| events::plan(m, c.vendor, &c.core_pmus, &rate, false, false);
     // What the kernel's BPF has decides which programs load and where the ladder starts.
     let mut start = c.mode();
     let mut below_floor = false;
@@ -119,11 +199,12 @@ pub fn run(_args: Args) -> anyhow::Result<i32> {
     } else {
         "opens"
     };
-    for spec in [
-        events::branch_event(c.vendor, &rate, false),
-        events::plan(Mode::IpSampling, c.vendor, &rate, false, false).remove(0),
-        events::plan(Mode::TimeProfile, c.vendor, &rate, false, false).remove(0),
-    ] {
+    // Every core PMU's branch-stack and cycles events, then cpu-clock.
+    let of_role = |m: Mode, role: EventRole| plan(m).into_iter().filter(move |s| s.role == role);
+    for spec in of_role(Mode::Cpi, EventRole::Branches)
+        .chain(of_role(Mode::IpSampling, EventRole::Cycles))
+        .chain(plan(Mode::TimeProfile))
+    {
         let label = match spec.role {
             EventRole::Branches => "branch-stack event",
             EventRole::Cycles => "cycles event",

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::ValueEnum;
 use cpi_user::profile::Profile;
-use cpi_user::report::{fdata, file, pprof, table};
+use cpi_user::report::{fdata, file, folded, pprof, table};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -18,8 +18,11 @@ pub enum Format {
     Table,
     /// The versioned JSON profile (what `cpi-bpf report` reads).
     Json,
-    /// gzip'd pprof profile.proto (go tool pprof, Pyroscope, Parca).
+    /// gzip'd pprof profile.proto (go tool pprof, Pyroscope, Parca); call paths as
+    /// location chains where samples carried stacks.
     Pprof,
+    /// Folded stacks (`comm;root;…;leaf SAMPLES`, flamegraph.pl, inferno, speedscope).
+    Folded,
     /// BOLT .fdata, per binary: with --output FILE, FILE holds the main binary and
     /// `FILE.<name>` each other binary; on standard output, the main binary only.
     Fdata,
@@ -27,9 +30,10 @@ pub enum Format {
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct OutputArgs {
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
+    /// Output format [default: from --output's name (.json, .pb.gz or .pprof, .fdata, .folded),
+    /// else table].
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
     /// Write the output to FILE instead of standard output (an existing FILE is kept as
     /// FILE.old).
     #[arg(short, long, value_name = "FILE")]
@@ -57,26 +61,63 @@ pub struct OutputArgs {
     /// (sample type `calls`).
     #[arg(long)]
     pub callgraph: bool,
+    /// Show the call paths into FUNC (from the samples' stacks) instead of the top
+    /// tables (table).
+    #[arg(long, value_name = "FUNC")]
+    pub callers: Option<String>,
+}
+
+impl OutputArgs {
+    /// `--format`, or what `--output`'s name asks for, as perf and pprof users expect
+    /// (`-o prof.json` writes JSON), else a table.
+    pub fn format(&self) -> Format {
+        self.format.unwrap_or_else(|| {
+            let name = self
+                .output
+                .as_deref()
+                .and_then(Path::file_name)
+                .map(|n| n.to_string_lossy().to_ascii_lowercase())
+                .unwrap_or_default();
+            if name.ends_with(".json") {
+                Format::Json
+            } else if name.ends_with(".pb.gz") || name.ends_with(".pprof") {
+                Format::Pprof
+            } else if name.ends_with(".fdata") {
+                Format::Fdata
+            } else if name.ends_with(".folded") {
+                Format::Folded
+            } else {
+                Format::Table
+            }
+        })
+    }
 }
 
 /// Checks the options before any work: `--annotate` only with tables, pprof (binary)
 /// not to a terminal, and `--output` a file that can be written
 /// (cpi-user/src/report/file.rs, `check_output`).
 pub fn validate(args: &OutputArgs) -> anyhow::Result<()> {
-    if args.callgraph && args.format != Format::Table {
+    let format = args.format();
+    if args.callgraph && format != Format::Table {
         anyhow::bail!(
             "--callgraph shows a table; it cannot be combined with --format {} (json has `calls`, pprof the `calls` sample type)",
-            format_name(args.format)
+            format_name(format)
         );
     }
-    if args.annotate.is_some() && args.format != Format::Table {
+    if args.callers.is_some() && format != Format::Table {
+        anyhow::bail!(
+            "--callers shows a table; it cannot be combined with --format {} (json and pprof hold the call paths)",
+            format_name(format)
+        );
+    }
+    if args.annotate.is_some() && format != Format::Table {
         anyhow::bail!(
             "--annotate shows a table; it cannot be combined with --format {}",
-            format_name(args.format)
+            format_name(format)
         );
     }
     let Some(path) = &args.output else {
-        if args.format == Format::Pprof && std::io::stdout().is_terminal() {
+        if format == Format::Pprof && std::io::stdout().is_terminal() {
             anyhow::bail!(
                 "--format pprof is binary: refusing to write it to a terminal; give --output FILE \
                  or redirect standard output"
@@ -186,7 +227,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> {
-    match args.format {
+    match args.format() {
         Format::Table => {
             let opts = table::TableOptions {
                 top: args.top,
@@ -196,6 +237,7 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
                 verbose: args.verbose,
                 per_process: args.per_process,
                 sort: table::SortKey::named(&args.sort).unwrap_or_default(),
+                callers: args.callers.clone(),
             };
             match table::render(profile, &opts) {
                 Ok(text) => write_saving(profile, args.output.as_deref(), text.as_bytes()),
@@ -232,6 +274,11 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
             let bytes = pprof::encode(profile).context("compressing the pprof profile")?;
             write_saving(profile, args.output.as_deref(), &bytes)
         }
+        Format::Folded => write_saving(
+            profile,
+            args.output.as_deref(),
+            folded::render(profile).as_bytes(),
+        ),
         Format::Fdata => {
             let files = fdata::render(profile)?;
             let Some((main, others)) = files.split_first() else {
@@ -310,5 +357,37 @@ fn write_out(
                 r => r.context("writing to standard output"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        output: OutputArgs,
+    }
+
+    fn format_of(args: &[&str]) -> Format {
+        Cli::parse_from(std::iter::once("cpi-bpf").chain(args.iter().copied()))
+            .output
+            .format()
+    }
+
+    #[test]
+    fn output_name_chooses_the_format_unless_format_is_given() {
+        assert_eq!(format_of(&["-o", "p.JSON"]), Format::Json);
+        assert_eq!(format_of(&["-o", "dir/p.pb.gz"]), Format::Pprof);
+        assert_eq!(format_of(&["-o", "p.pprof"]), Format::Pprof);
+        assert_eq!(format_of(&["-o", "prog.fdata"]), Format::Fdata);
+        assert_eq!(format_of(&["-o", "report.txt"]), Format::Table);
+        assert_eq!(format_of(&[]), Format::Table);
+        assert_eq!(
+            format_of(&["-o", "p.json", "--format", "table"]),
+            Format::Table
+        );
     }
 }
