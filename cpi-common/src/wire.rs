@@ -151,6 +151,28 @@ pub const MAX_USER_FRAMES: usize = 128;
 /// Most bytes of user stack a record carries.
 pub const MAX_STACK_BYTES: usize = 8192;
 
+/// Bytes the kernel side copies per read of the user stack: chunks are page-aligned, so
+/// a stack whose next page is unmapped still gives every byte up to it.
+pub const STACK_CHUNK: usize = 4096;
+
+/// How the kernel side takes stacks: the value of the eBPF object's read-only global
+/// `STACK_MODE`, set at load time. Being a constant of the loaded program, it lets the
+/// verifier drop the branches a kernel lacks the helpers for.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StackMode {
+    /// No stacks: records stay at their fixed size.
+    Off = 0,
+    /// Kernel frames, and the user registers plus the top of the user stack; for a
+    /// sample taken in kernel mode the user registers are the task's saved ones
+    /// (`bpf_task_pt_regs`, Linux 5.15).
+    CopyStack = 1,
+    /// As [`StackMode::CopyStack`], except that a sample taken in kernel mode gets the
+    /// kernel's frame-pointer walk of the user stack (`user_nr` frames) instead: kernels
+    /// without `bpf_task_pt_regs`.
+    CopyStackUserFramePointers = 2,
+}
+
 /// The call-stack section of a record flagged [`FLAG_STACK`].
 ///
 /// Kernel frames are what the kernel's own unwinder reports (entry 0 the interrupted

@@ -15,6 +15,13 @@
 //! * `ip_cycles`, `ip_instructions`, `ip_cpu_clock` — the interrupted IP, one program per
 //!   event role so the role is a constant of the program.
 //!
+//! Stacks (`wire::StackMode`, a read-only global set at load): a record due gets its
+//! kernel frames (`bpf_get_stack`) when taken in kernel mode, and the user registers
+//! with the top of the user stack, copied in page-aligned chunks so a stack whose next
+//! page is unmapped still gives what precedes it; user space unwinds it
+//! (cpi-user/src/unwind/). Such records vary in length: they are built in a per-CPU
+//! scratch buffer and copied out with their real length (BENCHMARKS.md, "Call stacks").
+//!
 //! Every program thins with the shared policy (`ThinState::on_overflow`, per CPU and per
 //! role) and weights each record by the summed `sample_period` it stands for. Losses are
 //! counted per CPU (`wire::Counter`). The `#[perf_event]` wrapper returns 0, which (6.10+)
@@ -24,12 +31,16 @@
 
 use aya_ebpf::{
     bindings::{
-        bpf_perf_event_data, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP,
-        BPF_RB_RING_SIZE,
+        bpf_perf_event_data, pt_regs, BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
+        BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
     },
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns,
         bpf_read_branch_records,
+        generated::{
+            bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_kernel, bpf_probe_read_user,
+            bpf_task_pt_regs,
+        },
     },
     macros::{map, perf_event},
     maps::{Array, PerCpuArray, RingBuf},
@@ -39,7 +50,9 @@ use cpi_common::{
     policy::{KernelConfig, ThinState},
     wire::{
         BranchEntry, BranchSample, Counter, EventRole, IpSample, SampleHeader, SampleKind,
-        COUNTERS as COUNTER_SLOTS, FLAG_KERNEL, MAX_BRANCH_ENTRIES, WIRE_VERSION,
+        StackHeader, StackMode, COUNTERS as COUNTER_SLOTS, FLAG_KERNEL, FLAG_STACK,
+        MAX_BRANCH_ENTRIES, MAX_KERNEL_FRAMES, MAX_STACK_BYTES, MAX_USER_FRAMES, STACK_CHUNK,
+        WIRE_VERSION,
     },
 };
 
@@ -60,6 +73,35 @@ static THIN: PerCpuArray<ThinState> = PerCpuArray::with_max_entries(4, 0);
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
 
 const BRANCH_BYTES: u32 = (MAX_BRANCH_ENTRIES * core::mem::size_of::<BranchEntry>()) as u32;
+
+/// A [`StackMode`] as `u32`, written by the loader into `.rodata` (frozen): the verifier
+/// sees a constant and skips the branches of the other modes, helpers included.
+#[unsafe(no_mangle)]
+static STACK_MODE: u32 = StackMode::Off as u32;
+
+const KERNEL_BYTES: usize = MAX_KERNEL_FRAMES * 8;
+const USER_BYTES: usize = MAX_USER_FRAMES * 8;
+const FIXED_MAX: usize = core::mem::size_of::<BranchSample>();
+const STACK_HEADER: usize = core::mem::size_of::<StackHeader>();
+/// Room for the longest record, plus one chunk: the verifier bounds each chunk's offset
+/// and size separately, so a copy may appear to it to reach one chunk past the end.
+const SCRATCH_BYTES: usize =
+    FIXED_MAX + STACK_HEADER + KERNEL_BYTES + USER_BYTES + MAX_STACK_BYTES + STACK_CHUNK;
+
+/// Where a record with a stack is built before it is copied out with its real length.
+#[repr(C)]
+pub struct Scratch {
+    bytes: [u8; SCRATCH_BYTES],
+}
+
+#[map]
+static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn stack_mode() -> u32 {
+    // Volatile: the value is the loader's, not the compiler's zero.
+    unsafe { core::ptr::read_volatile(&raw const STACK_MODE) }
+}
 
 /// Submit flags: wake the collector only once the ring is a quarter full; otherwise it
 /// drains on its own timer. A wake-up per sample would make the collector compete
@@ -137,11 +179,120 @@ fn header(
     }
 }
 
+/// Appends the stack section after the `fixed` bytes already in `buf` and copies the
+/// record out; false when the ring was full.
+#[inline(always)]
+fn output_with_stack(ctx: &PerfEventContext, buf: *mut u8, fixed: usize, kernel: bool) -> bool {
+    let mut sh = StackHeader::default();
+    let mut off = fixed + STACK_HEADER;
+    if kernel {
+        let got =
+            unsafe { bpf_get_stack(ctx.ctx.cast(), buf.add(off).cast(), KERNEL_BYTES as u32, 0) };
+        if got > 0 && got as usize <= KERNEL_BYTES {
+            let got = got as usize & !7;
+            sh.kernel_nr = (got / 8) as u16;
+            off += got;
+        }
+    }
+    let data = ctx.ctx as *const bpf_perf_event_data;
+    let mut regs: pt_regs = unsafe { (*data).regs };
+    let mut have_regs = !kernel;
+    if kernel && stack_mode() == StackMode::CopyStack as u32 {
+        // The user registers the task entered the kernel with (zeros for a kernel thread).
+        let task = unsafe { bpf_get_current_task_btf() };
+        let saved = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
+        have_regs = unsafe {
+            bpf_probe_read_kernel(
+                (&raw mut regs).cast(),
+                core::mem::size_of::<pt_regs>() as u32,
+                saved.cast(),
+            )
+        } == 0
+            && regs.cs & 3 == 3;
+    } else if kernel && stack_mode() == StackMode::CopyStackUserFramePointers as u32 {
+        let got = unsafe {
+            bpf_get_stack(
+                ctx.ctx.cast(),
+                buf.add(off).cast(),
+                USER_BYTES as u32,
+                BPF_F_USER_STACK as u64,
+            )
+        };
+        if got > 0 && got as usize <= USER_BYTES {
+            let got = got as usize & !7;
+            sh.user_nr = (got / 8) as u16;
+            off += got;
+        }
+    }
+    if have_regs {
+        sh.user_ip = regs.rip;
+        sh.user_sp = regs.rsp;
+        sh.user_bp = regs.rbp;
+        // Page-aligned chunks: the first up to the end of the page holding sp.
+        let mut len: usize = 0;
+        let mut want = STACK_CHUNK - (regs.rsp as usize & (STACK_CHUNK - 1));
+        for _ in 0..MAX_STACK_BYTES / STACK_CHUNK + 1 {
+            if len >= MAX_STACK_BYTES || want == 0 || want > STACK_CHUNK {
+                break;
+            }
+            if unsafe {
+                bpf_probe_read_user(
+                    buf.add(off + len).cast(),
+                    want as u32,
+                    (regs.rsp as usize + len) as *const core::ffi::c_void,
+                )
+            } != 0
+            {
+                break;
+            }
+            len += want;
+            want = (MAX_STACK_BYTES - len).min(STACK_CHUNK);
+        }
+        sh.stack_len = len as u32;
+        off += len;
+    }
+    unsafe { buf.add(fixed).cast::<StackHeader>().write_unaligned(sh) };
+    let flags = wakeup_flags();
+    if off > SCRATCH_BYTES {
+        return true;
+    }
+    // SAFETY: `off` bytes of the per-CPU scratch buffer were written above.
+    let record = unsafe { core::slice::from_raw_parts(buf, off) };
+    SAMPLES.output::<[u8]>(record, flags).is_ok()
+}
+
+/// Writes `h` (flagged [`FLAG_STACK`]) at the start of `buf`, whose `fixed` bytes the
+/// record's body fills, appends the stack and counts the outcome.
+#[inline(always)]
+fn emit_with_stack(
+    ctx: &PerfEventContext,
+    buf: *mut u8,
+    mut h: SampleHeader,
+    fixed: usize,
+    kernel: bool,
+) {
+    h.flags |= FLAG_STACK;
+    unsafe { buf.cast::<SampleHeader>().write_unaligned(h) };
+    if output_with_stack(ctx, buf, fixed, kernel) {
+        count(Counter::Emitted);
+    } else {
+        count(Counter::RingFull);
+    }
+}
+
 #[inline(always)]
 fn emit_ip(ctx: &PerfEventContext, role: EventRole) {
     let Some((weight, kernel)) = admit(ctx, role) else {
         return;
     };
+    if stack_mode() != StackMode::Off as u32 {
+        let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+            return;
+        };
+        let h = header(ctx, SampleKind::Ip, role, weight, kernel);
+        emit_with_stack(ctx, buf.cast(), h, core::mem::size_of::<IpSample>(), kernel);
+        return;
+    }
     let Some(mut slot) = SAMPLES.reserve::<IpSample>(0) else {
         count(Counter::RingFull);
         return;
@@ -153,11 +304,34 @@ fn emit_ip(ctx: &PerfEventContext, role: EventRole) {
     count(Counter::Emitted);
 }
 
+/// The header of a branch record whose helper returned `got` bytes of entries.
+#[inline(always)]
+fn branch_header(ctx: &PerfEventContext, weight: u64, kernel: bool, got: i64) -> SampleHeader {
+    let mut h = header(ctx, SampleKind::Branch, EventRole::Branches, weight, kernel);
+    h.nr = (got as u64 / core::mem::size_of::<BranchEntry>() as u64) as u16;
+    h
+}
+
 #[perf_event]
 pub fn branch_sample(ctx: PerfEventContext) -> u32 {
     let Some((weight, kernel)) = admit(&ctx, EventRole::Branches) else {
         return 0;
     };
+    if stack_mode() != StackMode::Off as u32 {
+        let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+            return 0;
+        };
+        let buf = buf.cast::<u8>();
+        let entries = unsafe { buf.add(core::mem::size_of::<SampleHeader>()) };
+        let got = unsafe { bpf_read_branch_records(ctx.ctx, entries.cast(), BRANCH_BYTES, 0) };
+        if got <= 0 {
+            count(Counter::BranchError);
+            return 0;
+        }
+        let h = branch_header(&ctx, weight, kernel, got);
+        emit_with_stack(&ctx, buf, h, core::mem::size_of::<BranchSample>(), kernel);
+        return 0;
+    }
     let Some(mut slot) = SAMPLES.reserve::<BranchSample>(0) else {
         count(Counter::RingFull);
         return 0;
@@ -171,14 +345,7 @@ pub fn branch_sample(ctx: PerfEventContext) -> u32 {
         slot.discard(0);
         return 0;
     }
-    let mut h = header(
-        &ctx,
-        SampleKind::Branch,
-        EventRole::Branches,
-        weight,
-        kernel,
-    );
-    h.nr = (got as u64 / core::mem::size_of::<BranchEntry>() as u64) as u16;
+    let h = branch_header(&ctx, weight, kernel, got);
     unsafe { core::ptr::addr_of_mut!((*rec).header).write(h) };
     slot.submit(wakeup_flags());
     count(Counter::Emitted);

@@ -17,3 +17,4 @@ pub mod procmap;
 pub mod profile;
 pub mod report;
 pub mod sim;
+pub mod unwind;

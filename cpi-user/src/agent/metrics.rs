@@ -272,7 +272,7 @@ fn mode_name(m: Mode) -> &'static str {
 
 /// Every loss reason of the profile file, by its field name (destructured, so a new
 /// field cannot be forgotten here).
-fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 8] {
+fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 11] {
     let LossReport {
         ring_full,
         branch_errors,
@@ -282,6 +282,9 @@ fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 8] {
         invalid_ranges,
         unmapped_samples,
         sideband_lost,
+        stacks_truncated,
+        stacks_unknown_code,
+        stacks_failed,
     } = *l;
     [
         ("ring_full", ring_full),
@@ -292,6 +295,9 @@ fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 8] {
         ("invalid_ranges", invalid_ranges),
         ("unmapped_samples", unmapped_samples),
         ("sideband_lost", sideband_lost),
+        ("stacks_truncated", stacks_truncated),
+        ("stacks_unknown_code", stacks_unknown_code),
+        ("stacks_failed", stacks_failed),
     ]
 }
 

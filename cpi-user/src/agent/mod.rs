@@ -228,6 +228,7 @@ fn collect_options(c: &AgentConfig) -> CollectOptions {
         window: None,
         cpu_time: true,
         drain_every: Duration::from_millis(100),
+        stacks: true,
     }
 }
 

@@ -5,6 +5,8 @@
 
 use std::path::Path;
 
+use cpi_common::wire::StackMode;
+
 use crate::profile::Mode;
 
 pub use crate::profile::events::Vendor;
@@ -302,6 +304,11 @@ pub struct KernelFeatures {
     pub read_branch_records: bool,
     /// `BPF_ENABLE_STATS` (5.8): the agent's measure of its programs' own run time.
     pub bpf_stats: bool,
+    /// `bpf_get_current_task_btf` (5.11) and `bpf_task_pt_regs` (5.15): the user
+    /// registers of a sample taken in kernel mode, so its user stack is copied and
+    /// unwound like any other; without them such samples get the kernel's frame-pointer
+    /// walk of the user stack ([`StackMode`]).
+    pub task_pt_regs: bool,
 }
 
 impl KernelFeatures {
@@ -318,12 +325,28 @@ impl KernelFeatures {
             )
             .unwrap_or(false),
             bpf_stats: super::sys::PerfSys::enable_bpf_stats(&super::sys::Linux).is_ok(),
+            task_pt_regs: [
+                BpfHelper::BPF_FUNC_get_current_task_btf,
+                BpfHelper::BPF_FUNC_task_pt_regs,
+            ]
+            .into_iter()
+            .all(|h| is_helper_supported(ProgramType::PerfEvent, h).unwrap_or(false)),
+        }
+    }
+
+    /// How the kernel side takes stacks: none when `stacks` is off, else the best this
+    /// kernel's helpers allow.
+    pub fn stack_mode(&self, stacks: bool) -> StackMode {
+        match (stacks, self.task_pt_regs) {
+            (false, _) => StackMode::Off,
+            (true, true) => StackMode::CopyStack,
+            (true, false) => StackMode::CopyStackUserFramePointers,
         }
     }
 
     /// Each feature as `(name, "yes"/"missing" with the Linux version that added it and
     /// what depends on it)`: the lines of `cpi-bpf doctor`.
-    pub fn lines(&self) -> [(&'static str, String); 4] {
+    pub fn lines(&self) -> [(&'static str, String); 5] {
         let say = |has: bool, since: &str, what: &str| {
             if has {
                 format!("yes (Linux {since}; {what})")
@@ -347,6 +370,14 @@ impl KernelFeatures {
             (
                 "BPF run-time stats",
                 say(self.bpf_stats, "5.8", "the agent's own BPF time"),
+            ),
+            (
+                "bpf_task_pt_regs",
+                say(
+                    self.task_pt_regs,
+                    "5.15",
+                    "user stacks of kernel-mode samples unwound from .eh_frame",
+                ),
             ),
         ]
     }
@@ -487,6 +518,7 @@ mod tests {
         ring_buffer: true,
         read_branch_records: true,
         bpf_stats: true,
+        task_pt_regs: true,
     };
 
     #[test]
@@ -507,6 +539,17 @@ mod tests {
         let time = (Mode::TimeProfile, "no PMU".to_string());
         assert_eq!(old.limit(time.clone()), time);
         assert!(old.lines()[2].1.starts_with("MISSING (Linux 5.6"));
+        let no_regs = KernelFeatures {
+            task_pt_regs: false,
+            ..EVERYTHING
+        };
+        assert_eq!(EVERYTHING.stack_mode(true), StackMode::CopyStack);
+        assert_eq!(
+            no_regs.stack_mode(true),
+            StackMode::CopyStackUserFramePointers
+        );
+        assert_eq!(EVERYTHING.stack_mode(false), StackMode::Off);
+        assert!(no_regs.lines()[4].1.starts_with("MISSING (Linux 5.15"));
         assert!(EVERYTHING.lines().iter().all(|(_, l)| l.starts_with("yes")));
     }
 

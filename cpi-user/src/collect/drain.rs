@@ -6,13 +6,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use cpi_common::wire::{
-    BranchSample, EventRole, IpSample, SampleHeader, SampleKind, FLAG_KERNEL, WIRE_VERSION,
+    BranchSample, EventRole, IpSample, SampleHeader, SampleKind, StackHeader, FLAG_KERNEL,
+    FLAG_STACK, MAX_KERNEL_FRAMES, MAX_STACK_BYTES, MAX_USER_FRAMES, WIRE_VERSION,
 };
 
 use super::sideband::Sideband;
 use super::target;
 use crate::procmap::{self, CapturedFiles, ProcessMaps};
+use crate::profile::stack::{CallStack, StackEnd};
 use crate::profile::SampleSet;
+use crate::unwind::{StackUnwinder, Stop, UserRegs};
 
 /// A decoded record.
 #[derive(Debug)]
@@ -23,8 +26,32 @@ pub enum Record {
     Ip(IpSample),
 }
 
-/// Decodes one ring-buffer record; `None` for a wrong version, kind or size.
-pub fn decode(bytes: &[u8]) -> Option<Record> {
+/// The stack section of a record flagged `FLAG_STACK` (cpi-common `wire::StackHeader`),
+/// borrowed from the record.
+#[derive(Debug)]
+pub struct StackSection<'a> {
+    /// Counts and user registers.
+    pub header: StackHeader,
+    /// Kernel frames, leaf first.
+    pub kernel: Vec<u64>,
+    /// User frames the kernel side walked itself, leaf first (empty when it copied the
+    /// stack instead).
+    pub user: Vec<u64>,
+    /// User stack bytes from `header.user_sp` up.
+    pub stack: &'a [u8],
+}
+
+fn frames(bytes: &[u8]) -> Vec<u64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8-byte chunk")))
+        .collect()
+}
+
+/// Decodes one ring-buffer record and its stack section; `None` for a wrong version,
+/// kind or size, or a stack section whose counts disagree with its length or exceed
+/// the wire limits.
+pub fn decode(bytes: &[u8]) -> Option<(Record, Option<StackSection<'_>>)> {
     if bytes.len() < size_of::<SampleHeader>() {
         return None;
     }
@@ -33,18 +60,60 @@ pub fn decode(bytes: &[u8]) -> Option<Record> {
     if h.version != WIRE_VERSION {
         return None;
     }
-    match SampleKind::from_u16(h.kind)? {
-        SampleKind::Branch if bytes.len() == size_of::<BranchSample>() => {
-            // SAFETY: exact size of a plain-data record.
-            Some(Record::Branch(Box::new(unsafe {
-                std::ptr::read_unaligned(bytes.as_ptr().cast())
-            })))
+    let fixed = match SampleKind::from_u16(h.kind)? {
+        SampleKind::Branch => size_of::<BranchSample>(),
+        SampleKind::Ip => size_of::<IpSample>(),
+    };
+    let (record, rest) = bytes.split_at_checked(fixed)?;
+    let stack = if h.flags & FLAG_STACK != 0 {
+        let (sh, rest) = rest.split_at_checked(size_of::<StackHeader>())?;
+        // SAFETY: exact size of a plain-data header.
+        let sh: StackHeader = unsafe { std::ptr::read_unaligned(sh.as_ptr().cast()) };
+        let (k, u, n) = (
+            sh.kernel_nr as usize,
+            sh.user_nr as usize,
+            sh.stack_len as usize,
+        );
+        if k > MAX_KERNEL_FRAMES
+            || u > MAX_USER_FRAMES
+            || n > MAX_STACK_BYTES
+            || rest.len() != (k + u) * 8 + n
+        {
+            return None;
         }
-        SampleKind::Ip if bytes.len() == size_of::<IpSample>() => {
-            Some(Record::Ip(IpSample { header: h }))
-        }
-        _ => None,
-    }
+        let (kernel, rest) = rest.split_at(k * 8);
+        let (user, stack) = rest.split_at(u * 8);
+        Some(StackSection {
+            header: sh,
+            kernel: frames(kernel),
+            user: frames(user),
+            stack,
+        })
+    } else if rest.is_empty() {
+        None
+    } else {
+        return None;
+    };
+    let rec = match SampleKind::from_u16(h.kind)? {
+        // SAFETY: exact size of a plain-data record.
+        SampleKind::Branch => Record::Branch(Box::new(unsafe {
+            std::ptr::read_unaligned(record.as_ptr().cast())
+        })),
+        SampleKind::Ip => Record::Ip(IpSample { header: h }),
+    };
+    Some((rec, stack))
+}
+
+/// Stacks that did not reach the outermost frame, by reason (what reaches the profile's
+/// loss account: cpi-user/src/profile/model.rs `LossReport`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StackCounts {
+    /// Cut at the frame limit or the end of the copied stack.
+    pub truncated: u64,
+    /// Stopped at code without a file behind it (JIT, anonymous memory, vDSO).
+    pub unknown_code: u64,
+    /// Unreadable stack or unwind rules that led nowhere.
+    pub failed: u64,
 }
 
 /// Re-read a process's maps on a miss at most this often (a genuinely unmapped
@@ -73,6 +142,9 @@ pub struct Drain {
     recorded: HashMap<u32, (String, ProcessMaps)>,
     /// Periods set on the cpu-clock events since they were opened.
     pub cpu_clock: CpuClockPeriods,
+    /// Stacks of this window that stopped short, by reason.
+    pub stack_counts: StackCounts,
+    unwinder: StackUnwinder,
 }
 
 /// The periods the collector set on its cpu-clock events since it opened them.
@@ -133,6 +205,8 @@ pub struct DrainWindow {
     pub malformed: u64,
     /// Side-band records the kernel dropped in this window.
     pub sideband_lost: u64,
+    /// Stacks of this window that stopped short, by reason.
+    pub stack_counts: StackCounts,
 }
 
 impl Drain {
@@ -148,6 +222,8 @@ impl Drain {
             files: CapturedFiles::default(),
             recorded: HashMap::new(),
             cpu_clock: CpuClockPeriods::default(),
+            stack_counts: StackCounts::default(),
+            unwinder: StackUnwinder::new(MAX_USER_FRAMES, crate::unwind::DEFAULT_BYTE_BOUND),
         }
     }
 
@@ -190,6 +266,9 @@ impl Drain {
         self.maps_read_at
             .retain(|pid, _| self.known.contains_key(pid));
         self.cpu_clock.by_tid.retain(|&tid, _| procmap::alive(tid));
+        let known = &self.known;
+        self.unwinder
+            .retain_processes(|pid| known.contains_key(&pid));
         // Files no process holds any more (the window handed out still holds its own).
         self.files.release_unused();
         DrainWindow {
@@ -197,6 +276,7 @@ impl Drain {
             received: std::mem::take(&mut self.received),
             malformed: std::mem::take(&mut self.malformed),
             sideband_lost: std::mem::take(&mut self.sideband_lost),
+            stack_counts: std::mem::take(&mut self.stack_counts),
         }
     }
 
@@ -236,7 +316,7 @@ impl Drain {
 
     /// Adds one raw record.
     pub fn add(&mut self, bytes: &[u8]) {
-        let Some(mut rec) = decode(bytes) else {
+        let Some((mut rec, section)) = decode(bytes) else {
             self.malformed += 1;
             return;
         };
@@ -261,16 +341,70 @@ impl Drain {
             h.tid,
             (h.flags & FLAG_KERNEL == 0).then_some(user_addr),
         );
+        let stack = section.map(|sec| self.call_stack(h.tgid, &sec));
         match &rec {
             Record::Ip(s) => {
-                if self.set.add_ip(s).is_err() {
+                if self.set.add_ip_with_stack(s, stack.as_ref()).is_err() {
                     self.malformed += 1;
                     return;
                 }
             }
-            Record::Branch(s) => self.set.add_branch(s),
+            Record::Branch(s) => self.set.add_branch_with_stack(s, stack.as_ref()),
         }
         *self.received.entry(role).or_default() += 1;
+    }
+
+    /// The call stack of a record's stack section: user frames as the kernel walked
+    /// them, else unwound now from the copied stack with the process's mappings (read
+    /// by [`Self::track`] just before), so a process that exits later loses nothing.
+    fn call_stack(&mut self, pid: u32, sec: &StackSection) -> CallStack {
+        let h = &sec.header;
+        let (user, end) = if !sec.user.is_empty() {
+            // The kernel's frame-pointer walk cannot say why it stopped.
+            let end = if sec.user.len() >= MAX_USER_FRAMES {
+                StackEnd::Truncated
+            } else {
+                StackEnd::Complete
+            };
+            (sec.user.clone(), end)
+        } else if h.user_ip == 0 {
+            // A kernel thread, or a kernel-mode sample without its user registers.
+            (Vec::new(), StackEnd::Complete)
+        } else {
+            let p = self.set.process(pid);
+            let empty = ProcessMaps::default();
+            let (frames, stop) = self.unwinder.unwind(
+                pid,
+                p.maps.as_ref().unwrap_or(&empty),
+                &p.files,
+                UserRegs {
+                    ip: h.user_ip,
+                    sp: h.user_sp,
+                    bp: h.user_bp,
+                },
+                sec.stack,
+                sec.stack.len() >= MAX_STACK_BYTES,
+            );
+            let end = match stop {
+                Stop::Root => StackEnd::Complete,
+                Stop::FrameLimit | Stop::EndOfCopy => StackEnd::Truncated,
+                Stop::UnknownCode => StackEnd::UnknownCode,
+                Stop::Unreadable | Stop::BadUnwind => StackEnd::Error,
+            };
+            (frames, end)
+        };
+        let c = &mut self.stack_counts;
+        match end {
+            StackEnd::Complete => {}
+            StackEnd::Truncated => c.truncated += 1,
+            StackEnd::UnknownCode => c.unknown_code += 1,
+            StackEnd::Error => c.failed += 1,
+        }
+        CallStack {
+            kernel: sec.kernel.clone().into_boxed_slice(),
+            user: user.into_boxed_slice(),
+            end,
+        }
     }
 
     /// A process's first sample of this window: what earlier windows learnt of it,
@@ -509,6 +643,100 @@ mod tests {
         let p = &d.set.processes[&1];
         assert_eq!(p.ips[&EventRole::CpuClock].weight, 1100 + 4400 + 900 + 1000);
         assert_eq!(p.ips[&EventRole::Cycles].weight, 1000);
+    }
+
+    /// `rec` followed by a stack section with `kernel` frames and `stack` bytes.
+    fn with_stack<T>(rec: &T, kernel: &[u64], regs: [u64; 3], stack: &[u8]) -> Vec<u8> {
+        let mut b = bytes_of(rec);
+        b[4] |= FLAG_STACK as u8; // SampleHeader::flags, little-endian
+        let sh = StackHeader {
+            kernel_nr: kernel.len() as u16,
+            user_nr: 0,
+            stack_len: stack.len() as u32,
+            user_ip: regs[0],
+            user_sp: regs[1],
+            user_bp: regs[2],
+        };
+        b.extend(bytes_of(&sh));
+        b.extend(kernel.iter().flat_map(|f| f.to_le_bytes()));
+        b.extend_from_slice(stack);
+        b
+    }
+
+    #[test]
+    fn stack_sections_decode_and_inconsistent_ones_are_malformed() {
+        let r = ip(1, 0x10, EventRole::CpuClock);
+        let good = with_stack(
+            &r,
+            &[0xffff_ffff_8100_0000, 0xffff_ffff_8100_0100],
+            [0; 3],
+            &[7; 24],
+        );
+        let (_, sec) = decode(&good).expect("decodes");
+        let sec = sec.expect("has a stack section");
+        assert_eq!(sec.kernel, [0xffff_ffff_8100_0000, 0xffff_ffff_8100_0100]);
+        assert_eq!(sec.stack, [7; 24]);
+        // One byte short, one too many, a count past the limit, no header: all refused.
+        assert!(decode(&good[..good.len() - 1]).is_none());
+        let mut long = good.clone();
+        long.push(0);
+        assert!(decode(&long).is_none());
+        let mut over = good.clone();
+        let at = size_of::<IpSample>();
+        over[at..at + 2].copy_from_slice(&(MAX_KERNEL_FRAMES as u16 + 1).to_le_bytes());
+        assert!(decode(&over).is_none());
+        assert!(decode(&good[..size_of::<IpSample>() + 4]).is_none());
+        // Without the flag, trailing bytes are not a record either.
+        let mut plain = bytes_of(&r);
+        plain.push(0);
+        assert!(decode(&plain).is_none());
+    }
+
+    #[test]
+    fn stacks_stop_at_unknown_code_and_unreadable_stacks_are_counted() {
+        let me = std::process::id();
+        let code =
+            stacks_stop_at_unknown_code_and_unreadable_stacks_are_counted as *const () as u64;
+        let data = Box::new([0u64; 4]);
+        let heap = data.as_ptr() as u64;
+        let mut d = Drain::new(1);
+        let r = ip(me, code, EventRole::CpuClock);
+        // An IP in no file mapping (JIT, anonymous memory): that frame, nothing more.
+        d.add(&with_stack(&r, &[], [heap, heap, 0], &[0; 64]));
+        // Nothing copied: the caller cannot be found.
+        d.add(&with_stack(&r, &[], [code, heap, 0], &[]));
+        // Garbage: a stack made of one code address over and over ends at the frame
+        // limit or the end of the copy, never past either.
+        let garbage: Vec<u8> = std::iter::repeat_n(code.to_le_bytes(), MAX_STACK_BYTES / 8)
+            .flatten()
+            .collect();
+        d.add(&with_stack(&r, &[], [code, heap, heap], &garbage));
+        let p = &d.set.processes[&me];
+        let ends: HashMap<StackEnd, Vec<usize>> =
+            p.stacks.stacks.keys().fold(HashMap::new(), |mut m, s| {
+                m.entry(s.end).or_default().push(s.user.len());
+                m
+            });
+        assert_eq!(ends[&StackEnd::UnknownCode], [1], "{ends:?}");
+        assert_eq!(ends[&StackEnd::Error], [1], "{ends:?}");
+        assert!(
+            ends[&StackEnd::Truncated]
+                .iter()
+                .all(|&n| n <= MAX_USER_FRAMES),
+            "{ends:?}"
+        );
+        assert_eq!(
+            d.stack_counts,
+            StackCounts {
+                truncated: 1,
+                unknown_code: 1,
+                failed: 1
+            }
+        );
+        assert_eq!((d.malformed, p.stacks.unstacked), (0, 0));
+        let w = d.take_window();
+        assert_eq!(w.stack_counts.failed, 1);
+        assert_eq!(d.stack_counts, StackCounts::default());
     }
 
     #[test]

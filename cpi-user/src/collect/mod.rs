@@ -23,7 +23,7 @@ use aya::maps::{Array, PerCpuArray};
 use aya::programs::PerfEvent;
 use aya::Ebpf;
 use cpi_common::policy::{KernelConfig, Perturbation};
-use cpi_common::wire::COUNTERS;
+use cpi_common::wire::{StackMode, COUNTERS};
 
 use crate::profile::{RunInfo, SampleSet};
 use events::{EventSpec, Rate};
@@ -162,6 +162,9 @@ pub struct CollectOptions {
     /// only when it is a quarter full): sooner reads a short-lived process's `/proc`
     /// while it lives; later wakes the collector less ([`DRAIN_EVERY`]).
     pub drain_every: Duration,
+    /// Take each sample's call stack (kernel frames, and the user stack copied for
+    /// unwinding: cpi-user/src/unwind/); off, records stay leaf-only and cheaper.
+    pub stacks: bool,
 }
 
 /// The one-shot command's drain interval: a process living 25 ms is read while it lives.
@@ -213,6 +216,7 @@ pub struct Collected {
 pub fn load(
     ring_bytes: u32,
     config: KernelConfig,
+    stacks: StackMode,
     btf: bool,
     programs: &[&'static str],
 ) -> Result<Ebpf, CollectError> {
@@ -228,6 +232,7 @@ pub fn load(
         |e: Box<dyn std::error::Error + Send + Sync>| CollectError::Load { hint, cause: e };
     let mut bpf = aya::EbpfLoader::new()
         .map_max_entries("SAMPLES", ring_bytes)
+        .override_global("STACK_MODE", &(stacks as u32), true)
         .load(EBPF_OBJECT)
         .map_err(|e| load_err(e.into()))?;
     for &name in programs {

@@ -58,6 +58,7 @@ const REDRAWS_PER_TICK: usize = 64;
 ///     window: None,
 ///     cpu_time: false,
 ///     drain_every: Duration::from_millis(25),
+///     stacks: true,
 /// };
 /// let mut session = Session::open(&opts, &mut |line| eprintln!("{line}"))?;
 /// println!("mode: {} ({})", session.mode().name(), session.mode_reason());
@@ -282,7 +283,8 @@ impl Session {
         let programs = ladder::programs_from(start.0, &|m| {
             plan(m, (caps.vendor, &caps.core_pmus), &opts, &opts.rate)
         });
-        let mut bpf = load(opts.ring_bytes, bpf_cfg, caps.btf, &programs)?;
+        let stack_mode = features.stack_mode(opts.stacks);
+        let mut bpf = load(opts.ring_bytes, bpf_cfg, stack_mode, caps.btf, &programs)?;
 
         // Signals are caught from here on, so a SIGINT during set-up still reports.
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -633,6 +635,9 @@ impl Live {
             malformed: w.malformed,
             thinned: delta(Counter::Thinned),
             sideband_lost: w.sideband_lost,
+            stacks_truncated: w.stack_counts.truncated,
+            stacks_unknown_code: w.stack_counts.unknown_code,
+            stacks_failed: w.stack_counts.failed,
             ..Default::default()
         };
         self.counters_seen = counters;

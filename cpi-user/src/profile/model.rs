@@ -295,6 +295,15 @@ pub struct LossReport {
     /// (their samples then count as unmapped). Absent from files before it existed.
     #[serde(default)]
     pub sideband_lost: u64,
+    /// Call stacks cut at the frame limit or at the end of the copied user stack.
+    #[serde(default)]
+    pub stacks_truncated: u64,
+    /// Call stacks stopped at code without a file behind it (JIT, anonymous, vDSO).
+    #[serde(default)]
+    pub stacks_unknown_code: u64,
+    /// Call stacks that failed: unreadable stack, unwind rules that led nowhere.
+    #[serde(default)]
+    pub stacks_failed: u64,
 }
 
 impl LossReport {
@@ -314,7 +323,7 @@ impl LossReport {
         format!(
             "(ring full {}, branch errors {}, malformed {}); not used: short stacks {}, \
              invalid ranges {}; unmapped samples {}; thinned on purpose {} (period carried); \
-             side-band records lost {}",
+             side-band records lost {}; stacks truncated {}, at unknown code {}, failed {}",
             self.ring_full,
             self.branch_errors,
             self.malformed,
@@ -322,7 +331,10 @@ impl LossReport {
             self.invalid_ranges,
             self.unmapped_samples,
             self.thinned,
-            self.sideband_lost
+            self.sideband_lost,
+            self.stacks_truncated,
+            self.stacks_unknown_code,
+            self.stacks_failed
         )
     }
 }
@@ -342,6 +354,9 @@ impl LossReport {
             invalid_ranges,
             unmapped_samples,
             sideband_lost,
+            stacks_truncated,
+            stacks_unknown_code,
+            stacks_failed,
         } = o;
         for (a, b) in [
             (&mut self.ring_full, ring_full),
@@ -352,6 +367,9 @@ impl LossReport {
             (&mut self.invalid_ranges, invalid_ranges),
             (&mut self.unmapped_samples, unmapped_samples),
             (&mut self.sideband_lost, sideband_lost),
+            (&mut self.stacks_truncated, stacks_truncated),
+            (&mut self.stacks_unknown_code, stacks_unknown_code),
+            (&mut self.stacks_failed, stacks_failed),
         ] {
             add_count(a, *b, overflow);
         }

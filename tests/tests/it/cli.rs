@@ -69,17 +69,19 @@ fn a_command_without_dashes_runs_and_its_exit_status_is_ours() {
 }
 
 #[test]
-fn g_says_there_are_no_stacks_yet_and_e_names_only_the_ladders_events() {
+fn g_is_the_default_and_e_names_only_the_ladders_events() {
     if !require_root("-g and -e") {
         return;
     }
-    let out = run(&["-g", "-F", "99", "--", "true"]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("cpi-bpf: warning: -g: no call stacks yet: profiles are leaf-only"),
-        "{}",
-        stderr(&out)
-    );
+    // Stacks are on by default: -g is perf's habit, accepted quietly; --no-stacks turns
+    // them off, and both at once is a one-line error.
+    for flag in ["-g", "--no-stacks"] {
+        let out = run(&[flag, "-F", "99", "--", "true"]);
+        assert!(out.status.success(), "{flag}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    }
+    let out = run(&["-g", "--no-stacks", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     // The event the ladder picks here is accepted; others are one clear error.
     let doctor = String::from_utf8_lossy(&run(&["doctor"]).stdout).into_owned();
     let (ok, other) = if doctor.contains("time-profile") {

@@ -402,6 +402,7 @@ fn session_windows_add_up_and_the_rate_changes_live() {
         window: None,
         cpu_time: false,
         drain_every: cpi_user::collect::DRAIN_EVERY,
+        stacks: true,
     };
     let mut notes = Vec::new();
     let mut session = Session::open(&opts, &mut |m| notes.push(m.to_string())).expect("open");

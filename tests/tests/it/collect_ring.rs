@@ -27,8 +27,14 @@ fn full_ring_buffer_is_counted_and_nothing_is_silent() {
         .spawn()
         .unwrap();
     // One page of ring: room for about 70 IP records.
-    let mut bpf =
-        collect::load(4096, KernelConfig::default(), true, &["ip_cpu_clock"]).expect("load");
+    let mut bpf = collect::load(
+        4096,
+        KernelConfig::default(),
+        cpi_common::wire::StackMode::Off,
+        true,
+        &["ip_cpu_clock"],
+    )
+    .expect("load");
     let rate = events::Rate {
         frequency: 10_000,
         period: None,

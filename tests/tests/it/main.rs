@@ -27,6 +27,7 @@ mod simulate;
 mod simulate_bench;
 mod simulate_report;
 mod source_lines;
+mod stacks_collect;
 mod stacks_output;
 mod stacks_simulate;
 mod symbols;

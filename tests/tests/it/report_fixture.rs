@@ -258,6 +258,9 @@ pub fn cpi_profile() -> Profile {
             invalid_ranges: 117,
             unmapped_samples: 0,
             sideband_lost: 2,
+            stacks_truncated: 0,
+            stacks_unknown_code: 0,
+            stacks_failed: 0,
         },
         binaries: vec![
             BinaryInfo {

@@ -167,7 +167,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         // Every program the kernel can run, so each event below is tried with its own.
         let all = features.limit((Mode::Cpi, String::new())).0;
         let programs = ladder::programs_from(all, &plan);
-        match collect::load(1 << 20, KernelConfig::default(), c.btf, &programs) {
+        match collect::load(
+            1 << 20,
+            KernelConfig::default(),
+            features.stack_mode(true),
+            c.btf,
+            &programs,
+        ) {
             Ok(b) => {
                 line(
                     "BPF load",

@@ -37,10 +37,14 @@ pub struct Args {
     /// `cpi-bpf doctor`); naming others is an error.
     #[arg(short, long, value_name = "EVENT", value_delimiter = ',')]
     pub event: Vec<String>,
-    /// Call stacks, as perf's -g: not yet (profiles are leaf-only); a warning, then the
-    /// profile without stacks.
-    #[arg(short = 'g')]
+    /// Call stacks, as perf's -g: the default here (every sample carries its kernel
+    /// frames and its user stack, unwound from .eh_frame or frame pointers).
+    #[arg(short = 'g', conflicts_with = "no_stacks")]
     pub call_graph: bool,
+    /// Leaf-only samples: no call stacks (smaller records, less time in the kernel per
+    /// sample; BENCHMARKS.md, "Call stacks").
+    #[arg(long)]
+    pub no_stacks: bool,
     /// User space only (as perf's `-e cycles:u`); by default kernel code is sampled too,
     /// as perf does for root, and shown as the `[kernel]` binary.
     #[arg(long)]
@@ -88,12 +92,6 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         _ => bail!("give -p PID or -a (system-wide), not both, and a command only without -p"),
     };
     let user_only = check_events(&args.event)? || args.user_only;
-    if args.call_graph {
-        log::warn!(
-            "-g: no call stacks yet: profiles are leaf-only (--callgraph shows the calls seen \
-             in branch records)"
-        );
-    }
     let duration = args.duration;
     if args.ring_buffer_mib == 0
         || !args.ring_buffer_mib.is_power_of_two()
@@ -119,6 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         window: args.range_window.map(|w| w.max(1)),
         cpu_time: false,
         drain_every: collect::DRAIN_EVERY,
+        stacks: !args.no_stacks,
     };
     let collected = collect::collect(&opts, &mut |msg| {
         eprintln!("cpi-bpf: {}", cpi_user::fsafe::escape(msg))
