@@ -517,32 +517,76 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                 value.push(0);
             }
             let mut chain = Vec::with_capacity(s.frames.len());
-            for fr in &s.frames {
+            // The leaf's sampled addresses and their share of its values: the path's
+            // values are spread over them (as the function's own samples are) so that
+            // `pprof -list` shows source lines. A path's own split is not recorded; this
+            // takes the function's, exact where the function has one caller path.
+            let mut leaf_split: Vec<(u64, f64)> = Vec::new();
+            for (depth, fr) in s.frames.iter().enumerate() {
                 let (binary, name) = (fr.binary.as_str(), fr.function.as_str());
                 let found = proc
                     .functions
                     .iter()
                     .find(|f| f.binary == binary && f.name == name);
                 let fid = function_id(&mut function, &mut func_ids, &mut st, binary, name, found);
-                chain.push(*loc_ids.entry((binary, fr.address)).or_insert_with(|| {
-                    let id = location.len() as u64 + 1;
-                    location.push(Location {
-                        id,
-                        mapping_id: mapping_ids.get(binary).copied().unwrap_or(0),
-                        address: fr.address,
-                        line: vec![Line {
-                            function_id: fid,
-                            line: 0,
-                        }],
-                    });
-                    id
-                }));
+                let mapping_id = mapping_ids.get(binary).copied().unwrap_or(0);
+                let mut place = |address: u64, line: i64| {
+                    *loc_ids.entry((binary, address)).or_insert_with(|| {
+                        let id = location.len() as u64 + 1;
+                        location.push(Location {
+                            id,
+                            mapping_id,
+                            address,
+                            line: vec![Line {
+                                function_id: fid,
+                                line,
+                            }],
+                        });
+                        id
+                    })
+                };
+                if depth == 0 {
+                    if let Some(f) = found {
+                        let per_address = function_values(f, time);
+                        let total: i64 = per_address.iter().map(|(_, v)| v[0]).sum();
+                        if total > 0 {
+                            let lines: HashMap<u64, i64> = f
+                                .lines
+                                .iter()
+                                .filter_map(|l| Some((l.address, l.source.as_ref()?.line.into())))
+                                .collect();
+                            for (address, v) in per_address {
+                                let line = lines.get(&address).copied().unwrap_or(0);
+                                place(address, line);
+                                leaf_split.push((address, v[0] as f64 / total as f64));
+                            }
+                            continue;
+                        }
+                    }
+                }
+                chain.push(place(fr.address, 0));
             }
-            sample.push(Sample {
-                location_id: chain,
-                value,
-                label: labels.clone(),
-            });
+            if leaf_split.is_empty() {
+                sample.push(Sample {
+                    location_id: chain,
+                    value,
+                    label: labels.clone(),
+                });
+            } else {
+                let leaf_binary = s.frames[0].binary.as_str();
+                for (address, share) in leaf_split {
+                    let mut location_id = vec![loc_ids[&(leaf_binary, address)]];
+                    location_id.extend(&chain);
+                    sample.push(Sample {
+                        location_id,
+                        value: value
+                            .iter()
+                            .map(|&x| (x as f64 * share).round() as i64)
+                            .collect(),
+                        label: labels.clone(),
+                    });
+                }
+            }
         }
         // Call edges: [callee, caller] at the functions' starts, `calls` only.
         for c in &proc.calls {
