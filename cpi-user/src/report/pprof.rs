@@ -408,6 +408,18 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
         });
         mapping_ids.insert(bin.clone(), id);
     }
+    // Frames without a binary (unmapped addresses, functions with no samples of their
+    // own) still name a mapping: Pyroscope's ingestion refuses locations in none.
+    let unknown_mapping = mapping.len() as u64 + 1;
+    mapping.push(Mapping {
+        id: unknown_mapping,
+        memory_start: 0,
+        memory_limit: 0,
+        file_offset: 0,
+        filename: st.id("[unknown]"),
+        build_id: 0,
+        has_functions: true,
+    });
 
     let mut function = Vec::new();
     let mut location = Vec::new();
@@ -529,7 +541,7 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                     .iter()
                     .find(|f| f.binary == binary && f.name == name);
                 let fid = function_id(&mut function, &mut func_ids, &mut st, binary, name, found);
-                let mapping_id = mapping_ids.get(binary).copied().unwrap_or(0);
+                let mapping_id = mapping_ids.get(binary).copied().unwrap_or(unknown_mapping);
                 let mut place = |address: u64, line: i64| {
                     *loc_ids.entry((binary, address)).or_insert_with(|| {
                         let id = location.len() as u64 + 1;
@@ -607,8 +619,8 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                     let id = location.len() as u64 + 1;
                     location.push(Location {
                         id,
-                        // A function without samples has no mapping span: 0 is "none".
-                        mapping_id: mapping_ids.get(binary).copied().unwrap_or(0),
+                        // A function without samples has no mapping span of its own.
+                        mapping_id: mapping_ids.get(binary).copied().unwrap_or(unknown_mapping),
                         address,
                         line: vec![Line {
                             function_id: fid,
