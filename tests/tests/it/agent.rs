@@ -389,8 +389,9 @@ fn second_signal_exits_at_once() {
         }
     });
     let store = dir.join("store");
+    // Long enough to outlive a slow agent start on a loaded machine; killed below.
     let mut prog = Command::new(&busy)
-        .arg("30")
+        .arg("300")
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
