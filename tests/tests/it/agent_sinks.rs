@@ -1132,8 +1132,7 @@ fn hostile_receivers_leave_the_agent_flat() {
             }
             continue;
         }
-        let one_clear_line =
-            lines.len() == 1 && phrase.split('|').any(|p| lines[0].contains(p));
+        let one_clear_line = lines.len() == 1 && phrase.split('|').any(|p| lines[0].contains(p));
         if !one_clear_line || errors + rejected < 1.0 || ok > 0.0 {
             failures.push(format!(
                 "{name}: want one line saying {phrase:?} and counted failures, got {lines:?}, \
