@@ -15,6 +15,7 @@ pub mod fsafe;
 pub mod import;
 pub mod procmap;
 pub mod profile;
+pub mod progress;
 pub mod report;
 pub mod sim;
 pub mod unwind;

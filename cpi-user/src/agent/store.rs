@@ -35,6 +35,7 @@ use flate2::write::GzEncoder;
 use super::Window;
 use crate::profile::merge::{retain_processes, MergeError, Merger};
 use crate::profile::{AnalysisOptions, Profile};
+use crate::progress;
 use crate::report::file;
 
 /// `--store` default (systemd's `StateDirectory=cpi-bpf`).
@@ -351,7 +352,13 @@ pub fn read_range(dir: &Path, q: &RangeQuery) -> Result<RangeProfile, StoreError
     let mut merger = Merger::new(AnalysisOptions::default().sample_floor);
     let (mut skipped, mut skipped_unnamed) = (Vec::new(), 0);
     let (mut first, mut last, mut n) = (None, None, 0);
-    for w in &in_range {
+    let shown = progress::stage(
+        "merging",
+        Some(in_range.len() as u64),
+        progress::Unit::Count("windows"),
+    );
+    for (i, w) in in_range.iter().enumerate() {
+        shown.update(i as u64);
         let path = dir.join(&*w.name);
         let mut p = match read_window(&path) {
             Ok(p) => p,

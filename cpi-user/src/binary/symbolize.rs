@@ -23,6 +23,9 @@ use crate::procmap::{MappedObject, Mapping, ProcessMaps};
 /// Unusable files named in the log, at most.
 const MAX_NAMED: usize = 1000;
 
+/// Unusable files named in the one-line summary ([`Symbolizer::log_unusable`]).
+const SUMMARY_NAMES: usize = 3;
+
 /// Lowest x86-64 kernel address (canonical upper half).
 pub const KERNEL_START: u64 = 0xffff_8000_0000_0000;
 
@@ -138,8 +141,10 @@ pub struct Symbolizer {
     kernel: Option<Vec<Function>>,
     /// (pid, mapping start) → the file opened while the process lived.
     captured: HashMap<(u32, u64), Arc<File>>,
-    /// Files already named as unusable ([`Symbolizer::warn_once`]).
+    /// Files already found unusable ([`Symbolizer::warn_once`]).
     warned: std::collections::HashSet<PathBuf>,
+    /// Those not yet said, each with its full message ([`Symbolizer::log_unusable`]).
+    unsaid: Vec<(PathBuf, String)>,
     /// Processes found gone (no `/proc/PID`): their `/proc` paths are not tried again.
     gone: std::collections::HashSet<u32>,
     /// Last use of each binary (by [`Binary::id`]), for [`Symbolizer::trim`].
@@ -181,6 +186,13 @@ enum Held {
     Decoded(DecodedKey),
 }
 
+/// Nothing found unusable goes unsaid, whoever owned the symbolizer.
+impl Drop for Symbolizer {
+    fn drop(&mut self) {
+        self.log_unusable();
+    }
+}
+
 impl Symbolizer {
     /// An empty symbolizer.
     pub fn new(opts: SymbolizerOptions) -> Self {
@@ -193,6 +205,7 @@ impl Symbolizer {
             captured: HashMap::new(),
             gone: std::collections::HashSet::new(),
             warned: std::collections::HashSet::new(),
+            unsaid: Vec::new(),
             used: HashMap::new(),
             decoded: HashMap::new(),
             decoded_bytes: 0,
@@ -530,16 +543,58 @@ impl Symbolizer {
         Err(err.expect("the mapped path was tried"))
     }
 
-    /// Logs why `path` is unusable, once per file (at most [`MAX_NAMED`] files, then once
-    /// that more are not named): thousands of failing mappings are not thousands of lines.
+    /// Notes why `path` is unusable, once per file (at most [`MAX_NAMED`] files, then once
+    /// that more are not named), for [`Symbolizer::log_unusable`] to say.
     fn warn_once(&mut self, path: &Path, pid: u32, e: &BinaryError) {
         if self.warned.len() < MAX_NAMED {
             if self.warned.insert(path.to_path_buf()) {
-                log::warn!("pid {pid}: {e}");
+                self.unsaid
+                    .push((path.to_path_buf(), format!("pid {pid}: {e}")));
             }
         } else if self.warned.len() == MAX_NAMED {
             self.warned.insert(PathBuf::new());
-            log::warn!("more than {MAX_NAMED} unusable files: no longer named");
+            self.unsaid.push((
+                PathBuf::new(),
+                format!("more than {MAX_NAMED} unusable files: no longer named"),
+            ));
+        }
+    }
+
+    /// Says the files found unusable since the last call: one warning for one file;
+    /// for more (a process whose libraries were all replaced), one warning with their
+    /// count and the first names, each file's reason at info level (`-v`). Their samples
+    /// are in the loss account (unmapped) either way.
+    pub fn log_unusable(&mut self) {
+        let (unsaid, overflow): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unsaid)
+            .into_iter()
+            .partition(|(p, _)| !p.as_os_str().is_empty());
+        for (_, line) in overflow {
+            log::warn!("{line}");
+        }
+        match unsaid.as_slice() {
+            [] => {}
+            [(_, one)] => log::warn!("{one}"),
+            all => {
+                let named: Vec<String> = all.iter().map(|(p, _)| p.display().to_string()).collect();
+                let first = named
+                    .iter()
+                    .take(SUMMARY_NAMES)
+                    .cloned()
+                    .collect::<Vec<_>>();
+                let more = match named.len().saturating_sub(first.len()) {
+                    0 => String::new(),
+                    n => format!(" and {n} more"),
+                };
+                log::warn!(
+                    "{} mapped files unusable, their samples counted as unmapped: {}{more} \
+                     (-v says why for each)",
+                    named.len(),
+                    first.join(", ")
+                );
+                for (_, line) in all {
+                    log::info!("{line}");
+                }
+            }
         }
     }
 

@@ -34,6 +34,7 @@ use cpi_common::wire::{
 use crate::procmap::{MappedObject, ProcessMaps};
 use crate::profile::events::{raw_event, RawEvent, Vendor};
 use crate::profile::SampleSet;
+use crate::progress;
 use locate::{LocateError, Locator};
 use perf_data::{EventAttr, PerfDataError};
 
@@ -255,11 +256,15 @@ pub fn load_path(path: &Path, opts: &ImportOptions) -> Result<Loaded, ImportErro
 }
 
 /// Opens `f` again from its start (one pass of [`import_lines`]).
-fn rewind(f: &std::fs::File) -> impl FnMut() -> std::io::Result<BufReader<std::fs::File>> + '_ {
+fn rewind(
+    f: &std::fs::File,
+) -> impl FnMut() -> std::io::Result<progress::Reading<BufReader<std::fs::File>>> + '_ {
     move || {
         let mut g = f.try_clone()?;
         g.seek(SeekFrom::Start(0))?;
-        Ok(BufReader::with_capacity(1 << 16, g))
+        let size = g.metadata().ok().map(|m| m.len());
+        let r = BufReader::with_capacity(1 << 16, g);
+        Ok(progress::Reading::new(r, "reading", size))
     }
 }
 
@@ -385,10 +390,12 @@ fn perf_data_pass(
     (window, weighting): (usize, StackWeighting),
     roles: Roles,
 ) -> Result<Pass, ImportError> {
-    let mut f = std::fs::File::open(path).map_err(|source| ImportError::Io {
+    let f = std::fs::File::open(path).map_err(|source| ImportError::Io {
         what: what.into(),
         source,
     })?;
+    let size = f.metadata().ok().map(|m| m.len());
+    let mut f = progress::Reading::new(f, "reading", size);
     let mut set = SampleSet::new(window);
     set.weighting = weighting;
     let mut per_event = Vec::new();

@@ -64,6 +64,7 @@ use crate::binary::{
     Symbolizer, SymbolizerOptions,
 };
 use crate::procmap::ProcessMaps;
+use crate::progress::{self, Unit};
 
 /// How analysis runs.
 #[derive(Clone, Debug)]
@@ -216,26 +217,47 @@ pub fn analyze_with(
         decoded: HashMap::new(),
         users: HashMap::new(),
         calls: BTreeMap::new(),
+        analysed: 0,
+        analysing: None,
     };
     // Symbolise everything first, so each decoded function is kept exactly as long as
     // a process still needs it.
     let empty = ProcessMaps::default();
+    let symbolising = progress::stage(
+        "symbolising",
+        Some(set.processes.len() as u64),
+        Unit::Count("processes"),
+    );
     let gathered: Vec<ProcessResolver<'_>> = set
         .processes
         .values()
-        .map(|p| ctx.gather(p, p.maps.as_ref().unwrap_or(&empty)))
+        .enumerate()
+        .map(|(i, p)| {
+            symbolising.update(i as u64);
+            ctx.gather(p, p.maps.as_ref().unwrap_or(&empty))
+        })
         .collect();
+    drop(symbolising);
+    let mut functions = 0;
     for res in &gathered {
         for w in res.funcs.iter().filter(|w| w.has_evidence()) {
             *ctx.users.entry(w.key()).or_default() += 1;
+            functions += 1;
         }
     }
+    ctx.analysing = Some(progress::stage(
+        "analysing",
+        Some(functions),
+        Unit::Count("functions"),
+    ));
     let processes = set
         .processes
         .values()
         .zip(gathered)
         .map(|(p, res)| ctx.finish(p, res))
         .collect();
+    ctx.analysing = None;
+    ctx.sym.log_unusable();
     let Ctx { lost, binaries, .. } = ctx;
     Profile {
         format_version: PROFILE_FORMAT_VERSION,
@@ -398,6 +420,9 @@ struct Ctx<'a> {
     users: HashMap<FuncKey, usize>,
     /// The current process's call records: (caller, callee) function indices.
     calls: BTreeMap<(usize, usize), (f64, u64)>,
+    /// Functions analysed so far, and the stage they are shown in on a terminal.
+    analysed: u64,
+    analysing: Option<progress::Stage>,
 }
 
 /// Per-function results the process totals need.
@@ -474,6 +499,10 @@ impl Ctx<'_> {
                 continue;
             }
             let mut out = self.function(i, w, primary.weight, &names);
+            self.analysed += 1;
+            if let Some(s) = &self.analysing {
+                s.update(self.analysed);
+            }
             if let CodeObject::Elf(bin) = &w.object {
                 let lines = sources
                     .entry(Arc::as_ptr(bin))

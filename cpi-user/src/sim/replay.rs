@@ -13,6 +13,10 @@ use super::trace::{Event, TraceError, TraceReader};
 use super::FastMap;
 use crate::procmap::ProcessMaps;
 use crate::profile::SampleSet;
+use crate::progress::{self, Unit};
+
+/// Trace records between progress updates (a few per second at replay speed).
+const PROGRESS_EVERY: u64 = 1 << 16;
 
 /// Exact counts of one executed instruction (runtime address).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -160,8 +164,12 @@ impl Replay {
         let mut starts: FastMap<u32, u64> = FastMap::default();
         let mut stacks: FastMap<u32, ThreadStack> = FastMap::default();
         let (mut tid, mut start) = (self.pid, 0u64);
+        let shown = progress::stage("tracing", None, Unit::Count("branches"));
         while let Some(ev) = r.next()? {
             self.stats.records += 1;
+            if self.stats.records % PROGRESS_EVERY == 0 {
+                shown.update(self.stats.records);
+            }
             match ev {
                 Event::Maps(m) => self.code.update(m),
                 Event::Thread { tid: t } => {

@@ -17,6 +17,7 @@ mod import_perf_data;
 mod import_real;
 mod kernels;
 mod machines;
+mod progress;
 mod report_fdata;
 mod report_file;
 mod report_fixture;

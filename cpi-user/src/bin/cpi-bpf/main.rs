@@ -6,6 +6,7 @@ mod doctor;
 mod import_perf;
 mod output;
 mod policy;
+mod progress;
 mod record;
 mod report;
 mod simulate;
@@ -55,20 +56,6 @@ enum Invocation {
 use cpi_user::fsafe::escape;
 
 fn main() {
-    // Library warnings in the one style of every message: `cpi-bpf: warning: …`, with
-    // the paths and names other processes chose escaped.
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .format(|buf, record| {
-            use std::io::Write;
-            let tag = match record.level() {
-                log::Level::Error => "error: ",
-                log::Level::Warn => "warning: ",
-                _ => "",
-            };
-            let msg = record.args().to_string();
-            writeln!(buf, "cpi-bpf: {tag}{}", escape(&msg))
-        })
-        .init();
     // `generate-docs` is added here, not in `Cli`, so that the pages and completions it
     // writes from `Cli` do not offer it.
     let parsed = Cli::command()
@@ -88,6 +75,15 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let output = match &cli.command {
+        None => Some(&cli.record.output),
+        Some(Command::Simulate(a)) => Some(&a.output),
+        Some(Command::Report(a)) => Some(&a.output),
+        Some(Command::ImportPerf(a)) => Some(&a.output),
+        Some(Command::Agent(_) | Command::Doctor(_)) => None,
+    };
+    init_logging(output.is_some_and(|o| o.verbose));
+    progress::install(output.is_none_or(|o| o.quiet));
     let result = match cli.command {
         None => record::run(cli.record),
         Some(Command::Agent(a)) => agent::run(*a),
@@ -97,6 +93,26 @@ fn main() {
         Some(Command::ImportPerf(a)) => import_perf::run(a),
     };
     exit_with(result)
+}
+
+/// Library messages in the one style of every message (`cpi-bpf: warning: …`), with the
+/// paths and names other processes chose escaped; with `-v` the detail behind a summary
+/// (info level) too. Written above a progress bar, never through it.
+fn init_logging(verbose: bool) {
+    let level = if verbose { "info" } else { "warn" };
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
+        .format(|buf, record| {
+            use std::io::Write;
+            let tag = match record.level() {
+                log::Level::Error => "error: ",
+                log::Level::Warn => "warning: ",
+                _ => "",
+            };
+            let msg = record.args().to_string();
+            writeln!(buf, "cpi-bpf: {tag}{}", escape(&msg))
+        })
+        .target(env_logger::Target::Pipe(Box::new(progress::Stderr)))
+        .init();
 }
 
 fn exit_with(result: anyhow::Result<i32>) -> ! {

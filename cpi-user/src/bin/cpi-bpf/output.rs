@@ -53,6 +53,10 @@ pub struct OutputArgs {
     /// The whole header: why this mode, each event and its period, losses by reason.
     #[arg(short, long)]
     pub verbose: bool,
+    /// No progress bar (one is shown on a terminal during long work: tracing, analysis,
+    /// imports, store reads).
+    #[arg(short, long)]
+    pub quiet: bool,
     /// Rows per table.
     #[arg(long, value_name = "N", default_value_t = 20, value_parser = rows)]
     pub top: usize,
