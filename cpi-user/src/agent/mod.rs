@@ -242,7 +242,7 @@ impl Agent {
     pub fn new(config: AgentConfig, log: Log) -> Result<Agent, StartError> {
         let sinks = Sinks::start(&config)?;
         let opts = collect_options(&config);
-        let session = Session::open(&opts, &mut |m| log(Level::Info, m))?;
+        let session = Session::open(&opts, &mut |m| log(Level::Info, m.full))?;
         Ok(Agent {
             config,
             session,

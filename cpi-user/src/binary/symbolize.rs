@@ -587,7 +587,7 @@ impl Symbolizer {
                 };
                 log::warn!(
                     "{} mapped files unusable, their samples counted as unmapped: {}{more} \
-                     (-v says why for each)",
+                     (each with its reason: -v)",
                     named.len(),
                     first.join(", ")
                 );

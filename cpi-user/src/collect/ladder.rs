@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use super::events::EventSpec;
 use super::sys::PerfSys;
-use super::CollectError;
+use super::{CollectError, Notice};
 use crate::profile::Mode;
 
 /// An open event: the fd keeps the program attached; closing it detaches.
@@ -189,16 +189,19 @@ pub fn walk(
     places: &[(i32, i32)],
     extra_flags: u64,
     attach: Attach,
-    notify: &mut dyn FnMut(&str),
+    notify: &mut dyn FnMut(Notice<'_>),
 ) -> Result<Rung, CollectError> {
     let (mut mode, mut reason) = start;
-    notify(&format!("mode: {} — {reason}", mode.name()));
+    notify(Notice {
+        brief: &format!("mode: {} — {}", mode.name(), mode.brief()),
+        full: &format!("mode: {} — {reason}", mode.name()),
+    });
     loop {
         let specs = plan(mode);
         match open_events(sys, &specs, places, extra_flags, attach) {
             Ok(Opened { open, notes }) => {
                 for n in &notes {
-                    notify(n);
+                    notify(Notice::plain(n));
                 }
                 return Ok(Rung {
                     mode,
@@ -215,7 +218,13 @@ pub fn walk(
                     mode.name(),
                     mode.measures()
                 );
-                notify(&format!("mode: {} — {reason}", mode.name()));
+                notify(Notice {
+                    brief: &format!(
+                        "mode: {} — stepped down: {event} cannot be opened",
+                        mode.name()
+                    ),
+                    full: &format!("mode: {} — {reason}", mode.name()),
+                });
             }
             Err(e) => return Err(e),
         }
@@ -252,7 +261,7 @@ mod tests {
     #[test]
     fn steps_down_from_cpi_to_time_profile_saying_why() {
         let sys = FakeSys::new(no_pmu);
-        let mut lines = Vec::new();
+        let (mut lines, mut briefs) = (Vec::new(), Vec::new());
         let rung = walk(
             &sys,
             (Mode::Cpi, "probe says LBR".into()),
@@ -260,9 +269,24 @@ mod tests {
             &[(1234, -1)],
             0,
             &attach_7,
-            &mut |l| lines.push(l.to_string()),
+            &mut |l| {
+                lines.push(l.to_string());
+                briefs.push(format!("cpi-bpf: {}", l.brief));
+            },
         )
         .unwrap();
+        // On a terminal: each line alone, in 80 columns; the full lines say why.
+        assert_eq!(
+            briefs,
+            [
+                "cpi-bpf: mode: cpi — CPI per function, block and instruction",
+                "cpi-bpf: mode: ip-sampling — stepped down: cpu/r20c4/ cannot be opened",
+                "cpi-bpf: mode: time-profile — stepped down: cycles cannot be opened",
+            ]
+        );
+        for b in briefs.iter().chain(lines.iter().take(1)) {
+            assert!(b.chars().count() <= 80, "{b}");
+        }
         assert_eq!(rung.mode, Mode::TimeProfile);
         assert_eq!(rung.open.len(), 1);
         assert_eq!(lines.len(), 3, "{lines:?}");

@@ -30,6 +30,33 @@ use events::{EventSpec, Rate};
 pub use session::{collect, Session};
 pub use target::Target;
 
+/// A status line for the user (the mode line, step-downs, notes), as `notify` callbacks
+/// get it: `brief` fits an 80-column terminal, `full` says why too (`-v`, the agent's
+/// log). Shown as `full`.
+#[derive(Clone, Copy, Debug)]
+pub struct Notice<'a> {
+    /// The line on its own.
+    pub brief: &'a str,
+    /// The line with its reasons.
+    pub full: &'a str,
+}
+
+impl<'a> Notice<'a> {
+    /// A line with nothing more to say.
+    pub fn plain(line: &'a str) -> Self {
+        Notice {
+            brief: line,
+            full: line,
+        }
+    }
+}
+
+impl std::fmt::Display for Notice<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.full)
+    }
+}
+
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cpi-ebpf"));
 

@@ -21,6 +21,7 @@ use super::ladder::{self, OpenEvent};
 use super::sideband::SidebandReader;
 use super::sys::{self, Linux, PerfSys};
 use super::target::{self, Child, Target};
+use super::Notice;
 use super::{load, read_counters, CollectError, CollectOptions, Collected, StopReason};
 use crate::profile::model::{EventInfo, EventUnit, LossReport};
 use crate::profile::{Mode, RunInfo};
@@ -239,7 +240,7 @@ impl Session {
     /// failure after the command was forked kills and reaps it.
     pub fn open(
         opts: &CollectOptions,
-        notify: &mut dyn FnMut(&str),
+        notify: &mut dyn FnMut(Notice<'_>),
     ) -> Result<Session, CollectError> {
         let caps = Capabilities::probe();
         caps.check_privileges()
@@ -267,9 +268,9 @@ impl Session {
         }
         events::check_rate(&opts.rate)?;
         if !caps.btf {
-            notify(
+            notify(Notice::plain(
                 "note: no kernel BTF (/sys/kernel/btf/vmlinux missing); trying to load without it",
-            );
+            ));
         }
         let thinning = opts.perturbation.thinning(opts.thinning);
         let bpf_cfg = KernelConfig {
@@ -313,11 +314,11 @@ impl Session {
             notify,
         )?;
         for n in &pid_notes {
-            notify(n);
+            notify(Notice::plain(n));
         }
         if rung.specs.iter().any(|s| s.role == EventRole::CpuClock) {
             if let Some(note) = events::cpu_clock_floor_note(&opts.rate) {
-                notify(&note);
+                notify(Notice::plain(&note));
             }
         }
 
@@ -517,7 +518,10 @@ impl Session {
     }
 
     /// [`Session::finish`], saying on `notify` when the command had to be killed.
-    pub fn finish_with(mut self, notify: &mut dyn FnMut(&str)) -> Result<Collected, CollectError> {
+    pub fn finish_with(
+        mut self,
+        notify: &mut dyn FnMut(Notice<'_>),
+    ) -> Result<Collected, CollectError> {
         let stop = *self.live.stop.get_or_insert(StopReason::Finished);
         self.rt.block_on(self.live.shut_down());
         let command_status = self.live.child.take().and_then(|child| {
@@ -526,10 +530,10 @@ impl Session {
             }
             let (status, killed) = child.terminate(KILL_AFTER);
             if killed {
-                notify(&format!(
+                notify(Notice::plain(&format!(
                     "the command did not end within {} s of SIGTERM: killed it (SIGKILL)",
                     KILL_AFTER.as_secs()
-                ));
+                )));
             }
             status
         });
@@ -704,7 +708,7 @@ fn seed() -> u64 {
 /// The one-shot command: one window, from open to a stop condition.
 pub fn collect(
     opts: &CollectOptions,
-    notify: &mut dyn FnMut(&str),
+    notify: &mut dyn FnMut(Notice<'_>),
 ) -> Result<Collected, CollectError> {
     let mut session = Session::open(opts, notify)?;
     session.run_until(None)?;

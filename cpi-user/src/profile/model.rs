@@ -74,6 +74,19 @@ impl Mode {
         }
     }
 
+    /// What the mode measures in a few words: the mode line on a terminal
+    /// (cpi-user/src/collect/ladder.rs), which fits 80 columns; [`Mode::measures`] and
+    /// why the mode was chosen are its `-v` form.
+    pub fn brief(self) -> &'static str {
+        match self {
+            Mode::Cpi => "CPI per function, block and instruction",
+            Mode::IpSampling => "no branch records: CPI per function is rough",
+            Mode::TimeProfile => "CPU time per function; no cycles or CPI",
+            Mode::Simulated => "the PMU model replaying an exact trace",
+            Mode::Instructions => "instructions from branch records; no CPI",
+        }
+    }
+
     /// The report header's description of the mode.
     pub fn description(self) -> &'static str {
         match self {
@@ -821,6 +834,22 @@ pub struct RunInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The mode line a terminal shows (cpi-user/src/collect/ladder.rs) fits 80 columns
+    /// in every mode.
+    #[test]
+    fn every_brief_mode_line_fits_80_columns() {
+        for m in [
+            Mode::Cpi,
+            Mode::IpSampling,
+            Mode::TimeProfile,
+            Mode::Simulated,
+            Mode::Instructions,
+        ] {
+            let line = format!("cpi-bpf: mode: {} — {}", m.name(), m.brief());
+            assert!(line.chars().count() <= 80, "{line}");
+        }
+    }
 
     #[test]
     fn estimates_disagree_beyond_three_combined_errors() {

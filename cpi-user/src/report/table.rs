@@ -534,8 +534,9 @@ fn wrap(text: &str, width: Option<usize>) -> String {
     out
 }
 
-/// `s` in at most `max` characters: cut with "…" when longer.
-fn ellipsize(s: &str, max: usize) -> String {
+/// `s` in at most `max` characters: cut with "…" when longer (names in tables, status
+/// lines on a narrow terminal).
+pub fn ellipsize(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
         return s.to_string();
     }

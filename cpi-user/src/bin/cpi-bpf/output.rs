@@ -323,11 +323,19 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
 /// terminal's; none when standard output is not a terminal (a pipe or file gets whole
 /// names, as perf's `--stdio` does).
 fn terminal_width() -> Option<usize> {
+    width_of(&std::io::stdout())
+}
+
+/// [`terminal_width`] of standard error, where status lines go.
+pub fn stderr_width() -> Option<usize> {
+    width_of(&std::io::stderr())
+}
+
+fn width_of(stream: &(impl IsTerminal + std::os::fd::AsRawFd)) -> Option<usize> {
     if let Some(n) = std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()) {
         return Some(n).filter(|&n| n > 0);
     }
-    let out = std::io::stdout();
-    if !out.is_terminal() {
+    if !stream.is_terminal() {
         return None;
     }
     let mut ws = libc::winsize {
@@ -336,8 +344,8 @@ fn terminal_width() -> Option<usize> {
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    // SAFETY: TIOCGWINSZ fills the winsize we own; the fd is standard output's.
-    let ok = unsafe { libc::ioctl(1, libc::TIOCGWINSZ, &mut ws) } == 0;
+    // SAFETY: TIOCGWINSZ fills the winsize we own; the fd is the stream's.
+    let ok = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) } == 0;
     (ok && ws.ws_col > 0).then_some(usize::from(ws.ws_col))
 }
 

@@ -9,7 +9,9 @@ use cpi_user::collect::{self, CollectOptions, StopReason, Target, DEFAULT_FREQUE
 use cpi_user::profile::analyze::LineDetail;
 use cpi_user::profile::{analyze, AnalysisOptions, Mode};
 
-use crate::output::{emit, validate, OutputArgs};
+use cpi_user::report::table;
+
+use crate::output::{emit, stderr_width, validate, OutputArgs};
 use crate::policy::PolicyArgs;
 
 #[derive(clap::Args, Debug)]
@@ -119,8 +121,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         drain_every: collect::DRAIN_EVERY,
         stacks: !args.no_stacks,
     };
-    let collected = collect::collect(&opts, &mut |msg| {
-        eprintln!("cpi-bpf: {}", cpi_user::fsafe::escape(msg))
+    // Status lines fit the terminal; -v gives each whole, with its reasons.
+    let verbose = args.output.verbose;
+    let width = stderr_width().filter(|_| !verbose);
+    let say = |line: &str| {
+        let line = cpi_user::fsafe::escape(line);
+        match width {
+            Some(w) => eprintln!("{}", table::ellipsize(&line, w)),
+            None => eprintln!("{line}"),
+        }
+    };
+    let collected = collect::collect(&opts, &mut |n| {
+        say(&format!(
+            "cpi-bpf: {}",
+            if verbose { n.full } else { n.brief }
+        ))
     })?;
     let stop = match (collected.stop, collected.command_status) {
         (Some(StopReason::TargetExit), Some(status)) => {
@@ -131,10 +146,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let received: u64 = collected.run.events.iter().map(|e| e.samples).sum();
     // Said before the analysis: the collection is over (the tests read the target's CPU
     // time at this line).
-    eprintln!(
+    say(&format!(
         "cpi-bpf: stopped ({stop}) after {:.2} s: {received} samples received",
         collected.run.duration_secs
-    );
+    ));
     // Lines for the sampled instructions only, so the profile costs what its samples
     // do (every instruction of every sampled function made a clang build's profile
     // 185 MB); every instruction where --annotate shows them.
