@@ -1,4 +1,4 @@
-//! The perturbation policy (README.md, "Perturbation"): period `N + random delta`, in two
+//! The perturbation policy (docs/METHOD.md, "Perturbation"): period `N + random delta`, in two
 //! layers:
 //!
 //! * **kernel** — the eBPF program cannot change a perf event's period (no helper, no
@@ -102,7 +102,7 @@ impl Perturbation {
 }
 
 /// The default layers, from the PMU model's synchronisation measurement
-/// (`tests/tests/it/simulate.rs`, README "Perturbation"): user-space re-draws remove the
+/// (`tests/tests/it/simulate.rs`, docs/METHOD.md, "Perturbation"): user-space re-draws remove the
 /// bias of a loop locked onto the period; in-kernel thinning cannot move the phase (the
 /// hardware still overflows every P events), it only cuts the records written. So by
 /// default only the user layer runs and thinning is an opt-in volume control.

@@ -8,7 +8,7 @@
 //!   and re-reads the LBR into the per-CPU buffer this very sample's frozen stack lives
 //!   in, from inside the overflow handler that has the PMU stopped; and it can only help
 //!   where the frozen stack is missing, which an event opened with a branch stack never
-//!   is (README, "Kernels").
+//!   is (docs/METHOD.md, "Kernels").
 //!
 //! User space loads only the programs the mode it runs needs (cpi-user/src/collect/mod.rs
 //! `load`), so a kernel lacking a helper of one program still runs the others.

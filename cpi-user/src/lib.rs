@@ -1,6 +1,6 @@
 //! cpi-bpf user space, library first; the `cpi-bpf` binary is a thin CLI over it.
 //!
-//! Stages (README.md, "Architecture"): [`collect`] brings wire samples home from the kernel, [`sim`]
+//! Stages (docs/METHOD.md, "Architecture"): [`collect`] brings wire samples home from the kernel, [`sim`]
 //! produces the same samples from an exact execution trace, [`profile`] aggregates them
 //! per process and turns them into instruction/block/edge counts and CPI using
 //! [`procmap`] and [`binary`], [`import`] reads recordings made elsewhere (`perf.data`,

@@ -292,7 +292,7 @@ pub fn cpu_list(cpus: &[u32]) -> String {
 /// What the running kernel's BPF offers of what cpi-bpf uses. Each is probed (aya's
 /// `is_*_supported`: a tiny program or map the kernel accepts or refuses), never
 /// inferred from the version: distributions backport. The floor and what each feature
-/// decides are in README.md, "Kernels".
+/// decides are in docs/METHOD.md, "Kernels".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelFeatures {
     /// `BPF_PROG_TYPE_PERF_EVENT` (Linux 4.9): every program is one.

@@ -866,7 +866,7 @@ fn relocate(
 /// Says how many stacks the cycles-spanned weighting left out for an untimed entry.
 /// How branch stacks are weighted: as asked, else by the cycles each window spans when
 /// the stacks were sampled on cycles and carry timed entries (stacks on cycles
-/// over-weight ranges ahead of slow code: README.md, "Cycle-sampled branch stacks"),
+/// over-weight ranges ahead of slow code: docs/METHOD.md, "Cycle-sampled branch stacks"),
 /// else per window. `Err` (why) when cycles-spanned is asked of untimed stacks.
 fn stack_weighting(
     asked: Option<StackWeighting>,

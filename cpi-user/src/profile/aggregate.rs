@@ -27,7 +27,7 @@ use crate::procmap::ProcessMaps;
 /// ahead of slow code are over-represented; weighting the window by Q / (Σ cycles of its
 /// ranges, from timed branch entries) makes each range count its executions again, up
 /// to how well the window's cycles stand for those of the ranges sampled after it
-/// (README.md, "Cycle-sampled branch stacks", gives the measured bias before and after).
+/// (docs/METHOD.md, "Cycle-sampled branch stacks", gives the measured bias before and after).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StackWeighting {
     /// Q / window: stacks sampled on retired taken branches.
@@ -84,7 +84,7 @@ pub struct RangeStat {
     /// occurrence's weight in `count`: the cycles of the executions those occurrences
     /// stand for. Weighting matters when stacks are sampled on cycles: a window is picked
     /// with probability proportional to its cycles, so a plain mean over occurrences
-    /// favours slow executions (measured with the PMU model: README, "Two CPI estimators").
+    /// favours slow executions (measured with the PMU model: docs/METHOD.md, "Two CPI estimators").
     pub timed_cycles: f64,
     /// Σ w over the occurrences that carried cycles: the executions `timed_cycles` covers.
     pub timed_count: f64,

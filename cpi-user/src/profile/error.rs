@@ -21,7 +21,7 @@
 //! error ratio is Student's t₃₁ at worst). Interleaved replicates see the run at 32 times
 //! the period, so where a unit runs in bursts longer than one period they overstate the
 //! error of the full sample somewhat: `cpi-bpf simulate --calibrate N -- CMD` measures the
-//! coverage (README.md, "Error bars").
+//! coverage (docs/METHOD.md, "Error bars").
 
 /// Interleaved groups the samples of each kind are dealt into.
 pub const GROUPS: usize = 32;

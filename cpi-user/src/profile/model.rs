@@ -587,8 +587,8 @@ pub struct FunctionProfile {
     /// CPI from timed branch records (LBR `cycles` field), when the hardware has them.
     pub timed_cpi: Option<Estimate>,
     /// `cpi` and `timed_cpi` differ by more than [`Estimate::DISAGREE`] combined
-    /// standard errors: one of the two estimators is off here (README, "Two CPI
-    /// estimators"). Absent (false) in older files.
+    /// standard errors: one of the two estimators is off here (docs/METHOD.md, "Two
+    /// CPI estimators"). Absent (false) in older files.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cpi_disagree: bool,
     /// The name BOLT gives the symbol when it is local (`static`): `name/N`, N counting

@@ -3,7 +3,7 @@
 //! judged unit by unit against the exact answer. A unit's estimate x̂ with reported
 //! relative error r is *covered* at ±k when |x̂ − x| ≤ k·r·x̂. If each ± is one standard
 //! error, ≈ 68.3 % of units are covered at ±1 and ≈ 95.4 % at ±2
-//! (`cpi-bpf simulate --calibrate N -- CMD`, README.md "Error bars").
+//! (`cpi-bpf simulate --calibrate N -- CMD`, docs/METHOD.md, "Error bars").
 
 use std::ffi::OsString;
 use std::process::{ExitStatus, Stdio};

@@ -469,3 +469,135 @@ fn every_flag_in_readme_usage_is_in_help() {
         );
     }
 }
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped, spaces to dashes.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '-' || *c == ' ' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The headings of a Markdown file (outside code blocks).
+fn headings(text: &str) -> Vec<String> {
+    let mut fenced = false;
+    let mut out = Vec::new();
+    for l in text.lines() {
+        if l.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && l.starts_with('#') {
+            out.push(l.trim_start_matches('#').trim().to_string());
+        }
+    }
+    out
+}
+
+/// The user's documents link to files and sections that exist, and every section a
+/// source comment cites (`README.md, "Usage"`, `docs/METHOD.md, "Perturbation"`) is a
+/// heading of that document: moving the method out of README leaves no dead reference.
+#[test]
+fn doc_links_and_cited_sections_resolve() {
+    let root = cpi_tests::workspace_root();
+    let read = |rel: &str| {
+        std::fs::read_to_string(root.join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+    };
+    for doc in ["README.md", "docs/METHOD.md", "BENCHMARKS.md"] {
+        let text = read(doc);
+        let dir = std::path::Path::new(doc)
+            .parent()
+            .unwrap_or(std::path::Path::new(""));
+        let mut links = 0;
+        for (_, rest) in text.match_indices("](").map(|(i, _)| ((), &text[i + 2..])) {
+            let Some(target) = rest.split(')').next() else {
+                continue;
+            };
+            if target.starts_with("http") || target.starts_with("mailto:") || target.contains(' ') {
+                continue;
+            }
+            links += 1;
+            let (file, frag) = target.split_once('#').unwrap_or((target, ""));
+            let file = if file.is_empty() {
+                doc.to_string()
+            } else {
+                dir.join(file).to_string_lossy().into_owned()
+            };
+            let path = root.join(&file);
+            assert!(
+                path.exists(),
+                "{doc} links to {target}: {} does not exist",
+                path.display()
+            );
+            if !frag.is_empty() {
+                let anchors: Vec<String> =
+                    headings(&read(&file)).iter().map(|h| anchor(h)).collect();
+                assert!(
+                    anchors.iter().any(|a| a == frag),
+                    "{doc} links to {target}: no such section in {file}"
+                );
+            }
+        }
+        assert!(
+            doc == "BENCHMARKS.md" || links > 0,
+            "{doc}: no links parsed"
+        );
+    }
+    // Comments cite a section as `DOC, "Title` (the title may continue on the next
+    // comment line); the heading starts with the cited words.
+    let mut sources = Vec::new();
+    let mut dirs = vec![
+        root.join("cpi-user/src"),
+        root.join("cpi-common/src"),
+        root.join("cpi-ebpf/src"),
+        root.join("tests"),
+        root.join("xtask/src"),
+    ];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(&d).unwrap().filter_map(Result::ok) {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                sources.push(p);
+            }
+        }
+    }
+    sources.extend([root.join("Cargo.toml"), root.join("BENCHMARKS.md")]);
+    let docs = [
+        ("docs/METHOD.md", headings(&read("docs/METHOD.md"))),
+        ("README.md", headings(&read("README.md"))),
+    ];
+    let mut cited = 0;
+    for src in &sources {
+        let text = std::fs::read_to_string(src).unwrap();
+        // One line per comment sentence: continuation markers folded into spaces.
+        let flat: String = text
+            .lines()
+            .map(|l| {
+                l.trim_start()
+                    .trim_start_matches("//!")
+                    .trim_start_matches("///")
+                    .trim_start_matches("//")
+                    .trim_start_matches('#')
+                    .trim()
+            })
+            .collect::<Vec<_>>()
+            .join(" ");
+        for (doc, heads) in &docs {
+            for form in [format!("{doc}, \""), format!("{doc} \"")] {
+                for (i, _) in flat.match_indices(&form) {
+                    let title = flat[i + form.len()..].split('"').next().unwrap_or("");
+                    cited += 1;
+                    assert!(
+                        heads.iter().any(|h| h.starts_with(title)),
+                        "{} cites {doc}, \"{title}\": no such section",
+                        src.display()
+                    );
+                }
+            }
+        }
+    }
+    assert!(cited > 10, "found only {cited} cited sections");
+}

@@ -343,7 +343,7 @@ fn brief(acc: &Accuracy) -> String {
 /// same number of stacks as taken-branch sampling. Weighted per window they over-weight
 /// ranges ahead of slow code (measured: instruction overlap 0.927 on sim_mix, 0.948 on
 /// gzip, against ≥ 0.99 on taken branches); weighted by the cycles each window spans
-/// they come back to ≥ 0.985 (function overlap ≥ 0.987) with absolute instruction counts (README.md,
+/// they come back to ≥ 0.985 (function overlap ≥ 0.987) with absolute instruction counts (docs/METHOD.md,
 /// "Cycle-sampled branch stacks"). The bounds below leave headroom under those figures.
 #[test]
 fn cycle_sampled_stacks_are_corrected_by_the_cycles_they_span() {
@@ -546,8 +546,8 @@ fn call_graph_estimates_known_call_counts() {
 /// reported errors relies on: a 10 % bias in any of them fails here), and where the
 /// model is exact (block CPI) not too large either (±1 coverage within the band).
 /// Function-level errors are conservative (interleaved replicates, profile/error.rs:
-/// ≈ 80–90 % within ±1, README.md "Error bars"); timed CPI is not checked (biased, as
-/// README says).
+/// ≈ 80–90 % within ±1, docs/METHOD.md, "Error bars"); timed CPI is not checked (biased, as
+/// docs/METHOD.md says).
 #[test]
 fn reported_errors_cover_the_truth() {
     use cpi_user::sim::calibrate::calibrate;
