@@ -167,7 +167,7 @@ impl Replay {
         let shown = progress::stage("tracing", None, Unit::Count("branches"));
         while let Some(ev) = r.next()? {
             self.stats.records += 1;
-            if self.stats.records % PROGRESS_EVERY == 0 {
+            if self.stats.records.is_multiple_of(PROGRESS_EVERY) {
                 shown.update(self.stats.records);
             }
             match ev {

@@ -17,13 +17,13 @@ struct Bar;
 impl Reporter for Bar {
     fn begin(&self, what: &str, total: Option<u64>, unit: Unit) {
         let (done, all, noun) = match unit {
-            Unit::Bytes => ("{bytes}", "{total_bytes}", ""),
-            Unit::Count(n) => ("{human_pos}", "{human_len}", n),
+            Unit::Bytes => ("{bytes}", "{total_bytes}", String::new()),
+            Unit::Count(n) => ("{human_pos}", "{human_len}", format!(" {n}")),
         };
         // `wide_bar` takes what the terminal's width leaves, so the line never wraps.
         let template = match total {
-            Some(_) => format!("cpi-bpf: {{msg}} [{{wide_bar}}] {done}/{all} {noun} {{eta}}"),
-            None => format!("cpi-bpf: {{msg}} {{spinner}} {done} {noun}, {{elapsed}}"),
+            Some(_) => format!("cpi-bpf: {{msg}} [{{wide_bar}}] {done}/{all}{noun} {{eta}}"),
+            None => format!("cpi-bpf: {{msg}} {{spinner}} {done}{noun}, {{elapsed}}"),
         };
         let style = ProgressStyle::with_template(&template)
             .unwrap_or_else(|_| ProgressStyle::default_bar())
