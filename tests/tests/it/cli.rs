@@ -601,3 +601,70 @@ fn doc_links_and_cited_sections_resolve() {
     }
     assert!(cited > 10, "found only {cited} cited sections");
 }
+
+/// A process that maps thousands of files that are not code: one warning says how many
+/// and names the first few (not a line per file), their samples are in the loss account,
+/// and `-v` names each with its reason.
+#[test]
+fn unusable_mapped_files_are_one_warning_with_each_under_v() {
+    if !require_root("profiling a process") {
+        return;
+    }
+    let dir = temp_dir("cli-manymaps");
+    let Some(prog) = cpi_tests::compile_c("manymaps.c", &dir, "manymaps", &[]) else {
+        assert!(std::env::var_os("CI").is_none(), "gcc missing in CI");
+        return;
+    };
+    let files = dir.join("files");
+    std::fs::create_dir(&files).unwrap();
+    let _cpu = cpu_heavy();
+    let run_on = |extra: &[&str], json: &std::path::Path| {
+        let out = Command::new(cpi_bpf())
+            .args(["-F", "999", "-o"])
+            .arg(json)
+            .args(extra)
+            .arg(&prog)
+            .arg(&files)
+            .args(["2000", "3"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        stderr(&out)
+    };
+    // The summary's count: `cpi-bpf: warning: N mapped files unusable, …`.
+    let summary = |err: &str| -> Option<u64> {
+        err.lines()
+            .find_map(|l| l.strip_prefix("cpi-bpf: warning: "))
+            .and_then(|l| {
+                l.split_once(" mapped files unusable, their samples counted as unmapped: ")
+            })
+            .map(|(n, _)| n.parse().unwrap())
+    };
+    let json = dir.join("p.json");
+    let err = run_on(&[], &json);
+    let per_file = |err: &str| {
+        err.lines()
+            .filter(|l| l.contains("not an ELF file"))
+            .count() as u64
+    };
+    let n = summary(&err).unwrap_or_else(|| panic!("no summary warning:\n{err}"));
+    assert!(n >= 2, "{err}");
+    assert_eq!(per_file(&err), 0, "a line per file without -v:\n{err}");
+    if n > 3 {
+        assert!(
+            err.contains(&format!(" and {} more (each with its reason: -v)", n - 3)),
+            "{err}"
+        );
+    }
+    let p: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let unmapped = p["lost"]["unmapped_samples"].as_u64().unwrap();
+    assert!(
+        unmapped >= n,
+        "{n} unusable files, {unmapped} unmapped samples"
+    );
+
+    let err = run_on(&["-v"], &json);
+    let n = summary(&err).unwrap_or_else(|| panic!("no summary warning with -v:\n{err}"));
+    assert_eq!(per_file(&err), n, "-v names each file once:\n{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
