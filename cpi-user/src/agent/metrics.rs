@@ -272,7 +272,7 @@ fn mode_name(m: Mode) -> &'static str {
 
 /// Every loss reason of the profile file, by its field name (destructured, so a new
 /// field cannot be forgotten here).
-fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 11] {
+fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 12] {
     let LossReport {
         ring_full,
         branch_errors,
@@ -285,6 +285,7 @@ fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 11] {
         stacks_truncated,
         stacks_unknown_code,
         stacks_failed,
+        stacks_evicted,
     } = *l;
     [
         ("ring_full", ring_full),
@@ -298,6 +299,7 @@ fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 11] {
         ("stacks_truncated", stacks_truncated),
         ("stacks_unknown_code", stacks_unknown_code),
         ("stacks_failed", stacks_failed),
+        ("stacks_evicted", stacks_evicted),
     ]
 }
 

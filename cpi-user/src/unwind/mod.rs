@@ -7,8 +7,11 @@
 //! ([`Stop`]): code in no file mapping (JIT, anonymous memory, the vDSO) ends the stack
 //! there, and nothing past it is invented. Files are read only through the captured
 //! descriptors (cpi-user/src/procmap/mod.rs `CapturedFiles`), mapped with
-//! cpi-user/src/fsafe/map.rs; the unwind sections of each file are kept once, under a
-//! byte bound, least recently used out.
+//! cpi-user/src/fsafe/map.rs, and unwound from the mapping itself: the sections are
+//! file pages, touched where a lookup reads them, never copied to the heap (a copy of
+//! `librustc_driver`'s 10 MB of `.eh_frame` per build of a process made the agent's heap
+//! swing by tens of MiB). Each file is mapped once, under a bound on the mapped section
+//! bytes, least recently used out.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -19,6 +22,8 @@ use std::sync::Arc;
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{Error as FrameError, ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use object::{Object, ObjectSection, ObjectSegment};
+
+use crate::fsafe::map::GuardedMap;
 
 use crate::procmap::{MappedObject, ProcessMaps};
 
@@ -55,30 +60,65 @@ pub struct UserRegs {
     pub bp: u64,
 }
 
+/// A section's bytes in its file's guarded mapping (empty without one: framehop's
+/// section info wants a default).
+#[derive(Clone, Debug, Default)]
+struct SectionData {
+    map: Option<Arc<GuardedMap>>,
+    range: Range<usize>,
+}
+
+impl std::ops::Deref for SectionData {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.map
+            .as_ref()
+            .and_then(|m| m.bytes().get(self.range.clone()))
+            .unwrap_or_default()
+    }
+}
+
 /// The unwind sections of one file, shared by every process that maps it.
 #[derive(Debug)]
 struct Sections {
-    eh_frame: Option<(Range<u64>, Arc<[u8]>)>,
-    eh_frame_hdr: Option<(Range<u64>, Arc<[u8]>)>,
+    eh_frame: Option<(Range<u64>, SectionData)>,
+    eh_frame_hdr: Option<(Range<u64>, SectionData)>,
     text: Option<Range<u64>>,
     got: Option<Range<u64>>,
     /// `PT_LOAD` (vaddr, file offset, file size), for the load bias of a mapping.
     loads: Vec<(u64, u64, u64)>,
+    /// Bytes of the unwind sections (mapped, not copied).
     bytes: u64,
 }
+
+/// Heap bytes of one file's entry (the sections themselves are file pages).
+const ENTRY_HEAP_BYTES: u64 = 512;
+
+/// Files whose unwind sections are held at most (each holds a guarded mapping,
+/// cpi-user/src/fsafe/map.rs `MAX_GUARDED`).
+const MAX_FILES: usize = 1024;
 
 impl Sections {
     /// Reads the unwind sections of `file`; `None` when it is not a readable x86-64 ELF
     /// (its frames are then walked by frame pointers).
     fn read(file: &File) -> Option<Sections> {
-        let map = crate::fsafe::map::GuardedMap::new(file).ok()?;
+        let map = Arc::new(GuardedMap::new(file).ok()?);
         let elf = object::File::parse(map.bytes()).ok()?;
         if elf.architecture() != object::Architecture::X86_64 {
             return None;
         }
         let section = |name: &str| {
             let s = elf.section_by_name(name)?;
-            let data: Arc<[u8]> = s.data().ok()?.into();
+            let (offset, size) = s.file_range()?;
+            let start = usize::try_from(offset).ok()?;
+            let range = start..start.checked_add(usize::try_from(size).ok()?)?;
+            // Within the file as mapped (a corrupt header may point past it).
+            map.bytes().get(range.clone())?;
+            let data = SectionData {
+                map: Some(Arc::clone(&map)),
+                range,
+            };
             Some((s.address()..s.address() + s.size(), data))
         };
         let range = |name: &str| {
@@ -97,9 +137,8 @@ impl Sections {
         }
         let bytes = [&eh_frame, &eh_frame_hdr]
             .iter()
-            .filter_map(|s| s.as_ref().map(|(_, d)| d.len() as u64))
-            .sum::<u64>()
-            + 256;
+            .filter_map(|s| s.as_ref().map(|(_, d)| d.range.len() as u64))
+            .sum::<u64>();
         Some(Sections {
             eh_frame,
             eh_frame_hdr,
@@ -124,15 +163,15 @@ impl Sections {
         )
     }
 
-    fn module_info(&self) -> ExplicitModuleSectionInfo<Arc<[u8]>> {
+    fn module_info(&self) -> ExplicitModuleSectionInfo<SectionData> {
         ExplicitModuleSectionInfo {
             base_svma: 0,
             text_svma: self.text.clone(),
             got_svma: self.got.clone(),
             eh_frame_svma: self.eh_frame.as_ref().map(|(r, _)| r.clone()),
-            eh_frame: self.eh_frame.as_ref().map(|(_, d)| Arc::clone(d)),
+            eh_frame: self.eh_frame.as_ref().map(|(_, d)| d.clone()),
             eh_frame_hdr_svma: self.eh_frame_hdr.as_ref().map(|(r, _)| r.clone()),
-            eh_frame_hdr: self.eh_frame_hdr.as_ref().map(|(_, d)| Arc::clone(d)),
+            eh_frame_hdr: self.eh_frame_hdr.as_ref().map(|(_, d)| d.clone()),
             ..Default::default()
         }
     }
@@ -144,7 +183,7 @@ type FileKey = (u64, u64, u64, i64);
 /// One process's modules, built from the maps they were built for.
 struct ProcessUnwinder {
     maps: ProcessMaps,
-    unwinder: UnwinderX86_64<Arc<[u8]>>,
+    unwinder: UnwinderX86_64<SectionData>,
     /// Executable file mappings, sorted: where unwinding may continue.
     code: Vec<Range<u64>>,
 }
@@ -152,6 +191,7 @@ struct ProcessUnwinder {
 /// Unwinds the copied user stacks of many processes.
 pub struct StackUnwinder {
     sections: HashMap<FileKey, (Option<Arc<Sections>>, u64)>,
+    /// Unwind section bytes mapped ([`Sections::bytes`]), bounded by `byte_bound`.
     bytes: u64,
     byte_bound: u64,
     tick: u64,
@@ -170,11 +210,12 @@ impl std::fmt::Debug for StackUnwinder {
     }
 }
 
-/// Default bound on the unwind sections held (libc's are ≈ 0.1 MiB).
+/// Default bound on the unwind section bytes mapped (libc's are ≈ 0.1 MiB, libLLVM's
+/// ≈ 10 MiB).
 pub const DEFAULT_BYTE_BOUND: u64 = 64 << 20;
 
 impl StackUnwinder {
-    /// At most `max_frames` frames per stack; unwind sections held up to `byte_bound`
+    /// At most `max_frames` frames per stack; unwind sections mapped up to `byte_bound`
     /// bytes (files in use by a process being unwound may exceed it until it is done).
     pub fn new(max_frames: usize, byte_bound: u64) -> Self {
         StackUnwinder {
@@ -188,9 +229,10 @@ impl StackUnwinder {
         }
     }
 
-    /// Bytes of unwind sections held.
+    /// Heap bytes held for the files' unwind sections (the sections themselves are
+    /// mapped file pages, bounded apart).
     pub fn held_bytes(&self) -> u64 {
-        self.bytes
+        self.sections.len() as u64 * ENTRY_HEAP_BYTES
     }
 
     /// Drops what is held for processes `keep` says are gone.
@@ -303,19 +345,21 @@ impl StackUnwinder {
             return s.clone();
         }
         let s = Sections::read(file).map(Arc::new);
-        self.bytes += s.as_ref().map_or(64, |s| s.bytes);
+        self.bytes += s.as_ref().map_or(0, |s| s.bytes);
         self.sections.insert(key, (s.clone(), self.tick));
         s
     }
 
-    /// Least recently used files out until under the bound.
+    /// Least recently used files out until under the bounds.
     fn evict(&mut self) {
-        while self.bytes > self.byte_bound && self.sections.len() > 1 {
+        while (self.bytes > self.byte_bound && self.sections.len() > 1)
+            || self.sections.len() > MAX_FILES
+        {
             let Some((&key, _)) = self.sections.iter().min_by_key(|(_, (_, used))| *used) else {
                 break;
             };
             if let Some((s, _)) = self.sections.remove(&key) {
-                self.bytes -= s.as_ref().map_or(64, |s| s.bytes);
+                self.bytes -= s.as_ref().map_or(0, |s| s.bytes);
             }
         }
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::bail;
 use cpi_user::collect::caps::Capabilities;
 use cpi_user::collect::events::{Rate, MAX_PERIOD};
-use cpi_user::collect::{self, CollectOptions, StopReason, Target, DEFAULT_FREQUENCY};
+use cpi_user::collect::{self, CollectOptions, StackMemory, StopReason, Target, DEFAULT_FREQUENCY};
 use cpi_user::profile::analyze::LineDetail;
 use cpi_user::profile::{analyze, AnalysisOptions, Mode};
 
@@ -118,6 +118,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         cpu_time: false,
         drain_every: collect::DRAIN_EVERY,
         stacks: !args.no_stacks,
+        stack_memory: StackMemory::default(),
     };
     let collected = collect::collect(&opts, &mut |msg| {
         eprintln!("cpi-bpf: {}", cpi_user::fsafe::escape(msg))
