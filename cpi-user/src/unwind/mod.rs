@@ -364,3 +364,135 @@ impl StackUnwinder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::procmap::Mapping;
+
+    const BASE: u64 = 0x5555_0000_0000;
+    const SP: u64 = 0x7ffc_0000_0000;
+
+    /// A process with one executable mapping of `file` at [`BASE`] (or of anonymous
+    /// memory when `None`).
+    fn process(file: Option<&Path>) -> (ProcessMaps, HashMap<u64, Arc<File>>) {
+        let (object, len, files) = match file {
+            Some(p) => (
+                MappedObject::File {
+                    path: p.to_path_buf(),
+                    deleted: false,
+                },
+                std::fs::metadata(p).unwrap().len().max(0x1000),
+                HashMap::from([(BASE, Arc::new(File::open(p).unwrap()))]),
+            ),
+            None => (MappedObject::Anon, 0x1000, HashMap::new()),
+        };
+        let maps = ProcessMaps {
+            mappings: vec![Mapping {
+                start: BASE,
+                end: BASE + len,
+                offset: 0,
+                executable: true,
+                object,
+                file_id: None,
+            }],
+        };
+        (maps, files)
+    }
+
+    fn stack_of(words: &[u64]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    fn temp(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("cpi-unwind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn jit_code_ends_the_stack_at_its_frame() {
+        let (maps, files) = process(None);
+        let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        let regs = UserRegs {
+            ip: BASE + 0x10,
+            sp: SP,
+            bp: SP,
+        };
+        let (frames, stop) = u.unwind(1, &maps, &files, regs, &stack_of(&[0; 8]), false);
+        assert_eq!((frames, stop), (vec![BASE + 0x10], Stop::UnknownCode));
+    }
+
+    #[test]
+    fn a_frame_pointer_cycle_stops_as_a_bad_unwind() {
+        // Not an ELF file: frames are walked by frame pointers. The saved frame pointer
+        // points at itself, the return address back into the same code.
+        let file = temp("not-elf", &[0x90; 0x2000]);
+        let (maps, files) = process(Some(&file));
+        let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        let regs = UserRegs {
+            ip: BASE + 0x100,
+            sp: SP,
+            bp: SP,
+        };
+        let stack = stack_of(&[SP, BASE + 0x200, SP, BASE + 0x200]);
+        let (frames, stop) = u.unwind(1, &maps, &files, regs, &stack, false);
+        assert!(frames.len() <= 3, "{frames:x?}");
+        assert_eq!(stop, Stop::BadUnwind, "{frames:x?}");
+    }
+
+    #[test]
+    fn an_unreadable_stack_stops_as_unreadable() {
+        let file = temp("not-elf-2", &[0x90; 0x2000]);
+        let (maps, files) = process(Some(&file));
+        let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        let regs = UserRegs {
+            ip: BASE + 0x100,
+            sp: SP,
+            bp: SP + 64,
+        };
+        let (frames, stop) = u.unwind(1, &maps, &files, regs, &[], false);
+        assert_eq!((frames, stop), (vec![BASE + 0x100], Stop::Unreadable));
+    }
+
+    #[test]
+    fn corrupt_eh_frame_never_panics_loops_or_claims_a_complete_stack() {
+        let mut elf = std::fs::read("/usr/bin/true").expect("Debian's /usr/bin/true");
+        let (eh, text) = {
+            let f = object::File::parse(&*elf).unwrap();
+            let eh = f
+                .section_by_name(".eh_frame")
+                .unwrap()
+                .file_range()
+                .unwrap();
+            let text = f.section_by_name(".text").unwrap().address();
+            (eh, text)
+        };
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for b in &mut elf[eh.0 as usize..(eh.0 + eh.1) as usize] {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            *b = seed as u8;
+        }
+        let file = temp("true-corrupt", &elf);
+        let (maps, files) = process(Some(&file));
+        let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        // Every 16th address of the code, against a stack of return addresses into it.
+        let stack = stack_of(&[BASE + text + 0x40; 64]);
+        for ip in (0..0x400).step_by(16).map(|o| BASE + text + o) {
+            let regs = UserRegs {
+                ip,
+                sp: SP,
+                bp: SP + 8,
+            };
+            let (frames, stop) = u.unwind(1, &maps, &files, regs, &stack, true);
+            assert!(!frames.is_empty() && frames.len() <= 128, "{frames:x?}");
+            assert_ne!(stop, Stop::Root, "{ip:x}: {frames:x?}");
+        }
+    }
+}
