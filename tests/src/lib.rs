@@ -7,6 +7,7 @@ pub mod programs;
 pub mod pyroscope;
 pub mod tls;
 pub mod tracer;
+pub use programs::skip;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -38,13 +39,16 @@ pub fn compile_c(source: &str, dir: &Path, out: &str, extra: &[&str]) -> Option<
     Some(exe)
 }
 
-/// True when running as root; otherwise prints why the test is skipped.
+/// True when running as root; otherwise prints why the test is skipped (and fails under
+/// CI, [`skip`]).
 pub fn require_root(what: &str) -> bool {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    eprintln!("skipped: {what} needs root (BPF and perf events); CI runs as root");
+    skip(format_args!(
+        "{what} needs root (BPF and perf events); CI runs as root"
+    ));
     false
 }
 

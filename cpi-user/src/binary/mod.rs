@@ -1122,7 +1122,7 @@ mod debian_tests {
         ] {
             let path = Path::new(p);
             if !path.exists() {
-                eprintln!("skipped: {p} not installed");
+                crate::binary::testbin::skip(format_args!("{p} not installed"));
                 continue;
             }
             seen += 1;
@@ -1165,7 +1165,7 @@ mod debian_tests {
             }
         }
         if seen == 0 {
-            eprintln!("skipped: no Debian library to check");
+            crate::binary::testbin::skip(format_args!("no Debian library to check"));
         }
     }
 
@@ -1215,7 +1215,7 @@ mod debian_tests {
                 .arg(path)
                 .output();
             let Ok(nm) = nm else {
-                eprintln!("skipped the name check: nm unavailable");
+                crate::binary::testbin::skip(format_args!("the name check: nm unavailable"));
                 continue;
             };
             let text = String::from_utf8_lossy(&nm.stdout);
@@ -1247,7 +1247,7 @@ mod debian_tests {
             assert!(checked > 100, "{checked} names checked");
         }
         if seen == 0 {
-            eprintln!("skipped: no LLVM library installed");
+            crate::binary::testbin::skip(format_args!("no LLVM library installed"));
         }
     }
 }

@@ -858,7 +858,7 @@ mod live_tests {
         std::fs::create_dir_all(&dir).unwrap();
         let exe = dir.join("sleeper");
         if let Err(e) = std::fs::copy("/bin/sleep", &exe) {
-            eprintln!("skipped: cannot copy /bin/sleep: {e}");
+            crate::binary::testbin::skip(format_args!("cannot copy /bin/sleep: {e}"));
             return;
         }
         let mut child = std::process::Command::new(&exe).arg("30").spawn().unwrap();

@@ -2215,7 +2215,7 @@ mod bench {
     fn bench_analysis_libpython() {
         let path = Path::new("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0");
         if !path.exists() {
-            eprintln!("skipped: {} not installed", path.display());
+            crate::binary::testbin::skip(format_args!("{} not installed", path.display()));
             return;
         }
         const BASE: u64 = 0x7f12_3400_0000;

@@ -43,7 +43,9 @@ fn have(cmd: &str, arg: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("skipped: `{cmd}` not installed; run `cargo xtask setup`");
+        cpi_tests::skip(format_args!(
+            "`{cmd}` not installed; run `cargo xtask setup`"
+        ));
     }
     ok
 }
@@ -720,7 +722,7 @@ fn push_a_real_profile() {
 fn push_by_cgroup() {
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let Some(cgroup) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
-        eprintln!("skipped: no cgroup v2 line in /proc/self/cgroup");
+        cpi_tests::skip(format_args!("no cgroup v2 line in /proc/self/cgroup"));
         return;
     };
     let rx = Receiver::start(loopback0()).unwrap();

@@ -564,7 +564,7 @@ fn pprof_is_not_written_to_a_terminal() {
     {
         Ok(out) => out,
         Err(e) => {
-            eprintln!("skipped: needs script(1) for a terminal ({e})");
+            cpi_tests::skip(format_args!("needs script(1) for a terminal ({e})"));
             return;
         }
     };
