@@ -208,6 +208,9 @@ pub struct Collected {
     /// Processes the collector still holds state for (name, maps, open files) after
     /// this window: those of this window and the live ones of earlier windows.
     pub held_processes: usize,
+    /// Evictions and reopens of the collector's captured files since start
+    /// (cpi-user/src/procmap/captured.rs), read after analysis.
+    pub captured: crate::procmap::CaptureCounter,
 }
 
 /// Loads the eBPF object with its ring buffer sized and its config written, and of its

@@ -681,6 +681,7 @@ impl Live {
             stop: self.stop,
             command_status: None,
             held_processes: self.drain.held_processes(),
+            captured: self.drain.capture_counter(),
         }
     }
 }

@@ -6,7 +6,8 @@
 //! pointers. Unwinding stops where it can no longer be trusted and says why
 //! ([`Stop`]): code in no file mapping (JIT, anonymous memory, the vDSO) ends the stack
 //! there, and nothing past it is invented. Files are read only through the captured
-//! descriptors (cpi-user/src/procmap/mod.rs `CapturedFiles`), mapped with
+//! files (cpi-user/src/procmap/captured.rs: the descriptor, or reopened by the checked
+//! path if the LRU closed it), mapped with
 //! cpi-user/src/fsafe/map.rs; the unwind sections of each file are kept once, under a
 //! byte bound, least recently used out.
 
@@ -20,7 +21,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{Error as FrameError, ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use object::{Object, ObjectSection, ObjectSegment};
 
-use crate::procmap::{MappedObject, ProcessMaps};
+use crate::procmap::{CapturedFile, MappedObject, ProcessMaps};
 
 /// Why unwinding stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -205,13 +206,13 @@ impl StackUnwinder {
         &mut self,
         pid: u32,
         maps: &ProcessMaps,
-        files: &HashMap<u64, Arc<File>>,
+        files: &HashMap<u64, Arc<CapturedFile>>,
         regs: UserRegs,
         stack: &[u8],
         copied_in_full: bool,
     ) -> (Vec<u64>, Stop) {
         if self.processes.get(&pid).is_none_or(|p| p.maps != *maps) {
-            let built = self.build(maps, files);
+            let built = self.build(pid, maps, files);
             self.processes.insert(pid, built);
         }
         let proc = &self.processes[&pid];
@@ -261,7 +262,12 @@ impl StackUnwinder {
         (frames, stop)
     }
 
-    fn build(&mut self, maps: &ProcessMaps, files: &HashMap<u64, Arc<File>>) -> ProcessUnwinder {
+    fn build(
+        &mut self,
+        pid: u32,
+        maps: &ProcessMaps,
+        files: &HashMap<u64, Arc<CapturedFile>>,
+    ) -> ProcessUnwinder {
         let mut unwinder = UnwinderX86_64::new();
         let mut code = Vec::new();
         for m in maps.mappings.iter().filter(|m| m.executable) {
@@ -269,7 +275,11 @@ impl StackUnwinder {
                 continue;
             };
             code.push(m.start..m.end);
-            let sections = files.get(&m.start).and_then(|f| self.sections_of(f));
+            // A file whose descriptor the LRU closed is reopened by its checked path.
+            let file = files
+                .get(&m.start)
+                .and_then(|c| c.open(pid, m, path, true).ok());
+            let sections = file.and_then(|f| self.sections_of(&f));
             let (base, info) = match sections
                 .as_ref()
                 .and_then(|s| Some((s.base_avma(m.start, m.offset)?, s.module_info())))

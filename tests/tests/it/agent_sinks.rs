@@ -281,6 +281,7 @@ fn status(windows: u64) -> AgentStatus {
         store_failures: 0,
         sampling_frequency_hz: 999,
         bpf_run_seconds: 0.001 * windows as f64,
+        captured_files: Default::default(),
     }
 }
 
