@@ -246,14 +246,11 @@ impl CapturedFiles {
                 continue;
             };
             let id = FileId::of(&meta);
+            // A known file keeps its state: one that was evicted is reopened by path when
+            // analysis needs it, not here, where a pass over a process's 25 000 mappings
+            // would otherwise close and reopen thousands of them.
             let c = match self.by_inode.get(&id) {
-                Some(c) => {
-                    let c = Arc::clone(c);
-                    if c.held().is_none() {
-                        self.reinstate(&c, file);
-                    }
-                    c
-                }
+                Some(c) => Arc::clone(c),
                 None => {
                     self.make_room();
                     let c = Arc::new(CapturedFile {
@@ -272,16 +269,6 @@ impl CapturedFiles {
             out.insert(m.start, c);
         }
         out
-    }
-
-    /// Gives an evicted file its descriptor back (its process mapped it again), if it is
-    /// still the captured file.
-    fn reinstate(&mut self, c: &CapturedFile, file: File) {
-        if file.metadata().is_ok_and(|m| m.len() == c.len) {
-            self.make_room();
-            *c.fd.lock().expect("not poisoned") = Some(Arc::new(file));
-            self.open += 1;
-        }
     }
 
     /// Below the cap by one: files no process holds are closed first, then the least
@@ -460,10 +447,9 @@ mod tests {
         assert_eq!(files.counter().counts().reopened, 1);
         assert!(file!(1).held().is_none(), "a reopen does not take a slot");
 
-        // Mapped again by its process: the descriptor comes back, lib0 (now the least
-        // recently used) makes room.
-        held.extend(files.capture(&fake.dir, &fake.only(1)));
-        assert!(file!(1).held().is_some() && file!(0).held().is_none());
+        // A new file evicts lib0, now the least recently used; lib1 stays evicted.
+        held.extend(files.capture(&fake.dir, &fake.only(3)));
+        assert!(file!(0).held().is_none() && file!(1).held().is_none());
         assert_eq!(
             (files.open_files(), files.counter().counts().evicted),
             (2, 2)
