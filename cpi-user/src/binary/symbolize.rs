@@ -283,7 +283,7 @@ impl Symbolizer {
     }
 
     /// Files of `pid`'s executable mappings opened while it lived (by mapping start,
-    /// see `procmap::CapturedFiles`): read before any path, so a process that exited,
+    /// cpi-user/src/procmap/captured.rs): read before any path, so a process that exited,
     /// exec'd, or ran a deleted or other-namespace binary still symbolises.
     pub fn add_captured(&mut self, pid: u32, files: &HashMap<u64, Arc<CapturedFile>>) {
         for (&start, f) in files {

@@ -411,8 +411,9 @@ fn import_perf_does_not_wait_on_a_fifo() {
 
 /// Row "mmapped 25 000 distinct small executable files in one process": with the
 /// descriptor limit of that row (20 000), the agent holds at most its stated cap of
-/// captured files (a quarter of the soft limit, procmap's `CapturedFiles`), every
-/// window is written (no "Too many open files"), and the process is in the profile.
+/// captured files (a quarter of the soft limit, cpi-user/src/procmap/captured.rs), the
+/// least recently used closed and counted, every window is written (no "Too many open
+/// files"), and the process is in the profile.
 #[test]
 fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
     if !require_root("the agent") {
