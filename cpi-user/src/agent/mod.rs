@@ -47,6 +47,7 @@ use crate::binary::{Symbolizer, SymbolizerOptions};
 use crate::collect::events::Rate;
 use crate::collect::target::process_start;
 use crate::collect::{self, CollectError, CollectOptions, Collected, Session, StopReason, Target};
+use crate::procmap::CaptureCounts;
 use crate::profile::analyze::{analyze_with, LineDetail};
 use crate::profile::model::{Mode, Profile};
 use crate::profile::{AnalysisOptions, SampleSet};
@@ -83,6 +84,8 @@ pub struct AgentStatus {
     pub sampling_frequency_hz: u64,
     /// Cumulative in-kernel run time of the agent's BPF programs.
     pub bpf_run_seconds: f64,
+    /// Evictions and reopens of the collector's captured binaries since start.
+    pub captured_files: CaptureCounts,
 }
 
 /// One window of collection, analysed.
@@ -556,6 +559,7 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
             run,
             held_processes,
             unwind_bytes,
+            captured,
             ..
         } = job.collected;
         for pid in table.see(job.windows, &set, cgroup_rel.is_some()) {
@@ -604,6 +608,8 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
             store_failures,
             sampling_frequency_hz: job.frequency,
             bpf_run_seconds: job.bpf_seconds,
+            // Read after analysis: its reopens of this window count now.
+            captured_files: captured.counts(),
         };
         if let Some(m) = &sinks.metrics {
             m.observe(&window, &status);

@@ -296,6 +296,11 @@ impl Drain {
             .max(self.maps_read_at.len())
     }
 
+    /// Evictions and reopens of the captured files.
+    pub fn capture_counter(&self) -> procmap::CaptureCounter {
+        self.files.counter()
+    }
+
     /// Takes in one side-band record (read before the samples it may explain).
     pub fn observe(&mut self, s: Sideband) {
         match s {
@@ -532,7 +537,7 @@ struct Known {
     start: Option<u64>,
     comm: String,
     maps: Option<ProcessMaps>,
-    files: HashMap<u64, std::sync::Arc<std::fs::File>>,
+    files: HashMap<u64, std::sync::Arc<procmap::CapturedFile>>,
 }
 
 #[cfg(test)]

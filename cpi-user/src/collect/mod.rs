@@ -234,6 +234,9 @@ pub struct Collected {
     /// Bytes of unwind sections the collector holds for later windows (bounded by
     /// [`StackMemory::unwind_bytes`]).
     pub unwind_bytes: u64,
+    /// Evictions and reopens of the collector's captured files since start
+    /// (cpi-user/src/procmap/captured.rs), read after analysis.
+    pub captured: crate::procmap::CaptureCounter,
 }
 
 /// Loads the eBPF object with its ring buffer sized and its config written, and of its

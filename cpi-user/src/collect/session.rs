@@ -684,6 +684,7 @@ impl Live {
             command_status: None,
             held_processes: self.drain.held_processes(),
             unwind_bytes: w.unwind_bytes,
+            captured: self.drain.capture_counter(),
         }
     }
 }

@@ -10,14 +10,13 @@
 //! per group of samples, for its error (`profile/error.rs`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::sync::Arc;
 
 use cpi_common::wire::{BranchEntry, BranchSample, EventRole, IpSample, FLAG_KERNEL};
 
 use super::error::{group_of, Groups};
 use super::stack::{CallStack, StackAggregate};
-use crate::procmap::ProcessMaps;
+use crate::procmap::{CapturedFile, ProcessMaps};
 
 /// How each branch stack's ranges are weighted.
 ///
@@ -257,7 +256,7 @@ pub struct ProcessSamples {
     pub maps: Option<ProcessMaps>,
     /// Files of executable mappings opened while the process lived, by mapping start
     /// ([`crate::procmap::CapturedFiles`]): analysis reads these first.
-    pub files: HashMap<u64, Arc<File>>,
+    pub files: HashMap<u64, Arc<CapturedFile>>,
     /// The branch samples, reduced to ranges and taken branches.
     pub branches: BranchAggregate,
     /// The IP samples, per event role.

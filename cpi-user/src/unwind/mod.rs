@@ -6,12 +6,12 @@
 //! pointers. Unwinding stops where it can no longer be trusted and says why
 //! ([`Stop`]): code in no file mapping (JIT, anonymous memory, the vDSO) ends the stack
 //! there, and nothing past it is invented. Files are read only through the captured
-//! descriptors (cpi-user/src/procmap/mod.rs `CapturedFiles`), mapped with
-//! cpi-user/src/fsafe/map.rs, and unwound from the mapping itself: the sections are
-//! file pages, touched where a lookup reads them, never copied to the heap (a copy of
-//! `librustc_driver`'s 10 MB of `.eh_frame` per build of a process made the agent's heap
-//! swing by tens of MiB). Each file is mapped once, under a bound on the mapped section
-//! bytes, least recently used out.
+//! files (cpi-user/src/procmap/captured.rs: the descriptor, or reopened by the checked
+//! path if the LRU closed it), mapped with cpi-user/src/fsafe/map.rs, and unwound from
+//! the mapping itself: the sections are file pages, touched where a lookup reads them,
+//! never copied to the heap (a copy of `librustc_driver`'s 10 MB of `.eh_frame` per
+//! build of a process made the agent's heap swing by tens of MiB). Each file is mapped
+//! once, under a bound on the mapped section bytes, least recently used out.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -24,8 +24,7 @@ use framehop::{Error as FrameError, ExplicitModuleSectionInfo, FrameAddress, Mod
 use object::{Object, ObjectSection, ObjectSegment};
 
 use crate::fsafe::map::GuardedMap;
-
-use crate::procmap::{MappedObject, ProcessMaps};
+use crate::procmap::{CapturedFile, MappedObject, ProcessMaps};
 
 /// Why unwinding stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -247,13 +246,13 @@ impl StackUnwinder {
         &mut self,
         pid: u32,
         maps: &ProcessMaps,
-        files: &HashMap<u64, Arc<File>>,
+        files: &HashMap<u64, Arc<CapturedFile>>,
         regs: UserRegs,
         stack: &[u8],
         copied_in_full: bool,
     ) -> (Vec<u64>, Stop) {
         if self.processes.get(&pid).is_none_or(|p| p.maps != *maps) {
-            let built = self.build(maps, files);
+            let built = self.build(pid, maps, files);
             self.processes.insert(pid, built);
         }
         let proc = &self.processes[&pid];
@@ -303,7 +302,12 @@ impl StackUnwinder {
         (frames, stop)
     }
 
-    fn build(&mut self, maps: &ProcessMaps, files: &HashMap<u64, Arc<File>>) -> ProcessUnwinder {
+    fn build(
+        &mut self,
+        pid: u32,
+        maps: &ProcessMaps,
+        files: &HashMap<u64, Arc<CapturedFile>>,
+    ) -> ProcessUnwinder {
         let mut unwinder = UnwinderX86_64::new();
         let mut code = Vec::new();
         for m in maps.mappings.iter().filter(|m| m.executable) {
@@ -311,7 +315,11 @@ impl StackUnwinder {
                 continue;
             };
             code.push(m.start..m.end);
-            let sections = files.get(&m.start).and_then(|f| self.sections_of(f));
+            // A file whose descriptor the LRU closed is reopened by its checked path.
+            let file = files
+                .get(&m.start)
+                .and_then(|c| c.open(pid, m, path, true).ok());
+            let sections = file.and_then(|f| self.sections_of(&f));
             let (base, info) = match sections
                 .as_ref()
                 .and_then(|s| Some((s.base_avma(m.start, m.offset)?, s.module_info())))
@@ -376,18 +384,16 @@ mod tests {
     const SP: u64 = 0x7ffc_0000_0000;
 
     /// A process with one executable mapping of `file` at [`BASE`] (or of anonymous
-    /// memory when `None`).
-    fn process(file: Option<&Path>) -> (ProcessMaps, HashMap<u64, Arc<File>>) {
-        let (object, len, files) = match file {
-            Some(p) => (
-                MappedObject::File {
-                    path: p.to_path_buf(),
-                    deleted: false,
-                },
-                std::fs::metadata(p).unwrap().len().max(0x1000),
-                HashMap::from([(BASE, Arc::new(File::open(p).unwrap()))]),
-            ),
-            None => (MappedObject::Anon, 0x1000, HashMap::new()),
+    /// memory when `None`), its file captured as the collector captures it (through a
+    /// `map_files` link in a fake `/proc/PID`).
+    fn process(file: Option<&Path>) -> (ProcessMaps, HashMap<u64, Arc<CapturedFile>>) {
+        let len = file.map_or(0x1000, |p| std::fs::metadata(p).unwrap().len().max(0x1000));
+        let object = match file {
+            Some(p) => MappedObject::File {
+                path: p.to_path_buf(),
+                deleted: false,
+            },
+            None => MappedObject::Anon,
         };
         let maps = ProcessMaps {
             mappings: vec![Mapping {
@@ -399,6 +405,19 @@ mod tests {
                 file_id: None,
             }],
         };
+        let Some(p) = file else {
+            return (maps, HashMap::new());
+        };
+        let proc_dir = p.with_extension("proc");
+        let _ = std::fs::remove_dir_all(&proc_dir);
+        std::fs::create_dir_all(proc_dir.join("map_files")).unwrap();
+        std::os::unix::fs::symlink(
+            p,
+            proc_dir.join(format!("map_files/{BASE:x}-{:x}", BASE + len)),
+        )
+        .unwrap();
+        let files = crate::procmap::CapturedFiles::default().capture(&proc_dir, &maps);
+        assert_eq!(files.len(), 1, "captured");
         (maps, files)
     }
 

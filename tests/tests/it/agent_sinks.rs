@@ -7,7 +7,7 @@
 //! the whole agent (`cpi-bpf agent`, root).
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use cpi_tests::pyroscope::{Behaviour, Options, Receiver};
 use cpi_tests::tls::{TestCa, Validity};
-use cpi_tests::{compile_c, cpi_bpf, require_root, temp_dir};
+use cpi_tests::{compile_c, cpi_bpf, free_port, http_get, require_root, temp_dir};
 use cpi_user::agent::metrics::{Metrics, MetricsLimits};
 use cpi_user::agent::push::{PushConfig, Pusher, ServiceLabel, MAX_ATTEMPTS};
 use cpi_user::agent::{AgentStatus, Window};
@@ -25,14 +25,6 @@ use cpi_user::profile::model::*;
 
 fn loopback0() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind(loopback0())
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn have(cmd: &str, arg: &str) -> bool {
@@ -48,21 +40,6 @@ fn have(cmd: &str, arg: &str) -> bool {
         ));
     }
     ok
-}
-
-/// A GET over plain HTTP/1.1: (status code, body).
-fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
-    Ok((code, body.unwrap_or_default()))
 }
 
 fn url_encode(q: &str) -> String {
@@ -283,6 +260,7 @@ fn status(windows: u64) -> AgentStatus {
         store_failures: 0,
         sampling_frequency_hz: 999,
         bpf_run_seconds: 0.001 * windows as f64,
+        captured_files: Default::default(),
     }
 }
 
