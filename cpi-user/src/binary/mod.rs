@@ -251,6 +251,8 @@ pub struct Binary {
     bolt_ordinals: Vec<u32>,
     code: Vec<CodeRange>,
     heap: u64,
+    /// Source lines looked up so far ([`Binary::source_line`]).
+    lines: lines::LineCache,
 }
 
 /// A function while the table is built: its name borrows the file's bytes, or is made
@@ -509,6 +511,7 @@ impl Binary {
             bolt_ordinals: t.bolt_ordinals,
             code: t.code,
             heap: 0,
+            lines: lines::LineCache::default(),
         };
         b.heap = b.count_heap();
         Ok(b)
@@ -518,7 +521,7 @@ impl Binary {
     /// (for [`Binary::parse`]) the file's bytes — what a cache counts. Mapped pages are
     /// not heap (module documentation).
     pub fn heap_bytes(&self) -> u64 {
-        self.heap
+        self.heap + self.lines.heap_bytes()
     }
 
     fn count_heap(&self) -> u64 {

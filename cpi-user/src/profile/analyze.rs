@@ -465,8 +465,9 @@ impl Ctx<'_> {
         let mut cyc = Tally::default();
         let (mut instr, mut instr_groups, mut instr_samples) = (0.0, Groups::default(), 0u64);
         let mut functions = Vec::with_capacity(res.funcs.len());
-        // Line tables per binary, parsed once for all its functions here.
-        let mut sources: HashMap<*const Binary, SourceLines<'_>> = HashMap::new();
+        // Line tables per binary, parsed at most once for all its functions here (and
+        // not at all when the binary's cache knows every address).
+        let mut sources: HashMap<*const Binary, Option<SourceLines<'_>>> = HashMap::new();
         let mut lens = HashMap::new();
         for (i, w) in res.funcs.iter().enumerate() {
             // Known only as a branch target outside the window: nothing to report.
@@ -475,13 +476,11 @@ impl Ctx<'_> {
             }
             let mut out = self.function(i, w, primary.weight, &names);
             if let CodeObject::Elf(bin) = &w.object {
-                let lines = sources
-                    .entry(Arc::as_ptr(bin))
-                    .or_insert_with(|| SourceLines::new(bin));
+                let ctx = sources.entry(Arc::as_ptr(bin)).or_default();
                 let f = &mut out.profile;
-                f.source = lines.at(f.address);
+                f.source = bin.source_line(f.address, ctx);
                 for l in &mut f.lines {
-                    l.source = lines.at(l.address);
+                    l.source = bin.source_line(l.address, ctx);
                 }
             }
             lens.extend(out.range_lengths.iter().map(|&(s, e, n)| ((i, s, e), n)));
