@@ -7,6 +7,9 @@
 # processes per second (tests/programs/churn.c). After a 20 s warm-up, prints every 30 s
 # the agent's and perf's CPU (Δ utime+stime of /proc/PID/stat, % of one core since the
 # warm-up), RSS (VmRSS) and output size, then the agent's own metrics.
+# AGENTS="NAME=BINARY ..." runs several builds side by side under the same load (e.g.
+# before and after a change: their ratio is measured in one run); the default is
+# AGENTS="agent=./target/release/cpi-bpf".
 set -euo pipefail
 secs=${1:?seconds}; shift
 churn=0
@@ -22,21 +25,38 @@ if ((churn)); then
   gcc -O2 -o "$dir/churn" tests/programs/churn.c
   "$dir/churn" $(( (secs + 60) * 150 )) 150 2>/dev/null & pids+=($!)
 fi
-./target/release/cpi-bpf agent --store "$dir/store" --metrics-addr 127.0.0.1:$port "$@" \
-  2>"$dir/agent.log" & agent=$!; pids+=($agent)
+read -ra specs <<<"${AGENTS:-agent=./target/release/cpi-bpf}"
+names=(); agents=()
+for i in "${!specs[@]}"; do
+  name=${specs[$i]%%=*}; bin=${specs[$i]#*=}
+  "$bin" agent --store "$dir/store-$name" --metrics-addr 127.0.0.1:$((port + i)) "$@" \
+    2>"$dir/agent-$name.log" & agents+=($!); pids+=($!); names+=("$name")
+done
 perf record -q -a -F 999 -e cpu-clock -o "$dir/perf.data" 2>/dev/null & perf=$!; pids+=($perf)
 ticks() { awk '{ s = $0; sub(/.*\) /, "", s); split(s, f, " "); print f[12] + f[13] }' "/proc/$1/stat"; }
 rss() { awk '/VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$1/status"; }
 sleep 20
-a0=$(ticks $agent); p0=$(ticks $perf); t0=$(date +%s.%N)
-printf '%6s %10s %10s %12s %10s %10s %12s\n' t agent% agentMiB storeKB perf% perfMiB perfdataKB
+declare -A t0s
+for a in "${agents[@]}"; do t0s[$a]=$(ticks "$a"); done
+p0=$(ticks $perf); t0=$(date +%s.%N)
+printf '%6s' t
+for n in "${names[@]}"; do printf ' %10s %10s %12s' "$n%" "${n}MiB" "${n}KB"; done
+printf ' %10s %10s %12s\n' perf% perfMiB perfdataKB
 for ((t = 30; t <= secs; t += 30)); do
   sleep 30
   now=$(date +%s.%N)
   pct() { echo "($(ticks "$1") - $2) / $hz / ($now - $t0) * 100" | bc -l; }
-  printf '%6d %10.3f %10s %12d %10.3f %10s %12d\n' "$t" "$(pct $agent "$a0")" "$(rss $agent)" \
-    "$(du -sk "$dir/store" | cut -f1)" "$(pct $perf "$p0")" "$(rss $perf)" \
+  printf '%6d' "$t"
+  for i in "${!agents[@]}"; do
+    a=${agents[$i]}
+    printf ' %10.3f %10s %12d' "$(pct "$a" "${t0s[$a]}")" "$(rss "$a")" \
+      "$(du -sk "$dir/store-${names[$i]}" | cut -f1)"
+  done
+  printf ' %10.3f %10s %12d\n' "$(pct $perf "$p0")" "$(rss $perf)" \
     "$(du -k "$dir/perf.data" | cut -f1)"
 done
-curl -s 127.0.0.1:$port/metrics | grep -E '^cpi_bpf_(windows_total|tracked_processes|cache_bytes|sampling_frequency_hz|bpf_run_seconds_total|window_analysis_seconds_sum|samples_lost_total)' || true
-grep governor "$dir/agent.log" | tail -3 || true
+for i in "${!agents[@]}"; do
+  echo "${names[$i]}:"
+  curl -s 127.0.0.1:$((port + i))/metrics | grep -E '^cpi_bpf_(windows_total|tracked_processes|cache_bytes|sampling_frequency_hz|bpf_run_seconds_total|window_analysis_seconds_sum|samples_lost_total|captured_files)' || true
+  grep governor "$dir/agent-${names[$i]}.log" | tail -3 || true
+done

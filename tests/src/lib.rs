@@ -7,6 +7,7 @@ pub mod programs;
 pub mod pyroscope;
 pub mod tls;
 pub mod tracer;
+pub use programs::skip;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -38,13 +39,16 @@ pub fn compile_c(source: &str, dir: &Path, out: &str, extra: &[&str]) -> Option<
     Some(exe)
 }
 
-/// True when running as root; otherwise prints why the test is skipped.
+/// True when running as root; otherwise prints why the test is skipped (and fails under
+/// CI, [`skip`]).
 pub fn require_root(what: &str) -> bool {
     // SAFETY: geteuid cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    eprintln!("skipped: {what} needs root (BPF and perf events); CI runs as root");
+    skip(format_args!(
+        "{what} needs root (BPF and perf events); CI runs as root"
+    ));
     false
 }
 
@@ -210,4 +214,29 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// A loopback port free a moment ago (for a server the test starts as another process).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A GET over plain HTTP/1.1: (status code, body).
+pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2))?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
+    Ok((code, body.unwrap_or_default()))
 }

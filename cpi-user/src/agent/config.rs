@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use super::push::ServiceLabel;
 use super::store;
+use crate::collect::StackMemory;
 
 /// `--interval` default, seconds.
 pub const DEFAULT_INTERVAL_SECS: u64 = 10;
@@ -117,6 +118,8 @@ pub struct AgentOptions {
     pub push_timeout: Option<u64>,
     /// Sample kernel code too.
     pub include_kernel: Option<bool>,
+    /// Take call stacks (default true; `false`: leaf-only, cheaper).
+    pub stacks: Option<bool>,
     /// BPF ring buffer size, MiB (a power of two).
     pub ring_buffer_mib: Option<u32>,
     /// `error`, `warn`, `info`, `debug` or `trace`.
@@ -140,7 +143,9 @@ pub struct AgentConfig {
     pub min_frequency: u64,
     /// Percent of one CPU the agent and its BPF programs may use (agent/governor.rs).
     pub overhead_budget_pct: f64,
-    /// Bound of the caches that outlive windows (binaries, symbols), bytes.
+    /// Bound of the caches that outlive windows (binaries, symbols), bytes; a quarter of
+    /// it bounds the unwind sections mapped and an eighth each window's call stacks
+    /// ([`Self::stack_memory`]).
     pub cache_bytes: u64,
     /// Store directory (agent/store.rs).
     pub store: PathBuf,
@@ -174,6 +179,8 @@ pub struct AgentConfig {
     pub push_timeout: Duration,
     /// Sample kernel code too.
     pub include_kernel: bool,
+    /// Take call stacks.
+    pub stacks: bool,
     /// BPF ring buffer size, bytes (a power of two).
     pub ring_bytes: u32,
     /// `error`, `warn`, `info`, `debug` or `trace`.
@@ -232,6 +239,7 @@ impl AgentOptions {
             push_queue: self.push_queue.or(file.push_queue),
             push_timeout: self.push_timeout.or(file.push_timeout),
             include_kernel: self.include_kernel.or(file.include_kernel),
+            stacks: self.stacks.or(file.stacks),
             ring_buffer_mib: self.ring_buffer_mib.or(file.ring_buffer_mib),
             log_level: self.log_level.or(file.log_level),
         }
@@ -365,9 +373,22 @@ impl AgentOptions {
             push_queue,
             push_timeout: Duration::from_secs(push_timeout),
             include_kernel: self.include_kernel.unwrap_or(false),
+            stacks: self.stacks.unwrap_or(true),
             ring_bytes: ring_mib << 20,
             log_level,
         })
+    }
+}
+
+impl AgentConfig {
+    /// How much the call stacks may hold, from [`Self::cache_bytes`]: the unwind
+    /// sections mapped (file pages) a quarter, each window's stacks an eighth (at most
+    /// three windows are held at once: collecting, queued, analysed).
+    pub fn stack_memory(&self) -> StackMemory {
+        StackMemory {
+            window_bytes: (self.cache_bytes / 8) as usize,
+            unwind_bytes: self.cache_bytes / 4,
+        }
     }
 }
 

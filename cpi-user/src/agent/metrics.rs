@@ -47,6 +47,7 @@ use prometheus_client::registry::Registry;
 
 use super::push::PushStats;
 use super::{AgentError, AgentStatus, Window};
+use crate::procmap::CaptureCounts;
 use crate::profile::model::{LossReport, Mode, Profile};
 
 /// `--metrics-addr` default: loopback only, the port OpenTelemetry's Prometheus
@@ -272,7 +273,7 @@ fn mode_name(m: Mode) -> &'static str {
 
 /// Every loss reason of the profile file, by its field name (destructured, so a new
 /// field cannot be forgotten here).
-fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 11] {
+fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 12] {
     let LossReport {
         ring_full,
         branch_errors,
@@ -285,6 +286,7 @@ fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 11] {
         stacks_truncated,
         stacks_unknown_code,
         stacks_failed,
+        stacks_evicted,
     } = *l;
     [
         ("ring_full", ring_full),
@@ -298,6 +300,7 @@ fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 11] {
         ("stacks_truncated", stacks_truncated),
         ("stacks_unknown_code", stacks_unknown_code),
         ("stacks_failed", stacks_failed),
+        ("stacks_evicted", stacks_evicted),
     ]
 }
 
@@ -461,8 +464,10 @@ struct State {
     frequency: Gauge,
     bpf_run: FloatCounter,
     mode: Family<Labels, Gauge>,
+    captured: Family<Labels, Counter>,
     /// Cumulative inputs already counted.
     seen_windows: u64,
+    seen_captured: CaptureCounts,
     seen_store_failures: u64,
     seen_bpf: f64,
     seen_push: PushStats,
@@ -500,7 +505,9 @@ impl State {
             frequency: Gauge::default(),
             bpf_run: FloatCounter::default(),
             mode: Family::default(),
+            captured: Family::default(),
             seen_windows: 0,
+            seen_captured: CaptureCounts::default(),
             seen_store_failures: 0,
             seen_bpf: 0.0,
             seen_push: PushStats::default(),
@@ -585,6 +592,12 @@ impl State {
             "cpi_bpf_store_failures",
             "Windows the store could not write (full disk, permissions, descriptors).",
             s.store_failures.clone(),
+        );
+        r.register(
+            "cpi_bpf_captured_files",
+            "Captured binaries whose descriptor the LRU closed (evicted), then reopened by \
+             their checked path (reopened) or not (reopen_failed: gone, or not the same file).",
+            s.captured.clone(),
         );
         r.register_collector(Box::new(ProcessCollector {
             last_window_ms: Arc::clone(&s.last_window_ms),
@@ -681,6 +694,17 @@ impl State {
                 .inc_by(s.store_failures - self.seen_store_failures);
             self.seen_store_failures = s.store_failures;
         }
+        let (now, seen) = (&s.captured_files, &self.seen_captured);
+        for (event, n, was) in [
+            ("evicted", now.evicted, seen.evicted),
+            ("reopened", now.reopened, seen.reopened),
+            ("reopen_failed", now.reopen_failed, seen.reopen_failed),
+        ] {
+            self.captured
+                .get_or_create(&vec![("event", event.to_string())])
+                .inc_by(n.saturating_sub(was));
+        }
+        self.seen_captured = s.captured_files;
         if s.bpf_run_seconds > self.seen_bpf {
             self.bpf_run.inc_by(s.bpf_run_seconds - self.seen_bpf);
             self.seen_bpf = s.bpf_run_seconds;
@@ -831,6 +855,11 @@ pub(crate) mod tests {
             store_failures: 0,
             sampling_frequency_hz: 999,
             bpf_run_seconds: 0.5 * windows as f64,
+            captured_files: CaptureCounts {
+                evicted: 3 * windows,
+                reopened: 2 * windows,
+                reopen_failed: windows,
+            },
         }
     }
 
@@ -1002,6 +1031,9 @@ pub(crate) mod tests {
             "cpi_bpf_push_dropped_windows_total 6",
             "cpi_bpf_sampling_frequency_hz 999",
             "cpi_bpf_bpf_run_seconds_total 1.0",
+            "cpi_bpf_captured_files_total{event=\"evicted\"} 6",
+            "cpi_bpf_captured_files_total{event=\"reopened\"} 4",
+            "cpi_bpf_captured_files_total{event=\"reopen_failed\"} 2",
             "cpi_bpf_mode{mode=\"time-profile\"} 1",
             "cpi_bpf_mode{mode=\"cpi\"} 0",
             "cpi_bpf_mode{mode=\"ip-sampling\"} 0",

@@ -47,6 +47,7 @@ use crate::binary::{Symbolizer, SymbolizerOptions};
 use crate::collect::events::Rate;
 use crate::collect::target::process_start;
 use crate::collect::{self, CollectError, CollectOptions, Collected, Session, StopReason, Target};
+use crate::procmap::CaptureCounts;
 use crate::profile::analyze::{analyze_with, LineDetail};
 use crate::profile::model::{Mode, Profile};
 use crate::profile::{AnalysisOptions, SampleSet};
@@ -83,6 +84,8 @@ pub struct AgentStatus {
     pub sampling_frequency_hz: u64,
     /// Cumulative in-kernel run time of the agent's BPF programs.
     pub bpf_run_seconds: f64,
+    /// Evictions and reopens of the collector's captured binaries since start.
+    pub captured_files: CaptureCounts,
 }
 
 /// One window of collection, analysed.
@@ -228,10 +231,8 @@ fn collect_options(c: &AgentConfig) -> CollectOptions {
         window: None,
         cpu_time: true,
         drain_every: Duration::from_millis(100),
-        // Leaf-only until the agent's stack tables and unwind caches are bounded by
-        // --cache-mib (issue 17): with stacks on, the churn test's agent peaked at
-        // 139 MiB against its 64 MiB target.
-        stacks: false,
+        stacks: c.stacks,
+        stack_memory: c.stack_memory(),
     }
 }
 
@@ -557,6 +558,8 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
             mut set,
             run,
             held_processes,
+            unwind_bytes,
+            captured,
             ..
         } = job.collected;
         for pid in table.see(job.windows, &set, cgroup_rel.is_some()) {
@@ -578,7 +581,8 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
         for pid in table.expire(job.windows) {
             sym.forget_process(pid);
         }
-        sym.trim(c.cache_bytes);
+        // The collector's unwind entries count in the same bound.
+        sym.trim(c.cache_bytes.saturating_sub(unwind_bytes));
         let analysis_seconds = began.elapsed().as_secs_f64();
         let window = Window {
             start: job.start,
@@ -599,11 +603,13 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
             // Whichever side holds more: the collector's state and the analysis's
             // must both leave with their processes.
             tracked_processes: table.len().max(held_processes),
-            cache_bytes: sym.cache_bytes(),
+            cache_bytes: sym.cache_bytes() + unwind_bytes,
             store_bytes: sinks.store.bytes(),
             store_failures,
             sampling_frequency_hz: job.frequency,
             bpf_run_seconds: job.bpf_seconds,
+            // Read after analysis: its reopens of this window count now.
+            captured_files: captured.counts(),
         };
         if let Some(m) = &sinks.metrics {
             m.observe(&window, &status);

@@ -413,7 +413,7 @@ mod tests {
         {
             Ok(o) => o,
             Err(e) => {
-                eprintln!("skipped: objdump unavailable: {e}");
+                crate::binary::testbin::skip(format_args!("objdump unavailable: {e}"));
                 return;
             }
         };

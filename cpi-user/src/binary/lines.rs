@@ -3,6 +3,9 @@
 //! from disk. A binary without DWARF (or with compressed debug sections, which this
 //! build does not inflate) has no source lines; that is not an error.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use addr2line::gimli::{self, EndianSlice, RunTimeEndian};
 use object::{Object, ObjectSection};
 use serde::{Deserialize, Serialize};
@@ -40,6 +43,46 @@ impl<'a> SourceLines<'a> {
             file: loc.file?.to_string(),
             line: loc.line.filter(|&l| l > 0)?,
         })
+    }
+}
+
+/// Source lines already looked up in one binary, kept with it ([`Binary`]) across
+/// analyses: an always-on agent asks for the same hot addresses every window, and
+/// building the line context again each time for them took 16 % of its CPU (`perf
+/// record` of the agent, BENCHMARKS.md "A hostile host: before and after").
+#[derive(Debug, Default)]
+pub(super) struct LineCache(Mutex<HashMap<u64, Option<SourceLine>>>);
+
+/// Addresses one binary's [`LineCache`] holds; past it the cache starts over.
+const MAX_CACHED_LINES: usize = 8192;
+
+impl LineCache {
+    /// Estimated heap bytes (an entry, its file name and table slack).
+    pub(super) fn heap_bytes(&self) -> u64 {
+        let n = self.0.lock().expect("not poisoned").len() as u64;
+        n * 128
+    }
+}
+
+impl Binary {
+    /// The source line of `vaddr`, from the binary's cache or, on a miss, from `ctx`
+    /// (built on first need, so a window of known addresses builds none).
+    pub fn source_line<'a>(
+        &'a self,
+        vaddr: u64,
+        ctx: &mut Option<SourceLines<'a>>,
+    ) -> Option<SourceLine> {
+        let cache = &self.lines.0;
+        if let Some(hit) = cache.lock().expect("not poisoned").get(&vaddr) {
+            return hit.clone();
+        }
+        let found = ctx.get_or_insert_with(|| SourceLines::new(self)).at(vaddr);
+        let mut cache = cache.lock().expect("not poisoned");
+        if cache.len() >= MAX_CACHED_LINES {
+            cache.clear();
+        }
+        cache.insert(vaddr, found.clone());
+        found
     }
 }
 

@@ -251,6 +251,8 @@ pub struct Binary {
     bolt_ordinals: Vec<u32>,
     code: Vec<CodeRange>,
     heap: u64,
+    /// Source lines looked up so far ([`Binary::source_line`]).
+    lines: lines::LineCache,
 }
 
 /// A function while the table is built: its name borrows the file's bytes, or is made
@@ -509,6 +511,7 @@ impl Binary {
             bolt_ordinals: t.bolt_ordinals,
             code: t.code,
             heap: 0,
+            lines: lines::LineCache::default(),
         };
         b.heap = b.count_heap();
         Ok(b)
@@ -518,7 +521,7 @@ impl Binary {
     /// (for [`Binary::parse`]) the file's bytes — what a cache counts. Mapped pages are
     /// not heap (module documentation).
     pub fn heap_bytes(&self) -> u64 {
-        self.heap
+        self.heap + self.lines.heap_bytes()
     }
 
     fn count_heap(&self) -> u64 {
@@ -1122,7 +1125,7 @@ mod debian_tests {
         ] {
             let path = Path::new(p);
             if !path.exists() {
-                eprintln!("skipped: {p} not installed");
+                crate::binary::testbin::skip(format_args!("{p} not installed"));
                 continue;
             }
             seen += 1;
@@ -1165,7 +1168,7 @@ mod debian_tests {
             }
         }
         if seen == 0 {
-            eprintln!("skipped: no Debian library to check");
+            crate::binary::testbin::skip(format_args!("no Debian library to check"));
         }
     }
 
@@ -1215,7 +1218,7 @@ mod debian_tests {
                 .arg(path)
                 .output();
             let Ok(nm) = nm else {
-                eprintln!("skipped the name check: nm unavailable");
+                crate::binary::testbin::skip(format_args!("the name check: nm unavailable"));
                 continue;
             };
             let text = String::from_utf8_lossy(&nm.stdout);
@@ -1247,7 +1250,7 @@ mod debian_tests {
             assert!(checked > 100, "{checked} names checked");
         }
         if seen == 0 {
-            eprintln!("skipped: no LLVM library installed");
+            crate::binary::testbin::skip(format_args!("no LLVM library installed"));
         }
     }
 }

@@ -13,12 +13,11 @@
 //! ([`Symbolizer::decode`]), both in one LRU bounded in bytes by [`Symbolizer::trim`].
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{Binary, BinaryCache, BinaryError, Function, Instruction};
-use crate::procmap::{MappedObject, Mapping, ProcessMaps};
+use crate::procmap::{CapturedFile, MappedObject, Mapping, ProcessMaps};
 
 /// Unusable files named in the log, at most.
 const MAX_NAMED: usize = 1000;
@@ -140,7 +139,7 @@ pub struct Symbolizer {
     /// Kernel text symbols, read on the first kernel address.
     kernel: Option<Vec<Function>>,
     /// (pid, mapping start) → the file opened while the process lived.
-    captured: HashMap<(u32, u64), Arc<File>>,
+    captured: HashMap<(u32, u64), Arc<CapturedFile>>,
     /// Files already found unusable ([`Symbolizer::warn_once`]).
     warned: std::collections::HashSet<PathBuf>,
     /// Those not yet said, each with its full message ([`Symbolizer::log_unusable`]).
@@ -297,9 +296,9 @@ impl Symbolizer {
     }
 
     /// Files of `pid`'s executable mappings opened while it lived (by mapping start,
-    /// see `procmap::CapturedFiles`): read before any path, so a process that exited,
+    /// cpi-user/src/procmap/captured.rs): read before any path, so a process that exited,
     /// exec'd, or ran a deleted or other-namespace binary still symbolises.
-    pub fn add_captured(&mut self, pid: u32, files: &HashMap<u64, Arc<File>>) {
+    pub fn add_captured(&mut self, pid: u32, files: &HashMap<u64, Arc<CapturedFile>>) {
         for (&start, f) in files {
             self.captured.insert((pid, start), Arc::clone(f));
         }
@@ -481,66 +480,33 @@ impl Symbolizer {
         })
     }
 
-    /// The binary of mapping `m`: the file captured while the process lived; else,
-    /// opened with cpi-user/src/fsafe/mod.rs (never blocking, regular files only),
-    /// `/proc/PID/map_files/…` (the mapped file itself), the path inside the process's
-    /// root, then the path as mapped — each accepted only if it is the file the mapping
-    /// recorded (device, inode), so a replaced library or a planted link is refused.
+    /// The binary of mapping `m`: the file captured while the process lived (reopened by
+    /// its checked path if the collector's LRU closed it); else opened by
+    /// [`crate::procmap::open_mapped_file`]: `/proc/PID/map_files/…`, the path inside the
+    /// process's root, then the path as mapped, each accepted only if it is the file the
+    /// mapping recorded, so a replaced library or a planted link is refused.
     fn open_mapped(
         &mut self,
         pid: u32,
         m: &Mapping,
         path: &Path,
     ) -> Result<Arc<Binary>, BinaryError> {
-        if let Some(f) = self.captured.get(&(pid, m.start)) {
-            // The open file itself, identified by fstat (no /proc path walk per process).
-            if let Ok(b) = self.binaries.get_open(f, path) {
-                return Ok(b);
-            }
-        }
-        let mut opened: Vec<Result<std::fs::File, crate::fsafe::OpenError>> = Vec::new();
         // A short-lived process is often gone before its samples are analysed: one failed
         // look instead of two per mapping.
         if self.opts.use_proc && !self.gone.contains(&pid) && !crate::procmap::alive(pid) {
             self.gone.insert(pid);
         }
-        if self.opts.use_proc && !self.gone.contains(&pid) {
-            opened.push(crate::fsafe::open(Path::new(&format!(
-                "/proc/{pid}/map_files/{:x}-{:x}",
-                m.start, m.end
-            ))));
-            opened.push(crate::fsafe::open_in_root(
-                Path::new(&format!("/proc/{pid}/root")),
-                path,
-            ));
-        }
-        let last = crate::fsafe::open(path);
-        let mut err = None;
-        for f in opened.into_iter().chain([last]) {
-            let checked = f.and_then(|f| {
-                crate::fsafe::check_identity(&f, path, m.file_id)?;
-                Ok(f)
-            });
-            let r = checked
-                .map_err(BinaryError::from)
-                .and_then(|f| self.binaries.get_open(&f, path));
-            match r {
-                Ok(b) => return Ok(b),
-                // The last error (the mapped path's own) is the one worth reporting,
-                // unless one of the paths named another file than the mapped one.
-                Err(e) => {
-                    if !matches!(
-                        err,
-                        Some(BinaryError::Open(
-                            crate::fsafe::OpenError::NotTheMappedFile { .. }
-                        ))
-                    ) {
-                        err = Some(e);
-                    }
-                }
-            }
-        }
-        Err(err.expect("the mapped path was tried"))
+        let live = self.opts.use_proc && !self.gone.contains(&pid);
+        let Some(c) = self.captured.get(&(pid, m.start)).cloned() else {
+            let f = crate::procmap::open_mapped_file(pid, m, path, live, None)?;
+            return self.binaries.get_open(&f, path);
+        };
+        // The open file itself, identified by fstat (no /proc path walk per process).
+        let b = self
+            .binaries
+            .get_open(&*c.open(pid, m, path, live)?, path)?;
+        c.check_build_id(b.build_id.as_deref(), path)?;
+        Ok(b)
     }
 
     /// Notes why `path` is unusable, once per file (at most [`MAX_NAMED`] files, then once
@@ -913,7 +879,7 @@ mod live_tests {
         std::fs::create_dir_all(&dir).unwrap();
         let exe = dir.join("sleeper");
         if let Err(e) = std::fs::copy("/bin/sleep", &exe) {
-            eprintln!("skipped: cannot copy /bin/sleep: {e}");
+            crate::binary::testbin::skip(format_args!("cannot copy /bin/sleep: {e}"));
             return;
         }
         let mut child = std::process::Command::new(&exe).arg("30").spawn().unwrap();

@@ -9,6 +9,7 @@ use std::sync::{Mutex, OnceLock};
 /// The one compile-and-cache helper of the workspace's tests (std only).
 #[path = "../../../tests/src/programs.rs"]
 mod programs;
+pub use programs::skip;
 
 pub struct TestProgram {
     pub plain: PathBuf,

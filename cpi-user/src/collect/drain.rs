@@ -12,6 +12,7 @@ use cpi_common::wire::{
 
 use super::sideband::Sideband;
 use super::target;
+use super::StackMemory;
 use crate::procmap::{self, CapturedFiles, ProcessMaps};
 use crate::profile::stack::{CallStack, StackEnd};
 use crate::profile::SampleSet;
@@ -207,13 +208,18 @@ pub struct DrainWindow {
     pub sideband_lost: u64,
     /// Stacks of this window that stopped short, by reason.
     pub stack_counts: StackCounts,
+    /// Bytes of unwind sections the drain holds for later windows.
+    pub unwind_bytes: u64,
 }
 
 impl Drain {
-    /// An empty drain whose branch samples use `window` ranges each.
-    pub fn new(window: usize) -> Self {
+    /// An empty drain whose branch samples use `window` ranges each, its stacks held
+    /// within `memory`.
+    pub fn new(window: usize, memory: StackMemory) -> Self {
+        let mut set = SampleSet::new(window);
+        set.stack_bytes = memory.window_bytes;
         Drain {
-            set: SampleSet::new(window),
+            set,
             received: BTreeMap::new(),
             malformed: 0,
             sideband_lost: 0,
@@ -223,7 +229,7 @@ impl Drain {
             recorded: HashMap::new(),
             cpu_clock: CpuClockPeriods::default(),
             stack_counts: StackCounts::default(),
-            unwinder: StackUnwinder::new(MAX_USER_FRAMES, crate::unwind::DEFAULT_BYTE_BOUND),
+            unwinder: StackUnwinder::new(MAX_USER_FRAMES, memory.unwind_bytes),
         }
     }
 
@@ -231,8 +237,8 @@ impl Drain {
     /// known now; the drain starts an empty window and keeps what it knows of the
     /// processes for later ones.
     pub fn take_window(&mut self) -> DrainWindow {
-        let window = self.set.window;
-        let mut set = std::mem::replace(&mut self.set, SampleSet::new(window));
+        let next = self.set.empty_like();
+        let mut set = std::mem::replace(&mut self.set, next);
         for (&pid, p) in &mut set.processes {
             // Read once, at the end of the process's first window: with the pid, what
             // tells it from a later process given the same pid (here and in the agent's
@@ -277,6 +283,7 @@ impl Drain {
             malformed: std::mem::take(&mut self.malformed),
             sideband_lost: std::mem::take(&mut self.sideband_lost),
             stack_counts: std::mem::take(&mut self.stack_counts),
+            unwind_bytes: self.unwinder.held_bytes(),
         }
     }
 
@@ -287,6 +294,11 @@ impl Drain {
             .len()
             .max(self.recorded.len())
             .max(self.maps_read_at.len())
+    }
+
+    /// Evictions and reopens of the captured files.
+    pub fn capture_counter(&self) -> procmap::CaptureCounter {
+        self.files.counter()
     }
 
     /// Takes in one side-band record (read before the samples it may explain).
@@ -525,7 +537,7 @@ struct Known {
     start: Option<u64>,
     comm: String,
     maps: Option<ProcessMaps>,
-    files: HashMap<u64, std::sync::Arc<std::fs::File>>,
+    files: HashMap<u64, std::sync::Arc<procmap::CapturedFile>>,
 }
 
 #[cfg(test)]
@@ -557,7 +569,7 @@ mod tests {
     fn decodes_and_aggregates_with_maps_of_a_live_pid() {
         let me = std::process::id();
         let here = decodes_and_aggregates_with_maps_of_a_live_pid as *const () as u64;
-        let mut d = Drain::new(4);
+        let mut d = Drain::new(4, StackMemory::default());
         for _ in 0..3 {
             d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
         }
@@ -590,7 +602,7 @@ mod tests {
         s.entries[0] = BranchEntry::new(0x40, 0x50, false, 0);
         s.entries[1] = BranchEntry::new(0x20, 0x30, false, 0);
         s.entries[2] = BranchEntry::new(0x1, 0x10, false, 0);
-        let mut d = Drain::new(2);
+        let mut d = Drain::new(2, StackMemory::default());
         d.add(&bytes_of(&s));
         assert_eq!(d.set.processes[&42].branches.samples, 1);
         assert_eq!(d.received[&EventRole::Branches], 1);
@@ -600,7 +612,7 @@ mod tests {
     fn windows_split_samples_and_keep_what_is_known_of_processes() {
         let me = std::process::id();
         let here = windows_split_samples_and_keep_what_is_known_of_processes as *const () as u64;
-        let mut d = Drain::new(4);
+        let mut d = Drain::new(4, StackMemory::default());
         d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
         d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
         d.add(&[0u8; 3]);
@@ -624,7 +636,7 @@ mod tests {
 
     #[test]
     fn cpu_clock_samples_of_redrawn_events_weigh_their_period_now() {
-        let mut d = Drain::new(1);
+        let mut d = Drain::new(1, StackMemory::default());
         d.cpu_clock.opened = 1000;
         d.cpu_clock.set((7, -1), 1100); // thread 7's event re-drawn
         d.cpu_clock.set((-1, 1), 900); // CPU 1's event re-drawn
@@ -699,7 +711,7 @@ mod tests {
             stacks_stop_at_unknown_code_and_unreadable_stacks_are_counted as *const () as u64;
         let data = Box::new([0u64; 4]);
         let heap = data.as_ptr() as u64;
-        let mut d = Drain::new(1);
+        let mut d = Drain::new(1, StackMemory::default());
         let r = ip(me, code, EventRole::CpuClock);
         // An IP in no file mapping (JIT, anonymous memory): that frame, nothing more.
         d.add(&with_stack(&r, &[], [heap, heap, 0], &[0; 64]));
@@ -741,7 +753,7 @@ mod tests {
 
     #[test]
     fn bad_records_are_counted_not_used() {
-        let mut d = Drain::new(1);
+        let mut d = Drain::new(1, StackMemory::default());
         d.add(&[0u8; 7]);
         let mut wrong_version = ip(1, 0x10, EventRole::Cycles);
         wrong_version.header.version = WIRE_VERSION + 1;

@@ -192,6 +192,29 @@ pub struct CollectOptions {
     /// Take each sample's call stack (kernel frames, and the user stack copied for
     /// unwinding: cpi-user/src/unwind/); off, records stay leaf-only and cheaper.
     pub stacks: bool,
+    /// What the stacks may hold in memory.
+    pub stack_memory: StackMemory,
+}
+
+/// Memory bounds of call stacks ([`CollectOptions::stacks`]); past each, least recently
+/// used out, and nothing silent (evicted stacks' samples are counted as
+/// `stacks_evicted` and kept in a `[dropped]` path).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StackMemory {
+    /// The stacks of one window, all processes together
+    /// ([`crate::profile::SampleSet::stack_bytes`]).
+    pub window_bytes: usize,
+    /// The unwind sections of the files being unwound (cpi-user/src/unwind/).
+    pub unwind_bytes: u64,
+}
+
+impl Default for StackMemory {
+    fn default() -> Self {
+        StackMemory {
+            window_bytes: crate::profile::stack::DEFAULT_STACK_BYTES,
+            unwind_bytes: crate::unwind::DEFAULT_BYTE_BOUND,
+        }
+    }
 }
 
 /// The one-shot command's drain interval: a process living 25 ms is read while it lives.
@@ -235,6 +258,12 @@ pub struct Collected {
     /// Processes the collector still holds state for (name, maps, open files) after
     /// this window: those of this window and the live ones of earlier windows.
     pub held_processes: usize,
+    /// Bytes of unwind sections the collector holds for later windows (bounded by
+    /// [`StackMemory::unwind_bytes`]).
+    pub unwind_bytes: u64,
+    /// Evictions and reopens of the collector's captured files since start
+    /// (cpi-user/src/procmap/captured.rs), read after analysis.
+    pub captured: crate::procmap::CaptureCounter,
 }
 
 /// Loads the eBPF object with its ring buffer sized and its config written, and of its

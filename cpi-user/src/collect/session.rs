@@ -43,7 +43,7 @@ const REDRAWS_PER_TICK: usize = 64;
 /// use std::time::{Duration, Instant};
 ///
 /// use cpi_user::collect::events::{nominal_core_hz, Rate};
-/// use cpi_user::collect::{CollectOptions, Session, Target, DEFAULT_FREQUENCY};
+/// use cpi_user::collect::{CollectOptions, Session, StackMemory, Target, DEFAULT_FREQUENCY};
 /// use cpi_user::profile::{analyze, AnalysisOptions};
 /// use cpi_common::policy::{DEFAULT_PERTURBATION, DEFAULT_THINNING};
 ///
@@ -60,6 +60,7 @@ const REDRAWS_PER_TICK: usize = 64;
 ///     cpu_time: false,
 ///     drain_every: Duration::from_millis(25),
 ///     stacks: true,
+///     stack_memory: StackMemory::default(),
 /// };
 /// let mut session = Session::open(&opts, &mut |line| eprintln!("{line}"))?;
 /// println!("mode: {} ({})", session.mode().name(), session.mode_reason());
@@ -375,7 +376,7 @@ impl Session {
             }
         }
         let redraw = Redraw::new(&rung.specs, &rung.open);
-        let mut drain = Drain::new(window);
+        let mut drain = Drain::new(window, opts.stack_memory);
         if let Some(clock) = rung.specs.iter().find(|s| s.role == EventRole::CpuClock) {
             drain.cpu_clock.opened = clock.policy.base;
         }
@@ -642,6 +643,7 @@ impl Live {
             stacks_truncated: w.stack_counts.truncated,
             stacks_unknown_code: w.stack_counts.unknown_code,
             stacks_failed: w.stack_counts.failed,
+            stacks_evicted: w.set.stacks_evicted(),
             ..Default::default()
         };
         self.counters_seen = counters;
@@ -685,6 +687,8 @@ impl Live {
             stop: self.stop,
             command_status: None,
             held_processes: self.drain.held_processes(),
+            unwind_bytes: w.unwind_bytes,
+            captured: self.drain.capture_counter(),
         }
     }
 }

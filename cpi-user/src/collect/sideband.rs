@@ -298,7 +298,7 @@ mod tests {
         let mut r = match SidebandReader::open(&sys::Linux, &[(me, -1)], 0) {
             Ok(r) => r,
             Err(e) => {
-                eprintln!("skipped: cannot open a perf event here ({e})");
+                crate::binary::testbin::skip(format_args!("cannot open a perf event here ({e})"));
                 return;
             }
         };

@@ -108,6 +108,15 @@ pub enum OpenError {
         /// The file mapped.
         want: FileId,
     },
+    /// The mapped file, reopened, has changed since it was captured (size, build-id):
+    /// rewritten in place (cpi-user/src/procmap/captured.rs).
+    #[error("{}: not the captured file ({what}); not read", .path.display())]
+    NotTheCapturedFile {
+        /// The path.
+        path: PathBuf,
+        /// What differs.
+        what: String,
+    },
 }
 
 impl OpenError {

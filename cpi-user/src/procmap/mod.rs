@@ -2,13 +2,12 @@
 //! first seen (and again on a miss); kept after the pid exits so late samples still
 //! resolve. The PMU model fills the same type from the guest's maps.
 
-use std::collections::HashMap;
-use std::fs::File;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 pub use crate::fsafe::FileId;
+
+mod captured;
+pub use captured::{open_mapped_file, CaptureCounter, CaptureCounts, CapturedFile, CapturedFiles};
 
 /// Why maps could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -215,112 +214,6 @@ fn proc_dir(pid: u32, tid: Option<u32>) -> PathBuf {
     }
 }
 
-/// Files of executable mappings, opened while their process lives, so they can be read
-/// after it exits, after the file is deleted or replaced, and when it is visible only
-/// in the process's mount namespace (a container): an open file is the file itself,
-/// whatever its path has become. One open file per (device, inode), shared by every
-/// process that maps it; at most [`CapturedFiles::cap`] held (a quarter of the soft
-/// `RLIMIT_NOFILE`, within 64..=8192), so a process mapping thousands of files cannot
-/// exhaust our descriptors: beyond it files are not captured (counted) and the
-/// symbolizer opens them by their checked path instead (cpi-user/src/fsafe/mod.rs).
-#[derive(Debug)]
-pub struct CapturedFiles {
-    by_inode: HashMap<(u64, u64), Arc<File>>,
-    cap: usize,
-    skipped: u64,
-}
-
-impl Default for CapturedFiles {
-    fn default() -> Self {
-        let soft = crate::fsafe::soft_nofile_limit();
-        CapturedFiles::with_cap((soft / 4).clamp(64, 8192) as usize)
-    }
-}
-
-impl CapturedFiles {
-    /// At most `cap` files held open.
-    pub fn with_cap(cap: usize) -> Self {
-        CapturedFiles {
-            by_inode: HashMap::new(),
-            cap,
-            skipped: 0,
-        }
-    }
-
-    /// Opens the file of every executable file mapping of `maps` through
-    /// `DIR/map_files/START-END` (`dir` from [`ProcessMaps::read_live`]); returns them
-    /// by mapping start. Mappings whose file cannot be opened, is not a regular file, or
-    /// does not fit under the cap are left out (the path is tried again, checked, at
-    /// analysis).
-    pub fn capture(&mut self, dir: &Path, maps: &ProcessMaps) -> HashMap<u64, Arc<File>> {
-        let mut out = HashMap::new();
-        for m in &maps.mappings {
-            if !m.executable || !matches!(m.object, MappedObject::File { .. }) {
-                continue;
-            }
-            let link = dir.join(format!("map_files/{:x}-{:x}", m.start, m.end));
-            let Ok(file) = crate::fsafe::open(&link) else {
-                continue;
-            };
-            let Ok(meta) = file.metadata() else {
-                continue;
-            };
-            let key = (meta.dev(), meta.ino());
-            if !self.by_inode.contains_key(&key) && self.by_inode.len() >= self.cap {
-                self.release_unused();
-                if self.by_inode.len() >= self.cap {
-                    self.skipped += 1;
-                    continue;
-                }
-            }
-            let f = self.by_inode.entry(key).or_insert_with(|| Arc::new(file));
-            out.insert(m.start, Arc::clone(f));
-        }
-        out
-    }
-
-    /// The most files held open at once.
-    pub fn cap(&self) -> usize {
-        self.cap
-    }
-
-    /// Mappings not captured because the cap was reached.
-    pub fn skipped(&self) -> u64 {
-        self.skipped
-    }
-
-    /// [`CapturedFiles::capture`] through `/proc/PID`, else through the thread's own
-    /// directory (a leader that exited leaves its threads' maps there): for mappings
-    /// known from the kernel's records rather than read from `/proc`.
-    pub fn capture_live(
-        &mut self,
-        pid: u32,
-        tid: u32,
-        maps: &ProcessMaps,
-    ) -> HashMap<u64, Arc<File>> {
-        let got = self.capture(&proc_dir(pid, None), maps);
-        if !got.is_empty() || tid == pid || tid == 0 {
-            return got;
-        }
-        self.capture(&proc_dir(pid, Some(tid)), maps)
-    }
-
-    /// Closes the files nothing else holds (every process that mapped them is gone).
-    pub fn release_unused(&mut self) {
-        self.by_inode.retain(|_, f| Arc::strong_count(f) > 1);
-    }
-
-    /// Distinct files held open.
-    pub fn len(&self) -> usize {
-        self.by_inode.len()
-    }
-
-    /// True when no file is held.
-    pub fn is_empty(&self) -> bool {
-        self.by_inode.is_empty()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -371,36 +264,6 @@ mod tests {
             m.find(0x1100).is_none(),
             "an overlapped old mapping is gone"
         );
-    }
-
-    #[test]
-    fn own_text_is_captured_once_per_file() {
-        let me = std::process::id();
-        let (maps, dir) = ProcessMaps::read_live(me, me).unwrap();
-        let mut files = CapturedFiles::default();
-        let got = files.capture(&dir, &maps);
-        let here = own_text_is_captured_once_per_file as *const () as u64;
-        let m = maps.find(here).expect("own text mapped");
-        assert!(got.contains_key(&m.start), "own text captured");
-        let again = files.capture(&dir, &maps);
-        assert_eq!(again.len(), got.len());
-        assert!(files.len() <= got.len(), "one open file per inode");
-        assert!(!files.is_empty());
-    }
-
-    #[test]
-    fn captured_files_stay_under_the_cap() {
-        let me = std::process::id();
-        let (maps, dir) = ProcessMaps::read_live(me, me).unwrap();
-        let mut files = CapturedFiles::with_cap(1);
-        let got = files.capture(&dir, &maps);
-        assert_eq!(files.len(), 1);
-        assert!(got.len() <= 2, "one file (maybe mapped twice): {got:?}");
-        assert!(
-            files.skipped() > 0,
-            "this test binary maps libc and ld.so too"
-        );
-        assert!(CapturedFiles::default().cap() >= 64);
     }
 
     #[test]

@@ -10,14 +10,13 @@
 //! per group of samples, for its error (`profile/error.rs`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
 use std::sync::Arc;
 
 use cpi_common::wire::{BranchEntry, BranchSample, EventRole, IpSample, FLAG_KERNEL};
 
 use super::error::{group_of, Groups};
 use super::stack::{CallStack, StackAggregate};
-use crate::procmap::ProcessMaps;
+use crate::procmap::{CapturedFile, ProcessMaps};
 
 /// How each branch stack's ranges are weighted.
 ///
@@ -257,7 +256,7 @@ pub struct ProcessSamples {
     pub maps: Option<ProcessMaps>,
     /// Files of executable mappings opened while the process lived, by mapping start
     /// ([`crate::procmap::CapturedFiles`]): analysis reads these first.
-    pub files: HashMap<u64, Arc<File>>,
+    pub files: HashMap<u64, Arc<CapturedFile>>,
     /// The branch samples, reduced to ranges and taken branches.
     pub branches: BranchAggregate,
     /// The IP samples, per event role.
@@ -275,8 +274,14 @@ pub struct SampleSet {
     pub weighting: StackWeighting,
     /// By pid.
     pub processes: BTreeMap<u32, ProcessSamples>,
-    /// Bytes each process's stacks may hold ([`StackAggregate::limit`]).
+    /// Bound on the (estimated) bytes the stacks of all processes hold together: past
+    /// it the least recently used stacks of any process are evicted and their samples
+    /// counted ([`StackAggregate::dropped`]).
     pub stack_bytes: usize,
+    /// Bytes the stacks hold now.
+    stack_held: usize,
+    /// Ticks once per sample with a stack: when each stack was last used.
+    stack_clock: u64,
 }
 
 impl SampleSet {
@@ -287,20 +292,81 @@ impl SampleSet {
             weighting: StackWeighting::Window,
             processes: BTreeMap::new(),
             stack_bytes: super::stack::DEFAULT_STACK_BYTES,
+            stack_held: 0,
+            stack_clock: 0,
         }
+    }
+
+    /// An empty set like this one (window, weighting, stack bound), for the next window.
+    pub fn empty_like(&self) -> Self {
+        SampleSet {
+            weighting: self.weighting,
+            stack_bytes: self.stack_bytes,
+            ..SampleSet::new(self.window)
+        }
+    }
+
+    /// Estimated bytes the stacks of all processes hold (at most [`Self::stack_bytes`]).
+    pub fn stack_held(&self) -> usize {
+        self.stack_held
+    }
+
+    /// Samples whose stacks were evicted to stay within [`Self::stack_bytes`].
+    pub fn stacks_evicted(&self) -> u64 {
+        self.processes
+            .values()
+            .map(|p| p.stacks.dropped.samples())
+            .sum()
     }
 
     /// The process `pid`, added empty when new.
     pub fn process(&mut self, pid: u32) -> &mut ProcessSamples {
-        let limit = self.stack_bytes;
-        self.processes.entry(pid).or_insert_with(|| {
-            let mut p = ProcessSamples {
-                pid,
-                ..Default::default()
-            };
-            p.stacks.limit = limit;
-            p
+        self.processes.entry(pid).or_insert_with(|| ProcessSamples {
+            pid,
+            ..Default::default()
         })
+    }
+
+    /// Adds to the stacks of `pid` with `f` (given the clock), then keeps every
+    /// process's stacks together within [`Self::stack_bytes`].
+    fn add_stacked(&mut self, pid: u32, f: impl FnOnce(&mut StackAggregate, u64)) {
+        self.stack_clock += 1;
+        let now = self.stack_clock;
+        let stacks = &mut self.process(pid).stacks;
+        let before = stacks.bytes();
+        f(stacks, now);
+        let after = stacks.bytes();
+        self.stack_held = self.stack_held + after - before;
+        if self.stack_held > self.stack_bytes {
+            self.evict_stacks();
+        }
+    }
+
+    /// Evicts the least recently used stacks, of whichever processes, until the rest
+    /// take at most 3/4 of the bound (so eviction, which sorts, runs once per many
+    /// samples).
+    fn evict_stacks(&mut self) {
+        let mut ages: Vec<(u64, usize)> = self
+            .processes
+            .values()
+            .flat_map(|p| p.stacks.ages())
+            .collect();
+        ages.sort_unstable_by_key(|a| a.0);
+        let target = self.stack_bytes / 4 * 3;
+        let (mut held, mut cut) = (self.stack_held, 0);
+        for (used, bytes) in ages {
+            if held <= target {
+                break;
+            }
+            held = held.saturating_sub(bytes);
+            cut = used;
+        }
+        let mut now_held = 0;
+        for p in self.processes.values_mut() {
+            p.stacks.evict_used_by(cut);
+            now_held += p.stacks.bytes();
+        }
+        self.stack_held = now_held;
     }
 
     /// Adds a branch sample to its process ([`BranchAggregate::add`]).
@@ -314,9 +380,9 @@ impl SampleSet {
         let p = self.process(s.header.tgid);
         p.branches.add(s, window, weighting);
         match stack {
-            Some(stack) => p
-                .stacks
-                .add_branch(stack, sample_window(s, window, weighting).ok()),
+            Some(stack) => self.add_stacked(s.header.tgid, |a, now| {
+                a.add_branch(stack, sample_window(s, window, weighting).ok(), now)
+            }),
             None => p.stacks.unstacked += 1,
         }
     }
@@ -340,7 +406,9 @@ impl SampleSet {
             .or_default()
             .add(s, role != EventRole::CpuClock);
         match stack {
-            Some(stack) => p.stacks.add_ip(stack, role, s.header.period),
+            Some(stack) => self.add_stacked(s.header.tgid, |a, now| {
+                a.add_ip(stack, role, s.header.period, now)
+            }),
             None => p.stacks.unstacked += 1,
         }
         Ok(())
@@ -386,6 +454,66 @@ mod tests {
         // A sample too shallow for the window is counted, not used.
         set.add_branch(&sample(1000, &e[..2]));
         assert_eq!(set.processes[&7].branches.short_samples, 1);
+    }
+
+    #[test]
+    fn stack_bound_evicts_least_recently_used_of_any_process() {
+        use crate::profile::stack::StackEnd;
+        let stack = |user: &[u64]| CallStack {
+            kernel: Box::new([]),
+            user: user.into(),
+            end: StackEnd::Complete,
+        };
+        let ip = |tgid: u32| IpSample {
+            header: SampleHeader {
+                tgid,
+                period: 1,
+                event: EventRole::CpuClock as u32,
+                ..Default::default()
+            },
+        };
+        let mut set = SampleSet::new(1);
+        // Room for about ten stacks (measured on one).
+        set.add_ip_with_stack(&ip(1), Some(&stack(&[7, 7, 7])))
+            .unwrap();
+        set.stack_bytes = set.stack_held() * 10;
+        // Process 1 uses its one stack again and again; process 2 brings 30 new ones.
+        for i in 0..30u64 {
+            set.add_ip_with_stack(&ip(1), Some(&stack(&[7, 7, 7])))
+                .unwrap();
+            set.add_ip_with_stack(&ip(2), Some(&stack(&[i + 100, 2, 3])))
+                .unwrap();
+        }
+        assert!(set.stack_held() <= set.stack_bytes);
+        let held: usize = set.processes.values().map(|p| p.stacks.bytes()).sum();
+        assert_eq!(held, set.stack_held(), "the running total is the sum");
+        let (one, two) = (&set.processes[&1].stacks, &set.processes[&2].stacks);
+        assert!(
+            one.stacks.contains_key(&stack(&[7, 7, 7])),
+            "the hot stack stays"
+        );
+        assert!(
+            two.stacks.contains_key(&stack(&[129, 2, 3])),
+            "the newest stays"
+        );
+        assert!(
+            !two.stacks.contains_key(&stack(&[100, 2, 3])),
+            "the oldest went"
+        );
+        let kept: u64 = [one, two]
+            .iter()
+            .flat_map(|a| a.stacks.values())
+            .map(|s| s.samples())
+            .sum();
+        assert!(set.stacks_evicted() > 0);
+        assert_eq!(
+            kept + set.stacks_evicted(),
+            61,
+            "every sample kept or counted"
+        );
+        // The next window starts empty, with the same bound.
+        let next = set.empty_like();
+        assert_eq!((next.stack_bytes, next.stack_held()), (set.stack_bytes, 0));
     }
 
     #[test]

@@ -57,7 +57,7 @@ use super::model::{
     InstructionProfile, LossReport, Mode, ProcessProfile, Profile, RunInfo, StackFrame,
     StackProfile, PROFILE_FORMAT_VERSION,
 };
-use super::paths::{bound_paths, frames_key, pseudo_path, PathKey, DROPPED_FRAME, NO_STACK_FRAME};
+use super::paths::{bound_paths, pseudo_path, DROPPED_FRAME, MAX_PATHS, NO_STACK_FRAME};
 use super::stack::{CallStack, StackEnd, StackStat};
 use crate::binary::{
     demangle, Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines,
@@ -490,8 +490,9 @@ impl Ctx<'_> {
         let mut cyc = Tally::default();
         let (mut instr, mut instr_groups, mut instr_samples) = (0.0, Groups::default(), 0u64);
         let mut functions = Vec::with_capacity(res.funcs.len());
-        // Line tables per binary, parsed once for all its functions here.
-        let mut sources: HashMap<*const Binary, SourceLines<'_>> = HashMap::new();
+        // Line tables per binary, parsed at most once for all its functions here (and
+        // not at all when the binary's cache knows every address).
+        let mut sources: HashMap<*const Binary, Option<SourceLines<'_>>> = HashMap::new();
         let mut lens = HashMap::new();
         for (i, w) in res.funcs.iter().enumerate() {
             // Known only as a branch target outside the window: nothing to report.
@@ -504,13 +505,11 @@ impl Ctx<'_> {
                 s.update(self.analysed);
             }
             if let CodeObject::Elf(bin) = &w.object {
-                let lines = sources
-                    .entry(Arc::as_ptr(bin))
-                    .or_insert_with(|| SourceLines::new(bin));
+                let ctx = sources.entry(Arc::as_ptr(bin)).or_default();
                 let f = &mut out.profile;
-                f.source = lines.at(f.address);
+                f.source = bin.source_line(f.address, ctx);
                 for l in &mut f.lines {
-                    l.source = lines.at(l.address);
+                    l.source = bin.source_line(l.address, ctx);
                 }
             }
             lens.extend(out.range_lengths.iter().map(|&(s, e, n)| ((i, s, e), n)));
@@ -600,7 +599,12 @@ impl Ctx<'_> {
         }
         let role = sample_role(self.mode);
         let ranged = self.mode.uses_ranges();
-        let mut paths: BTreeMap<PathKey, PathAcc> = BTreeMap::new();
+        // Paths are summed and ranked by compact frames (a function's index, an
+        // address); names are written out only for the paths the profile keeps: deep
+        // stacks named frame by frame cost ~20× their addresses (seen: +60 MiB for a
+        // moment in an agent sampling rustc).
+        let mut names = FrameNames::default();
+        let mut paths: BTreeMap<Vec<u32>, PathAcc> = BTreeMap::new();
         let mut entries: Vec<(&CallStack, &StackStat)> = agg.stacks.iter().collect();
         entries.sort_unstable_by(|a, b| {
             (&a.0.kernel, &a.0.user, a.0.end as u8).cmp(&(&b.0.kernel, &b.0.user, b.0.end as u8))
@@ -610,14 +614,14 @@ impl Ctx<'_> {
         // stack that ran it rather than of a callee path a range implied.
         let mut symbolised = Vec::with_capacity(entries.len());
         for (stack, stat) in entries {
-            let (frames, funcs) = self.frames(stack, res);
+            let frames = self.frames(stack, res);
             stacked.add_ips(stat, role);
-            let acc = path_acc(&mut paths, &frames, stack.end);
+            let acc = path_acc(&mut paths, &mut names, res, &frames, stack.end);
             acc.add_ips(stat, role);
             acc.branch_samples += stat.branch_samples;
-            symbolised.push((stack.end, stat, frames, funcs));
+            symbolised.push((stack.end, stat, frames));
         }
-        for (end_of_stack, stat, frames, funcs) in symbolised {
+        for (end_of_stack, stat, frames) in symbolised {
             if !ranged {
                 break;
             }
@@ -632,38 +636,50 @@ impl Ctx<'_> {
                 let Some(&n) = lens.get(&(fs, vs, ve)).filter(|_| fs == fe) else {
                     continue;
                 };
-                let target = match funcs.iter().position(|f| *f == Some(fs)) {
+                let target = match frames.iter().position(|f| f.func == Some(fs)) {
                     // The leaf's function, or a caller's: that frame's path.
                     Some(k) => frames[k..].to_vec(),
                     // A function not on the stack: a callee of the leaf that returned
                     // within the window.
                     None => {
-                        let w = &res.funcs[fs];
-                        let mut v = vec![StackFrame {
-                            function: w.name.clone(),
-                            binary: w.object_name.clone(),
-                            address: w.function.start,
+                        let mut v = vec![FrameRef {
+                            func: Some(fs),
+                            address: res.funcs[fs].function.start,
                         }];
-                        v.extend(frames.iter().cloned());
+                        v.extend(frames.iter().copied());
                         v
                     }
                 };
-                let acc = path_acc(&mut paths, &target, end_of_stack);
+                let acc = path_acc(&mut paths, &mut names, res, &target, end_of_stack);
                 acc.instructions += r.count * n as f64;
                 acc.instruction_groups.add_scaled(&r.groups, n as f64);
                 acc.range_hits += r.hits;
             }
         }
-        let floor = self.opts.sample_floor;
-        let mut out: Vec<StackProfile> = paths
-            .into_values()
-            .map(|a| a.into_path(ranged, floor))
-            .collect();
         // What no stack holds: evicted stacks, and samples without a stack (the
         // process's IP samples less those under stacks, kept or evicted).
         let mut dropped = PathAcc::default();
         dropped.add_ips(&agg.dropped, role);
         dropped.branch_samples = agg.dropped.branch_samples;
+        // The hottest paths keep their names (room left for `[dropped]` and
+        // `[no stack]`); the rest join `[dropped]`.
+        let mut ranked: Vec<PathAcc> = paths.into_values().collect();
+        ranked.sort_by(|a, b| {
+            b.weight()
+                .total_cmp(&a.weight())
+                .then(b.samples.cmp(&a.samples))
+        });
+        for extra in ranked.split_off(ranked.len().min(MAX_PATHS - 2)) {
+            dropped.absorb(extra);
+        }
+        let floor = self.opts.sample_floor;
+        let mut out: Vec<StackProfile> = ranked
+            .into_iter()
+            .map(|a| {
+                let frames = a.frames.iter().map(|f| f.named(res)).collect();
+                a.into_path(frames, ranged, floor)
+            })
+            .collect();
         let mut no_stack = PathAcc::default();
         for (&r, a) in &p.ips {
             let (n, w) = stacked.ips.get(&r).copied().unwrap_or_default();
@@ -683,27 +699,21 @@ impl Ctx<'_> {
         no_stack.branch_samples = agg.unstacked.saturating_sub(ip_unstacked);
         for (name, mut a) in [(DROPPED_FRAME, dropped), (NO_STACK_FRAME, no_stack)] {
             if a.samples + a.branch_samples > 0 {
-                a.frames = pseudo_path(name).frames;
                 a.end = StackEnd::Truncated;
-                out.push(a.into_path(ranged, floor));
+                out.push(a.into_path(pseudo_path(name).frames, ranged, floor));
             }
         }
         bound_paths(&mut out, floor);
         out
     }
 
-    /// The frames of `stack`, leaf first (kernel, then user), and each one's function
-    /// index; `[unknown]` where an address maps to nothing.
-    fn frames(
-        &mut self,
-        stack: &CallStack,
-        res: &mut ProcessResolver<'_>,
-    ) -> (Vec<StackFrame>, Vec<Option<usize>>) {
+    /// The frames of `stack`, leaf first (kernel, then user): each one's function (index
+    /// into `res.funcs`) and address in its binary; `None` and the runtime address where
+    /// an address maps to nothing.
+    fn frames(&mut self, stack: &CallStack, res: &mut ProcessResolver<'_>) -> Vec<FrameRef> {
         let user = stack.user.iter().enumerate().map(|(i, &a)| (a, i > 0));
         let all = stack.kernel.iter().map(|&a| (a, false)).chain(user);
-        let mut frames = Vec::with_capacity(stack.kernel.len() + stack.user.len());
-        let mut funcs = Vec::with_capacity(frames.capacity());
-        for (addr, is_return) in all {
+        all.map(|(addr, is_return)| {
             // A return address follows its call: look the call up.
             let at = if is_return {
                 addr.saturating_sub(1)
@@ -711,26 +721,17 @@ impl Ctx<'_> {
                 addr
             };
             match res.resolve(self.sym, &mut self.binaries, at) {
-                Some((i, vaddr)) => {
-                    let w = &res.funcs[i];
-                    frames.push(StackFrame {
-                        function: w.name.clone(),
-                        binary: w.object_name.clone(),
-                        address: vaddr + u64::from(is_return),
-                    });
-                    funcs.push(Some(i));
-                }
-                None => {
-                    frames.push(StackFrame {
-                        function: "[unknown]".into(),
-                        binary: String::new(),
-                        address: addr,
-                    });
-                    funcs.push(None);
-                }
+                Some((i, vaddr)) => FrameRef {
+                    func: Some(i),
+                    address: vaddr + u64::from(is_return),
+                },
+                None => FrameRef {
+                    func: None,
+                    address: addr,
+                },
             }
-        }
-        (frames, funcs)
+        })
+        .collect()
     }
 
     /// Attaches taken edges and ranges to functions; ranges that do not start and end
@@ -1133,10 +1134,59 @@ impl Ctx<'_> {
     }
 }
 
+/// One frame of a path being summed: its function (an index into the resolver's
+/// functions; `None`: no function, `[unknown]`) and address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FrameRef {
+    func: Option<usize>,
+    address: u64,
+}
+
+impl FrameRef {
+    fn named(&self, res: &ProcessResolver<'_>) -> StackFrame {
+        match self.func {
+            Some(i) => StackFrame {
+                function: res.funcs[i].name.clone(),
+                binary: res.funcs[i].object_name.clone(),
+                address: self.address,
+            },
+            None => StackFrame {
+                function: "[unknown]".into(),
+                binary: String::new(),
+                address: self.address,
+            },
+        }
+    }
+}
+
+/// Paths are summed by (function name, binary) frame by frame, as the profile names
+/// them: one id per distinct pair.
+#[derive(Default)]
+struct FrameNames {
+    by_func: HashMap<Option<usize>, u32>,
+    by_name: HashMap<(String, String), u32>,
+}
+
+impl FrameNames {
+    fn id(&mut self, f: &FrameRef, res: &ProcessResolver<'_>) -> u32 {
+        if let Some(&id) = self.by_func.get(&f.func) {
+            return id;
+        }
+        let named = f.named(res);
+        let next = self.by_name.len() as u32;
+        let id = *self
+            .by_name
+            .entry((named.function, named.binary))
+            .or_insert(next);
+        self.by_func.insert(f.func, id);
+        id
+    }
+}
+
 /// One call path being summed from the stacks.
 #[derive(Default)]
 struct PathAcc {
-    frames: Vec<StackFrame>,
+    frames: Vec<FrameRef>,
     end: StackEnd,
     /// IP samples and Σ periods per role.
     ips: BTreeMap<EventRole, (u64, u64)>,
@@ -1162,7 +1212,32 @@ impl PathAcc {
         self.cycles_groups.add_scaled(&stat.cycles_groups, 1.0);
     }
 
-    fn into_path(self, ranged: bool, floor: u64) -> StackProfile {
+    /// What the path weighs in orderings: cycles, else time, else samples (as
+    /// cpi-user/src/profile/paths.rs `weight` ranks the named paths).
+    fn weight(&self) -> f64 {
+        [EventRole::Cycles, EventRole::CpuClock]
+            .iter()
+            .find_map(|r| self.ips.get(r).map(|v| v.1 as f64))
+            .unwrap_or(self.samples as f64)
+    }
+
+    /// Adds everything of `o` (a path beyond the kept ones) but its frames.
+    fn absorb(&mut self, o: PathAcc) {
+        for (r, (n, w)) in o.ips {
+            let e = self.ips.entry(r).or_default();
+            e.0 += n;
+            e.1 += w;
+        }
+        self.samples += o.samples;
+        self.cycles_groups.add_scaled(&o.cycles_groups, 1.0);
+        self.branch_samples += o.branch_samples;
+        self.instructions += o.instructions;
+        self.instruction_groups
+            .add_scaled(&o.instruction_groups, 1.0);
+        self.range_hits += o.range_hits;
+    }
+
+    fn into_path(self, frames: Vec<StackFrame>, ranged: bool, floor: u64) -> StackProfile {
         let weight = |r: EventRole| self.ips.get(&r).map(|v| v.1 as f64);
         let cycles = weight(EventRole::Cycles);
         let cycles_rel_error = cycles.map(|c| error::relative(c, self.cycles_groups.variance()));
@@ -1189,7 +1264,7 @@ impl PathAcc {
             _ => None,
         };
         StackProfile {
-            frames: self.frames,
+            frames,
             end: self.end,
             samples: self.samples,
             branch_samples: self.branch_samples,
@@ -1206,11 +1281,14 @@ impl PathAcc {
 
 /// The path of `frames` in `paths`, added empty when new.
 fn path_acc<'p>(
-    paths: &'p mut BTreeMap<PathKey, PathAcc>,
-    frames: &[StackFrame],
+    paths: &'p mut BTreeMap<Vec<u32>, PathAcc>,
+    names: &mut FrameNames,
+    res: &ProcessResolver<'_>,
+    frames: &[FrameRef],
     end: StackEnd,
 ) -> &'p mut PathAcc {
-    let acc = paths.entry(frames_key(frames)).or_insert_with(|| PathAcc {
+    let key = frames.iter().map(|f| names.id(f, res)).collect();
+    let acc = paths.entry(key).or_insert_with(|| PathAcc {
         frames: frames.to_vec(),
         end,
         ..Default::default()
@@ -2165,7 +2243,7 @@ mod bench {
     fn bench_analysis_libpython() {
         let path = Path::new("/usr/lib/x86_64-linux-gnu/libpython3.11.so.1.0");
         if !path.exists() {
-            eprintln!("skipped: {} not installed", path.display());
+            crate::binary::testbin::skip(format_args!("{} not installed", path.display()));
             return;
         }
         const BASE: u64 = 0x7f12_3400_0000;

@@ -317,6 +317,10 @@ pub struct LossReport {
     /// Call stacks that failed: unreadable stack, unwind rules that led nowhere.
     #[serde(default)]
     pub stacks_failed: u64,
+    /// Samples whose call stacks were evicted to keep the stacks within their memory
+    /// bound: they stay in every total, under a `[dropped]` path.
+    #[serde(default)]
+    pub stacks_evicted: u64,
 }
 
 impl LossReport {
@@ -336,7 +340,8 @@ impl LossReport {
         format!(
             "(ring full {}, branch errors {}, malformed {}); not used: short stacks {}, \
              invalid ranges {}; unmapped samples {}; thinned on purpose {} (period carried); \
-             side-band records lost {}; stacks truncated {}, at unknown code {}, failed {}",
+             side-band records lost {}; stacks truncated {}, at unknown code {}, failed {}, \
+             evicted {}",
             self.ring_full,
             self.branch_errors,
             self.malformed,
@@ -347,7 +352,8 @@ impl LossReport {
             self.sideband_lost,
             self.stacks_truncated,
             self.stacks_unknown_code,
-            self.stacks_failed
+            self.stacks_failed,
+            self.stacks_evicted
         )
     }
 }
@@ -370,6 +376,7 @@ impl LossReport {
             stacks_truncated,
             stacks_unknown_code,
             stacks_failed,
+            stacks_evicted,
         } = o;
         for (a, b) in [
             (&mut self.ring_full, ring_full),
@@ -383,6 +390,7 @@ impl LossReport {
             (&mut self.stacks_truncated, stacks_truncated),
             (&mut self.stacks_unknown_code, stacks_unknown_code),
             (&mut self.stacks_failed, stacks_failed),
+            (&mut self.stacks_evicted, stacks_evicted),
         ] {
             add_count(a, *b, overflow);
         }

@@ -12,9 +12,9 @@
 //! [`super::aggregate::sample_window`]), so analysis can give each call path its own
 //! instructions and CPI.
 //!
-//! Memory is bounded: the stacks of one process take at most
-//! [`StackAggregate::limit`] bytes (estimated, [`DEFAULT_STACK_BYTES`] unless set); past
-//! it the least recently used stacks go, and their samples are counted in
+//! Memory is bounded by the set that holds the aggregates
+//! ([`super::aggregate::SampleSet::stack_bytes`], over all its processes together): past
+//! it the least recently used stacks of any process go, and their samples are counted in
 //! [`StackAggregate::dropped`], never silently.
 
 use std::collections::{BTreeMap, HashMap};
@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{group_of, Groups};
 
-/// Default bound on one process's stacks, in (estimated) bytes.
-pub const DEFAULT_STACK_BYTES: usize = 8 << 20;
+/// Default bound on the stacks of all processes of one sample set, in (estimated) bytes.
+pub const DEFAULT_STACK_BYTES: usize = 32 << 20;
 
 /// How unwinding a stack ended.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -90,33 +90,17 @@ impl StackStat {
 }
 
 /// The stacks of one process.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct StackAggregate {
     /// By stack.
     pub stacks: HashMap<CallStack, StackStat>,
     /// Samples that carried no stack (the writer could not take one).
     pub unstacked: u64,
-    /// What ran under the stacks evicted to stay within [`Self::limit`] (IP samples and
-    /// periods, branch samples; no ranges).
+    /// What ran under the stacks evicted to stay within the set's bound (IP samples
+    /// and periods, branch samples; no ranges).
     pub dropped: StackStat,
-    /// Bound on [`Self::bytes`].
-    pub limit: usize,
     /// Estimated bytes held.
     bytes: usize,
-    clock: u64,
-}
-
-impl Default for StackAggregate {
-    fn default() -> Self {
-        StackAggregate {
-            stacks: HashMap::new(),
-            unstacked: 0,
-            dropped: StackStat::default(),
-            limit: DEFAULT_STACK_BYTES,
-            bytes: 0,
-            clock: 0,
-        }
-    }
 }
 
 /// Estimated heap and table bytes of one entry.
@@ -131,14 +115,15 @@ fn entry_bytes(stack: &CallStack, stat: &StackStat) -> usize {
 }
 
 impl StackAggregate {
-    /// Estimated bytes held (bounded by [`Self::limit`]).
+    /// Estimated bytes held.
     pub fn bytes(&self) -> usize {
         self.bytes
     }
 
-    /// Counts an IP sample of `role` with weight `period` under `stack`.
-    pub fn add_ip(&mut self, stack: &CallStack, role: EventRole, period: u64) {
-        self.update(stack, |s| {
+    /// Counts an IP sample of `role` with weight `period` under `stack`; `now` is the
+    /// holder's clock, for eviction.
+    pub fn add_ip(&mut self, stack: &CallStack, role: EventRole, period: u64, now: u64) {
+        self.update(stack, now, |s| {
             let e = s.ips.entry(role).or_default();
             if role == EventRole::Cycles {
                 s.cycles_groups.add(group_of(e.0), period as f64);
@@ -160,12 +145,17 @@ impl StackAggregate {
     /// of a range's stack is the range's first address. Where they do not (or the walk
     /// runs out of known frames), the rest of the window's ranges go to the sample's own
     /// stack and analysis assigns them by function (cpi-user/src/profile/analyze.rs).
-    pub fn add_branch(&mut self, stack: &CallStack, window: Option<(f64, &[BranchEntry])>) {
+    pub fn add_branch(
+        &mut self,
+        stack: &CallStack,
+        window: Option<(f64, &[BranchEntry])>,
+        now: u64,
+    ) {
         let group = self
             .stacks
             .get(stack)
             .map_or(0, |s| group_of(s.branch_samples));
-        self.update(stack, |s| s.branch_samples += 1);
+        self.update(stack, now, |s| s.branch_samples += 1);
         let Some((w, entries)) = window else {
             return;
         };
@@ -192,58 +182,52 @@ impl StackAggregate {
                         user: user.into_boxed_slice(),
                         end: stack.end,
                     };
-                    self.update(&at, add);
+                    self.update(&at, now, add);
                 }
-                None => self.update(stack, add),
+                None => self.update(stack, now, add),
             }
         }
     }
-    fn update(&mut self, stack: &CallStack, f: impl FnOnce(&mut StackStat)) {
-        self.clock += 1;
-        if !self.stacks.contains_key(stack) {
+    fn update(&mut self, stack: &CallStack, now: u64, f: impl FnOnce(&mut StackStat)) {
+        // A new entry counts its own bytes once, below.
+        let before = self
+            .stacks
+            .get_key_value(stack)
+            .map_or(0, |(k, v)| entry_bytes(k, v));
+        if before == 0 {
             self.stacks.insert(stack.clone(), StackStat::default());
-            // A new slot; its own bytes are added below.
         }
-        let (key, stat) = self.stacks.get_key_value(stack).expect("inserted above");
-        let before = if stat.last_use == 0 {
-            0
-        } else {
-            entry_bytes(key, stat)
-        };
         let stat = self.stacks.get_mut(stack).expect("inserted above");
         f(stat);
-        stat.last_use = self.clock;
+        stat.last_use = now;
         let after = entry_bytes(stack, stat);
         self.bytes = self.bytes + after - before;
-        if self.bytes > self.limit {
-            self.evict();
-        }
     }
 
-    /// Drops the least recently used stacks until the rest take at most 3/4 of the
-    /// bound (so eviction, which sorts, runs once per many samples).
-    fn evict(&mut self) {
-        let mut by_age: Vec<(u64, CallStack)> = self
-            .stacks
+    /// When each stack was last used, with its bytes: the set's eviction picks a cut.
+    pub(super) fn ages(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
+        self.stacks
             .iter()
-            .map(|(k, v)| (v.last_use, k.clone()))
-            .collect();
-        by_age.sort_unstable_by_key(|e| e.0);
-        let target = self.limit / 4 * 3;
-        for (_, k) in by_age {
-            if self.bytes <= target {
-                break;
+            .map(|(k, v)| (v.last_use, entry_bytes(k, v)))
+    }
+
+    /// Drops the stacks last used at or before `cut`, counting their samples in
+    /// [`Self::dropped`].
+    pub(super) fn evict_used_by(&mut self, cut: u64) {
+        let (dropped, bytes) = (&mut self.dropped, &mut self.bytes);
+        self.stacks.retain(|k, stat| {
+            if stat.last_use > cut {
+                return true;
             }
-            if let Some(stat) = self.stacks.remove(&k) {
-                self.bytes = self.bytes.saturating_sub(entry_bytes(&k, &stat));
-                for (role, (n, w)) in stat.ips {
-                    let e = self.dropped.ips.entry(role).or_default();
-                    e.0 += n;
-                    e.1 += w;
-                }
-                self.dropped.branch_samples += stat.branch_samples;
+            *bytes = bytes.saturating_sub(entry_bytes(k, stat));
+            for (role, (n, w)) in &stat.ips {
+                let e = dropped.ips.entry(*role).or_default();
+                e.0 += n;
+                e.1 += w;
             }
-        }
+            dropped.branch_samples += stat.branch_samples;
+            false
+        });
     }
 }
 
@@ -298,7 +282,7 @@ mod tests {
         ];
         let mut agg = StackAggregate::default();
         let at_sample = stack(&[0x210, 0x9000]);
-        agg.add_branch(&at_sample, Some((10.0, &entries)));
+        agg.add_branch(&at_sample, Some((10.0, &entries)), 1);
         let ranges = |user: &[u64]| {
             let mut r: Vec<(u64, u64)> = agg.stacks[&stack(user)].ranges.keys().copied().collect();
             r.sort();
@@ -324,7 +308,7 @@ mod tests {
         // Untyped entries: every range stays with the sample's stack.
         let untyped: Vec<BranchEntry> = entries.iter().map(|x| x.with_type(0)).collect();
         let mut agg = StackAggregate::default();
-        agg.add_branch(&at_sample, Some((10.0, &untyped)));
+        agg.add_branch(&at_sample, Some((10.0, &untyped)), 1);
         assert_eq!(agg.stacks.len(), 1);
         assert_eq!(agg.stacks[&at_sample].ranges.len(), 3);
     }
@@ -339,9 +323,9 @@ mod tests {
             BranchEntry::new(0x1004, 0x1000, false, 0),
             BranchEntry::new(0x0900, 0x1100, false, 0),
         ];
-        a.add_branch(&s, Some((50.0, &e)));
-        a.add_branch(&s, None);
-        a.add_ip(&s, EventRole::Cycles, 1000);
+        a.add_branch(&s, Some((50.0, &e)), 1);
+        a.add_branch(&s, None, 2);
+        a.add_ip(&s, EventRole::Cycles, 1000, 3);
         let st = &a.stacks[&s];
         assert_eq!(st.branch_samples, 2);
         assert_eq!(st.ranges.len(), 1, "the backward range is left out");
@@ -350,30 +334,5 @@ mod tests {
         assert_eq!(st.cycles_groups.total(), 1000.0);
         assert_eq!(st.samples(), 3);
         assert!(a.bytes() >= entry_bytes(&s, st));
-    }
-
-    #[test]
-    fn bound_evicts_least_recently_used_and_counts_their_samples() {
-        let mut a = StackAggregate::default();
-        let one = entry_bytes(&stack(&[1, 2, 3]), &StackStat::default());
-        a.limit = one * 10;
-        // 30 distinct stacks, one sample each; stack 0 is used again every time.
-        let hot = stack(&[7, 7, 7]);
-        for i in 0..30u64 {
-            a.add_ip(&hot, EventRole::CpuClock, 1);
-            a.add_ip(&stack(&[i + 100, 2, 3]), EventRole::CpuClock, 1);
-        }
-        assert!(a.bytes() <= a.limit, "{} > {}", a.bytes(), a.limit);
-        assert!(a.stacks.contains_key(&hot), "the hot stack stays");
-        let kept: u64 = a.stacks.values().map(StackStat::samples).sum();
-        assert!(a.dropped.samples() > 0);
-        assert_eq!(
-            kept + a.dropped.samples(),
-            60,
-            "every sample kept or counted"
-        );
-        // The newest cold stack stays, the oldest went.
-        assert!(a.stacks.contains_key(&stack(&[129, 2, 3])));
-        assert!(!a.stacks.contains_key(&stack(&[100, 2, 3])));
     }
 }

@@ -6,9 +6,12 @@
 //! pointers. Unwinding stops where it can no longer be trusted and says why
 //! ([`Stop`]): code in no file mapping (JIT, anonymous memory, the vDSO) ends the stack
 //! there, and nothing past it is invented. Files are read only through the captured
-//! descriptors (cpi-user/src/procmap/mod.rs `CapturedFiles`), mapped with
-//! cpi-user/src/fsafe/map.rs; the unwind sections of each file are kept once, under a
-//! byte bound, least recently used out.
+//! files (cpi-user/src/procmap/captured.rs: the descriptor, or reopened by the checked
+//! path if the LRU closed it), mapped with cpi-user/src/fsafe/map.rs, and unwound from
+//! the mapping itself: the sections are file pages, touched where a lookup reads them,
+//! never copied to the heap (a copy of `librustc_driver`'s 10 MB of `.eh_frame` per
+//! build of a process made the agent's heap swing by tens of MiB). Each file is mapped
+//! once, under a bound on the mapped section bytes, least recently used out.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -20,7 +23,8 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{Error as FrameError, ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 use object::{Object, ObjectSection, ObjectSegment};
 
-use crate::procmap::{MappedObject, ProcessMaps};
+use crate::fsafe::map::GuardedMap;
+use crate::procmap::{CapturedFile, MappedObject, ProcessMaps};
 
 /// Why unwinding stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -55,30 +59,65 @@ pub struct UserRegs {
     pub bp: u64,
 }
 
+/// A section's bytes in its file's guarded mapping (empty without one: framehop's
+/// section info wants a default).
+#[derive(Clone, Debug, Default)]
+struct SectionData {
+    map: Option<Arc<GuardedMap>>,
+    range: Range<usize>,
+}
+
+impl std::ops::Deref for SectionData {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.map
+            .as_ref()
+            .and_then(|m| m.bytes().get(self.range.clone()))
+            .unwrap_or_default()
+    }
+}
+
 /// The unwind sections of one file, shared by every process that maps it.
 #[derive(Debug)]
 struct Sections {
-    eh_frame: Option<(Range<u64>, Arc<[u8]>)>,
-    eh_frame_hdr: Option<(Range<u64>, Arc<[u8]>)>,
+    eh_frame: Option<(Range<u64>, SectionData)>,
+    eh_frame_hdr: Option<(Range<u64>, SectionData)>,
     text: Option<Range<u64>>,
     got: Option<Range<u64>>,
     /// `PT_LOAD` (vaddr, file offset, file size), for the load bias of a mapping.
     loads: Vec<(u64, u64, u64)>,
+    /// Bytes of the unwind sections (mapped, not copied).
     bytes: u64,
 }
+
+/// Heap bytes of one file's entry (the sections themselves are file pages).
+const ENTRY_HEAP_BYTES: u64 = 512;
+
+/// Files whose unwind sections are held at most (each holds a guarded mapping,
+/// cpi-user/src/fsafe/map.rs `MAX_GUARDED`).
+const MAX_FILES: usize = 1024;
 
 impl Sections {
     /// Reads the unwind sections of `file`; `None` when it is not a readable x86-64 ELF
     /// (its frames are then walked by frame pointers).
     fn read(file: &File) -> Option<Sections> {
-        let map = crate::fsafe::map::GuardedMap::new(file).ok()?;
+        let map = Arc::new(GuardedMap::new(file).ok()?);
         let elf = object::File::parse(map.bytes()).ok()?;
         if elf.architecture() != object::Architecture::X86_64 {
             return None;
         }
         let section = |name: &str| {
             let s = elf.section_by_name(name)?;
-            let data: Arc<[u8]> = s.data().ok()?.into();
+            let (offset, size) = s.file_range()?;
+            let start = usize::try_from(offset).ok()?;
+            let range = start..start.checked_add(usize::try_from(size).ok()?)?;
+            // Within the file as mapped (a corrupt header may point past it).
+            map.bytes().get(range.clone())?;
+            let data = SectionData {
+                map: Some(Arc::clone(&map)),
+                range,
+            };
             Some((s.address()..s.address() + s.size(), data))
         };
         let range = |name: &str| {
@@ -97,9 +136,8 @@ impl Sections {
         }
         let bytes = [&eh_frame, &eh_frame_hdr]
             .iter()
-            .filter_map(|s| s.as_ref().map(|(_, d)| d.len() as u64))
-            .sum::<u64>()
-            + 256;
+            .filter_map(|s| s.as_ref().map(|(_, d)| d.range.len() as u64))
+            .sum::<u64>();
         Some(Sections {
             eh_frame,
             eh_frame_hdr,
@@ -124,15 +162,15 @@ impl Sections {
         )
     }
 
-    fn module_info(&self) -> ExplicitModuleSectionInfo<Arc<[u8]>> {
+    fn module_info(&self) -> ExplicitModuleSectionInfo<SectionData> {
         ExplicitModuleSectionInfo {
             base_svma: 0,
             text_svma: self.text.clone(),
             got_svma: self.got.clone(),
             eh_frame_svma: self.eh_frame.as_ref().map(|(r, _)| r.clone()),
-            eh_frame: self.eh_frame.as_ref().map(|(_, d)| Arc::clone(d)),
+            eh_frame: self.eh_frame.as_ref().map(|(_, d)| d.clone()),
             eh_frame_hdr_svma: self.eh_frame_hdr.as_ref().map(|(r, _)| r.clone()),
-            eh_frame_hdr: self.eh_frame_hdr.as_ref().map(|(_, d)| Arc::clone(d)),
+            eh_frame_hdr: self.eh_frame_hdr.as_ref().map(|(_, d)| d.clone()),
             ..Default::default()
         }
     }
@@ -144,7 +182,7 @@ type FileKey = (u64, u64, u64, i64);
 /// One process's modules, built from the maps they were built for.
 struct ProcessUnwinder {
     maps: ProcessMaps,
-    unwinder: UnwinderX86_64<Arc<[u8]>>,
+    unwinder: UnwinderX86_64<SectionData>,
     /// Executable file mappings, sorted: where unwinding may continue.
     code: Vec<Range<u64>>,
 }
@@ -152,6 +190,7 @@ struct ProcessUnwinder {
 /// Unwinds the copied user stacks of many processes.
 pub struct StackUnwinder {
     sections: HashMap<FileKey, (Option<Arc<Sections>>, u64)>,
+    /// Unwind section bytes mapped ([`Sections::bytes`]), bounded by `byte_bound`.
     bytes: u64,
     byte_bound: u64,
     tick: u64,
@@ -170,11 +209,12 @@ impl std::fmt::Debug for StackUnwinder {
     }
 }
 
-/// Default bound on the unwind sections held (libc's are ≈ 0.1 MiB).
+/// Default bound on the unwind section bytes mapped (libc's are ≈ 0.1 MiB, libLLVM's
+/// ≈ 10 MiB).
 pub const DEFAULT_BYTE_BOUND: u64 = 64 << 20;
 
 impl StackUnwinder {
-    /// At most `max_frames` frames per stack; unwind sections held up to `byte_bound`
+    /// At most `max_frames` frames per stack; unwind sections mapped up to `byte_bound`
     /// bytes (files in use by a process being unwound may exceed it until it is done).
     pub fn new(max_frames: usize, byte_bound: u64) -> Self {
         StackUnwinder {
@@ -188,9 +228,10 @@ impl StackUnwinder {
         }
     }
 
-    /// Bytes of unwind sections held.
+    /// Heap bytes held for the files' unwind sections (the sections themselves are
+    /// mapped file pages, bounded apart).
     pub fn held_bytes(&self) -> u64 {
-        self.bytes
+        self.sections.len() as u64 * ENTRY_HEAP_BYTES
     }
 
     /// Drops what is held for processes `keep` says are gone.
@@ -205,13 +246,13 @@ impl StackUnwinder {
         &mut self,
         pid: u32,
         maps: &ProcessMaps,
-        files: &HashMap<u64, Arc<File>>,
+        files: &HashMap<u64, Arc<CapturedFile>>,
         regs: UserRegs,
         stack: &[u8],
         copied_in_full: bool,
     ) -> (Vec<u64>, Stop) {
         if self.processes.get(&pid).is_none_or(|p| p.maps != *maps) {
-            let built = self.build(maps, files);
+            let built = self.build(pid, maps, files);
             self.processes.insert(pid, built);
         }
         let proc = &self.processes[&pid];
@@ -261,7 +302,12 @@ impl StackUnwinder {
         (frames, stop)
     }
 
-    fn build(&mut self, maps: &ProcessMaps, files: &HashMap<u64, Arc<File>>) -> ProcessUnwinder {
+    fn build(
+        &mut self,
+        pid: u32,
+        maps: &ProcessMaps,
+        files: &HashMap<u64, Arc<CapturedFile>>,
+    ) -> ProcessUnwinder {
         let mut unwinder = UnwinderX86_64::new();
         let mut code = Vec::new();
         for m in maps.mappings.iter().filter(|m| m.executable) {
@@ -269,7 +315,11 @@ impl StackUnwinder {
                 continue;
             };
             code.push(m.start..m.end);
-            let sections = files.get(&m.start).and_then(|f| self.sections_of(f));
+            // A file whose descriptor the LRU closed is reopened by its checked path.
+            let file = files
+                .get(&m.start)
+                .and_then(|c| c.open(pid, m, path, true).ok());
+            let sections = file.and_then(|f| self.sections_of(&f));
             let (base, info) = match sections
                 .as_ref()
                 .and_then(|s| Some((s.base_avma(m.start, m.offset)?, s.module_info())))
@@ -303,20 +353,165 @@ impl StackUnwinder {
             return s.clone();
         }
         let s = Sections::read(file).map(Arc::new);
-        self.bytes += s.as_ref().map_or(64, |s| s.bytes);
+        self.bytes += s.as_ref().map_or(0, |s| s.bytes);
         self.sections.insert(key, (s.clone(), self.tick));
         s
     }
 
-    /// Least recently used files out until under the bound.
+    /// Least recently used files out until under the bounds.
     fn evict(&mut self) {
-        while self.bytes > self.byte_bound && self.sections.len() > 1 {
+        while (self.bytes > self.byte_bound && self.sections.len() > 1)
+            || self.sections.len() > MAX_FILES
+        {
             let Some((&key, _)) = self.sections.iter().min_by_key(|(_, (_, used))| *used) else {
                 break;
             };
             if let Some((s, _)) = self.sections.remove(&key) {
-                self.bytes -= s.as_ref().map_or(64, |s| s.bytes);
+                self.bytes -= s.as_ref().map_or(0, |s| s.bytes);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::procmap::Mapping;
+
+    const BASE: u64 = 0x5555_0000_0000;
+    const SP: u64 = 0x7ffc_0000_0000;
+
+    /// A process with one executable mapping of `file` at [`BASE`] (or of anonymous
+    /// memory when `None`), its file captured as the collector captures it (through a
+    /// `map_files` link in a fake `/proc/PID`).
+    fn process(file: Option<&Path>) -> (ProcessMaps, HashMap<u64, Arc<CapturedFile>>) {
+        let len = file.map_or(0x1000, |p| std::fs::metadata(p).unwrap().len().max(0x1000));
+        let object = match file {
+            Some(p) => MappedObject::File {
+                path: p.to_path_buf(),
+                deleted: false,
+            },
+            None => MappedObject::Anon,
+        };
+        let maps = ProcessMaps {
+            mappings: vec![Mapping {
+                start: BASE,
+                end: BASE + len,
+                offset: 0,
+                executable: true,
+                object,
+                file_id: None,
+            }],
+        };
+        let Some(p) = file else {
+            return (maps, HashMap::new());
+        };
+        let proc_dir = p.with_extension("proc");
+        let _ = std::fs::remove_dir_all(&proc_dir);
+        std::fs::create_dir_all(proc_dir.join("map_files")).unwrap();
+        std::os::unix::fs::symlink(
+            p,
+            proc_dir.join(format!("map_files/{BASE:x}-{:x}", BASE + len)),
+        )
+        .unwrap();
+        let files = crate::procmap::CapturedFiles::default().capture(&proc_dir, &maps);
+        assert_eq!(files.len(), 1, "captured");
+        (maps, files)
+    }
+
+    fn stack_of(words: &[u64]) -> Vec<u8> {
+        words.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    fn temp(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("cpi-unwind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    }
+
+    #[test]
+    fn jit_code_ends_the_stack_at_its_frame() {
+        let (maps, files) = process(None);
+        let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        let regs = UserRegs {
+            ip: BASE + 0x10,
+            sp: SP,
+            bp: SP,
+        };
+        let (frames, stop) = u.unwind(1, &maps, &files, regs, &stack_of(&[0; 8]), false);
+        assert_eq!((frames, stop), (vec![BASE + 0x10], Stop::UnknownCode));
+    }
+
+    #[test]
+    fn a_frame_pointer_cycle_stops_as_a_bad_unwind() {
+        // Not an ELF file: frames are walked by frame pointers. The saved frame pointer
+        // points at itself, the return address back into the same code.
+        let file = temp("not-elf", &[0x90; 0x2000]);
+        let (maps, files) = process(Some(&file));
+        let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        let regs = UserRegs {
+            ip: BASE + 0x100,
+            sp: SP,
+            bp: SP,
+        };
+        let stack = stack_of(&[SP, BASE + 0x200, SP, BASE + 0x200]);
+        let (frames, stop) = u.unwind(1, &maps, &files, regs, &stack, false);
+        assert!(frames.len() <= 3, "{frames:x?}");
+        assert_eq!(stop, Stop::BadUnwind, "{frames:x?}");
+    }
+
+    #[test]
+    fn an_unreadable_stack_stops_as_unreadable() {
+        let file = temp("not-elf-2", &[0x90; 0x2000]);
+        let (maps, files) = process(Some(&file));
+        let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        let regs = UserRegs {
+            ip: BASE + 0x100,
+            sp: SP,
+            bp: SP + 64,
+        };
+        let (frames, stop) = u.unwind(1, &maps, &files, regs, &[], false);
+        assert_eq!((frames, stop), (vec![BASE + 0x100], Stop::Unreadable));
+    }
+
+    #[test]
+    fn corrupt_eh_frame_never_panics_loops_or_claims_a_complete_stack() {
+        let mut elf = std::fs::read("/usr/bin/true").expect("Debian's /usr/bin/true");
+        let (eh, text) = {
+            let f = object::File::parse(&*elf).unwrap();
+            let eh = f
+                .section_by_name(".eh_frame")
+                .unwrap()
+                .file_range()
+                .unwrap();
+            let text = f.section_by_name(".text").unwrap().address();
+            (eh, text)
+        };
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for b in &mut elf[eh.0 as usize..(eh.0 + eh.1) as usize] {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            *b = seed as u8;
+        }
+        let file = temp("true-corrupt", &elf);
+        let (maps, files) = process(Some(&file));
+        let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        // Every 16th address of the code, against a stack of return addresses into it.
+        let stack = stack_of(&[BASE + text + 0x40; 64]);
+        for ip in (0..0x400).step_by(16).map(|o| BASE + text + o) {
+            let regs = UserRegs {
+                ip,
+                sp: SP,
+                bp: SP + 8,
+            };
+            let (frames, stop) = u.unwind(1, &maps, &files, regs, &stack, true);
+            assert!(!frames.is_empty() && frames.len() <= 128, "{frames:x?}");
+            assert_ne!(stop, Stop::Root, "{ip:x}: {frames:x?}");
         }
     }
 }

@@ -350,7 +350,7 @@ fn systemd_unit_verifies() {
     {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("skipped: systemd-analyze not available ({e})");
+            cpi_tests::skip(format_args!("systemd-analyze not available ({e})"));
             return;
         }
     };
@@ -455,4 +455,100 @@ fn second_signal_exits_at_once() {
     );
     let p: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(p["processes"].as_array().is_some_and(|a| !a.is_empty()));
+}
+
+/// The agent takes call stacks as the one-shot command does (issue 17): qsort in
+/// Debian's libc (no frame pointers) calling back into a program built without them.
+/// The stored windows, merged by `report --store --format folded`, have at least 90 % of
+/// the program's samples under `main;sort_all;…qsort…;…;by_value`, and the windows
+/// pushed to the local Pyroscope receiver (tests/src/pyroscope.rs: the Push API contract)
+/// carry the same multi-frame chains.
+#[test]
+fn agent_stacks_reach_the_store_and_pyroscope() {
+    if !require_root("the agent") {
+        return;
+    }
+    let dir = temp_dir("agent-stacks");
+    let Some(exe) = compile_c("stacks.c", &dir, "stacks", &[]) else {
+        return;
+    };
+    let _serial = cpu_heavy();
+    let rx = cpi_tests::pyroscope::Receiver::start("127.0.0.1:0".parse().unwrap()).unwrap();
+    let store = dir.join("store");
+    // Runs until killed below (about 1 s per 10 000 rounds here).
+    let mut prog = Command::new(&exe)
+        .args(["qsort", "100000000"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = prog.id().to_string();
+    let a = agent(&store, &["--pid", &pid, "--push-pyroscope", &rx.url()]);
+    let t0 = Instant::now();
+    while windows(&store) < 3 && t0.elapsed() < Duration::from_secs(90) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    sigterm(&a);
+    let out = a.wait_with_output().unwrap();
+    let _ = prog.kill();
+    let _ = prog.wait();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(windows(&store) >= 3, "{} windows: {said}", windows(&store));
+    let folded = output_ok(
+        Command::new(cpi_bpf())
+            .args(["report", "--format", "folded", "--store"])
+            .arg(&store),
+    );
+    let folded = String::from_utf8(folded.stdout).unwrap();
+    let (mut total, mut through) = (0u64, 0u64);
+    for line in folded.lines().filter(|l| l.starts_with("stacks;")) {
+        let (path, n) = line.rsplit_once(' ').expect("`path count`");
+        let n: u64 = n.parse().expect("a count");
+        total += n;
+        // From main on (what runs before main differs between libc builds).
+        let from_main: Vec<&str> = path.split(';').skip_while(|f| *f != "main").collect();
+        if from_main.get(1) == Some(&"sort_all")
+            && from_main.get(2).is_some_and(|f| f.contains("qsort"))
+            && from_main.contains(&"by_value")
+        {
+            through += n;
+        }
+    }
+    eprintln!("agent stacks: {through} of {total} samples under main;sort_all;qsort;…;by_value");
+    assert!(total >= 100, "{total} samples of stacks:\n{folded}");
+    assert!(
+        through as f64 >= 0.9 * total as f64,
+        "{through} of {total} under main;sort_all;qsort;…;by_value:\n{folded}"
+    );
+    // Pushed: the receiver checked every push against the contract, and the chains are
+    // there, leaf first in pprof.
+    assert!(rx.violations().is_empty(), "{:?}", rx.violations());
+    let pushes = rx.accepted();
+    let chain = pushes
+        .iter()
+        .flat_map(|p| &p.series)
+        .filter(|s| s.service == "stacks")
+        .find_map(|s| {
+            let prof = &s.profile;
+            let name = |id: &u64| {
+                let l = prof.location.iter().find(|l| l.id == *id)?;
+                let function_id = l.line.first()?.function_id;
+                let f = prof.function.iter().find(|f| f.id == function_id)?;
+                Some(prof.string_table[f.name as usize].clone())
+            };
+            prof.sample.iter().find_map(|smp| {
+                let names: Vec<String> = smp.location_id.iter().filter_map(name).collect();
+                (names.iter().any(|n| n == "by_value")
+                    && names.iter().any(|n| n == "sort_all")
+                    && names.iter().any(|n| n == "main"))
+                .then_some(names)
+            })
+        });
+    assert!(
+        chain.is_some(),
+        "no pushed sample of stacks has by_value ← … ← sort_all ← … ← main ({} pushes)",
+        pushes.len()
+    );
+    rx.stop();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -7,7 +7,7 @@
 //! the whole agent (`cpi-bpf agent`, root).
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use cpi_tests::pyroscope::{Behaviour, Options, Receiver};
 use cpi_tests::tls::{TestCa, Validity};
-use cpi_tests::{compile_c, cpi_bpf, require_root, temp_dir};
+use cpi_tests::{compile_c, cpi_bpf, free_port, http_get, require_root, temp_dir};
 use cpi_user::agent::metrics::{Metrics, MetricsLimits};
 use cpi_user::agent::push::{PushConfig, Pusher, ServiceLabel, MAX_ATTEMPTS};
 use cpi_user::agent::{AgentStatus, Window};
@@ -27,14 +27,6 @@ fn loopback0() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind(loopback0())
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn have(cmd: &str, arg: &str) -> bool {
     let ok = Command::new(cmd)
         .arg(arg)
@@ -43,24 +35,11 @@ fn have(cmd: &str, arg: &str) -> bool {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("skipped: `{cmd}` not installed; run `cargo xtask setup`");
+        cpi_tests::skip(format_args!(
+            "`{cmd}` not installed; run `cargo xtask setup`"
+        ));
     }
     ok
-}
-
-/// A GET over plain HTTP/1.1: (status code, body).
-fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
-    Ok((code, body.unwrap_or_default()))
 }
 
 fn url_encode(q: &str) -> String {
@@ -281,6 +260,7 @@ fn status(windows: u64) -> AgentStatus {
         store_failures: 0,
         sampling_frequency_hz: 999,
         bpf_run_seconds: 0.001 * windows as f64,
+        captured_files: Default::default(),
     }
 }
 
@@ -470,11 +450,12 @@ fn rss(pid: u32) -> u64 {
 /// bound held: the agent's RSS after the load is within 8 MiB of its RSS 15 s
 /// into it (the warm-up), and under the 64 MiB; `cpi_bpf_tracked_processes`
 /// falls to a quarter of its peak or less once the load ends (processes leave after
-/// their last window). The test runs system-wide, so binaries of whatever else the host
-/// runs meanwhile (compilers, other tests' programs: each new build is a new binary)
-/// legitimately fill the symbolizer's cache, which has its own bound: the cache is held
-/// at `--cache-mib 16` and its growth (`cpi_bpf_cache_bytes`) is not counted as the
-/// churn's (a busy host grew the cache 20.7 → 31.0 MB in 60 s, and RSS with it).
+/// their last window). The agent collects system-wide (samples, stacks and unwinding of
+/// everything the host runs) and analyses only `--comm churn`: what else the host runs
+/// meanwhile (a compiler's deep stacks through a 150 MB `librustc_driver` swung the
+/// analysis by tens of MiB when a busy host ran builds) is not the churn's. The
+/// symbolizer's cache has its own bound, held at `--cache-mib 16`; its growth
+/// (`cpi_bpf_cache_bytes`) is not counted as the churn's either.
 #[test]
 fn churn_keeps_memory_flat_and_processes_leave() {
     if !require_root("the agent") {
@@ -496,6 +477,8 @@ fn churn_keeps_memory_flat_and_processes_leave() {
             "50",
             "--cache-mib",
             "16",
+            "--comm",
+            "^churn$",
         ],
     );
     let scrape = || {
@@ -600,6 +583,29 @@ fn churn_keeps_memory_flat_and_processes_leave() {
         mib(end_rss),
         mib(peak_rss)
     );
+    // The analysis kept up (a stalled one would hold memory flat too): windows were
+    // written through the load, and they hold the churn's call stacks.
+    let windows = scrape()
+        .and_then(|b| metric(&b, "cpi_bpf_windows_total"))
+        .unwrap_or(0.0);
+    assert!(
+        windows >= 10.0,
+        "{windows} windows analysed; see {}/agent.log",
+        dir.display()
+    );
+    let folded = cpi_tests::output_ok(
+        Command::new(cpi_bpf())
+            .args(["report", "--format", "folded", "--store"])
+            .arg(dir.join("store")),
+    );
+    let folded = String::from_utf8_lossy(&folded.stdout);
+    assert!(
+        folded
+            .lines()
+            .any(|l| l.starts_with("churn;") && l.contains(";main;") && l.contains("kid_spin")),
+        "no churn;…;main;…;kid_spin path in the store:\n{}",
+        folded.lines().take(20).collect::<Vec<_>>().join("\n")
+    );
 }
 
 // ---- push ----------------------------------------------------------------------------
@@ -694,7 +700,7 @@ fn push_a_real_profile() {
 fn push_by_cgroup() {
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
     let Some(cgroup) = own.lines().find_map(|l| l.strip_prefix("0::")) else {
-        eprintln!("skipped: no cgroup v2 line in /proc/self/cgroup");
+        cpi_tests::skip(format_args!("no cgroup v2 line in /proc/self/cgroup"));
         return;
     };
     let rx = Receiver::start(loopback0()).unwrap();
@@ -955,8 +961,10 @@ fn labelled(body: &str, name: &str, label: &str, value: &str) -> Option<f64> {
 /// `100 Continue` lines, reset every connection, send a 1 GiB body, drip a byte every
 /// 100 ms, or send headers without end, and https receivers with a certificate of another
 /// CA, an expired certificate, or that refuse the password. One agent per receiver
-/// (`cpi-bpf agent`, root), all at once, 1 s windows for 60 s: each agent's anonymous
-/// RSS less its binary cache stays within 8 MiB of its steady state
+/// (`cpi-bpf agent`, root), all at once, 1 s windows for 60 s, each profiling the same
+/// program with call stacks (`--pid`: what the receivers do is measured, not whatever
+/// else the host runs meanwhile, whose stacks would vary the profiles): each agent's
+/// anonymous RSS less its binary cache stays within 8 MiB of its steady state
 /// ([`steady_and_late_peak`]), each logs exactly one line about the pushes failing (with the cause, never the
 /// secret), and counts the failures in `cpi_bpf_push_total`. A ninth agent pushes to a
 /// good https receiver with basic auth, so the flags are shown to work end to end.
@@ -971,6 +979,18 @@ fn hostile_receivers_leave_the_agent_flat() {
     let ca = TestCa::new("cpi-bpf test CA");
     let other = TestCa::new("another CA");
     let files = secrets(&dir, &ca);
+    let Some(exe) = compile_c("stacks.c", &dir, "stacks", &[]) else {
+        return;
+    };
+    // Outlives the test (about 1 s per 10 000 rounds); killed on drop.
+    let load = cpi_tests::KillOnDrop(
+        Command::new(&exe)
+            .args(["qsort", "100000000"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let load_pid = load.0.id().to_string();
     let plain = |b: Behaviour| {
         Receiver::start_with(
             loopback0(),
@@ -1044,6 +1064,8 @@ fn hostile_receivers_leave_the_agent_flat() {
             std::fs::create_dir_all(&d).unwrap();
             let url = rx.url().replacen("://", &format!("://{USER}@"), 1);
             let mut args: Vec<String> = [
+                "--pid",
+                &load_pid,
                 "--interval",
                 "1",
                 "--push-timeout",

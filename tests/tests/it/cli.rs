@@ -405,7 +405,7 @@ fn man_page_and_completions_name_the_main_flags() {
             installed.display()
         );
         assert!(std::env::var_os("CI").is_none(), "{msg}");
-        eprintln!("skipped: {msg}");
+        cpi_tests::skip(&msg);
     }
 }
 
@@ -611,8 +611,8 @@ fn unusable_mapped_files_are_one_warning_with_each_under_v() {
         return;
     }
     let dir = temp_dir("cli-manymaps");
+    // None: the compiler is missing, said (and failed under CI) by compile_c.
     let Some(prog) = cpi_tests::compile_c("manymaps.c", &dir, "manymaps", &[]) else {
-        assert!(std::env::var_os("CI").is_none(), "gcc missing in CI");
         return;
     };
     let files = dir.join("files");

@@ -421,7 +421,7 @@ fn bad_input_gets_one_clear_line() {
         .output();
     match nobody {
         Ok(out) => assert_one_error_line(&out, "not root"),
-        Err(e) => eprintln!("skipped: the not-root case needs setpriv ({e})"),
+        Err(e) => cpi_tests::skip(format_args!("the not-root case needs setpriv ({e})")),
     }
 }
 

@@ -403,6 +403,7 @@ fn session_windows_add_up_and_the_rate_changes_live() {
         cpu_time: false,
         drain_every: cpi_user::collect::DRAIN_EVERY,
         stacks: true,
+        stack_memory: cpi_user::collect::StackMemory::default(),
     };
     let mut notes = Vec::new();
     let mut session = Session::open(&opts, &mut |m| notes.push(m.to_string())).expect("open");
@@ -563,7 +564,7 @@ fn pprof_is_not_written_to_a_terminal() {
     {
         Ok(out) => out,
         Err(e) => {
-            eprintln!("skipped: needs script(1) for a terminal ({e})");
+            cpi_tests::skip(format_args!("needs script(1) for a terminal ({e})"));
             return;
         }
     };

@@ -25,7 +25,9 @@ fn venv() -> Option<PathBuf> {
         "{} missing: run `cargo xtask setup`",
         v.display()
     );
-    eprintln!("skipped: kubernetes-validate not installed (cargo xtask setup installs it)");
+    cpi_tests::skip(format_args!(
+        "kubernetes-validate not installed (cargo xtask setup installs it)"
+    ));
     None
 }
 

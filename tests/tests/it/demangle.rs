@@ -157,7 +157,7 @@ fn cpp_names_are_demangled_and_fdata_keeps_symbols() {
             std::env::var_os("CI").is_none(),
             "llvm-bolt-22 not installed (Debian bolt-22; cargo xtask setup installs it)"
         );
-        eprintln!("skipped the BOLT check: llvm-bolt-22 not installed");
+        cpi_tests::skip(format_args!("the BOLT check: llvm-bolt-22 not installed"));
         return;
     }
     let fd = dir.join("cpp_names.fdata");

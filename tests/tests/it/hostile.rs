@@ -10,7 +10,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cpi_tests::{compile_c, cpi_bpf, require_root, stderr, temp_dir, KillOnDrop};
+use cpi_tests::{
+    compile_c, cpi_bpf, free_port, http_get, require_root, stderr, temp_dir, KillOnDrop,
+};
 use cpi_user::agent::store::{self, Store};
 use cpi_user::binary::{Binary, BinaryError, SymbolizeError, Symbolizer, SymbolizerOptions};
 use cpi_user::procmap::ProcessMaps;
@@ -409,8 +411,9 @@ fn import_perf_does_not_wait_on_a_fifo() {
 
 /// Row "mmapped 25 000 distinct small executable files in one process": with the
 /// descriptor limit of that row (20 000), the agent holds at most its stated cap of
-/// captured files (a quarter of the soft limit, procmap's `CapturedFiles`), every
-/// window is written (no "Too many open files"), and the process is in the profile.
+/// captured files (a quarter of the soft limit, cpi-user/src/procmap/captured.rs), the
+/// least recently used closed and counted, every window is written (no "Too many open
+/// files"), and the process is in the profile.
 #[test]
 fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
     if !require_root("the agent") {
@@ -438,9 +441,12 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
         "the target could not map its files"
     );
     let store = dir.join("store");
+    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let mut agent = Command::new(cpi_bpf());
     agent
-        .args(["agent", "--interval", "1", "--metrics-addr", "off", "--pid"])
+        .args(["agent", "--interval", "1", "--metrics-addr"])
+        .arg(metrics.to_string())
+        .arg("--pid")
         .arg(target.0.id().to_string())
         .arg("--store")
         .arg(&store)
@@ -501,6 +507,8 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
     } else {
         String::new()
     };
+    // 25 000 files against a cap of 5 000: the least recently used were closed.
+    let scraped = http_get(metrics, "/metrics").map(|(_, body)| body);
     // SAFETY: signalling our own child.
     unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
     let t1 = Instant::now();
@@ -520,6 +528,15 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
     );
     assert!(!log.contains("Too many open files"), "{log}");
     assert!(!log.contains("error:"), "{log}");
+    let scraped = scraped.expect("/metrics answers");
+    let evicted = scraped
+        .lines()
+        .find_map(|l| l.strip_prefix("cpi_bpf_captured_files_total{event=\"evicted\"} "))
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(
+        evicted.is_some_and(|n| n >= 25_000 - 20_000 / 4),
+        "evictions counted: {evicted:?}"
+    );
     let report = Command::new(cpi_bpf())
         .args(["report", "--format", "json", "--store"])
         .arg(&store)

@@ -49,7 +49,7 @@ fn fixture(tag: &str) -> Option<Fixture> {
     {
         Ok(s) => assert!(s.success(), "gcc failed"),
         Err(e) => {
-            eprintln!("skipped: gcc not available ({e})");
+            cpi_tests::skip(format_args!("gcc not available ({e})"));
             return None;
         }
     }
@@ -139,7 +139,7 @@ fn have_perf() -> bool {
     match Command::new("perf").arg("--version").output() {
         Ok(o) if o.status.success() => true,
         _ => {
-            eprintln!("skipped the perf cross-check: perf not installed");
+            cpi_tests::skip(format_args!("the perf cross-check: perf not installed"));
             false
         }
     }
@@ -592,7 +592,9 @@ fn llvm_profgen_range_counts_equal_ours() {
         .output()
         .is_err()
     {
-        eprintln!("skipped: llvm-profgen-19 not installed (apt-get install llvm-19)");
+        cpi_tests::skip(format_args!(
+            "llvm-profgen-19 not installed (apt-get install llvm-19)"
+        ));
         return;
     }
     let mut recs = fx.preamble();
@@ -800,7 +802,7 @@ fn record_chain(dir: &Path, args: &[&str]) -> Option<PathBuf> {
             std::env::var_os("CI").is_none(),
             "recording with perf needs root; CI runs as root"
         );
-        eprintln!("skipped: recording with perf needs root");
+        cpi_tests::skip(format_args!("recording with perf needs root"));
         return None;
     }
     let src = dir.join("chain.c");

@@ -77,7 +77,9 @@ fn missing(what: &str) -> bool {
         std::env::var_os("CI").is_none(),
         "kernel matrix: {what} (CI must run it: `cargo xtask setup` installs it)"
     );
-    eprintln!("skipped: kernel matrix: {what}; run `cargo xtask setup`");
+    cpi_tests::skip(format_args!(
+        "kernel matrix: {what}; run `cargo xtask setup`"
+    ));
     true
 }
 

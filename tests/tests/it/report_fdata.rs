@@ -29,7 +29,7 @@ fn tools_present() -> bool {
         ("llvm-bolt-22", "--version"),
     ] {
         if !have(tool, arg) {
-            eprintln!("skipped: {tool} not installed (Debian gcc, binutils, bolt-22; cargo xtask setup installs them)");
+            cpi_tests::skip(format_args!("{tool} not installed (Debian gcc, binutils, bolt-22; cargo xtask setup installs them)"));
             return false;
         }
     }
@@ -310,7 +310,9 @@ fn bolt_accepts_fdata_of_a_hand_built_profile() {
         let merged = String::from_utf8(m.stdout).unwrap();
         assert_eq!(merged.lines().count(), files[0].lines, "{merged}");
     } else {
-        eprintln!("skipped merge-fdata check: merge-fdata-22 not installed");
+        cpi_tests::skip(format_args!(
+            "merge-fdata check: merge-fdata-22 not installed"
+        ));
     }
 }
 
@@ -352,7 +354,7 @@ fn bolt_optimises_with_the_fdata_of_cpi_bpf_simulate() {
     }
     let cpi = cpi_bpf();
     if let Err(why) = cpi_tests::tracer::tool_dir() {
-        eprintln!("skipped: {why}");
+        cpi_tests::skip(&why);
         return;
     }
     let dir = scratch("fdata-sim");

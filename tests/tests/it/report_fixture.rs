@@ -261,6 +261,7 @@ pub fn cpi_profile() -> Profile {
             stacks_truncated: 0,
             stacks_unknown_code: 0,
             stacks_failed: 0,
+            stacks_evicted: 0,
         },
         binaries: vec![
             BinaryInfo {

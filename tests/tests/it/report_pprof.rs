@@ -116,7 +116,9 @@ fn table_order(p: &Profile) -> Vec<String> {
 #[test]
 fn go_tool_pprof_shows_the_tables_top_functions() {
     if !have("go", "version") {
-        eprintln!("skipped: `go` not installed (Debian golang-go; cargo xtask setup installs it)");
+        cpi_tests::skip(format_args!(
+            "`go` not installed (Debian golang-go; cargo xtask setup installs it)"
+        ));
         return;
     }
     let dir = scratch("pprof");

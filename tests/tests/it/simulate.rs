@@ -22,7 +22,7 @@ fn fixed(period: u64) -> PeriodPolicy {
 
 fn simulate(cfg: &PmuConfig, cmd: &[&str]) -> Option<(SimReport, Profile, Accuracy)> {
     if let Err(why) = tool_dir() {
-        eprintln!("skipped: {why}");
+        cpi_tests::skip(&why);
         return None;
     }
     let cmd: Vec<OsString> = cmd.iter().map(OsString::from).collect();
@@ -260,7 +260,7 @@ fn synchronised_loop_is_fixed_by_the_user_layer() {
 #[test]
 fn simulate_command_writes_accuracy_json() {
     if let Err(why) = tool_dir() {
-        eprintln!("skipped: {why}");
+        cpi_tests::skip(&why);
         return;
     }
     let bin = cpi_bpf();
@@ -488,7 +488,9 @@ fn call_graph_estimates_known_call_counts() {
             .args(cmd),
     );
     if !crate::report_fixture::have("go", "version") {
-        eprintln!("skipped the pprof check: `go` not installed (cargo xtask setup installs it)");
+        cpi_tests::skip(format_args!(
+            "the pprof check: `go` not installed (cargo xtask setup installs it)"
+        ));
         return;
     }
     // `go tool pprof -peek ^FUNC$` on the calls: its lines and the focus line's index
@@ -552,7 +554,7 @@ fn call_graph_estimates_known_call_counts() {
 fn reported_errors_cover_the_truth() {
     use cpi_user::sim::calibrate::calibrate;
     if let Err(why) = tool_dir() {
-        eprintln!("skipped: {why}");
+        cpi_tests::skip(&why);
         return;
     }
     let exe = program("sim_mix").unwrap();

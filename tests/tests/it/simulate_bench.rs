@@ -40,7 +40,7 @@ fn bzip2_trace(bytes: usize) -> Option<(std::path::PathBuf, std::path::PathBuf, 
     let tool = match tool_dir() {
         Ok(t) => t,
         Err(why) => {
-            eprintln!("skipped: {why}");
+            cpi_tests::skip(&why);
             return None;
         }
     };

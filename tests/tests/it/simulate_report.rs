@@ -11,7 +11,7 @@ use cpi_tests::{cpi_bpf, output_ok, temp_dir};
 #[test]
 fn report_keeps_accuracy_and_writes_fdata_without_the_binary() {
     if let Err(why) = tool_dir() {
-        eprintln!("skipped: {why}");
+        cpi_tests::skip(&why);
         return;
     }
     let dir = temp_dir("sim-report");

@@ -60,7 +60,9 @@ fn annotate_and_pprof_show_source_lines() {
             std::env::var_os("CI").is_none(),
             "`go` not installed (Debian golang-go; cargo xtask setup installs it)"
         );
-        eprintln!("skipped: `go` not installed (cargo xtask setup installs it)");
+        cpi_tests::skip(format_args!(
+            "`go` not installed (cargo xtask setup installs it)"
+        ));
         return;
     }
     let pb = dir.join("twofunc.pb.gz");

@@ -236,7 +236,9 @@ fn go_tool_pprof_traces_show_the_call_chains() {
     ]);
     if !have("go", "version") {
         assert!(std::env::var_os("CI").is_none(), "go missing in CI");
-        eprintln!("skipped: `go` not installed (cargo xtask setup installs golang-go)");
+        cpi_tests::skip(format_args!(
+            "`go` not installed (cargo xtask setup installs golang-go)"
+        ));
         return;
     }
     let out = output_ok(

@@ -19,7 +19,7 @@ fn simulate(cfg: &PmuConfig, cmd: &[&str]) -> Option<SimReport> {
             std::env::var_os("CI").is_none(),
             "CI must run this test: {why}"
         );
-        eprintln!("skipped: {why}");
+        cpi_tests::skip(&why);
         return None;
     }
     let cmd: Vec<OsString> = cmd.iter().map(OsString::from).collect();

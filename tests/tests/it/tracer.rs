@@ -153,7 +153,7 @@ fn check(name: &str, cmd: &[&str], only: Option<&Path>) -> Option<Truth> {
     let tool = match tool_dir() {
         Ok(t) => t,
         Err(why) => {
-            eprintln!("skipped: {why}");
+            cpi_tests::skip(&why);
             return None;
         }
     };
@@ -214,7 +214,7 @@ fn exec_ends_the_trace_cleanly() {
     let tool = match tool_dir() {
         Ok(t) => t,
         Err(why) => {
-            eprintln!("skipped: {why}");
+            cpi_tests::skip(&why);
             return;
         }
     };

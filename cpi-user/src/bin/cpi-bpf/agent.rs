@@ -38,7 +38,8 @@ pub struct Args {
     /// CPU budget of the agent plus its BPF programs, percent of one CPU [default: 1].
     #[arg(long, value_name = "PCT")]
     pub overhead_budget: Option<f64>,
-    /// Bound of the caches that outlive windows (binaries, symbols), MiB [default: 64].
+    /// Bound of the caches that outlive windows (binaries, symbols), MiB; each window's
+    /// call stacks take at most an eighth of it on top [default: 64].
     #[arg(long, value_name = "MIB")]
     pub cache_mib: Option<u64>,
     /// Store directory: one gzip'd profile per window [default: /var/lib/cpi-bpf].
@@ -91,6 +92,9 @@ pub struct Args {
     /// Sample kernel code too.
     #[arg(long)]
     pub include_kernel: bool,
+    /// Leaf-only samples: no call stacks (less time in the kernel per sample).
+    #[arg(long)]
+    pub no_stacks: bool,
     /// BPF ring buffer size, MiB (a power of two) [default: 8].
     #[arg(long, value_name = "MIB")]
     pub ring_buffer_mib: Option<u32>,
@@ -125,6 +129,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         push_queue: args.push_queue,
         push_timeout: args.push_timeout,
         include_kernel: args.include_kernel.then_some(true),
+        stacks: args.no_stacks.then_some(false),
         ring_buffer_mib: args.ring_buffer_mib,
         log_level: args.log_level,
     };
@@ -223,6 +228,9 @@ fn summary(c: &AgentConfig) -> String {
     }
     if c.include_kernel {
         s += ", kernel included";
+    }
+    if !c.stacks {
+        s += ", no call stacks";
     }
     s
 }

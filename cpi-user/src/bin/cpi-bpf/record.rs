@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::bail;
 use cpi_user::collect::caps::Capabilities;
 use cpi_user::collect::events::{Rate, MAX_PERIOD};
-use cpi_user::collect::{self, CollectOptions, StopReason, Target, DEFAULT_FREQUENCY};
+use cpi_user::collect::{self, CollectOptions, StackMemory, StopReason, Target, DEFAULT_FREQUENCY};
 use cpi_user::profile::analyze::LineDetail;
 use cpi_user::profile::{analyze, AnalysisOptions, Mode};
 
@@ -120,6 +120,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         cpu_time: false,
         drain_every: collect::DRAIN_EVERY,
         stacks: !args.no_stacks,
+        stack_memory: StackMemory::default(),
     };
     // Status lines fit the terminal; -v gives each whole, with its reasons.
     let verbose = args.output.verbose;
