@@ -91,8 +91,9 @@ pub struct Overflow {
     pub period: u64,
     /// `bpf_ktime_get_ns()`.
     pub time_ns: u64,
-    /// User `rsp` and `rbp` in the registers (the recordings hold none: any value).
+    /// User `rsp` in the registers (the recordings hold none: any value).
     pub sp: u64,
+    /// User `rbp` in the registers (likewise).
     pub bp: u64,
     /// What `bpf_read_branch_records` copies: `struct perf_branch_entry`s, newest first;
     /// `None`: the sample has no branch stack (-ENOENT).

@@ -277,6 +277,12 @@ fn check_equal(r: &Recording, stacks: StackMode) {
     let (run, p) =
         compare(r, stacks, None).unwrap_or_else(|d| panic!("{}: profiles differ: {d}", r.file));
     let c = |k: Counter| run.counters[k as usize];
+    eprintln!(
+        "{}: {} program runs, {} records, profiles equal",
+        r.file,
+        run.runs,
+        c(Counter::Emitted)
+    );
     assert_eq!(c(Counter::Seen), run.runs, "every run is counted");
     assert_eq!(c(Counter::Emitted), c(Counter::Seen));
     assert_eq!(
