@@ -159,6 +159,8 @@ struct State {
     rng: u64,
     /// The first misuse a helper saw (a program bug the kernel would refuse or fault on).
     error: Option<String>,
+    /// `.rodata`'s region and bytes: the loader freezes it, so no run may change it.
+    rodata: (usize, Vec<u8>),
 }
 
 thread_local! {
@@ -515,6 +517,10 @@ impl Harness {
             }
             relocated.insert(name, code);
         }
+        let rodata = (
+            rodata_region,
+            regions.bufs[rodata_region][..regions.len(rodata_region)].to_vec(),
+        );
         let allowed = (0..regions.bufs.len())
             .flat_map(|r| {
                 let a = regions.addr(r);
@@ -533,6 +539,7 @@ impl Harness {
                 records: Vec::new(),
                 rng: 0x2545_f491_4f6c_dd1d,
                 error: None,
+                rodata,
             });
         });
         Ok(Harness {
@@ -600,6 +607,10 @@ impl Harness {
             }
             if !s.regions.guards_intact() {
                 return Err("a store ran past the end of a map".into());
+            }
+            let (r, bytes) = &s.rodata;
+            if s.regions.bufs[*r][..bytes.len()] != bytes[..] {
+                return Err("a store to the frozen .rodata".into());
             }
             if ret != 0 {
                 return Err(format!("program returned {ret}"));
