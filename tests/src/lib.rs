@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: test programs (built by [`programs`]), the
 //! `cpi-bpf` binary, and skips that print their reason.
 
+pub mod bpf_vm;
 pub mod perf_data;
 pub mod profgen;
 pub mod programs;
