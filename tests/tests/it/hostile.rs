@@ -11,7 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cpi_tests::{
-    compile_c, cpi_bpf, free_port, http_get, require_root, stderr, temp_dir, KillOnDrop,
+    agent_with_metrics, compile_c, cpi_bpf, free_port, http_get, metric, require_root, rss,
+    stderr, temp_dir, KillOnDrop,
 };
 use cpi_user::agent::store::{self, Store};
 use cpi_user::binary::{Binary, BinaryError, SymbolizeError, Symbolizer, SymbolizerOptions};
@@ -42,15 +43,21 @@ fn run_bounded(cmd: &mut Command) -> std::process::Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    wait_bounded(child, BOUND)
+}
+
+/// The output of `child` (spawned with its streams piped) once it ends within `limit`;
+/// still running then, it is killed and the test fails (it blocked).
+fn wait_bounded(child: std::process::Child, limit: Duration) -> std::process::Output {
     let pid = child.id();
     let t0 = Instant::now();
     let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
     while !waiter.is_finished() {
-        if t0.elapsed() > BOUND {
+        if t0.elapsed() > limit {
             // SAFETY: our own child.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
             let _ = waiter.join();
-            panic!("{cmd:?} blocked for more than {BOUND:?}");
+            panic!("pid {pid} blocked for more than {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -552,4 +559,351 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
         "manymaps in the merged profile"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The unprivileged user of the end-to-end rows (nobody).
+const USER: u32 = 65534;
+/// How far an attacked agent's anonymous RSS, less its binary cache, may rise over its
+/// steady state (the issue's bound).
+const RSS_BOUND: u64 = 64 << 20;
+/// How long a one-shot `--system-wide` may take after its `--duration` (it analyses
+/// everything the host ran, which on a busy host includes compilers).
+const ANALYSIS_BOUND: Duration = Duration::from_secs(60);
+
+/// `cmd` run as [`USER`].
+fn as_user(cmd: &mut Command) -> &mut Command {
+    cmd.uid(USER).gid(USER)
+}
+
+/// `dir/uselib`, and `dir/lib.so` and `dir/new.so`: tests/programs/hostlib.c as built
+/// and as upgraded (WRONG_fn where lib_hot was). `None` after saying why (no gcc).
+fn hostlib(dir: &Path) -> Option<(std::path::PathBuf, std::path::PathBuf, std::path::PathBuf)> {
+    let Some(uselib) = compile_c("uselib.c", dir, "uselib", &["-ldl"]) else {
+        assert!(std::env::var_os("CI").is_none(), "gcc missing in CI");
+        return None;
+    };
+    let lib = compile_c("hostlib.c", dir, "lib.so", &["-shared", "-fPIC"])?;
+    let new = compile_c("hostlib.c", dir, "new.so", &["-shared", "-fPIC", "-DUPGRADED"])?;
+    Some((uselib, lib, new))
+}
+
+/// A `uselib LIB MS` process of [`USER`], once it says its library is loaded.
+fn spin_in(uselib: &Path, lib: &Path, ms: u64) -> KillOnDrop {
+    let mut child = KillOnDrop(
+        as_user(Command::new(uselib).arg(lib).arg(ms.to_string()))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut said = String::new();
+    let mut err = std::io::BufReader::new(child.0.stderr.take().unwrap());
+    std::io::BufRead::read_line(&mut err, &mut said).unwrap();
+    assert_eq!(said.trim(), "loaded", "uselib {}", lib.display());
+    child
+}
+
+/// Runs `n` processes of [`USER`] one after another, each loading `lib` and spinning in
+/// it for 5 ms: most are gone before the profiler reads their `/proc` entry, so their
+/// library is found by its path when their samples are analysed.
+fn short_lived(uselib: &Path, lib: &Path, n: usize) {
+    for _ in 0..n {
+        let st = as_user(Command::new(uselib).arg(lib).arg("5"))
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success(), "uselib {}: {st}", lib.display());
+    }
+}
+
+/// A one-shot `cpi-bpf ARGS --format json --output FILE`, started.
+fn one_shot(args: &[&str], out: &Path) -> std::process::Child {
+    Command::new(cpi_bpf())
+        .args(args)
+        .args(["--format", "json", "--output"])
+        .arg(out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// An agent under attack (`--interval 1`, tests/src/lib.rs `agent_with_metrics`), its
+/// anonymous RSS less its binary cache followed from the moment the attack begins.
+struct Watched {
+    agent: KillOnDrop,
+    metrics: std::net::SocketAddr,
+    dir: std::path::PathBuf,
+    steady: Option<u64>,
+    peak: u64,
+}
+
+impl Watched {
+    /// Starts the agent and waits for its first window (a hang guard, not a rate).
+    fn start(dir: &Path, args: &[&str]) -> Watched {
+        let args: Vec<&str> = ["--interval", "1"].iter().chain(args).copied().collect();
+        let (agent, metrics) = agent_with_metrics(dir, &args);
+        let mut w = Watched {
+            agent,
+            metrics,
+            dir: dir.to_path_buf(),
+            steady: None,
+            peak: 0,
+        };
+        w.more_windows(1);
+        w
+    }
+
+    fn scrape(&self) -> Option<String> {
+        http_get(self.metrics, "/metrics")
+            .ok()
+            .filter(|(code, _)| *code == 200)
+            .map(|(_, body)| body)
+    }
+
+    /// Anonymous RSS less the binary cache now (the peak follows it), with the scrape.
+    fn sample(&mut self) -> Option<(u64, String)> {
+        let body = self.scrape()?;
+        let cache = metric(&body, "cpi_bpf_cache_bytes")? as u64;
+        let now = rss(self.agent.0.id()).saturating_sub(cache);
+        self.peak = self.peak.max(now);
+        Some((now, body))
+    }
+
+    /// The steady state the attack is measured against: now.
+    fn attack_begins(&mut self) {
+        let (now, _) = self.sample().expect("the agent serves /metrics");
+        self.steady = Some(now);
+        self.peak = now;
+    }
+
+    fn windows(&self) -> usize {
+        std::fs::read_dir(self.dir.join("store"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("w-"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+
+    /// Waits for `n` more windows in the store, following the RSS; fails if the agent
+    /// dies or writes none for 60 s (a hang guard: windows come every second).
+    fn more_windows(&mut self, n: usize) {
+        let (want, t0) = (self.windows() + n, Instant::now());
+        let mut last = (self.windows(), Instant::now());
+        while self.windows() < want {
+            if let Some(st) = self.agent.0.try_wait().unwrap() {
+                panic!("the agent ended ({st}): {}", self.log());
+            }
+            if self.windows() != last.0 {
+                last = (self.windows(), Instant::now());
+            }
+            assert!(
+                last.1.elapsed() < Duration::from_secs(60),
+                "no window for 60 s ({} of {want} after {:?}): {}",
+                self.windows(),
+                t0.elapsed(),
+                self.log()
+            );
+            self.sample();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Ends the agent with one SIGTERM within [`BOUND`], checks that it exited cleanly
+    /// and stayed within [`RSS_BOUND`] of its steady state; its log.
+    fn stop(mut self) -> String {
+        self.sample();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.agent.0.id() as i32, libc::SIGTERM) };
+        let t0 = Instant::now();
+        let st = loop {
+            if let Some(st) = self.agent.0.try_wait().unwrap() {
+                break st;
+            }
+            assert!(t0.elapsed() < BOUND, "SIGTERM did not end the agent");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let log = self.log();
+        assert!(st.success(), "the agent ended {st}: {log}");
+        assert!(!log.contains("panicked"), "{log}");
+        let steady = self.steady.expect("attack_begins was called");
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        eprintln!(
+            "agent anonymous RSS less its cache: {:.1} MiB steady, {:.1} MiB peak under attack",
+            mib(steady),
+            mib(self.peak)
+        );
+        assert!(
+            self.peak <= steady + RSS_BOUND,
+            "RSS {:.1} MiB, {:.1} MiB at the steady state",
+            mib(self.peak),
+            mib(steady)
+        );
+        log
+    }
+}
+
+/// Row "truncate -s 16384 lib.so on a library its own process has mapped", end to
+/// end: a process of an unprivileged user spins in its library
+/// (tests/programs/hostlib.c: code in the first 16 KiB, symbols beyond), and the user
+/// truncates the library to 16 KiB while the agent (`--pid`) and a one-shot `--pid`
+/// profile the process. Neither dies of SIGBUS: the agent keeps writing windows and ends
+/// on SIGTERM within its RSS bound; the one-shot writes its profile, the truncated file
+/// named in a warning and its samples counted unmapped. The user's process runs on.
+#[test]
+fn a_library_truncated_by_its_user_kills_neither_profiler() {
+    if !require_root("profiling a process") {
+        return;
+    }
+    let _cpu = cpi_tests::cpu_heavy();
+    let dir = temp_dir("hostile-truncate-e2e");
+    let Some((uselib, lib, _)) = hostlib(&dir) else {
+        return;
+    };
+    std::os::unix::fs::chown(&lib, Some(USER), Some(USER)).unwrap();
+    let mut target = spin_in(&uselib, &lib, 600_000);
+    let pid = target.0.id().to_string();
+    let mut agent = Watched::start(&dir, &["--pid", &pid]);
+    agent.more_windows(1);
+    agent.attack_begins();
+    let json = dir.join("one-shot.json");
+    let run = one_shot(&["--pid", &pid, "--duration", "4"], &json);
+    std::thread::sleep(Duration::from_millis(1500));
+    let st = as_user(Command::new("truncate").args(["-s", "16384"]).arg(&lib))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(std::fs::metadata(&lib).unwrap().len(), 16384);
+    let r = wait_bounded(run, Duration::from_secs(4) + BOUND);
+    let err = stderr(&r);
+    eprintln!("one-shot: {err}");
+    assert!(r.status.success(), "{}: {err}", r.status);
+    let p = cpi_user::report::file::read(&json).expect("the one-shot's profile");
+    let text = std::fs::read_to_string(&json).unwrap();
+    agent.more_windows(3);
+    assert!(
+        target.0.try_wait().unwrap().is_none(),
+        "the user's process died: its code is in the first 16 KiB"
+    );
+    let log = agent.stop();
+    eprintln!("agent: {log}");
+    let named = text.contains("\"lib_hot\"");
+    let lib_named = err.contains(&*lib.to_string_lossy());
+    eprintln!(
+        "one-shot: lib_hot named {named}, the file named in a warning {lib_named}, {} unmapped samples",
+        p.lost.unmapped_samples
+    );
+    assert!(
+        lib_named && p.lost.unmapped_samples > 0,
+        "the truncated file is named and its samples counted: {err}"
+    );
+}
+
+/// Rows "replaced a library of a short-lived process with a FIFO", "the same with
+/// `ln -s` to a root-only file" and "a library upgraded by rename while short-lived
+/// processes used it", end to end, under the agent (`--comm ^uselib$`) and a one-shot
+/// `--system-wide` at once. Short-lived processes of an unprivileged user load three
+/// libraries (tests/programs/hostlib.c) from a directory the user owns; the user then
+/// replaces the first with a FIFO, the second with a link to a root-only build (the
+/// upgraded one, whose WRONG_fn covers lib_hot's old offsets), and upgrades the third by
+/// rename, after which more processes use the new build. Nothing blocks: the one-shot
+/// ends within [`ANALYSIS_BOUND`] of its duration and writes its profile; the agent keeps
+/// writing windows and ends on SIGTERM within its RSS bound. WRONG_fn (the root-only
+/// file's symbol, and the new build's name for the old build's offsets) is in neither
+/// profile; the FIFO and the link are named as refused and their samples counted
+/// unmapped.
+#[test]
+fn libraries_replaced_under_short_lived_processes() {
+    if !require_root("profiling system-wide") {
+        return;
+    }
+    let _cpu = cpi_tests::cpu_heavy();
+    let dir = temp_dir("hostile-replaced-e2e");
+    let Some((uselib, lib, new)) = hostlib(&dir) else {
+        return;
+    };
+    // The user's directory, its libraries, and a root-only copy of the new build.
+    let home = dir.join("home");
+    std::fs::create_dir(&home).unwrap();
+    let libs = ["fifo", "link", "upgrade"].map(|n| home.join(format!("{n}.so")));
+    for l in &libs {
+        std::fs::copy(&lib, l).unwrap();
+        std::os::unix::fs::chown(l, Some(USER), Some(USER)).unwrap();
+    }
+    std::os::unix::fs::chown(&home, Some(USER), Some(USER)).unwrap();
+    let secret_dir = dir.join("root-only");
+    std::fs::create_dir(&secret_dir).unwrap();
+    std::fs::set_permissions(&secret_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let secret = secret_dir.join("secret.so");
+    std::fs::copy(&new, &secret).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    let mut agent = Watched::start(&dir, &["--comm", "^uselib$"]);
+    agent.attack_begins();
+    let json = dir.join("one-shot.json");
+    let duration = 8;
+    let run = one_shot(
+        // -v: each refused file on a line of its own, with its reason.
+        &["-v", "--system-wide", "--duration", &duration.to_string()],
+        &json,
+    );
+    let began = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    for l in &libs {
+        short_lived(&uselib, l, 40);
+    }
+    let script = format!(
+        "rm {fifo} && mkfifo {fifo} && ln -sf {secret} {link} && cp {new} {upgrade}.tmp \
+         && mv {upgrade}.tmp {upgrade}",
+        fifo = libs[0].display(),
+        link = libs[1].display(),
+        upgrade = libs[2].display(),
+        secret = secret.display(),
+        new = new.display(),
+    );
+    let st = as_user(Command::new("sh").args(["-c", &script]))
+        .status()
+        .unwrap();
+    assert!(st.success(), "{script}");
+    short_lived(&uselib, &libs[2], 40);
+    assert!(
+        began.elapsed() < Duration::from_secs(duration - 1),
+        "the processes ran past the one-shot's duration: {:?}",
+        began.elapsed()
+    );
+    let r = wait_bounded(run, Duration::from_secs(duration) + ANALYSIS_BOUND);
+    let err = stderr(&r);
+    assert!(r.status.success(), "{}: {err}", r.status);
+    let p = cpi_user::report::file::read(&json).expect("the one-shot's profile");
+    agent.more_windows(3);
+    let log = agent.stop();
+    let store = run_bounded(
+        Command::new(cpi_bpf())
+            .args(["report", "--format", "json", "--store"])
+            .arg(dir.join("store")),
+    );
+    assert!(store.status.success(), "{}", stderr(&store));
+    let stored = String::from_utf8_lossy(&store.stdout).into_owned();
+    let one = std::fs::read_to_string(&json).unwrap();
+    eprintln!("one-shot: {err}\nagent: {log}");
+    for (what, text) in [("one-shot", &one), ("agent", &stored)] {
+        assert!(!text.contains("WRONG_fn"), "{what}: named from another file");
+        assert!(text.contains("\"lib_hot\""), "{what}: lib_hot not named");
+    }
+    let unmapped = p.lost.unmapped_samples;
+    eprintln!("one-shot: {unmapped} samples unmapped");
+    for (l, why) in [(&libs[0], "not a regular file"), (&libs[1], "not the mapped file")] {
+        let l = l.to_string_lossy();
+        assert!(
+            err.lines().any(|x| x.contains(&*l) && x.contains(why)),
+            "{l} not named as refused ({why}): {err}"
+        );
+    }
+    assert!(unmapped > 0, "the refused files' samples are counted");
 }
