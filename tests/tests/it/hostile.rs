@@ -907,3 +907,153 @@ fn libraries_replaced_under_short_lived_processes() {
     }
     assert!(unmapped > 0, "the refused files' samples are counted");
 }
+
+/// The agent's analysis thread, stopped by ptrace (`PTRACE_SEIZE` then
+/// `PTRACE_INTERRUPT`: that thread alone) as if it were stuck; on drop the agent is
+/// killed and the stopped thread reaped, so a failing test leaves nothing behind.
+struct StoppedThread {
+    pid: i32,
+    tid: i32,
+}
+
+impl StoppedThread {
+    fn analysis_of(pid: u32) -> StoppedThread {
+        let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+            .find(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.trim() == "cpi-bpf-analysi")
+            })
+            .and_then(|t| t.file_name().to_str()?.parse::<i32>().ok())
+            .expect("the agent's thread cpi-bpf-analysis");
+        // SAFETY: ptrace and waitpid on a thread of our own child, as root.
+        unsafe {
+            assert_eq!(libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0), 0, "PTRACE_SEIZE");
+            assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0), 0);
+            let mut status = 0;
+            assert_eq!(libc::waitpid(tid, &raw mut status, libc::__WALL), tid);
+            assert!(libc::WIFSTOPPED(status), "{status:#x}");
+        }
+        StoppedThread {
+            pid: pid as i32,
+            tid,
+        }
+    }
+
+    /// Reaps the stopped thread once its process has ended (a traced thread waits for
+    /// its tracer); false while it has not within `limit`.
+    fn reaped_within(&self, limit: Duration) -> bool {
+        let t0 = Instant::now();
+        while t0.elapsed() < limit {
+            let mut status = 0;
+            // SAFETY: waitpid on our tracee.
+            let r = unsafe {
+                libc::waitpid(self.tid, &raw mut status, libc::__WALL | libc::WNOHANG)
+            };
+            if r == self.tid && (libc::WIFEXITED(status) || libc::WIFSIGNALED(status)) {
+                return true;
+            }
+            if r < 0 {
+                return true; // already reaped
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for StoppedThread {
+    fn drop(&mut self) {
+        // SAFETY: our own child; a killed tracee exits, and is reaped here.
+        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        self.reaped_within(BOUND);
+    }
+}
+
+/// Item 6, "a stalled analysis is visible and stoppable": with the analysis thread
+/// stuck (stopped from outside by ptrace; no file a user controls blocks it any more:
+/// the FIFO of the rows above is refused without waiting), `/metrics` still answers and
+/// `cpi_bpf_last_window_age_seconds` rises past the stall bound (two intervals, at least
+/// `STALL_AFTER_MIN`, cpi-user/src/agent/mod.rs), the late window is logged, the agent's
+/// RSS stays within its bound (collection goes on without draining), a first SIGTERM
+/// is logged, and a second ends the process although the analysis never finishes.
+#[test]
+fn a_stalled_analysis_is_visible_and_a_second_sigterm_ends_it() {
+    if !require_root("the agent") {
+        return;
+    }
+    let _cpu = cpi_tests::cpu_heavy();
+    let dir = temp_dir("hostile-stall");
+    let Some((uselib, lib, _)) = hostlib(&dir) else {
+        return;
+    };
+    let target = spin_in(&uselib, &lib, 600_000);
+    let pid = target.0.id().to_string();
+    let mut agent = Watched::start(&dir, &["--pid", &pid]);
+    agent.more_windows(1);
+    agent.attack_begins();
+    let age = |w: &mut Watched| {
+        let (_, body) = w.sample().expect("/metrics answers while the analysis is stuck");
+        metric(&body, "cpi_bpf_last_window_age_seconds").expect("the window age is exported")
+    };
+    let before = age(&mut agent);
+    let stall = cpi_user::agent::STALL_AFTER_MIN.as_secs_f64();
+    assert!(before < stall, "window age {before} s before the stall");
+    let stopped = StoppedThread::analysis_of(agent.agent.0.id());
+    let windows = agent.windows();
+    // Hang guard: the late window is logged about STALL_AFTER_MIN + 2 s after the stop.
+    let t0 = Instant::now();
+    let (mut oldest, mut told) = (0.0, false);
+    while !(told && oldest > stall) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "after {:?}: window age {oldest} s, the log: {}",
+            t0.elapsed(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        oldest = age(&mut agent);
+        told = agent.log().contains("has not finished after");
+    }
+    assert!(agent.windows() <= windows + 1, "windows written while stopped");
+    eprintln!(
+        "window age {before:.1} s before the stall, {oldest:.1} s after {:?}; the log: {}",
+        t0.elapsed(),
+        agent.log()
+    );
+    let id = agent.agent.0.id() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(id, libc::SIGTERM) };
+    let t1 = Instant::now();
+    while !agent.log().contains("stopping (SIGTERM received)") {
+        assert!(t1.elapsed() < BOUND, "first SIGTERM not seen: {}", agent.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The first SIGTERM waits for the analysis, which is stuck: the second ends it.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        agent.agent.0.try_wait().unwrap().is_none(),
+        "ended on the first SIGTERM: {}",
+        agent.log()
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(id, libc::SIGTERM) };
+    assert!(
+        stopped.reaped_within(BOUND),
+        "the second SIGTERM did not end the agent"
+    );
+    let st = agent.agent.0.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&st),
+        Some(libc::SIGTERM),
+        "{st}"
+    );
+    let steady = agent.steady.unwrap();
+    assert!(
+        agent.peak <= steady + RSS_BOUND,
+        "RSS {} B, {steady} B at the steady state",
+        agent.peak
+    );
+    drop(target);
+}
