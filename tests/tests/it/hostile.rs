@@ -420,7 +420,8 @@ fn import_perf_does_not_wait_on_a_fifo() {
 /// descriptor limit of that row (20 000), the agent holds at most its stated cap of
 /// captured files (a quarter of the soft limit, cpi-user/src/procmap/captured.rs), the
 /// least recently used closed and counted, every window is written (no "Too many open
-/// files"), and the process is in the profile.
+/// files"), the process is in the profile, and the agent's anonymous RSS less its cache
+/// stays within [`RSS_BOUND`] of what it was at start.
 #[test]
 fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
     if !require_root("the agent") {
@@ -493,10 +494,21 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
             .map(|d| d.count())
             .unwrap_or(0)
     };
-    let (t0, mut most_fds) = (Instant::now(), 0);
+    // Anonymous RSS less the binary cache: first when /metrics answers (the agent
+    // started, before its first window is analysed), and its peak after.
+    let held = || {
+        let (_, body) = http_get(metrics, "/metrics").ok()?;
+        let cache = metric(&body, "cpi_bpf_cache_bytes")? as u64;
+        Some(rss(agent.0.id()).saturating_sub(cache))
+    };
+    let (t0, mut most_fds, mut first, mut peak) = (Instant::now(), 0, None, 0);
     // Hang guard, not a rate: windows come every second when the machine is idle.
     while windows() < 4 && t0.elapsed() < Duration::from_secs(90) {
         most_fds = most_fds.max(fds());
+        if let Some(now) = held() {
+            first.get_or_insert(now);
+            peak = peak.max(now);
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
     most_fds = most_fds.max(fds());
@@ -524,7 +536,10 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let log = log.join().unwrap();
-    eprintln!("{written} windows; at most {most_fds} descriptors open; the agent said:\n{log}");
+    eprintln!(
+        "{written} windows; at most {most_fds} descriptors open; anonymous RSS less the \
+         cache {first:?} B at start, {peak} B at most; the agent said:\n{log}"
+    );
     assert!(
         written >= 4,
         "{written} windows in 90 s; the agent was at:\n{stuck}"
@@ -532,6 +547,11 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
     assert!(
         most_fds <= 20_000 / 4 + 64,
         "{most_fds} descriptors: more than the cap of captured files"
+    );
+    let first = first.expect("/metrics answered");
+    assert!(
+        peak <= first + RSS_BOUND,
+        "anonymous RSS less the cache {peak} B, {first} B at start"
     );
     assert!(!log.contains("Too many open files"), "{log}");
     assert!(!log.contains("error:"), "{log}");
