@@ -11,8 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cpi_tests::{
-    agent_with_metrics, compile_c, cpi_bpf, free_port, http_get, metric, require_root, rss,
-    stderr, temp_dir, KillOnDrop,
+    agent_with_metrics, compile_c, cpi_bpf, free_port, http_get, metric, require_root, rss, stderr,
+    temp_dir, KillOnDrop,
 };
 use cpi_user::agent::store::{self, Store};
 use cpi_user::binary::{Binary, BinaryError, SymbolizeError, Symbolizer, SymbolizerOptions};
@@ -603,7 +603,12 @@ fn hostlib(dir: &Path) -> Option<(std::path::PathBuf, std::path::PathBuf, std::p
         return None;
     };
     let lib = compile_c("hostlib.c", dir, "lib.so", &["-shared", "-fPIC"])?;
-    let new = compile_c("hostlib.c", dir, "new.so", &["-shared", "-fPIC", "-DUPGRADED"])?;
+    let new = compile_c(
+        "hostlib.c",
+        dir,
+        "new.so",
+        &["-shared", "-fPIC", "-DUPGRADED"],
+    )?;
     Some((uselib, lib, new))
 }
 
@@ -913,12 +918,18 @@ fn libraries_replaced_under_short_lived_processes() {
     let one = std::fs::read_to_string(&json).unwrap();
     eprintln!("one-shot: {err}\nagent: {log}");
     for (what, text) in [("one-shot", &one), ("agent", &stored)] {
-        assert!(!text.contains("WRONG_fn"), "{what}: named from another file");
+        assert!(
+            !text.contains("WRONG_fn"),
+            "{what}: named from another file"
+        );
         assert!(text.contains("\"lib_hot\""), "{what}: lib_hot not named");
     }
     let unmapped = p.lost.unmapped_samples;
     eprintln!("one-shot: {unmapped} samples unmapped");
-    for (l, why) in [(&libs[0], "not a regular file"), (&libs[1], "not the mapped file")] {
+    for (l, why) in [
+        (&libs[0], "not a regular file"),
+        (&libs[1], "not the mapped file"),
+    ] {
         let l = l.to_string_lossy();
         assert!(
             err.lines().any(|x| x.contains(&*l) && x.contains(why)),
@@ -949,7 +960,11 @@ impl StoppedThread {
             .expect("the agent's thread cpi-bpf-analysis");
         // SAFETY: ptrace and waitpid on a thread of our own child, as root.
         unsafe {
-            assert_eq!(libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0), 0, "PTRACE_SEIZE");
+            assert_eq!(
+                libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0),
+                0,
+                "PTRACE_SEIZE"
+            );
             assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0), 0);
             let mut status = 0;
             assert_eq!(libc::waitpid(tid, &raw mut status, libc::__WALL), tid);
@@ -968,9 +983,8 @@ impl StoppedThread {
         while t0.elapsed() < limit {
             let mut status = 0;
             // SAFETY: waitpid on our tracee.
-            let r = unsafe {
-                libc::waitpid(self.tid, &raw mut status, libc::__WALL | libc::WNOHANG)
-            };
+            let r =
+                unsafe { libc::waitpid(self.tid, &raw mut status, libc::__WALL | libc::WNOHANG) };
             if r == self.tid && (libc::WIFEXITED(status) || libc::WIFSIGNALED(status)) {
                 return true;
             }
@@ -1014,7 +1028,9 @@ fn a_stalled_analysis_is_visible_and_a_second_sigterm_ends_it() {
     agent.more_windows(1);
     agent.attack_begins();
     let age = |w: &mut Watched| {
-        let (_, body) = w.sample().expect("/metrics answers while the analysis is stuck");
+        let (_, body) = w
+            .sample()
+            .expect("/metrics answers while the analysis is stuck");
         metric(&body, "cpi_bpf_last_window_age_seconds").expect("the window age is exported")
     };
     let before = age(&mut agent);
@@ -1036,7 +1052,10 @@ fn a_stalled_analysis_is_visible_and_a_second_sigterm_ends_it() {
         oldest = age(&mut agent);
         told = agent.log().contains("has not finished after");
     }
-    assert!(agent.windows() <= windows + 1, "windows written while stopped");
+    assert!(
+        agent.windows() <= windows + 1,
+        "windows written while stopped"
+    );
     eprintln!(
         "window age {before:.1} s before the stall, {oldest:.1} s after {:?}; the log: {}",
         t0.elapsed(),
@@ -1047,7 +1066,11 @@ fn a_stalled_analysis_is_visible_and_a_second_sigterm_ends_it() {
     unsafe { libc::kill(id, libc::SIGTERM) };
     let t1 = Instant::now();
     while !agent.log().contains("stopping (SIGTERM received)") {
-        assert!(t1.elapsed() < BOUND, "first SIGTERM not seen: {}", agent.log());
+        assert!(
+            t1.elapsed() < BOUND,
+            "first SIGTERM not seen: {}",
+            agent.log()
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     // The first SIGTERM waits for the analysis, which is stuck: the second ends it.
