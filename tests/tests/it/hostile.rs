@@ -1100,3 +1100,125 @@ fn a_stalled_analysis_is_visible_and_a_second_sigterm_ends_it() {
     );
     drop(target);
 }
+
+/// Row "put … 1 000 000 empty files in the store": `report --store` and the agent's
+/// index of it are bounded (cpi-user/src/agent/store.rs: the newest `MAX_INDEX`
+/// windows listed, the rest counted; unreadable windows named up to `MAX_NAMED_SKIPS`,
+/// the rest counted). On tmpfs (`/dev/shm`), one real window and a million empty ones
+/// before it: `report` merges the real one within [`BOUND`], says the skipped in a few
+/// lines, and peaks under 128 MiB (372 MB before); the agent on that store writes its
+/// windows with its anonymous RSS less its cache under [`RSS_BOUND`] (249 MB before).
+#[test]
+fn a_million_files_in_the_store_cost_bounded_memory() {
+    if !require_root("the agent") {
+        return;
+    }
+    let _cpu = cpi_tests::cpu_heavy();
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        let d = shm.join(format!("cpi-tests-{}-store1m", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
+        d
+    } else {
+        temp_dir("hostile-store1m")
+    };
+    let s = dir.join("store");
+    let mut st = Store::open(&s, store::DEFAULT_RETAIN, 1 << 30, None).unwrap();
+    let now = std::time::SystemTime::now();
+    let ms =
+        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    // A million 1 ms windows in the 2 000 s before now (inside retention), all empty.
+    let oldest = ms(now) - 2_000_000;
+    let t0 = Instant::now();
+    for i in 0..1_000_000u128 {
+        let start = oldest + 2 * i;
+        std::fs::File::create(s.join(format!("w-{start}-{}.json.gz", start + 1))).unwrap();
+    }
+    let made = t0.elapsed();
+    st.write(&cpi_user::agent::Window {
+        start: now,
+        end: now + Duration::from_secs(1),
+        profile: time_profile(),
+    })
+    .unwrap();
+    drop(st);
+    let child = Command::new(cpi_bpf())
+        .args(["report", "--format", "json", "--store"])
+        .arg(&s)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let t1 = Instant::now();
+    let err = std::thread::spawn(move || {
+        let mut e = String::new();
+        let _ = std::io::Read::read_to_string(&mut child.stderr.unwrap(), &mut e);
+        e
+    });
+    // SAFETY: our own child, reaped here for its own peak RSS.
+    let (status, peak) = unsafe {
+        let mut status = 0;
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::wait4(pid, &raw mut status, 0, &raw mut usage), pid);
+        (status, usage.ru_maxrss as u64 * 1024)
+    };
+    let took = t1.elapsed();
+    let err = err.join().unwrap();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "1 000 000 files made in {made:?}; report --store: {took:?}, peak RSS {:.1} MiB, \
+         {} lines on stderr:\n{err}",
+        mib(peak),
+        err.lines().count()
+    );
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{status:#x}: {err}"
+    );
+    assert!(took < BOUND, "report --store took {took:?}");
+    assert!(err.lines().count() <= 30, "{err}");
+    assert!(
+        peak <= 128 << 20,
+        "report --store peaked at {:.1} MiB",
+        mib(peak)
+    );
+
+    let sleeper = KillOnDrop(Command::new("sleep").arg("600").spawn().unwrap());
+    let (agent, metrics) = agent_with_metrics(
+        &dir,
+        &["--interval", "2", "--pid", &sleeper.0.id().to_string()],
+    );
+    let (t2, mut most) = (Instant::now(), 0u64);
+    loop {
+        let body = http_get(metrics, "/metrics").ok().map(|(_, b)| b);
+        if let Some(b) = &body {
+            if let Some(cache) = metric(b, "cpi_bpf_cache_bytes") {
+                most = most.max(rss(agent.0.id()).saturating_sub(cache as u64));
+            }
+        }
+        if body
+            .as_deref()
+            .and_then(|b| metric(b, "cpi_bpf_windows_total"))
+            .is_some_and(|w| w >= 3.0)
+        {
+            break;
+        }
+        let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+        assert!(
+            t2.elapsed() < Duration::from_secs(60),
+            "three windows not written in 60 s: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "agent on that store: three windows after {:?}, anonymous RSS less the cache at \
+         most {:.1} MiB",
+        t2.elapsed(),
+        mib(most)
+    );
+    assert!(most <= RSS_BOUND, "{:.1} MiB", mib(most));
+    drop(agent);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
