@@ -1143,6 +1143,10 @@ fn a_million_files_in_the_store_cost_bounded_memory() {
     })
     .unwrap();
     drop(st);
+    #[expect(
+        clippy::zombie_processes,
+        reason = "reaped by wait4 below, for its own peak RSS"
+    )]
     let child = Command::new(cpi_bpf())
         .args(["report", "--format", "json", "--store"])
         .arg(&s)
