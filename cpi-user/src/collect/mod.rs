@@ -10,6 +10,7 @@
 pub mod caps;
 pub mod drain;
 pub mod events;
+pub mod filter;
 pub mod ladder;
 pub mod session;
 pub mod sideband;
@@ -27,6 +28,7 @@ use cpi_common::wire::{StackMode, COUNTERS};
 
 use crate::profile::{RunInfo, SampleSet};
 use events::{EventSpec, Rate};
+pub use filter::Filter;
 pub use session::{collect, Session};
 pub use target::Target;
 
@@ -70,6 +72,9 @@ pub enum CollectError {
     /// `--pid` names no live process.
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
+    /// `--cgroup` names no cgroup v2 directory (filter.rs).
+    #[error("{} is not a cgroup v2 directory", .0.display())]
+    NotCgroup(std::path::PathBuf),
     /// The command to start is not on `PATH` or not a file.
     #[error("command not found: {0}")]
     CommandNotFound(String),

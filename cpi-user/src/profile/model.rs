@@ -321,6 +321,11 @@ pub struct LossReport {
     /// bound: they stay in every total, under a `[dropped]` path.
     #[serde(default)]
     pub stacks_evicted: u64,
+    /// Samples of processes a kernel filter (the agent's `--pid`, `--cgroup`) did not
+    /// want, dropped in the eBPF program before anything else: not wanted data, so not
+    /// lost and in no total (cpi-user/src/collect/filter.rs).
+    #[serde(default)]
+    pub filtered_in_kernel: u64,
 }
 
 impl LossReport {
@@ -341,7 +346,7 @@ impl LossReport {
             "(ring full {}, branch errors {}, malformed {}); not used: short stacks {}, \
              invalid ranges {}; unmapped samples {}; thinned on purpose {} (period carried); \
              side-band records lost {}; stacks truncated {}, at unknown code {}, failed {}, \
-             evicted {}",
+             evicted {}; filtered in kernel {} (not wanted)",
             self.ring_full,
             self.branch_errors,
             self.malformed,
@@ -353,7 +358,8 @@ impl LossReport {
             self.stacks_truncated,
             self.stacks_unknown_code,
             self.stacks_failed,
-            self.stacks_evicted
+            self.stacks_evicted,
+            self.filtered_in_kernel
         )
     }
 }
@@ -377,6 +383,7 @@ impl LossReport {
             stacks_unknown_code,
             stacks_failed,
             stacks_evicted,
+            filtered_in_kernel,
         } = o;
         for (a, b) in [
             (&mut self.ring_full, ring_full),
@@ -391,6 +398,7 @@ impl LossReport {
             (&mut self.stacks_unknown_code, stacks_unknown_code),
             (&mut self.stacks_failed, stacks_failed),
             (&mut self.stacks_evicted, stacks_evicted),
+            (&mut self.filtered_in_kernel, filtered_in_kernel),
         ] {
             add_count(a, *b, overflow);
         }
