@@ -41,8 +41,8 @@ use aya_ebpf::{
         BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
     },
     helpers::{
-        bpf_get_current_ancestor_cgroup_id, bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_read_branch_records,
+        bpf_get_current_ancestor_cgroup_id, bpf_get_current_pid_tgid, bpf_get_prandom_u32,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_read_branch_records,
         generated::{
             bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_kernel, bpf_probe_read_user,
             bpf_task_pt_regs,

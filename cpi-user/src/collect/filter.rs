@@ -72,7 +72,11 @@ impl CgroupV2 {
             if !same_fs {
                 break;
             }
-            parts.push(at.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
+            parts.push(
+                at.file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default(),
+            );
             at = parent;
         }
         parts.reverse();
@@ -172,7 +176,10 @@ mod tests {
         assert_eq!(f.config(), (FILTER_TGID, 0));
         let mut maps = FakeMaps::default();
         f.install(&mut maps).unwrap();
-        assert_eq!(maps.calls, [MapCall::AllowTgid(100), MapCall::AllowTgid(200)]);
+        assert_eq!(
+            maps.calls,
+            [MapCall::AllowTgid(100), MapCall::AllowTgid(200)]
+        );
         f.exited(&mut maps, 100).unwrap();
         // Seen again (or a pid the filter never named): nothing to remove.
         f.exited(&mut maps, 100).unwrap();
@@ -214,7 +221,10 @@ mod tests {
         let dir = root.join(own.trim_start_matches('/'));
         let g = CgroupV2::at(&dir).unwrap();
         assert_eq!(g.path, own);
-        assert_eq!(g.level as usize, own.split('/').filter(|s| !s.is_empty()).count());
+        assert_eq!(
+            g.level as usize,
+            own.split('/').filter(|s| !s.is_empty()).count()
+        );
         let k = KernelFilter::new(&Filter {
             pids: vec![],
             cgroup: Some(dir),

@@ -368,9 +368,7 @@ impl Session {
             Target::Command(_) => {
                 per_cpu(suspended.as_ref().map_or(-1, |c| c.pid() as i32)).collect()
             }
-            Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => {
-                places.clone()
-            }
+            Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => places.clone(),
         };
         let sideband = SidebandReader::open(&sys, &sideband_places, extra)?;
         // Run-time accounting of our programs, for as long as the session lives.
@@ -726,9 +724,7 @@ impl Live {
 }
 
 /// The index of a watched process that has exited (its pidfd is readable).
-fn next_exit(
-    pidfds: &[(u32, AsyncFd<OwnedFd>)],
-) -> impl std::future::Future<Output = usize> + '_ {
+fn next_exit(pidfds: &[(u32, AsyncFd<OwnedFd>)]) -> impl std::future::Future<Output = usize> + '_ {
     std::future::poll_fn(move |cx| {
         for (i, (_, fd)) in pidfds.iter().enumerate() {
             if fd.poll_read_ready(cx).is_ready() {

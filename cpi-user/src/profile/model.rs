@@ -340,13 +340,14 @@ impl LossReport {
     }
 
     /// The account after the lost total, as the table and the stop line print it:
-    /// `(ring full a, branch errors b, malformed c); not used: …; unmapped …; thinned …`.
+    /// `(ring full a, branch errors b, malformed c); not used: …; unmapped …; thinned …`,
+    /// and what a kernel filter dropped when it dropped any.
     pub fn breakdown(&self) -> String {
         format!(
             "(ring full {}, branch errors {}, malformed {}); not used: short stacks {}, \
              invalid ranges {}; unmapped samples {}; thinned on purpose {} (period carried); \
              side-band records lost {}; stacks truncated {}, at unknown code {}, failed {}, \
-             evicted {}; filtered in kernel {} (not wanted)",
+             evicted {}{}",
             self.ring_full,
             self.branch_errors,
             self.malformed,
@@ -359,7 +360,10 @@ impl LossReport {
             self.stacks_unknown_code,
             self.stacks_failed,
             self.stacks_evicted,
-            self.filtered_in_kernel
+            match self.filtered_in_kernel {
+                0 => String::new(),
+                n => format!("; filtered in kernel {n} (not wanted, not lost)"),
+            }
         )
     }
 }

@@ -4,6 +4,7 @@
 //! test programs in `tests/programs/`.
 
 mod agent;
+mod agent_filter;
 mod agent_sinks;
 mod cli;
 mod collect;
