@@ -360,17 +360,29 @@ impl Session {
             None => policy::FALLBACK_RANGE_WINDOW,
         });
         // The kernel's mmap/comm records, on the processes themselves (one event per
-        // process or CPU: threads and children write into it).
+        // process or CPU: threads and children write into it). A filter by pids alone
+        // needs its processes' only, as `--pid` does: the host's others would be parsed
+        // for nothing.
         let cpus = target::online_cpus();
         let per_cpu = |pid: i32| cpus.iter().map(move |&c| (pid, c as i32));
-        let sideband_places: Vec<(i32, i32)> = match &opts.target {
-            Target::Pids(pids) => pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
-            Target::Command(_) => {
-                per_cpu(suspended.as_ref().map_or(-1, |c| c.pid() as i32)).collect()
+        let (sideband_places, sideband_flags): (Vec<(i32, i32)>, u64) = match &opts.target {
+            Target::Pids(pids) => (
+                pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
+                extra,
+            ),
+            Target::Filtered(f) if f.cgroup.is_none() => (
+                f.pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
+                sys::flag::INHERIT,
+            ),
+            Target::Command(_) => (
+                per_cpu(suspended.as_ref().map_or(-1, |c| c.pid() as i32)).collect(),
+                extra,
+            ),
+            Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => {
+                (places.clone(), extra)
             }
-            Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => places.clone(),
         };
-        let sideband = SidebandReader::open(&sys, &sideband_places, extra)?;
+        let sideband = SidebandReader::open(&sys, &sideband_places, sideband_flags)?;
         // Run-time accounting of our programs, for as long as the session lives.
         let stats = sys.enable_bpf_stats().ok();
 
