@@ -111,6 +111,17 @@ pub struct Scratch {
 #[map]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
 
+/// 1 when the kernel gives perf_event programs `bpf_get_current_ancestor_cgroup_id`
+/// (not 5.10), written by the loader like [`STACK_MODE`]: at 0 the verifier never sees
+/// the call, and the cgroup filter stays in user space.
+#[unsafe(no_mangle)]
+static CGROUP_ANCESTORS: u32 = 0;
+
+#[inline(always)]
+fn cgroup_ancestors() -> bool {
+    unsafe { core::ptr::read_volatile(&raw const CGROUP_ANCESTORS) != 0 }
+}
+
 #[inline(always)]
 fn stack_mode() -> u32 {
     // Volatile: the value is the loader's, not the compiler's zero.
@@ -139,8 +150,8 @@ fn count(c: Counter) {
     }
 }
 
-/// Whether the current task passes every allow-list `cfg.filter` names. Helpers from
-/// Linux 5.7 at the latest; the loop is bounded by a constant.
+/// Whether the current task passes every allow-list `cfg.filter` names; the loop is
+/// bounded by a constant.
 #[inline(always)]
 fn wanted(cfg: &KernelConfig) -> bool {
     if cfg.filter & FILTER_TGID != 0 {
@@ -149,7 +160,7 @@ fn wanted(cfg: &KernelConfig) -> bool {
             return false;
         }
     }
-    if cfg.filter & FILTER_CGROUP != 0 {
+    if cgroup_ancestors() && cfg.filter & FILTER_CGROUP != 0 {
         for level in 0..=MAX_CGROUP_LEVEL {
             if cfg.cgroup_levels & (1 << level) == 0 {
                 continue;

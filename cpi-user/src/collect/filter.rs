@@ -155,6 +155,17 @@ impl KernelFilter {
         Ok(())
     }
 
+    /// Leaves the cgroup to the user-space test: for kernels whose perf_event programs
+    /// lack `bpf_get_current_ancestor_cgroup_id` (5.10). The note to show, if any.
+    pub fn cgroup_in_user_space(&mut self) -> Option<String> {
+        let g = self.cgroup.take()?;
+        Some(format!(
+            "note: this kernel lacks bpf_get_current_ancestor_cgroup_id for perf_event \
+             programs: cgroup {} is filtered in user space, after collection",
+            g.path
+        ))
+    }
+
     /// The processes still kept by tgid.
     pub fn tgids(&self) -> impl Iterator<Item = u32> + '_ {
         self.tgids.iter().copied()

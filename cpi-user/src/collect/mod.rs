@@ -278,6 +278,7 @@ pub fn load(
     ring_bytes: u32,
     config: KernelConfig,
     stacks: StackMode,
+    cgroup_ancestors: bool,
     btf: bool,
     programs: &[&'static str],
 ) -> Result<Ebpf, CollectError> {
@@ -294,6 +295,7 @@ pub fn load(
     let mut bpf = aya::EbpfLoader::new()
         .map_max_entries("SAMPLES", ring_bytes)
         .override_global("STACK_MODE", &(stacks as u32), true)
+        .override_global("CGROUP_ANCESTORS", &(cgroup_ancestors as u32), true)
         .load(EBPF_OBJECT)
         .map_err(|e| load_err(e.into()))?;
     for &name in programs {

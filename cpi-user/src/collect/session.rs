@@ -280,10 +280,13 @@ impl Session {
             }
             Target::SystemWide | Target::Filtered(_) => {}
         }
-        let filter = match &opts.target {
+        let mut filter = match &opts.target {
             Target::Filtered(f) => KernelFilter::new(f)?,
             _ => KernelFilter::default(),
         };
+        if !features.ancestor_cgroup_id {
+            pid_notes.extend(filter.cgroup_in_user_space());
+        }
         let (filter_bits, cgroup_levels) = filter.config();
         events::check_rate(&opts.rate)?;
         if !caps.btf {
@@ -306,7 +309,14 @@ impl Session {
             plan(m, (caps.vendor, &caps.core_pmus), &opts, &opts.rate)
         });
         let stack_mode = features.stack_mode(opts.stacks);
-        let mut bpf = load(opts.ring_bytes, bpf_cfg, stack_mode, caps.btf, &programs)?;
+        let mut bpf = load(
+            opts.ring_bytes,
+            bpf_cfg,
+            stack_mode,
+            features.ancestor_cgroup_id,
+            caps.btf,
+            &programs,
+        )?;
         filter.install(&mut BpfFilterMaps(&mut bpf))?;
 
         // Signals are caught from here on, so a SIGINT during set-up still reports.
