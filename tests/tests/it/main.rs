@@ -6,6 +6,7 @@
 mod agent;
 mod agent_filter;
 mod agent_sinks;
+mod bpf_vm;
 mod cli;
 mod collect;
 mod collect_reliability;
