@@ -249,15 +249,29 @@ pub struct KernelConfig {
     pub thinning: Thinning,
     /// Emit samples whose IP is in the kernel (otherwise counted as seen, not emitted).
     pub include_kernel: u32,
+    /// `FILTER_*` bits: which allow-lists a sample must pass (all that are set); 0 keeps
+    /// every sample. Failing samples are counted as `Counter::Filtered` only.
+    pub filter: u32,
+    /// Bit L set: some allowed cgroup sits at level L of the cgroup v2 tree (root = 0),
+    /// so the program compares the sample's ancestor at L (`bpf_get_current_ancestor_cgroup_id`).
+    pub cgroup_levels: u32,
     /// Keeps the layout free of implicit padding (the eBPF side reads it as bytes).
     pub _pad: u32,
 }
+
+/// [`KernelConfig::filter`]: the sample's tgid must be in the eBPF map `ALLOWED_TGIDS`.
+pub const FILTER_TGID: u32 = 1 << 0;
+/// [`KernelConfig::filter`]: one of the sample's cgroup v2 ancestors (itself included)
+/// must be in the eBPF map `ALLOWED_CGROUPS`.
+pub const FILTER_CGROUP: u32 = 1 << 1;
 
 impl Default for KernelConfig {
     fn default() -> Self {
         KernelConfig {
             thinning: Thinning::OFF,
             include_kernel: 0,
+            filter: 0,
+            cgroup_levels: 0,
             _pad: 0,
         }
     }

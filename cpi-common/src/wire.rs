@@ -275,7 +275,7 @@ pub struct IpSample {
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Counter {
-    /// Samples the program handled (emitted or thinned).
+    /// Samples the program handled (emitted or thinned); filtered ones are not.
     Seen = 0,
     /// Records written to the ring buffer.
     Emitted = 1,
@@ -285,10 +285,23 @@ pub enum Counter {
     BranchError = 3,
     /// Samples dropped by in-kernel thinning (their period is carried by the next record).
     Thinned = 4,
+    /// Samples of processes the filter does not want ([`crate::policy::KernelConfig::filter`]),
+    /// dropped first thing: not seen, not a loss.
+    Filtered = 5,
 }
 
 /// Number of [`Counter`] slots.
-pub const COUNTERS: u32 = 5;
+pub const COUNTERS: u32 = 6;
+
+/// Most processes the kernel filter allows by tgid (`--pid`).
+pub const MAX_FILTER_TGIDS: u32 = 1024;
+
+/// Most cgroups the kernel filter allows (`--cgroup`).
+pub const MAX_FILTER_CGROUPS: u32 = 64;
+
+/// Deepest cgroup level the kernel filter checks (level 0 is the root): the bound of the
+/// eBPF program's loop over a sample's ancestors.
+pub const MAX_CGROUP_LEVEL: u32 = 31;
 
 #[cfg(feature = "user")]
 mod pod {

@@ -22,6 +22,12 @@
 //! (cpi-user/src/unwind/). Such records vary in length: they are built in a per-CPU
 //! scratch buffer and copied out with their real length (BENCHMARKS.md, "Call stacks").
 //!
+//! Filter (`KernelConfig::filter`, the agent's `--pid`/`--cgroup` on system-wide events):
+//! before anything else, a sample whose tgid is not in `ALLOWED_TGIDS`, or none of whose
+//! cgroup v2 ancestors is in `ALLOWED_CGROUPS`, is counted as `Counter::Filtered` and
+//! dropped, so an unwanted process costs one map lookup, not a record (docs/METHOD.md,
+//! "Filtering in the kernel").
+//!
 //! Every program thins with the shared policy (`ThinState::on_overflow`, per CPU and per
 //! role) and weights each record by the summed `sample_period` it stands for. Losses are
 //! counted per CPU (`wire::Counter`). The `#[perf_event]` wrapper returns 0, which (6.10+)
@@ -35,24 +41,24 @@ use aya_ebpf::{
         BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
     },
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_prandom_u32, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_read_branch_records,
+        bpf_get_current_ancestor_cgroup_id, bpf_get_current_pid_tgid, bpf_get_prandom_u32,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_read_branch_records,
         generated::{
             bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_kernel, bpf_probe_read_user,
             bpf_task_pt_regs,
         },
     },
     macros::{map, perf_event},
-    maps::{Array, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::PerfEventContext,
 };
 use cpi_common::{
-    policy::{KernelConfig, ThinState},
+    policy::{KernelConfig, ThinState, FILTER_CGROUP, FILTER_TGID},
     wire::{
         BranchEntry, BranchSample, Counter, EventRole, IpSample, SampleHeader, SampleKind,
         StackHeader, StackMode, COUNTERS as COUNTER_SLOTS, FLAG_KERNEL, FLAG_STACK,
-        MAX_BRANCH_ENTRIES, MAX_KERNEL_FRAMES, MAX_STACK_BYTES, MAX_USER_FRAMES, STACK_CHUNK,
-        WIRE_VERSION,
+        MAX_BRANCH_ENTRIES, MAX_CGROUP_LEVEL, MAX_FILTER_CGROUPS, MAX_FILTER_TGIDS,
+        MAX_KERNEL_FRAMES, MAX_STACK_BYTES, MAX_USER_FRAMES, STACK_CHUNK, WIRE_VERSION,
     },
 };
 
@@ -71,6 +77,14 @@ static THIN: PerCpuArray<ThinState> = PerCpuArray::with_max_entries(4, 0);
 /// Loss and error counters per CPU, indexed by [`Counter`].
 #[map]
 static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
+
+/// Processes the filter keeps, by tgid (the value is unused).
+#[map]
+static ALLOWED_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_FILTER_TGIDS, 0);
+
+/// Cgroup v2 ids the filter keeps, with everything below them (the value is unused).
+#[map]
+static ALLOWED_CGROUPS: HashMap<u64, u8> = HashMap::with_max_entries(MAX_FILTER_CGROUPS, 0);
 
 const BRANCH_BYTES: u32 = (MAX_BRANCH_ENTRIES * core::mem::size_of::<BranchEntry>()) as u32;
 
@@ -96,6 +110,17 @@ pub struct Scratch {
 
 #[map]
 static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// 1 when the kernel gives perf_event programs `bpf_get_current_ancestor_cgroup_id`
+/// (not 5.10), written by the loader like [`STACK_MODE`]: at 0 the verifier never sees
+/// the call, and the cgroup filter stays in user space.
+#[unsafe(no_mangle)]
+static CGROUP_ANCESTORS: u32 = 0;
+
+#[inline(always)]
+fn cgroup_ancestors() -> bool {
+    unsafe { core::ptr::read_volatile(&raw const CGROUP_ANCESTORS) != 0 }
+}
 
 #[inline(always)]
 fn stack_mode() -> u32 {
@@ -125,13 +150,44 @@ fn count(c: Counter) {
     }
 }
 
-/// Counts the overflow and applies thinning; `Some(weight)` when a record is due.
+/// Whether the current task passes every allow-list `cfg.filter` names; the loop is
+/// bounded by a constant.
+#[inline(always)]
+fn wanted(cfg: &KernelConfig) -> bool {
+    if cfg.filter & FILTER_TGID != 0 {
+        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+        if unsafe { ALLOWED_TGIDS.get(&tgid) }.is_none() {
+            return false;
+        }
+    }
+    if cgroup_ancestors() && cfg.filter & FILTER_CGROUP != 0 {
+        for level in 0..=MAX_CGROUP_LEVEL {
+            if cfg.cgroup_levels & (1 << level) == 0 {
+                continue;
+            }
+            // 0: the task's cgroup is above this level.
+            let id = unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
+            if id != 0 && unsafe { ALLOWED_CGROUPS.get(&id) }.is_some() {
+                return true;
+            }
+        }
+        return false;
+    }
+    true
+}
+
+/// Filters, counts the overflow and applies thinning; `Some(weight)` when a record is
+/// due.
 #[inline(always)]
 fn admit(ctx: &PerfEventContext, role: EventRole) -> Option<(u64, bool)> {
+    let cfg = CONFIG.get(0).copied().unwrap_or_default();
+    if cfg.filter != 0 && !wanted(&cfg) {
+        count(Counter::Filtered);
+        return None;
+    }
     count(Counter::Seen);
     let data = ctx.ctx as *const bpf_perf_event_data;
     let (period, kernel) = unsafe { ((*data).sample_period, (*data).regs.cs & 3 == 0) };
-    let cfg = CONFIG.get(0).copied().unwrap_or_default();
     if kernel && cfg.include_kernel == 0 {
         // Kernel samples are excluded at open time too; this catches the rest. Not
         // counted as emitted, so user space sees them as seen − emitted − lost.

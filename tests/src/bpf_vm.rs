@@ -47,6 +47,8 @@ mod id {
 const MAP_ARRAY: u32 = 2;
 const MAP_PERCPU_ARRAY: u32 = 6;
 const MAP_RINGBUF: u32 = 27;
+/// `BPF_MAP_TYPE_HASH`.
+const MAP_HASH: u32 = 1;
 
 const EFAULT: i64 = 14;
 const ENOENT: i64 = 2;
@@ -441,6 +443,9 @@ impl Harness {
                     let bytes = match kind {
                         MAP_ARRAY | MAP_PERCPU_ARRAY => value_size * max_entries,
                         MAP_RINGBUF => RING_ARENA,
+                        // The kernel filter's allow-lists: runs here are unfiltered
+                        // (`KernelConfig::filter` 0), so the program never looks them up.
+                        MAP_HASH => 0,
                         k => return Err(format!("map {name}: type {k} not backed here")),
                     };
                     let region = regions.add(bytes);
@@ -507,7 +512,8 @@ impl Harness {
                 let addend = u64::from(imm(&code, i + 4)) | u64::from(imm(&code, i + 12)) << 32;
                 let value = if let Some(m) = maps.iter().position(|m| m.name == sym_name) {
                     MAP_HANDLE + m as u64
-                } else if sym_name == "STACK_MODE" {
+                } else if sym_name == "STACK_MODE" || sym_name == "CGROUP_ANCESTORS" {
+                    // CGROUP_ANCESTORS keeps the object's 0: no cgroup filter here.
                     regions.addr(rodata_region) + sym.address() + addend
                 } else {
                     return Err(format!("{name}: relocation to {sym_name} not handled"));

@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use super::push::ServiceLabel;
 use super::store;
-use crate::collect::StackMemory;
+use crate::collect::{filter, StackMemory};
 
 /// `--interval` default, seconds.
 pub const DEFAULT_INTERVAL_SECS: u64 = 10;
@@ -402,20 +402,26 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Where cgroup v2 is mounted.
+/// Where the cgroup file systems are mounted.
 pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
-/// `--cgroup`: a path under [`CGROUP_ROOT`], given absolute or relative to it.
+/// `--cgroup`: a cgroup v2 directory, given as a path under [`CGROUP_ROOT`] or relative
+/// to the cgroup v2 mount (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid
+/// layout: cpi-user/src/collect/filter.rs).
 fn cgroup_dir(p: &Path) -> Result<PathBuf, ConfigError> {
-    let rel = p.strip_prefix(CGROUP_ROOT).unwrap_or(p);
-    let rel = rel.strip_prefix("/").unwrap_or(rel);
-    let dir = Path::new(CGROUP_ROOT).join(rel);
-    if !dir.join("cgroup.procs").is_file() {
-        return Err(bad(
-            "cgroup",
-            format!("{} is not a cgroup v2 directory", dir.display()),
-        ));
-    }
+    let dir = match p.strip_prefix(CGROUP_ROOT) {
+        Ok(rel) => Path::new(CGROUP_ROOT).join(rel),
+        Err(_) => {
+            let root = filter::cgroup2_root().ok_or_else(|| {
+                bad(
+                    "cgroup",
+                    format!("no cgroup v2 file system is mounted under {CGROUP_ROOT}"),
+                )
+            })?;
+            root.join(p.strip_prefix("/").unwrap_or(p))
+        }
+    };
+    filter::CgroupV2::at(&dir).map_err(|e| bad("cgroup", e.to_string()))?;
     Ok(dir)
 }
 
@@ -542,10 +548,18 @@ mod tests {
             ),
             (
                 AgentOptions {
-                    cgroup: Some("/no/such/cgroup".into()),
+                    cgroup: Some("/sys/fs/cgroup/no/such/cgroup".into()),
                     ..Default::default()
                 },
-                "cgroup: /sys/fs/cgroup/no/such/cgroup is not",
+                "cgroup: /sys/fs/cgroup/no/such/cgroup is not a cgroup v2 directory",
+            ),
+            (
+                // A v1 hierarchy's directory (hybrid layout) also holds cgroup.procs.
+                AgentOptions {
+                    cgroup: Some("/sys/fs/cgroup/cpu".into()),
+                    ..Default::default()
+                },
+                "cgroup: /sys/fs/cgroup/cpu is not a cgroup v2 directory",
             ),
         ] {
             let e = resolve(o);

@@ -272,7 +272,8 @@ fn mode_name(m: Mode) -> &'static str {
 }
 
 /// Every loss reason of the profile file, by its field name (destructured, so a new
-/// field cannot be forgotten here).
+/// field cannot be forgotten here). Samples filtered in the kernel are not wanted data,
+/// not a loss: they have their own counter, `cpi_bpf_samples_filtered_total`.
 fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 12] {
     let LossReport {
         ring_full,
@@ -287,6 +288,7 @@ fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 12] {
         stacks_unknown_code,
         stacks_failed,
         stacks_evicted,
+        filtered_in_kernel: _,
     } = *l;
     [
         ("ring_full", ring_full),
@@ -452,6 +454,7 @@ struct State {
     function_cpi: Family<Labels, FloatGauge>,
     samples: Family<Labels, Counter>,
     lost: Family<Labels, Counter>,
+    filtered: Counter,
     windows: Counter,
     last_window_ms: Arc<AtomicU64>,
     store_failures: Counter,
@@ -493,6 +496,7 @@ impl State {
             function_cpi: Family::default(),
             samples: Family::default(),
             lost: Family::default(),
+            filtered: Counter::default(),
             windows: Counter::default(),
             last_window_ms: Arc::new(AtomicU64::new(unix_ms_now())),
             store_failures: Counter::default(),
@@ -541,6 +545,11 @@ impl State {
             "cpi_bpf_samples_lost",
             "Samples lost per reason (the profile file's loss report).",
             s.lost.clone(),
+        );
+        r.register(
+            "cpi_bpf_samples_filtered",
+            "Samples of processes the agent's process or cgroup filter does not want, dropped in the kernel (not a loss).",
+            s.filtered.clone(),
         );
         r.register("cpi_bpf_windows", "Windows analysed.", s.windows.clone());
         r.register(
@@ -647,6 +656,7 @@ impl State {
                 .get_or_create(&vec![("reason", reason.to_string())])
                 .inc_by(n);
         }
+        self.filtered.inc_by(p.lost.filtered_in_kernel);
     }
 
     /// Replaces the function gauges with this window's top functions by cycles; only

@@ -12,10 +12,12 @@
 //! - processes, keyed by (pid, start time): a reused pid is a new process (its cached
 //!   mappings are dropped); a process that has exited leaves after its last window.
 //!
-//! Narrowing: `--pid` opens the events on those processes (in the kernel); `--comm` and
-//! `--cgroup` are applied to each window's samples in user space (the events stay
-//! system-wide; a process whose cgroup can no longer be read when its window ends is
-//! left out with `--cgroup`).
+//! Narrowing: `--pid` and `--cgroup` filter in the kernel (system-wide events whose eBPF
+//! program drops every other process's samples first thing, counted as
+//! `filtered_in_kernel`: cpi-user/src/collect/filter.rs), so a filtered agent pays for
+//! what it keeps. Each window's samples pass the same tests again in user space, with
+//! `--comm` (a regular expression, user space only); a process whose cgroup can no
+//! longer be read when its window ends is left out with `--cgroup`.
 //!
 //! Windows keep only the instructions with evidence (samples or execution counts) in
 //! their per-instruction lines.
@@ -208,10 +210,13 @@ pub fn check(c: &AgentConfig) -> Result<(), StartError> {
 
 fn collect_options(c: &AgentConfig) -> CollectOptions {
     CollectOptions {
-        target: if c.pids.is_empty() {
+        target: if c.pids.is_empty() && c.cgroup.is_none() {
             Target::SystemWide
         } else {
-            Target::Pids(c.pids.clone())
+            Target::Filtered(collect::Filter {
+                pids: c.pids.clone(),
+                cgroup: c.cgroup.clone(),
+            })
         },
         duration: None,
         rate: Rate {
@@ -548,9 +553,10 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
     };
     let mut sym = Symbolizer::new(SymbolizerOptions::default());
     let mut table = ProcessTable::default();
+    // Checked at start (the session's kernel filter): a cgroup removed since keeps
+    // nothing in user space either.
     let cgroup_rel = c.cgroup.as_ref().map(|d| {
-        let rel = d.strip_prefix(config::CGROUP_ROOT).unwrap_or(d);
-        format!("/{}", rel.display()).replace("//", "/")
+        collect::filter::CgroupV2::at(d).map_or_else(|_| d.display().to_string(), |g| g.path)
     });
     let mut store_failures = 0;
     for job in rx {
@@ -565,6 +571,9 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
         } = job.collected;
         for pid in table.see(job.windows, &set, cgroup_rel.is_some()) {
             sym.forget_process(pid);
+        }
+        if !c.pids.is_empty() {
+            set.processes.retain(|pid, _| c.pids.contains(pid));
         }
         if let Some(re) = &c.comm {
             set.processes.retain(|_, p| re.is_match(&p.comm));

@@ -309,6 +309,10 @@ pub struct KernelFeatures {
     /// unwound like any other; without them such samples get the kernel's frame-pointer
     /// walk of the user stack ([`StackMode`]).
     pub task_pt_regs: bool,
+    /// `bpf_get_current_ancestor_cgroup_id` in perf_event programs (not in 5.10): the
+    /// `--cgroup` filter in the kernel (cpi-user/src/collect/filter.rs); without it,
+    /// `--cgroup` filters in user space only.
+    pub ancestor_cgroup_id: bool,
 }
 
 impl KernelFeatures {
@@ -331,6 +335,11 @@ impl KernelFeatures {
             ]
             .into_iter()
             .all(|h| is_helper_supported(ProgramType::PerfEvent, h).unwrap_or(false)),
+            ancestor_cgroup_id: is_helper_supported(
+                ProgramType::PerfEvent,
+                BpfHelper::BPF_FUNC_get_current_ancestor_cgroup_id,
+            )
+            .unwrap_or(false),
         }
     }
 
@@ -346,7 +355,7 @@ impl KernelFeatures {
 
     /// Each feature as `(name, "yes"/"missing" with the Linux version that added it and
     /// what depends on it)`: the lines of `cpi-bpf doctor`.
-    pub fn lines(&self) -> [(&'static str, String); 5] {
+    pub fn lines(&self) -> [(&'static str, String); 6] {
         let say = |has: bool, since: &str, what: &str| {
             if has {
                 format!("yes (Linux {since}; {what})")
@@ -377,6 +386,14 @@ impl KernelFeatures {
                     self.task_pt_regs,
                     "5.15",
                     "user stacks of kernel-mode samples unwound from .eh_frame",
+                ),
+            ),
+            (
+                "bpf_get_current_ancestor_cgroup_id",
+                say(
+                    self.ancestor_cgroup_id,
+                    "after 5.10",
+                    "the agent's --cgroup filtered in the kernel",
                 ),
             ),
         ]
@@ -519,6 +536,7 @@ mod tests {
         read_branch_records: true,
         bpf_stats: true,
         task_pt_regs: true,
+        ancestor_cgroup_id: true,
     };
 
     #[test]

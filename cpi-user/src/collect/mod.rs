@@ -10,6 +10,7 @@
 pub mod caps;
 pub mod drain;
 pub mod events;
+pub mod filter;
 pub mod ladder;
 pub mod session;
 pub mod sideband;
@@ -27,6 +28,7 @@ use cpi_common::wire::{StackMode, COUNTERS};
 
 use crate::profile::{RunInfo, SampleSet};
 use events::{EventSpec, Rate};
+pub use filter::Filter;
 pub use session::{collect, Session};
 pub use target::Target;
 
@@ -77,6 +79,9 @@ pub enum CollectError {
     /// `--pid` names no live process.
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
+    /// `--cgroup` names no cgroup v2 directory (filter.rs).
+    #[error("{} is not a cgroup v2 directory", .0.display())]
+    NotCgroup(std::path::PathBuf),
     /// The command to start is not on `PATH` or not a file.
     #[error("command not found: {0}")]
     CommandNotFound(String),
@@ -280,6 +285,7 @@ pub fn load(
     ring_bytes: u32,
     config: KernelConfig,
     stacks: StackMode,
+    cgroup_ancestors: bool,
     btf: bool,
     programs: &[&'static str],
 ) -> Result<Ebpf, CollectError> {
@@ -296,6 +302,7 @@ pub fn load(
     let mut bpf = aya::EbpfLoader::new()
         .map_max_entries("SAMPLES", ring_bytes)
         .override_global("STACK_MODE", &(stacks as u32), true)
+        .override_global("CGROUP_ANCESTORS", &(cgroup_ancestors as u32), true)
         .load(EBPF_OBJECT)
         .map_err(|e| load_err(e.into()))?;
     for &name in programs {

@@ -17,9 +17,10 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use super::caps::{Capabilities, CorePmu, KernelFeatures, Vendor};
 use super::drain::{CpuClockPeriods, Drain};
 use super::events::{self, EventSpec, Rate};
+use super::filter::KernelFilter;
 use super::ladder::{self, OpenEvent};
 use super::sideband::SidebandReader;
-use super::sys::{self, Linux, PerfSys};
+use super::sys::{self, BpfFilterMaps, Linux, PerfSys};
 use super::target::{self, Child, Target};
 use super::Notice;
 use super::{load, read_counters, CollectError, CollectOptions, Collected, StopReason};
@@ -95,8 +96,10 @@ struct Live {
     open: Vec<OpenEvent>,
     redraw: Redraw,
     ring: AsyncFd<RingBuf<MapData>>,
-    /// Exit watches of the targets (empty: system-wide).
-    pidfds: Vec<AsyncFd<OwnedFd>>,
+    /// Exit watches of the targets still running, by pid (empty: system-wide).
+    pidfds: Vec<(u32, AsyncFd<OwnedFd>)>,
+    /// The kernel filter's allow-lists (empty unless [`Target::Filtered`]).
+    filter: KernelFilter,
     watching: bool,
     sigint: Signal,
     sigterm: Signal,
@@ -175,7 +178,7 @@ impl Redraw {
 /// Where events are opened: (pid, cpu) pairs and extra attr flags.
 fn placements(target: &Target, child: Option<u32>) -> Result<(Vec<(i32, i32)>, u64), CollectError> {
     match target {
-        Target::SystemWide | Target::SystemWideWhile(_) => Ok((
+        Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => Ok((
             target::online_cpus()
                 .into_iter()
                 .map(|c| (-1, c as i32))
@@ -205,7 +208,9 @@ fn placements(target: &Target, child: Option<u32>) -> Result<(Vec<(i32, i32)>, u
 /// panic.
 fn check_fd_room(target: &Target, per_place: u64) -> Result<(), CollectError> {
     let places = match target {
-        Target::SystemWide | Target::SystemWideWhile(_) => target::online_cpus().len(),
+        Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => {
+            target::online_cpus().len()
+        }
         Target::Pids(pids) => pids
             .iter()
             .map(|&p| target::threads(p).map_or(1, |t| t.len()))
@@ -265,8 +270,24 @@ impl Session {
             Target::Command(argv) | Target::SystemWideWhile(argv) => {
                 target::resolve_command(argv.first().ok_or(CollectError::NoTarget)?)?;
             }
-            Target::SystemWide => {}
+            Target::Filtered(f) if !f.pids.is_empty() => {
+                let (pids, notes) = target::resolve_pids(&f.pids)?;
+                pid_notes = notes;
+                opts.target = Target::Filtered(super::Filter {
+                    pids,
+                    cgroup: f.cgroup.clone(),
+                });
+            }
+            Target::SystemWide | Target::Filtered(_) => {}
         }
+        let mut filter = match &opts.target {
+            Target::Filtered(f) => KernelFilter::new(f)?,
+            _ => KernelFilter::default(),
+        };
+        if !features.ancestor_cgroup_id {
+            pid_notes.extend(filter.cgroup_in_user_space());
+        }
+        let (filter_bits, cgroup_levels) = filter.config();
         events::check_rate(&opts.rate)?;
         if !caps.btf {
             notify(Notice::plain(
@@ -277,6 +298,8 @@ impl Session {
         let bpf_cfg = KernelConfig {
             thinning,
             include_kernel: opts.include_kernel as u32,
+            filter: filter_bits,
+            cgroup_levels,
             _pad: 0,
         };
         // The start rung plans the most events (one set per core PMU on hybrid parts).
@@ -286,7 +309,15 @@ impl Session {
             plan(m, (caps.vendor, &caps.core_pmus), &opts, &opts.rate)
         });
         let stack_mode = features.stack_mode(opts.stacks);
-        let mut bpf = load(opts.ring_bytes, bpf_cfg, stack_mode, caps.btf, &programs)?;
+        let mut bpf = load(
+            opts.ring_bytes,
+            bpf_cfg,
+            stack_mode,
+            features.ancestor_cgroup_id,
+            caps.btf,
+            &programs,
+        )?;
+        filter.install(&mut BpfFilterMaps(&mut bpf))?;
 
         // Signals are caught from here on, so a SIGINT during set-up still reports.
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -339,17 +370,29 @@ impl Session {
             None => policy::FALLBACK_RANGE_WINDOW,
         });
         // The kernel's mmap/comm records, on the processes themselves (one event per
-        // process or CPU: threads and children write into it).
+        // process or CPU: threads and children write into it). A filter by pids alone
+        // needs its processes' only, as `--pid` does: the host's others would be parsed
+        // for nothing.
         let cpus = target::online_cpus();
         let per_cpu = |pid: i32| cpus.iter().map(move |&c| (pid, c as i32));
-        let sideband_places: Vec<(i32, i32)> = match &opts.target {
-            Target::Pids(pids) => pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
-            Target::Command(_) => {
-                per_cpu(suspended.as_ref().map_or(-1, |c| c.pid() as i32)).collect()
+        let (sideband_places, sideband_flags): (Vec<(i32, i32)>, u64) = match &opts.target {
+            Target::Pids(pids) => (
+                pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
+                extra,
+            ),
+            Target::Filtered(f) if f.cgroup.is_none() => (
+                f.pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
+                sys::flag::INHERIT,
+            ),
+            Target::Command(_) => (
+                per_cpu(suspended.as_ref().map_or(-1, |c| c.pid() as i32)).collect(),
+                extra,
+            ),
+            Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => {
+                (places.clone(), extra)
             }
-            Target::SystemWide | Target::SystemWideWhile(_) => places.clone(),
         };
-        let sideband = SidebandReader::open(&sys, &sideband_places, extra)?;
+        let sideband = SidebandReader::open(&sys, &sideband_places, sideband_flags)?;
         // Run-time accounting of our programs, for as long as the session lives.
         let stats = sys.enable_bpf_stats().ok();
 
@@ -365,6 +408,7 @@ impl Session {
         let watch: Vec<u32> = match (&opts.target, &child) {
             (_, Some(c)) => vec![c.pid()],
             (Target::Pids(pids), None) => pids.clone(),
+            (Target::Filtered(_), None) => filter.tgids().collect(),
             _ => Vec::new(),
         };
         let mut pidfds = Vec::new();
@@ -372,7 +416,10 @@ impl Session {
             // A pid that is already gone has exited: nothing to wait for.
             if let Ok(fd) = sys.pidfd_open(pid as i32) {
                 // SAFETY: the pidfd is owned by the AsyncFd wrapping it.
-                pidfds.push(unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)?);
+                pidfds.push((
+                    pid,
+                    unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)?,
+                ));
             }
         }
         let redraw = Redraw::new(&rung.specs, &rung.open);
@@ -391,6 +438,7 @@ impl Session {
             redraw,
             ring,
             pidfds,
+            filter,
             watching: !watch.is_empty(),
             sigint,
             sigterm,
@@ -580,14 +628,10 @@ impl Live {
             open,
             watching,
             sideband,
+            filter,
+            bpf,
             ..
         } = self;
-        let all_exited = async {
-            for fd in pidfds.iter() {
-                let _ = fd.readable().await;
-            }
-        };
-        tokio::pin!(all_exited);
         let stop = loop {
             tokio::select! {
                 guard = ring.readable_mut(), if draining => {
@@ -603,7 +647,14 @@ impl Live {
                     break Some(StopReason::Duration)
                 }
                 () = tokio::time::sleep_until(until_at), if until.is_some() => break None,
-                () = &mut all_exited, if *watching => break Some(StopReason::TargetExit),
+                i = next_exit(pidfds), if !pidfds.is_empty() => {
+                    let (pid, _) = pidfds.swap_remove(i);
+                    // Only an entry that is already gone can fail to go: nothing to undo.
+                    let _ = filter.exited(&mut BpfFilterMaps(bpf), pid);
+                }
+                () = std::future::ready(()), if *watching && pidfds.is_empty() => {
+                    break Some(StopReason::TargetExit)
+                }
                 _ = sigint.recv() => break Some(StopReason::Signal("SIGINT")),
                 _ = sigterm.recv() => break Some(StopReason::Signal("SIGTERM")),
             }
@@ -639,6 +690,7 @@ impl Live {
             branch_errors: delta(Counter::BranchError),
             malformed: w.malformed,
             thinned: delta(Counter::Thinned),
+            filtered_in_kernel: delta(Counter::Filtered),
             sideband_lost: w.sideband_lost,
             stacks_truncated: w.stack_counts.truncated,
             stacks_unknown_code: w.stack_counts.unknown_code,
@@ -691,6 +743,18 @@ impl Live {
             captured: self.drain.capture_counter(),
         }
     }
+}
+
+/// The index of a watched process that has exited (its pidfd is readable).
+fn next_exit(pidfds: &[(u32, AsyncFd<OwnedFd>)]) -> impl std::future::Future<Output = usize> + '_ {
+    std::future::poll_fn(move |cx| {
+        for (i, (_, fd)) in pidfds.iter().enumerate() {
+            if fd.poll_read_ready(cx).is_ready() {
+                return std::task::Poll::Ready(i);
+            }
+        }
+        std::task::Poll::Pending
+    })
 }
 
 /// One pass: side-band records first (they explain the samples), then the samples.

@@ -1,6 +1,7 @@
 //! Every raw syscall and ioctl the collector makes, and nothing else: `perf_event_open`,
 //! the `PERF_EVENT_IOC_*` ioctls, reading an event's count, `pidfd_open`,
-//! `BPF_ENABLE_STATS`. Callers get owned fds and `io::Result`s.
+//! `BPF_ENABLE_STATS`, `statfs` (is a directory cgroup2), and the kernel filter's map
+//! updates ([`FilterMaps`]). Callers get owned fds and `io::Result`s.
 //!
 //! The collector reaches them through [`PerfSys`], so the mode ladder, the step-downs and
 //! the exit paths are unit-tested with fake error codes (`collect/sys/fake.rs`, aya's
@@ -80,6 +81,68 @@ impl PerfSys for Linux {
     fn enable_bpf_stats(&self) -> io::Result<OwnedFd> {
         aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| e.io_error)
     }
+}
+
+/// The kernel filter's allow-lists (the eBPF maps `ALLOWED_TGIDS`, `ALLOWED_CGROUPS`;
+/// cpi-user/src/collect/filter.rs), as a trait: [`BpfFilterMaps`] updates the loaded
+/// object's, `fake::FakeMaps` records the calls in unit tests.
+pub trait FilterMaps {
+    /// Keep the samples of process `tgid`.
+    fn allow_tgid(&mut self, tgid: u32) -> io::Result<()>;
+    /// Stop keeping process `tgid` (it exited).
+    fn remove_tgid(&mut self, tgid: u32) -> io::Result<()>;
+    /// Keep the samples of cgroup `id` and its descendants.
+    fn allow_cgroup(&mut self, id: u64) -> io::Result<()>;
+}
+
+/// The loaded eBPF object's filter maps.
+pub struct BpfFilterMaps<'a>(pub &'a mut aya::Ebpf);
+
+impl BpfFilterMaps<'_> {
+    fn map<K: aya::Pod>(
+        &mut self,
+        name: &str,
+    ) -> io::Result<aya::maps::HashMap<&mut aya::maps::MapData, K, u8>> {
+        let map = self
+            .0
+            .map_mut(name)
+            .ok_or_else(|| io::Error::other(format!("map {name} missing from the object")))?;
+        aya::maps::HashMap::try_from(map).map_err(io::Error::other)
+    }
+}
+
+impl FilterMaps for BpfFilterMaps<'_> {
+    fn allow_tgid(&mut self, tgid: u32) -> io::Result<()> {
+        self.map::<u32>("ALLOWED_TGIDS")?
+            .insert(tgid, 1, 0)
+            .map_err(io::Error::other)
+    }
+    fn remove_tgid(&mut self, tgid: u32) -> io::Result<()> {
+        self.map::<u32>("ALLOWED_TGIDS")?
+            .remove(&tgid)
+            .map_err(io::Error::other)
+    }
+    fn allow_cgroup(&mut self, id: u64) -> io::Result<()> {
+        self.map::<u64>("ALLOWED_CGROUPS")?
+            .insert(id, 1, 0)
+            .map_err(io::Error::other)
+    }
+}
+
+/// `CGROUP2_SUPER_MAGIC` (`include/uapi/linux/magic.h`).
+const CGROUP2_SUPER_MAGIC: libc::c_long = 0x6367_7270;
+
+/// Whether `path` is on a cgroup2 file system (`statfs`).
+pub fn is_cgroup2(path: &std::path::Path) -> io::Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: statfs fills a zeroed local struct from a valid C string.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &raw mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_type as libc::c_long == CGROUP2_SUPER_MAGIC)
 }
 
 /// `struct perf_event_attr` (`include/uapi/linux/perf_event.h`), `PERF_ATTR_SIZE_VER8`.

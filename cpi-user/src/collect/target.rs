@@ -21,6 +21,9 @@ pub enum Target {
     Command(Vec<String>),
     /// Every CPU, every process, for as long as this command runs (perf's `-a -- CMD`).
     SystemWideWhile(Vec<String>),
+    /// Every CPU, only what the filter keeps, dropped in the kernel (the agent's `--pid`
+    /// and `--cgroup`: cpi-user/src/collect/filter.rs). With pids, ends when they exit.
+    Filtered(super::Filter),
 }
 
 impl Target {
@@ -28,7 +31,7 @@ impl Target {
     pub fn command(&self) -> Option<&[String]> {
         match self {
             Target::Command(argv) | Target::SystemWideWhile(argv) => Some(argv),
-            Target::Pids(_) | Target::SystemWide => None,
+            Target::Pids(_) | Target::SystemWide | Target::Filtered(_) => None,
         }
     }
 }

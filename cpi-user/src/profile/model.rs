@@ -321,6 +321,11 @@ pub struct LossReport {
     /// bound: they stay in every total, under a `[dropped]` path.
     #[serde(default)]
     pub stacks_evicted: u64,
+    /// Samples of processes a kernel filter (the agent's `--pid`, `--cgroup`) did not
+    /// want, dropped in the eBPF program before anything else: not wanted data, so not
+    /// lost and in no total (cpi-user/src/collect/filter.rs).
+    #[serde(default)]
+    pub filtered_in_kernel: u64,
 }
 
 impl LossReport {
@@ -335,13 +340,14 @@ impl LossReport {
     }
 
     /// The account after the lost total, as the table and the stop line print it:
-    /// `(ring full a, branch errors b, malformed c); not used: …; unmapped …; thinned …`.
+    /// `(ring full a, branch errors b, malformed c); not used: …; unmapped …; thinned …`,
+    /// and what a kernel filter dropped when it dropped any.
     pub fn breakdown(&self) -> String {
         format!(
             "(ring full {}, branch errors {}, malformed {}); not used: short stacks {}, \
              invalid ranges {}; unmapped samples {}; thinned on purpose {} (period carried); \
              side-band records lost {}; stacks truncated {}, at unknown code {}, failed {}, \
-             evicted {}",
+             evicted {}{}",
             self.ring_full,
             self.branch_errors,
             self.malformed,
@@ -353,7 +359,11 @@ impl LossReport {
             self.stacks_truncated,
             self.stacks_unknown_code,
             self.stacks_failed,
-            self.stacks_evicted
+            self.stacks_evicted,
+            match self.filtered_in_kernel {
+                0 => String::new(),
+                n => format!("; filtered in kernel {n} (not wanted, not lost)"),
+            }
         )
     }
 }
@@ -377,6 +387,7 @@ impl LossReport {
             stacks_unknown_code,
             stacks_failed,
             stacks_evicted,
+            filtered_in_kernel,
         } = o;
         for (a, b) in [
             (&mut self.ring_full, ring_full),
@@ -391,6 +402,7 @@ impl LossReport {
             (&mut self.stacks_unknown_code, stacks_unknown_code),
             (&mut self.stacks_failed, stacks_failed),
             (&mut self.stacks_evicted, stacks_evicted),
+            (&mut self.filtered_in_kernel, filtered_in_kernel),
         ] {
             add_count(a, *b, overflow);
         }

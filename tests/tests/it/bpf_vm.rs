@@ -231,6 +231,8 @@ fn config(perturbation: Perturbation) -> KernelConfig {
     KernelConfig {
         thinning: perturbation.thinning(DEFAULT_THINNING),
         include_kernel: 1,
+        filter: 0,
+        cgroup_levels: 0,
         _pad: 0,
     }
 }

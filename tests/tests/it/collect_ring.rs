@@ -31,6 +31,7 @@ fn full_ring_buffer_is_counted_and_nothing_is_silent() {
         4096,
         KernelConfig::default(),
         cpi_common::wire::StackMode::Off,
+        false,
         true,
         &["ip_cpu_clock"],
     )

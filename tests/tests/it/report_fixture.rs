@@ -262,6 +262,7 @@ pub fn cpi_profile() -> Profile {
             stacks_unknown_code: 0,
             stacks_failed: 0,
             stacks_evicted: 0,
+            filtered_in_kernel: 0,
         },
         binaries: vec![
             BinaryInfo {

@@ -16,13 +16,15 @@ pub struct Args {
     /// usable), print it, and exit.
     #[arg(long)]
     pub check_config: bool,
-    /// Only this process, all its threads (repeatable). Default: system-wide.
+    /// Only this process, all its threads (repeatable; dropped in the kernel, processes
+    /// it forks later are not kept: use --cgroup for those). Default: system-wide.
     #[arg(long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
     /// Only processes whose name matches REGEX (applied to each window's samples).
     #[arg(long, value_name = "REGEX")]
     pub comm: Option<String>,
-    /// Only processes in this cgroup v2 (under /sys/fs/cgroup) or below it.
+    /// Only processes in this cgroup v2 directory or below it, dropped in the kernel
+    /// (a path under /sys/fs/cgroup, or relative to the cgroup v2 mount).
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<PathBuf>,
     /// Window length, seconds (windows end on multiples of it on the wall clock)

@@ -171,6 +171,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             1 << 20,
             KernelConfig::default(),
             features.stack_mode(true),
+            features.ancestor_cgroup_id,
             c.btf,
             &programs,
         ) {

@@ -6,7 +6,7 @@ use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use super::{PerfEventAttr, PerfSys};
+use super::{FilterMaps, PerfEventAttr, PerfSys};
 
 /// One recorded call; fds are raw numbers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,5 +110,57 @@ impl PerfSys for FakeSys {
     fn enable_bpf_stats(&self) -> io::Result<OwnedFd> {
         self.record(Call::EnableStats);
         Err(io::Error::from_raw_os_error(libc::EINVAL))
+    }
+}
+
+/// One recorded filter-map update.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MapCall {
+    AllowTgid(u32),
+    RemoveTgid(u32),
+    AllowCgroup(u64),
+}
+
+/// Records filter-map updates; `fail_remove`: removals fail as a kernel's could.
+#[derive(Debug, Default)]
+pub struct FakeMaps {
+    pub calls: Vec<MapCall>,
+    pub fail_remove: bool,
+}
+
+impl FakeMaps {
+    /// The tgids the map would hold after the recorded calls.
+    pub fn allowed_tgids(&self) -> Vec<u32> {
+        let mut held = std::collections::BTreeSet::new();
+        for c in &self.calls {
+            match *c {
+                MapCall::AllowTgid(t) => {
+                    held.insert(t);
+                }
+                MapCall::RemoveTgid(t) => {
+                    held.remove(&t);
+                }
+                MapCall::AllowCgroup(_) => {}
+            }
+        }
+        held.into_iter().collect()
+    }
+}
+
+impl FilterMaps for FakeMaps {
+    fn allow_tgid(&mut self, tgid: u32) -> io::Result<()> {
+        self.calls.push(MapCall::AllowTgid(tgid));
+        Ok(())
+    }
+    fn remove_tgid(&mut self, tgid: u32) -> io::Result<()> {
+        if self.fail_remove {
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        }
+        self.calls.push(MapCall::RemoveTgid(tgid));
+        Ok(())
+    }
+    fn allow_cgroup(&mut self, id: u64) -> io::Result<()> {
+        self.calls.push(MapCall::AllowCgroup(id));
+        Ok(())
     }
 }

@@ -1,0 +1,253 @@
+//! The kernel filter: which processes the eBPF program keeps when the events are
+//! system-wide ([`super::Target::Filtered`], the agent's `--pid` and `--cgroup`). The
+//! program drops every other sample first thing and only counts it
+//! (`Counter::Filtered`), so an unwanted process costs a map lookup per sample, never a
+//! record, a drain or an unwinding (cpi-ebpf/src/main.rs `wanted`; docs/METHOD.md,
+//! "Filtering in the kernel").
+//!
+//! Processes are named by tgid: their threads, started before or after, are kept;
+//! processes they fork later are not (a cgroup keeps those). A named process that exits
+//! leaves the map when the session sees its pidfd ready ([`KernelFilter::exited`]), so
+//! a later process given the same pid is not kept. Cgroups are cgroup v2 directories,
+//! kept with everything below them.
+
+use std::collections::BTreeSet;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use cpi_common::policy::{FILTER_CGROUP, FILTER_TGID};
+use cpi_common::wire::{MAX_CGROUP_LEVEL, MAX_FILTER_TGIDS};
+
+use super::sys::{self, FilterMaps};
+use super::CollectError;
+
+/// What a filtered session keeps (a sample must pass each part that is given).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Filter {
+    /// These processes (all their threads); empty: any process.
+    pub pids: Vec<u32>,
+    /// This cgroup v2 directory and everything below it; `None`: any cgroup.
+    pub cgroup: Option<PathBuf>,
+}
+
+/// Where the systemd layouts mount cgroup v2: the unified layout at the first, the
+/// hybrid one (v1 controllers beside it) at the second.
+const CGROUP2_MOUNTS: [&str; 2] = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"];
+
+/// The cgroup v2 mount point of this machine, `None` when there is none where systemd
+/// puts it.
+pub fn cgroup2_root() -> Option<&'static Path> {
+    CGROUP2_MOUNTS
+        .iter()
+        .map(Path::new)
+        .find(|p| sys::is_cgroup2(p).unwrap_or(false))
+}
+
+/// A cgroup v2 directory as the kernel names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupV2 {
+    /// The cgroup id (`bpf_get_current_cgroup_id`): the directory's inode number.
+    pub id: u64,
+    /// Depth below the root cgroup (the root is 0).
+    pub level: u32,
+    /// Path from the root cgroup, as `/proc/PID/cgroup`'s `0::` line writes it (`/a/b`).
+    pub path: String,
+}
+
+impl CgroupV2 {
+    /// The cgroup at directory `dir`: its level is the number of parents on the same
+    /// cgroup2 file system (the mount's parent is on another).
+    pub fn at(dir: &Path) -> Result<CgroupV2, CollectError> {
+        let not = || CollectError::NotCgroup(dir.to_path_buf());
+        if !sys::is_cgroup2(dir).map_err(|_| not())? {
+            return Err(not());
+        }
+        let meta = std::fs::metadata(dir).map_err(|_| not())?;
+        let mut parts = Vec::new();
+        let mut at = dir;
+        while let Some(parent) = at.parent() {
+            let same_fs = std::fs::metadata(parent).is_ok_and(|m| m.dev() == meta.dev())
+                && sys::is_cgroup2(parent).unwrap_or(false);
+            if !same_fs {
+                break;
+            }
+            parts.push(
+                at.file_name()
+                    .map(|n| n.to_string_lossy())
+                    .unwrap_or_default(),
+            );
+            at = parent;
+        }
+        parts.reverse();
+        Ok(CgroupV2 {
+            id: meta.ino(),
+            level: parts.len() as u32,
+            path: format!("/{}", parts.join("/")),
+        })
+    }
+}
+
+/// The allow-lists of a filtered session, as installed in the eBPF maps.
+#[derive(Debug, Default)]
+pub struct KernelFilter {
+    tgids: BTreeSet<u32>,
+    cgroup: Option<CgroupV2>,
+}
+
+impl KernelFilter {
+    /// The filter for `f` (its pids already resolved to processes).
+    pub fn new(f: &Filter) -> Result<KernelFilter, CollectError> {
+        if f.pids.len() > MAX_FILTER_TGIDS as usize {
+            return Err(CollectError::Range(format!(
+                "at most {MAX_FILTER_TGIDS} processes can be filtered in the kernel, not {}",
+                f.pids.len()
+            )));
+        }
+        let cgroup = f.cgroup.as_deref().map(CgroupV2::at).transpose()?;
+        if let Some(g) = &cgroup {
+            if g.level > MAX_CGROUP_LEVEL {
+                return Err(CollectError::Range(format!(
+                    "cgroup {} is {} levels deep; the kernel filter reaches {MAX_CGROUP_LEVEL}",
+                    g.path, g.level
+                )));
+            }
+        }
+        Ok(KernelFilter {
+            tgids: f.pids.iter().copied().collect(),
+            cgroup,
+        })
+    }
+
+    /// `KernelConfig`'s `(filter, cgroup_levels)` for this filter.
+    pub fn config(&self) -> (u32, u32) {
+        let mut bits = 0;
+        if !self.tgids.is_empty() {
+            bits |= FILTER_TGID;
+        }
+        let levels = match &self.cgroup {
+            Some(g) => {
+                bits |= FILTER_CGROUP;
+                1 << g.level
+            }
+            None => 0,
+        };
+        (bits, levels)
+    }
+
+    /// Writes the allow-lists into the maps (before the events are enabled).
+    pub fn install(&self, maps: &mut dyn FilterMaps) -> io::Result<()> {
+        for &t in &self.tgids {
+            maps.allow_tgid(t)?;
+        }
+        if let Some(g) = &self.cgroup {
+            maps.allow_cgroup(g.id)?;
+        }
+        Ok(())
+    }
+
+    /// Process `pid` exited: out of the tgid map, so a new process reusing its pid is
+    /// not kept. A pid the filter does not name changes nothing.
+    pub fn exited(&mut self, maps: &mut dyn FilterMaps, pid: u32) -> io::Result<()> {
+        if self.tgids.remove(&pid) {
+            maps.remove_tgid(pid)?;
+        }
+        Ok(())
+    }
+
+    /// Leaves the cgroup to the user-space test: for kernels whose perf_event programs
+    /// lack `bpf_get_current_ancestor_cgroup_id` (5.10). The note to show, if any.
+    pub fn cgroup_in_user_space(&mut self) -> Option<String> {
+        let g = self.cgroup.take()?;
+        Some(format!(
+            "note: this kernel lacks bpf_get_current_ancestor_cgroup_id for perf_event \
+             programs: cgroup {} is filtered in user space, after collection",
+            g.path
+        ))
+    }
+
+    /// The processes still kept by tgid.
+    pub fn tgids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.tgids.iter().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collect::sys::fake::{FakeMaps, MapCall};
+
+    #[test]
+    fn an_exited_process_leaves_the_tgid_map_once() {
+        let mut f = KernelFilter::new(&Filter {
+            pids: vec![100, 200],
+            cgroup: None,
+        })
+        .unwrap();
+        assert_eq!(f.config(), (FILTER_TGID, 0));
+        let mut maps = FakeMaps::default();
+        f.install(&mut maps).unwrap();
+        assert_eq!(
+            maps.calls,
+            [MapCall::AllowTgid(100), MapCall::AllowTgid(200)]
+        );
+        f.exited(&mut maps, 100).unwrap();
+        // Seen again (or a pid the filter never named): nothing to remove.
+        f.exited(&mut maps, 100).unwrap();
+        f.exited(&mut maps, 300).unwrap();
+        assert_eq!(maps.calls[2..], [MapCall::RemoveTgid(100)]);
+        assert_eq!(f.tgids().collect::<Vec<_>>(), [200]);
+        assert_eq!(maps.allowed_tgids(), [200]);
+    }
+
+    #[test]
+    fn a_removal_the_kernel_refuses_is_an_error() {
+        let mut f = KernelFilter::new(&Filter {
+            pids: vec![7],
+            cgroup: None,
+        })
+        .unwrap();
+        let mut maps = FakeMaps {
+            fail_remove: true,
+            ..FakeMaps::default()
+        };
+        f.install(&mut maps).unwrap();
+        assert!(f.exited(&mut maps, 7).is_err());
+    }
+
+    #[test]
+    fn a_cgroup_is_its_inode_and_depth_below_the_cgroup2_mount() {
+        let Some(root) = cgroup2_root() else {
+            // Every machine of this kind mounts cgroup2 (ENVIRONMENT.md); elsewhere say so.
+            assert!(std::env::var_os("CI").is_none(), "no cgroup2 mount");
+            eprintln!("skipped: no cgroup2 mount");
+            return;
+        };
+        let g = CgroupV2::at(root).unwrap();
+        assert_eq!((g.level, g.path.as_str()), (0, "/"));
+        assert_eq!(g.id, std::fs::metadata(root).unwrap().ino());
+        // Our own cgroup, as /proc/self/cgroup names it, is found at its depth.
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let own = own.lines().find_map(|l| l.strip_prefix("0::")).unwrap();
+        let dir = root.join(own.trim_start_matches('/'));
+        let g = CgroupV2::at(&dir).unwrap();
+        assert_eq!(g.path, own);
+        assert_eq!(
+            g.level as usize,
+            own.split('/').filter(|s| !s.is_empty()).count()
+        );
+        let k = KernelFilter::new(&Filter {
+            pids: vec![],
+            cgroup: Some(dir),
+        })
+        .unwrap();
+        assert_eq!(k.config(), (FILTER_CGROUP, 1 << g.level));
+        let mut maps = FakeMaps::default();
+        k.install(&mut maps).unwrap();
+        assert_eq!(maps.calls, [MapCall::AllowCgroup(g.id)]);
+        assert!(matches!(
+            CgroupV2::at(Path::new("/proc")),
+            Err(CollectError::NotCgroup(_))
+        ));
+    }
+}
