@@ -316,16 +316,16 @@ impl AgentOptions {
                 )
             })?),
         };
-        let service_label = match self.service_label.as_deref().unwrap_or("comm") {
-            "comm" => ServiceLabel::Comm,
-            "cgroup" => ServiceLabel::Cgroup,
-            s => {
-                return Err(bad(
-                    "service-label",
-                    format!("must be comm or cgroup, not {s:?}"),
-                ))
-            }
-        };
+        let label = self.service_label.as_deref().unwrap_or("comm");
+        let service_label = ServiceLabel::parse(label).ok_or_else(|| {
+            bad(
+                "service-label",
+                format!(
+                    "must be one of {}, not {label:?}",
+                    ServiceLabel::NAMES.join(", ")
+                ),
+            )
+        })?;
         let push_queue = self.push_queue.unwrap_or(DEFAULT_PUSH_QUEUE);
         if push_queue == 0 {
             return Err(bad("push-queue", "must be at least 1 window"));
@@ -413,13 +413,10 @@ fn cgroup_dir(p: &Path) -> Result<PathBuf, ConfigError> {
     Ok(dir)
 }
 
-/// The cgroup v2 path of a process relative to [`CGROUP_ROOT`] (`/system.slice/x`), from
-/// `/proc/PID/cgroup`; `None` when the process is gone.
+/// The cgroup path of a process relative to [`CGROUP_ROOT`] (`/system.slice/x`), from
+/// `/proc/PID/cgroup` (cpi-user/src/procmap/cgroup.rs); `None` when the process is gone.
 pub fn process_cgroup(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::to_string)
+    crate::procmap::ProcessIdentity::read(pid)?.cgroup
 }
 
 #[cfg(test)]

@@ -228,6 +228,7 @@ fn window(procs: &[(u32, &str)], start: SystemTime) -> Window {
                 .map(|&(pid, comm)| ProcessProfile {
                     pid,
                     comm: comm.into(),
+                    identity: Default::default(),
                     samples: 1000,
                     branch_samples: 0,
                     time_ns: Some(0.25e9),
