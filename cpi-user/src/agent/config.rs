@@ -12,6 +12,7 @@ use std::time::Duration;
 use regex::Regex;
 use serde::Deserialize;
 
+use super::kubelet;
 use super::push::ServiceLabel;
 use super::store;
 use crate::collect::StackMemory;
@@ -110,8 +111,13 @@ pub struct AgentOptions {
     pub push_password_file: Option<PathBuf>,
     /// File holding a bearer token for the pushes.
     pub push_token_file: Option<PathBuf>,
-    /// `comm` or `cgroup`.
+    /// `service_name` of pushed series: `comm`, `cgroup`, `pod`, `namespace` or
+    /// `container`.
     pub service_label: Option<String>,
+    /// Pod names from the kubelet (default: when /var/lib/kubelet/pods exists).
+    pub kubernetes: Option<bool>,
+    /// The kubelet's read-only API (`http://127.0.0.1:10255`).
+    pub kubelet_url: Option<String>,
     /// Windows waiting to be pushed at most; beyond it the oldest is dropped.
     pub push_queue: Option<usize>,
     /// Deadline of one push request, seconds.
@@ -173,6 +179,8 @@ pub struct AgentConfig {
     pub push_token_file: Option<PathBuf>,
     /// What pushed series are named by (`service_name`).
     pub service_label: ServiceLabel,
+    /// The kubelet asked for pod names (agent/kubelet.rs); `None`: not on Kubernetes.
+    pub kubelet_url: Option<String>,
     /// Windows waiting to be pushed at most; beyond it the oldest is dropped.
     pub push_queue: usize,
     /// Deadline of one push request.
@@ -236,6 +244,8 @@ impl AgentOptions {
             push_password_file: self.push_password_file.or(file.push_password_file),
             push_token_file: self.push_token_file.or(file.push_token_file),
             service_label: self.service_label.or(file.service_label),
+            kubernetes: self.kubernetes.or(file.kubernetes),
+            kubelet_url: self.kubelet_url.or(file.kubelet_url),
             push_queue: self.push_queue.or(file.push_queue),
             push_timeout: self.push_timeout.or(file.push_timeout),
             include_kernel: self.include_kernel.or(file.include_kernel),
@@ -326,6 +336,20 @@ impl AgentOptions {
                 ),
             )
         })?;
+        let on_kubernetes = self
+            .kubernetes
+            .unwrap_or_else(|| self.kubelet_url.is_some() || Path::new(kubelet::PODS_DIR).is_dir());
+        let kubelet_url = match (on_kubernetes, self.kubelet_url) {
+            (false, _) => None,
+            (true, None) => Some(kubelet::DEFAULT_URL.to_string()),
+            (true, Some(u)) if u.starts_with("http://") || u.starts_with("https://") => Some(u),
+            (true, Some(u)) => {
+                return Err(bad(
+                    "kubelet-url",
+                    format!("{u:?} is not an http:// or https:// URL"),
+                ))
+            }
+        };
         let push_queue = self.push_queue.unwrap_or(DEFAULT_PUSH_QUEUE);
         if push_queue == 0 {
             return Err(bad("push-queue", "must be at least 1 window"));
@@ -370,6 +394,7 @@ impl AgentOptions {
             push_password_file: self.push_password_file,
             push_token_file: self.push_token_file,
             service_label,
+            kubelet_url,
             push_queue,
             push_timeout: Duration::from_secs(push_timeout),
             include_kernel: self.include_kernel.unwrap_or(false),

@@ -32,6 +32,7 @@
 pub mod config;
 pub mod error;
 pub mod governor;
+pub mod kubelet;
 pub mod metrics;
 pub mod push;
 pub mod store;
@@ -552,6 +553,7 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
         format!("/{}", rel.display()).replace("//", "/")
     });
     let mut store_failures = 0;
+    let mut kubelet = c.kubelet_url.as_deref().map(kubelet::Kubelet::new);
     for job in rx {
         let began = Instant::now();
         let Collected {
@@ -577,6 +579,11 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
         }
         let mut profile = analyze_with(&set, run, &opts, &mut sym);
         drop(set);
+        if let Some(k) = &mut kubelet {
+            for p in &mut profile.processes {
+                k.fill(&mut p.identity, &**log);
+            }
+        }
         keep_evidence_lines(&mut profile);
         for pid in table.expire(job.windows) {
             sym.forget_process(pid);
