@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: test programs (built by [`programs`]), the
 //! `cpi-bpf` binary, and skips that print their reason.
 
+pub mod bpf_vm;
 pub mod perf_data;
 pub mod profgen;
 pub mod programs;
@@ -239,4 +240,44 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16,
     let code = out.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_string());
     Ok((code, body.unwrap_or_default()))
+}
+
+/// `cpi-bpf agent ARGS` serving metrics on a free loopback port (returned), with its
+/// store and its log (`agent.log`) in `dir`; killed on drop.
+pub fn agent_with_metrics(dir: &Path, args: &[&str]) -> (KillOnDrop, std::net::SocketAddr) {
+    let metrics: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let child = Command::new(cpi_bpf())
+        .arg("agent")
+        .args(args)
+        .arg("--metrics-addr")
+        .arg(metrics.to_string())
+        .arg("--store")
+        .arg(dir.join("store"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join("agent.log")).unwrap())
+        .spawn()
+        .expect("starting cpi-bpf agent");
+    (KillOnDrop(child), metrics)
+}
+
+/// The value of an unlabelled series in a `/metrics` body.
+pub fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Resident anonymous memory of a process, bytes (`RssAnon`): the agent's own heap.
+/// Not `VmRSS`, which also counts the page cache of the binaries it maps to read their
+/// symbols (a host running rustc made that 112 MiB for a moment, from
+/// librustc_driver's pages, which the cache trim drops again: binary/mod.rs) and the
+/// ring buffers' fixed pages.
+pub fn rss(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .expect("RssAnon")
+        * 1024
 }

@@ -126,6 +126,8 @@ pub struct AgentOptions {
     pub include_kernel: Option<bool>,
     /// Take call stacks (default true; `false`: leaf-only, cheaper).
     pub stacks: Option<bool>,
+    /// Source file and line of each sampled instruction (default false: costly).
+    pub source_lines: Option<bool>,
     /// BPF ring buffer size, MiB (a power of two).
     pub ring_buffer_mib: Option<u32>,
     /// `error`, `warn`, `info`, `debug` or `trace`.
@@ -189,6 +191,8 @@ pub struct AgentConfig {
     pub include_kernel: bool,
     /// Take call stacks.
     pub stacks: bool,
+    /// Look up source lines in each binary's DWARF.
+    pub source_lines: bool,
     /// BPF ring buffer size, bytes (a power of two).
     pub ring_bytes: u32,
     /// `error`, `warn`, `info`, `debug` or `trace`.
@@ -250,6 +254,7 @@ impl AgentOptions {
             push_timeout: self.push_timeout.or(file.push_timeout),
             include_kernel: self.include_kernel.or(file.include_kernel),
             stacks: self.stacks.or(file.stacks),
+            source_lines: self.source_lines.or(file.source_lines),
             ring_buffer_mib: self.ring_buffer_mib.or(file.ring_buffer_mib),
             log_level: self.log_level.or(file.log_level),
         }
@@ -399,6 +404,7 @@ impl AgentOptions {
             push_timeout: Duration::from_secs(push_timeout),
             include_kernel: self.include_kernel.unwrap_or(false),
             stacks: self.stacks.unwrap_or(true),
+            source_lines: self.source_lines.unwrap_or(false),
             ring_bytes: ring_mib << 20,
             log_level,
         })

@@ -544,6 +544,7 @@ impl ProcessTable {
 fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log) {
     let opts = AnalysisOptions {
         lines: LineDetail::Evidence,
+        source_lines: c.source_lines,
         ..AnalysisOptions::default()
     };
     let mut sym = Symbolizer::new(SymbolizerOptions::default());

@@ -42,7 +42,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, SymbolKind};
@@ -247,8 +247,11 @@ pub struct Binary {
     functions: Vec<FnEntry>,
     owned_names: Vec<Box<str>>,
     /// Per function: its ordinal among the local `.symtab` symbols of its name (BOLT's
-    /// `name/N`), 0 when global; empty when no function is local.
-    bolt_ordinals: Vec<u32>,
+    /// `name/N`), 0 when global; empty when no function is local. Made on first use
+    /// (only `.fdata` needs it): hashing every local symbol of each binary opened took a
+    /// quarter of the agent's CPU on a host starting new binaries (BENCHMARKS.md, "Agent
+    /// CPU: source lines and BOLT names").
+    bolt_ordinals: OnceLock<Vec<u32>>,
     code: Vec<CodeRange>,
     heap: u64,
     /// Source lines looked up so far ([`Binary::source_line`]).
@@ -272,7 +275,6 @@ struct Tables {
     segments: Vec<LoadSegment>,
     functions: Vec<FnEntry>,
     owned_names: Vec<Box<str>>,
-    bolt_ordinals: Vec<u32>,
     code: Vec<CodeRange>,
 }
 
@@ -337,10 +339,6 @@ impl Tables {
         let symtab = file
             .symbol_table()
             .or_else(|| debug_file.as_ref()?.symbol_table());
-        let ordinals = symtab
-            .as_ref()
-            .map(|t| bolt_ordinals(t.symbols()))
-            .unwrap_or_default();
         let symtab_funcs = match &symtab {
             Some(t) => collect_symbols(t.symbols()),
             None => Vec::new(),
@@ -403,19 +401,6 @@ impl Tables {
                 name,
             });
         }
-        let mut bolt: Vec<u32> = funcs
-            .iter()
-            .map(|f| {
-                f.name
-                    .as_deref()
-                    .and_then(|n| ordinals.get(&(n, f.start)))
-                    .copied()
-                    .unwrap_or(0)
-            })
-            .collect();
-        if bolt.iter().all(|&n| n == 0) {
-            bolt = Vec::new();
-        }
         Ok(Tables {
             build_id,
             dynamic: file.kind() == object::ObjectKind::Dynamic,
@@ -423,7 +408,6 @@ impl Tables {
             segments,
             functions,
             owned_names,
-            bolt_ordinals: bolt,
             code,
         })
     }
@@ -508,7 +492,7 @@ impl Binary {
             debug,
             functions: t.functions,
             owned_names: t.owned_names,
-            bolt_ordinals: t.bolt_ordinals,
+            bolt_ordinals: OnceLock::new(),
             code: t.code,
             heap: 0,
             lines: lines::LineCache::default(),
@@ -521,7 +505,8 @@ impl Binary {
     /// (for [`Binary::parse`]) the file's bytes — what a cache counts. Mapped pages are
     /// not heap (module documentation).
     pub fn heap_bytes(&self) -> u64 {
-        self.heap + self.lines.heap_bytes()
+        let ordinals = self.bolt_ordinals.get().map_or(0, |o| o.capacity() * 4) as u64;
+        self.heap + self.lines.heap_bytes() + ordinals
     }
 
     fn count_heap(&self) -> u64 {
@@ -538,7 +523,6 @@ impl Binary {
             + owned
             + names
             + self.functions.capacity() * size_of::<FnEntry>()
-            + self.bolt_ordinals.capacity() * size_of::<u32>()
             + self.code.capacity() * size_of::<CodeRange>()
             + self.segments.capacity() * size_of::<LoadSegment>()
             + self.path.as_os_str().len()
@@ -565,10 +549,47 @@ impl Binary {
     /// `NameResolver::uniquify`). `None` for a global or unknown symbol.
     pub fn bolt_local_name(&self, func: &Function) -> Option<String> {
         let i = self.function_index(func.start)?;
-        let n = *self.bolt_ordinals.get(i)?;
+        let n = *self
+            .bolt_ordinals
+            .get_or_init(|| self.local_ordinals())
+            .get(i)?;
         let e = self.functions[i];
         (n > 0 && e.start == func.start && self.name_is(e, &func.name))
             .then(|| format!("{}/{n}", func.name))
+    }
+
+    /// Each function's BOLT ordinal ([`Binary::bolt_local_name`]), from the symbol
+    /// table of the file or of its separate debug file, as [`Tables::parse`] chose it.
+    fn local_ordinals(&self) -> Vec<u32> {
+        let file = object::File::parse(self.data()).ok();
+        let debug = self.debug_data().and_then(|d| object::File::parse(d).ok());
+        let Some(symtab) = file
+            .as_ref()
+            .and_then(|f| f.symbol_table())
+            .or_else(|| debug.as_ref()?.symbol_table())
+        else {
+            return Vec::new();
+        };
+        let ordinals = bolt_ordinals(symtab.symbols());
+        let out: Vec<u32> = self
+            .functions
+            .iter()
+            .map(|&e| {
+                let name = match e.name {
+                    NAME_SYNTH => None,
+                    n if n & NAME_OWNED != 0 => {
+                        Some(&*self.owned_names[(n & !NAME_OWNED) as usize])
+                    }
+                    off => std::str::from_utf8(self.mapped_name(off)).ok(),
+                };
+                name.and_then(|n| ordinals.get(&(n, e.start)).copied())
+                    .unwrap_or(0)
+            })
+            .collect();
+        if out.iter().all(|&n| n == 0) {
+            return Vec::new();
+        }
+        out
     }
 
     /// The whole file, for readers of other sections ([`lines`](mod@lines)).

@@ -60,6 +60,13 @@ impl std::fmt::Display for Notice<'_> {
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/cpi-ebpf"));
 
+/// The eBPF object [`load`] loads, byte for byte (an ELF file; empty when built with
+/// `AYA_BUILD_SKIP=1`): for harnesses that run the shipped programs elsewhere
+/// (tests/src/bpf_vm.rs runs them in an interpreter on real branch stacks).
+pub fn bpf_object() -> &'static [u8] {
+    EBPF_OBJECT
+}
+
 /// Why collection could not start or go on; each prints as one line.
 #[derive(Debug, thiserror::Error)]
 pub enum CollectError {

@@ -76,6 +76,10 @@ pub struct AnalysisOptions {
     pub symbolizer: SymbolizerOptions,
     /// Which instructions get a line.
     pub lines: LineDetail,
+    /// Look up each line's source file and line in the binary's DWARF. The always-on
+    /// agent leaves it off by default: parsing the line tables of every new binary with
+    /// debug information took 2.5× its CPU (BENCHMARKS.md, "Agent CPU: source lines").
+    pub source_lines: bool,
 }
 
 impl Default for AnalysisOptions {
@@ -84,6 +88,7 @@ impl Default for AnalysisOptions {
             sample_floor: 20,
             symbolizer: SymbolizerOptions::default(),
             lines: LineDetail::Every,
+            source_lines: true,
         }
     }
 }
@@ -504,7 +509,11 @@ impl Ctx<'_> {
             if let Some(s) = &self.analysing {
                 s.update(self.analysed);
             }
-            if let CodeObject::Elf(bin) = &w.object {
+            let elf = match &w.object {
+                CodeObject::Elf(bin) if self.opts.source_lines => Some(bin),
+                _ => None,
+            };
+            if let Some(bin) = elf {
                 let ctx = sources.entry(Arc::as_ptr(bin)).or_default();
                 let f = &mut out.profile;
                 f.source = bin.source_line(f.address, ctx);

@@ -552,3 +552,79 @@ fn agent_stacks_reach_the_store_and_pyroscope() {
     rx.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Source lines cost the agent CPU on hosts running binaries with debug information
+/// (BENCHMARKS.md, "Agent CPU: source lines"), so its windows carry them only with
+/// `--source-lines`: two agents on one `-g` program, one with the flag, one without.
+#[test]
+fn agent_source_lines_only_when_asked() {
+    if !require_root("the agent") {
+        return;
+    }
+    let dir = temp_dir("agent-lines");
+    let exe =
+        cpi_tests::programs::compile("twofunc.c", &["-O2", "-g"]).expect("gcc (cargo xtask setup)");
+    let _serial = cpu_heavy();
+    // Runs until killed below.
+    let mut prog = Command::new(&exe)
+        .arg("600")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = prog.id().to_string();
+    let (with, without) = (dir.join("with"), dir.join("without"));
+    let agents = [
+        agent(&with, &["--pid", &pid, "--no-stacks", "--source-lines"]),
+        agent(&without, &["--pid", &pid, "--no-stacks"]),
+    ];
+    let t0 = Instant::now();
+    while (windows(&with) < 2 || windows(&without) < 2) && t0.elapsed() < Duration::from_secs(90) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let counts = (windows(&with), windows(&without));
+    for a in &agents {
+        sigterm(a);
+    }
+    for a in agents {
+        let out = a.wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "windows {counts:?}: {said}");
+    }
+    let _ = prog.kill();
+    let _ = prog.wait();
+    assert!(
+        counts.0 >= 2 && counts.1 >= 2,
+        "windows {counts:?} within 90 s"
+    );
+    // The merged store's alpha_work: its source line, or none.
+    let alpha_source = |store: &Path| -> Value {
+        let out = output_ok(
+            Command::new(cpi_bpf())
+                .args(["report", "--format", "json", "--store"])
+                .arg(store),
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let f = v["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|p| p["functions"].as_array().into_iter().flatten())
+            .find(|f| f["name"] == "alpha_work")
+            .unwrap_or_else(|| panic!("no alpha_work in {}", store.display()))
+            .clone();
+        f["source"].clone()
+    };
+    let src = alpha_source(&with);
+    assert!(
+        src["file"]
+            .as_str()
+            .is_some_and(|f| f.ends_with("twofunc.c")),
+        "with --source-lines: alpha_work's source is {src}"
+    );
+    let src = alpha_source(&without);
+    assert!(
+        src.is_null(),
+        "without --source-lines: alpha_work's source is {src}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -15,7 +15,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use cpi_tests::pyroscope::{Behaviour, Options, Receiver};
 use cpi_tests::tls::{TestCa, Validity};
-use cpi_tests::{compile_c, cpi_bpf, free_port, http_get, require_root, temp_dir};
+use cpi_tests::{
+    agent_with_metrics, compile_c, cpi_bpf, free_port, http_get, metric, require_root, rss,
+    temp_dir,
+};
 use cpi_user::agent::metrics::{Metrics, MetricsLimits};
 use cpi_user::agent::push::{PushConfig, Pusher, ServiceLabel, MAX_ATTEMPTS};
 use cpi_user::agent::{AgentStatus, Window};
@@ -51,24 +54,6 @@ fn url_encode(q: &str) -> String {
             _ => format!("%{b:02X}"),
         })
         .collect()
-}
-
-/// `cpi-bpf agent ARGS` serving metrics on a free loopback port (returned), with its
-/// store and its log (`agent.log`) in `dir`; killed on drop.
-fn agent_with_metrics(dir: &Path, args: &[&str]) -> (cpi_tests::KillOnDrop, SocketAddr) {
-    let metrics: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let child = Command::new(cpi_bpf())
-        .arg("agent")
-        .args(args)
-        .arg("--metrics-addr")
-        .arg(metrics.to_string())
-        .arg("--store")
-        .arg(dir.join("store"))
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.join("agent.log")).unwrap())
-        .spawn()
-        .expect("starting cpi-bpf agent");
-    (cpi_tests::KillOnDrop(child), metrics)
 }
 
 /// A Prometheus server scraping `target` every second, killed on drop.
@@ -420,28 +405,6 @@ fn agent_cpu_seconds_in_prometheus() {
         "cpi_bpf_cpu_seconds_total{{comm=\"busy-prom\"}} = {last:.2} s, busy's own CPU time {own:.2} s (see {}/agent.log)",
         dir.display()
     );
-}
-
-/// The value of an unlabelled series in a `/metrics` body.
-fn metric(body: &str, name: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-/// Resident anonymous memory of a process, bytes (`RssAnon`): the agent's own heap.
-/// Not `VmRSS`, which also counts the page cache of the binaries it maps to read their
-/// symbols (a host running rustc made that 112 MiB for a moment, from
-/// librustc_driver's pages, which the cache trim drops again: binary/mod.rs) and the
-/// ring buffers' fixed pages.
-fn rss(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmRSS")
-        * 1024
 }
 
 /// Churn: 9000 short-lived processes at 150 per second (60 s), each a fresh exec that

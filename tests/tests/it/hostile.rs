@@ -11,7 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cpi_tests::{
-    compile_c, cpi_bpf, free_port, http_get, require_root, stderr, temp_dir, KillOnDrop,
+    agent_with_metrics, compile_c, cpi_bpf, free_port, http_get, metric, require_root, rss, stderr,
+    temp_dir, KillOnDrop,
 };
 use cpi_user::agent::store::{self, Store};
 use cpi_user::binary::{Binary, BinaryError, SymbolizeError, Symbolizer, SymbolizerOptions};
@@ -42,15 +43,21 @@ fn run_bounded(cmd: &mut Command) -> std::process::Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    wait_bounded(child, BOUND)
+}
+
+/// The output of `child` (spawned with its streams piped) once it ends within `limit`;
+/// still running then, it is killed and the test fails (it blocked).
+fn wait_bounded(child: std::process::Child, limit: Duration) -> std::process::Output {
     let pid = child.id();
     let t0 = Instant::now();
     let waiter = std::thread::spawn(move || child.wait_with_output().unwrap());
     while !waiter.is_finished() {
-        if t0.elapsed() > BOUND {
+        if t0.elapsed() > limit {
             // SAFETY: our own child.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
             let _ = waiter.join();
-            panic!("{cmd:?} blocked for more than {BOUND:?}");
+            panic!("pid {pid} blocked for more than {limit:?}");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -413,7 +420,8 @@ fn import_perf_does_not_wait_on_a_fifo() {
 /// descriptor limit of that row (20 000), the agent holds at most its stated cap of
 /// captured files (a quarter of the soft limit, cpi-user/src/procmap/captured.rs), the
 /// least recently used closed and counted, every window is written (no "Too many open
-/// files"), and the process is in the profile.
+/// files"), the process is in the profile, and the agent's anonymous RSS less its cache
+/// stays within [`RSS_BOUND`] of what it was at start.
 #[test]
 fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
     if !require_root("the agent") {
@@ -486,10 +494,21 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
             .map(|d| d.count())
             .unwrap_or(0)
     };
-    let (t0, mut most_fds) = (Instant::now(), 0);
+    // Anonymous RSS less the binary cache: first when /metrics answers (the agent
+    // started, before its first window is analysed), and its peak after.
+    let held = || {
+        let (_, body) = http_get(metrics, "/metrics").ok()?;
+        let cache = metric(&body, "cpi_bpf_cache_bytes")? as u64;
+        Some(rss(agent.0.id()).saturating_sub(cache))
+    };
+    let (t0, mut most_fds, mut first, mut peak) = (Instant::now(), 0, None, 0);
     // Hang guard, not a rate: windows come every second when the machine is idle.
     while windows() < 4 && t0.elapsed() < Duration::from_secs(90) {
         most_fds = most_fds.max(fds());
+        if let Some(now) = held() {
+            first.get_or_insert(now);
+            peak = peak.max(now);
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
     most_fds = most_fds.max(fds());
@@ -517,7 +536,10 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
         std::thread::sleep(Duration::from_millis(50));
     }
     let log = log.join().unwrap();
-    eprintln!("{written} windows; at most {most_fds} descriptors open; the agent said:\n{log}");
+    eprintln!(
+        "{written} windows; at most {most_fds} descriptors open; anonymous RSS less the \
+         cache {first:?} B at start, {peak} B at most; the agent said:\n{log}"
+    );
     assert!(
         written >= 4,
         "{written} windows in 90 s; the agent was at:\n{stuck}"
@@ -525,6 +547,11 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
     assert!(
         most_fds <= 20_000 / 4 + 64,
         "{most_fds} descriptors: more than the cap of captured files"
+    );
+    let first = first.expect("/metrics answered");
+    assert!(
+        peak <= first + RSS_BOUND,
+        "anonymous RSS less the cache {peak} B, {first} B at start"
     );
     assert!(!log.contains("Too many open files"), "{log}");
     assert!(!log.contains("error:"), "{log}");
@@ -552,4 +579,650 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
         "manymaps in the merged profile"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The unprivileged user of the end-to-end rows (nobody).
+const USER: u32 = 65534;
+/// How far an attacked agent's anonymous RSS, less its binary cache, may rise over its
+/// steady state (the issue's bound).
+const RSS_BOUND: u64 = 64 << 20;
+/// How long a one-shot `--system-wide` may take after its `--duration` (it analyses
+/// everything the host ran, which on a busy host includes compilers).
+const ANALYSIS_BOUND: Duration = Duration::from_secs(60);
+
+/// `cmd` run as [`USER`].
+fn as_user(cmd: &mut Command) -> &mut Command {
+    cmd.uid(USER).gid(USER)
+}
+
+/// `dir/uselib`, and `dir/lib.so` and `dir/new.so`: tests/programs/hostlib.c as built
+/// and as upgraded (WRONG_fn where lib_hot was). `None` after saying why (no gcc).
+fn hostlib(dir: &Path) -> Option<(std::path::PathBuf, std::path::PathBuf, std::path::PathBuf)> {
+    let Some(uselib) = compile_c("uselib.c", dir, "uselib", &["-ldl"]) else {
+        assert!(std::env::var_os("CI").is_none(), "gcc missing in CI");
+        return None;
+    };
+    let lib = compile_c("hostlib.c", dir, "lib.so", &["-shared", "-fPIC"])?;
+    let new = compile_c(
+        "hostlib.c",
+        dir,
+        "new.so",
+        &["-shared", "-fPIC", "-DUPGRADED"],
+    )?;
+    Some((uselib, lib, new))
+}
+
+/// A `uselib LIB MS` process of [`USER`], once it says its library is loaded.
+fn spin_in(uselib: &Path, lib: &Path, ms: u64) -> KillOnDrop {
+    let mut child = KillOnDrop(
+        as_user(Command::new(uselib).arg(lib).arg(ms.to_string()))
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut said = String::new();
+    let mut err = std::io::BufReader::new(child.0.stderr.take().unwrap());
+    std::io::BufRead::read_line(&mut err, &mut said).unwrap();
+    assert_eq!(said.trim(), "loaded", "uselib {}", lib.display());
+    child
+}
+
+/// Runs `n` processes of [`USER`] one after another, each loading `lib` and spinning in
+/// it for 5 ms: most are gone before the profiler reads their `/proc` entry, so their
+/// library is found by its path when their samples are analysed.
+fn short_lived(uselib: &Path, lib: &Path, n: usize) {
+    for _ in 0..n {
+        let st = as_user(Command::new(uselib).arg(lib).arg("5"))
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success(), "uselib {}: {st}", lib.display());
+    }
+}
+
+/// A one-shot `cpi-bpf ARGS --format json --output FILE`, started.
+fn one_shot(args: &[&str], out: &Path) -> std::process::Child {
+    Command::new(cpi_bpf())
+        .args(args)
+        .args(["--format", "json", "--output"])
+        .arg(out)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// An agent under attack (`--interval 1`, tests/src/lib.rs `agent_with_metrics`), its
+/// anonymous RSS less its binary cache followed from the moment the attack begins.
+struct Watched {
+    agent: KillOnDrop,
+    metrics: std::net::SocketAddr,
+    dir: std::path::PathBuf,
+    steady: Option<u64>,
+    peak: u64,
+}
+
+impl Watched {
+    /// Starts the agent and waits for its first window (a hang guard, not a rate).
+    fn start(dir: &Path, args: &[&str]) -> Watched {
+        let args: Vec<&str> = ["--interval", "1"].iter().chain(args).copied().collect();
+        let (agent, metrics) = agent_with_metrics(dir, &args);
+        let mut w = Watched {
+            agent,
+            metrics,
+            dir: dir.to_path_buf(),
+            steady: None,
+            peak: 0,
+        };
+        w.more_windows(1);
+        w
+    }
+
+    fn scrape(&self) -> Option<String> {
+        http_get(self.metrics, "/metrics")
+            .ok()
+            .filter(|(code, _)| *code == 200)
+            .map(|(_, body)| body)
+    }
+
+    /// Anonymous RSS less the binary cache now (the peak follows it), with the scrape.
+    fn sample(&mut self) -> Option<(u64, String)> {
+        let body = self.scrape()?;
+        let cache = metric(&body, "cpi_bpf_cache_bytes")? as u64;
+        let now = rss(self.agent.0.id()).saturating_sub(cache);
+        self.peak = self.peak.max(now);
+        Some((now, body))
+    }
+
+    /// The steady state the attack is measured against: now.
+    fn attack_begins(&mut self) {
+        let (now, _) = self.sample().expect("the agent serves /metrics");
+        self.steady = Some(now);
+        self.peak = now;
+    }
+
+    fn windows(&self) -> usize {
+        std::fs::read_dir(self.dir.join("store"))
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("w-"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+
+    /// Waits for `n` more windows in the store, following the RSS; fails if the agent
+    /// dies or writes none for 60 s (a hang guard: windows come every second).
+    fn more_windows(&mut self, n: usize) {
+        let (want, t0) = (self.windows() + n, Instant::now());
+        let mut last = (self.windows(), Instant::now());
+        while self.windows() < want {
+            if let Some(st) = self.agent.0.try_wait().unwrap() {
+                panic!("the agent ended ({st}): {}", self.log());
+            }
+            if self.windows() != last.0 {
+                last = (self.windows(), Instant::now());
+            }
+            assert!(
+                last.1.elapsed() < Duration::from_secs(60),
+                "no window for 60 s ({} of {want} after {:?}): {}",
+                self.windows(),
+                t0.elapsed(),
+                self.log()
+            );
+            self.sample();
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Ends the agent with one SIGTERM within [`BOUND`], checks that it exited cleanly
+    /// and stayed within [`RSS_BOUND`] of its steady state; its log.
+    fn stop(mut self) -> String {
+        self.sample();
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.agent.0.id() as i32, libc::SIGTERM) };
+        let t0 = Instant::now();
+        let st = loop {
+            if let Some(st) = self.agent.0.try_wait().unwrap() {
+                break st;
+            }
+            assert!(t0.elapsed() < BOUND, "SIGTERM did not end the agent");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let log = self.log();
+        assert!(st.success(), "the agent ended {st}: {log}");
+        assert!(!log.contains("panicked"), "{log}");
+        let steady = self.steady.expect("attack_begins was called");
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        eprintln!(
+            "agent anonymous RSS less its cache: {:.1} MiB steady, {:.1} MiB peak under attack",
+            mib(steady),
+            mib(self.peak)
+        );
+        assert!(
+            self.peak <= steady + RSS_BOUND,
+            "RSS {:.1} MiB, {:.1} MiB at the steady state",
+            mib(self.peak),
+            mib(steady)
+        );
+        log
+    }
+}
+
+/// Row "truncate -s 16384 lib.so on a library its own process has mapped", end to
+/// end: a process of an unprivileged user spins in its library
+/// (tests/programs/hostlib.c: code in the first 16 KiB, symbols beyond), and the user
+/// truncates the library to 16 KiB while the agent (`--pid`) and a one-shot `--pid`
+/// profile the process. Neither dies of SIGBUS: the agent keeps writing windows and ends
+/// on SIGTERM within its RSS bound; the one-shot writes its profile, the truncated file
+/// named in a warning and its samples counted unmapped. The user's process runs on.
+#[test]
+fn a_library_truncated_by_its_user_kills_neither_profiler() {
+    if !require_root("profiling a process") {
+        return;
+    }
+    let _cpu = cpi_tests::cpu_heavy();
+    let dir = temp_dir("hostile-truncate-e2e");
+    let Some((uselib, lib, _)) = hostlib(&dir) else {
+        return;
+    };
+    std::os::unix::fs::chown(&lib, Some(USER), Some(USER)).unwrap();
+    let mut target = spin_in(&uselib, &lib, 600_000);
+    let pid = target.0.id().to_string();
+    let mut agent = Watched::start(&dir, &["--pid", &pid]);
+    agent.more_windows(1);
+    agent.attack_begins();
+    let json = dir.join("one-shot.json");
+    let run = one_shot(&["--pid", &pid, "--duration", "4"], &json);
+    std::thread::sleep(Duration::from_millis(1500));
+    let st = as_user(Command::new("truncate").args(["-s", "16384"]).arg(&lib))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(std::fs::metadata(&lib).unwrap().len(), 16384);
+    let r = wait_bounded(run, Duration::from_secs(4) + BOUND);
+    let err = stderr(&r);
+    eprintln!("one-shot: {err}");
+    assert!(r.status.success(), "{}: {err}", r.status);
+    let p = cpi_user::report::file::read(&json).expect("the one-shot's profile");
+    let text = std::fs::read_to_string(&json).unwrap();
+    agent.more_windows(3);
+    assert!(
+        target.0.try_wait().unwrap().is_none(),
+        "the user's process died: its code is in the first 16 KiB"
+    );
+    let log = agent.stop();
+    eprintln!("agent: {log}");
+    let named = text.contains("\"lib_hot\"");
+    let lib_named = err.contains(&*lib.to_string_lossy());
+    eprintln!(
+        "one-shot: lib_hot named {named}, the file named in a warning {lib_named}, {} unmapped samples",
+        p.lost.unmapped_samples
+    );
+    assert!(
+        lib_named && p.lost.unmapped_samples > 0,
+        "the truncated file is named and its samples counted: {err}"
+    );
+}
+
+/// Rows "replaced a library of a short-lived process with a FIFO", "the same with
+/// `ln -s` to a root-only file" and "a library upgraded by rename while short-lived
+/// processes used it", end to end, under the agent (`--comm ^uselib$`) and a one-shot
+/// `--system-wide` at once. Short-lived processes of an unprivileged user load three
+/// libraries (tests/programs/hostlib.c) from a directory the user owns; the user then
+/// replaces the first with a FIFO, the second with a link to a root-only build (the
+/// upgraded one, whose WRONG_fn covers lib_hot's old offsets), and upgrades the third by
+/// rename, after which more processes use the new build. Nothing blocks: the one-shot
+/// ends within [`ANALYSIS_BOUND`] of its duration and writes its profile; the agent keeps
+/// writing windows and ends on SIGTERM within its RSS bound. WRONG_fn (the root-only
+/// file's symbol, and the new build's name for the old build's offsets) is in neither
+/// profile; the FIFO and the link are named as refused and their samples counted
+/// unmapped.
+#[test]
+fn libraries_replaced_under_short_lived_processes() {
+    if !require_root("profiling system-wide") {
+        return;
+    }
+    let _cpu = cpi_tests::cpu_heavy();
+    let dir = temp_dir("hostile-replaced-e2e");
+    let Some((uselib, lib, new)) = hostlib(&dir) else {
+        return;
+    };
+    // The user's directory, its libraries, and a root-only copy of the new build.
+    let home = dir.join("home");
+    std::fs::create_dir(&home).unwrap();
+    let libs = ["fifo", "link", "upgrade"].map(|n| home.join(format!("{n}.so")));
+    for l in &libs {
+        std::fs::copy(&lib, l).unwrap();
+        std::os::unix::fs::chown(l, Some(USER), Some(USER)).unwrap();
+    }
+    std::os::unix::fs::chown(&home, Some(USER), Some(USER)).unwrap();
+    let secret_dir = dir.join("root-only");
+    std::fs::create_dir(&secret_dir).unwrap();
+    std::fs::set_permissions(&secret_dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let secret = secret_dir.join("secret.so");
+    std::fs::copy(&new, &secret).unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+
+    let mut agent = Watched::start(&dir, &["--comm", "^uselib$"]);
+    agent.attack_begins();
+    let json = dir.join("one-shot.json");
+    let duration = 8;
+    let run = one_shot(
+        // -v: each refused file on a line of its own, with its reason.
+        &["-v", "--system-wide", "--duration", &duration.to_string()],
+        &json,
+    );
+    let began = Instant::now();
+    std::thread::sleep(Duration::from_secs(1));
+    for l in &libs {
+        short_lived(&uselib, l, 40);
+    }
+    let script = format!(
+        "rm {fifo} && mkfifo {fifo} && ln -sf {secret} {link} && cp {new} {upgrade}.tmp \
+         && mv {upgrade}.tmp {upgrade}",
+        fifo = libs[0].display(),
+        link = libs[1].display(),
+        upgrade = libs[2].display(),
+        secret = secret.display(),
+        new = new.display(),
+    );
+    let st = as_user(Command::new("sh").args(["-c", &script]))
+        .status()
+        .unwrap();
+    assert!(st.success(), "{script}");
+    short_lived(&uselib, &libs[2], 40);
+    assert!(
+        began.elapsed() < Duration::from_secs(duration - 1),
+        "the processes ran past the one-shot's duration: {:?}",
+        began.elapsed()
+    );
+    let r = wait_bounded(run, Duration::from_secs(duration) + ANALYSIS_BOUND);
+    let err = stderr(&r);
+    assert!(r.status.success(), "{}: {err}", r.status);
+    let p = cpi_user::report::file::read(&json).expect("the one-shot's profile");
+    agent.more_windows(3);
+    let log = agent.stop();
+    let store = run_bounded(
+        Command::new(cpi_bpf())
+            .args(["report", "--format", "json", "--store"])
+            .arg(dir.join("store")),
+    );
+    assert!(store.status.success(), "{}", stderr(&store));
+    let stored = String::from_utf8_lossy(&store.stdout).into_owned();
+    let one = std::fs::read_to_string(&json).unwrap();
+    eprintln!("one-shot: {err}\nagent: {log}");
+    for (what, text) in [("one-shot", &one), ("agent", &stored)] {
+        assert!(
+            !text.contains("WRONG_fn"),
+            "{what}: named from another file"
+        );
+        assert!(text.contains("\"lib_hot\""), "{what}: lib_hot not named");
+    }
+    let unmapped = p.lost.unmapped_samples;
+    eprintln!("one-shot: {unmapped} samples unmapped");
+    for (l, why) in [
+        (&libs[0], "not a regular file"),
+        (&libs[1], "not the mapped file"),
+    ] {
+        let l = l.to_string_lossy();
+        assert!(
+            err.lines().any(|x| x.contains(&*l) && x.contains(why)),
+            "{l} not named as refused ({why}): {err}"
+        );
+    }
+    assert!(unmapped > 0, "the refused files' samples are counted");
+}
+
+/// The agent's analysis thread, stopped by ptrace (`PTRACE_SEIZE` then
+/// `PTRACE_INTERRUPT`: that thread alone) as if it were stuck; on drop the agent is
+/// killed and the stopped thread reaped, so a failing test leaves nothing behind.
+struct StoppedThread {
+    pid: i32,
+    tid: i32,
+}
+
+impl StoppedThread {
+    fn analysis_of(pid: u32) -> StoppedThread {
+        let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+            .find(|t| {
+                std::fs::read_to_string(t.path().join("comm"))
+                    .is_ok_and(|c| c.trim() == "cpi-bpf-analysi")
+            })
+            .and_then(|t| t.file_name().to_str()?.parse::<i32>().ok())
+            .expect("the agent's thread cpi-bpf-analysis");
+        // SAFETY: ptrace and waitpid on a thread of our own child, as root.
+        unsafe {
+            assert_eq!(
+                libc::ptrace(libc::PTRACE_SEIZE, tid, 0, 0),
+                0,
+                "PTRACE_SEIZE"
+            );
+            assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, tid, 0, 0), 0);
+            let mut status = 0;
+            assert_eq!(libc::waitpid(tid, &raw mut status, libc::__WALL), tid);
+            assert!(libc::WIFSTOPPED(status), "{status:#x}");
+        }
+        StoppedThread {
+            pid: pid as i32,
+            tid,
+        }
+    }
+
+    /// Reaps the stopped thread once its process has ended (a traced thread waits for
+    /// its tracer); false while it has not within `limit`.
+    fn reaped_within(&self, limit: Duration) -> bool {
+        let t0 = Instant::now();
+        while t0.elapsed() < limit {
+            let mut status = 0;
+            // SAFETY: waitpid on our tracee.
+            let r =
+                unsafe { libc::waitpid(self.tid, &raw mut status, libc::__WALL | libc::WNOHANG) };
+            if r == self.tid && (libc::WIFEXITED(status) || libc::WIFSIGNALED(status)) {
+                return true;
+            }
+            if r < 0 {
+                return true; // already reaped
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for StoppedThread {
+    fn drop(&mut self) {
+        // SAFETY: our own child; a killed tracee exits, and is reaped here.
+        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+        self.reaped_within(BOUND);
+    }
+}
+
+/// Item 6, "a stalled analysis is visible and stoppable": with the analysis thread
+/// stuck (stopped from outside by ptrace; no file a user controls blocks it any more:
+/// the FIFO of the rows above is refused without waiting), `/metrics` still answers and
+/// `cpi_bpf_last_window_age_seconds` rises past the stall bound (two intervals, at least
+/// `STALL_AFTER_MIN`, cpi-user/src/agent/mod.rs), the late window is logged, the agent's
+/// RSS stays within its bound (collection goes on without draining), a first SIGTERM
+/// is logged, and a second ends the process although the analysis never finishes.
+#[test]
+fn a_stalled_analysis_is_visible_and_a_second_sigterm_ends_it() {
+    if !require_root("the agent") {
+        return;
+    }
+    let _cpu = cpi_tests::cpu_heavy();
+    let dir = temp_dir("hostile-stall");
+    let Some((uselib, lib, _)) = hostlib(&dir) else {
+        return;
+    };
+    let target = spin_in(&uselib, &lib, 600_000);
+    let pid = target.0.id().to_string();
+    let mut agent = Watched::start(&dir, &["--pid", &pid]);
+    agent.more_windows(1);
+    agent.attack_begins();
+    let age = |w: &mut Watched| {
+        let (_, body) = w
+            .sample()
+            .expect("/metrics answers while the analysis is stuck");
+        metric(&body, "cpi_bpf_last_window_age_seconds").expect("the window age is exported")
+    };
+    let before = age(&mut agent);
+    let stall = cpi_user::agent::STALL_AFTER_MIN.as_secs_f64();
+    assert!(before < stall, "window age {before} s before the stall");
+    let stopped = StoppedThread::analysis_of(agent.agent.0.id());
+    let windows = agent.windows();
+    // Hang guard: the late window is logged about STALL_AFTER_MIN + 2 s after the stop.
+    let t0 = Instant::now();
+    let (mut oldest, mut told) = (0.0, false);
+    while !(told && oldest > stall) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "after {:?}: window age {oldest} s, the log: {}",
+            t0.elapsed(),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        oldest = age(&mut agent);
+        told = agent.log().contains("has not finished after");
+    }
+    assert!(
+        agent.windows() <= windows + 1,
+        "windows written while stopped"
+    );
+    eprintln!(
+        "window age {before:.1} s before the stall, {oldest:.1} s after {:?}; the log: {}",
+        t0.elapsed(),
+        agent.log()
+    );
+    let id = agent.agent.0.id() as i32;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(id, libc::SIGTERM) };
+    let t1 = Instant::now();
+    while !agent.log().contains("stopping (SIGTERM received)") {
+        assert!(
+            t1.elapsed() < BOUND,
+            "first SIGTERM not seen: {}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The first SIGTERM waits for the analysis, which is stuck: the second ends it.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        agent.agent.0.try_wait().unwrap().is_none(),
+        "ended on the first SIGTERM: {}",
+        agent.log()
+    );
+    // SAFETY: as above.
+    unsafe { libc::kill(id, libc::SIGTERM) };
+    assert!(
+        stopped.reaped_within(BOUND),
+        "the second SIGTERM did not end the agent"
+    );
+    let st = agent.agent.0.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&st),
+        Some(libc::SIGTERM),
+        "{st}"
+    );
+    let steady = agent.steady.unwrap();
+    assert!(
+        agent.peak <= steady + RSS_BOUND,
+        "RSS {} B, {steady} B at the steady state",
+        agent.peak
+    );
+    drop(target);
+}
+
+/// Row "put … 1 000 000 empty files in the store": `report --store` and the agent's
+/// index of it are bounded (cpi-user/src/agent/store.rs: the newest `MAX_INDEX`
+/// windows listed, the rest counted; unreadable windows named up to `MAX_NAMED_SKIPS`,
+/// the rest counted). On tmpfs (`/dev/shm`), one real window and a million empty ones
+/// before it: `report` merges the real one within [`BOUND`], says the skipped in a few
+/// lines, and peaks under 128 MiB (372 MB before); the agent on that store writes its
+/// windows with its anonymous RSS less its cache under [`RSS_BOUND`] (249 MB before).
+#[test]
+fn a_million_files_in_the_store_cost_bounded_memory() {
+    if !require_root("the agent") {
+        return;
+    }
+    let _cpu = cpi_tests::cpu_heavy();
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        let d = shm.join(format!("cpi-tests-{}-store1m", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir(&d).unwrap();
+        d
+    } else {
+        temp_dir("hostile-store1m")
+    };
+    let s = dir.join("store");
+    let mut st = Store::open(&s, store::DEFAULT_RETAIN, 1 << 30, None).unwrap();
+    let now = std::time::SystemTime::now();
+    let ms =
+        |t: std::time::SystemTime| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis();
+    // A million 1 ms windows in the 2 000 s before now (inside retention), all empty.
+    let oldest = ms(now) - 2_000_000;
+    let t0 = Instant::now();
+    for i in 0..1_000_000u128 {
+        let start = oldest + 2 * i;
+        std::fs::File::create(s.join(format!("w-{start}-{}.json.gz", start + 1))).unwrap();
+    }
+    let made = t0.elapsed();
+    st.write(&cpi_user::agent::Window {
+        start: now,
+        end: now + Duration::from_secs(1),
+        profile: time_profile(),
+    })
+    .unwrap();
+    drop(st);
+    #[expect(
+        clippy::zombie_processes,
+        reason = "reaped by wait4 below, for its own peak RSS"
+    )]
+    let child = Command::new(cpi_bpf())
+        .args(["report", "--format", "json", "--store"])
+        .arg(&s)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let t1 = Instant::now();
+    let err = std::thread::spawn(move || {
+        let mut e = String::new();
+        let _ = std::io::Read::read_to_string(&mut child.stderr.unwrap(), &mut e);
+        e
+    });
+    // SAFETY: our own child, reaped here for its own peak RSS.
+    let (status, peak) = unsafe {
+        let mut status = 0;
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::wait4(pid, &raw mut status, 0, &raw mut usage), pid);
+        (status, usage.ru_maxrss as u64 * 1024)
+    };
+    let took = t1.elapsed();
+    let err = err.join().unwrap();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    eprintln!(
+        "1 000 000 files made in {made:?}; report --store: {took:?}, peak RSS {:.1} MiB, \
+         {} lines on stderr:\n{err}",
+        mib(peak),
+        err.lines().count()
+    );
+    assert!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "{status:#x}: {err}"
+    );
+    assert!(took < BOUND, "report --store took {took:?}");
+    assert!(err.lines().count() <= 30, "{err}");
+    assert!(
+        peak <= 128 << 20,
+        "report --store peaked at {:.1} MiB",
+        mib(peak)
+    );
+
+    let sleeper = KillOnDrop(Command::new("sleep").arg("600").spawn().unwrap());
+    let (agent, metrics) = agent_with_metrics(
+        &dir,
+        &["--interval", "2", "--pid", &sleeper.0.id().to_string()],
+    );
+    let (t2, mut most) = (Instant::now(), 0u64);
+    loop {
+        let body = http_get(metrics, "/metrics").ok().map(|(_, b)| b);
+        if let Some(b) = &body {
+            if let Some(cache) = metric(b, "cpi_bpf_cache_bytes") {
+                most = most.max(rss(agent.0.id()).saturating_sub(cache as u64));
+            }
+        }
+        if body
+            .as_deref()
+            .and_then(|b| metric(b, "cpi_bpf_windows_total"))
+            .is_some_and(|w| w >= 3.0)
+        {
+            break;
+        }
+        let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+        assert!(
+            t2.elapsed() < Duration::from_secs(60),
+            "three windows not written in 60 s: {log}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "agent on that store: three windows after {:?}, anonymous RSS less the cache at \
+         most {:.1} MiB",
+        t2.elapsed(),
+        mib(most)
+    );
+    assert!(most <= RSS_BOUND, "{:.1} MiB", mib(most));
+    drop(agent);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

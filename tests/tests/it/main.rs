@@ -5,6 +5,7 @@
 
 mod agent;
 mod agent_sinks;
+mod bpf_vm;
 mod cli;
 mod collect;
 mod collect_reliability;

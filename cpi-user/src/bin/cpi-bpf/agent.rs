@@ -103,6 +103,10 @@ pub struct Args {
     /// Leaf-only samples: no call stacks (less time in the kernel per sample).
     #[arg(long)]
     pub no_stacks: bool,
+    /// Source file and line of each sampled instruction, from the binaries' DWARF, in
+    /// the windows and pushes (costs CPU on hosts that run binaries with debug info).
+    #[arg(long)]
+    pub source_lines: bool,
     /// BPF ring buffer size, MiB (a power of two) [default: 8].
     #[arg(long, value_name = "MIB")]
     pub ring_buffer_mib: Option<u32>,
@@ -140,6 +144,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         push_timeout: args.push_timeout,
         include_kernel: args.include_kernel.then_some(true),
         stacks: args.no_stacks.then_some(false),
+        source_lines: args.source_lines.then_some(true),
         ring_buffer_mib: args.ring_buffer_mib,
         log_level: args.log_level,
     };
@@ -241,6 +246,9 @@ fn summary(c: &AgentConfig) -> String {
     }
     if !c.stacks {
         s += ", no call stacks";
+    }
+    if c.source_lines {
+        s += ", source lines";
     }
     s
 }
