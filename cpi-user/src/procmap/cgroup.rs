@@ -210,7 +210,9 @@ mod tests {
 
     #[test]
     fn path_forms() {
-        let cases: Vec<(String, Option<&str>, Option<&str>, Option<&str>)> = vec![
+        // (path, container id, pod UID, QoS)
+        type Case<'a> = (String, Option<&'a str>, Option<&'a str>, Option<&'a str>);
+        let cases: Vec<Case> = vec![
             // systemd driver, containerd, burstable (the form).
             (
                 format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{ID}.scope"),
