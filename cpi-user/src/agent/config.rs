@@ -12,6 +12,7 @@ use std::time::Duration;
 use regex::Regex;
 use serde::Deserialize;
 
+use super::kubelet;
 use super::push::ServiceLabel;
 use super::store;
 use crate::collect::{filter, StackMemory};
@@ -110,8 +111,13 @@ pub struct AgentOptions {
     pub push_password_file: Option<PathBuf>,
     /// File holding a bearer token for the pushes.
     pub push_token_file: Option<PathBuf>,
-    /// `comm` or `cgroup`.
+    /// `service_name` of pushed series: `comm`, `cgroup`, `pod`, `namespace` or
+    /// `container`.
     pub service_label: Option<String>,
+    /// Pod names from the kubelet (default: when /var/lib/kubelet/pods exists).
+    pub kubernetes: Option<bool>,
+    /// The kubelet's read-only API (`http://127.0.0.1:10255`).
+    pub kubelet_url: Option<String>,
     /// Windows waiting to be pushed at most; beyond it the oldest is dropped.
     pub push_queue: Option<usize>,
     /// Deadline of one push request, seconds.
@@ -175,6 +181,8 @@ pub struct AgentConfig {
     pub push_token_file: Option<PathBuf>,
     /// What pushed series are named by (`service_name`).
     pub service_label: ServiceLabel,
+    /// The kubelet asked for pod names (agent/kubelet.rs); `None`: not on Kubernetes.
+    pub kubelet_url: Option<String>,
     /// Windows waiting to be pushed at most; beyond it the oldest is dropped.
     pub push_queue: usize,
     /// Deadline of one push request.
@@ -240,6 +248,8 @@ impl AgentOptions {
             push_password_file: self.push_password_file.or(file.push_password_file),
             push_token_file: self.push_token_file.or(file.push_token_file),
             service_label: self.service_label.or(file.service_label),
+            kubernetes: self.kubernetes.or(file.kubernetes),
+            kubelet_url: self.kubelet_url.or(file.kubelet_url),
             push_queue: self.push_queue.or(file.push_queue),
             push_timeout: self.push_timeout.or(file.push_timeout),
             include_kernel: self.include_kernel.or(file.include_kernel),
@@ -321,13 +331,27 @@ impl AgentOptions {
                 )
             })?),
         };
-        let service_label = match self.service_label.as_deref().unwrap_or("comm") {
-            "comm" => ServiceLabel::Comm,
-            "cgroup" => ServiceLabel::Cgroup,
-            s => {
+        let label = self.service_label.as_deref().unwrap_or("comm");
+        let service_label = ServiceLabel::parse(label).ok_or_else(|| {
+            bad(
+                "service-label",
+                format!(
+                    "must be one of {}, not {label:?}",
+                    ServiceLabel::NAMES.join(", ")
+                ),
+            )
+        })?;
+        let on_kubernetes = self
+            .kubernetes
+            .unwrap_or_else(|| self.kubelet_url.is_some() || Path::new(kubelet::PODS_DIR).is_dir());
+        let kubelet_url = match (on_kubernetes, self.kubelet_url) {
+            (false, _) => None,
+            (true, None) => Some(kubelet::DEFAULT_URL.to_string()),
+            (true, Some(u)) if u.starts_with("http://") || u.starts_with("https://") => Some(u),
+            (true, Some(u)) => {
                 return Err(bad(
-                    "service-label",
-                    format!("must be comm or cgroup, not {s:?}"),
+                    "kubelet-url",
+                    format!("{u:?} is not an http:// or https:// URL"),
                 ))
             }
         };
@@ -375,6 +399,7 @@ impl AgentOptions {
             push_password_file: self.push_password_file,
             push_token_file: self.push_token_file,
             service_label,
+            kubelet_url,
             push_queue,
             push_timeout: Duration::from_secs(push_timeout),
             include_kernel: self.include_kernel.unwrap_or(false),
@@ -425,13 +450,10 @@ fn cgroup_dir(p: &Path) -> Result<PathBuf, ConfigError> {
     Ok(dir)
 }
 
-/// The cgroup v2 path of a process relative to [`CGROUP_ROOT`] (`/system.slice/x`), from
-/// `/proc/PID/cgroup`; `None` when the process is gone.
+/// The cgroup path of a process relative to [`CGROUP_ROOT`] (`/system.slice/x`), from
+/// `/proc/PID/cgroup` (cpi-user/src/procmap/cgroup.rs); `None` when the process is gone.
 pub fn process_cgroup(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(str::to_string)
+    crate::procmap::ProcessIdentity::read(pid)?.cgroup
 }
 
 #[cfg(test)]

@@ -828,6 +828,7 @@ pub(crate) mod tests {
                 .map(|&(pid, comm, w)| ProcessProfile {
                     pid,
                     comm: comm.into(),
+                    identity: Default::default(),
                     samples: 10,
                     branch_samples: 0,
                     time_ns: time.then_some(w),

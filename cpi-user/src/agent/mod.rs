@@ -34,6 +34,7 @@
 pub mod config;
 pub mod error;
 pub mod governor;
+pub mod kubelet;
 pub mod metrics;
 pub mod push;
 pub mod store;
@@ -559,6 +560,7 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
         collect::filter::CgroupV2::at(d).map_or_else(|_| d.display().to_string(), |g| g.path)
     });
     let mut store_failures = 0;
+    let mut kubelet = c.kubelet_url.as_deref().map(kubelet::Kubelet::new);
     for job in rx {
         let began = Instant::now();
         let Collected {
@@ -587,6 +589,11 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
         }
         let mut profile = analyze_with(&set, run, &opts, &mut sym);
         drop(set);
+        if let Some(k) = &mut kubelet {
+            for p in &mut profile.processes {
+                k.fill(&mut p.identity, &**log);
+            }
+        }
         keep_evidence_lines(&mut profile);
         for pid in table.expire(job.windows) {
             sym.forget_process(pid);

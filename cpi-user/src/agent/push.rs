@@ -4,14 +4,18 @@
 //!
 //! ```json
 //! {"series":[{"labels":[{"name":"__name__","value":"cpi_bpf"},
-//!                       {"name":"service_name","value":"<comm or cgroup>"}],
+//!                       {"name":"service_name","value":"<comm, cgroup, pod, …>"},
+//!                       {"name":"pod","value":"…"}, …],
 //!             "samples":[{"ID":"<uuid v4>","rawProfile":"<base64 of the gzip'd pprof>"}]}]}
 //! ```
 //!
-//! One series per service (`service_name` = the comm, or the cgroup v2 path with
-//! `--service-label cgroup`), its pprof holding that service's processes only, encoded
-//! by cpi-user/src/report/pprof.rs (same sample types as `--format pprof`; pid and comm
-//! are pprof sample labels, not series labels). `X-Scope-OrgID` carries `--push-tenant`.
+//! One series per service (`service_name` = the comm by default; `--service-label`
+//! `cgroup`, `pod`, `namespace` or `container` names it by that field of the process's
+//! identity, cpi-user/src/procmap/cgroup.rs) and container: the series also carries the
+//! known `container_id`, `pod_uid`, `qos`, `pod`, `namespace` and `container`. Its pprof
+//! holds those processes only, encoded by cpi-user/src/report/pprof.rs (same sample
+//! types as `--format pprof`; pid, comm and the cgroup path are pprof sample labels, not
+//! series labels). `X-Scope-OrgID` carries `--push-tenant`.
 //!
 //! Never in the way of collection: [`Pusher::submit`] encodes the window and queues it
 //! without waiting; one worker thread sends. The queue holds at most `queue_windows`
@@ -32,7 +36,7 @@
 //! to [`MAX_BODY`], and 1xx answers are skipped without being kept, so no receiver can
 //! make the agent wait longer or hold more.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime};
@@ -68,13 +72,50 @@ const MAX_CA_FILE: u64 = 4 << 20;
 /// Characters of an error answer's body logged.
 const LOGGED_BODY_CHARS: usize = 200;
 
-/// What `service_name` is (`--service-label`).
+/// What `service_name` is (`--service-label`); [`UNKNOWN_SERVICE`] where the process's
+/// field is unknown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServiceLabel {
     /// The process's comm.
     Comm,
-    /// The process's cgroup v2 path, [`UNKNOWN_SERVICE`] when it cannot be read.
+    /// The process's cgroup path.
     Cgroup,
+    /// Its Kubernetes pod's name.
+    Pod,
+    /// Its pod's namespace.
+    Namespace,
+    /// Its container's name in the pod.
+    Container,
+}
+
+impl ServiceLabel {
+    /// The `--service-label` values, as written there.
+    pub const NAMES: [&'static str; 5] = ["comm", "cgroup", "pod", "namespace", "container"];
+
+    /// The label for a `--service-label` value.
+    pub fn parse(s: &str) -> Option<ServiceLabel> {
+        Some(match s {
+            "comm" => ServiceLabel::Comm,
+            "cgroup" => ServiceLabel::Cgroup,
+            "pod" => ServiceLabel::Pod,
+            "namespace" => ServiceLabel::Namespace,
+            "container" => ServiceLabel::Container,
+            _ => return None,
+        })
+    }
+
+    /// `service_name` of process `pr`.
+    fn of(self, pr: &ProcessProfile) -> String {
+        let id = &pr.identity;
+        let field = match self {
+            ServiceLabel::Comm => return pr.comm.clone(),
+            ServiceLabel::Cgroup => &id.cgroup,
+            ServiceLabel::Pod => &id.pod,
+            ServiceLabel::Namespace => &id.namespace,
+            ServiceLabel::Container => &id.container,
+        };
+        field.clone().unwrap_or_else(|| UNKNOWN_SERVICE.to_string())
+    }
 }
 
 /// What [`Pusher::new`] needs (from the agent's `--push-*` settings).
@@ -348,50 +389,42 @@ fn client(cfg: &PushConfig, ep: &Endpoint) -> Result<ureq::Agent, AgentError> {
     Ok(b.build().into())
 }
 
-/// The cgroup v2 path of a process (`0::/system.slice/x.service` → that path).
-fn cgroup_of(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .map(|p| p.trim().to_string())
-        .filter(|p| !p.is_empty())
-}
-
 fn nanos_since_epoch(t: SystemTime) -> i64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.as_nanos().min(i64::MAX as u128) as i64)
         .unwrap_or(0)
 }
 
+/// One series' labels beside `__name__`: `service_name`, and the container and pod of
+/// its processes where known (cpi-user/src/procmap/cgroup.rs, the cgroup path aside: it
+/// is in each sample's pprof labels).
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct SeriesLabels {
+    service: String,
+    identity: Vec<(&'static str, String)>,
+}
+
 /// The Push request body of a window, or None when it has no process.
 pub fn request_body(window: &Window, label: ServiceLabel) -> std::io::Result<Option<Vec<u8>>> {
     let p = &window.profile;
-    let cgroups: HashMap<u32, String> = match label {
-        ServiceLabel::Comm => HashMap::new(),
-        ServiceLabel::Cgroup => p
-            .processes
-            .iter()
-            .map(|pr| {
-                let name = cgroup_of(pr.pid).unwrap_or_else(|| UNKNOWN_SERVICE.to_string());
-                (pr.pid, name)
-            })
+    let series_of = |pr: &ProcessProfile| SeriesLabels {
+        service: label.of(pr),
+        identity: pr
+            .identity
+            .fields()
+            .filter(|(k, _)| *k != "cgroup")
+            .map(|(k, v)| (k, v.to_string()))
             .collect(),
     };
-    let service = |pr: &ProcessProfile| -> String {
-        match label {
-            ServiceLabel::Comm => pr.comm.clone(),
-            ServiceLabel::Cgroup => cgroups[&pr.pid].clone(),
-        }
-    };
-    let services: BTreeMap<String, ()> = p.processes.iter().map(|pr| (service(pr), ())).collect();
+    let services: BTreeSet<SeriesLabels> = p.processes.iter().map(series_of).collect();
     if services.is_empty() {
         return Ok(None);
     }
     let start = nanos_since_epoch(window.start);
     let duration = (nanos_since_epoch(window.end) - start).max(0);
     let mut series = Vec::with_capacity(services.len());
-    for name in services.keys() {
-        let mut msg = pprof::build_processes(p, &|pr| service(pr) == *name);
+    for name in &services {
+        let mut msg = pprof::build_processes(p, &|pr| series_of(pr) == *name);
         if msg.sample.is_empty() {
             // Processes seen in the window without a sample of their own: Pyroscope
             // takes no profile without samples.
@@ -401,11 +434,15 @@ pub fn request_body(window: &Window, label: ServiceLabel) -> std::io::Result<Opt
         msg.duration_nanos = duration;
         let raw = pprof::gzip(&msg)?;
         let id = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+        let mut labels = vec![
+            serde_json::json!({"name": "__name__", "value": PROFILE_NAME}),
+            serde_json::json!({"name": "service_name", "value": name.service}),
+        ];
+        for (k, v) in &name.identity {
+            labels.push(serde_json::json!({"name": k, "value": v}));
+        }
         series.push(serde_json::json!({
-            "labels": [
-                {"name": "__name__", "value": PROFILE_NAME},
-                {"name": "service_name", "value": name},
-            ],
+            "labels": labels,
             "samples": [{
                 "ID": id.to_string(),
                 "rawProfile": base64::engine::general_purpose::STANDARD.encode(raw),

@@ -442,6 +442,7 @@ mod tests {
             processes: vec![ProcessProfile {
                 pid: 1,
                 comm: comm.into(),
+                identity: Default::default(),
                 samples,
                 branch_samples: 0,
                 time_ns: Some(samples as f64 * 1e6),

@@ -13,7 +13,7 @@ use cpi_common::wire::{
 use super::sideband::Sideband;
 use super::target;
 use super::StackMemory;
-use crate::procmap::{self, CapturedFiles, ProcessMaps};
+use crate::procmap::{self, CapturedFiles, ProcessIdentity, ProcessMaps};
 use crate::profile::stack::{CallStack, StackEnd};
 use crate::profile::SampleSet;
 use crate::unwind::{StackUnwinder, Stop, UserRegs};
@@ -254,6 +254,7 @@ impl Drain {
                 Known {
                     start: p.start,
                     comm: p.comm.clone(),
+                    identity: p.identity.clone(),
                     maps: p.maps.clone(),
                     files: p.files.clone(),
                 },
@@ -440,6 +441,7 @@ impl Drain {
             }
         }
         p.start = k.start;
+        p.identity.clone_from(&k.identity);
         p.maps.clone_from(&k.maps);
         p.files.clone_from(&k.files);
     }
@@ -460,6 +462,10 @@ impl Drain {
         let first = p.maps.is_none() && !self.maps_read_at.contains_key(&pid);
         if p.comm.is_empty() {
             p.comm = target::comm(pid);
+        }
+        if first {
+            // Now, before the process can exit: who it is (cgroup, container, pod).
+            p.identity = ProcessIdentity::read(pid);
         }
         let miss =
             addr.is_some_and(|a| a != 0 && p.maps.as_ref().is_none_or(|m| m.find(a).is_none()));
@@ -536,6 +542,7 @@ impl Drain {
 struct Known {
     start: Option<u64>,
     comm: String,
+    identity: Option<ProcessIdentity>,
     maps: Option<ProcessMaps>,
     files: HashMap<u64, std::sync::Arc<procmap::CapturedFile>>,
 }

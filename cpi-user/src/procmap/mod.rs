@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 pub use crate::fsafe::FileId;
 
 mod captured;
+mod cgroup;
 pub use captured::{open_mapped_file, CaptureCounter, CaptureCounts, CapturedFile, CapturedFiles};
+pub use cgroup::ProcessIdentity;
 
 /// Why maps could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -16,7 +16,7 @@ use cpi_common::wire::{BranchEntry, BranchSample, EventRole, IpSample, FLAG_KERN
 
 use super::error::{group_of, Groups};
 use super::stack::{CallStack, StackAggregate};
-use crate::procmap::{CapturedFile, ProcessMaps};
+use crate::procmap::{CapturedFile, ProcessIdentity, ProcessMaps};
 
 /// How each branch stack's ranges are weighted.
 ///
@@ -252,6 +252,9 @@ pub struct ProcessSamples {
     /// the pid, what tells it from a later process given the same pid. `None` when it was
     /// gone before it could be read, or for recordings made elsewhere.
     pub start: Option<u64>,
+    /// Cgroup, container and pod, read when the process was first seen; `None` when it
+    /// was gone by then, or for recordings made elsewhere.
+    pub identity: Option<ProcessIdentity>,
     /// Mappings as last read (kept after exit).
     pub maps: Option<ProcessMaps>,
     /// Files of executable mappings opened while the process lived, by mapping start

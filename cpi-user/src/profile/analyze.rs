@@ -581,6 +581,7 @@ impl Ctx<'_> {
         ProcessProfile {
             pid: p.pid,
             comm: p.comm.clone(),
+            identity: p.identity.clone().unwrap_or_default(),
             samples: primary.samples,
             branch_samples: p.branches.samples,
             time_ns: total(EventRole::CpuClock),

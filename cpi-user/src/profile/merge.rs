@@ -38,6 +38,7 @@ use super::model::{
     LossReport, Mode, ProcessProfile, Profile, StackFrame, StackProfile,
 };
 use super::paths::{self, PathKey, PathTotals};
+use crate::procmap::ProcessIdentity;
 
 /// Why profiles could not be merged.
 #[derive(Debug, thiserror::Error)]
@@ -311,6 +312,11 @@ impl Merger {
                 calls: BTreeMap::new(),
                 stacks: BTreeMap::new(),
             });
+        // Who the process is was read once, when first seen; a window that missed it
+        // (the process gone by then) takes it from another.
+        if acc.base.identity == ProcessIdentity::default() {
+            acc.base.identity.clone_from(&p.identity);
+        }
         for s in &p.stacks {
             acc.stacks
                 .entry(paths::frames_key(&s.frames))
@@ -803,6 +809,7 @@ mod tests {
             processes: vec![ProcessProfile {
                 pid: 7,
                 comm: "x".into(),
+                identity: Default::default(),
                 samples: 50,
                 branch_samples: 20,
                 time_ns: None,

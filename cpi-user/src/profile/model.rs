@@ -10,6 +10,7 @@ use cpi_common::wire::EventRole;
 use serde::{Deserialize, Serialize};
 
 use super::stack::StackEnd;
+use crate::procmap::ProcessIdentity;
 
 pub use crate::binary::cfg::EdgeKind;
 pub use crate::binary::SourceLine;
@@ -472,6 +473,10 @@ pub struct ProcessProfile {
     pub pid: u32,
     /// Command name (`/proc/PID/comm`).
     pub comm: String,
+    /// Cgroup, container and pod (cpi-user/src/procmap/cgroup.rs), each field absent when
+    /// unknown and in files written before it.
+    #[serde(flatten)]
+    pub identity: ProcessIdentity,
     /// IP samples (cycles or cpu-clock) attributed to the process.
     pub samples: u64,
     /// Branch samples attributed to the process.

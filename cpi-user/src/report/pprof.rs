@@ -1,7 +1,9 @@
 //! pprof export: a gzip'd `profile.proto` (github.com/google/pprof/proto/profile.proto),
 //! what `go tool pprof`, Pyroscope and Parca read.
 //!
-//! Samples labelled with `pid` and `comm`. Where samples carried stacks, each call path
+//! Samples labelled with `pid` and `comm`, and with the process's cgroup, container and
+//! pod where known (`cgroup`, `container_id`, `pod_uid`, `qos`, `pod`, `namespace`,
+//! `container`: cpi-user/src/procmap/cgroup.rs). Where samples carried stacks, each call path
 //! of the profile ([`crate::profile::model::StackProfile`]) is one sample with its whole
 //! location chain, leaf first (so `go tool pprof -traces`, flame graphs, Pyroscope and
 //! Parca show the call tree), valued with the path's cycles and instructions (a CPI
@@ -431,7 +433,7 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
     let mut sample = Vec::new();
     let (pid_key, comm_key) = (st.id("pid"), st.id("comm"));
     for proc in p.processes.iter().filter(|pr| keep(pr)) {
-        let labels = vec![
+        let mut labels = vec![
             Label {
                 key: pid_key,
                 str: 0,
@@ -443,6 +445,13 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                 num: 0,
             },
         ];
+        for (k, v) in proc.identity.fields() {
+            labels.push(Label {
+                key: st.id(k),
+                str: st.id(v),
+                num: 0,
+            });
+        }
         // What the process's call paths hold per leaf function.
         let mut leaf_totals: HashMap<(&str, &str), Vec<i64>> = HashMap::new();
         for s in real_paths(proc) {

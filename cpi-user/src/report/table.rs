@@ -39,6 +39,8 @@ pub struct TableOptions {
     /// A table per process instead of one list over all of them (perf's default,
     /// `--sort comm,dso,sym`: processes of one name are one).
     pub per_process: bool,
+    /// What a process of the list stands for: itself, or its comm, container or pod.
+    pub group_by: GroupBy,
     /// The column the function tables are sorted by.
     pub sort: SortKey,
     /// Show the call paths into this function instead of the top tables.
@@ -56,8 +58,68 @@ impl Default for TableOptions {
             per_process: false,
             sort: SortKey::Share,
             callers: None,
+            group_by: GroupBy::Process,
         }
     }
+}
+
+/// What a row of the process list stands for (`--group-by`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GroupBy {
+    /// Each process (processes of one name merged, as perf does).
+    #[default]
+    Process,
+    /// Every process of one name.
+    Comm,
+    /// Every process of one container (`namespace/pod/container`, else the container
+    /// id); processes in none are `[no container]`.
+    Container,
+    /// Every process of one pod (`namespace/pod`, else the pod UID); processes in none
+    /// are `[no pod]`.
+    Pod,
+}
+
+impl GroupBy {
+    /// Every value with its name on the command line.
+    pub const ALL: [(&'static str, GroupBy); 4] = [
+        ("process", GroupBy::Process),
+        ("comm", GroupBy::Comm),
+        ("container", GroupBy::Container),
+        ("pod", GroupBy::Pod),
+    ];
+
+    /// The value named `name`.
+    pub fn named(name: &str) -> Option<GroupBy> {
+        Self::ALL.iter().find(|(n, _)| *n == name).map(|&(_, g)| g)
+    }
+
+    /// The name of `pr`'s group, shown where the comm is.
+    fn key(self, pr: &ProcessProfile) -> String {
+        let id = &pr.identity;
+        let pod = || match (&id.namespace, &id.pod) {
+            (Some(ns), Some(pod)) => Some(format!("{ns}/{pod}")),
+            _ => id.pod_uid.as_ref().map(|u| format!("pod {u}")),
+        };
+        match self {
+            GroupBy::Process | GroupBy::Comm => pr.comm.clone(),
+            GroupBy::Pod => pod().unwrap_or_else(|| "[no pod]".into()),
+            GroupBy::Container => match (pod(), &id.container, &id.container_id) {
+                (Some(p), Some(c), _) => format!("{p}/{c}"),
+                (_, _, Some(cid)) => format!("container {}", &cid[..cid.len().min(12)]),
+                _ => "[no container]".into(),
+            },
+        }
+    }
+}
+
+/// `p` with each process named by its group: the list merges processes of one name
+/// ([`all_processes`]), so a group is one.
+fn grouped(p: &Profile, by: GroupBy) -> Profile {
+    let mut g = p.clone();
+    for pr in &mut g.processes {
+        pr.comm = by.key(pr);
+    }
+    g
 }
 
 /// A column of the function tables to sort by: numbers largest first, names A to Z.
@@ -130,6 +192,14 @@ fn suggest(similar: &[String]) -> String {
 
 /// Renders the header and either the top tables or the annotated function.
 pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
+    let by_group;
+    let p = match opts.group_by {
+        GroupBy::Process => p,
+        by => {
+            by_group = grouped(p, by);
+            &by_group
+        }
+    };
     let p = &super::terminal::escaped(p);
     let mut out = header(p, opts);
     let w = opts.width;

@@ -213,6 +213,7 @@ fn window(procs: &[(u32, &str)], start: SystemTime) -> Window {
                 .map(|&(pid, comm)| ProcessProfile {
                     pid,
                     comm: comm.into(),
+                    identity: Default::default(),
                     samples: 1000,
                     branch_samples: 0,
                     time_ns: Some(0.25e9),
@@ -669,11 +670,16 @@ fn push_by_cgroup() {
     let rx = Receiver::start(loopback0()).unwrap();
     let p = pusher(rx.url(), None, ServiceLabel::Cgroup, 8);
     let me = std::process::id();
-    // Two comms, one cgroup (ours); a pid that does not exist is "unknown".
-    p.submit(&window(
+    // Two comms, one cgroup (ours, as the collector read it); a process whose cgroup
+    // was never read is "unknown".
+    let mut w = window(
         &[(me, "alpha"), (me, "beta"), (u32::MAX, "gone")],
         SystemTime::now(),
-    ));
+    );
+    for pr in w.profile.processes.iter_mut().filter(|pr| pr.pid == me) {
+        pr.identity.cgroup = Some(cgroup.trim().to_string());
+    }
+    p.submit(&w);
     p.flush(Duration::from_secs(30));
     assert_eq!(rx.violations(), Vec::<String>::new());
     let pushes = rx.accepted();

@@ -207,6 +207,7 @@ fn hand_profile(exe: &Path) -> Profile {
         processes: vec![ProcessProfile {
             pid: 1,
             comm: "prog".into(),
+            identity: Default::default(),
             samples: 30,
             branch_samples: 30,
             time_ns: None,

@@ -282,6 +282,7 @@ pub fn cpi_profile() -> Profile {
         processes: vec![ProcessProfile {
             pid: 4242,
             comm: "bench".into(),
+            identity: Default::default(),
             samples: 39_862,
             branch_samples: 41_220,
             time_ns: None,
@@ -344,6 +345,7 @@ pub fn time_profile() -> Profile {
         processes: vec![ProcessProfile {
             pid: 777,
             comm: "xz".into(),
+            identity: Default::default(),
             samples: 2_480,
             branch_samples: 0,
             time_ns: Some(2_480.0 * 1_000_003.0),

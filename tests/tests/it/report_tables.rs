@@ -230,3 +230,47 @@ fn sort_by_any_column_and_a_legend() {
     assert!(names.contains("±: one standard error"), "{names}");
     assert!(names.contains("below floor: too few samples"), "{names}");
 }
+
+/// `--group-by pod`: the processes of one pod are one row group named `namespace/pod`;
+/// a process in no pod is `[no pod]`; the functions' samples add up.
+#[test]
+fn group_by_pod_merges_a_pods_processes() {
+    use cpi_user::report::table::GroupBy;
+    let mut p = time_profile();
+    let one = p.processes[0].clone();
+    let in_pod = |pid: u32| {
+        let mut pr = one.clone();
+        pr.pid = pid;
+        pr.identity.pod_uid = Some("74c13223-5a00-11e9-b385-42010a80018d".into());
+        pr.identity.pod = Some("web-1".into());
+        pr.identity.namespace = Some("shop".into());
+        pr
+    };
+    p.processes = vec![in_pod(10), in_pod(11), one.clone()];
+    let by = |g| {
+        render(
+            &p,
+            &TableOptions {
+                group_by: g,
+                ..TableOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let pods = by(GroupBy::Pod);
+    assert!(pods.contains("shop/web-1"), "{pods}");
+    assert!(pods.contains("[no pod]"), "{pods}");
+    // Two processes of the pod, one group: twice the one process's samples.
+    let hot = &one.functions[0];
+    let doubled = (hot.samples * 2).to_string();
+    let row = pods
+        .lines()
+        .find(|l| l.contains("shop/web-1") && l.contains(&hot.name))
+        .unwrap_or_else(|| panic!("no shop/web-1 row for {}:\n{pods}", hot.name));
+    assert!(
+        row.replace(',', "").contains(&doubled) && row.contains("2 pids"),
+        "{row}"
+    );
+    // The default is per process: the comm as before.
+    assert!(by(GroupBy::Process).contains(&one.comm));
+}

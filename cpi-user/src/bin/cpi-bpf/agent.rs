@@ -82,9 +82,17 @@ pub struct Args {
     /// File holding a bearer token for the pushes.
     #[arg(long, value_name = "FILE")]
     pub push_token_file: Option<PathBuf>,
-    /// service_name of pushed series: comm or cgroup [default: comm].
+    /// service_name of pushed series: comm, cgroup, pod, namespace or container
+    /// [default: comm].
     #[arg(long, value_name = "LABEL")]
     pub service_label: Option<String>,
+    /// Pod, namespace and container names from the kubelet's read-only API [default:
+    /// on when /var/lib/kubelet/pods exists].
+    #[arg(long)]
+    pub kubernetes: bool,
+    /// The kubelet's read-only API [default: http://127.0.0.1:10255].
+    #[arg(long, value_name = "URL")]
+    pub kubelet_url: Option<String>,
     /// Windows waiting to be pushed at most (the oldest is dropped) [default: 8].
     #[arg(long, value_name = "N")]
     pub push_queue: Option<usize>,
@@ -132,6 +140,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         push_password_file: args.push_password_file,
         push_token_file: args.push_token_file,
         service_label: args.service_label,
+        kubernetes: args.kubernetes.then_some(true),
+        kubelet_url: args.kubelet_url,
         push_queue: args.push_queue,
         push_timeout: args.push_timeout,
         include_kernel: args.include_kernel.then_some(true),

@@ -50,6 +50,12 @@ pub struct OutputArgs {
     /// columns; processes of one name are merged, as perf does).
     #[arg(long)]
     pub per_process: bool,
+    /// One row group per process (default), or per comm, container or pod: the comm
+    /// column then names the group (`namespace/pod/container`) (table).
+    #[arg(long, value_name = "BY", default_value = "process",
+          value_parser = clap::builder::PossibleValuesParser::new(
+              table::GroupBy::ALL.map(|(name, _)| name)))]
+    pub group_by: String,
     /// The whole header: why this mode, each event and its period, losses by reason.
     #[arg(short, long)]
     pub verbose: bool,
@@ -237,6 +243,7 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
                 width: args.output.is_none().then(terminal_width).flatten(),
                 verbose: args.verbose,
                 per_process: args.per_process,
+                group_by: table::GroupBy::named(&args.group_by).unwrap_or_default(),
                 sort: table::SortKey::named(&args.sort).unwrap_or_default(),
                 callers: args.callers.clone(),
             };
