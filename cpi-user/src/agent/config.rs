@@ -22,7 +22,7 @@ pub const DEFAULT_INTERVAL_SECS: u64 = 10;
 /// `--cache-mib` default.
 pub const DEFAULT_CACHE_MIB: u64 = 64;
 /// `--overhead-budget` default, percent of one CPU.
-pub const DEFAULT_BUDGET_PCT: f64 = 1.0;
+pub const DEFAULT_BUDGET_PCT: f64 = 0.5;
 /// `--min-frequency` default, Hz.
 pub const DEFAULT_MIN_FREQUENCY: u64 = 49;
 /// `--metrics-addr` default (loopback).
@@ -475,7 +475,8 @@ mod tests {
         let c = AgentOptions::default().resolve().unwrap();
         assert_eq!(c.interval, Duration::from_secs(10));
         assert_eq!((c.frequency, c.min_frequency), (999, 49));
-        assert_eq!(c.overhead_budget_pct, 1.0);
+        assert_eq!(c.overhead_budget_pct, 0.5);
+        assert!(c.stacks && !c.source_lines);
         assert_eq!(c.cache_bytes, 64 << 20);
         assert_eq!(c.store, Path::new("/var/lib/cpi-bpf"));
         assert_eq!(c.retain, Duration::from_secs(86_400));

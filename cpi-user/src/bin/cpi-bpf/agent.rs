@@ -37,7 +37,7 @@ pub struct Args {
     /// The least the governor lowers the frequency to [default: 49].
     #[arg(long, value_name = "HZ")]
     pub min_frequency: Option<u64>,
-    /// CPU budget of the agent plus its BPF programs, percent of one CPU [default: 1].
+    /// CPU budget of the agent plus its BPF programs, percent of one CPU [default: 0.5].
     #[arg(long, value_name = "PCT")]
     pub overhead_budget: Option<f64>,
     /// Bound of the caches that outlive windows (binaries, symbols), MiB; each window's
