@@ -36,8 +36,26 @@ pub fn compile_c(source: &str, dir: &Path, out: &str, extra: &[&str]) -> Option<
     let flags: Vec<&str> = ["-O2", "-g"].iter().chain(extra).copied().collect();
     let built = programs::compile(source, &flags)?;
     let exe = dir.join(out);
-    std::fs::copy(&built, &exe).unwrap_or_else(|e| panic!("{}: {e}", exe.display()));
+    copy_program(&built, &exe);
     Some(exe)
+}
+
+/// Copies a program that a test will run. `cp` does the writing: a write descriptor
+/// open in this multi-threaded process would be inherited by any child another test
+/// forks meanwhile, and exec of the copy fails with ETXTBSY until that child execs.
+pub fn copy_program(from: &Path, to: &Path) {
+    let status = Command::new("cp")
+        .arg("--")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap_or_else(|e| panic!("cp: {e}"));
+    assert!(
+        status.success(),
+        "cp {} {}: {status}",
+        from.display(),
+        to.display()
+    );
 }
 
 /// True when running as root; otherwise prints why the test is skipped (and fails under

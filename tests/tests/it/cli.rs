@@ -12,20 +12,6 @@ fn run(args: &[&str]) -> std::process::Output {
         .expect("running cpi-bpf")
 }
 
-/// Starts a freshly copied program: another test thread's fork can hold the copy's
-/// write descriptor for a moment (ETXTBSY), so that is retried briefly.
-fn spawn(cmd: &mut Command) -> std::process::Child {
-    for _ in 0..50 {
-        match cmd.spawn() {
-            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            r => return r.expect("starting the test program"),
-        }
-    }
-    panic!("{cmd:?} stayed busy (ETXTBSY) for a second")
-}
-
 #[test]
 fn misspelt_flags_and_values_get_suggestions_in_one_line() {
     let out = run(&["--duraton", "1", "--", "true"]);
@@ -110,7 +96,7 @@ fn short_flags_profile_a_pid_into_a_file_and_keep_the_old_one() {
     let dir = temp_dir("cli-pid-out");
     let file = dir.join("f.json");
     std::fs::write(&file, "the previous run\n").unwrap();
-    let mut child = cpi_tests::KillOnDrop(spawn(Command::new(&exe).arg("3")));
+    let mut child = cpi_tests::KillOnDrop(Command::new(&exe).arg("3").spawn().unwrap());
     let pid = child.0.id();
     let out = run(&[
         "-p",
@@ -162,7 +148,7 @@ fn a_with_a_command_profiles_the_system_while_it_runs() {
         panic!("gcc is needed to build tests/programs/busy.c (cargo xtask setup installs it)");
     };
     // A process that is not the command: system-wide sees it, while `sleep` runs.
-    let mut other = cpi_tests::KillOnDrop(spawn(Command::new(&exe).arg("10")));
+    let mut other = cpi_tests::KillOnDrop(Command::new(&exe).arg("10").spawn().unwrap());
     let out = run(&["-a", "-F", "199", "--format", "json", "--", "sleep", "1"]);
     let _ = other.0.kill();
     assert!(out.status.success(), "{}", stderr(&out));

@@ -238,7 +238,7 @@ fn stderr_and_profile_count_the_same_losses() {
     let Some(exe) = busy("loss", &[]) else { return };
     let _serial = cpu_heavy();
     let gone = exe.with_file_name("busy-deleted");
-    std::fs::copy(&exe, &gone).unwrap();
+    cpi_tests::copy_program(&exe, &gone);
     let script = format!("{0} 0.7; rm -f {0}", gone.display());
     let out = Command::new(cpi_bpf())
         .args(["--format", "json", "--", "sh", "-c", &script])

@@ -217,7 +217,7 @@ fn stripped_binary_takes_names_and_lines_from_its_debug_file() {
     let dir = scratch("demangle-split");
     let built = programs::compile("cpp_names.cpp", &["-O2", "-g"]).expect("g++");
     let exe = dir.join("cpp_names");
-    std::fs::copy(&built, &exe).unwrap();
+    cpi_tests::copy_program(&built, &exe);
     for args in [
         vec![
             "objcopy",

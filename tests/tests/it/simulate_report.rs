@@ -17,7 +17,7 @@ fn report_keeps_accuracy_and_writes_fdata_without_the_binary() {
     let dir = temp_dir("sim-report");
     // A copy of the program that can be deleted after the run.
     let exe = dir.join("sim_mix");
-    std::fs::copy(program("sim_mix").unwrap(), &exe).unwrap();
+    cpi_tests::copy_program(&program("sim_mix").unwrap(), &exe);
     let json = dir.join("p.json");
     output_ok(
         Command::new(cpi_bpf())
