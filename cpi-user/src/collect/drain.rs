@@ -13,7 +13,7 @@ use cpi_common::wire::{
 use super::sideband::Sideband;
 use super::target;
 use super::StackMemory;
-use crate::procmap::{self, CapturedFiles, ProcessIdentity, ProcessMaps};
+use crate::procmap::{self, CapturedFiles, Mapping, ProcessIdentity, ProcessMaps};
 use crate::profile::stack::{CallStack, StackEnd};
 use crate::profile::SampleSet;
 use crate::unwind::{StackUnwinder, Stop, UserRegs};
@@ -118,8 +118,24 @@ pub struct StackCounts {
 }
 
 /// Re-read a process's maps on a miss at most this often (a genuinely unmapped
-/// address must not turn every sample into a `/proc` read).
+/// address must not turn every sample into a `/proc` read)…
 const REREAD_EVERY: Duration = Duration::from_millis(100);
+
+/// …and no sooner than this many times what the last read (and its captures) took: a
+/// process with 25 000 mappings costs 50–100 ms a read, so one whose mappings the
+/// kernel's records do not explain (records lost) cannot take more than 2 % of the
+/// collector (BENCHMARKS.md, "A hostile host: mapping churn").
+const REREAD_COST_RATIO: u32 = 50;
+
+/// What the collector did to learn processes' mappings since it started: it grows with
+/// the mappings that changed, not with those the processes hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MapsWork {
+    /// Reads of a `/proc/PID/maps`.
+    pub reads: u64,
+    /// Files of mappings opened to be captured.
+    pub captures: u64,
+}
 
 /// The collector's side of the ring buffer.
 #[derive(Debug)]
@@ -132,6 +148,9 @@ pub struct Drain {
     pub malformed: u64,
     /// Side-band records the kernel dropped (its buffer was full).
     pub sideband_lost: u64,
+    /// Reads of maps so far.
+    maps_reads: u64,
+    /// When each process's maps may be read again on a miss.
     maps_read_at: HashMap<u32, Instant>,
     /// Comm and maps of the processes of earlier windows ([`Drain::take_window`]), given
     /// back to a process when it shows up again in a later window.
@@ -223,6 +242,7 @@ impl Drain {
             received: BTreeMap::new(),
             malformed: 0,
             sideband_lost: 0,
+            maps_reads: 0,
             maps_read_at: HashMap::new(),
             known: HashMap::new(),
             files: CapturedFiles::default(),
@@ -297,6 +317,14 @@ impl Drain {
             .max(self.maps_read_at.len())
     }
 
+    /// Maps read and files captured since start.
+    pub fn maps_work(&self) -> MapsWork {
+        MapsWork {
+            reads: self.maps_reads,
+            captures: self.files.opened(),
+        }
+    }
+
     /// Evictions and reopens of the captured files.
     pub fn capture_counter(&self) -> procmap::CaptureCounter {
         self.files.counter()
@@ -306,11 +334,7 @@ impl Drain {
     pub fn observe(&mut self, s: Sideband) {
         match s {
             Sideband::Mapping { pid, mapping } => {
-                let e = self.recorded.entry(pid).or_default();
-                e.1 = ProcessMaps {
-                    mappings: vec![mapping],
-                }
-                .with_older(&e.1);
+                self.recorded.entry(pid).or_default().1.overlay(mapping);
             }
             Sideband::Comm { pid, comm, exec } => {
                 let e = self.recorded.entry(pid).or_default();
@@ -446,8 +470,11 @@ impl Drain {
         p.files.clone_from(&k.files);
     }
 
-    /// Comm, maps and mapped files of `pid`: read on first sight, re-read when `addr` (a
-    /// user address) is in none of the known mappings (at most every `REREAD_EVERY`).
+    /// Comm, maps and mapped files of `pid`: read on first sight; on a miss (`addr`, a
+    /// user address, in none of the known mappings) taken from the kernel's records of
+    /// its mappings, else re-read (at most every `REREAD_EVERY`, and `REREAD_COST_RATIO`
+    /// times the last read's cost). Only mappings not known before have their files
+    /// captured: a new mapping costs its own open, not one per mapping the process holds.
     /// What is read while the process lives is what analysis uses after it is gone:
     /// the files are opened at once (deleted, replaced and other-namespace binaries
     /// stay readable), and mappings from before an `exec` are kept where the new image
@@ -472,33 +499,52 @@ impl Drain {
         let due = self
             .maps_read_at
             .get(&pid)
-            .is_none_or(|t| t.elapsed() >= REREAD_EVERY);
-        // The kernel's records explain a miss at once, without reading /proc (an
-        // exec'd child whose maps were read as its parent's a moment ago).
+            .is_none_or(|&t| Instant::now() >= t);
+        // The kernel's records explain a miss at once, without reading /proc (an exec'd
+        // child whose maps were read as its parent's a moment ago, a library just
+        // loaded).
         let recorded = addr
-            .filter(|_| miss && !first && !due)
+            .filter(|_| miss && !first)
             .and_then(|a| self.recorded.get(&pid).filter(|(_, m)| m.find(a).is_some()));
         if let Some((comm, m)) = recorded {
-            // Open the new image's files now, while the process lives: after it exits
-            // a file seen only in its mount namespace (a container) cannot be found.
-            for (start, f) in self.files.capture_live(pid, tid, m) {
+            let fresh: Vec<Mapping> = m
+                .mappings
+                .iter()
+                .filter(|r| p.maps.as_ref().is_none_or(|o| !o.holds(r)))
+                .cloned()
+                .collect();
+            // Open the new files now, while the process lives: after it exits a file
+            // seen only in its mount namespace (a container) cannot be found.
+            for r in &fresh {
+                p.files.remove(&r.start);
+            }
+            for (start, f) in self.files.capture_live(pid, tid, &fresh) {
                 p.files.insert(start, f);
             }
-            p.maps = Some(match p.maps.take() {
-                Some(older) => m.clone().with_older(&older),
-                None => m.clone(),
-            });
+            let maps = p.maps.get_or_insert_with(ProcessMaps::default);
+            for r in fresh {
+                maps.overlay(r);
+            }
             if !comm.is_empty() {
                 p.comm.clone_from(comm);
             }
             return;
         }
         if first || (miss && due) {
-            self.maps_read_at.insert(pid, Instant::now());
+            let began = Instant::now();
+            self.maps_reads += 1;
             // A process that already exited keeps the maps (and name) read last time.
             let read = match ProcessMaps::read_live(pid, tid) {
                 Ok((m, dir)) => {
-                    for (start, f) in self.files.capture(&dir, &m) {
+                    let fresh: Vec<&Mapping> = m
+                        .mappings
+                        .iter()
+                        .filter(|x| p.maps.as_ref().is_none_or(|o| !o.holds(x)))
+                        .collect();
+                    for x in &fresh {
+                        p.files.remove(&x.start);
+                    }
+                    for (start, f) in self.files.capture(&dir, fresh) {
                         p.files.insert(start, f);
                     }
                     Some(m)
@@ -513,7 +559,7 @@ impl Drain {
             };
             if let Some(m) = read {
                 p.maps = Some(match p.maps.take() {
-                    Some(older) => m.with_older(&older),
+                    Some(older) => m.with_older(older),
                     None => m,
                 });
             }
@@ -526,6 +572,8 @@ impl Drain {
                     p.comm = comm;
                 }
             }
+            let wait = REREAD_EVERY.max(began.elapsed() * REREAD_COST_RATIO);
+            self.maps_read_at.insert(pid, began + wait);
         }
         if p.comm.is_empty() {
             // Gone before its name could be read: the thread's, else the pid.
@@ -756,6 +804,142 @@ mod tests {
         let w = d.take_window();
         assert_eq!(w.stack_counts.failed, 1);
         assert_eq!(d.stack_counts, StackCounts::default());
+    }
+
+    /// Files mapped executable into this process, one page each, unmapped on drop.
+    struct Mapped {
+        dir: std::path::PathBuf,
+        pages: Vec<u64>,
+    }
+
+    impl Mapped {
+        fn new(name: &str) -> Mapped {
+            let dir = std::env::temp_dir().join(format!("cpi-churn-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Mapped {
+                dir,
+                pages: Vec::new(),
+            }
+        }
+
+        /// Maps one more file; its address.
+        fn map(&mut self) -> u64 {
+            use std::os::fd::AsRawFd;
+            let path = self.dir.join(format!("f{}.so", self.pages.len()));
+            std::fs::write(&path, [0xc3u8; 4096]).unwrap();
+            let f = std::fs::File::open(&path).unwrap();
+            // SAFETY: a fresh private mapping of a file we own, unmapped on drop.
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_EXEC,
+                    libc::MAP_PRIVATE,
+                    f.as_raw_fd(),
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+            self.pages.push(p as u64);
+            p as u64
+        }
+    }
+
+    impl Drop for Mapped {
+        fn drop(&mut self) {
+            for &p in &self.pages {
+                // SAFETY: mapped by `map`, used by nothing else.
+                unsafe { libc::munmap(p as *mut libc::c_void, 4096) };
+            }
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// Issue 20: a process holding thousands of mappings that maps one more costs the
+    /// collector that one mapping — one file captured, one unwind module, no re-read of
+    /// its maps when the kernel's record explains it — not a pass over all it holds (25 000
+    /// mappings made each new one cost 20 000 opens and an O(n²) merge: the agent's
+    /// windows stopped).
+    #[test]
+    fn a_new_mapping_costs_its_own_capture_not_one_per_mapping_held() {
+        const HELD: usize = 2000;
+        let me = std::process::id();
+        let mut mapped = Mapped::new("many");
+        for _ in 0..HELD {
+            mapped.map();
+        }
+        let mut d = Drain::new(1, StackMemory::default());
+        // Fewer descriptors than files, as for 25 000 files: most are closed at once.
+        d.files = CapturedFiles::with_cap(64);
+        let reopens = d.capture_counter();
+        // The kernel recorded every mapping (the collector ran while they were made).
+        let now = ProcessMaps::read(me).unwrap();
+        for &a in &mapped.pages {
+            let m = now.find(a).unwrap().clone();
+            d.observe(Sideband::Mapping {
+                pid: me,
+                mapping: m,
+            });
+        }
+        // A sample with its stack: maps read, every file captured, every module made.
+        let sample = |d: &mut Drain, at: u64| {
+            let r = ip(me, at, EventRole::CpuClock);
+            d.add(&with_stack(&r, &[], [at, 0x1000, 0], &[0; 64]));
+        };
+        sample(&mut d, mapped.pages[0]);
+        let first = d.maps_work();
+        assert_eq!(first.reads, 1);
+        assert!(first.captures >= HELD as u64, "{first:?}");
+        let opened = reopens.counts().reopened;
+
+        // One more mapping, its record read before its sample: no read, one capture.
+        let new = mapped.map();
+        let m = ProcessMaps::read(me).unwrap().find(new).unwrap().clone();
+        d.observe(Sideband::Mapping {
+            pid: me,
+            mapping: m,
+        });
+        sample(&mut d, new);
+        let p = &d.set.processes[&me];
+        assert!(p.maps.as_ref().unwrap().find(new).is_some());
+        assert!(p.files.contains_key(&new), "the new file captured");
+        let work = d.maps_work();
+        assert_eq!(
+            (work.reads, work.captures),
+            (1, first.captures + 1),
+            "{first:?} then {work:?}"
+        );
+        // Its module was added; the others' files were not reopened.
+        assert_eq!(reopens.counts().reopened, opened);
+
+        // One more without a record: found by a re-read once one is due (bounded wait),
+        // which captures what changed — this file, and what the test harness's other
+        // threads mapped meanwhile, if anything — not the 2 000 unchanged.
+        let unrecorded = mapped.map();
+        let t0 = Instant::now();
+        while d.set.processes[&me]
+            .maps
+            .as_ref()
+            .unwrap()
+            .find(unrecorded)
+            .is_none()
+        {
+            assert!(t0.elapsed() < Duration::from_secs(120), "never re-read");
+            std::thread::sleep(Duration::from_millis(20));
+            sample(&mut d, unrecorded);
+        }
+        let last = d.maps_work();
+        assert_eq!(last.reads, 2, "{last:?}");
+        assert!(
+            (1..=10).contains(&(last.captures - work.captures)),
+            "{work:?} then {last:?}"
+        );
+        assert!(
+            reopens.counts().reopened - opened <= 10,
+            "{:?}",
+            reopens.counts()
+        );
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::{proc_dir, MappedObject, Mapping, ProcessMaps};
+use super::{proc_dir, MappedObject, Mapping};
 use crate::fsafe::{self, FileId, OpenError};
 
 /// Evictions, reopens and refused reopens of captured files since start.
@@ -207,6 +207,8 @@ pub struct CapturedFiles {
     /// Entries whose descriptor is held.
     open: usize,
     cap: usize,
+    /// `map_files` links opened so far.
+    opened: u64,
     shared: Arc<Shared>,
 }
 
@@ -224,21 +226,28 @@ impl CapturedFiles {
             by_inode: HashMap::new(),
             open: 0,
             cap: cap.max(1),
+            opened: 0,
             shared: Arc::default(),
         }
     }
 
     /// Captures the file of every executable file mapping of `maps` through
-    /// `DIR/map_files/START-END` (`dir` from [`ProcessMaps::read_live`]); returns them by
+    /// `DIR/map_files/START-END` (`dir` from [`super::ProcessMaps::read_live`]); returns them by
     /// mapping start. Mappings whose file cannot be opened or is not a regular file are
-    /// left out (the path is tried again, checked, at analysis).
-    pub fn capture(&mut self, dir: &Path, maps: &ProcessMaps) -> HashMap<u64, Arc<CapturedFile>> {
+    /// left out (the path is tried again, checked, at analysis). Each costs an open and
+    /// an `fstat`: callers pass only the mappings they have not captured before.
+    pub fn capture<'a>(
+        &mut self,
+        dir: &Path,
+        maps: impl IntoIterator<Item = &'a Mapping>,
+    ) -> HashMap<u64, Arc<CapturedFile>> {
         let mut out = HashMap::new();
-        for m in &maps.mappings {
+        for m in maps {
             if !m.executable || !matches!(m.object, MappedObject::File { .. }) {
                 continue;
             }
             let link = dir.join(format!("map_files/{:x}-{:x}", m.start, m.end));
+            self.opened += 1;
             let Ok(file) = fsafe::open(&link) else {
                 continue;
             };
@@ -317,7 +326,7 @@ impl CapturedFiles {
         &mut self,
         pid: u32,
         tid: u32,
-        maps: &ProcessMaps,
+        maps: &[Mapping],
     ) -> HashMap<u64, Arc<CapturedFile>> {
         let got = self.capture(&proc_dir(pid, None), maps);
         if !got.is_empty() || tid == pid || tid == 0 {
@@ -339,6 +348,11 @@ impl CapturedFiles {
         self.open -= closed;
     }
 
+    /// `map_files` links opened since start (what capturing costs).
+    pub fn opened(&self) -> u64 {
+        self.opened
+    }
+
     /// Descriptors held open.
     pub fn open_files(&self) -> usize {
         self.open
@@ -348,6 +362,7 @@ impl CapturedFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::procmap::ProcessMaps;
     use std::os::unix::fs::symlink;
 
     #[test]
@@ -355,11 +370,11 @@ mod tests {
         let me = std::process::id();
         let (maps, dir) = ProcessMaps::read_live(me, me).unwrap();
         let mut files = CapturedFiles::default();
-        let got = files.capture(&dir, &maps);
+        let got = files.capture(&dir, &maps.mappings);
         let here = own_text_is_captured_once_per_file as *const () as u64;
         let m = maps.find(here).expect("own text mapped");
         assert!(got.contains_key(&m.start), "own text captured");
-        let again = files.capture(&dir, &maps);
+        let again = files.capture(&dir, &maps.mappings);
         assert_eq!(again.len(), got.len());
         assert!(files.open_files() <= got.len(), "one open file per inode");
         assert!(files.open_files() > 0);
@@ -402,10 +417,8 @@ mod tests {
             }
         }
 
-        fn only(&self, i: usize) -> ProcessMaps {
-            ProcessMaps {
-                mappings: vec![self.maps.mappings[i].clone()],
-            }
+        fn only(&self, i: usize) -> &[Mapping] {
+            &self.maps.mappings[i..=i]
         }
 
         fn path(&self, i: usize) -> PathBuf {
@@ -425,7 +438,7 @@ mod tests {
         let mut files = CapturedFiles::with_cap(2);
         let mut held = HashMap::new();
         for i in 0..2 {
-            held.extend(files.capture(&fake.dir, &fake.only(i)));
+            held.extend(files.capture(&fake.dir, fake.only(i)));
         }
         macro_rules! file {
             ($i:expr) => {
@@ -434,7 +447,7 @@ mod tests {
         }
         // lib0 is used after lib1, so lib1 is the least recently used when lib2 comes.
         assert!(file!(0).held().is_some());
-        held.extend(files.capture(&fake.dir, &fake.only(2)));
+        held.extend(files.capture(&fake.dir, fake.only(2)));
         assert_eq!(files.open_files(), 2);
         assert!(file!(1).held().is_none(), "lib1 was least recently used");
         assert!(file!(0).held().is_some() && file!(2).held().is_some());
@@ -448,7 +461,7 @@ mod tests {
         assert!(file!(1).held().is_none(), "a reopen does not take a slot");
 
         // A new file evicts lib0, now the least recently used; lib1 stays evicted.
-        held.extend(files.capture(&fake.dir, &fake.only(3)));
+        held.extend(files.capture(&fake.dir, fake.only(3)));
         assert!(file!(0).held().is_none() && file!(1).held().is_none());
         assert_eq!(
             (files.open_files(), files.counter().counts().evicted),

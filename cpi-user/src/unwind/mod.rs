@@ -24,7 +24,7 @@ use object::{Object, ObjectSection, ObjectSegment};
 
 use crate::fsafe::map::GuardedMap;
 use crate::fsafe::FileId;
-use crate::procmap::{CapturedFile, MappedObject, ProcessMaps};
+use crate::procmap::{CapturedFile, MappedObject, Mapping, ProcessMaps};
 
 /// Why unwinding stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -181,12 +181,20 @@ impl Sections {
 /// descriptor (no change time: a reopened file is accepted on these alone).
 type FileKey = (FileId, u64);
 
-/// One process's modules, built from the maps they were built for.
+/// An executable file mapping as a module: start, end, file offset and file. A module
+/// stays while its mapping is the same (its path may change: deleted, renamed).
+type ModuleKey = (u64, u64, u64, Option<FileId>);
+
+fn module_key(m: &Mapping) -> Option<ModuleKey> {
+    (m.executable && matches!(m.object, MappedObject::File { .. }))
+        .then_some((m.start, m.end, m.offset, m.file_id))
+}
+
+/// One process's modules and the mappings they were made for.
 struct ProcessUnwinder {
-    maps: ProcessMaps,
     unwinder: UnwinderX86_64<SectionData>,
-    /// Executable file mappings, sorted: where unwinding may continue.
-    code: Vec<Range<u64>>,
+    /// Sorted by start (the maps' order): also where unwinding may continue.
+    modules: Vec<ModuleKey>,
 }
 
 /// Unwinds the copied user stacks of many processes.
@@ -253,14 +261,24 @@ impl StackUnwinder {
         stack: &[u8],
         copied_in_full: bool,
     ) -> (Vec<u64>, Stop) {
-        if self.processes.get(&pid).is_none_or(|p| p.maps != *maps) {
-            let built = self.build(pid, maps, files);
-            self.processes.insert(pid, built);
+        let current = self.processes.get(&pid).is_some_and(|p| {
+            p.modules
+                .iter()
+                .copied()
+                .eq(maps.mappings.iter().filter_map(module_key))
+        });
+        if !current {
+            let mut p = self.processes.remove(&pid).unwrap_or(ProcessUnwinder {
+                unwinder: UnwinderX86_64::new(),
+                modules: Vec::new(),
+            });
+            self.update(&mut p, pid, maps, files);
+            self.processes.insert(pid, p);
         }
         let proc = &self.processes[&pid];
         let in_code = |a: u64| {
-            let i = proc.code.partition_point(|r| r.start <= a);
-            i > 0 && proc.code[i - 1].contains(&a)
+            let i = proc.modules.partition_point(|m| m.0 <= a);
+            i > 0 && (proc.modules[i - 1].0..proc.modules[i - 1].1).contains(&a)
         };
         let end = regs.sp.saturating_add(stack.len() as u64);
         let mut read = |addr: u64| -> Result<u64, ()> {
@@ -304,52 +322,67 @@ impl StackUnwinder {
         (frames, stop)
     }
 
-    fn build(
+    /// Brings `p`'s modules to `maps`: the modules of mappings gone or changed are
+    /// removed, those of new mappings added; the others stay as they are (a process
+    /// with 25 000 mappings that maps one more adds one module, not 25 001).
+    fn update(
         &mut self,
+        p: &mut ProcessUnwinder,
         pid: u32,
         maps: &ProcessMaps,
         files: &HashMap<u64, Arc<CapturedFile>>,
-    ) -> ProcessUnwinder {
-        let mut unwinder = UnwinderX86_64::new();
-        let mut code = Vec::new();
-        for m in maps.mappings.iter().filter(|m| m.executable) {
-            let MappedObject::File { path, .. } = &m.object else {
-                continue;
-            };
-            code.push(m.start..m.end);
-            // Sections already read are found by the captured identity; only a file not
-            // read yet is opened, and one whose descriptor the LRU closed reopened by its
-            // checked path (not once per mapping at every rebuild: 25 000 mappings made
-            // that 20 000 reopens).
-            let captured = files.get(&m.start);
-            let sections = match captured.and_then(|c| self.cached((c.id, c.len))) {
-                Some(s) => s,
-                None => captured
-                    .and_then(|c| c.open(pid, m, path, true).ok())
-                    .and_then(|f| self.sections_of(&f)),
-            };
-            let (base, info) = match sections
-                .as_ref()
-                .and_then(|s| Some((s.base_avma(m.start, m.offset)?, s.module_info())))
-            {
-                Some(x) => x,
-                // No unwind information: frame pointers.
-                None => (m.start, ExplicitModuleSectionInfo::default()),
-            };
-            unwinder.add_module(Module::new(
-                path.display().to_string(),
-                m.start..m.end,
-                base,
-                info,
-            ));
+    ) {
+        let now: Vec<(ModuleKey, &Mapping)> = maps
+            .mappings
+            .iter()
+            .filter_map(|m| Some((module_key(m)?, m)))
+            .collect();
+        for k in &p.modules {
+            if now.binary_search_by_key(k, |&(n, _)| n).is_err() {
+                p.unwinder.remove_module(k.0);
+            }
         }
-        code.sort_by_key(|r| r.start);
+        for &(k, m) in &now {
+            if p.modules.binary_search(&k).is_err() {
+                let module = self.module(pid, m, files);
+                p.unwinder.add_module(module);
+            }
+        }
+        p.modules = now.into_iter().map(|(k, _)| k).collect();
         self.evict();
-        ProcessUnwinder {
-            maps: maps.clone(),
-            unwinder,
-            code,
-        }
+    }
+
+    /// The module of executable file mapping `m`: its unwind sections, else frame
+    /// pointers.
+    fn module(
+        &mut self,
+        pid: u32,
+        m: &Mapping,
+        files: &HashMap<u64, Arc<CapturedFile>>,
+    ) -> Module<SectionData> {
+        let path = match &m.object {
+            MappedObject::File { path, .. } => path.as_path(),
+            _ => std::path::Path::new(""),
+        };
+        // Sections already read are found by the captured identity; only a file not
+        // read yet is opened, and one whose descriptor the LRU closed reopened by its
+        // checked path.
+        let captured = files.get(&m.start);
+        let sections = match captured.and_then(|c| self.cached((c.id, c.len))) {
+            Some(s) => s,
+            None => captured
+                .and_then(|c| c.open(pid, m, path, true).ok())
+                .and_then(|f| self.sections_of(&f)),
+        };
+        let (base, info) = match sections
+            .as_ref()
+            .and_then(|s| Some((s.base_avma(m.start, m.offset)?, s.module_info())))
+        {
+            Some(x) => x,
+            // No unwind information: frame pointers.
+            None => (m.start, ExplicitModuleSectionInfo::default()),
+        };
+        Module::new(path.display().to_string(), m.start..m.end, base, info)
     }
 
     /// The sections read for file `key` (`Some(None)`: it has none), a use.
@@ -372,14 +405,25 @@ impl StackUnwinder {
         s
     }
 
-    /// Least recently used files out until under the bounds.
+    /// Least recently used files out until under the bounds, in one pass (one scan
+    /// per file evicted made a process with 25 000 files quadratic).
     fn evict(&mut self) {
-        while (self.bytes > self.byte_bound && self.sections.len() > 1)
-            || self.sections.len() > MAX_FILES
-        {
-            let Some((&key, _)) = self.sections.iter().min_by_key(|(_, (_, used))| *used) else {
+        let over = |u: &Self| {
+            (u.bytes > u.byte_bound && u.sections.len() > 1) || u.sections.len() > MAX_FILES
+        };
+        if !over(self) {
+            return;
+        }
+        let mut by_use: Vec<(u64, FileKey)> = self
+            .sections
+            .iter()
+            .map(|(&key, &(_, used))| (used, key))
+            .collect();
+        by_use.sort_unstable();
+        for (_, key) in by_use {
+            if !over(self) {
                 break;
-            };
+            }
             if let Some((s, _)) = self.sections.remove(&key) {
                 self.bytes -= s.as_ref().map_or(0, |s| s.bytes);
             }
@@ -438,7 +482,7 @@ mod tests {
             proc_dir.join(format!("map_files/{BASE:x}-{:x}", BASE + len)),
         )
         .unwrap();
-        let files = captured.capture(&proc_dir, &maps);
+        let files = captured.capture(&proc_dir, &maps.mappings);
         assert_eq!(files.len(), 1, "captured");
         (maps, files)
     }
