@@ -806,7 +806,9 @@ mod tests {
         assert_eq!(d.stack_counts, StackCounts::default());
     }
 
-    /// Files mapped executable into this process, one page each, unmapped on drop.
+    /// Files mapped executable into this process, one page each, side by side where
+    /// nothing was mapped before (a stale mapping read earlier, of another test's memory
+    /// since unmapped, would hide a new one), unmapped on drop.
     struct Mapped {
         dir: std::path::PathBuf,
         pages: Vec<u64>,
@@ -825,6 +827,7 @@ mod tests {
 
         /// Maps one more file; its address.
         fn map(&mut self) -> u64 {
+            const BASE: u64 = 0x2e00_0000_0000;
             use std::os::fd::AsRawFd;
             let path = self.dir.join(format!("f{}.so", self.pages.len()));
             std::fs::write(&path, [0xc3u8; 4096]).unwrap();
@@ -832,10 +835,10 @@ mod tests {
             // SAFETY: a fresh private mapping of a file we own, unmapped on drop.
             let p = unsafe {
                 libc::mmap(
-                    std::ptr::null_mut(),
+                    (BASE + 4096 * self.pages.len() as u64) as *mut libc::c_void,
                     4096,
                     libc::PROT_READ | libc::PROT_EXEC,
-                    libc::MAP_PRIVATE,
+                    libc::MAP_PRIVATE | libc::MAP_FIXED_NOREPLACE,
                     f.as_raw_fd(),
                     0,
                 )

@@ -284,6 +284,35 @@ mod tests {
     }
 
     #[test]
+    fn a_newer_mapping_replaces_the_ones_it_overlaps_in_place() {
+        let mut m = ProcessMaps::parse(
+            "1000-2000 r-xp 00000000 fd:01 1 /a\n3000-4000 r-xp 00000000 fd:01 2 /b\n\
+             5000-6000 r-xp 00000000 fd:01 3 /c\n",
+        )
+        .unwrap();
+        let newer = ProcessMaps::parse("1800-3800 r-xp 00000000 fd:01 4 /d\n").unwrap();
+        let d = newer.mappings[0].clone();
+        m.overlay(d.clone());
+        let names: Vec<String> = m.mappings.iter().map(|x| x.object.display_name()).collect();
+        assert_eq!(names, ["/d", "/c"]);
+        assert!(m.holds(&d));
+        // Same start, another file: not held.
+        let other = Mapping {
+            file_id: Some(FileId::new(0xfd, 1, 5)),
+            ..d.clone()
+        };
+        assert!(!m.holds(&other));
+        m.overlay(
+            ProcessMaps::parse("7000-8000 r-xp 00000000 fd:01 6 /e\n")
+                .unwrap()
+                .mappings[0]
+                .clone(),
+        );
+        assert_eq!(m.mappings.len(), 3);
+        assert_eq!(m.find(0x7800).unwrap().object.display_name(), "/e");
+    }
+
+    #[test]
     fn malformed_line_is_an_error_with_its_number() {
         let err = ProcessMaps::parse("zz-yy r-xp\n").unwrap_err();
         assert!(
