@@ -525,6 +525,7 @@ impl Drain {
             for r in fresh {
                 maps.overlay(r);
             }
+            self.unwinder.maps_changed(pid);
             if !comm.is_empty() {
                 p.comm.clone_from(comm);
             }
@@ -562,6 +563,7 @@ impl Drain {
                     Some(older) => m.with_older(older),
                     None => m,
                 });
+                self.unwinder.maps_changed(pid);
             }
             // A miss usually means exec replaced the image (a shell wrapper or a pyenv
             // shim becoming the real program): its name changed with it. (On first

@@ -195,6 +195,8 @@ struct ProcessUnwinder {
     unwinder: UnwinderX86_64<SectionData>,
     /// Sorted by start (the maps' order): also where unwinding may continue.
     modules: Vec<ModuleKey>,
+    /// The maps changed since the modules were made ([`StackUnwinder::maps_changed`]).
+    stale: bool,
 }
 
 /// Unwinds the copied user stacks of many processes.
@@ -249,9 +251,19 @@ impl StackUnwinder {
         self.processes.retain(|pid, _| keep(*pid));
     }
 
+    /// Says that `pid`'s maps changed: its next unwind brings its modules up to date.
+    /// (Comparing the maps at every sample cost a pass over a process's 25 000 mappings
+    /// per sample.)
+    pub fn maps_changed(&mut self, pid: u32) {
+        if let Some(p) = self.processes.get_mut(&pid) {
+            p.stale = true;
+        }
+    }
+
     /// Unwinds one sample of `pid` whose mappings are `maps` and whose captured files
     /// are `files` (by mapping start): frames leaf first (`[0]` the IP, then return
-    /// addresses) and why it stopped.
+    /// addresses) and why it stopped. The modules are made from `maps` at `pid`'s first
+    /// unwind and after [`Self::maps_changed`].
     pub fn unwind(
         &mut self,
         pid: u32,
@@ -261,16 +273,11 @@ impl StackUnwinder {
         stack: &[u8],
         copied_in_full: bool,
     ) -> (Vec<u64>, Stop) {
-        let current = self.processes.get(&pid).is_some_and(|p| {
-            p.modules
-                .iter()
-                .copied()
-                .eq(maps.mappings.iter().filter_map(module_key))
-        });
-        if !current {
+        if self.processes.get(&pid).is_none_or(|p| p.stale) {
             let mut p = self.processes.remove(&pid).unwrap_or(ProcessUnwinder {
                 unwinder: UnwinderX86_64::new(),
                 modules: Vec::new(),
+                stale: true,
             });
             self.update(&mut p, pid, maps, files);
             self.processes.insert(pid, p);
@@ -349,6 +356,7 @@ impl StackUnwinder {
             }
         }
         p.modules = now.into_iter().map(|(k, _)| k).collect();
+        p.stale = false;
         self.evict();
     }
 
@@ -532,6 +540,7 @@ mod tests {
             object: MappedObject::Anon,
             file_id: None,
         });
+        u.maps_changed(pid);
         u.unwind(pid, &grown, &files, regs, &stack, true);
         assert_eq!(counter.counts().reopened, 0, "{:?}", counter.counts());
         assert_eq!(counter.counts().reopen_failed, 0);
