@@ -521,11 +521,12 @@ impl Drain {
             for (start, f) in self.files.capture_live(pid, tid, &fresh) {
                 p.files.insert(start, f);
             }
+            self.unwinder
+                .maps_changed(pid, fresh.iter().map(|r| r.start..r.end));
             let maps = p.maps.get_or_insert_with(ProcessMaps::default);
             for r in fresh {
                 maps.overlay(r);
             }
-            self.unwinder.maps_changed(pid);
             if !comm.is_empty() {
                 p.comm.clone_from(comm);
             }
@@ -545,6 +546,9 @@ impl Drain {
                     for x in &fresh {
                         p.files.remove(&x.start);
                     }
+                    // Merged below as `with_older`: the old maps overlaid with these.
+                    self.unwinder
+                        .maps_changed(pid, fresh.iter().map(|x| x.start..x.end));
                     for (start, f) in self.files.capture(&dir, fresh) {
                         p.files.insert(start, f);
                     }
@@ -563,7 +567,6 @@ impl Drain {
                     Some(older) => m.with_older(older),
                     None => m,
                 });
-                self.unwinder.maps_changed(pid);
             }
             // A miss usually means exec replaced the image (a shell wrapper or a pyenv
             // shim becoming the real program): its name changed with it. (On first

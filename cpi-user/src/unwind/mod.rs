@@ -195,8 +195,9 @@ struct ProcessUnwinder {
     unwinder: UnwinderX86_64<SectionData>,
     /// Sorted by start (the maps' order): also where unwinding may continue.
     modules: Vec<ModuleKey>,
-    /// The maps changed since the modules were made ([`StackUnwinder::maps_changed`]).
-    stale: bool,
+    /// Address ranges whose mappings changed since the modules were made
+    /// ([`StackUnwinder::maps_changed`]).
+    pending: Vec<Range<u64>>,
 }
 
 /// Unwinds the copied user stacks of many processes.
@@ -251,19 +252,20 @@ impl StackUnwinder {
         self.processes.retain(|pid, _| keep(*pid));
     }
 
-    /// Says that `pid`'s maps changed: its next unwind brings its modules up to date.
-    /// (Comparing the maps at every sample cost a pass over a process's 25 000 mappings
-    /// per sample.)
-    pub fn maps_changed(&mut self, pid: u32) {
+    /// Says that `pid`'s mappings in `changed` (new ones, and what they replaced) are
+    /// not what they were: its next unwind remakes the modules there, and only there.
+    /// (Comparing the maps at every sample, then all modules at every change, cost
+    /// passes over a process's 25 000 mappings.)
+    pub fn maps_changed(&mut self, pid: u32, changed: impl IntoIterator<Item = Range<u64>>) {
         if let Some(p) = self.processes.get_mut(&pid) {
-            p.stale = true;
+            p.pending.extend(changed);
         }
     }
 
     /// Unwinds one sample of `pid` whose mappings are `maps` and whose captured files
     /// are `files` (by mapping start): frames leaf first (`[0]` the IP, then return
     /// addresses) and why it stopped. The modules are made from `maps` at `pid`'s first
-    /// unwind and after [`Self::maps_changed`].
+    /// unwind, and remade where [`Self::maps_changed`] said.
     pub fn unwind(
         &mut self,
         pid: u32,
@@ -273,11 +275,15 @@ impl StackUnwinder {
         stack: &[u8],
         copied_in_full: bool,
     ) -> (Vec<u64>, Stop) {
-        if self.processes.get(&pid).is_none_or(|p| p.stale) {
+        if self
+            .processes
+            .get(&pid)
+            .is_none_or(|p| !p.pending.is_empty())
+        {
             let mut p = self.processes.remove(&pid).unwrap_or(ProcessUnwinder {
                 unwinder: UnwinderX86_64::new(),
                 modules: Vec::new(),
-                stale: true,
+                pending: std::iter::once(0..u64::MAX).collect(),
             });
             self.update(&mut p, pid, maps, files);
             self.processes.insert(pid, p);
@@ -329,9 +335,9 @@ impl StackUnwinder {
         (frames, stop)
     }
 
-    /// Brings `p`'s modules to `maps`: the modules of mappings gone or changed are
-    /// removed, those of new mappings added; the others stay as they are (a process
-    /// with 25 000 mappings that maps one more adds one module, not 25 001).
+    /// Brings `p`'s modules to `maps` where they changed (`p.pending`): the modules
+    /// there are removed, those of the executable file mappings there now added (a
+    /// process with 25 000 mappings that maps one more adds one module).
     fn update(
         &mut self,
         p: &mut ProcessUnwinder,
@@ -339,24 +345,25 @@ impl StackUnwinder {
         maps: &ProcessMaps,
         files: &HashMap<u64, Arc<CapturedFile>>,
     ) {
-        let now: Vec<(ModuleKey, &Mapping)> = maps
-            .mappings
-            .iter()
-            .filter_map(|m| Some((module_key(m)?, m)))
-            .collect();
-        for k in &p.modules {
-            if now.binary_search_by_key(k, |&(n, _)| n).is_err() {
+        let pending = std::mem::take(&mut p.pending);
+        for r in &pending {
+            let lo = p.modules.partition_point(|k| k.1 <= r.start);
+            let hi = lo + p.modules[lo..].partition_point(|k| k.0 < r.end);
+            for k in p.modules.drain(lo..hi) {
                 p.unwinder.remove_module(k.0);
             }
         }
-        for &(k, m) in &now {
-            if p.modules.binary_search(&k).is_err() {
-                let module = self.module(pid, m, files);
-                p.unwinder.add_module(module);
+        for r in &pending {
+            let lo = maps.mappings.partition_point(|m| m.end <= r.start);
+            for m in maps.mappings[lo..].iter().take_while(|m| m.start < r.end) {
+                let Some(k) = module_key(m) else { continue };
+                if let Err(i) = p.modules.binary_search(&k) {
+                    p.modules.insert(i, k);
+                    let module = self.module(pid, m, files);
+                    p.unwinder.add_module(module);
+                }
             }
         }
-        p.modules = now.into_iter().map(|(k, _)| k).collect();
-        p.stale = false;
         self.evict();
     }
 
@@ -540,7 +547,8 @@ mod tests {
             object: MappedObject::Anon,
             file_id: None,
         });
-        u.maps_changed(pid);
+        let added = grown.mappings.last().unwrap();
+        u.maps_changed(pid, std::iter::once(added.start..added.end));
         u.unwind(pid, &grown, &files, regs, &stack, true);
         assert_eq!(counter.counts().reopened, 0, "{:?}", counter.counts());
         assert_eq!(counter.counts().reopen_failed, 0);
