@@ -35,7 +35,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use prometheus_client::collector::Collector;
@@ -46,7 +46,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
 use super::push::PushStats;
-use super::{AgentError, AgentStatus, Window};
+use super::{lock, AgentError, AgentStatus, Window};
 use crate::procmap::CaptureCounts;
 use crate::profile::model::{LossReport, Mode, Profile};
 
@@ -146,10 +146,6 @@ impl Drop for Metrics {
         // Wake the accept loop so it sees the flag and closes the socket.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
     }
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn serve_loop(listener: TcpListener, state: Arc<Mutex<State>>, stop: &AtomicBool) {

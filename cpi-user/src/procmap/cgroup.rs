@@ -135,6 +135,21 @@ impl ProcessIdentity {
     }
 }
 
+/// The cgroup directories pod `uid` can have, relative to the cgroup v2 root, one per
+/// driver and QoS class in the forms [`ProcessIdentity::of_path`] reads (a pod has one of
+/// them): the agent's pod selectors look them up (cpi-user/src/agent/pods.rs).
+pub fn pod_dirs(uid: &str) -> [String; 6] {
+    let u_ = uid.replace('-', "_");
+    [
+        format!("kubepods.slice/kubepods-pod{u_}.slice"),
+        format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u_}.slice"),
+        format!("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u_}.slice"),
+        format!("kubepods/pod{uid}"),
+        format!("kubepods/burstable/pod{uid}"),
+        format!("kubepods/besteffort/pod{uid}"),
+    ]
+}
+
 /// The QoS class of a pod whose path below `kubepods` starts with `first`: burstable and
 /// best-effort pods have their own parent, guaranteed pods sit directly in `kubepods`.
 fn qos(first: &str) -> &'static str {
@@ -268,6 +283,27 @@ mod tests {
                 "{path}"
             );
         }
+    }
+
+    #[test]
+    fn pod_dirs_are_the_forms_read() {
+        let dirs = pod_dirs(UID);
+        for (d, q) in dirs.iter().zip([
+            "guaranteed",
+            "burstable",
+            "besteffort",
+            "guaranteed",
+            "burstable",
+            "besteffort",
+        ]) {
+            let got = ProcessIdentity::of_path(&format!("/{d}"));
+            assert_eq!(
+                (got.pod_uid.as_deref(), got.qos.as_deref()),
+                (Some(UID), Some(q)),
+                "{d}"
+            );
+        }
+        assert!(dirs[1].ends_with(&format!("-pod{UID_}.slice")));
     }
 
     #[test]
