@@ -345,6 +345,11 @@ pub fn metric(body: &str, name: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// The value of a series with one label in a `/metrics` body.
+pub fn labelled(body: &str, name: &str, label: &str, value: &str) -> Option<f64> {
+    metric(body, &format!("{name}{{{label}=\"{value}\"}}"))
+}
+
 /// Resident anonymous memory of a process, bytes (`RssAnon`): the agent's own heap.
 /// Not `VmRSS`, which also counts the page cache of the binaries it maps to read their
 /// symbols (a host running rustc made that 112 MiB for a moment, from

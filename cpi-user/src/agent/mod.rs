@@ -98,6 +98,9 @@ pub struct AgentStatus {
     pub bpf_run_seconds: f64,
     /// Evictions and reopens of the collector's captured binaries since start.
     pub captured_files: CaptureCounts,
+    /// Requests to the kubelet since start, (answered, failed); `None`: not on
+    /// Kubernetes.
+    pub kubelet_requests: Option<(u64, u64)>,
 }
 
 /// One window of collection, analysed.
@@ -741,6 +744,7 @@ fn analysis_loop(
             bpf_run_seconds: job.bpf_seconds,
             // Read after analysis: its reopens of this window count now.
             captured_files: captured.counts(),
+            kubelet_requests: kubelet.as_ref().map(|k| lock(k).requests()),
         };
         if let Some(m) = &sinks.metrics {
             m.observe(&window, &status);

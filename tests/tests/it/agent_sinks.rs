@@ -16,8 +16,8 @@ use std::time::{Duration, Instant, SystemTime};
 use cpi_tests::pyroscope::{Behaviour, Options, Receiver};
 use cpi_tests::tls::{TestCa, Validity};
 use cpi_tests::{
-    agent_with_metrics, compile_c, cpi_bpf, free_port, http_get, metric, require_root, rss,
-    temp_dir,
+    agent_with_metrics, compile_c, cpi_bpf, free_port, http_get, labelled, metric, require_root,
+    rss, temp_dir,
 };
 use cpi_user::agent::metrics::{Metrics, MetricsLimits};
 use cpi_user::agent::push::{PushConfig, Pusher, ServiceLabel, MAX_ATTEMPTS};
@@ -247,6 +247,7 @@ fn status(windows: u64) -> AgentStatus {
         sampling_frequency_hz: 999,
         bpf_run_seconds: 0.001 * windows as f64,
         captured_files: Default::default(),
+        kubelet_requests: Some((windows, windows / 4)),
     }
 }
 
@@ -348,6 +349,10 @@ fn prometheus_scrapes_the_metrics() {
     assert_eq!(q(r#"cpi_bpf_mode{mode="time-profile"}"#), Some(0.0));
     assert_eq!(q("cpi_bpf_sampling_frequency_hz"), Some(999.0));
     assert_eq!(q("cpi_bpf_tracked_processes"), Some(2.0));
+    assert_eq!(
+        q(r#"cpi_bpf_kubelet_requests_total{result="failed"}"#),
+        Some(2.0)
+    );
     assert!(q("process_resident_memory_bytes").unwrap() > 1e6);
     assert!(q("process_cpu_seconds_total").is_some());
 }
@@ -919,11 +924,6 @@ fn steady_and_late_peak(rss: &[u64]) -> (u64, u64) {
             .unwrap_or(0)
     };
     (at(14, 30), at(30, rss.len()))
-}
-
-/// The value of a series with one label in a `/metrics` body.
-fn labelled(body: &str, name: &str, label: &str, value: &str) -> Option<f64> {
-    metric(body, &format!("{name}{{{label}=\"{value}\"}}"))
 }
 
 /// Issue 18 item 6, as a new user would try it: receivers that answer with endless

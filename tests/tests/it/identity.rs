@@ -434,6 +434,49 @@ fn pod_selectors_keep_one_pod_in_the_kernel() {
     drop((made_a, made_b));
 }
 
+/// A dead kubelet is visible: pointed at a port nothing listens on, the agent (with a
+/// pod selector, so it asks at start and at every refresh) counts each failed request in
+/// `cpi_bpf_kubelet_requests_total{result="failed"}` on `/metrics`, and says so in one
+/// log line, not one per request.
+#[test]
+fn dead_kubelet_is_counted_on_metrics_and_logged_once() {
+    if !require_root("running the agent") {
+        return;
+    }
+    if cgroup2_mount().is_none() {
+        cpi_tests::skip("no cgroup2 mount in /proc/self/mountinfo");
+        return;
+    }
+    let dir = temp_dir("identity-dead-kubelet");
+    let dead = format!("http://127.0.0.1:{}", cpi_tests::free_port());
+    let (agent, metrics) = cpi_tests::agent_with_metrics(
+        &dir,
+        &["--interval", "1", "--kubelet-url", &dead, "--pod", "web-1"],
+    );
+    let count = |result: &str| {
+        let (_, body) = cpi_tests::http_get(metrics, "/metrics").ok()?;
+        cpi_tests::labelled(&body, "cpi_bpf_kubelet_requests_total", "result", result)
+    };
+    let log = || std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    let t0 = Instant::now();
+    // The start's request, then a refresh's: the counter rises.
+    while count("failed").unwrap_or(0.0) < 2.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "failed kubelet requests {:?} after 60 s; agent log:\n{}",
+            count("failed"),
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(count("ok"), Some(0.0));
+    drop(agent);
+    let log = log();
+    let told: Vec<&str> = log.lines().filter(|l| l.contains(&dead)).collect();
+    assert_eq!(told.len(), 1, "{log}");
+    assert!(told[0].starts_with("cpi-bpf: warning: kubelet "), "{log}");
+}
+
 /// On this host's own cgroup (no container), the one-shot profile carries the cgroup
 /// path and nothing it does not know.
 #[test]
