@@ -78,7 +78,8 @@ impl Selection {
         let mut out = Vec::new();
         for (uid, containers) in &self.0 {
             let Some(pod) = pod_dirs(uid)
-                .iter()
+                .into_iter()
+                .flatten()
                 .map(|d| root.join(d))
                 .find(|d| d.is_dir())
             else {
