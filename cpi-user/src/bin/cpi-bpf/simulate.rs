@@ -62,7 +62,8 @@ pub struct Args {
     pub calibrate: Option<u32>,
     #[command(flatten)]
     pub output: OutputArgs,
-    /// The command to run (after `--`). Its standard output goes to our standard error.
+    /// The command to run (after `--`), followed through exec; children it forks are not
+    /// traced. Its standard output goes to our standard error.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
     pub command: Vec<OsString>,
 }
