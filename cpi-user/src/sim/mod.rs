@@ -49,6 +49,9 @@ pub enum SimError {
     /// The FIFO the trace streams through could not be made or read.
     #[error("trace FIFO {0}: {1}")]
     Fifo(PathBuf, #[source] std::io::Error),
+    /// The trace file could not be created.
+    #[error("creating the trace file {0}: {1}")]
+    TraceFile(PathBuf, #[source] std::io::Error),
     /// Valgrind exited before the trace ended.
     #[error("valgrind failed ({0}) before the trace was complete")]
     Valgrind(ExitStatus),

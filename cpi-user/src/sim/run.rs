@@ -74,7 +74,7 @@ pub fn record_trace(
     stdout: Stdio,
 ) -> Result<ExitStatus, SimError> {
     check_cmd(cmd)?;
-    File::create(out).map_err(|e| SimError::Fifo(out.to_path_buf(), e))?;
+    File::create(out).map_err(|e| SimError::TraceFile(out.to_path_buf(), e))?;
     valgrind_command(tool_dir, out, cmd)
         .stdout(stdout)
         .status()
