@@ -1394,3 +1394,38 @@ fn store_is_private_unless_a_reader_group_is_given() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn log_level_governs_the_librarys_messages_too() {
+    if !require_root("the agent") {
+        return;
+    }
+    let dir = temp_dir("agent-log-level");
+    // A receiver that is not there: the pusher (in the library) warns once.
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    for level in ["warn", "error"] {
+        let mut a = Command::new(cpi_bpf())
+            .args(["agent", "--interval", "1", "--metrics-addr", "off"])
+            .args(["--push-pyroscope", &dead, "--log-level", level, "--store"])
+            .arg(dir.join(level))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(4));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(a.id() as i32, libc::SIGTERM) };
+        let mut err = String::new();
+        a.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert!(a.wait().unwrap().success(), "{err}");
+        let push_warnings = err
+            .lines()
+            .filter(|l| l.starts_with("cpi-bpf: warning: push"))
+            .count();
+        match level {
+            "warn" => assert_eq!(push_warnings, 1, "{err}"),
+            _ => assert!(!err.contains("warning:"), "{err}"),
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -166,6 +166,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         "info" => Level::Info,
         _ => Level::Debug,
     };
+    // The library's own messages (symbolising, pushing, metrics) at the same level.
+    crate::init_logging(match max {
+        Level::Error => log::LevelFilter::Error,
+        Level::Warn => log::LevelFilter::Warn,
+        Level::Info => log::LevelFilter::Info,
+        Level::Debug => log::LevelFilter::Debug,
+    });
     let log: agent::Log = Arc::new(move |level, msg| {
         if level <= max {
             let tag = match level {
