@@ -59,10 +59,15 @@ impl Groups {
 
     /// The replicate variance of the total.
     pub fn variance(&self) -> f64 {
-        let mean = self.total() / GROUPS as f64;
-        let ss: f64 = self.0.iter().map(|&x| (x as f64 - mean).powi(2)).sum();
-        ss * GROUPS as f64 / (GROUPS - 1) as f64
+        replicate_variance(&self.0.map(f64::from))
     }
+}
+
+/// The replicate variance of the sum of the per-group values `x`.
+fn replicate_variance(x: &[f64; GROUPS]) -> f64 {
+    let mean = x.iter().sum::<f64>() / GROUPS as f64;
+    let ss: f64 = x.iter().map(|&x| (x - mean).powi(2)).sum();
+    ss * GROUPS as f64 / (GROUPS - 1) as f64
 }
 
 /// The group of a process's `n`-th sample of one kind.
@@ -93,12 +98,8 @@ pub fn ratio(num: &Groups, den: &Groups) -> f64 {
     }
     let r = n / d;
     // The residuals in f64: in f32 a residual below half an ulp of the sums is lost.
-    let z: Vec<f64> = (num.0.iter().zip(&den.0))
-        .map(|(&c, &n)| c as f64 - r * n as f64)
-        .collect();
-    let mean = z.iter().sum::<f64>() / GROUPS as f64;
-    let ss: f64 = z.iter().map(|x| (x - mean).powi(2)).sum();
-    relative(n, ss * GROUPS as f64 / (GROUPS - 1) as f64)
+    let z: [f64; GROUPS] = std::array::from_fn(|g| num.0[g] as f64 - r * den.0[g] as f64);
+    relative(n, replicate_variance(&z))
 }
 
 #[cfg(test)]
