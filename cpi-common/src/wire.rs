@@ -296,8 +296,10 @@ pub const COUNTERS: u32 = 6;
 /// Most processes the kernel filter allows by tgid (`--pid`).
 pub const MAX_FILTER_TGIDS: u32 = 1024;
 
-/// Most cgroups the kernel filter allows (`--cgroup`).
-pub const MAX_FILTER_CGROUPS: u32 = 64;
+/// Most cgroups the kernel filter allows (`--cgroup`, or the agent's pod selectors: a
+/// node runs at most 110 pods by default, one cgroup each, or one per selected
+/// container).
+pub const MAX_FILTER_CGROUPS: u32 = 256;
 
 /// Deepest cgroup level the kernel filter checks (level 0 is the root): the bound of the
 /// eBPF program's loop over a sample's ancestors.

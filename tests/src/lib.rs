@@ -260,6 +260,66 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16,
     Ok((code, body.unwrap_or_default()))
 }
 
+/// `cpi-bpf agent` cutting 1 s windows into `store`, without a metrics endpoint, with
+/// `extra` flags; its stderr piped.
+pub fn agent(store: &Path, extra: &[&str]) -> std::process::Child {
+    Command::new(cpi_bpf())
+        .args([
+            "agent",
+            "--interval",
+            "1",
+            "--metrics-addr",
+            "off",
+            "--store",
+        ])
+        .arg(store)
+        .args(extra)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("starting cpi-bpf agent")
+}
+
+/// The store's windows as (start ms, end ms, profile), in time order (their file names
+/// `w-<start ms>-<end ms>.json.gz`: cpi-user/src/agent/store.rs).
+pub fn store_windows(store: &Path) -> Vec<(u64, u64, serde_json::Value)> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(store).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((start, end)) = name
+            .strip_prefix("w-")
+            .and_then(|n| n.strip_suffix(".json.gz"))
+            .and_then(|n| n.split_once('-'))
+            .and_then(|(s, e)| Some((s.parse::<u64>().ok()?, e.parse::<u64>().ok()?)))
+        else {
+            continue;
+        };
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(e.path()).unwrap())
+            .read_to_string(&mut text)
+            .unwrap();
+        out.push((start, end, serde_json::from_str(&text).unwrap()));
+    }
+    out.sort_by_key(|w| w.0);
+    out
+}
+
+/// Ends an agent started by [`agent`] with SIGTERM, checks it exits 0, and returns its
+/// stderr.
+pub fn stop_agent(a: &mut std::process::Child) -> String {
+    use std::io::Read;
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(a.id() as i32, libc::SIGTERM) };
+    let mut log = String::new();
+    if let Some(mut e) = a.stderr.take() {
+        let _ = e.read_to_string(&mut log);
+    }
+    let status = a.wait().unwrap();
+    assert!(status.success(), "agent exit {status}: {log}");
+    log
+}
+
 /// `cpi-bpf agent ARGS` serving metrics on a free loopback port (returned), with its
 /// store and its log (`agent.log`) in `dir`; killed on drop.
 pub fn agent_with_metrics(dir: &Path, args: &[&str]) -> (KillOnDrop, std::net::SocketAddr) {
@@ -283,6 +343,11 @@ pub fn metric(body: &str, name: &str) -> Option<f64> {
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// The value of a series with one label in a `/metrics` body.
+pub fn labelled(body: &str, name: &str, label: &str, value: &str) -> Option<f64> {
+    metric(body, &format!("{name}{{{label}=\"{value}\"}}"))
 }
 
 /// Resident anonymous memory of a process, bytes (`RssAnon`): the agent's own heap.

@@ -25,9 +25,17 @@
  *  - mappings: the client's executable segments, as /proc/PID/maps text, in a MAPS
  *    record at start, after every new executable mapping, and at exit.
  *  - execve: the caller's range ends and the buffer is written (fini will not run).
+ *    Valgrind runs with --trace-children=yes, so a successful exec starts this tool
+ *    again in the same process: it appends a new header and IMAGE record to the same
+ *    output (opened O_APPEND; cpi-bpf creates it), and the trace goes on in the new
+ *    program, as `perf record` follows exec.
+ *  - fork: a FORK record names the child, which is not traced: it writes nothing and
+ *    runs its own exec natively (the trace is one process's stream).
  */
 
 #include "pub_tool_basics.h"
+#include "pub_tool_xarray.h"
+#include "pub_tool_clientstate.h"
 #include "pub_tool_tooliface.h"
 #include "pub_tool_libcassert.h"
 #include "pub_tool_libcbase.h"
@@ -48,9 +56,11 @@
 #define K_INTERRUPT 3 /* from = last executed, to = resume address, n, aux = signo     */
 #define K_END 4       /* from = last executed, n: the thread's last range              */
 #define K_MAPS 5      /* n = byte length of maps text that follows, padded to 8        */
+#define K_IMAGE 6     /* n = byte length of the program's path that follows, padded    */
+#define K_FORK 7      /* to = pid of a child process (not traced)                      */
 
 #define MAGIC "CPITRC01"
-#define VERSION 1
+#define VERSION 2
 
 #define ADDR_MASK ((1ULL << 48) - 1)
 #define LEN_SHIFT 48
@@ -87,6 +97,10 @@ static ThreadTrace *threads; /* VG_N_THREADS entries, indexed by ThreadId */
 static ThreadId cur_tid = VG_INVALID_THREADID;
 static Bool maps_dirty = True;
 
+/* The core's --trace-children (not in the tool headers; the tool links the core
+ * statically): a forked child clears it so that its exec runs natively. */
+extern Bool VG_(clo_trace_children);
+
 static void flush(void)
 {
    UInt off = 0;
@@ -115,6 +129,18 @@ static void put(const void *p, UInt len)
 }
 
 static void emit_maps(void);
+
+/* A record of `kind` followed by `len` bytes of text, zero-padded to 8. */
+static void put_text(UShort kind, const HChar *text, Int len)
+{
+   Rec r = {0, 0, (UInt)len, kind, 0};
+   put(&r, sizeof r);
+   put(text, len);
+   if (len % 8) {
+      static const UChar zero[8];
+      put(zero, 8 - len % 8);
+   }
+}
 
 static void emit(ULong from, ULong to, ULong n, UShort kind, UShort aux)
 {
@@ -167,12 +193,7 @@ static void emit_maps(void)
                            s->start, s->end + 1, s->hasR ? 'r' : '-', s->hasW ? 'w' : '-',
                            'x', (ULong)s->offset, major, minor, s->ino, name ? name : "");
    }
-   emit(0, 0, (ULong)len, K_MAPS, 0);
-   put(text, len);
-   if (len % 8) {
-      static const UChar zero[8];
-      put(zero, 8 - len % 8);
-   }
+   put_text(K_MAPS, text, len);
    VG_(free)(text);
    VG_(free)(starts);
 }
@@ -377,14 +398,22 @@ static void pre_syscall(ThreadId tid, UInt sysno, UWord *args, UInt nargs)
    flush();
 }
 
+/* A new process (fork, vfork, or clone without CLONE_THREAD), seen in the parent. */
 static void post_syscall(ThreadId tid, UInt sysno, UWord *args, UInt nargs, SysRes res)
 {
+   Bool process = sysno == __NR_fork || sysno == __NR_vfork ||
+                  (sysno == __NR_clone && !(args[0] & VKI_CLONE_THREAD));
+   if (!process || disabled || sr_isError(res) || sr_Res(res) == 0)
+      return;
+   emit(0, (ULong)sr_Res(res), 0, K_FORK, 0);
 }
 
 static void child_after_fork(ThreadId tid)
 {
-   /* The child inherits our buffer and fd: it must write neither. */
+   /* The child inherits our buffer and fd: it must write neither, and its exec must
+      not start a tracer that would write into this process's stream. */
    disabled = True;
+   VG_(clo_trace_children) = False;
 }
 
 static Bool ct_process_cmd_line_option(const HChar *arg)
@@ -420,7 +449,10 @@ static void ct_post_clo_init(void)
    VG_(clo_vex_control).iropt_unroll_thresh = 0;
    if (!clo_out)
       VG_(fmsg_bad_option)("--cpi-out", "cpitrace needs --cpi-out=<file>\n");
-   r = VG_(open)(clo_out, VKI_O_WRONLY | VKI_O_CREAT | VKI_O_TRUNC, 0644);
+   /* Appending: after an exec this is the same process's second tool instance. */
+   /* Close-on-exec (O_CLOEXEC, missing from the tool headers): an untraced child's
+      program must not hold the FIFO open. */
+   r = VG_(open)(clo_out, VKI_O_WRONLY | VKI_O_CREAT | VKI_O_APPEND | 02000000, 0644);
    if (sr_isError(r))
       VG_(fmsg_bad_option)("--cpi-out", "cannot open %s for writing\n", clo_out);
    out_fd = sr_Res(r);
@@ -430,6 +462,7 @@ static void ct_post_clo_init(void)
    hdr.version = VERSION;
    hdr.pid = VG_(getpid)();
    put(&hdr, sizeof hdr);
+   put_text(K_IMAGE, VG_(args_the_exename), VG_(strlen)(VG_(args_the_exename)));
 }
 
 static void ct_fini(Int exitcode)

@@ -13,6 +13,7 @@ use regex::Regex;
 use serde::Deserialize;
 
 use super::kubelet;
+use super::pods::PodSelector;
 use super::push::ServiceLabel;
 use super::store;
 use crate::collect::{filter, StackMemory};
@@ -77,6 +78,12 @@ pub struct AgentOptions {
     pub comm: Option<String>,
     /// Only processes in this cgroup (v2 path, under /sys/fs/cgroup) or below it.
     pub cgroup: Option<PathBuf>,
+    /// Only the pods of this name (Kubernetes, agent/pods.rs).
+    pub pod: Option<String>,
+    /// Only the pods of this namespace.
+    pub namespace: Option<String>,
+    /// Only the containers of this name in the pods selected.
+    pub container: Option<String>,
     /// Window length, seconds.
     pub interval: Option<u64>,
     /// Sampling frequency, Hz per busy CPU (the governor's ceiling).
@@ -143,6 +150,9 @@ pub struct AgentConfig {
     pub comm: Option<Regex>,
     /// Absolute cgroup v2 directory: only processes in it or below.
     pub cgroup: Option<PathBuf>,
+    /// Only the pods (and containers) it selects, in the kernel (agent/pods.rs); empty:
+    /// any.
+    pub pods: PodSelector,
     /// Window length: one profile, one store file, one push per window.
     pub interval: Duration,
     /// Sampling frequency the agent starts at, Hz per busy CPU; the governor's ceiling.
@@ -230,6 +240,9 @@ impl AgentOptions {
             },
             comm: self.comm.or(file.comm),
             cgroup: self.cgroup.or(file.cgroup),
+            pod: self.pod.or(file.pod),
+            namespace: self.namespace.or(file.namespace),
+            container: self.container.or(file.container),
             interval: self.interval.or(file.interval),
             frequency: self.frequency.or(file.frequency),
             min_frequency: self.min_frequency.or(file.min_frequency),
@@ -341,9 +354,46 @@ impl AgentOptions {
                 ),
             )
         })?;
-        let on_kubernetes = self
-            .kubernetes
-            .unwrap_or_else(|| self.kubelet_url.is_some() || Path::new(kubelet::PODS_DIR).is_dir());
+        let pods = PodSelector {
+            pod: self.pod,
+            namespace: self.namespace,
+            container: self.container,
+        };
+        for (key, v) in [
+            ("pod", &pods.pod),
+            ("namespace", &pods.namespace),
+            ("container", &pods.container),
+        ] {
+            if v.as_deref().is_some_and(str::is_empty) {
+                return Err(bad(key, "must not be empty"));
+            }
+        }
+        if !pods.is_empty() {
+            if cgroup.is_some() {
+                return Err(bad(
+                    "cgroup",
+                    "cannot be combined with --pod, --namespace or --container (each names \
+                     the cgroups to keep)",
+                ));
+            }
+            if self.kubernetes == Some(false) {
+                return Err(bad(
+                    "kubernetes",
+                    "is off, but --pod, --namespace and --container need the kubelet's pod list",
+                ));
+            }
+            if filter::cgroup2_root().is_none() {
+                return Err(bad(
+                    "pod",
+                    format!(
+                        "pods are selected by cgroup v2, and none is mounted under {CGROUP_ROOT}"
+                    ),
+                ));
+            }
+        }
+        let on_kubernetes = self.kubernetes.unwrap_or_else(|| {
+            self.kubelet_url.is_some() || !pods.is_empty() || Path::new(kubelet::PODS_DIR).is_dir()
+        });
         let kubelet_url = match (on_kubernetes, self.kubelet_url) {
             (false, _) => None,
             (true, None) => Some(kubelet::DEFAULT_URL.to_string()),
@@ -381,6 +431,7 @@ impl AgentOptions {
             pids: self.pid,
             comm,
             cgroup,
+            pods,
             interval: Duration::from_secs(interval),
             frequency,
             min_frequency,
@@ -507,6 +558,27 @@ mod tests {
     }
 
     #[test]
+    fn pod_selectors_are_keys_and_ask_the_kubelet() {
+        let file = parse("namespace = \"shop\"\npod = \"web-1\"\n").unwrap();
+        let c = file.clone().resolve().unwrap();
+        assert_eq!(c.pods.describe(), "--namespace shop --pod web-1");
+        assert_eq!(c.kubelet_url.as_deref(), Some(kubelet::DEFAULT_URL));
+        // Both name the cgroups to keep: one or the other.
+        let e = AgentOptions {
+            cgroup: Some("/".into()),
+            ..Default::default()
+        }
+        .over(file)
+        .resolve()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("cgroup: cannot be combined with --pod"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn bad_input_is_one_line() {
         let e = parse("interval = 5\nfrobnicate = 1\n")
             .unwrap_err()
@@ -575,6 +647,21 @@ mod tests {
                     ..Default::default()
                 },
                 "cgroup: /sys/fs/cgroup/no/such/cgroup is not a cgroup v2 directory",
+            ),
+            (
+                AgentOptions {
+                    pod: Some("web-1".into()),
+                    kubernetes: Some(false),
+                    ..Default::default()
+                },
+                "kubernetes: is off, but --pod",
+            ),
+            (
+                AgentOptions {
+                    namespace: Some(String::new()),
+                    ..Default::default()
+                },
+                "namespace: must not be empty",
             ),
             (
                 // A v1 hierarchy's directory (hybrid layout) also holds cgroup.procs.

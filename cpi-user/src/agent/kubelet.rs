@@ -4,16 +4,19 @@
 //!
 //! The kubelet is untrusted input and may be dead: one request has one deadline
 //! ([`TIMEOUT`]) and its answer is read up to [`MAX_BODY`] bytes (which bounds what is
-//! cached); the list is fetched again only on a miss (a pod or container not in it) and
-//! at most every [`REFRESH`], so a dead or hostile kubelet costs one request per
-//! [`REFRESH`], never a stall of the windows. Failures are counted; one line is logged
-//! when fetches start failing and one when they succeed again.
+//! cached); the list is fetched again on a miss (a pod or container not in it) at most
+//! every [`REFRESH`], and every [`REFRESH`] when pods are selected
+//! (cpi-user/src/agent/pods.rs), so a dead or hostile kubelet costs one or two requests
+//! per [`REFRESH`], never a stall of the windows. Requests are counted by result
+//! (`cpi_bpf_kubelet_requests_total`); one line is logged when fetches start failing and
+//! one when they succeed again.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use super::pods::{PodSelector, Selection};
 use super::Level;
 use crate::procmap::ProcessIdentity;
 
@@ -44,6 +47,7 @@ pub struct Kubelet {
     url: String,
     pods: HashMap<String, Pod>,
     fetched: Option<Instant>,
+    answered: u64,
     failures: u64,
     failing: bool,
 }
@@ -72,14 +76,15 @@ impl Kubelet {
             url: format!("{}/pods", base.trim_end_matches('/')),
             pods: HashMap::new(),
             fetched: None,
+            answered: 0,
             failures: 0,
             failing: false,
         }
     }
 
-    /// Fetches that failed since start.
-    pub fn failures(&self) -> u64 {
-        self.failures
+    /// Requests since start: (answered with a pod list, failed).
+    pub fn requests(&self) -> (u64, u64) {
+        (self.answered, self.failures)
     }
 
     /// Fills in the pod name, namespace and container name of `id` from the cache,
@@ -98,29 +103,7 @@ impl Kubelet {
             })
         };
         if !known(&self.pods) && self.fetched.is_none_or(|t| t.elapsed() >= REFRESH) {
-            self.fetched = Some(Instant::now());
-            match self.fetch() {
-                Ok(pods) => {
-                    self.pods = pods;
-                    if self.failing {
-                        self.failing = false;
-                        log(
-                            Level::Info,
-                            &format!("kubelet {}: answering again", self.url),
-                        );
-                    }
-                }
-                Err(e) => {
-                    self.failures += 1;
-                    if !self.failing {
-                        self.failing = true;
-                        log(
-                            Level::Warn,
-                            &format!("{e} (pod names unknown until it answers)"),
-                        );
-                    }
-                }
-            }
+            self.refresh(log);
         }
         if let Some(p) = self.pods.get(uid) {
             id.pod = Some(p.name.clone());
@@ -130,6 +113,65 @@ impl Kubelet {
                 .as_ref()
                 .and_then(|c| p.containers.get(c).cloned());
         }
+    }
+
+    /// Fetches the pod list now; on failure the last list stays. `log` as in
+    /// [`Kubelet::fill`].
+    pub fn refresh(&mut self, log: &dyn Fn(Level, &str)) {
+        self.fetched = Some(Instant::now());
+        match self.fetch() {
+            Ok(pods) => {
+                self.pods = pods;
+                self.answered += 1;
+                if self.failing {
+                    self.failing = false;
+                    log(
+                        Level::Info,
+                        &format!("kubelet {}: answering again", self.url),
+                    );
+                }
+            }
+            Err(e) => {
+                self.failures += 1;
+                if !self.failing {
+                    self.failing = true;
+                    log(
+                        Level::Warn,
+                        &format!("{e} (pod names unknown until it answers)"),
+                    );
+                }
+            }
+        }
+    }
+
+    /// The pods (and in them the containers, when `sel` names one) that `sel` chooses
+    /// among those last fetched.
+    pub fn select(&self, sel: &PodSelector) -> Selection {
+        let is = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
+        Selection(
+            self.pods
+                .iter()
+                .filter(|(_, p)| is(&sel.pod, &p.name) && is(&sel.namespace, &p.namespace))
+                .filter_map(|(uid, p)| {
+                    let containers = match &sel.container {
+                        None => None,
+                        Some(name) => {
+                            let ids: Vec<String> = p
+                                .containers
+                                .iter()
+                                .filter(|(_, n)| *n == name)
+                                .map(|(id, _)| id.clone())
+                                .collect();
+                            if ids.is_empty() {
+                                return None;
+                            }
+                            Some(ids)
+                        }
+                    };
+                    Some((uid.clone(), containers))
+                })
+                .collect(),
+        )
     }
 
     fn fetch(&self) -> Result<HashMap<String, Pod>, KubeletError> {
@@ -281,7 +323,7 @@ mod tests {
         }
         // One fetch within REFRESH, however many misses.
         assert!(began.elapsed() < REFRESH);
-        assert_eq!(k.failures(), 1);
+        assert_eq!(k.requests(), (0, 1));
         let lines = lines.into_inner();
         assert_eq!(lines.len(), 1, "{lines:?}");
         assert!(
@@ -289,5 +331,38 @@ mod tests {
             "{lines:?}"
         );
         assert_eq!(id.pod, None);
+    }
+
+    #[test]
+    fn selectors_choose_pods_and_containers() {
+        let body = format!(
+            r#"{{"items":[
+              {{"metadata":{{"name":"web-1","namespace":"shop","uid":"{UID}"}},
+                "status":{{"containerStatuses":[{{"name":"nginx","containerID":"containerd://{ID}"}},
+                                               {{"name":"sidecar","containerID":"containerd://ab"}}]}}}},
+              {{"metadata":{{"name":"web-1","namespace":"test","uid":"u2"}}}},
+              {{"metadata":{{"name":"db-0","namespace":"shop","uid":"u3"}}}}]}}"#
+        );
+        let mut k = Kubelet::new("http://127.0.0.1:1");
+        k.pods = parse_pods(body.as_bytes()).unwrap();
+        let sel = |pod: Option<&str>, namespace: Option<&str>, container: Option<&str>| {
+            let s = k.select(&PodSelector {
+                pod: pod.map(str::to_string),
+                namespace: namespace.map(str::to_string),
+                container: container.map(str::to_string),
+            });
+            let mut v: Vec<(String, Option<Vec<String>>)> = s.0.into_iter().collect();
+            v.sort();
+            v
+        };
+        let whole = |uid: &str| (uid.to_string(), None);
+        assert_eq!(sel(Some("web-1"), None, None), [whole(UID), whole("u2")]);
+        assert_eq!(sel(Some("web-1"), Some("shop"), None), [whole(UID)]);
+        assert_eq!(sel(None, Some("shop"), None), [whole(UID), whole("u3")]);
+        assert_eq!(
+            sel(None, None, Some("nginx")),
+            [(UID.to_string(), Some(vec![ID.to_string()]))]
+        );
+        assert_eq!(sel(Some("nope"), None, None), []);
     }
 }

@@ -35,7 +35,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use prometheus_client::collector::Collector;
@@ -46,7 +46,7 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
 use super::push::PushStats;
-use super::{AgentError, AgentStatus, Window};
+use super::{lock, AgentError, AgentStatus, Window};
 use crate::procmap::CaptureCounts;
 use crate::profile::model::{LossReport, Mode, Profile};
 
@@ -146,10 +146,6 @@ impl Drop for Metrics {
         // Wake the accept loop so it sees the flag and closes the socket.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
     }
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn serve_loop(listener: TcpListener, state: Arc<Mutex<State>>, stop: &AtomicBool) {
@@ -468,12 +464,14 @@ struct State {
     bpf_run: FloatCounter,
     mode: Family<Labels, Gauge>,
     captured: Family<Labels, Counter>,
+    kubelet: Family<Labels, Counter>,
     /// Cumulative inputs already counted.
     seen_windows: u64,
     seen_captured: CaptureCounts,
     seen_store_failures: u64,
     seen_bpf: f64,
     seen_push: PushStats,
+    seen_kubelet: (u64, u64),
 }
 
 fn comm(c: &str) -> Labels {
@@ -510,11 +508,13 @@ impl State {
             bpf_run: FloatCounter::default(),
             mode: Family::default(),
             captured: Family::default(),
+            kubelet: Family::default(),
             seen_windows: 0,
             seen_captured: CaptureCounts::default(),
             seen_store_failures: 0,
             seen_bpf: 0.0,
             seen_push: PushStats::default(),
+            seen_kubelet: (0, 0),
         };
         r.register(
             "cpi_bpf_cycles",
@@ -607,6 +607,12 @@ impl State {
             "Captured binaries whose descriptor the LRU closed (evicted), then reopened by \
              their checked path (reopened) or not (reopen_failed: gone, or not the same file).",
             s.captured.clone(),
+        );
+        r.register(
+            "cpi_bpf_kubelet_requests",
+            "Requests for the kubelet's pod list by result (ok, failed: no answer, not \
+             HTTP 200, or not a pod list); only on Kubernetes.",
+            s.kubelet.clone(),
         );
         r.register_collector(Box::new(ProcessCollector {
             last_window_ms: Arc::clone(&s.last_window_ms),
@@ -715,6 +721,15 @@ impl State {
                 .inc_by(n.saturating_sub(was));
         }
         self.seen_captured = s.captured_files;
+        if let Some((ok, failed)) = s.kubelet_requests {
+            let seen = self.seen_kubelet;
+            for (result, now, before) in [("ok", ok, seen.0), ("failed", failed, seen.1)] {
+                self.kubelet
+                    .get_or_create(&vec![("result", result.to_string())])
+                    .inc_by(now.saturating_sub(before));
+            }
+            self.seen_kubelet = (ok, failed);
+        }
         if s.bpf_run_seconds > self.seen_bpf {
             self.bpf_run.inc_by(s.bpf_run_seconds - self.seen_bpf);
             self.seen_bpf = s.bpf_run_seconds;
@@ -871,6 +886,7 @@ pub(crate) mod tests {
                 reopened: 2 * windows,
                 reopen_failed: windows,
             },
+            kubelet_requests: Some((4 * windows, windows)),
         }
     }
 
@@ -1045,6 +1061,8 @@ pub(crate) mod tests {
             "cpi_bpf_captured_files_total{event=\"evicted\"} 6",
             "cpi_bpf_captured_files_total{event=\"reopened\"} 4",
             "cpi_bpf_captured_files_total{event=\"reopen_failed\"} 2",
+            "cpi_bpf_kubelet_requests_total{result=\"ok\"} 8",
+            "cpi_bpf_kubelet_requests_total{result=\"failed\"} 2",
             "cpi_bpf_mode{mode=\"time-profile\"} 1",
             "cpi_bpf_mode{mode=\"cpi\"} 0",
             "cpi_bpf_mode{mode=\"ip-sampling\"} 0",

@@ -12,11 +12,14 @@
 //! - processes, keyed by (pid, start time): a reused pid is a new process (its cached
 //!   mappings are dropped); a process that has exited leaves after its last window.
 //!
-//! Narrowing: `--pid` and `--cgroup` filter in the kernel (system-wide events whose eBPF
-//! program drops every other process's samples first thing, counted as
-//! `filtered_in_kernel`: cpi-user/src/collect/filter.rs), so a filtered agent pays for
-//! what it keeps. Each window's samples pass the same tests again in user space, with
-//! `--comm` (a regular expression, user space only); a process whose cgroup can no
+//! Narrowing: `--pid`, `--cgroup` and the pod selectors (`--pod`, `--namespace`,
+//! `--container`: [`pods`]) filter in the kernel (system-wide events whose eBPF program
+//! drops every other process's samples first thing, counted as `filtered_in_kernel`:
+//! cpi-user/src/collect/filter.rs), so a filtered agent pays for what it keeps. The
+//! selected pods' cgroups are found again at every kubelet refresh on a thread of their
+//! own, and the collection loop hands them to the kernel filter within
+//! [`APPLY_PODS_WITHIN`]. Each window's samples pass the same tests again in user space,
+//! with `--comm` (a regular expression, user space only); a process whose cgroup can no
 //! longer be read when its window ends is left out with `--cgroup`.
 //!
 //! Windows keep only the instructions with evidence (samples or execution counts) in
@@ -36,18 +39,20 @@ pub mod error;
 pub mod governor;
 pub mod kubelet;
 pub mod metrics;
+pub mod pods;
 pub mod push;
 pub mod store;
 
 use std::collections::HashMap;
-use std::sync::mpsc::{sync_channel, Receiver, TrySendError};
-use std::sync::Arc;
+use std::sync::mpsc::{channel, sync_channel, Receiver, RecvTimeoutError, TrySendError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use error::AgentError;
 
 use crate::binary::{Symbolizer, SymbolizerOptions};
 use crate::collect::events::Rate;
+use crate::collect::filter::CgroupV2;
 use crate::collect::target::process_start;
 use crate::collect::{self, CollectError, CollectOptions, Collected, Session, StopReason, Target};
 use crate::procmap::CaptureCounts;
@@ -56,7 +61,9 @@ use crate::profile::model::{Mode, Profile};
 use crate::profile::{AnalysisOptions, SampleSet};
 use config::AgentConfig;
 use governor::{Governor, Usage};
+use kubelet::Kubelet;
 use metrics::{Metrics, MetricsLimits};
+use pods::PodFilter;
 use push::{PushConfig, Pusher};
 use store::{Store, StoreError};
 
@@ -64,6 +71,8 @@ use store::{Store, StoreError};
 pub const FLUSH_WITHIN: Duration = Duration::from_secs(5);
 /// A window's analysis is reported late after two intervals, and never before this.
 pub const STALL_AFTER_MIN: Duration = Duration::from_secs(10);
+/// The selected pods' new cgroups reach the kernel filter within this of being found.
+pub const APPLY_PODS_WITHIN: Duration = Duration::from_secs(1);
 
 /// The agent's own state after a window, as the metrics export it.
 #[derive(Clone, Debug, PartialEq)]
@@ -89,6 +98,9 @@ pub struct AgentStatus {
     pub bpf_run_seconds: f64,
     /// Evictions and reopens of the collector's captured binaries since start.
     pub captured_files: CaptureCounts,
+    /// Requests to the kubelet since start, (answered, failed); `None`: not on
+    /// Kubernetes.
+    pub kubelet_requests: Option<(u64, u64)>,
 }
 
 /// One window of collection, analysed.
@@ -135,6 +147,12 @@ pub enum Level {
     Debug,
 }
 
+/// `m`'s guard; a thread that panicked holding it left the state whole enough to go on
+/// with (counters, caches, queues), so the agent does.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Where the agent's messages go (the binary prints them on stderr).
 pub type Log = Arc<dyn Fn(Level, &str) + Send + Sync>;
 
@@ -152,7 +170,13 @@ pub struct Agent {
     sinks: Sinks,
     log: Log,
     started: SystemTime,
+    /// The kubelet client, shared by the pod filter and the analysis.
+    kubelet: Option<Arc<Mutex<Kubelet>>>,
+    pods: Option<PodFilter>,
 }
+
+/// The pod filter's newest set of cgroups, not yet handed to the kernel filter.
+type DueCgroups = Arc<Mutex<Option<Vec<CgroupV2>>>>;
 
 /// What [`Agent::run`] did.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -211,12 +235,13 @@ pub fn check(c: &AgentConfig) -> Result<(), StartError> {
 
 fn collect_options(c: &AgentConfig) -> CollectOptions {
     CollectOptions {
-        target: if c.pids.is_empty() && c.cgroup.is_none() {
+        target: if c.pids.is_empty() && c.cgroup.is_none() && c.pods.is_empty() {
             Target::SystemWide
         } else {
             Target::Filtered(collect::Filter {
                 pids: c.pids.clone(),
                 cgroup: c.cgroup.clone(),
+                cgroups_later: !c.pods.is_empty(),
             })
         },
         duration: None,
@@ -249,13 +274,31 @@ impl Agent {
     pub fn new(config: AgentConfig, log: Log) -> Result<Agent, StartError> {
         let sinks = Sinks::start(&config)?;
         let opts = collect_options(&config);
-        let session = Session::open(&opts, &mut |m| log(Level::Info, m.full))?;
+        let mut session = Session::open(&opts, &mut |m| log(Level::Info, m.full))?;
+        let kubelet = config
+            .kubelet_url
+            .as_deref()
+            .map(|u| Arc::new(Mutex::new(Kubelet::new(u))));
+        // Checked by the config: selectors come with a kubelet and a cgroup2 mount.
+        let mut pods = match (&kubelet, collect::filter::cgroup2_root()) {
+            (Some(k), Some(root)) if !config.pods.is_empty() => Some(PodFilter::new(
+                k.clone(),
+                config.pods.clone(),
+                root.to_path_buf(),
+            )),
+            _ => None,
+        };
+        if let Some(set) = pods.as_mut().and_then(|p| p.refresh(&*log)) {
+            session.set_cgroups(set)?;
+        }
         Ok(Agent {
             config,
             session,
             sinks,
             log,
             started: SystemTime::now(),
+            kubelet,
+            pods,
         })
     }
 
@@ -273,6 +316,8 @@ impl Agent {
             sinks,
             log,
             started,
+            kubelet,
+            pods,
         } = self;
         let mode = session.mode();
         // One window waits while one is analysed: a slower analysis holds up draining,
@@ -282,8 +327,17 @@ impl Agent {
             let (config, log) = (config.clone(), log.clone());
             std::thread::Builder::new()
                 .name("cpi-bpf-analysis".into())
-                .spawn(move || analysis_loop(rx, sinks, &config, &log))
+                .spawn(move || analysis_loop(rx, sinks, &config, kubelet, &log))
                 .map_err(StartError::Thread)?
+        };
+        // Ends with the run (its sender dropped); never joined: a kubelet request in
+        // flight must not hold up shutdown.
+        let (_pods_stop, pods_due) = match pods {
+            Some(p) => {
+                let (stop, due) = spawn_pod_filter(p, log.clone())?;
+                (Some(stop), Some(due))
+            }
+            None => (None, None),
         };
         let mut governor = Governor::new(
             config.overhead_budget_pct,
@@ -303,7 +357,7 @@ impl Agent {
                 + boundary
                     .duration_since(SystemTime::now())
                     .unwrap_or_default();
-            let stop = session.run_until(Some(until))?;
+            let stop = collect_until(&mut session, until, pods_due.as_ref(), &log)?;
             if stop.is_some() {
                 break stop;
             }
@@ -411,6 +465,57 @@ impl Agent {
             log(Level::Error, "the analysis thread panicked");
         }
         Ok(Summary { windows, stop })
+    }
+}
+
+/// Starts the thread that makes the pod filter again at every kubelet refresh; it
+/// leaves each new set in the slot returned, and ends when the sender returned is
+/// dropped.
+fn spawn_pod_filter(
+    mut pods: PodFilter,
+    log: Log,
+) -> Result<(std::sync::mpsc::Sender<()>, DueCgroups), StartError> {
+    let (stop, stopped) = channel::<()>();
+    let due = DueCgroups::default();
+    let slot = due.clone();
+    std::thread::Builder::new()
+        .name("cpi-bpf-pods".into())
+        .spawn(move || {
+            while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(kubelet::REFRESH) {
+                if let Some(set) = pods.refresh(&*log) {
+                    *lock(&slot) = Some(set);
+                }
+            }
+        })
+        .map_err(StartError::Thread)?;
+    Ok((stop, due))
+}
+
+/// Collects until `until` (or a stop), handing the pod filter's new cgroups, if any, to
+/// the kernel filter within [`APPLY_PODS_WITHIN`] of their coming.
+fn collect_until(
+    session: &mut Session,
+    until: Instant,
+    due: Option<&DueCgroups>,
+    log: &Log,
+) -> Result<Option<StopReason>, CollectError> {
+    let Some(due) = due else {
+        return session.run_until(Some(until));
+    };
+    loop {
+        let slice = until.min(Instant::now() + APPLY_PODS_WITHIN);
+        if let Some(stop) = session.run_until(Some(slice))? {
+            return Ok(Some(stop));
+        }
+        let set = lock(due).take();
+        if let Some(set) = set {
+            if let Err(e) = session.set_cgroups(set) {
+                log(Level::Error, &format!("the pods' cgroups: {e}"));
+            }
+        }
+        if Instant::now() >= until {
+            return Ok(None);
+        }
     }
 }
 
@@ -546,7 +651,13 @@ impl ProcessTable {
 
 /// The analysis thread: window → profile → sinks, until the channel closes; then
 /// flushes the push queue.
-fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log) {
+fn analysis_loop(
+    rx: Receiver<Job>,
+    mut sinks: Sinks,
+    c: &AgentConfig,
+    kubelet: Option<Arc<Mutex<Kubelet>>>,
+    log: &Log,
+) {
     let opts = AnalysisOptions {
         lines: LineDetail::Evidence,
         source_lines: c.source_lines,
@@ -560,7 +671,6 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
         collect::filter::CgroupV2::at(d).map_or_else(|_| d.display().to_string(), |g| g.path)
     });
     let mut store_failures = 0;
-    let mut kubelet = c.kubelet_url.as_deref().map(kubelet::Kubelet::new);
     for job in rx {
         let began = Instant::now();
         let Collected {
@@ -587,9 +697,16 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
                     .is_some_and(|g| g == want || g.starts_with(&format!("{want}/")) || want == "/")
             });
         }
+        // The kernel's test again (and the only one on kernels without it: 5.10).
+        if let (Some(k), false) = (&kubelet, c.pods.is_empty()) {
+            let chosen = lock(k).select(&c.pods);
+            set.processes
+                .retain(|_, p| p.identity.as_ref().is_some_and(|id| chosen.matches(id)));
+        }
         let mut profile = analyze_with(&set, run, &opts, &mut sym);
         drop(set);
-        if let Some(k) = &mut kubelet {
+        if let Some(k) = &kubelet {
+            let mut k = lock(k);
             for p in &mut profile.processes {
                 k.fill(&mut p.identity, &**log);
             }
@@ -627,6 +744,7 @@ fn analysis_loop(rx: Receiver<Job>, mut sinks: Sinks, c: &AgentConfig, log: &Log
             bpf_run_seconds: job.bpf_seconds,
             // Read after analysis: its reopens of this window count now.
             captured_files: captured.counts(),
+            kubelet_requests: kubelet.as_ref().map(|k| lock(k).requests()),
         };
         if let Some(m) = &sinks.metrics {
             m.observe(&window, &status);

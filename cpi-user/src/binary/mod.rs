@@ -278,6 +278,14 @@ struct Tables {
     code: Vec<CodeRange>,
 }
 
+/// The symbol table names come from: the file's own, else its separate debug file's.
+fn symtab_of<'d, 'f>(
+    file: &'f object::File<'d>,
+    debug: Option<&'f object::File<'d>>,
+) -> Option<object::SymbolTable<'d, 'f>> {
+    file.symbol_table().or_else(|| debug?.symbol_table())
+}
+
 impl Tables {
     /// Parses `data`; the symbol table comes from `debug` (a separate debug file's bytes)
     /// when `data` has none.
@@ -336,9 +344,7 @@ impl Tables {
                 .any(|c| (c.vaddr..c.vaddr + c.len as u64).contains(&a))
         };
         let debug_file = debug.and_then(|d| object::File::parse(d).ok());
-        let symtab = file
-            .symbol_table()
-            .or_else(|| debug_file.as_ref()?.symbol_table());
+        let symtab = symtab_of(&file, debug_file.as_ref());
         let symtab_funcs = match &symtab {
             Some(t) => collect_symbols(t.symbols()),
             None => Vec::new(),
@@ -559,15 +565,13 @@ impl Binary {
     }
 
     /// Each function's BOLT ordinal ([`Binary::bolt_local_name`]), from the symbol
-    /// table of the file or of its separate debug file, as [`Tables::parse`] chose it.
+    /// table [`symtab_of`] chooses, as [`Tables::parse`] does.
     fn local_ordinals(&self) -> Vec<u32> {
-        let file = object::File::parse(self.data()).ok();
+        let Ok(file) = object::File::parse(self.data()) else {
+            return Vec::new();
+        };
         let debug = self.debug_data().and_then(|d| object::File::parse(d).ok());
-        let Some(symtab) = file
-            .as_ref()
-            .and_then(|f| f.symbol_table())
-            .or_else(|| debug.as_ref()?.symbol_table())
-        else {
+        let Some(symtab) = symtab_of(&file, debug.as_ref()) else {
             return Vec::new();
         };
         let ordinals = bolt_ordinals(symtab.symbols());

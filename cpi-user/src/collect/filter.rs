@@ -1,6 +1,6 @@
 //! The kernel filter: which processes the eBPF program keeps when the events are
-//! system-wide ([`super::Target::Filtered`], the agent's `--pid` and `--cgroup`). The
-//! program drops every other sample first thing and only counts it
+//! system-wide ([`super::Target::Filtered`], the agent's `--pid`, `--cgroup` and pod
+//! selectors). The program drops every other sample first thing and only counts it
 //! (`Counter::Filtered`), so an unwanted process costs a map lookup per sample, never a
 //! record, a drain or an unwinding (cpi-ebpf/src/main.rs `wanted`; docs/METHOD.md,
 //! "Filtering in the kernel").
@@ -9,15 +9,17 @@
 //! processes they fork later are not (a cgroup keeps those). A named process that exits
 //! leaves the map when the session sees its pidfd ready ([`KernelFilter::exited`]), so
 //! a later process given the same pid is not kept. Cgroups are cgroup v2 directories,
-//! kept with everything below them.
+//! kept with everything below them: one given at start (`--cgroup`), or a set replaced
+//! while the session runs ([`KernelFilter::set_cgroups`]: the agent's pods, which come
+//! and go), empty until the first is given.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use cpi_common::policy::{FILTER_CGROUP, FILTER_TGID};
-use cpi_common::wire::{MAX_CGROUP_LEVEL, MAX_FILTER_TGIDS};
+use cpi_common::wire::{MAX_CGROUP_LEVEL, MAX_FILTER_CGROUPS, MAX_FILTER_TGIDS};
 
 use super::sys::{self, FilterMaps};
 use super::CollectError;
@@ -27,8 +29,12 @@ use super::CollectError;
 pub struct Filter {
     /// These processes (all their threads); empty: any process.
     pub pids: Vec<u32>,
-    /// This cgroup v2 directory and everything below it; `None`: any cgroup.
+    /// This cgroup v2 directory and everything below it; `None`: any cgroup (unless
+    /// `cgroups_later`).
     pub cgroup: Option<PathBuf>,
+    /// The cgroups are given while the session runs (`Session::set_cgroups`); none is
+    /// kept until then.
+    pub cgroups_later: bool,
 }
 
 /// Where the systemd layouts mount cgroup v2: the unified layout at the first, the
@@ -92,7 +98,11 @@ impl CgroupV2 {
 #[derive(Debug, Default)]
 pub struct KernelFilter {
     tgids: BTreeSet<u32>,
-    cgroup: Option<CgroupV2>,
+    /// Whether samples must be in one of `cgroups` (in the kernel, or after collection
+    /// where the kernel cannot: [`KernelFilter::cgroup_in_user_space`]).
+    by_cgroup: bool,
+    in_user_space: bool,
+    cgroups: BTreeMap<u64, CgroupV2>,
 }
 
 impl KernelFilter {
@@ -104,19 +114,18 @@ impl KernelFilter {
                 f.pids.len()
             )));
         }
-        let cgroup = f.cgroup.as_deref().map(CgroupV2::at).transpose()?;
-        if let Some(g) = &cgroup {
-            if g.level > MAX_CGROUP_LEVEL {
-                return Err(CollectError::Range(format!(
-                    "cgroup {} is {} levels deep; the kernel filter reaches {MAX_CGROUP_LEVEL}",
-                    g.path, g.level
-                )));
-            }
-        }
+        let cgroups = f.cgroup.as_deref().map(CgroupV2::at).transpose()?;
+        check_cgroups(cgroups.as_slice())?;
         Ok(KernelFilter {
             tgids: f.pids.iter().copied().collect(),
-            cgroup,
+            by_cgroup: f.cgroup.is_some() || f.cgroups_later,
+            in_user_space: false,
+            cgroups: cgroups.into_iter().map(|g| (g.id, g)).collect(),
         })
+    }
+
+    fn in_kernel(&self) -> bool {
+        self.by_cgroup && !self.in_user_space
     }
 
     /// `KernelConfig`'s `(filter, cgroup_levels)` for this filter.
@@ -125,14 +134,10 @@ impl KernelFilter {
         if !self.tgids.is_empty() {
             bits |= FILTER_TGID;
         }
-        let levels = match &self.cgroup {
-            Some(g) => {
-                bits |= FILTER_CGROUP;
-                1 << g.level
-            }
-            None => 0,
-        };
-        (bits, levels)
+        if self.in_kernel() {
+            bits |= FILTER_CGROUP;
+        }
+        (bits, levels(self.cgroups.values()))
     }
 
     /// Writes the allow-lists into the maps (before the events are enabled).
@@ -140,8 +145,10 @@ impl KernelFilter {
         for &t in &self.tgids {
             maps.allow_tgid(t)?;
         }
-        if let Some(g) = &self.cgroup {
-            maps.allow_cgroup(g.id)?;
+        if self.in_kernel() {
+            for &id in self.cgroups.keys() {
+                maps.allow_cgroup(id)?;
+            }
         }
         Ok(())
     }
@@ -155,20 +162,73 @@ impl KernelFilter {
         Ok(())
     }
 
-    /// Leaves the cgroup to the user-space test: for kernels whose perf_event programs
+    /// Replaces the cgroups kept by `set` (a filter made with `cgroups_later`). A
+    /// cgroup in both the old and the new set is kept throughout: the new ones and
+    /// their levels go in before the old ones go out.
+    pub fn set_cgroups(
+        &mut self,
+        maps: &mut dyn FilterMaps,
+        set: Vec<CgroupV2>,
+    ) -> Result<(), CollectError> {
+        check_cgroups(&set)?;
+        let new: BTreeMap<u64, CgroupV2> = set.into_iter().map(|g| (g.id, g)).collect();
+        if self.in_kernel() {
+            let (old_levels, new_levels) = (levels(self.cgroups.values()), levels(new.values()));
+            maps.set_cgroup_levels(old_levels | new_levels)?;
+            for id in new.keys().filter(|id| !self.cgroups.contains_key(id)) {
+                maps.allow_cgroup(*id)?;
+            }
+            for id in self.cgroups.keys().filter(|id| !new.contains_key(id)) {
+                maps.remove_cgroup(*id)?;
+            }
+            maps.set_cgroup_levels(new_levels)?;
+        }
+        self.cgroups = new;
+        Ok(())
+    }
+
+    /// Leaves the cgroups to the user-space test: for kernels whose perf_event programs
     /// lack `bpf_get_current_ancestor_cgroup_id` (5.10). The note to show, if any.
     pub fn cgroup_in_user_space(&mut self) -> Option<String> {
-        let g = self.cgroup.take()?;
+        if !self.by_cgroup {
+            return None;
+        }
+        self.in_user_space = true;
+        let what = match self.cgroups.values().next() {
+            Some(g) => format!("cgroup {}", g.path),
+            None => "the cgroups of the pods selected".to_string(),
+        };
         Some(format!(
             "note: this kernel lacks bpf_get_current_ancestor_cgroup_id for perf_event \
-             programs: cgroup {} is filtered in user space, after collection",
-            g.path
+             programs: {what} filtered in user space, after collection"
         ))
     }
 
     /// The processes still kept by tgid.
     pub fn tgids(&self) -> impl Iterator<Item = u32> + '_ {
         self.tgids.iter().copied()
+    }
+}
+
+/// Bit L set for each cgroup at level L.
+fn levels<'a>(gs: impl Iterator<Item = &'a CgroupV2>) -> u32 {
+    gs.fold(0, |bits, g| bits | 1 << g.level)
+}
+
+/// Whether the kernel filter can hold `set`: few enough, none too deep.
+fn check_cgroups(set: &[CgroupV2]) -> Result<(), CollectError> {
+    if set.len() > MAX_FILTER_CGROUPS as usize {
+        return Err(CollectError::Range(format!(
+            "at most {MAX_FILTER_CGROUPS} cgroups can be filtered in the kernel, not {}",
+            set.len()
+        )));
+    }
+    match set.iter().find(|g| g.level > MAX_CGROUP_LEVEL) {
+        Some(g) => Err(CollectError::Range(format!(
+            "cgroup {} is {} levels deep; the kernel filter reaches {MAX_CGROUP_LEVEL}",
+            g.path, g.level
+        ))),
+        None => Ok(()),
     }
 }
 
@@ -181,7 +241,7 @@ mod tests {
     fn an_exited_process_leaves_the_tgid_map_once() {
         let mut f = KernelFilter::new(&Filter {
             pids: vec![100, 200],
-            cgroup: None,
+            ..Filter::default()
         })
         .unwrap();
         assert_eq!(f.config(), (FILTER_TGID, 0));
@@ -204,7 +264,7 @@ mod tests {
     fn a_removal_the_kernel_refuses_is_an_error() {
         let mut f = KernelFilter::new(&Filter {
             pids: vec![7],
-            cgroup: None,
+            ..Filter::default()
         })
         .unwrap();
         let mut maps = FakeMaps {
@@ -237,8 +297,8 @@ mod tests {
             own.split('/').filter(|s| !s.is_empty()).count()
         );
         let k = KernelFilter::new(&Filter {
-            pids: vec![],
             cgroup: Some(dir),
+            ..Filter::default()
         })
         .unwrap();
         assert_eq!(k.config(), (FILTER_CGROUP, 1 << g.level));
@@ -249,5 +309,68 @@ mod tests {
             CgroupV2::at(Path::new("/proc")),
             Err(CollectError::NotCgroup(_))
         ));
+    }
+
+    fn cg(id: u64, level: u32) -> CgroupV2 {
+        CgroupV2 {
+            id,
+            level,
+            path: format!("/c{id}"),
+        }
+    }
+
+    #[test]
+    fn cgroups_given_later_replace_the_set_without_a_gap() {
+        let mut f = KernelFilter::new(&Filter {
+            cgroups_later: true,
+            ..Filter::default()
+        })
+        .unwrap();
+        // Nothing kept until the first set.
+        assert_eq!(f.config(), (FILTER_CGROUP, 0));
+        let mut maps = FakeMaps::default();
+        f.install(&mut maps).unwrap();
+        assert!(maps.calls.is_empty());
+        f.set_cgroups(&mut maps, vec![cg(10, 2), cg(11, 3)])
+            .unwrap();
+        assert_eq!(
+            maps.calls,
+            [
+                MapCall::Levels(0b1100),
+                MapCall::AllowCgroup(10),
+                MapCall::AllowCgroup(11),
+                MapCall::Levels(0b1100),
+            ]
+        );
+        maps.calls.clear();
+        // 11 stays, 10 goes, 12 (level 4) comes: levels widen first, narrow last.
+        f.set_cgroups(&mut maps, vec![cg(11, 3), cg(12, 4)])
+            .unwrap();
+        assert_eq!(
+            maps.calls,
+            [
+                MapCall::Levels(0b11100),
+                MapCall::AllowCgroup(12),
+                MapCall::RemoveCgroup(10),
+                MapCall::Levels(0b11000),
+            ]
+        );
+        assert_eq!(f.config(), (FILTER_CGROUP, 0b11000));
+        // Bounded: too many, or too deep, is refused and changes nothing.
+        let many: Vec<CgroupV2> = (0..=MAX_FILTER_CGROUPS as u64).map(|i| cg(i, 1)).collect();
+        assert!(f.set_cgroups(&mut maps, many).is_err());
+        assert!(f.set_cgroups(&mut maps, vec![cg(1, 40)]).is_err());
+        assert_eq!(f.config(), (FILTER_CGROUP, 0b11000));
+        // A kernel without the ancestor helper: the set is kept for user space only.
+        let mut f = KernelFilter::new(&Filter {
+            cgroups_later: true,
+            ..Filter::default()
+        })
+        .unwrap();
+        assert!(f.cgroup_in_user_space().unwrap().contains("pods selected"));
+        maps.calls.clear();
+        f.set_cgroups(&mut maps, vec![cg(10, 2)]).unwrap();
+        assert!(maps.calls.is_empty());
+        assert_eq!(f.config(), (0, 0b100));
     }
 }

@@ -273,10 +273,7 @@ impl Session {
             Target::Filtered(f) if !f.pids.is_empty() => {
                 let (pids, notes) = target::resolve_pids(&f.pids)?;
                 pid_notes = notes;
-                opts.target = Target::Filtered(super::Filter {
-                    pids,
-                    cgroup: f.cgroup.clone(),
-                });
+                opts.target = Target::Filtered(super::Filter { pids, ..f.clone() });
             }
             Target::SystemWide | Target::Filtered(_) => {}
         }
@@ -370,9 +367,9 @@ impl Session {
             None => policy::FALLBACK_RANGE_WINDOW,
         });
         // The kernel's mmap/comm records, on the processes themselves (one event per
-        // process or CPU: threads and children write into it). A filter by pids alone
-        // needs its processes' only, as `--pid` does: the host's others would be parsed
-        // for nothing.
+        // process or CPU: threads and children write into it). A filter naming pids
+        // needs its processes' only, as `--pid` does (a cgroup beside them only narrows
+        // them): the host's others would be parsed for nothing.
         let cpus = target::online_cpus();
         let per_cpu = |pid: i32| cpus.iter().map(move |&c| (pid, c as i32));
         let (sideband_places, sideband_flags): (Vec<(i32, i32)>, u64) = match &opts.target {
@@ -380,7 +377,7 @@ impl Session {
                 pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
                 extra,
             ),
-            Target::Filtered(f) if f.cgroup.is_none() => (
+            Target::Filtered(f) if !f.pids.is_empty() => (
                 f.pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
                 sys::flag::INHERIT,
             ),
@@ -546,6 +543,14 @@ impl Session {
         l.opts.rate = rate;
         l.redraw.restart(&sys, &l.specs, &l.open);
         Ok(())
+    }
+
+    /// Replaces the cgroups a [`Target::Filtered`] session made with
+    /// `cgroups_later` keeps (cpi-user/src/collect/filter.rs): the agent's pods as they
+    /// come and go.
+    pub fn set_cgroups(&mut self, set: Vec<super::filter::CgroupV2>) -> Result<(), CollectError> {
+        let l = &mut self.live;
+        l.filter.set_cgroups(&mut BpfFilterMaps(&mut l.bpf), set)
     }
 
     /// Cumulative in-kernel run time of our BPF programs, from BPF_ENABLE_STATS

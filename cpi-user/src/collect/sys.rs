@@ -93,6 +93,10 @@ pub trait FilterMaps {
     fn remove_tgid(&mut self, tgid: u32) -> io::Result<()>;
     /// Keep the samples of cgroup `id` and its descendants.
     fn allow_cgroup(&mut self, id: u64) -> io::Result<()>;
+    /// Stop keeping cgroup `id`.
+    fn remove_cgroup(&mut self, id: u64) -> io::Result<()>;
+    /// The levels of the cgroup tree the program compares (`KernelConfig::cgroup_levels`).
+    fn set_cgroup_levels(&mut self, levels: u32) -> io::Result<()>;
 }
 
 /// The loaded eBPF object's filter maps.
@@ -126,6 +130,23 @@ impl FilterMaps for BpfFilterMaps<'_> {
         self.map::<u64>("ALLOWED_CGROUPS")?
             .insert(id, 1, 0)
             .map_err(io::Error::other)
+    }
+    fn remove_cgroup(&mut self, id: u64) -> io::Result<()> {
+        self.map::<u64>("ALLOWED_CGROUPS")?
+            .remove(&id)
+            .map_err(io::Error::other)
+    }
+    fn set_cgroup_levels(&mut self, levels: u32) -> io::Result<()> {
+        // The program reads the config whole, each sample; only this field changes.
+        let map = self
+            .0
+            .map_mut("CONFIG")
+            .ok_or_else(|| io::Error::other("map CONFIG missing from the object"))?;
+        let mut config: aya::maps::Array<_, cpi_common::policy::KernelConfig> =
+            aya::maps::Array::try_from(map).map_err(io::Error::other)?;
+        let mut c = config.get(&0, 0).map_err(io::Error::other)?;
+        c.cgroup_levels = levels;
+        config.set(0, c, 0).map_err(io::Error::other)
     }
 }
 

@@ -135,6 +135,25 @@ impl ProcessIdentity {
     }
 }
 
+/// The cgroup directories pod `uid` can have, relative to the cgroup v2 root, one per
+/// driver and QoS class in the forms [`ProcessIdentity::of_path`] reads (a pod has one of
+/// them): the agent's pod selectors look them up (cpi-user/src/agent/pods.rs). `None`
+/// when `uid` is no UUID (it comes from the kubelet: never a path of its choosing).
+pub fn pod_dirs(uid: &str) -> Option<[String; 6]> {
+    if !is_uuid(uid) {
+        return None;
+    }
+    let u_ = uid.replace('-', "_");
+    Some([
+        format!("kubepods.slice/kubepods-pod{u_}.slice"),
+        format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u_}.slice"),
+        format!("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u_}.slice"),
+        format!("kubepods/pod{uid}"),
+        format!("kubepods/burstable/pod{uid}"),
+        format!("kubepods/besteffort/pod{uid}"),
+    ])
+}
+
 /// The QoS class of a pod whose path below `kubepods` starts with `first`: burstable and
 /// best-effort pods have their own parent, guaranteed pods sit directly in `kubepods`.
 fn qos(first: &str) -> &'static str {
@@ -268,6 +287,28 @@ mod tests {
                 "{path}"
             );
         }
+    }
+
+    #[test]
+    fn pod_dirs_are_the_forms_read() {
+        assert_eq!(pod_dirs("../../system.slice"), None);
+        let dirs = pod_dirs(UID).unwrap();
+        for (d, q) in dirs.iter().zip([
+            "guaranteed",
+            "burstable",
+            "besteffort",
+            "guaranteed",
+            "burstable",
+            "besteffort",
+        ]) {
+            let got = ProcessIdentity::of_path(&format!("/{d}"));
+            assert_eq!(
+                (got.pod_uid.as_deref(), got.qos.as_deref()),
+                (Some(UID), Some(q)),
+                "{d}"
+            );
+        }
+        assert!(dirs[1].ends_with(&format!("-pod{UID_}.slice")));
     }
 
     #[test]

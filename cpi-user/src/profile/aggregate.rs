@@ -89,6 +89,10 @@ pub struct RangeStat {
     pub timed_count: f64,
     /// Occurrences that carried cycles.
     pub timed_hits: u64,
+    /// Samples whose window timed this range, each counted once however often the range
+    /// repeats in it: the independent observations behind `timed_cycles` (a loop body
+    /// timed 31 times in one window is one).
+    pub timed_samples: u64,
     /// `count` per group of samples (the error model, `profile/error.rs`).
     pub count_groups: Groups,
     /// `timed_cycles` per group of samples.
@@ -213,6 +217,7 @@ impl BranchAggregate {
         self.weight += s.header.period;
         // entries[i + 1] is older than entries[i]: range [older.to, newer.from], ended
         // by the taken branch `newer`.
+        let mut timed_here: Vec<(u64, u64)> = Vec::with_capacity(entries.len());
         for pair in entries.windows(2) {
             let (newer, older) = (&pair[0], &pair[1]);
             let t = self.taken.entry((newer.from, newer.to)).or_default();
@@ -234,6 +239,10 @@ impl BranchAggregate {
                 r.timed_cycles += w * c;
                 r.timed_count += w;
                 r.timed_hits += 1;
+                if !timed_here.contains(&(older.to, newer.from)) {
+                    timed_here.push((older.to, newer.from));
+                    r.timed_samples += 1;
+                }
                 r.timed_cycles_groups.add(group, w * c);
                 r.timed_count_groups.add(group, w);
             }

@@ -72,13 +72,15 @@ pub struct RangeCounts {
     pub valid_hits: u64,
     /// Occurrences of invalid ranges.
     pub invalid_hits: u64,
-    /// Timed LBR, per block: cycles apportioned by the block's share of each range's
-    /// instructions.
+    /// Timed LBR, per block: cycles of the timed ranges inside the block.
     pub block_timed_cycles: Vec<f64>,
-    /// Timed LBR, per block: instructions covered by timed occurrences.
+    /// Timed LBR, per block: instructions of those ranges.
     pub block_timed_instructions: Vec<f64>,
-    /// Timed LBR, per block: timed occurrences covering it.
-    pub block_timed_hits: Vec<u64>,
+    /// Timed LBR, per block: the most samples that timed one of those ranges.
+    pub block_timed_samples: Vec<u64>,
+    /// Blocks that a range over several blocks covered: executions the LBR cannot time
+    /// alone, so they have no timed CPI.
+    pub block_shared: Vec<bool>,
     /// `block_timed_cycles` per group of samples.
     pub block_timed_cycles_groups: Vec<Groups>,
     /// `block_timed_instructions` per group of samples.
@@ -87,8 +89,9 @@ pub struct RangeCounts {
     pub timed_cycles: f64,
     /// Instructions those timed occurrences covered.
     pub timed_instructions: f64,
-    /// Timed occurrences.
-    pub timed_hits: u64,
+    /// Samples behind the timed cycles, at least: the most that timed any one range
+    /// (a window timing several ranges of the function is one sample).
+    pub timed_samples: u64,
     /// `timed_cycles` per group of samples.
     pub timed_cycles_groups: Groups,
     /// `timed_instructions` per group of samples.
@@ -105,7 +108,8 @@ impl RangeCounts {
             instr_groups: vec![Groups::default(); n],
             block_timed_cycles: vec![0.0; nb],
             block_timed_instructions: vec![0.0; nb],
-            block_timed_hits: vec![0; nb],
+            block_timed_samples: vec![0; nb],
+            block_shared: vec![false; nb],
             block_timed_cycles_groups: vec![Groups::default(); nb],
             block_timed_instructions_groups: vec![Groups::default(); nb],
             ..Default::default()
@@ -115,7 +119,8 @@ impl RangeCounts {
 
 /// Applies every range to `cfg`. Timed cycles of a range are measured per occurrence
 /// (LBR `cycles` of the branch ending it covers exactly the range); a block's timed
-/// cycles are the range's cycles × the block's share of the range's instructions.
+/// cycles come from the ranges inside it, and only when no range covers it with others
+/// (docs/METHOD.md, "Two CPI estimators").
 pub fn count_ranges<'a>(
     cfg: &Cfg,
     ranges: impl IntoIterator<Item = (u64, u64, &'a RangeStat)>,
@@ -144,11 +149,15 @@ pub fn count_ranges<'a>(
                     .or_default() += r.count;
             }
         }
+        let b = cfg.block_of[first];
+        if b != cfg.block_of[last] {
+            (cfg.block_of[first]..=cfg.block_of[last]).for_each(|b| c.block_shared[b] = true);
+        }
         if r.timed_hits > 0 {
             let len = (last - first + 1) as f64;
             c.timed_cycles += r.timed_cycles;
             c.timed_instructions += r.timed_count * len;
-            c.timed_hits += r.timed_hits;
+            c.timed_samples = c.timed_samples.max(r.timed_samples);
             c.timed_cycles_groups
                 .add_scaled(&r.timed_cycles_groups, 1.0);
             c.timed_instructions_groups
@@ -156,11 +165,10 @@ pub fn count_ranges<'a>(
             // A block's timed CPI comes only from ranges inside it: the cycles of a
             // range over several blocks cannot be split between them (apportioning by
             // instructions put 3.7 % of sim_mix's block timed CPIs within ±1).
-            let b = cfg.block_of[first];
             if b == cfg.block_of[last] {
                 c.block_timed_cycles[b] += r.timed_cycles;
                 c.block_timed_instructions[b] += r.timed_count * len;
-                c.block_timed_hits[b] += r.timed_hits;
+                c.block_timed_samples[b] = c.block_timed_samples[b].max(r.timed_samples);
                 c.block_timed_cycles_groups[b].add_scaled(&r.timed_cycles_groups, 1.0);
                 c.block_timed_instructions_groups[b].add_scaled(&r.timed_count_groups, len);
             }
@@ -197,6 +205,7 @@ mod tests {
             timed_cycles,
             timed_count: count,
             timed_hits,
+            timed_samples: timed_hits,
             ..Default::default()
         }
     }
@@ -257,18 +266,33 @@ mod tests {
     #[test]
     fn timed_cycles_reach_a_block_only_from_ranges_inside_it() {
         let cfg = loop_cfg();
-        // [xor | add dec jne]: 4 instructions over two blocks, 2 occurrences, 40 cycles
-        // in all; [add dec jne]: the loop block alone, 2 occurrences, 30 cycles.
+        // [xor | add dec jne]: 4 instructions over two blocks, 2 occurrences in 2
+        // samples, 40 cycles in all; [add dec jne]: the loop block alone, 2 occurrences
+        // in one sample, 30 cycles; [call] alone, 3 occurrences in 3 samples, 9 cycles.
         let across = stat(2.0, 2, 40.0, 2);
-        let inside = stat(2.0, 2, 30.0, 2);
-        let c = count_ranges(&cfg, [(0x1000, 0x1006, &across), (0x1002, 0x1006, &inside)]);
+        let inside = RangeStat {
+            timed_samples: 1,
+            ..stat(2.0, 2, 30.0, 2)
+        };
+        let call = stat(3.0, 3, 9.0, 3);
+        let c = count_ranges(
+            &cfg,
+            [
+                (0x1000, 0x1006, &across),
+                (0x1002, 0x1006, &inside),
+                (0x1008, 0x1008, &call),
+            ],
+        );
         assert_eq!(
-            (c.timed_cycles, c.timed_instructions, c.timed_hits),
-            (70.0, 14.0, 4)
+            (c.timed_cycles, c.timed_instructions, c.timed_samples),
+            (79.0, 17.0, 3)
         );
         // The first block is never a whole range: no timed cycles are guessed for it.
-        assert_eq!(c.block_timed_cycles[..2], [0.0, 30.0]);
-        assert_eq!(c.block_timed_instructions[..2], [0.0, 6.0]);
-        assert_eq!(c.block_timed_hits[..2], [0, 2]);
+        assert_eq!(c.block_timed_cycles[..3], [0.0, 30.0, 9.0]);
+        assert_eq!(c.block_timed_instructions[..3], [0.0, 6.0, 3.0]);
+        assert_eq!(c.block_timed_samples[..3], [0, 1, 3]);
+        // The loop block also ran inside `across`, untimed alone: it gets no timed CPI;
+        // the call block ran only as a range of its own.
+        assert_eq!(c.block_shared[..3], [true, true, false]);
     }
 }

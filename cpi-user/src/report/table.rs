@@ -5,6 +5,7 @@
 //! CPU time, and says so; units below the sample floor say so instead of a number. A
 //! profile with an accuracy (`cpi-bpf simulate`) ends with it.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::io::Read;
@@ -37,9 +38,11 @@ pub struct TableOptions {
     /// notes on binaries.
     pub verbose: bool,
     /// A table per process instead of one list over all of them (perf's default,
-    /// `--sort comm,dso,sym`: processes of one name are one).
+    /// `--sort comm,dso,sym`: processes of one name are one); with `group_by` other
+    /// than `Process`, a table per group.
     pub per_process: bool,
-    /// What a process of the list stands for: itself, or its comm, container or pod.
+    /// What a process of the list (or a table of `per_process`) stands for: itself, or
+    /// its comm, container or pod.
     pub group_by: GroupBy,
     /// The column the function tables are sorted by.
     pub sort: SortKey,
@@ -113,13 +116,43 @@ impl GroupBy {
 }
 
 /// `p` with each process named by its group: the list merges processes of one name
-/// ([`all_processes`]), so a group is one.
+/// ([`all_processes`]), and so do the tables per process ([`by_name`]), so a group is
+/// one.
 fn grouped(p: &Profile, by: GroupBy) -> Profile {
     let mut g = p.clone();
     for pr in &mut g.processes {
         pr.comm = by.key(pr);
     }
     g
+}
+
+/// `p`'s processes with those of one name merged into one (profile/merge.rs), whose pid
+/// is 0 where the name had several (perf's `--sort comm`), and the number of processes
+/// behind each name.
+fn by_name(p: &Profile) -> (Cow<'_, [ProcessProfile]>, BTreeMap<String, usize>) {
+    let mut n: BTreeMap<String, usize> = BTreeMap::new();
+    for pr in &p.processes {
+        *n.entry(pr.comm.clone()).or_default() += 1;
+    }
+    if n.values().all(|&c| c == 1) {
+        return (Cow::Borrowed(&p.processes), n);
+    }
+    let mut named = p.clone();
+    for pr in &mut named.processes {
+        if n[&pr.comm] > 1 {
+            pr.pid = 0;
+        }
+    }
+    let merged = merge::merge(std::slice::from_ref(&named)).unwrap_or(named);
+    (Cow::Owned(merged.processes), n)
+}
+
+/// The pid column of `pr` in a view by name: `N pids` for a merged name.
+fn pid_text(pr: &ProcessProfile, processes: &BTreeMap<String, usize>) -> String {
+    match processes.get(&pr.comm) {
+        Some(&n) if pr.pid == 0 && n > 1 => format!("{n} pids"),
+        _ => pr.pid.to_string(),
+    }
 }
 
 /// A column of the function tables to sort by: numbers largest first, names A to Z.
@@ -225,17 +258,23 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
             all_processes(p, opts, &mut out);
         }
         None => {
-            let (shown, rest) = processes_to_show(p);
+            // A table per group when grouped; else per process.
+            let (procs, names) = match opts.group_by {
+                GroupBy::Process => (Cow::Borrowed(&p.processes[..]), BTreeMap::new()),
+                _ => by_name(p),
+            };
+            let (shown, rest) = processes_to_show(&procs);
             for proc in shown {
+                let pid = pid_text(proc, &names);
                 out.push('\n');
-                out.push_str(&wrap(&process_line(p.mode, proc), w));
+                out.push_str(&wrap(&process_line(p.mode, proc, &pid), w));
                 let fns: Vec<Row> = proc
                     .functions
                     .iter()
                     .map(|f| Row {
                         f,
                         comm: &proc.comm,
-                        pid: proc.pid.to_string(),
+                        pid: pid.clone(),
                         share: f.share,
                     })
                     .collect();
@@ -311,24 +350,8 @@ struct Row<'a> {
 /// One list over every process, as perf shows by default: processes of the same name
 /// merged (profile/merge.rs), comm and pid columns, shares of the whole profile.
 fn all_processes(p: &Profile, opts: &TableOptions, out: &mut String) {
-    let mut pids: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
-    for pr in &p.processes {
-        pids.entry(&pr.comm).or_default().push(pr.pid);
-    }
-    // Merged only where a name has several processes; pid 0 stands for "all of them".
-    let merged;
-    let procs: &[ProcessProfile] = if pids.values().any(|v| v.len() > 1) {
-        let mut by_name = p.clone();
-        for pr in &mut by_name.processes {
-            if pids[pr.comm.as_str()].len() > 1 {
-                pr.pid = 0;
-            }
-        }
-        merged = merge::merge(std::slice::from_ref(&by_name)).unwrap_or(by_name);
-        &merged.processes
-    } else {
-        &p.processes
-    };
+    let (procs, names) = by_name(p);
+    let procs = &procs[..];
     let total: f64 = procs
         .iter()
         .flat_map(|pr| pr.functions.iter())
@@ -337,10 +360,7 @@ fn all_processes(p: &Profile, opts: &TableOptions, out: &mut String) {
     let rows: Vec<Row> = procs
         .iter()
         .flat_map(|pr| {
-            let pid = match pids.get(pr.comm.as_str()) {
-                Some(v) if pr.pid == 0 => format!("{} pids", v.len()),
-                _ => pr.pid.to_string(),
-            };
+            let pid = pid_text(pr, &names);
             pr.functions.iter().map(move |f| Row {
                 f,
                 comm: &pr.comm,
@@ -844,8 +864,8 @@ const KERNEL: &str = "[kernel]";
 const MINOR_PROCESS_SHARE: f64 = 0.01;
 
 /// Processes to show in full, hottest first (always at least the hottest), and the rest.
-fn processes_to_show(p: &Profile) -> (Vec<&ProcessProfile>, Vec<&ProcessProfile>) {
-    let mut all: Vec<&ProcessProfile> = p.processes.iter().collect();
+fn processes_to_show(procs: &[ProcessProfile]) -> (Vec<&ProcessProfile>, Vec<&ProcessProfile>) {
+    let mut all: Vec<&ProcessProfile> = procs.iter().collect();
     all.sort_by(|a, b| b.samples.cmp(&a.samples).then(a.pid.cmp(&b.pid)));
     let total: u64 = all.iter().map(|pr| pr.samples).sum();
     let cut = all
@@ -857,10 +877,15 @@ fn processes_to_show(p: &Profile) -> (Vec<&ProcessProfile>, Vec<&ProcessProfile>
     (all, rest)
 }
 
-fn process_line(mode: Mode, p: &ProcessProfile) -> String {
+/// The line over a process's (or a group's: `pid` is then `N pids`) tables.
+fn process_line(mode: Mode, p: &ProcessProfile, pid: &str) -> String {
     // A process that exited before it was first looked at has no name.
     let comm = if p.comm.is_empty() { "?" } else { &p.comm };
-    let mut s = format!("pid {} ({comm}): {} samples", p.pid, group(p.samples));
+    let mut s = if p.pid == 0 && pid != "0" {
+        format!("{comm} ({pid}): {} samples", group(p.samples))
+    } else {
+        format!("pid {pid} ({comm}): {} samples", group(p.samples))
+    };
     if p.branch_samples > 0 {
         let _ = write!(s, ", {} branch samples", group(p.branch_samples));
     }

@@ -16,7 +16,7 @@ pub mod trace;
 
 use std::ffi::OsString;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 
 use crate::binary::SymbolizerOptions;
@@ -49,6 +49,9 @@ pub enum SimError {
     /// The FIFO the trace streams through could not be made or read.
     #[error("trace FIFO {0}: {1}")]
     Fifo(PathBuf, #[source] std::io::Error),
+    /// The trace file could not be created.
+    #[error("creating the trace file {0}: {1}")]
+    TraceFile(PathBuf, #[source] std::io::Error),
     /// Valgrind exited before the trace ended.
     #[error("valgrind failed ({0}) before the trace was complete")]
     Valgrind(ExitStatus),
@@ -190,7 +193,7 @@ pub fn profile_of(
         mode: Mode::Simulated,
         mode_reason: format!(
             "PMU model replaying an exact trace (Valgrind cpitrace) with modelled cycles; \
-             {} instructions, {} cycles exactly; {stacks}, {}{}{}",
+             {} instructions, {} cycles exactly; {stacks}, {}{}{}{}",
             truth.instructions,
             truth.cycles,
             weighting.describe(),
@@ -203,7 +206,10 @@ pub fn profile_of(
                 format!("; {untimed} stacks without timed entries left out")
             } else {
                 String::new()
-            }
+            },
+            followed(truth)
+                .map(|f| format!("; {f}"))
+                .unwrap_or_default()
         ),
         command,
         duration_secs,
@@ -251,6 +257,73 @@ pub fn profile_of(
     profile
 }
 
+/// What the trace followed beyond one program, in a line (for the mode reason and a
+/// note on stderr): the programs the command exec'd, and the child processes it created,
+/// which are not traced (cpi-user/src/sim/run.rs). `None` when one program ran alone.
+pub fn followed(truth: &Truth) -> Option<String> {
+    let mut parts = Vec::new();
+    if !truth.replaced.is_empty() {
+        let before: u64 = truth.replaced.iter().map(|i| i.instructions).sum();
+        let chain: Vec<String> = truth
+            .replaced
+            .iter()
+            .map(|i| {
+                format!(
+                    "{} ({}{} instructions)",
+                    i.path,
+                    script(&i.path),
+                    i.instructions
+                )
+            })
+            .collect();
+        let last = &truth.program;
+        let last_script = script(last);
+        parts.push(format!(
+            "the command exec'd: {} → {last}{}; the profile is of {last}, the {before} \
+             instructions before its exec are not in it",
+            chain.join(" → "),
+            last_script
+                .strip_suffix(", ")
+                .map(|s| format!(" ({s})"))
+                .unwrap_or_default(),
+        ));
+    }
+    if truth.forks > 0 {
+        parts.push(format!(
+            "{} child process{} created, not traced (simulate follows exec, not fork)",
+            truth.forks,
+            if truth.forks == 1 { "" } else { "es" }
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
+/// `a script for INTERPRETER, ` when `path` is one, else nothing.
+fn script(path: &str) -> String {
+    script_interpreter(Path::new(path))
+        .map(|i| format!("a script for {i}, "))
+        .unwrap_or_default()
+}
+
+/// The interpreter line of the script at `path` (`#!/usr/bin/env bash` gives
+/// `/usr/bin/env bash`): the program the kernel, and Valgrind, run instead of it.
+/// `None` for anything else, or a bare name (found through a `PATH` that is not ours).
+pub fn script_interpreter(path: &Path) -> Option<String> {
+    use std::io::Read;
+    if !path.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return None;
+    }
+    let mut head = Vec::new();
+    crate::fsafe::open(path)
+        .ok()?
+        .take(256)
+        .read_to_end(&mut head)
+        .ok()?;
+    let line = head.strip_prefix(b"#!")?.split(|&b| b == b'\n').next()?;
+    let line = String::from_utf8_lossy(line).trim().to_string();
+    (!line.is_empty()).then_some(line)
+}
+
 /// Runs `cmd` under the tracer and replays the live trace once through the cycle model
 /// and one PMU model per entry of `cfgs`.
 fn simulate_command(
@@ -283,8 +356,13 @@ fn simulate_command(
         let stats: Vec<PmuStats> = replay.pmus().iter().map(|p| p.stats.clone()).collect();
         Ok((sets, truth, stats))
     })?;
-    let comm = cmd[0].to_string_lossy();
-    let comm = comm.rsplit('/').next().unwrap_or(&comm).to_string();
+    // As the kernel names a process: after the file it exec'd last.
+    let comm = truth
+        .program
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_string();
     let models = sets
         .into_iter()
         .zip(stats)

@@ -507,6 +507,8 @@ mod tests {
         assert_eq!(ips.by_ip[&0x1004].1, 3000);
         // The LBR entries carry the cycles since the previous entry.
         assert!(r.timed_hits > 0 && r.timed_cycles >= 6.0 * r.timed_count);
+        // The loop range is timed 3 times in each sample's window: 997 samples.
+        assert_eq!((r.timed_hits, r.timed_samples), (3 * 997, 997));
     }
 
     /// A call range [0x2000, 0x2004] to 0x3000 (return address 0x2009): cycle samples

@@ -2,6 +2,12 @@
 //! once, then into the exact truth and (optionally) the PMU model. Each thread's exact
 //! call stack is kept beside it (cpi-user/src/sim/shadow.rs), so the truth is also known
 //! per calling context and every sample carries its stack.
+//!
+//! A traced process that execs goes on in the same trace (cpi-user/src/sim/trace.rs):
+//! the replay then starts again, so the truth and the samples are those of the last
+//! program, and the programs before it are kept as [`Image`]s with their instruction
+//! counts. Under Valgrind every program loads at the same addresses (no ASLR), so the
+//! replaced program's code could not be told apart from the new one's.
 
 use std::io::Read;
 
@@ -40,11 +46,27 @@ pub struct TakenTruth {
     pub mispredicts: u64,
 }
 
+/// A program the traced process ran and replaced by exec.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Image {
+    /// As the command or `execve` named it.
+    pub path: String,
+    /// Instructions it executed, all threads.
+    pub instructions: u64,
+}
+
 /// The exact answer for a whole run, in runtime addresses.
 #[derive(Clone, Debug, Default)]
 pub struct Truth {
     /// The traced process (Valgrind runs the program in its own process).
     pub pid: u32,
+    /// The program the truth is of: the command, or the last program it exec'd.
+    pub program: String,
+    /// The programs that ran before `program` and exec'd the next one, in order: not
+    /// in the truth.
+    pub replaced: Vec<Image>,
+    /// Child processes the traced programs created (not traced).
+    pub forks: u64,
     /// Instructions the run executed, all threads.
     pub instructions: u64,
     /// Modelled cycles of the whole run.
@@ -133,6 +155,10 @@ pub struct Replay {
     pid: u32,
     /// Thread ends: [start, end].
     final_ranges: FastMap<(u64, u64), u64>,
+    /// The program running now.
+    program: String,
+    replaced: Vec<Image>,
+    forks: u64,
 }
 
 impl Replay {
@@ -157,10 +183,8 @@ impl Replay {
     ) -> Result<(), TraceError> {
         let mut r = TraceReader::new(reader)?;
         self.pid = r.pid();
-        self.pmus = pmus
-            .into_iter()
-            .map(|cfg| Pmu::new(cfg, self.pid))
-            .collect();
+        let new_pmus = |pid| pmus.iter().map(|cfg| Pmu::new(cfg.clone(), pid)).collect();
+        self.pmus = new_pmus(self.pid);
         let mut starts: FastMap<u32, u64> = FastMap::default();
         let mut stacks: FastMap<u32, ThreadStack> = FastMap::default();
         let (mut tid, mut start) = (self.pid, 0u64);
@@ -172,6 +196,33 @@ impl Replay {
             }
             match ev {
                 Event::Maps(m) => self.code.update(m),
+                Event::Image { path } => self.program = path,
+                Event::Fork { .. } => self.forks += 1,
+                Event::Exec => {
+                    // A new program in the same process: start again (module doc).
+                    let mut replaced = std::mem::take(&mut self.replaced);
+                    replaced.push(Image {
+                        path: std::mem::take(&mut self.program),
+                        instructions: self.instructions(),
+                    });
+                    *self = Replay {
+                        pid: self.pid,
+                        replaced,
+                        forks: self.forks,
+                        stats: ReplayStats {
+                            records: self.stats.records,
+                            ..ReplayStats::default()
+                        },
+                        pmus: new_pmus(self.pid),
+                        ..Replay::default()
+                    };
+                    for set in sets.iter_mut() {
+                        *set = set.empty_like();
+                    }
+                    starts.clear();
+                    stacks.clear();
+                    (tid, start) = (self.pid, 0);
+                }
                 Event::Thread { tid: t } => {
                     starts.insert(tid, start);
                     stacks.insert(tid, self.stack);
@@ -292,10 +343,22 @@ impl Replay {
         &self.pmus
     }
 
+    /// Instructions replayed so far (since the last exec).
+    fn instructions(&self) -> u64 {
+        self.slots
+            .iter()
+            .map(|sl| sl.count * self.table.infos[sl.range as usize].n as u64)
+            .sum()
+    }
+
     /// Expands the per-range counts into the exact per-instruction and per-edge truth.
     pub fn truth(&self) -> Truth {
         let mut t = Truth {
             pid: self.pid,
+            program: self.program.clone(),
+            replaced: self.replaced.clone(),
+            forks: self.forks,
+            instructions: self.instructions(),
             maps: self.code.all_maps(),
             contexts: (0..self.contexts.len() as u32)
                 .map(|n| (self.contexts.parent(n), self.contexts.ret_addr(n)))
@@ -310,7 +373,6 @@ impl Replay {
         let penalty = super::cycles::MISPREDICT_PENALTY as u64;
         for sl in &self.slots {
             let r = &self.table.infos[sl.range as usize];
-            t.instructions += sl.count * r.n as u64;
             if sl.unreturned {
                 t.unreturned_ranges.push((r.start, r.end, sl.count));
             }

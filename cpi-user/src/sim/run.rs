@@ -4,10 +4,14 @@
 //! folder: the tool plus links to the installed preload files), found through
 //! `$CPI_TRACER_DIR` or next to the running executable. The trace streams through a FIFO
 //! so it is never stored: a large run produces gigabytes of records.
+//!
+//! What is traced: the command's process, through every program it execs (Valgrind's
+//! `--trace-children=yes` starts the tool again in the new program, which appends to the
+//! same trace), as `perf record` follows exec. Child processes it forks are not traced:
+//! the tool marks each fork in the trace and lets the child's own exec run natively.
 
 use std::ffi::OsString;
 use std::fs::File;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
@@ -38,7 +42,7 @@ pub fn find_tool_dir() -> Result<PathBuf, SimError> {
 
 /// Valgrind options every traced run uses (each avoids a measured trap): no chasing
 /// (VEX would speculate across branches), no libc/C++ freeres at exit (code the
-/// program itself never runs), children not traced.
+/// program itself never runs); exec followed (the tool keeps forked children out).
 pub fn valgrind_command(tool_dir: &Path, trace: &Path, cmd: &[OsString]) -> Command {
     let mut c = Command::new("valgrind");
     c.env("VALGRIND_LIB", tool_dir)
@@ -48,7 +52,7 @@ pub fn valgrind_command(tool_dir: &Path, trace: &Path, cmd: &[OsString]) -> Comm
         .arg("--vex-guest-chase=no")
         .arg("--run-libc-freeres=no")
         .arg("--run-cxx-freeres=no")
-        .arg("--trace-children=no")
+        .arg("--trace-children=yes")
         .arg("--")
         .args(cmd);
     c
@@ -61,7 +65,8 @@ fn check_cmd(cmd: &[OsString]) -> Result<(), SimError> {
     Ok(())
 }
 
-/// Runs `cmd` under the tracer writing the trace to the file `out`.
+/// Runs `cmd` under the tracer writing the trace to the file `out` (created or
+/// emptied here: the tool appends, once per program the process runs).
 pub fn record_trace(
     tool_dir: &Path,
     cmd: &[OsString],
@@ -69,6 +74,7 @@ pub fn record_trace(
     stdout: Stdio,
 ) -> Result<ExitStatus, SimError> {
     check_cmd(cmd)?;
+    File::create(out).map_err(|e| SimError::TraceFile(out.to_path_buf(), e))?;
     valgrind_command(tool_dir, out, cmd)
         .stdout(stdout)
         .status()
@@ -115,20 +121,22 @@ pub fn run_streaming<T>(
     if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
         return Err(SimError::Fifo(fifo, std::io::Error::last_os_error()));
     }
+    // A write end held until Valgrind is gone: between the programs of an exec the
+    // FIFO has no other writer, and the reader must not take that for the end. Opened
+    // read-write, which never blocks on a FIFO; close-on-exec, so Valgrind lacks it.
+    let held = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fifo)
+        .map_err(|e| SimError::Fifo(fifo.clone(), e))?;
     let mut child = valgrind_command(tool_dir, &fifo, cmd)
         .stdout(stdout)
         .spawn()
         .map_err(SimError::Spawn)?;
     let pid = child.id();
-    let fifo2 = fifo.clone();
-    // If Valgrind dies before opening the FIFO, our blocking open would wait forever:
-    // the watcher opens the write end once the child is gone, which releases it.
     let watcher = std::thread::spawn(move || {
         let status = child.wait();
-        let _ = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&fifo2);
+        drop(held);
         status
     });
     let result = File::open(&fifo)

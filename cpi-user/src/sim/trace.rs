@@ -12,7 +12,13 @@
 //! | 3 interrupt | the range ends after `n` instructions (the last at `from`); signal `aux` is delivered; the thread resumes at `to` later |
 //! | 4 end | the thread's last range: `n` instructions, the last at `from` |
 //! | 5 maps | `n` bytes of `/proc/PID/maps`-format text (the client's executable segments) follow, zero-padded to a multiple of 8 |
+//! | 6 image | `n` bytes follow (padded as maps): the program Valgrind runs, as the command or `execve` named it |
+//! | 7 fork | the process created child process `to`, which is not traced |
 //!
+//! The first record is an image record. A successful `execve` starts the tool again in
+//! the same process: the stream goes on with a new header (same pid; its magic cannot
+//! begin a record, as no record's `from` is that non-canonical address) and image
+//! record, and the new program's records.
 //! `rep` string instructions count once per execution, as hardware retires them.
 
 use std::io::Read;
@@ -22,7 +28,7 @@ use crate::procmap::{ProcMapError, ProcessMaps};
 /// The first 8 bytes of every trace.
 pub const MAGIC: &[u8; 8] = b"CPITRC01";
 /// The format version this reader reads (and `tests/tracer/cpitrace.c` writes).
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 const HEADER_LEN: usize = 16;
 const RECORD_LEN: usize = 24;
 
@@ -31,6 +37,8 @@ const K_THREAD: u16 = 2;
 const K_INTERRUPT: u16 = 3;
 const K_END: u16 = 4;
 const K_MAPS: u16 = 5;
+const K_IMAGE: u16 = 6;
+const K_FORK: u16 = 7;
 
 /// Why a trace could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +60,7 @@ pub enum TraceError {
     Truncated {
         /// Where the cut part starts.
         offset: u64,
-        /// What was being read ("header", "record" or "maps text").
+        /// What was being read ("header", "record" or "record text").
         what: &'static str,
     },
     /// A record kind this reader does not know.
@@ -71,6 +79,16 @@ pub enum TraceError {
         /// Why cpi-user/src/procmap/mod.rs rejected the text.
         #[source]
         source: ProcMapError,
+    },
+    /// A header in the middle of the trace (an exec) naming another process.
+    #[error("corrupt trace: header at byte {offset} is of pid {found}, not {pid}")]
+    ExecPid {
+        /// Where the header starts.
+        offset: u64,
+        /// Its pid.
+        found: u32,
+        /// The trace's pid.
+        pid: u32,
     },
     /// A maps record whose text is not UTF-8.
     #[error("corrupt trace: maps record at byte {offset} is not UTF-8")]
@@ -119,6 +137,20 @@ pub enum Event {
     },
     /// The client's executable mappings at this point.
     Maps(ProcessMaps),
+    /// The program now running: the command at the start, and after each exec (which
+    /// [`Event::Exec`] announces) the file `execve` named.
+    Image {
+        /// Its path, as given to Valgrind or `execve` (lossy UTF-8).
+        path: String,
+    },
+    /// A successful exec replaced the program: every thread and mapping is gone, and an
+    /// [`Event::Image`] follows.
+    Exec,
+    /// The process created a child process, which is not traced.
+    Fork {
+        /// The child's pid.
+        child: u32,
+    },
 }
 
 /// Streaming reader; buffers in large blocks so a pipe from a running Valgrind is read
@@ -144,13 +176,19 @@ impl<R: Read> TraceReader<R> {
             base: 0,
             pid: 0,
         };
-        if !r.fill(HEADER_LEN)? {
+        r.pid = r.header()?;
+        Ok(r)
+    }
+
+    /// Reads and checks a header; returns its pid.
+    fn header(&mut self) -> Result<u32, TraceError> {
+        if !self.fill(HEADER_LEN)? {
             return Err(TraceError::Truncated {
-                offset: r.offset(),
+                offset: self.offset(),
                 what: "header",
             });
         }
-        let h = &r.buf[r.pos..r.pos + HEADER_LEN];
+        let h = &self.buf[self.pos..self.pos + HEADER_LEN];
         let magic: [u8; 8] = h[..8].try_into().expect("8 bytes");
         if &magic != MAGIC {
             return Err(TraceError::BadMagic(magic));
@@ -159,9 +197,23 @@ impl<R: Read> TraceReader<R> {
         if version != VERSION {
             return Err(TraceError::Version { found: version });
         }
-        r.pid = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
-        r.pos += HEADER_LEN;
-        Ok(r)
+        let pid = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes"));
+        self.pos += HEADER_LEN;
+        Ok(pid)
+    }
+
+    /// The `n` bytes of text after a record (zero-padded to 8), consumed.
+    fn text(&mut self, n: u32) -> Result<&[u8], TraceError> {
+        let len = n as usize;
+        let padded = len.div_ceil(8) * 8;
+        if !self.fill(padded)? {
+            return Err(TraceError::Truncated {
+                offset: self.offset(),
+                what: "record text",
+            });
+        }
+        self.pos += padded;
+        Ok(&self.buf[self.pos - padded..self.pos - padded + len])
     }
 
     /// Process id of the traced program (Valgrind runs it in its own process).
@@ -211,6 +263,17 @@ impl<R: Read> TraceReader<R> {
             });
         }
         let offset = self.offset();
+        if &self.buf[self.pos..self.pos + 8] == MAGIC {
+            let found = self.header()?;
+            if found != self.pid {
+                return Err(TraceError::ExecPid {
+                    offset,
+                    found,
+                    pid: self.pid,
+                });
+            }
+            return Ok(Some(Event::Exec));
+        }
         let r = &self.buf[self.pos..self.pos + RECORD_LEN];
         let from = u64::from_le_bytes(r[0..8].try_into().expect("8 bytes"));
         let to = u64::from_le_bytes(r[8..16].try_into().expect("8 bytes"));
@@ -229,21 +292,16 @@ impl<R: Read> TraceReader<R> {
             },
             K_END => Event::End { from, n },
             K_MAPS => {
-                let len = n as usize;
-                let padded = len.div_ceil(8) * 8;
-                if !self.fill(padded)? {
-                    return Err(TraceError::Truncated {
-                        offset: self.offset(),
-                        what: "maps text",
-                    });
-                }
-                let text = std::str::from_utf8(&self.buf[self.pos..self.pos + len])
+                let text = std::str::from_utf8(self.text(n)?)
                     .map_err(|_| TraceError::MapsText { offset })?;
                 let maps = ProcessMaps::parse(text)
                     .map_err(|source| TraceError::Maps { offset, source })?;
-                self.pos += padded;
                 Event::Maps(maps)
             }
+            K_IMAGE => Event::Image {
+                path: String::from_utf8_lossy(self.text(n)?).into_owned(),
+            },
+            K_FORK => Event::Fork { child: to as u32 },
             kind => return Err(TraceError::UnknownKind { kind, offset }),
         }))
     }
@@ -281,10 +339,18 @@ mod write {
         record(out, from, 0, n, super::K_END, 0);
     }
 
-    pub fn maps(out: &mut Vec<u8>, text: &str) {
-        record(out, 0, 0, text.len() as u32, super::K_MAPS, 0);
+    fn text(out: &mut Vec<u8>, kind: u16, text: &str) {
+        record(out, 0, 0, text.len() as u32, kind, 0);
         out.extend_from_slice(text.as_bytes());
         out.resize(out.len().div_ceil(8) * 8, 0);
+    }
+
+    pub fn maps(out: &mut Vec<u8>, maps: &str) {
+        text(out, super::K_MAPS, maps);
+    }
+
+    pub fn image(out: &mut Vec<u8>, path: &str) {
+        text(out, super::K_IMAGE, path);
     }
 }
 
@@ -345,6 +411,53 @@ mod tests {
     }
 
     #[test]
+    fn an_exec_goes_on_in_the_same_stream() {
+        let mut t = write::header(42);
+        write::image(&mut t, "sh");
+        write::thread(&mut t, 42);
+        write::record(&mut t, 0, 43, 0, K_FORK, 0);
+        write::end(&mut t, 0x108010, 4);
+        t.extend_from_slice(&write::header(42));
+        write::image(&mut t, "/bin/prog-é");
+        write::thread(&mut t, 42);
+        let mut r = TraceReader::new(&t[..]).unwrap();
+        let mut ev = Vec::new();
+        while let Some(e) = r.next().unwrap() {
+            ev.push(e);
+        }
+        assert_eq!(
+            ev,
+            [
+                Event::Image { path: "sh".into() },
+                Event::Thread { tid: 42 },
+                Event::Fork { child: 43 },
+                Event::End {
+                    from: 0x108010,
+                    n: 4
+                },
+                Event::Exec,
+                Event::Image {
+                    path: "/bin/prog-é".into()
+                },
+                Event::Thread { tid: 42 },
+            ]
+        );
+        // Another process's header cannot join this stream.
+        let mut bad = write::header(42);
+        bad.extend_from_slice(&write::header(7));
+        write::thread(&mut bad, 7);
+        let mut r = TraceReader::new(&bad[..]).unwrap();
+        assert!(matches!(
+            r.next().unwrap_err(),
+            TraceError::ExecPid {
+                offset: 16,
+                found: 7,
+                pid: 42
+            }
+        ));
+    }
+
+    #[test]
     fn truncation_and_corruption_are_typed_errors() {
         let t = sample();
         // Cut inside the last record.
@@ -365,7 +478,7 @@ mod tests {
         assert!(matches!(
             r.next().unwrap_err(),
             TraceError::Truncated {
-                what: "maps text",
+                what: "record text",
                 ..
             }
         ));

@@ -8,26 +8,8 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cpi_tests::{compile_c, cpi_bpf, cpu_heavy, output_ok, require_root, temp_dir};
+use cpi_tests::{agent, compile_c, cpi_bpf, cpu_heavy, output_ok, require_root, temp_dir};
 use serde_json::Value;
-
-fn agent(store: &Path, extra: &[&str]) -> Child {
-    Command::new(cpi_bpf())
-        .args([
-            "agent",
-            "--interval",
-            "1",
-            "--metrics-addr",
-            "off",
-            "--store",
-        ])
-        .arg(store)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting cpi-bpf agent")
-}
 
 fn windows(store: &Path) -> usize {
     std::fs::read_dir(store)

@@ -6,64 +6,15 @@
 //! filtered agent gives the process agrees with the unfiltered agent's within their
 //! sampling error (cpi-user/src/collect/filter.rs).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cpi_tests::{compile_c, cpi_bpf, cpu_heavy, require_root, temp_dir};
+use cpi_tests::{agent, compile_c, cpu_heavy, require_root, stop_agent, store_windows, temp_dir};
 use serde_json::Value;
 
 /// Windows each agent must have stored (the first and last are partial and left out).
 const WINDOWS: usize = 8;
-
-fn agent(store: &Path, extra: &[&str]) -> Child {
-    Command::new(cpi_bpf())
-        .args(["agent", "--interval", "1", "--metrics-addr", "off"])
-        .args(["--overhead-budget", "100", "--no-stacks", "--store"])
-        .arg(store)
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("starting cpi-bpf agent")
-}
-
-/// The store's windows as (start ms, end ms, profile), in time order: they tile the
-/// time from the agent's start.
-fn windows(store: &Path) -> Vec<(u64, u64, Value)> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(store).into_iter().flatten().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some((start, end)) = name
-            .strip_prefix("w-")
-            .and_then(|n| n.strip_suffix(".json.gz"))
-            .and_then(|n| n.split_once('-'))
-            .and_then(|(s, e)| Some((s.parse::<u64>().ok()?, e.parse::<u64>().ok()?)))
-        else {
-            continue;
-        };
-        let mut text = String::new();
-        flate2::read::GzDecoder::new(std::fs::File::open(e.path()).unwrap())
-            .read_to_string(&mut text)
-            .unwrap();
-        out.push((start, end, serde_json::from_str(&text).unwrap()));
-    }
-    out.sort_by_key(|w| w.0);
-    out
-}
-
-fn stop(a: Child) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(a.id() as i32, libc::SIGTERM) };
-    let out = a.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "agent exit {}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// `pid`'s (samples, cpu-clock ns) in a window.
 fn of(w: &Value, pid: u32) -> (f64, f64) {
@@ -84,8 +35,10 @@ fn of(w: &Value, pid: u32) -> (f64, f64) {
 /// process run, and checks the filtered windows against the unfiltered ones.
 fn filtered_equals_unfiltered_restricted(dir: &Path, filter: &[&str], kept: u32, other: u32) {
     let (fs, us) = (dir.join("filtered"), dir.join("unfiltered"));
-    let f = agent(&fs, filter);
-    let u = agent(&us, &[]);
+    // Every sample counts for the comparison: no governor, no stacks to slow it.
+    let quiet = ["--overhead-budget", "100", "--no-stacks"];
+    let mut f = agent(&fs, &[&quiet[..], filter].concat());
+    let mut u = agent(&us, &quiet);
     let t0 = Instant::now();
     while (std::fs::read_dir(&fs).map_or(0, Iterator::count) < WINDOWS
         || std::fs::read_dir(&us).map_or(0, Iterator::count) < WINDOWS)
@@ -93,9 +46,9 @@ fn filtered_equals_unfiltered_restricted(dir: &Path, filter: &[&str], kept: u32,
     {
         std::thread::sleep(Duration::from_millis(200));
     }
-    stop(f);
-    stop(u);
-    let (fw, uw) = (windows(&fs), windows(&us));
+    stop_agent(&mut f);
+    stop_agent(&mut u);
+    let (fw, uw) = (store_windows(&fs), store_windows(&us));
     assert!(fw.len() >= WINDOWS && uw.len() >= WINDOWS, "{fw:?} {uw:?}");
     let mut filtered = 0u64;
     for (_, _, w) in &fw {

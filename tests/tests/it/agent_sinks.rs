@@ -16,8 +16,8 @@ use std::time::{Duration, Instant, SystemTime};
 use cpi_tests::pyroscope::{Behaviour, Options, Receiver};
 use cpi_tests::tls::{TestCa, Validity};
 use cpi_tests::{
-    agent_with_metrics, compile_c, cpi_bpf, free_port, http_get, metric, require_root, rss,
-    temp_dir,
+    agent_with_metrics, compile_c, cpi_bpf, free_port, http_get, labelled, metric, require_root,
+    rss, temp_dir,
 };
 use cpi_user::agent::metrics::{Metrics, MetricsLimits};
 use cpi_user::agent::push::{PushConfig, Pusher, ServiceLabel, MAX_ATTEMPTS};
@@ -247,6 +247,7 @@ fn status(windows: u64) -> AgentStatus {
         sampling_frequency_hz: 999,
         bpf_run_seconds: 0.001 * windows as f64,
         captured_files: Default::default(),
+        kubelet_requests: Some((windows, windows / 4)),
     }
 }
 
@@ -348,6 +349,10 @@ fn prometheus_scrapes_the_metrics() {
     assert_eq!(q(r#"cpi_bpf_mode{mode="time-profile"}"#), Some(0.0));
     assert_eq!(q("cpi_bpf_sampling_frequency_hz"), Some(999.0));
     assert_eq!(q("cpi_bpf_tracked_processes"), Some(2.0));
+    assert_eq!(
+        q(r#"cpi_bpf_kubelet_requests_total{result="failed"}"#),
+        Some(2.0)
+    );
     assert!(q("process_resident_memory_bytes").unwrap() > 1e6);
     assert!(q("process_cpu_seconds_total").is_some());
 }
@@ -921,11 +926,6 @@ fn steady_and_late_peak(rss: &[u64]) -> (u64, u64) {
     (at(14, 30), at(30, rss.len()))
 }
 
-/// The value of a series with one label in a `/metrics` body.
-fn labelled(body: &str, name: &str, label: &str, value: &str) -> Option<f64> {
-    metric(body, &format!("{name}{{{label}=\"{value}\"}}"))
-}
-
 /// Issue 18 item 6, as a new user would try it: receivers that answer with endless
 /// `100 Continue` lines, reset every connection, send a 1 GiB body, drip a byte every
 /// 100 ms, or send headers without end, and https receivers with a certificate of another
@@ -1390,6 +1390,41 @@ fn store_is_private_unless_a_reader_group_is_given() {
                 "a member of no reader group read it"
             );
             assert!(err.contains("Permission denied"), "{err}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn log_level_governs_the_librarys_messages_too() {
+    if !require_root("the agent") {
+        return;
+    }
+    let dir = temp_dir("agent-log-level");
+    // A receiver that is not there: the pusher (in the library) warns once.
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    for level in ["warn", "error"] {
+        let mut a = Command::new(cpi_bpf())
+            .args(["agent", "--interval", "1", "--metrics-addr", "off"])
+            .args(["--push-pyroscope", &dead, "--log-level", level, "--store"])
+            .arg(dir.join(level))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_secs(4));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(a.id() as i32, libc::SIGTERM) };
+        let mut err = String::new();
+        a.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert!(a.wait().unwrap().success(), "{err}");
+        let push_warnings = err
+            .lines()
+            .filter(|l| l.starts_with("cpi-bpf: warning: push"))
+            .count();
+        match level {
+            "warn" => assert_eq!(push_warnings, 1, "{err}"),
+            _ => assert!(!err.contains("warning:"), "{err}"),
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();

@@ -6,12 +6,18 @@
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cpi_tests::pyroscope::Receiver;
-use cpi_tests::{compile_c, cpi_bpf, require_root, temp_dir, KillOnDrop};
+use cpi_tests::{
+    agent, compile_c, cpi_bpf, cpu_heavy, require_root, stop_agent, store_windows, temp_dir,
+    KillOnDrop,
+};
+use serde_json::Value;
 
 /// Where cgroup2 is mounted (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid
 /// host), from /proc/self/mountinfo: `… MOUNTPOINT … - cgroup2 …`.
@@ -35,31 +41,114 @@ impl Drop for Cgroups {
     }
 }
 
-/// A kubelet that answers every request with `body` (a `/pods` list).
-fn fake_kubelet(body: String) -> String {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for mut s in l.incoming().flatten() {
-            let mut head = Vec::new();
-            let mut b = [0u8; 1024];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                match s.read(&mut b) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => head.extend_from_slice(&b[..n]),
-                }
-            }
-            let ok = head.starts_with(b"GET /pods ");
-            let answer = if ok { body.as_str() } else { "" };
-            let status = if ok { "200 OK" } else { "404 Not Found" };
-            let _ = write!(
-                s,
-                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
-                answer.len()
-            );
+/// Makes the cgroup directories `parts` (each inside the one before) under `mount`;
+/// the innermost is the last. Two tests may share the outer ones.
+fn make_cgroups(mount: &Path, parts: &[String]) -> Cgroups {
+    let mut made = Cgroups(Vec::new());
+    let mut d = mount.to_path_buf();
+    for p in parts {
+        d.push(p);
+        match std::fs::create_dir(&d) {
+            Ok(()) => made.0.push(d.clone()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => panic!("{}: {e}", d.display()),
         }
-    });
-    url
+    }
+    made
+}
+
+/// The cgroup path parts of a burstable pod's containerd container.
+fn pod_parts(uid: &str, id: &str) -> [String; 4] {
+    [
+        "kubepods.slice".to_string(),
+        "kubepods-burstable.slice".to_string(),
+        format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
+        format!("cri-containerd-{id}.scope"),
+    ]
+}
+
+/// `busy SECS` started in cgroup `dir`: the shell joins it, then becomes the busy
+/// program, so every sample of it is taken in the cgroup.
+fn busy_in(dir: &Path, busy: &Path, secs: &str) -> KillOnDrop {
+    KillOnDrop(
+        Command::new("sh")
+            .arg("-c")
+            .arg(r#"echo $$ > "$1/cgroup.procs" && exec "$2" "$3""#)
+            .arg("sh")
+            .arg(dir)
+            .arg(busy)
+            .arg(secs)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// A kubelet on loopback that answers `GET /pods` with the list it holds then.
+struct FakeKubelet {
+    url: String,
+    body: Arc<Mutex<String>>,
+    served: Arc<AtomicUsize>,
+}
+
+impl FakeKubelet {
+    fn start(body: String) -> FakeKubelet {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let body = Arc::new(Mutex::new(body));
+        let served = Arc::new(AtomicUsize::new(0));
+        let (list, count) = (body.clone(), served.clone());
+        std::thread::spawn(move || {
+            for mut s in l.incoming().flatten() {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut b) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&b[..n]),
+                    }
+                }
+                let ok = head.starts_with(b"GET /pods ");
+                let answer = if ok {
+                    list.lock().unwrap().clone()
+                } else {
+                    String::new()
+                };
+                let status = if ok { "200 OK" } else { "404 Not Found" };
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+                    answer.len()
+                );
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        FakeKubelet { url, body, served }
+    }
+
+    /// From now on, the list is `body`.
+    fn set(&self, body: String) {
+        *self.body.lock().unwrap() = body;
+    }
+
+    /// Requests answered so far.
+    fn served(&self) -> usize {
+        self.served.load(Ordering::SeqCst)
+    }
+}
+
+/// A kubelet's `/pods` answer listing these (uid, name, namespace, container id), each
+/// with one container named `app`.
+fn pod_list(pods: &[(&str, &str, &str, &str)]) -> String {
+    let items: Vec<String> = pods
+        .iter()
+        .map(|(uid, name, ns, id)| {
+            format!(
+                r#"{{"metadata":{{"name":"{name}","namespace":"{ns}","uid":"{uid}"}},
+                   "status":{{"containerStatuses":[{{"name":"app","containerID":"containerd://{id}"}}]}}}}"#
+            )
+        })
+        .collect();
+    format!(r#"{{"kind":"PodList","items":[{}]}}"#, items.join(","))
 }
 
 fn label<'a>(labels: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -87,37 +176,11 @@ fn pod_container_and_names_reach_every_output() {
     let uid = format!("{tag}-5a00-11e9-b385-42010a80018d");
     let id = format!("{tag}{}", "0123456789abcdef".repeat(4).get(8..).unwrap());
     assert_eq!(id.len(), 64);
-    let parts = [
-        "kubepods.slice".to_string(),
-        "kubepods-burstable.slice".to_string(),
-        format!("kubepods-burstable-pod{}.slice", uid.replace('-', "_")),
-        format!("cri-containerd-{id}.scope"),
-    ];
-    let mut made = Cgroups(Vec::new());
-    let mut d = mount.clone();
-    for p in &parts {
-        d.push(p);
-        if !d.exists() {
-            std::fs::create_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
-            made.0.push(d.clone());
-        }
-    }
-    let leaf = d;
-    let kubelet = fake_kubelet(format!(
-        r#"{{"kind":"PodList","items":[{{"metadata":{{"name":"web-1","namespace":"shop","uid":"{uid}"}},
-           "status":{{"containerStatuses":[{{"name":"app","containerID":"containerd://{id}"}}]}}}}]}}"#
-    ));
-    // The shell joins the cgroup, then becomes the busy program: every sample of it is
-    // taken in the cgroup.
-    let target = Command::new("sh")
-        .arg("-c")
-        .arg(r#"echo $$ > "$1/cgroup.procs" && exec "$2" 8"#)
-        .arg("sh")
-        .arg(&leaf)
-        .arg(&busy)
-        .spawn()
-        .unwrap();
-    let target = KillOnDrop(target);
+    let parts = pod_parts(&uid, &id);
+    let made = make_cgroups(&mount, &parts);
+    let leaf = mount.join(parts.join("/"));
+    let kubelet = FakeKubelet::start(pod_list(&[(&uid, "web-1", "shop", &id)]));
+    let target = busy_in(&leaf, &busy, "8");
     let pid = target.0.id().to_string();
     let rx = Receiver::start("127.0.0.1:0".parse().unwrap()).unwrap();
     let store = dir.join("store");
@@ -131,7 +194,7 @@ fn pod_container_and_names_reach_every_output() {
             "--metrics-addr",
             "off",
         ])
-        .args(["--service-label", "pod", "--kubelet-url", &kubelet])
+        .args(["--service-label", "pod", "--kubelet-url", &kubelet.url])
         .arg("--push-pyroscope")
         .arg(rx.url())
         .arg("--store")
@@ -223,6 +286,195 @@ fn pod_container_and_names_reach_every_output() {
     }
     drop(made);
     assert!(!leaf.exists(), "{} left behind", leaf.display());
+}
+
+/// The pids of a stored window's processes.
+fn pids(w: &Value) -> Vec<u64> {
+    w["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap())
+        .collect()
+}
+
+/// Waits (at most 60 s) until the store holds a window after the first `after` for
+/// which `want` holds; its index.
+fn wait_window(store: &Path, after: usize, want: impl Fn(&Value) -> bool) -> usize {
+    let t0 = Instant::now();
+    loop {
+        let ws = store_windows(store);
+        if let Some(i) = ws.iter().skip(after).position(|w| want(&w.2)) {
+            return after + i;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no such window in 60 s: {:?}",
+            ws.iter().map(|w| pids(&w.2)).collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The Kubernetes selectors filter in the kernel (issue 18 item 3): two busy processes in
+/// two pods of the same name in two namespaces, and an agent with `--namespace shop
+/// --pod web-1`. While the kubelet lists only the other pod, nothing is sampled (one log
+/// line, however many refreshes); once it lists the pod, its process alone fills the
+/// windows, named, and the other's samples are dropped in the kernel; once the pod is
+/// gone from the list, nothing again.
+#[test]
+fn pod_selectors_keep_one_pod_in_the_kernel() {
+    if !require_root("creating cgroups and running the agent") {
+        return;
+    }
+    let Some(mount) = cgroup2_mount() else {
+        cpi_tests::skip("no cgroup2 mount in /proc/self/mountinfo");
+        return;
+    };
+    let _cpu = cpu_heavy();
+    let dir = temp_dir("identity-select");
+    let Some(busy) = compile_c("busy.c", &dir, "busy", &[]) else {
+        return;
+    };
+    let tag = format!("{:08x}", std::process::id());
+    let pod = |n: u32| {
+        let uid = format!("{tag}-5a01-11e9-b385-42010a80018{n}");
+        let id = format!("{tag}{n}{}", &"0123456789abcdef".repeat(4)[9..]);
+        (uid, id)
+    };
+    let ((ua, ia), (ub, ib)) = (pod(1), pod(2));
+    let (pa, pb) = (pod_parts(&ua, &ia), pod_parts(&ub, &ib));
+    let (made_a, made_b) = (make_cgroups(&mount, &pa), make_cgroups(&mount, &pb));
+    let kept = busy_in(&mount.join(pa.join("/")), &busy, "120");
+    let other = busy_in(&mount.join(pb.join("/")), &busy, "120");
+    let (kept_pid, other_pid) = (kept.0.id() as u64, other.0.id() as u64);
+    let only_other = pod_list(&[(&ub, "web-1", "test", &ib)]);
+    let kubelet = FakeKubelet::start(only_other.clone());
+    let store = dir.join("store");
+    let mut a = KillOnDrop(agent(
+        &store,
+        &[
+            "--no-stacks",
+            "--kubelet-url",
+            &kubelet.url,
+            "--namespace",
+            "shop",
+            "--pod",
+            "web-1",
+        ],
+    ));
+    // Not yet listed: nothing kept, over two kubelet refreshes (the start's and one).
+    let filtered = |w: &Value| w["lost"]["filtered_in_kernel"].as_u64().unwrap() > 0;
+    wait_window(&store, 0, |w| filtered(w) && pids(w).is_empty());
+    let t0 = Instant::now();
+    while kubelet.served() < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the agent asked the kubelet once"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let before = store_windows(&store).len();
+    kubelet.set(pod_list(&[
+        (&ua, "web-1", "shop", &ia),
+        (&ub, "web-1", "test", &ib),
+    ]));
+    let came = wait_window(&store, before, |w| pids(w).contains(&kept_pid));
+    // Kept, and the other pod's process dropped in the kernel, window after window.
+    let full = wait_window(&store, came + 2, |_| true);
+    for (_, _, w) in &store_windows(&store)[came + 1..=full] {
+        assert_eq!(pids(w), [kept_pid], "{w}");
+        assert!(filtered(w), "nothing dropped in the kernel: {}", w["lost"]);
+        let p = &w["processes"][0];
+        assert_eq!(
+            (p["pod"].as_str(), p["namespace"].as_str()),
+            (Some("web-1"), Some("shop"))
+        );
+    }
+    // Gone from the list: out of the filter at the next refresh, for good (three
+    // windows in a row without it; a window before that could lack it by chance).
+    kubelet.set(only_other);
+    let t0 = Instant::now();
+    let gone = loop {
+        let ws = store_windows(&store);
+        let run = (full + 1..ws.len().saturating_sub(2)).find(|&i| {
+            ws[i..i + 3]
+                .iter()
+                .all(|w| pids(&w.2).is_empty() && filtered(&w.2))
+        });
+        if let Some(i) = run {
+            break i;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "pod {ua} never left the filter"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let log = stop_agent(&mut a.0);
+    let ws = store_windows(&store);
+    // Nothing of the pod after it left.
+    for (_, _, w) in &ws[gone..] {
+        assert!(!pids(w).contains(&kept_pid), "{w}");
+    }
+    // The other pod was never sampled.
+    assert!(ws.iter().all(|w| !pids(&w.2).contains(&other_pid)));
+    let lines = |needle: &str| log.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(
+        lines("--namespace shop --pod web-1: no such pod"),
+        2,
+        "{log}"
+    );
+    assert_eq!(
+        lines("--namespace shop --pod web-1: sampling 1 cgroup"),
+        1,
+        "{log}"
+    );
+    drop((kept, other));
+    drop((made_a, made_b));
+}
+
+/// A dead kubelet is visible: pointed at a port nothing listens on, the agent (with a
+/// pod selector, so it asks at start and at every refresh) counts each failed request in
+/// `cpi_bpf_kubelet_requests_total{result="failed"}` on `/metrics`, and says so in one
+/// log line, not one per request.
+#[test]
+fn dead_kubelet_is_counted_on_metrics_and_logged_once() {
+    if !require_root("running the agent") {
+        return;
+    }
+    if cgroup2_mount().is_none() {
+        cpi_tests::skip("no cgroup2 mount in /proc/self/mountinfo");
+        return;
+    }
+    let dir = temp_dir("identity-dead-kubelet");
+    let dead = format!("http://127.0.0.1:{}", cpi_tests::free_port());
+    let (agent, metrics) = cpi_tests::agent_with_metrics(
+        &dir,
+        &["--interval", "1", "--kubelet-url", &dead, "--pod", "web-1"],
+    );
+    let count = |result: &str| {
+        let (_, body) = cpi_tests::http_get(metrics, "/metrics").ok()?;
+        cpi_tests::labelled(&body, "cpi_bpf_kubelet_requests_total", "result", result)
+    };
+    let log = || std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    let t0 = Instant::now();
+    // The start's request, then a refresh's: the counter rises.
+    while count("failed").unwrap_or(0.0) < 2.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "failed kubelet requests {:?} after 60 s; agent log:\n{}",
+            count("failed"),
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(count("ok"), Some(0.0));
+    drop(agent);
+    let log = log();
+    let told: Vec<&str> = log.lines().filter(|l| l.contains(&dead)).collect();
+    assert_eq!(told.len(), 1, "{log}");
+    assert!(told[0].starts_with("cpi-bpf: warning: kubelet "), "{log}");
 }
 
 /// On this host's own cgroup (no container), the one-shot profile carries the cgroup

@@ -29,6 +29,7 @@ mod report_pprof;
 mod report_tables;
 mod simulate;
 mod simulate_bench;
+mod simulate_exec;
 mod simulate_report;
 mod source_lines;
 mod stacks_collect;

@@ -273,4 +273,34 @@ fn group_by_pod_merges_a_pods_processes() {
     );
     // The default is per process: the comm as before.
     assert!(by(GroupBy::Process).contains(&one.comm));
+    // With --per-process, a table per group: the pod's two processes are one table
+    // with their samples summed, the process in no pod another.
+    let tables = render(
+        &p,
+        &TableOptions {
+            group_by: GroupBy::Pod,
+            per_process: true,
+            ..TableOptions::default()
+        },
+    )
+    .unwrap();
+    let heads: Vec<String> = tables
+        .lines()
+        .filter(|l| l.contains(" samples") && (l.starts_with("shop/") || l.starts_with("pid ")))
+        .map(|l| l.replace(',', ""))
+        .collect();
+    assert_eq!(heads.len(), 2, "{tables}");
+    let pod_head = format!("shop/web-1 (2 pids): {} samples", one.samples * 2);
+    let other_head = format!("pid {} ([no pod]): {} samples", one.pid, one.samples);
+    assert!(heads[0].starts_with(&pod_head), "{pod_head:?} in\n{tables}");
+    assert!(
+        heads[1].starts_with(&other_head),
+        "{other_head:?} in\n{tables}"
+    );
+    let row = tables
+        .lines()
+        .skip_while(|l| !l.starts_with("shop/web-1"))
+        .find(|l| l.contains(&hot.name))
+        .unwrap_or_else(|| panic!("no {} row in the pod's table:\n{tables}", hot.name));
+    assert!(row.replace(',', "").contains(&doubled), "{row}");
 }

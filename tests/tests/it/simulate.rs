@@ -545,11 +545,12 @@ fn call_graph_estimates_known_call_counts() {
 /// 67.5 % and 94.6 %). The tolerance is 4 binomial standard errors of the share over
 /// the units checked (≈ 3·10⁻⁵ per bound to fail by chance) plus that t margin.
 /// Checked: no estimate's error is too small (±2 coverage, what every test judging by
-/// reported errors relies on: a 10 % bias in any of them fails here), and where the
-/// model is exact (block CPI) not too large either (±1 coverage within the band).
-/// Function-level errors are conservative (interleaved replicates, profile/error.rs:
-/// ≈ 80–90 % within ±1, docs/METHOD.md, "Error bars"); timed CPI is not checked (biased, as
-/// docs/METHOD.md says).
+/// reported errors relies on: a 10 % bias in any of them fails here), timed CPI's
+/// included, and where the model is exact (block CPI) not too large either (±1
+/// coverage within the band). Function-level errors are conservative (interleaved
+/// replicates, profile/error.rs: ≈ 80–90 % within ±1, docs/METHOD.md, "Error bars").
+/// Block timed CPI has few units (only blocks that ranges time alone and whose timing
+/// varies: docs/METHOD.md, "Two CPI estimators"), so its band is wide.
 #[test]
 fn reported_errors_cover_the_truth() {
     use cpi_user::sim::calibrate::calibrate;
@@ -574,10 +575,12 @@ fn reported_errors_cover_the_truth() {
             one * 100.0,
             two * 100.0
         );
-        if r.estimate.contains("timed") {
-            continue;
-        }
-        assert!(r.units >= 50, "{}: {} units", r.estimate, r.units);
+        let least = match r.estimate {
+            "block timed CPI" => 5,
+            "function timed CPI" => 40, // 7 functions above the floor
+            _ => 50,
+        };
+        assert!(r.units >= least, "{}: {} units", r.estimate, r.units);
         for (k, share, target) in [(2, two, 0.954), (1, one, 0.683)] {
             assert!(
                 share >= target - band(target, r.units),

@@ -14,6 +14,7 @@ use cpi_user::procmap::MappedObject;
 use cpi_user::profile::SampleSet;
 use cpi_user::sim::replay::{InsnTruth, Replay, Truth};
 use cpi_user::sim::run::record_trace;
+use cpi_user::sim::trace::{Event, TraceReader};
 
 fn trace_truth(tool: &Path, cmd: &[&str], dir: &Path) -> Truth {
     let file = dir.join("trace.bin");
@@ -207,10 +208,11 @@ fn debian_gzip_counts_equal_callgrind() {
     let _ = std::fs::remove_file(&input);
 }
 
-/// A program that execs (children are not traced): the tool writes out its trace at the
-/// execve, ending the caller's range on the system call.
+/// A program that execs: the tool writes out the caller's trace at the execve, ending its
+/// range on the system call, and the new program's tool instance goes on in the same
+/// trace (cpi-user/src/sim/trace.rs), which the replay starts again on.
 #[test]
-fn exec_ends_the_trace_cleanly() {
+fn exec_ends_the_callers_trace_and_the_new_program_goes_on() {
     let tool = match tool_dir() {
         Ok(t) => t,
         Err(why) => {
@@ -218,22 +220,64 @@ fn exec_ends_the_trace_cleanly() {
             return;
         }
     };
-    let dir = std::env::temp_dir().join(format!("cpi-tracer-exec-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let truth = trace_truth(&tool, &["/bin/sh", "-c", "exec /bin/true"], &dir);
+    let dir = cpi_tests::temp_dir("tracer_exec");
+    let file = dir.join("trace.bin");
+    let cmd: Vec<OsString> = ["/bin/sh", "-c", "exec /bin/true"]
+        .iter()
+        .map(OsString::from)
+        .collect();
+    let status = record_trace(&tool, &cmd, &file, Stdio::null()).expect("tracer runs");
+    assert!(status.success(), "{status}");
+    let mut r = TraceReader::new(std::fs::File::open(&file).unwrap()).unwrap();
+    let (mut maps, mut last_end, mut images, mut execs) = (None, None, Vec::new(), 0);
+    while let Some(ev) = r.next().expect("trace reads") {
+        match ev {
+            Event::Maps(m) => maps = Some(m),
+            Event::End { from, .. } => last_end = Some(from),
+            Event::Image { path } => images.push(path),
+            Event::Exec => {
+                execs += 1;
+                // The caller's last range ends on the execve, in libc.
+                let at = last_end.expect("a range ended before the exec");
+                let m = maps.as_ref().and_then(|m| m.find(at));
+                assert!(
+                    m.is_some_and(|m| m.object.display_name().contains("libc.so")),
+                    "{at:x} in {m:?}"
+                );
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(execs, 1);
+    assert_eq!(images, ["/bin/sh", "/bin/true"]);
+    let mut replay = Replay::default();
+    replay
+        .run(
+            std::fs::File::open(&file).unwrap(),
+            &mut SampleSet::new(1),
+            None,
+        )
+        .expect("trace reads");
     let _ = std::fs::remove_dir_all(&dir);
+    let truth = replay.truth();
+    assert_eq!(truth.program, "/bin/true");
+    assert_eq!(truth.replaced.len(), 1, "{:?}", truth.replaced);
+    assert_eq!(truth.replaced[0].path, "/bin/sh");
+    assert!(
+        truth.replaced[0].instructions > 10_000,
+        "{:?}",
+        truth.replaced
+    );
+    // Only /bin/true's instructions are in the truth, with no range left without a start.
     assert!(truth.instructions > 10_000, "{}", truth.instructions);
     assert_eq!(truth.stats.anomalies, 0);
-    // The last range ends on the execve system call.
-    let sh = truth
-        .unreturned_ranges
-        .iter()
-        .filter(|&&(_, end, _)| {
-            truth
-                .maps
-                .find(end)
-                .is_some_and(|m| m.object.display_name().contains("libc.so"))
-        })
-        .count();
-    assert!(sh >= 1, "{:x?}", truth.unreturned_ranges);
+    assert!(
+        truth
+            .maps
+            .mappings
+            .iter()
+            .all(|m| !m.object.display_name().contains("dash")),
+        "{:?}",
+        truth.maps
+    );
 }

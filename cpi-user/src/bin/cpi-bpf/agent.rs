@@ -27,6 +27,16 @@ pub struct Args {
     /// (a path under /sys/fs/cgroup, or relative to the cgroup v2 mount).
     #[arg(long, value_name = "PATH")]
     pub cgroup: Option<PathBuf>,
+    /// Only the pods of this name, dropped in the kernel by their cgroups (Kubernetes:
+    /// names from the kubelet; pods that appear later are added at its refresh).
+    #[arg(long, value_name = "NAME")]
+    pub pod: Option<String>,
+    /// Only the pods of this namespace (as --pod).
+    #[arg(long, value_name = "NS")]
+    pub namespace: Option<String>,
+    /// Only the containers of this name in the pods selected (as --pod).
+    #[arg(long, value_name = "NAME")]
+    pub container: Option<String>,
     /// Window length, seconds (windows end on multiples of it on the wall clock)
     /// [default: 10].
     #[arg(long, value_name = "SECS")]
@@ -122,6 +132,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         pid: args.pids,
         comm: args.comm,
         cgroup: args.cgroup,
+        pod: args.pod,
+        namespace: args.namespace,
+        container: args.container,
         interval: args.interval,
         frequency: args.frequency,
         min_frequency: args.min_frequency,
@@ -166,6 +179,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         "info" => Level::Info,
         _ => Level::Debug,
     };
+    // The library's own messages (symbolising, pushing, metrics) at the same level.
+    crate::init_logging(match max {
+        Level::Error => log::LevelFilter::Error,
+        Level::Warn => log::LevelFilter::Warn,
+        Level::Info => log::LevelFilter::Info,
+        Level::Debug => log::LevelFilter::Debug,
+    });
     let log: agent::Log = Arc::new(move |level, msg| {
         if level <= max {
             let tag = match level {
@@ -227,6 +247,9 @@ fn summary(c: &AgentConfig) -> String {
     }
     if let Some(cg) = &c.cgroup {
         s += &format!(", --cgroup {}", cg.display());
+    }
+    if !c.pods.is_empty() {
+        s += &format!(", {}", c.pods.describe());
     }
     match c.metrics_addr {
         Some(m) => s += &format!(", metrics on http://{m}/metrics"),

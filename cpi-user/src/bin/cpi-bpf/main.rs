@@ -82,7 +82,14 @@ fn main() {
         Some(Command::ImportPerf(a)) => Some(&a.output),
         Some(Command::Agent(_) | Command::Doctor(_)) => None,
     };
-    init_logging(output.is_some_and(|o| o.verbose));
+    // The agent's level comes from its flags and config file: it starts logging itself.
+    if !matches!(cli.command, Some(Command::Agent(_))) {
+        init_logging(if output.is_some_and(|o| o.verbose) {
+            log::LevelFilter::Info
+        } else {
+            log::LevelFilter::Warn
+        });
+    }
     progress::install(output.is_none_or(|o| o.quiet));
     let result = match cli.command {
         None => record::run(cli.record),
@@ -97,10 +104,10 @@ fn main() {
 
 /// Library messages in the one style of every message (`cpi-bpf: warning: …`), with the
 /// paths and names other processes chose escaped; with `-v` the detail behind a summary
-/// (info level) too. Written above a progress bar, never through it.
-fn init_logging(verbose: bool) {
-    let level = if verbose { "info" } else { "warn" };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level))
+/// (info level) too. Written above a progress bar, never through it. `RUST_LOG`
+/// overrides `level`.
+fn init_logging(level: log::LevelFilter) {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(level.as_str()))
         .format(|buf, record| {
             use std::io::Write;
             let tag = match record.level() {

@@ -51,7 +51,8 @@ pub struct OutputArgs {
     #[arg(long)]
     pub per_process: bool,
     /// One row group per process (default), or per comm, container or pod: the comm
-    /// column then names the group (`namespace/pod/container`) (table).
+    /// column then names the group (`namespace/pod/container`); with --per-process, a
+    /// table per group (table).
     #[arg(long, value_name = "BY", default_value = "process",
           value_parser = clap::builder::PossibleValuesParser::new(
               table::GroupBy::ALL.map(|(name, _)| name)))]

@@ -8,6 +8,7 @@ use std::process::Stdio;
 use anyhow::Context;
 use cpi_common::policy::PeriodPolicy;
 use cpi_common::wire::MAX_BRANCH_ENTRIES;
+use cpi_user::fsafe::escape;
 use cpi_user::profile::StackWeighting;
 use cpi_user::sim::calibrate::{calibrate, Calibration};
 use cpi_user::sim::pmu::{self, BranchEvent, PmuConfig};
@@ -61,7 +62,8 @@ pub struct Args {
     pub calibrate: Option<u32>,
     #[command(flatten)]
     pub output: OutputArgs,
-    /// The command to run (after `--`). Its standard output goes to our standard error.
+    /// The command to run (after `--`), followed through exec; children it forks are not
+    /// traced. Its standard output goes to our standard error.
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
     pub command: Vec<OsString>,
 }
@@ -97,6 +99,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         seed: args.seed,
         ..PmuConfig::default()
     };
+    script_note(&args.command);
     if let Some(seeds) = args.calibrate {
         let c = calibrate(&cfg, seeds, &args.command, Stdio::from(std::io::stderr()))
             .context("calibrating")?;
@@ -105,8 +108,30 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     let report = cpi_user::sim::simulate(&cfg, &args.command, Stdio::from(std::io::stderr()))
         .context("simulating")?;
+    if let Some(f) = cpi_user::sim::followed(&report.truth) {
+        eprintln!("cpi-bpf: note: {}", escape(&f));
+    }
     emit(&report.profile, &args.output)?;
     Ok(report.status.code().unwrap_or(1))
+}
+
+/// Says on stderr, before tracing, when the command is a script: Valgrind traces its
+/// interpreter (and, through its execs, what that runs).
+fn script_note(command: &[OsString]) {
+    let Some(path) = command
+        .first()
+        .and_then(|c| cpi_user::collect::target::resolve_command(&c.to_string_lossy()).ok())
+    else {
+        return;
+    };
+    if let Some(i) = cpi_user::sim::script_interpreter(&path) {
+        eprintln!(
+            "cpi-bpf: note: {} is a script: Valgrind traces its interpreter, {}, and follows \
+             its exec",
+            escape(&path.to_string_lossy()),
+            escape(&i)
+        );
+    }
 }
 
 /// The coverage table of a calibration run.

@@ -119,6 +119,8 @@ pub enum MapCall {
     AllowTgid(u32),
     RemoveTgid(u32),
     AllowCgroup(u64),
+    RemoveCgroup(u64),
+    Levels(u32),
 }
 
 /// Records filter-map updates; `fail_remove`: removals fail as a kernel's could.
@@ -140,7 +142,7 @@ impl FakeMaps {
                 MapCall::RemoveTgid(t) => {
                     held.remove(&t);
                 }
-                MapCall::AllowCgroup(_) => {}
+                MapCall::AllowCgroup(_) | MapCall::RemoveCgroup(_) | MapCall::Levels(_) => {}
             }
         }
         held.into_iter().collect()
@@ -161,6 +163,14 @@ impl FilterMaps for FakeMaps {
     }
     fn allow_cgroup(&mut self, id: u64) -> io::Result<()> {
         self.calls.push(MapCall::AllowCgroup(id));
+        Ok(())
+    }
+    fn remove_cgroup(&mut self, id: u64) -> io::Result<()> {
+        self.calls.push(MapCall::RemoveCgroup(id));
+        Ok(())
+    }
+    fn set_cgroup_levels(&mut self, levels: u32) -> io::Result<()> {
+        self.calls.push(MapCall::Levels(levels));
         Ok(())
     }
 }
