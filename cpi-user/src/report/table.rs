@@ -83,6 +83,21 @@ pub enum GroupBy {
 }
 
 impl GroupBy {
+    /// What `n` groups are called in a sentence.
+    fn noun(self, n: usize) -> &'static str {
+        let (one, many) = match self {
+            GroupBy::Process => ("process", "processes"),
+            GroupBy::Comm => ("command", "commands"),
+            GroupBy::Container => ("container", "containers"),
+            GroupBy::Pod => ("pod", "pods"),
+        };
+        if n == 1 {
+            one
+        } else {
+            many
+        }
+    }
+
     /// Every value with its name on the command line.
     pub const ALL: [(&'static str, GroupBy); 4] = [
         ("process", GroupBy::Process),
@@ -295,9 +310,10 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
                 out.push('\n');
                 out.push_str(&wrap(
                     &format!(
-                        "{} more processes below {}% of the samples each, {} samples in all \
+                        "{} more {} below {}% of the samples each, {} samples in all \
                          (every process is in --format json/pprof)",
                         rest.len(),
+                        opts.group_by.noun(rest.len()),
                         MINOR_PROCESS_SHARE * 100.0,
                         group(samples)
                     ),

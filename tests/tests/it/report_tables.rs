@@ -1,7 +1,7 @@
 //! Golden-file tests of the table views (`CPI_BPF_BLESS=1` regenerates the files).
 
 use crate::report_fixture::{cpi_profile, golden, time_profile};
-use cpi_user::report::table::{render, SortKey, TableError, TableOptions};
+use cpi_user::report::table::{render, GroupBy, SortKey, TableError, TableOptions};
 
 fn opts(top: usize, annotate: Option<&str>) -> TableOptions {
     TableOptions {
@@ -90,7 +90,21 @@ fn minor_processes_are_summarised_hottest_first() {
         "a 3-sample helper is summarised:\n{out}"
     );
     assert!(
-        out.contains("1 more processes below 1% of the samples each, 3 samples in all"),
+        out.contains("1 more process below 1% of the samples each, 3 samples in all"),
+        "{out}"
+    );
+    // Grouped, the summary counts groups and says what they are.
+    let out = render(
+        &p,
+        &TableOptions {
+            per_process: true,
+            group_by: GroupBy::Comm,
+            ..TableOptions::default()
+        },
+    )
+    .unwrap();
+    assert!(
+        out.contains("1 more command below 1% of the samples each, 3 samples in all"),
         "{out}"
     );
 }
@@ -235,7 +249,6 @@ fn sort_by_any_column_and_a_legend() {
 /// a process in no pod is `[no pod]`; the functions' samples add up.
 #[test]
 fn group_by_pod_merges_a_pods_processes() {
-    use cpi_user::report::table::GroupBy;
     let mut p = time_profile();
     let one = p.processes[0].clone();
     let in_pod = |pid: u32| {
