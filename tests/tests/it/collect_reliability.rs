@@ -306,15 +306,18 @@ fn every_rate_and_perturbation_samples_the_cpu_time() {
             // Records: one per overflow (mean period: base + half the re-draw band),
             // thinned 1 in K by the kernel layer.
             let expected = cpu * 1e9 / (period + jitter / 2.0) / thinning;
-            // 5 %, and 12 % at 10 kHz: there the sampling interrupts themselves (timer,
-            // BPF program) run on the target's CPU time, unsampled, and a VM's late
-            // timer loses more; a fresh machine under load once saw 0.941 s sampled of
-            // 1.053 s. Plus what cannot be counted at the edges: the period in progress
+            // 12 %: the sampling interrupts themselves (timer, BPF program) run on the
+            // target's CPU time, unsampled, and a VM's late timer loses more; a fresh
+            // machine under load once saw 0.941 s sampled of 1.053 s at 10 kHz, and a
+            // quiet full suite 0.972 s of 1.084 s at 1 kHz. cpu-clock is a timer, not a
+            // statistical sampler: no reported error to judge by, so the bound is set to
+            // catch wrong weights (a thinning factor K, a unit) beyond the VM's timer
+            // losses. Plus what cannot be counted at the edges: the period in progress
             // at the end, and with thinning the up to 2(K-1) overflows whose period is
             // still pending in the kernel — per CPU, since the thinning state is per CPU
             // and the target migrates (a loaded 2-CPU machine once left 1.8 s of 2.78 s
             // sampled at 10 Hz with K = 4: 9.75 periods pending, over one CPU's 6).
-            let tolerance = if hz >= 10_000 { 0.12 } else { 0.05 };
+            let tolerance = 0.12;
             let slack_s = (cpus * 2.0 * (thinning - 1.0) + 1.5) * (period + jitter) / 1e9;
             let ok_time = (sampled - cpu).abs() <= tolerance * cpu + slack_s;
             let ok_samples = (samples - expected).abs() <= tolerance * expected + 1.5;
