@@ -16,7 +16,7 @@ use super::StackMemory;
 use crate::procmap::{self, CapturedFiles, Mapping, ProcessIdentity, ProcessMaps};
 use crate::profile::stack::{CallStack, StackEnd};
 use crate::profile::SampleSet;
-use crate::unwind::{StackUnwinder, Stop, UserRegs};
+use crate::unwind::{StackUnwinder, UserRegs};
 
 /// A decoded record.
 #[derive(Debug)]
@@ -422,13 +422,7 @@ impl Drain {
                 sec.stack,
                 sec.stack.len() >= MAX_STACK_BYTES,
             );
-            let end = match stop {
-                Stop::Root => StackEnd::Complete,
-                Stop::FrameLimit | Stop::EndOfCopy => StackEnd::Truncated,
-                Stop::UnknownCode => StackEnd::UnknownCode,
-                Stop::Unreadable | Stop::BadUnwind => StackEnd::Error,
-            };
-            (frames, end)
+            (frames, stop.into())
         };
         let c = &mut self.stack_counts;
         match end {
@@ -1010,7 +1004,7 @@ mod tests {
             let mut d = Drain::new(3, StackMemory::default());
             d.add(&record(entries));
             assert_eq!(d.malformed, 0);
-            let mut got: Vec<(Vec<u64>, Vec<(u64, u64)>)> = d.set.processes[&42]
+            let mut got: Vec<_> = d.set.processes[&42]
                 .stacks
                 .stacks
                 .iter()

@@ -415,7 +415,7 @@ mod tests {
              (PERF_SAMPLE_BRANCH_TYPE_SAVE: {einval}): opened without them, so ranges \
              under call stacks are assigned by function"
         );
-        assert_eq!(lines[1..], [said.clone()]);
+        assert_eq!(lines[1..], *std::slice::from_ref(&said));
         assert_eq!(rung.notes, [said]);
         // A branch stack refused outright still steps down, after the one retry.
         let sys = FakeSys::new(|a, _, _| (a.branch_sample_type != 0).then_some(libc::EINVAL));
