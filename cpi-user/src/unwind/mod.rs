@@ -582,6 +582,35 @@ mod tests {
         assert_eq!(counter.counts().reopened, 1, "{:?}", counter.counts());
     }
 
+    /// A recording's binaries were never captured: [`StackUnwinder::for_recordings`]
+    /// opens each by its path, and only when it is the file the mapping names.
+    #[test]
+    fn recorded_binaries_are_opened_by_their_checked_path() {
+        let exe = std::env::current_exe().unwrap();
+        let (mut maps, _) = process(None);
+        maps.mappings[0].object = MappedObject::File {
+            path: exe.clone(),
+            deleted: false,
+        };
+        let this = FileId::of(&std::fs::metadata(&exe).unwrap());
+        let other = FileId::of(&std::fs::metadata("/usr/bin/true").unwrap());
+        let regs = UserRegs {
+            ip: BASE + 0x100,
+            sp: SP,
+            bp: 0,
+        };
+        let mut held = |u: &mut StackUnwinder, id| {
+            maps.mappings[0].file_id = Some(id);
+            u.unwind(1, &maps, &HashMap::new(), regs, &stack_of(&[0, 0]), true);
+            u.held_bytes()
+        };
+        let recorded = || StackUnwinder::for_recordings(128, DEFAULT_BYTE_BOUND);
+        assert!(held(&mut recorded(), this) > 0, "read by its path");
+        assert_eq!(held(&mut recorded(), other), 0, "another file at the path");
+        let live = &mut StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        assert_eq!(held(live, this), 0, "live: only captured files");
+    }
+
     #[test]
     fn jit_code_ends_the_stack_at_its_frame() {
         let (maps, files) = process(None);
