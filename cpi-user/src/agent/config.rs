@@ -205,8 +205,8 @@ pub struct AgentConfig {
     pub source_lines: bool,
     /// BPF ring buffer size, bytes (a power of two).
     pub ring_bytes: u32,
-    /// `error`, `warn`, `info`, `debug` or `trace`.
-    pub log_level: String,
+    /// The least important messages shown (`error` … `trace`).
+    pub log_level: log::LevelFilter,
 }
 
 impl AgentOptions {
@@ -421,12 +421,16 @@ impl AgentOptions {
             ));
         }
         let log_level = self.log_level.unwrap_or_else(|| "info".into());
-        if !["error", "warn", "info", "debug", "trace"].contains(&log_level.as_str()) {
-            return Err(bad(
-                "log-level",
-                format!("must be error, warn, info, debug or trace, not {log_level:?}"),
-            ));
-        }
+        let log_level = ["error", "warn", "info", "debug", "trace"]
+            .contains(&log_level.as_str())
+            .then(|| log_level.parse().ok())
+            .flatten()
+            .ok_or_else(|| {
+                bad(
+                    "log-level",
+                    format!("must be error, warn, info, debug or trace, not {log_level:?}"),
+                )
+            })?;
         Ok(AgentConfig {
             pids: self.pid,
             comm,
