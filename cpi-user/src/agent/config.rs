@@ -640,6 +640,14 @@ mod tests {
             ),
             (
                 AgentOptions {
+                    // The log crate would take "off" (and any case): the agent does not.
+                    log_level: Some("off".into()),
+                    ..Default::default()
+                },
+                "log-level: must be",
+            ),
+            (
+                AgentOptions {
                     retain: Some("soon".into()),
                     ..Default::default()
                 },
@@ -679,5 +687,15 @@ mod tests {
             let e = resolve(o);
             assert!(e.starts_with(want) && !e.contains('\n'), "{e}");
         }
+        let level = |l: &str| {
+            AgentOptions {
+                log_level: Some(l.into()),
+                ..Default::default()
+            }
+            .resolve()
+            .map(|c| c.log_level)
+        };
+        assert_eq!(level("debug").ok(), Some(log::LevelFilter::Debug));
+        assert_eq!(level("trace").ok(), Some(log::LevelFilter::Trace));
     }
 }
