@@ -1070,8 +1070,9 @@ fn real_dwarf_stacks_unwind_to_perf_scripts_paths() {
                 .map(|((_, f), n)| format!("ours {n}: {f:x?}")),
         )
         .collect();
-    // Seen: 0 of 1516, 0 of 1528, 0 of 1486 (both CPUs busy). Where two dwarf unwinders may part (a sample in
-    // ld.so's first instructions, a signal frame) is well under 1 % of a run.
+    // Seen: 0 of 1516, 0 of 1528, 0 of 1486 (both CPUs busy). Where two dwarf
+    // unwinders may part (a sample in ld.so's first instructions, a signal frame) is
+    // well under 1 % of a run.
     eprintln!("{differ} of {total} samples on another path than perf script's");
     assert!(differ * 100 <= total, "{differ} of {total}: {shown:#?}");
     // Complete to main through libc's qsort (no frame pointers there), said in a note.
