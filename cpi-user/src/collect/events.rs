@@ -85,6 +85,19 @@ pub struct EventSpec {
     pub cpus: Option<Vec<u32>>,
 }
 
+impl EventSpec {
+    /// Whether its branch records carry their types (`PERF_SAMPLE_BRANCH_TYPE_SAVE`).
+    pub fn saves_branch_types(&self) -> bool {
+        self.attr.branch_sample_type & sys::PERF_SAMPLE_BRANCH_TYPE_SAVE != 0
+    }
+
+    /// Without branch types: only call-path attribution uses them, and Intel's
+    /// model-specific LBR decodes every entry's instruction in the interrupt to give them.
+    pub fn without_branch_types(&mut self) {
+        self.attr.branch_sample_type &= !sys::PERF_SAMPLE_BRANCH_TYPE_SAVE;
+    }
+}
+
 fn sampling_attr(type_: u32, config: u64, period: u64, include_kernel: bool) -> PerfEventAttr {
     let mut flags = flag::DISABLED | flag::EXCLUDE_HV;
     if !include_kernel {
@@ -146,7 +159,8 @@ pub fn branch_event(
     attr.sample_type |= sys::PERF_SAMPLE_BRANCH_STACK;
     // Typed entries let call-path analysis rebuild the stack each range ran under
     // (cpi-user/src/profile/stack.rs `add_branch`); a PMU that refuses the bit is opened
-    // without it (collect/ladder.rs `walk`).
+    // without it (collect/ladder.rs `walk`), and so is every session without stacks
+    // (collect/session.rs `plan`).
     attr.branch_sample_type = sys::PERF_SAMPLE_BRANCH_USER
         | sys::PERF_SAMPLE_BRANCH_ANY
         | sys::PERF_SAMPLE_BRANCH_TYPE_SAVE;

@@ -5,7 +5,7 @@
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use super::events::EventSpec;
-use super::sys::{PerfSys, PERF_SAMPLE_BRANCH_TYPE_SAVE};
+use super::sys::PerfSys;
 use super::{CollectError, Notice};
 use crate::profile::Mode;
 
@@ -167,9 +167,9 @@ pub fn programs_from(start: Mode, plan: &dyn Fn(Mode) -> Vec<EventSpec>) -> Vec<
 /// bit as far as the errno can tell (EINVAL, EOPNOTSUPP): worth one retry without it.
 fn refuses_branch_types(specs: &[EventSpec], event: &str, cause: &std::io::Error) -> bool {
     matches!(cause.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
-        && specs.iter().any(|s| {
-            s.name == event && s.attr.branch_sample_type & PERF_SAMPLE_BRANCH_TYPE_SAVE != 0
-        })
+        && specs
+            .iter()
+            .any(|s| s.name == event && s.saves_branch_types())
 }
 
 /// Where the ladder settled.
@@ -230,7 +230,7 @@ pub fn walk(
                 // (arch/x86/events/amd/brs.c `amd_brs_setup_filter`: EINVAL); a kernel
                 // before 4.14 knows no TYPE_SAVE (EINVAL). The mode holds without it.
                 for s in specs.iter_mut().filter(|s| s.name == event) {
-                    s.attr.branch_sample_type &= !PERF_SAMPLE_BRANCH_TYPE_SAVE;
+                    s.without_branch_types();
                 }
                 untyped = Some(format!(
                     "{event} takes no branch types here (PERF_SAMPLE_BRANCH_TYPE_SAVE: \
@@ -361,7 +361,7 @@ mod tests {
             .collect()
     }
 
-    const SAVE: u64 = PERF_SAMPLE_BRANCH_TYPE_SAVE;
+    const SAVE: u64 = crate::collect::sys::PERF_SAMPLE_BRANCH_TYPE_SAVE;
 
     #[test]
     fn branch_records_ask_for_branch_types() {

@@ -229,14 +229,19 @@ fn check_fd_room(target: &Target, per_place: u64) -> Result<(), CollectError> {
 }
 
 /// The events of `mode` at `rate`, with the cpu-clock floor applied
-/// ([`events::plan`]).
+/// ([`events::plan`]); branch records without their types when there are no stacks to
+/// attribute ranges to.
 fn plan(
     mode: Mode,
     (vendor, pmus): (Vendor, &[CorePmu]),
     opts: &CollectOptions,
     rate: &Rate,
 ) -> Vec<EventSpec> {
-    events::plan(mode, vendor, pmus, rate, opts.include_kernel, opts.cpu_time)
+    let mut specs = events::plan(mode, vendor, pmus, rate, opts.include_kernel, opts.cpu_time);
+    if !opts.stacks {
+        specs.iter_mut().for_each(EventSpec::without_branch_types);
+    }
+    specs
 }
 
 impl Session {
@@ -818,6 +823,40 @@ mod tests {
             placements(&Target::Pids(vec![u32::MAX - 1]), None),
             Err(CollectError::NoSuchProcess(_))
         ));
+    }
+
+    /// Branch records ask for their types only when there are stacks to attribute
+    /// ranges to (the types cost Intel's LBR a decode per entry in the interrupt).
+    #[test]
+    fn branch_types_only_with_stacks() {
+        let rate = Rate {
+            frequency: 999,
+            period: None,
+            core_hz: 2_000_000_000,
+        };
+        let opts = |stacks| CollectOptions {
+            target: Target::SystemWide,
+            duration: None,
+            rate,
+            include_kernel: false,
+            perturbation: policy::DEFAULT_PERTURBATION,
+            thinning: 1,
+            redraw_every: Duration::from_millis(10),
+            ring_bytes: 1 << 20,
+            window: None,
+            cpu_time: false,
+            drain_every: super::super::DRAIN_EVERY,
+            stacks,
+            stack_memory: super::super::StackMemory::default(),
+        };
+        let typed = |stacks| {
+            plan(Mode::Cpi, (Vendor::Intel, &[]), &opts(stacks), &rate)
+                .iter()
+                .map(EventSpec::saves_branch_types)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(typed(true), [true, false], "branches, cycles");
+        assert_eq!(typed(false), [false, false]);
     }
 
     #[test]
