@@ -298,7 +298,7 @@ fn the_store_must_be_private() {
         assert!(!r.status.success(), "the agent used the store: {err}");
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(
-            err.starts_with("cpi-bpf: error: ") && err.contains("writable by group or others"),
+            err.starts_with("cpi-bpf: error: ") && err.contains("owned by uid 65534"),
             "{err}"
         );
         assert_eq!(std::fs::read(&victim).unwrap(), b"root's data");
@@ -308,7 +308,7 @@ fn the_store_must_be_private() {
 
 /// Row "put a FIFO, a gzip bomb, … in the store" and "edited two store windows to hold
 /// counts of 2^64−1": `report --store` skips the FIFO and the bomb (one warning each,
-/// within the bound, memory capped by the profile limit) and refuses the forged sums with
+/// within the bound, peak RSS under 128 MiB) and refuses the forged sums with
 /// one error line instead of printing wrapped numbers.
 #[test]
 fn report_store_survives_fifos_bombs_and_forged_counts() {
@@ -332,8 +332,11 @@ fn report_store_survives_fifos_bombs_and_forged_counts() {
         gz.write_all(&spaces).unwrap();
     }
     gz.finish().unwrap();
+    // Peak RSS from GNU time (see `a_million_files_in_the_store_cost_bounded_memory`).
     let r = run_bounded(
-        Command::new(cpi_bpf())
+        Command::new("/usr/bin/time")
+            .args(["-f", "peak-kib %M"])
+            .arg(cpi_bpf())
             .args(["report", "--store"])
             .arg(&s)
             .args(["--format", "json"]),
@@ -343,6 +346,15 @@ fn report_store_survives_fifos_bombs_and_forged_counts() {
     assert_eq!(err.matches("warning: skipped").count(), 2, "{err}");
     assert!(err.contains("not a regular file"), "{err}");
     assert!(err.contains("larger than"), "{err}");
+    let peak_kib: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("peak-kib ")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no peak from /usr/bin/time: {err}"));
+    // The bomb is read as a stream and stops at the profile limit (1 GiB before).
+    assert!(
+        peak_kib <= 128 << 10,
+        "report --store peaked at {peak_kib} KiB"
+    );
     // Forged counts: two windows of 2^64-1 samples.
     let mut forged = time_profile();
     forged.processes[0].samples = u64::MAX;
