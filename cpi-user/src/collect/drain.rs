@@ -16,7 +16,7 @@ use super::StackMemory;
 use crate::procmap::{self, CapturedFiles, Mapping, ProcessIdentity, ProcessMaps};
 use crate::profile::stack::{CallStack, StackEnd};
 use crate::profile::SampleSet;
-use crate::unwind::{StackUnwinder, Stop, UserRegs};
+use crate::unwind::{StackUnwinder, UserRegs};
 
 /// A decoded record.
 #[derive(Debug)]
@@ -422,13 +422,7 @@ impl Drain {
                 sec.stack,
                 sec.stack.len() >= MAX_STACK_BYTES,
             );
-            let end = match stop {
-                Stop::Root => StackEnd::Complete,
-                Stop::FrameLimit | Stop::EndOfCopy => StackEnd::Truncated,
-                Stop::UnknownCode => StackEnd::UnknownCode,
-                Stop::Unreadable | Stop::BadUnwind => StackEnd::Error,
-            };
-            (frames, end)
+            (frames, stop.into())
         };
         let c = &mut self.stack_counts;
         match end {
@@ -1047,5 +1041,82 @@ mod tests {
         d.add(&bytes_of(&bad_role));
         assert_eq!(d.malformed, 4);
         assert!(d.set.processes.values().all(|p| p.ips.is_empty()));
+    }
+
+    /// Live LBRs are opened with `PERF_SAMPLE_BRANCH_TYPE_SAVE` (collect/events.rs): the
+    /// types the kernel writes into each entry's bitfield word come through the wire and
+    /// the drain to the call-path attribution, which rebuilds the stack each range ran
+    /// under from them (cpi-user/src/profile/stack.rs `add_branch`). The same record with
+    /// the types cleared leaves every range on the sample's stack.
+    #[test]
+    fn typed_branch_entries_reach_call_path_attribution_typed() {
+        use cpi_common::wire::branch_type as bt;
+        let e = |from, to, t| BranchEntry::new(from, to, false, 0).with_type(t);
+        // Newest first: main calls f at 0x100, f returns to 0x105, main jumps at 0x120.
+        let typed = [
+            e(0x120, 0x200, bt::UNCOND),
+            e(0x1010, 0x105, bt::RET),
+            e(0x100, 0x1000, bt::CALL),
+            e(0x50, 0x80, bt::UNCOND),
+        ];
+        // The user frames as the kernel walked them (user_nr > 0): main, its caller.
+        let record = |entries: &[BranchEntry]| {
+            let s = BranchSample::new(
+                SampleHeader {
+                    version: WIRE_VERSION,
+                    kind: SampleKind::Branch as u16,
+                    tgid: 42,
+                    tid: 42,
+                    event: EventRole::Branches as u32,
+                    period: 90,
+                    ..Default::default()
+                },
+                entries,
+            );
+            let mut b = bytes_of(&s);
+            b[4] |= FLAG_STACK as u8;
+            let sh = StackHeader {
+                user_nr: 2,
+                user_ip: 0x210,
+                ..Default::default()
+            };
+            b.extend(bytes_of(&sh));
+            b.extend([0x210u64, 0x9000].iter().flat_map(|f| f.to_le_bytes()));
+            b
+        };
+        let stacks_with_ranges = |entries: &[BranchEntry]| {
+            let mut d = Drain::new(3, StackMemory::default());
+            d.add(&record(entries));
+            assert_eq!(d.malformed, 0);
+            let mut got: Vec<_> = d.set.processes[&42]
+                .stacks
+                .stacks
+                .iter()
+                .filter(|(_, st)| !st.ranges.is_empty())
+                .map(|(k, st)| {
+                    let mut r: Vec<(u64, u64)> = st.ranges.keys().copied().collect();
+                    r.sort();
+                    (k.user.to_vec(), r)
+                })
+                .collect();
+            got.sort();
+            got
+        };
+        assert_eq!(
+            stacks_with_ranges(&typed),
+            [
+                (vec![0x80, 0x9000], vec![(0x80, 0x100)]),
+                (vec![0x105, 0x9000], vec![(0x105, 0x120)]),
+                (vec![0x1000, 0x105, 0x9000], vec![(0x1000, 0x1010)]),
+            ]
+        );
+        let untyped: Vec<BranchEntry> = typed.iter().map(|x| x.with_type(0)).collect();
+        assert_eq!(
+            stacks_with_ranges(&untyped),
+            [(
+                vec![0x210, 0x9000],
+                vec![(0x80, 0x100), (0x105, 0x120), (0x1000, 0x1010)]
+            )]
+        );
     }
 }

@@ -144,7 +144,12 @@ pub fn branch_event(
     let policy = PeriodPolicy::around(period);
     let mut attr = sampling_attr(type_, config, policy.base, include_kernel);
     attr.sample_type |= sys::PERF_SAMPLE_BRANCH_STACK;
-    attr.branch_sample_type = sys::PERF_SAMPLE_BRANCH_USER | sys::PERF_SAMPLE_BRANCH_ANY;
+    // Typed entries let call-path analysis rebuild the stack each range ran under
+    // (cpi-user/src/profile/stack.rs `add_branch`); a PMU that refuses the bit is opened
+    // without it (collect/ladder.rs `walk`).
+    attr.branch_sample_type = sys::PERF_SAMPLE_BRANCH_USER
+        | sys::PERF_SAMPLE_BRANCH_ANY
+        | sys::PERF_SAMPLE_BRANCH_TYPE_SAVE;
     if include_kernel {
         attr.branch_sample_type |= sys::PERF_SAMPLE_BRANCH_KERNEL;
     }
@@ -302,7 +307,11 @@ mod tests {
         assert_eq!(a.size, 136);
         assert_ne!(a.sample_type & (1 << 11), 0, "PERF_SAMPLE_BRANCH_STACK");
         assert_eq!(a.sample_type & 1, 1, "PERF_SAMPLE_IP");
-        assert_eq!(a.branch_sample_type, 1 | 8, "USER | ANY");
+        assert_eq!(
+            a.branch_sample_type,
+            1 | 8 | 1 << 16,
+            "USER | ANY | TYPE_SAVE"
+        );
         // 3 GHz / 8 / 1000 Hz = 375000, rounded up to a prime.
         assert_eq!(a.sample_period, 375_017);
         assert!(is_prime(a.sample_period));
@@ -326,8 +335,8 @@ mod tests {
         assert_eq!((amd.attr.type_, amd.attr.config), (4, 0xc4));
         assert_eq!(
             amd.attr.branch_sample_type,
-            1 | 2 | 8,
-            "USER | KERNEL | ANY"
+            1 | 2 | 8 | 1 << 16,
+            "USER | KERNEL | ANY | TYPE_SAVE"
         );
         assert_eq!(amd.attr.flags & flag::EXCLUDE_KERNEL, 0);
         let other = branch_event(Vendor::Other, None, &RATE, false);
@@ -448,7 +457,25 @@ mod tests {
             "ksymbol",
             "bpf_event",
         ];
-        const BRANCH: &[&str] = &["USER", "KERNEL", "HV", "ANY"];
+        const BRANCH: &[&str] = &[
+            "USER",
+            "KERNEL",
+            "HV",
+            "ANY",
+            "ANY_CALL",
+            "ANY_RETURN",
+            "IND_CALL",
+            "ABORT_TX",
+            "IN_TX",
+            "NO_TX",
+            "COND",
+            "CALL_STACK",
+            "IND_JUMP",
+            "CALL",
+            "NO_FLAGS",
+            "NO_CYCLES",
+            "TYPE_SAVE",
+        ];
         let mut m = BTreeMap::new();
         let mut put = |k: &str, v: String| {
             if !matches!(v.as_str(), "" | "0" | "0x0") {
@@ -511,14 +538,6 @@ mod tests {
                 "perf's default without a :G/:H modifier; the \
               collector does not set it, so on a KVM host time in guests is sampled too \
               (a known difference, harmless where no guests run)",
-            ),
-            (
-                "branch_sample_type",
-                "ANY",
-                "USER|ANY",
-                "perf leaves the privilege levels \
-              to the kernel, which takes them from exclude_* (perf_copy_attr); the \
-              collector names them: the same branches",
             ),
         ];
         // Ours adds PERIOD: the period is re-drawn while sampling, so each sample's own

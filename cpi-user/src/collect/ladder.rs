@@ -5,7 +5,7 @@
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use super::events::EventSpec;
-use super::sys::PerfSys;
+use super::sys::{PerfSys, PERF_SAMPLE_BRANCH_TYPE_SAVE};
 use super::{CollectError, Notice};
 use crate::profile::Mode;
 
@@ -163,6 +163,15 @@ pub fn programs_from(start: Mode, plan: &dyn Fn(Mode) -> Vec<EventSpec>) -> Vec<
     names
 }
 
+/// Whether opening `event` of `specs` failed for its `PERF_SAMPLE_BRANCH_TYPE_SAVE`
+/// bit as far as the errno can tell (EINVAL, EOPNOTSUPP): worth one retry without it.
+fn refuses_branch_types(specs: &[EventSpec], event: &str, cause: &std::io::Error) -> bool {
+    matches!(cause.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP))
+        && specs.iter().any(|s| {
+            s.name == event && s.attr.branch_sample_type & PERF_SAMPLE_BRANCH_TYPE_SAVE != 0
+        })
+}
+
 /// Where the ladder settled.
 #[derive(Debug)]
 pub struct Rung {
@@ -175,7 +184,7 @@ pub struct Rung {
     /// Every event opened, at every placement, with its program attached.
     pub open: Vec<OpenEvent>,
     /// CPUs an event could not be opened on while it opened on others, one line per
-    /// event ([`Opened::notes`]).
+    /// event ([`Opened::notes`]), and branch events opened without branch types.
     pub notes: Vec<String>,
 }
 
@@ -196,10 +205,13 @@ pub fn walk(
         brief: &format!("mode: {} — {}", mode.name(), mode.brief()),
         full: &format!("mode: {} — {reason}", mode.name()),
     });
+    let mut specs = plan(mode);
+    // Said once the retry without branch types has opened.
+    let mut untyped: Option<String> = None;
     loop {
-        let specs = plan(mode);
         match open_events(sys, &specs, places, extra_flags, attach) {
             Ok(Opened { open, notes }) => {
+                let notes: Vec<String> = untyped.into_iter().chain(notes).collect();
                 for n in &notes {
                     notify(Notice::plain(n));
                 }
@@ -211,8 +223,25 @@ pub fn walk(
                     notes,
                 });
             }
+            Err(CollectError::Open { event, cause, .. })
+                if refuses_branch_types(&specs, &event, &cause) =>
+            {
+                // AMD BRS takes no branch-stack bit but the privilege levels and ANY
+                // (arch/x86/events/amd/brs.c `amd_brs_setup_filter`: EINVAL); a kernel
+                // before 4.14 knows no TYPE_SAVE (EINVAL). The mode holds without it.
+                for s in specs.iter_mut().filter(|s| s.name == event) {
+                    s.attr.branch_sample_type &= !PERF_SAMPLE_BRANCH_TYPE_SAVE;
+                }
+                untyped = Some(format!(
+                    "{event} takes no branch types here (PERF_SAMPLE_BRANCH_TYPE_SAVE: \
+                     {cause}): opened without them, so ranges under call stacks are \
+                     assigned by function"
+                ));
+            }
             Err(CollectError::Open { event, cause, .. }) if mode.step_down().is_some() => {
                 mode = mode.step_down().unwrap_or(Mode::TimeProfile);
+                specs = plan(mode);
+                untyped = None;
                 reason = format!(
                     "{event} cannot be opened here ({cause}); stepped down to {}: {}",
                     mode.name(),
@@ -317,6 +346,91 @@ mod tests {
             sys.calls_where(|c| matches!(c, Call::SetBpf(_, 7))).len(),
             1
         );
+    }
+
+    /// `branch_sample_type` of every open, in order.
+    fn branch_types(sys: &FakeSys) -> Vec<u64> {
+        sys.calls_where(|c| matches!(c, Call::Open { .. }))
+            .into_iter()
+            .map(|c| match c {
+                Call::Open {
+                    branch_sample_type, ..
+                } => branch_sample_type,
+                _ => unreachable!(),
+            })
+            .collect()
+    }
+
+    const SAVE: u64 = PERF_SAMPLE_BRANCH_TYPE_SAVE;
+
+    #[test]
+    fn branch_records_ask_for_branch_types() {
+        let sys = FakeSys::new(|_, _, _| None);
+        let rung = walk(
+            &sys,
+            (Mode::Cpi, "LBR".into()),
+            &plan,
+            &[(1234, -1)],
+            0,
+            &attach_7,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(rung.mode, Mode::Cpi);
+        assert!(rung.notes.is_empty(), "{:?}", rung.notes);
+        // The branch event with USER | ANY | TYPE_SAVE, cycles with no branch stack.
+        assert_eq!(branch_types(&sys), [1 | 8 | SAVE, 0]);
+    }
+
+    /// AMD BRS (Zen 3) refuses every branch-stack bit but ANY and the privilege levels
+    /// with EINVAL: the branch event is opened again without TYPE_SAVE, the mode holds,
+    /// and the line says so.
+    #[test]
+    fn a_pmu_refusing_branch_types_keeps_the_mode_without_them() {
+        let plan = |m| events::plan(m, Vendor::Amd, &[], &RATE, false, false);
+        let sys =
+            FakeSys::new(|a, _, _| (a.branch_sample_type & SAVE != 0).then_some(libc::EINVAL));
+        let mut lines = Vec::new();
+        let rung = walk(
+            &sys,
+            (Mode::Cpi, "BRS".into()),
+            &plan,
+            &[(-1, 0), (-1, 1)],
+            0,
+            &attach_7,
+            &mut |l| lines.push(l.to_string()),
+        )
+        .unwrap();
+        assert_eq!(rung.mode, Mode::Cpi, "{lines:?}");
+        assert_eq!(rung.open.len(), 4, "branches and cycles on both CPUs");
+        // Refused on both CPUs; then without the bit on both, then cycles.
+        assert_eq!(
+            branch_types(&sys),
+            [1 | 8 | SAVE, 1 | 8 | SAVE, 1 | 8, 1 | 8, 0, 0]
+        );
+        assert_eq!(rung.specs[0].attr.branch_sample_type, 1 | 8);
+        let einval = std::io::Error::from_raw_os_error(libc::EINVAL);
+        let said = format!(
+            "cpu/ex_ret_brn_tkn/ (rc4) takes no branch types here \
+             (PERF_SAMPLE_BRANCH_TYPE_SAVE: {einval}): opened without them, so ranges \
+             under call stacks are assigned by function"
+        );
+        assert_eq!(lines[1..], *std::slice::from_ref(&said));
+        assert_eq!(rung.notes, [said]);
+        // A branch stack refused outright still steps down, after the one retry.
+        let sys = FakeSys::new(|a, _, _| (a.branch_sample_type != 0).then_some(libc::EINVAL));
+        let rung = walk(
+            &sys,
+            (Mode::Cpi, "no LBR".into()),
+            &plan,
+            &[(1234, -1)],
+            0,
+            &attach_7,
+            &mut |_| {},
+        )
+        .unwrap();
+        assert_eq!(rung.mode, Mode::IpSampling);
+        assert_eq!(branch_types(&sys), [1 | 8 | SAVE, 1 | 8, 0, 0]);
     }
 
     #[test]
@@ -437,6 +551,7 @@ mod tests {
                     config,
                     pid,
                     cpu,
+                    ..
                 } => (type_, config, pid, cpu),
                 _ => unreachable!(),
             })

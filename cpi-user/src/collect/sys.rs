@@ -258,6 +258,9 @@ pub const PERF_SAMPLE_BRANCH_USER: u64 = 1 << 0;
 pub const PERF_SAMPLE_BRANCH_KERNEL: u64 = 1 << 1;
 /// Record every kind of taken branch.
 pub const PERF_SAMPLE_BRANCH_ANY: u64 = 1 << 3;
+/// Save each entry's `PERF_BR_*` type (Linux 4.14): Intel LBR and AMD LbrExtV2 decode
+/// it from the instruction, arch LBR reads it from `LBR_INFO`; AMD BRS refuses it.
+pub const PERF_SAMPLE_BRANCH_TYPE_SAVE: u64 = 1 << 16;
 
 /// Bits of [`PerfEventAttr::flags`] (bitfield order, bit 0 first).
 pub mod flag {

@@ -21,6 +21,7 @@
 pub mod locate;
 pub mod perf_data;
 pub mod perf_script;
+mod unwound;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
@@ -42,6 +43,7 @@ use crate::profile::model::{EventInfo, EventUnit, LossReport, Mode, Profile, Run
 use crate::profile::{analyze, AnalysisOptions, StackWeighting};
 use cpi_common::policy::Perturbation;
 use perf_script::{PerfImport, PerfScriptError};
+use unwound::Unwinder;
 
 /// Largest `perf script` text read from standard input (spooled to a temporary file
 /// for the second pass); files are not limited.
@@ -364,9 +366,6 @@ struct Pass {
     /// The same over the stacks used.
     timed_entries: u64,
     truncated_stacks: u64,
-    /// Samples used whose user stack was recorded as bytes (`--call-graph dwarf`),
-    /// which nothing here unwinds: added without a stack.
-    not_unwound: u64,
     records: perf_data::Records,
     header: perf_data::Header,
 }
@@ -383,12 +382,14 @@ struct Roles {
 }
 
 /// One pass over the file with range window `window` and stack weighting `weighting`,
-/// feeding the samples of `roles`' events (none in a first pass) with their call stacks.
+/// feeding the samples of `roles`' events (none in a first pass) with their call stacks,
+/// user stacks recorded as bytes unwound by `unwinder`.
 fn perf_data_pass(
     path: &Path,
     what: &str,
     (window, weighting): (usize, StackWeighting),
     roles: Roles,
+    mut unwinder: Option<&mut Unwinder>,
 ) -> Result<Pass, ImportError> {
     let f = std::fs::File::open(path).map_err(|source| ImportError::Io {
         what: what.into(),
@@ -402,7 +403,6 @@ fn perf_data_pass(
     let mut period_sums: Vec<u64> = Vec::new();
     let mut timed_per_event: Vec<u64> = Vec::new();
     let (mut max_depth, mut timed_entries, mut truncated_stacks) = (0usize, 0u64, 0u64);
-    let mut not_unwound = 0u64;
     let (header, records) = perf_data::read(&mut f, |h, s| {
         if per_event.len() < h.events.len() {
             per_event.resize(h.events.len(), 0);
@@ -429,14 +429,13 @@ fn perf_data_pass(
         if branch.is_none() && ip_role.is_none() {
             return;
         }
-        // A dwarf recording's callchain holds only the kernel part; its user part is in
-        // stack bytes nothing here unwinds: such a sample counts without a stack.
-        let stack = if s.user_stack_bytes > 0 {
-            not_unwound += 1;
-            None
-        } else {
-            s.stack.as_ref()
-        };
+        // A dwarf recording's callchain holds only the kernel part; its user part is
+        // in the stack bytes, unwound here.
+        let unwound = unwinder
+            .as_deref_mut()
+            .filter(|_| h.events[s.event].has_user_stack())
+            .map(|u| u.stack(&s));
+        let stack = unwound.as_ref().or(s.stack.as_ref());
         let sh = SampleHeader {
             version: WIRE_VERSION,
             flags: if s.kernel { FLAG_KERNEL } else { 0 },
@@ -487,7 +486,6 @@ fn perf_data_pass(
         timed_per_event,
         timed_entries,
         truncated_stacks,
-        not_unwound,
         records,
         header,
     })
@@ -500,12 +498,13 @@ fn load_perf_data(path: &Path, what: &str, opts: &ImportOptions) -> Result<Loade
         what: what.into(),
         why,
     };
-    // First pass: the events, how deep the stacks are.
+    // First pass: the events, how deep the stacks are, the mappings.
     let scan = perf_data_pass(
         path,
         what,
         (opts.window, StackWeighting::Window),
         Roles::default(),
+        None,
     )?;
     let events = &scan.header.events;
     let with_stacks: Vec<usize> = (0..events.len())
@@ -522,7 +521,7 @@ fn load_perf_data(path: &Path, what: &str, opts: &ImportOptions) -> Result<Loade
         if let Some(clock) =
             (0..events.len()).find(|&i| events[i].is_clock() && scan.per_event[i] > 0)
         {
-            return load_time_profile(path, what, opts, clock);
+            return load_time_profile(path, what, opts, clock, &scan);
         }
         return Err(ImportError::NoBranchStacks {
             what: what.into(),
@@ -563,8 +562,14 @@ fn load_perf_data(path: &Path, what: &str, opts: &ImportOptions) -> Result<Loade
         cycles,
         clock: None,
     };
-    let mut pass = perf_data_pass(path, what, (window, weighting), roles)?;
-    notes.extend(place(&mut pass, &opts.locator, what)?);
+    let (pass, placed) = placed_pass(
+        path,
+        what,
+        (window, weighting),
+        roles,
+        (&opts.locator, &scan),
+    )?;
+    notes.extend(placed.notes);
     let header = pass.header;
     let set = pass.set;
     if pass.truncated_stacks > 0 {
@@ -655,7 +660,7 @@ fn load_perf_data(path: &Path, what: &str, opts: &ImportOptions) -> Result<Loade
         duration_secs: 0.0,
         events: infos,
         perturbation: Perturbation::None,
-        lost: LossReport::default(),
+        lost: placed.lost,
     };
     notes.extend(untimed_note(&set));
     Ok(Loaded {
@@ -667,10 +672,41 @@ fn load_perf_data(path: &Path, what: &str, opts: &ImportOptions) -> Result<Loade
     })
 }
 
+/// What placing a pass's processes said: notes, and the stacks unwound short.
+struct Placed {
+    notes: Vec<String>,
+    lost: LossReport,
+}
+
+/// A pass feeding `roles` ([`perf_data_pass`]) whose dwarf samples are unwound over the
+/// mappings and build-ids the `scan` pass read, with the files `locator` finds, then
+/// [`place`]d.
+fn placed_pass(
+    path: &Path,
+    what: &str,
+    weights: (usize, StackWeighting),
+    roles: Roles,
+    (locator, scan): (&Locator, &Pass),
+) -> Result<(Pass, Placed), ImportError> {
+    let mut build_ids = scan.header.build_ids.clone();
+    build_ids.extend(scan.records.build_ids.clone());
+    let mut relocator = Relocator::new(locator, build_ids, what);
+    let mut unwinder = Unwinder::new(&scan.records.maps, &mut relocator);
+    let mut pass = perf_data_pass(path, what, weights, roles, Some(&mut unwinder))?;
+    if let Some(e) = unwinder.error.take() {
+        return Err(e);
+    }
+    let unwound = unwinder.counts;
+    let mut placed = place(&mut pass, relocator)?;
+    placed.notes.extend(unwound.note());
+    unwound.into_losses(&mut placed.lost);
+    Ok((pass, placed))
+}
+
 /// Gives the pass's processes their recorded mappings and names, and points the
-/// mappings at the local binaries ([`relocate`]); returns the notes on both, and on
-/// stacks that were not unwound.
-fn place(pass: &mut Pass, locator: &Locator, what: &str) -> Result<Vec<String>, ImportError> {
+/// mappings at the local binaries with `relocator` (the one the pass's unwinding used);
+/// returns the notes on both.
+fn place(pass: &mut Pass, mut relocator: Relocator) -> Result<Placed, ImportError> {
     let set = &mut pass.set;
     for (pid, maps) in &pass.records.maps {
         if let Some(p) = set.processes.get_mut(pid) {
@@ -684,18 +720,13 @@ fn place(pass: &mut Pass, locator: &Locator, what: &str) -> Result<Vec<String>, 
             p.comm = comm.clone();
         }
     }
-    let mut build_ids = pass.header.build_ids.clone();
-    build_ids.extend(pass.records.build_ids.clone());
-    let mut notes = relocate(set, locator, &build_ids, what)?;
-    if pass.not_unwound > 0 {
-        notes.push(format!(
-            "{} samples carry their user stack as bytes (perf record --call-graph dwarf), \
-             which this import does not unwind: they count without a call stack \
-             (record with -g or --call-graph fp for stacks)",
-            pass.not_unwound
-        ));
+    for p in set.processes.values_mut() {
+        relocator.relocate(p.maps.iter_mut().flat_map(|m| m.mappings.iter_mut()))?;
     }
-    Ok(notes)
+    Ok(Placed {
+        notes: relocator.notes,
+        lost: LossReport::default(),
+    })
 }
 
 /// A recording without branch stacks: the samples of `clock` (`cpu-clock`,
@@ -705,13 +736,20 @@ fn load_time_profile(
     what: &str,
     opts: &ImportOptions,
     clock: usize,
+    scan: &Pass,
 ) -> Result<Loaded, ImportError> {
     let roles = Roles {
         clock: Some(clock),
         ..Roles::default()
     };
-    let mut pass = perf_data_pass(path, what, (opts.window, StackWeighting::Window), roles)?;
-    let notes = place(&mut pass, &opts.locator, what)?;
+    let (pass, placed) = placed_pass(
+        path,
+        what,
+        (opts.window, StackWeighting::Window),
+        roles,
+        (&opts.locator, scan),
+    )?;
+    let notes = placed.notes;
     let e = &pass.header.events[clock];
     let n = pass.per_event[clock];
     let (sampling, period) = if e.freq {
@@ -722,7 +760,9 @@ fn load_time_profile(
     } else {
         (format!("period {} ns", e.period_or_freq), e.period_or_freq)
     };
-    let stacks = if e.has_callchain() {
+    let stacks = if e.has_user_stack() {
+        "with call stacks unwound here from their copied user stacks (--call-graph dwarf)"
+    } else if e.has_callchain() {
         "with callchains"
     } else {
         "without callchains (perf record -g records them)"
@@ -746,7 +786,7 @@ fn load_time_profile(
             samples: n,
         }],
         perturbation: Perturbation::None,
-        lost: LossReport::default(),
+        lost: placed.lost,
     };
     Ok(Loaded {
         set: pass.set,
@@ -784,21 +824,55 @@ fn relocate(
     build_ids: &BTreeMap<String, String>,
     what: &str,
 ) -> Result<Vec<String>, ImportError> {
-    let mut found: BTreeMap<String, Option<(PathBuf, crate::fsafe::FileId)>> = BTreeMap::new();
-    let mut other_builds = std::collections::BTreeSet::new();
-    let mut ids = BTreeMap::new();
-    let mut notes = Vec::new();
+    let mut r = Relocator::new(locator, build_ids.clone(), what);
     for p in set.processes.values_mut() {
-        for m in p.maps.iter_mut().flat_map(|m| m.mappings.iter_mut()) {
+        r.relocate(p.maps.iter_mut().flat_map(|m| m.mappings.iter_mut()))?;
+    }
+    Ok(r.notes)
+}
+
+/// Points recorded mappings at the local copies of their files, each recorded path
+/// located once however many processes (or passes) map it; a note per binary read from
+/// another path, not found, or another build.
+struct Relocator<'a> {
+    locator: &'a Locator,
+    build_ids: BTreeMap<String, String>,
+    what: &'a str,
+    found: BTreeMap<String, Option<(PathBuf, crate::fsafe::FileId)>>,
+    other_builds: std::collections::BTreeSet<String>,
+    ids: BTreeMap<PathBuf, Option<(Option<String>, crate::fsafe::FileId)>>,
+    notes: Vec<String>,
+}
+
+impl<'a> Relocator<'a> {
+    fn new(locator: &'a Locator, build_ids: BTreeMap<String, String>, what: &'a str) -> Self {
+        Relocator {
+            locator,
+            build_ids,
+            what,
+            found: BTreeMap::new(),
+            other_builds: std::collections::BTreeSet::new(),
+            ids: BTreeMap::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// Points each file mapping of `maps` (as recorded) at its local copy.
+    fn relocate<'m>(
+        &mut self,
+        maps: impl IntoIterator<Item = &'m mut crate::procmap::Mapping>,
+    ) -> Result<(), ImportError> {
+        let build_ids = &self.build_ids;
+        for m in maps {
             let MappedObject::File { path, .. } = &mut m.object else {
                 continue;
             };
             let recorded = path.display().to_string();
-            if !found.contains_key(&recorded) {
-                let (local, refused) = match locator.locate(
+            if !self.found.contains_key(&recorded) {
+                let (local, refused) = match self.locator.locate(
                     &recorded,
                     build_ids.get(&recorded).map(String::as_str),
-                    &mut ids,
+                    &mut self.ids,
                 ) {
                     Ok(l) => (l, false),
                     // This machine's own file at the recorded path (its ld.so, libc) is
@@ -810,7 +884,7 @@ fn relocate(
                         got,
                         ..
                     }) if at == recorded => {
-                        notes.push(format!(
+                        self.notes.push(format!(
                             "{recorded}: the file at that path here is another build \
                              (build-id {got}; the recording has {want}): its samples are \
                              unmapped; give the recorded binary with --binary NAME=PATH or \
@@ -820,17 +894,18 @@ fn relocate(
                     }
                     Err(source) => {
                         return Err(ImportError::Locate {
-                            what: what.into(),
+                            what: self.what.into(),
                             source,
                         })
                     }
                 };
                 match &local {
                     Some((l, _)) if *l != *path => {
-                        notes.push(format!("{recorded}: read from {}", l.display()));
+                        self.notes
+                            .push(format!("{recorded}: read from {}", l.display()));
                     }
                     None if !refused && (build_ids.contains_key(&recorded) || !path.exists()) => {
-                        notes.push(format!(
+                        self.notes.push(format!(
                             "{recorded}: not found on this machine (build-id {}): its samples \
                              are unmapped; give it with --binary NAME=PATH or --symfs DIR",
                             build_ids
@@ -842,14 +917,14 @@ fn relocate(
                     _ => {}
                 }
                 if refused {
-                    other_builds.insert(recorded.clone());
+                    self.other_builds.insert(recorded.clone());
                 }
-                found.insert(recorded.clone(), local);
+                self.found.insert(recorded.clone(), local);
             }
-            if let Some(Some((l, id))) = found.get(&recorded) {
+            if let Some(Some((l, id))) = self.found.get(&recorded) {
                 *path = l.clone();
                 m.file_id = Some(*id);
-            } else if other_builds.contains(&recorded) {
+            } else if self.other_builds.contains(&recorded) {
                 // Named, never opened: its samples count against no function.
                 m.object = MappedObject::Special(format!(
                     "[{}: another build]",
@@ -859,8 +934,8 @@ fn relocate(
                 ));
             }
         }
+        Ok(())
     }
-    Ok(notes)
 }
 
 /// Says how many stacks the cycles-spanned weighting left out for an untimed entry.

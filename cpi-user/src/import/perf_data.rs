@@ -14,9 +14,9 @@
 //! record layout in include/uapi/linux/perf_event.h): identifier, ip, tid, time, addr,
 //! id, stream id, cpu, period, read values, callchain, raw, branch stack (with its hw
 //! index and per-entry counters when asked for), user regs, user stack bytes. The callchain becomes the
-//! sample's [`CallStack`] ([`callchain`]); `--call-graph dwarf` user stack bytes are
-//! measured and skipped (nothing here unwinds them, so those samples' user stacks are
-//! counted as not unwound, never guessed).
+//! sample's [`CallStack`] ([`callchain`]); a `--call-graph dwarf` sample's user
+//! registers (ip, sp, bp of a 64-bit task) and stack bytes are kept with it, for the
+//! import to unwind (cpi-user/src/import/unwound.rs).
 //!
 //! The records are streamed ([`read`] calls a sink per sample), so memory does not
 //! grow with the file. Written by hand rather than with the `linux-perf-data` crate:
@@ -30,6 +30,7 @@ use cpi_common::wire::BranchEntry;
 
 use crate::procmap::{MappedObject, Mapping};
 use crate::profile::stack::{CallStack, StackEnd};
+use crate::unwind::UserRegs;
 
 /// The file magic.
 pub const MAGIC: &[u8; 8] = b"PERFILE2";
@@ -67,6 +68,12 @@ const FORMAT_TOTAL_TIME_RUNNING: u64 = 1 << 1;
 const FORMAT_ID: u64 = 1 << 2;
 const FORMAT_GROUP: u64 = 1 << 3;
 const FORMAT_LOST: u64 = 1 << 4;
+
+/// `PERF_SAMPLE_REGS_ABI_64`, and x86's `PERF_REG_X86_BP`, `_SP`, `_IP`.
+const REGS_ABI_64: u64 = 2;
+const REG_BP: u32 = 6;
+const REG_SP: u32 = 7;
+const REG_IP: u32 = 8;
 
 const BRANCH_HW_INDEX: u64 = 1 << 17;
 /// `PERF_SAMPLE_BRANCH_COUNTERS` (6.8+): a u64 of event counts per entry follows them.
@@ -171,6 +178,12 @@ impl EventAttr {
         self.sample_type & SAMPLE_CALLCHAIN != 0
     }
 
+    /// The event's samples carry user registers and stack bytes
+    /// (`perf record --call-graph dwarf`).
+    pub fn has_user_stack(&self) -> bool {
+        self.sample_type & SAMPLE_STACK_USER != 0
+    }
+
     /// The software clock events (`cpu-clock`, `task-clock`): periods in nanoseconds.
     pub fn is_clock(&self) -> bool {
         self.kind == PERF_TYPE_SOFTWARE && matches!(self.config, 0 | 1)
@@ -212,9 +225,16 @@ pub struct Sample {
     pub kernel: bool,
     /// The recorded callchain (`PERF_SAMPLE_CALLCHAIN`); `None` without one.
     pub stack: Option<CallStack>,
-    /// Bytes of user stack the sample copied for `--call-graph dwarf`
-    /// (`PERF_SAMPLE_STACK_USER`'s `dyn_size`); 0 without.
-    pub user_stack_bytes: u64,
+    /// The user registers `--call-graph dwarf` recorded (`PERF_SAMPLE_REGS_USER`), when
+    /// they hold ip, sp and bp of a 64-bit task; `None` without (a kernel thread's
+    /// sample has none).
+    pub user_regs: Option<UserRegs>,
+    /// The user stack bytes copied from sp up for `--call-graph dwarf`
+    /// (`PERF_SAMPLE_STACK_USER`, its `dyn_size` bytes); empty without.
+    pub user_stack: Vec<u8>,
+    /// The copy is as long as the event asked (`dyn_size` = size): a stack that goes on
+    /// past it is deeper than the copy, not cut by an unreadable page.
+    pub user_stack_full: bool,
 }
 
 /// Everything but the samples.
@@ -687,7 +707,9 @@ fn parse_sample(
         branches: Vec::new(),
         kernel: false,
         stack: None,
-        user_stack_bytes: 0,
+        user_regs: None,
+        user_stack: Vec::new(),
+        user_stack_full: false,
     };
     if st & SAMPLE_IP != 0 {
         s.ip = u64_at(b, take(8)?).ok_or_else(short)?;
@@ -772,7 +794,19 @@ fn parse_sample(
         // kernel thread).
         let abi = u64_at(b, take(8)?).ok_or_else(short)?;
         if abi != 0 {
-            take(8 * attr.sample_regs_user.count_ones() as usize)?;
+            let mask = attr.sample_regs_user;
+            let at = take(8 * mask.count_ones() as usize)?;
+            // One u64 per bit of the mask, lowest bit first (x86's `perf_regs.h`).
+            let reg = |bit: u32| {
+                (mask >> bit & 1 == 1)
+                    .then(|| u64_at(b, at + 8 * (mask & ((1 << bit) - 1)).count_ones() as usize))
+                    .flatten()
+            };
+            if abi == REGS_ABI_64 {
+                if let (Some(ip), Some(sp), Some(bp)) = (reg(REG_IP), reg(REG_SP), reg(REG_BP)) {
+                    s.user_regs = Some(UserRegs { ip, sp, bp });
+                }
+            }
         }
     }
     if st & SAMPLE_STACK_USER != 0 {
@@ -780,8 +814,10 @@ fn parse_sample(
         let size = u64_at(b, take(8)?).ok_or_else(short)?;
         if size > 0 {
             let size = usize::try_from(size).map_err(|_| short())?;
-            take(size)?;
-            s.user_stack_bytes = u64_at(b, take(8)?).ok_or_else(short)?.min(size as u64);
+            let at = take(size)?;
+            let copied = u64_at(b, take(8)?).ok_or_else(short)?.min(size as u64) as usize;
+            s.user_stack = b[at..at + copied].to_vec();
+            s.user_stack_full = copied == size;
         }
     }
     Ok(s)
@@ -883,7 +919,7 @@ mod tests {
             sample_type,
             read_format: 0,
             branch_sample_type: 0,
-            sample_regs_user: 0b111,
+            sample_regs_user: 1 | 1 << REG_BP | 1 << REG_SP | 1 << REG_IP,
             sample_max_stack: 0,
             name: None,
             ids: vec![],
@@ -917,8 +953,8 @@ mod tests {
         b.extend(words(&[3, CONTEXT_USER, 0x40_1234, 0x40_2000]));
         // One branch entry, hw_idx before it, its counter after it.
         b.extend(words(&[1, 99, 0x40_1000, 0x40_1200, 0, 0xc0]));
-        // regs: abi 64-bit, three registers (mask 0b111).
-        b.extend(words(&[2, 1, 2, 3]));
+        // regs: abi 64-bit, four registers: ax, bp, sp, ip.
+        b.extend(words(&[2, 1, 0x7ffd_0100, 0x7ffd_0000, 0x40_1234]));
         // 16 bytes of stack reserved, 8 copied.
         b.extend(words(&[16, 0xaa, 0xbb, 8]));
         b.extend(words(&[0x1e05]));
@@ -930,7 +966,12 @@ mod tests {
             (s.branches[0].from, s.branches[0].to),
             (0x40_1000, 0x40_1200)
         );
-        assert_eq!(s.user_stack_bytes, 8);
+        assert_eq!(
+            (s.user_regs.map(|r| (r.ip, r.sp, r.bp))),
+            Some((0x40_1234, 0x7ffd_0000, 0x7ffd_0100))
+        );
+        assert_eq!(s.user_stack, 0xaau64.to_le_bytes());
+        assert!(!s.user_stack_full, "8 of 16 bytes copied");
         // One word short of the user stack's dyn_size: refused, not misread.
         let cut = &b[..b.len() - 16];
         assert!(matches!(
@@ -944,6 +985,6 @@ mod tests {
         k.extend(words(&[0, 0, 0, 0, 0x1e05]));
         let s = parse_sample(&header, &BTreeMap::new(), &k, 1).unwrap();
         assert_eq!(*s.stack.unwrap().kernel, [0xffff_ffff_8100_0000]);
-        assert_eq!(s.user_stack_bytes, 0);
+        assert!(s.user_regs.is_none() && s.user_stack.is_empty());
     }
 }

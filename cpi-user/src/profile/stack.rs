@@ -43,6 +43,19 @@ pub enum StackEnd {
     Error,
 }
 
+impl From<crate::unwind::Stop> for StackEnd {
+    /// How a stack the unwinder stopped on ends.
+    fn from(stop: crate::unwind::Stop) -> Self {
+        use crate::unwind::Stop;
+        match stop {
+            Stop::Root => StackEnd::Complete,
+            Stop::FrameLimit | Stop::EndOfCopy => StackEnd::Truncated,
+            Stop::UnknownCode => StackEnd::UnknownCode,
+            Stop::Unreadable | Stop::BadUnwind => StackEnd::Error,
+        }
+    }
+}
+
 /// One sample's call stack, leaf first, in runtime addresses.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct CallStack {

@@ -24,7 +24,7 @@ use object::{Object, ObjectSection, ObjectSegment};
 
 use crate::fsafe::map::GuardedMap;
 use crate::fsafe::FileId;
-use crate::procmap::{CapturedFile, MappedObject, Mapping, ProcessMaps};
+use crate::procmap::{open_mapped_file, CapturedFile, MappedObject, Mapping, ProcessMaps};
 
 /// Why unwinding stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -49,7 +49,7 @@ pub enum Stop {
 }
 
 /// The registers and stack bytes of one sample.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UserRegs {
     /// Instruction pointer.
     pub ip: u64,
@@ -210,6 +210,9 @@ pub struct StackUnwinder {
     processes: HashMap<u32, ProcessUnwinder>,
     cache: CacheX86_64,
     max_frames: usize,
+    /// Files no process ever held (a recording's, [`Self::for_recordings`]) are opened
+    /// by their checked path.
+    recorded: bool,
 }
 
 impl std::fmt::Debug for StackUnwinder {
@@ -238,6 +241,18 @@ impl StackUnwinder {
             processes: HashMap::new(),
             cache: CacheX86_64::new(),
             max_frames,
+            recorded: false,
+        }
+    }
+
+    /// [`Self::new`] for stacks recorded elsewhere (perf's `--call-graph dwarf`,
+    /// cpi-user/src/import/unwound.rs): no file is captured, so each mapping's file is
+    /// opened by its path (the local copy import located) and used only if it is the
+    /// file the mapping names (`Mapping::file_id`).
+    pub fn for_recordings(max_frames: usize, byte_bound: u64) -> Self {
+        StackUnwinder {
+            recorded: true,
+            ..Self::new(max_frames, byte_bound)
         }
     }
 
@@ -385,9 +400,18 @@ impl StackUnwinder {
         let captured = files.get(&m.start);
         let sections = match captured.and_then(|c| self.cached((c.id, c.len))) {
             Some(s) => s,
-            None => captured
-                .and_then(|c| c.open(pid, m, path, true).ok())
-                .and_then(|f| self.sections_of(&f)),
+            None => {
+                let file = match captured {
+                    Some(c) => c.open(pid, m, path, true).ok(),
+                    None if self.recorded && m.file_id.is_some() => {
+                        open_mapped_file(pid, m, path, false, None)
+                            .ok()
+                            .map(Arc::new)
+                    }
+                    None => None,
+                };
+                file.and_then(|f| self.sections_of(&f))
+            }
         };
         let (base, info) = match sections
             .as_ref()
@@ -556,6 +580,35 @@ mod tests {
         let mut fresh = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
         fresh.unwind(pid, &grown, &files, regs, &stack, true);
         assert_eq!(counter.counts().reopened, 1, "{:?}", counter.counts());
+    }
+
+    /// A recording's binaries were never captured: [`StackUnwinder::for_recordings`]
+    /// opens each by its path, and only when it is the file the mapping names.
+    #[test]
+    fn recorded_binaries_are_opened_by_their_checked_path() {
+        let exe = std::env::current_exe().unwrap();
+        let (mut maps, _) = process(None);
+        maps.mappings[0].object = MappedObject::File {
+            path: exe.clone(),
+            deleted: false,
+        };
+        let this = FileId::of(&std::fs::metadata(&exe).unwrap());
+        let other = FileId::of(&std::fs::metadata("/usr/bin/true").unwrap());
+        let regs = UserRegs {
+            ip: BASE + 0x100,
+            sp: SP,
+            bp: 0,
+        };
+        let mut held = |u: &mut StackUnwinder, id| {
+            maps.mappings[0].file_id = Some(id);
+            u.unwind(1, &maps, &HashMap::new(), regs, &stack_of(&[0, 0]), true);
+            u.held_bytes()
+        };
+        let recorded = || StackUnwinder::for_recordings(128, DEFAULT_BYTE_BOUND);
+        assert!(held(&mut recorded(), this) > 0, "read by its path");
+        assert_eq!(held(&mut recorded(), other), 0, "another file at the path");
+        let live = &mut StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        assert_eq!(held(live, this), 0, "live: only captured files");
     }
 
     #[test]

@@ -798,15 +798,6 @@ int main(int argc, char **argv) { unsigned long n = argc > 1 ? strtoul(argv[1], 
 /// CI, or always for a missing perf) rather than skipping. `None` when not root
 /// outside CI.
 fn record_chain(dir: &Path, args: &[&str]) -> Option<PathBuf> {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "recording with perf needs root; CI runs as root"
-        );
-        cpi_tests::skip(format_args!("recording with perf needs root"));
-        return None;
-    }
     let src = dir.join("chain.c");
     std::fs::write(&src, CHAIN).unwrap();
     let exe = dir.join("chain");
@@ -818,6 +809,21 @@ fn record_chain(dir: &Path, args: &[&str]) -> Option<PathBuf> {
             .arg(&exe)
             .arg(&src),
     );
+    record(dir, args, &[exe.as_os_str(), "100000000".as_ref()])
+}
+
+/// `perf record -e cpu-clock -F 2000 ARGS -- COMMAND` into `dir/perf.data`; `None`
+/// (said, and a failure under CI) without root.
+fn record(dir: &Path, args: &[&str], command: &[&std::ffi::OsStr]) -> Option<PathBuf> {
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "recording with perf needs root; CI runs as root"
+        );
+        cpi_tests::skip(format_args!("recording with perf needs root"));
+        return None;
+    }
     let data = dir.join("perf.data");
     output_ok(
         Command::new("perf")
@@ -826,8 +832,7 @@ fn record_chain(dir: &Path, args: &[&str]) -> Option<PathBuf> {
             .arg("-o")
             .arg(&data)
             .arg("--")
-            .arg(&exe)
-            .arg("100000000"),
+            .args(command),
     );
     Some(data)
 }
@@ -836,9 +841,10 @@ fn record_chain(dir: &Path, args: &[&str]) -> Option<PathBuf> {
 /// first), kernel frames as recorded, user frames relative to their mapping
 /// (`map_ip`: address − start + file offset), counted.
 fn perf_script_paths(data: &Path) -> BTreeMap<(u32, Vec<u64>), u64> {
+    // --no-inline: one line per frame, not one per function inlined at it.
     let out = output_ok(
         Command::new("perf")
-            .args(["script", "-F", "pid,ip", "-i"])
+            .args(["script", "--no-inline", "-F", "pid,ip", "-i"])
             .arg(data),
     );
     let mut paths = BTreeMap::new();
@@ -861,16 +867,22 @@ fn perf_script_paths(data: &Path) -> BTreeMap<(u32, Vec<u64>), u64> {
     paths
 }
 
-/// The imported samples' call paths in the same terms as [`perf_script_paths`].
-fn imported_paths(set: &SampleSet) -> BTreeMap<(u32, Vec<u64>), u64> {
+/// The imported samples' call paths in the same terms as [`perf_script_paths`]; with
+/// `unwound`, user frames past the first less one, as perf prints the frames its dwarf
+/// unwinder found (the call, not the return address: `get_entries` in
+/// tools/perf/util/unwind-libunwind-local.c).
+fn imported_paths(set: &SampleSet, unwound: bool) -> BTreeMap<(u32, Vec<u64>), u64> {
     let mut paths = BTreeMap::new();
     for (pid, p) in &set.processes {
         let maps = p.maps.as_ref().expect("the recording's mmap records");
         for (stack, stat) in &p.stacks.stacks {
             let mut frames = stack.kernel.to_vec();
-            frames.extend(stack.user.iter().map(|&a| match maps.find(a) {
-                Some(m) => a - m.start + m.offset,
-                None => a,
+            frames.extend(stack.user.iter().enumerate().map(|(i, &a)| {
+                let a = if unwound && i > 0 { a - 1 } else { a };
+                match maps.find(a) {
+                    Some(m) => a - m.start + m.offset,
+                    None => a,
+                }
             }));
             let n = stat.ips.get(&EventRole::CpuClock).map_or(0, |c| c.0);
             *paths.entry((*pid, frames)).or_insert(0) += n;
@@ -898,7 +910,7 @@ fn real_fp_callchains_equal_perf_scripts() {
         "{}",
         loaded.run.mode_reason
     );
-    let ours = imported_paths(&loaded.set);
+    let ours = imported_paths(&loaded.set, false);
     let perf = perf_script_paths(&data);
     let total: u64 = perf.values().sum();
     assert!(total >= 100, "only {total} samples recorded");
@@ -987,19 +999,29 @@ fn real_fp_callchains_equal_perf_scripts() {
     assert_eq!(folded, perf_paths);
 }
 
-/// A real `--call-graph dwarf` recording: each sample's user registers and stack bytes
-/// sit between its callchain and its `data_src`; every sample is read with the stack
-/// size perf reads (`perf report -D`), and, as nothing here unwinds stack bytes, those
-/// samples count without a call stack, said in a note, none guessed.
+/// A real `--call-graph dwarf` recording of `tests/programs/stacks.c` sorting through
+/// Debian's libc (built without frame pointers, as libc is): each sample's user
+/// registers and stack bytes are read where the kernel put them (every sample's copied
+/// size equals `perf report -D`'s), unwound here over the recorded binaries, and every
+/// sample's call path, kernel and user frames, equals the one `perf script` prints from
+/// the same file with perf's own dwarf unwinder (libunwind in Debian's perf 6.1). The
+/// stacks reach `main` through `qsort`.
 #[test]
-fn real_dwarf_stacks_are_read_in_layout_and_counted_not_unwound() {
+fn real_dwarf_stacks_unwind_to_perf_scripts_paths() {
     let dir = temp_dir("pd-real-dwarf");
-    let Some(data) = record_chain(&dir, &["--call-graph", "dwarf"]) else {
+    let Some(exe) = cpi_tests::compile_c("stacks.c", &dir, "stacks", &[]) else {
+        return;
+    };
+    let Some(data) = record(
+        &dir,
+        &["--call-graph", "dwarf"],
+        &[exe.as_os_str(), "qsort".as_ref(), "100".as_ref()],
+    ) else {
         return;
     };
     let mut ours = Vec::new();
     let mut f = std::fs::File::open(&data).unwrap();
-    import::perf_data::read(&mut f, |_, s| ours.push(s.user_stack_bytes)).unwrap();
+    import::perf_data::read(&mut f, |_, s| ours.push(s.user_stack.len() as u64)).unwrap();
     let dump = output_ok(Command::new("perf").args(["report", "-D", "-i"]).arg(&data));
     let dump = String::from_utf8_lossy(&dump.stdout);
     let mut perf: Vec<u64> = dump
@@ -1015,20 +1037,72 @@ fn real_dwarf_stacks_are_read_in_layout_and_counted_not_unwound() {
     ours.sort_unstable();
     perf.sort_unstable();
     assert_eq!(ours, perf, "user stack sizes differ from perf's");
-    let with_bytes = ours.iter().filter(|&&n| n > 0).count() as u64;
-    assert!(with_bytes > 0);
     let loaded = import::load_path(&data, &ImportOptions::default()).unwrap();
+    assert_eq!(loaded.run.mode, Mode::TimeProfile);
     let set = &loaded.set;
-    let imported: u64 = set
+    let unstacked: u64 = set.processes.values().map(|p| p.stacks.unstacked).sum();
+    assert_eq!(unstacked, 0);
+    let ours = imported_paths(set, true);
+    let perf = perf_script_paths(&data);
+    let total: u64 = perf.values().sum();
+    assert_eq!(ours.values().sum::<u64>(), total);
+    let differ: u64 = perf
+        .keys()
+        .chain(ours.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .map(|k| {
+            ours.get(k)
+                .unwrap_or(&0)
+                .abs_diff(*perf.get(k).unwrap_or(&0))
+        })
+        .sum::<u64>()
+        / 2;
+    let shown: Vec<_> = perf
+        .iter()
+        .filter(|(k, n)| ours.get(*k) != Some(*n))
+        .take(4)
+        .map(|((_, f), n)| format!("perf {n}: {f:x?}"))
+        .chain(
+            ours.iter()
+                .filter(|(k, n)| perf.get(*k) != Some(*n))
+                .take(4)
+                .map(|((_, f), n)| format!("ours {n}: {f:x?}")),
+        )
+        .collect();
+    // Seen: 0 of 1516, 0 of 1528, 0 of 1486 (both CPUs busy). Where two dwarf
+    // unwinders may part (a sample in ld.so's first instructions, a signal frame) is
+    // well under 1 % of a run.
+    eprintln!("{differ} of {total} samples on another path than perf script's");
+    assert!(differ * 100 <= total, "{differ} of {total}: {shown:#?}");
+    // Complete to main through libc's qsort (no frame pointers there), said in a note.
+    let exe_bin = Binary::open(&exe).unwrap();
+    let main = exe_bin.function_by_name("main").unwrap();
+    let through_main: u64 = set
         .processes
         .values()
-        .filter_map(|p| p.ips.get(&EventRole::CpuClock))
-        .map(|a| a.samples)
+        .flat_map(|p| {
+            let maps = p.maps.as_ref().unwrap();
+            p.stacks.stacks.iter().map(move |(s, st)| {
+                let in_main = s.user.iter().skip(1).any(|&a| {
+                    maps.find(a - 1).is_some_and(|m| {
+                        let v = a - 1 - m.start + m.offset;
+                        (main.start..main.start + main.size).contains(&v)
+                    })
+                });
+                if in_main && s.end == StackEnd::Complete {
+                    st.ips.get(&EventRole::CpuClock).map_or(0, |c| c.0)
+                } else {
+                    0
+                }
+            })
+        })
         .sum();
-    assert_eq!(imported, samples as u64);
-    let unstacked: u64 = set.processes.values().map(|p| p.stacks.unstacked).sum();
-    assert_eq!(unstacked, with_bytes);
-    let note = format!("{with_bytes} samples carry their user stack as bytes");
+    assert!(
+        through_main * 10 >= total * 9,
+        "{through_main} of {total} samples complete through main"
+    );
+    let note = format!("{total} samples carry their user stack as bytes");
     assert!(
         loaded.notes.iter().any(|n| n.starts_with(&note)),
         "{:?}",

@@ -1,5 +1,5 @@
 //! `import-perf`: analyse recordings made elsewhere with `perf record` (branch stacks,
-//! or a clock event's samples; callchains as call stacks); the pipeline is
+//! or a clock event's samples; callchains, or dwarf stacks unwound, as call stacks); the pipeline is
 //! [`cpi_user::import`], this parses arguments and renders.
 
 use std::path::PathBuf;
@@ -12,8 +12,9 @@ use crate::output::{emit, OutputArgs};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// A `perf.data` file (`perf record -b`, or `-e cpu-clock` as a time profile; `-g`
-    /// callchains become call stacks), or `perf script -F pid,tid,ip,sym,dso,brstack`
-    /// text (with its callchain lines); `-` reads text from standard input.
+    /// callchains become call stacks, `--call-graph dwarf` user stacks are unwound here
+    /// over the recorded binaries), or `perf script -F pid,tid,ip,sym,dso,brstack` text
+    /// (with its callchain lines); `-` reads text from standard input.
     #[arg(value_name = "FILE")]
     pub file: PathBuf,
     /// Look for the recorded binaries under DIR (DIR + recorded path), as perf does.

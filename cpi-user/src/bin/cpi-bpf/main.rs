@@ -42,8 +42,8 @@ enum Command {
     /// Pyroscope; runs until SIGTERM.
     Agent(Box<agent::Args>),
     /// Analyse recordings made elsewhere with `perf record -b` (or `-e cpu-clock`, a
-    /// time profile), `-g` callchains as call stacks: a perf.data file, or `perf script
-    /// -F pid,tid,ip,sym,dso,brstack` text.
+    /// time profile), `-g` callchains and `--call-graph dwarf` stacks as call stacks: a
+    /// perf.data file, or `perf script -F pid,tid,ip,sym,dso,brstack` text.
     ImportPerf(import_perf::Args),
 }
 

@@ -14,6 +14,7 @@ pub enum Call {
     Open {
         type_: u32,
         config: u64,
+        branch_sample_type: u64,
         pid: i32,
         cpu: i32,
     },
@@ -72,6 +73,7 @@ impl PerfSys for FakeSys {
         self.record(Call::Open {
             type_: attr.type_,
             config: attr.config,
+            branch_sample_type: attr.branch_sample_type,
             pid,
             cpu,
         });
