@@ -810,23 +810,25 @@ mod tests {
     /// since unmapped, would hide a new one), unmapped on drop.
     struct Mapped {
         dir: std::path::PathBuf,
+        base: u64,
         pages: Vec<u64>,
     }
 
     impl Mapped {
-        fn new(name: &str) -> Mapped {
+        /// At `base` and up: tests running at once each use their own range.
+        fn new(name: &str, base: u64) -> Mapped {
             let dir = std::env::temp_dir().join(format!("cpi-churn-{name}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
             Mapped {
                 dir,
+                base,
                 pages: Vec::new(),
             }
         }
 
         /// Maps one more file; its address.
         fn map(&mut self) -> u64 {
-            const BASE: u64 = 0x2e00_0000_0000;
             use std::os::fd::AsRawFd;
             let path = self.dir.join(format!("f{}.so", self.pages.len()));
             std::fs::write(&path, [0xc3u8; 4096]).unwrap();
@@ -834,7 +836,7 @@ mod tests {
             // SAFETY: a fresh private mapping of a file we own, unmapped on drop.
             let p = unsafe {
                 libc::mmap(
-                    (BASE + 4096 * self.pages.len() as u64) as *mut libc::c_void,
+                    (self.base + 4096 * self.pages.len() as u64) as *mut libc::c_void,
                     4096,
                     libc::PROT_READ | libc::PROT_EXEC,
                     libc::MAP_PRIVATE | libc::MAP_FIXED_NOREPLACE,
@@ -858,6 +860,9 @@ mod tests {
         }
     }
 
+    /// Held by the tests that map many files here, so that neither sees the other's.
+    static MAPPING_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// Issue 20: a process holding thousands of mappings that maps one more costs the
     /// collector that one mapping — one file captured, one unwind module, no re-read of
     /// its maps when the kernel's record explains it — not a pass over all it holds (25 000
@@ -866,8 +871,9 @@ mod tests {
     #[test]
     fn a_new_mapping_costs_its_own_capture_not_one_per_mapping_held() {
         const HELD: usize = 2000;
+        let _alone = MAPPING_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let me = std::process::id();
-        let mut mapped = Mapped::new("many");
+        let mut mapped = Mapped::new("many", 0x2e00_0000_0000);
         for _ in 0..HELD {
             mapped.map();
         }
@@ -939,6 +945,84 @@ mod tests {
         );
         assert!(
             reopens.counts().reopened - opened <= 10,
+            "{:?}",
+            reopens.counts()
+        );
+    }
+
+    /// Issue 20: a forked child shows up holding its parent's mappings, whose files are
+    /// captured already: it costs a read of its maps, not one `map_files` open per
+    /// mapping (each fork of a process with 25 000 mappings opened 25 000), nor a reopen
+    /// of files the LRU closed whose unwind sections are cached (the unwinder keeps
+    /// those of at most `MAX_FILES` files, cpi-user/src/unwind/mod.rs: HELD stays below).
+    #[test]
+    fn a_forked_child_shares_its_parents_captured_files() {
+        const HELD: usize = 800;
+        let _alone = MAPPING_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let me = std::process::id();
+        let mut mapped = Mapped::new("fork", 0x2f00_0000_0000);
+        for _ in 0..HELD {
+            mapped.map();
+        }
+        let mut d = Drain::new(1, StackMemory::default());
+        d.files = CapturedFiles::with_cap(64);
+        let reopens = d.capture_counter();
+        let sample = |d: &mut Drain, pid: u32, at: u64| {
+            let r = ip(pid, at, EventRole::CpuClock);
+            d.add(&with_stack(&r, &[], [at, 0x1000, 0], &[0; 64]));
+        };
+        sample(&mut d, me, mapped.pages[0]);
+        let parent = d.maps_work();
+        assert!(parent.captures >= HELD as u64, "{parent:?}");
+        let reopened = reopens.counts().reopened;
+
+        // SAFETY: the child only waits in `pause` (async-signal-safe) until killed.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "{}", std::io::Error::last_os_error());
+        if child == 0 {
+            loop {
+                // SAFETY: see above.
+                unsafe { libc::pause() };
+            }
+        }
+        let child = child as u32;
+        sample(&mut d, child, mapped.pages[1]);
+        let work = d.maps_work();
+        let p = &d.set.processes[&child];
+        let files = p.files.len();
+        // Executable file mappings the parent's read did not see (other tests' threads
+        // map and unmap files meanwhile): the most the child may cost in captures.
+        let unseen = {
+            let (mine, its) = (&d.set.processes[&me].maps, &p.maps);
+            let (mine, its) = (mine.as_ref().unwrap(), its.as_ref().unwrap());
+            its.mappings
+                .iter()
+                .filter(|m| m.executable && m.file_id.is_some() && !mine.holds(m))
+                .count() as u64
+        };
+        let shared = mapped
+            .pages
+            .iter()
+            .filter(|a| {
+                let (mine, its) = (&d.set.processes[&me].files, &p.files);
+                its.contains_key(a) && std::sync::Arc::ptr_eq(&mine[a], &its[a])
+            })
+            .count();
+        // SAFETY: our child; reaped at once.
+        unsafe {
+            libc::kill(child as i32, libc::SIGKILL);
+            libc::waitpid(child as i32, std::ptr::null_mut(), 0);
+        }
+        assert_eq!(shared, HELD, "every file shared with the parent's capture");
+        assert!(files >= HELD);
+        assert_eq!(work.reads, parent.reads + 1, "{parent:?} then {work:?}");
+        assert!(
+            work.captures - parent.captures <= unseen,
+            "{parent:?} then {work:?}; {unseen} mappings new to the child"
+        );
+        assert_eq!(
+            reopens.counts().reopened,
+            reopened,
             "{:?}",
             reopens.counts()
         );

@@ -234,8 +234,11 @@ impl CapturedFiles {
     /// Captures the file of every executable file mapping of `maps` through
     /// `DIR/map_files/START-END` (`dir` from [`super::ProcessMaps::read_live`]); returns them by
     /// mapping start. Mappings whose file cannot be opened or is not a regular file are
-    /// left out (the path is tried again, checked, at analysis). Each costs an open and
-    /// an `fstat`: callers pass only the mappings they have not captured before.
+    /// left out (the path is tried again, checked, at analysis). A mapping of a file
+    /// already captured (the device and inode the kernel reports for it) shares that
+    /// capture without a syscall: a forked child showing up with its parent's 25 000
+    /// mappings costs no open. Each other mapping costs an open and an `fstat`: callers
+    /// pass only the mappings they have not captured before.
     pub fn capture<'a>(
         &mut self,
         dir: &Path,
@@ -244,6 +247,12 @@ impl CapturedFiles {
         let mut out = HashMap::new();
         for m in maps {
             if !m.executable || !matches!(m.object, MappedObject::File { .. }) {
+                continue;
+            }
+            // The kernel's (device, inode) of this mapping names the captured file; an
+            // evicted one is reopened and checked when analysis needs it, as below.
+            if let Some(c) = m.file_id.and_then(|id| self.by_inode.get(&id)) {
+                out.insert(m.start, Arc::clone(c));
                 continue;
             }
             let link = dir.join(format!("map_files/{:x}-{:x}", m.start, m.end));

@@ -266,13 +266,49 @@ fn the_store_must_be_private() {
             .unwrap_err()
             .to_string();
         assert!(msg.contains("owned by uid 65534"), "{msg}");
+
+        // End to end: the user makes the store first, world-writable, in a shared
+        // directory and plants links to a root-only file at temp-file names; the agent
+        // refuses it with one line, within the bound, and writes nothing through them.
+        let shared = dir.join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let victim = dir.join("root-only");
+        std::fs::write(&victim, b"root's data").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let store = shared.join("store");
+        let plant = format!(
+            "mkdir -m 777 {s} && for n in .tmp-w-0 .w-0.json.gz.0.tmp w-0-1.json.gz; do \
+             ln -s {v} {s}/$n; done",
+            s = store.display(),
+            v = victim.display()
+        );
+        let st = as_user(Command::new("sh").args(["-c", &plant]))
+            .status()
+            .unwrap();
+        assert!(st.success(), "{plant}");
+        let sleeper = KillOnDrop(Command::new("sleep").arg("600").spawn().unwrap());
+        let r = run_bounded(
+            Command::new(cpi_bpf())
+                .args(["agent", "--interval", "1", "--metrics-addr", "off"])
+                .args(["--pid", &sleeper.0.id().to_string(), "--store"])
+                .arg(&store),
+        );
+        let err = stderr(&r);
+        assert!(!r.status.success(), "the agent used the store: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.starts_with("cpi-bpf: error: ") && err.contains("owned by uid 65534"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"root's data");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Row "put a FIFO, a gzip bomb, … in the store" and "edited two store windows to hold
 /// counts of 2^64−1": `report --store` skips the FIFO and the bomb (one warning each,
-/// within the bound, memory capped by the profile limit) and refuses the forged sums with
+/// within the bound, peak RSS under 128 MiB) and refuses the forged sums with
 /// one error line instead of printing wrapped numbers.
 #[test]
 fn report_store_survives_fifos_bombs_and_forged_counts() {
@@ -296,8 +332,11 @@ fn report_store_survives_fifos_bombs_and_forged_counts() {
         gz.write_all(&spaces).unwrap();
     }
     gz.finish().unwrap();
+    // Peak RSS from GNU time (see `a_million_files_in_the_store_cost_bounded_memory`).
     let r = run_bounded(
-        Command::new(cpi_bpf())
+        Command::new("/usr/bin/time")
+            .args(["-f", "peak-kib %M"])
+            .arg(cpi_bpf())
             .args(["report", "--store"])
             .arg(&s)
             .args(["--format", "json"]),
@@ -307,6 +346,15 @@ fn report_store_survives_fifos_bombs_and_forged_counts() {
     assert_eq!(err.matches("warning: skipped").count(), 2, "{err}");
     assert!(err.contains("not a regular file"), "{err}");
     assert!(err.contains("larger than"), "{err}");
+    let peak_kib: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("peak-kib ")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no peak from /usr/bin/time: {err}"));
+    // The bomb is read as a stream and stops at the profile limit (1 GiB before).
+    assert!(
+        peak_kib <= 128 << 10,
+        "report --store peaked at {peak_kib} KiB"
+    );
     // Forged counts: two windows of 2^64-1 samples.
     let mut forged = time_profile();
     forged.processes[0].samples = u64::MAX;
@@ -431,11 +479,12 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
     let prog = compile_c("manymaps.c", &dir, "manymaps", &[]).expect("gcc builds manymaps.c");
     let files = dir.join("files");
     std::fs::create_dir(&files).unwrap();
+    std::os::unix::fs::chown(&files, Some(USER), Some(USER)).unwrap();
     // Alone: its 25 000 unusable files would reach any system-wide profile taken at the
     // same time (one CI run's replaced-libraries one-shot stopped naming files).
     let _cpu = cpi_tests::cpu_heavy();
     let mut target = KillOnDrop(
-        Command::new(&prog)
+        as_user(&mut Command::new(&prog))
             .arg(&files)
             .args(["25000", "120"])
             .stderr(Stdio::piped())
@@ -558,6 +607,7 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
     );
     assert!(!log.contains("Too many open files"), "{log}");
     assert!(!log.contains("error:"), "{log}");
+    windows_every_interval(&store);
     let scraped = scraped.expect("/metrics answers");
     let evicted = scraped
         .lines()
@@ -582,6 +632,34 @@ fn twenty_five_thousand_mapped_files_cannot_exhaust_the_agent() {
         "manymaps in the merged profile"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Asserts that the agent wrote a window for every interval since its first: the
+/// windows in `store` (`w-START-END`, ms) follow one another without a gap, so none was
+/// lost ("Too many open files" once lost 21 of 25). Returns how many.
+fn windows_every_interval(store: &Path) -> usize {
+    let mut spans: Vec<(u64, u64)> = std::fs::read_dir(store)
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let (a, b) = name
+                .strip_prefix("w-")?
+                .split_once(".json")?
+                .0
+                .split_once('-')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .collect();
+    spans.sort_unstable();
+    for w in spans.windows(2) {
+        assert_eq!(
+            w[0].1, w[1].0,
+            "a window is missing between {:?} and {:?}",
+            w[0], w[1]
+        );
+    }
+    spans.len()
 }
 
 /// The unprivileged user of the end-to-end rows (nobody).
@@ -760,6 +838,7 @@ impl Watched {
         let log = self.log();
         assert!(st.success(), "the agent ended {st}: {log}");
         assert!(!log.contains("panicked"), "{log}");
+        windows_every_interval(&self.dir.join("store"));
         let steady = self.steady.expect("attack_begins was called");
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         eprintln!(
@@ -1220,4 +1299,62 @@ fn a_million_files_in_the_store_cost_bounded_memory() {
     assert!(most <= RSS_BOUND, "{:.1} MiB", mib(most));
     drop(agent);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Row "held 200 idle TCP connections to the metrics port; 20 slow one-byte clients",
+/// end to end: while a process of [`USER`] holds 200 idle connections to the agent's
+/// `/metrics` and drips 20 requests a byte every half second, a scrape is answered
+/// within the per-connection timeout (cpi-user/src/agent/metrics.rs `CLIENT_TIMEOUT`,
+/// plus a second), the agent keeps writing a window every interval and ends on SIGTERM
+/// within its RSS bound.
+#[test]
+fn idle_and_slow_clients_of_a_user_cannot_stall_the_agents_metrics() {
+    if !require_root("the agent") {
+        return;
+    }
+    let dir = temp_dir("hostile-metrics");
+    let sleeper = KillOnDrop(Command::new("sleep").arg("600").spawn().unwrap());
+    let mut agent = Watched::start(&dir, &["--pid", &sleeper.0.id().to_string()]);
+    agent.attack_begins();
+    let clients = "import socket, sys, threading, time\n\
+        addr = ('127.0.0.1', int(sys.argv[1]))\n\
+        idle = [socket.create_connection(addr) for _ in range(200)]\n\
+        def drip():\n\
+        \x20   try:\n\
+        \x20       c = socket.create_connection(addr)\n\
+        \x20       for b in b'GET /metrics HTTP/1.1\\r\\n':\n\
+        \x20           c.send(bytes([b]))\n\
+        \x20           time.sleep(0.5)\n\
+        \x20   except OSError:\n\
+        \x20       pass\n\
+        for _ in range(20):\n\
+        \x20   threading.Thread(target=drip, daemon=True).start()\n\
+        print('ready', flush=True)\n\
+        time.sleep(600)\n";
+    let mut attack = KillOnDrop(
+        as_user(Command::new("python3").args(["-c", clients]))
+            .arg(agent.metrics.port().to_string())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3"),
+    );
+    let mut said = String::new();
+    let mut out = std::io::BufReader::new(attack.0.stdout.take().unwrap());
+    std::io::BufRead::read_line(&mut out, &mut said).unwrap();
+    assert_eq!(said.trim(), "ready", "the clients could not connect");
+    let bound = cpi_user::agent::metrics::CLIENT_TIMEOUT + Duration::from_secs(1);
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        assert!(agent.scrape().is_some(), "/metrics did not answer");
+        let took = t0.elapsed();
+        eprintln!("scrape under attack: {took:?}");
+        assert!(took < bound, "a scrape took {took:?} (bound {bound:?})");
+        agent.more_windows(1);
+    }
+    assert!(
+        attack.0.try_wait().unwrap().is_none(),
+        "the clients ended early"
+    );
+    drop(attack);
+    agent.stop();
 }
