@@ -5,7 +5,7 @@ use cpi_common::wire::EventRole;
 
 use super::caps::{CorePmu, Vendor};
 use super::sys::{self, flag, PerfEventAttr};
-use crate::profile::events::{AMD_RETIRED_TAKEN, INTEL_ATOM_RETIRED_TAKEN, INTEL_RETIRED_TAKEN};
+use crate::profile::events::retired_taken;
 use crate::profile::model::role_name;
 use crate::profile::Mode;
 
@@ -109,7 +109,7 @@ fn sampling_attr(type_: u32, config: u64, period: u64, include_kernel: bool) -> 
 /// The branch-stack event: retired taken branches where the vendor's code is known,
 /// else cycles with a branch stack (BOLT's choice), said in the name. With `pmu` (one
 /// of several core PMUs, [`plan`]), the event of that PMU: its own `type`, its core's
-/// code (Intel E-cores: [`INTEL_ATOM_RETIRED_TAKEN`]), on its CPUs.
+/// code (Intel E-cores: [`crate::profile::events::INTEL_ATOM_RETIRED_TAKEN`]), on its CPUs.
 pub fn branch_event(
     vendor: Vendor,
     pmu: Option<&CorePmu>,
@@ -118,12 +118,7 @@ pub fn branch_event(
 ) -> EventSpec {
     // ~1 taken branch per 8 cycles in typical code: about the cycles event's rate.
     let period = rate.period(rate.core_hz / 8);
-    let raw = match (vendor, pmu.map(|p| p.name.as_str())) {
-        (Vendor::Intel, None | Some("cpu" | "cpu_core")) => Some(INTEL_RETIRED_TAKEN),
-        (Vendor::Intel, Some("cpu_atom")) => Some(INTEL_ATOM_RETIRED_TAKEN),
-        (Vendor::Amd, None | Some("cpu")) => Some(AMD_RETIRED_TAKEN),
-        _ => None,
-    };
+    let raw = retired_taken(vendor, pmu.map(|p| p.name.as_str()));
     let (type_, config, name) = match (raw, pmu) {
         (Some(code), None) if vendor == Vendor::Amd => (
             sys::PERF_TYPE_RAW,

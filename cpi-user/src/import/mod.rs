@@ -591,7 +591,10 @@ fn load_perf_data(path: &Path, what: &str, opts: &ImportOptions) -> Result<Loade
     // Before Sandy Bridge Intel had no retired taken-branch event; the executed one
     // (e.g. Westmere's, tests/data/README.md) also counts branches on mispredicted paths.
     let executed = if est == Estimator::TakenBranches
-        && ev.display_name().to_ascii_lowercase().contains("br_inst_exec")
+        && ev
+            .display_name()
+            .to_ascii_lowercase()
+            .contains("br_inst_exec")
     {
         " (executed, not retired, taken branches: those on mispredicted paths count too, so the counts run high by their share)"
     } else {
