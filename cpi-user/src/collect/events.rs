@@ -650,11 +650,20 @@ mod tests {
         );
         assert_eq!((one[0].attr.type_, one[0].attr.config), (0, 0));
         assert_eq!(one[0].cpus, None);
-        // A hybrid part of another vendor, or an unknown Intel core kind: cycles with
-        // a branch stack on that PMU, said in the name.
+        // Arrow Lake-H's low-power E-cores count taken branches as the E-cores do.
         let lp = pmu("cpu_lowpower", 9, 24..26);
         let e = branch_event(Vendor::Intel, Some(&lp), &RATE, false);
-        assert_eq!((e.attr.type_, e.attr.config), (0, 9 << 32));
-        assert!(e.name.starts_with("cpu_lowpower/cycles/ (no retired-taken"));
+        assert_eq!(
+            (e.attr.type_, e.attr.config, e.name.as_str()),
+            (9, 0xc0c4, "cpu_lowpower/rc0c4/")
+        );
+        // A hybrid part of another vendor: cycles with a branch stack on that PMU, said
+        // in the name.
+        let little = pmu("armv8_pmuv3_1", 11, 0..4);
+        let e = branch_event(Vendor::Other, Some(&little), &RATE, false);
+        assert_eq!((e.attr.type_, e.attr.config), (0, 11 << 32));
+        assert!(e
+            .name
+            .starts_with("armv8_pmuv3_1/cycles/ (no retired-taken"));
     }
 }
