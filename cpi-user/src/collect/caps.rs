@@ -68,6 +68,11 @@ pub struct Capabilities {
     pub model: Option<String>,
     /// `/proc/cpuinfo` flags include `hypervisor`: a virtual machine.
     pub hypervisor: bool,
+    /// Branch records come from Zen 3's Branch Sampling (flag `brs`, no `amd_lbr_v2`):
+    /// the kernel (arch/x86/events/amd/brs.c, `amd_brs_hw_config`) lets only
+    /// `ex_ret_brn_tkn` at a fixed period above the depth sample them, records all
+    /// branches unfiltered, and its entries carry neither cycles nor mispredictions.
+    pub brs: bool,
     /// `/proc/cpuinfo`'s first `cpu MHz`, in Hz.
     pub core_hz: Option<u64>,
     /// `/sys/devices/system/cpu/online`.
@@ -126,6 +131,8 @@ impl Capabilities {
                 (k.trim() == key).then(|| v.trim().to_string())
             })
         };
+        let flag =
+            |name: &str| field("flags").is_some_and(|f| f.split_whitespace().any(|f| f == name));
         let arch = if field("vendor_id").is_some() {
             Arch::X86_64
         } else if field("CPU implementer").is_some() {
@@ -149,8 +156,8 @@ impl Capabilities {
             vendor: Vendor::from_vendor_id(field("vendor_id").as_deref().unwrap_or("")),
             arch,
             model: field("model name"),
-            hypervisor: field("flags")
-                .is_some_and(|f| f.split_whitespace().any(|f| f == "hypervisor")),
+            hypervisor: flag("hypervisor"),
+            brs: flag("brs") && !flag("amd_lbr_v2"),
             core_hz: super::events::core_hz_of(&cpuinfo),
             online_cpus: read_trim(&root.join("sys/devices/system/cpu/online"))
                 .map(|t| super::target::parse_cpu_list(&t))
@@ -219,9 +226,15 @@ impl Capabilities {
             ([p], None) => (
                 Mode::Cpi,
                 format!(
-                    "PMU {} with {}-deep branch records",
+                    "PMU {} with {}-deep branch records{}",
                     p.describe(),
-                    p.branches.unwrap_or(0)
+                    p.branches.unwrap_or(0),
+                    if self.brs {
+                        " (AMD BRS, cpuinfo flag brs: sampled on ex_ret_brn_tkn at a fixed \
+                         period only, no cycles in the entries, so no timed CPI)"
+                    } else {
+                        ""
+                    }
                 ),
             ),
             (all, None) => (

@@ -5,7 +5,7 @@ use cpi_common::wire::EventRole;
 
 use super::caps::{CorePmu, Vendor};
 use super::sys::{self, flag, PerfEventAttr};
-use crate::profile::events::{AMD_RETIRED_TAKEN, INTEL_ATOM_RETIRED_TAKEN, INTEL_RETIRED_TAKEN};
+use crate::profile::events::retired_taken;
 use crate::profile::model::role_name;
 use crate::profile::Mode;
 
@@ -122,7 +122,7 @@ fn sampling_attr(type_: u32, config: u64, period: u64, include_kernel: bool) -> 
 /// The branch-stack event: retired taken branches where the vendor's code is known,
 /// else cycles with a branch stack (BOLT's choice), said in the name. With `pmu` (one
 /// of several core PMUs, [`plan`]), the event of that PMU: its own `type`, its core's
-/// code (Intel E-cores: [`INTEL_ATOM_RETIRED_TAKEN`]), on its CPUs.
+/// code (Intel E-cores: [`crate::profile::events::INTEL_ATOM_RETIRED_TAKEN`]), on its CPUs.
 pub fn branch_event(
     vendor: Vendor,
     pmu: Option<&CorePmu>,
@@ -131,12 +131,7 @@ pub fn branch_event(
 ) -> EventSpec {
     // ~1 taken branch per 8 cycles in typical code: about the cycles event's rate.
     let period = rate.period(rate.core_hz / 8);
-    let raw = match (vendor, pmu.map(|p| p.name.as_str())) {
-        (Vendor::Intel, None | Some("cpu" | "cpu_core")) => Some(INTEL_RETIRED_TAKEN),
-        (Vendor::Intel, Some("cpu_atom")) => Some(INTEL_ATOM_RETIRED_TAKEN),
-        (Vendor::Amd, None | Some("cpu")) => Some(AMD_RETIRED_TAKEN),
-        _ => None,
-    };
+    let raw = retired_taken(vendor, pmu.map(|p| p.name.as_str()));
     let (type_, config, name) = match (raw, pmu) {
         (Some(code), None) if vendor == Vendor::Amd => (
             sys::PERF_TYPE_RAW,
@@ -688,11 +683,20 @@ mod tests {
         );
         assert_eq!((one[0].attr.type_, one[0].attr.config), (0, 0));
         assert_eq!(one[0].cpus, None);
-        // A hybrid part of another vendor, or an unknown Intel core kind: cycles with
-        // a branch stack on that PMU, said in the name.
+        // Arrow Lake-H's low-power E-cores count taken branches as the E-cores do.
         let lp = pmu("cpu_lowpower", 9, 24..26);
         let e = branch_event(Vendor::Intel, Some(&lp), &RATE, false);
-        assert_eq!((e.attr.type_, e.attr.config), (0, 9 << 32));
-        assert!(e.name.starts_with("cpu_lowpower/cycles/ (no retired-taken"));
+        assert_eq!(
+            (e.attr.type_, e.attr.config, e.name.as_str()),
+            (9, 0xc0c4, "cpu_lowpower/rc0c4/")
+        );
+        // A hybrid part of another vendor: cycles with a branch stack on that PMU, said
+        // in the name.
+        let little = pmu("armv8_pmuv3_1", 11, 0..4);
+        let e = branch_event(Vendor::Other, Some(&little), &RATE, false);
+        assert_eq!((e.attr.type_, e.attr.config), (0, 11 << 32));
+        assert!(e
+            .name
+            .starts_with("armv8_pmuv3_1/cycles/ (no retired-taken"));
     }
 }

@@ -593,12 +593,24 @@ fn load_perf_data(path: &Path, what: &str, opts: &ImportOptions) -> Result<Loade
         ""
     };
     let cycles_name = cycles.map(|c| header.events[c].display_name());
+    // Before Sandy Bridge Intel had no retired taken-branch event; the executed one
+    // (e.g. Westmere's, tests/data/README.md) also counts branches on mispredicted paths.
+    let executed = if est == Estimator::TakenBranches
+        && ev
+            .display_name()
+            .to_ascii_lowercase()
+            .contains("br_inst_exec")
+    {
+        " (executed, not retired, taken branches: those on mispredicted paths count too, so the counts run high by their share)"
+    } else {
+        ""
+    };
     let meaning = match (est, &cycles_name) {
         (Estimator::TakenBranches, Some(c)) => format!(
-            "taken-branch event: absolute instruction counts (each range stands for period/{window}); cycles from {c} samples × their periods; CPI"
+            "taken-branch event{executed}: absolute instruction counts (each range stands for period/{window}); cycles from {c} samples × their periods; CPI"
         ),
         (Estimator::TakenBranches, None) => format!(
-            "taken-branch event: absolute instruction counts (each range stands for period/{window}), shares of instructions; the recording holds no cycles: no cycles, no CPI"
+            "taken-branch event{executed}: absolute instruction counts (each range stands for period/{window}), shares of instructions; the recording holds no cycles: no cycles, no CPI"
         ),
         (Estimator::Cycles, _) if corrected => "cycles event: cycles per function from the sample periods; instruction counts from the stacks weighted by period / cycles each window spans (timed entries; corrects cycle sampling's bias towards slow code); CPI = cycles / those counts"
             .to_string(),

@@ -265,7 +265,7 @@ impl Header {
 /// What the records besides samples said.
 #[derive(Clone, Debug, Default)]
 pub struct Records {
-    /// pid → process name (the last COMM; an exec's COMM wins).
+    /// pid → process name (the main thread's last COMM, or an exec's).
     pub comms: BTreeMap<u32, String>,
     /// pid → executable mappings in record order.
     pub maps: BTreeMap<u32, Vec<Mapping>>,
@@ -576,11 +576,17 @@ pub fn read<R: Read + Seek>(
                 sink(&header, s);
             }
             PERF_RECORD_COMM => {
-                if let (Some(pid), Some(name)) = (u32_at(body, 0), body.get(8..)) {
-                    let exec = misc & MISC_COMM_EXEC != 0;
+                if let (Some(pid), Some(tid), Some(name)) =
+                    (u32_at(body, 0), u32_at(body, 4), body.get(8..))
+                {
+                    // The main thread's COMM renames the process: an exec's (flagged
+                    // only since Linux 3.16, so AutoFDO's 2.6.34 recording in
+                    // tests/data/autofdo names its exec this way) or a prctl's; other
+                    // threads' names are theirs.
+                    let renames = misc & MISC_COMM_EXEC != 0 || tid == pid;
                     let e = recs.comms.entry(pid);
                     match e {
-                        std::collections::btree_map::Entry::Occupied(mut o) if exec => {
+                        std::collections::btree_map::Entry::Occupied(mut o) if renames => {
                             o.insert(c_str(name));
                         }
                         std::collections::btree_map::Entry::Occupied(_) => {}

@@ -27,8 +27,22 @@ impl Vendor {
 
 /// Intel `BR_INST_RETIRED.NEAR_TAKEN` (umask 0x20, event 0xc4).
 pub const INTEL_RETIRED_TAKEN: u64 = 0x20c4;
-/// The same on hybrid parts' E-cores (`cpu_atom`, umask 0xc0).
+/// The same on hybrid parts' E-cores (`cpu_atom`, `cpu_lowpower`: umask 0xc0).
 pub const INTEL_ATOM_RETIRED_TAKEN: u64 = 0xc0c4;
+/// The raw retired-taken-branches code for `vendor`'s core PMU `pmu` (`None`: the one
+/// core PMU): P-cores (`cpu`, `cpu_core`) 0x20c4; E-cores (`cpu_atom`, Arrow Lake-H's
+/// low-power `cpu_lowpower`) 0xc0c4 (perf's pmu-events x86/alderlaken and
+/// x86/arrowlake/pipeline.json); AMD `ex_ret_brn_tkn`, also the one event Zen 3's BRS
+/// samples on (the kernel's arch/x86/events/amd/brs.c). `None`: no such event known.
+pub fn retired_taken(vendor: Vendor, pmu: Option<&str>) -> Option<u64> {
+    match (vendor, pmu) {
+        (Vendor::Intel, None | Some("cpu" | "cpu_core")) => Some(INTEL_RETIRED_TAKEN),
+        (Vendor::Intel, Some("cpu_atom" | "cpu_lowpower")) => Some(INTEL_ATOM_RETIRED_TAKEN),
+        (Vendor::Amd, None | Some("cpu")) => Some(AMD_RETIRED_TAKEN),
+        _ => None,
+    }
+}
+
 /// Intel `CPU_CLK_UNHALTED.THREAD` (architectural event 0x3c).
 const INTEL_CYCLES: u64 = 0x3c;
 /// AMD `ex_ret_brn_tkn` (PMCx0C4, retired taken branch instructions).

@@ -1,6 +1,6 @@
 //! The shipped BPF programs on real branch stacks (issue 15): the eBPF object cpi-user
 //! embeds runs in an interpreter (tests/src/bpf_vm.rs) on every sample of recordings
-//! made on real Intel machines (tests/data/README.md), its helpers answering with each
+//! made on real Intel machines (tests/data/README.md: Skylake-SP, Haswell-E, Westmere-EP), its helpers answering with each
 //! sample's branch stack, period, ip and pid; the ring-buffer records are decoded by the
 //! collector's own decoder (`collect::drain::decode`) and analysed. With thinning off the
 //! profile must equal `import-perf`'s of the same recording; with thinning on, the
@@ -22,6 +22,8 @@ struct Recording {
     file: &'static str,
     recorded_as: &'static str,
     binary: &'static str,
+    /// Sampled on cycles (else on taken branches: a profile without cycles).
+    cycles: bool,
 }
 
 const SKYLAKE: Recording = Recording {
@@ -29,12 +31,21 @@ const SKYLAKE: Recording = Recording {
     recorded_as: "/build/work/11ef31a2a8be9640fa8d4c917e76f0db3923/google3/blaze-out/\
                   k8-opt/genfiles/devtools/crosstool/autofdo/testdata/propeller_sample_1.bin.gen",
     binary: "propeller_sample_1.bin",
+    cycles: true,
 };
 
 const HASWELL: Recording = Recording {
     file: "hierarchical_discriminator_test.x86_64.perf.data",
     recorded_as: "/local/home/kvivekananda/hierarchical_discriminator_test",
     binary: "hierarchical_discriminator_test.x86_64",
+    cycles: true,
+};
+
+const WESTMERE: Recording = Recording {
+    file: "test.lbr",
+    recorded_as: "/export/hda3/tmp/test.binary",
+    binary: "test.binary",
+    cycles: false,
 };
 
 fn data(name: &str) -> PathBuf {
@@ -295,12 +306,20 @@ fn check_equal(r: &Recording, stacks: StackMode) {
         run.weights, run.periods,
         "weights are the periods, thinning off"
     );
+    let measured = |q: &cpi_user::profile::model::ProcessProfile| {
+        if r.cycles {
+            q.cycles
+        } else {
+            q.instructions
+        }
+    };
     assert!(
         p.processes
             .iter()
-            .any(|p| p.functions.len() >= 2 && p.cycles.is_some_and(|c| c > 0.0)),
-        "{}: a profile with functions and cycles",
-        r.file
+            .any(|q| q.functions.len() >= 2 && measured(q).is_some_and(|c| c > 0.0)),
+        "{}: a profile with functions and {}",
+        r.file,
+        if r.cycles { "cycles" } else { "instructions" }
     );
 }
 
@@ -321,6 +340,13 @@ fn skylake_recording_through_the_stack_path_equals_import_perf() {
 #[test]
 fn haswell_recording_through_the_shipped_program_equals_import_perf() {
     check_equal(&HASWELL, StackMode::Off);
+}
+
+/// A Westmere-EP recording on a taken-branch event (`-e br_inst_exec:taken -c 500000
+/// -b`, 16-entry LBR, perf 3.3): records of the branches role only, no cycles.
+#[test]
+fn westmere_taken_branch_recording_through_the_shipped_program_equals_import_perf() {
+    check_equal(&WESTMERE, StackMode::Off);
 }
 
 /// In-kernel thinning on (the collector's `--perturbation kernel`): about one record in
@@ -381,5 +407,13 @@ fn one_wrong_byte_period_or_flag_fails_the_comparison() {
         let r = compare(&SKYLAKE, StackMode::Off, Some(fault));
         assert!(r.is_err(), "{fault:?} went unnoticed");
         eprintln!("{fault:?}: {}", r.err().unwrap().lines().next().unwrap());
+    }
+    // On a taken-branch recording the period weighs the ranges (absolute counts).
+    for fault in [
+        Fault::Period { at: 1000 },
+        Fault::FlagBit { at: 1000, bit: 0 },
+    ] {
+        let r = compare(&WESTMERE, StackMode::Off, Some(fault));
+        assert!(r.is_err(), "Westmere: {fault:?} went unnoticed");
     }
 }

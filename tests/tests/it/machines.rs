@@ -76,6 +76,31 @@ const MACHINES: &[Expect] = &[
         events: &[("cpu/ex_ret_brn_tkn/ (rc4)", 4, 0xc4, None), CYCLES],
     },
     Expect {
+        machine: "amd-zen3-epyc-brs",
+        vendor: Vendor::Amd,
+        mode: Mode::Cpi,
+        reason: &["PMU cpu with 16-deep branch records (AMD BRS"],
+        events: &[("cpu/ex_ret_brn_tkn/ (rc4)", 4, 0xc4, None), CYCLES],
+    },
+    Expect {
+        machine: "arrowlake-h-hybrid",
+        vendor: Vendor::Intel,
+        mode: Mode::Cpi,
+        reason: &[
+            "PMUs cpu_core (CPUs 0-5) with 32-deep branch records",
+            "and cpu_atom (CPUs 6-13) with 32-deep branch records",
+            "and cpu_lowpower (CPUs 14-15) with 32-deep branch records",
+        ],
+        events: &[
+            ("cpu_core/r20c4/", 4, 0x20c4, Some("0-5")),
+            ("cpu_core/cycles/", 0, 4 << 32, Some("0-5")),
+            ("cpu_atom/rc0c4/", 8, 0xc0c4, Some("6-13")),
+            ("cpu_atom/cycles/", 0, 8 << 32, Some("6-13")),
+            ("cpu_lowpower/rc0c4/", 9, 0xc0c4, Some("14-15")),
+            ("cpu_lowpower/cycles/", 0, 9 << 32, Some("14-15")),
+        ],
+    },
+    Expect {
         machine: "kvm-guest",
         vendor: Vendor::Intel,
         mode: Mode::IpSampling,
@@ -160,6 +185,36 @@ fn only_core_pmus_count_and_the_arch_decides_what_analysis_can_do() {
     assert_eq!((arm.arch, arm.core_pmus[0].type_), (Arch::Aarch64, 10));
     let guest = Capabilities::probe_at(&root("kvm-guest"), 0, "unrecorded");
     assert!(guest.hypervisor && guest.lbr_depth().is_none());
+}
+
+/// Zen 3's BRS takes a branch-stack event only as `amd_brs_hw_config`
+/// (arch/x86/events/amd/brs.c) allows: a sampling `ex_ret_brn_tkn` (config 0xc4 and
+/// nothing else), a fixed period above the depth, branch filter ANY with privilege bits
+/// only. A client Zen 3 (no `brs` flag) is not taken for one.
+#[test]
+fn zen3_brs_gets_the_only_branch_event_the_kernel_allows() {
+    use cpi_user::collect::sys::{flag, PERF_SAMPLE_BRANCH_ANY};
+    let c = Capabilities::probe_at(&root("amd-zen3-epyc-brs"), 0, "unrecorded");
+    assert!(c.brs && c.lbr_depth() == Some(16));
+    assert!(!Capabilities::probe_at(&root("amd-zen3"), 0, "unrecorded").brs);
+    assert!(!Capabilities::probe_at(&root("amd-zen4"), 0, "unrecorded").brs);
+    for period in [None, Some(17)] {
+        let rate = Rate {
+            frequency: DEFAULT_FREQUENCY,
+            period,
+            core_hz: c.core_hz.unwrap(),
+        };
+        let specs = events::plan(c.mode().0, c.vendor, &c.core_pmus, &rate, true, false);
+        let b = specs
+            .iter()
+            .find(|s| s.attr.branch_sample_type != 0)
+            .unwrap();
+        let plm_all = 0x7; // PERF_SAMPLE_BRANCH_USER | KERNEL | HV
+        assert_eq!(b.attr.config, 0xc4, "AMD_FAM19H_BRS_EVENT");
+        assert_eq!(b.attr.flags & flag::FREQ, 0, "no frequency mode");
+        assert!(b.attr.sample_period > 16, "period {}", b.attr.sample_period);
+        assert_eq!(b.attr.branch_sample_type & !plm_all, PERF_SAMPLE_BRANCH_ANY);
+    }
 }
 
 #[test]
