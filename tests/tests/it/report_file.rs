@@ -204,6 +204,15 @@ fn report_command_reproduces_views_offline_and_rejects_bad_files() {
         assert_eq!(err.lines().count(), 1, "one line: {err}");
         assert!(err.contains(want) && !err.contains("panicked"), "{err}");
     }
+    // A cause the message already says is not said again (the store's errors carry
+    // their io::Error as source and in their text).
+    let out = run(&["report", "--store", dir.join("no-store").to_str().unwrap()]);
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert_eq!(
+        (out.status.code(), err.matches("No such file").count()),
+        (Some(1), 1),
+        "{err}"
+    );
     let out = run(&["report", f, "--annotate", "nope"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no function named \"nope\""));

@@ -122,12 +122,28 @@ fn init_logging(level: log::LevelFilter) {
         .init();
 }
 
+/// `e` and its causes joined by `: `, each cause once: the library's errors often
+/// say their cause in their own message too (`store DIR: cannot list it: ENOENT`,
+/// whose source is that ENOENT), which `{e:#}` would print twice.
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.is_empty() {
+            line = text;
+        } else if !line.ends_with(&text) {
+            line = format!("{line}: {text}");
+        }
+    }
+    line
+}
+
 fn exit_with(result: anyhow::Result<i32>) -> ! {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             // One clear line (with its causes), no backtrace.
-            eprintln!("cpi-bpf: error: {}", escape(&format!("{e:#}")));
+            eprintln!("cpi-bpf: error: {}", escape(&error_line(&e)));
             std::process::exit(1);
         }
     }
