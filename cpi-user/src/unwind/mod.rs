@@ -206,11 +206,11 @@ struct ProcessUnwinder {
 
 /// Unwinds after which a process gets a rule cache of its own. framehop's cache is
 /// 509 slots, direct-mapped, and a slot written by another process's unwinder is a
-/// miss: one cache shared by every process missed on 40 % of frames with two busy
-/// processes and a few others sampled (34 % on another process's entry), and a miss
-/// is a search of `.eh_frame_hdr` and an FDE's CFI evaluated (BENCHMARKS.md, "Agent
-/// CPU per stack sample"). Processes sampled less (short-lived ones under churn)
-/// share one cache.
+/// miss: one cache shared by every process missed on 40 % of frame lookups with two
+/// busy processes and a few others sampled (34 % on slots of another module set), and
+/// a miss is a search of `.eh_frame_hdr` and an FDE's CFI evaluated (BENCHMARKS.md,
+/// "Agent CPU per stack sample"). Processes sampled less (short-lived ones under
+/// churn) share one cache.
 const OWN_CACHE_AFTER: u64 = 64;
 
 /// Processes with a rule cache of their own at most…
