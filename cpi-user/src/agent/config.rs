@@ -205,8 +205,8 @@ pub struct AgentConfig {
     pub source_lines: bool,
     /// BPF ring buffer size, bytes (a power of two).
     pub ring_bytes: u32,
-    /// `error`, `warn`, `info`, `debug` or `trace`.
-    pub log_level: String,
+    /// The least important messages shown (`error` … `trace`).
+    pub log_level: log::LevelFilter,
 }
 
 impl AgentOptions {
@@ -421,12 +421,16 @@ impl AgentOptions {
             ));
         }
         let log_level = self.log_level.unwrap_or_else(|| "info".into());
-        if !["error", "warn", "info", "debug", "trace"].contains(&log_level.as_str()) {
-            return Err(bad(
-                "log-level",
-                format!("must be error, warn, info, debug or trace, not {log_level:?}"),
-            ));
-        }
+        let log_level = ["error", "warn", "info", "debug", "trace"]
+            .contains(&log_level.as_str())
+            .then(|| log_level.parse().ok())
+            .flatten()
+            .ok_or_else(|| {
+                bad(
+                    "log-level",
+                    format!("must be error, warn, info, debug or trace, not {log_level:?}"),
+                )
+            })?;
         Ok(AgentConfig {
             pids: self.pid,
             comm,
@@ -636,6 +640,14 @@ mod tests {
             ),
             (
                 AgentOptions {
+                    // The log crate would take "off" (and any case): the agent does not.
+                    log_level: Some("off".into()),
+                    ..Default::default()
+                },
+                "log-level: must be",
+            ),
+            (
+                AgentOptions {
                     retain: Some("soon".into()),
                     ..Default::default()
                 },
@@ -675,5 +687,15 @@ mod tests {
             let e = resolve(o);
             assert!(e.starts_with(want) && !e.contains('\n'), "{e}");
         }
+        let level = |l: &str| {
+            AgentOptions {
+                log_level: Some(l.into()),
+                ..Default::default()
+            }
+            .resolve()
+            .map(|c| c.log_level)
+        };
+        assert_eq!(level("debug").ok(), Some(log::LevelFilter::Debug));
+        assert_eq!(level("trace").ok(), Some(log::LevelFilter::Trace));
     }
 }

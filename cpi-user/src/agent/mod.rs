@@ -134,18 +134,12 @@ pub enum StartError {
     Thread(std::io::Error),
 }
 
-/// How important a message is (`--log-level`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
-    /// Something failed (a window not stored, say); the agent goes on.
-    Error,
-    /// Something the operator should know (a sink falling behind).
-    Warn,
-    /// Start, stop, governor changes.
-    Info,
-    /// Every window.
-    Debug,
-}
+/// How important a message is (`--log-level`): an error is something that failed (a
+/// window not stored, say) while the agent goes on; a warning, something the operator
+/// should know (a sink falling behind); info, start, stop and governor changes; debug,
+/// every window. The `log` crate's levels, so the agent's messages and the library's
+/// share one filter.
+pub use log::Level;
 
 /// `m`'s guard; a thread that panicked holding it left the state whole enough to go on
 /// with (counters, caches, queues), so the agent does.

@@ -1,7 +1,9 @@
 //! The agent's Kubernetes selectors (`--pod`, `--namespace`, `--container`): the pods of
 //! the kubelet's list (cpi-user/src/agent/kubelet.rs) that match, and their cgroup v2
 //! directories, found in the forms the identity parser reads
-//! (cpi-user/src/procmap/cgroup.rs `pod_dirs`), which the kernel filter keeps
+//! (cpi-user/src/procmap/cgroup.rs `pod_dirs`) below the kubelet's pods cgroup wherever
+//! it is ([`kubepods_dirs`]: at the top, or below a `--cgroup-root` or a node that is a
+//! container, as kind's), which the kernel filter keeps
 //! (cpi-user/src/collect/filter.rs). Pods come and go: the selection is made again at
 //! every kubelet refresh ([`super::kubelet::REFRESH`]) and the filter's cgroups replaced, so a
 //! pod that appears is sampled from the next refresh on and one that goes leaves the
@@ -9,6 +11,7 @@
 //! of a pod's directory read when looking for a container's.
 
 use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -17,11 +20,20 @@ use cpi_common::wire::MAX_FILTER_CGROUPS;
 use super::kubelet::Kubelet;
 use super::Level;
 use crate::collect::filter::CgroupV2;
-use crate::procmap::{pod_dirs, ProcessIdentity};
+use crate::procmap::{is_kubepods, pod_dirs, ProcessIdentity};
 
 /// Entries of a pod's cgroup directory looked at for its containers' at most (a pod
 /// has a few containers; the rest of its entries are the cgroup's own files).
 pub const MAX_POD_CHILDREN: usize = 256;
+
+/// How deep below the cgroup v2 mount the kubelet's pods cgroup is looked for: kind's,
+/// seen from the host, is `system.slice/docker-<NODE>.scope/kubelet.slice/kubelet-kubepods.slice`.
+const KUBEPODS_DEPTH: usize = 4;
+
+/// Directories read at most, and entries of each, while looking for it (a host has
+/// a few hundred cgroups; the bound keeps a cgroup tree someone filled cheap).
+const MAX_SCANNED_DIRS: usize = 4096;
+const MAX_SCANNED_ENTRIES: usize = 1024;
 
 /// Which pods to sample; a part not given matches any pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -72,17 +84,22 @@ impl Selection {
         }
     }
 
-    /// The cgroup directories of the chosen pods (or containers) under the cgroup v2
-    /// mount `root`, those that exist now, at most `MAX_FILTER_CGROUPS`, in id order.
-    pub fn cgroups(&self, root: &Path) -> Vec<CgroupV2> {
-        let mut out = Vec::new();
+    /// The cgroup directories of the chosen pods (or containers) below the kubelet's pods
+    /// cgroups `kubepods` ([`kubepods_dirs`]), those that exist now, at most
+    /// `MAX_FILTER_CGROUPS`, in id order; and how many chosen pods have none.
+    pub fn cgroups(&self, kubepods: &[PathBuf]) -> (Vec<CgroupV2>, usize) {
+        let (mut out, mut missing) = (Vec::new(), 0);
         for (uid, containers) in &self.0 {
-            let Some(pod) = pod_dirs(uid)
-                .into_iter()
+            let Some(pod) = kubepods
+                .iter()
+                .filter_map(|k| {
+                    let name = k.file_name()?.to_str()?;
+                    Some(pod_dirs(name, uid)?.map(|d| k.join(d)))
+                })
                 .flatten()
-                .map(|d| root.join(d))
                 .find(|d| d.is_dir())
             else {
+                missing += 1;
                 continue;
             };
             match containers {
@@ -95,8 +112,50 @@ impl Selection {
         out.sort_by_key(|g| g.id);
         out.dedup_by_key(|g| g.id);
         out.truncate(MAX_FILTER_CGROUPS as usize);
-        out
+        (out, missing)
     }
+}
+
+/// The kubelet's pods cgroups under the cgroup v2 mount `root`, shallowest first, at
+/// most [`KUBEPODS_DEPTH`] down. Only directories owned by root (or by the agent's user)
+/// count, and none is looked into: a user with a delegated cgroup subtree
+/// (`user@UID.service`) can make a `kubepods.slice` of their own, but not as root, so
+/// their processes never pass for a selected pod.
+pub fn kubepods_dirs(root: &Path) -> Vec<PathBuf> {
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let trusted = |d: &Path| {
+        std::fs::symlink_metadata(d).is_ok_and(|m| m.is_dir() && (m.uid() == 0 || m.uid() == me))
+    };
+    let (mut found, mut level, mut scanned) = (Vec::new(), vec![root.to_path_buf()], 0);
+    for _ in 0..KUBEPODS_DEPTH {
+        let mut next = Vec::new();
+        for dir in level {
+            if scanned == MAX_SCANNED_DIRS {
+                break;
+            }
+            scanned += 1;
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.take(MAX_SCANNED_ENTRIES).flatten() {
+                // The entry's own type: a link is never followed.
+                if !e.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                let path = e.path();
+                if is_kubepods(&e.file_name().to_string_lossy()) {
+                    if trusted(&path) {
+                        found.push(path);
+                    }
+                } else {
+                    next.push(path);
+                }
+            }
+        }
+        level = next;
+    }
+    found
 }
 
 /// The directories below a pod's whose names carry one of `ids` (any runtime's form).
@@ -121,6 +180,9 @@ pub struct PodFilter {
     kubelet: Arc<Mutex<Kubelet>>,
     selector: PodSelector,
     root: PathBuf,
+    /// The kubelet's pods cgroups last found under `root`: looked for again only when a
+    /// chosen pod is not below them.
+    kubepods: Vec<PathBuf>,
     /// The ids last handed out; `None` before the first.
     current: Option<Vec<u64>>,
 }
@@ -133,6 +195,7 @@ impl PodFilter {
             kubelet,
             selector,
             root,
+            kubepods: Vec::new(),
             current: None,
         }
     }
@@ -146,7 +209,11 @@ impl PodFilter {
             k.refresh(log);
             k.select(&self.selector)
         };
-        let set = selection.cgroups(&self.root);
+        let (mut set, missing) = selection.cgroups(&self.kubepods);
+        if missing > 0 {
+            self.kubepods = kubepods_dirs(&self.root);
+            set = selection.cgroups(&self.kubepods).0;
+        }
         let ids: Vec<u64> = set.iter().map(|g| g.id).collect();
         if self.current.as_ref() == Some(&ids) {
             return None;
@@ -228,5 +295,47 @@ mod tests {
         };
         assert_eq!(sel.describe(), "--namespace shop --pod web-1");
         assert!(!sel.is_empty() && PodSelector::default().is_empty());
+    }
+
+    /// The kubelet's pods cgroup is found at the top, nested (kind), and not through a
+    /// link, below another one, or deeper than the bound; a pod's directory below it.
+    #[test]
+    fn kubepods_is_found_where_kubelets_put_it() {
+        let root = std::env::temp_dir().join(format!("cpi-kubepods-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let top = root.join("kubepods.slice");
+        let kind = root.join("system.slice/docker-n.scope/kubelet.slice/kubelet-kubepods.slice");
+        let u_ = UID.replace('-', "_");
+        let pod = kind.join(format!(
+            "kubelet-kubepods-burstable.slice/kubelet-kubepods-burstable-pod{u_}.slice"
+        ));
+        for d in [
+            &top.join("kubepods-besteffort.slice/kubepods.slice"),
+            &pod,
+            &root.join("a/b/c/d/kubepods"),
+            &root.join("elsewhere/kubepods"),
+        ] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::os::unix::fs::symlink(root.join("elsewhere"), root.join("system.slice/link")).unwrap();
+        let mut found = kubepods_dirs(&root);
+        found.sort();
+        let mut want = vec![top, kind.clone(), root.join("elsewhere/kubepods")];
+        want.sort();
+        assert_eq!(found, want);
+        let sel = Selection([(UID.to_string(), None)].into_iter().collect());
+        let dirs: Vec<PathBuf> = pod_dirs("kubelet-kubepods.slice", UID)
+            .unwrap()
+            .iter()
+            .map(|d| kind.join(d))
+            .collect();
+        assert_eq!(
+            dirs.iter().filter(|d| d.is_dir()).collect::<Vec<_>>(),
+            [&pod]
+        );
+        // Not a cgroup v2 directory here, so no cgroup, but the pod was found.
+        assert_eq!(sel.cgroups(&found).1, 0);
+        assert_eq!(sel.cgroups(&[]).1, 1);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

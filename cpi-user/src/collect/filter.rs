@@ -98,11 +98,19 @@ impl CgroupV2 {
 #[derive(Debug, Default)]
 pub struct KernelFilter {
     tgids: BTreeSet<u32>,
-    /// Whether samples must be in one of `cgroups` (in the kernel, or after collection
-    /// where the kernel cannot: [`KernelFilter::cgroup_in_user_space`]).
-    by_cgroup: bool,
-    in_user_space: bool,
+    cgroup_check: CgroupCheck,
     cgroups: BTreeMap<u64, CgroupV2>,
+}
+
+/// Where samples are tested against the filter's `cgroups`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum CgroupCheck {
+    /// Not filtered by cgroup.
+    #[default]
+    Off,
+    InKernel,
+    /// After collection, where the kernel cannot: [`KernelFilter::cgroup_in_user_space`].
+    InUserSpace,
 }
 
 impl KernelFilter {
@@ -118,14 +126,17 @@ impl KernelFilter {
         check_cgroups(cgroups.as_slice())?;
         Ok(KernelFilter {
             tgids: f.pids.iter().copied().collect(),
-            by_cgroup: f.cgroup.is_some() || f.cgroups_later,
-            in_user_space: false,
+            cgroup_check: if f.cgroup.is_some() || f.cgroups_later {
+                CgroupCheck::InKernel
+            } else {
+                CgroupCheck::Off
+            },
             cgroups: cgroups.into_iter().map(|g| (g.id, g)).collect(),
         })
     }
 
     fn in_kernel(&self) -> bool {
-        self.by_cgroup && !self.in_user_space
+        self.cgroup_check == CgroupCheck::InKernel
     }
 
     /// `KernelConfig`'s `(filter, cgroup_levels)` for this filter.
@@ -190,10 +201,10 @@ impl KernelFilter {
     /// Leaves the cgroups to the user-space test: for kernels whose perf_event programs
     /// lack `bpf_get_current_ancestor_cgroup_id` (5.10). The note to show, if any.
     pub fn cgroup_in_user_space(&mut self) -> Option<String> {
-        if !self.by_cgroup {
+        if self.cgroup_check == CgroupCheck::Off {
             return None;
         }
-        self.in_user_space = true;
+        self.cgroup_check = CgroupCheck::InUserSpace;
         let what = match self.cgroups.values().next() {
             Some(g) => format!("cgroup {}", g.path),
             None => "the cgroups of the pods selected".to_string(),

@@ -12,6 +12,13 @@
 //! - cgroupfs driver, Kubernetes: `/kubepods/besteffort/pod<UID>/<ID>` (Qard/container-info
 //!   `test/fixtures/result.js`; k3s's `/kubepods/pod<UID>/<ID>` for guaranteed pods in
 //!   CJLove/rt-operator's notes).
+//! - Either, below another cgroup: a kubelet with `--cgroup-root` (kind's nodes run theirs
+//!   with `/kubelet`, so the systemd driver makes `kubelet.slice/kubelet-kubepods.slice/
+//!   kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod<UID_>.slice`: the
+//!   prefix joins every slice name), and a node that is itself a container (kind's nodes,
+//!   seen from the host: `/system.slice/docker-<NODE>.scope/kubelet.slice/…`). Not checked
+//!   against a stored source: the naming follows the systemd driver's rule that a slice
+//!   `a-b.slice` is the child of `a.slice`.
 //! - Docker without Kubernetes: `/docker/<ID>` (cgroupfs) and
 //!   `/system.slice/docker-<ID>.scope` (systemd): neuvector/neuvector
 //!   `share/system/cgroup_test.go`.
@@ -92,9 +99,7 @@ impl ProcessIdentity {
     /// What a cgroup path names.
     pub fn of_path(path: &str) -> ProcessIdentity {
         let parts: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-        let kube = parts
-            .iter()
-            .position(|p| *p == "kubepods" || *p == "kubepods.slice");
+        let kube = parts.iter().position(|p| is_kubepods(p));
         let mut id = ProcessIdentity {
             cgroup: Some(path.to_string()),
             container_id: parts.iter().rev().find_map(|p| container_id(p)),
@@ -135,30 +140,45 @@ impl ProcessIdentity {
     }
 }
 
-/// The cgroup directories pod `uid` can have, relative to the cgroup v2 root, one per
-/// driver and QoS class in the forms [`ProcessIdentity::of_path`] reads (a pod has one of
-/// them): the agent's pod selectors look them up (cpi-user/src/agent/pods.rs). `None`
-/// when `uid` is no UUID (it comes from the kubelet: never a path of its choosing).
-pub fn pod_dirs(uid: &str) -> Option<[String; 6]> {
-    if !is_uuid(uid) {
+/// Whether a path component is the kubelet's pods cgroup: `kubepods` (cgroupfs driver),
+/// `kubepods.slice` (systemd driver), or `<root>-kubepods.slice` (systemd driver under a
+/// `--cgroup-root`).
+pub fn is_kubepods(part: &str) -> bool {
+    part == "kubepods" || part == "kubepods.slice" || part.ends_with("-kubepods.slice")
+}
+
+/// The cgroup directories pod `uid` can have, relative to the kubelet's pods cgroup
+/// named `kubepods` (one that [`is_kubepods`]), one per QoS class in the forms
+/// [`ProcessIdentity::of_path`] reads (a pod has one of them): the agent's pod selectors
+/// look them up (cpi-user/src/agent/pods.rs). `None` when `uid` is no UUID (it comes from
+/// the kubelet: never a path of its choosing) or `kubepods` is no pods cgroup.
+pub fn pod_dirs(kubepods: &str, uid: &str) -> Option<[String; 3]> {
+    if !is_uuid(uid) || !is_kubepods(kubepods) {
         return None;
     }
-    let u_ = uid.replace('-', "_");
-    Some([
-        format!("kubepods.slice/kubepods-pod{u_}.slice"),
-        format!("kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{u_}.slice"),
-        format!("kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{u_}.slice"),
-        format!("kubepods/pod{uid}"),
-        format!("kubepods/burstable/pod{uid}"),
-        format!("kubepods/besteffort/pod{uid}"),
-    ])
+    Some(match kubepods.strip_suffix(".slice") {
+        // systemd: each slice's name is its parent's plus `-<name>`.
+        Some(p) => {
+            let u_ = uid.replace('-', "_");
+            [
+                format!("{p}-pod{u_}.slice"),
+                format!("{p}-burstable.slice/{p}-burstable-pod{u_}.slice"),
+                format!("{p}-besteffort.slice/{p}-besteffort-pod{u_}.slice"),
+            ]
+        }
+        None => [
+            format!("pod{uid}"),
+            format!("burstable/pod{uid}"),
+            format!("besteffort/pod{uid}"),
+        ],
+    })
 }
 
 /// The QoS class of a pod whose path below `kubepods` starts with `first`: burstable and
 /// best-effort pods have their own parent, guaranteed pods sit directly in `kubepods`.
 fn qos(first: &str) -> &'static str {
     let name = first.trim_end_matches(".slice");
-    let name = name.strip_prefix("kubepods-").unwrap_or(name);
+    let name = name.rsplit_once("kubepods-").map_or(name, |(_, q)| q);
     match name {
         "burstable" => "burstable",
         "besteffort" => "besteffort",
@@ -211,6 +231,7 @@ mod tests {
     const ID: &str = "9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d";
     const UID: &str = "74c13223-5a00-11e9-b385-42010a80018d";
     const UID_: &str = "74c13223_5a00_11e9_b385_42010a80018d";
+    const NODE: &str = "5f1e3a7c0d2b4e6f8a9c1b3d5e7f9a0c2b4d6e8f0a1c3e5f7b9d1a3c5e7f9b1d";
 
     fn id(
         cgroup: &str,
@@ -261,6 +282,17 @@ mod tests {
             (format!("/kubepods/besteffort/pod{UID}/{ID}"), Some(ID), Some(UID), Some("besteffort")),
             (format!("/kubepods/burstable/pod{UID}/{ID}"), Some(ID), Some(UID), Some("burstable")),
             (format!("/kubepods/pod{UID}/{ID}"), Some(ID), Some(UID), Some("guaranteed")),
+            // A kubelet with --cgroup-root=/kubelet on a node that is a container (kind),
+            // from the host: systemd and cgroupfs drivers.
+            (
+                format!("/system.slice/docker-{NODE}.scope/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{ID}.scope"),
+                Some(ID), Some(UID), Some("besteffort"),
+            ),
+            (
+                format!("/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod{UID_}.slice/cri-containerd-{ID}.scope"),
+                Some(ID), Some(UID), Some("guaranteed"),
+            ),
+            (format!("/kubelet/kubepods/burstable/pod{UID}/{ID}"), Some(ID), Some(UID), Some("burstable")),
             // Docker without Kubernetes.
             (format!("/docker/{ID}"), Some(ID), None, None),
             (format!("/system.slice/docker-{ID}.scope"), Some(ID), None, None),
@@ -291,24 +323,32 @@ mod tests {
 
     #[test]
     fn pod_dirs_are_the_forms_read() {
-        assert_eq!(pod_dirs("../../system.slice"), None);
-        let dirs = pod_dirs(UID).unwrap();
-        for (d, q) in dirs.iter().zip([
-            "guaranteed",
-            "burstable",
-            "besteffort",
-            "guaranteed",
-            "burstable",
-            "besteffort",
-        ]) {
-            let got = ProcessIdentity::of_path(&format!("/{d}"));
-            assert_eq!(
-                (got.pod_uid.as_deref(), got.qos.as_deref()),
-                (Some(UID), Some(q)),
-                "{d}"
-            );
+        assert_eq!(pod_dirs("kubepods.slice", "../../system.slice"), None);
+        assert_eq!(pod_dirs("system.slice", UID), None);
+        for (kubepods, parent) in [
+            ("kubepods.slice", ""),
+            ("kubepods", ""),
+            ("kubelet-kubepods.slice", "kubelet.slice/"),
+            ("kubepods", "kubelet/"),
+        ] {
+            let dirs = pod_dirs(kubepods, UID).unwrap();
+            for (d, q) in dirs.iter().zip(["guaranteed", "burstable", "besteffort"]) {
+                let path = format!("/{parent}{kubepods}/{d}");
+                let got = ProcessIdentity::of_path(&path);
+                assert_eq!(
+                    (got.pod_uid.as_deref(), got.qos.as_deref()),
+                    (Some(UID), Some(q)),
+                    "{path}"
+                );
+            }
         }
-        assert!(dirs[1].ends_with(&format!("-pod{UID_}.slice")));
+        let dirs = pod_dirs("kubelet-kubepods.slice", UID).unwrap();
+        assert_eq!(
+            dirs[2],
+            format!(
+                "kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{UID_}.slice"
+            )
+        );
     }
 
     #[test]

@@ -9,7 +9,7 @@ pub use crate::fsafe::FileId;
 mod captured;
 mod cgroup;
 pub use captured::{open_mapped_file, CaptureCounter, CaptureCounts, CapturedFile, CapturedFiles};
-pub use cgroup::{pod_dirs, ProcessIdentity};
+pub use cgroup::{is_kubepods, pod_dirs, ProcessIdentity};
 
 /// Why maps could not be read.
 #[derive(Debug, thiserror::Error)]

@@ -62,6 +62,8 @@ pub struct Calibration {
     pub rows: Vec<Coverage>,
     /// How the command exited.
     pub status: ExitStatus,
+    /// What the trace followed beyond one program ([`super::followed`]).
+    pub followed: Option<String>,
 }
 
 /// Traces `cmd` once and measures the coverage of the reported errors over `seeds`
@@ -96,6 +98,7 @@ pub fn calibrate(
         seeds,
         rows,
         status: out.status,
+        followed: super::followed(&out.truth),
     })
 }
 

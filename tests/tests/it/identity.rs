@@ -67,6 +67,23 @@ fn pod_parts(uid: &str, id: &str) -> [String; 4] {
     ]
 }
 
+/// The same below a kind node (a kubelet with `--cgroup-root=/kubelet` and the systemd
+/// driver, in a node cgroup `node`), a best-effort pod: where the agent must look for
+/// the kubelet's pods cgroup itself.
+fn nested_pod_parts(node: &str, uid: &str, id: &str) -> [String; 6] {
+    [
+        node.to_string(),
+        "kubelet.slice".to_string(),
+        "kubelet-kubepods.slice".to_string(),
+        "kubelet-kubepods-besteffort.slice".to_string(),
+        format!(
+            "kubelet-kubepods-besteffort-pod{}.slice",
+            uid.replace('-', "_")
+        ),
+        format!("cri-containerd-{id}.scope"),
+    ]
+}
+
 /// `busy SECS` started in cgroup `dir`: the shell joins it, then becomes the busy
 /// program, so every sample of it is taken in the cgroup.
 fn busy_in(dir: &Path, busy: &Path, secs: &str) -> KillOnDrop {
@@ -318,7 +335,8 @@ fn wait_window(store: &Path, after: usize, want: impl Fn(&Value) -> bool) -> usi
 
 /// The Kubernetes selectors filter in the kernel (issue 18 item 3): two busy processes in
 /// two pods of the same name in two namespaces, and an agent with `--namespace shop
-/// --pod web-1`. While the kubelet lists only the other pod, nothing is sampled (one log
+/// --pod web-1`. The kept pod sits below a kind-style node cgroup (the kubelet's pods
+/// cgroup nested, `kubelet-kubepods.slice`), the other at the top (`kubepods.slice`). While the kubelet lists only the other pod, nothing is sampled (one log
 /// line, however many refreshes); once it lists the pod, its process alone fills the
 /// windows, named, and the other's samples are dropped in the kernel; once the pod is
 /// gone from the list, nothing again.
@@ -343,7 +361,10 @@ fn pod_selectors_keep_one_pod_in_the_kernel() {
         (uid, id)
     };
     let ((ua, ia), (ub, ib)) = (pod(1), pod(2));
-    let (pa, pb) = (pod_parts(&ua, &ia), pod_parts(&ub, &ib));
+    let (pa, pb) = (
+        nested_pod_parts(&format!("cpi-test-node-{tag}.scope"), &ua, &ia),
+        pod_parts(&ub, &ib),
+    );
     let (made_a, made_b) = (make_cgroups(&mount, &pa), make_cgroups(&mount, &pb));
     let kept = busy_in(&mount.join(pa.join("/")), &busy, "120");
     let other = busy_in(&mount.join(pb.join("/")), &busy, "120");

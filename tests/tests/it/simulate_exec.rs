@@ -142,6 +142,19 @@ fn a_shells_forked_children_are_counted_not_traced() {
         "{stderr}"
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // --calibrate says the same before its table.
+    let cal = output_ok(
+        Command::new(bin)
+            .args(["simulate", "--calibrate", "2", "--", "/bin/sh", "-c"])
+            .arg(&script),
+    );
+    let cal_err = String::from_utf8_lossy(&cal.stderr);
+    assert!(cal_err.lines().any(|l| l == notes[0]), "{cal_err}");
+    assert!(
+        String::from_utf8_lossy(&cal.stdout).contains("function CPI"),
+        "{}",
+        String::from_utf8_lossy(&cal.stdout)
+    );
     assert_eq!(v["processes"][0]["comm"], "sh", "{}", v["processes"]);
     let binaries = v["binaries"].to_string();
     assert!(!binaries.contains("sim_calls"), "{binaries}");

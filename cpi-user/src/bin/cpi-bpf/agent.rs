@@ -173,19 +173,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         eprintln!("cpi-bpf: config OK: {}", summary(&config));
         return Ok(0);
     }
-    let max = match config.log_level.as_str() {
-        "error" => Level::Error,
-        "warn" => Level::Warn,
-        "info" => Level::Info,
-        _ => Level::Debug,
-    };
     // The library's own messages (symbolising, pushing, metrics) at the same level.
-    crate::init_logging(match max {
-        Level::Error => log::LevelFilter::Error,
-        Level::Warn => log::LevelFilter::Warn,
-        Level::Info => log::LevelFilter::Info,
-        Level::Debug => log::LevelFilter::Debug,
-    });
+    crate::init_logging(config.log_level);
+    let max = config.log_level;
     let log: agent::Log = Arc::new(move |level, msg| {
         if level <= max {
             let tag = match level {

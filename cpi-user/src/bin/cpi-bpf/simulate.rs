@@ -103,16 +103,22 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     if let Some(seeds) = args.calibrate {
         let c = calibrate(&cfg, seeds, &args.command, Stdio::from(std::io::stderr()))
             .context("calibrating")?;
+        followed_note(c.followed.as_deref());
         print!("{}", coverage_table(&c, &args.command));
         return Ok(c.status.code().unwrap_or(1));
     }
     let report = cpi_user::sim::simulate(&cfg, &args.command, Stdio::from(std::io::stderr()))
         .context("simulating")?;
-    if let Some(f) = cpi_user::sim::followed(&report.truth) {
-        eprintln!("cpi-bpf: note: {}", escape(&f));
-    }
+    followed_note(cpi_user::sim::followed(&report.truth).as_deref());
     emit(&report.profile, &args.output)?;
     Ok(report.status.code().unwrap_or(1))
+}
+
+/// Says on stderr what the trace followed beyond one program, if anything.
+fn followed_note(followed: Option<&str>) {
+    if let Some(f) = followed {
+        eprintln!("cpi-bpf: note: {}", escape(f));
+    }
 }
 
 /// Says on stderr, before tracing, when the command is a script: Valgrind traces its
