@@ -57,6 +57,6 @@ for ((t = 30; t <= secs; t += 30)); do
 done
 for i in "${!agents[@]}"; do
   echo "${names[$i]}:"
-  curl -s 127.0.0.1:$((port + i))/metrics | grep -E '^cpi_bpf_(windows_total|tracked_processes|cache_bytes|sampling_frequency_hz|bpf_run_seconds_total|window_analysis_seconds_sum|samples_lost_total|captured_files)' || true
+  curl -s 127.0.0.1:$((port + i))/metrics | grep -E '^cpi_bpf_(samples_total|windows_total|tracked_processes|cache_bytes|sampling_frequency_hz|bpf_run_seconds_total|window_analysis_seconds_sum|samples_lost_total|captured_files)' || true
   grep governor "$dir/agent-${names[$i]}.log" | tail -3 || true
 done

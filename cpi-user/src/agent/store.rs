@@ -198,7 +198,7 @@ impl Store {
                 }
                 // Level 1: a window is compressed every interval, within the CPU budget.
                 let mut gz = GzEncoder::new(&mut *f, flate2::Compression::fast());
-                file::write_json(&w.profile, &mut gz)?;
+                file::write_json_compact(&w.profile, &mut gz)?;
                 gz.finish()?;
                 bytes = f.metadata()?.len();
                 Ok(())

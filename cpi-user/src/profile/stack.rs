@@ -202,15 +202,12 @@ impl StackAggregate {
         }
     }
     fn update(&mut self, stack: &CallStack, now: u64, f: impl FnOnce(&mut StackStat)) {
-        // A new entry counts its own bytes once, below.
-        let before = self
-            .stacks
-            .get_key_value(stack)
-            .map_or(0, |(k, v)| entry_bytes(k, v));
-        if before == 0 {
-            self.stacks.insert(stack.clone(), StackStat::default());
-        }
-        let stat = self.stacks.get_mut(stack).expect("inserted above");
+        // A stack seen before (most samples) costs one lookup; a new entry counts its
+        // own bytes once, below.
+        let (before, stat) = match self.stacks.get_mut(stack) {
+            Some(stat) => (entry_bytes(stack, stat), stat),
+            None => (0, self.stacks.entry(stack.clone()).or_default()),
+        };
         f(stat);
         stat.last_use = now;
         let after = entry_bytes(stack, stat);

@@ -95,6 +95,18 @@ pub fn to_json(p: &Profile) -> Result<String, ProfileFileError> {
 /// refused before a byte is written: serde_json writes a non-finite f64 as `null`,
 /// which the reader rejects.
 pub fn write_json(p: &Profile, w: impl Write) -> std::io::Result<()> {
+    write_json_as(p, w, true)
+}
+
+/// [`write_json`] without indentation, for files only programs read (the agent's store:
+/// a window with stacks of busy processes was 26 MB of pretty JSON, 18 MB compact, and
+/// serialising and compressing it was a sixth of the agent's CPU; BENCHMARKS.md, "Agent
+/// CPU per stack sample").
+pub fn write_json_compact(p: &Profile, w: impl Write) -> std::io::Result<()> {
+    write_json_as(p, w, false)
+}
+
+fn write_json_as(p: &Profile, w: impl Write, pretty: bool) -> std::io::Result<()> {
     let invalid = |e: serde_json::Error| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
@@ -103,7 +115,12 @@ pub fn write_json(p: &Profile, w: impl Write) -> std::io::Result<()> {
     };
     p.serialize(FiniteCheck).map_err(invalid)?;
     let mut w = BufWriter::new(w);
-    serde_json::to_writer_pretty(&mut w, p).map_err(|e| match e.io_error_kind() {
+    let written = if pretty {
+        serde_json::to_writer_pretty(&mut w, p)
+    } else {
+        serde_json::to_writer(&mut w, p)
+    };
+    written.map_err(|e| match e.io_error_kind() {
         Some(_) => std::io::Error::from(e),
         None => invalid(e),
     })?;

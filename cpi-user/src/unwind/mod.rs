@@ -198,7 +198,27 @@ struct ProcessUnwinder {
     /// Address ranges whose mappings changed since the modules were made
     /// ([`StackUnwinder::maps_changed`]).
     pending: Vec<Range<u64>>,
+    /// Unwinds so far: a process earns its own rule cache at [`OWN_CACHE_AFTER`].
+    unwinds: u64,
+    /// Its own rule cache, once it has one.
+    cache: Option<Box<CacheX86_64>>,
 }
+
+/// Unwinds after which a process gets a rule cache of its own. framehop's cache is
+/// 509 slots, direct-mapped, and a slot written by another process's unwinder is a
+/// miss: one cache shared by every process missed on 40 % of frame lookups with two
+/// busy processes and a few others sampled (34 % on slots of another module set), and
+/// a miss is a search of `.eh_frame_hdr` and an FDE's CFI evaluated (BENCHMARKS.md,
+/// "Agent CPU per stack sample"). Processes sampled less (short-lived ones under
+/// churn) share one cache.
+const OWN_CACHE_AFTER: u64 = 64;
+
+/// Processes with a rule cache of their own at most…
+const MAX_OWN_CACHES: usize = 256;
+
+/// …each about this many heap bytes (509 entries of address, generation and rule, and
+/// gimli's unwind context).
+const OWN_CACHE_BYTES: u64 = 16 << 10;
 
 /// Unwinds the copied user stacks of many processes.
 pub struct StackUnwinder {
@@ -208,7 +228,10 @@ pub struct StackUnwinder {
     byte_bound: u64,
     tick: u64,
     processes: HashMap<u32, ProcessUnwinder>,
+    /// The rule cache of processes without their own.
     cache: CacheX86_64,
+    /// Processes with their own rule cache.
+    own_caches: usize,
     max_frames: usize,
     /// Files no process ever held (a recording's, [`Self::for_recordings`]) are opened
     /// by their checked path.
@@ -240,6 +263,7 @@ impl StackUnwinder {
             tick: 0,
             processes: HashMap::new(),
             cache: CacheX86_64::new(),
+            own_caches: 0,
             max_frames,
             recorded: false,
         }
@@ -257,14 +281,19 @@ impl StackUnwinder {
     }
 
     /// Heap bytes held for the files' unwind sections (the sections themselves are
-    /// mapped file pages, bounded apart).
+    /// mapped file pages, bounded apart) and the processes' own rule caches.
     pub fn held_bytes(&self) -> u64 {
-        self.sections.len() as u64 * ENTRY_HEAP_BYTES
+        self.sections.len() as u64 * ENTRY_HEAP_BYTES + self.own_caches as u64 * OWN_CACHE_BYTES
     }
 
     /// Drops what is held for processes `keep` says are gone.
     pub fn retain_processes(&mut self, keep: impl Fn(u32) -> bool) {
         self.processes.retain(|pid, _| keep(*pid));
+        self.own_caches = self
+            .processes
+            .values()
+            .filter(|p| p.cache.is_some())
+            .count();
     }
 
     /// Says that `pid`'s mappings in `changed` (new ones, and what they replaced) are
@@ -299,11 +328,23 @@ impl StackUnwinder {
                 unwinder: UnwinderX86_64::new(),
                 modules: Vec::new(),
                 pending: std::iter::once(0..u64::MAX).collect(),
+                unwinds: 0,
+                cache: None,
             });
             self.update(&mut p, pid, maps, files);
             self.processes.insert(pid, p);
         }
-        let proc = &self.processes[&pid];
+        let proc = self.processes.get_mut(&pid).expect("inserted above");
+        proc.unwinds += 1;
+        if proc.unwinds >= OWN_CACHE_AFTER
+            && proc.cache.is_none()
+            && self.own_caches < MAX_OWN_CACHES
+        {
+            proc.cache = Some(Box::default());
+            self.own_caches += 1;
+        }
+        let proc = &mut *proc;
+        let cache = proc.cache.as_deref_mut().unwrap_or(&mut self.cache);
         let in_code = |a: u64| {
             let i = proc.modules.partition_point(|m| m.0 <= a);
             i > 0 && (proc.modules[i - 1].0..proc.modules[i - 1].1).contains(&a)
@@ -318,7 +359,7 @@ impl StackUnwinder {
         let mut it = proc.unwinder.iter_frames(
             regs.ip,
             UnwindRegsX86_64::new(regs.ip, regs.sp, regs.bp),
-            &mut self.cache,
+            cache,
             &mut read,
         );
         let stop = loop {
@@ -609,6 +650,53 @@ mod tests {
         assert_eq!(held(&mut recorded(), other), 0, "another file at the path");
         let live = &mut StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
         assert_eq!(held(live, this), 0, "live: only captured files");
+    }
+
+    /// A process's own rule cache, and the cache processes share, give the frames a
+    /// cold unwinder gives: sample after sample, two processes alternating, the stack
+    /// bytes changing between rounds.
+    #[test]
+    fn rule_caches_give_the_frames_a_cold_unwinder_gives() {
+        let file = temp("true-copy", &std::fs::read("/usr/bin/true").unwrap());
+        let text = {
+            let bytes = std::fs::read(&file).unwrap();
+            let f = object::File::parse(&*bytes).unwrap();
+            let t = f.section_by_name(".text").unwrap();
+            (t.address(), t.size())
+        };
+        let (maps, files) = process(Some(&file));
+        let mut warm = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        let mut deeper = 0;
+        for round in 0..3u64 {
+            // Return addresses into the code and frame pointers up the stack.
+            let words: Vec<u64> = (0..64u64)
+                .map(|i| match (i + round) % 3 {
+                    0 => BASE + text.0 + (i * 37 + round * 101) % text.1,
+                    1 => SP + 8 * (i + 2),
+                    _ => i,
+                })
+                .collect();
+            let stack = stack_of(&words);
+            for ip in (0..text.1.min(0x800))
+                .step_by(16)
+                .map(|o| BASE + text.0 + o)
+            {
+                for pid in [1, 2] {
+                    let regs = UserRegs {
+                        ip,
+                        sp: SP,
+                        bp: SP + 8,
+                    };
+                    let got = warm.unwind(pid, &maps, &files, regs, &stack, true);
+                    let cold = StackUnwinder::new(128, DEFAULT_BYTE_BOUND)
+                        .unwind(pid, &maps, &files, regs, &stack, true);
+                    assert_eq!(got, cold, "round {round}, pid {pid}, ip {ip:x}");
+                    deeper += usize::from(got.0.len() > 1);
+                }
+            }
+        }
+        assert_eq!(warm.own_caches, 2, "both processes earned their own cache");
+        assert!(deeper > 0, "no unwind went past the first frame");
     }
 
     #[test]
