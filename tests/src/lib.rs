@@ -260,6 +260,21 @@ pub fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16,
     Ok((code, body.unwrap_or_default()))
 }
 
+/// A kubelet's `/pods` answer listing these (uid, name, namespace, container id), each
+/// with one container named `app`.
+pub fn pod_list(pods: &[(&str, &str, &str, &str)]) -> String {
+    let items: Vec<String> = pods
+        .iter()
+        .map(|(uid, name, ns, id)| {
+            format!(
+                r#"{{"metadata":{{"name":"{name}","namespace":"{ns}","uid":"{uid}"}},
+                   "status":{{"containerStatuses":[{{"name":"app","containerID":"containerd://{id}"}}]}}}}"#
+            )
+        })
+        .collect();
+    format!(r#"{{"kind":"PodList","items":[{}]}}"#, items.join(","))
+}
+
 /// `cpi-bpf agent` cutting 1 s windows into `store`, without a metrics endpoint, with
 /// `extra` flags; its stderr piped.
 pub fn agent(store: &Path, extra: &[&str]) -> std::process::Child {

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use cpi_tests::pyroscope::Receiver;
 use cpi_tests::{
-    agent, compile_c, cpi_bpf, cpu_heavy, require_root, stop_agent, store_windows, temp_dir,
-    KillOnDrop,
+    agent, compile_c, cpi_bpf, cpu_heavy, pod_list, require_root, stop_agent, store_windows,
+    temp_dir, KillOnDrop,
 };
 use serde_json::Value;
 
@@ -151,21 +151,6 @@ impl FakeKubelet {
     fn served(&self) -> usize {
         self.served.load(Ordering::SeqCst)
     }
-}
-
-/// A kubelet's `/pods` answer listing these (uid, name, namespace, container id), each
-/// with one container named `app`.
-fn pod_list(pods: &[(&str, &str, &str, &str)]) -> String {
-    let items: Vec<String> = pods
-        .iter()
-        .map(|(uid, name, ns, id)| {
-            format!(
-                r#"{{"metadata":{{"name":"{name}","namespace":"{ns}","uid":"{uid}"}},
-                   "status":{{"containerStatuses":[{{"name":"app","containerID":"containerd://{id}"}}]}}}}"#
-            )
-        })
-        .collect();
-    format!(r#"{{"kind":"PodList","items":[{}]}}"#, items.join(","))
 }
 
 fn label<'a>(labels: &'a [(String, String)], name: &str) -> Option<&'a str> {

@@ -4,9 +4,10 @@
 //! busybox, this cpi-bpf with its shared libraries, `tests/programs/twofunc.c` (2/3 of its
 //! time in `alpha_work`, 1/3 in `beta_work`) and a perf.data recording of it. The guest's
 //! `/init` ([`GUEST_INIT`]) runs `doctor`, a one-shot time profile, `--pid`, a short
-//! `agent` read back with `report --store`, and `import-perf`, and writes every output on
-//! a second serial port (the first one carries the kernel's console, which could
-//! interleave); the test parses it and asserts per kernel. The host's own kernel runs the
+//! `agent --pid` read back with `report --store`, the agent's pod selectors on two fake
+//! pods ([`PODS`]) with a kubelet served from inside the guest, and `import-perf`, and
+//! writes every output on a second serial port (the first one carries the kernel's
+//! console, which could interleave); the test parses it and asserts per kernel. The host's own kernel runs the
 //! same checks through the other modules. Kernels boot one after the other: a TCG guest
 //! with two busy vCPUs takes most of this 2-core machine, and the tests of the other
 //! modules (the agent's, which take no [`cpu_heavy`] lock) run meanwhile.
@@ -18,15 +19,33 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cpi_tests::perf_data::{self, build_id, exec_records, loop_of, loop_stack, taken_attr, Record};
-use cpi_tests::{compile_c, cpi_bpf, cpu_heavy, temp_dir, workspace_root};
+use cpi_tests::{compile_c, cpi_bpf, cpu_heavy, pod_list, temp_dir, workspace_root};
 use cpi_user::binary::Binary;
 use cpi_user::profile::model::Profile;
 
-/// (Debian suite, the release prefix its kernel must report).
-const KERNELS: [(&str, &str); 3] = [
-    ("bullseye", "5.10."),
-    ("bookworm", "6.1."),
-    ("trixie", "6.12."),
+/// (Debian suite, the release prefix its kernel must report, whether its perf_event
+/// programs have `bpf_get_current_ancestor_cgroup_id`: where they do not (5.10), the
+/// agent's pod selectors test the pods' cgroups in user space, after collection,
+/// cpi-user/src/collect/filter.rs `cgroup_in_user_space`).
+const KERNELS: [(&str, &str, bool); 3] = [
+    ("bullseye", "5.10.", false),
+    ("bookworm", "6.1.", true),
+    ("trixie", "6.12.", true),
+];
+
+/// The guest's two pods (namespace, UID, container id), both named `web-1` as in
+/// tests/tests/it/identity.rs; the agent selects the first, `--namespace shop --pod web-1`.
+const PODS: [(&str, &str, &str); 2] = [
+    (
+        "shop",
+        "5e1ec7ed-0a00-4000-8000-0000000000a1",
+        "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1",
+    ),
+    (
+        "test",
+        "5e1ec7ed-0b00-4000-8000-0000000000b2",
+        "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2",
+    ),
 ];
 
 /// One guest's whole run, boot to power-off, at most this long (≈ 30 s each measured on
@@ -37,7 +56,11 @@ const GUEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// on `/dev/ttyS1`, its stderr likewise as `NAME.stderr`. The profiled programs outlive
 /// the profiler (killed after it), so a slow start under TCG still finds them running;
 /// the agent is stopped once two windows are stored (the first one may be short: windows
-/// end on multiples of the interval on the wall clock).
+/// end on multiples of the interval on the wall clock). The pods are made as a kubelet
+/// with the systemd driver lays them out (cgroup2 at /sys/fs/cgroup, a burstable pod's
+/// containerd container), one busy `twofunc` in each, from `/pods` (a line per [`PODS`]
+/// entry); their list is the kubelet's `/pods` answer, `/www/pods`, served on loopback
+/// by busybox's httpd.
 const GUEST_INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/bin
@@ -59,13 +82,31 @@ step oneshot-json cat /tmp/one.json
 step pid /cpi-bpf --pid $P --duration 3 --format json --output /tmp/pid.json
 kill $P
 step pid-json cat /tmp/pid.json
+# agent STORE ARGS: the agent until two windows are in STORE, then SIGTERM; its status.
+agent() {
+  store=$1; shift
+  /cpi-bpf agent --store $store --interval 2 --metrics-addr off --overhead-budget 100 "$@" & a=$!
+  i=0; while [ $i -lt 120 ] && [ "$(ls $store 2>/dev/null | wc -l)" -lt 2 ]; do sleep 1; i=$((i+1)); done
+  kill -TERM $a; wait $a
+}
 /twofunc 600 & P=$!
-/cpi-bpf agent --pid $P --interval 2 --store /tmp/store --metrics-addr off --overhead-budget 100 > /tmp/agent.log 2>&1 & A=$!
-i=0; while [ $i -lt 120 ] && [ "$(ls /tmp/store 2>/dev/null | wc -l)" -lt 2 ]; do sleep 1; i=$((i+1)); done
-kill -TERM $A; wait $A; echo "@@agent rc=$?" >&3
+step agent agent /tmp/store --pid $P
 kill $P
-step agent-log cat /tmp/agent.log
 step store /cpi-bpf report --store /tmp/store --format json
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+ip link set lo up
+httpd -p 127.0.0.1:10255 -h /www
+Q=/sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice
+while read ns uid id; do
+  d=$Q/kubepods-burstable-pod$(echo $uid | tr - _).slice/cri-containerd-$id.scope
+  mkdir -p $d
+  sh -c 'echo $$ > "$1/cgroup.procs" && exec /twofunc 600' sh $d &
+  echo "$ns $!" >> /tmp/pod-pids
+done < /pods
+step pod-pids cat /tmp/pod-pids
+step pods-agent agent /tmp/pods --namespace shop --pod web-1 --kubelet-url http://127.0.0.1:10255
+kill $(cut -d' ' -f2 /tmp/pod-pids)
+step pods-store /cpi-bpf report --store /tmp/pods --format json
 step import /cpi-bpf import-perf /rec.data --format json
 echo "@@done" >&3
 poweroff -f
@@ -131,7 +172,6 @@ fn check_split(p: &Profile, what: &str) -> Result<String, String> {
 struct GuestRun {
     kernel: String,
     steps: BTreeMap<String, (String, i32)>,
-    agent_rc: Option<i32>,
     done: bool,
     /// Why the guest stopped short, and the console's last lines ([`boot`]).
     stopped: Option<String>,
@@ -141,7 +181,6 @@ fn parse(text: &str) -> GuestRun {
     let mut run = GuestRun {
         kernel: String::new(),
         steps: BTreeMap::new(),
-        agent_rc: None,
         done: false,
         stopped: None,
     };
@@ -164,8 +203,6 @@ fn parse(text: &str) -> GuestRun {
             if let Some((name, body)) = current.take() {
                 run.steps.insert(name, (body, rc));
             }
-        } else if let Some(rc) = line.strip_prefix("@@agent rc=") {
-            run.agent_rc = rc.parse().ok();
         } else if line == "@@done" {
             run.done = true;
         } else if let Some((_, body)) = current.as_mut() {
@@ -176,8 +213,36 @@ fn parse(text: &str) -> GuestRun {
     run
 }
 
-/// Every check of one kernel: the lines that passed, or the first failure.
-fn check(run: &GuestRun, release: &str, import_share: f64) -> Result<Vec<String>, String> {
+impl GuestRun {
+    /// Step `name`'s output, if it exited 0.
+    fn step(&self, name: &str) -> Result<&str, String> {
+        match self.steps.get(name) {
+            Some((body, 0)) => Ok(body),
+            Some((body, rc)) => Err(format!("{name} exited {rc}:\n{body}{}", self.stderr(name))),
+            None => Err(format!("{name} did not run (guest done: {})", self.done)),
+        }
+    }
+
+    /// Step `name`'s stderr.
+    fn stderr(&self, name: &str) -> &str {
+        let err = self.steps.get(&format!("{name}.stderr"));
+        err.map_or("", |(e, _)| e.as_str())
+    }
+
+    /// Step `name`'s output as a profile.
+    fn json(&self, name: &str) -> Result<Profile, String> {
+        Profile::from_json(self.step(name)?.as_bytes()).map_err(|e| format!("{name}: {e}"))
+    }
+}
+
+/// Every check of one kernel (`cgroups_in_kernel` as in [`KERNELS`]): the lines that
+/// passed, or the first failure.
+fn check(
+    run: &GuestRun,
+    release: &str,
+    cgroups_in_kernel: bool,
+    import_share: f64,
+) -> Result<Vec<String>, String> {
     if let Some(why) = &run.stopped {
         return Err(format!("the guest stopped short: {why}"));
     }
@@ -185,31 +250,19 @@ fn check(run: &GuestRun, release: &str, import_share: f64) -> Result<Vec<String>
     if !run.kernel.starts_with(release) {
         return Err(format!("booted {:?}, want {release}*", run.kernel));
     }
-    let step = |name: &str| -> Result<&str, String> {
-        match run.steps.get(name) {
-            Some((body, 0)) => Ok(body),
-            Some((body, rc)) => {
-                let err = run.steps.get(&format!("{name}.stderr"));
-                let err = err.map_or("", |(e, _)| e.as_str());
-                Err(format!("{name} exited {rc}:\n{body}{err}"))
-            }
-            None => Err(format!("{name} did not run (guest done: {})", run.done)),
-        }
-    };
-    let json = |name: &str| -> Result<Profile, String> {
-        Profile::from_json(step(name)?.as_bytes()).map_err(|e| format!("{name}: {e}"))
-    };
-    let doctor = step("doctor")?;
-    for feature in [
-        "perf_event programs",
-        "BPF ring buffer",
-        "bpf_read_branch_records",
+    let doctor = run.step("doctor")?;
+    for (feature, want) in [
+        ("perf_event programs", true),
+        ("BPF ring buffer", true),
+        ("bpf_read_branch_records", true),
+        ("bpf_get_current_ancestor_cgroup_id", cgroups_in_kernel),
     ] {
         let line = doctor
             .lines()
             .find(|l| l.starts_with(feature))
             .ok_or(format!("doctor shows no {feature} line:\n{doctor}"))?;
-        if !line[feature.len()..].trim_start().starts_with("yes") {
+        let has = line[feature.len()..].trim_start().starts_with("yes");
+        if has != want {
             return Err(format!("doctor: {line}"));
         }
     }
@@ -228,17 +281,15 @@ fn check(run: &GuestRun, release: &str, import_share: f64) -> Result<Vec<String>
         "doctor: {}",
         mode.split(" — ").next().unwrap_or(mode)
     ));
-    seen.push(check_split(&json("oneshot-json")?, "one-shot")?);
-    seen.push(check_split(&json("pid-json")?, "--pid")?);
-    if run.agent_rc != Some(0) {
-        let log = run.steps.get("agent-log").map_or("", |(b, _)| b.as_str());
-        return Err(format!("agent exited {:?}:\n{log}", run.agent_rc));
-    }
+    seen.push(check_split(&run.json("oneshot-json")?, "one-shot")?);
+    seen.push(check_split(&run.json("pid-json")?, "--pid")?);
+    run.step("agent")?;
     seen.push(check_split(
-        &json("store")?,
+        &run.json("store")?,
         "agent windows via report --store",
     )?);
-    let imported = json("import")?;
+    seen.extend(check_pods(run, cgroups_in_kernel)?);
+    let imported = run.json("import")?;
     let share = imported
         .processes
         .iter()
@@ -254,6 +305,69 @@ fn check(run: &GuestRun, release: &str, import_share: f64) -> Result<Vec<String>
     seen.push(format!(
         "import-perf: alpha_work share {share:.4} as recorded"
     ));
+    Ok(seen)
+}
+
+/// The agent's pod selectors: `--namespace shop --pod web-1` keeps the process of the
+/// first of [`PODS`] alone, named by the kubelet, with the 2 : 1 split; the other pod's
+/// process (same pod name, other namespace) never appears. Where the cgroups are tested
+/// is the kernel's to decide: in the eBPF program, which drops every other process's
+/// samples and counts them, or (`!cgroups_in_kernel`) after collection, which the
+/// agent's log says and where the kernel drops nothing.
+fn check_pods(run: &GuestRun, cgroups_in_kernel: bool) -> Result<Vec<String>, String> {
+    let pids = run.step("pod-pids")?;
+    let pid = |ns: &str| -> Result<u32, String> {
+        pids.lines()
+            .find_map(|l| l.strip_prefix(ns)?.trim().parse().ok())
+            .ok_or(format!("no pid of pod {ns}/web-1 in {pids:?}"))
+    };
+    let (kept, other) = (pid(PODS[0].0)?, pid(PODS[1].0)?);
+    run.step("pods-agent")?;
+    let log = run.stderr("pods-agent");
+    let p = run.json("pods-store")?;
+    let what = "--namespace shop --pod web-1";
+    let sampled: Vec<u32> = p.processes.iter().map(|p| p.pid).collect();
+    if sampled.contains(&other) {
+        return Err(format!(
+            "{what}: the other pod's process {other} (test/web-1) was sampled: {sampled:?}"
+        ));
+    }
+    if sampled != [kept] {
+        return Err(format!(
+            "{what}: processes {sampled:?}, want pod shop/web-1's {kept} alone"
+        ));
+    }
+    let id = &p.processes[0].identity;
+    if (id.pod.as_deref(), id.namespace.as_deref()) != (Some("web-1"), Some("shop")) {
+        return Err(format!("{what}: the process is named {id:?}"));
+    }
+    let mut seen = vec![check_split(&p, &format!("{what}, {kept} alone"))?];
+    if !log.contains(&format!("{what}: sampling 1 cgroup")) {
+        return Err(format!(
+            "{what}: the log says no cgroup was sampled:\n{log}"
+        ));
+    }
+    let in_user_space = log.contains("filtered in user space, after collection");
+    let dropped = p.lost.filtered_in_kernel;
+    match (cgroups_in_kernel, in_user_space, dropped) {
+        (true, false, 1..) => seen.push(format!(
+            "{what}: in the kernel ({dropped} samples of other processes dropped)"
+        )),
+        (false, true, 0) => seen.push(format!(
+            "{what}: in user space, after collection (as the log says)"
+        )),
+        _ => {
+            return Err(format!(
+                "{what}: want the cgroups tested {}, got {dropped} samples filtered in the \
+                 kernel and the log:\n{log}",
+                if cgroups_in_kernel {
+                    "in the kernel"
+                } else {
+                    "in user space"
+                }
+            ))
+        }
+    }
     Ok(seen)
 }
 
@@ -286,12 +400,23 @@ fn recording(exe: &Path, out: &Path) -> f64 {
 }
 
 /// The initramfs (newc cpio, built with busybox's cpio): busybox, cpi-bpf without its
-/// debug info, the libraries `ldd` lists for both executables, twofunc, the recording.
+/// debug info, the libraries `ldd` lists for both executables, twofunc, the recording,
+/// and the pods: `/pods` for the guest to make them, `/www/pods` for its kubelet.
 fn initramfs(dir: &Path, busybox: &Path, twofunc: &Path, rec: &Path) -> PathBuf {
     let root = dir.join("root");
-    for d in ["bin", "proc", "sys", "dev", "tmp"] {
+    for d in ["bin", "proc", "sys", "dev", "tmp", "www"] {
         std::fs::create_dir_all(root.join(d)).unwrap();
     }
+    let pods: String = PODS
+        .iter()
+        .map(|(ns, uid, id)| format!("{ns} {uid} {id}\n"))
+        .collect();
+    std::fs::write(root.join("pods"), pods).unwrap();
+    let listed: Vec<_> = PODS
+        .iter()
+        .map(|&(ns, uid, id)| (uid, "web-1", ns, id))
+        .collect();
+    std::fs::write(root.join("www/pods"), pod_list(&listed)).unwrap();
     std::fs::copy(busybox, root.join("bin/busybox")).unwrap();
     run_ok(
         Command::new("objcopy")
@@ -413,7 +538,7 @@ fn every_debian_kernel_collects_in_every_mode_its_guest_has() {
     if !busybox.exists() && missing("/bin/busybox (busybox-static) is not installed") {
         return;
     }
-    for (suite, _) in KERNELS {
+    for (suite, ..) in KERNELS {
         let k = kernels_dir.join(suite).join("vmlinuz");
         if !k.exists() && missing(&format!("{} is missing", k.display())) {
             return;
@@ -432,14 +557,14 @@ fn every_debian_kernel_collects_in_every_mode_its_guest_has() {
     let _cpu = cpu_heavy();
     let started = Instant::now();
     let mut failures = Vec::new();
-    for (suite, release) in KERNELS {
+    for (suite, release, cgroups_in_kernel) in KERNELS {
         let (text, took) = boot(
             &kernels_dir.join(suite).join("vmlinuz"),
             &initrd,
             &dir,
             suite,
         );
-        match check(&parse(&text), release, import_share) {
+        match check(&parse(&text), release, cgroups_in_kernel, import_share) {
             Ok(lines) => {
                 eprintln!("{suite} ({took:.1?}):");
                 for l in lines {
