@@ -7,10 +7,11 @@
 //! `agent --pid` read back with `report --store`, the agent's pod selectors on two fake
 //! pods ([`PODS`]) with a kubelet served from inside the guest, and `import-perf`, and
 //! writes every output on a second serial port (the first one carries the kernel's
-//! console, which could interleave); the test parses it and asserts per kernel. The host's own kernel runs the
-//! same checks through the other modules. Kernels boot one after the other: a TCG guest
-//! with two busy vCPUs takes most of this 2-core machine, and the tests of the other
-//! modules (the agent's, which take no [`cpu_heavy`] lock) run meanwhile.
+//! console, which could interleave); the test parses it and asserts per kernel. The
+//! host's own kernel runs the same checks through the other modules. Kernels boot one
+//! after the other: a TCG guest with two busy vCPUs takes most of this 2-core machine,
+//! and the tests of the other modules (the agent's, which take no [`cpu_heavy`] lock) run
+//! meanwhile.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
