@@ -125,9 +125,7 @@ const DEVICES: &str = "sys/bus/event_source/devices";
 impl Capabilities {
     /// Probes the running machine.
     pub fn probe() -> Self {
-        // SAFETY: geteuid cannot fail.
-        let euid = unsafe { libc::geteuid() };
-        Self::probe_at(Path::new("/"), euid, &kernel_release())
+        Self::probe_at(Path::new("/"), crate::fsafe::euid(), &kernel_release())
     }
 
     /// Probes a tree rooted at `root` (`/` on a real machine, a recorded machine's
