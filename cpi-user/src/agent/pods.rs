@@ -122,8 +122,7 @@ impl Selection {
 /// (`user@UID.service`) can make a `kubepods.slice` of their own, but not as root, so
 /// their processes never pass for a selected pod.
 pub fn kubepods_dirs(root: &Path) -> Vec<PathBuf> {
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = crate::fsafe::euid();
     let trusted = |d: &Path| {
         std::fs::symlink_metadata(d).is_ok_and(|m| m.is_dir() && (m.uid() == 0 || m.uid() == me))
     };

@@ -35,6 +35,7 @@ pub mod cfg;
 pub mod debugfile;
 pub mod demangle;
 pub mod ehframe;
+pub mod kallsyms;
 pub mod lines;
 pub mod symbolize;
 

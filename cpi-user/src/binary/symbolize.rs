@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::kallsyms::{Kallsyms, KernelSymbols};
 use super::{Binary, BinaryCache, BinaryError, Function, Instruction};
 use crate::procmap::{CapturedFile, MappedObject, Mapping, ProcessMaps};
 
@@ -79,7 +80,7 @@ pub struct SymbolizerOptions {
     pub perf_map_dir: PathBuf,
     /// Kernel symbols (`/proc/kallsyms`) to name `[kernel]` functions; `None`, an
     /// unreadable file or hidden addresses (kptr_restrict) leave them `[kernel]`.
-    pub kallsyms: Option<PathBuf>,
+    pub kallsyms: Option<Kallsyms>,
     /// Where separate debug files of stripped binaries are looked up
     /// (cpi-user/src/binary/debugfile.rs).
     pub debug_root: super::DebugRoot,
@@ -90,7 +91,7 @@ impl Default for SymbolizerOptions {
         SymbolizerOptions {
             use_proc: true,
             perf_map_dir: PathBuf::from("/tmp"),
-            kallsyms: Some(PathBuf::from("/proc/kallsyms")),
+            kallsyms: Some(Kallsyms::new("/proc/kallsyms")),
             debug_root: super::DebugRoot::default(),
         }
     }
@@ -136,8 +137,6 @@ pub struct Symbolizer {
     /// (pid, mapping start) → opened binary (or why not).
     by_mapping: HashMap<(u32, u64), Result<Arc<Binary>, Arc<BinaryError>>>,
     perf_maps: HashMap<u32, Vec<Function>>,
-    /// Kernel text symbols, read on the first kernel address.
-    kernel: Option<Vec<Function>>,
     /// (pid, mapping start) → the file opened while the process lived.
     captured: HashMap<(u32, u64), Arc<CapturedFile>>,
     /// Files already found unusable ([`Symbolizer::warn_once`]).
@@ -200,7 +199,6 @@ impl Symbolizer {
             opts,
             by_mapping: HashMap::new(),
             perf_maps: HashMap::new(),
-            kernel: None,
             captured: HashMap::new(),
             gone: std::collections::HashSet::new(),
             warned: std::collections::HashSet::new(),
@@ -336,7 +334,9 @@ impl Symbolizer {
         self.held().values().map(|b| b.heap_bytes()).sum::<u64>()
             + self.decoded_bytes
             + self.perf_maps.values().map(funcs).sum::<u64>()
-            + self.kernel.as_ref().map_or(0, funcs)
+            + (self.opts.kallsyms.as_ref())
+                .and_then(Kallsyms::table_if_read)
+                .map_or(0, KernelSymbols::heap_bytes)
     }
 
     /// Drops the least recently used binaries and decoded functions until at most
@@ -584,19 +584,11 @@ impl Symbolizer {
         }
     }
 
-    fn kernel_lookup(&mut self, addr: u64) -> Resolved {
-        let path = self.opts.kallsyms.as_deref();
-        let syms = self
-            .kernel
-            .get_or_insert_with(|| path.map(read_kallsyms).unwrap_or_default());
-        let found = syms
-            .partition_point(|f| f.start <= addr)
-            .checked_sub(1)
-            .map(|i| &syms[i])
-            .filter(|f| f.contains(addr));
+    fn kernel_lookup(&self, addr: u64) -> Resolved {
         let mut r = pseudo(CodeObject::Kernel, "[kernel]", addr, KERNEL_START, 0);
-        if let Some(f) = found {
-            r.function = f.clone();
+        // Read on the first kernel address, unless read ahead.
+        if let Some(f) = (self.opts.kallsyms.as_ref()).and_then(|k| k.table().lookup(addr)) {
+            r.function = f;
         }
         r
     }
@@ -670,39 +662,6 @@ fn read_perf_map(pid: u32, path: &Path) -> Vec<Function> {
     parse_perf_map(&text)
 }
 
-/// Kernel text symbols from a kallsyms file, sorted, each extending to the next one.
-/// Empty when unreadable or when addresses are hidden (all zero).
-fn read_kallsyms(path: &Path) -> Vec<Function> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Vec::new();
-    };
-    parse_kallsyms(&text)
-}
-
-fn parse_kallsyms(text: &str) -> Vec<Function> {
-    let mut syms: Vec<Function> = text
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let start = u64::from_str_radix(f.next()?, 16).ok()?;
-            let kind = f.next()?;
-            let name = f.next()?;
-            (start >= KERNEL_START && matches!(kind, "T" | "t" | "W" | "w")).then(|| Function {
-                name: name.to_string(),
-                start,
-                size: 0,
-            })
-        })
-        .collect();
-    syms.sort_by_key(|f| f.start);
-    syms.dedup_by_key(|f| f.start);
-    for i in 0..syms.len() {
-        let next = syms.get(i + 1).map_or(syms[i].start + 1, |n| n.start);
-        syms[i].size = next - syms[i].start;
-    }
-    syms
-}
-
 fn parse_perf_map(text: &str) -> Vec<Function> {
     let mut out: Vec<Function> = text
         .lines()
@@ -758,7 +717,7 @@ mod tests {
         let mut s = Symbolizer::new(SymbolizerOptions {
             use_proc: false,
             perf_map_dir: dir.clone(),
-            kallsyms: Some(dir.join("kallsyms")),
+            kallsyms: Some(Kallsyms::new(dir.join("kallsyms"))),
             debug_root: Default::default(),
         });
         for (path, base) in [(&t.plain, 0), (&t.pie, 0x5555_5555_4000)] {

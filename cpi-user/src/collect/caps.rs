@@ -28,6 +28,30 @@ pub struct CorePmu {
     pub pmu_name: Option<String>,
 }
 
+/// What of the machine its events are planned for ([`super::events::plan`]), from
+/// [`Capabilities::processor`]; a session keeps it to plan again at a new rate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Processor {
+    /// Whose raw event codes.
+    pub vendor: Vendor,
+    /// [`Capabilities::core_pmus`].
+    pub core_pmus: Vec<CorePmu>,
+    /// [`Capabilities::brs`]: branch events are planned without branch types, which
+    /// BRS refuses.
+    pub brs: bool,
+}
+
+impl Processor {
+    /// A `vendor` processor with one core PMU of the plain types and no BRS.
+    pub fn of(vendor: Vendor) -> Self {
+        Processor {
+            vendor,
+            core_pmus: Vec::new(),
+            brs: false,
+        }
+    }
+}
+
 impl CorePmu {
     /// `cpu_atom (CPUs 16-23)`, or the name alone for a PMU of every CPU.
     pub fn describe(&self) -> String {
@@ -101,9 +125,7 @@ const DEVICES: &str = "sys/bus/event_source/devices";
 impl Capabilities {
     /// Probes the running machine.
     pub fn probe() -> Self {
-        // SAFETY: geteuid cannot fail.
-        let euid = unsafe { libc::geteuid() };
-        Self::probe_at(Path::new("/"), euid, &kernel_release())
+        Self::probe_at(Path::new("/"), crate::fsafe::euid(), &kernel_release())
     }
 
     /// Probes a tree rooted at `root` (`/` on a real machine, a recorded machine's
@@ -169,6 +191,15 @@ impl Capabilities {
             cap_sys_admin: has(CAP_SYS_ADMIN),
             perf_event_paranoid: read_trim(&root.join("proc/sys/kernel/perf_event_paranoid"))
                 .and_then(|s| s.parse().ok()),
+        }
+    }
+
+    /// What the event plan needs of the probe.
+    pub fn processor(&self) -> Processor {
+        Processor {
+            vendor: self.vendor,
+            core_pmus: self.core_pmus.clone(),
+            brs: self.brs,
         }
     }
 

@@ -3,7 +3,7 @@
 use cpi_common::policy::PeriodPolicy;
 use cpi_common::wire::EventRole;
 
-use super::caps::{CorePmu, Vendor};
+use super::caps::{CorePmu, Processor, Vendor};
 use super::sys::{self, flag, PerfEventAttr};
 use crate::profile::events::retired_taken;
 use crate::profile::model::role_name;
@@ -153,8 +153,9 @@ pub fn branch_event(
     let mut attr = sampling_attr(type_, config, policy.base, include_kernel);
     attr.sample_type |= sys::PERF_SAMPLE_BRANCH_STACK;
     // Typed entries let call-path analysis rebuild the stack each range ran under
-    // (cpi-user/src/profile/stack.rs `add_branch`); a PMU that refuses the bit is opened
-    // without it (collect/ladder.rs `walk`), and so is every session without stacks
+    // (cpi-user/src/profile/stack.rs `add_branch`); BRS, which refuses the bit, is planned
+    // without it ([`plan`]), another PMU that refuses it is opened again without it
+    // (collect/ladder.rs `walk`), and so is every session without stacks
     // (collect/session.rs `plan`).
     attr.branch_sample_type = sys::PERF_SAMPLE_BRANCH_USER
         | sys::PERF_SAMPLE_BRANCH_ANY
@@ -234,30 +235,38 @@ fn ip_event(
 /// too, at the same rate, so CPU seconds are measured in every mode (cycles are not
 /// time: the clock rate changes under them).
 ///
-/// With several core PMUs (`pmus`: Intel hybrid `cpu_core` + `cpu_atom`, Arm
+/// With several core PMUs (`cpu.core_pmus`: Intel hybrid `cpu_core` + `cpu_atom`, Arm
 /// big.LITTLE), each hardware event is planned once per PMU, in that PMU's own type and
 /// on its CPUs: a raw type-4 event binds to `cpu_core` alone, and time on the other
 /// cores would never be sampled. With one (or none), the events of the plain types.
 pub fn plan(
     mode: Mode,
-    vendor: Vendor,
-    pmus: &[CorePmu],
+    cpu: &Processor,
     rate: &Rate,
     include_kernel: bool,
     cpu_time: bool,
 ) -> Vec<EventSpec> {
     let clock = || ip_event(EventRole::CpuClock, None, rate, include_kernel);
-    let each: Vec<Option<&CorePmu>> = match pmus {
-        [_, _, ..] => pmus.iter().map(Some).collect(),
+    let each: Vec<Option<&CorePmu>> = match cpu.core_pmus.as_slice() {
+        pmus @ [_, _, ..] => pmus.iter().map(Some).collect(),
         _ => vec![None],
     };
     let mut specs = Vec::new();
     for &pmu in &each {
         match mode {
-            Mode::Cpi => specs.extend([
-                branch_event(vendor, pmu, rate, include_kernel),
-                ip_event(EventRole::Cycles, pmu, rate, include_kernel),
-            ]),
+            Mode::Cpi => {
+                let mut branches = branch_event(cpu.vendor, pmu, rate, include_kernel);
+                // BRS records its branches untyped and refuses TYPE_SAVE with EINVAL
+                // (arch/x86/events/amd/brs.c `amd_brs_setup_filter`): never asked, so no
+                // open is refused.
+                if cpu.brs {
+                    branches.without_branch_types();
+                }
+                specs.extend([
+                    branches,
+                    ip_event(EventRole::Cycles, pmu, rate, include_kernel),
+                ]);
+            }
             Mode::IpSampling => specs.extend([
                 ip_event(EventRole::Cycles, pmu, rate, include_kernel),
                 ip_event(EventRole::Instructions, pmu, rate, include_kernel),
@@ -357,7 +366,7 @@ mod tests {
     #[test]
     fn plans_follow_the_ladder() {
         let roles = |m, cpu_time| {
-            plan(m, Vendor::Intel, &[], &RATE, false, cpu_time)
+            plan(m, &Processor::of(Vendor::Intel), &RATE, false, cpu_time)
                 .iter()
                 .map(|e| e.role)
                 .collect::<Vec<_>>()
@@ -373,7 +382,13 @@ mod tests {
             [Cycles, Instructions, CpuClock]
         );
         assert_eq!(roles(Mode::TimeProfile, true), [CpuClock]);
-        let clock = &plan(Mode::TimeProfile, Vendor::Other, &[], &RATE, false, false)[0];
+        let clock = &plan(
+            Mode::TimeProfile,
+            &Processor::of(Vendor::Other),
+            &RATE,
+            false,
+            false,
+        )[0];
         assert_eq!((clock.attr.type_, clock.attr.config), (1, 0), "cpu-clock");
         assert_eq!(clock.attr.sample_period, 1_000_003, "≈ 1 ms, prime");
         assert_eq!(EventUnit::of_role(clock.role), EventUnit::Ns);
@@ -387,13 +402,25 @@ mod tests {
             frequency: 10_000_000,
             ..RATE
         };
-        let clock = &plan(Mode::TimeProfile, Vendor::Other, &[], &fast, false, false)[0];
+        let clock = &plan(
+            Mode::TimeProfile,
+            &Processor::of(Vendor::Other),
+            &fast,
+            false,
+            false,
+        )[0];
         assert_eq!(clock.policy.base, 12_503, "raised to the floor, prime");
         let note = cpu_clock_floor_note(&fast).unwrap();
         assert!(note.contains("period 100 ns raised to 12503 ns"), "{note}");
         assert_eq!(cpu_clock_floor_note(&RATE), None);
         // Cycles are not bound by the hrtimer floor.
-        let cycles = &plan(Mode::IpSampling, Vendor::Intel, &[], &fast, false, false)[0];
+        let cycles = &plan(
+            Mode::IpSampling,
+            &Processor::of(Vendor::Intel),
+            &fast,
+            false,
+            false,
+        )[0];
         assert_eq!(cycles.policy.base, 307, "3 GHz / 10 MHz, prime");
         for bad in [0, MAX_PERIOD + 1, u64::MAX] {
             let r = Rate {
@@ -560,7 +587,7 @@ mod tests {
             ..RATE
         };
         let (r, clock) = (rate(500_009), rate(1_000_003));
-        let plan_of = |m, v, r: &Rate| plan(m, v, &[], r, false, false);
+        let plan_of = |m, v, r: &Rate| plan(m, &Processor::of(v), r, false, false);
         let cases = [
             (
                 "intel-taken-branches",
@@ -650,7 +677,11 @@ mod tests {
             pmu_name: None,
         };
         let pmus = [pmu("cpu_core", 4, 0..16), pmu("cpu_atom", 8, 16..24)];
-        let specs = plan(Mode::Cpi, Vendor::Intel, &pmus, &RATE, false, true);
+        let hybrid = Processor {
+            core_pmus: pmus.to_vec(),
+            ..Processor::of(Vendor::Intel)
+        };
+        let specs = plan(Mode::Cpi, &hybrid, &RATE, false, true);
         let got: Vec<(&str, u32, u64, Option<u32>)> = specs
             .iter()
             .map(|s| {
@@ -673,14 +704,11 @@ mod tests {
             .step_by(2)
             .all(|s| s.attr.branch_sample_type != 0));
         // One PMU: the plain types, as before (perf's own attributes, above).
-        let one = plan(
-            Mode::IpSampling,
-            Vendor::Amd,
-            &pmus[..1],
-            &RATE,
-            false,
-            false,
-        );
+        let one_pmu = Processor {
+            core_pmus: pmus[..1].to_vec(),
+            ..Processor::of(Vendor::Amd)
+        };
+        let one = plan(Mode::IpSampling, &one_pmu, &RATE, false, false);
         assert_eq!((one[0].attr.type_, one[0].attr.config), (0, 0));
         assert_eq!(one[0].cpus, None);
         // Arrow Lake-H's low-power E-cores count taken branches as the E-cores do.

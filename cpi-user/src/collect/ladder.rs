@@ -263,10 +263,10 @@ pub fn walk(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::collect::caps::Vendor;
+    use crate::collect::caps::{Processor, Vendor};
     use crate::collect::events::{self, Rate};
     use crate::collect::sys::fake::{Call, FakeSys};
-    use crate::collect::sys::{PERF_TYPE_HARDWARE, PERF_TYPE_RAW, PERF_TYPE_SOFTWARE};
+    use crate::collect::sys::{self, PERF_TYPE_HARDWARE, PERF_TYPE_RAW, PERF_TYPE_SOFTWARE};
 
     const RATE: Rate = Rate {
         frequency: 999,
@@ -275,7 +275,7 @@ mod tests {
     };
 
     fn plan(mode: Mode) -> Vec<EventSpec> {
-        events::plan(mode, Vendor::Intel, &[], &RATE, false, false)
+        events::plan(mode, &Processor::of(Vendor::Intel), &RATE, false, false)
     }
 
     fn attach_7(_: &'static str) -> Result<Option<i32>, CollectError> {
@@ -382,12 +382,12 @@ mod tests {
         assert_eq!(branch_types(&sys), [1 | 8 | SAVE, 0]);
     }
 
-    /// AMD BRS (Zen 3) refuses every branch-stack bit but ANY and the privilege levels
-    /// with EINVAL: the branch event is opened again without TYPE_SAVE, the mode holds,
-    /// and the line says so.
+    /// A PMU that refuses TYPE_SAVE with EINVAL (a kernel before 4.14; BRS, had the
+    /// probe not recognised it): the branch event is opened again without it, the mode
+    /// holds, and the line says so.
     #[test]
     fn a_pmu_refusing_branch_types_keeps_the_mode_without_them() {
-        let plan = |m| events::plan(m, Vendor::Amd, &[], &RATE, false, false);
+        let plan = |m| events::plan(m, &Processor::of(Vendor::Amd), &RATE, false, false);
         let sys =
             FakeSys::new(|a, _, _| (a.branch_sample_type & SAVE != 0).then_some(libc::EINVAL));
         let mut lines = Vec::new();
@@ -535,10 +535,16 @@ mod tests {
 
     /// The recorded Alder Lake (tests/data/machines/README.md): `cpu_core` (type 4,
     /// CPUs 0-15) and `cpu_atom` (type 8, CPUs 16-23), both with branch records.
-    fn alderlake() -> crate::collect::caps::Capabilities {
+    /// A recorded machine (tests/data/machines/).
+    fn machine(name: &str) -> crate::collect::caps::Capabilities {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../tests/data/machines/alderlake-hybrid");
+            .join("../tests/data/machines")
+            .join(name);
         crate::collect::caps::Capabilities::probe_at(&root, 0, "")
+    }
+
+    fn alderlake() -> crate::collect::caps::Capabilities {
+        machine("alderlake-hybrid")
     }
 
     /// `(type, config, pid, cpu)` of every open, in order.
@@ -561,7 +567,7 @@ mod tests {
     #[test]
     fn hybrid_events_open_in_each_pmus_type_on_its_cpus() {
         let caps = alderlake();
-        let plan = |m| events::plan(m, caps.vendor, &caps.core_pmus, &RATE, false, false);
+        let plan = |m| events::plan(m, &caps.processor(), &RATE, false, false);
         let cpus: Vec<(i32, i32)> = caps.online_cpus.iter().map(|&c| (-1, c as i32)).collect();
         assert_eq!(cpus.len(), 24);
         let sys = FakeSys::new(|_, _, _| None);
@@ -606,10 +612,50 @@ mod tests {
         );
     }
 
+    /// The Zen 3 BRS server: every event opens at the first try, on each of its 128
+    /// CPUs, against a kernel that takes a branch stack only as `amd_brs_hw_config` and
+    /// `amd_brs_setup_filter` (arch/x86/events/amd/brs.c) allow: `ex_ret_brn_tkn`
+    /// (0xc4), a fixed period, no branch-stack bit but ANY and the privilege levels.
+    #[test]
+    fn zen3_brs_opens_every_event_without_a_refusal() {
+        let caps = machine("amd-zen3-epyc-brs");
+        assert!(caps.brs);
+        let plm_any = sys::PERF_SAMPLE_BRANCH_USER
+            | sys::PERF_SAMPLE_BRANCH_KERNEL
+            | 1 << 2 // PERF_SAMPLE_BRANCH_HV
+            | sys::PERF_SAMPLE_BRANCH_ANY;
+        let brs_kernel = move |a: &sys::PerfEventAttr, _, _| {
+            let refused = a.sample_type & sys::PERF_SAMPLE_BRANCH_STACK != 0
+                && (a.branch_sample_type & !plm_any != 0
+                    || a.config != 0xc4
+                    || a.flags & sys::flag::FREQ != 0);
+            refused.then_some(libc::EINVAL)
+        };
+        let cpus: Vec<(i32, i32)> = caps.online_cpus.iter().map(|&c| (-1, c as i32)).collect();
+        for include_kernel in [false, true] {
+            let plan = |m| events::plan(m, &caps.processor(), &RATE, include_kernel, false);
+            let sys = FakeSys::new(brs_kernel);
+            let mut lines = Vec::new();
+            let rung = walk(&sys, caps.mode(), &plan, &cpus, 0, &attach_7, &mut |l| {
+                lines.push(l.to_string())
+            })
+            .unwrap();
+            assert_eq!(rung.mode, Mode::Cpi, "{lines:?}");
+            assert!(rung.notes.is_empty(), "{:?}", rung.notes);
+            // Branches and cycles on each CPU, each opened once.
+            assert_eq!(rung.open.len(), 2 * 128);
+            assert_eq!(opens(&sys).len(), rung.open.len(), "an open was refused");
+            let plm = if include_kernel { 1 | 2 } else { 1 };
+            let mut types = branch_types(&sys);
+            types.dedup();
+            assert_eq!(types, [plm | 8, 0], "branches on every CPU, then cycles");
+        }
+    }
+
     #[test]
     fn a_cpu_whose_open_fails_is_said_once_per_event_and_the_rest_collect() {
         let caps = alderlake();
-        let plan = |m| events::plan(m, caps.vendor, &caps.core_pmus, &RATE, false, false);
+        let plan = |m| events::plan(m, &caps.processor(), &RATE, false, false);
         let cpus: Vec<(i32, i32)> = caps.online_cpus.iter().map(|&c| (-1, c as i32)).collect();
         // CPU 17 (an E-core) refuses both of cpu_atom's events.
         let sys = FakeSys::new(|_, _, cpu| (cpu == 17).then_some(libc::ENODEV));
@@ -639,7 +685,7 @@ mod tests {
     #[test]
     fn an_e_core_event_that_opens_on_no_cpu_steps_the_ladder_down() {
         let caps = alderlake();
-        let plan = |m| events::plan(m, caps.vendor, &caps.core_pmus, &RATE, false, false);
+        let plan = |m| events::plan(m, &caps.processor(), &RATE, false, false);
         let cpus: Vec<(i32, i32)> = caps.online_cpus.iter().map(|&c| (-1, c as i32)).collect();
         // cpu_atom takes no branch stack anywhere: CPI would miss every E-core.
         let sys = FakeSys::new(|attr, _, _| {

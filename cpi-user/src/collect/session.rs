@@ -14,7 +14,7 @@ use cpi_common::wire::{Counter, EventRole, COUNTERS};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-use super::caps::{Capabilities, CorePmu, KernelFeatures, Vendor};
+use super::caps::{Capabilities, KernelFeatures, Processor};
 use super::drain::{CpuClockPeriods, Drain};
 use super::events::{self, EventSpec, Rate};
 use super::filter::KernelFilter;
@@ -87,8 +87,8 @@ pub struct Session {
 
 struct Live {
     opts: CollectOptions,
-    vendor: Vendor,
-    core_pmus: Vec<CorePmu>,
+    /// What the events were planned for, to plan them again at a new rate.
+    cpu: Processor,
     mode: Mode,
     reason: String,
     thinning: Thinning,
@@ -231,13 +231,8 @@ fn check_fd_room(target: &Target, per_place: u64) -> Result<(), CollectError> {
 /// The events of `mode` at `rate`, with the cpu-clock floor applied
 /// ([`events::plan`]); branch records without their types when there are no stacks to
 /// attribute ranges to.
-fn plan(
-    mode: Mode,
-    (vendor, pmus): (Vendor, &[CorePmu]),
-    opts: &CollectOptions,
-    rate: &Rate,
-) -> Vec<EventSpec> {
-    let mut specs = events::plan(mode, vendor, pmus, rate, opts.include_kernel, opts.cpu_time);
+fn plan(mode: Mode, cpu: &Processor, opts: &CollectOptions, rate: &Rate) -> Vec<EventSpec> {
+    let mut specs = events::plan(mode, cpu, rate, opts.include_kernel, opts.cpu_time);
     if !opts.stacks {
         specs.iter_mut().for_each(EventSpec::without_branch_types);
     }
@@ -305,11 +300,10 @@ impl Session {
             _pad: 0,
         };
         // The start rung plans the most events (one set per core PMU on hybrid parts).
-        let per_place = plan(start.0, (caps.vendor, &caps.core_pmus), &opts, &opts.rate).len();
+        let cpu = caps.processor();
+        let per_place = plan(start.0, &cpu, &opts, &opts.rate).len();
         check_fd_room(&opts.target, per_place as u64)?;
-        let programs = ladder::programs_from(start.0, &|m| {
-            plan(m, (caps.vendor, &caps.core_pmus), &opts, &opts.rate)
-        });
+        let programs = ladder::programs_from(start.0, &|m| plan(m, &cpu, &opts, &opts.rate));
         let stack_mode = features.stack_mode(opts.stacks);
         let mut bpf = load(
             opts.ring_bytes,
@@ -341,7 +335,7 @@ impl Session {
         let rung = ladder::walk(
             &sys,
             start,
-            &|m| plan(m, (caps.vendor, &caps.core_pmus), &opts, &opts.rate),
+            &|m| plan(m, &cpu, &opts, &opts.rate),
             &places,
             extra,
             &attach,
@@ -430,8 +424,7 @@ impl Session {
             drain.cpu_clock.opened = clock.policy.base;
         }
         let live = Live {
-            vendor: caps.vendor,
-            core_pmus: caps.core_pmus.clone(),
+            cpu,
             mode: rung.mode,
             reason: rung.reason,
             thinning,
@@ -535,7 +528,7 @@ impl Session {
             period: None,
             ..l.opts.rate
         };
-        let specs = plan(l.mode, (l.vendor, &l.core_pmus), &l.opts, &rate);
+        let specs = plan(l.mode, &l.cpu, &l.opts, &rate);
         let sys = Linux;
         for e in &l.open {
             let spec = &specs[e.spec_index];
@@ -796,6 +789,7 @@ pub fn collect(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collect::caps::Vendor;
     use crate::collect::sys::fake::{Call, FakeSys};
 
     #[test]
@@ -849,14 +843,22 @@ mod tests {
             stacks,
             stack_memory: super::super::StackMemory::default(),
         };
-        let typed = |stacks| {
-            plan(Mode::Cpi, (Vendor::Intel, &[]), &opts(stacks), &rate)
+        let typed = |cpu: &Processor, stacks| {
+            plan(Mode::Cpi, cpu, &opts(stacks), &rate)
                 .iter()
                 .map(EventSpec::saves_branch_types)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(typed(true), [true, false], "branches, cycles");
-        assert_eq!(typed(false), [false, false]);
+        let intel = Processor::of(Vendor::Intel);
+        assert_eq!(typed(&intel, true), [true, false], "branches, cycles");
+        assert_eq!(typed(&intel, false), [false, false]);
+        // BRS refuses the types: not asked for, also when `set_frequency` plans again
+        // from what the session kept.
+        let brs = Processor {
+            brs: true,
+            ..Processor::of(Vendor::Amd)
+        };
+        assert_eq!(typed(&brs, true), [false, false]);
     }
 
     #[test]
@@ -866,7 +868,13 @@ mod tests {
             period: None,
             core_hz: 2_000_000_000,
         };
-        let specs = events::plan(Mode::TimeProfile, Vendor::Other, &[], &rate, false, false);
+        let specs = events::plan(
+            Mode::TimeProfile,
+            &Processor::of(Vendor::Other),
+            &rate,
+            false,
+            false,
+        );
         let sys = FakeSys::new(|_, _, _| None);
         let attach = |_: &'static str| Ok(None);
         let open = ladder::open_events(&sys, &specs, &[(1, -1), (2, -1)], 0, &attach)

@@ -22,7 +22,7 @@ pub mod map;
 mod sys;
 mod text;
 
-pub use sys::soft_nofile_limit;
+pub use sys::{euid, soft_nofile_limit};
 pub use text::escape;
 
 use std::ffi::OsStr;
@@ -407,8 +407,7 @@ pub fn check_private_dir(dir: &Path) -> Result<(), DirError> {
             kind: kind(meta.mode()),
         });
     }
-    // SAFETY: geteuid has no preconditions.
-    let me = unsafe { libc::geteuid() };
+    let me = euid();
     if meta.uid() != me {
         return Err(DirError::Owner {
             dir: dir.to_path_buf(),

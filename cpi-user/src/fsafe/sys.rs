@@ -125,6 +125,12 @@ pub fn zero_page_over(page: usize) -> bool {
     p != libc::MAP_FAILED
 }
 
+/// The effective user id: whose files count as this process's own.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
 /// The soft `RLIMIT_NOFILE` (1024 when it cannot be read).
 pub fn soft_nofile_limit() -> u64 {
     let mut lim = libc::rlimit {

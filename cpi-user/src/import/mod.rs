@@ -656,6 +656,7 @@ fn load_perf_data(path: &Path, what: &str, opts: &ImportOptions) -> Result<Loade
             });
         }
     }
+    let (code, code_note) = raw_note(ev, &header);
     let run = RunInfo {
         mode: if cycles.is_some() {
             Mode::Cpi
@@ -663,10 +664,10 @@ fn load_perf_data(path: &Path, what: &str, opts: &ImportOptions) -> Result<Loade
             Mode::Instructions
         },
         mode_reason: format!(
-            "imported from perf.data {what}: branch stacks on {} ({}{}): {meaning}{timed_note}",
+            "imported from perf.data {what}: branch stacks on {} ({code}{}{code_note}): \
+             {meaning}{timed_note}",
             ev.display_name(),
             sampling(ev),
-            raw_note(ev, &header)
         ),
         command: Vec::new(),
         duration_secs: 0.0,
@@ -809,23 +810,26 @@ fn load_time_profile(
     })
 }
 
-/// How a raw core-PMU event was read ([`Estimator::of`]): on the recording's CPU, or
-/// without one.
-fn raw_note(e: &EventAttr, header: &perf_data::Header) -> String {
+/// How a raw core-PMU event was read ([`Estimator::of`]), as `(code, note)`: its code,
+/// to say after the name the recording gives it (`HEADER_EVENT_DESC`, the name `perf
+/// evlist` shows: `br_inst_exec:taken (0x534088; …`) unless the name spells it; and
+/// whether it was read on the recording's CPU or without one.
+fn raw_note(e: &EventAttr, header: &perf_data::Header) -> (String, String) {
     if !header.is_core_raw(e) {
-        return String::new();
+        return Default::default();
     }
-    match &header.cpuid {
-        Some(cpu) => format!(
-            "; raw code {:#x} read as counted on its CPU, {cpu}",
-            e.config
-        ),
-        None => format!(
-            "; raw code {:#x}: the recording names no CPU (no cpuid header), so only codes \
-             that mean one event on every vendor are known",
-            e.config
-        ),
-    }
+    let spelled = format!("{:x}", e.config);
+    let code = match &e.name {
+        Some(n) if !n.to_ascii_lowercase().contains(&spelled) => format!("{:#x}; ", e.config),
+        _ => String::new(),
+    };
+    let note = match &header.cpuid {
+        Some(cpu) => format!("; the code read as counted on its CPU, {cpu}"),
+        None => "; the code read without a CPU (no cpuid header), so only codes that mean \
+                 one event on every vendor are known"
+            .to_string(),
+    };
+    (code, note)
 }
 
 /// Points every mapped file at the local copy [`Locator`] finds (checked against the

@@ -458,8 +458,7 @@ fn destination(path: &Path) -> std::io::Result<Dest> {
     let own_link = match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Dest::Replace),
         Err(e) => return Err(e),
-        // SAFETY: geteuid has no preconditions.
-        Ok(m) if m.file_type().is_symlink() => m.uid() == unsafe { libc::geteuid() },
+        Ok(m) if m.file_type().is_symlink() => m.uid() == crate::fsafe::euid(),
         Ok(_) => true,
     };
     if !own_link {

@@ -9,8 +9,9 @@ use aya::maps::RingBuf;
 use cpi_common::policy::KernelConfig;
 use cpi_common::wire::{Counter, EventRole};
 use cpi_tests::{busy, cpu_seconds, require_root};
+use cpi_user::collect::caps::{Processor, Vendor};
 use cpi_user::collect::sys::{self, PerfSys};
-use cpi_user::collect::{self, caps::Vendor, events, ladder};
+use cpi_user::collect::{self, events, ladder};
 use cpi_user::profile::Mode;
 
 #[test]
@@ -41,7 +42,14 @@ fn full_ring_buffer_is_counted_and_nothing_is_silent() {
         period: None,
         core_hz: 0,
     };
-    let spec = events::plan(Mode::TimeProfile, Vendor::Other, &[], &rate, false, false).remove(0);
+    let spec = events::plan(
+        Mode::TimeProfile,
+        &Processor::of(Vendor::Other),
+        &rate,
+        false,
+        false,
+    )
+    .remove(0);
     assert_eq!(spec.role, EventRole::CpuClock);
     let linux = sys::Linux;
     let attach = |name: &'static str| ladder::program_fd(&bpf, name);

@@ -277,6 +277,20 @@ fn westmere_taken_branch_recording_agrees_with_perf_and_llvm_profgen() {
         "{}",
         p.mode_reason
     );
+    // The event as the recording names it (`perf evlist`), its code after it.
+    assert!(
+        p.mode_reason.contains(
+            "branch stacks on br_inst_exec:taken (0x534088; period 500000; the code read as \
+             counted on its CPU, GenuineIntel,6,44,2)"
+        ),
+        "{}",
+        p.mode_reason
+    );
+    let evlist = output_ok(Command::new("perf").args(["evlist", "-i"]).arg(&recording));
+    assert_eq!(
+        String::from_utf8_lossy(&evlist.stdout).trim(),
+        "br_inst_exec:taken"
+    );
     eprintln!("{compared} instructions compared with llvm-profgen");
     assert!(compared >= 2500, "{compared} instructions compared");
     let script = output_ok(

@@ -106,7 +106,7 @@ fn recorded(root: &std::path::Path) -> anyhow::Result<i32> {
     };
     let (mode, reason) = c.mode();
     line("mode", &format!("{} — {reason}", mode.name()));
-    for spec in events::plan(mode, c.vendor, &c.core_pmus, &rate, false, false) {
+    for spec in events::plan(mode, &c.processor(), &rate, false, false) {
         let on = spec
             .cpus
             .as_deref()
@@ -150,7 +150,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         period: None,
         core_hz: events::nominal_core_hz(),
     };
-    let plan = |m: Mode| events::plan(m, c.vendor, &c.core_pmus, &rate, false, false);
+    let plan = |m: Mode| events::plan(m, &c.processor(), &rate, false, false);
     // What the kernel's BPF has decides which programs load and where the ladder starts.
     let mut start = c.mode();
     let mut below_floor = false;

@@ -1,0 +1,241 @@
+//! The kernel's text symbols (`/proc/kallsyms`), to name `[kernel]` functions.
+//!
+//! The table is compact, as [`super::Binary`]'s is: one 16-byte entry per symbol (start,
+//! and where its name lies in one buffer), no `String` per symbol; on a 6.18 kernel
+//! (122 k text symbols) that is about 5 MB, where a `Vec<Function>` and the file's text
+//! held ~14 MB at once. The file is read line by line, never whole.
+//!
+//! The kernel formats `/proc/kallsyms` line by line as it is read, which took 0.4 s of
+//! wall time on a busy 2-CPU machine (BENCHMARKS.md, "Re-measured on 2026-11-24"): a
+//! one-shot run starts reading it on a thread while it collects ([`Kallsyms::read_ahead`]),
+//! so the report does not wait for it after the program stops.
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use super::symbolize::KERNEL_START;
+use super::Function;
+
+/// Kernel text symbols, sorted by address, each extending to the next one (the last one
+/// byte long).
+#[derive(Default)]
+pub struct KernelSymbols {
+    /// Sorted by start; one per address.
+    entries: Vec<Entry>,
+    /// Every name, one after the other.
+    names: String,
+}
+
+/// A symbol: its start and where its name lies in [`KernelSymbols::names`].
+struct Entry {
+    start: u64,
+    name: u32,
+    len: u32,
+}
+
+impl KernelSymbols {
+    /// The text symbols of a kallsyms file; empty when unreadable or when addresses are
+    /// hidden (kptr_restrict: all zero).
+    pub fn read(path: &Path) -> Self {
+        std::fs::File::open(path)
+            .map(|f| Self::parse(std::io::BufReader::with_capacity(64 << 10, f)))
+            .unwrap_or_default()
+    }
+
+    /// Parses `ADDRESS TYPE NAME [MODULE]` lines: text symbols (`T t W w`) at kernel
+    /// addresses are kept; other lines, and lines that do not parse, are skipped. Of
+    /// symbols at one address the first in the file names it.
+    fn parse(mut r: impl BufRead) -> Self {
+        let mut t = KernelSymbols::default();
+        let mut line = Vec::new();
+        // A read error ends the table where it stopped: what was read is still right.
+        while r.read_until(b'\n', &mut line).is_ok_and(|n| n > 0) {
+            if let Some((start, name)) = text_symbol(&line) {
+                let (Ok(at), Ok(len)) = (u32::try_from(t.names.len()), u32::try_from(name.len()))
+                else {
+                    break;
+                };
+                t.names.push_str(name);
+                t.entries.push(Entry {
+                    start,
+                    name: at,
+                    len,
+                });
+            }
+            line.clear();
+        }
+        // kallsyms lists the kernel's symbols in address order, then each module's.
+        t.entries.sort_by_key(|e| e.start);
+        t.entries.dedup_by_key(|e| e.start);
+        t.entries.shrink_to_fit();
+        t.names.shrink_to_fit();
+        t
+    }
+
+    /// The symbol holding `addr`.
+    pub fn lookup(&self, addr: u64) -> Option<Function> {
+        let i = self
+            .entries
+            .partition_point(|e| e.start <= addr)
+            .checked_sub(1)?;
+        let e = &self.entries[i];
+        let end = self.entries.get(i + 1).map_or(e.start + 1, |n| n.start);
+        (addr < end).then(|| Function {
+            name: self.names[e.name as usize..(e.name + e.len) as usize].to_string(),
+            start: e.start,
+            size: end - e.start,
+        })
+    }
+
+    /// Heap bytes held.
+    pub fn heap_bytes(&self) -> u64 {
+        (self.entries.capacity() * size_of::<Entry>() + self.names.capacity()) as u64
+    }
+}
+
+/// `(start, name)` of a kallsyms line naming kernel text.
+fn text_symbol(line: &[u8]) -> Option<(u64, &str)> {
+    let mut f = std::str::from_utf8(line).ok()?.split_ascii_whitespace();
+    let start = u64::from_str_radix(f.next()?, 16).ok()?;
+    let kind = f.next()?;
+    let name = f.next()?;
+    (start >= KERNEL_START && matches!(kind, "T" | "t" | "W" | "w")).then_some((start, name))
+}
+
+/// Where kernel symbols come from, and the table once read: clones share it, so a table
+/// read ahead serves the symbolizer that later needs it.
+#[derive(Clone)]
+pub struct Kallsyms {
+    path: PathBuf,
+    table: Arc<OnceLock<KernelSymbols>>,
+}
+
+impl std::fmt::Debug for Kallsyms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kallsyms")
+            .field("path", &self.path)
+            .field("read", &self.table.get().is_some())
+            .finish()
+    }
+}
+
+impl Kallsyms {
+    /// Symbols to be read from `path` when first needed.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Kallsyms {
+            path: path.into(),
+            table: Arc::default(),
+        }
+    }
+
+    /// Starts reading the table on a thread; [`Kallsyms::table`] waits for it if it is
+    /// not done yet.
+    pub fn read_ahead(&self) {
+        let k = self.clone();
+        // Without a thread the table is read when first needed, as without read-ahead.
+        let _ = std::thread::Builder::new()
+            .name("kallsyms".into())
+            .spawn(move || {
+                k.table();
+            });
+    }
+
+    /// The table, read now unless it was already (or is being read ahead).
+    pub fn table(&self) -> &KernelSymbols {
+        self.table.get_or_init(|| KernelSymbols::read(&self.path))
+    }
+
+    /// The table if it has been read.
+    pub fn table_if_read(&self) -> Option<&KernelSymbols> {
+        self.table.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_bounds_duplicates_order_and_bad_lines() {
+        // Modules after the kernel (out of address order), data and absolute symbols,
+        // a symbol at a user address, two names at one address, corrupt lines, a name
+        // that is not UTF-8 and a last line without its newline.
+        let mut text = b"0000000000000000 A fixed_percpu_data\n\
+             ffffffff81000000 T _stext\n\
+             ffffffff81000100 t do_syscall_64\n\
+             ffffffff81000100 T do_syscall_alias\n\
+             ffffffff81000180 D some_data\n\
+             ffffffff81000200 W entry_SYSCALL_64\n\
+             ffffffffc0001000 t nf_hook\t[nf_tables]\n\
+             ffffffff81000300 w weak_fn\n\
+             00007f0000000000 T user_text\n\
+             ffffffffzz000400 T bad_hex\n\
+             ffffffff81000400 T\n\
+             garbage\n\
+             \n\
+             ffffffff81000600 T bad_utf8_"
+            .to_vec();
+        text.extend_from_slice(b"\xff\nffffffff81000700 T last_kernel_fn");
+        let t = KernelSymbols::parse(&text[..]);
+        let at = |a| t.lookup(a).map(|f| (f.name, f.start, f.size));
+        let name = |a| at(a).map(|f| f.0);
+        assert_eq!(
+            at(0xffff_ffff_8100_0000),
+            Some(("_stext".into(), 0xffff_ffff_8100_0000, 0x100))
+        );
+        // The last address of a symbol, and the first of the next; of two names at one
+        // address, the first in the file; a data symbol does not end a function.
+        assert_eq!(name(0xffff_ffff_8100_00ff).unwrap(), "_stext");
+        assert_eq!(
+            at(0xffff_ffff_8100_0100),
+            Some(("do_syscall_64".into(), 0xffff_ffff_8100_0100, 0x100))
+        );
+        assert_eq!(name(0xffff_ffff_8100_01ff).unwrap(), "do_syscall_64");
+        assert_eq!(name(0xffff_ffff_8100_0200).unwrap(), "entry_SYSCALL_64");
+        // Lines that do not parse are skipped: weak_fn runs to the next good symbol.
+        assert_eq!(
+            at(0xffff_ffff_8100_0650),
+            Some(("weak_fn".into(), 0xffff_ffff_8100_0300, 0x400))
+        );
+        assert_eq!(name(0xffff_ffff_8100_0700).unwrap(), "last_kernel_fn");
+        // A module's symbol, listed before lower addresses, sorts in place; the last
+        // symbol is one byte long.
+        assert_eq!(name(0xffff_ffff_c000_0fff).unwrap(), "last_kernel_fn");
+        assert_eq!(
+            at(0xffff_ffff_c000_1000),
+            Some(("nf_hook".into(), 0xffff_ffff_c000_1000, 1))
+        );
+        assert_eq!(at(0xffff_ffff_c000_1001), None);
+        // Below the first symbol, and user addresses: nothing.
+        assert_eq!(at(0xffff_ffff_80ff_ffff), None);
+        assert_eq!(at(0x7f00_0000_0000), None);
+        assert_eq!(at(0), None);
+    }
+
+    #[test]
+    fn hidden_or_missing_is_empty_and_read_ahead_is_shared() {
+        // kptr_restrict shows every address as zero.
+        let hidden =
+            KernelSymbols::parse(&b"0000000000000000 T _stext\n0000000000000000 t f\n"[..]);
+        assert_eq!(hidden.lookup(0), None);
+        assert_eq!(hidden.heap_bytes(), 0);
+        let k = Kallsyms::new("/nonexistent/kallsyms");
+        assert_eq!(k.table().lookup(KERNEL_START), None);
+
+        let path = std::env::temp_dir().join(format!("cpi-kallsyms-{}", std::process::id()));
+        std::fs::write(
+            &path,
+            "ffffffff81000000 T _stext\nffffffff81000100 T next\n",
+        )
+        .unwrap();
+        let k = Kallsyms::new(&path);
+        let clone = k.clone();
+        k.read_ahead();
+        // The clone gets the table the thread reads (or reads it, if first).
+        let f = clone.table().lookup(0xffff_ffff_8100_0010).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!((f.name.as_str(), f.size), ("_stext", 0x100));
+        assert!(std::ptr::eq(k.table(), clone.table()));
+    }
+}
