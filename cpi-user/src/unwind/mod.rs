@@ -353,7 +353,8 @@ pub const DEFAULT_BYTE_BOUND: u64 = 64 << 20;
 
 impl StackUnwinder {
     /// At most `max_frames` frames per stack; unwind sections mapped up to `byte_bound`
-    /// bytes (files in use by a process being unwound may exceed it until it is done).
+    /// bytes (files a live process's modules use stay beyond it, until it leaves), and
+    /// as many of their pages resident between releases ([`Self::release_pages`]).
     pub fn new(max_frames: usize, byte_bound: u64) -> Self {
         StackUnwinder {
             sections: HashMap::new(),
@@ -471,9 +472,11 @@ impl StackUnwinder {
         }
         // Counted only every OWN_CACHE_AFTER unwinds of a process without one: a pass
         // over the processes, not one per sample.
-        let earned = self.processes.get(&pid).is_some_and(|p| {
-            p.cache.is_none() && (p.unwinds + 1) % OWN_CACHE_AFTER == 0
-        }) && self.own_caches() < MAX_OWN_CACHES;
+        let earned = self
+            .processes
+            .get(&pid)
+            .is_some_and(|p| p.cache.is_none() && (p.unwinds + 1) % OWN_CACHE_AFTER == 0)
+            && self.own_caches() < MAX_OWN_CACHES;
         let proc = self.processes.get_mut(&pid).expect("inserted above");
         proc.unwinds += 1;
         proc.refresh();
@@ -644,6 +647,17 @@ impl StackUnwinder {
         for (_, key) in by_use {
             if !over(self) {
                 break;
+            }
+            // A file a process's modules still use stays: dropping it here would map it
+            // again for the next process, one more mapping of the same pages in the
+            // resident set for as long as the first lives (seen: five of
+            // `librustc_driver` while builds ran), and out of reach of `release_pages`.
+            if self.sections[&key]
+                .0
+                .as_ref()
+                .is_some_and(|s| Arc::strong_count(&s.map) > 1)
+            {
+                continue;
             }
             if let Some((s, _)) = self.sections.remove(&key) {
                 self.bytes -= s.as_ref().map_or(0, |s| s.bytes);
@@ -836,7 +850,11 @@ mod tests {
                 }
             }
         }
-        assert_eq!(warm.own_caches(), 2, "both processes earned their own cache");
+        assert_eq!(
+            warm.own_caches(),
+            2,
+            "both processes earned their own cache"
+        );
         assert!(deeper > 0, "no unwind went past the first frame");
     }
 
@@ -897,7 +915,10 @@ mod tests {
             oldest = own;
             round += 1;
         }
-        assert!(replaced > 2, "the process's cache was replaced {replaced} times");
+        assert!(
+            replaced > 2,
+            "the process's cache was replaced {replaced} times"
+        );
     }
 
     #[test]
