@@ -1,8 +1,9 @@
 /* A binary with a large mapped footprint for the agent's memory test
  * (tests/tests/it/agent_sinks.rs): `wide_unwind SECONDS` calls 2,000 leaf functions in
  * turn, each spinning a few µs, until SECONDS have passed. Each function's `.eh_frame`
- * entry (FDE) carries 20 KiB of DW_CFA_remember_state/DW_CFA_restore_state pairs (rules
- * unchanged; gas drops DW_CFA_nop) before its first rule, so unwinding from any
+ * entry (FDE) carries 20 KiB of `DW_CFA_same_value r15` (what r15's rule is anyway;
+ * gas drops DW_CFA_nop, and remember/restore pairs cost the unwinder a row copy each)
+ * before its first rule, so unwinding from any
  * address in it reads the whole entry: samples spread over the functions touch the
  * 40 MB of `.eh_frame` page after page, as an unwinder walking a compiler's 100+ MB
  * libraries does. Written in assembly (GAS macros) so that gcc builds it in seconds. */
@@ -14,9 +15,8 @@
 __asm__(
     ".altmacro\n"
     ".macro wide_nops\n"
-    "  .cfi_escape 10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,"
-    "10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,"
-    "10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11\n"
+    "  .cfi_escape 8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,"
+    "8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15\n"
     ".endm\n"
     ".macro wide_fn n\n"
     "  .globl wide_\\n\n"

@@ -472,11 +472,10 @@ impl StackUnwinder {
         }
         // Counted only every OWN_CACHE_AFTER unwinds of a process without one: a pass
         // over the processes, not one per sample.
-        let earned = self
-            .processes
-            .get(&pid)
-            .is_some_and(|p| p.cache.is_none() && (p.unwinds + 1) % OWN_CACHE_AFTER == 0)
-            && self.own_caches() < MAX_OWN_CACHES;
+        let earned =
+            self.processes.get(&pid).is_some_and(|p| {
+                p.cache.is_none() && (p.unwinds + 1).is_multiple_of(OWN_CACHE_AFTER)
+            }) && self.own_caches() < MAX_OWN_CACHES;
         let proc = self.processes.get_mut(&pid).expect("inserted above");
         proc.unwinds += 1;
         proc.refresh();
@@ -897,7 +896,7 @@ mod tests {
         let mut round = 0usize;
         while generations() - start < 3 << 16 {
             let (maps, files) = &layouts[round % 2];
-            u.maps_changed(1, [0..u64::MAX]);
+            u.maps_changed(1, std::iter::once(0..u64::MAX));
             let got = u.unwind(1, maps, files, regs, &stack, true);
             assert_eq!(got, cold[round % 2], "round {round}");
             // The cache each unwind used: the process's own, else the shared one.
@@ -905,7 +904,7 @@ mod tests {
                 u.processes[&pid].cache.as_ref().unwrap_or(&u.cache).oldest
             };
             assert!(generations() - used(&u, 1) < 1 << 16, "round {round}");
-            if round % 1024 == 0 {
+            if round.is_multiple_of(1024) {
                 let (maps, files) = &layouts[0];
                 assert_eq!(u.unwind(2, maps, files, regs, &stack, true), cold[0]);
                 assert!(generations() - used(&u, 2) < 1 << 16, "round {round}");
