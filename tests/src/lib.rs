@@ -366,16 +366,23 @@ pub fn labelled(body: &str, name: &str, label: &str, value: &str) -> Option<f64>
 }
 
 /// Resident anonymous memory of a process, bytes (`RssAnon`): the agent's own heap.
-/// Not `VmRSS`, which also counts the page cache of the binaries it maps to read their
-/// symbols (a host running rustc made that 112 MiB for a moment, from
-/// librustc_driver's pages, which the cache trim drops again: binary/mod.rs) and the
-/// ring buffers' fixed pages.
+/// Not `VmRSS` ([`vm_rss`]), which also counts the page cache of the binaries it maps to
+/// read their symbols and unwind tables, and the ring buffers' fixed pages.
 pub fn rss(pid: u32) -> u64 {
+    status_bytes(pid, "RssAnon:").unwrap_or_else(|| panic!("RssAnon of {pid}"))
+}
+
+/// A process's whole resident set, bytes (`VmRSS`): what `top`, `ps` and systemd show
+/// an operator. `None` once it has exited.
+pub fn vm_rss(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmRSS:")
+}
+
+fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
+        .ok()?
         .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("RssAnon")
-        * 1024
+        .map(|kib| kib * 1024)
 }

@@ -395,16 +395,10 @@ fn self_usage() -> Option<(f64, f64)> {
     // utime and stime fields 14 and 15 (proc(5)).
     let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let ticks: f64 = rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?;
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
-    let pages: f64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    let rss = crate::procmap::own_resident()?.total;
     // SAFETY: sysconf only reads constants of the running system.
-    let (hz, page) = unsafe {
-        (
-            libc::sysconf(libc::_SC_CLK_TCK),
-            libc::sysconf(libc::_SC_PAGESIZE),
-        )
-    };
-    (hz > 0 && page > 0).then(|| (ticks / hz as f64, pages * page as f64))
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| (ticks / hz as f64, rss as f64))
 }
 
 impl Collector for ProcessCollector {

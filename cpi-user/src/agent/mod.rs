@@ -709,8 +709,7 @@ fn analysis_loop(
         for pid in table.expire(job.windows) {
             sym.forget_process(pid);
         }
-        // The collector's unwind entries count in the same bound.
-        sym.trim(c.cache_bytes.saturating_sub(unwind_bytes));
+        sym.trim(symbolizer_bytes(c, unwind_bytes));
         let analysis_seconds = began.elapsed().as_secs_f64();
         let window = Window {
             start: job.start,
@@ -767,6 +766,24 @@ fn analysis_loop(
             m.set_push_stats(&p.stats());
         }
     }
+}
+
+/// What the symbolizer may keep across windows: `--cache-mib` less what call stacks may
+/// hold at once ([`AgentConfig::stack_memory`]: three windows' stacks — collecting,
+/// queued, analysed — and the unwind sections' resident pages) and the unwinder's heap
+/// (`unwind_heap`). Before, the symbolizer alone could fill `--cache-mib` and the stacks
+/// came on top: 93–98 MiB anonymous on a build host (BENCHMARKS.md, "Agent memory on a
+/// build host").
+fn symbolizer_bytes(c: &AgentConfig, unwind_heap: u64) -> u64 {
+    let stacks = if c.stacks {
+        let m = c.stack_memory();
+        3 * m.window_bytes as u64 + m.unwind_bytes
+    } else {
+        0
+    };
+    c.cache_bytes
+        .saturating_sub(stacks)
+        .saturating_sub(unwind_heap)
 }
 
 /// Gives the heap pages a window's analysis freed back to the system. glibc keeps freed

@@ -298,6 +298,8 @@ impl Drain {
             .retain_processes(|pid| known.contains_key(&pid));
         // Files no process holds any more (the window handed out still holds its own).
         self.files.release_unused();
+        // The unwind sections' pages this window touched leave the resident set.
+        self.unwinder.release_pages();
         DrainWindow {
             set,
             received: std::mem::take(&mut self.received),

@@ -217,6 +217,30 @@ impl ProcessMaps {
     }
 }
 
+/// This process's resident set, in bytes (`/proc/self/statm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resident {
+    /// All of it (`VmRSS`).
+    pub total: u64,
+    /// File-backed and shared pages (`RssFile` + `RssShmem`): mapped binaries, the
+    /// BPF ring buffer.
+    pub file: u64,
+}
+
+/// This process's [`Resident`] set; `None` when `/proc` cannot be read.
+pub fn own_resident() -> Option<Resident> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let mut f = statm.split_whitespace().skip(1);
+    let mut pages = || f.next()?.parse::<u64>().ok();
+    let (total, file) = (pages()?, pages()?);
+    // SAFETY: sysconf only reads constants of the running system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    Some(Resident {
+        total: total * page,
+        file: file * page,
+    })
+}
+
 /// True while `/proc/PID` exists: a process (a zombie counts: it is not reaped), or a
 /// thread by its id.
 pub fn alive(pid: u32) -> bool {

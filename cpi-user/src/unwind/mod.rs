@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
@@ -89,6 +90,8 @@ struct Sections {
     loads: Vec<(u64, u64, u64)>,
     /// Bytes of the unwind sections (mapped, not copied).
     bytes: u64,
+    /// The file's mapping, whose touched pages [`StackUnwinder::release_pages`] drops.
+    map: Arc<GuardedMap>,
 }
 
 /// Heap bytes of one file's entry (the sections themselves are file pages).
@@ -145,6 +148,7 @@ impl Sections {
             got: range(".got"),
             loads,
             bytes,
+            map,
         })
     }
 
@@ -190,9 +194,55 @@ fn module_key(m: &Mapping) -> Option<ModuleKey> {
         .then_some((m.start, m.end, m.offset, m.file_id))
 }
 
+/// framehop's module generations made so far (each new unwinder and each module added
+/// or removed takes the next value of framehop's global `u16` counter): counted here,
+/// where every unwinder of this process is changed, at least as often as framehop counts.
+static GENERATIONS: AtomicU64 = AtomicU64::new(0);
+
+fn generations() -> u64 {
+    GENERATIONS.load(Ordering::Relaxed)
+}
+
+/// A cache entry is tagged with the generation of the unwinder that wrote it, and framehop's
+/// generation is a `u16` shared by all unwinders: an entry outliving 65,536 later
+/// generations would answer for a module set it was not made for (at ≈ 1,500 module
+/// changes a second under churn, within a minute). A rule cache is therefore replaced
+/// once the oldest generation it may hold is this many generations old, and an unwinder
+/// whose modules stay unchanged takes a new generation at half of it
+/// ([`ProcessUnwinder::refresh`]), so the caches it uses need not be replaced at every
+/// use. Half the `u16` range: room for generations counted late.
+const GENERATION_SPAN: u64 = 1 << 15;
+
+/// A framehop rule cache and the oldest unwinder generation that has used it.
+struct RuleCache {
+    cache: Box<CacheX86_64>,
+    oldest: u64,
+}
+
+impl RuleCache {
+    fn new(generation: u64) -> Self {
+        RuleCache {
+            cache: Box::default(),
+            oldest: generation,
+        }
+    }
+
+    /// The cache, for an unwinder of `generation`; a new one if its entries could be
+    /// confused with that generation's after a wrap ([`GENERATION_SPAN`]).
+    fn get(&mut self, generation: u64) -> &mut CacheX86_64 {
+        self.oldest = self.oldest.min(generation);
+        if generations().saturating_sub(self.oldest) >= GENERATION_SPAN {
+            *self = RuleCache::new(generation);
+        }
+        &mut self.cache
+    }
+}
+
 /// One process's modules and the mappings they were made for.
 struct ProcessUnwinder {
     unwinder: UnwinderX86_64<SectionData>,
+    /// The generation (a count of [`GENERATIONS`]) `unwinder` was given last.
+    generation: u64,
     /// Sorted by start (the maps' order): also where unwinding may continue.
     modules: Vec<ModuleKey>,
     /// Address ranges whose mappings changed since the modules were made
@@ -201,7 +251,46 @@ struct ProcessUnwinder {
     /// Unwinds so far: a process earns its own rule cache at [`OWN_CACHE_AFTER`].
     unwinds: u64,
     /// Its own rule cache, once it has one.
-    cache: Option<Box<CacheX86_64>>,
+    cache: Option<RuleCache>,
+}
+
+impl ProcessUnwinder {
+    fn new() -> Self {
+        ProcessUnwinder {
+            unwinder: UnwinderX86_64::new(),
+            generation: GENERATIONS.fetch_add(1, Ordering::Relaxed),
+            modules: Vec::new(),
+            pending: std::iter::once(0..u64::MAX).collect(),
+            unwinds: 0,
+            cache: None,
+        }
+    }
+
+    fn add_module(&mut self, module: Module<SectionData>) {
+        self.unwinder.add_module(module);
+        self.generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn remove_module(&mut self, start: u64) {
+        self.unwinder.remove_module(start);
+        self.generation = GENERATIONS.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Gives the unwinder a new generation, its modules unchanged (framehop has no call
+    /// for it: a module where no code can be is added and removed), once its generation
+    /// is half of [`GENERATION_SPAN`] old.
+    fn refresh(&mut self) {
+        if generations().saturating_sub(self.generation) >= GENERATION_SPAN / 2 {
+            let nowhere = u64::MAX - 1..u64::MAX;
+            self.add_module(Module::new(
+                String::new(),
+                nowhere.clone(),
+                nowhere.start,
+                ExplicitModuleSectionInfo::default(),
+            ));
+            self.remove_module(nowhere.start);
+        }
+    }
 }
 
 /// Unwinds after which a process gets a rule cache of its own. framehop's cache is
@@ -220,6 +309,12 @@ const MAX_OWN_CACHES: usize = 256;
 /// gimli's unwind context).
 const OWN_CACHE_BYTES: u64 = 16 << 10;
 
+/// Unwinds between two reads of the resident set ([`StackUnwinder::release_pages`]): a
+/// read of `/proc/self/statm` is a few µs, a stack sample ≈ 25 µs of the agent's time
+/// (BENCHMARKS.md, "Agent CPU per stack sample"), and a cold unwind touches a few pages
+/// per frame.
+const RESIDENT_CHECK_EVERY: u32 = 32;
+
 /// Unwinds the copied user stacks of many processes.
 pub struct StackUnwinder {
     sections: HashMap<FileKey, (Option<Arc<Sections>>, u64)>,
@@ -229,10 +324,14 @@ pub struct StackUnwinder {
     tick: u64,
     processes: HashMap<u32, ProcessUnwinder>,
     /// The rule cache of processes without their own.
-    cache: CacheX86_64,
-    /// Processes with their own rule cache.
-    own_caches: usize,
+    cache: RuleCache,
     max_frames: usize,
+    /// This process's resident file-backed bytes (`procmap::own_resident`; a fake in
+    /// tests), read every [`RESIDENT_CHECK_EVERY`] unwinds…
+    resident_file: fn() -> Option<u64>,
+    /// …and compared with what it was after the sections' pages were last released.
+    resident_base: u64,
+    since_check: u32,
     /// Files no process ever held (a recording's, [`Self::for_recordings`]) are opened
     /// by their checked path.
     recorded: bool,
@@ -254,7 +353,8 @@ pub const DEFAULT_BYTE_BOUND: u64 = 64 << 20;
 
 impl StackUnwinder {
     /// At most `max_frames` frames per stack; unwind sections mapped up to `byte_bound`
-    /// bytes (files in use by a process being unwound may exceed it until it is done).
+    /// bytes (files a live process's modules use stay beyond it, until it leaves), and
+    /// as many of their pages resident between releases ([`Self::release_pages`]).
     pub fn new(max_frames: usize, byte_bound: u64) -> Self {
         StackUnwinder {
             sections: HashMap::new(),
@@ -262,9 +362,11 @@ impl StackUnwinder {
             byte_bound,
             tick: 0,
             processes: HashMap::new(),
-            cache: CacheX86_64::new(),
-            own_caches: 0,
+            cache: RuleCache::new(generations()),
             max_frames,
+            resident_file: || crate::procmap::own_resident().map(|r| r.file),
+            resident_base: 0,
+            since_check: 0,
             recorded: false,
         }
     }
@@ -283,17 +385,54 @@ impl StackUnwinder {
     /// Heap bytes held for the files' unwind sections (the sections themselves are
     /// mapped file pages, bounded apart) and the processes' own rule caches.
     pub fn held_bytes(&self) -> u64 {
-        self.sections.len() as u64 * ENTRY_HEAP_BYTES + self.own_caches as u64 * OWN_CACHE_BYTES
+        self.sections.len() as u64 * ENTRY_HEAP_BYTES + self.own_caches() as u64 * OWN_CACHE_BYTES
+    }
+
+    /// Processes with a rule cache of their own.
+    fn own_caches(&self) -> usize {
+        self.processes
+            .values()
+            .filter(|p| p.cache.is_some())
+            .count()
+    }
+
+    /// Drops the pages of the unwind sections read since the last call from this
+    /// process's resident set: they stay in the page cache, so a later lookup there is
+    /// a minor fault (cpi-user/src/fsafe/map.rs `GuardedMap::dont_need`). Called at the
+    /// end of each window, and whenever the file pages resident since the last call
+    /// exceed the byte bound: a binary's `.eh_frame` is used in place, and the pages a
+    /// window's lookups touch in a compiler's 100+ MB of libraries would otherwise stay
+    /// in the resident set an operator reads (BENCHMARKS.md, "Agent memory on a build
+    /// host").
+    pub fn release_pages(&mut self) {
+        for (s, _) in self.sections.values() {
+            if let Some(s) = s {
+                if let Err(e) = s.map.dont_need() {
+                    log::debug!("unwind sections: madvise(MADV_DONTNEED): {e}");
+                }
+            }
+        }
+        self.resident_base = (self.resident_file)().unwrap_or(0);
+        self.since_check = 0;
+    }
+
+    /// [`Self::release_pages`] when the resident file pages grew past the byte bound
+    /// since the last release (checked every [`RESIDENT_CHECK_EVERY`] unwinds).
+    fn bound_resident(&mut self) {
+        self.since_check += 1;
+        if self.since_check < RESIDENT_CHECK_EVERY {
+            return;
+        }
+        self.since_check = 0;
+        let now = (self.resident_file)().unwrap_or(0);
+        if now.saturating_sub(self.resident_base) > self.byte_bound {
+            self.release_pages();
+        }
     }
 
     /// Drops what is held for processes `keep` says are gone.
     pub fn retain_processes(&mut self, keep: impl Fn(u32) -> bool) {
         self.processes.retain(|pid, _| keep(*pid));
-        self.own_caches = self
-            .processes
-            .values()
-            .filter(|p| p.cache.is_some())
-            .count();
     }
 
     /// Says that `pid`'s mappings in `changed` (new ones, and what they replaced) are
@@ -324,27 +463,30 @@ impl StackUnwinder {
             .get(&pid)
             .is_none_or(|p| !p.pending.is_empty())
         {
-            let mut p = self.processes.remove(&pid).unwrap_or(ProcessUnwinder {
-                unwinder: UnwinderX86_64::new(),
-                modules: Vec::new(),
-                pending: std::iter::once(0..u64::MAX).collect(),
-                unwinds: 0,
-                cache: None,
-            });
+            let mut p = self
+                .processes
+                .remove(&pid)
+                .unwrap_or_else(ProcessUnwinder::new);
             self.update(&mut p, pid, maps, files);
             self.processes.insert(pid, p);
         }
+        // Counted only every OWN_CACHE_AFTER unwinds of a process without one: a pass
+        // over the processes, not one per sample.
+        let earned =
+            self.processes.get(&pid).is_some_and(|p| {
+                p.cache.is_none() && (p.unwinds + 1).is_multiple_of(OWN_CACHE_AFTER)
+            }) && self.own_caches() < MAX_OWN_CACHES;
         let proc = self.processes.get_mut(&pid).expect("inserted above");
         proc.unwinds += 1;
-        if proc.unwinds >= OWN_CACHE_AFTER
-            && proc.cache.is_none()
-            && self.own_caches < MAX_OWN_CACHES
-        {
-            proc.cache = Some(Box::default());
-            self.own_caches += 1;
+        proc.refresh();
+        if earned {
+            proc.cache = Some(RuleCache::new(proc.generation));
         }
         let proc = &mut *proc;
-        let cache = proc.cache.as_deref_mut().unwrap_or(&mut self.cache);
+        let cache = match &mut proc.cache {
+            Some(c) => c.get(proc.generation),
+            None => self.cache.get(proc.generation),
+        };
         let in_code = |a: u64| {
             let i = proc.modules.partition_point(|m| m.0 <= a);
             i > 0 && (proc.modules[i - 1].0..proc.modules[i - 1].1).contains(&a)
@@ -388,6 +530,7 @@ impl StackUnwinder {
                 Err(_) => break Stop::BadUnwind,
             }
         };
+        self.bound_resident();
         (frames, stop)
     }
 
@@ -405,8 +548,8 @@ impl StackUnwinder {
         for r in &pending {
             let lo = p.modules.partition_point(|k| k.1 <= r.start);
             let hi = lo + p.modules[lo..].partition_point(|k| k.0 < r.end);
-            for k in p.modules.drain(lo..hi) {
-                p.unwinder.remove_module(k.0);
+            for k in p.modules.drain(lo..hi).collect::<Vec<_>>() {
+                p.remove_module(k.0);
             }
         }
         for r in &pending {
@@ -416,7 +559,7 @@ impl StackUnwinder {
                 if let Err(i) = p.modules.binary_search(&k) {
                     p.modules.insert(i, k);
                     let module = self.module(pid, m, files);
-                    p.unwinder.add_module(module);
+                    p.add_module(module);
                 }
             }
         }
@@ -503,6 +646,17 @@ impl StackUnwinder {
         for (_, key) in by_use {
             if !over(self) {
                 break;
+            }
+            // A file a process's modules still use stays: dropping it here would map it
+            // again for the next process, one more mapping of the same pages in the
+            // resident set for as long as the first lives (seen: five of
+            // `librustc_driver` while builds ran), and out of reach of `release_pages`.
+            if self.sections[&key]
+                .0
+                .as_ref()
+                .is_some_and(|s| Arc::strong_count(&s.map) > 1)
+            {
+                continue;
             }
             if let Some((s, _)) = self.sections.remove(&key) {
                 self.bytes -= s.as_ref().map_or(0, |s| s.bytes);
@@ -695,8 +849,75 @@ mod tests {
                 }
             }
         }
-        assert_eq!(warm.own_caches, 2, "both processes earned their own cache");
+        assert_eq!(
+            warm.own_caches(),
+            2,
+            "both processes earned their own cache"
+        );
         assert!(deeper > 0, "no unwind went past the first frame");
+    }
+
+    /// framehop tags rule-cache entries with a `u16` generation shared by all unwinders,
+    /// so no cache may hold entries 65,536 generations apart ([`GENERATION_SPAN`]). One
+    /// process's module is replaced by another file at the same address at every sample,
+    /// past 2^16 generations, while a second process's modules never change: every
+    /// unwind gives the frames a cold unwinder gives, and no cache in use spans the
+    /// range.
+    #[test]
+    fn rule_caches_are_replaced_before_generations_wrap() {
+        let (a, b) = (
+            temp("gen-true", &std::fs::read("/usr/bin/true").unwrap()),
+            temp("gen-false", &std::fs::read("/usr/bin/false").unwrap()),
+        );
+        let layouts = [process(Some(&a)), process(Some(&b))];
+        let text = |p: &Path| {
+            let bytes = std::fs::read(p).unwrap();
+            let f = object::File::parse(&*bytes).unwrap();
+            f.section_by_name(".text").unwrap().address()
+        };
+        let ip = BASE + text(&a).max(text(&b)) + 0x40;
+        let regs = UserRegs {
+            ip,
+            sp: SP,
+            bp: SP + 8,
+        };
+        let stack = stack_of(&[SP + 16, ip, SP + 24, ip + 0x10, 0, 0]);
+        let cold: Vec<_> = layouts
+            .iter()
+            .map(|(maps, files)| {
+                StackUnwinder::new(128, DEFAULT_BYTE_BOUND)
+                    .unwind(1, maps, files, regs, &stack, true)
+            })
+            .collect();
+        let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        let start = generations();
+        let mut replaced = 0;
+        let mut oldest = 0;
+        let mut round = 0usize;
+        while generations() - start < 3 << 16 {
+            let (maps, files) = &layouts[round % 2];
+            u.maps_changed(1, std::iter::once(0..u64::MAX));
+            let got = u.unwind(1, maps, files, regs, &stack, true);
+            assert_eq!(got, cold[round % 2], "round {round}");
+            // The cache each unwind used: the process's own, else the shared one.
+            let used = |u: &StackUnwinder, pid| {
+                u.processes[&pid].cache.as_ref().unwrap_or(&u.cache).oldest
+            };
+            assert!(generations() - used(&u, 1) < 1 << 16, "round {round}");
+            if round.is_multiple_of(1024) {
+                let (maps, files) = &layouts[0];
+                assert_eq!(u.unwind(2, maps, files, regs, &stack, true), cold[0]);
+                assert!(generations() - used(&u, 2) < 1 << 16, "round {round}");
+            }
+            let own = u.processes[&1].cache.as_ref().map_or(0, |c| c.oldest);
+            replaced += usize::from(own > oldest);
+            oldest = own;
+            round += 1;
+        }
+        assert!(
+            replaced > 2,
+            "the process's cache was replaced {replaced} times"
+        );
     }
 
     #[test]

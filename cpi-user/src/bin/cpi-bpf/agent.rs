@@ -50,8 +50,9 @@ pub struct Args {
     /// CPU budget of the agent plus its BPF programs, percent of one CPU [default: 0.5].
     #[arg(long, value_name = "PCT")]
     pub overhead_budget: Option<f64>,
-    /// Bound of the caches that outlive windows (binaries, symbols), MiB; each window's
-    /// call stacks take at most an eighth of it on top [default: 64].
+    /// Bound of what outlives windows and what call stacks hold, MiB: each window's
+    /// stacks an eighth, unwind-table pages resident a quarter, cached binaries and
+    /// symbols the rest [default: 64].
     #[arg(long, value_name = "MIB")]
     pub cache_mib: Option<u64>,
     /// Store directory: one gzip'd profile per window [default: /var/lib/cpi-bpf].
