@@ -60,8 +60,8 @@ use super::model::{
 use super::paths::{bound_paths, pseudo_path, DROPPED_FRAME, MAX_PATHS, NO_STACK_FRAME};
 use super::stack::{CallStack, StackEnd, StackStat};
 use crate::binary::{
-    Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines,
-    Symbolizer, SymbolizerOptions,
+    Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines, Symbolizer,
+    SymbolizerOptions,
 };
 use crate::procmap::ProcessMaps;
 use crate::progress::{self, Unit};
