@@ -24,8 +24,11 @@ pub const DEFAULT_INTERVAL_SECS: u64 = 10;
 pub const DEFAULT_CACHE_MIB: u64 = 64;
 /// `--overhead-budget` default, percent of one CPU.
 pub const DEFAULT_BUDGET_PCT: f64 = 0.5;
-/// `--min-frequency` default, Hz.
-pub const DEFAULT_MIN_FREQUENCY: u64 = 49;
+/// `--min-frequency` default, Hz: parca-agent's and Grafana Alloy's `pyroscope.ebpf`
+/// default rate. At 49 Hz the stacks agent took ≈ 0.7 % of a core on a host running
+/// builds, over the 0.5 % budget; at 19 Hz the governor holds it (BENCHMARKS.md, "Agent
+/// CPU on a build host").
+pub const DEFAULT_MIN_FREQUENCY: u64 = 19;
 /// `--metrics-addr` default (loopback).
 pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
 /// `--metrics-top-comms` / `--metrics-top-functions` default.
@@ -529,7 +532,7 @@ mod tests {
     fn defaults() {
         let c = AgentOptions::default().resolve().unwrap();
         assert_eq!(c.interval, Duration::from_secs(10));
-        assert_eq!((c.frequency, c.min_frequency), (999, 49));
+        assert_eq!((c.frequency, c.min_frequency), (999, 19));
         assert_eq!(c.overhead_budget_pct, 0.5);
         assert!(c.stacks && !c.source_lines);
         assert_eq!(c.cache_bytes, 64 << 20);

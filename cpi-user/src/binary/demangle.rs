@@ -23,13 +23,19 @@ const CPP_RECURSION: u32 = 256;
 /// Rust names are shown without their hash (`std::rt::lang_start`), as perf, pprof and
 /// Pyroscope show them.
 pub fn demangle(name: &str) -> Cow<'_, str> {
-    if name.len() > MAX_MANGLED || !(name.starts_with("_Z") || name.starts_with("_R")) {
+    if !may_be_mangled(name) {
         return Cow::Borrowed(name);
     }
     // A legacy Rust name is a valid Itanium name too: Rust first, which checks its hash.
     rust(name)
         .or_else(|| cpp(name))
         .map_or(Cow::Borrowed(name), Cow::Owned)
+}
+
+/// Whether [`demangle`] may change `name` (the cheap test it starts with): names that
+/// fail it are shown as they are, with nothing to cache.
+pub fn may_be_mangled(name: &str) -> bool {
+    name.len() <= MAX_MANGLED && (name.starts_with("_Z") || name.starts_with("_R"))
 }
 
 fn rust(name: &str) -> Option<String> {

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::demangle::{demangle, may_be_mangled};
 use super::kallsyms::{Kallsyms, KernelSymbols};
 use super::{Binary, BinaryCache, BinaryError, Function, Instruction};
 use crate::procmap::{CapturedFile, MappedObject, Mapping, ProcessMaps};
@@ -147,15 +148,23 @@ pub struct Symbolizer {
     gone: std::collections::HashSet<u32>,
     /// Last use of each binary (by [`Binary::id`]), for [`Symbolizer::trim`].
     used: HashMap<u64, u64>,
-    /// Decoded functions by (binary id, start, size, form).
+    /// Decoded functions and demangled names by (binary id, start, size, form).
     decoded: HashMap<DecodedKey, Decoded>,
     /// Bytes of `decoded`.
     decoded_bytes: u64,
     clock: u64,
 }
 
-/// (binary id, function start, function size, instruction starts only).
-type DecodedKey = (u64, u64, u64, bool);
+/// (binary id, function start, function size, what is kept of it).
+type DecodedKey = (u64, u64, u64, Form);
+
+/// What a cache entry keeps of a function (keys the kinds apart).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Form {
+    Instructions,
+    Starts,
+    Name,
+}
 
 /// What is kept of a decoded function.
 #[derive(Clone)]
@@ -164,6 +173,8 @@ enum Decoding {
     Instructions(Arc<[Instruction]>),
     /// Instruction starts ([`super::cfg::instruction_starts`]).
     Starts(Arc<[u32]>),
+    /// The demangled name ([`Symbolizer::display_name`]).
+    Name(Arc<str>),
 }
 
 /// A decoded function in the cache.
@@ -218,7 +229,7 @@ impl Symbolizer {
         bin: &Arc<Binary>,
         func: &Function,
     ) -> Result<Arc<[Instruction]>, BinaryError> {
-        let d = self.cached((bin.id, func.start, func.size, false), || {
+        let d = self.cached((bin.id, func.start, func.size, Form::Instructions), || {
             let instructions: Arc<[Instruction]> = bin.decode(func)?.into();
             let bytes = instructions
                 .iter()
@@ -226,10 +237,10 @@ impl Symbolizer {
                 .sum();
             Ok((Decoding::Instructions(instructions), bytes))
         })?;
-        match d {
-            Decoding::Instructions(i) => Ok(i),
-            Decoding::Starts(_) => unreachable!("keyed apart"),
-        }
+        let Decoding::Instructions(i) = d else {
+            unreachable!("keyed apart")
+        };
+        Ok(i)
     }
 
     /// For each of `addrs`, the instruction of `func`'s linear sweep (the one
@@ -244,7 +255,7 @@ impl Symbolizer {
         addrs: &[u64],
     ) -> Result<Vec<Option<Instruction>>, BinaryError> {
         let code = bin.code_of(func)?;
-        let d = self.cached((bin.id, func.start, func.size, true), || {
+        let d = self.cached((bin.id, func.start, func.size, Form::Starts), || {
             let starts: Arc<[u32]> = super::cfg::instruction_starts(code).into();
             let bytes = starts.len() * size_of::<u32>();
             Ok((Decoding::Starts(starts), bytes))
@@ -264,6 +275,31 @@ impl Symbolizer {
                 })
             })
             .collect())
+    }
+
+    /// The name people read of `r`'s function ([`demangle`]). An ELF function's is
+    /// demangled on first use and kept in the decoded-function cache (the same LRU and
+    /// byte bound, dropped with its binary): the agent's later windows, and other
+    /// processes mapping the same binary, do not demangle it again (it was ≈ 6 % of the
+    /// agent's CPU on a host running builds; BENCHMARKS.md, "Agent CPU on a build host").
+    pub fn display_name(&mut self, r: &Resolved) -> String {
+        let name = &r.function.name;
+        let CodeObject::Elf(bin) = &r.object else {
+            return demangle(name).into_owned();
+        };
+        if !may_be_mangled(name) {
+            return name.clone();
+        }
+        let f = &r.function;
+        let d = self.cached((bin.id, f.start, f.size, Form::Name), || {
+            let shown: Arc<str> = demangle(name).into();
+            let bytes = shown.len();
+            Ok((Decoding::Name(shown), bytes))
+        });
+        let Ok(Decoding::Name(shown)) = d else {
+            unreachable!("keyed apart, and made without error")
+        };
+        shown.to_string()
     }
 
     /// The cache entry at `key`, made by `make` (contents, their heap bytes) on a miss; a
@@ -823,6 +859,41 @@ mod tests {
             "{}",
             r.function.name
         );
+    }
+
+    /// A demangled name is the same from the cache as made anew, is counted in the cache
+    /// bytes while kept, and leaves with its binary.
+    #[test]
+    fn demangled_names_are_cached_and_trimmed() {
+        let pid = std::process::id();
+        let maps = ProcessMaps::read(pid).unwrap();
+        let mut s = Symbolizer::new(SymbolizerOptions::default());
+        let addr = demangled_names_are_cached_and_trimmed as *const () as usize as u64;
+        let r = s.resolve(pid, &maps, addr).unwrap();
+        // This test's own symbol: mangled Rust.
+        assert!(may_be_mangled(&r.function.name), "{}", r.function.name);
+        let want = demangle(&r.function.name).into_owned();
+        assert!(
+            want.ends_with("::demangled_names_are_cached_and_trimmed"),
+            "{want}"
+        );
+        let before = s.cache_bytes();
+        let miss = s.display_name(&r);
+        let kept = s.cache_bytes() - before;
+        assert_eq!(kept, (want.len() + ENTRY_BYTES) as u64);
+        let hit = s.display_name(&r);
+        assert_eq!((&miss, &hit), (&want, &want));
+        assert_eq!(s.cache_bytes() - before, kept, "kept once");
+        s.trim(0);
+        assert_eq!(s.cache_bytes(), 0, "gone with the binary");
+        let r = s.resolve(pid, &maps, addr).unwrap();
+        assert_eq!(s.display_name(&r), want, "made anew");
+        // Names that are not mangled are not kept.
+        let before = s.cache_bytes();
+        let mut plain = r.clone();
+        plain.function.name = "main".into();
+        assert_eq!(s.display_name(&plain), "main");
+        assert_eq!(s.cache_bytes(), before);
     }
 }
 

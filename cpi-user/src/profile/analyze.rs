@@ -60,8 +60,8 @@ use super::model::{
 use super::paths::{bound_paths, pseudo_path, DROPPED_FRAME, MAX_PATHS, NO_STACK_FRAME};
 use super::stack::{CallStack, StackEnd, StackStat};
 use crate::binary::{
-    demangle, Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines,
-    Symbolizer, SymbolizerOptions,
+    Binary, Cfg, CodeObject, FlowKind, Function, Instruction, Resolved, SourceLines, Symbolizer,
+    SymbolizerOptions,
 };
 use crate::procmap::ProcessMaps;
 use crate::progress::{self, Unit};
@@ -388,9 +388,9 @@ impl<'a> ProcessResolver<'a> {
                 let vaddr = r.vaddr;
                 let i = *self.index.entry(key).or_insert_with(|| {
                     self.funcs.push(FunctionWork {
+                        name: sym.display_name(&r),
                         object: r.object,
                         object_name: r.object_name,
-                        name: demangle(&r.function.name).into_owned(),
                         function: r.function,
                         ips: BTreeMap::new(),
                         ranges: Vec::new(),

@@ -94,7 +94,7 @@ fn resolve_truth(
             .entry((r.object_name.clone(), r.function.start))
             .or_default();
         if f.name.is_empty() {
-            f.name = crate::binary::demangle(&r.function.name).into_owned();
+            f.name = sym.display_name(&r);
         }
         f.instructions += t.count;
         f.cycles += t.cycles;

@@ -952,7 +952,7 @@ fn libraries_replaced_under_short_lived_processes() {
     std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
 
     // The full rate whatever else runs (no governor): each process lives for 5 ms, and
-    // at the governor's 49 Hz floor on a busy host the agent could sample none of them.
+    // at the governor's 19 Hz floor on a busy host the agent could sample none of them.
     let mut agent = Watched::start(&dir, &["--comm", "^uselib$", "--overhead-budget", "100"]);
     agent.attack_begins();
     let json = dir.join("one-shot.json");

@@ -44,7 +44,7 @@ pub struct Args {
     /// Samples per second per busy CPU, the most the governor uses [default: 999].
     #[arg(long, value_name = "HZ")]
     pub frequency: Option<u64>,
-    /// The least the governor lowers the frequency to [default: 49].
+    /// The least the governor lowers the frequency to [default: 19].
     #[arg(long, value_name = "HZ")]
     pub min_frequency: Option<u64>,
     /// CPU budget of the agent plus its BPF programs, percent of one CPU [default: 0.5].
