@@ -80,7 +80,7 @@ step doctor /cpi-bpf doctor
 step oneshot /cpi-bpf --duration 10 --format json --output /tmp/one.json -- /twofunc 4
 step oneshot-json cat /tmp/one.json
 /twofunc 600 & P=$!
-step pid /cpi-bpf --pid $P --duration 3 --format json --output /tmp/pid.json
+step pid /cpi-bpf --pid $P --duration 5 --format json --output /tmp/pid.json
 kill $P
 step pid-json cat /tmp/pid.json
 # agent STORE ARGS: the agent until two windows are in STORE, then SIGTERM; its status.
