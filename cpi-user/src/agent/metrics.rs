@@ -270,7 +270,7 @@ fn mode_name(m: Mode) -> &'static str {
 /// Every loss reason of the profile file, by its field name (destructured, so a new
 /// field cannot be forgotten here). Samples filtered in the kernel are not wanted data,
 /// not a loss: they have their own counter, `cpi_bpf_samples_filtered_total`.
-fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 12] {
+fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 13] {
     let LossReport {
         ring_full,
         branch_errors,
@@ -283,6 +283,7 @@ fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 12] {
         stacks_truncated,
         stacks_unknown_code,
         stacks_failed,
+        stacks_too_costly,
         stacks_evicted,
         filtered_in_kernel: _,
     } = *l;
@@ -298,6 +299,7 @@ fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 12] {
         ("stacks_truncated", stacks_truncated),
         ("stacks_unknown_code", stacks_unknown_code),
         ("stacks_failed", stacks_failed),
+        ("stacks_too_costly", stacks_too_costly),
         ("stacks_evicted", stacks_evicted),
     ]
 }

@@ -16,7 +16,7 @@ use super::StackMemory;
 use crate::procmap::{self, CapturedFiles, Mapping, ProcessIdentity, ProcessMaps};
 use crate::profile::stack::{CallStack, StackEnd};
 use crate::profile::SampleSet;
-use crate::unwind::{StackUnwinder, UserRegs};
+use crate::unwind::{StackUnwinder, Stop, UserRegs};
 
 /// A decoded record.
 #[derive(Debug)]
@@ -115,7 +115,19 @@ pub struct StackCounts {
     pub unknown_code: u64,
     /// Unreadable stack or unwind rules that led nowhere.
     pub failed: u64,
+    /// Cut where going on would cost too much: a frame whose unwind rules no compiler
+    /// writes (cpi-user/src/unwind/cost.rs), or leaf only, past [`UNWIND_PER_PASS`].
+    pub too_costly: u64,
 }
+
+/// Time one pass over the ring ([`Drain::start_pass`]) may spend unwinding; past it the
+/// pass's samples keep their leaf frame only (counted in
+/// [`StackCounts::too_costly`]). The agent cuts its windows between passes
+/// (cpi-user/src/collect/session.rs `Live::run`): a pass that unwound without end, the
+/// ring refilling behind it, cut none (BENCHMARKS.md, "Unwind rules that cost too
+/// much"). A pass normally unwinds well under a millisecond (25 ms of samples at
+/// ≈ 25 µs each); a backlog after a stall, a few tens.
+pub const UNWIND_PER_PASS: Duration = Duration::from_millis(250);
 
 /// Re-read a process's maps on a miss at most this often (a genuinely unmapped
 /// address must not turn every sample into a `/proc` read)…
@@ -165,6 +177,8 @@ pub struct Drain {
     /// Stacks of this window that stopped short, by reason.
     pub stack_counts: StackCounts,
     unwinder: StackUnwinder,
+    /// Time spent unwinding in this pass over the ring.
+    unwinding: Duration,
 }
 
 /// The periods the collector set on its cpu-clock events since it opened them.
@@ -250,7 +264,14 @@ impl Drain {
             cpu_clock: CpuClockPeriods::default(),
             stack_counts: StackCounts::default(),
             unwinder: StackUnwinder::new(MAX_USER_FRAMES, memory.unwind_bytes),
+            unwinding: Duration::ZERO,
         }
+    }
+
+    /// A new pass over the ring: its unwinding time starts from zero
+    /// ([`UNWIND_PER_PASS`]).
+    pub fn start_pass(&mut self) {
+        self.unwinding = Duration::ZERO;
     }
 
     /// Everything added since the previous call, with each process's comm and maps as
@@ -398,6 +419,7 @@ impl Drain {
     /// by [`Self::track`] just before), so a process that exits later loses nothing.
     fn call_stack(&mut self, pid: u32, sec: &StackSection) -> CallStack {
         let h = &sec.header;
+        let mut too_costly = false;
         let (user, end) = if !sec.user.is_empty() {
             // The kernel's frame-pointer walk cannot say why it stopped.
             let end = if sec.user.len() >= MAX_USER_FRAMES {
@@ -409,7 +431,11 @@ impl Drain {
         } else if h.user_ip == 0 {
             // A kernel thread, or a kernel-mode sample without its user registers.
             (Vec::new(), StackEnd::Complete)
+        } else if self.unwinding >= UNWIND_PER_PASS {
+            too_costly = true;
+            (vec![h.user_ip], StackEnd::Truncated)
         } else {
+            let began = Instant::now();
             let p = self.set.process(pid);
             let empty = ProcessMaps::default();
             let (frames, stop) = self.unwinder.unwind(
@@ -424,10 +450,13 @@ impl Drain {
                 sec.stack,
                 sec.stack.len() >= MAX_STACK_BYTES,
             );
+            self.unwinding += began.elapsed();
+            too_costly = stop == Stop::CostlyRules;
             (frames, stop.into())
         };
         let c = &mut self.stack_counts;
         match end {
+            _ if too_costly => c.too_costly += 1,
             StackEnd::Complete => {}
             StackEnd::Truncated => c.truncated += 1,
             StackEnd::UnknownCode => c.unknown_code += 1,
@@ -798,13 +827,47 @@ mod tests {
             StackCounts {
                 truncated: 1,
                 unknown_code: 1,
-                failed: 1
+                failed: 1,
+                too_costly: 0
             }
         );
         assert_eq!((d.malformed, p.stacks.unstacked), (0, 0));
         let w = d.take_window();
         assert_eq!(w.stack_counts.failed, 1);
         assert_eq!(d.stack_counts, StackCounts::default());
+    }
+
+    /// Past [`UNWIND_PER_PASS`] of unwinding, a pass's samples keep their leaf frame
+    /// only, counted as too costly; the next pass unwinds again.
+    #[test]
+    fn a_pass_past_its_unwinding_time_keeps_leaf_frames_and_counts_them() {
+        let me = std::process::id();
+        let code = a_pass_past_its_unwinding_time_keeps_leaf_frames_and_counts_them
+            as *const () as u64;
+        let data = Box::new([0u64; 4]);
+        let heap = data.as_ptr() as u64;
+        let mut d = Drain::new(1, StackMemory::default());
+        let r = ip(me, code, EventRole::CpuClock);
+        // Nothing copied: unwound, the stack fails after its leaf frame.
+        let sample = with_stack(&r, &[], [code, heap, 0], &[]);
+        d.start_pass();
+        d.add(&sample);
+        assert_eq!(d.stack_counts.failed, 1);
+        d.unwinding = UNWIND_PER_PASS;
+        d.add(&sample);
+        d.add(&sample);
+        assert_eq!((d.stack_counts.failed, d.stack_counts.too_costly), (1, 2));
+        let p = &d.set.processes[&me];
+        let leaf = CallStack {
+            kernel: Box::new([]),
+            user: Box::new([code]),
+            end: StackEnd::Truncated,
+        };
+        assert_eq!(p.stacks.stacks[&leaf].samples(), 2);
+        d.start_pass();
+        d.add(&sample);
+        assert_eq!((d.stack_counts.failed, d.stack_counts.too_costly), (2, 2));
+        assert_eq!(d.take_window().stack_counts.too_costly, 2);
     }
 
     /// Files mapped executable into this process, one page each, side by side where

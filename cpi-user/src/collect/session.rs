@@ -698,6 +698,7 @@ impl Live {
             stacks_truncated: w.stack_counts.truncated,
             stacks_unknown_code: w.stack_counts.unknown_code,
             stacks_failed: w.stack_counts.failed,
+            stacks_too_costly: w.stack_counts.too_costly,
             stacks_evicted: w.set.stacks_evicted(),
             ..Default::default()
         };
@@ -762,6 +763,7 @@ fn next_exit(pidfds: &[(u32, AsyncFd<OwnedFd>)]) -> impl std::future::Future<Out
 
 /// One pass: side-band records first (they explain the samples), then the samples.
 fn drain_all(sideband: &mut SidebandReader, ring: &mut RingBuf<MapData>, drain: &mut Drain) {
+    drain.start_pass();
     sideband.read(|s| drain.observe(s));
     while let Some(item) = ring.next() {
         drain.add(&item);

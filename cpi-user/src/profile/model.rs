@@ -318,6 +318,11 @@ pub struct LossReport {
     /// Call stacks that failed: unreadable stack, unwind rules that led nowhere.
     #[serde(default)]
     pub stacks_failed: u64,
+    /// Call stacks cut because going on would cost too much: at a frame whose unwind
+    /// rules no compiler writes (a hostile binary's), or leaf only once the collector's
+    /// unwinding time for one pass over the ring was spent. Samples kept, stacks short.
+    #[serde(default)]
+    pub stacks_too_costly: u64,
     /// Samples whose call stacks were evicted to keep the stacks within their memory
     /// bound: they stay in every total, under a `[dropped]` path.
     #[serde(default)]
@@ -348,7 +353,7 @@ impl LossReport {
             "(ring full {}, branch errors {}, malformed {}); not used: short stacks {}, \
              invalid ranges {}; unmapped samples {}; thinned on purpose {} (period carried); \
              side-band records lost {}; stacks truncated {}, at unknown code {}, failed {}, \
-             evicted {}{}",
+             too costly {}, evicted {}{}",
             self.ring_full,
             self.branch_errors,
             self.malformed,
@@ -360,6 +365,7 @@ impl LossReport {
             self.stacks_truncated,
             self.stacks_unknown_code,
             self.stacks_failed,
+            self.stacks_too_costly,
             self.stacks_evicted,
             match self.filtered_in_kernel {
                 0 => String::new(),
@@ -387,6 +393,7 @@ impl LossReport {
             stacks_truncated,
             stacks_unknown_code,
             stacks_failed,
+            stacks_too_costly,
             stacks_evicted,
             filtered_in_kernel,
         } = o;
@@ -402,6 +409,7 @@ impl LossReport {
             (&mut self.stacks_truncated, stacks_truncated),
             (&mut self.stacks_unknown_code, stacks_unknown_code),
             (&mut self.stacks_failed, stacks_failed),
+            (&mut self.stacks_too_costly, stacks_too_costly),
             (&mut self.stacks_evicted, stacks_evicted),
             (&mut self.filtered_in_kernel, filtered_in_kernel),
         ] {

@@ -34,7 +34,9 @@ pub enum StackEnd {
     /// The outermost frame was reached (no caller left to find).
     #[default]
     Complete,
-    /// Stopped at the frame limit or the end of the copied stack bytes.
+    /// Stopped at the frame limit, the end of the copied stack bytes, or where going on
+    /// would cost too much (unwind rules no compiler writes, cpi-user/src/unwind/cost.rs;
+    /// the collector's unwinding time per pass spent, cpi-user/src/collect/drain.rs).
     Truncated,
     /// Stopped at code without unwind information (JIT, anonymous memory): the last
     /// frame is where it stopped; nothing past it is invented.
@@ -49,7 +51,7 @@ impl From<crate::unwind::Stop> for StackEnd {
         use crate::unwind::Stop;
         match stop {
             Stop::Root => StackEnd::Complete,
-            Stop::FrameLimit | Stop::EndOfCopy => StackEnd::Truncated,
+            Stop::FrameLimit | Stop::EndOfCopy | Stop::CostlyRules => StackEnd::Truncated,
             Stop::UnknownCode => StackEnd::UnknownCode,
             Stop::Unreadable | Stop::BadUnwind => StackEnd::Error,
         }

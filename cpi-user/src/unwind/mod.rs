@@ -11,12 +11,16 @@
 //! the mapping itself: the sections are file pages, touched where a lookup reads them,
 //! never copied to the heap (a copy of `librustc_driver`'s 10 MB of `.eh_frame` per
 //! build of a process made the agent's heap swing by tens of MiB). Each file is mapped
-//! once, under a bound on the mapped section bytes, least recently used out.
+//! once, under a bound on the mapped section bytes, least recently used out. A file
+//! whose unwind rules would cost more to evaluate than any compiler's output does
+//! (cost.rs) is never evaluated: a frame in it ends the stack there ([`Stop::CostlyRules`]).
+
+mod cost;
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
@@ -47,6 +51,10 @@ pub enum Stop {
     /// return address (corrupt or missing unwind information on a frame-pointer-less
     /// frame).
     BadUnwind,
+    /// A frame is in a file whose unwind rules cost more to evaluate than any
+    /// compiler's output (cpi-user/src/unwind/cost.rs): the stack ends at that frame,
+    /// which is real (an IP, or a return address its callee's rules gave).
+    CostlyRules,
 }
 
 /// The registers and stack bytes of one sample.
@@ -66,12 +74,16 @@ pub struct UserRegs {
 struct SectionData {
     map: Option<Arc<GuardedMap>>,
     range: Range<usize>,
+    /// Set when framehop reads the bytes: their file's pages are released at the next
+    /// [`StackUnwinder::release_pages`].
+    touched: Arc<AtomicBool>,
 }
 
 impl std::ops::Deref for SectionData {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
+        self.touched.store(true, Ordering::Relaxed);
         self.map
             .as_ref()
             .and_then(|m| m.bytes().get(self.range.clone()))
@@ -90,8 +102,12 @@ struct Sections {
     loads: Vec<(u64, u64, u64)>,
     /// Bytes of the unwind sections (mapped, not copied).
     bytes: u64,
-    /// The file's mapping, whose touched pages [`StackUnwinder::release_pages`] drops.
+    /// The file's mapping, whose touched pages [`StackUnwinder::release_pages`] drops…
     map: Arc<GuardedMap>,
+    /// …when framehop read its sections since the last release.
+    touched: Arc<AtomicBool>,
+    /// Why its rules are not evaluated, if they are not.
+    costly: Option<cost::Costly>,
 }
 
 /// Heap bytes of one file's entry (the sections themselves are file pages).
@@ -110,6 +126,7 @@ impl Sections {
         if elf.architecture() != object::Architecture::X86_64 {
             return None;
         }
+        let touched = Arc::new(AtomicBool::new(false));
         let section = |name: &str| {
             let s = elf.section_by_name(name)?;
             let (offset, size) = s.file_range()?;
@@ -120,6 +137,7 @@ impl Sections {
             let data = SectionData {
                 map: Some(Arc::clone(&map)),
                 range,
+                touched: Arc::clone(&touched),
             };
             Some((s.address()..s.address() + s.size(), data))
         };
@@ -141,14 +159,31 @@ impl Sections {
             .iter()
             .filter_map(|s| s.as_ref().map(|(_, d)| d.range.len() as u64))
             .sum::<u64>();
+        let (text, got) = (range(".text"), range(".got"));
+        let costly = eh_frame.as_ref().and_then(|(r, d)| {
+            let bytes = |d: &SectionData| &map.bytes()[d.range.clone()];
+            cost::check(&cost::UnwindSections {
+                eh_frame: (bytes(d), r.start),
+                eh_frame_hdr: eh_frame_hdr.as_ref().map(|(r, d)| (bytes(d), r.start)),
+                text: text.as_ref().map(|t| t.start),
+                got: got.as_ref().map(|g| g.start),
+            })
+        });
+        // The check read every entry: out of the resident set again (nothing else of
+        // this new mapping was read yet).
+        if let Err(e) = map.dont_need() {
+            log::debug!("unwind sections: madvise(MADV_DONTNEED): {e}");
+        }
         Some(Sections {
             eh_frame,
             eh_frame_hdr,
-            text: range(".text"),
-            got: range(".got"),
+            text,
+            got,
             loads,
             bytes,
             map,
+            touched,
+            costly,
         })
     }
 
@@ -243,8 +278,9 @@ struct ProcessUnwinder {
     unwinder: UnwinderX86_64<SectionData>,
     /// The generation (a count of [`GENERATIONS`]) `unwinder` was given last.
     generation: u64,
-    /// Sorted by start (the maps' order): also where unwinding may continue.
-    modules: Vec<ModuleKey>,
+    /// Sorted by start (the maps' order): also where unwinding may continue; whether
+    /// the module's rules cost too much to evaluate ([`Stop::CostlyRules`]).
+    modules: Vec<(ModuleKey, bool)>,
     /// Address ranges whose mappings changed since the modules were made
     /// ([`StackUnwinder::maps_changed`]).
     pending: Vec<Range<u64>>,
@@ -397,7 +433,8 @@ impl StackUnwinder {
     }
 
     /// Drops the pages of the unwind sections read since the last call from this
-    /// process's resident set: they stay in the page cache, so a later lookup there is
+    /// process's resident set (each file whose sections framehop read): they stay in
+    /// the page cache, so a later lookup there is
     /// a minor fault (cpi-user/src/fsafe/map.rs `GuardedMap::dont_need`). Called at the
     /// end of each window, and whenever the file pages resident since the last call
     /// exceed the byte bound: a binary's `.eh_frame` is used in place, and the pages a
@@ -406,7 +443,7 @@ impl StackUnwinder {
     /// host").
     pub fn release_pages(&mut self) {
         for (s, _) in self.sections.values() {
-            if let Some(s) = s {
+            if let Some(s) = s.as_ref().filter(|s| s.touched.swap(false, Ordering::Relaxed)) {
                 if let Err(e) = s.map.dont_need() {
                     log::debug!("unwind sections: madvise(MADV_DONTNEED): {e}");
                 }
@@ -487,9 +524,11 @@ impl StackUnwinder {
             Some(c) => c.get(proc.generation),
             None => self.cache.get(proc.generation),
         };
-        let in_code = |a: u64| {
-            let i = proc.modules.partition_point(|m| m.0 <= a);
-            i > 0 && (proc.modules[i - 1].0..proc.modules[i - 1].1).contains(&a)
+        // The module `a` is in, by whether its rules cost too much.
+        let module_of = |a: u64| {
+            let i = proc.modules.partition_point(|(m, _)| m.0 <= a);
+            let (m, costly) = proc.modules.get(i.checked_sub(1)?)?;
+            (m.0..m.1).contains(&a).then_some(*costly)
         };
         let end = regs.sp.saturating_add(stack.len() as u64);
         let mut read = |addr: u64| -> Result<u64, ()> {
@@ -512,8 +551,11 @@ impl StackUnwinder {
                         FrameAddress::InstructionPointer(a) => a,
                         FrameAddress::ReturnAddress(_) => f.address_for_lookup(),
                     };
-                    if !in_code(lookup) {
-                        break Stop::UnknownCode;
+                    match module_of(lookup) {
+                        None => break Stop::UnknownCode,
+                        // The next step would evaluate this frame's rules.
+                        Some(true) => break Stop::CostlyRules,
+                        Some(false) => {}
                     }
                     if frames.len() >= self.max_frames {
                         break Stop::FrameLimit;
@@ -546,9 +588,9 @@ impl StackUnwinder {
     ) {
         let pending = std::mem::take(&mut p.pending);
         for r in &pending {
-            let lo = p.modules.partition_point(|k| k.1 <= r.start);
-            let hi = lo + p.modules[lo..].partition_point(|k| k.0 < r.end);
-            for k in p.modules.drain(lo..hi).collect::<Vec<_>>() {
+            let lo = p.modules.partition_point(|(k, _)| k.1 <= r.start);
+            let hi = lo + p.modules[lo..].partition_point(|(k, _)| k.0 < r.end);
+            for (k, _) in p.modules.drain(lo..hi).collect::<Vec<_>>() {
                 p.remove_module(k.0);
             }
         }
@@ -556,9 +598,9 @@ impl StackUnwinder {
             let lo = maps.mappings.partition_point(|m| m.end <= r.start);
             for m in maps.mappings[lo..].iter().take_while(|m| m.start < r.end) {
                 let Some(k) = module_key(m) else { continue };
-                if let Err(i) = p.modules.binary_search(&k) {
-                    p.modules.insert(i, k);
-                    let module = self.module(pid, m, files);
+                if let Err(i) = p.modules.binary_search_by_key(&k, |(k, _)| *k) {
+                    let (module, costly) = self.module(pid, m, files);
+                    p.modules.insert(i, (k, costly));
                     p.add_module(module);
                 }
             }
@@ -567,13 +609,14 @@ impl StackUnwinder {
     }
 
     /// The module of executable file mapping `m`: its unwind sections, else frame
-    /// pointers.
+    /// pointers; and whether its rules cost too much to evaluate (then framehop is not
+    /// given them either).
     fn module(
         &mut self,
         pid: u32,
         m: &Mapping,
         files: &HashMap<u64, Arc<CapturedFile>>,
-    ) -> Module<SectionData> {
+    ) -> (Module<SectionData>, bool) {
         let path = match &m.object {
             MappedObject::File { path, .. } => path.as_path(),
             _ => std::path::Path::new(""),
@@ -597,15 +640,18 @@ impl StackUnwinder {
                 file.and_then(|f| self.sections_of(&f))
             }
         };
+        let costly = sections.as_ref().is_some_and(|s| s.costly.is_some());
         let (base, info) = match sections
             .as_ref()
+            .filter(|_| !costly)
             .and_then(|s| Some((s.base_avma(m.start, m.offset)?, s.module_info())))
         {
             Some(x) => x,
             // No unwind information: frame pointers.
             None => (m.start, ExplicitModuleSectionInfo::default()),
         };
-        Module::new(path.display().to_string(), m.start..m.end, base, info)
+        let module = Module::new(path.display().to_string(), m.start..m.end, base, info);
+        (module, costly)
     }
 
     /// The sections read for file `key` (`Some(None)`: it has none), a use.
