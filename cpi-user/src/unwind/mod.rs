@@ -966,6 +966,53 @@ mod tests {
         );
     }
 
+    /// A file whose unwind rules no compiler writes (here one FDE's rule is a DWARF
+    /// expression that branches back to itself: evaluated, it would never end) is
+    /// never evaluated: the stack ends at the frame in it, flagged, and nothing is
+    /// invented past it. The same file unchanged unwinds as before.
+    #[test]
+    fn a_file_with_costly_rules_ends_the_stack_at_its_frame() {
+        let good = std::fs::read("/usr/bin/true").expect("Debian's /usr/bin/true");
+        let mut bad = good.clone();
+        let (text, eh) = {
+            let f = object::File::parse(&*good).unwrap();
+            let eh = f.section_by_name(".eh_frame").unwrap();
+            let text = f.section_by_name(".text").unwrap().address();
+            (text, (eh.file_range().unwrap().0 as usize, eh.address()))
+        };
+        // The first FDE with room: its instructions (after length, CIE pointer, address,
+        // range and an empty augmentation: `zR`) become DW_CFA_def_cfa_expression
+        // [DW_OP_skip -3], then DW_CFA_nop.
+        let section = gimli::EhFrame::new(&good[eh.0..], gimli::LittleEndian);
+        let bases = gimli::BaseAddresses::default().set_eh_frame(eh.1);
+        let mut entries = gimli::UnwindSection::entries(&section, &bases);
+        let fde = std::iter::from_fn(|| entries.next().unwrap())
+            .find_map(|e| match e {
+                gimli::CieOrFde::Fde(f) if f.entry_len() >= 24 => Some(f),
+                _ => None,
+            })
+            .expect("an FDE");
+        let (at, len) = (eh.0 + fde.offset(), fde.entry_len());
+        bad[at + 17..at + 4 + len].fill(0);
+        bad[at + 17..at + 22].copy_from_slice(&[0x0f, 3, 0x2f, 0xfd, 0xff]);
+        let regs = UserRegs {
+            ip: BASE + text + 0x40,
+            sp: SP,
+            bp: SP + 8,
+        };
+        let stack = stack_of(&[SP + 16, BASE + text + 0x80, 0, 0]);
+        let unwind = |name: &str, bytes: &[u8]| {
+            let (maps, files) = process(Some(&temp(name, bytes)));
+            let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+            u.unwind(1, &maps, &files, regs, &stack, true)
+        };
+        assert_eq!(
+            unwind("true-costly", &bad),
+            (vec![regs.ip], Stop::CostlyRules)
+        );
+        assert_ne!(unwind("true-fine", &good).1, Stop::CostlyRules);
+    }
+
     #[test]
     fn jit_code_ends_the_stack_at_its_frame() {
         let (maps, files) = process(None);

@@ -1358,3 +1358,101 @@ fn idle_and_slow_clients_of_a_user_cannot_stall_the_agents_metrics() {
     drop(attack);
     agent.stop();
 }
+
+/// Issue 17, bad input: a local user's binary whose unwind rules cost milliseconds to
+/// evaluate (tests/programs/costly_unwind.c: 600 functions, each FDE 30,000
+/// remember/restore pairs) blinded the root agent sampling it: the collector, unwinding
+/// sample after sample, cut no 5 s window for 20–40 s. The agent at its full rate
+/// (`--overhead-budget 50`: 999 Hz) must cut every window at its boundary (none spans
+/// more than two intervals, the first one included), flag the stacks it would not
+/// unwind and count them, and never put a frame past the refused one.
+#[test]
+fn unwind_rules_that_cost_too_much_cannot_blind_the_agent() {
+    if !require_root("the agent") {
+        return;
+    }
+    let _cpu = cpi_tests::cpu_heavy();
+    let dir = temp_dir("hostile-costly-unwind");
+    let prog = compile_c("costly_unwind.c", &dir, "costly_unwind", &[])
+        .expect("gcc builds costly_unwind.c");
+    let mut target = KillOnDrop(as_user(&mut Command::new(&prog)).arg("600").spawn().unwrap());
+    let interval = Duration::from_secs(5);
+    let pid = target.0.id().to_string();
+    let (mut agent, metrics) = agent_with_metrics(
+        &dir,
+        &[
+            "--pid",
+            &pid,
+            "--interval",
+            "5",
+            "--overhead-budget",
+            "50",
+        ],
+    );
+    let store = dir.join("store");
+    // Four windows stored; the wait is a hang guard, not a rate.
+    let t0 = Instant::now();
+    let mut too_costly = None;
+    while cpi_tests::store_windows(&store).len() < 4 && t0.elapsed() < Duration::from_secs(120) {
+        if let Ok((_, body)) = http_get(metrics, "/metrics") {
+            too_costly = cpi_tests::labelled(
+                &body,
+                "cpi_bpf_samples_lost_total",
+                "reason",
+                "stacks_too_costly",
+            )
+            .or(too_costly);
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(agent.0.id() as i32, libc::SIGTERM) };
+    let t1 = Instant::now();
+    while agent.0.try_wait().unwrap().is_none() {
+        assert!(t1.elapsed() < BOUND, "the agent did not exit on SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    target.0.kill().unwrap();
+    target.0.wait().unwrap();
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    let windows = cpi_tests::store_windows(&store);
+    let spans: Vec<u64> = windows.iter().map(|(s, e, _)| e - s).collect();
+    eprintln!(
+        "windows (ms): {spans:?}; stacks too costly: {too_costly:?}; the agent said:\n{log}"
+    );
+    assert!(windows.len() >= 4, "{} windows in 120 s", windows.len());
+    // The last one is cut by SIGTERM, at no boundary.
+    let max = 2 * interval.as_millis() as u64;
+    assert!(
+        spans[..spans.len() - 1].iter().all(|&s| s <= max),
+        "a window spans more than two intervals: {spans:?}"
+    );
+    assert!(
+        too_costly.is_some_and(|n| n > 0.0),
+        "stacks too costly: {too_costly:?}"
+    );
+    // Samples in the functions whose rules were refused: their stacks end there.
+    let (mut ending, mut past) = (0, Vec::new());
+    for st in windows
+        .iter()
+        .flat_map(|(_, _, w)| w["processes"].as_array().cloned().unwrap_or_default())
+        .flat_map(|p| p["stacks"].as_array().cloned().unwrap_or_default())
+    {
+        let names: Vec<String> = st["frames"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|f| f["function"].as_str().unwrap_or("").to_string())
+            .collect();
+        if let Some(i) = names.iter().position(|n| n.starts_with("costly_")) {
+            if i + 1 == names.len() {
+                ending += 1;
+            } else {
+                past.push(names.join(";"));
+            }
+        }
+    }
+    assert!(ending > 0, "no stack through the costly functions");
+    assert!(past.is_empty(), "frames past a refused one: {past:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -261,6 +261,7 @@ pub fn cpi_profile() -> Profile {
             stacks_truncated: 0,
             stacks_unknown_code: 0,
             stacks_failed: 0,
+            stacks_too_costly: 0,
             stacks_evicted: 0,
             filtered_in_kernel: 0,
         },
