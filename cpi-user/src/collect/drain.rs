@@ -842,8 +842,8 @@ mod tests {
     #[test]
     fn a_pass_past_its_unwinding_time_keeps_leaf_frames_and_counts_them() {
         let me = std::process::id();
-        let code = a_pass_past_its_unwinding_time_keeps_leaf_frames_and_counts_them
-            as *const () as u64;
+        let code =
+            a_pass_past_its_unwinding_time_keeps_leaf_frames_and_counts_them as *const () as u64;
         let data = Box::new([0u64; 4]);
         let heap = data.as_ptr() as u64;
         let mut d = Drain::new(1, StackMemory::default());

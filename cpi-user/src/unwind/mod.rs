@@ -443,7 +443,10 @@ impl StackUnwinder {
     /// host").
     pub fn release_pages(&mut self) {
         for (s, _) in self.sections.values() {
-            if let Some(s) = s.as_ref().filter(|s| s.touched.swap(false, Ordering::Relaxed)) {
+            if let Some(s) = s
+                .as_ref()
+                .filter(|s| s.touched.swap(false, Ordering::Relaxed))
+            {
                 if let Err(e) = s.map.dont_need() {
                     log::debug!("unwind sections: madvise(MADV_DONTNEED): {e}");
                 }

@@ -1375,19 +1375,17 @@ fn unwind_rules_that_cost_too_much_cannot_blind_the_agent() {
     let dir = temp_dir("hostile-costly-unwind");
     let prog = compile_c("costly_unwind.c", &dir, "costly_unwind", &[])
         .expect("gcc builds costly_unwind.c");
-    let mut target = KillOnDrop(as_user(&mut Command::new(&prog)).arg("600").spawn().unwrap());
+    let mut target = KillOnDrop(
+        as_user(&mut Command::new(&prog))
+            .arg("600")
+            .spawn()
+            .unwrap(),
+    );
     let interval = Duration::from_secs(5);
     let pid = target.0.id().to_string();
     let (mut agent, metrics) = agent_with_metrics(
         &dir,
-        &[
-            "--pid",
-            &pid,
-            "--interval",
-            "5",
-            "--overhead-budget",
-            "50",
-        ],
+        &["--pid", &pid, "--interval", "5", "--overhead-budget", "50"],
     );
     let store = dir.join("store");
     // Four windows stored; the wait is a hang guard, not a rate.
@@ -1417,9 +1415,7 @@ fn unwind_rules_that_cost_too_much_cannot_blind_the_agent() {
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     let windows = cpi_tests::store_windows(&store);
     let spans: Vec<u64> = windows.iter().map(|(s, e, _)| e - s).collect();
-    eprintln!(
-        "windows (ms): {spans:?}; stacks too costly: {too_costly:?}; the agent said:\n{log}"
-    );
+    eprintln!("windows (ms): {spans:?}; stacks too costly: {too_costly:?}; the agent said:\n{log}");
     assert!(windows.len() >= 4, "{} windows in 120 s", windows.len());
     // The last one is cut by SIGTERM, at no boundary.
     let max = 2 * interval.as_millis() as u64;
