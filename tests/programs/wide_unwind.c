@@ -2,29 +2,56 @@
  * (tests/tests/it/agent_sinks.rs): `wide_unwind SECONDS` calls 2,000 leaf functions in
  * turn, each spinning a few µs, until SECONDS have passed. Each function's `.eh_frame`
  * entry (FDE) carries 20 KiB of `DW_CFA_same_value r15` (what r15's rule is anyway;
- * gas drops DW_CFA_nop, and remember/restore pairs cost the unwinder a row copy each)
- * before its first rule, so unwinding from any
+ * gas drops DW_CFA_nop) before its first rule, so unwinding from any
  * address in it reads the whole entry: samples spread over the functions touch the
  * 40 MB of `.eh_frame` page after page, as an unwinder walking a compiler's 100+ MB
- * libraries does. Written in assembly (GAS macros) so that gcc builds it in seconds. */
+ * libraries does.
+ *
+ * Built with -DCOSTLY, a local user's attack on the root agent (issue 17,
+ * tests/tests/it/hostile.rs): 600 functions, each FDE padded with 60,000 bytes of
+ * `DW_CFA_remember_state`/`DW_CFA_restore_state` pairs. Valid DWARF, under any byte
+ * bound a real library needs (librustc_driver has a 33 KB entry), but gimli copies a
+ * whole row for each remember: evaluating one entry costs 30,000 row copies, and 600
+ * functions defeat framehop's 509-slot rule cache. No compiler writes this (at most 16
+ * remembers in an entry of Debian's libc, python3.11, libstdc++, libLLVM or
+ * librustc_driver): the unwinder refuses such a file's rules
+ * (cpi-user/src/unwind/cost.rs).
+ *
+ * Written in assembly (GAS macros) so that gcc builds it in seconds. */
 #include <stdlib.h>
 #include <time.h>
 
+#ifdef COSTLY
+#define WIDE_FUNCTIONS 600
+#define WIDE_REPT "1000"
+/* 30 remember/restore pairs. */
+#define WIDE_PAD \
+    "10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11," \
+    "10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11,10,11," \
+    "10,11,10,11"
+#else
 #define WIDE_FUNCTIONS 2000
+#define WIDE_REPT "320"
+/* 32 `DW_CFA_same_value r15`. */
+#define WIDE_PAD \
+    "8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15," \
+    "8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15"
+#endif
+#define STR(x) #x
+#define XSTR(x) STR(x)
 
 __asm__(
     ".altmacro\n"
-    ".macro wide_nops\n"
-    "  .cfi_escape 8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,"
-    "8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15,8,15\n"
+    ".macro wide_pad\n"
+    "  .cfi_escape " WIDE_PAD "\n"
     ".endm\n"
     ".macro wide_fn n\n"
     "  .globl wide_\\n\n"
     "  .type wide_\\n, @function\n"
     "wide_\\n:\n"
     "  .cfi_startproc\n"
-    "  .rept 320\n"
-    "  wide_nops\n"
+    "  .rept " WIDE_REPT "\n"
+    "  wide_pad\n"
     "  .endr\n"
     "  mov %rdi, %rcx\n"
     "1:\n"
@@ -39,7 +66,7 @@ __asm__(
     ".endm\n"
     ".text\n"
     ".set wide_i, 0\n"
-    ".rept 2000\n"
+    ".rept " XSTR(WIDE_FUNCTIONS) "\n"
     "  wide_fn %wide_i\n"
     "  .set wide_i, wide_i + 1\n"
     ".endr\n"
@@ -48,7 +75,7 @@ __asm__(
     ".balign 8\n"
     "wide_table:\n"
     ".set wide_i, 0\n"
-    ".rept 2000\n"
+    ".rept " XSTR(WIDE_FUNCTIONS) "\n"
     "  wide_entry %wide_i\n"
     "  .set wide_i, wide_i + 1\n"
     ".endr\n"

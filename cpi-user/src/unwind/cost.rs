@@ -6,11 +6,11 @@
 //! instructions) with gimli, which copies a whole row for each `DW_CFA_remember_state`
 //! and runs a DWARF expression's `DW_OP_skip`/`DW_OP_bra` with no bound on iterations. A
 //! local user's binary padded with remember/restore pairs made one unwind cost
-//! milliseconds (tests/programs/costly_unwind.c), and one backward `DW_OP_skip` would
-//! never end: the root agent, busy unwinding, is blinded for every process. So each
-//! entry framehop can reach — those `.eh_frame_hdr` lists, with their CIEs, or every
-//! entry of `.eh_frame` without it — is decoded (not evaluated) once per file and checked
-//! against bounds no compiler output reaches (BENCHMARKS.md, "Unwind rules that cost too
+//! milliseconds (tests/programs/wide_unwind.c built with `-DCOSTLY`), and one backward
+//! `DW_OP_skip` would never end: the root agent, busy unwinding, is blinded for every
+//! process. So each entry framehop can reach — those `.eh_frame_hdr` lists, with their
+//! CIEs, or every entry of `.eh_frame` without it — is decoded (not evaluated) once per
+//! file and checked against bounds no compiler output reaches (BENCHMARKS.md, "Unwind rules that cost too
 //! much"). The decode is linear in the section: each entry's instructions once, each CIE
 //! once, and a table listing entries again is stopped by a bound on the bytes decoded.
 

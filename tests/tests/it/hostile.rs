@@ -1360,8 +1360,8 @@ fn idle_and_slow_clients_of_a_user_cannot_stall_the_agents_metrics() {
 }
 
 /// Issue 17, bad input: a local user's binary whose unwind rules cost milliseconds to
-/// evaluate (tests/programs/costly_unwind.c: 600 functions, each FDE 30,000
-/// remember/restore pairs) blinded the root agent sampling it: the collector, unwinding
+/// evaluate (tests/programs/wide_unwind.c built with `-DCOSTLY`: 600 functions, each
+/// FDE 30,000 remember/restore pairs) blinded the root agent sampling it: the collector, unwinding
 /// sample after sample, cut no 5 s window for 20–40 s. The agent at its full rate
 /// (`--overhead-budget 50`: 999 Hz) must cut every window at its boundary (none spans
 /// more than two intervals, the first one included), flag the stacks it would not
@@ -1373,8 +1373,8 @@ fn unwind_rules_that_cost_too_much_cannot_blind_the_agent() {
     }
     let _cpu = cpi_tests::cpu_heavy();
     let dir = temp_dir("hostile-costly-unwind");
-    let prog = compile_c("costly_unwind.c", &dir, "costly_unwind", &[])
-        .expect("gcc builds costly_unwind.c");
+    let prog = compile_c("wide_unwind.c", &dir, "costly_unwind", &["-DCOSTLY"])
+        .expect("gcc builds wide_unwind.c -DCOSTLY");
     let mut target = KillOnDrop(
         as_user(&mut Command::new(&prog))
             .arg("600")
@@ -1440,7 +1440,7 @@ fn unwind_rules_that_cost_too_much_cannot_blind_the_agent() {
             .flatten()
             .map(|f| f["function"].as_str().unwrap_or("").to_string())
             .collect();
-        if let Some(i) = names.iter().position(|n| n.starts_with("costly_")) {
+        if let Some(i) = names.iter().position(|n| n.starts_with("wide_")) {
             if i + 1 == names.len() {
                 ending += 1;
             } else {
