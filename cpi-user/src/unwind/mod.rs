@@ -503,6 +503,8 @@ impl StackUnwinder {
             .get(&pid)
             .is_none_or(|p| !p.pending.is_empty())
         {
+            // Out of the map while `update` borrows the file cache: once per change of
+            // the process's mappings, not per sample, beside the files that change reads.
             let mut p = self
                 .processes
                 .remove(&pid)
