@@ -123,35 +123,87 @@ struct Redraw {
     rng: Rng,
     /// Per open event: the count at which it is re-drawn next.
     at: Vec<u64>,
+    /// Per open event: when its count is next read. A `cpu-clock` event counts
+    /// nanoseconds, at most one per nanosecond on each CPU it counts on, so it cannot
+    /// reach `at` sooner than `at − count` ns (divided by those CPUs) after a read: until
+    /// then it is not read (a read of another CPU's event is a cross-CPU call). At 19 Hz
+    /// that is one read per re-draw, 2.5–5.9 s apart, instead of one per tick.
+    read_at: Vec<Instant>,
+    /// How often an event is read at most ([`CollectOptions::redraw_every`]).
+    every: Duration,
+    /// CPUs online: what an event not bound to one CPU can count on at once.
+    cpus: u64,
     next: usize,
 }
 
 impl Redraw {
-    fn new(specs: &[EventSpec], open: &[OpenEvent]) -> Self {
-        let mut rng = Rng::new(seed());
-        let at = open
-            .iter()
-            .map(|e| specs[e.spec_index].policy.redraw_after(&mut rng))
-            .collect();
-        Redraw { rng, at, next: 0 }
+    fn new(
+        now: Instant,
+        rng: Rng,
+        every: Duration,
+        cpus: u64,
+        specs: &[EventSpec],
+        open: &[OpenEvent],
+    ) -> Self {
+        let mut r = Redraw {
+            rng,
+            at: vec![0; open.len()],
+            read_at: vec![now; open.len()],
+            every,
+            cpus: cpus.max(1),
+            next: 0,
+        };
+        for (i, e) in open.iter().enumerate() {
+            let after = specs[e.spec_index].policy.redraw_after(&mut r.rng);
+            r.at[i] = after;
+            r.read_at[i] = r.next_read(now, specs, e, after);
+        }
+        r
     }
 
-    /// Reads the counts of up to [`REDRAWS_PER_TICK`] events (round robin) and re-draws
-    /// those due. Events the kernel created by `inherit` (threads started later) have no
-    /// fd here and keep the period drawn when they were born. A failure (the event's
-    /// thread exited) only means that event keeps its period.
+    /// When event `e`, read at `now` and `left` short of its re-draw, is read next.
+    fn next_read(&self, now: Instant, specs: &[EventSpec], e: &OpenEvent, left: u64) -> Instant {
+        let cannot_be_due = if specs[e.spec_index].role == EventRole::CpuClock {
+            let cpus = if e.place.1 >= 0 { 1 } else { self.cpus };
+            Duration::from_nanos(left / cpus)
+        } else {
+            Duration::ZERO
+        };
+        now + cannot_be_due.max(self.every)
+    }
+
+    /// The soonest any event is read next: when [`Redraw::tick`] has work.
+    fn due(&self) -> Option<Instant> {
+        self.read_at.iter().min().copied()
+    }
+
+    /// Reads the counts of up to [`REDRAWS_PER_TICK`] events whose read is due at `now`
+    /// (round robin) and re-draws those that reached their count. Events the kernel
+    /// created by `inherit` (threads started later) have no fd here and keep the period
+    /// drawn when they were born. A failure (the event's thread exited) only means that
+    /// event keeps its period.
     fn tick(
         &mut self,
+        now: Instant,
         sys: &dyn PerfSys,
         specs: &[EventSpec],
         open: &[OpenEvent],
         periods: &mut CpuClockPeriods,
     ) {
-        for _ in 0..open.len().min(REDRAWS_PER_TICK) {
+        let mut reads = 0;
+        for _ in 0..open.len() {
+            if reads == REDRAWS_PER_TICK {
+                break;
+            }
             let i = self.next % open.len();
             self.next += 1;
+            if self.read_at[i] > now {
+                continue;
+            }
+            reads += 1;
             let e = &open[i];
             let Ok(count) = sys.read_count(&e.fd) else {
+                self.read_at[i] = now + self.every;
                 continue;
             };
             if count >= self.at[i] {
@@ -162,15 +214,18 @@ impl Redraw {
                 }
                 self.at[i] = count.saturating_add(spec.policy.redraw_after(&mut self.rng));
             }
+            self.read_at[i] = self.next_read(now, specs, e, self.at[i].saturating_sub(count));
         }
     }
 
     /// After a rate change: every event restarts its schedule from its count now.
     fn restart(&mut self, sys: &dyn PerfSys, specs: &[EventSpec], open: &[OpenEvent]) {
+        let now = Instant::now();
         for (i, e) in open.iter().enumerate() {
             let count = sys.read_count(&e.fd).unwrap_or(0);
-            self.at[i] =
-                count.saturating_add(specs[e.spec_index].policy.redraw_after(&mut self.rng));
+            let after = specs[e.spec_index].policy.redraw_after(&mut self.rng);
+            self.at[i] = count.saturating_add(after);
+            self.read_at[i] = self.next_read(now, specs, e, after);
         }
     }
 }
@@ -418,7 +473,14 @@ impl Session {
                 ));
             }
         }
-        let redraw = Redraw::new(&rung.specs, &rung.open);
+        let redraw = Redraw::new(
+            Instant::now(),
+            Rng::new(seed()),
+            opts.redraw_every.max(Duration::from_millis(1)),
+            cpus.len() as u64,
+            &rung.specs,
+            &rung.open,
+        );
         let mut drain = Drain::new(window, opts.stack_memory);
         if let Some(clock) = rung.specs.iter().find(|s| s.role == EventRole::CpuClock) {
             drain.cpu_clock.opened = clock.policy.base;
@@ -614,9 +676,7 @@ impl Live {
             .deadline
             .map_or_else(far, tokio::time::Instant::from_std);
         let until_at = until.map_or_else(far, tokio::time::Instant::from_std);
-        let mut redraw =
-            tokio::time::interval(self.opts.redraw_every.max(Duration::from_millis(1)));
-        redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let redraw_at = |r: &Redraw| r.due().map_or_else(far, tokio::time::Instant::from_std);
         let mut poll = tokio::time::interval(self.opts.drain_every.max(Duration::from_millis(1)));
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let redrawing = self.opts.perturbation.user() && !self.open.is_empty();
@@ -643,8 +703,8 @@ impl Live {
                     guard.clear_ready();
                 }
                 _ = poll.tick(), if draining => drain_all(sideband, ring.get_mut(), drain),
-                _ = redraw.tick(), if redrawing => {
-                    schedule.tick(&Linux, specs, open, &mut drain.cpu_clock);
+                () = tokio::time::sleep_until(redraw_at(schedule)), if redrawing => {
+                    schedule.tick(Instant::now(), &Linux, specs, open, &mut drain.cpu_clock);
                 }
                 () = tokio::time::sleep_until(deadline), if self.deadline.is_some() => {
                     break Some(StopReason::Duration)
@@ -791,6 +851,7 @@ mod tests {
     use super::*;
     use crate::collect::caps::Vendor;
     use crate::collect::sys::fake::{Call, FakeSys};
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn placements_follow_the_target() {
@@ -861,10 +922,10 @@ mod tests {
         assert_eq!(typed(&brs, true), [false, false]);
     }
 
-    #[test]
-    fn redraws_follow_the_count_not_the_clock() {
+    /// Time-profile events at `hz`, opened on `places` under the fake.
+    fn time_events(hz: u64, places: &[(i32, i32)]) -> (FakeSys, Vec<EventSpec>, Vec<OpenEvent>) {
         let rate = Rate {
-            frequency: 10,
+            frequency: hz,
             period: None,
             core_hz: 2_000_000_000,
         };
@@ -877,10 +938,19 @@ mod tests {
         );
         let sys = FakeSys::new(|_, _, _| None);
         let attach = |_: &'static str| Ok(None);
-        let open = ladder::open_events(&sys, &specs, &[(1, -1), (2, -1)], 0, &attach)
+        let open = ladder::open_events(&sys, &specs, places, 0, &attach)
             .unwrap()
             .open;
-        let mut r = Redraw::new(&specs, &open);
+        (sys, specs, open)
+    }
+
+    #[test]
+    fn redraws_follow_the_count_not_the_clock() {
+        let (sys, specs, open) = time_events(10, &[(1, -1), (2, -1)]);
+        // Read at every tick: as if the count could grow without bound (as many CPUs as
+        // nanoseconds), so no time has to pass first.
+        let mut r = Redraw::new(Instant::now(), Rng::new(7), Duration::ZERO, u64::MAX, &specs, &open);
+        let now = Instant::now() + Duration::from_secs(3600);
         let base = specs[0].policy.base;
         let sets = || sys.calls_where(|c| matches!(c, Call::SetPeriod(..))).len();
         // However many ticks pass, an event that has counted fewer than 48 periods is
@@ -888,14 +958,14 @@ mod tests {
         sys.count.set(47 * base);
         let mut periods = CpuClockPeriods::default();
         for _ in 0..100 {
-            r.tick(&sys, &specs, &open, &mut periods);
+            r.tick(now, &sys, &specs, &open, &mut periods);
         }
         assert_eq!(sets(), 0);
         assert!(periods.by_tid.is_empty());
         // Past 112 periods every event is due, once.
         sys.count.set(112 * base);
-        r.tick(&sys, &specs, &open, &mut periods);
-        r.tick(&sys, &specs, &open, &mut periods);
+        r.tick(now, &sys, &specs, &open, &mut periods);
+        r.tick(now, &sys, &specs, &open, &mut periods);
         assert_eq!(sets(), 2);
         // The drain learns each event's new period, by thread.
         assert_eq!(periods.by_tid.len(), 2);
@@ -910,8 +980,53 @@ mod tests {
         }
         // The next re-draw is again 48..=112 periods further on.
         sys.count.set(112 * base + 47 * base);
-        r.tick(&sys, &specs, &open, &mut periods);
-        r.tick(&sys, &specs, &open, &mut periods);
+        r.tick(now, &sys, &specs, &open, &mut periods);
+        r.tick(now, &sys, &specs, &open, &mut periods);
         assert_eq!(sets(), 2);
+    }
+
+    /// A `cpu-clock` event is not read before its count can have reached its re-draw:
+    /// the same re-draws (same counts, same periods) with a read per re-draw, not one
+    /// per tick.
+    #[test]
+    fn time_events_are_read_only_when_they_can_be_due() {
+        // One event per CPU, each counting wall time (a busy CPU): 10 ms ticks for 60 s.
+        let run = |skip: bool| {
+            let (sys, mut specs, open) = time_events(19, &[(-1, 0), (-1, 1)]);
+            if !skip {
+                // The same policy on an event whose count is not time: read every tick.
+                specs[0].role = EventRole::Cycles;
+            }
+            let start = Instant::now();
+            let every = Duration::from_millis(10);
+            let mut r = Redraw::new(start, Rng::new(42), every, 2, &specs, &open);
+            let mut periods = CpuClockPeriods::default();
+            let mut redraws = Vec::new();
+            for t in 1..=6000u64 {
+                let now = start + every * t as u32;
+                sys.count.set(now.duration_since(start).as_nanos() as u64);
+                let before = sys.calls.borrow().len();
+                r.tick(now, &sys, &specs, &open, &mut periods);
+                for c in &sys.calls.borrow()[before..] {
+                    if let Call::SetPeriod(fd, p) = c {
+                        let event = open.iter().position(|e| e.fd.as_raw_fd() == *fd);
+                        redraws.push((event, sys.count.get(), *p));
+                    }
+                }
+            }
+            let reads = sys.calls_where(|c| matches!(c, Call::Read(_))).len();
+            (reads, redraws)
+        };
+        let (all_reads, all_redraws) = run(false);
+        let (reads, redraws) = run(true);
+        assert_eq!(all_reads, 12_000, "two events read at each tick");
+        // 60 s at 19 Hz: a re-draw every 48..=112 periods (2.5..5.9 s) per event.
+        assert!((20..=50).contains(&redraws.len()), "{} re-draws", redraws.len());
+        assert_eq!(redraws, all_redraws, "the same re-draws, at the same counts");
+        assert!(
+            reads <= 2 * redraws.len() + 4,
+            "{reads} reads for {} re-draws",
+            redraws.len()
+        );
     }
 }
