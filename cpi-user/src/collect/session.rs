@@ -771,7 +771,9 @@ impl Live {
             return every;
         }
         let stretched = every.as_secs_f64() * self.opened_hz as f64 / now_hz as f64;
-        every.max(Duration::from_secs_f64(stretched.min(MAX_DRAIN_EVERY.as_secs_f64())))
+        every.max(Duration::from_secs_f64(
+            stretched.min(MAX_DRAIN_EVERY.as_secs_f64()),
+        ))
     }
 
     /// No new samples, then everything already written (once).
@@ -868,9 +870,7 @@ fn next_exit(pidfds: &[(u32, AsyncFd<OwnedFd>)]) -> impl std::future::Future<Out
 
 /// Readiness of any of `fds` (each cleared: the kernel says again at its next
 /// watermark).
-fn any_ready(
-    fds: &[AsyncFd<std::os::fd::RawFd>],
-) -> impl std::future::Future<Output = ()> + '_ {
+fn any_ready(fds: &[AsyncFd<std::os::fd::RawFd>]) -> impl std::future::Future<Output = ()> + '_ {
     std::future::poll_fn(move |cx| {
         let mut any = false;
         for fd in fds {
@@ -1016,7 +1016,14 @@ mod tests {
         let (sys, specs, open) = time_events(10, &[(1, -1), (2, -1)]);
         // Read at every tick: as if the count could grow without bound (as many CPUs as
         // nanoseconds), so no time has to pass first.
-        let mut r = Redraw::new(Instant::now(), Rng::new(7), Duration::ZERO, u64::MAX, &specs, &open);
+        let mut r = Redraw::new(
+            Instant::now(),
+            Rng::new(7),
+            Duration::ZERO,
+            u64::MAX,
+            &specs,
+            &open,
+        );
         let now = Instant::now() + Duration::from_secs(3600);
         let base = specs[0].policy.base;
         let sets = || sys.calls_where(|c| matches!(c, Call::SetPeriod(..))).len();
@@ -1088,8 +1095,15 @@ mod tests {
         let (reads, redraws) = run(true);
         assert_eq!(all_reads, 12_000, "two events read at each tick");
         // 60 s at 19 Hz: a re-draw every 48..=112 periods (2.5..5.9 s) per event.
-        assert!((20..=50).contains(&redraws.len()), "{} re-draws", redraws.len());
-        assert_eq!(redraws, all_redraws, "the same re-draws, at the same counts");
+        assert!(
+            (20..=50).contains(&redraws.len()),
+            "{} re-draws",
+            redraws.len()
+        );
+        assert_eq!(
+            redraws, all_redraws,
+            "the same re-draws, at the same counts"
+        );
         assert!(
             reads <= 2 * redraws.len() + 4,
             "{reads} reads for {} re-draws",
