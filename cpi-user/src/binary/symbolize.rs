@@ -164,6 +164,8 @@ enum Form {
     Instructions,
     Starts,
     Name,
+    /// The instruction holding this address ([`Symbolizer::instructions_holding`]).
+    Holding(u64),
 }
 
 /// What is kept of a decoded function.
@@ -175,6 +177,8 @@ enum Decoding {
     Starts(Arc<[u32]>),
     /// The demangled name ([`Symbolizer::display_name`]).
     Name(Arc<str>),
+    /// One instruction, formatted, or none ([`Symbolizer::instructions_holding`]).
+    Holding(Option<Arc<Instruction>>),
 }
 
 /// A decoded function in the cache.
@@ -188,6 +192,18 @@ struct Decoded {
 
 /// Heap bytes of a cache entry besides its contents (key, entry, `Arc` counts).
 const ENTRY_BYTES: usize = size_of::<DecodedKey>() + size_of::<Decoded>() + 2 * size_of::<usize>();
+
+/// The instruction of `func`'s linear sweep (`starts`, offsets into `code`) that holds
+/// `addr`, decoded and formatted.
+fn holding(func: &Function, code: &[u8], starts: &[u32], addr: u64) -> Option<Instruction> {
+    let (ends, heads) = (&starts[1..], &starts[..starts.len() - 1]);
+    let off = u32::try_from(addr.checked_sub(func.start)?).ok()?;
+    let i = heads.partition_point(|&s| s <= off).checked_sub(1)?;
+    (off < ends[i]).then(|| {
+        let at = heads[i] as usize;
+        super::cfg::decode_one(func.start + at as u64, &code[at..])
+    })
+}
 
 /// What [`Symbolizer::trim`] can drop.
 enum Held {
@@ -245,15 +261,50 @@ impl Symbolizer {
 
     /// For each of `addrs`, the instruction of `func`'s linear sweep (the one
     /// [`Symbolizer::decode`] gives) that holds it, decoded and formatted alone; `None`
-    /// where none does. It costs what the addresses do: only the sweep's instruction
-    /// starts are cached (4 bytes per instruction), no formatted instruction. Time
-    /// profiles use it for their sampled instructions (cpi-user/src/profile/analyze.rs).
+    /// where none does. It costs what the addresses do: the sweep's instruction starts
+    /// (4 bytes per instruction) and each address's instruction are cached, not the
+    /// function's other instructions, so an address sampled again in a later window of
+    /// the agent costs a lookup. Time profiles use it for their sampled instructions
+    /// (cpi-user/src/profile/analyze.rs).
     pub fn instructions_holding(
         &mut self,
         bin: &Arc<Binary>,
         func: &Function,
         addrs: &[u64],
     ) -> Result<Vec<Option<Instruction>>, BinaryError> {
+        // The function's bytes and starts only on a miss: reading them faults the
+        // binary's pages in again after each trim.
+        let mut sweep: Option<(&[u8], Arc<[u32]>)> = None;
+        let mut found = Vec::with_capacity(addrs.len());
+        for &a in addrs {
+            let key = (bin.id, func.start, func.size, Form::Holding(a));
+            let ins = match self.hit(key) {
+                Some(Decoding::Holding(ins)) => ins,
+                Some(_) => unreachable!("keyed apart"),
+                None => {
+                    let (code, starts) = match &sweep {
+                        Some(s) => s.clone(),
+                        None => sweep.insert(self.sweep(bin, func)?).clone(),
+                    };
+                    let ins = holding(func, code, &starts, a).map(Arc::new);
+                    let bytes = ins
+                        .as_ref()
+                        .map_or(0, |i| size_of::<Instruction>() + i.text.capacity());
+                    self.keep(key, Decoding::Holding(ins.clone()), bytes);
+                    ins
+                }
+            };
+            found.push(ins.map(|i| Instruction::clone(&i)));
+        }
+        Ok(found)
+    }
+
+    /// `func`'s code and the starts of its linear sweep's instructions (cached).
+    fn sweep<'b>(
+        &mut self,
+        bin: &'b Arc<Binary>,
+        func: &Function,
+    ) -> Result<(&'b [u8], Arc<[u32]>), BinaryError> {
         let code = bin.code_of(func)?;
         let d = self.cached((bin.id, func.start, func.size, Form::Starts), || {
             let starts: Arc<[u32]> = super::cfg::instruction_starts(code).into();
@@ -263,18 +314,7 @@ impl Symbolizer {
         let Decoding::Starts(starts) = d else {
             unreachable!("keyed apart")
         };
-        let (ends, heads) = (&starts[1..], &starts[..starts.len() - 1]);
-        Ok(addrs
-            .iter()
-            .map(|&a| {
-                let off = u32::try_from(a.checked_sub(func.start)?).ok()?;
-                let i = heads.partition_point(|&s| s <= off).checked_sub(1)?;
-                (off < ends[i]).then(|| {
-                    let at = heads[i] as usize;
-                    super::cfg::decode_one(func.start + at as u64, &code[at..])
-                })
-            })
-            .collect())
+        Ok((code, starts))
     }
 
     /// The name people read of `r`'s function ([`demangle`]). An ELF function's is
@@ -309,24 +349,35 @@ impl Symbolizer {
         key: DecodedKey,
         make: impl FnOnce() -> Result<(Decoding, usize), BinaryError>,
     ) -> Result<Decoding, BinaryError> {
-        self.clock += 1;
-        self.used.insert(key.0, self.clock);
-        if let Some(d) = self.decoded.get_mut(&key) {
-            d.used = self.clock;
-            return Ok(d.value.clone());
+        if let Some(d) = self.hit(key) {
+            return Ok(d);
         }
         let (value, bytes) = make()?;
+        self.keep(key, value.clone(), bytes);
+        Ok(value)
+    }
+
+    /// The cache entry at `key`, if kept; a use of its binary either way.
+    fn hit(&mut self, key: DecodedKey) -> Option<Decoding> {
+        self.clock += 1;
+        self.used.insert(key.0, self.clock);
+        let d = self.decoded.get_mut(&key)?;
+        d.used = self.clock;
+        Some(d.value.clone())
+    }
+
+    /// Keeps `value` (of `bytes` heap bytes) at `key`, just missed by [`Symbolizer::hit`].
+    fn keep(&mut self, key: DecodedKey, value: Decoding, bytes: usize) {
         let bytes = (bytes + ENTRY_BYTES) as u64;
         self.decoded_bytes += bytes;
         self.decoded.insert(
             key,
             Decoded {
-                value: value.clone(),
+                value,
                 bytes,
                 used: self.clock,
             },
         );
-        Ok(value)
     }
 
     /// Files of `pid`'s executable mappings opened while it lived (by mapping start,
@@ -844,6 +895,50 @@ mod tests {
         let (b2, sum2) = at(&mut s, "sum_loop");
         assert!(!Arc::ptr_eq(&b, &b2), "reopened");
         assert!(!Arc::ptr_eq(&d_sum, &s.decode(&b2, &sum2).unwrap()));
+    }
+
+    /// An instruction found again comes from the cache, the same as made anew (and as
+    /// the function's full decoding has it), counted in the cache bytes, and leaves with
+    /// its binary.
+    #[test]
+    fn instructions_holding_are_cached_and_trimmed() {
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let mut s = Symbolizer::new(SymbolizerOptions {
+            use_proc: false,
+            kallsyms: None,
+            ..Default::default()
+        });
+        let bin = Binary::open(&t.plain).unwrap();
+        let maps = maps_for(&t.plain, &bin, 0);
+        let f = bin.function_by_name("sum_loop").unwrap();
+        let r = s.resolve(1, &maps, f.start).unwrap();
+        let CodeObject::Elf(b) = r.object else {
+            panic!("sum_loop is in an ELF file")
+        };
+        let func = r.function;
+        let all = Symbolizer::new(SymbolizerOptions::default())
+            .decode(&b, &func)
+            .unwrap();
+        // Each instruction's start and its last byte; one address outside the function.
+        let mut addrs: Vec<u64> = all.iter().flat_map(|i| [i.addr, i.next() - 1]).collect();
+        addrs.push(func.start + func.size);
+        let want: Vec<Option<Instruction>> = all
+            .iter()
+            .flat_map(|i| [Some(i.clone()), Some(i.clone())])
+            .chain([None])
+            .collect();
+        let before = s.cache_bytes();
+        let miss = s.instructions_holding(&b, &func, &addrs).unwrap();
+        let kept = s.cache_bytes() - before;
+        assert!(kept > 0);
+        let hit = s.instructions_holding(&b, &func, &addrs).unwrap();
+        assert_eq!(s.cache_bytes() - before, kept, "kept once");
+        assert_eq!(miss, want);
+        assert_eq!(hit, want);
+        s.trim(0);
+        assert_eq!(s.cache_bytes(), 0, "gone with the binary");
     }
 
     #[test]

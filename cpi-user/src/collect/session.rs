@@ -34,6 +34,10 @@ pub const KILL_AFTER: Duration = Duration::from_secs(2);
 /// with thousands of threads must not turn re-draws into a CPU hog (≈ 5 µs each).
 const REDRAWS_PER_TICK: usize = 64;
 
+/// The longest the ring goes undrained without a wake-up ([`Live::poll_every`]): a
+/// process living a second is still read from `/proc` while it lives.
+const MAX_DRAIN_EVERY: Duration = Duration::from_secs(1);
+
 /// An open collection. Fields drop in order: everything registered with the runtime
 /// goes before it.
 ///
@@ -95,7 +99,11 @@ struct Live {
     specs: Vec<EventSpec>,
     open: Vec<OpenEvent>,
     redraw: Redraw,
+    /// The sampling frequency the session opened at ([`Live::poll_every`]).
+    opened_hz: u64,
     ring: AsyncFd<RingBuf<MapData>>,
+    /// The side-band buffers' fds, readable once one is a quarter full.
+    sideband_ready: Vec<AsyncFd<std::os::fd::RawFd>>,
     /// Exit watches of the targets still running, by pid (empty: system-wide).
     pidfds: Vec<(u32, AsyncFd<OwnedFd>)>,
     /// The kernel filter's allow-lists (empty unless [`Target::Filtered`]).
@@ -123,35 +131,87 @@ struct Redraw {
     rng: Rng,
     /// Per open event: the count at which it is re-drawn next.
     at: Vec<u64>,
+    /// Per open event: when its count is next read. A `cpu-clock` event counts
+    /// nanoseconds, at most one per nanosecond on each CPU it counts on, so it cannot
+    /// reach `at` sooner than `at − count` ns (divided by those CPUs) after a read: until
+    /// then it is not read (a read of another CPU's event is a cross-CPU call). At 19 Hz
+    /// that is one read per re-draw, 2.5–5.9 s apart, instead of one per tick.
+    read_at: Vec<Instant>,
+    /// How often an event is read at most ([`CollectOptions::redraw_every`]).
+    every: Duration,
+    /// CPUs online: what an event not bound to one CPU can count on at once.
+    cpus: u64,
     next: usize,
 }
 
 impl Redraw {
-    fn new(specs: &[EventSpec], open: &[OpenEvent]) -> Self {
-        let mut rng = Rng::new(seed());
-        let at = open
-            .iter()
-            .map(|e| specs[e.spec_index].policy.redraw_after(&mut rng))
-            .collect();
-        Redraw { rng, at, next: 0 }
+    fn new(
+        now: Instant,
+        rng: Rng,
+        every: Duration,
+        cpus: u64,
+        specs: &[EventSpec],
+        open: &[OpenEvent],
+    ) -> Self {
+        let mut r = Redraw {
+            rng,
+            at: vec![0; open.len()],
+            read_at: vec![now; open.len()],
+            every,
+            cpus: cpus.max(1),
+            next: 0,
+        };
+        for (i, e) in open.iter().enumerate() {
+            let after = specs[e.spec_index].policy.redraw_after(&mut r.rng);
+            r.at[i] = after;
+            r.read_at[i] = r.next_read(now, specs, e, after);
+        }
+        r
     }
 
-    /// Reads the counts of up to [`REDRAWS_PER_TICK`] events (round robin) and re-draws
-    /// those due. Events the kernel created by `inherit` (threads started later) have no
-    /// fd here and keep the period drawn when they were born. A failure (the event's
-    /// thread exited) only means that event keeps its period.
+    /// When event `e`, read at `now` and `left` short of its re-draw, is read next.
+    fn next_read(&self, now: Instant, specs: &[EventSpec], e: &OpenEvent, left: u64) -> Instant {
+        let cannot_be_due = if specs[e.spec_index].role == EventRole::CpuClock {
+            let cpus = if e.place.1 >= 0 { 1 } else { self.cpus };
+            Duration::from_nanos(left / cpus)
+        } else {
+            Duration::ZERO
+        };
+        now + cannot_be_due.max(self.every)
+    }
+
+    /// The soonest any event is read next: when [`Redraw::tick`] has work.
+    fn due(&self) -> Option<Instant> {
+        self.read_at.iter().min().copied()
+    }
+
+    /// Reads the counts of up to [`REDRAWS_PER_TICK`] events whose read is due at `now`
+    /// (round robin) and re-draws those that reached their count. Events the kernel
+    /// created by `inherit` (threads started later) have no fd here and keep the period
+    /// drawn when they were born. A failure (the event's thread exited) only means that
+    /// event keeps its period.
     fn tick(
         &mut self,
+        now: Instant,
         sys: &dyn PerfSys,
         specs: &[EventSpec],
         open: &[OpenEvent],
         periods: &mut CpuClockPeriods,
     ) {
-        for _ in 0..open.len().min(REDRAWS_PER_TICK) {
+        let mut reads = 0;
+        for _ in 0..open.len() {
+            if reads == REDRAWS_PER_TICK {
+                break;
+            }
             let i = self.next % open.len();
             self.next += 1;
+            if self.read_at[i] > now {
+                continue;
+            }
+            reads += 1;
             let e = &open[i];
             let Ok(count) = sys.read_count(&e.fd) else {
+                self.read_at[i] = now + self.every;
                 continue;
             };
             if count >= self.at[i] {
@@ -162,15 +222,18 @@ impl Redraw {
                 }
                 self.at[i] = count.saturating_add(spec.policy.redraw_after(&mut self.rng));
             }
+            self.read_at[i] = self.next_read(now, specs, e, self.at[i].saturating_sub(count));
         }
     }
 
     /// After a rate change: every event restarts its schedule from its count now.
     fn restart(&mut self, sys: &dyn PerfSys, specs: &[EventSpec], open: &[OpenEvent]) {
+        let now = Instant::now();
         for (i, e) in open.iter().enumerate() {
             let count = sys.read_count(&e.fd).unwrap_or(0);
-            self.at[i] =
-                count.saturating_add(specs[e.spec_index].policy.redraw_after(&mut self.rng));
+            let after = specs[e.spec_index].policy.redraw_after(&mut self.rng);
+            self.at[i] = count.saturating_add(after);
+            self.read_at[i] = self.next_read(now, specs, e, after);
         }
     }
 }
@@ -389,6 +452,11 @@ impl Session {
             }
         };
         let sideband = SidebandReader::open(&sys, &sideband_places, sideband_flags)?;
+        let sideband_ready = sideband
+            .fds()
+            // SAFETY: the fds stay open as long as `sideband`, which drops after these.
+            .map(|fd| unsafe { AsyncFd::register(fd) }.map_err(io::Error::from))
+            .collect::<Result<Vec<_>, _>>()?;
         // Run-time accounting of our programs, for as long as the session lives.
         let stats = sys.enable_bpf_stats().ok();
 
@@ -418,7 +486,14 @@ impl Session {
                 ));
             }
         }
-        let redraw = Redraw::new(&rung.specs, &rung.open);
+        let redraw = Redraw::new(
+            Instant::now(),
+            Rng::new(seed()),
+            opts.redraw_every.max(Duration::from_millis(1)),
+            cpus.len() as u64,
+            &rung.specs,
+            &rung.open,
+        );
         let mut drain = Drain::new(window, opts.stack_memory);
         if let Some(clock) = rung.specs.iter().find(|s| s.role == EventRole::CpuClock) {
             drain.cpu_clock.opened = clock.policy.base;
@@ -431,7 +506,9 @@ impl Session {
             specs: rung.specs,
             open: rung.open,
             redraw,
+            opened_hz: opts.rate.frequency,
             ring,
+            sideband_ready,
             pidfds,
             filter,
             watching: !watch.is_empty(),
@@ -614,10 +691,8 @@ impl Live {
             .deadline
             .map_or_else(far, tokio::time::Instant::from_std);
         let until_at = until.map_or_else(far, tokio::time::Instant::from_std);
-        let mut redraw =
-            tokio::time::interval(self.opts.redraw_every.max(Duration::from_millis(1)));
-        redraw.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut poll = tokio::time::interval(self.opts.drain_every.max(Duration::from_millis(1)));
+        let redraw_at = |r: &Redraw| r.due().map_or_else(far, tokio::time::Instant::from_std);
+        let mut poll = tokio::time::interval(self.poll_every());
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let redrawing = self.opts.perturbation.user() && !self.open.is_empty();
         let Live {
@@ -631,10 +706,18 @@ impl Live {
             open,
             watching,
             sideband,
+            sideband_ready,
             filter,
             bpf,
             ..
         } = self;
+        // Made once, not at each turn of the loop: a timer made anew lands in the timer
+        // wheel's coarser levels and costs a wake-up to move down (one per turn, a third
+        // of the collector's wake-ups at 19 Hz).
+        let redraw_sleep = tokio::time::sleep_until(redraw_at(schedule));
+        let deadline_sleep = tokio::time::sleep_until(deadline);
+        let until_sleep = tokio::time::sleep_until(until_at);
+        tokio::pin!(redraw_sleep, deadline_sleep, until_sleep);
         let stop = loop {
             tokio::select! {
                 guard = ring.readable_mut(), if draining => {
@@ -643,13 +726,17 @@ impl Live {
                     guard.clear_ready();
                 }
                 _ = poll.tick(), if draining => drain_all(sideband, ring.get_mut(), drain),
-                _ = redraw.tick(), if redrawing => {
-                    schedule.tick(&Linux, specs, open, &mut drain.cpu_clock);
+                () = any_ready(sideband_ready), if draining && !sideband_ready.is_empty() => {
+                    drain_all(sideband, ring.get_mut(), drain);
                 }
-                () = tokio::time::sleep_until(deadline), if self.deadline.is_some() => {
+                () = &mut redraw_sleep, if redrawing => {
+                    schedule.tick(Instant::now(), &Linux, specs, open, &mut drain.cpu_clock);
+                    redraw_sleep.as_mut().reset(redraw_at(schedule));
+                }
+                () = &mut deadline_sleep, if self.deadline.is_some() => {
                     break Some(StopReason::Duration)
                 }
-                () = tokio::time::sleep_until(until_at), if until.is_some() => break None,
+                () = &mut until_sleep, if until.is_some() => break None,
                 i = next_exit(pidfds), if !pidfds.is_empty() => {
                     let (pid, _) = pidfds.swap_remove(i);
                     // Only an entry that is already gone can fail to go: nothing to undo.
@@ -666,6 +753,27 @@ impl Live {
             drain_all(sideband, ring.get_mut(), drain);
         }
         Ok(stop)
+    }
+
+    /// How often the ring is drained without a wake-up: [`CollectOptions::drain_every`]
+    /// at the frequency the session opened at, longer in proportion as the rate is
+    /// lowered (the agent's governor), so a pass finds about as many records at any
+    /// rate, up to [`MAX_DRAIN_EVERY`]. Nothing fills meanwhile: at the agent's 999 Hz,
+    /// two CPUs and records of at most ≈ 9 KB (an 8 KiB stack copy), a 100 ms pass
+    /// finds ≤ 1.8 MB, and the BPF program wakes the collector whenever the ring (8 MiB
+    /// by default) is a quarter full, as the side-band buffers do; what a longer wait
+    /// costs is only that a process living less than it is read from its side-band
+    /// records, not `/proc`.
+    fn poll_every(&self) -> Duration {
+        let every = self.opts.drain_every.max(Duration::from_millis(1));
+        let now_hz = self.opts.rate.frequency.max(1);
+        if self.opts.rate.period.is_some() || now_hz >= self.opened_hz {
+            return every;
+        }
+        let stretched = every.as_secs_f64() * self.opened_hz as f64 / now_hz as f64;
+        every.max(Duration::from_secs_f64(
+            stretched.min(MAX_DRAIN_EVERY.as_secs_f64()),
+        ))
     }
 
     /// No new samples, then everything already written (once).
@@ -761,6 +869,25 @@ fn next_exit(pidfds: &[(u32, AsyncFd<OwnedFd>)]) -> impl std::future::Future<Out
     })
 }
 
+/// Readiness of any of `fds` (each cleared: the kernel says again at its next
+/// watermark).
+fn any_ready(fds: &[AsyncFd<std::os::fd::RawFd>]) -> impl std::future::Future<Output = ()> + '_ {
+    std::future::poll_fn(move |cx| {
+        let mut any = false;
+        for fd in fds {
+            if let std::task::Poll::Ready(Ok(mut g)) = fd.poll_read_ready(cx) {
+                g.clear_ready();
+                any = true;
+            }
+        }
+        if any {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+}
+
 /// One pass: side-band records first (they explain the samples), then the samples.
 fn drain_all(sideband: &mut SidebandReader, ring: &mut RingBuf<MapData>, drain: &mut Drain) {
     drain.start_pass();
@@ -793,6 +920,7 @@ mod tests {
     use super::*;
     use crate::collect::caps::Vendor;
     use crate::collect::sys::fake::{Call, FakeSys};
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn placements_follow_the_target() {
@@ -863,10 +991,10 @@ mod tests {
         assert_eq!(typed(&brs, true), [false, false]);
     }
 
-    #[test]
-    fn redraws_follow_the_count_not_the_clock() {
+    /// Time-profile events at `hz`, opened on `places` under the fake.
+    fn time_events(hz: u64, places: &[(i32, i32)]) -> (FakeSys, Vec<EventSpec>, Vec<OpenEvent>) {
         let rate = Rate {
-            frequency: 10,
+            frequency: hz,
             period: None,
             core_hz: 2_000_000_000,
         };
@@ -879,10 +1007,26 @@ mod tests {
         );
         let sys = FakeSys::new(|_, _, _| None);
         let attach = |_: &'static str| Ok(None);
-        let open = ladder::open_events(&sys, &specs, &[(1, -1), (2, -1)], 0, &attach)
+        let open = ladder::open_events(&sys, &specs, places, 0, &attach)
             .unwrap()
             .open;
-        let mut r = Redraw::new(&specs, &open);
+        (sys, specs, open)
+    }
+
+    #[test]
+    fn redraws_follow_the_count_not_the_clock() {
+        let (sys, specs, open) = time_events(10, &[(1, -1), (2, -1)]);
+        // Read at every tick: as if the count could grow without bound (as many CPUs as
+        // nanoseconds), so no time has to pass first.
+        let mut r = Redraw::new(
+            Instant::now(),
+            Rng::new(7),
+            Duration::ZERO,
+            u64::MAX,
+            &specs,
+            &open,
+        );
+        let now = Instant::now() + Duration::from_secs(3600);
         let base = specs[0].policy.base;
         let sets = || sys.calls_where(|c| matches!(c, Call::SetPeriod(..))).len();
         // However many ticks pass, an event that has counted fewer than 48 periods is
@@ -890,14 +1034,14 @@ mod tests {
         sys.count.set(47 * base);
         let mut periods = CpuClockPeriods::default();
         for _ in 0..100 {
-            r.tick(&sys, &specs, &open, &mut periods);
+            r.tick(now, &sys, &specs, &open, &mut periods);
         }
         assert_eq!(sets(), 0);
         assert!(periods.by_tid.is_empty());
         // Past 112 periods every event is due, once.
         sys.count.set(112 * base);
-        r.tick(&sys, &specs, &open, &mut periods);
-        r.tick(&sys, &specs, &open, &mut periods);
+        r.tick(now, &sys, &specs, &open, &mut periods);
+        r.tick(now, &sys, &specs, &open, &mut periods);
         assert_eq!(sets(), 2);
         // The drain learns each event's new period, by thread.
         assert_eq!(periods.by_tid.len(), 2);
@@ -912,8 +1056,60 @@ mod tests {
         }
         // The next re-draw is again 48..=112 periods further on.
         sys.count.set(112 * base + 47 * base);
-        r.tick(&sys, &specs, &open, &mut periods);
-        r.tick(&sys, &specs, &open, &mut periods);
+        r.tick(now, &sys, &specs, &open, &mut periods);
+        r.tick(now, &sys, &specs, &open, &mut periods);
         assert_eq!(sets(), 2);
+    }
+
+    /// A `cpu-clock` event is not read before its count can have reached its re-draw:
+    /// the same re-draws (same counts, same periods) with a read per re-draw, not one
+    /// per tick.
+    #[test]
+    fn time_events_are_read_only_when_they_can_be_due() {
+        // One event per CPU, each counting wall time (a busy CPU): 10 ms ticks for 60 s.
+        let run = |skip: bool| {
+            let (sys, mut specs, open) = time_events(19, &[(-1, 0), (-1, 1)]);
+            if !skip {
+                // The same policy on an event whose count is not time: read every tick.
+                specs[0].role = EventRole::Cycles;
+            }
+            let start = Instant::now();
+            let every = Duration::from_millis(10);
+            let mut r = Redraw::new(start, Rng::new(42), every, 2, &specs, &open);
+            let mut periods = CpuClockPeriods::default();
+            let mut redraws = Vec::new();
+            for t in 1..=6000u64 {
+                let now = start + every * t as u32;
+                sys.count.set(now.duration_since(start).as_nanos() as u64);
+                let before = sys.calls.borrow().len();
+                r.tick(now, &sys, &specs, &open, &mut periods);
+                for c in &sys.calls.borrow()[before..] {
+                    if let Call::SetPeriod(fd, p) = c {
+                        let event = open.iter().position(|e| e.fd.as_raw_fd() == *fd);
+                        redraws.push((event, sys.count.get(), *p));
+                    }
+                }
+            }
+            let reads = sys.calls_where(|c| matches!(c, Call::Read(_))).len();
+            (reads, redraws)
+        };
+        let (all_reads, all_redraws) = run(false);
+        let (reads, redraws) = run(true);
+        assert_eq!(all_reads, 12_000, "two events read at each tick");
+        // 60 s at 19 Hz: a re-draw every 48..=112 periods (2.5..5.9 s) per event.
+        assert!(
+            (20..=50).contains(&redraws.len()),
+            "{} re-draws",
+            redraws.len()
+        );
+        assert_eq!(
+            redraws, all_redraws,
+            "the same re-draws, at the same counts"
+        );
+        assert!(
+            reads <= 2 * redraws.len() + 4,
+            "{reads} reads for {} re-draws",
+            redraws.len()
+        );
     }
 }

@@ -8,7 +8,9 @@
 //! per CPU system-wide, inherited by the children of a started command or a `--pid`
 //! process (children write into the parent event's buffer). The collector reads the
 //! buffers before each pass over the sample ring, so a sample's mappings are known
-//! before the sample is.
+//! before the sample is, and as soon as one is a quarter full ([`SidebandReader::fds`]
+//! poll readable): however seldom the collector drains at a low sampling rate, a host
+//! starting many processes does not fill them.
 
 use std::io;
 use std::os::fd::OwnedFd;
@@ -19,7 +21,7 @@ use super::sys::{self, flag, PerfEventAttr, PerfSys};
 use crate::procmap::{MappedObject, Mapping};
 
 /// Data pages per buffer (a power of two): 64 KiB holds hundreds of records between two
-/// passes, 25 ms apart.
+/// passes.
 const DATA_PAGES: usize = 16;
 
 const PERF_RECORD_LOST: u32 = 2;
@@ -52,9 +54,11 @@ pub enum Sideband {
     Lost(u64),
 }
 
-/// The attr of the dummy event that carries side-band records.
-pub fn attr(extra_flags: u64) -> PerfEventAttr {
+/// The attr of the dummy event that carries side-band records; its fd polls readable
+/// once `wake_bytes` are unread.
+pub fn attr(extra_flags: u64, wake_bytes: u32) -> PerfEventAttr {
     PerfEventAttr {
+        wakeup_events: wake_bytes,
         type_: sys::PERF_TYPE_SOFTWARE,
         size: sys::PERF_ATTR_SIZE,
         config: sys::PERF_COUNT_SW_DUMMY,
@@ -65,6 +69,7 @@ pub fn attr(extra_flags: u64) -> PerfEventAttr {
             | flag::COMM_EXEC
             | flag::EXCLUDE_KERNEL
             | flag::EXCLUDE_HV
+            | flag::WATERMARK
             | extra_flags,
         ..Default::default()
     }
@@ -103,9 +108,10 @@ impl SidebandReader {
         // SAFETY: sysconf has no preconditions.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
         let len = page * (1 + DATA_PAGES);
+        let quarter = (page * DATA_PAGES / 4) as u32;
         let mut buffers = Vec::new();
         for &(pid, cpu) in places {
-            let fd = match sys.perf_event_open(&attr(extra_flags), pid, cpu) {
+            let fd = match sys.perf_event_open(&attr(extra_flags, quarter), pid, cpu) {
                 Ok(fd) => fd,
                 // A thread that exited since the placements were listed.
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
@@ -131,6 +137,13 @@ impl SidebandReader {
             sys.enable(&b.fd)?;
         }
         Ok(())
+    }
+
+    /// The buffers' fds: each polls readable once its buffer is a quarter full.
+    pub fn fds(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
+        self.buffers
+            .iter()
+            .map(|b| std::os::fd::AsRawFd::as_raw_fd(&b.fd))
     }
 
     /// Every record written since the last call, oldest first per buffer.

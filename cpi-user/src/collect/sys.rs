@@ -276,6 +276,9 @@ pub mod flag {
     pub const FREQ: u64 = 1 << 10;
     /// Enable at the target's next exec.
     pub const ENABLE_ON_EXEC: u64 = 1 << 12;
+    /// `wakeup_events` counts bytes: the buffer's fd polls readable once that many are
+    /// unread.
+    pub const WATERMARK: u64 = 1 << 14;
     /// Side-band records: `PERF_RECORD_MMAP` for executable mappings (with
     /// [`COMM`], [`MMAP2`] and [`COMM_EXEC`], what `collect/sideband.rs` opens).
     pub const MMAP: u64 = 1 << 8;
