@@ -578,7 +578,10 @@ mod tests {
             let mib = default_ring_mib(hz, cpus);
             let holds = |m: u32| collect::ring_holds(u64::from(m) << 20, hz, cpus);
             assert!(holds(mib) >= RING_HOLDS, "{hz} Hz × {cpus}: {mib} MiB");
-            assert!(mib == 1 || holds(mib / 2) < RING_HOLDS, "{hz} Hz × {cpus}: {mib} MiB");
+            assert!(
+                mib == 1 || holds(mib / 2) < RING_HOLDS,
+                "{hz} Hz × {cpus}: {mib} MiB"
+            );
         }
         let flag = AgentOptions {
             ring_buffer_mib: Some(32),
