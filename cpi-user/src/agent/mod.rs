@@ -29,8 +29,9 @@
 //! and written like any other; the sinks get [`FLUSH_WITHIN`] to deliver; then the
 //! agent returns. The first signal restores the default action, so a second one ends the
 //! process at once — also when the analysis thread is stuck: the collection loop never
-//! blocks on it (while a window waits for the analysis it stops draining, so the kernel's
-//! buffers take the excess as counted losses, not memory, but it still sees signals; it
+//! blocks on it (while a window waits for the analysis it drains into the next window for
+//! one interval, then stops draining, so the kernel's buffers take the excess as counted
+//! losses, not memory, but it still sees signals; it
 //! logs a window late by two intervals, at least [`STALL_AFTER_MIN`]), and `/metrics` exports
 //! `cpi_bpf_last_window_age_seconds` and `cpi_bpf_store_failures_total`.
 
@@ -266,6 +267,7 @@ impl Agent {
     /// collects), then the collector Session; `log` gets the mode line and every later
     /// message.
     pub fn new(config: AgentConfig, log: Log) -> Result<Agent, StartError> {
+        one_heap_arena();
         let sinks = Sinks::start(&config)?;
         let opts = collect_options(&config);
         let mut session = Session::open(&opts, &mut |m| log(Level::Info, m.full))?;
@@ -395,10 +397,14 @@ impl Agent {
                 bpf_seconds: bpf_seconds(&session),
             };
             start = end;
-            // Hand the window over; while the analysis is still busy with the last one,
-            // wait without draining (the kernel's buffers take the excess, counted: a
-            // loaded host grew the agent's heap 12 MiB in 60 s when this drained) but
-            // seeing signals, and say so once it is late.
+            // Hand the window over. While the analysis is still busy with the last one,
+            // go on draining into the next window for up to one interval: a wait of a
+            // few hundred ms overflowed the ring at 999 Hz on a build host (BENCHMARKS.md,
+            // "Agent memory: the ring and the allocator"), and that window's stacks are
+            // bounded as any window's. Past that, wait without draining (the kernel's
+            // buffers take the excess, counted: a stuck analysis grew the agent's heap
+            // 12 MiB in 60 s when this drained without end), seeing signals, and say so
+            // once it is late.
             let (mut job, waiting) = (job, Instant::now());
             let mut told = false;
             let handed = loop {
@@ -420,7 +426,12 @@ impl Agent {
                     );
                 }
                 let tick = Instant::now() + Duration::from_millis(100);
-                if let Some(s) = session.wait_until(Some(tick))? {
+                let stop = if waiting.elapsed() < config.interval {
+                    collect_until(&mut session, tick, pods_due.as_ref(), &log)?
+                } else {
+                    session.wait_until(Some(tick))?
+                };
+                if let Some(s) = stop {
                     pending = Some(job);
                     break Some(Some(s));
                 }
@@ -795,6 +806,20 @@ fn release_free_heap() {
     #[cfg(target_env = "gnu")]
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+/// One glibc arena for all the agent's threads (set before any is started). With one
+/// per thread the analysis thread's arena kept its busiest window's pages and the
+/// collector's its own: RssAnon median 37.5 MiB (p90 47.8) against 33.4 (p90 33.6) with
+/// one, same CPU, side by side at default settings on a build host (BENCHMARKS.md,
+/// "Agent memory: the ring and the allocator"). The threads allocate at different
+/// moments (draining, analysing), so one lock costs little.
+fn one_heap_arena() {
+    // SAFETY: mallopt only changes the allocator's tuning; no allocation is affected.
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
 

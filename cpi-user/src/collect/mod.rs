@@ -232,6 +232,27 @@ impl Default for StackMemory {
 /// The one-shot command's drain interval: a process living 25 ms is read while it lives.
 pub const DRAIN_EVERY: Duration = Duration::from_millis(25);
 
+/// The most ring-buffer space one sample takes: the longest fixed record (a branch sample
+/// with every entry, 816 bytes), its stack header, every kernel frame and the whole user
+/// stack copy (cpi-common/src/wire.rs), plus the ring's 8-byte record header: 9,560 bytes.
+/// The mean is lower (4.2–8.3 KB measured with stacks: BENCHMARKS.md, "Why records are
+/// built in a scratch buffer"); sizing with the most keeps [`ring_holds`] a lower bound.
+pub const MAX_RECORD_BYTES: u64 = (std::mem::size_of::<cpi_common::wire::BranchSample>()
+    + std::mem::size_of::<cpi_common::wire::StackHeader>()
+    + cpi_common::wire::MAX_KERNEL_FRAMES * 8
+    + cpi_common::wire::MAX_STACK_BYTES
+    + 8) as u64;
+
+/// How long a ring of `ring_bytes` takes to fill when `cpus` CPUs each send `frequency`
+/// samples a second of [`MAX_RECORD_BYTES`]: the longest the collector may leave it
+/// undrained without losing a sample. A drain interval (or a wake-up latency) must stay
+/// well under it; the agent sizes its ring from it (`RING_HOLDS`,
+/// cpi-user/src/agent/config.rs).
+pub fn ring_holds(ring_bytes: u64, frequency: u64, cpus: u64) -> Duration {
+    let per_second = MAX_RECORD_BYTES * frequency.max(1) * cpus.max(1);
+    Duration::from_secs_f64(ring_bytes as f64 / per_second as f64)
+}
+
 /// Why collection stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {

@@ -19,6 +19,7 @@ use cpi_tests::{
     agent_with_metrics, compile_c, cpi_bpf, free_port, http_get, labelled, metric, require_root,
     rss, store_windows, temp_dir, vm_rss,
 };
+use cpi_user::agent::config::default_ring_mib;
 use cpi_user::agent::metrics::{Metrics, MetricsLimits};
 use cpi_user::agent::push::{PushConfig, Pusher, ServiceLabel, MAX_ATTEMPTS};
 use cpi_user::agent::{AgentStatus, Window};
@@ -599,7 +600,10 @@ fn churn_keeps_memory_flat_and_processes_leave() {
 /// 40 MB of `.eh_frame` (tests/programs/wide_unwind.c: each sample's unwind reads a
 /// 20 KiB entry of one of 2,000 functions), at the full rate, window after window. The
 /// unwinder uses those tables in place in its mapping of the file; before their pages
-/// were released from the resident set the agent grew past 64 MiB here.
+/// were released from the resident set the agent grew past 64 MiB here. The BPF ring
+/// buffer's share of that resident set is the default size for this host's CPUs (its
+/// data pages counted twice: the kernel maps them twice), 16 MiB before it was sized from
+/// the rate (cpi-user/src/agent/config.rs).
 #[test]
 fn resident_set_stays_within_the_target_unwinding_a_wide_binary() {
     if !require_root("the agent") {
@@ -619,6 +623,7 @@ fn resident_set_stays_within_the_target_unwinding_a_wide_binary() {
     // Six windows analysed (however long a loaded machine takes to start the agent),
     // then the target ends and the agent stops by itself after storing the last one.
     let (mut peak, mut samples, mut done) = (0u64, 0f64, 0f64);
+    let mut bpf_maps = 0u64;
     let began = Instant::now();
     while agent.0.try_wait().unwrap().is_none() {
         assert!(
@@ -627,6 +632,7 @@ fn resident_set_stays_within_the_target_unwinding_a_wide_binary() {
             dir.display()
         );
         peak = peak.max(vm_rss(agent.0.id()).unwrap_or(0));
+        bpf_maps = bpf_maps.max(bpf_maps_rss(agent.0.id()).unwrap_or(0));
         if let Some(body) = http_get(metrics, "/metrics").ok().map(|(_, b)| b) {
             samples =
                 labelled(&body, "cpi_bpf_samples_total", "event", "cpu-clock").unwrap_or(samples);
@@ -657,9 +663,10 @@ fn resident_set_stays_within_the_target_unwinding_a_wide_binary() {
         .count();
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
     eprintln!(
-        "agent VmRSS peak {:.1} MiB; {samples} samples, {} windows, {through_wide} call paths \
-         wide_*;main",
+        "agent VmRSS peak {:.1} MiB (BPF maps {:.1} MiB); {samples} samples, {} windows, \
+         {through_wide} call paths wide_*;main",
         mib(peak),
+        mib(bpf_maps),
         windows.len()
     );
     assert!(
@@ -673,6 +680,42 @@ fn resident_set_stays_within_the_target_unwinding_a_wide_binary() {
         "agent VmRSS {:.1} MiB over the 64 MiB target",
         mib(peak)
     );
+    // The ring twice, plus a page or two of header and of the programs' mapped globals.
+    let cpus = cpi_user::collect::target::online_cpus().len() as u64;
+    let ring_bytes = u64::from(default_ring_mib(999, cpus)) << 20;
+    assert!(
+        (2 * ring_bytes..=2 * ring_bytes + (64 << 10)).contains(&bpf_maps),
+        "BPF maps resident {:.1} MiB, not twice the default ring of {} MiB",
+        mib(bpf_maps),
+        ring_bytes >> 20
+    );
+}
+
+/// Resident bytes of a process's mappings of BPF maps (`anon_inode:bpf-map` in
+/// `/proc/PID/smaps`): the ring buffer, and the maps whose globals are mapped.
+fn bpf_maps_rss(pid: u32) -> Option<u64> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let mut in_map = false;
+    let mut kib = 0;
+    for line in smaps.lines() {
+        if let Some(rss) = line.strip_prefix("Rss:") {
+            if in_map {
+                kib += rss
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()?;
+            }
+        } else if line.split_whitespace().next().is_some_and(|range| {
+            range.split_once('-').is_some_and(|(a, b)| {
+                u64::from_str_radix(a, 16).is_ok() && u64::from_str_radix(b, 16).is_ok()
+            })
+        }) {
+            in_map = line.ends_with("anon_inode:bpf-map");
+        }
+    }
+    Some(kib * 1024)
 }
 
 #[test]

@@ -1089,8 +1089,9 @@ impl Drop for StoppedThread {
 /// the FIFO of the rows above is refused without waiting), `/metrics` still answers and
 /// `cpi_bpf_last_window_age_seconds` rises past the stall bound (two intervals, at least
 /// `STALL_AFTER_MIN`, cpi-user/src/agent/mod.rs), the late window is logged, the agent's
-/// RSS stays within its bound (collection goes on without draining), a first SIGTERM
-/// is logged, and a second ends the process although the analysis never finishes.
+/// RSS stays within its bound (collection drains one more interval, then goes on without
+/// draining), a first SIGTERM is logged, and a second ends the process although the
+/// analysis never finishes.
 #[test]
 fn a_stalled_analysis_is_visible_and_a_second_sigterm_ends_it() {
     if !require_root("the agent") {

@@ -120,7 +120,8 @@ pub struct Args {
     /// the windows and pushes (costs CPU on hosts that run binaries with debug info).
     #[arg(long)]
     pub source_lines: bool,
-    /// BPF ring buffer size, MiB (a power of two) [default: 8].
+    /// BPF ring buffer size, MiB (a power of two) [default: what holds 200 ms of samples
+    /// at --frequency on every CPU, 1 to 16: 4 on 2 CPUs at 999 Hz].
     #[arg(long, value_name = "MIB")]
     pub ring_buffer_mib: Option<u32>,
     /// error, warn, info, debug or trace [default: info].
