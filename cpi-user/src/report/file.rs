@@ -19,7 +19,7 @@ use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-use crate::profile::model::{frame_numbers, Profile, PROFILE_FORMAT_VERSION};
+use crate::profile::model::{frame_numbers, Profile, StackFrame, PROFILE_FORMAT_VERSION};
 
 /// Why a profile file could not be written or read back; each is one line naming the
 /// file (`origin`), which `cpi-bpf report` prints as is.
@@ -173,9 +173,13 @@ struct TableFrame {
 }
 
 /// The frame table of `p`, and every path's frames as numbers into it, in the order
-/// the paths are written.
+/// the paths are written. Each frame is hashed once, with a fast seeded hasher: with
+/// std's SipHash and a second lookup per frame for its function, numbering a build
+/// host's window cost as much CPU as writing it (BENCHMARKS.md, "The store's format").
 fn frame_table(p: &Profile) -> (Vec<TableFunction<'_>>, Vec<TableFrame>, Vec<u32>) {
-    let (mut function_numbers, mut frame_numbers) = (HashMap::new(), HashMap::new());
+    type Numbers<K> = HashMap<K, u32, foldhash::fast::RandomState>;
+    let mut function_numbers: Numbers<(&str, &str)> = Numbers::default();
+    let mut frame_numbers: Numbers<&StackFrame> = Numbers::default();
     let (mut functions, mut frames, mut numbers) = (Vec::new(), Vec::new(), Vec::new());
     for f in p
         .processes
@@ -183,26 +187,24 @@ fn frame_table(p: &Profile) -> (Vec<TableFunction<'_>>, Vec<TableFrame>, Vec<u32
         .flat_map(|x| &x.stacks)
         .flat_map(|s| &s.frames)
     {
-        let next = functions.len() as u32;
-        let function = *function_numbers
-            .entry((f.function.as_str(), f.binary.as_str()))
-            .or_insert_with(|| {
-                functions.push(TableFunction {
-                    name: Cow::Borrowed(&f.function),
-                    binary: Cow::Borrowed(&f.binary),
-                });
-                next
-            });
         let next = frames.len() as u32;
-        let number = *frame_numbers
-            .entry((function, f.address))
-            .or_insert_with(|| {
-                frames.push(TableFrame {
-                    function,
-                    address: f.address,
+        let number = *frame_numbers.entry(f).or_insert_with(|| {
+            let next_function = functions.len() as u32;
+            let function = *function_numbers
+                .entry((&f.function, &f.binary))
+                .or_insert_with(|| {
+                    functions.push(TableFunction {
+                        name: Cow::Borrowed(&f.function),
+                        binary: Cow::Borrowed(&f.binary),
+                    });
+                    next_function
                 });
-                next
+            frames.push(TableFrame {
+                function,
+                address: f.address,
             });
+            next
+        });
         numbers.push(number);
     }
     (functions, frames, numbers)
