@@ -61,8 +61,7 @@ pub fn copy_program(from: &Path, to: &Path) {
 /// True when running as root; otherwise prints why the test is skipped (and fails under
 /// CI, [`skip`]).
 pub fn require_root(what: &str) -> bool {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    if cpi_user::fsafe::euid() == 0 {
         return true;
     }
     skip(format_args!(

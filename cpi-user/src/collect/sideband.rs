@@ -12,7 +12,6 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, Ordering};
 
@@ -209,16 +208,7 @@ fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<Sideband> {
             if prot & libc::PROT_EXEC as u32 == 0 || len == 0 {
                 return None;
             }
-            let object = if name.starts_with('[') {
-                MappedObject::Special(name)
-            } else if name.is_empty() || name.starts_with("//anon") {
-                MappedObject::Anon
-            } else {
-                MappedObject::File {
-                    path: PathBuf::from(name),
-                    deleted: false,
-                }
-            };
+            let object = MappedObject::from_name(&name);
             Some(Sideband::Mapping {
                 pid,
                 mapping: Mapping {

@@ -629,16 +629,7 @@ fn parse_mmap(kind: u32, misc: u16, b: &[u8]) -> Option<(u32, Mapping, Option<St
         (prot & 4 != 0, id, 64)
     };
     let path = c_str(b.get(name_at..)?);
-    let object = if path.is_empty() || path == "//anon" {
-        MappedObject::Anon
-    } else if path.starts_with('[') {
-        MappedObject::Special(path)
-    } else {
-        MappedObject::File {
-            path: path.into(),
-            deleted: false,
-        }
-    };
+    let object = MappedObject::from_name(&path);
     Some((
         pid,
         Mapping {

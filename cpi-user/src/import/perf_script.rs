@@ -865,13 +865,7 @@ fn parse_mmap(line: &str) -> Option<Option<(u32, Mapping)>> {
     let after = after.trim_start();
     let (prot, path) = after.split_once(' ').unwrap_or((after, ""));
     let path = path.trim();
-    let object = if path.is_empty() || path == "//anon" {
-        MappedObject::Anon
-    } else if path.starts_with('[') {
-        MappedObject::Special(path.to_string())
-    } else {
-        file(path)
-    };
+    let object = MappedObject::from_name(path);
     Some(Some((
         pid,
         Mapping {

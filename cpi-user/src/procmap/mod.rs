@@ -49,6 +49,28 @@ pub enum MappedObject {
 }
 
 impl MappedObject {
+    /// The object a mapping's name (`/proc/PID/maps`' last field, a perf mmap record's
+    /// file name) denotes. Only an absolute path is a file: `anon_inode:bpf-map`,
+    /// `socket:[…]` and the like are kernel objects no path opens (the agent sampling
+    /// itself on a kernel that cannot filter in BPF sees its own ring buffer's).
+    pub fn from_name(name: &str) -> MappedObject {
+        if name.is_empty() || name.starts_with("//anon") {
+            MappedObject::Anon
+        } else if !name.starts_with('/') || name.starts_with("//") {
+            MappedObject::Special(name.to_string())
+        } else if let Some(p) = name.strip_suffix(" (deleted)") {
+            MappedObject::File {
+                path: PathBuf::from(p),
+                deleted: true,
+            }
+        } else {
+            MappedObject::File {
+                path: PathBuf::from(name),
+                deleted: false,
+            }
+        }
+    }
+
     /// The name reports use for the object.
     pub fn display_name(&self) -> String {
         match self {
@@ -180,21 +202,7 @@ impl ProcessMaps {
             let num = |t: &str| u32::from_str_radix(t, 16).map_err(|_| bad());
             let (major, minor) = (num(major)?, num(minor)?);
             let ino: u64 = inode.parse().map_err(|_| bad())?;
-            let object = if name.is_empty() {
-                MappedObject::Anon
-            } else if name.starts_with('[') {
-                MappedObject::Special(name.to_string())
-            } else if let Some(p) = name.strip_suffix(" (deleted)") {
-                MappedObject::File {
-                    path: PathBuf::from(p),
-                    deleted: true,
-                }
-            } else {
-                MappedObject::File {
-                    path: PathBuf::from(name),
-                    deleted: false,
-                }
-            };
+            let object = MappedObject::from_name(name);
             mappings.push(Mapping {
                 start: hex(s)?,
                 end: hex(e)?,
@@ -288,6 +296,31 @@ mod tests {
         );
         assert!(m.find(0x1000).is_none());
         assert!(m.find(0x55d0c6a07000).is_none(), "end is exclusive");
+    }
+
+    #[test]
+    fn only_absolute_paths_name_files() {
+        let special = |n: &str| MappedObject::Special(n.to_string());
+        assert_eq!(MappedObject::from_name(""), MappedObject::Anon);
+        assert_eq!(MappedObject::from_name("//anon"), MappedObject::Anon);
+        assert_eq!(MappedObject::from_name("[vdso]"), special("[vdso]"));
+        for kernel_object in ["anon_inode:bpf-map", "socket:[123]", "a.out"] {
+            assert_eq!(
+                MappedObject::from_name(kernel_object),
+                special(kernel_object)
+            );
+        }
+        assert_eq!(
+            MappedObject::from_name("/memfd:jit (deleted)"),
+            MappedObject::File {
+                path: "/memfd:jit".into(),
+                deleted: true
+            }
+        );
+        let m =
+            ProcessMaps::parse("1000-2000 r--s 00000000 00:0e 17 anon_inode:bpf-map\n").unwrap();
+        assert_eq!(m.mappings[0].object, special("anon_inode:bpf-map"));
+        assert_eq!(m.mappings[0].file_id, None, "no file to capture");
     }
 
     #[test]

@@ -224,8 +224,7 @@ fn output_through_another_users_link_is_not_followed() {
     .unwrap();
     let out = dir.join("profile.json");
     symlink(&victim, &out).unwrap();
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    if cpi_user::fsafe::euid() == 0 {
         // The link belongs to an unprivileged user, as in the attack.
         std::os::unix::fs::lchown(&out, Some(65534), Some(65534)).unwrap();
     }
@@ -258,8 +257,7 @@ fn the_store_must_be_private() {
     let msg = e.to_string();
     assert!(msg.contains("writable by group or others"), "{msg}");
     assert_eq!(msg.lines().count(), 1);
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
+    if cpi_user::fsafe::euid() == 0 {
         std::fs::set_permissions(&s, std::fs::Permissions::from_mode(0o700)).unwrap();
         std::os::unix::fs::chown(&s, Some(65534), Some(65534)).unwrap();
         let msg = Store::open(&s, store::DEFAULT_RETAIN, 1 << 30, None)

@@ -815,13 +815,7 @@ fn record_chain(dir: &Path, args: &[&str]) -> Option<PathBuf> {
 /// `perf record -e cpu-clock -F 2000 ARGS -- COMMAND` into `dir/perf.data`; `None`
 /// (said, and a failure under CI) without root.
 fn record(dir: &Path, args: &[&str], command: &[&std::ffi::OsStr]) -> Option<PathBuf> {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "recording with perf needs root; CI runs as root"
-        );
-        cpi_tests::skip(format_args!("recording with perf needs root"));
+    if !cpi_tests::require_root("recording with perf") {
         return None;
     }
     let data = dir.join("perf.data");
