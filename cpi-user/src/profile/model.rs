@@ -15,8 +15,10 @@ use crate::procmap::ProcessIdentity;
 pub use crate::binary::cfg::EdgeKind;
 pub use crate::binary::SourceLine;
 
-/// Bumped on any incompatible change; readers reject newer versions.
-pub const PROFILE_FORMAT_VERSION: u32 = 1;
+/// Bumped on any incompatible change; readers reject newer versions and read every older
+/// one (cpi-user/src/report/file.rs). 2: call paths list their frames by number in the
+/// file's frame table (1 wrote each frame whole, three quarters of a busy host's window).
+pub const PROFILE_FORMAT_VERSION: u32 = 2;
 
 /// What the numbers in a profile are (the capability ladder, `collect/ladder.rs`).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,7 +125,8 @@ impl Mode {
 /// A profile: the run, its losses, and per-process results (the JSON profile file).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct Profile {
-    /// [`PROFILE_FORMAT_VERSION`] of the writer.
+    /// [`PROFILE_FORMAT_VERSION`]: a file of an older version is brought to it as it is
+    /// read (cpi-user/src/report/file.rs).
     pub format_version: u32,
     /// `cpi-bpf` version that wrote the file.
     pub tool_version: String,
@@ -523,7 +526,9 @@ pub struct ProcessProfile {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct StackProfile {
     /// Frames, leaf first: kernel frames (when kernel samples are included), then user
-    /// frames.
+    /// frames. A profile file lists each by its number in the file's frame table
+    /// ([`frame_numbers`]).
+    #[serde(serialize_with = "frame_numbers::serialize")]
     pub frames: Vec<StackFrame>,
     /// How unwinding ended (cpi-user/src/profile/stack.rs).
     pub end: StackEnd,
@@ -562,6 +567,52 @@ pub struct StackFrame {
     /// The frame's address in the binary's own address space (for callers, the
     /// return address).
     pub address: u64,
+}
+
+/// How a profile file writes call paths' frames (format 2): the writer
+/// (cpi-user/src/report/file.rs) numbers every frame of every path by its entry in the
+/// file's frame table, in the order serde writes the paths, and lends those numbers to
+/// [`StackProfile`]'s serialisation for that one write. Serialised any other way, frames
+/// are written whole, which the reader takes too.
+pub mod frame_numbers {
+    use std::cell::RefCell;
+
+    use serde::{ser::Error, Serialize, Serializer};
+
+    use super::StackFrame;
+
+    thread_local! {
+        static LENT: RefCell<Option<std::vec::IntoIter<u32>>> = const { RefCell::new(None) };
+    }
+
+    /// Runs `write` with `numbers` (every path's frame numbers, paths in serialisation
+    /// order) in place of the frames; they are taken back when it returns or unwinds.
+    pub fn lend<R>(numbers: Vec<u32>, write: impl FnOnce() -> R) -> R {
+        struct TakeBack;
+        impl Drop for TakeBack {
+            fn drop(&mut self) {
+                LENT.with(|l| *l.borrow_mut() = None);
+            }
+        }
+        LENT.with(|l| *l.borrow_mut() = Some(numbers.into_iter()));
+        let _take_back = TakeBack;
+        write()
+    }
+
+    pub(super) fn serialize<S: Serializer>(frames: &[StackFrame], s: S) -> Result<S::Ok, S::Error> {
+        let numbers: Option<Vec<u32>> = LENT.with(|l| {
+            let mut lent = l.borrow_mut();
+            lent.as_mut()
+                .map(|n| n.by_ref().take(frames.len()).collect())
+        });
+        match numbers {
+            None => frames.serialize(s),
+            Some(n) if n.len() == frames.len() => n.serialize(s),
+            Some(_) => Err(S::Error::custom(
+                "the frame numbers ran out before the call paths",
+            )),
+        }
+    }
 }
 
 /// One caller → callee pair of the calls-only call graph.

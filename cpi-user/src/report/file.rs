@@ -3,13 +3,23 @@
 //! newer file is one [`ProfileFileError`]. What is read is bounded: at most
 //! [`MAX_PROFILE_BYTES`] (`report /dev/zero` stops there), and JSON nesting by
 //! serde_json's recursion limit (128), so no input grows memory without end.
+//!
+//! Format 2 (written since issue 17's store measurements) is format 1 with a frame
+//! table, as pprof has function and location tables: `stack_functions` holds each
+//! distinct function of the call paths once (`name`, `binary`), `stack_frames` each
+//! distinct frame once (`function`: its number in `stack_functions`, `address`), and a
+//! path's `frames` lists frame numbers. Format 1 wrote every frame whole: on a build host
+//! three quarters of a window's JSON were frames repeating their function and binary
+//! (BENCHMARKS.md, "The store's format"). Both read to the same [`Profile`].
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-use crate::profile::model::{Profile, PROFILE_FORMAT_VERSION};
+use crate::profile::model::{frame_numbers, Profile, StackFrame, PROFILE_FORMAT_VERSION};
 
 /// Why a profile file could not be written or read back; each is one line naming the
 /// file (`origin`), which `cpi-bpf report` prints as is.
@@ -114,18 +124,90 @@ fn write_json_as(p: &Profile, w: impl Write, pretty: bool) -> std::io::Result<()
         )
     };
     p.serialize(FiniteCheck).map_err(invalid)?;
-    let mut w = BufWriter::new(w);
-    let written = if pretty {
-        serde_json::to_writer_pretty(&mut w, p)
-    } else {
-        serde_json::to_writer(&mut w, p)
+    let (stack_functions, stack_frames, numbers) = frame_table(p);
+    let text = FileText {
+        profile: p,
+        stack_functions,
+        stack_frames,
     };
+    let mut w = BufWriter::new(w);
+    let written = frame_numbers::lend(numbers, || {
+        if pretty {
+            serde_json::to_writer_pretty(&mut w, &text)
+        } else {
+            serde_json::to_writer(&mut w, &text)
+        }
+    });
     written.map_err(|e| match e.io_error_kind() {
         Some(_) => std::io::Error::from(e),
         None => invalid(e),
     })?;
     w.write_all(b"\n")?;
     w.flush()
+}
+
+/// What a profile file holds: the profile, its call paths' frames as numbers
+/// ([`frame_numbers`]) into the frame table that follows it (the module's doc).
+#[derive(Serialize)]
+struct FileText<'a> {
+    #[serde(flatten)]
+    profile: &'a Profile,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    stack_functions: Vec<TableFunction<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    stack_frames: Vec<TableFrame>,
+}
+
+/// A function of the frame table.
+#[derive(Serialize, Deserialize)]
+struct TableFunction<'a> {
+    name: Cow<'a, str>,
+    binary: Cow<'a, str>,
+}
+
+/// A frame of the frame table: its function's number, and the address.
+#[derive(Serialize, Deserialize)]
+struct TableFrame {
+    function: u32,
+    address: u64,
+}
+
+/// The frame table of `p`, and every path's frames as numbers into it, in the order
+/// the paths are written. Each frame is hashed once, with a fast seeded hasher: with
+/// std's SipHash and a second lookup per frame for its function, numbering a build
+/// host's window cost as much CPU as writing it (BENCHMARKS.md, "The store's format").
+fn frame_table(p: &Profile) -> (Vec<TableFunction<'_>>, Vec<TableFrame>, Vec<u32>) {
+    type Numbers<K> = HashMap<K, u32, foldhash::fast::RandomState>;
+    let mut function_numbers: Numbers<(&str, &str)> = Numbers::default();
+    let mut frame_numbers: Numbers<&StackFrame> = Numbers::default();
+    let (mut functions, mut frames, mut numbers) = (Vec::new(), Vec::new(), Vec::new());
+    for f in p
+        .processes
+        .iter()
+        .flat_map(|x| &x.stacks)
+        .flat_map(|s| &s.frames)
+    {
+        let next = frames.len() as u32;
+        let number = *frame_numbers.entry(f).or_insert_with(|| {
+            let next_function = functions.len() as u32;
+            let function = *function_numbers
+                .entry((&f.function, &f.binary))
+                .or_insert_with(|| {
+                    functions.push(TableFunction {
+                        name: Cow::Borrowed(&f.function),
+                        binary: Cow::Borrowed(&f.binary),
+                    });
+                    next_function
+                });
+            frames.push(TableFrame {
+                function,
+                address: f.address,
+            });
+            next
+        });
+        numbers.push(number);
+    }
+    (functions, frames, numbers)
 }
 
 /// A serializer that writes nothing and fails at the first non-finite float
@@ -406,10 +488,15 @@ fn from_value(value: serde_json::Value, origin: &str) -> Result<Profile, Profile
             detail: "format_version 0 was never written".into(),
         });
     }
-    let p: Profile = serde_json::from_value(value).map_err(|e| ProfileFileError::Corrupt {
+    let mut value = value;
+    if version >= 2 {
+        write_out_frames(&mut value, &origin)?;
+    }
+    let mut p: Profile = serde_json::from_value(value).map_err(|e| ProfileFileError::Corrupt {
         origin: origin.clone(),
         detail: e.to_string(),
     })?;
+    p.format_version = PROFILE_FORMAT_VERSION;
     // Merging cuts blocks at their bounds (cpi-user/src/profile/merge.rs): a block that
     // ends before it starts is a corrupt file, found by fuzzing (tests/tests/it/fuzz.rs).
     let reversed = p
@@ -428,6 +515,94 @@ fn from_value(value: serde_json::Value, origin: &str) -> Result<Profile, Profile
         });
     }
     Ok(p)
+}
+
+/// Format 2's call paths as format 1 held them: each frame number replaced by its frame
+/// from the table (a frame written whole stays). Bounded: the frames written out hold
+/// at most [`MAX_PROFILE_BYTES`] of names, what a format-1 file could, so a small file
+/// naming one long name many times does not grow memory without end.
+fn write_out_frames(value: &mut serde_json::Value, origin: &str) -> Result<(), ProfileFileError> {
+    let corrupt = |detail: String| ProfileFileError::Corrupt {
+        origin: origin.to_string(),
+        detail,
+    };
+    let Some(top) = value.as_object_mut() else {
+        return Ok(());
+    };
+    let functions: Vec<TableFunction> = take_table(top, "stack_functions", origin)?;
+    let frames: Vec<TableFrame> = take_table(top, "stack_frames", origin)?;
+    let frames = frames
+        .iter()
+        .map(|f| {
+            let func = functions.get(f.function as usize).ok_or_else(|| {
+                corrupt(format!(
+                    "a frame names function {} of {} in stack_functions",
+                    f.function,
+                    functions.len()
+                ))
+            })?;
+            let frame = serde_json::json!({
+                "function": func.name,
+                "binary": func.binary,
+                "address": f.address,
+            });
+            Ok((frame, (func.name.len() + func.binary.len() + 48) as u64))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // Checked before a frame is written out: a refused file costs no copies.
+    let in_paths = path_frames(top);
+    let mut bytes = 0u64;
+    for n in in_paths.iter().filter_map(|f| f.as_u64()) {
+        let (_, size) = frames.get(n as usize).ok_or_else(|| {
+            corrupt(format!(
+                "a call path names frame {n} of {} in stack_frames",
+                frames.len()
+            ))
+        })?;
+        bytes += size;
+        if bytes > MAX_PROFILE_BYTES {
+            return Err(ProfileFileError::TooLarge {
+                origin: origin.to_string(),
+            });
+        }
+    }
+    for f in in_paths {
+        // A frame written whole stays as it is.
+        if let Some(n) = f.as_u64() {
+            *f = frames[n as usize].0.clone();
+        }
+    }
+    Ok(())
+}
+
+/// Every entry of every call path's `frames` in a file's JSON.
+fn path_frames(
+    top: &mut serde_json::Map<String, serde_json::Value>,
+) -> Vec<&mut serde_json::Value> {
+    top.get_mut("processes")
+        .and_then(|v| v.as_array_mut())
+        .into_iter()
+        .flatten()
+        .filter_map(|x| x.get_mut("stacks").and_then(|v| v.as_array_mut()))
+        .flatten()
+        .filter_map(|p| p.get_mut("frames").and_then(|v| v.as_array_mut()))
+        .flatten()
+        .collect()
+}
+
+/// The table `key` of a format-2 file, taken out of it (none: empty).
+fn take_table<T: serde::de::DeserializeOwned>(
+    top: &mut serde_json::Map<String, serde_json::Value>,
+    key: &str,
+    origin: &str,
+) -> Result<Vec<T>, ProfileFileError> {
+    match top.remove(key) {
+        Some(v) => serde_json::from_value(v).map_err(|e| ProfileFileError::Corrupt {
+            origin: origin.to_string(),
+            detail: format!("{key}: {e}"),
+        }),
+        None => Ok(Vec::new()),
+    }
 }
 
 impl Profile {

@@ -649,15 +649,11 @@ fn resident_set_stays_within_the_target_unwinding_a_wide_binary() {
     // Stacks through the wide functions: the tables were really walked.
     let through_wide = windows
         .iter()
-        .flat_map(|(_, _, w)| w["processes"].as_array().cloned().unwrap_or_default())
-        .flat_map(|p| p["stacks"].as_array().cloned().unwrap_or_default())
+        .map(|(_, _, w)| Profile::from_json(&serde_json::to_vec(w).unwrap()).unwrap())
+        .flat_map(|p| p.processes)
+        .flat_map(|p| p.stacks)
         .filter(|st| {
-            let f = |i: usize| {
-                st["frames"][i]["function"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string()
-            };
+            let f = |i: usize| st.frames.get(i).map_or("", |f| f.function.as_str());
             f(0).starts_with("wide_") && f(1) == "main"
         })
         .count();
@@ -777,7 +773,7 @@ fn push_a_real_profile() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let profile: Profile = serde_json::from_slice(&out.stdout).unwrap();
+    let profile = Profile::from_json(&out.stdout).unwrap();
     let rx = Receiver::start(loopback0()).unwrap();
     let p = pusher(rx.url(), None, ServiceLabel::Comm, 4);
     let start = SystemTime::now();

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use crate::report_fixture::{cpi_profile, golden, scratch, time_profile};
 use cpi_tests::{cpi_bpf, output_ok};
-use cpi_user::profile::model::Profile;
+use cpi_user::profile::model::{Profile, PROFILE_FORMAT_VERSION};
 use cpi_user::report::file::{parse, read, to_json, write_json, write_output, ProfileFileError};
 use cpi_user::report::table::{render, TableOptions};
 use rand::{rngs::StdRng, Rng, SeedableRng};
@@ -64,14 +64,14 @@ fn bad_files_give_typed_errors() {
         "{e}"
     );
 
-    let future = text.replacen("\"format_version\": 1", "\"format_version\": 99", 1);
+    let future = text.replacen("\"format_version\": 2", "\"format_version\": 99", 1);
     let e = parse(future.as_bytes(), "f.json").unwrap_err();
     assert!(
         matches!(
             e,
             ProfileFileError::FutureVersion {
                 found: 99,
-                supported: 1,
+                supported: 2,
                 ..
             }
         ),
@@ -235,4 +235,148 @@ fn report_reads_a_single_gzipped_agent_window() {
             .arg(&file),
     );
     assert_eq!(parse(&out.stdout, "stdout").unwrap(), p);
+}
+
+/// tests/golden/format1_stacks.json is a real file of format 1, the format before the
+/// frame table: written by main's `cpi-bpf` at ccf284a, `cpi-bpf --format json -o F --
+/// stacks chain 300` (tests/programs/stacks.c) on a no-PMU VM, a time profile whose four
+/// call paths share most of their frames.
+fn format1_file() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/format1_stacks.json")
+}
+
+/// A format-1 file still reads, frames as written; rewritten in the current format (each
+/// distinct frame once, paths as numbers) it reads back to the same profile, and
+/// `report` gives the same table, folded text, pprof and JSON from either file.
+#[test]
+fn a_format_1_file_reads_and_the_current_format_gives_the_same() {
+    let old_file = format1_file();
+    let old_text = std::fs::read(&old_file).unwrap();
+    let v1: serde_json::Value = serde_json::from_slice(&old_text).unwrap();
+    assert_eq!(v1["format_version"], 1);
+    let old = read(&old_file).unwrap();
+    assert_eq!(old.format_version, PROFILE_FORMAT_VERSION);
+    let written = v1["processes"][0]["stacks"].as_array().unwrap();
+    let stacks = &old.processes[0].stacks;
+    assert_eq!(stacks.len(), 4);
+    for (s, w) in stacks.iter().zip(written) {
+        let w = w["frames"].as_array().unwrap();
+        assert_eq!(s.frames.len(), w.len());
+        for (f, w) in s.frames.iter().zip(w) {
+            assert_eq!(
+                (f.function.as_str(), f.binary.as_str(), f.address),
+                (
+                    w["function"].as_str().unwrap(),
+                    w["binary"].as_str().unwrap(),
+                    w["address"].as_u64().unwrap()
+                )
+            );
+        }
+    }
+    let chain: Vec<&str> = stacks[0].frames[..4]
+        .iter()
+        .map(|f| f.function.as_str())
+        .collect();
+    assert_eq!(chain, ["leaf", "path_b", "path_a", "main"]);
+
+    let text = to_json(&old).unwrap();
+    let v2: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v2["format_version"], PROFILE_FORMAT_VERSION);
+    let numbers: Vec<u64> = v2["processes"][0]["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["frames"].as_array().unwrap().clone())
+        .map(|n| n.as_u64().expect("a frame number"))
+        .collect();
+    let distinct: std::collections::BTreeSet<u64> = numbers.iter().copied().collect();
+    let table = v2["stack_frames"].as_array().unwrap();
+    assert_eq!(distinct.len(), table.len());
+    assert!(table.len() < numbers.len(), "the paths share frames");
+    assert!(text.len() < old_text.len(), "{} bytes", text.len());
+    assert_eq!(parse(text.as_bytes(), "format 2").unwrap(), old);
+
+    let dir = scratch("report-format1");
+    let new_file = dir.join("format2.json");
+    std::fs::write(&new_file, &text).unwrap();
+    for format in ["table", "folded", "pprof", "json"] {
+        let out = |f: &std::path::Path| {
+            output_ok(
+                Command::new(cpi_bpf())
+                    .args(["report", "--format", format])
+                    .arg(f),
+            )
+            .stdout
+        };
+        assert!(
+            out(&old_file) == out(&new_file),
+            "--format {format} differs"
+        );
+    }
+}
+
+/// An agent's store after an upgrade holds windows of both formats: merged, they give
+/// what the same windows give merged in memory.
+#[test]
+fn a_store_of_both_formats_merges_as_one() {
+    use cpi_user::agent::store::{read_range, RangeQuery, Store};
+    use cpi_user::agent::Window;
+    use cpi_user::profile::merge::merge;
+    use std::io::Write;
+    use std::time::{Duration, UNIX_EPOCH};
+    let dir = scratch("report-store-formats");
+    let old = read(&format1_file()).unwrap();
+    let start = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+    let mut store = Store::open(&dir, Duration::from_secs(1 << 40), 1 << 30, None).unwrap();
+    store
+        .write(&Window {
+            start,
+            end: start + Duration::from_secs(10),
+            profile: old.clone(),
+        })
+        .unwrap();
+    // The format-1 window as the agent before this format wrote it: the file gzip'd.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&std::fs::read(format1_file()).unwrap())
+        .unwrap();
+    std::fs::write(
+        dir.join("w-1700000010000-1700000020000.json.gz"),
+        gz.finish().unwrap(),
+    )
+    .unwrap();
+    let merged = read_range(&dir, &RangeQuery::default()).unwrap();
+    assert_eq!(merged.windows, 2);
+    assert!(merged.skipped.is_empty(), "{:?}", merged.skipped);
+    assert_eq!(merged.profile, merge(&[old.clone(), old]).unwrap());
+}
+
+/// A frame table that does not fit its paths is a corrupt file, and one that would
+/// write out more frame names than a format-1 file could hold is too large; each one
+/// error, nothing read.
+#[test]
+fn a_bad_frame_table_is_refused() {
+    let old = read(&format1_file()).unwrap();
+    let good: serde_json::Value = serde_json::from_str(&to_json(&old).unwrap()).unwrap();
+    let refused = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = good.clone();
+        edit(&mut v);
+        parse(&serde_json::to_vec(&v).unwrap(), "t.json").unwrap_err()
+    };
+    let e = refused(&|v| v["processes"][0]["stacks"][0]["frames"][0] = 1_000_000.into());
+    assert!(matches!(e, ProfileFileError::Corrupt { .. }), "{e}");
+    assert!(e.to_string().contains("frame 1000000 of"), "{e}");
+    let e = refused(&|v| v["stack_frames"][0]["function"] = 1_000_000.into());
+    assert!(e.to_string().contains("function 1000000 of"), "{e}");
+    let e = refused(&|v| v["stack_functions"] = "none".into());
+    assert!(e.to_string().contains("stack_functions"), "{e}");
+    // One 1 MiB name named 300 times by each path: 300 MiB written out, from a 1 MiB
+    // file.
+    let e = refused(&|v| {
+        v["stack_functions"][0]["name"] = "x".repeat(1 << 20).into();
+        let n = v["processes"][0]["stacks"][0]["frames"][0].clone();
+        for s in v["processes"][0]["stacks"].as_array_mut().unwrap() {
+            s["frames"] = vec![n.clone(); 300].into();
+        }
+    });
+    assert!(matches!(e, ProfileFileError::TooLarge { .. }), "{e}");
 }

@@ -295,7 +295,7 @@ fn simulate_command_writes_accuracy_json() {
         assert!(!f[k].is_null(), "functions[0].{k} in {f}");
     }
     // The profile part reads back as a profile file.
-    let p: Profile = serde_json::from_value(v.clone()).unwrap();
+    let p = Profile::from_json(&out.stdout).unwrap();
     assert!(!p.processes.is_empty());
     // The accuracy is part of the profile: `report` keeps it and shows it.
     let acc = p.accuracy.clone().expect("accuracy in the profile");
@@ -308,7 +308,7 @@ fn simulate_command_writes_accuracy_json() {
             .arg(&file)
             .args(["--format", "json"]),
     );
-    let q: Profile = serde_json::from_slice(&again.stdout).unwrap();
+    let q = Profile::from_json(&again.stdout).unwrap();
     assert_eq!(q.accuracy.as_ref(), Some(&acc));
     let table = output_ok(Command::new(bin).arg("report").arg(&file));
     let table = String::from_utf8_lossy(&table.stdout);

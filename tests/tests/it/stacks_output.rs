@@ -350,7 +350,7 @@ fn store_merge_keeps_the_paths() {
             .unwrap();
     }
     let text = report(&["--store", store_dir.to_str().unwrap(), "--format", "json"]);
-    let merged: Profile = serde_json::from_str(&text).unwrap();
+    let merged = Profile::from_json(text.as_bytes()).unwrap();
     let s = &merged.processes[0].stacks;
     assert_eq!(s.len(), p.processes[0].stacks.len());
     for (m, one) in s.iter().zip(&p.processes[0].stacks) {
