@@ -1428,17 +1428,17 @@ fn unwind_rules_that_cost_too_much_cannot_blind_the_agent() {
     );
     // Samples in the functions whose rules were refused: their stacks end there.
     let (mut ending, mut past) = (0, Vec::new());
-    for st in windows
+    // Read as the library reads a window (a file's frames are numbers into its table).
+    let profiles: Vec<cpi_user::profile::Profile> = windows
         .iter()
-        .flat_map(|(_, _, w)| w["processes"].as_array().cloned().unwrap_or_default())
-        .flat_map(|p| p["stacks"].as_array().cloned().unwrap_or_default())
+        .map(|(_, _, w)| cpi_user::profile::Profile::from_json(w.to_string().as_bytes()).unwrap())
+        .collect();
+    for st in profiles
+        .iter()
+        .flat_map(|p| &p.processes)
+        .flat_map(|p| &p.stacks)
     {
-        let names: Vec<String> = st["frames"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|f| f["function"].as_str().unwrap_or("").to_string())
-            .collect();
+        let names: Vec<&str> = st.frames.iter().map(|f| f.function.as_str()).collect();
         if let Some(i) = names.iter().position(|n| n.starts_with("wide_")) {
             if i + 1 == names.len() {
                 ending += 1;
