@@ -575,20 +575,30 @@ impl Binary {
         let Some(symtab) = symtab_of(&file, debug.as_ref()) else {
             return Vec::new();
         };
-        let ordinals = bolt_ordinals(symtab.symbols());
+        let locals = bolt_ordinals(symtab.symbols());
+        // Both in address order: one merge. Of two locals of one name at one address,
+        // the later ordinal, as before.
+        let mut j = 0;
         let out: Vec<u32> = self
             .functions
             .iter()
             .map(|&e| {
-                let name = match e.name {
-                    NAME_SYNTH => None,
+                while locals.get(j).is_some_and(|l| l.0 < e.start) {
+                    j += 1;
+                }
+                let name: &[u8] = match e.name {
+                    NAME_SYNTH => return 0,
                     n if n & NAME_OWNED != 0 => {
-                        Some(&*self.owned_names[(n & !NAME_OWNED) as usize])
+                        self.owned_names[(n & !NAME_OWNED) as usize].as_bytes()
                     }
-                    off => std::str::from_utf8(self.mapped_name(off)).ok(),
+                    off => self.mapped_name(off),
                 };
-                name.and_then(|n| ordinals.get(&(n, e.start)).copied())
-                    .unwrap_or(0)
+                locals[j..]
+                    .iter()
+                    .take_while(|l| l.0 == e.start)
+                    .filter(|l| l.1 == name)
+                    .last()
+                    .map_or(0, |l| l.2)
             })
             .collect();
         if out.iter().all(|&n| n == 0) {
@@ -745,24 +755,28 @@ impl Binary {
     }
 }
 
-/// Each local text and data symbol of `.symtab`, keyed by (name, address), with its
-/// ordinal among the local symbols of that name in address order (BOLT's `name/N`).
+/// The local text and data symbols of `.symtab` in address order, each with its ordinal
+/// among the local symbols of that name (BOLT's `name/N`). Names as bytes and one
+/// foldhash lookup per symbol: `librustc_driver` has a hundred thousand locals, and this
+/// runs whenever the symbolizer opens a binary again (BENCHMARKS.md, "The merged agent
+/// under the `build` and `churn` loads").
 fn bolt_ordinals<'d, S: ObjectSymbol<'d>>(
     syms: impl Iterator<Item = S>,
-) -> HashMap<(&'d str, u64), u32> {
-    let mut locals: Vec<(u64, &'d str)> = syms
+) -> Vec<(u64, &'d [u8], u32)> {
+    let mut locals: Vec<(u64, &'d [u8])> = syms
         .filter(|s| s.is_local() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Data))
-        .filter_map(|s| Some((s.address(), s.name().ok()?)))
+        .filter_map(|s| Some((s.address(), s.name_bytes().ok()?)))
         .filter(|(_, n)| !n.is_empty())
         .collect();
     locals.sort_unstable();
-    let mut seen: HashMap<&str, u32> = HashMap::new();
+    let mut seen: HashMap<&[u8], u32, foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(locals.len(), Default::default());
     locals
         .into_iter()
         .map(|(addr, name)| {
             let n = seen.entry(name).or_default();
             *n += 1;
-            ((name, addr), *n)
+            (addr, name, *n)
         })
         .collect()
 }
