@@ -38,28 +38,13 @@ pub const DEFAULT_PUSH_QUEUE: usize = 8;
 /// `--push-timeout` default, seconds.
 pub const DEFAULT_PUSH_TIMEOUT_SECS: u64 = 10;
 /// What the default ring buffer holds at `--frequency` on every online CPU, all records
-/// of the longest kind ([`collect::ring_holds`]): two of the agent's 100 ms drain
+/// of the longest kind ([`collect::default_ring_mib`]): two of the agent's 100 ms drain
 /// intervals. A drain interval made longer at low rates must stay under
 /// `ring_holds(ring, rate, cpus) / 2` to keep this margin. On 2 CPUs at 999 Hz:
 /// 9,560 B × 999 /s × 2 × 0.2 s = 3.6 MiB, so 4 MiB (8 MiB before: VmRSS counts the
 /// ring twice, its pages being mapped twice, so each MiB here is 2 MiB of VmRSS).
 /// Margin besides: the kernel side wakes the collector when a quarter is full.
 pub const RING_HOLDS: Duration = Duration::from_millis(200);
-/// Largest default ring buffer, MiB (at ≥ 8 busy CPUs at 999 Hz; `--ring-buffer-mib`
-/// sets more).
-pub const MAX_DEFAULT_RING_MIB: u32 = 16;
-
-/// `--ring-buffer-mib` default: the smallest power of two that holds [`RING_HOLDS`] of
-/// samples at `frequency` on `cpus` CPUs, 1 to [`MAX_DEFAULT_RING_MIB`] MiB.
-pub fn default_ring_mib(frequency: u64, cpus: u64) -> u32 {
-    let mut mib = 1u32;
-    while mib < MAX_DEFAULT_RING_MIB
-        && collect::ring_holds(u64::from(mib) << 20, frequency, cpus) < RING_HOLDS
-    {
-        mib *= 2;
-    }
-    mib
-}
 /// Longest `--interval`: a day.
 const MAX_INTERVAL_SECS: u64 = 86_400;
 
@@ -438,7 +423,8 @@ impl AgentOptions {
             return Err(bad("push-timeout", "must be 1 to 600 seconds"));
         }
         let ring_mib = self.ring_buffer_mib.unwrap_or_else(|| {
-            default_ring_mib(frequency, collect::target::online_cpus().len() as u64)
+            let cpus = collect::target::online_cpus().len() as u64;
+            collect::default_ring_mib(RING_HOLDS, frequency, cpus)
         });
         if ring_mib == 0 || !ring_mib.is_power_of_two() || ring_mib > 1024 {
             return Err(bad(
@@ -568,21 +554,12 @@ mod tests {
 
     #[test]
     fn the_default_ring_holds_two_drain_intervals_of_the_longest_records() {
-        assert_eq!(collect::MAX_RECORD_BYTES, 9_560);
+        let default_ring_mib = |hz, cpus| collect::default_ring_mib(RING_HOLDS, hz, cpus);
         // 2 CPUs at 999 Hz: 3.6 MiB needed; 2 MiB would hold 110 ms.
         assert_eq!(default_ring_mib(999, 2), 4);
         assert_eq!(default_ring_mib(999, 4), 8);
         assert_eq!(default_ring_mib(99, 2), 1);
-        assert_eq!(default_ring_mib(999, 64), MAX_DEFAULT_RING_MIB);
-        for (hz, cpus) in [(999, 1), (999, 2), (499, 3), (999, 8), (19, 2)] {
-            let mib = default_ring_mib(hz, cpus);
-            let holds = |m: u32| collect::ring_holds(u64::from(m) << 20, hz, cpus);
-            assert!(holds(mib) >= RING_HOLDS, "{hz} Hz × {cpus}: {mib} MiB");
-            assert!(
-                mib == 1 || holds(mib / 2) < RING_HOLDS,
-                "{hz} Hz × {cpus}: {mib} MiB"
-            );
-        }
+        assert_eq!(default_ring_mib(999, 64), collect::MAX_DEFAULT_RING_MIB);
         let flag = AgentOptions {
             ring_buffer_mib: Some(32),
             ..Default::default()

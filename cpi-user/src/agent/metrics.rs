@@ -769,7 +769,9 @@ impl State {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::profile::model::{Estimate, EventInfo, FunctionProfile, ProcessProfile};
+    use crate::profile::model::{
+        Estimate, EventInfo, FunctionProfile, ProcessProfile, PROFILE_FORMAT_VERSION,
+    };
     use std::io::{Read, Write};
     use std::time::Instant;
 
@@ -807,7 +809,7 @@ pub(crate) mod tests {
     pub(crate) fn profile(mode: Mode, procs: &[(u32, &str, f64)]) -> Profile {
         let time = mode == Mode::TimeProfile;
         Profile {
-            format_version: 1,
+            format_version: PROFILE_FORMAT_VERSION,
             tool_version: "test".into(),
             mode,
             mode_reason: "test".into(),

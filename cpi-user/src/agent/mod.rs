@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod pods;
 pub mod push;
 pub mod store;
+mod sys;
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, sync_channel, Receiver, RecvTimeoutError, TrySendError};
@@ -267,7 +268,7 @@ impl Agent {
     /// collects), then the collector Session; `log` gets the mode line and every later
     /// message.
     pub fn new(config: AgentConfig, log: Log) -> Result<Agent, StartError> {
-        one_heap_arena();
+        sys::one_heap_arena();
         let sinks = Sinks::start(&config)?;
         let opts = collect_options(&config);
         let mut session = Session::open(&opts, &mut |m| log(Level::Info, m.full))?;
@@ -769,7 +770,7 @@ fn analysis_loop(
             ),
         );
         drop(window);
-        release_free_heap();
+        sys::release_free_heap();
     }
     if let Some(p) = &sinks.pusher {
         p.flush(FLUSH_WITHIN);
@@ -795,32 +796,6 @@ fn symbolizer_bytes(c: &AgentConfig, unwind_heap: u64) -> u64 {
     c.cache_bytes
         .saturating_sub(stacks)
         .saturating_sub(unwind_heap)
-}
-
-/// Gives the heap pages a window's analysis freed back to the system. glibc keeps freed
-/// memory in its arenas, so without this the agent's resident set would stay at the high
-/// mark of its busiest window (seen: +15 MiB held after a burst of exiting processes,
-/// tests/tests/it/agent_sinks.rs, the churn test).
-fn release_free_heap() {
-    // SAFETY: malloc_trim only returns free memory of the allocator to the system.
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-/// One glibc arena for all the agent's threads (set before any is started). With one
-/// per thread the analysis thread's arena kept its busiest window's pages and the
-/// collector's its own: RssAnon median 37.5 MiB (p90 47.8) against 33.4 (p90 33.6) with
-/// one, same CPU, side by side at default settings on a build host (BENCHMARKS.md,
-/// "Agent memory: the ring and the allocator"). The threads allocate at different
-/// moments (draining, analysing), so one lock costs little.
-fn one_heap_arena() {
-    // SAFETY: mallopt only changes the allocator's tuning; no allocation is affected.
-    #[cfg(target_env = "gnu")]
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
 }
 
 /// Drops the per-instruction lines without samples or counts: a window of a big

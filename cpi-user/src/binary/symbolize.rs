@@ -845,30 +845,46 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// Decoded functions outlive analyses and leave in LRU order under a byte bound; a
-    /// dropped binary takes its decoded functions with it.
-    #[test]
-    fn decoded_functions_are_cached_and_trimmed_least_recently_used_first() {
-        let Some(t) = TestProgram::get("analysis_loops") else {
-            return;
-        };
-        let mut s = Symbolizer::new(SymbolizerOptions {
-            use_proc: false,
-            kallsyms: None,
-            ..Default::default()
-        });
-        let bin = Binary::open(&t.plain).unwrap();
-        let maps = maps_for(&t.plain, &bin, 0);
-        let at = |s: &mut Symbolizer, name: &str| {
-            let f = bin.function_by_name(name).unwrap();
-            let r = s.resolve(1, &maps, f.start).unwrap();
+    /// The test program's plain (non-PIE) binary mapped at its link addresses as pid 1,
+    /// for a symbolizer that reads neither /proc nor kallsyms.
+    struct PlainProgram {
+        bin: Binary,
+        maps: ProcessMaps,
+    }
+
+    impl PlainProgram {
+        fn get() -> Option<(Symbolizer, Self)> {
+            let t = TestProgram::get("analysis_loops")?;
+            let s = Symbolizer::new(SymbolizerOptions {
+                use_proc: false,
+                kallsyms: None,
+                ..Default::default()
+            });
+            let bin = Binary::open(&t.plain).unwrap();
+            let maps = maps_for(&t.plain, &bin, 0);
+            Some((s, Self { bin, maps }))
+        }
+
+        /// `name` resolved through `s`: the binary as `s` keeps it, and the function.
+        fn at(&self, s: &mut Symbolizer, name: &str) -> (Arc<Binary>, Function) {
+            let f = self.bin.function_by_name(name).unwrap();
+            let r = s.resolve(1, &self.maps, f.start).unwrap();
             let CodeObject::Elf(b) = r.object else {
                 panic!("{name} is in an ELF file")
             };
             (b, r.function)
+        }
+    }
+
+    /// Decoded functions outlive analyses and leave in LRU order under a byte bound; a
+    /// dropped binary takes its decoded functions with it.
+    #[test]
+    fn decoded_functions_are_cached_and_trimmed_least_recently_used_first() {
+        let Some((mut s, plain)) = PlainProgram::get() else {
+            return;
         };
-        let (b, sum) = at(&mut s, "sum_loop");
-        let (_, fib) = at(&mut s, "fib");
+        let (b, sum) = plain.at(&mut s, "sum_loop");
+        let (_, fib) = plain.at(&mut s, "fib");
         let table = s.cache_bytes();
         assert_eq!(table, b.heap_bytes(), "only the binary's table so far");
         let d_sum = s.decode(&b, &sum).unwrap();
@@ -892,7 +908,7 @@ mod tests {
         // Nothing may stay: the binary goes, and its decoded functions with it.
         s.trim(0);
         assert_eq!(s.cache_bytes(), 0);
-        let (b2, sum2) = at(&mut s, "sum_loop");
+        let (b2, sum2) = plain.at(&mut s, "sum_loop");
         assert!(!Arc::ptr_eq(&b, &b2), "reopened");
         assert!(!Arc::ptr_eq(&d_sum, &s.decode(&b2, &sum2).unwrap()));
     }
@@ -902,22 +918,10 @@ mod tests {
     /// its binary.
     #[test]
     fn instructions_holding_are_cached_and_trimmed() {
-        let Some(t) = TestProgram::get("analysis_loops") else {
+        let Some((mut s, plain)) = PlainProgram::get() else {
             return;
         };
-        let mut s = Symbolizer::new(SymbolizerOptions {
-            use_proc: false,
-            kallsyms: None,
-            ..Default::default()
-        });
-        let bin = Binary::open(&t.plain).unwrap();
-        let maps = maps_for(&t.plain, &bin, 0);
-        let f = bin.function_by_name("sum_loop").unwrap();
-        let r = s.resolve(1, &maps, f.start).unwrap();
-        let CodeObject::Elf(b) = r.object else {
-            panic!("sum_loop is in an ELF file")
-        };
-        let func = r.function;
+        let (b, func) = plain.at(&mut s, "sum_loop");
         let all = Symbolizer::new(SymbolizerOptions::default())
             .decode(&b, &func)
             .unwrap();

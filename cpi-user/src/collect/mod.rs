@@ -246,11 +246,34 @@ pub const MAX_RECORD_BYTES: u64 = (std::mem::size_of::<cpi_common::wire::BranchS
 /// How long a ring of `ring_bytes` takes to fill when `cpus` CPUs each send `frequency`
 /// samples a second of [`MAX_RECORD_BYTES`]: the longest the collector may leave it
 /// undrained without losing a sample. A drain interval (or a wake-up latency) must stay
-/// well under it; the agent sizes its ring from it (`RING_HOLDS`,
-/// cpi-user/src/agent/config.rs).
+/// well under it; the default rings are sized from it ([`default_ring_mib`]).
 pub fn ring_holds(ring_bytes: u64, frequency: u64, cpus: u64) -> Duration {
     let per_second = MAX_RECORD_BYTES * frequency.max(1) * cpus.max(1);
     Duration::from_secs_f64(ring_bytes as f64 / per_second as f64)
+}
+
+/// Largest default ring buffer, MiB (`--ring-buffer-mib` sets more).
+pub const MAX_DEFAULT_RING_MIB: u32 = 16;
+
+/// What the one-shot command's default ring holds ([`default_ring_mib`]): 8 MiB on 2
+/// CPUs at 999 Hz, 16 on 4 or more. It drains every [`DRAIN_EVERY`], but it unwinds
+/// each record as it drains and shares the CPUs with what it profiles at the full rate
+/// (the agent's governor lowers its rate; the one-shot's does not change): system-wide
+/// at 999 Hz beside other builds (load 9 on 2 vCPUs), 4 MiB (220 ms) lost 194 and 431
+/// of 19,000 samples in 10 s, 8 MiB (440 ms) none in eight runs (BENCHMARKS.md, "The
+/// one-shot's ring").
+pub const ONE_SHOT_RING_HOLDS: Duration = Duration::from_millis(400);
+
+/// A default `--ring-buffer-mib`: the smallest power of two, 1 to
+/// [`MAX_DEFAULT_RING_MIB`], whose ring [`ring_holds`] `holds` of samples at `frequency`
+/// on `cpus` CPUs. The one-shot command holds [`ONE_SHOT_RING_HOLDS`], the agent
+/// `RING_HOLDS` (cpi-user/src/agent/config.rs).
+pub fn default_ring_mib(holds: Duration, frequency: u64, cpus: u64) -> u32 {
+    let mut mib = 1u32;
+    while mib < MAX_DEFAULT_RING_MIB && ring_holds(u64::from(mib) << 20, frequency, cpus) < holds {
+        mib *= 2;
+    }
+    mib
 }
 
 /// Why collection stopped.
@@ -419,6 +442,26 @@ pub fn try_event(spec: &EventSpec, bpf: Option<&Ebpf>) -> Result<(), CollectErro
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_rings_are_the_smallest_power_of_two_that_holds_long_enough() {
+        assert_eq!(MAX_RECORD_BYTES, 9_560);
+        // The one-shot, 2 CPUs at 999 Hz: 9,560 B × 999 /s × 2 × 0.4 s = 7.3 MiB.
+        let one_shot = |hz, cpus| default_ring_mib(ONE_SHOT_RING_HOLDS, hz, cpus);
+        assert_eq!(one_shot(999, 2), 8);
+        assert_eq!(one_shot(1999, 2), 16);
+        assert_eq!(one_shot(99, 2), 1);
+        assert_eq!(one_shot(999, 64), MAX_DEFAULT_RING_MIB);
+        for holds in [ONE_SHOT_RING_HOLDS, Duration::from_millis(200)] {
+            for (hz, cpus) in [(999, 1), (999, 2), (499, 3), (999, 8), (19, 2)] {
+                let mib = default_ring_mib(holds, hz, cpus);
+                let held = |m: u32| ring_holds(u64::from(m) << 20, hz, cpus);
+                let case = format!("{holds:?} at {hz} Hz × {cpus}: {mib} MiB");
+                assert!(mib == MAX_DEFAULT_RING_MIB || held(mib) >= holds, "{case}");
+                assert!(mib == 1 || held(mib / 2) < holds, "{case}");
+            }
+        }
+    }
 
     #[test]
     fn a_verifier_refusal_is_one_line_and_the_log_goes_to_a_file() {

@@ -19,7 +19,7 @@ use cpi_tests::{
     agent_with_metrics, compile_c, cpi_bpf, free_port, http_get, labelled, metric, require_root,
     rss, store_windows, temp_dir, vm_rss,
 };
-use cpi_user::agent::config::default_ring_mib;
+use cpi_user::agent::config::RING_HOLDS;
 use cpi_user::agent::metrics::{Metrics, MetricsLimits};
 use cpi_user::agent::push::{PushConfig, Pusher, ServiceLabel, MAX_ATTEMPTS};
 use cpi_user::agent::{AgentStatus, Window};
@@ -679,7 +679,7 @@ fn resident_set_stays_within_the_target_unwinding_a_wide_binary() {
     );
     // The ring twice, plus a page or two of header and of the programs' mapped globals.
     let cpus = cpi_user::collect::target::online_cpus().len() as u64;
-    let ring_bytes = u64::from(default_ring_mib(999, cpus)) << 20;
+    let ring_bytes = u64::from(cpi_user::collect::default_ring_mib(RING_HOLDS, 999, cpus)) << 20;
     assert!(
         (2 * ring_bytes..=2 * ring_bytes + (64 << 10)).contains(&bpf_maps),
         "BPF maps resident {:.1} MiB, not twice the default ring of {} MiB",

@@ -64,9 +64,10 @@ pub struct Args {
     /// re-drawn after 48-112 of its own periods), milliseconds.
     #[arg(long, value_name = "MS", default_value_t = 50)]
     pub redraw_ms: u64,
-    /// BPF ring buffer size, MiB (a power of two).
-    #[arg(long, value_name = "MIB", default_value_t = 8)]
-    pub ring_buffer_mib: u32,
+    /// BPF ring buffer size, MiB (a power of two) [default: what holds 400 ms of samples
+    /// at --frequency on every CPU, 1 to 16: 8 on 2 CPUs at 999 Hz].
+    #[arg(long, value_name = "MIB")]
+    pub ring_buffer_mib: Option<u32>,
     /// Ranges used per branch sample, the fixed window that keeps the profile uniform
     /// (default: branch-record depth − 1, as the PMU model uses).
     #[arg(long, value_name = "N")]
@@ -97,10 +98,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     };
     let user_only = check_events(&args.event)? || args.user_only;
     let duration = args.duration;
-    if args.ring_buffer_mib == 0
-        || !args.ring_buffer_mib.is_power_of_two()
-        || args.ring_buffer_mib > 1024
-    {
+    let ring_mib = args.ring_buffer_mib.unwrap_or_else(|| {
+        let cpus = collect::target::online_cpus().len() as u64;
+        collect::default_ring_mib(collect::ONE_SHOT_RING_HOLDS, args.frequency, cpus)
+    });
+    if ring_mib == 0 || !ring_mib.is_power_of_two() || ring_mib > 1024 {
         bail!("--ring-buffer-mib must be a power of two between 1 and 1024");
     }
     // Before collecting: a bad --output must not cost the run.
@@ -117,7 +119,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         perturbation: args.policy.perturbation(),
         thinning: args.policy.thinning.max(1),
         redraw_every: Duration::from_millis(args.redraw_ms.max(1)),
-        ring_bytes: args.ring_buffer_mib << 20,
+        ring_bytes: ring_mib << 20,
         window: args.range_window.map(|w| w.max(1)),
         cpu_time: false,
         drain_every: collect::DRAIN_EVERY,
