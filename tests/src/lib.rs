@@ -385,3 +385,40 @@ fn status_bytes(pid: u32, field: &str) -> Option<u64> {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kib| kib * 1024)
 }
+
+/// Whether our child has exited, without reaping it (`waitid` with `WNOWAIT`): until
+/// someone waits for it, it is a zombie, its `/proc/PID` still there. With `block`,
+/// waits for it to exit.
+pub fn exited_unreaped(child: &std::process::Child, block: bool) -> bool {
+    let flags = libc::WEXITED | libc::WNOWAIT | if block { 0 } else { libc::WNOHANG };
+    // SAFETY: a zeroed siginfo_t is valid; waitid only writes it.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waiting on our own child, into a local.
+    let r = unsafe { libc::waitid(libc::P_PID, child.id(), &mut info, flags) };
+    assert_eq!(r, 0, "waitid: {}", std::io::Error::last_os_error());
+    // SAFETY: waitid filled in a SIGCHLD siginfo (si_pid 0: not exited yet).
+    unsafe { info.si_pid() != 0 }
+}
+
+/// A child that has exited and is not reaped (a zombie); reaped when dropped.
+pub struct Zombie(std::process::Child);
+
+impl Zombie {
+    /// Runs `true` and waits for its exit, leaving it unreaped.
+    pub fn spawn() -> Zombie {
+        let child = Command::new("true").spawn().expect("spawn true");
+        assert!(exited_unreaped(&child, true));
+        Zombie(child)
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Zombie {
+    fn drop(&mut self) {
+        let _ = self.0.wait();
+    }
+}

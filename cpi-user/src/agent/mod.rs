@@ -859,11 +859,16 @@ mod tests {
         set.process(me).start = process_start(me);
         // A pid that does not exist (above the kernel's pid_max limit).
         set.process(u32::MAX - 7);
+        // One that exited and is not reaped: gone too, though its pid is still taken.
+        let zombie = crate::procmap::Zombie::spawn();
+        set.process(zombie.pid()).start = process_start(zombie.pid());
         let mut t = ProcessTable::default();
         assert!(t.see(1, &set, false).is_empty());
-        assert_eq!(t.len(), 2);
-        // Window 2 has neither: the live one stays, the gone one leaves.
-        assert_eq!(t.expire(2), [u32::MAX - 7]);
+        assert_eq!(t.len(), 3);
+        // Window 2 has none: the live one stays, the gone ones leave.
+        let mut gone = t.expire(2);
+        gone.sort_unstable();
+        assert_eq!(gone, [zombie.pid(), u32::MAX - 7]);
         assert_eq!(t.len(), 1);
         // Our pid with another start time is another process.
         t.procs.get_mut(&me).unwrap().start = Some(1);

@@ -458,6 +458,9 @@ mod tests {
             resolve_pids(&[u32::MAX - 1]),
             Err(CollectError::NoSuchProcess(_))
         ));
+        let zombie = crate::procmap::Zombie::spawn();
+        let r = resolve_pids(&[zombie.pid()]);
+        assert!(r.is_err(), "an exited, unreaped process is profiled: {r:?}");
     }
 
     #[test]

@@ -263,6 +263,38 @@ fn proc_dir(pid: u32, tid: Option<u32>) -> PathBuf {
     }
 }
 
+/// A child of the test that has exited and that nobody has reaped: a zombie, which keeps
+/// its `/proc/PID` (and its stat) until this drops and reaps it.
+#[cfg(test)]
+pub(crate) struct Zombie(std::process::Child);
+
+#[cfg(test)]
+impl Zombie {
+    pub(crate) fn spawn() -> Zombie {
+        let child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        // SAFETY: a zeroed siginfo_t is valid; waitid only writes it. WNOWAIT leaves the
+        // child unreaped: it waits for the exit, not for the parent's wait.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        let flags = libc::WEXITED | libc::WNOWAIT;
+        let r = unsafe { libc::waitid(libc::P_PID, child.id(), &mut info, flags) };
+        assert_eq!(r, 0, "waitid: {}", std::io::Error::last_os_error());
+        Zombie(child)
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+#[cfg(test)]
+impl Drop for Zombie {
+    fn drop(&mut self) {
+        let _ = self.0.wait();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,5 +408,16 @@ mod tests {
             matches!(err, ProcMapError::Malformed { line: 1, .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn an_exited_process_its_parent_has_not_reaped_is_not_alive() {
+        let z = Zombie::spawn();
+        assert!(
+            Path::new(&format!("/proc/{}", z.pid())).exists(),
+            "a zombie keeps its /proc entry"
+        );
+        assert!(!alive(z.pid()), "zombie {} is alive", z.pid());
+        assert!(alive(std::process::id()));
     }
 }
