@@ -56,7 +56,7 @@ use crate::collect::events::Rate;
 use crate::collect::filter::CgroupV2;
 use crate::collect::target::process_start;
 use crate::collect::{self, CollectError, CollectOptions, Collected, Session, StopReason, Target};
-use crate::procmap::CaptureCounts;
+use crate::procmap::{CaptureCounts, ProcStat};
 use crate::profile::analyze::{analyze_with, LineDetail};
 use crate::profile::model::{Mode, Profile};
 use crate::profile::{AnalysisOptions, SampleSet};
@@ -556,11 +556,7 @@ fn usage(s: &Session) -> Usage {
 
 /// utime + stime of this process, all threads (`/proc/self/stat`).
 pub fn self_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / clock_ticks())
+    Some(ProcStat::own()?.cpu_ticks as f64 / clock_ticks())
 }
 
 fn clock_ticks() -> f64 {
@@ -861,7 +857,7 @@ mod tests {
         set.process(u32::MAX - 7);
         // One that exited and is not reaped: gone too, though its pid is still taken.
         let zombie = crate::procmap::Zombie::spawn();
-        set.process(zombie.pid()).start = process_start(zombie.pid());
+        set.process(zombie.pid()).start = ProcStat::of(zombie.pid()).map(|s| s.start);
         let mut t = ProcessTable::default();
         assert!(t.see(1, &set, false).is_empty());
         assert_eq!(t.len(), 3);

@@ -1,8 +1,9 @@
 //! `cpi-bpf agent` for real (root, BPF; skips with its reason otherwise): windows land in
 //! the store on the wall-clock interval, `report --store` merges them and names the hot
 //! function of a two-function busy program with its share, SIGKILL while writing never
-//! leaves an unreadable window, SIGTERM exits 0 after the last window; and every bad
-//! input is one line at start with a non-zero exit (no root needed).
+//! leaves an unreadable window, SIGTERM exits 0 after the last window, so does the exit
+//! of its `--pid` (also one its parent leaves unreaped); and every bad input is one line
+//! at start with a non-zero exit (no root needed).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
