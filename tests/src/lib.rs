@@ -139,11 +139,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
             return Some(ns / 1e9);
         }
     }
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised comm; utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    let ticks = cpi_user::procmap::ProcStat::of(pid)?.cpu_ticks as f64;
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     Some(ticks / hz)
@@ -384,4 +380,41 @@ fn status_bytes(pid: u32, field: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kib| kib * 1024)
+}
+
+/// Whether our child has exited, without reaping it (`waitid` with `WNOWAIT`): until
+/// someone waits for it, it is a zombie, its `/proc/PID` still there. With `block`,
+/// waits for it to exit.
+pub fn exited_unreaped(child: &std::process::Child, block: bool) -> bool {
+    let flags = libc::WEXITED | libc::WNOWAIT | if block { 0 } else { libc::WNOHANG };
+    // SAFETY: all zeroes is a valid siginfo_t.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waiting on our own child, into a local.
+    let r = unsafe { libc::waitid(libc::P_PID, child.id(), &raw mut info, flags) };
+    assert_eq!(r, 0, "waitid: {}", std::io::Error::last_os_error());
+    // SAFETY: waitid filled in a SIGCHLD siginfo (si_pid 0: not exited yet).
+    unsafe { info.si_pid() != 0 }
+}
+
+/// A child that has exited and is not reaped (a zombie); reaped when dropped.
+pub struct Zombie(std::process::Child);
+
+impl Zombie {
+    /// Runs `true` and waits for its exit, leaving it unreaped.
+    pub fn spawn() -> Zombie {
+        let child = Command::new("true").spawn().expect("spawn true");
+        assert!(exited_unreaped(&child, true));
+        Zombie(child)
+    }
+
+    /// Its pid.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Zombie {
+    fn drop(&mut self) {
+        let _ = self.0.wait();
+    }
 }

@@ -392,15 +392,8 @@ fn unix_ms_now() -> u64 {
 
 /// (CPU seconds, resident bytes) of this process.
 fn self_usage() -> Option<(f64, f64)> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the parenthesised comm (which may hold spaces): state is field 3,
-    // utime and stime fields 14 and 15 (proc(5)).
-    let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: f64 = rest.get(11)?.parse::<f64>().ok()? + rest.get(12)?.parse::<f64>().ok()?;
     let rss = crate::procmap::own_resident()?.total;
-    // SAFETY: sysconf only reads constants of the running system.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    (hz > 0).then(|| (ticks / hz as f64, rss as f64))
+    Some((super::self_cpu_seconds()?, rss as f64))
 }
 
 impl Collector for ProcessCollector {

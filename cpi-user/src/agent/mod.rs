@@ -57,7 +57,7 @@ use crate::collect::events::Rate;
 use crate::collect::filter::CgroupV2;
 use crate::collect::target::process_start;
 use crate::collect::{self, CollectError, CollectOptions, Collected, Session, StopReason, Target};
-use crate::procmap::CaptureCounts;
+use crate::procmap::{CaptureCounts, ProcStat};
 use crate::profile::analyze::{analyze_with, LineDetail};
 use crate::profile::model::{Mode, Profile};
 use crate::profile::{AnalysisOptions, SampleSet};
@@ -557,11 +557,7 @@ fn usage(s: &Session) -> Usage {
 
 /// utime + stime of this process, all threads (`/proc/self/stat`).
 pub fn self_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / clock_ticks())
+    Some(ProcStat::own()?.cpu_ticks as f64 / clock_ticks())
 }
 
 fn clock_ticks() -> f64 {
@@ -834,11 +830,16 @@ mod tests {
         set.process(me).start = process_start(me);
         // A pid that does not exist (above the kernel's pid_max limit).
         set.process(u32::MAX - 7);
+        // One that exited and is not reaped: gone too, though its pid is still taken.
+        let zombie = crate::procmap::Zombie::spawn();
+        set.process(zombie.pid()).start = ProcStat::of(zombie.pid()).map(|s| s.start);
         let mut t = ProcessTable::default();
         assert!(t.see(1, &set, false).is_empty());
-        assert_eq!(t.len(), 2);
-        // Window 2 has neither: the live one stays, the gone one leaves.
-        assert_eq!(t.expire(2), [u32::MAX - 7]);
+        assert_eq!(t.len(), 3);
+        // Window 2 has none: the live one stays, the gone ones leave.
+        let mut gone = t.expire(2);
+        gone.sort_unstable();
+        assert_eq!(gone, [zombie.pid(), u32::MAX - 7]);
         assert_eq!(t.len(), 1);
         // Our pid with another start time is another process.
         t.procs.get_mut(&me).unwrap().start = Some(1);

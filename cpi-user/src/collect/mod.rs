@@ -76,9 +76,18 @@ pub enum CollectError {
     /// ([`caps`]).
     #[error("{0}")]
     NotPrivileged(String),
-    /// `--pid` names no live process.
+    /// `--pid` names no process.
     #[error("no process with pid {0}")]
     NoSuchProcess(u32),
+    /// `--pid` names a process that has exited but is not reaped (a zombie): no thread
+    /// left to sample.
+    #[error("pid {pid} has exited: a zombie its parent (pid {parent}) has not reaped; nothing to profile")]
+    Exited {
+        /// The process.
+        pid: u32,
+        /// Its parent, which has not waited for it.
+        parent: u32,
+    },
     /// `--cgroup` names no cgroup v2 directory (filter.rs).
     #[error("{} is not a cgroup v2 directory", .0.display())]
     NotCgroup(std::path::PathBuf),

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::CollectError;
+use crate::procmap::ProcStat;
 
 /// What a session profiles (`--pid`, `--system-wide` or `-- CMD`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,21 +81,18 @@ pub fn comm(pid: u32) -> String {
         .unwrap_or_default()
 }
 
-/// Start time of a live process (clock ticks since boot, `/proc/PID/stat` field 22):
-/// with the pid, what identifies a process across pid reuse. `None` once it is gone.
+/// Start time of a live process ([`ProcStat::start`]): with the pid, what identifies a
+/// process across pid reuse. `None` once it has exited, reaped or not.
 pub fn process_start(pid: u32) -> Option<u64> {
     comm_and_start(pid).map(|(_, start)| start)
 }
 
-/// Name and start time of a live process from one read of `/proc/PID/stat` (its comm
-/// field is `/proc/PID/comm`): a process seen for the first time costs one `/proc` read
-/// for both.
+/// Name and start time of a live process from one read of `/proc/PID/stat`: a process
+/// seen for the first time costs one `/proc` read for both. `None` once it has exited
+/// ([`ProcStat::exited`]).
 pub fn comm_and_start(pid: u32) -> Option<(String, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
-    let rest = stat.get(close + 2..)?;
-    let start = rest.split_whitespace().nth(19)?.parse().ok()?;
-    Some((stat.get(open + 1..close)?.to_string(), start))
+    let stat = ProcStat::of(pid).filter(|s| !s.exited())?;
+    Some((stat.comm, stat.start))
 }
 
 /// Resolves `cmd` like `execvp` does: a name with a `/` as given, else through `PATH`.
@@ -142,11 +140,22 @@ pub fn process_of(tid: u32) -> Option<u32> {
 
 /// The processes to profile for `--pid` arguments: each thread id resolved to its
 /// process (said in `notes`), each process once, in the order given. A pid with no
-/// task is [`CollectError::NoSuchProcess`].
+/// task is [`CollectError::NoSuchProcess`]; one whose process has exited but is not
+/// reaped, [`CollectError::Exited`].
 pub fn resolve_pids(pids: &[u32]) -> Result<(Vec<u32>, Vec<String>), CollectError> {
     let (mut out, mut notes) = (Vec::new(), Vec::new());
     for &pid in pids {
         let tgid = process_of(pid).ok_or(CollectError::NoSuchProcess(pid))?;
+        match ProcStat::of(tgid) {
+            None => return Err(CollectError::NoSuchProcess(pid)),
+            Some(s) if s.exited() => {
+                return Err(CollectError::Exited {
+                    pid: tgid,
+                    parent: s.parent,
+                })
+            }
+            Some(_) => {}
+        }
         if tgid != pid {
             notes.push(format!(
                 "pid {pid} is a thread of process {tgid}: profiling process {tgid}, all its threads"
@@ -458,6 +467,12 @@ mod tests {
             resolve_pids(&[u32::MAX - 1]),
             Err(CollectError::NoSuchProcess(_))
         ));
+        let zombie = crate::procmap::Zombie::spawn();
+        let r = resolve_pids(&[zombie.pid()]);
+        assert!(
+            matches!(r, Err(CollectError::Exited { pid, parent }) if pid == zombie.pid() && parent == me),
+            "an exited, unreaped process is profiled: {r:?}"
+        );
     }
 
     #[test]

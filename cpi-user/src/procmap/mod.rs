@@ -249,10 +249,71 @@ pub fn own_resident() -> Option<Resident> {
     })
 }
 
-/// True while `/proc/PID` exists: a process (a zombie counts: it is not reaped), or a
-/// thread by its id.
+/// True while task `pid` (a process, or a thread by its id) has not exited
+/// ([`ProcStat::exited`]). A zombie keeps its `/proc/PID` until its parent reaps it,
+/// but no maps, no threads and no samples to come: it is gone.
 pub fn alive(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
+    ProcStat::of(pid).is_some_and(|s| !s.exited())
+}
+
+/// What cpi-bpf reads of a task's `/proc/PID/stat` (proc(5)); the one parser of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Field 2, as `/proc/PID/comm`: set by the process, so it may hold spaces and `)`.
+    pub comm: String,
+    /// Field 3: `R`, `S`, `D`, …; `Z` once it has exited, until its parent reaps it.
+    pub state: char,
+    /// Field 4: its parent process.
+    pub parent: u32,
+    /// Fields 14 and 15: user plus system CPU time of the process, clock ticks.
+    pub cpu_ticks: u64,
+    /// Field 20: threads in its process (a zombie main thread counts itself).
+    pub threads: u64,
+    /// Field 22: start time, clock ticks since boot; with the pid, what identifies a
+    /// process across pid reuse.
+    pub start: u64,
+}
+
+impl ProcStat {
+    /// Of task `pid`; `None` when there is no such task.
+    pub fn of(pid: u32) -> Option<ProcStat> {
+        Self::read(&format!("/proc/{pid}/stat"))
+    }
+
+    /// Of this process.
+    pub fn own() -> Option<ProcStat> {
+        Self::read("/proc/self/stat")
+    }
+
+    fn read(path: &str) -> Option<ProcStat> {
+        Self::parse(&std::fs::read_to_string(path).ok()?)
+    }
+
+    /// `None` when `text` is not a stat line. The fields after comm are counted from
+    /// its last `)`, the only one the kernel writes after it.
+    pub fn parse(text: &str) -> Option<ProcStat> {
+        let (open, close) = (text.find('(')?, text.rfind(')')?);
+        let comm = text.get(open + 1..close)?.to_string();
+        // Field 3 onwards.
+        let f: Vec<&str> = text.get(close + 1..)?.split_whitespace().collect();
+        let num = |field: usize| f.get(field - 3)?.parse::<u64>().ok();
+        let mut state = f.first()?.chars();
+        Some(ProcStat {
+            comm,
+            state: state.next().filter(|_| state.next().is_none())?,
+            parent: u32::try_from(num(4)?).ok()?,
+            cpu_ticks: num(14)?.checked_add(num(15)?)?,
+            threads: num(20)?,
+            start: num(22)?,
+        })
+    }
+
+    /// The process has exited: its main thread is a zombie (or dead) and no other thread
+    /// is left; only its exit status waits for its parent. One whose main thread exited
+    /// while other threads run has not (its pidfd is not readable either).
+    pub fn exited(&self) -> bool {
+        matches!(self.state, 'Z' | 'X') && self.threads <= 1
+    }
 }
 
 /// `/proc/PID` or `/proc/PID/task/TID`.
@@ -260,6 +321,39 @@ fn proc_dir(pid: u32, tid: Option<u32>) -> PathBuf {
     match tid {
         Some(t) => PathBuf::from(format!("/proc/{pid}/task/{t}")),
         None => PathBuf::from(format!("/proc/{pid}")),
+    }
+}
+
+/// A child of the test that has exited and that nobody has reaped: a zombie, which keeps
+/// its `/proc/PID` (and its stat) until this drops and reaps it.
+#[cfg(test)]
+pub(crate) struct Zombie(std::process::Child);
+
+#[cfg(test)]
+impl Zombie {
+    pub(crate) fn spawn() -> Zombie {
+        let child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        // SAFETY: all zeroes is a valid siginfo_t.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // Waits for the exit; WNOWAIT leaves the child unreaped.
+        let flags = libc::WEXITED | libc::WNOWAIT;
+        // SAFETY: waiting on our own child, into a local.
+        let r = unsafe { libc::waitid(libc::P_PID, child.id(), &raw mut info, flags) };
+        assert_eq!(r, 0, "waitid: {}", std::io::Error::last_os_error());
+        Zombie(child)
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+#[cfg(test)]
+impl Drop for Zombie {
+    fn drop(&mut self) {
+        let _ = self.0.wait();
     }
 }
 
@@ -376,5 +470,50 @@ mod tests {
             matches!(err, ProcMapError::Malformed { line: 1, .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn stat_fields_count_from_the_last_parenthesis() {
+        let line = |comm: &str, state: &str, threads: u32| {
+            format!(
+                "4242 ({comm}) {state} 17 4242 4242 0 -1 4194560 100 0 0 0 30 12 0 0 20 0 \
+                 {threads} 0 123456 1000 10 18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 1\n"
+            )
+        };
+        let s = ProcStat::parse(&line("a) Z 1 (b", "R", 1)).unwrap();
+        assert_eq!(
+            s,
+            ProcStat {
+                comm: "a) Z 1 (b".into(),
+                state: 'R',
+                parent: 17,
+                cpu_ticks: 42,
+                threads: 1,
+                start: 123456,
+            }
+        );
+        assert!(!s.exited());
+        let zombie = ProcStat::parse(&line("sh", "Z", 1)).unwrap();
+        assert!(zombie.exited());
+        // `ps` shows it `Zl`: the main thread exited (pthread_exit), two others run.
+        let main_gone = ProcStat::parse(&line("sh", "Z", 3)).unwrap();
+        assert!(!main_gone.exited());
+        assert_eq!(ProcStat::parse(&line("sh", "RS", 1)), None);
+        assert_eq!(ProcStat::parse("4242 (sh) R 1 2"), None);
+        assert_eq!(ProcStat::parse(""), None);
+        let (me, by_pid) = (ProcStat::own().unwrap(), ProcStat::of(std::process::id()));
+        assert_eq!(Some(me.start), by_pid.map(|s| s.start));
+        assert!(!me.exited(), "{me:?}");
+    }
+
+    #[test]
+    fn an_exited_process_its_parent_has_not_reaped_is_not_alive() {
+        let z = Zombie::spawn();
+        assert!(
+            Path::new(&format!("/proc/{}", z.pid())).exists(),
+            "a zombie keeps its /proc entry"
+        );
+        assert!(!alive(z.pid()), "zombie {} is alive", z.pid());
+        assert!(alive(std::process::id()));
     }
 }

@@ -1,14 +1,17 @@
 //! `cpi-bpf agent` for real (root, BPF; skips with its reason otherwise): windows land in
 //! the store on the wall-clock interval, `report --store` merges them and names the hot
 //! function of a two-function busy program with its share, SIGKILL while writing never
-//! leaves an unreadable window, SIGTERM exits 0 after the last window; and every bad
-//! input is one line at start with a non-zero exit (no root needed).
+//! leaves an unreadable window, SIGTERM exits 0 after the last window, so does the exit
+//! of its `--pid` (also one its parent leaves unreaped); and every bad input is one line
+//! at start with a non-zero exit (no root needed).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cpi_tests::{agent, compile_c, cpi_bpf, cpu_heavy, output_ok, require_root, temp_dir};
+use cpi_tests::{
+    agent, compile_c, cpi_bpf, cpu_heavy, exited_unreaped, output_ok, require_root, temp_dir,
+};
 use serde_json::Value;
 
 fn windows(store: &Path) -> usize {
@@ -138,6 +141,57 @@ fn store_fills_per_interval_and_report_merges_the_hot_function() {
         }
         output_ok(&mut cmd);
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--pid` of a process that exits while its parent does not reap it (a zombie, whose
+/// `/proc/PID` stays): the agent stops as for a reaped one, with its last window.
+#[test]
+fn agent_stops_when_its_pid_exits_unreaped() {
+    if !require_root("the agent") {
+        return;
+    }
+    let dir = temp_dir("agent-zombie");
+    let Some(busy) = compile_c("busy.c", &dir, "busy", &["-lpthread"]) else {
+        return;
+    };
+    let store = dir.join("store");
+    let mut prog = Command::new(&busy)
+        .arg("300")
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = prog.id();
+    let mut a = agent(&store, &["--pid", &pid.to_string()]);
+    let t0 = Instant::now();
+    while windows(&store) == 0 && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // busy ends on SIGTERM; nobody waits for it until the agent has stopped.
+    sigterm(&prog);
+    let t1 = Instant::now();
+    // A hang guard, not a speed claim: an agent that missed the exit runs until killed.
+    while a.try_wait().unwrap().is_none() && t1.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let zombie = exited_unreaped(&prog, false);
+    let _ = a.kill();
+    let out = a.wait_with_output().unwrap();
+    let _ = prog.wait();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("agent stopped {:?} after busy's SIGTERM", t1.elapsed());
+    assert!(zombie, "busy had not exited: {stderr}");
+    assert!(out.status.success(), "agent exit {}: {stderr}", out.status);
+    assert!(stderr.contains("stopping (target exited)"), "{stderr}");
+    let out = output_ok(
+        Command::new(cpi_bpf())
+            .args(["report", "--store"])
+            .arg(&store)
+            .args(["--format", "json"]),
+    );
+    let p: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let procs = p["processes"].as_array().unwrap();
+    assert!(procs.iter().any(|x| x["pid"] == pid), "busy not in {p:#}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -9,8 +9,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use cpi_tests::{
-    assert_one_error_line, busy, busy_cpu, compile_c, cpi_bpf, cpu_heavy, cpu_seconds, output_ok,
-    require_root, stdout_json, symbol_address, temp_dir,
+    assert_one_error_line, busy, busy_cpu, compile_c, cpi_bpf, cpu_heavy, cpu_seconds,
+    exited_unreaped, output_ok, require_root, stdout_json, symbol_address, temp_dir, Zombie,
 };
 use serde_json::Value;
 
@@ -223,6 +223,9 @@ fn pid_exiting_mid_run_is_reported_with_its_functions() {
         ])
         .output()
         .unwrap();
+    // Not reaped until now: the pid stopped the run as a zombie (its pidfd is readable
+    // at exit; /proc/PID stays until the wait).
+    let zombie = exited_unreaped(&child, false);
     let _ = child.wait();
     assert!(
         out.status.success(),
@@ -230,6 +233,7 @@ fn pid_exiting_mid_run_is_reported_with_its_functions() {
         String::from_utf8_lossy(&out.stderr)
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(zombie, "busy had not exited when cpi-bpf stopped: {stderr}");
     assert!(stderr.contains("stopped (target exited)"), "{stderr}");
     let profile = stdout_json(&out);
     assert!(profile["duration_secs"].as_f64().unwrap() < 10.0);
@@ -423,6 +427,37 @@ fn bad_input_gets_one_clear_line() {
         Ok(out) => assert_one_error_line(&out, "not root"),
         Err(e) => cpi_tests::skip(format_args!("the not-root case needs setpriv ({e})")),
     }
+}
+
+/// A pid that has exited but is not reaped (a zombie: `/proc/PID` is still there, with
+/// no threads or maps left) is refused at start like a wrong pid, by the one-shot
+/// command and by the agent, instead of a run that collects nothing.
+#[test]
+fn an_exited_unreaped_pid_is_refused_at_start() {
+    if !require_root("cpi-bpf --pid") {
+        return;
+    }
+    let zombie = Zombie::spawn();
+    let pid = zombie.pid().to_string();
+    let want = format!("pid {pid} has exited");
+    let run = |args: &[&str]| Command::new(cpi_bpf()).args(args).output().unwrap();
+    assert_one_error_line(&run(&["--pid", &pid, "--duration", "30"]), &want);
+    let store = temp_dir("zombie-agent").join("store");
+    let s = store.to_str().unwrap();
+    let agent = run(&[
+        "agent",
+        "--pid",
+        &pid,
+        "--metrics-addr",
+        "off",
+        "--store",
+        s,
+    ]);
+    assert_one_error_line(&agent, &want);
+    assert!(
+        std::fs::read_dir(&store).map_or(true, |d| d.count() == 0),
+        "the agent wrote windows"
+    );
 }
 
 #[test]
