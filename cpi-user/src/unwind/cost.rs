@@ -673,6 +673,11 @@ mod figures {
             ops.extend([0x00].repeat(2_000));
             synthetic(&format!("{n} rules, 2,000 nops"), &ops);
         }
+        // Within the bounds before issue 18 (64 KiB, no remember): each rule set
+        // searches a row of 181.
+        let mut ops = rules(180);
+        ops.extend([0x08, 15].repeat(32_000));
+        synthetic("180 rules, 32,000 same_value r15", &ops);
         let files = std::env::var("CPI_COST_FILES").unwrap_or_else(|_| {
             "/usr/libexec/valgrind/memcheck-amd64-linux:/usr/lib/gcc/x86_64-linux-gnu/12/cc1"
                 .to_string()
