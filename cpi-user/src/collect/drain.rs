@@ -239,7 +239,9 @@ impl PassBudget {
             return false;
         }
         // The walks waited for a CPU: they may take the CPU budget left, in wall time.
-        let left = (UNWIND_PER_PASS - cpu).max(Duration::from_millis(1));
+        let left = UNWIND_PER_PASS
+            .saturating_sub(cpu)
+            .max(Duration::from_millis(1));
         self.check_at = (self.walking + left).min(UNWIND_WALL_PER_PASS);
         true
     }
@@ -966,19 +968,16 @@ mod tests {
         d.pass.cpu_time = fake_cpu;
         let sample = with_stack(&ip(me, code, EventRole::CpuClock), &[], [code, 0, 0], &[]);
         d.start_pass();
-        // The walks took the budget in wall time, the pass twice that in CPU, all of it
-        // but 10 ms making modules.
+        // The walks took the budget (250 ms) in wall time, the pass 500 ms of CPU, all of
+        // it but 10 ms making modules.
         d.pass.walking = UNWIND_PER_PASS;
-        d.pass.one_off = 2 * UNWIND_PER_PASS - Duration::from_millis(10);
-        CPU.with(|c| c.set(2 * UNWIND_PER_PASS));
+        d.pass.one_off = Duration::from_millis(490);
+        CPU.with(|c| c.set(Duration::from_millis(500)));
         d.add(&sample);
         d.add(&sample);
         assert_eq!(d.stack_counts.too_costly, 0);
-        // Until the rest of the CPU budget is taken in wall time.
-        assert_eq!(
-            d.pass.check_at,
-            2 * UNWIND_PER_PASS - Duration::from_millis(10)
-        );
+        // Until the rest of the CPU budget (240 ms) is taken in wall time.
+        assert_eq!(d.pass.check_at, Duration::from_millis(490));
         d.pass.walking = UNWIND_WALL_PER_PASS;
         d.add(&sample);
         assert_eq!(d.stack_counts.too_costly, 1);
