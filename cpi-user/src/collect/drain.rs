@@ -116,18 +116,32 @@ pub struct StackCounts {
     /// Unreadable stack or unwind rules that led nowhere.
     pub failed: u64,
     /// Cut where going on would cost too much: a frame whose unwind rules no compiler
-    /// writes (cpi-user/src/unwind/cost.rs), or leaf only, past [`UNWIND_PER_PASS`].
+    /// writes (cpi-user/src/unwind/cost.rs), or leaf only, once walking stacks took
+    /// [`UNWIND_PER_PASS`] of CPU.
     pub too_costly: u64,
 }
 
-/// Time one pass over the ring ([`Drain::start_pass`]) may spend unwinding; past it the
-/// pass's samples keep their leaf frame only (counted in
+/// CPU time one pass over the ring ([`Drain::start_pass`]) may spend unwinding stacks;
+/// past it the pass's samples keep their leaf frame only (counted in
 /// [`StackCounts::too_costly`]). The agent cuts its windows between passes
 /// (cpi-user/src/collect/session.rs `Live::run`): a pass that unwound without end, the
 /// ring refilling behind it, cut none (BENCHMARKS.md, "Unwind rules that cost too
 /// much"). A pass normally unwinds well under a millisecond (25 ms of samples at
 /// ≈ 25 µs each); a backlog after a stall, a few tens.
+///
+/// Counted: the walk of each stack, in wall time (`Instant`: cheap), and when that
+/// reaches the budget, the thread's CPU time in the pass (a system call), less the
+/// one-off work of making a process's modules (each file's unwind sections read and
+/// checked once, cpi-user/src/unwind/mod.rs `StackUnwinder::prepare`): on a loaded host
+/// the wall time includes waiting for a CPU. The agent's first pass, opening every
+/// binary on the host, took 289 ms of wall time and 94 ms of CPU, 282 ms of it making
+/// modules and 0.0 ms walking stacks: charged to this budget, 516 of its 517 samples
+/// kept their leaf only.
 pub const UNWIND_PER_PASS: Duration = Duration::from_millis(250);
+
+/// Wall time a pass may spend walking stacks whatever its CPU time, so that a loaded
+/// host delays a window cut by at most about this much.
+const UNWIND_WALL_PER_PASS: Duration = Duration::from_secs(1);
 
 /// Re-read a process's maps on a miss at most this often (a genuinely unmapped
 /// address must not turn every sample into a `/proc` read)…
@@ -177,8 +191,60 @@ pub struct Drain {
     /// Stacks of this window that stopped short, by reason.
     pub stack_counts: StackCounts,
     unwinder: StackUnwinder,
-    /// Time spent unwinding in this pass over the ring.
-    unwinding: Duration,
+    /// The budget of this pass over the ring ([`UNWIND_PER_PASS`]).
+    pass: PassBudget,
+}
+
+/// What a pass over the ring spent unwinding ([`UNWIND_PER_PASS`]).
+#[derive(Debug)]
+struct PassBudget {
+    /// Wall time spent walking stacks…
+    walking: Duration,
+    /// …at which the thread's CPU time is read next.
+    check_at: Duration,
+    /// The thread's CPU time at the start of the pass…
+    cpu_at_start: Duration,
+    /// …and what making modules took of it since.
+    one_off: Duration,
+    /// Spent: the rest of the pass keeps leaf frames only.
+    spent: bool,
+    /// The thread's CPU time (collect/sys.rs `thread_cpu_time`; a fake in tests).
+    cpu_time: fn() -> Duration,
+}
+
+impl PassBudget {
+    fn new(cpu_time: fn() -> Duration) -> Self {
+        PassBudget {
+            walking: Duration::ZERO,
+            check_at: UNWIND_PER_PASS,
+            cpu_at_start: cpu_time(),
+            one_off: Duration::ZERO,
+            spent: false,
+            cpu_time,
+        }
+    }
+
+    /// Whether the pass may walk another stack: its CPU time (bar one-off work, an
+    /// upper bound on the walks' own) is read once the walks took the budget in wall
+    /// time, and again when they took the rest of it.
+    fn allows_a_walk(&mut self) -> bool {
+        if self.spent || self.walking < self.check_at {
+            return !self.spent;
+        }
+        let cpu = (self.cpu_time)()
+            .saturating_sub(self.cpu_at_start)
+            .saturating_sub(self.one_off);
+        if cpu >= UNWIND_PER_PASS || self.walking >= UNWIND_WALL_PER_PASS {
+            self.spent = true;
+            return false;
+        }
+        // The walks waited for a CPU: they may take the CPU budget left, in wall time.
+        let left = UNWIND_PER_PASS
+            .saturating_sub(cpu)
+            .max(Duration::from_millis(1));
+        self.check_at = (self.walking + left).min(UNWIND_WALL_PER_PASS);
+        true
+    }
 }
 
 /// The periods the collector set on its cpu-clock events since it opened them.
@@ -264,14 +330,14 @@ impl Drain {
             cpu_clock: CpuClockPeriods::default(),
             stack_counts: StackCounts::default(),
             unwinder: StackUnwinder::new(MAX_USER_FRAMES, memory.unwind_bytes),
-            unwinding: Duration::ZERO,
+            pass: PassBudget::new(super::sys::thread_cpu_time),
         }
     }
 
     /// A new pass over the ring: its unwinding time starts from zero
-    /// ([`UNWIND_PER_PASS`]).
+    /// ([`UNWIND_PER_PASS`]; the thread's CPU clock read once).
     pub fn start_pass(&mut self) {
-        self.unwinding = Duration::ZERO;
+        self.pass = PassBudget::new(self.pass.cpu_time);
     }
 
     /// Everything added since the previous call, with each process's comm and maps as
@@ -431,16 +497,23 @@ impl Drain {
         } else if h.user_ip == 0 {
             // A kernel thread, or a kernel-mode sample without its user registers.
             (Vec::new(), StackEnd::Complete)
-        } else if self.unwinding >= UNWIND_PER_PASS {
+        } else if !self.pass.allows_a_walk() {
             too_costly = true;
             (vec![h.user_ip], StackEnd::Truncated)
         } else {
-            let began = Instant::now();
             let p = self.set.process(pid);
             let empty = ProcessMaps::default();
+            let maps = p.maps.as_ref().unwrap_or(&empty);
+            if !self.unwinder.prepared(pid) {
+                let cpu = self.pass.cpu_time;
+                let before = cpu();
+                self.unwinder.prepare(pid, maps, &p.files);
+                self.pass.one_off += cpu().saturating_sub(before);
+            }
+            let began = Instant::now();
             let (frames, stop) = self.unwinder.unwind(
                 pid,
-                p.maps.as_ref().unwrap_or(&empty),
+                maps,
                 &p.files,
                 UserRegs {
                     ip: h.user_ip,
@@ -450,7 +523,7 @@ impl Drain {
                 sec.stack,
                 sec.stack.len() >= MAX_STACK_BYTES,
             );
-            self.unwinding += began.elapsed();
+            self.pass.walking += began.elapsed();
             too_costly = stop == Stop::CostlyRules;
             (frames, stop.into())
         };
@@ -837,8 +910,18 @@ mod tests {
         assert_eq!(d.stack_counts, StackCounts::default());
     }
 
-    /// Past [`UNWIND_PER_PASS`] of unwinding, a pass's samples keep their leaf frame
-    /// only, counted as too costly; the next pass unwinds again.
+    thread_local! {
+        /// The CPU time [`fake_cpu`] reports to this test's drain.
+        static CPU: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
+    }
+
+    fn fake_cpu() -> Duration {
+        CPU.with(std::cell::Cell::get)
+    }
+
+    /// Once walking stacks took [`UNWIND_PER_PASS`] of wall time and the pass as much
+    /// CPU, its samples keep their leaf frame only, counted as too costly; the next
+    /// pass unwinds again.
     #[test]
     fn a_pass_past_its_unwinding_time_keeps_leaf_frames_and_counts_them() {
         let me = std::process::id();
@@ -847,13 +930,15 @@ mod tests {
         let data = Box::new([0u64; 4]);
         let heap = data.as_ptr() as u64;
         let mut d = Drain::new(1, StackMemory::default());
+        d.pass.cpu_time = fake_cpu;
         let r = ip(me, code, EventRole::CpuClock);
         // Nothing copied: unwound, the stack fails after its leaf frame.
         let sample = with_stack(&r, &[], [code, heap, 0], &[]);
         d.start_pass();
         d.add(&sample);
         assert_eq!(d.stack_counts.failed, 1);
-        d.unwinding = UNWIND_PER_PASS;
+        d.pass.walking = UNWIND_PER_PASS;
+        CPU.with(|c| c.set(UNWIND_PER_PASS));
         d.add(&sample);
         d.add(&sample);
         assert_eq!((d.stack_counts.failed, d.stack_counts.too_costly), (1, 2));
@@ -868,6 +953,47 @@ mod tests {
         d.add(&sample);
         assert_eq!((d.stack_counts.failed, d.stack_counts.too_costly), (2, 2));
         assert_eq!(d.take_window().stack_counts.too_costly, 2);
+    }
+
+    /// Issue 18: wall time a loaded host made the walks wait for a CPU is not charged
+    /// to the pass, nor is the CPU time of making a process's modules (its files' unwind
+    /// sections read and checked, once); up to [`UNWIND_WALL_PER_PASS`] of walking,
+    /// whatever the CPU time.
+    #[test]
+    fn waiting_for_a_cpu_and_reading_files_are_not_charged_to_the_pass() {
+        let me = std::process::id();
+        let code =
+            waiting_for_a_cpu_and_reading_files_are_not_charged_to_the_pass as *const () as u64;
+        let mut d = Drain::new(1, StackMemory::default());
+        d.pass.cpu_time = fake_cpu;
+        let sample = with_stack(&ip(me, code, EventRole::CpuClock), &[], [code, 0, 0], &[]);
+        d.start_pass();
+        // The walks took the budget (250 ms) in wall time, the pass 500 ms of CPU, all of
+        // it but 10 ms making modules.
+        d.pass.walking = UNWIND_PER_PASS;
+        d.pass.one_off = Duration::from_millis(490);
+        CPU.with(|c| c.set(Duration::from_millis(500)));
+        d.add(&sample);
+        d.add(&sample);
+        assert_eq!(d.stack_counts.too_costly, 0);
+        // Until the rest of the CPU budget (240 ms) is taken in wall time.
+        assert_eq!(d.pass.check_at, Duration::from_millis(490));
+        d.pass.walking = UNWIND_WALL_PER_PASS;
+        d.add(&sample);
+        assert_eq!(d.stack_counts.too_costly, 1);
+        // The first sample of a process made its modules: the CPU time read around it
+        // (a clock that moves 1 ms a read) is set apart, once.
+        let mut d = Drain::new(1, StackMemory::default());
+        d.pass.cpu_time = || {
+            CPU.with(|c| c.set(c.get() + Duration::from_millis(1)));
+            fake_cpu()
+        };
+        d.start_pass();
+        assert!(!d.unwinder.prepared(me));
+        d.add(&sample);
+        d.add(&sample);
+        assert!(d.unwinder.prepared(me));
+        assert_eq!(d.pass.one_off, Duration::from_millis(1));
     }
 
     /// Files mapped executable into this process, one page each, side by side where

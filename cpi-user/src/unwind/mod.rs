@@ -485,6 +485,36 @@ impl StackUnwinder {
         }
     }
 
+    /// Whether `pid`'s modules are made and none of its mappings changed since.
+    pub fn prepared(&self, pid: u32) -> bool {
+        self.processes
+            .get(&pid)
+            .is_some_and(|p| p.pending.is_empty())
+    }
+
+    /// Makes `pid`'s modules from `maps` where they changed since [`Self::unwind`] last
+    /// used them (at first, all): work done once per change of its mappings, with
+    /// the first read of each file's unwind sections (cost.rs decodes them all), not
+    /// per sample. [`Self::unwind`] does it itself; a caller that times the unwinding
+    /// of samples calls it first (cpi-user/src/collect/drain.rs `UNWIND_PER_PASS`).
+    pub fn prepare(
+        &mut self,
+        pid: u32,
+        maps: &ProcessMaps,
+        files: &HashMap<u64, Arc<CapturedFile>>,
+    ) {
+        if !self.prepared(pid) {
+            // Out of the map while `update` borrows the file cache: once per change of
+            // the process's mappings, not per sample, beside the files that change reads.
+            let mut p = self
+                .processes
+                .remove(&pid)
+                .unwrap_or_else(ProcessUnwinder::new);
+            self.update(&mut p, pid, maps, files);
+            self.processes.insert(pid, p);
+        }
+    }
+
     /// Unwinds one sample of `pid` whose mappings are `maps` and whose captured files
     /// are `files` (by mapping start): frames leaf first (`[0]` the IP, then return
     /// addresses) and why it stopped. The modules are made from `maps` at `pid`'s first
@@ -498,20 +528,7 @@ impl StackUnwinder {
         stack: &[u8],
         copied_in_full: bool,
     ) -> (Vec<u64>, Stop) {
-        if self
-            .processes
-            .get(&pid)
-            .is_none_or(|p| !p.pending.is_empty())
-        {
-            // Out of the map while `update` borrows the file cache: once per change of
-            // the process's mappings, not per sample, beside the files that change reads.
-            let mut p = self
-                .processes
-                .remove(&pid)
-                .unwrap_or_else(ProcessUnwinder::new);
-            self.update(&mut p, pid, maps, files);
-            self.processes.insert(pid, p);
-        }
+        self.prepare(pid, maps, files);
         // Counted only every OWN_CACHE_AFTER unwinds of a process without one: a pass
         // over the processes, not one per sample.
         let earned =
