@@ -682,7 +682,7 @@ mod figures {
             ops.extend([0x00].repeat(2_000));
             synthetic(&format!("{n} rules, 2,000 nops"), &ops);
         }
-        // Within the bounds before issue 18 (64 KiB, no remember): each rule set
+        // Within the old bounds (64 KiB, no remember): each rule set
         // searches a row of 181.
         let mut ops = rules(180);
         ops.extend([0x08, 15].repeat(32_000));
