@@ -1018,6 +1018,48 @@ mod tests {
         assert_ne!(unwind("true-fine", &good).1, Stop::CostlyRules);
     }
 
+    /// Issue 18e: a file others than root can change is unwound from a copy of its
+    /// sections made before they were checked: rewritten in place afterwards (same
+    /// length, `.eh_frame` zeroed here), it unwinds as it did when read. From the
+    /// mapping, the second process's unwind read the zeros and stopped.
+    #[test]
+    fn sections_rewritten_after_the_check_are_not_evaluated() {
+        use std::os::unix::fs::FileExt;
+        let good = std::fs::read("/usr/bin/true").expect("Debian's /usr/bin/true");
+        let (text, eh) = {
+            let f = object::File::parse(&*good).unwrap();
+            let eh = f
+                .section_by_name(".eh_frame")
+                .unwrap()
+                .file_range()
+                .unwrap();
+            (f.section_by_name(".text").unwrap().address(), eh)
+        };
+        let file = temp("true-rewritten", &good);
+        // Another user's file (when the tests run as root; else the tester's own).
+        if crate::fsafe::euid() == 0 {
+            std::os::unix::fs::chown(&file, Some(65534), Some(65534)).unwrap();
+        }
+        let (maps, files) = process(Some(&file));
+        let regs = UserRegs {
+            ip: BASE + text + 0x40,
+            sp: SP,
+            bp: SP + 8,
+        };
+        let stack = stack_of(&[SP + 16, BASE + text + 0x80, 0, 0]);
+        let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        let before = u.unwind(1, &maps, &files, regs, &stack, true);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .write_all_at(&vec![0; eh.1 as usize], eh.0)
+            .unwrap();
+        // Another process, so no rule cached for the first answers.
+        assert_eq!(u.unwind(2, &maps, &files, regs, &stack, true), before);
+        assert!(u.held_bytes() >= eh.1, "the sections were copied");
+    }
+
     #[test]
     fn jit_code_ends_the_stack_at_its_frame() {
         let (maps, files) = process(None);
