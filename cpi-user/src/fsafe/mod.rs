@@ -15,7 +15,9 @@
 //! never written through. [`check_private_dir`] refuses a directory another user owns or
 //! can write.
 //!
-//! Mapped files cannot kill the process when truncated: [`map::GuardedMap`]. Text from
+//! Mapped files cannot kill the process when truncated: [`map::GuardedMap`]. A mapping
+//! shows every later write to its file, so bytes checked once and used afterwards are
+//! copied first unless [`only_root_can_change`] (cpi-user/src/unwind/mod.rs). Text from
 //! other processes is printed through [`escape`].
 
 pub mod map;
@@ -382,6 +384,36 @@ pub enum DirError {
     },
 }
 
+/// Local filesystems whose files change only through this kernel (`f_type`, statfs(2)):
+/// ext2/3/4, XFS, Btrfs, tmpfs, ramfs, overlayfs, squashfs, EROFS, F2FS, ZFS. On any
+/// other (FUSE, NFS, CIFS, 9p, …) a daemon or another host decides what a read returns,
+/// whoever owns the file.
+const LOCAL_FILESYSTEMS: [i64; 10] = [
+    0xEF53,
+    0x5846_5342,
+    0x9123_683E,
+    0x0102_1994,
+    0x8584_58F6,
+    0x794C_7630,
+    0x7371_7368,
+    0xE0F5_E1E2,
+    0xF2F5_2010,
+    0x2FC1_2FC1,
+];
+
+/// Whether only root can change `file`'s bytes: owned by root, writable by neither group
+/// nor others, on a local filesystem ([`LOCAL_FILESYSTEMS`]). Anything else — another
+/// owner, who can write it in place while it is mapped, or a file whose status cannot be
+/// read — is `false`.
+pub fn only_root_can_change(file: &File) -> bool {
+    let Ok(meta) = file.metadata() else {
+        return false;
+    };
+    meta.uid() == 0
+        && meta.mode() & 0o022 == 0
+        && sys::fs_type(file).is_ok_and(|t| LOCAL_FILESYSTEMS.contains(&t))
+}
+
 /// Creates `dir` (mode 0700) if missing; refuses it unless it is a directory (a link is
 /// followed: its target is checked) owned by this process's effective user that no one
 /// else can write.
@@ -548,6 +580,30 @@ mod tests {
             std::fs::read_dir(&d).unwrap().count(),
             2,
             "no temp file left"
+        );
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn only_roots_files_on_local_filesystems_are_roots_alone() {
+        let d = scratch("owner");
+        let f = d.join("lib.so");
+        std::fs::write(&f, b"ELF").unwrap();
+        let open = || File::open(&f).unwrap();
+        let local = sys::fs_type(&open()).is_ok_and(|t| LOCAL_FILESYSTEMS.contains(&t));
+        // The file is its creator's: root's when the tests run as root.
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(only_root_can_change(&open()), local && euid() == 0);
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o664)).unwrap();
+        assert!(!only_root_can_change(&open()), "group-writable");
+        if euid() == 0 {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+            std::os::unix::fs::chown(&f, Some(65534), None).unwrap();
+            assert!(!only_root_can_change(&open()), "another owner");
+        }
+        assert!(
+            only_root_can_change(&File::open("/usr/bin/true").unwrap()),
+            "Debian's /usr/bin/true, root's on a local filesystem"
         );
         std::fs::remove_dir_all(&d).unwrap();
     }

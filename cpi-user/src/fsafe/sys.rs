@@ -1,5 +1,5 @@
 //! The raw system calls of [`super`]: `openat` with explicit flags, `openat2` with
-//! `RESOLVE_IN_ROOT`, `readlinkat`, the `SIGBUS` handler's `sigaction`/`mmap`, and the
+//! `RESOLVE_IN_ROOT`, `readlinkat`, `fstatfs`, the `SIGBUS` handler's `sigaction`/`mmap`, and the
 //! group database (`getgrnam_r`).
 //! Callers get owned fds and `io::Result`s.
 
@@ -89,6 +89,17 @@ pub fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
         return Err(io::Error::last_os_error());
     }
     Ok(st)
+}
+
+/// The filesystem type of an open file (`fstatfs`'s `f_type`, a `*_MAGIC` of statfs(2)).
+pub fn fs_type(fd: &impl AsRawFd) -> io::Result<i64> {
+    // SAFETY: an all-zero `statfs` is valid; the kernel fills it.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a live fd and a writable `statfs`.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &raw mut st) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_type)
 }
 
 /// Installs `handler` for `SIGBUS` (`SA_SIGINFO | SA_NODEFER | SA_ONSTACK`); returns the

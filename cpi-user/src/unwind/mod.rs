@@ -9,11 +9,22 @@
 //! files (cpi-user/src/procmap/captured.rs: the descriptor, or reopened by the checked
 //! path if the LRU closed it), mapped with cpi-user/src/fsafe/map.rs, and unwound from
 //! the mapping itself: the sections are file pages, touched where a lookup reads them,
-//! never copied to the heap (a copy of `librustc_driver`'s 10 MB of `.eh_frame` per
+//! not copied to the heap (a copy of `librustc_driver`'s 10 MB of `.eh_frame` per
 //! build of a process made the agent's heap swing by tens of MiB). Each file is mapped
-//! once, under a bound on the mapped section bytes, least recently used out. A file
+//! once, under a bound on the section bytes, least recently used out. A file
 //! whose unwind rules would cost more to evaluate than any compiler's output does
 //! (cost.rs) is never evaluated: a frame in it ends the stack there ([`Stop::CostlyRules`]).
+//!
+//! The bytes evaluated must be the bytes checked, and a shared mapping shows every later
+//! write to its file: the owner of a library its process has mapped can rewrite
+//! `.eh_frame` in place after the check (a `DW_OP_skip` back to itself hung the
+//! collector; tests/tests/it/hostile.rs
+//! `unwind_rules_rewritten_after_the_check_cannot_blind_the_agent`). So the sections are
+//! used from the mapping only when only root can change the file
+//! (cpi-user/src/fsafe/mod.rs `only_root_can_change`: root's, not group- or
+//! other-writable, on a local filesystem); any other file's sections are copied to the
+//! heap before the check and used from the copy, counted in the byte bound, and refused
+//! (frame pointers) when the copies of files in use would pass it.
 
 mod cost;
 
@@ -68,11 +79,37 @@ pub struct UserRegs {
     pub bp: u64,
 }
 
-/// A section's bytes in its file's guarded mapping (empty without one: framehop's
-/// section info wants a default).
+/// Where a file's unwind sections are read from.
+#[derive(Clone, Debug)]
+enum Backing {
+    /// Its guarded mapping: a file only root can change.
+    Mapped(Arc<GuardedMap>),
+    /// A copy of its sections, made before they were checked.
+    Copied(Arc<[u8]>),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Mapped(m) => m.bytes(),
+            Backing::Copied(c) => c,
+        }
+    }
+
+    /// References to it.
+    fn refs(&self) -> usize {
+        match self {
+            Backing::Mapped(m) => Arc::strong_count(m),
+            Backing::Copied(c) => Arc::strong_count(c),
+        }
+    }
+}
+
+/// A section's bytes in its file's backing (empty without one: framehop's section info
+/// wants a default).
 #[derive(Clone, Debug, Default)]
 struct SectionData {
-    map: Option<Arc<GuardedMap>>,
+    backing: Option<Backing>,
     range: Range<usize>,
     /// Set when framehop reads the bytes: their file's pages are released at the next
     /// [`StackUnwinder::release_pages`].
@@ -84,9 +121,9 @@ impl std::ops::Deref for SectionData {
 
     fn deref(&self) -> &[u8] {
         self.touched.store(true, Ordering::Relaxed);
-        self.map
+        self.backing
             .as_ref()
-            .and_then(|m| m.bytes().get(self.range.clone()))
+            .and_then(|b| b.bytes().get(self.range.clone()))
             .unwrap_or_default()
     }
 }
@@ -100,17 +137,18 @@ struct Sections {
     got: Option<Range<u64>>,
     /// `PT_LOAD` (vaddr, file offset, file size), for the load bias of a mapping.
     loads: Vec<(u64, u64, u64)>,
-    /// Bytes of the unwind sections (mapped, not copied).
+    /// Bytes of the unwind sections (mapped or copied).
     bytes: u64,
-    /// The file's mapping, whose touched pages [`StackUnwinder::release_pages`] drops…
-    map: Arc<GuardedMap>,
+    /// The sections' backing: a mapping's touched pages [`StackUnwinder::release_pages`]
+    /// drops…
+    backing: Backing,
     /// …when framehop read its sections since the last release.
     touched: Arc<AtomicBool>,
     /// Why its rules are not evaluated, if they are not.
     costly: Option<cost::Costly>,
 }
 
-/// Heap bytes of one file's entry (the sections themselves are file pages).
+/// Heap bytes of one file's entry (besides the sections, when copied).
 const ENTRY_HEAP_BYTES: u64 = 512;
 
 /// Files whose unwind sections are held at most (each holds a guarded mapping,
@@ -119,7 +157,8 @@ const MAX_FILES: usize = 1024;
 
 impl Sections {
     /// Reads the unwind sections of `file`; `None` when it is not a readable x86-64 ELF
-    /// (its frames are then walked by frame pointers).
+    /// (its frames are then walked by frame pointers). They are copied unless only root
+    /// can change the file (the module doc).
     fn read(file: &File) -> Option<Sections> {
         let map = Arc::new(GuardedMap::new(file).ok()?);
         let elf = object::File::parse(map.bytes()).ok()?;
@@ -134,34 +173,53 @@ impl Sections {
             let range = start..start.checked_add(usize::try_from(size).ok()?)?;
             // Within the file as mapped (a corrupt header may point past it).
             map.bytes().get(range.clone())?;
-            let data = SectionData {
-                map: Some(Arc::clone(&map)),
-                range,
-                touched: Arc::clone(&touched),
-            };
-            Some((s.address()..s.address() + s.size(), data))
+            Some((s.address()..s.address() + s.size(), range))
         };
         let range = |name: &str| {
             elf.section_by_name(name)
                 .map(|s| s.address()..s.address() + s.size())
         };
-        let eh_frame = section(".eh_frame");
-        let eh_frame_hdr = section(".eh_frame_hdr");
+        let found = [section(".eh_frame"), section(".eh_frame_hdr")];
         let loads = elf
             .segments()
             .map(|s| (s.address(), s.file_range().0, s.file_range().1))
             .collect();
+        let (text, got) = (range(".text"), range(".got"));
+        let (backing, ranges) = if crate::fsafe::only_root_can_change(file) {
+            (
+                Backing::Mapped(Arc::clone(&map)),
+                found.clone().map(|s| s.map(|(_, r)| r)),
+            )
+        } else {
+            // One copy of both sections, read before anything checks them.
+            let mut copy = Vec::new();
+            let ranges = found.clone().map(|s| {
+                let (_, r) = s?;
+                let at = copy.len();
+                copy.extend_from_slice(&map.bytes()[r.clone()]);
+                Some(at..copy.len())
+            });
+            (Backing::Copied(copy.into()), ranges)
+        };
         // A file truncated under the mapping read as zeros: not its unwind information.
         if map.truncated() {
             return None;
         }
+        let [eh_frame, eh_frame_hdr] = [0, 1].map(|i| {
+            let (svma, _) = found[i].clone()?;
+            let data = SectionData {
+                backing: Some(backing.clone()),
+                range: ranges[i].clone()?,
+                touched: Arc::clone(&touched),
+            };
+            Some((svma, data))
+        });
         let bytes = [&eh_frame, &eh_frame_hdr]
             .iter()
             .filter_map(|s| s.as_ref().map(|(_, d)| d.range.len() as u64))
             .sum::<u64>();
-        let (text, got) = (range(".text"), range(".got"));
         let costly = eh_frame.as_ref().and_then(|(r, d)| {
-            let bytes = |d: &SectionData| &map.bytes()[d.range.clone()];
+            let bytes = |d: &SectionData| &backing.bytes()[d.range.clone()];
             cost::check(&cost::UnwindSections {
                 eh_frame: (bytes(d), r.start),
                 eh_frame_hdr: eh_frame_hdr.as_ref().map(|(r, d)| (bytes(d), r.start)),
@@ -169,8 +227,9 @@ impl Sections {
                 got: got.as_ref().map(|g| g.start),
             })
         });
-        // The check read every entry: out of the resident set again (nothing else of
-        // this new mapping was read yet).
+        // The check (or the copy) read every entry: out of the resident set again
+        // (nothing else of this new mapping was read yet; a copied file's mapping is
+        // dropped here).
         if let Err(e) = map.dont_need() {
             log::debug!("unwind sections: madvise(MADV_DONTNEED): {e}");
         }
@@ -181,10 +240,25 @@ impl Sections {
             got,
             loads,
             bytes,
-            map,
+            backing,
             touched,
             costly,
         })
+    }
+
+    /// Whether a process's module uses the sections: their backing is referred to by
+    /// more than this entry and its own sections.
+    fn in_use(&self) -> bool {
+        let own = 1 + [&self.eh_frame, &self.eh_frame_hdr]
+            .iter()
+            .filter(|s| s.is_some())
+            .count();
+        self.backing.refs() > own
+    }
+
+    /// The sections' bytes when copied to the heap.
+    fn copied_bytes(&self) -> Option<u64> {
+        matches!(self.backing, Backing::Copied(_)).then_some(self.bytes)
     }
 
     /// Runtime address of vaddr 0 for a mapping at `start` of file offset `offset`.
@@ -354,8 +428,10 @@ const RESIDENT_CHECK_EVERY: u32 = 32;
 /// Unwinds the copied user stacks of many processes.
 pub struct StackUnwinder {
     sections: HashMap<FileKey, (Option<Arc<Sections>>, u64)>,
-    /// Unwind section bytes mapped ([`Sections::bytes`]), bounded by `byte_bound`.
+    /// Unwind section bytes held ([`Sections::bytes`]), bounded by `byte_bound`…
     bytes: u64,
+    /// …of which copied to the heap (the module doc), never more than `byte_bound`.
+    copied: u64,
     byte_bound: u64,
     tick: u64,
     processes: HashMap<u32, ProcessUnwinder>,
@@ -395,6 +471,7 @@ impl StackUnwinder {
         StackUnwinder {
             sections: HashMap::new(),
             bytes: 0,
+            copied: 0,
             byte_bound,
             tick: 0,
             processes: HashMap::new(),
@@ -418,10 +495,12 @@ impl StackUnwinder {
         }
     }
 
-    /// Heap bytes held for the files' unwind sections (the sections themselves are
-    /// mapped file pages, bounded apart) and the processes' own rule caches.
+    /// Heap bytes held for the files' unwind sections (those mapped are file pages,
+    /// bounded apart; those copied count) and the processes' own rule caches.
     pub fn held_bytes(&self) -> u64 {
-        self.sections.len() as u64 * ENTRY_HEAP_BYTES + self.own_caches() as u64 * OWN_CACHE_BYTES
+        self.sections.len() as u64 * ENTRY_HEAP_BYTES
+            + self.copied
+            + self.own_caches() as u64 * OWN_CACHE_BYTES
     }
 
     /// Processes with a rule cache of their own.
@@ -443,11 +522,12 @@ impl StackUnwinder {
     /// host").
     pub fn release_pages(&mut self) {
         for (s, _) in self.sections.values() {
-            if let Some(s) = s
+            if let Some(Backing::Mapped(map)) = s
                 .as_ref()
                 .filter(|s| s.touched.swap(false, Ordering::Relaxed))
+                .map(|s| &s.backing)
             {
-                if let Err(e) = s.map.dont_need() {
+                if let Err(e) = map.dont_need() {
                     log::debug!("unwind sections: madvise(MADV_DONTNEED): {e}");
                 }
             }
@@ -627,7 +707,7 @@ impl StackUnwinder {
                 }
             }
         }
-        self.evict();
+        self.evict(0);
     }
 
     /// The module of executable file mapping `m`: its unwind sections, else frame
@@ -690,17 +770,32 @@ impl StackUnwinder {
         if let Some(s) = self.cached(key) {
             return s;
         }
-        let s = Sections::read(file).map(Arc::new);
+        let mut s = Sections::read(file).map(Arc::new);
+        if let Some(copy) = s.as_ref().and_then(|s| s.copied_bytes()) {
+            self.evict(copy);
+            if self.copied + copy > self.byte_bound {
+                // Files in use hold the copies: this one's frames by frame pointers.
+                log::debug!(
+                    "unwind sections: {copy} bytes to copy, {} copied already: not used",
+                    self.copied
+                );
+                s = None;
+            }
+        }
         self.bytes += s.as_ref().map_or(0, |s| s.bytes);
+        self.copied += s.as_ref().and_then(|s| s.copied_bytes()).unwrap_or(0);
         self.sections.insert(key, (s.clone(), self.tick));
         s
     }
 
-    /// Least recently used files out until under the bounds, in one pass (one scan
-    /// per file evicted made a process with 25 000 files quadratic).
-    fn evict(&mut self) {
+    /// Least recently used files out until under the bounds with `room` bytes more, in
+    /// one pass (one scan per file evicted made a process with 25 000 files quadratic).
+    fn evict(&mut self, room: u64) {
+        // Without room asked for, one file stays however large: the one just read.
+        let keep = usize::from(room == 0);
         let over = |u: &Self| {
-            (u.bytes > u.byte_bound && u.sections.len() > 1) || u.sections.len() > MAX_FILES
+            (u.bytes + room > u.byte_bound && u.sections.len() > keep)
+                || u.sections.len() > MAX_FILES
         };
         if !over(self) {
             return;
@@ -719,15 +814,12 @@ impl StackUnwinder {
             // again for the next process, one more mapping of the same pages in the
             // resident set for as long as the first lives (seen: five of
             // `librustc_driver` while builds ran), and out of reach of `release_pages`.
-            if self.sections[&key]
-                .0
-                .as_ref()
-                .is_some_and(|s| Arc::strong_count(&s.map) > 1)
-            {
+            if self.sections[&key].0.as_ref().is_some_and(|s| s.in_use()) {
                 continue;
             }
             if let Some((s, _)) = self.sections.remove(&key) {
                 self.bytes -= s.as_ref().map_or(0, |s| s.bytes);
+                self.copied -= s.as_ref().and_then(|s| s.copied_bytes()).unwrap_or(0);
             }
         }
     }
@@ -1033,6 +1125,95 @@ mod tests {
             (vec![regs.ip], Stop::CostlyRules)
         );
         assert_ne!(unwind("true-fine", &good).1, Stop::CostlyRules);
+    }
+
+    /// Issue 18e: a file others than root can change is unwound from a copy of its
+    /// sections made before they were checked: rewritten in place afterwards (same
+    /// length, `.eh_frame` zeroed here), it unwinds as it did when read. From the
+    /// mapping, the second process's unwind read the zeros and stopped.
+    #[test]
+    fn sections_rewritten_after_the_check_are_not_evaluated() {
+        use std::os::unix::fs::FileExt;
+        let good = std::fs::read("/usr/bin/true").expect("Debian's /usr/bin/true");
+        let (text, eh) = {
+            let f = object::File::parse(&*good).unwrap();
+            let eh = f
+                .section_by_name(".eh_frame")
+                .unwrap()
+                .file_range()
+                .unwrap();
+            (f.section_by_name(".text").unwrap().address(), eh)
+        };
+        let file = temp("true-rewritten", &good);
+        // Another user's file (when the tests run as root; else the tester's own).
+        if crate::fsafe::euid() == 0 {
+            std::os::unix::fs::chown(&file, Some(65534), Some(65534)).unwrap();
+        }
+        let (maps, files) = process(Some(&file));
+        let regs = UserRegs {
+            ip: BASE + text + 0x40,
+            sp: SP,
+            bp: SP + 8,
+        };
+        let stack = stack_of(&[SP + 16, BASE + text + 0x80, 0, 0]);
+        let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        let before = u.unwind(1, &maps, &files, regs, &stack, true);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .write_all_at(&vec![0; eh.1 as usize], eh.0)
+            .unwrap();
+        // Another process, so no rule cached for the first answers.
+        assert_eq!(u.unwind(2, &maps, &files, regs, &stack, true), before);
+        assert!(u.held_bytes() >= eh.1, "the sections were copied");
+    }
+
+    /// Copies count in the byte bound: a file whose copy would pass it is unwound by
+    /// frame pointers, and the copy of a file no process uses any more is dropped for
+    /// the next file's.
+    #[test]
+    fn copied_sections_stay_within_the_byte_bound() {
+        let copy = |name: &str, from: &str| {
+            let p = temp(name, &std::fs::read(from).unwrap());
+            if crate::fsafe::euid() == 0 {
+                std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+            }
+            let bytes = std::fs::read(&p).unwrap();
+            let f = object::File::parse(&*bytes).unwrap();
+            let unwind = [".eh_frame", ".eh_frame_hdr"]
+                .iter()
+                .map(|n| f.section_by_name(n).unwrap().size())
+                .sum::<u64>();
+            (process(Some(&p)), unwind)
+        };
+        let (a, a_bytes) = copy("bound-true", "/usr/bin/true");
+        let (b, b_bytes) = copy("bound-false", "/usr/bin/false");
+        let regs = UserRegs {
+            ip: BASE + 0x100,
+            sp: SP,
+            bp: 0,
+        };
+        let stack = stack_of(&[0, 0]);
+        let bound = a_bytes.max(b_bytes);
+        assert!(bound < a_bytes + b_bytes);
+        let mut u = StackUnwinder::new(128, bound);
+        u.unwind(1, &a.0, &a.1, regs, &stack, true);
+        assert_eq!(u.held_bytes(), ENTRY_HEAP_BYTES + a_bytes, "a copied");
+        // Process 1 still uses a: b's copy would pass the bound.
+        u.unwind(2, &b.0, &b.1, regs, &stack, true);
+        assert_eq!(u.held_bytes(), 2 * ENTRY_HEAP_BYTES + a_bytes, "b refused");
+        // Once both are gone, a's copy makes room for b's.
+        u.retain_processes(|_| false);
+        let mut v = StackUnwinder::new(128, bound);
+        v.unwind(1, &a.0, &a.1, regs, &stack, true);
+        v.retain_processes(|_| false);
+        v.unwind(2, &b.0, &b.1, regs, &stack, true);
+        assert_eq!(
+            v.held_bytes(),
+            ENTRY_HEAP_BYTES + b_bytes,
+            "a evicted, b copied"
+        );
     }
 
     #[test]

@@ -1451,3 +1451,83 @@ fn unwind_rules_that_cost_too_much_cannot_blind_the_agent() {
     assert!(past.is_empty(), "frames past a refused one: {past:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 18e: the unwind rules the agent checked (cpi-user/src/unwind/cost.rs) must be
+/// the rules it evaluates. A process of an unprivileged user spins in its own library
+/// (tests/programs/hostlib.c built with `-DPATCHABLE`: lib_hot's CFA a DWARF expression,
+/// evaluated at every unwind); once the agent (`--pid`) has read and checked the
+/// library, the user rewrites that expression in place, same length, into one that
+/// branches back to itself (`DW_OP_skip -3`), as `dd conv=notrunc` does to a library its
+/// process has mapped. Evaluated, it never ends and the collector cuts no more windows
+/// for any process. The agent must keep cutting windows, its stacks through lib_hot
+/// still unwound past it to main (the rules as checked), and end on SIGTERM.
+#[test]
+fn unwind_rules_rewritten_after_the_check_cannot_blind_the_agent() {
+    if !require_root("profiling a process") {
+        return;
+    }
+    let _cpu = cpi_tests::cpu_heavy();
+    let dir = temp_dir("hostile-unwind-rewrite");
+    let Some(uselib) = compile_c("uselib.c", &dir, "uselib", &["-ldl"]) else {
+        assert!(std::env::var_os("CI").is_none(), "gcc missing in CI");
+        return;
+    };
+    let lib = compile_c(
+        "hostlib.c",
+        &dir,
+        "lib.so",
+        &["-shared", "-fPIC", "-DPATCHABLE"],
+    )
+    .expect("gcc builds hostlib.c -DPATCHABLE");
+    std::os::unix::fs::chown(&lib, Some(USER), Some(USER)).unwrap();
+    // DW_CFA_def_cfa_expression, 3 bytes: DW_OP_breg7 8, DW_OP_nop.
+    let (checked, looping) = ([0x0f, 3, 0x77, 8, 0x96], [0x0f, 3, 0x2f, 0xfd, 0xff]);
+    let bytes = std::fs::read(&lib).unwrap();
+    let at: Vec<usize> = bytes
+        .windows(checked.len())
+        .enumerate()
+        .filter(|(_, w)| *w == checked)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(at.len(), 1, "lib_hot's CFA expression, once in lib.so");
+    let target = spin_in(&uselib, &lib, 600_000);
+    let pid = target.0.id().to_string();
+    let mut agent = Watched::start(&dir, &["--pid", &pid]);
+    agent.more_windows(2);
+    agent.attack_begins();
+    let mut dd = as_user(Command::new("dd").arg(format!("of={}", lib.display())))
+        .args(["bs=1", "conv=notrunc", "status=none"])
+        .arg(format!("seek={}", at[0]))
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    dd.stdin.take().unwrap().write_all(&looping).unwrap();
+    assert!(dd.wait().unwrap().success(), "the owner rewrites lib.so");
+    assert_eq!(std::fs::read(&lib).unwrap()[at[0]..at[0] + 5], looping);
+    let first_after = agent.windows();
+    // A hang guard of 60 s without a window (KillOnDrop ends the agent if it fires).
+    agent.more_windows(3);
+    let log = agent.stop();
+    eprintln!("agent: {log}");
+    // The windows cut after the rewrite: stacks in lib_hot go on past it.
+    let windows = cpi_tests::store_windows(&dir.join("store"));
+    let (mut through, mut ending) = (0, 0);
+    for (_, _, w) in windows.iter().skip(first_after) {
+        let p = cpi_user::profile::Profile::from_json(w.to_string().as_bytes()).unwrap();
+        for st in p.processes.iter().flat_map(|p| &p.stacks) {
+            let names: Vec<&str> = st.frames.iter().map(|f| f.function.as_str()).collect();
+            match names.iter().position(|&n| n == "lib_hot") {
+                Some(i) if names[i + 1..].contains(&"main") => through += 1,
+                Some(_) => ending += 1,
+                None => {}
+            }
+        }
+    }
+    eprintln!("stacks in lib_hot after the rewrite: {through} to main, {ending} not");
+    assert!(
+        through > 0,
+        "no stack through lib_hot to main after the rewrite"
+    );
+    drop(target);
+    let _ = std::fs::remove_dir_all(&dir);
+}
