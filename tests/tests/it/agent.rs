@@ -26,6 +26,13 @@ fn windows(store: &Path) -> usize {
         .unwrap_or(0)
 }
 
+/// Waits until `store` holds more than `n` windows or 60 s have passed since `t0`.
+fn wait_for_windows(store: &Path, n: usize, t0: Instant) {
+    while windows(store) <= n && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn sigterm(child: &Child) {
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -53,17 +60,13 @@ fn store_fills_per_interval_and_report_merges_the_hot_function() {
     // N + 1 seconds after the agent's first window boundary: at least N windows.
     let n = 5;
     let t0 = Instant::now();
-    while windows(&store) == 0 && t0.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_windows(&store, 0, t0);
     assert!(windows(&store) > 0, "no window within 60 s");
     // The windows' names give their wall-clock spans (`w-<start ms>-<end ms>`): they
     // tile the time without gap or overlap, and each ends at an interval boundary. How
     // many there are in a given wall time is not checked: on a loaded machine a late
     // analysis makes the next window longer (a window waits for the one before it).
-    while windows(&store) <= n as usize && t0.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_windows(&store, n as usize, t0);
     let mut spans: Vec<(u64, u64)> = std::fs::read_dir(&store)
         .unwrap()
         .filter_map(|e| {
@@ -164,9 +167,7 @@ fn agent_stops_when_its_pid_exits_unreaped() {
     let pid = prog.id();
     let mut a = agent(&store, &["--pid", &pid.to_string()]);
     let t0 = Instant::now();
-    while windows(&store) == 0 && t0.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_windows(&store, 0, t0);
     // busy ends on SIGTERM; nobody waits for it until the agent has stopped.
     sigterm(&prog);
     let t1 = Instant::now();
@@ -444,9 +445,7 @@ fn second_signal_exits_at_once() {
         ],
     );
     let t0 = Instant::now();
-    while windows(&store) < 2 && t0.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_windows(&store, 1, t0);
     if windows(&store) < 2 {
         let _ = a.kill();
         let out = a.wait_with_output().unwrap();
