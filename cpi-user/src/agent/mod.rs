@@ -679,7 +679,7 @@ fn analysis_loop(
             mut set,
             run,
             held_processes,
-            unwind_bytes,
+            unwind_heap,
             captured,
             ..
         } = job.collected;
@@ -717,7 +717,7 @@ fn analysis_loop(
         for pid in table.expire(job.windows) {
             sym.forget_process(pid);
         }
-        sym.trim(symbolizer_bytes(c, unwind_bytes));
+        sym.trim(symbolizer_bytes(c, unwind_heap.other));
         let analysis_seconds = began.elapsed().as_secs_f64();
         let window = Window {
             start: job.start,
@@ -738,7 +738,7 @@ fn analysis_loop(
             // Whichever side holds more: the collector's state and the analysis's
             // must both leave with their processes.
             tracked_processes: table.len().max(held_processes),
-            cache_bytes: sym.cache_bytes() + unwind_bytes,
+            cache_bytes: sym.cache_bytes() + unwind_heap.total(),
             store_bytes: sinks.store.bytes(),
             store_failures,
             sampling_frequency_hz: job.frequency,
@@ -778,11 +778,15 @@ fn analysis_loop(
 
 /// What the symbolizer may keep across windows: `--cache-mib` less what call stacks may
 /// hold at once ([`AgentConfig::stack_memory`]: three windows' stacks — collecting,
-/// queued, analysed — and the unwind sections' resident pages) and the unwinder's heap
-/// (`unwind_heap`). Before, the symbolizer alone could fill `--cache-mib` and the stacks
-/// came on top: 93–98 MiB anonymous on a build host (BENCHMARKS.md, "Agent memory on a
-/// build host").
-fn symbolizer_bytes(c: &AgentConfig, unwind_heap: u64) -> u64 {
+/// queued, analysed — and the unwind sections, their resident pages and copies
+/// together) and the rest of the unwinder's heap (`unwind_other`). Before, the
+/// symbolizer alone could fill `--cache-mib` and the stacks came on top: 93–98 MiB
+/// anonymous on a build host (BENCHMARKS.md, "Agent memory on a build host"). The copies
+/// were once reserved twice, in the sections' bound and as heap: a user's own toolchain,
+/// whose 15 MiB of sections are copied, left the symbolizer too little to keep
+/// `librustc_driver`'s names, parsed again every window (BENCHMARKS.md, "A user's own
+/// toolchain").
+fn symbolizer_bytes(c: &AgentConfig, unwind_other: u64) -> u64 {
     let stacks = if c.stacks {
         let m = c.stack_memory();
         3 * m.window_bytes as u64 + m.unwind_bytes
@@ -791,7 +795,7 @@ fn symbolizer_bytes(c: &AgentConfig, unwind_heap: u64) -> u64 {
     };
     c.cache_bytes
         .saturating_sub(stacks)
-        .saturating_sub(unwind_heap)
+        .saturating_sub(unwind_other)
 }
 
 /// Drops the per-instruction lines without samples or counts: a window of a big

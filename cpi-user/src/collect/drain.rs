@@ -16,7 +16,7 @@ use super::StackMemory;
 use crate::procmap::{self, CapturedFiles, Mapping, ProcessIdentity, ProcessMaps};
 use crate::profile::stack::{CallStack, StackEnd};
 use crate::profile::SampleSet;
-use crate::unwind::{StackUnwinder, Stop, UserRegs};
+use crate::unwind::{StackUnwinder, Stop, UnwindHeap, UserRegs};
 
 /// A decoded record.
 #[derive(Debug)]
@@ -307,8 +307,8 @@ pub struct DrainWindow {
     pub sideband_lost: u64,
     /// Stacks of this window that stopped short, by reason.
     pub stack_counts: StackCounts,
-    /// Bytes of unwind sections the drain holds for later windows.
-    pub unwind_bytes: u64,
+    /// What the unwinder holds on the heap for later windows.
+    pub unwind_heap: UnwindHeap,
 }
 
 impl Drain {
@@ -393,7 +393,7 @@ impl Drain {
             malformed: std::mem::take(&mut self.malformed),
             sideband_lost: std::mem::take(&mut self.sideband_lost),
             stack_counts: std::mem::take(&mut self.stack_counts),
-            unwind_bytes: self.unwinder.held_bytes(),
+            unwind_heap: self.unwinder.held_bytes(),
         }
     }
 

@@ -323,9 +323,9 @@ pub struct Collected {
     /// Processes the collector still holds state for (name, maps, open files) after
     /// this window: those of this window and the live ones of earlier windows.
     pub held_processes: usize,
-    /// Bytes of unwind sections the collector holds for later windows (bounded by
-    /// [`StackMemory::unwind_bytes`]).
-    pub unwind_bytes: u64,
+    /// What the collector's unwinder holds on the heap for later windows (its copies of
+    /// unwind sections within [`StackMemory::unwind_bytes`]).
+    pub unwind_heap: crate::unwind::UnwindHeap,
     /// Evictions and reopens of the collector's captured files since start
     /// (cpi-user/src/procmap/captured.rs), read after analysis.
     pub captured: crate::procmap::CaptureCounter,

@@ -852,7 +852,7 @@ impl Live {
             stop: self.stop,
             command_status: None,
             held_processes: self.drain.held_processes(),
-            unwind_bytes: w.unwind_bytes,
+            unwind_heap: w.unwind_heap,
             captured: self.drain.capture_counter(),
         }
     }

@@ -83,6 +83,75 @@ pub fn check(s: &UnwindSections<'_>) -> Option<Costly> {
     scan(s).0
 }
 
+/// Verdicts of [`check`] kept at most: a few KiB each thousand.
+const MAX_VERDICTS: usize = 4096;
+
+/// Heap bytes of one kept verdict (digest, verdict, use, and the map's own).
+const VERDICT_BYTES: u64 = 64;
+
+/// [`check`]'s verdicts by the digest of what it checked, so that sections read again
+/// — a file evicted and mapped again by its next process, or copied again — are not
+/// decoded again: `librustc_driver`'s and `libLLVM`'s take 70 and 41 ms to check and
+/// 1–2 ms to hash (BENCHMARKS.md, "A user's own toolchain"). Keyed by content, not by
+/// the file's identity and change time: a write through a shared writable mapping
+/// changes no time stamp while its page stays dirty (on tmpfs, ever), so a file whose
+/// (device, inode, size, ctime) is unchanged may still hold other bytes than were
+/// checked. BLAKE3, because the bytes may be a local user's, who must not find other
+/// sections with the digest of checked ones.
+#[derive(Debug, Default)]
+pub struct Verdicts {
+    kept: HashMap<[u8; 32], (Option<Costly>, u64)>,
+    tick: u64,
+}
+
+impl Verdicts {
+    /// [`check`], or the verdict on the same sections checked before.
+    pub fn check(&mut self, s: &UnwindSections<'_>) -> Option<Costly> {
+        let digest = digest(s);
+        self.tick += 1;
+        if let Some((verdict, used)) = self.kept.get_mut(&digest) {
+            *used = self.tick;
+            return *verdict;
+        }
+        let verdict = check(s);
+        if self.kept.len() >= MAX_VERDICTS {
+            // The least recently used out: one scan per insert when full, beside a check.
+            if let Some(oldest) = self.kept.iter().min_by_key(|(_, v)| v.1).map(|(k, _)| *k) {
+                self.kept.remove(&oldest);
+            }
+        }
+        self.kept.insert(digest, (verdict, self.tick));
+        verdict
+    }
+
+    /// Heap bytes the kept verdicts take.
+    pub fn held_bytes(&self) -> u64 {
+        self.kept.len() as u64 * VERDICT_BYTES
+    }
+}
+
+/// Everything [`check`] reads, each part with its length or presence, so no two inputs
+/// hash the same bytes.
+fn digest(s: &UnwindSections<'_>) -> [u8; 32] {
+    let mut h = blake3::Hasher::new();
+    let mut part = |bytes: Option<(&[u8], u64)>| match bytes {
+        Some((b, address)) => {
+            h.update(&[1]);
+            h.update(&(b.len() as u64).to_le_bytes());
+            h.update(b);
+            h.update(&address.to_le_bytes());
+        }
+        None => {
+            h.update(&[0]);
+        }
+    };
+    part(Some(s.eh_frame));
+    part(s.eh_frame_hdr);
+    part(s.text.map(|a| (&[][..], a)));
+    part(s.got.map(|a| (&[][..], a)));
+    *h.finalize().as_bytes()
+}
+
 /// [`check`], and the entry bytes it decoded.
 fn scan(s: &UnwindSections<'_>) -> (Option<Costly>, u64) {
     let mut c = Checker::new(s);
@@ -512,6 +581,59 @@ pub(crate) mod tests {
             0x0f, 11, 0x77, 8, 0x80, 0, 0x3f, 0x1a, 0x3b, 0x2a, 0x33, 0x24, 0x22,
         ];
         assert_eq!(verdict(&plt), None);
+    }
+
+    fn only_eh_frame(eh: &[u8], address: u64) -> UnwindSections<'_> {
+        UnwindSections {
+            eh_frame: (eh, address),
+            eh_frame_hdr: None,
+            text: None,
+            got: None,
+        }
+    }
+
+    /// A verdict is kept for the bytes checked, not for the file: the same sections
+    /// with one byte rewritten (a user's file copied again after a write that left its
+    /// time stamps alone) are checked again.
+    #[test]
+    fn a_kept_verdict_answers_only_for_the_same_bytes() {
+        // DW_CFA_def_cfa_expression, 3 bytes: three DW_OP_nop, or DW_OP_skip -3.
+        let straight = eh_frame(&[0x0f, 3, 0x96, 0x96, 0x96]);
+        let looping = eh_frame(&[0x0f, 3, 0x2f, 0xfd, 0xff]);
+        assert_eq!(straight.len(), looping.len());
+        let at = only_eh_frame;
+        let mut v = Verdicts::default();
+        assert_eq!(v.check(&at(&straight, 0)), None);
+        assert_eq!(v.check(&at(&looping, 0)), Some(Costly::Branches));
+        assert_eq!(v.check(&at(&straight, 0)), None);
+        assert_eq!(
+            v.held_bytes(),
+            2 * VERDICT_BYTES,
+            "the same bytes kept once"
+        );
+        assert_eq!(v.check(&at(&looping, 0x1000)), Some(Costly::Branches));
+        assert_eq!(
+            v.held_bytes(),
+            3 * VERDICT_BYTES,
+            "elsewhere: another input"
+        );
+    }
+
+    /// Verdicts are kept up to their bound, the least recently used out.
+    #[test]
+    fn verdicts_are_bounded() {
+        let mut v = Verdicts::default();
+        let first = eh_frame(&[]);
+        v.check(&only_eh_frame(&first, 0));
+        let first_digest = digest(&only_eh_frame(&first, 0));
+        for text in 0..MAX_VERDICTS as u64 {
+            v.check(&UnwindSections {
+                text: Some(text),
+                ..only_eh_frame(&first, 0)
+            });
+        }
+        assert_eq!(v.held_bytes(), MAX_VERDICTS as u64 * VERDICT_BYTES);
+        assert!(!v.kept.contains_key(&first_digest), "the oldest went first");
     }
 
     /// The cost of every FDE framehop can reach in `s`, with its offset, costliest

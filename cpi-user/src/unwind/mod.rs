@@ -158,8 +158,9 @@ const MAX_FILES: usize = 1024;
 impl Sections {
     /// Reads the unwind sections of `file`; `None` when it is not a readable x86-64 ELF
     /// (its frames are then walked by frame pointers). They are copied unless only root
-    /// can change the file (the module doc).
-    fn read(file: &File) -> Option<Sections> {
+    /// can change the file (the module doc). The check's verdict on the same bytes
+    /// read before is kept in `verdicts`.
+    fn read(file: &File, verdicts: &mut cost::Verdicts) -> Option<Sections> {
         let map = Arc::new(GuardedMap::new(file).ok()?);
         let elf = object::File::parse(map.bytes()).ok()?;
         if elf.architecture() != object::Architecture::X86_64 {
@@ -220,7 +221,7 @@ impl Sections {
             .sum::<u64>();
         let costly = eh_frame.as_ref().and_then(|(r, d)| {
             let bytes = |d: &SectionData| &backing.bytes()[d.range.clone()];
-            cost::check(&cost::UnwindSections {
+            verdicts.check(&cost::UnwindSections {
                 eh_frame: (bytes(d), r.start),
                 eh_frame_hdr: eh_frame_hdr.as_ref().map(|(r, d)| (bytes(d), r.start)),
                 text: text.as_ref().map(|t| t.start),
@@ -433,6 +434,8 @@ pub struct StackUnwinder {
     /// …of which copied to the heap (the module doc), never more than `byte_bound`.
     copied: u64,
     byte_bound: u64,
+    /// The cost check's verdicts, for files read again.
+    verdicts: cost::Verdicts,
     tick: u64,
     processes: HashMap<u32, ProcessUnwinder>,
     /// The rule cache of processes without their own.
@@ -459,20 +462,40 @@ impl std::fmt::Debug for StackUnwinder {
     }
 }
 
+/// What a [`StackUnwinder`] holds on the heap ([`StackUnwinder::held_bytes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindHeap {
+    /// Unwind sections copied (the module doc): within the byte bound together with the
+    /// mapped sections' resident pages ([`StackUnwinder::new`]).
+    pub copies: u64,
+    /// The rest: an entry per file read, rule caches, verdicts.
+    pub other: u64,
+}
+
+impl UnwindHeap {
+    /// All of it.
+    pub fn total(&self) -> u64 {
+        self.copies + self.other
+    }
+}
+
 /// Default bound on the unwind section bytes mapped (libc's are ≈ 0.1 MiB, libLLVM's
 /// ≈ 10 MiB).
 pub const DEFAULT_BYTE_BOUND: u64 = 64 << 20;
 
 impl StackUnwinder {
-    /// At most `max_frames` frames per stack; unwind sections mapped up to `byte_bound`
-    /// bytes (files a live process's modules use stay beyond it, until it leaves), and
-    /// as many of their pages resident between releases ([`Self::release_pages`]).
+    /// At most `max_frames` frames per stack; unwind sections mapped or copied up to
+    /// `byte_bound` bytes (files a live process's modules use stay beyond it, until it
+    /// leaves), and as many bytes resident between releases ([`Self::release_pages`]):
+    /// the copies and the mapped sections' pages together, so a caller reserves
+    /// `byte_bound` once for both (cpi-user/src/agent/mod.rs `symbolizer_bytes`).
     pub fn new(max_frames: usize, byte_bound: u64) -> Self {
         StackUnwinder {
             sections: HashMap::new(),
             bytes: 0,
             copied: 0,
             byte_bound,
+            verdicts: cost::Verdicts::default(),
             tick: 0,
             processes: HashMap::new(),
             cache: RuleCache::new(generations()),
@@ -495,12 +518,15 @@ impl StackUnwinder {
         }
     }
 
-    /// Heap bytes held for the files' unwind sections (those mapped are file pages,
-    /// bounded apart; those copied count) and the processes' own rule caches.
-    pub fn held_bytes(&self) -> u64 {
-        self.sections.len() as u64 * ENTRY_HEAP_BYTES
-            + self.copied
-            + self.own_caches() as u64 * OWN_CACHE_BYTES
+    /// Heap bytes held: the copied unwind sections, and the files' entries, the
+    /// processes' own rule caches and the cost check's verdicts.
+    pub fn held_bytes(&self) -> UnwindHeap {
+        UnwindHeap {
+            copies: self.copied,
+            other: self.sections.len() as u64 * ENTRY_HEAP_BYTES
+                + self.own_caches() as u64 * OWN_CACHE_BYTES
+                + self.verdicts.held_bytes(),
+        }
     }
 
     /// Processes with a rule cache of their own.
@@ -516,10 +542,10 @@ impl StackUnwinder {
     /// the page cache, so a later lookup there is
     /// a minor fault (cpi-user/src/fsafe/map.rs `GuardedMap::dont_need`). Called at the
     /// end of each window, and whenever the file pages resident since the last call
-    /// exceed the byte bound: a binary's `.eh_frame` is used in place, and the pages a
-    /// window's lookups touch in a compiler's 100+ MB of libraries would otherwise stay
-    /// in the resident set an operator reads (BENCHMARKS.md, "Agent memory on a build
-    /// host").
+    /// and the copies exceed the byte bound: a binary's `.eh_frame` is used in place,
+    /// and the pages a window's lookups touch in a compiler's 100+ MB of libraries would
+    /// otherwise stay in the resident set an operator reads (BENCHMARKS.md, "Agent
+    /// memory on a build host").
     pub fn release_pages(&mut self) {
         for (s, _) in self.sections.values() {
             if let Some(Backing::Mapped(map)) = s
@@ -536,8 +562,9 @@ impl StackUnwinder {
         self.since_check = 0;
     }
 
-    /// [`Self::release_pages`] when the resident file pages grew past the byte bound
-    /// since the last release (checked every [`RESIDENT_CHECK_EVERY`] unwinds).
+    /// [`Self::release_pages`] when the resident file pages grew past what the byte
+    /// bound leaves beside the copies since the last release (checked every
+    /// [`RESIDENT_CHECK_EVERY`] unwinds).
     fn bound_resident(&mut self) {
         self.since_check += 1;
         if self.since_check < RESIDENT_CHECK_EVERY {
@@ -545,7 +572,7 @@ impl StackUnwinder {
         }
         self.since_check = 0;
         let now = (self.resident_file)().unwrap_or(0);
-        if now.saturating_sub(self.resident_base) > self.byte_bound {
+        if now.saturating_sub(self.resident_base) + self.copied > self.byte_bound {
             self.release_pages();
         }
     }
@@ -770,7 +797,7 @@ impl StackUnwinder {
         if let Some(s) = self.cached(key) {
             return s;
         }
-        let mut s = Sections::read(file).map(Arc::new);
+        let mut s = Sections::read(file, &mut self.verdicts).map(Arc::new);
         if let Some(copy) = s.as_ref().and_then(|s| s.copied_bytes()) {
             self.evict(copy);
             if self.copied + copy > self.byte_bound {
@@ -912,7 +939,10 @@ mod tests {
         let stack = stack_of(&[0, 0]);
         let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
         u.unwind(pid, &maps, &files, regs, &stack, true);
-        assert!(u.held_bytes() > 0, "the executable's sections were read");
+        assert!(
+            u.held_bytes().other > 0,
+            "the executable's sections were read"
+        );
         // A second file past the cap of one closes the first one's descriptor.
         let _other = process_in(&mut captured, Some(&temp("other", b"not an ELF file")));
         assert_eq!(counter.counts().evicted, 1);
@@ -957,7 +987,7 @@ mod tests {
         let mut held = |u: &mut StackUnwinder, id| {
             maps.mappings[0].file_id = Some(id);
             u.unwind(1, &maps, &HashMap::new(), regs, &stack_of(&[0, 0]), true);
-            u.held_bytes()
+            u.held_bytes().total()
         };
         let recorded = || StackUnwinder::for_recordings(128, DEFAULT_BYTE_BOUND);
         assert!(held(&mut recorded(), this) > 0, "read by its path");
@@ -1166,7 +1196,7 @@ mod tests {
             .unwrap();
         // Another process, so no rule cached for the first answers.
         assert_eq!(u.unwind(2, &maps, &files, regs, &stack, true), before);
-        assert!(u.held_bytes() >= eh.1, "the sections were copied");
+        assert!(u.held_bytes().copies >= eh.1, "the sections were copied");
     }
 
     /// Copies count in the byte bound: a file whose copy would pass it is unwound by
@@ -1199,21 +1229,51 @@ mod tests {
         assert!(bound < a_bytes + b_bytes);
         let mut u = StackUnwinder::new(128, bound);
         u.unwind(1, &a.0, &a.1, regs, &stack, true);
-        assert_eq!(u.held_bytes(), ENTRY_HEAP_BYTES + a_bytes, "a copied");
+        assert_eq!(u.held_bytes().copies, a_bytes, "a copied");
         // Process 1 still uses a: b's copy would pass the bound.
         u.unwind(2, &b.0, &b.1, regs, &stack, true);
-        assert_eq!(u.held_bytes(), 2 * ENTRY_HEAP_BYTES + a_bytes, "b refused");
+        assert_eq!(u.held_bytes().copies, a_bytes, "b refused");
         // Once both are gone, a's copy makes room for b's.
         u.retain_processes(|_| false);
         let mut v = StackUnwinder::new(128, bound);
         v.unwind(1, &a.0, &a.1, regs, &stack, true);
         v.retain_processes(|_| false);
         v.unwind(2, &b.0, &b.1, regs, &stack, true);
-        assert_eq!(
-            v.held_bytes(),
-            ENTRY_HEAP_BYTES + b_bytes,
-            "a evicted, b copied"
-        );
+        assert_eq!(v.held_bytes().copies, b_bytes, "a evicted, b copied");
+    }
+
+    /// The copies and the mapped sections' resident pages share one bound: pages are
+    /// released once they grow past what the copies leave of it.
+    #[test]
+    fn copies_count_in_the_bound_on_resident_pages() {
+        static RESIDENT: AtomicU64 = AtomicU64::new(0);
+        let p = temp("resident-true", &std::fs::read("/usr/bin/true").unwrap());
+        if crate::fsafe::euid() == 0 {
+            std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+        }
+        let (maps, files) = process(Some(&p));
+        let regs = UserRegs {
+            ip: BASE + 0x100,
+            sp: SP,
+            bp: 0,
+        };
+        let stack = stack_of(&[0, 0]);
+        let grown_by = |room: i64| {
+            let mut u = StackUnwinder::new(128, 1 << 20);
+            u.resident_file = || Some(RESIDENT.load(Ordering::Relaxed));
+            RESIDENT.store(0, Ordering::Relaxed);
+            u.unwind(1, &maps, &files, regs, &stack, true);
+            let copies = u.held_bytes().copies;
+            assert!(copies > 0, "another user's file is copied");
+            let left = (1 << 20) - copies;
+            RESIDENT.store(left.saturating_add_signed(room), Ordering::Relaxed);
+            for _ in 0..RESIDENT_CHECK_EVERY {
+                u.unwind(1, &maps, &files, regs, &stack, true);
+            }
+            u.resident_base > 0
+        };
+        assert!(grown_by(4096), "past what the copies leave: released");
+        assert!(!grown_by(-4096), "within it: kept");
     }
 
     #[test]
