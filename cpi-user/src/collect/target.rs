@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::CollectError;
-use crate::procmap::ProcStat;
+use crate::procmap::{self, ProcStat};
 
 /// What a session profiles (`--pid`, `--system-wide` or `-- CMD`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,15 +37,9 @@ impl Target {
     }
 }
 
-/// The thread ids of `pid` (`/proc/PID/task`).
+/// The thread ids of `pid` ([`procmap::threads`]).
 pub fn threads(pid: u32) -> Result<Vec<u32>, CollectError> {
-    let rd = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .map_err(|_| CollectError::NoSuchProcess(pid))?;
-    let mut tids: Vec<u32> = rd
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .collect();
-    tids.sort_unstable();
-    Ok(tids)
+    procmap::threads(pid).map_err(|_| CollectError::NoSuchProcess(pid))
 }
 
 /// Online CPUs (`/sys/devices/system/cpu/online`, e.g. `0-3,6`).

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::{proc_dir, MappedObject, Mapping};
+use super::{proc_dir, thread_dirs, MappedObject, Mapping};
 use crate::fsafe::{self, FileId, OpenError};
 
 /// Evictions, reopens and refused reopens of captured files since start.
@@ -184,6 +184,11 @@ fn check_len(f: &File, path: &Path, len: Option<u64>) -> Result<(), OpenError> {
     Ok(())
 }
 
+/// An executable file mapping: what [`CapturedFiles::capture`] opens.
+fn capturable(m: &Mapping) -> bool {
+    m.executable && matches!(m.object, MappedObject::File { .. })
+}
+
 /// A handle on the counts of a [`CapturedFiles`].
 #[derive(Clone, Debug)]
 pub struct CaptureCounter(Arc<Shared>);
@@ -246,7 +251,7 @@ impl CapturedFiles {
     ) -> HashMap<u64, Arc<CapturedFile>> {
         let mut out = HashMap::new();
         for m in maps {
-            if !m.executable || !matches!(m.object, MappedObject::File { .. }) {
+            if !capturable(m) {
                 continue;
             }
             // The kernel's (device, inode) of this mapping names the captured file; an
@@ -328,20 +333,25 @@ impl CapturedFiles {
         CaptureCounter(Arc::clone(&self.shared))
     }
 
-    /// [`CapturedFiles::capture`] through `/proc/PID`, else through the thread's own
-    /// directory (a leader that exited leaves its threads' maps there): for mappings
-    /// known from the kernel's records rather than read from `/proc`.
+    /// [`CapturedFiles::capture`] through `/proc/PID`, else (a group leader that exited
+    /// leaves its `map_files` empty) through the first of `pid`'s other threads
+    /// (super::thread_dirs, `tid`'s first): for mappings known from the kernel's records
+    /// rather than read from `/proc`.
     pub fn capture_live(
         &mut self,
         pid: u32,
         tid: u32,
         maps: &[Mapping],
     ) -> HashMap<u64, Arc<CapturedFile>> {
-        let got = self.capture(&proc_dir(pid, None), maps);
-        if !got.is_empty() || tid == pid || tid == 0 {
+        let got = self.capture(&proc_dir(pid), maps);
+        // Nothing to capture (JIT code) is no sign of a leader gone.
+        if !got.is_empty() || !maps.iter().any(capturable) {
             return got;
         }
-        self.capture(&proc_dir(pid, Some(tid)), maps)
+        match thread_dirs(pid, tid).next() {
+            Some(dir) => self.capture(&dir, maps),
+            None => got,
+        }
     }
 
     /// Closes the files nothing else holds (every process that mapped them is gone).

@@ -1,6 +1,8 @@
 //! pid → mappings → (object, file offset). Read from `/proc/PID/maps` when a pid is
-//! first seen (and again on a miss); kept after the pid exits so late samples still
-//! resolve. The PMU model fills the same type from the guest's maps.
+//! first seen (and again on a miss), or through a running thread's `/proc/TID` when the
+//! group leader has exited before the other threads ([`ProcessMaps::read_live`]); kept
+//! after the pid exits so late samples still resolve. The PMU model fills the same type
+//! from the guest's maps.
 
 use std::path::{Path, PathBuf};
 
@@ -122,20 +124,28 @@ pub struct ProcessMaps {
 impl ProcessMaps {
     /// `/proc/PID/maps`, parsed.
     pub fn read(pid: u32) -> Result<Self, ProcMapError> {
-        Self::read_from(pid, &proc_dir(pid, None))
+        Self::read_from(pid, &proc_dir(pid))
     }
 
-    /// The maps of process `pid` as thread `tid` sees them: from the process, or from
-    /// the thread when the process's own entry has none (a group leader that exited
-    /// while other threads run is a zombie with an empty `maps`).
+    /// The maps of process `pid` (sampled in its thread `tid`) and the directory they
+    /// were read through, for its `map_files` ([`CapturedFiles::capture`]): `/proc/PID`,
+    /// or, when that reads empty (a group leader that exited while other threads run
+    /// is a zombie with no maps), the first of its other threads' that does not
+    /// (`thread_dirs` below).
     pub fn read_live(pid: u32, tid: u32) -> Result<(Self, PathBuf), ProcMapError> {
-        let dir = proc_dir(pid, None);
+        let dir = proc_dir(pid);
         let maps = Self::read_from(pid, &dir)?;
-        if !maps.mappings.is_empty() || tid == pid || tid == 0 {
+        if !maps.mappings.is_empty() {
             return Ok((maps, dir));
         }
-        let dir = proc_dir(pid, Some(tid));
-        Ok((Self::read_from(pid, &dir)?, dir))
+        for dir in thread_dirs(pid, tid) {
+            // A thread gone (or going) since it was listed reads empty, or not at all.
+            match Self::read_from(pid, &dir) {
+                Ok(m) if !m.mappings.is_empty() => return Ok((m, dir)),
+                _ => {}
+            }
+        }
+        Ok((maps, proc_dir(pid)))
     }
 
     fn read_from(pid: u32, dir: &Path) -> Result<Self, ProcMapError> {
@@ -316,12 +326,34 @@ impl ProcStat {
     }
 }
 
-/// `/proc/PID` or `/proc/PID/task/TID`.
-fn proc_dir(pid: u32, tid: Option<u32>) -> PathBuf {
-    match tid {
-        Some(t) => PathBuf::from(format!("/proc/{pid}/task/{t}")),
-        None => PathBuf::from(format!("/proc/{pid}")),
-    }
+/// `/proc/PID`.
+fn proc_dir(pid: u32) -> PathBuf {
+    PathBuf::from(format!("/proc/{pid}"))
+}
+
+/// The thread ids of process `pid` (`/proc/PID/task`), sorted.
+pub fn threads(pid: u32) -> std::io::Result<Vec<u32>> {
+    let mut tids: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    tids.sort_unstable();
+    Ok(tids)
+}
+
+/// The directories of `pid`'s threads other than its group leader, through which its
+/// address space is read once the leader has exited (a zombie leader's `maps` and
+/// `map_files` are empty while its other threads still run its code): `tid`'s first,
+/// while it is one of them (the thread a sample came from is likely still running),
+/// then the others in `/proc/PID/task`, listed only if needed. Each is `/proc/TID`,
+/// not `/proc/PID/task/TID`, which has no `map_files`; `tid` is taken only while
+/// `/proc/PID/task/TID` exists, so a thread id now used by another process is not.
+fn thread_dirs(pid: u32, tid: u32) -> impl Iterator<Item = PathBuf> {
+    let member = tid != pid && Path::new(&format!("/proc/{pid}/task/{tid}")).exists();
+    let own = member.then_some(tid);
+    let others = std::iter::once_with(move || threads(pid).unwrap_or_default())
+        .flatten()
+        .filter(move |&t| t != pid && t != tid);
+    own.into_iter().chain(others).map(proc_dir)
 }
 
 /// A child of the test that has exited and that nobody has reaped: a zombie, which keeps
@@ -504,6 +536,61 @@ mod tests {
         let (me, by_pid) = (ProcStat::own().unwrap(), ProcStat::of(std::process::id()));
         assert_eq!(Some(me.start), by_pid.map(|s| s.start));
         assert!(!me.exited(), "{me:?}");
+    }
+
+    /// `tests/programs/leader_exit.c`: its main thread left by `pthread_exit` while the
+    /// worker spins, so `/proc/PID/maps` and `map_files` are empty. Read as a sample of
+    /// the worker, of the exited leader, or naming a thread id outside the process, the
+    /// maps come through the worker's `/proc/TID` (which has `map_files`, unlike
+    /// `/proc/PID/task/TID`), and the program's text is captured through it.
+    #[test]
+    fn a_process_whose_leader_exited_is_read_through_a_running_thread() {
+        use crate::procmap::CapturedFiles;
+        let Some(exe) = crate::binary::testbin::debug_build("leader_exit") else {
+            return;
+        };
+        struct Kill(std::process::Child);
+        impl Drop for Kill {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let child = Kill(std::process::Command::new(&exe).arg("30").spawn().unwrap());
+        let pid = child.0.id();
+        let t0 = std::time::Instant::now();
+        while !ProcStat::of(pid).is_some_and(|s| s.state == 'Z' && s.threads == 2) {
+            assert!(
+                t0.elapsed().as_secs() < 30,
+                "{pid}: {:?}",
+                ProcStat::of(pid)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let worker = threads(pid)
+            .unwrap()
+            .into_iter()
+            .find(|&t| t != pid)
+            .unwrap();
+        assert!(ProcessMaps::read(pid).unwrap().mappings.is_empty());
+        let text = |maps: &ProcessMaps| {
+            maps.mappings
+                .iter()
+                .find(|m| m.executable && m.object.display_name() == exe.display().to_string())
+                .cloned()
+        };
+        for tid in [worker, pid, std::process::id()] {
+            let (maps, dir) = ProcessMaps::read_live(pid, tid).unwrap();
+            assert_eq!(dir, proc_dir(worker), "sampled in {tid}");
+            let m = text(&maps).unwrap_or_else(|| panic!("no text of {exe:?} in {maps:?}"));
+            let got = CapturedFiles::default().capture(&dir, [&m]);
+            assert!(
+                got.contains_key(&m.start),
+                "text not captured through {dir:?}"
+            );
+            let got = CapturedFiles::default().capture_live(pid, tid, &maps.mappings);
+            assert!(got.contains_key(&m.start), "capture_live, sampled in {tid}");
+        }
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Collection for real: the eBPF programs load and attach on `cpu-clock` (these machines
 //! have no PMU), samples come home attributed to the right pid and hot function, the run
-//! stops cleanly on duration, command exit and SIGINT, and bad input gets one clear line.
+//! stops cleanly on duration, command exit and SIGINT, and bad input gets one clear line;
+//! a process whose main thread exited before its worker is profiled through the worker.
 //! Root only (BPF); each test prints why it skips otherwise.
 
 use std::ffi::OsStr;
@@ -9,9 +10,11 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use cpi_tests::{
-    assert_one_error_line, busy, busy_cpu, compile_c, cpi_bpf, cpu_heavy, cpu_seconds,
-    exited_unreaped, output_ok, require_root, stdout_json, symbol_address, temp_dir, Zombie,
+    agent, assert_one_error_line, busy, busy_cpu, compile_c, cpi_bpf, cpu_heavy, cpu_seconds,
+    exited_unreaped, output_ok, require_root, stdout_json, stop_agent, store_windows,
+    symbol_address, temp_dir, KillOnDrop, Zombie,
 };
+use cpi_user::procmap::ProcStat;
 use serde_json::Value;
 
 /// Samples per CPU second the run asked for: 1 / mean period of its cpu-clock event
@@ -672,4 +675,143 @@ fn short_lived_children_are_resolved_from_side_band_records() {
         .all(|p| !p["comm"].as_str().unwrap().is_empty()));
     let trues = procs.iter().filter(|p| p["comm"] == "true").count();
     assert!(trues > 10, "{trues} processes named true");
+}
+
+/// `tests/programs/leader_exit.c` started for `seconds`, once its main thread has left
+/// by `pthread_exit` (a zombie leader, the worker running): its `/proc/PID/maps` and
+/// `map_files` read empty from then on.
+fn start_leader_exited(exe: &Path, seconds: &str) -> KillOnDrop {
+    let child = KillOnDrop(
+        Command::new(exe)
+            .arg(seconds)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start leader_exit"),
+    );
+    let pid = child.0.id();
+    let t0 = std::time::Instant::now();
+    while !ProcStat::of(pid).is_some_and(|s| s.state == 'Z' && s.threads == 2) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            ProcStat::of(pid)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child
+}
+
+/// The worker of a [`start_leader_exited`] process in `profile`: its function named, and
+/// its samples' stacks complete through `worker` (its caller), but for those the
+/// profile says it could not complete (`lost.stacks_*`). With the leader's empty maps,
+/// the program's file was not captured, its unwind rules unknown: every stack ended at
+/// `worker_spin` and was called complete.
+fn assert_worker_named_with_stacks(profile: &Value, pid: u32, exe: &Path) {
+    let p = process(profile, pid);
+    assert_eq!(hottest(p, exe)["name"], "worker_spin", "{p:#}");
+    let name = |frame: &Value| {
+        let f = &profile["stack_frames"][frame.as_u64().unwrap() as usize];
+        profile["stack_functions"][f["function"].as_u64().unwrap() as usize]["name"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (mut spin, mut through) = (0, 0);
+    for s in p["stacks"].as_array().expect("stacks") {
+        // Leaf first.
+        let names: Vec<String> = s["frames"].as_array().unwrap().iter().map(name).collect();
+        let Some(i) = names.iter().position(|n| n == "worker_spin") else {
+            continue;
+        };
+        let n = s["samples"].as_u64().unwrap();
+        spin += n;
+        if s["end"] == "complete" && names.get(i + 1).is_some_and(|n| n == "worker") {
+            through += n;
+        }
+    }
+    let lost = &profile["lost"];
+    let incomplete: u64 = [
+        "stacks_truncated",
+        "stacks_unknown_code",
+        "stacks_failed",
+        "stacks_too_costly",
+        "stacks_evicted",
+    ]
+    .iter()
+    .map(|k| lost[k].as_u64().unwrap())
+    .sum();
+    eprintln!(
+        "worker_spin: {spin} samples, {through} complete through worker, \
+         {incomplete} stacks reported incomplete"
+    );
+    assert!(spin > 0, "{p:#}");
+    assert!(
+        spin - through <= incomplete,
+        "{} of {spin} worker_spin stacks not through worker, {incomplete} said incomplete: {p:#}",
+        spin - through
+    );
+}
+
+/// A process whose main thread exited while its worker runs, profiled by pid: read
+/// through the worker's own `/proc/TID` (cpi-user/src/procmap/mod.rs, `read_live`).
+#[test]
+fn a_process_whose_main_thread_exited_is_profiled_through_its_worker() {
+    if !require_root("cpi-bpf --pid") {
+        return;
+    }
+    let Some(exe) = compile_c(
+        "leader_exit.c",
+        &temp_dir("leader-exit"),
+        "leader_exit",
+        &[],
+    ) else {
+        return;
+    };
+    let _serial = cpu_heavy();
+    // Built (on first use) before the program's time starts.
+    let bin = cpi_bpf();
+    let child = start_leader_exited(&exe, "20");
+    let pid = child.0.id();
+    let out = output_ok(Command::new(bin).args([
+        "--pid",
+        &pid.to_string(),
+        "--duration",
+        "2",
+        "--format",
+        "json",
+    ]));
+    drop(child);
+    assert_worker_named_with_stacks(&stdout_json(&out), pid, &exe);
+}
+
+/// The agent, on the same process: its merged windows say the same.
+#[test]
+fn the_agent_profiles_a_process_whose_main_thread_exited() {
+    if !require_root("the agent") {
+        return;
+    }
+    let dir = temp_dir("leader-exit-agent");
+    let Some(exe) = compile_c("leader_exit.c", &dir, "leader_exit", &[]) else {
+        return;
+    };
+    let _serial = cpu_heavy();
+    // Built (on first use) before the program's time starts.
+    cpi_bpf();
+    let child = start_leader_exited(&exe, "60");
+    let pid = child.0.id();
+    let store = dir.join("store");
+    let mut a = agent(&store, &["--pid", &pid.to_string()]);
+    let t0 = std::time::Instant::now();
+    while store_windows(&store).len() < 2 && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let log = stop_agent(&mut a);
+    drop(child);
+    let out = output_ok(
+        Command::new(cpi_bpf())
+            .args(["report", "--format", "json", "--store"])
+            .arg(&store),
+    );
+    assert!(store_windows(&store).len() >= 2, "{log}");
+    assert_worker_named_with_stacks(&stdout_json(&out), pid, &exe);
 }
