@@ -34,9 +34,11 @@ pub enum StackEnd {
     /// The outermost frame was reached (no caller left to find).
     #[default]
     Complete,
-    /// Stopped at the frame limit, the end of the copied stack bytes, or where going on
+    /// Stopped at the frame limit, the end of the copied stack bytes, where going on
     /// would cost too much (unwind rules no compiler writes, cpi-user/src/unwind/cost.rs;
-    /// the collector's unwinding time per pass spent, cpi-user/src/collect/drain.rs).
+    /// the collector's unwinding time per pass spent, cpi-user/src/collect/drain.rs), or
+    /// at a zero frame pointer in a file whose unwind sections were not read (it may go
+    /// on: cpi-user/src/unwind/mod.rs `Stop::Unread`).
     Truncated,
     /// Stopped at code without unwind information (JIT, anonymous memory): the last
     /// frame is where it stopped; nothing past it is invented.
@@ -51,7 +53,9 @@ impl From<crate::unwind::Stop> for StackEnd {
         use crate::unwind::Stop;
         match stop {
             Stop::Root => StackEnd::Complete,
-            Stop::FrameLimit | Stop::EndOfCopy | Stop::CostlyRules => StackEnd::Truncated,
+            Stop::FrameLimit | Stop::EndOfCopy | Stop::CostlyRules | Stop::Unread => {
+                StackEnd::Truncated
+            }
             Stop::UnknownCode => StackEnd::UnknownCode,
             Stop::Unreadable | Stop::BadUnwind => StackEnd::Error,
         }

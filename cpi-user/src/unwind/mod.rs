@@ -66,6 +66,23 @@ pub enum Stop {
     /// compiler's output (cpi-user/src/unwind/cost.rs): the stack ends at that frame,
     /// which is real (an IP, or a return address its callee's rules gave).
     CostlyRules,
+    /// The frame-pointer chain ended (a zero frame pointer) at a frame in a file whose
+    /// unwind sections were not read (not captured, not found, past the byte bound):
+    /// code built without frame pointers leaves anything in `rbp`, so the stack may go
+    /// on past it. Only a file read and found without unwind sections (built with frame
+    /// pointers, as Go's are) ends a stack at [`Stop::Root`] this way.
+    Unread,
+}
+
+/// What a module's frames are unwound with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Rules {
+    /// Its `.eh_frame`, or frame pointers in a file read and found without one.
+    Read,
+    /// None: its rules cost too much to evaluate ([`Stop::CostlyRules`]).
+    Costly,
+    /// Frame pointers, its file's unwind sections not read ([`Stop::Unread`]).
+    Unread,
 }
 
 /// The registers and stack bytes of one sample.
@@ -353,9 +370,9 @@ struct ProcessUnwinder {
     unwinder: UnwinderX86_64<SectionData>,
     /// The generation (a count of [`GENERATIONS`]) `unwinder` was given last.
     generation: u64,
-    /// Sorted by start (the maps' order): also where unwinding may continue; whether
-    /// the module's rules cost too much to evaluate ([`Stop::CostlyRules`]).
-    modules: Vec<(ModuleKey, bool)>,
+    /// Sorted by start (the maps' order): also where unwinding may continue; what the
+    /// module's frames are unwound with.
+    modules: Vec<(ModuleKey, Rules)>,
     /// Address ranges whose mappings changed since the modules were made
     /// ([`StackUnwinder::maps_changed`]).
     pending: Vec<Range<u64>>,
@@ -653,12 +670,13 @@ impl StackUnwinder {
             Some(c) => c.get(proc.generation),
             None => self.cache.get(proc.generation),
         };
-        // The module `a` is in, by whether its rules cost too much.
+        // The rules of the module `a` is in.
         let module_of = |a: u64| {
             let i = proc.modules.partition_point(|(m, _)| m.0 <= a);
-            let (m, costly) = proc.modules.get(i.checked_sub(1)?)?;
-            (m.0..m.1).contains(&a).then_some(*costly)
+            let (m, rules) = proc.modules.get(i.checked_sub(1)?)?;
+            (m.0..m.1).contains(&a).then_some(*rules)
         };
+        let mut last = None;
         let end = regs.sp.saturating_add(stack.len() as u64);
         let mut read = |addr: u64| -> Result<u64, ()> {
             let off = addr.checked_sub(regs.sp).ok_or(())? as usize;
@@ -680,16 +698,18 @@ impl StackUnwinder {
                         FrameAddress::InstructionPointer(a) => a,
                         FrameAddress::ReturnAddress(_) => f.address_for_lookup(),
                     };
-                    match module_of(lookup) {
+                    last = module_of(lookup);
+                    match last {
                         None => break Stop::UnknownCode,
                         // The next step would evaluate this frame's rules.
-                        Some(true) => break Stop::CostlyRules,
-                        Some(false) => {}
+                        Some(Rules::Costly) => break Stop::CostlyRules,
+                        Some(_) => {}
                     }
                     if frames.len() >= self.max_frames {
                         break Stop::FrameLimit;
                     }
                 }
+                Ok(None) if last == Some(Rules::Unread) => break Stop::Unread,
                 Ok(None) => break Stop::Root,
                 Err(FrameError::CouldNotReadStack(a)) => {
                     break if copied_in_full && a >= end {
@@ -728,8 +748,8 @@ impl StackUnwinder {
             for m in maps.mappings[lo..].iter().take_while(|m| m.start < r.end) {
                 let Some(k) = module_key(m) else { continue };
                 if let Err(i) = p.modules.binary_search_by_key(&k, |(k, _)| *k) {
-                    let (module, costly) = self.module(pid, m, files);
-                    p.modules.insert(i, (k, costly));
+                    let (module, rules) = self.module(pid, m, files);
+                    p.modules.insert(i, (k, rules));
                     p.add_module(module);
                 }
             }
@@ -738,14 +758,14 @@ impl StackUnwinder {
     }
 
     /// The module of executable file mapping `m`: its unwind sections, else frame
-    /// pointers; and whether its rules cost too much to evaluate (then framehop is not
-    /// given them either).
+    /// pointers; and what its frames are unwound with (rules that cost too much to
+    /// evaluate are not given to framehop either).
     fn module(
         &mut self,
         pid: u32,
         m: &Mapping,
         files: &HashMap<u64, Arc<CapturedFile>>,
-    ) -> (Module<SectionData>, bool) {
+    ) -> (Module<SectionData>, Rules) {
         let path = match &m.object {
             MappedObject::File { path, .. } => path.as_path(),
             _ => std::path::Path::new(""),
@@ -770,17 +790,21 @@ impl StackUnwinder {
             }
         };
         let costly = sections.as_ref().is_some_and(|s| s.costly.is_some());
-        let (base, info) = match sections
+        let (base, info, rules) = match sections
             .as_ref()
             .filter(|_| !costly)
             .and_then(|s| Some((s.base_avma(m.start, m.offset)?, s.module_info())))
         {
-            Some(x) => x,
+            Some((base, info)) => (base, info, Rules::Read),
             // No unwind information: frame pointers.
-            None => (m.start, ExplicitModuleSectionInfo::default()),
+            None => (
+                m.start,
+                ExplicitModuleSectionInfo::default(),
+                if costly { Rules::Costly } else { Rules::Unread },
+            ),
         };
         let module = Module::new(path.display().to_string(), m.start..m.end, base, info);
-        (module, costly)
+        (module, rules)
     }
 
     /// The sections read for file `key` (`Some(None)`: it has none), a use.
@@ -1287,6 +1311,40 @@ mod tests {
         };
         let (frames, stop) = u.unwind(1, &maps, &files, regs, &stack_of(&[0; 8]), false);
         assert_eq!((frames, stop), (vec![BASE + 0x10], Stop::UnknownCode));
+    }
+
+    /// A zero frame pointer ends the stack as complete only in a file read and found
+    /// without unwind sections (built with frame pointers); in a file not read — not
+    /// captured, or not an ELF file — `rbp` may hold anything, and the stack may go on.
+    #[test]
+    fn a_zero_frame_pointer_is_the_root_only_in_a_file_read() {
+        let regs = UserRegs {
+            ip: BASE + 0x100,
+            sp: SP,
+            bp: 0,
+        };
+        let stack = stack_of(&[0; 8]);
+        let stop = |maps: &ProcessMaps, files: &HashMap<u64, Arc<CapturedFile>>| {
+            let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+            u.unwind(1, maps, files, regs, &stack, true)
+        };
+        let bare = temp("true-no-eh-frame", b"");
+        let out = std::process::Command::new("objcopy")
+            .args(["--remove-section", ".eh_frame", "--remove-section"])
+            .args([".eh_frame_hdr", "/usr/bin/true"])
+            .arg(&bare)
+            .output()
+            .expect("binutils' objcopy");
+        assert!(out.status.success(), "{out:?}");
+        let (maps, files) = process(Some(&bare));
+        assert_eq!(stop(&maps, &files), (vec![BASE + 0x100], Stop::Root));
+        assert_eq!(
+            stop(&maps, &HashMap::new()),
+            (vec![BASE + 0x100], Stop::Unread),
+            "not captured"
+        );
+        let (maps, files) = process(Some(&temp("not-elf-3", &[0x90; 0x2000])));
+        assert_eq!(stop(&maps, &files), (vec![BASE + 0x100], Stop::Unread));
     }
 
     #[test]
