@@ -209,8 +209,14 @@ struct FnEntry {
 
 /// The name is `func_<start in hex>`.
 const NAME_SYNTH: u32 = u32::MAX;
-/// The name is held on the heap (PLT pseudo-functions; names past 2 GiB into a file).
+/// The name is held on the heap (PLT pseudo-functions; names past 2 GiB into a file,
+/// or longer than [`MAX_MAPPED_NAME`]).
 const NAME_OWNED: u32 = 1 << 31;
+/// Longest name read from the mapping: longer ones are held on the heap when the table
+/// is built, so a mapped name is cut here only if its file was rewritten in place since
+/// (its NUL overwritten by its owner). Without the cut each such name ran to the end of
+/// the file: a copy of the rest of the file (up to 2 GiB) per function named.
+const MAX_MAPPED_NAME: usize = 16 << 10;
 
 /// An executable segment's bytes: a range of the file.
 #[derive(Clone, Copy, Debug)]
@@ -394,7 +400,7 @@ impl Tables {
                     let at = offset_in(data, n.as_bytes())
                         .or_else(|| Some(data.len() + offset_in(debug?, n.as_bytes())?));
                     match at.and_then(|o| u32::try_from(o).ok()) {
-                        Some(off) if off < NAME_OWNED => off,
+                        Some(off) if off < NAME_OWNED && n.len() <= MAX_MAPPED_NAME => off,
                         _ => {
                             owned_names.push(n.as_ref().into());
                             NAME_OWNED | (owned_names.len() - 1) as u32
@@ -677,6 +683,7 @@ impl Binary {
                 .and_then(|d| d.get(o..))
                 .unwrap_or_default(),
         };
+        let d = &d[..d.len().min(MAX_MAPPED_NAME)];
         &d[..d.iter().position(|&b| b == 0).unwrap_or(d.len())]
     }
 
@@ -1126,6 +1133,41 @@ mod tests {
             let e = full.function_by_name("exported_entry").unwrap();
             assert_eq!(s.function_at(e.start).unwrap().name, "exported_entry");
         }
+    }
+
+    /// A user rewriting, in place, a binary the agent has mapped: names read after
+    /// that stay bounded (before the cut, every name ran to the end of the file).
+    #[test]
+    fn names_rewritten_in_place_stay_bounded() {
+        use std::io::{Seek, SeekFrom, Write};
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let dir = std::env::temp_dir().join(format!("cpi-rewrite-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("bin");
+        let mut bytes = std::fs::read(&t.plain).unwrap();
+        // Room past the names for a run-on name longer than the cut.
+        bytes.resize(bytes.len() + 4 * MAX_MAPPED_NAME, 0);
+        std::fs::write(&p, &bytes).unwrap();
+        let bin = Binary::open(&p).unwrap();
+        let (i, off) = bin
+            .functions
+            .iter()
+            .enumerate()
+            .find_map(|(i, e)| (e.name & NAME_OWNED == 0).then_some((i, e.name)))
+            .expect("a name in the mapping");
+        let honest = bin.function(i).unwrap().name;
+        let mut f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.seek(SeekFrom::Start(u64::from(off))).unwrap();
+        f.write_all(&vec![b'A'; bytes.len() - off as usize])
+            .unwrap();
+        drop(f);
+        let rewritten = bin.function(i).unwrap().name;
+        assert!(rewritten.starts_with(&"A".repeat(honest.len())), "{honest}");
+        assert_eq!(rewritten.len(), MAX_MAPPED_NAME);
+        assert!(!bin.truncated());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
