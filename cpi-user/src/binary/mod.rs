@@ -30,6 +30,10 @@
 //! such a read gets zeros instead and [`Binary::truncated`] says so: the symbolizer then
 //! drops the binary and counts its samples as unusable. Files are opened with
 //! cpi-user/src/fsafe/mod.rs (never blocking, regular files only).
+//!
+//! A file its owner rewrites in place (same inode) is read as it is at each read: names
+//! may come out wrong, but a name is cut at `MAX_MAPPED_NAME` and copied before it is
+//! checked as UTF-8 (`copied_utf8`), as are source file names ([`lines`](mod@lines)).
 
 pub mod cfg;
 pub mod debugfile;
@@ -402,7 +406,7 @@ impl Tables {
                     match at.and_then(|o| u32::try_from(o).ok()) {
                         Some(off) if off < NAME_OWNED && n.len() <= MAX_MAPPED_NAME => off,
                         _ => {
-                            owned_names.push(n.as_ref().into());
+                            owned_names.push(copied_utf8(n.as_bytes()).into());
                             NAME_OWNED | (owned_names.len() - 1) as u32
                         }
                     }
@@ -424,6 +428,15 @@ impl Tables {
             code,
         })
     }
+}
+
+/// `bytes` of the mapping as a `String`, copied first and checked after: its owner can
+/// rewrite the file at any time, so bytes checked in place (`from_utf8_lossy` then
+/// `into_owned`) could be invalid UTF-8 by the time they are copied, and a `String`
+/// that is not UTF-8 is undefined behaviour wherever its chars are read.
+fn copied_utf8(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec())
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// Offset of `part` in `whole` when `part` is a slice of it (names and section data
@@ -691,7 +704,7 @@ impl Binary {
         match e.name {
             NAME_SYNTH => format!("func_{:x}", e.start),
             n if n & NAME_OWNED != 0 => self.owned_names[(n & !NAME_OWNED) as usize].to_string(),
-            off => String::from_utf8_lossy(self.mapped_name(off)).into_owned(),
+            off => copied_utf8(self.mapped_name(off)),
         }
     }
 
@@ -1167,6 +1180,46 @@ mod tests {
         assert!(rewritten.starts_with(&"A".repeat(honest.len())), "{honest}");
         assert_eq!(rewritten.len(), MAX_MAPPED_NAME);
         assert!(!bin.truncated());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A name rewritten while it is read is still UTF-8: its bytes alternate between
+    /// `é` and an invalid sequence while the symbolizer names the function.
+    #[test]
+    fn names_rewritten_while_read_are_utf8() {
+        use std::os::unix::fs::FileExt;
+        use std::sync::atomic::AtomicBool;
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let dir = std::env::temp_dir().join(format!("cpi-utf8-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("bin");
+        std::fs::copy(&t.plain, &p).unwrap();
+        let bin = Binary::open(&p).unwrap();
+        let (i, off) = bin
+            .functions
+            .iter()
+            .enumerate()
+            .find_map(|(i, e)| (e.name & NAME_OWNED == 0).then_some((i, e.name)))
+            .expect("a name in the mapping");
+        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
+        f.write_at(b"\xc3\xa9", u64::from(off)).unwrap();
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    f.write_at(b"A", u64::from(off) + 1).unwrap();
+                    f.write_at(b"\xa9", u64::from(off) + 1).unwrap();
+                }
+            });
+            let invalid = (0..2_000_000)
+                .map(|_| bin.function(i).unwrap().name)
+                .filter(|n| std::str::from_utf8(n.as_bytes()).is_err())
+                .count();
+            stop.store(true, Ordering::Relaxed);
+            assert_eq!(invalid, 0, "names that are not UTF-8");
+        });
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
