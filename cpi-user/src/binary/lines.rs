@@ -115,24 +115,19 @@ fn context(data: &[u8]) -> Option<addr2line::Context<EndianSlice<'_, RunTimeEndi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::binary::testbin::debug_build;
+    use crate::binary::testbin::{debug_build, Scratch};
 
-    /// A source file name rewritten while a line is looked up is still UTF-8: a byte of
-    /// the name alternates between the second byte of `é` and `A` meanwhile.
+    /// A source file name rewritten while a line is looked up is still UTF-8
+    /// ([`Scratch::flipping`]).
     #[test]
     fn file_names_rewritten_while_read_are_utf8() {
-        use std::os::unix::fs::FileExt;
-        use std::sync::atomic::{AtomicBool, Ordering};
         let Some(exe) = debug_build("analysis_loops") else {
             return;
         };
-        let dir = std::env::temp_dir().join(format!("cpi-lines-utf8-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("bin");
-        std::fs::copy(&exe, &p).unwrap();
-        let bin = Binary::open(&p).unwrap();
+        let s = Scratch::copy(&exe, "lines-utf8", 0);
+        let bin = Binary::open(&s.path).unwrap();
         let at = bin.function_by_name("main").unwrap().start;
-        let data = std::fs::read(&p).unwrap();
+        let data = std::fs::read(&s.path).unwrap();
         let name = b"analysis_loops.c\0";
         // Every copy of it: the unit's name, the line table's, the symbol table's.
         let offs: Vec<u64> = (0..data.len() - name.len())
@@ -140,32 +135,17 @@ mod tests {
             .map(|i| i as u64)
             .collect();
         assert!(!offs.is_empty(), "the unit's file name");
-        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-        for &off in &offs {
-            f.write_at(b"\xc3\xa9", off).unwrap();
-        }
-        let stop = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                while !stop.load(Ordering::Relaxed) {
-                    for b in [b"A", b"\xa9"] {
-                        for &off in &offs {
-                            f.write_at(b, off + 1).unwrap();
-                        }
-                    }
-                }
-            });
-            let (mut found, mut invalid) = (0, 0);
-            for _ in 0..20_000 {
-                if let Some(l) = SourceLines::new(&bin).at(at) {
-                    found += 1;
-                    invalid += usize::from(std::str::from_utf8(l.file.as_bytes()).is_err());
-                }
-            }
-            stop.store(true, Ordering::Relaxed);
-            assert!(found > 0, "no source line for main");
-            assert_eq!(invalid, 0, "file names that are not UTF-8, of {found}");
+        let (found, invalid) = s.flipping(&offs, || {
+            let lines: Vec<SourceLine> = (0..20_000)
+                .filter_map(|_| SourceLines::new(&bin).at(at))
+                .collect();
+            let invalid = lines
+                .iter()
+                .filter(|l| std::str::from_utf8(l.file.as_bytes()).is_err())
+                .count();
+            (lines.len(), invalid)
         });
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(found > 0, "no source line for main");
+        assert_eq!(invalid, 0, "file names that are not UTF-8, of {found}");
     }
 }

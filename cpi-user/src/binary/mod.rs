@@ -1043,7 +1043,7 @@ pub(crate) mod testbin;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use testbin::TestProgram;
+    use testbin::{Scratch, TestProgram};
 
     #[test]
     fn not_elf_and_truncated_elf_are_errors() {
@@ -1148,79 +1148,57 @@ mod tests {
         }
     }
 
+    /// The first function whose name lies in the mapping, and the name's file offset.
+    fn mapped_name_at(bin: &Binary) -> (usize, u64) {
+        bin.functions
+            .iter()
+            .enumerate()
+            .find_map(|(i, e)| (e.name & NAME_OWNED == 0).then_some((i, u64::from(e.name))))
+            .expect("a name in the mapping")
+    }
+
     /// A user rewriting, in place, a binary the agent has mapped: names read after
     /// that stay bounded (before the cut, every name ran to the end of the file).
     #[test]
     fn names_rewritten_in_place_stay_bounded() {
-        use std::io::{Seek, SeekFrom, Write};
+        use std::os::unix::fs::FileExt;
         let Some(t) = TestProgram::get("analysis_loops") else {
             return;
         };
-        let dir = std::env::temp_dir().join(format!("cpi-rewrite-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("bin");
-        let mut bytes = std::fs::read(&t.plain).unwrap();
         // Room past the names for a run-on name longer than the cut.
-        bytes.resize(bytes.len() + 4 * MAX_MAPPED_NAME, 0);
-        std::fs::write(&p, &bytes).unwrap();
-        let bin = Binary::open(&p).unwrap();
-        let (i, off) = bin
-            .functions
-            .iter()
-            .enumerate()
-            .find_map(|(i, e)| (e.name & NAME_OWNED == 0).then_some((i, e.name)))
-            .expect("a name in the mapping");
+        let s = Scratch::copy(&t.plain, "rewrite", 4 * MAX_MAPPED_NAME);
+        let bin = Binary::open(&s.path).unwrap();
+        let (i, off) = mapped_name_at(&bin);
         let honest = bin.function(i).unwrap().name;
-        let mut f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-        f.seek(SeekFrom::Start(u64::from(off))).unwrap();
-        f.write_all(&vec![b'A'; bytes.len() - off as usize])
+        let len = std::fs::metadata(&s.path).unwrap().len();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&s.path)
             .unwrap();
-        drop(f);
+        f.write_all_at(&vec![b'A'; (len - off) as usize], off)
+            .unwrap();
         let rewritten = bin.function(i).unwrap().name;
         assert!(rewritten.starts_with(&"A".repeat(honest.len())), "{honest}");
         assert_eq!(rewritten.len(), MAX_MAPPED_NAME);
         assert!(!bin.truncated());
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
-    /// A name rewritten while it is read is still UTF-8: its bytes alternate between
-    /// `é` and an invalid sequence while the symbolizer names the function.
+    /// A name rewritten while it is read is still UTF-8 ([`Scratch::flipping`]).
     #[test]
     fn names_rewritten_while_read_are_utf8() {
-        use std::os::unix::fs::FileExt;
-        use std::sync::atomic::AtomicBool;
         let Some(t) = TestProgram::get("analysis_loops") else {
             return;
         };
-        let dir = std::env::temp_dir().join(format!("cpi-utf8-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join("bin");
-        std::fs::copy(&t.plain, &p).unwrap();
-        let bin = Binary::open(&p).unwrap();
-        let (i, off) = bin
-            .functions
-            .iter()
-            .enumerate()
-            .find_map(|(i, e)| (e.name & NAME_OWNED == 0).then_some((i, e.name)))
-            .expect("a name in the mapping");
-        let f = std::fs::OpenOptions::new().write(true).open(&p).unwrap();
-        f.write_at(b"\xc3\xa9", u64::from(off)).unwrap();
-        let stop = AtomicBool::new(false);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                while !stop.load(Ordering::Relaxed) {
-                    f.write_at(b"A", u64::from(off) + 1).unwrap();
-                    f.write_at(b"\xa9", u64::from(off) + 1).unwrap();
-                }
-            });
-            let invalid = (0..2_000_000)
+        let s = Scratch::copy(&t.plain, "utf8", 0);
+        let bin = Binary::open(&s.path).unwrap();
+        let (i, off) = mapped_name_at(&bin);
+        let invalid = s.flipping(&[off], || {
+            (0..2_000_000)
                 .map(|_| bin.function(i).unwrap().name)
                 .filter(|n| std::str::from_utf8(n.as_bytes()).is_err())
-                .count();
-            stop.store(true, Ordering::Relaxed);
-            assert_eq!(invalid, 0, "names that are not UTF-8");
+                .count()
         });
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(invalid, 0, "names that are not UTF-8");
     }
 
     #[test]
