@@ -140,9 +140,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
         }
     }
     let ticks = cpi_user::procmap::ProcStat::of(pid)?.cpu_ticks as f64;
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Some(ticks / hz)
+    Some(ticks / cpi_user::agent::clock_ticks_per_second())
 }
 
 /// Runs a command to completion, asserting it succeeded (its stderr is the message).

@@ -426,12 +426,8 @@ impl AgentOptions {
             let cpus = collect::target::online_cpus().len() as u64;
             collect::default_ring_mib(RING_HOLDS, frequency, cpus)
         });
-        if ring_mib == 0 || !ring_mib.is_power_of_two() || ring_mib > 1024 {
-            return Err(bad(
-                "ring-buffer-mib",
-                "must be a power of two between 1 and 1024",
-            ));
-        }
+        let ring_bytes =
+            collect::ring_bytes(ring_mib).map_err(|e| bad("ring-buffer-mib", e.to_string()))?;
         let log_level = self.log_level.unwrap_or_else(|| "info".into());
         let log_level = ["error", "warn", "info", "debug", "trace"]
             .contains(&log_level.as_str())
@@ -472,7 +468,7 @@ impl AgentOptions {
             include_kernel: self.include_kernel.unwrap_or(false),
             stacks: self.stacks.unwrap_or(true),
             source_lines: self.source_lines.unwrap_or(false),
-            ring_bytes: ring_mib << 20,
+            ring_bytes,
             log_level,
         })
     }
@@ -694,6 +690,13 @@ mod tests {
                     ..Default::default()
                 },
                 "kubernetes: is off, but --pod",
+            ),
+            (
+                AgentOptions {
+                    ring_buffer_mib: Some(3),
+                    ..Default::default()
+                },
+                "ring-buffer-mib: must be a power of two between 1 and 1024",
             ),
             (
                 AgentOptions {

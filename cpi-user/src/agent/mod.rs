@@ -51,6 +51,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use error::AgentError;
+pub use sys::clock_ticks_per_second;
 
 use crate::binary::{Symbolizer, SymbolizerOptions};
 use crate::collect::events::Rate;
@@ -557,17 +558,7 @@ fn usage(s: &Session) -> Usage {
 
 /// utime + stime of this process, all threads (`/proc/self/stat`).
 pub fn self_cpu_seconds() -> Option<f64> {
-    Some(ProcStat::own()?.cpu_ticks as f64 / clock_ticks())
-}
-
-fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if hz > 0 {
-        hz as f64
-    } else {
-        100.0
-    }
+    Some(ProcStat::own()?.cpu_ticks as f64 / clock_ticks_per_second())
 }
 
 /// Processes the agent holds state for, keyed by (pid, start time).

@@ -1,5 +1,6 @@
 //! The agent's calls into the C library: the glibc allocator's tuning
-//! (`mallopt`, `malloc_trim`). On other C libraries they do nothing.
+//! (`mallopt`, `malloc_trim`; on other C libraries they do nothing), and the clock tick
+//! `/proc` counts CPU time in (`sysconf(_SC_CLK_TCK)`).
 
 /// Gives the heap pages a window's analysis freed back to the system. glibc keeps freed
 /// memory in its arenas, so without this the agent's resident set would stay at the high
@@ -24,5 +25,17 @@ pub fn one_heap_arena() {
     #[cfg(target_env = "gnu")]
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
+/// Clock ticks a second: the unit of `/proc/PID/stat`'s utime and stime (100 on Linux
+/// whatever the kernel's HZ; 100 if `sysconf` fails).
+pub fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if hz > 0 {
+        hz as f64
+    } else {
+        100.0
     }
 }

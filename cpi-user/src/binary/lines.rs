@@ -40,7 +40,10 @@ impl<'a> SourceLines<'a> {
     pub fn at(&self, vaddr: u64) -> Option<SourceLine> {
         let loc = self.ctx.as_ref()?.find_location(vaddr).ok()??;
         Some(SourceLine {
-            file: loc.file?.to_string(),
+            // addr2line checks a name's bytes in the mapping, then copies them: a file
+            // rewritten meanwhile leaves its string invalid UTF-8 (module documentation
+            // of cpi-user/src/binary/mod.rs), so it is checked again, after the copy.
+            file: super::copied_utf8(loc.file?.as_bytes()),
             line: loc.line.filter(|&l| l > 0)?,
         })
     }
@@ -107,4 +110,42 @@ fn context(data: &[u8]) -> Option<addr2line::Context<EndianSlice<'_, RunTimeEndi
     };
     let dwarf = gimli::Dwarf::load(section).ok()?;
     addr2line::Context::from_dwarf(dwarf).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::binary::testbin::{debug_build, Scratch};
+
+    /// A source file name rewritten while a line is looked up is still UTF-8
+    /// ([`Scratch::flipping`]).
+    #[test]
+    fn file_names_rewritten_while_read_are_utf8() {
+        let Some(exe) = debug_build("analysis_loops") else {
+            return;
+        };
+        let s = Scratch::copy(&exe, "lines-utf8", 0);
+        let bin = Binary::open(&s.path).unwrap();
+        let at = bin.function_by_name("main").unwrap().start;
+        let data = std::fs::read(&s.path).unwrap();
+        let name = b"analysis_loops.c\0";
+        // Every copy of it: the unit's name, the line table's, the symbol table's.
+        let offs: Vec<u64> = (0..data.len() - name.len())
+            .filter(|&i| data[i..].starts_with(name))
+            .map(|i| i as u64)
+            .collect();
+        assert!(!offs.is_empty(), "the unit's file name");
+        let (found, invalid) = s.flipping(&offs, || {
+            let lines: Vec<SourceLine> = (0..20_000)
+                .filter_map(|_| SourceLines::new(&bin).at(at))
+                .collect();
+            let invalid = lines
+                .iter()
+                .filter(|l| std::str::from_utf8(l.file.as_bytes()).is_err())
+                .count();
+            (lines.len(), invalid)
+        });
+        assert!(found > 0, "no source line for main");
+        assert_eq!(invalid, 0, "file names that are not UTF-8, of {found}");
+    }
 }

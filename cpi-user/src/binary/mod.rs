@@ -30,6 +30,10 @@
 //! such a read gets zeros instead and [`Binary::truncated`] says so: the symbolizer then
 //! drops the binary and counts its samples as unusable. Files are opened with
 //! cpi-user/src/fsafe/mod.rs (never blocking, regular files only).
+//!
+//! A file its owner rewrites in place (same inode) is read as it is at each read: names
+//! may come out wrong, but a name is cut at `MAX_MAPPED_NAME` and copied before it is
+//! checked as UTF-8 (`copied_utf8`), as are source file names ([`lines`](mod@lines)).
 
 pub mod cfg;
 pub mod debugfile;
@@ -209,8 +213,14 @@ struct FnEntry {
 
 /// The name is `func_<start in hex>`.
 const NAME_SYNTH: u32 = u32::MAX;
-/// The name is held on the heap (PLT pseudo-functions; names past 2 GiB into a file).
+/// The name is held on the heap (PLT pseudo-functions; names past 2 GiB into a file,
+/// or longer than [`MAX_MAPPED_NAME`]).
 const NAME_OWNED: u32 = 1 << 31;
+/// Longest name read from the mapping: longer ones are held on the heap when the table
+/// is built, so a mapped name is cut here only if its file was rewritten in place since
+/// (its NUL overwritten by its owner). Without the cut each such name ran to the end of
+/// the file: a copy of the rest of the file (up to 2 GiB) per function named.
+const MAX_MAPPED_NAME: usize = 16 << 10;
 
 /// An executable segment's bytes: a range of the file.
 #[derive(Clone, Copy, Debug)]
@@ -394,9 +404,9 @@ impl Tables {
                     let at = offset_in(data, n.as_bytes())
                         .or_else(|| Some(data.len() + offset_in(debug?, n.as_bytes())?));
                     match at.and_then(|o| u32::try_from(o).ok()) {
-                        Some(off) if off < NAME_OWNED => off,
+                        Some(off) if off < NAME_OWNED && n.len() <= MAX_MAPPED_NAME => off,
                         _ => {
-                            owned_names.push(n.as_ref().into());
+                            owned_names.push(copied_utf8(n.as_bytes()).into());
                             NAME_OWNED | (owned_names.len() - 1) as u32
                         }
                     }
@@ -418,6 +428,15 @@ impl Tables {
             code,
         })
     }
+}
+
+/// `bytes` of the mapping as a `String`, copied first and checked after: its owner can
+/// rewrite the file at any time, so bytes checked in place (`from_utf8_lossy` then
+/// `into_owned`) could be invalid UTF-8 by the time they are copied, and a `String`
+/// that is not UTF-8 is undefined behaviour wherever its chars are read.
+fn copied_utf8(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec())
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// Offset of `part` in `whole` when `part` is a slice of it (names and section data
@@ -677,6 +696,7 @@ impl Binary {
                 .and_then(|d| d.get(o..))
                 .unwrap_or_default(),
         };
+        let d = &d[..d.len().min(MAX_MAPPED_NAME)];
         &d[..d.iter().position(|&b| b == 0).unwrap_or(d.len())]
     }
 
@@ -684,7 +704,7 @@ impl Binary {
         match e.name {
             NAME_SYNTH => format!("func_{:x}", e.start),
             n if n & NAME_OWNED != 0 => self.owned_names[(n & !NAME_OWNED) as usize].to_string(),
-            off => String::from_utf8_lossy(self.mapped_name(off)).into_owned(),
+            off => copied_utf8(self.mapped_name(off)),
         }
     }
 
@@ -1023,7 +1043,7 @@ pub(crate) mod testbin;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use testbin::TestProgram;
+    use testbin::{Scratch, TestProgram};
 
     #[test]
     fn not_elf_and_truncated_elf_are_errors() {
@@ -1126,6 +1146,59 @@ mod tests {
             let e = full.function_by_name("exported_entry").unwrap();
             assert_eq!(s.function_at(e.start).unwrap().name, "exported_entry");
         }
+    }
+
+    /// The first function whose name lies in the mapping, and the name's file offset.
+    fn mapped_name_at(bin: &Binary) -> (usize, u64) {
+        bin.functions
+            .iter()
+            .enumerate()
+            .find_map(|(i, e)| (e.name & NAME_OWNED == 0).then_some((i, u64::from(e.name))))
+            .expect("a name in the mapping")
+    }
+
+    /// A user rewriting, in place, a binary the agent has mapped: names read after
+    /// that stay bounded (before the cut, every name ran to the end of the file).
+    #[test]
+    fn names_rewritten_in_place_stay_bounded() {
+        use std::os::unix::fs::FileExt;
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        // Room past the names for a run-on name longer than the cut.
+        let s = Scratch::copy(&t.plain, "rewrite", 4 * MAX_MAPPED_NAME);
+        let bin = Binary::open(&s.path).unwrap();
+        let (i, off) = mapped_name_at(&bin);
+        let honest = bin.function(i).unwrap().name;
+        let len = std::fs::metadata(&s.path).unwrap().len();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&s.path)
+            .unwrap();
+        f.write_all_at(&vec![b'A'; (len - off) as usize], off)
+            .unwrap();
+        let rewritten = bin.function(i).unwrap().name;
+        assert!(rewritten.starts_with(&"A".repeat(honest.len())), "{honest}");
+        assert_eq!(rewritten.len(), MAX_MAPPED_NAME);
+        assert!(!bin.truncated());
+    }
+
+    /// A name rewritten while it is read is still UTF-8 ([`Scratch::flipping`]).
+    #[test]
+    fn names_rewritten_while_read_are_utf8() {
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let s = Scratch::copy(&t.plain, "utf8", 0);
+        let bin = Binary::open(&s.path).unwrap();
+        let (i, off) = mapped_name_at(&bin);
+        let invalid = s.flipping(&[off], || {
+            (0..2_000_000)
+                .map(|_| bin.function(i).unwrap().name)
+                .filter(|n| std::str::from_utf8(n.as_bytes()).is_err())
+                .count()
+        });
+        assert_eq!(invalid, 0, "names that are not UTF-8");
     }
 
     #[test]

@@ -95,3 +95,57 @@ pub fn maps_for(
     text += "7fff00000000-7fff00002000 r-xp 00000000 00:00 0 [vdso]\n";
     crate::procmap::ProcessMaps::parse(&text).expect("well-formed maps")
 }
+
+/// A copy of `src` with `pad` zero bytes appended, in a fresh directory named after
+/// `tag` (removed on drop): a file a test may rewrite under a live `Binary`.
+pub struct Scratch {
+    pub dir: PathBuf,
+    pub path: PathBuf,
+}
+
+impl Scratch {
+    pub fn copy(src: &Path, tag: &str, pad: usize) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("cpi-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bin");
+        let mut bytes = std::fs::read(src).unwrap();
+        bytes.resize(bytes.len() + pad, 0);
+        std::fs::write(&path, &bytes).unwrap();
+        Scratch { dir, path }
+    }
+
+    /// Runs `read` while another thread rewrites the file in place: at each of `offs`
+    /// the two bytes of `é`, whose second byte alternates with `A` (invalid UTF-8).
+    pub fn flipping<T>(&self, offs: &[u64], read: impl FnOnce() -> T) -> T {
+        use std::os::unix::fs::FileExt;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.path)
+            .unwrap();
+        for &off in offs {
+            f.write_at(b"\xc3\xa9", off).unwrap();
+        }
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    for b in [b"A", b"\xa9"] {
+                        for &off in offs {
+                            f.write_at(b, off + 1).unwrap();
+                        }
+                    }
+                }
+            });
+            let r = read();
+            stop.store(true, Ordering::Relaxed);
+            r
+        })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

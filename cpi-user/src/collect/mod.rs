@@ -285,6 +285,26 @@ pub fn default_ring_mib(holds: Duration, frequency: u64, cpus: u64) -> u32 {
     mib
 }
 
+/// Largest `--ring-buffer-mib`: 1 GiB, whose byte count still fits
+/// [`CollectOptions::ring_bytes`].
+pub const MAX_RING_MIB: u32 = 1024;
+
+/// A `--ring-buffer-mib` the kernel would refuse (BPF ring buffers are a power of two of
+/// pages) or larger than [`MAX_RING_MIB`].
+#[derive(Debug, thiserror::Error)]
+#[error("must be a power of two between 1 and {MAX_RING_MIB}")]
+pub struct RingSizeError;
+
+/// The ring's size in bytes for `mib` MiB (`--ring-buffer-mib` of the one-shot command
+/// and the agent), or why the size is refused.
+pub fn ring_bytes(mib: u32) -> Result<u32, RingSizeError> {
+    if mib.is_power_of_two() && mib <= MAX_RING_MIB {
+        Ok(mib << 20)
+    } else {
+        Err(RingSizeError)
+    }
+}
+
 /// Why collection stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {
@@ -469,6 +489,16 @@ mod tests {
                 assert!(mib == MAX_DEFAULT_RING_MIB || held(mib) >= holds, "{case}");
                 assert!(mib == 1 || held(mib / 2) < holds, "{case}");
             }
+        }
+    }
+
+    #[test]
+    fn ring_sizes_are_powers_of_two_up_to_a_gib() {
+        assert_eq!(ring_bytes(1).unwrap(), 1 << 20);
+        assert_eq!(ring_bytes(MAX_RING_MIB).unwrap(), 1 << 30);
+        for bad in [0, 3, 24, 2 * MAX_RING_MIB, u32::MAX] {
+            let e = ring_bytes(bad).unwrap_err().to_string();
+            assert_eq!(e, "must be a power of two between 1 and 1024", "{bad}");
         }
     }
 

@@ -10,9 +10,10 @@
 //! so a path now naming another file (a library replaced by rename, a symlink to a
 //! root-only file) is refused instead of read as if it were the mapped one.
 //!
-//! Writing ([`create_new`], [`replace`]): `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600, and a
-//! temp file renamed over the destination, so a symlink planted at a name is replaced,
-//! never written through. [`check_private_dir`] refuses a directory another user owns or
+//! Writing ([`create_new`], [`replace`], [`create_fifo`]): `O_CREAT|O_EXCL|O_NOFOLLOW`,
+//! mode 0600, and a temp file renamed over the destination, so a symlink planted at a
+//! name is replaced, never written through; a FIFO or device the user named is opened
+//! in place without waiting for a reader ([`open_in_place`]). [`check_private_dir`] refuses a directory another user owns or
 //! can write.
 //!
 //! Mapped files cannot kill the process when truncated: [`map::GuardedMap`]. A mapping
@@ -299,6 +300,25 @@ pub fn create_new(path: &Path) -> io::Result<File> {
     Ok(File::from(fd))
 }
 
+/// Creates a FIFO at `path` (which must not exist), mode 0600.
+pub fn create_fifo(path: &Path) -> io::Result<()> {
+    sys::mkfifo(path, 0o600)
+}
+
+/// Opens an existing FIFO or character device for writing in place: no create, no
+/// controlling terminal, and a FIFO without a reader is an error (`ENXIO`), not a wait.
+/// Writes wait once it is open (a reader is there).
+pub fn open_in_place(path: &Path) -> io::Result<File> {
+    let fd = sys::openat(
+        None,
+        path,
+        libc::O_WRONLY | libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        0,
+    )?;
+    sys::set_blocking(&fd)?;
+    Ok(File::from(fd))
+}
+
 /// Writes a new `path` through a temp file in its directory (created with [`create_new`]),
 /// fsync'd and renamed over `path`: whatever was at `path` (a file, a planted link) is
 /// replaced, never written through, and readers see the old file or the whole new one.
@@ -473,9 +493,7 @@ mod tests {
     fn a_fifo_is_refused_without_blocking() {
         let d = scratch("fifo");
         let p = d.join("lib.so");
-        let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: a NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        create_fifo(&p).unwrap();
         let e = open(&p).unwrap_err();
         assert!(
             matches!(e, OpenError::NotRegular { kind: "FIFO", .. }),
@@ -485,6 +503,41 @@ mod tests {
         assert!(matches!(e, OpenError::NotRegular { .. }), "{e}");
         let e = open(Path::new("/dev/null")).unwrap_err();
         assert!(matches!(e, OpenError::NotRegular { .. }), "{e}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_is_written_in_place_only_with_a_reader_and_then_blocking() {
+        let d = scratch("in-place");
+        let p = d.join("out");
+        create_fifo(&p).unwrap();
+        assert_eq!(
+            create_fifo(&p).unwrap_err().kind(),
+            io::ErrorKind::AlreadyExists
+        );
+        let e = open_in_place(&p).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENXIO), "{e}");
+        let reader = sys::openat(None, &p, sys::READ_FLAGS, 0).unwrap();
+        let w = open_in_place(&p).unwrap();
+        // `flags:` in fdinfo is octal; O_NONBLOCK is 04000.
+        let fdinfo = std::fs::read_to_string(format!(
+            "/proc/self/fdinfo/{}",
+            std::os::fd::AsRawFd::as_raw_fd(&w)
+        ))
+        .unwrap();
+        let flags = fdinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("flags:"))
+            .map(|f| i32::from_str_radix(f.trim(), 8).unwrap())
+            .unwrap();
+        assert_eq!(flags & libc::O_NONBLOCK, 0, "{fdinfo}");
+        assert_eq!(flags & libc::O_ACCMODE, libc::O_WRONLY, "{fdinfo}");
+        (&w).write_all(b"x").unwrap();
+        drop((w, reader));
+        open_in_place(Path::new("/dev/null"))
+            .unwrap()
+            .write_all(b"x")
+            .unwrap();
         std::fs::remove_dir_all(&d).unwrap();
     }
 

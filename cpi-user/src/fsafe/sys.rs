@@ -1,6 +1,6 @@
 //! The raw system calls of [`super`]: `openat` with explicit flags, `openat2` with
-//! `RESOLVE_IN_ROOT`, `readlinkat`, `fstatfs`, the `SIGBUS` handler's `sigaction`/`mmap`, and the
-//! group database (`getgrnam_r`).
+//! `RESOLVE_IN_ROOT`, `readlinkat`, `fstatfs`, `mkfifo`, `fcntl` (clearing `O_NONBLOCK`),
+//! the `SIGBUS` handler's `sigaction`/`mmap`, and the group database (`getgrnam_r`).
 //! Callers get owned fds and `io::Result`s.
 
 use std::ffi::{CString, OsStr, OsString};
@@ -78,6 +78,29 @@ pub fn readlinkat(dir: &OwnedFd, name: &OsStr) -> io::Result<OsString> {
     }
     buf.truncate(n as usize);
     Ok(OsString::from_vec(buf))
+}
+
+/// `mkfifo(path, mode)`.
+pub fn mkfifo(path: &Path, mode: libc::mode_t) -> io::Result<()> {
+    let p = cstr(path.as_os_str())?;
+    // SAFETY: a NUL-terminated path that outlives the call.
+    if unsafe { libc::mkfifo(p.as_ptr(), mode) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Clears `O_NONBLOCK` on `fd`: reads and writes wait from now on.
+pub fn set_blocking(fd: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: F_GETFL and F_SETFL take and return plain integers.
+    let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0
+        || unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// `fstat(fd)`.

@@ -650,25 +650,11 @@ fn destination(path: &Path) -> std::io::Result<Dest> {
     }
 }
 
-/// Opens an in-place destination for writing: no create, no controlling terminal, and
-/// a FIFO without a reader is an error (`ENXIO`), not a wait.
-fn open_in_place(path: &Path) -> std::io::Result<std::fs::File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
-        .open(path)?;
-    // Blocking writes from here on (a reader is there).
-    // SAFETY: F_SETFL on an fd we own.
-    unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&f), libc::F_SETFL, 0) };
-    Ok(f)
-}
-
 /// Checks, before any work, that [`write_output`] can write `path`: a probe file is
 /// created and removed next to it (or the FIFO or device opened).
 pub fn check_output(path: &Path) -> std::io::Result<()> {
     match destination(path)? {
-        Dest::InPlace => open_in_place(path).map(drop),
+        Dest::InPlace => crate::fsafe::open_in_place(path).map(drop),
         Dest::Replace => {
             let dir = match path.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p,
@@ -696,7 +682,7 @@ pub fn write_output(
     write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
     match destination(path)? {
-        Dest::InPlace => write(&mut open_in_place(path)?),
+        Dest::InPlace => write(&mut crate::fsafe::open_in_place(path)?),
         Dest::Replace => crate::fsafe::replace(path, |f| {
             write(f)?;
             keep_old(path)

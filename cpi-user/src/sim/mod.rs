@@ -12,6 +12,7 @@ pub mod pmu;
 pub mod replay;
 pub mod run;
 pub mod shadow;
+mod sys;
 pub mod trace;
 
 use std::ffi::OsString;

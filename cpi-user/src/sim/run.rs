@@ -15,7 +15,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 
-use super::SimError;
+use super::{sys, SimError};
 
 /// Valgrind's name of the tool.
 pub const TOOL: &str = "cpitrace";
@@ -115,12 +115,7 @@ pub fn run_streaming<T>(
     check_cmd(cmd)?;
     let dir = TempDir::new()?;
     let fifo = dir.0.join("trace.fifo");
-    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes())
-        .map_err(|_| SimError::Fifo(fifo.clone(), std::io::ErrorKind::InvalidInput.into()))?;
-    // SAFETY: a valid NUL-terminated path.
-    if unsafe { libc::mkfifo(c.as_ptr(), 0o600) } != 0 {
-        return Err(SimError::Fifo(fifo, std::io::Error::last_os_error()));
-    }
+    crate::fsafe::create_fifo(&fifo).map_err(|e| SimError::Fifo(fifo.clone(), e))?;
     // A write end held until Valgrind is gone: between the programs of an exec the
     // FIFO has no other writer, and the reader must not take that for the end. Opened
     // read-write, which never blocks on a FIFO; close-on-exec, so Valgrind lacks it.
@@ -141,18 +136,15 @@ pub fn run_streaming<T>(
     });
     let result = File::open(&fifo)
         .inspect(|f| {
-            use std::os::fd::AsRawFd;
             // The tool writes 1 MiB blocks: a pipe that holds one lets both sides run
             // instead of trading 64 KiB turns. Best effort (capped by pipe-max-size).
-            // SAFETY: fcntl on a descriptor we own.
-            unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+            let _ = sys::set_pipe_size(f, 1 << 20);
         })
         .map_err(|e| SimError::Fifo(fifo.clone(), e))
         .and_then(consume);
     if result.is_err() {
         // Stop a tracer that would block on a FIFO nobody reads any more.
-        // SAFETY: signalling our own child by its pid.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        sys::kill(pid);
     }
     let status = watcher
         .join()

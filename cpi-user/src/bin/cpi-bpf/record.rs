@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{anyhow, bail};
 use cpi_user::binary::kallsyms::Kallsyms;
 use cpi_user::binary::symbolize::SymbolizerOptions;
 use cpi_user::collect::caps::Capabilities;
@@ -102,9 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         let cpus = collect::target::online_cpus().len() as u64;
         collect::default_ring_mib(collect::ONE_SHOT_RING_HOLDS, args.frequency, cpus)
     });
-    if ring_mib == 0 || !ring_mib.is_power_of_two() || ring_mib > 1024 {
-        bail!("--ring-buffer-mib must be a power of two between 1 and 1024");
-    }
+    let ring_bytes = collect::ring_bytes(ring_mib).map_err(|e| anyhow!("--ring-buffer-mib {e}"))?;
     // Before collecting: a bad --output must not cost the run.
     validate(&args.output)?;
     let opts = CollectOptions {
@@ -119,7 +117,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         perturbation: args.policy.perturbation(),
         thinning: args.policy.thinning.max(1),
         redraw_every: Duration::from_millis(args.redraw_ms.max(1)),
-        ring_bytes: ring_mib << 20,
+        ring_bytes,
         window: args.range_window.map(|w| w.max(1)),
         cpu_time: false,
         drain_every: collect::DRAIN_EVERY,
