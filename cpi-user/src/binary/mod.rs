@@ -505,7 +505,16 @@ impl Binary {
         debug: Option<debugfile::DebugFile>,
     ) -> Result<Binary, BinaryError> {
         let (debug_file, debug) = debug.map(|d| (d.path, d.map)).unzip();
-        let t = Tables::parse(path, bytes.get(), debug.as_ref().map(|d| d.bytes()))?;
+        // Names are compared in place while the tables are sorted, and a file its owner
+        // rewrites meanwhile makes those comparisons inconsistent, on which the standard
+        // sorts may panic: that file is an error, not the end of the root agent.
+        let parse = || Tables::parse(path, bytes.get(), debug.as_ref().map(|d| d.bytes()));
+        let t = std::panic::catch_unwind(std::panic::AssertUnwindSafe(parse)).map_err(|_| {
+            BinaryError::Malformed {
+                path: path.to_path_buf(),
+                what: "its symbol table changed while it was read".into(),
+            }
+        })??;
         let mut b = Binary {
             path: path.to_path_buf(),
             build_id: t.build_id,
