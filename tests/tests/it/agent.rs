@@ -27,7 +27,7 @@ fn windows(store: &Path) -> usize {
 }
 
 /// Waits until `store` holds more than `n` windows or 60 s have passed since `t0`.
-fn wait_for_windows(store: &Path, n: usize, t0: Instant) {
+pub(crate) fn wait_for_windows(store: &Path, n: usize, t0: Instant) {
     while windows(store) <= n && t0.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -801,10 +801,7 @@ fn the_agent_profiles_a_process_whose_main_thread_exited() {
     let pid = child.0.id();
     let store = dir.join("store");
     let mut a = agent(&store, &["--pid", &pid.to_string()]);
-    let t0 = std::time::Instant::now();
-    while store_windows(&store).len() < 2 && t0.elapsed() < Duration::from_secs(60) {
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    super::agent::wait_for_windows(&store, 1, std::time::Instant::now());
     let log = stop_agent(&mut a);
     drop(child);
     let out = output_ok(
