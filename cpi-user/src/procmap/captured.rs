@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::{proc_dir, thread_dirs, MappedObject, Mapping};
+use super::{proc_dir, thread_dirs, Mapping};
 use crate::fsafe::{self, FileId, OpenError};
 
 /// Evictions, reopens and refused reopens of captured files since start.
@@ -184,11 +184,6 @@ fn check_len(f: &File, path: &Path, len: Option<u64>) -> Result<(), OpenError> {
     Ok(())
 }
 
-/// An executable file mapping: what [`CapturedFiles::capture`] opens.
-fn capturable(m: &Mapping) -> bool {
-    m.executable && matches!(m.object, MappedObject::File { .. })
-}
-
 /// A handle on the counts of a [`CapturedFiles`].
 #[derive(Clone, Debug)]
 pub struct CaptureCounter(Arc<Shared>);
@@ -251,7 +246,7 @@ impl CapturedFiles {
     ) -> HashMap<u64, Arc<CapturedFile>> {
         let mut out = HashMap::new();
         for m in maps {
-            if !capturable(m) {
+            if !m.executable_file() {
                 continue;
             }
             // The kernel's (device, inode) of this mapping names the captured file; an
@@ -345,7 +340,7 @@ impl CapturedFiles {
     ) -> HashMap<u64, Arc<CapturedFile>> {
         let got = self.capture(&proc_dir(pid), maps);
         // Nothing to capture (JIT code) is no sign of a leader gone.
-        if !got.is_empty() || !maps.iter().any(capturable) {
+        if !got.is_empty() || !maps.iter().any(Mapping::executable_file) {
             return got;
         }
         match thread_dirs(pid, tid).next() {
@@ -381,7 +376,7 @@ impl CapturedFiles {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::procmap::ProcessMaps;
+    use crate::procmap::{MappedObject, ProcessMaps};
     use std::os::unix::fs::symlink;
 
     #[test]

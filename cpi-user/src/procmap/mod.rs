@@ -103,6 +103,12 @@ pub struct Mapping {
 }
 
 impl Mapping {
+    /// An executable mapping of a file: what is captured (captured.rs) and unwound
+    /// (cpi-user/src/unwind/mod.rs) per file.
+    pub fn executable_file(&self) -> bool {
+        self.executable && matches!(self.object, MappedObject::File { .. })
+    }
+
     /// True when `addr` is in `[start, end)`.
     pub fn contains(&self, addr: u64) -> bool {
         (self.start..self.end).contains(&addr)

@@ -317,7 +317,7 @@ type FileKey = (FileId, u64);
 type ModuleKey = (u64, u64, u64, Option<FileId>);
 
 fn module_key(m: &Mapping) -> Option<ModuleKey> {
-    (m.executable && matches!(m.object, MappedObject::File { .. }))
+    m.executable_file()
         .then_some((m.start, m.end, m.offset, m.file_id))
 }
 
