@@ -470,24 +470,13 @@ pub(crate) mod tests {
     }
 
     fn verdict(fde_ops: &[u8]) -> Option<Costly> {
-        let eh = eh_frame(fde_ops);
-        check(&UnwindSections {
-            eh_frame: (&eh, 0),
-            eh_frame_hdr: None,
-            text: None,
-            got: None,
-        })
+        check(&only_eh_frame(&eh_frame(fde_ops), 0))
     }
 
     /// What evaluating [`eh_frame`]'s FDE costs.
     fn cost(fde_ops: &[u8]) -> Result<u64, Costly> {
         let eh = eh_frame(fde_ops);
-        let s = UnwindSections {
-            eh_frame: (&eh, 0),
-            eh_frame_hdr: None,
-            text: None,
-            got: None,
-        };
+        let s = only_eh_frame(&eh, 0);
         let mut c = Checker::new(&s);
         let mut cost = None;
         c.reachable(&s, |c, o| {
@@ -583,7 +572,8 @@ pub(crate) mod tests {
         assert_eq!(verdict(&plt), None);
     }
 
-    fn only_eh_frame(eh: &[u8], address: u64) -> UnwindSections<'_> {
+    /// Sections of `eh` alone, at `address`.
+    pub(crate) fn only_eh_frame(eh: &[u8], address: u64) -> UnwindSections<'_> {
         UnwindSections {
             eh_frame: (eh, address),
             eh_frame_hdr: None,
@@ -692,7 +682,7 @@ pub(crate) mod tests {
 /// separated by `:`).
 #[cfg(test)]
 mod figures {
-    use super::tests::{costs, eh_frame, sections};
+    use super::tests::{costs, eh_frame, only_eh_frame, sections};
     use super::*;
     use gimli::{EndianSlice, FrameDescriptionEntry, UnwindContext};
     use std::time::Instant;
@@ -730,12 +720,7 @@ mod figures {
 
     fn synthetic(name: &str, ops: &[u8]) {
         let eh = eh_frame(ops);
-        let s = UnwindSections {
-            eh_frame: (&eh, 0),
-            eh_frame_hdr: None,
-            text: None,
-            got: None,
-        };
+        let s = only_eh_frame(&eh, 0);
         let mut fde = None;
         Checker::new(&s).reachable(&s, |_, o| {
             fde = Some(o);
