@@ -13,8 +13,8 @@
 //! Writing ([`create_new`], [`replace`], [`create_fifo`]): `O_CREAT|O_EXCL|O_NOFOLLOW`,
 //! mode 0600, and a temp file renamed over the destination, so a symlink planted at a
 //! name is replaced, never written through; a FIFO or device the user named is opened
-//! in place without waiting for a reader ([`open_in_place`]). [`check_private_dir`] refuses a directory another user owns or
-//! can write.
+//! in place without waiting for a reader ([`open_in_place`]). [`check_private_dir`]
+//! refuses a directory another user owns or can write.
 //!
 //! Mapped files cannot kill the process when truncated: [`map::GuardedMap`]. A mapping
 //! shows every later write to its file, so bytes checked once and used afterwards are
