@@ -20,8 +20,17 @@ use crate::fsafe::map::GuardedMap;
 
 /// The global debug directory, as Debian and gdb have it.
 const DEBUG_DIR: &str = "/usr/lib/debug";
-/// Largest debug file whose CRC is computed (the whole file is read for it).
-const MAX_CRC_BYTES: usize = 4 << 30;
+/// Bytes read for debug-link CRCs per binary, all candidates together: each CRC reads
+/// its whole file, and the candidates beside the binary are files its user chose. Sparse
+/// 4 GiB files there once cost a one-shot 18.7 s of CPU and 4.21 GB of RSS, and stalled
+/// an agent's window past 10 s (issue 32). 1 GiB covers the debug files of the largest
+/// libraries we know of (libLLVM's, with compressed sections, is a few hundred MB);
+/// past it the candidate is refused, said once per binary. A build-id match costs no
+/// CRC and is tried first.
+const MAX_CRC_BYTES: u64 = 1 << 30;
+/// The CRC is read in chunks of this size through `pread`, not through a mapping, so a
+/// refused or mismatched candidate leaves nothing in this process's resident set.
+const CRC_CHUNK: usize = 1 << 20;
 
 /// The directory debug-file paths resolve in: `/`, or a test's tree.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,10 +73,17 @@ pub fn find(path: &Path, data: &[u8], root: &DebugRoot) -> Option<DebugFile> {
             .and_then(|(name, crc)| Some((std::str::from_utf8(name).ok()?, crc)))
             .filter(|(name, _)| plain_name(name)),
     };
+    let mut crc_budget = MAX_CRC_BYTES;
     candidates(path, &wanted)
         .into_iter()
         .find_map(|(cand, check)| {
             let f = crate::fsafe::open_in_root(&root.0, &cand).ok()?;
+            if let Check::Crc(crc) = check {
+                if crc_within(&f, &cand, &mut crc_budget)? != crc {
+                    log::debug!("{}: not {}'s debug file", cand.display(), path.display());
+                    return None;
+                }
+            }
             let map = GuardedMap::new(&f).ok()?;
             let ok = match check {
                 Check::BuildId(id) => {
@@ -76,12 +92,8 @@ pub fn find(path: &Path, data: &[u8], root: &DebugRoot) -> Option<DebugFile> {
                         .and_then(|d| d.build_id().ok().flatten())
                         == Some(id)
                 }
-                Check::Crc(crc) => {
-                    map.bytes().len() <= MAX_CRC_BYTES && crc32fast::hash(map.bytes()) == crc
-                }
+                Check::Crc(_) => true,
             };
-            // The CRC read the whole file: its pages leave this process's resident set.
-            let _ = map.dont_need();
             if !ok || map.truncated() {
                 log::debug!("{}: not {}'s debug file", cand.display(), path.display());
                 return None;
@@ -89,6 +101,36 @@ pub fn find(path: &Path, data: &[u8], root: &DebugRoot) -> Option<DebugFile> {
             log::debug!("{}: symbols from {}", path.display(), cand.display());
             Some(DebugFile { path: cand, map })
         })
+}
+
+/// The CRC-32 of `f` (the debug-link candidate `cand`), read within what is left of
+/// `budget` and taken from it; `None` when it is larger than that (said, and the next
+/// candidate, e.g. the global directory's, is still tried) or unreadable.
+fn crc_within(f: &std::fs::File, cand: &Path, budget: &mut u64) -> Option<u32> {
+    use std::os::unix::fs::FileExt;
+    let len = f.metadata().ok()?.len();
+    if len > *budget {
+        log::warn!(
+            "{}: debug-link candidate not read: {len} bytes, over what is left of the {MAX_CRC_BYTES}-byte bound on debug-link CRCs",
+            crate::fsafe::escape(&cand.to_string_lossy())
+        );
+        return None;
+    }
+    *budget -= len;
+    let mut hasher = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; CRC_CHUNK];
+    let mut at = 0u64;
+    while at < len {
+        // A file grown meanwhile is read no further than the length the budget paid for.
+        let want = usize::try_from(len - at).map_or(CRC_CHUNK, |left| left.min(CRC_CHUNK));
+        let n = f.read_at(&mut buf[..want], at).ok()?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        at += n as u64;
+    }
+    Some(hasher.finalize())
 }
 
 /// How a candidate proves it belongs to the binary.
@@ -263,5 +305,50 @@ mod tests {
         ] {
             assert_eq!(plain_name(name), ok, "{name}");
         }
+    }
+
+    /// A CRC reads no more than the budget left, and takes what it read from it.
+    #[test]
+    fn crcs_are_read_within_the_budget() {
+        let dir = temp("crc-budget");
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("f");
+        let bytes: Vec<u8> = (0..3 * CRC_CHUNK + 17).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&p, &bytes).unwrap();
+        let f = std::fs::File::open(&p).unwrap();
+        let len = bytes.len() as u64;
+        let mut small = len - 1;
+        assert_eq!(crc_within(&f, &p, &mut small), None);
+        assert_eq!(small, len - 1, "a refused file costs nothing");
+        let mut big = 2 * len;
+        assert_eq!(crc_within(&f, &p, &mut big), Some(crc32fast::hash(&bytes)));
+        assert_eq!(big, len);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Row "`.gnu_debuglink` naming 4 GiB sparse files beside the binary and in
+    /// `.debug/`" (issue 32): both are refused unread, and the real debug file in the
+    /// global directory is still found.
+    #[test]
+    fn huge_debuglink_candidates_are_refused_unread() {
+        let Some(exe) = debug_build("analysis_loops") else {
+            return;
+        };
+        let dir = temp("huge-link");
+        let bin = dir.join("root/home/u");
+        let prog = split(&exe, &bin);
+        let global = dir.join("root/usr/lib/debug/home/u");
+        std::fs::create_dir_all(&global).unwrap();
+        std::fs::rename(bin.join("prog.debug"), global.join("prog.debug")).unwrap();
+        std::fs::create_dir_all(bin.join(".debug")).unwrap();
+        for planted in [bin.join("prog.debug"), bin.join(".debug/prog.debug")] {
+            let f = std::fs::File::create(planted).unwrap();
+            f.set_len(4 << 30).unwrap();
+        }
+        let root = DebugRoot(dir.join("root"));
+        let data = std::fs::read(&prog).unwrap();
+        let found = find(Path::new("/home/u/prog"), &data, &root).expect("the global file");
+        assert_eq!(found.path, Path::new("/usr/lib/debug/home/u/prog.debug"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

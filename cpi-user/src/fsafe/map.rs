@@ -7,11 +7,14 @@
 //! and reading only the ranges used would mean a second ELF reader. So the mapping
 //! stays, and a fault in it is recovered: every [`GuardedMap`] registers its range in a
 //! fixed table; a process-wide `SIGBUS` handler that finds the faulting address there
-//! maps a page of zeros over the page, marks the mapping truncated and returns, so the
-//! read completes (with zeros) and the owner learns from [`GuardedMap::truncated`] that
-//! what it read is not the file. Any other `SIGBUS` goes to the handler that was there
-//! before (Rust's own, then the default action). Cost when nothing is truncated: none
-//! on reads; a slot claimed and released per mapping.
+//! maps zeros over the **whole** mapping, marks it truncated and returns, so the read
+//! completes (with zeros) and the owner learns from [`GuardedMap::truncated`] that what
+//! it read is not the file. One replacement per mapping, not one per faulting page: a
+//! file whose every other page faults (holes on a full tmpfs) once cost a new mapping
+//! per page until `vm.max_map_count` made the replacement fail and the fault killed the
+//! process (issue 32). Any other `SIGBUS` goes to the handler that was there before
+//! (Rust's own, then the default action). Cost when nothing is truncated: none on
+//! reads; a slot claimed and released per mapping.
 
 use std::fs::File;
 use std::io;
@@ -50,8 +53,11 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         let len = s.len.load(Ordering::Acquire);
         let start = s.start.load(Ordering::Acquire);
         if len != 0 && addr.wrapping_sub(start) < len {
-            let page = addr & !(sys::page_size() - 1);
-            if sys::zero_page_over(page) {
+            // The whole mapping at once: it replaces one mapping by one, so it needs no
+            // room under `vm.max_map_count`, and no later read of this file faults.
+            // (Two threads faulting together both replace it; the second is a no-op.)
+            let pages = len.next_multiple_of(sys::page_size());
+            if sys::zeros_over(start, pages) {
                 s.hit.store(true, Ordering::Release);
                 return;
             }
@@ -194,7 +200,47 @@ mod tests {
         let v = std::hint::black_box(&m.bytes()[3 * 4096 + 5]);
         assert_eq!(*v, 0);
         assert!(m.truncated());
-        assert_eq!(m.bytes()[10], 7, "what is left is still the file");
+        assert_eq!(
+            m.bytes()[10],
+            0,
+            "the whole mapping is zeros now, not the file"
+        );
+        drop(m);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Mappings (lines of /proc/self/maps) that start inside `start..end`.
+    fn mappings_within(start: usize, end: usize) -> usize {
+        std::fs::read_to_string("/proc/self/maps")
+            .unwrap()
+            .lines()
+            .filter_map(|l| usize::from_str_radix(l.split('-').next()?, 16).ok())
+            .filter(|&a| (start..end).contains(&a))
+            .count()
+    }
+
+    /// Every other page faulting (the holes of a file on a full tmpfs) costs one
+    /// replacement, not a mapping per page: 512 faulting pages once made 512 mappings,
+    /// and 65 530 of them exhausted `vm.max_map_count` and killed the process.
+    #[test]
+    fn a_fault_storm_costs_one_mapping() {
+        let dir = std::env::temp_dir().join(format!("cpi-storm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("f");
+        let page = sys::page_size();
+        let pages = 1024;
+        let f = File::create(&p).unwrap();
+        f.set_len((pages * page) as u64).unwrap();
+        let m = GuardedMap::new(&File::open(&p).unwrap()).unwrap();
+        let start = m.bytes().as_ptr() as usize;
+        f.set_len(0).unwrap();
+        let mut sum = 0u64;
+        for k in (0..pages).step_by(2) {
+            sum += u64::from(*std::hint::black_box(&m.bytes()[k * page]));
+        }
+        assert_eq!(sum, 0);
+        assert!(m.truncated());
+        assert_eq!(mappings_within(start, start + pages * page), 1);
         drop(m);
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -142,14 +142,16 @@ pub fn install_sigbus(
     Ok(old)
 }
 
-/// Maps one page of zeros, read-only, over `page` (async-signal-safe: one syscall).
-pub fn zero_page_over(page: usize) -> bool {
-    // SAFETY: `page` is page-aligned and lies in a mapping this process owns and reads
-    // only through the slice it registered (fsafe/map.rs); MAP_FIXED replaces that page.
+/// Maps zeros, read-only, over `len` bytes at `start` as one anonymous mapping
+/// (async-signal-safe: one syscall).
+pub fn zeros_over(start: usize, len: usize) -> bool {
+    // SAFETY: `start` is page-aligned and `start..start + len` is a mapping this process
+    // owns and reads only through the slice it registered (fsafe/map.rs); MAP_FIXED
+    // replaces exactly that range, so no other mapping is touched.
     let p = unsafe {
         libc::mmap(
-            page as *mut libc::c_void,
-            page_size(),
+            start as *mut libc::c_void,
+            len,
             libc::PROT_READ,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
             -1,
