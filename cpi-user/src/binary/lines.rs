@@ -2,9 +2,17 @@
 //! point to it), read from the mapping [`Binary`] already holds: nothing is read again
 //! from disk. A binary without DWARF (or with compressed debug sections, which this
 //! build does not inflate) has no source lines; that is not an error.
+//!
+//! addr2line renders every file name of a unit's line table (the unit's `comp_dir`
+//! joined to each entry) when the unit is first asked about, and units may share one
+//! table: a 102 KB binary of 4 units sharing 4 096 entries under a 64 KiB `comp_dir`
+//! cost 1.13 GB (issue 32). So before building a context, the names it could render are
+//! added up ([`names_within_bound`]), stopping at the bound: linear in the tables'
+//! entries, and a binary whose names would exceed [`NAME_BYTES_PER_DEBUG_BYTE`] × its
+//! DWARF bytes (at least [`NAME_BYTES_FLOOR`]) has no source lines, said once.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use addr2line::gimli::{self, EndianSlice, RunTimeEndian};
 use object::{Object, ObjectSection};
@@ -32,7 +40,7 @@ impl<'a> SourceLines<'a> {
     /// (cpi-user/src/binary/debugfile.rs); empty when neither has usable DWARF.
     pub fn new(bin: &'a Binary) -> SourceLines<'a> {
         SourceLines {
-            ctx: context(bin.data()).or_else(|| context(bin.debug_data()?)),
+            ctx: context(bin.data(), bin).or_else(|| context(bin.debug_data()?, bin)),
         }
     }
 
@@ -54,7 +62,11 @@ impl<'a> SourceLines<'a> {
 /// building the line context again each time for them took 16 % of its CPU (`perf
 /// record` of the agent, BENCHMARKS.md "A hostile host: before and after").
 #[derive(Debug, Default)]
-pub(super) struct LineCache(Mutex<HashMap<u64, Option<SourceLine>>>);
+pub(super) struct LineCache {
+    lines: Mutex<HashMap<u64, Option<SourceLine>>>,
+    /// Decided once per binary: `Some(bytes)` when its file names are over the bound.
+    refused: OnceLock<Option<u64>>,
+}
 
 /// Addresses one binary's [`LineCache`] holds; past it the cache starts over.
 const MAX_CACHED_LINES: usize = 8192;
@@ -62,7 +74,7 @@ const MAX_CACHED_LINES: usize = 8192;
 impl LineCache {
     /// Estimated heap bytes (an entry, its file name and table slack).
     pub(super) fn heap_bytes(&self) -> u64 {
-        let n = self.0.lock().expect("not poisoned").len() as u64;
+        let n = self.lines.lock().expect("not poisoned").len() as u64;
         n * 128
     }
 }
@@ -75,7 +87,7 @@ impl Binary {
         vaddr: u64,
         ctx: &mut Option<SourceLines<'a>>,
     ) -> Option<SourceLine> {
-        let cache = &self.lines.0;
+        let cache = &self.lines.lines;
         if let Some(hit) = cache.lock().expect("not poisoned").get(&vaddr) {
             return hit.clone();
         }
@@ -89,7 +101,21 @@ impl Binary {
     }
 }
 
-fn context(data: &[u8]) -> Option<addr2line::Context<EndianSlice<'_, RunTimeEndian>>> {
+/// Rendered file names may take this many bytes per byte of DWARF (paths are stored
+/// once and rendered joined to their unit's directories: about 5× in the binaries we
+/// have looked at), ...
+const NAME_BYTES_PER_DEBUG_BYTE: u64 = 16;
+/// ... and at least this many, whatever the DWARF's size.
+const NAME_BYTES_FLOOR: u64 = 16 << 20;
+/// Heap bytes of one rendered name besides its text (a `String` and allocator slack).
+const NAME_OVERHEAD: u64 = 32;
+
+type Reader<'d> = EndianSlice<'d, RunTimeEndian>;
+
+/// The line context of an ELF file's DWARF (`data`, `bin`'s or its debug file's), or
+/// `None` when it has none or its file names are over the bound (decided once per
+/// binary, and said then).
+fn context<'d>(data: &'d [u8], bin: &Binary) -> Option<addr2line::Context<Reader<'d>>> {
     let file = object::File::parse(data).ok()?;
     file.section_by_name(".debug_line")?;
     let endian = if file.is_little_endian() {
@@ -97,7 +123,7 @@ fn context(data: &[u8]) -> Option<addr2line::Context<EndianSlice<'_, RunTimeEndi
     } else {
         RunTimeEndian::Big
     };
-    let section = |id: gimli::SectionId| -> Result<EndianSlice<'_, RunTimeEndian>, gimli::Error> {
+    let section = |id: gimli::SectionId| -> Result<Reader<'d>, gimli::Error> {
         let bytes = match file.section_by_name(id.name()) {
             // Compressed sections would need inflating: treated as absent.
             Some(s) => match s.compressed_data() {
@@ -109,7 +135,65 @@ fn context(data: &[u8]) -> Option<addr2line::Context<EndianSlice<'_, RunTimeEndi
         Ok(EndianSlice::new(bytes, endian))
     };
     let dwarf = gimli::Dwarf::load(section).ok()?;
+    let refused = bin.lines.refused.get_or_init(|| {
+        let dwarf_bytes = debug_bytes(&file);
+        let bound = (dwarf_bytes * NAME_BYTES_PER_DEBUG_BYTE).max(NAME_BYTES_FLOOR);
+        let refused = names_within_bound(&dwarf, bound).err();
+        if let Some(n) = refused {
+            log::warn!(
+                "{}: no source lines: its line tables name over {n} bytes of file names, more than the bound for its {dwarf_bytes} bytes of DWARF",
+                crate::fsafe::escape(&bin.path.to_string_lossy()),
+            );
+        }
+        refused
+    });
+    if refused.is_some() {
+        return None;
+    }
     addr2line::Context::from_dwarf(dwarf).ok()
+}
+
+/// Bytes of an ELF file's `.debug_*` sections.
+fn debug_bytes(file: &object::File<'_>) -> u64 {
+    file.sections()
+        .filter(|s| s.name().is_ok_and(|n| n.starts_with(".debug_")))
+        .map(|s| s.size())
+        .sum()
+}
+
+/// Adds up what addr2line would render for every file entry of every unit (its
+/// `comp_dir`, directory and name, as `render_file` joins them), stopping past `bound`:
+/// each entry adds at least [`NAME_OVERHEAD`], so the count reads at most
+/// `bound / NAME_OVERHEAD` entries however many units share a table.
+fn names_within_bound(dwarf: &gimli::Dwarf<Reader<'_>>, bound: u64) -> Result<(), u64> {
+    let len = |s: Option<Reader<'_>>| s.map_or(0, |s| s.len() as u64);
+    let mut total = 0u64;
+    let mut units = dwarf.units();
+    while let Ok(Some(header)) = units.next() {
+        let Ok(unit) = dwarf.unit(header) else {
+            continue;
+        };
+        let Some(program) = &unit.line_program else {
+            continue;
+        };
+        let h = program.header();
+        // Parsing the header read its directories: they count too, so units sharing a
+        // table of directories and no files cannot make this count itself costly.
+        total += h.include_directories().len() as u64 * NAME_OVERHEAD;
+        let comp_dir = len(unit.comp_dir);
+        for f in h.file_names() {
+            let dir = f
+                .directory(h)
+                .filter(|_| f.directory_index() != 0)
+                .and_then(|d| dwarf.attr_string(&unit, d).ok());
+            let name = dwarf.attr_string(&unit, f.path_name()).ok();
+            total += comp_dir + len(dir) + len(name) + 2 + NAME_OVERHEAD;
+            if total > bound {
+                return Err(total);
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -147,5 +231,91 @@ mod tests {
         });
         assert!(found > 0, "no source line for main");
         assert_eq!(invalid, 0, "file names that are not UTF-8, of {found}");
+    }
+
+    /// An executable (gas, linked with gcc) whose `units` compile units share one line
+    /// table of `files` entries, each unit's `comp_dir` `dir_len` bytes long.
+    fn shared_line_table(units: usize, files: usize, dir_len: usize) -> Option<std::path::PathBuf> {
+        use std::fmt::Write;
+        let mut a = String::from(
+            ".text\n.globl _start\n.type _start,@function\n_start:\nnop\nret\n.size _start,.-_start\n\
+             .section .debug_abbrev,\"\",@progbits\n\
+             .uleb128 1\n.uleb128 0x11\n.byte 0\n\
+             .uleb128 0x10\n.uleb128 0x17\n.uleb128 0x1b\n.uleb128 0x0e\n\
+             .uleb128 0x11\n.uleb128 0x01\n.uleb128 0x12\n.uleb128 0x07\n.byte 0,0\n.byte 0\n\
+             .section .debug_info,\"\",@progbits\n",
+        );
+        for i in 0..units {
+            // version 4, abbrevs at 0, 8-byte addresses; stmt_list 0, comp_dir at 0.
+            writeln!(
+                a,
+                ".4byte .Le{i}-.Ls{i}\n.Ls{i}:\n.2byte 4\n.4byte 0\n.byte 8\n.uleb128 1\n\
+                 .4byte 0\n.4byte 0\n.8byte _start\n.8byte 2\n.Le{i}:"
+            )
+            .unwrap();
+        }
+        writeln!(
+            a,
+            ".section .debug_str,\"\",@progbits\n.fill {dir_len},1,0x61\n.byte 0"
+        )
+        .unwrap();
+        a.push_str(
+            ".section .debug_line,\"\",@progbits\n.4byte .Lle-.Lls\n.Lls:\n.2byte 4\n\
+             .4byte .Lhe-.Lhs\n.Lhs:\n.byte 1,1,1,0xfb,14,13\n.byte 0,1,1,1,1,0,0,0,1,0,0,1\n.byte 0\n",
+        );
+        for j in 0..files {
+            writeln!(a, ".asciz \"f{j}.c\"\n.byte 0,0,0").unwrap();
+        }
+        a.push_str(
+            ".byte 0\n.Lhe:\n.byte 0,9,2\n.8byte _start\n.byte 1\n.byte 2,2\n.byte 0,1,1\n.Lle:\n",
+        );
+        let dir = std::env::temp_dir().join(format!("cpi-lines-{}-{units}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("t.s"), a).unwrap();
+        let out = std::process::Command::new("gcc")
+            .args(["-nostdlib", "-static", "-o"])
+            .arg(dir.join("t"))
+            .arg(dir.join("t.s"))
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(dir.join("t")),
+            other => {
+                assert!(std::env::var_os("CI").is_none(), "gcc: {other:?}");
+                eprintln!("skipped: gcc cannot build the test binary: {other:?}");
+                None
+            }
+        }
+    }
+
+    /// Row "N compile units sharing one `.debug_line` of 4 096 file entries, `comp_dir`
+    /// a 64 KiB string" (issue 32): addr2line would render 256 MiB of names per unit
+    /// asked; the binary is refused source lines instead. The same table under one unit
+    /// and a short directory is within the bound and gives its line.
+    #[test]
+    fn line_tables_that_would_render_gigabytes_are_refused() {
+        let Some(attack) = shared_line_table(16, 4096, 64 << 10) else {
+            return;
+        };
+        let bin = Binary::open(&attack).unwrap();
+        let at = bin.function_by_name("_start").unwrap().start;
+        let line = SourceLines::new(&bin).at(at);
+        assert!(
+            line.is_none(),
+            "a line from the attack's tables: {} bytes of name",
+            line.map_or(0, |l| l.file.len())
+        );
+        let counted = bin.lines.refused.get().copied().flatten();
+        assert!(counted.is_some_and(|n| n > NAME_BYTES_FLOOR), "{counted:?}");
+        let honest = shared_line_table(1, 4096, 16).unwrap();
+        let bin = Binary::open(&honest).unwrap();
+        let at = bin.function_by_name("_start").unwrap().start;
+        let line = SourceLines::new(&bin)
+            .at(at)
+            .expect("a line within the bound");
+        assert_eq!(line.line, 1);
+        assert_eq!(bin.lines.refused.get(), Some(&None));
+        for p in [attack, honest] {
+            std::fs::remove_dir_all(p.parent().unwrap()).unwrap();
+        }
     }
 }
