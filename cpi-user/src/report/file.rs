@@ -650,11 +650,26 @@ fn destination(path: &Path) -> std::io::Result<Dest> {
     }
 }
 
+/// A FIFO or device [`check_output`] opened, kept for [`write_output`] to write. Opening
+/// a FIFO to check it and closing it again ended its reader (`cat FIFO` saw end of
+/// file and left), so the profile written at the end found no reader and was lost
+/// (issue 32). A process writes one `--output`, so one slot is enough.
+static HELD: std::sync::Mutex<Option<(PathBuf, std::fs::File)>> = std::sync::Mutex::new(None);
+
 /// Checks, before any work, that [`write_output`] can write `path`: a probe file is
-/// created and removed next to it (or the FIFO or device opened).
+/// created and removed next to it, or the FIFO or device is opened and kept open for
+/// the write (a FIFO without a reader is an error now, not at the end).
 pub fn check_output(path: &Path) -> std::io::Result<()> {
     match destination(path)? {
-        Dest::InPlace => crate::fsafe::open_in_place(path).map(drop),
+        Dest::InPlace => {
+            let mut held = HELD
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if held.as_ref().is_none_or(|(p, _)| p != path) {
+                *held = Some((path.to_path_buf(), crate::fsafe::open_in_place(path)?));
+            }
+            Ok(())
+        }
         Dest::Replace => {
             let dir = match path.parent() {
                 Some(p) if !p.as_os_str().is_empty() => p,
@@ -682,7 +697,16 @@ pub fn write_output(
     write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> std::io::Result<()> {
     match destination(path)? {
-        Dest::InPlace => write(&mut crate::fsafe::open_in_place(path)?),
+        Dest::InPlace => {
+            let held = HELD
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take_if(|(p, _)| p == path);
+            match held {
+                Some((_, mut f)) => write(&mut f),
+                None => write(&mut crate::fsafe::open_in_place(path)?),
+            }
+        }
         Dest::Replace => crate::fsafe::replace(path, |f| {
             write(f)?;
             keep_old(path)

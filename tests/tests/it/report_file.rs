@@ -380,3 +380,48 @@ fn a_bad_frame_table_is_refused() {
     });
     assert!(matches!(e, ProfileFileError::TooLarge { .. }), "{e}");
 }
+
+/// Row "`cpi-bpf -p FIFO-reader -o FIFO`" of issue 32: the early check of `--output`
+/// opened the FIFO and closed it, so its reader (`cat FIFO`) saw end of file and left,
+/// and the profile written at the end found no reader ("No such device or address").
+/// The FIFO opened by the check is now the one written: the reader gets the profile.
+/// (`report` alone does not show it: its write follows the check too closely for the
+/// reader to have seen the end.)
+#[test]
+fn output_to_a_fifo_reaches_the_reader_that_was_there_at_the_check() {
+    if !cpi_tests::require_root("a one-shot profile") {
+        return;
+    }
+    let dir = scratch("report-file-fifo");
+    let fifo = dir.join("out.fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let reader = Command::new("cat")
+        .arg(&fifo)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The check must find `cat` there: wait until it is blocked in openat(2) (syscall
+    // 257 on x86_64), as a reader started before cpi-bpf would be.
+    let t0 = std::time::Instant::now();
+    while !std::fs::read_to_string(format!("/proc/{}/syscall", reader.id()))
+        .is_ok_and(|s| s.starts_with("257 "))
+    {
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(10),
+            "cat never opened the FIFO"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = Command::new(cpi_bpf())
+        .args(["--format", "json", "-o"])
+        .arg(&fifo)
+        .args(["--", "sleep", "1"])
+        .output()
+        .unwrap();
+    let got = reader.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", cpi_tests::stderr(&out));
+    let text = String::from_utf8(got.stdout).unwrap();
+    parse(text.as_bytes(), "fifo").expect("the profile, whole, through the FIFO");
+}
