@@ -12,13 +12,19 @@
 //!   `process_cpu_seconds_total` / `process_resident_memory_bytes`.
 //!
 //! **Comm cardinality.** At most `top_comms` comms have their own series at any time; the
-//! rest add to `comm="other"`. A comm is admitted when it has samples in a window and a
-//! slot is free (a window's comms are taken heaviest first: cycles, else cpu time, else
-//! samples). An admitted comm keeps its series — even through windows where it is not
-//! among the heaviest — until it has had no samples for [`COMM_RETIRE`]; then its series
-//! are removed and its slot freed. So per-comm series never flap window to window, and a
-//! comm that comes back after retirement restarts its counters at 0 (a counter reset,
-//! which `rate()` handles).
+//! rest add to `comm="other"`, and their samples to `cpi_bpf_comm_overflow_samples_total`.
+//! Slots go by recent CPU, never first come (issue 32: 25 cheap processes started first
+//! took every slot for an hour, and the busy service that followed had no series). Each
+//! window adds a comm's weight (cycles, else cpu time, else samples; all its processes
+//! together) to its score, which halves every window ([`SCORE_DECAY`]). A comm with
+//! samples in the window takes a free slot, or the slot of the lowest-scoring labelled
+//! comm if it outscores it by [`HYSTERESIS`], so comms of similar weight do not swap
+//! series window after window; a labelled comm idle for more than [`IDLE_WINDOWS`]
+//! windows frees its slot. Scores are kept for at most [`candidate_cap`] comms, the
+//! lowest dropped, so endless distinct comms cost bounded memory. A comm that loses its
+//! slot has its series removed and their values kept with its score; if it gets a slot
+//! back, its series resume from those values (the counters never go down). Only a comm
+//! the bounded table has forgotten restarts at 0, a counter reset `rate()` handles.
 //!
 //! The server runs on its own thread, a single-threaded tokio runtime serving every
 //! client at once: one request per connection, each connection cut off after
@@ -53,8 +59,13 @@ use crate::profile::model::{LossReport, Mode, Profile};
 /// `--metrics-addr` default: loopback only, the port OpenTelemetry's Prometheus
 /// exporter uses.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
-/// A comm with no samples for this long loses its series (module doc).
-pub const COMM_RETIRE: Duration = Duration::from_secs(3600);
+/// A comm's CPU score halves each window, so the ranking follows the last few windows.
+const SCORE_DECAY: f64 = 0.5;
+/// A comm takes a labelled comm's slot only when it outscores it by this factor, so
+/// comms of similar weight do not swap series window after window.
+const HYSTERESIS: f64 = 1.5;
+/// A labelled comm with no samples for more windows than this loses its slot.
+const IDLE_WINDOWS: u32 = 3;
 /// Longest a client may take to send its request or take the response.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The label value that collects the comms without their own series.
@@ -125,7 +136,7 @@ impl Metrics {
     /// Adds a window's profile and the agent's state after it.
     pub fn observe(&self, window: &Window, status: &AgentStatus) {
         let mut s = lock(&self.state);
-        s.add_profile(&window.profile, window.end);
+        s.add_profile(&window.profile);
         s.set_status(status);
     }
 
@@ -308,6 +319,7 @@ fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 13] {
 #[derive(Default)]
 struct CommTotals {
     weight: f64,
+    samples: u64,
     cycles: Option<f64>,
     instructions: Option<f64>,
     cpu_ns: Option<f64>,
@@ -325,6 +337,7 @@ fn comm_totals(p: &Profile) -> Vec<(String, CommTotals)> {
     for proc in &p.processes {
         let t = by.entry(proc.comm.as_str()).or_default();
         t.weight += proc.cycles.or(proc.time_ns).unwrap_or(proc.samples as f64);
+        t.samples += proc.samples;
         add(&mut t.cycles, proc.cycles);
         add(&mut t.instructions, proc.instructions);
         add(&mut t.cpu_ns, proc.time_ns);
@@ -335,42 +348,159 @@ fn comm_totals(p: &Profile) -> Vec<(String, CommTotals)> {
     v
 }
 
-/// The comms with their own series (module doc: the cardinality rule).
+/// One comm the ranking remembers.
+#[derive(Default)]
+struct Candidate {
+    /// Its CPU weight, decayed by [`SCORE_DECAY`] each window.
+    score: f64,
+    /// Windows since its last samples.
+    idle: u32,
+    labelled: bool,
+    /// Its series' values (cycles, instructions, cpu seconds) when it lost its slot,
+    /// restored when it gets one back so the counters stay monotonic.
+    kept: [Option<f64>; 3],
+}
+
+/// Candidates remembered for `top_comms` slots: enough that a comm near the cut keeps
+/// its score (and its kept values), bounded whatever the comms on the host.
+fn candidate_cap(top_comms: usize) -> usize {
+    top_comms.saturating_mul(4).max(64)
+}
+
+/// The slots changed by a window: comms whose series go away, comms that get one.
+#[derive(Default)]
+struct SlotChanges {
+    lost: Vec<String>,
+    gained: Vec<String>,
+}
+
+/// The comms with their own series, ranked by recent CPU (module doc: the
+/// cardinality rule).
 struct CommSlots {
     limit: usize,
-    last_seen: HashMap<String, SystemTime>,
+    cap: usize,
+    table: HashMap<String, Candidate>,
 }
 
 impl CommSlots {
-    /// Retires comms idle for [`COMM_RETIRE`] before `now` (returned, so their series
-    /// can be removed), then admits this window's comms (heaviest first) while slots are
-    /// free.
-    fn update<'a>(&mut self, comms: impl Iterator<Item = &'a str>, now: SystemTime) -> Vec<String> {
-        let retired: Vec<String> = self
-            .last_seen
-            .iter()
-            .filter(|(_, &t)| now.duration_since(t).is_ok_and(|idle| idle >= COMM_RETIRE))
-            .map(|(c, _)| c.clone())
-            .collect();
-        for c in &retired {
-            self.last_seen.remove(c);
+    fn new(limit: usize) -> CommSlots {
+        CommSlots {
+            limit,
+            cap: candidate_cap(limit),
+            table: HashMap::new(),
         }
-        for c in comms {
-            if let Some(t) = self.last_seen.get_mut(c) {
-                *t = now;
-            } else if self.last_seen.len() < self.limit && c != OTHER_COMM {
-                self.last_seen.insert(c.to_string(), now);
-            }
-        }
-        retired
     }
 
-    fn label(&self, comm: &str) -> String {
-        if self.last_seen.contains_key(comm) {
-            comm.to_string()
-        } else {
-            OTHER_COMM.to_string()
+    /// Scores this window's comms (`totals`, heaviest first), trims the table to its
+    /// bound, frees the slots of idle comms and gives slots to the heaviest others.
+    fn update(&mut self, totals: &[(String, CommTotals)]) -> SlotChanges {
+        for c in self.table.values_mut() {
+            c.score *= SCORE_DECAY;
+            c.idle = c.idle.saturating_add(1);
         }
+        for (i, (name, t)) in totals.iter().enumerate() {
+            if name == OTHER_COMM {
+                continue;
+            }
+            // Below the window's `cap` heaviest, a new comm would be trimmed at once:
+            // do not insert it, so a flood of comms costs no more than `cap` entries.
+            let c = match self.table.get_mut(name) {
+                Some(c) => c,
+                None if i < self.cap => self.table.entry(name.clone()).or_default(),
+                None => continue,
+            };
+            c.score += t.weight;
+            c.idle = 0;
+        }
+        self.trim();
+        let mut changes = SlotChanges::default();
+        for (name, c) in &mut self.table {
+            if c.labelled && c.idle > IDLE_WINDOWS {
+                c.labelled = false;
+                changes.lost.push(name.clone());
+            }
+        }
+        self.admit(&mut changes);
+        changes
+    }
+
+    /// Evicts the lowest-scoring unlabelled candidates beyond the bound.
+    fn trim(&mut self) {
+        let mut free: Vec<(f64, &String)> = (self.table.iter())
+            .filter(|(_, c)| !c.labelled)
+            .map(|(n, c)| (c.score, n))
+            .collect();
+        let excess = self.table.len().saturating_sub(self.cap).min(free.len());
+        if excess == 0 {
+            return;
+        }
+        free.select_nth_unstable_by(excess - 1, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(b.1)));
+        let gone: Vec<String> = free[..excess].iter().map(|(_, n)| (*n).clone()).collect();
+        for n in gone {
+            self.table.remove(&n);
+        }
+    }
+
+    /// Gives free slots to this window's heaviest unlabelled comms, then lets each
+    /// further one take the weakest labelled comm's slot when it outscores it by
+    /// [`HYSTERESIS`].
+    fn admit(&mut self, changes: &mut SlotChanges) {
+        let by_score =
+            |a: &(f64, String), b: &(f64, String)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        let mut challengers: Vec<(f64, String)> = (self.table.iter())
+            .filter(|(_, c)| !c.labelled && c.idle == 0 && c.score > 0.0)
+            .map(|(n, c)| (c.score, n.clone()))
+            .collect();
+        challengers.sort_by(by_score);
+        let mut holders: Vec<(f64, String)> = (self.table.iter())
+            .filter(|(_, c)| c.labelled)
+            .map(|(n, c)| (c.score, n.clone()))
+            .collect();
+        // Weakest last, so pop() gives it.
+        holders.sort_by(by_score);
+        for (score, name) in challengers {
+            if holders.len() + changes.gained.len() >= self.limit {
+                match holders.last() {
+                    Some((weakest, _)) if score > HYSTERESIS * weakest => {}
+                    _ => break,
+                }
+                if let Some((_, out)) = holders.pop() {
+                    self.set_labelled(&out, false);
+                    changes.lost.push(out);
+                }
+            }
+            self.set_labelled(&name, true);
+            changes.gained.push(name);
+        }
+    }
+
+    fn set_labelled(&mut self, name: &str, labelled: bool) {
+        if let Some(c) = self.table.get_mut(name) {
+            c.labelled = labelled;
+        }
+    }
+
+    fn label<'a>(&self, comm: &'a str) -> &'a str {
+        match self.table.get(comm) {
+            Some(c) if c.labelled => comm,
+            _ => OTHER_COMM,
+        }
+    }
+
+    /// Remembers a comm's series values as it loses its slot.
+    fn keep(&mut self, comm: &str, values: [Option<f64>; 3]) {
+        if let Some(c) = self.table.get_mut(comm) {
+            c.kept = values;
+        }
+    }
+
+    fn kept(&self, comm: &str) -> [Option<f64>; 3] {
+        self.table.get(comm).map_or([None; 3], |c| c.kept)
+    }
+
+    #[cfg(test)]
+    fn tracked(&self) -> usize {
+        self.table.len()
     }
 }
 
@@ -433,6 +563,7 @@ struct State {
     registry: Registry,
     limits: MetricsLimits,
     slots: CommSlots,
+    comm_overflow: Counter,
     cycles: Family<Labels, FloatCounter>,
     instructions: Family<Labels, FloatCounter>,
     cpu_seconds: Family<Labels, FloatCounter>,
@@ -473,10 +604,8 @@ impl State {
         let s = State {
             registry: Registry::default(),
             limits,
-            slots: CommSlots {
-                limit: limits.top_comms,
-                last_seen: HashMap::new(),
-            },
+            slots: CommSlots::new(limits.top_comms),
+            comm_overflow: Counter::default(),
             cycles: Family::default(),
             instructions: Family::default(),
             cpu_seconds: Family::default(),
@@ -509,6 +638,12 @@ impl State {
             "cpi_bpf_cycles",
             "Sampled cycles per comm (top comms, the rest as comm=\"other\").",
             s.cycles.clone(),
+        );
+        r.register(
+            "cpi_bpf_comm_overflow_samples",
+            "Samples counted in comm=\"other\" because their comm had no series of its own \
+             (more busy comms than --metrics-top-comms).",
+            s.comm_overflow.clone(),
         );
         r.register(
             "cpi_bpf_instructions",
@@ -614,19 +749,17 @@ impl State {
         State { registry: r, ..s }
     }
 
-    fn add_profile(&mut self, p: &Profile, end: SystemTime) {
+    fn add_profile(&mut self, p: &Profile) {
         let totals = comm_totals(p);
-        let retired = self
-            .slots
-            .update(totals.iter().map(|(c, _)| c.as_str()), end);
-        for c in &retired {
-            for f in [&self.cycles, &self.instructions, &self.cpu_seconds] {
-                f.remove(&comm(c));
-            }
-        }
+        let changes = self.slots.update(&totals);
+        self.move_comm_series(changes);
         let pmu = p.mode.has_cpi();
         for (c, t) in &totals {
-            let l = comm(&self.slots.label(c));
+            let name = self.slots.label(c);
+            if name == OTHER_COMM && c != OTHER_COMM {
+                self.comm_overflow.inc_by(t.samples);
+            }
+            let l = comm(name);
             if let (true, Some(v)) = (pmu, t.cycles) {
                 self.cycles.get_or_create(&l).inc_by(v);
             }
@@ -652,6 +785,30 @@ impl State {
                 .inc_by(n);
         }
         self.filtered.inc_by(p.lost.filtered_in_kernel);
+    }
+
+    /// Removes the series of comms that lost their slot, keeping their values, and
+    /// recreates those of comms that got one at the values kept, so a comm that drops
+    /// out and comes back resumes where it was (a counter never goes down; only a comm
+    /// forgotten by the bounded ranking restarts at 0, a reset `rate()` handles).
+    fn move_comm_series(&mut self, changes: SlotChanges) {
+        let families = [&self.cycles, &self.instructions, &self.cpu_seconds];
+        for c in &changes.lost {
+            let l = comm(c);
+            let values = families.map(|f| f.get(&l).map(|m| m.get()));
+            for f in families {
+                f.remove(&l);
+            }
+            self.slots.keep(c, values);
+        }
+        for c in &changes.gained {
+            let l = comm(c);
+            for (f, v) in families.iter().zip(self.slots.kept(c)) {
+                if let Some(v) = v {
+                    f.get_or_create(&l).inc_by(v);
+                }
+            }
+        }
     }
 
     /// Replaces the function gauges with this window's top functions by cycles; only
@@ -912,7 +1069,7 @@ pub(crate) mod tests {
                 (5, "d", 0.25e9),
             ],
         );
-        s.add_profile(&p, SystemTime::UNIX_EPOCH);
+        s.add_profile(&p);
         assert_eq!(
             lines(&s, "cpi_bpf_cpu_seconds_total"),
             [
@@ -927,41 +1084,146 @@ pub(crate) mod tests {
         assert!(!s.render().contains("pid"));
     }
 
+    /// A comm takes a slot from a labelled one only when it has clearly more recent CPU:
+    /// one window a little heavier is not enough (labels do not flap), far heavier is.
     #[test]
-    fn admitted_comms_keep_their_series_until_idle_for_an_hour() {
+    fn slots_follow_recent_cpu_with_hysteresis() {
         let mut s = state(2, 20);
-        let t = |secs| SystemTime::UNIX_EPOCH + Duration::from_secs(secs);
-        s.add_profile(&profile(Mode::Cpi, &[(1, "a", 10.0), (2, "b", 8.0)]), t(10));
-        // c is heavier now, but the slots are taken: it goes to other; a and b stay.
-        s.add_profile(
-            &profile(Mode::Cpi, &[(3, "c", 100.0), (2, "b", 2.0)]),
-            t(20),
-        );
+        let mut add = |procs: &[(u32, &str, f64)]| s.add_profile(&profile(Mode::Cpi, procs));
+        add(&[(1, "a", 10.0), (2, "b", 8.0)]);
+        add(&[(1, "a", 10.0), (2, "b", 8.0), (3, "c", 12.0)]);
         assert_eq!(
             lines(&s, "cpi_bpf_cycles_total"),
             [
-                "cpi_bpf_cycles_total{comm=\"a\"} 10.0",
-                "cpi_bpf_cycles_total{comm=\"b\"} 10.0",
-                "cpi_bpf_cycles_total{comm=\"other\"} 100.0",
+                "cpi_bpf_cycles_total{comm=\"a\"} 20.0",
+                "cpi_bpf_cycles_total{comm=\"b\"} 16.0",
+                "cpi_bpf_cycles_total{comm=\"other\"} 12.0",
             ]
         );
-        assert_eq!(
-            lines(&s, "cpi_bpf_instructions_total{comm=\"b\"}"),
-            ["cpi_bpf_instructions_total{comm=\"b\"} 5.0"]
-        );
-        // An hour after a's last samples, a is retired and c takes its slot.
-        s.add_profile(
-            &profile(Mode::Cpi, &[(3, "c", 1.0), (2, "b", 1.0)]),
-            t(10 + 3600),
-        );
+        // c now far outweighs b: it takes b's slot, and b's cycles go to other.
+        s.add_profile(&profile(
+            Mode::Cpi,
+            &[(1, "a", 10.0), (2, "b", 8.0), (3, "c", 100.0)],
+        ));
         assert_eq!(
             lines(&s, "cpi_bpf_cycles_total"),
             [
-                "cpi_bpf_cycles_total{comm=\"b\"} 11.0",
-                "cpi_bpf_cycles_total{comm=\"c\"} 1.0",
-                "cpi_bpf_cycles_total{comm=\"other\"} 100.0",
+                "cpi_bpf_cycles_total{comm=\"a\"} 30.0",
+                "cpi_bpf_cycles_total{comm=\"c\"} 100.0",
+                "cpi_bpf_cycles_total{comm=\"other\"} 20.0",
             ]
         );
+        assert_eq!(
+            lines(&s, "cpi_bpf_instructions_total{comm=\"c\"}"),
+            ["cpi_bpf_instructions_total{comm=\"c\"} 50.0"]
+        );
+    }
+
+    /// Feeds a window of (pid, comm, cpu-clock ns) processes to `s`.
+    fn feed(s: &mut State, procs: &[(u32, &str, f64)]) {
+        s.add_profile(&profile(Mode::TimeProfile, procs));
+    }
+
+    /// The value of `cpi_bpf_cpu_seconds_total{comm}`, if the series is exported.
+    fn cpu(s: &State, comm: &str) -> Option<f64> {
+        let l = lines(s, &format!("cpi_bpf_cpu_seconds_total{{comm=\"{comm}\"}} "));
+        l.first()
+            .map(|l| l.rsplit(' ').next().unwrap().parse().unwrap())
+    }
+
+    fn overflow(s: &State) -> String {
+        lines(s, "cpi_bpf_comm_overflow_samples_total ").concat()
+    }
+
+    /// Issue 32: an unprivileged user starts 25 cheap `junkNN` processes before root's
+    /// `victimsvc`. The junk keeps running (1 ms of CPU a window each); victimsvc (two
+    /// processes, 1 s each a window) has its own series from its first window, and the
+    /// junk that no longer fits goes to `other`, its samples counted as overflow.
+    #[test]
+    fn cheap_early_comms_cannot_squat_the_slots_of_a_busy_one() {
+        let mut s = state(20, 20);
+        let names: Vec<String> = (0..25).map(|i| format!("junk{i:02}")).collect();
+        let mut procs: Vec<(u32, &str, f64)> = names
+            .iter()
+            .zip(100..)
+            .map(|(c, pid)| (pid, c.as_str(), 1e6))
+            .collect();
+        for _ in 0..3 {
+            feed(&mut s, &procs);
+        }
+        procs.extend([(1, "victimsvc", 1e9), (2, "victimsvc", 1e9)]);
+        for w in 3..6 {
+            feed(&mut s, &procs);
+            assert_eq!(
+                cpu(&s, "victimsvc"),
+                Some(2.0 * (w - 2) as f64),
+                "window {w}"
+            );
+        }
+        let junk = lines(&s, "cpi_bpf_cpu_seconds_total{comm=\"junk").len();
+        assert_eq!(junk, 19);
+        // Windows 0-2: 5 junk comms × 10 samples over the bound; then 6 each window.
+        assert_eq!(overflow(&s), "cpi_bpf_comm_overflow_samples_total 330");
+        // The junk exits: its slots are free within a few windows, not an hour.
+        for _ in 0..=IDLE_WINDOWS {
+            feed(&mut s, &[(1, "victimsvc", 1e9)]);
+        }
+        assert!(lines(&s, "cpi_bpf_cpu_seconds_total{comm=\"junk").is_empty());
+        assert_eq!(cpu(&s, "victimsvc"), Some(10.0));
+    }
+
+    /// 100 000 distinct comms (10 000 a window) keep the candidate table within its
+    /// bound, the exposition within top_comms + other, and a busy comm still gets its
+    /// series in its first window.
+    #[test]
+    fn a_flood_of_distinct_comms_stays_bounded() {
+        let mut s = state(20, 20);
+        for w in 0..11 {
+            let names: Vec<String> = (0..10_000).map(|i| format!("x{w}_{i}")).collect();
+            let mut procs: Vec<(u32, &str, f64)> = names
+                .iter()
+                .zip(1000..)
+                .map(|(c, pid)| (pid, c.as_str(), 1e6))
+                .collect();
+            if w == 10 {
+                procs.push((1, "victimsvc", 1e9));
+            }
+            feed(&mut s, &procs);
+            assert!(
+                s.slots.tracked() <= candidate_cap(20),
+                "{}",
+                s.slots.tracked()
+            );
+        }
+        assert_eq!(cpu(&s, "victimsvc"), Some(1.0));
+        assert_eq!(lines(&s, "cpi_bpf_cpu_seconds_total{").len(), 21);
+    }
+
+    /// A comm that loses its slot (by going idle, or to heavier comms) and comes back
+    /// resumes its series from the value it had: the counter never goes down.
+    #[test]
+    fn a_comm_that_drops_out_and_returns_stays_monotonic() {
+        let mut s = state(2, 20);
+        let w: [&[(u32, &str, f64)]; 5] = [
+            &[(1, "victimsvc", 1e9), (2, "hog", 1e9)],
+            &[(2, "hog", 1e9)],
+            &[(1, "victimsvc", 0.5e9), (2, "hog", 1e9)],
+            &[(1, "victimsvc", 1e9), (3, "big1", 1e12), (4, "big2", 1e12)],
+            &[(1, "victimsvc", 1e13), (3, "big1", 1e12), (4, "big2", 1e12)],
+        ];
+        // Busy, then idle for six windows, back, pushed out by two far heavier comms,
+        // back again heavier than they are.
+        let mut seen = Vec::new();
+        for (procs, n) in [(w[0], 1), (w[1], 6), (w[2], 1), (w[3], 1), (w[4], 1)] {
+            for _ in 0..n {
+                feed(&mut s, procs);
+                seen.push(cpu(&s, "victimsvc"));
+            }
+        }
+        let values: Vec<f64> = seen.iter().flatten().copied().collect();
+        assert!(values.windows(2).all(|v| v[0] <= v[1]), "{seen:?}");
+        assert_eq!(seen[8], None, "{seen:?}");
+        assert_eq!(seen.last(), Some(&Some(1.0 + 0.5 + 10_000.0)), "{seen:?}");
     }
 
     #[test]
@@ -973,7 +1235,7 @@ pub(crate) mod tests {
         p.processes[1].functions =
             vec![function("hot", 100.0, 100.0), function("cold", 10.0, 10.0)];
         p.processes[1].functions[1].cpi = None; // below the sample floor: not exported
-        s.add_profile(&p, SystemTime::UNIX_EPOCH);
+        s.add_profile(&p);
         assert_eq!(
             lines(&s, "cpi_bpf_function_cpi"),
             [
@@ -983,16 +1245,13 @@ pub(crate) mod tests {
         );
         p.processes[0].functions = vec![function("new", 10.0, 20.0)];
         p.processes[1].functions.clear();
-        s.add_profile(&p, SystemTime::UNIX_EPOCH);
+        s.add_profile(&p);
         assert_eq!(
             lines(&s, "cpi_bpf_function_cpi"),
             ["cpi_bpf_function_cpi{comm=\"app\",binary=\"/usr/bin/app\",function=\"new\"} 0.5"]
         );
         // Not in a time profile.
-        s.add_profile(
-            &profile(Mode::TimeProfile, &[(1, "app", 1.0)]),
-            SystemTime::UNIX_EPOCH,
-        );
+        s.add_profile(&profile(Mode::TimeProfile, &[(1, "app", 1.0)]));
         assert!(lines(&s, "cpi_bpf_function_cpi{").is_empty());
     }
 
