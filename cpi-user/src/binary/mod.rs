@@ -41,6 +41,8 @@ pub mod demangle;
 pub mod ehframe;
 pub mod kallsyms;
 pub mod lines;
+pub mod negative;
+pub mod perfmap;
 pub mod symbolize;
 
 use std::borrow::Cow;
@@ -972,10 +974,13 @@ fn normalise(mut funcs: Vec<Cand<'_>>) -> Vec<Cand<'_>> {
 
 /// Binaries opened so far, keyed by the file's identity (device + inode, so the same
 /// file reached through `/proc/PID/map_files/…` of many processes is parsed once) and
-/// stamped with size + mtime so a replaced file is reopened.
+/// stamped with size + mtime so a replaced file is reopened. Failures are remembered
+/// alike, bounded ([`negative`]).
 #[derive(Default)]
 pub struct BinaryCache {
-    entries: HashMap<FileId, (FileStamp, Result<Arc<Binary>, String>)>,
+    entries: HashMap<FileId, (FileStamp, Arc<Binary>)>,
+    /// Why files could not be used, each with its stamp.
+    failed: negative::Failures<FileId, (FileStamp, String)>,
     /// Where separate debug files are looked up.
     debug_root: DebugRoot,
 }
@@ -999,8 +1004,8 @@ impl BinaryCache {
     }
 
     /// The parsed binary at `path` (opened with cpi-user/src/fsafe/mod.rs), parsed on
-    /// first use. A failure is remembered (and returned again) until the file changes, so
-    /// a bad file is read once.
+    /// first use. A failure is remembered (and returned again) until the file changes or
+    /// the bounded memory of failures lets it go, so a bad file is read about once.
     pub fn get(&mut self, path: &Path) -> Result<Arc<Binary>, BinaryError> {
         self.get_open(&crate::fsafe::open(path)?, path)
     }
@@ -1019,30 +1024,54 @@ impl BinaryCache {
         })?;
         let stamp = (meta.len(), meta.modified().ok());
         let key = (meta.dev(), meta.ino());
-        let entry = match self.entries.get(&key) {
-            Some((s, r)) if *s == stamp => r.clone(),
-            _ => {
-                let r = Binary::from_file_with_debug(file, path, &self.debug_root).map(Arc::new);
-                let cached = r.as_ref().map(Arc::clone).map_err(|e| e.to_string());
-                self.entries.insert(key, (stamp, cached));
-                return r;
+        if let Some((s, b)) = self.entries.get(&key) {
+            if *s == stamp {
+                return Ok(Arc::clone(b));
             }
-        };
-        entry.map_err(|reason| BinaryError::Unusable {
-            path: path.to_path_buf(),
-            reason,
-        })
+        }
+        if let Some((s, reason)) = self.failed.get(&key) {
+            if *s == stamp {
+                return Err(BinaryError::Unusable {
+                    path: path.to_path_buf(),
+                    reason: reason.clone(),
+                });
+            }
+        }
+        self.entries.remove(&key);
+        self.failed.remove(&key);
+        let r = Binary::from_file_with_debug(file, path, &self.debug_root).map(Arc::new);
+        match &r {
+            Ok(b) => {
+                self.entries.insert(key, (stamp, Arc::clone(b)));
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                let heap = reason.capacity();
+                self.failed.insert(key, (stamp, reason), heap);
+            }
+        }
+        r
     }
 
     /// Drops every cached entry holding `bin`.
     pub fn evict(&mut self, bin: &Arc<Binary>) {
-        self.entries
-            .retain(|_, (_, r)| !r.as_ref().is_ok_and(|b| Arc::ptr_eq(b, bin)));
+        self.entries.retain(|_, (_, b)| !Arc::ptr_eq(b, bin));
     }
 
     /// The binaries held.
     pub fn binaries(&self) -> impl Iterator<Item = &Arc<Binary>> {
-        self.entries.values().filter_map(|(_, r)| r.as_ref().ok())
+        self.entries.values().map(|(_, b)| b)
+    }
+
+    /// Heap bytes of the remembered failures.
+    pub fn failure_bytes(&self) -> u64 {
+        self.failed.bytes()
+    }
+
+    /// Forgets the oldest remembered failure (when the symbolizer's bound asks); its
+    /// bytes, or `None` if none is left.
+    pub fn forget_oldest_failure(&mut self) -> Option<u64> {
+        self.failed.pop_oldest()
     }
 }
 
@@ -1062,6 +1091,29 @@ mod tests {
         assert!(matches!(e, BinaryError::NotElf { .. }), "{e}");
         let e = Binary::open(Path::new("/nonexistent/bin")).unwrap_err();
         assert!(matches!(e, BinaryError::Open(_)), "{e}");
+    }
+
+    /// Failures are remembered until the memory of them is full, then the oldest leave
+    /// (read again, they fail anew rather than as remembered).
+    #[test]
+    fn failures_are_remembered_oldest_out_first() {
+        let dir = std::env::temp_dir().join(format!("cpi-failures-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let paths: Vec<PathBuf> = (0..negative::MAX_FAILURES + 10)
+            .map(|i| dir.join(format!("script{i}")))
+            .collect();
+        let mut c = BinaryCache::new();
+        for p in &paths {
+            std::fs::write(p, "#!/bin/sh\n").unwrap();
+            let e = c.get(p).unwrap_err();
+            assert!(matches!(e, BinaryError::NotElf { .. }), "{e}");
+        }
+        let e = c.get(paths.last().unwrap()).unwrap_err();
+        assert!(matches!(e, BinaryError::Unusable { .. }), "remembered: {e}");
+        let e = c.get(&paths[0]).unwrap_err();
+        assert!(matches!(e, BinaryError::NotElf { .. }), "forgotten: {e}");
+        assert!(c.failure_bytes() > 0 && c.failure_bytes() <= negative::MAX_FAILURE_BYTES);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -2,15 +2,18 @@
 //! process's mappings.
 //!
 //! Kernel addresses are `[kernel]`; anonymous executable memory is `[anon]` (JIT), named
-//! per function from `/tmp/perf-PID.map` when the runtime writes one; `[vdso]` and other
+//! per function from `/tmp/perf-PID.map` when the runtime writes one (read under a budget,
+//! cpi-user/src/binary/perfmap.rs); `[vdso]` and other
 //! special mappings are named after the mapping. Files are opened through
 //! `/proc/PID/map_files/` (which still works when the file was deleted or replaced) and
 //! `/proc/PID/root/` (containers) when the process is live and
 //! [`SymbolizerOptions::use_proc`] is set, else by the mapped path.
 //!
 //! The symbolizer is the cache that outlives analyses (the always-on agent keeps one for
-//! its lifetime): binaries by file identity, and decoded functions
-//! ([`Symbolizer::decode`]), both in one LRU bounded in bytes by [`Symbolizer::trim`].
+//! its lifetime): binaries and perf maps by file identity (hard links of one perf map are
+//! held once), and decoded functions ([`Symbolizer::decode`]), all in one LRU bounded in
+//! bytes by [`Symbolizer::trim`]; files found unusable are remembered in a smaller bounded
+//! memory (cpi-user/src/binary/negative.rs), counted in the same bytes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -18,6 +21,8 @@ use std::sync::Arc;
 
 use super::demangle::{demangle, may_be_mangled};
 use super::kallsyms::{Kallsyms, KernelSymbols};
+use super::negative::Failures;
+use super::perfmap::{Cut, PerfMap, MAX_PERF_MAP_BYTES, MAX_PERF_MAP_ENTRIES};
 use super::{Binary, BinaryCache, BinaryError, Function, Instruction};
 use crate::procmap::{CapturedFile, MappedObject, Mapping, ProcessMaps};
 
@@ -135,9 +140,16 @@ pub struct Resolved {
 pub struct Symbolizer {
     opts: SymbolizerOptions,
     binaries: BinaryCache,
-    /// (pid, mapping start) → opened binary (or why not).
-    by_mapping: HashMap<(u32, u64), Result<Arc<Binary>, Arc<BinaryError>>>,
-    perf_maps: HashMap<u32, Vec<Function>>,
+    /// (pid, mapping start) → opened binary.
+    by_mapping: HashMap<(u32, u64), Arc<Binary>>,
+    /// (pid, mapping start) → why its binary could not be used.
+    failed_mappings: Failures<(u32, u64), Arc<BinaryError>>,
+    /// pid → its perf map's file, `None` where it has none (or none it may use).
+    perf_maps: HashMap<u32, Option<PerfMapKey>>,
+    /// Perf maps read, by file.
+    perf_files: HashMap<PerfMapKey, PerfFile>,
+    /// Perf maps (device, inode) already said to be cut.
+    perf_cut_said: std::collections::HashSet<(u64, u64)>,
     /// (pid, mapping start) → the file opened while the process lived.
     captured: HashMap<(u32, u64), Arc<CapturedFile>>,
     /// Files already found unusable ([`Symbolizer::warn_once`]).
@@ -157,6 +169,16 @@ pub struct Symbolizer {
 
 /// (binary id, function start, function size, what is kept of it).
 type DecodedKey = (u64, u64, u64, Form);
+
+/// A perf map file: device, inode, size and mtime (a grown file is read again).
+type PerfMapKey = (u64, u64, u64, Option<std::time::SystemTime>);
+
+/// A perf map in the cache.
+struct PerfFile {
+    map: PerfMap,
+    /// Clock of its last use.
+    used: u64,
+}
 
 /// What a cache entry keeps of a function (keys the kinds apart).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -209,6 +231,7 @@ fn holding(func: &Function, code: &[u8], starts: &[u32], addr: u64) -> Option<In
 enum Held {
     Binary(Arc<Binary>),
     Decoded(DecodedKey),
+    PerfMap(PerfMapKey),
 }
 
 /// Nothing found unusable goes unsaid, whoever owned the symbolizer.
@@ -225,7 +248,10 @@ impl Symbolizer {
             binaries: BinaryCache::with_debug_root(opts.debug_root.clone()),
             opts,
             by_mapping: HashMap::new(),
+            failed_mappings: Failures::default(),
             perf_maps: HashMap::new(),
+            perf_files: HashMap::new(),
+            perf_cut_said: std::collections::HashSet::new(),
             captured: HashMap::new(),
             gone: std::collections::HashSet::new(),
             warned: std::collections::HashSet::new(),
@@ -394,6 +420,7 @@ impl Symbolizer {
     /// reused (cpi-user/src/agent/mod.rs).
     pub fn forget_process(&mut self, pid: u32) {
         self.by_mapping.retain(|&(p, _), _| p != pid);
+        self.failed_mappings.retain(|&(p, _)| p != pid);
         self.captured.retain(|&(p, _), _| p != pid);
         self.perf_maps.remove(&pid);
         self.gone.remove(&pid);
@@ -402,7 +429,7 @@ impl Symbolizer {
     /// Distinct binaries held, by id.
     fn held(&self) -> HashMap<u64, Arc<Binary>> {
         let mut held = HashMap::new();
-        let mapped = self.by_mapping.values().filter_map(|r| r.as_ref().ok());
+        let mapped = self.by_mapping.values();
         for b in self.binaries.binaries().chain(mapped) {
             held.entry(b.id).or_insert_with(|| Arc::clone(b));
         }
@@ -410,26 +437,32 @@ impl Symbolizer {
     }
 
     /// Heap bytes held: binaries' tables ([`Binary::heap_bytes`]; mapped pages are page
-    /// cache, not counted — see cpi-user/src/binary/mod.rs), decoded functions, perf maps
-    /// and kernel symbols.
+    /// cache, not counted — see cpi-user/src/binary/mod.rs), decoded functions, perf maps,
+    /// remembered failures and kernel symbols.
     pub fn cache_bytes(&self) -> u64 {
-        let funcs = |v: &Vec<Function>| {
-            v.iter()
-                .map(|f| (size_of::<Function>() + f.name.capacity()) as u64)
-                .sum::<u64>()
-        };
         self.held().values().map(|b| b.heap_bytes()).sum::<u64>()
             + self.decoded_bytes
-            + self.perf_maps.values().map(funcs).sum::<u64>()
+            + self.perf_map_bytes()
+            + self.failure_bytes()
             + (self.opts.kallsyms.as_ref())
                 .and_then(Kallsyms::table_if_read)
                 .map_or(0, KernelSymbols::heap_bytes)
     }
 
-    /// Drops the least recently used binaries and decoded functions until at most
-    /// `max_bytes` are held (a dropped binary takes its decoded functions with it), then
-    /// drops the pages the binaries' mappings touched since the last trim from this
-    /// process's resident set.
+    /// Heap bytes of the perf maps held.
+    fn perf_map_bytes(&self) -> u64 {
+        self.perf_files.values().map(|f| f.map.heap_bytes()).sum()
+    }
+
+    /// Heap bytes of the failures remembered.
+    fn failure_bytes(&self) -> u64 {
+        self.binaries.failure_bytes() + self.failed_mappings.bytes()
+    }
+
+    /// Drops the least recently used binaries, decoded functions and perf maps until at
+    /// most `max_bytes` are held (a dropped binary takes its decoded functions with it),
+    /// then, if still over, the oldest failures remembered; then drops the pages the
+    /// binaries' mappings touched since the last trim from this process's resident set.
     pub fn trim(&mut self, max_bytes: u64) {
         let held = self.held();
         let mut order: Vec<(u64, Held, u64)> = held
@@ -442,6 +475,11 @@ impl Symbolizer {
                 self.decoded
                     .iter()
                     .map(|(k, d)| (d.used, Held::Decoded(*k), d.bytes)),
+            )
+            .chain(
+                self.perf_files
+                    .iter()
+                    .map(|(k, f)| (f.used, Held::PerfMap(*k), f.map.heap_bytes())),
             )
             .collect();
         order.sort_by_key(|h| h.0);
@@ -458,10 +496,15 @@ impl Symbolizer {
                         total = total.saturating_sub(d.bytes);
                     }
                 }
+                Held::PerfMap(k) => {
+                    self.perf_files.remove(&k);
+                    // Their processes read the file again on their next lookup.
+                    self.perf_maps.retain(|_, m| *m != Some(k));
+                    total = total.saturating_sub(bytes);
+                }
                 Held::Binary(bin) => {
                     self.binaries.evict(&bin);
-                    self.by_mapping
-                        .retain(|_, r| !r.as_ref().is_ok_and(|b| Arc::ptr_eq(b, &bin)));
+                    self.by_mapping.retain(|_, b| !Arc::ptr_eq(b, &bin));
                     self.used.remove(&bin.id);
                     let mut freed = bytes;
                     self.decoded.retain(|k, d| {
@@ -475,6 +518,14 @@ impl Symbolizer {
                     total = total.saturating_sub(freed);
                 }
             }
+        }
+        while total > max_bytes {
+            let Some(freed) = (self.binaries.forget_oldest_failure())
+                .or_else(|| self.failed_mappings.pop_oldest())
+            else {
+                break;
+            };
+            total = total.saturating_sub(freed);
         }
         let held = self.held();
         self.used.retain(|id, _| held.contains_key(id));
@@ -548,14 +599,21 @@ impl Symbolizer {
         path: &Path,
     ) -> Result<Arc<Binary>, SymbolizeError> {
         let key = (pid, m.start);
-        if !self.by_mapping.contains_key(&key) {
-            let result = self.open_mapped(pid, m, path).map_err(Arc::new);
-            if let Err(e) = &result {
-                self.warn_once(path, pid, e);
+        let r = match (self.by_mapping.get(&key), self.failed_mappings.get(&key)) {
+            (Some(b), _) => Ok(Arc::clone(b)),
+            (None, Some(e)) => Err(Arc::clone(e)),
+            (None, None) => {
+                let r = self.open_mapped(pid, m, path).map_err(Arc::new);
+                match &r {
+                    Ok(b) => drop(self.by_mapping.insert(key, Arc::clone(b))),
+                    Err(e) => {
+                        self.warn_once(path, pid, e);
+                        self.remember_failed(key, e);
+                    }
+                }
+                r
             }
-            self.by_mapping.insert(key, result);
-        }
-        let r = self.by_mapping[&key].clone();
+        };
         if let Ok(b) = &r {
             self.clock += 1;
             self.used.insert(b.id, self.clock);
@@ -594,6 +652,13 @@ impl Symbolizer {
             .get_open(&*c.open(pid, m, path, live)?, path)?;
         c.check_build_id(b.build_id.as_deref(), path)?;
         Ok(b)
+    }
+
+    /// Remembers that mapping `key`'s binary is unusable, for `e`: its message (path and
+    /// reason) is what it holds.
+    fn remember_failed(&mut self, key: (u32, u64), e: &Arc<BinaryError>) {
+        let heap = size_of::<BinaryError>() + e.to_string().len();
+        self.failed_mappings.insert(key, Arc::clone(e), heap);
     }
 
     /// Notes why `path` is unusable, once per file (at most [`MAX_NAMED`] files, then once
@@ -655,15 +720,14 @@ impl Symbolizer {
     /// this mapping stays unusable, other processes' mappings reopen the file as it is.
     fn drop_truncated(&mut self, pid: u32, m: &Mapping, bin: &Arc<Binary>) -> SymbolizeError {
         self.binaries.evict(bin);
-        self.by_mapping
-            .retain(|_, r| !r.as_ref().is_ok_and(|b| Arc::ptr_eq(b, bin)));
+        self.by_mapping.retain(|_, b| !Arc::ptr_eq(b, bin));
         self.decoded.retain(|k, _| k.0 != bin.id);
         self.decoded_bytes = self.decoded.values().map(|d| d.bytes).sum();
         let e = Arc::new(BinaryError::Truncated {
             path: bin.path.clone(),
         });
         self.warn_once(&bin.path, pid, &e);
-        self.by_mapping.insert((pid, m.start), Err(Arc::clone(&e)));
+        self.remember_failed((pid, m.start), &e);
         SymbolizeError::Binary {
             pid,
             addr: m.start,
@@ -681,21 +745,58 @@ impl Symbolizer {
     }
 
     fn perf_map_lookup(&mut self, pid: u32, addr: u64) -> Option<Resolved> {
-        let dir = &self.opts.perf_map_dir;
-        let funcs = self
-            .perf_maps
-            .entry(pid)
-            .or_insert_with(|| read_perf_map(pid, &dir.join(format!("perf-{pid}.map"))));
-        let i = funcs.partition_point(|f| f.start <= addr).checked_sub(1)?;
-        let f = funcs.get(i).filter(|f| f.contains(addr))?;
+        let key = match self.perf_maps.get(&pid) {
+            Some(k) => *k,
+            None => {
+                let k = self.read_perf_map(pid);
+                self.perf_maps.insert(pid, k);
+                k
+            }
+        }?;
+        self.clock += 1;
+        let file = self.perf_files.get_mut(&key)?;
+        file.used = self.clock;
         Some(Resolved {
             object: CodeObject::Anon,
             object_name: "[anon]".into(),
             deleted: false,
             vaddr: addr,
-            function: f.clone(),
+            function: file.map.lookup(addr)?,
             function_index: None,
         })
+    }
+
+    /// `pid`'s perf map, read unless the same file (a hard link, or another process's
+    /// same map) is held already; `None` if it has none it may use.
+    fn read_perf_map(&mut self, pid: u32) -> Option<PerfMapKey> {
+        use std::os::unix::fs::MetadataExt;
+        let path = self.opts.perf_map_dir.join(format!("perf-{pid}.map"));
+        let (mut f, meta) = open_perf_map(pid, &path)?;
+        let key = (meta.dev(), meta.ino(), meta.len(), meta.modified().ok());
+        if !self.perf_files.contains_key(&key) {
+            let map = PerfMap::read(&mut f, meta.len());
+            if let Some(cut) = map.cut {
+                self.say_cut(&path, (key.0, key.1), cut);
+            }
+            self.perf_files.insert(key, PerfFile { map, used: 0 });
+        }
+        Some(key)
+    }
+
+    /// Warns that the perf map at `path` (device, inode `id`) was cut by the budget, once
+    /// per file (at most [`MAX_NAMED`] files).
+    fn say_cut(&mut self, path: &Path, id: (u64, u64), cut: Cut) {
+        if self.perf_cut_said.len() < MAX_NAMED && self.perf_cut_said.insert(id) {
+            log::warn!(
+                "{}: perf map over its budget: its first {} bytes not read, {} more lines \
+                 not kept (the last {MAX_PERF_MAP_ENTRIES} functions of its last {} MiB are \
+                 named; code elsewhere is [anon])",
+                path.display(),
+                cut.bytes_skipped,
+                cut.lines_dropped,
+                MAX_PERF_MAP_BYTES >> 20
+            );
+        }
     }
 }
 
@@ -714,76 +815,31 @@ fn pseudo(object: CodeObject, name: &str, addr: u64, start: u64, end: u64) -> Re
     }
 }
 
-/// Parses a perf map (`START SIZE NAME`, hex, one per line); a missing or unreadable
-/// file is an empty map. Bad lines are skipped: the file is written by a foreign runtime.
-/// Largest perf map read.
-const MAX_PERF_MAP_BYTES: u64 = 64 << 20;
-
-/// `/tmp/perf-PID.map`, where anyone can plant a file: read only if it is a regular
+/// `/tmp/perf-PID.map`, where anyone can plant a file: used only if it is a regular
 /// file, not a link, owned by root or by the user who owns process `pid` (as perf
-/// requires), and at most [`MAX_PERF_MAP_BYTES`].
-fn read_perf_map(pid: u32, path: &Path) -> Vec<Function> {
-    use std::io::Read;
+/// requires); the file and its metadata.
+fn open_perf_map(pid: u32, path: &Path) -> Option<(std::fs::File, std::fs::Metadata)> {
     use std::os::unix::fs::MetadataExt;
-    let Ok(f) = crate::fsafe::open_nofollow(path) else {
-        return Vec::new();
-    };
-    let owner = f.metadata().map(|m| m.uid()).ok();
+    let f = crate::fsafe::open_nofollow(path).ok()?;
+    let meta = f.metadata().ok()?;
     let process_owner = std::fs::metadata(format!("/proc/{pid}"))
         .map(|m| m.uid())
         .ok();
-    if !(owner == Some(0) || (owner.is_some() && owner == process_owner)) {
+    if !(meta.uid() == 0 || Some(meta.uid()) == process_owner) {
         log::warn!(
-            "{}: owned by uid {owner:?}, not by the process's user: not read",
-            path.display()
+            "{}: owned by uid {}, not by the process's user: not read",
+            path.display(),
+            meta.uid()
         );
-        return Vec::new();
+        return None;
     }
-    let mut text = String::new();
-    if f.take(MAX_PERF_MAP_BYTES)
-        .read_to_string(&mut text)
-        .is_err()
-    {
-        return Vec::new();
-    }
-    parse_perf_map(&text)
-}
-
-fn parse_perf_map(text: &str) -> Vec<Function> {
-    let mut out: Vec<Function> = text
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.splitn(3, ' ');
-            let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
-            let start = hex(f.next()?)?;
-            let size = hex(f.next()?)?;
-            let name = f.next()?.trim().to_string();
-            Some(Function { name, start, size })
-        })
-        .filter(|f| f.size > 0)
-        .collect();
-    // Later entries win (JITs re-emit code at reused addresses).
-    out.reverse();
-    out.sort_by_key(|f| f.start);
-    out.dedup_by_key(|f| f.start);
-    out
+    Some((f, meta))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::binary::testbin::{maps_for, TestProgram};
-
-    #[test]
-    fn perf_map_lines() {
-        let m = parse_perf_map("7f00 20 jit_a\nbad line\n0x7f40 10 jit b\n7f00 30 jit_a2\n");
-        assert_eq!(m.len(), 2);
-        assert_eq!(m[0].name, "jit_a2");
-        assert_eq!(
-            (m[1].start, m[1].size, m[1].name.as_str()),
-            (0x7f40, 0x10, "jit b")
-        );
-    }
 
     #[test]
     fn resolves_pie_non_pie_kernel_anon_vdso() {
@@ -842,6 +898,89 @@ mod tests {
             .unwrap();
         let e = s.resolve(1, &maps, 0x400010).unwrap_err();
         assert!(e.to_string().contains("/gone/bin"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A perf map past the read budget, hard-linked for two processes (the test and a
+    /// child of it, so the owner check passes for any user): held small, once, counted
+    /// in the cache and dropped by its bound; read again when needed.
+    #[test]
+    fn perf_maps_are_bounded_shared_and_trimmed() {
+        let dir = std::env::temp_dir().join(format!("cpi-perfmaps-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .unwrap();
+        let pids = [std::process::id(), child.id()];
+        // 1.5 M short lines, 13 MiB: past both budgets.
+        let lines = 1_500_000u64;
+        let at = |i: u64| 0x7f00_0000_0000 + 0x10 * i;
+        let text: String = (0..lines)
+            .map(|i| format!("{:x} 10 f{i}\n", at(i)))
+            .collect();
+        let first = dir.join(format!("perf-{}.map", pids[0]));
+        std::fs::write(&first, &text).unwrap();
+        std::fs::hard_link(&first, dir.join(format!("perf-{}.map", pids[1]))).unwrap();
+        let mut s = Symbolizer::new(SymbolizerOptions {
+            use_proc: false,
+            perf_map_dir: dir.clone(),
+            kallsyms: None,
+            debug_root: Default::default(),
+        });
+        let none = ProcessMaps::parse("").unwrap();
+        let last = at(lines - 1) + 4;
+        let name = |s: &mut Symbolizer, pid| s.resolve(pid, &none, last).map(|r| r.function.name);
+        assert_eq!(name(&mut s, pids[0]).unwrap(), format!("f{}", lines - 1));
+        let held = s.cache_bytes();
+        assert!(held > 0 && held < 4 << 20, "{held} bytes held");
+        assert!(s.resolve(pids[0], &none, at(0)).is_err(), "the head is cut");
+        assert_eq!(name(&mut s, pids[1]).unwrap(), format!("f{}", lines - 1));
+        assert_eq!(s.cache_bytes(), held, "the hard link is held once");
+        s.trim(held - 1);
+        assert_eq!(s.cache_bytes(), 0, "trimmed with the cache");
+        assert_eq!(name(&mut s, pids[1]).unwrap(), format!("f{}", lines - 1));
+        assert_eq!(s.cache_bytes(), held, "read again");
+        let _ = child.kill();
+        let _ = child.wait();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Thousands of distinct non-ELF files mapped executable (long paths): what is
+    /// remembered of their failures stays bounded, is counted in the cache, and leaves
+    /// with it.
+    #[test]
+    fn failed_files_stay_bounded_and_leave_with_the_cache() {
+        use crate::binary::negative::MAX_FAILURE_BYTES;
+        let dir = std::env::temp_dir().join(format!("cpi-failed-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut maps = String::new();
+        for i in 0..3000u64 {
+            let path = dir.join(format!("{}{i}", "x".repeat(200)));
+            std::fs::write(&path, "#!/bin/sh\n").unwrap();
+            let start = 0x1000_0000 + i * 0x1000;
+            maps += &format!(
+                "{start:x}-{:x} r-xp 00000000 {} {}\n",
+                start + 0x1000,
+                crate::binary::testbin::maps_dev_ino(&path),
+                path.display()
+            );
+        }
+        let maps = ProcessMaps::parse(&maps).unwrap();
+        let mut s = Symbolizer::new(SymbolizerOptions {
+            use_proc: false,
+            kallsyms: None,
+            ..Default::default()
+        });
+        for m in &maps.mappings {
+            let e = s.resolve(7, &maps, m.start).unwrap_err();
+            assert!(matches!(e, SymbolizeError::Binary { .. }), "{e}");
+        }
+        let held = s.cache_bytes();
+        assert!(held > 0, "failures are counted");
+        assert!(held <= 2 * MAX_FAILURE_BYTES, "{held} bytes held");
+        s.trim(0);
+        assert_eq!(s.cache_bytes(), 0, "and leave with the cache");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
