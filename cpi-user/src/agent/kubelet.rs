@@ -33,7 +33,7 @@ pub const MAX_BODY: u64 = 16 << 20;
 
 /// What the kubelet says of one pod.
 #[derive(Clone, Debug, PartialEq)]
-struct Pod {
+pub struct Pod {
     name: String,
     namespace: String,
     /// Container id (the runtime's, without its `containerd://` scheme) → name.
@@ -245,8 +245,8 @@ struct ContainerStatus {
     container_id: Option<String>,
 }
 
-/// The pods of a kubelet `/pods` answer, by UID.
-fn parse_pods(body: &[u8]) -> Result<HashMap<String, Pod>, String> {
+/// The pods of a kubelet `/pods` answer, by UID (public for tests/tests/it/fuzz.rs).
+pub fn parse_pods(body: &[u8]) -> Result<HashMap<String, Pod>, String> {
     let list: PodList = serde_json::from_slice(body).map_err(|e| format!("not a pod list: {e}"))?;
     Ok(list
         .items

@@ -1,23 +1,27 @@
-//! Fuzz targets for every reader of foreign bytes (issue 20 item 7): ELF, `.eh_frame`,
-//! perf.data, `perf script` text, the profile JSON, stored agent windows and the agent
-//! config. Inputs are real files the other tests use, edited by proptest strategies
+//! Fuzz targets for every reader of foreign bytes (issues 20 item 7 and 32): ELF,
+//! `.eh_frame`, perf.data, `perf script` text, the profile JSON, stored agent windows,
+//! the agent config, symbol names, DWARF line tables, perf maps, debug links (a binary
+//! and the debug files its build-id and `.gnu_debuglink` name) and the kubelet's pod
+//! list. Inputs are real files the other tests use, edited by proptest strategies
 //! (bit flips, boundary integers, inserts, removals, truncation, splices) drawn from a
 //! deterministic RNG, for a bounded time per target (`CPI_FUZZ_SECS`, default 10).
 //! Each input must return (no panic) within [`PER_INPUT`] and allocate at most
 //! [`MAX_LIVE`] live bytes. A failing input is written to `target/fuzz-<target>.bin`;
 //! once fixed it belongs in `tests/data/fuzz/<target>/`, which is replayed first.
-
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::{Cursor, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::process::Command;
+use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
-use cpi_tests::{temp_dir, workspace_root};
+use cpi_tests::{programs, temp_dir, workspace_root};
 use cpi_user::agent::config::AgentOptions;
+use cpi_user::agent::kubelet::parse_pods;
 use cpi_user::agent::store::{read_range, RangeQuery};
-use cpi_user::binary::{ehframe::fde_ranges, Binary};
+use cpi_user::binary::perfmap::PerfMap;
+use cpi_user::binary::{ehframe::fde_ranges, Binary, DebugRoot, SourceLines};
 use cpi_user::import::{perf_data, perf_script};
 use cpi_user::report::file;
 use object::{Object, ObjectSection, ObjectSymbol};
@@ -465,6 +469,193 @@ fn symbol_names() {
             let d = cpi_user::binary::demangle(&name);
             assert!(d == name || d.len() <= 8 << 10, "{} bytes", d.len());
         }
+    });
+    ran(n, 2);
+}
+
+/// `tests/programs/analysis_loops.c` built with `-g` (non-PIE), split as packagers do
+/// in `dir`: `prog.debug` (`objcopy --only-keep-debug`: its DWARF and symbol table with
+/// little else, so most edits land in them) and `prog` (stripped, with a debuglink to
+/// it and gcc's build-id). `None` after saying why (no gcc or binutils).
+fn split_debug_build(dir: &Path) -> Option<(PathBuf, PathBuf, PathBuf)> {
+    let exe = programs::compile("analysis_loops.c", &["-O2", "-g", "-fno-PIE", "-no-pie"])?;
+    let (prog, debug) = (dir.join("prog"), dir.join("prog.debug"));
+    let steps: [&[&str]; 3] = [
+        &[
+            "objcopy",
+            "--only-keep-debug",
+            &exe.to_string_lossy(),
+            "prog.debug",
+        ],
+        &["strip", "-o", "prog", &exe.to_string_lossy()],
+        &["objcopy", "--add-gnu-debuglink=prog.debug", "prog"],
+    ];
+    for step in steps {
+        match Command::new(step[0])
+            .args(&step[1..])
+            .current_dir(dir)
+            .output()
+        {
+            Ok(o) if o.status.success() => {}
+            other => {
+                cpi_tests::skip(format_args!("{step:?}: {other:?}"));
+                return None;
+            }
+        }
+    }
+    Some((exe, debug, prog))
+}
+
+/// The addresses a line-table target asks about: some functions' starts and middles,
+/// and the seeds' `.text` (non-PIE, at 0x401000) for inputs whose symbols are gone.
+fn probes(bin: &Binary) -> Vec<u64> {
+    bin.functions()
+        .take(64)
+        .flat_map(|f| [f.start, f.start + f.size / 2])
+        .chain((0..16).map(|i| 0x40_1000 + i * 0x40))
+        .collect()
+}
+
+/// DWARF line tables (cpi-user/src/binary/lines.rs), with the file names addr2line
+/// renders under `names_within_bound`. Seeds: a `-g` build, its debug file, and the
+/// issue 32 attack (tests/data/fuzz/dwarf_lines/shared-line-table.elf, 28 KB built with
+/// gas): 128 units sharing one table of 1 024 names under an 8 KiB `comp_dir`, covering
+/// addresses the table has no row for, so addr2line renders each unit's names in turn.
+/// Without the bound that input holds 2.16 GB live.
+#[test]
+fn dwarf_lines() {
+    let dir = temp_dir("fuzz-lines");
+    let Some((exe, debug, _)) = split_debug_build(&dir) else {
+        return;
+    };
+    let seeds = vec![
+        read(exe),
+        read(debug),
+        data("tests/data/fuzz/dwarf_lines/shared-line-table.elf"),
+    ];
+    let n = fuzz("dwarf_lines", seeds, |b| {
+        let Ok(bin) = Binary::parse(Path::new("fuzz.elf"), b) else {
+            return;
+        };
+        let lines = SourceLines::new(&bin);
+        for a in probes(&bin) {
+            let _ = lines.at(a);
+        }
+    });
+    ran(n, 3);
+}
+
+/// Perf maps as JIT runtimes write them (Node, a JVM agent, .NET, `0x` prefixes), with a
+/// line that is not an entry, a zero size and a start written twice.
+const PERF_MAP: &str = "\
+3c7e4bc0a0c0 1c0 Builtin:ArgumentsAdaptorTrampoline
+3c7e4bc0a2a0 2e4 LazyCompile:~main /app/index.js:1
+7f8e2d0123a0 120 Ljava/lang/String;::hashCode
+00007F8E2D014000 5B [PreJIT] instance bool [System.Private.CoreLib] System.String::Equals(object)[OptimizedTier1]
+0x7f8e2d015000 0x40 luajit trace 12
+not an entry
+7f8e2d016000 0 empty
+7f8e2d0123a0 80 Ljava/lang/String;::hashCode (recompiled)
+";
+
+#[test]
+fn perf_map() {
+    let n = fuzz("perf_map", vec![PERF_MAP.as_bytes().to_vec()], |b| {
+        let map = PerfMap::read(&mut Cursor::new(b), b.len() as u64);
+        // Each line's first word, as an address, is looked up.
+        for line in b.split(|&c| c == b'\n') {
+            let word = line.split(|&c| c == b' ').next().unwrap_or_default();
+            let hex = String::from_utf8_lossy(word);
+            if let Ok(a) = u64::from_str_radix(hex.trim_start_matches("0x"), 16) {
+                let _ = map.lookup(a);
+            }
+        }
+    });
+    ran(n, 1);
+}
+
+/// A debug root for [`debug_link`]: `root/bin/prog.debug` is another build's debug
+/// file (its CRC differs), `root/bin/.debug/prog.debug` and the build-id path hold
+/// `prog`'s. Seeds: `prog` and `prog` without its build-id (found by debuglink only).
+static LINK_ROOT: OnceLock<PathBuf> = OnceLock::new();
+
+fn debug_link_seeds() -> Option<Vec<Vec<u8>>> {
+    let dir = temp_dir("fuzz-debuglink");
+    let (exe, debug, prog) = split_debug_build(&dir)?;
+    let root = dir.join("root");
+    let bin = root.join("bin");
+    std::fs::create_dir_all(bin.join(".debug")).expect("debug root");
+    std::fs::copy(&exe, bin.join("prog.debug")).expect("a wrong debug file");
+    std::fs::copy(&debug, bin.join(".debug/prog.debug")).expect("the debug file");
+    let id = Binary::open(&exe).ok()?.build_id.clone()?;
+    let ids = root.join(format!("usr/lib/debug/.build-id/{}", &id[..2]));
+    std::fs::create_dir_all(&ids).expect("build-id directory");
+    std::fs::copy(&debug, ids.join(format!("{}.debug", &id[2..]))).expect("the debug file");
+    let no_id = dir.join("prog-no-id");
+    let out = Command::new("objcopy")
+        .args(["--remove-section=.note.gnu.build-id"])
+        .arg(&prog)
+        .arg(&no_id)
+        .output()
+        .expect("objcopy ran above");
+    assert!(out.status.success(), "{out:?}");
+    LINK_ROOT.set(root).expect("set once");
+    Some(vec![read(prog), read(no_id)])
+}
+
+/// Debug links (cpi-user/src/binary/debugfile.rs): the edited binary, named
+/// `/bin/prog`, looks up its debug file under [`LINK_ROOT`] and reads its lines there.
+#[test]
+fn debug_link() {
+    let Some(seeds) = debug_link_seeds() else {
+        return;
+    };
+    let n = fuzz("debug_link", seeds, |b| {
+        let root = DebugRoot(LINK_ROOT.get().expect("set up").clone());
+        let input = root.0.with_file_name("input");
+        std::fs::write(&input, b).expect("write input");
+        let f = std::fs::File::open(&input).expect("open input");
+        let Ok(bin) = Binary::from_file_with_debug(&f, Path::new("/bin/prog"), &root) else {
+            return;
+        };
+        let lines = SourceLines::new(&bin);
+        for a in probes(&bin) {
+            let _ = lines.at(a);
+        }
+    });
+    ran(n, 2);
+}
+
+/// A kubelet `/pods` answer in the shapes the kubelet writes: a running pod (a
+/// container, an init container, an ephemeral one, each runtime's id scheme), one
+/// still creating its container, one with no status.
+const POD_LIST: &str = r#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":[
+ {"metadata":{"name":"web-1","namespace":"shop","uid":"74c13223-5a00-11e9-b385-42010a80018d",
+   "labels":{"app":"web"}},
+  "spec":{"nodeName":"n1","containers":[{"name":"nginx","image":"nginx:1.25"}]},
+  "status":{"phase":"Running","qosClass":"Burstable",
+   "containerStatuses":[{"name":"nginx","ready":true,"restartCount":0,
+     "containerID":"containerd://9ec39b91f3d70e1beff50a308f77067065ea6be0d91a3378375056cd4422cf3d"},
+    {"name":"starting","ready":false}],
+   "initContainerStatuses":[{"name":"init","containerID":"cri-o://0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"}],
+   "ephemeralContainerStatuses":[{"name":"debug","containerID":"docker://abc123"}]}},
+ {"metadata":{"name":"pending","namespace":"x","uid":"u2"}},
+ {"metadata":{"name":"job-7","namespace":"batch","uid":"u3"},"status":{"containerStatuses":[]}}]}"#;
+
+/// The kubelet's pod list (cpi-user/src/agent/kubelet.rs), an answer of up to 16 MiB
+/// from a port anyone on the node may listen on.
+#[test]
+fn kubelet_pods() {
+    let seeds = vec![
+        POD_LIST.as_bytes().to_vec(),
+        cpi_tests::pod_list(&[
+            ("u1", "a", "default", "0123abcd"),
+            ("u2", "b", "kube-system", "4567ef"),
+        ])
+        .into_bytes(),
+    ];
+    let n = fuzz("kubelet_pods", seeds, |b| {
+        let _ = parse_pods(b);
     });
     ran(n, 2);
 }
