@@ -16,11 +16,16 @@
 //! in place without waiting for a reader ([`open_in_place`]). [`check_private_dir`]
 //! refuses a directory another user owns or can write.
 //!
+//! Inputs the user names (`import-perf FILE`, `report FILE`): [`open_input`] reads a
+//! pipe with a writer and gives up on a FIFO nobody writes within [`FIFO_WAIT`]. As root,
+//! what a recording names is opened only as the user it came from could ([`behalf`]).
+//!
 //! Mapped files cannot kill the process when truncated: [`map::GuardedMap`]. A mapping
 //! shows every later write to its file, so bytes checked once and used afterwards are
 //! copied first unless [`only_root_can_change`] (cpi-user/src/unwind/mod.rs). Text from
 //! other processes is printed through [`escape`].
 
+pub mod behalf;
 pub mod map;
 mod sys;
 mod text;
@@ -111,6 +116,25 @@ pub enum OpenError {
         /// The file mapped.
         want: FileId,
     },
+    /// As root, a path a recording names that the user it came from cannot read
+    /// ([`behalf`]).
+    #[error("{}: not opened: uid {uid} cannot read it ({why})", .path.display())]
+    NotReadable {
+        /// The path.
+        path: PathBuf,
+        /// The user whose access decided.
+        uid: u32,
+        /// Why that user (`recording owned by uid N`).
+        why: String,
+    },
+    /// A FIFO no one wrote to within [`FIFO_WAIT`].
+    #[error("{}: a FIFO with no writer (nothing within {} s); not read", .path.display(), .waited.as_secs())]
+    NoWriter {
+        /// The path.
+        path: PathBuf,
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
     /// The mapped file, reopened, has changed since it was captured (size, build-id):
     /// rewritten in place (cpi-user/src/procmap/captured.rs).
     #[error("{}: not the captured file ({what}); not read", .path.display())]
@@ -161,8 +185,50 @@ fn regular(fd: OwnedFd, path: &Path) -> Result<File, OpenError> {
 /// regular files only. Symbolic links are followed (callers check identity, or the
 /// path was given by the user running cpi-bpf).
 pub fn open(path: &Path) -> Result<File, OpenError> {
-    let fd = sys::openat(None, path, sys::READ_FLAGS, 0).map_err(OpenError::io(path))?;
+    open_with(path, sys::READ_FLAGS)
+}
+
+/// `open(path, flags)` as the [`behalf::Reader`], if one is set, would: a path the
+/// command line trusts as root (inside a trusted tree, resolved there).
+fn open_with(path: &Path, flags: libc::c_int) -> Result<File, OpenError> {
+    let open = || sys::openat(None, path, flags, 0);
+    let fd = match behalf::current().map(|r| (r, r.trust(path))) {
+        None | Some((_, behalf::Trust::File)) => open().map_err(OpenError::io(path))?,
+        Some((_, behalf::Trust::Inside(root, rest))) => return open_in_root(root, &rest),
+        Some((r, behalf::Trust::No)) => r.open(path, open)?,
+    };
     regular(fd, path)
+}
+
+/// How long [`open_input`] waits for a FIFO's writer.
+pub const FIFO_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Opens an input the user named (a recording, a profile file) for reading: a regular
+/// file, a device, or a pipe. Opening never waits (`O_NONBLOCK`); a FIFO with a name
+/// must then become readable (a writer's bytes, or its close) within `wait`, else
+/// [`OpenError::NoWriter`]: a FIFO nobody opens would otherwise hang the command. An
+/// anonymous pipe (`<(zcat p.json.gz)`, `/dev/fd/N`) has its writer already, or none
+/// ever (read then ends at once), so it is read however slow its writer. Reads wait
+/// from then on (`O_NONBLOCK` cleared). `-` is standard input, as it is.
+pub fn open_input(path: &Path, wait: std::time::Duration) -> Result<File, OpenError> {
+    if path.as_os_str() == "-" {
+        use std::os::fd::AsFd;
+        let fd = io::stdin().as_fd().try_clone_to_owned();
+        return fd.map(File::from).map_err(OpenError::io(path));
+    }
+    let fd = sys::openat(None, path, sys::READ_FLAGS, 0).map_err(OpenError::io(path))?;
+    let st = sys::fstat(&fd).map_err(OpenError::io(path))?;
+    let named_fifo = st.st_mode & libc::S_IFMT == libc::S_IFIFO
+        && sys::fs_type(&fd).map_err(OpenError::io(path))? != sys::PIPEFS_MAGIC;
+    let ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+    if named_fifo && !sys::poll_readable(&fd, ms).map_err(OpenError::io(path))? {
+        return Err(OpenError::NoWriter {
+            path: path.to_path_buf(),
+            waited: wait,
+        });
+    }
+    sys::set_blocking(&fd).map_err(OpenError::io(path))?;
+    Ok(File::from(fd))
 }
 
 /// The whole of a small regular file opened with [`open`], at most `max` bytes (a larger
@@ -186,9 +252,7 @@ pub fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, OpenError> {
 /// [`open`] that refuses a symbolic link as the last component (`O_NOFOLLOW`): for
 /// files at well-known names in shared directories (`/tmp/perf-PID.map`).
 pub fn open_nofollow(path: &Path) -> Result<File, OpenError> {
-    let fd = sys::openat(None, path, sys::READ_FLAGS | libc::O_NOFOLLOW, 0)
-        .map_err(OpenError::io(path))?;
-    regular(fd, path)
+    open_with(path, sys::READ_FLAGS | libc::O_NOFOLLOW)
 }
 
 /// Opens `path` (absolute or not) as seen by a process whose root directory is `root`
@@ -196,18 +260,22 @@ pub fn open_nofollow(path: &Path) -> Result<File, OpenError> {
 /// lead out of `root`; regular files only, never blocking.
 pub fn open_in_root(root: &Path, path: &Path) -> Result<File, OpenError> {
     let shown = root.join(path.strip_prefix("/").unwrap_or(path));
-    let dir = sys::openat(
-        None,
-        root,
-        libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
-        0,
-    )
-    .map_err(OpenError::io(&shown))?;
-    let fd = match sys::openat2_in_root(&dir, path, sys::READ_FLAGS) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => walk_in_root(&dir, path),
-        r => r,
-    }
-    .map_err(OpenError::io(&shown))?;
+    let open = || {
+        let dir = sys::openat(
+            None,
+            root,
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            0,
+        )?;
+        match sys::openat2_in_root(&dir, path, sys::READ_FLAGS) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => walk_in_root(&dir, path),
+            r => r,
+        }
+    };
+    let fd = match behalf::current() {
+        Some(r) if !r.trusts_root(root) => r.open(&shown, open)?,
+        _ => open().map_err(OpenError::io(&shown))?,
+    };
     regular(fd, &shown)
 }
 
@@ -487,6 +555,43 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn inputs_wait_for_a_fifos_writer_a_bounded_time_and_read_pipes() {
+        use std::io::Read;
+        let d = scratch("input");
+        let p = d.join("p.json");
+        create_fifo(&p).unwrap();
+        let e = open_input(&p, std::time::Duration::from_millis(50)).unwrap_err();
+        assert!(matches!(e, OpenError::NoWriter { .. }), "{e}");
+        let writer = {
+            let p = p.clone();
+            std::thread::spawn(move || std::fs::write(p, b"profile").unwrap())
+        };
+        let mut text = String::new();
+        open_input(&p, std::time::Duration::from_secs(60))
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
+        writer.join().unwrap();
+        assert_eq!(text, "profile");
+        // An anonymous pipe (`<(…)`) is read whatever its writer's pace: no wait at all
+        // here, and the first bytes come after the open.
+        let (r, w) = std::io::pipe().unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&r);
+        let f = open_input(
+            Path::new(&format!("/proc/self/fd/{fd}")),
+            std::time::Duration::ZERO,
+        )
+        .unwrap();
+        drop(r);
+        let writer = std::thread::spawn(move || (&w).write_all(b"late").unwrap());
+        text.clear();
+        (&f).read_to_string(&mut text).unwrap();
+        writer.join().unwrap();
+        assert_eq!(text, "late");
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

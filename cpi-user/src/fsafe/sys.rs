@@ -1,7 +1,8 @@
 //! The raw system calls of [`super`]: `openat` with explicit flags, `openat2` with
 //! `RESOLVE_IN_ROOT`, `readlinkat`, `fstatfs`, `mkfifo`, `fcntl` (clearing `O_NONBLOCK`),
-//! the `SIGBUS` handler's `sigaction`/`mmap`, and the group database (`getgrnam_r`).
-//! Callers get owned fds and `io::Result`s.
+//! the `SIGBUS` handler's `sigaction`/`mmap`, the user and group databases (`getgrnam_r`,
+//! `getpwuid_r`, `getgrouplist`), `poll`, and a thread's filesystem identity
+//! (`setfsuid`, `setfsgid`, `setgroups`). Callers get owned fds and `io::Result`s.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
@@ -210,4 +211,134 @@ pub fn getgrnam(name: &str) -> io::Result<Option<u32>> {
             e => return Err(io::Error::from_raw_os_error(e)),
         }
     }
+}
+
+/// `PIPEFS_MAGIC` (statfs(2)): an anonymous pipe (`|`, `<(…)`), not a FIFO with a name.
+pub const PIPEFS_MAGIC: i64 = 0x5049_5045;
+
+/// Waits at most `timeout_ms` for `fd` to be readable or hung up (`poll`); `false` when
+/// the time ran out.
+pub fn poll_readable(fd: &impl AsRawFd, timeout_ms: i32) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid, writable pollfd.
+        match unsafe { libc::poll(&raw mut p, 1, timeout_ms) } {
+            n if n > 0 => return Ok(true),
+            0 => return Ok(false),
+            _ => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// The primary group and every group of user `uid` from the user and group databases
+/// (`getpwuid_r`, `getgrouplist`); `None` when no user has that uid.
+pub fn groups_of(uid: u32) -> io::Result<Option<(u32, Vec<u32>)>> {
+    let mut buf = vec![0u8; 4096];
+    let (name, gid) = loop {
+        // SAFETY: an all-zero `passwd` is a valid value to be filled in.
+        let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut found: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: valid out-pointers and a buffer of its length.
+        let r = unsafe {
+            libc::getpwuid_r(
+                uid,
+                &raw mut pw,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &raw mut found,
+            )
+        };
+        match r {
+            0 if found.is_null() => return Ok(None),
+            // SAFETY: `pw_name` points into `buf`, NUL-terminated, alive here.
+            0 => {
+                break (
+                    unsafe { std::ffi::CStr::from_ptr(pw.pw_name) }.to_owned(),
+                    pw.pw_gid,
+                )
+            }
+            libc::ERANGE if buf.len() < 1 << 20 => buf.resize(buf.len() * 4, 0),
+            e => return Err(io::Error::from_raw_os_error(e)),
+        }
+    };
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut n = groups.len() as libc::c_int;
+        // SAFETY: a NUL-terminated name and a writable array of `n` gids.
+        let r = unsafe { libc::getgrouplist(name.as_ptr(), gid, groups.as_mut_ptr(), &raw mut n) };
+        if r >= 0 {
+            groups.truncate(n.max(0) as usize);
+            return Ok(Some((gid, groups)));
+        }
+        if groups.len() >= 1 << 16 {
+            return Ok(Some((gid, vec![gid])));
+        }
+        groups.resize((n.max(0) as usize).max(groups.len() * 2), 0);
+    }
+}
+
+/// `SECBIT_NO_SETUID_FIXUP`: when set, a filesystem uid leaving 0 keeps the capabilities
+/// that bypass permission checks.
+const SECBIT_NO_SETUID_FIXUP: libc::c_int = 1 << 2;
+
+/// Runs `f` on a new thread whose filesystem identity is `uid`, `gid` and `groups`, so
+/// every path it opens is checked by the kernel as for that user: mode bits along every
+/// directory, ACLs, links, mounts, at the moment of the open (no check-then-open race).
+/// Credentials are per thread in Linux: `setfsuid`/`setfsgid` and the raw `setgroups`
+/// system call change this thread only (glibc's `setgroups` would change every thread),
+/// and the thread ends with `f`. A filesystem uid leaving 0 drops `CAP_DAC_OVERRIDE` and
+/// `CAP_DAC_READ_SEARCH` from the thread (capabilities(7)), unless
+/// `SECBIT_NO_SETUID_FIXUP` says otherwise: then, or when a switch does not take (no
+/// `CAP_SETUID`), `EPERM` and `f` is not run.
+pub fn as_user<T: Send>(
+    uid: u32,
+    gid: u32,
+    groups: &[u32],
+    f: impl FnOnce() -> io::Result<T> + Send,
+) -> io::Result<T> {
+    let switch = || -> io::Result<()> {
+        let denied = || io::Error::from_raw_os_error(libc::EPERM);
+        // SAFETY: prctl with PR_GET_SECUREBITS takes no pointers.
+        let bits = unsafe { libc::prctl(libc::PR_GET_SECUREBITS) };
+        if bits < 0 || bits & SECBIT_NO_SETUID_FIXUP != 0 {
+            return Err(denied());
+        }
+        // SAFETY: a valid array of `groups.len()` gids; this thread's groups only.
+        if unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: setfsgid/setfsuid take plain ids; -1 (invalid) only reads the current one.
+        unsafe { libc::setfsgid(gid) };
+        // SAFETY: as above.
+        let fsgid = unsafe { libc::setfsgid(u32::MAX) };
+        // SAFETY: as above.
+        unsafe { libc::setfsuid(uid) };
+        // SAFETY: as above.
+        let fsuid = unsafe { libc::setfsuid(u32::MAX) };
+        if fsgid as u32 != gid || fsuid as u32 != uid {
+            return Err(denied());
+        }
+        Ok(())
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            switch()?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| {
+            Err(io::Error::other(
+                "a thread opening as another user panicked",
+            ))
+        })
+    })
 }

@@ -32,6 +32,10 @@ pub enum LocateError {
         /// That file's build-id.
         got: String,
     },
+    /// As root, the recorded path is one the user the recording came from cannot read
+    /// (cpi-user/src/fsafe/behalf.rs), and nothing else was found.
+    #[error(transparent)]
+    NotReadable(fsafe::OpenError),
 }
 
 /// Whether a file's build-id `got` is the recorded `want` (lowercase hex), as perf
@@ -83,6 +87,8 @@ impl Locator {
             .symfs
             .as_ref()
             .map(|d| d.join(recorded.trim_start_matches('/')));
+        let here = Path::new(recorded);
+        let mut refused = None;
         let mut id_of = |p: &Path| -> Option<(Option<String>, FileId)> {
             if let Some(v) = ids.get(p) {
                 return v.clone();
@@ -91,7 +97,14 @@ impl Locator {
                 (Some(root), Some(s)) if s == p => fsafe::open_in_root(root, Path::new(recorded)),
                 _ => fsafe::open(p),
             };
-            let got = f.ok().and_then(|f| {
+            let f = match f {
+                Err(e @ fsafe::OpenError::NotReadable { .. }) if p == here => {
+                    refused = Some(e);
+                    None
+                }
+                f => f.ok(),
+            };
+            let got = f.and_then(|f| {
                 let id = FileId::of(&f.metadata().ok()?);
                 Some((Binary::from_file(&f, p).ok()?.build_id, id))
             });
@@ -127,7 +140,6 @@ impl Locator {
             }
         }
         // The recorded path: only if it is the recorded binary (or nothing says).
-        let here = Path::new(recorded);
         let mut mismatch = None;
         if let Some((got, id)) = id_of(here) {
             match check(here, got) {
@@ -153,9 +165,10 @@ impl Locator {
                 }
             }
         }
-        match mismatch {
-            Some(e) => Err(e),
-            None => Ok(None),
+        match (mismatch, refused) {
+            (Some(e), _) => Err(e),
+            (None, Some(e)) => Err(LocateError::NotReadable(e)),
+            (None, None) => Ok(None),
         }
     }
 }

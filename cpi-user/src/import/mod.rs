@@ -5,9 +5,9 @@
 //! branch-stack text ([`perf_script`]). Both are streamed in two passes (what the
 //! recording holds, then its samples), so memory does not grow with the input; text
 //! lines are bounded by [`MAX_LINE_BYTES`], so a file that is not a recording
-//! (`/dev/zero`) ends in one error, not in memory exhaustion. Standard input is
-//! spooled to an unnamed temporary file (at most [`MAX_STDIN_BYTES`]) for the second
-//! pass.
+//! (`/dev/zero`) ends in one error, not in memory exhaustion. A pipe (standard input,
+//! `<(…)`, a FIFO) is spooled to an unnamed temporary file (at most [`MAX_STDIN_BYTES`])
+//! for the second pass.
 //!
 //! The event the branch stacks were sampled on decides what the numbers mean
 //! ([`Estimator`]), and the mode line says it: taken-branch events give absolute
@@ -45,8 +45,8 @@ use cpi_common::policy::Perturbation;
 use perf_script::{PerfImport, PerfScriptError};
 use unwound::Unwinder;
 
-/// Largest `perf script` text read from standard input (spooled to a temporary file
-/// for the second pass); files are not limited.
+/// Largest `perf script` text read from a pipe (spooled to a temporary file for the
+/// second pass); files are not limited.
 pub const MAX_STDIN_BYTES: u64 = 16 << 30;
 /// Longest text line: a 64-entry stack with long dso names is well under this.
 pub const MAX_LINE_BYTES: usize = 1 << 20;
@@ -54,6 +54,9 @@ pub const MAX_LINE_BYTES: usize = 1 << 20;
 /// Why a recording could not be imported; each prints as one line (with its source).
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
+    /// The input could not be opened (or a FIFO had no writer).
+    #[error(transparent)]
+    Open(#[from] crate::fsafe::OpenError),
     /// Reading the input failed.
     #[error("{what}")]
     Io {
@@ -63,8 +66,10 @@ pub enum ImportError {
         #[source]
         source: std::io::Error,
     },
-    /// Standard input over [`MAX_STDIN_BYTES`].
-    #[error("{what}: more than {limit} bytes on standard input: save the text to a file and import that")]
+    /// A pipe's text over [`MAX_STDIN_BYTES`].
+    #[error(
+        "{what}: more than {limit} bytes through a pipe: save the text to a file and import that"
+    )]
     TooLarge {
         /// The input, as named in messages (`-`).
         what: String,
@@ -224,37 +229,45 @@ pub fn import_path(path: &Path, opts: &ImportOptions) -> Result<Imported, Import
     Ok(load_path(path, opts)?.analyze(&opts.analysis))
 }
 
-/// Reads `path` (`-` is standard input, text only) into samples: perf.data when it
-/// starts with `PERFILE2`, else `perf script` text.
+/// Reads `path` (`-` is standard input; a pipe, text only) into samples
+/// ([`crate::fsafe::open_input`], then [`load_input`]).
 pub fn load_path(path: &Path, opts: &ImportOptions) -> Result<Loaded, ImportError> {
     let what = path.display().to_string();
+    let f = crate::fsafe::open_input(path, crate::fsafe::FIFO_WAIT)?;
+    load_input(f, &what, opts)
+}
+
+/// Reads the recording open as `f` (named `what` in messages) into samples: perf.data
+/// when it starts with `PERFILE2`, else `perf script` text. A regular file or a device is
+/// read where it is, twice; a pipe's text is spooled first ([`spool`]).
+pub fn load_input(
+    mut f: std::fs::File,
+    what: &str,
+    opts: &ImportOptions,
+) -> Result<Loaded, ImportError> {
+    use std::os::unix::fs::FileTypeExt;
     let io = |source| ImportError::Io {
-        what: what.clone(),
+        what: what.into(),
         source,
     };
-    if path.as_os_str() == "-" {
-        let mut stdin = std::io::stdin().lock();
-        let mut magic = [0u8; 8];
-        let n = read_full(&mut stdin, &mut magic).map_err(io)?;
-        if &magic[..n] == perf_data::MAGIC {
-            return Err(ImportError::PerfData {
-                what,
-                source: PerfDataError::PipeMode,
-            });
-        }
-        let spool = spool(
-            std::io::Cursor::new(magic[..n].to_vec()).chain(stdin),
-            &what,
-        )?;
-        return load_lines(rewind(&spool), &what, opts);
-    }
-    let mut f = std::fs::File::open(path).map_err(io)?;
+    let t = f.metadata().map_err(io)?.file_type();
     let mut magic = [0u8; 8];
     let n = read_full(&mut f, &mut magic).map_err(io)?;
-    if &magic[..n] == perf_data::MAGIC {
-        return load_perf_data(path, &what, opts);
+    let perf_data = &magic[..n] == perf_data::MAGIC;
+    if t.is_file() || t.is_char_device() || t.is_block_device() {
+        if perf_data {
+            return load_perf_data(&f, what, opts);
+        }
+        return load_lines(rewind(&f), what, opts);
     }
-    load_lines(rewind(&f), &what, opts)
+    if perf_data {
+        return Err(ImportError::PerfData {
+            what: what.into(),
+            source: PerfDataError::PipeMode,
+        });
+    }
+    let spool = spool(std::io::Cursor::new(magic[..n].to_vec()).chain(f), what)?;
+    load_lines(rewind(&spool), what, opts)
 }
 
 /// Opens `f` again from its start (one pass of [`import_lines`]).
@@ -385,16 +398,19 @@ struct Roles {
 /// feeding the samples of `roles`' events (none in a first pass) with their call stacks,
 /// user stacks recorded as bytes unwound by `unwinder`.
 fn perf_data_pass(
-    path: &Path,
+    file: &std::fs::File,
     what: &str,
     (window, weighting): (usize, StackWeighting),
     roles: Roles,
     mut unwinder: Option<&mut Unwinder>,
 ) -> Result<Pass, ImportError> {
-    let f = std::fs::File::open(path).map_err(|source| ImportError::Io {
-        what: what.into(),
-        source,
-    })?;
+    let f = file
+        .try_clone()
+        .and_then(|mut f| f.seek(SeekFrom::Start(0)).map(|_| f))
+        .map_err(|source| ImportError::Io {
+            what: what.into(),
+            source,
+        })?;
     let size = f.metadata().ok().map(|m| m.len());
     let mut f = progress::Reading::new(f, "reading", size);
     let mut set = SampleSet::new(window);
@@ -493,14 +509,18 @@ fn perf_data_pass(
 
 /// Reads a perf.data file into samples: its branch stacks when it has them, else the
 /// samples of a clock event as a time profile.
-fn load_perf_data(path: &Path, what: &str, opts: &ImportOptions) -> Result<Loaded, ImportError> {
+fn load_perf_data(
+    file: &std::fs::File,
+    what: &str,
+    opts: &ImportOptions,
+) -> Result<Loaded, ImportError> {
     let unusable = |why: String| ImportError::Unusable {
         what: what.into(),
         why,
     };
     // First pass: the events, how deep the stacks are, the mappings.
     let scan = perf_data_pass(
-        path,
+        file,
         what,
         (opts.window, StackWeighting::Window),
         Roles::default(),
@@ -521,7 +541,7 @@ fn load_perf_data(path: &Path, what: &str, opts: &ImportOptions) -> Result<Loade
         if let Some(clock) =
             (0..events.len()).find(|&i| events[i].is_clock() && scan.per_event[i] > 0)
         {
-            return load_time_profile(path, what, opts, clock, &scan);
+            return load_time_profile(file, what, opts, clock, &scan);
         }
         return Err(ImportError::NoBranchStacks {
             what: what.into(),
@@ -563,7 +583,7 @@ fn load_perf_data(path: &Path, what: &str, opts: &ImportOptions) -> Result<Loade
         clock: None,
     };
     let (pass, placed) = placed_pass(
-        path,
+        file,
         what,
         (window, weighting),
         roles,
@@ -695,7 +715,7 @@ struct Placed {
 /// mappings and build-ids the `scan` pass read, with the files `locator` finds, then
 /// [`place`]d.
 fn placed_pass(
-    path: &Path,
+    file: &std::fs::File,
     what: &str,
     weights: (usize, StackWeighting),
     roles: Roles,
@@ -705,7 +725,7 @@ fn placed_pass(
     build_ids.extend(scan.records.build_ids.clone());
     let mut relocator = Relocator::new(locator, build_ids, what);
     let mut unwinder = Unwinder::new(&scan.records.maps, &mut relocator);
-    let mut pass = perf_data_pass(path, what, weights, roles, Some(&mut unwinder))?;
+    let mut pass = perf_data_pass(file, what, weights, roles, Some(&mut unwinder))?;
     if let Some(e) = unwinder.error.take() {
         return Err(e);
     }
@@ -745,7 +765,7 @@ fn place(pass: &mut Pass, mut relocator: Relocator) -> Result<Placed, ImportErro
 /// A recording without branch stacks: the samples of `clock` (`cpu-clock`,
 /// `task-clock`; periods in ns) as a time profile, with their callchains.
 fn load_time_profile(
-    path: &Path,
+    file: &std::fs::File,
     what: &str,
     opts: &ImportOptions,
     clock: usize,
@@ -756,7 +776,7 @@ fn load_time_profile(
         ..Roles::default()
     };
     let (pass, placed) = placed_pass(
-        path,
+        file,
         what,
         (opts.window, StackWeighting::Window),
         roles,
@@ -885,12 +905,12 @@ impl<'a> Relocator<'a> {
             };
             let recorded = path.display().to_string();
             if !self.found.contains_key(&recorded) {
-                let (local, refused) = match self.locator.locate(
+                let (local, refused, unreadable) = match self.locator.locate(
                     &recorded,
                     build_ids.get(&recorded).map(String::as_str),
                     &mut self.ids,
                 ) {
-                    Ok(l) => (l, false),
+                    Ok(l) => (l, false, false),
                     // This machine's own file at the recorded path (its ld.so, libc) is
                     // another build: not used, said, and the rest imported as perf does.
                     // A file the user named is refused.
@@ -906,8 +926,10 @@ impl<'a> Relocator<'a> {
                              unmapped; give the recorded binary with --binary NAME=PATH or \
                              --symfs DIR"
                         ));
-                        (None, true)
+                        (None, true, false)
                     }
+                    // Said, and counted unusable, by the analysis that opens it again.
+                    Err(LocateError::NotReadable(_)) => (None, false, true),
                     Err(source) => {
                         return Err(ImportError::Locate {
                             what: self.what.into(),
@@ -920,7 +942,10 @@ impl<'a> Relocator<'a> {
                         self.notes
                             .push(format!("{recorded}: read from {}", l.display()));
                     }
-                    None if !refused && (build_ids.contains_key(&recorded) || !path.exists()) => {
+                    None if !refused
+                        && !unreadable
+                        && (build_ids.contains_key(&recorded) || !path.exists()) =>
+                    {
                         self.notes.push(format!(
                             "{recorded}: not found on this machine (build-id {}): its samples \
                              are unmapped; give it with --binary NAME=PATH or --symfs DIR",
@@ -1093,12 +1118,7 @@ fn load_lines<R: BufRead>(
     };
     let mut scan = perf_script::Scan::new(parse_opts);
     for_each_line(open().map_err(io)?, what, |n, l| scan.line(n, l))?;
-    let mut placed =
-        scan.finish(&perf_script::elf_layout)
-            .map_err(|source| ImportError::PerfScript {
-                what: what.into(),
-                source,
-            })?;
+    let (mut placed, refused) = finish_scan(scan, what)?;
     let est = opts.text_event;
     let (n, timed, per_sample) = (placed.samples, placed.timed, placed.per_sample);
     let weighting =
@@ -1133,7 +1153,7 @@ fn load_lines<R: BufRead>(
     for_each_line(open().map_err(io)?, what, |_, l| placed.line(l, &mut add))?;
     placed.finish(&mut add);
     let import = placed.import;
-    let mut notes = text_notes(&import, n);
+    let mut notes = text_notes(&import, n, &refused);
     import.place(&mut set);
     notes.extend(relocate(&mut set, &opts.locator, &BTreeMap::new(), what)?);
     let (role, name) = match est {
@@ -1214,7 +1234,39 @@ fn load_lines<R: BufRead>(
     })
 }
 
-fn text_notes(import: &PerfImport, samples: u64) -> Vec<String> {
+/// Places the text's dsos by their ELF headers ([`perf_script::Scan::finish`]); with,
+/// by dso, the refusal of each one the recording's user cannot read (as root:
+/// cpi-user/src/fsafe/behalf.rs).
+fn finish_scan(
+    scan: perf_script::Scan,
+    what: &str,
+) -> Result<(perf_script::Placed, BTreeMap<String, String>), ImportError> {
+    use crate::{binary::BinaryError, fsafe::OpenError};
+    let refused = std::cell::RefCell::new(BTreeMap::new());
+    let read_elf = |p: &Path| match perf_script::elf_layout(p) {
+        Ok(l) => Some(l),
+        Err(BinaryError::Open(e @ OpenError::NotReadable { .. })) => {
+            let dso = p.display().to_string();
+            refused.borrow_mut().insert(dso, e.to_string());
+            None
+        }
+        Err(_) => None,
+    };
+    let placed = scan
+        .finish(&read_elf)
+        .map_err(|source| ImportError::PerfScript {
+            what: what.into(),
+            source,
+        })?;
+    Ok((placed, refused.into_inner()))
+}
+
+/// What to say about the text; `refused`: dsos not opened, and why ([`finish_scan`]).
+fn text_notes(
+    import: &PerfImport,
+    samples: u64,
+    refused: &BTreeMap<String, String>,
+) -> Vec<String> {
     let mut notes = Vec::new();
     if import.malformed_lines > 0 {
         notes.push(format!(
@@ -1224,6 +1276,10 @@ fn text_notes(import: &PerfImport, samples: u64) -> Vec<String> {
         ));
     }
     for dso in &import.unplaced {
+        if let Some(why) = refused.get(dso) {
+            notes.push(why.clone());
+            continue;
+        }
         notes.push(format!(
             "{dso}: cannot place its runtime addresses (PIE or shared library without mmap \
              events): re-run `perf script` with --show-mmap-events, or use brstackoff"

@@ -673,10 +673,10 @@ impl ElfLayout {
     }
 }
 
-/// Reads a file's [`ElfLayout`] through [`Binary::open`]; `None` when it is missing or
-/// not ELF.
-pub fn elf_layout(path: &Path) -> Option<ElfLayout> {
-    Binary::open(path).ok().map(|b| ElfLayout::of(&b))
+/// Reads a file's [`ElfLayout`] through [`Binary::open`]; `Err` when it is missing, not
+/// ELF, or (as root) not readable by the recording's user.
+pub fn elf_layout(path: &Path) -> Result<ElfLayout, crate::binary::BinaryError> {
+    Binary::open(path).map(|b| ElfLayout::of(&b))
 }
 
 struct ParsedEntry<'a> {

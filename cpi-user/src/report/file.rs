@@ -25,6 +25,10 @@ use crate::profile::model::{frame_numbers, Profile, StackFrame, PROFILE_FORMAT_V
 /// file (`origin`), which `cpi-bpf report` prints as is.
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileFileError {
+    /// The file could not be opened, or was a FIFO no one wrote to
+    /// (cpi-user/src/fsafe/mod.rs, `open_input`).
+    #[error(transparent)]
+    Open(#[from] crate::fsafe::OpenError),
     /// Opening or reading the file (or stream) failed.
     // Not a `#[source]`: the message already carries the cause, once.
     #[error("reading profile {}: {error}", .path.display())]
@@ -357,17 +361,11 @@ fn keep_old(path: &Path) -> std::io::Result<()> {
 /// The largest profile file read (its parsed form takes a few times this in memory).
 pub const MAX_PROFILE_BYTES: u64 = 256 << 20;
 
-/// Reads a profile file.
+/// Reads a profile file (a pipe with a writer too; a FIFO without one is an error
+/// within [`crate::fsafe::FIFO_WAIT`]).
 pub fn read(path: &Path) -> Result<Profile, ProfileFileError> {
-    let io = |error| ProfileFileError::Io {
-        path: path.to_path_buf(),
-        error,
-    };
-    let f = std::fs::File::open(path).map_err(io)?;
-    read_from(f, &path.display().to_string()).map_err(|e| match e {
-        ReadError::Io(error) => io(error),
-        ReadError::Profile(e) => e,
-    })
+    let f = crate::fsafe::open_input(path, crate::fsafe::FIFO_WAIT)?;
+    read_stream(f, &path.display().to_string())
 }
 
 /// Reads a profile from `r` (standard input, a pipe), at most [`MAX_PROFILE_BYTES`];
@@ -548,7 +546,7 @@ fn write_out_frames(value: &mut serde_json::Value, origin: &str) -> Result<(), P
             });
             Ok((frame, (func.name.len() + func.binary.len() + 48) as u64))
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, ProfileFileError>>()?;
     // Checked before a frame is written out: a refused file costs no copies.
     let in_paths = path_frames(top);
     let mut bytes = 0u64;

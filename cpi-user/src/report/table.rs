@@ -1433,14 +1433,19 @@ fn source_rows(lines: &[crate::profile::model::InstructionProfile]) -> Vec<Optio
 }
 
 /// A source file's lines, when it can be read safely (cpi-user/src/fsafe/mod.rs): a
-/// regular file, never blocking, at most 16 MiB.
+/// regular file, never blocking, at most 16 MiB; as root, one the profile's user could
+/// read (a refusal is said: the caller asks once per file).
 fn read_source(path: &Path) -> Option<Vec<String>> {
     let mut text = Vec::new();
-    crate::fsafe::open(path)
-        .ok()?
-        .take(16 << 20)
-        .read_to_end(&mut text)
-        .ok()?;
+    let f = match crate::fsafe::open(path) {
+        Ok(f) => f,
+        Err(e @ crate::fsafe::OpenError::NotReadable { .. }) => {
+            log::warn!("{e}");
+            return None;
+        }
+        Err(_) => return None,
+    };
+    f.take(16 << 20).read_to_end(&mut text).ok()?;
     Some(
         String::from_utf8_lossy(&text)
             .lines()

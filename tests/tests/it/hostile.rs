@@ -462,6 +462,127 @@ fn import_perf_does_not_wait_on_a_fifo() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Row "confused deputy: an unprivileged user hands root a `perf script` text whose
+/// mappings name a root-only binary": as root, `import-perf --annotate` opens what the
+/// text names only as its owner (uid 65534) could, so none of the binary's symbols are
+/// printed and one line says it was refused; root's own copy of the text shows them.
+#[test]
+fn import_perf_as_root_opens_only_what_the_recordings_user_could() {
+    if !require_root("acting as another user") {
+        return;
+    }
+    let Some(exe) = cpi_tests::programs::compile("hot_cold.c", &["-O1", "-fno-pie", "-no-pie"])
+    else {
+        return;
+    };
+    let dir = temp_dir("hostile-deputy");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let private = dir.join("root-only");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let prog = private.join("prog");
+    cpi_tests::copy_program(&exe, &prog);
+    let hot = cpi_tests::symbol_address(&prog, "hot").unwrap();
+    let cold = cpi_tests::symbol_address(&prog, "cold").unwrap();
+    let p = prog.display();
+    let mut text = String::from("# perf script -F comm,pid,tid,ip,sym,dso,brstack\n");
+    for i in 0..40 {
+        let ip = if i % 4 == 0 { cold } else { hot + 4 };
+        let entry = format!("0x{:x}({p})/0x{hot:x}({p})/P/-/-/0/COND ", hot + 0x20);
+        text += &format!("bench  4242/4242 {ip:x} f ({p}) {}\n", entry.repeat(4));
+    }
+    let input = dir.join("perf.txt");
+    std::fs::write(&input, text).unwrap();
+    let import = || {
+        run_bounded(
+            Command::new(cpi_bpf())
+                .env_remove("SUDO_UID")
+                .env_remove("SUDO_GID")
+                .args(["import-perf", "--annotate", "hot"])
+                .arg(&input),
+        )
+    };
+    let own = import();
+    let shown = String::from_utf8_lossy(&own.stdout);
+    assert!(own.status.success(), "{}", stderr(&own));
+    assert!(shown.contains("hot [") && shown.contains("ret"), "{shown}");
+    std::os::unix::fs::chown(&input, Some(65534), Some(65534)).unwrap();
+    let handed = import();
+    let (out, err) = (String::from_utf8_lossy(&handed.stdout), stderr(&handed));
+    for leak in ["hot [", "cold", "main", "imul", &format!("{hot:x}")] {
+        assert!(!out.contains(leak), "{leak:?} printed: {out}");
+    }
+    let refusal = format!(
+        "cpi-bpf: warning: {p}: not opened: uid 65534 cannot read it (recording owned by uid 65534)"
+    );
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.iter().filter(|l| **l == refusal).count(), 1, "{err}");
+    assert!(
+        !err.contains("cannot place"),
+        "one line for the file: {err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Row "FIFOs at the edges": `report` and `import-perf` of a FIFO nobody writes end with
+/// one line within the FIFO wait (cpi-user/src/fsafe/mod.rs, `FIFO_WAIT`, 5 s), while a
+/// pipe with a writer is read: `report <(zcat p.json.gz)`, a FIFO whose writer comes
+/// late, and `import-perf <(cat perf.txt)`.
+#[test]
+fn report_and_import_of_a_fifo_without_a_writer_end_and_pipes_are_read() {
+    let dir = temp_dir("hostile-fifo-input");
+    let fifo = dir.join("p.json");
+    mkfifo(&fifo);
+    for cmd in ["report", "import-perf"] {
+        let mut run = Command::new(cpi_bpf());
+        run.arg(cmd).arg(&fifo);
+        let t0 = Instant::now();
+        let r = run_bounded(&mut run);
+        cpi_tests::assert_one_error_line(&r, "a FIFO with no writer");
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "{cmd}: {:?}",
+            t0.elapsed()
+        );
+    }
+    let gz = dir.join("p.json.gz");
+    let mut enc = flate2::write::GzEncoder::new(
+        std::fs::File::create(&gz).unwrap(),
+        flate2::Compression::fast(),
+    );
+    enc.write_all(
+        cpi_user::report::file::to_json(&time_profile())
+            .unwrap()
+            .as_bytes(),
+    )
+    .unwrap();
+    enc.finish().unwrap();
+    let bin = cpi_bpf().display().to_string();
+    let piped = |script: String| {
+        let r = run_bounded(Command::new("bash").args(["-c", &script]));
+        assert!(r.status.success(), "{script}: {}", stderr(&r));
+        String::from_utf8_lossy(&r.stdout).into_owned()
+    };
+    let g = gz.display();
+    let table = piped(format!("{bin} report <(sleep 1; zcat {g})"));
+    assert!(table.contains("lzma_rc_encode"), "{table}");
+    let f = fifo.display();
+    let table = piped(format!("(sleep 1; zcat {g} > {f}) & {bin} report {f}"));
+    assert!(table.contains("lzma_rc_encode"), "{table}");
+    let text = dir.join("perf.txt");
+    std::fs::write(
+        &text,
+        "bench  7/7 401106 f (/bin/x) 0x401126(/bin/x)/0x401115(/bin/x)/P/-/-/0/COND\n",
+    )
+    .unwrap();
+    let json = piped(format!(
+        "{bin} import-perf --format json <(sleep 1; cat {})",
+        text.display()
+    ));
+    assert!(json.contains("\"processes\""), "{json}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Row "mmapped 25 000 distinct small executable files in one process": with the
 /// descriptor limit of that row (20 000), the agent holds at most its stated cap of
 /// captured files (a quarter of the soft limit, cpi-user/src/procmap/captured.rs), the

@@ -71,7 +71,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             None => opts.locator.files.push(path),
         }
     }
-    let imported = import::import_path(&args.file, &opts)?;
+    let named = opts.locator.overrides.iter().map(|(_, p)| p);
+    let input = crate::open_recording(
+        &args.file,
+        opts.locator.symfs.iter().cloned().collect(),
+        named.chain(&opts.locator.files).cloned().collect(),
+    )?;
+    let what = args.file.display().to_string();
+    let imported = import::load_input(input, &what, &opts)?.analyze(&opts.analysis);
     for note in &imported.notes {
         log::warn!("{note}");
     }

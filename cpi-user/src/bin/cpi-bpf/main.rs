@@ -55,6 +55,23 @@ enum Invocation {
 
 use cpi_user::fsafe::escape;
 
+/// Opens the recording or profile FILE the user named (`-`: standard input; a FIFO
+/// without a writer is an error within `FIFO_WAIT`) and, as root, lets what it names be
+/// opened only as the user it came from could (cpi-user/src/fsafe/behalf.rs), except
+/// `trusted_dirs` and `trusted_files`, named on this command line.
+fn open_recording(
+    path: &std::path::Path,
+    trusted_dirs: Vec<std::path::PathBuf>,
+    trusted_files: Vec<std::path::PathBuf>,
+) -> anyhow::Result<std::fs::File> {
+    use cpi_user::fsafe::{self, behalf};
+    let f = fsafe::open_input(path, fsafe::FIFO_WAIT)?;
+    if let Some(r) = behalf::reader_for(&f)? {
+        behalf::read_as(r.trusting(trusted_dirs, trusted_files));
+    }
+    Ok(f)
+}
+
 fn main() {
     // `generate-docs` is added here, not in `Cli`, so that the pages and completions it
     // writes from `Cli` do not offer it.

@@ -72,11 +72,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         emit(&r.profile, &args.output)?;
         return Ok(0);
     };
-    let profile = if file.as_os_str() == "-" {
-        file::read_stream(std::io::stdin().lock(), "on standard input")?
+    let input = crate::open_recording(&file, Vec::new(), Vec::new())?;
+    let origin = if file.as_os_str() == "-" {
+        "on standard input".to_string()
     } else {
-        file::read(&file)?
+        file.display().to_string()
     };
+    let profile = file::read_stream(input, &origin)?;
     emit(&profile, &args.output)?;
     Ok(0)
 }
