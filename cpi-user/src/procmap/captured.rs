@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -124,9 +124,12 @@ impl CapturedFile {
 
 /// Opens the file of mapping `m` of `pid` by path: while the process is `live`,
 /// `/proc/PID/map_files/START-END` (the mapped file itself) and `path` inside
-/// `/proc/PID/root`; then `path` as mapped. The first that is the mapped file (device
-/// and inode as recorded, and size `len` when given) is returned; a path naming another
-/// file is refused, never read. Never blocks, regular files only (cpi-user/src/fsafe/mod.rs).
+/// `/proc/PID/root`, and the same through the first of its other threads' `/proc/TID`
+/// (super::thread_dirs) when those fail (a group leader that exited has neither while
+/// its other threads run); then `path` as mapped. The first that is the mapped file
+/// (device and inode as recorded, and size `len` when given) is returned; a path naming
+/// another file is refused, never read. Never blocks, regular files only
+/// (cpi-user/src/fsafe/mod.rs).
 pub fn open_mapped_file(
     pid: u32,
     m: &Mapping,
@@ -134,36 +137,42 @@ pub fn open_mapped_file(
     live: bool,
     len: Option<u64>,
 ) -> Result<File, OpenError> {
-    let mut tries: Vec<Box<dyn FnOnce() -> Result<File, OpenError>>> = Vec::new();
-    if live {
-        let link = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
-        tries.push(Box::new(move || fsafe::open(&link)));
-        let root = PathBuf::from(format!("/proc/{pid}/root"));
-        tries.push(Box::new(move || fsafe::open_in_root(&root, path)));
-    }
-    tries.push(Box::new(|| fsafe::open(path)));
     let mut err = None;
-    for open in tries {
-        let r = open().and_then(|f| {
+    let mut accept = |r: Result<File, OpenError>| {
+        let e = match r.and_then(|f| {
             fsafe::check_identity(&f, path, m.file_id)?;
             check_len(&f, path, len)?;
             Ok(f)
-        });
-        match r {
-            Ok(f) => return Ok(f),
-            // The last error (the mapped path's own) is the one worth reporting, unless
-            // an earlier path named another file than the mapped one.
-            Err(e) => {
-                if !matches!(
-                    err,
-                    Some(OpenError::NotTheMappedFile { .. } | OpenError::NotTheCapturedFile { .. })
-                ) {
-                    err = Some(e);
-                }
+        }) {
+            Ok(f) => return Some(f),
+            Err(e) => e,
+        };
+        // The last error (the mapped path's own) is the one worth reporting, unless an
+        // earlier path named another file than the mapped one.
+        if !matches!(
+            err,
+            Some(OpenError::NotTheMappedFile { .. } | OpenError::NotTheCapturedFile { .. })
+        ) {
+            err = Some(e);
+        }
+        None
+    };
+    if live {
+        // `tid` = `pid`: the other threads are listed only once `/proc/PID` has failed.
+        let dirs = std::iter::once(proc_dir(pid)).chain(thread_dirs(pid, pid).take(1));
+        for dir in dirs {
+            let link = dir.join(format!("map_files/{:x}-{:x}", m.start, m.end));
+            let found = accept(fsafe::open(&link))
+                .or_else(|| accept(fsafe::open_in_root(&dir.join("root"), path)));
+            if let Some(f) = found {
+                return Ok(f);
             }
         }
     }
-    Err(err.expect("the mapped path was tried"))
+    match accept(fsafe::open(path)) {
+        Some(f) => Ok(f),
+        None => Err(err.expect("the mapped path was tried")),
+    }
 }
 
 fn check_len(f: &File, path: &Path, len: Option<u64>) -> Result<(), OpenError> {
@@ -378,6 +387,7 @@ mod tests {
     use super::*;
     use crate::procmap::{MappedObject, ProcessMaps};
     use std::os::unix::fs::symlink;
+    use std::path::PathBuf;
 
     #[test]
     fn own_text_is_captured_once_per_file() {

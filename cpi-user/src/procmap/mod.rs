@@ -548,7 +548,9 @@ mod tests {
     /// worker spins, so `/proc/PID/maps` and `map_files` are empty. Read as a sample of
     /// the worker, of the exited leader, or naming a thread id outside the process, the
     /// maps come through the worker's `/proc/TID` (which has `map_files`, unlike
-    /// `/proc/PID/task/TID`), and the program's text is captured through it.
+    /// `/proc/PID/task/TID`), and the program's text is captured through it. Its file
+    /// is also reopened through the worker by a path that names nothing here (as from a
+    /// mount namespace of its own), as an evicted capture is.
     #[test]
     fn a_process_whose_leader_exited_is_read_through_a_running_thread() {
         use crate::procmap::CapturedFiles;
@@ -597,6 +599,11 @@ mod tests {
             let got = CapturedFiles::default().capture_live(pid, tid, &maps.mappings);
             assert!(got.contains_key(&m.start), "capture_live, sampled in {tid}");
         }
+        let (maps, _) = ProcessMaps::read_live(pid, pid).unwrap();
+        let m = text(&maps).unwrap();
+        let elsewhere = Path::new("/nonexistent/leader_exit");
+        crate::procmap::open_mapped_file(pid, &m, elsewhere, true, None)
+            .expect("reopened through the worker's map_files");
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod daemonset;
 mod demangle;
 mod fuzz;
 mod hostile;
+mod hostile_threads;
 mod hostile_tmpfs;
 mod identity;
 mod import_perf_data;
