@@ -526,6 +526,25 @@ fn self_usage() -> Option<(f64, f64)> {
     Some((super::self_cpu_seconds()?, rss as f64))
 }
 
+/// `cpi_bpf_refused_total{reader}`: files of other users' that a reader refused or cut
+/// for exceeding its budget (cpi-user/src/fsafe/budget.rs), every reader listed.
+fn encode_refusals(encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(
+        "cpi_bpf_refused",
+        "Files of other users refused or cut by a reader for exceeding its budget \
+         (mapped_file: faulted while read; dwarf_lines: file names too large; debug_link: \
+         over the CRC budget; perf_map: cut to its tail; kubelet: a peer that did not prove \
+         who it is; recorded_path: the recording's user could not read it).",
+        None,
+        prometheus_client::metrics::MetricType::Counter,
+    )?;
+    for (reader, n) in crate::fsafe::budget::refusals() {
+        let labels = [("reader", reader.name())];
+        ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
 impl Collector for ProcessCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let age_ms = unix_ms_now().saturating_sub(self.last_window_ms.load(Ordering::Relaxed));
@@ -536,6 +555,7 @@ impl Collector for ProcessCollector {
             None,
             a.metric_type(),
         )?)?;
+        encode_refusals(&mut encoder)?;
         let Some((cpu, rss)) = self_usage() else {
             return Ok(());
         };
@@ -1327,6 +1347,22 @@ pub(crate) mod tests {
         };
         assert!(value("process_cpu_seconds_total ") > 0.0);
         assert!(value("process_resident_memory_bytes ") > 1e6);
+        // Refusals: every reader has its series; counts are process-wide (other tests may
+        // add to them), so this one's refusal shows as at least 1.
+        drop(s);
+        crate::fsafe::budget::refused(crate::fsafe::budget::Reader::DebugLink);
+        let text = lock(&m.state).render();
+        for r in crate::fsafe::budget::Reader::ALL {
+            let series = format!("cpi_bpf_refused_total{{reader=\"{}\"}} ", r.name());
+            let n: f64 = (text.lines().find_map(|l| l.strip_prefix(&series)))
+                .unwrap_or_else(|| panic!("missing {series:?} in\n{text}"))
+                .parse()
+                .unwrap();
+            assert!(
+                r != crate::fsafe::budget::Reader::DebugLink || n >= 1.0,
+                "{n}"
+            );
+        }
         assert!(text.contains("# TYPE cpi_bpf_cpu_seconds counter\n"));
         assert!(text.ends_with("# EOF\n"));
     }

@@ -110,6 +110,7 @@ fn crc_within(f: &std::fs::File, cand: &Path, budget: &mut u64) -> Option<u32> {
     use std::os::unix::fs::FileExt;
     let len = f.metadata().ok()?.len();
     if len > *budget {
+        crate::fsafe::budget::refused(crate::fsafe::budget::Reader::DebugLink);
         log::warn!(
             "{}: debug-link candidate not read: {len} bytes, over what is left of the {MAX_CRC_BYTES}-byte bound on debug-link CRCs",
             crate::fsafe::escape(&cand.to_string_lossy())

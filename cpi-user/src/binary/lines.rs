@@ -140,6 +140,7 @@ fn context<'d>(data: &'d [u8], bin: &Binary) -> Option<addr2line::Context<Reader
         let bound = (dwarf_bytes * NAME_BYTES_PER_DEBUG_BYTE).max(NAME_BYTES_FLOOR);
         let refused = names_within_bound(&dwarf, bound).err();
         if let Some(n) = refused {
+            crate::fsafe::budget::refused(crate::fsafe::budget::Reader::DwarfLines);
             log::warn!(
                 "{}: no source lines: its line tables name over {n} bytes of file names, more than the bound for its {dwarf_bytes} bytes of DWARF",
                 crate::fsafe::escape(&bin.path.to_string_lossy()),

@@ -480,6 +480,7 @@ impl Binary {
         let debug = debugfile::find(path, map.bytes(), root);
         let bin = Binary::with_bytes(path, Bytes::Mapped(map), debug)?;
         if bin.truncated() {
+            crate::fsafe::budget::refused(crate::fsafe::budget::Reader::MappedFile);
             return Err(BinaryError::Truncated {
                 path: path.to_path_buf(),
             });

@@ -776,6 +776,7 @@ impl Symbolizer {
         if !self.perf_files.contains_key(&key) {
             let map = PerfMap::read(&mut f, meta.len());
             if let Some(cut) = map.cut {
+                crate::fsafe::budget::refused(crate::fsafe::budget::Reader::PerfMap);
                 self.say_cut(&path, (key.0, key.1), cut);
             }
             self.perf_files.insert(key, PerfFile { map, used: 0 });

@@ -83,11 +83,14 @@ impl Reader {
         open: impl FnOnce() -> io::Result<OwnedFd> + Send,
     ) -> Result<OwnedFd, OpenError> {
         sys::as_user(self.uid, self.gid, &self.groups, open).map_err(|e| match e.raw_os_error() {
-            Some(libc::EACCES | libc::EPERM) => OpenError::NotReadable {
-                path: path.to_path_buf(),
-                uid: self.uid,
-                why: self.why.clone(),
-            },
+            Some(libc::EACCES | libc::EPERM) => {
+                super::budget::refused(super::budget::Reader::RecordedPath);
+                OpenError::NotReadable {
+                    path: path.to_path_buf(),
+                    uid: self.uid,
+                    why: self.why.clone(),
+                }
+            }
             _ => OpenError::Io {
                 path: path.to_path_buf(),
                 source: e,

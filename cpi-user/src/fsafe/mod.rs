@@ -20,12 +20,14 @@
 //! pipe with a writer and gives up on a FIFO nobody writes within [`FIFO_WAIT`]. As root,
 //! what a recording names is opened only as the user it came from could ([`behalf`]).
 //!
+//! What a reader refuses of a file that exceeds its budget is counted in [`budget`].
 //! Mapped files cannot kill the process when truncated: [`map::GuardedMap`]. A mapping
 //! shows every later write to its file, so bytes checked once and used afterwards are
 //! copied first unless [`only_root_can_change`] (cpi-user/src/unwind/mod.rs). Text from
 //! other processes is printed through [`escape`].
 
 pub mod behalf;
+pub mod budget;
 pub mod map;
 mod sys;
 mod text;
