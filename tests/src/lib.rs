@@ -416,3 +416,19 @@ impl Drop for Zombie {
         let _ = self.0.wait();
     }
 }
+
+/// Waits (at most 30 s, a hang guard) until process `pid`'s leader has exited
+/// (`pthread_exit`: a zombie leader) while its one worker runs.
+pub fn wait_leader_exited(pid: u32) {
+    use cpi_user::procmap::ProcStat;
+    use std::time::{Duration, Instant};
+    let t0 = Instant::now();
+    while !ProcStat::of(pid).is_some_and(|s| s.state == 'Z' && s.threads == 2) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{:?}",
+            ProcStat::of(pid)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

@@ -14,7 +14,6 @@ use cpi_tests::{
     exited_unreaped, output_ok, require_root, stdout_json, stop_agent, store_windows,
     symbol_address, temp_dir, KillOnDrop, Zombie,
 };
-use cpi_user::procmap::ProcStat;
 use serde_json::Value;
 
 /// Samples per CPU second the run asked for: 1 / mean period of its cpu-clock event
@@ -689,15 +688,7 @@ fn start_leader_exited(exe: &Path, seconds: &str) -> KillOnDrop {
             .expect("start leader_exit"),
     );
     let pid = child.0.id();
-    let t0 = std::time::Instant::now();
-    while !ProcStat::of(pid).is_some_and(|s| s.state == 'Z' && s.threads == 2) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "{:?}",
-            ProcStat::of(pid)
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    cpi_tests::wait_leader_exited(pid);
     child
 }
 

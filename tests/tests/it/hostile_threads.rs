@@ -6,10 +6,8 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use cpi_tests::{compile_c, cpi_bpf, cpu_heavy, output_ok, require_root, temp_dir, KillOnDrop};
-use cpi_user::procmap::ProcStat;
 use serde_json::Value;
 
 /// The unprivileged user the target runs as (nobody).
@@ -40,15 +38,7 @@ fn start_in_namespace(prog: &Path, lib: &Path, dir: &Path) -> KillOnDrop {
     std::io::BufRead::read_line(&mut err, &mut said).unwrap();
     assert_eq!(said.trim(), format!("loaded {LIBS}"), "leader_exit_libs");
     let pid = child.0.id();
-    let t0 = std::time::Instant::now();
-    while !ProcStat::of(pid).is_some_and(|s| s.state == 'Z' && s.threads == 2) {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "{:?}",
-            ProcStat::of(pid)
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    cpi_tests::wait_leader_exited(pid);
     child
 }
 
