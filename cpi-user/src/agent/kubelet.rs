@@ -274,7 +274,7 @@ impl Kubelet {
     /// at before the request (an unproven peer is sent nothing and cannot hold the agent
     /// for [`TIMEOUT`]) and again after the answer, so a foreign answer passes only if
     /// root's listener was there at both ends and gone between: only when root's own
-    /// service restarts within the request, which no user can arrange. (Looking up the
+    /// service restarts within the request, which a user cannot time at will. (Looking up the
     /// connection's own server side would close even that, but once closed into
     /// TIME_WAIT it reads as uid 0 in /proc/net/tcp, and the HTTP client hides the
     /// connection's addresses.)
