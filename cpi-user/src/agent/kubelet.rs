@@ -7,11 +7,22 @@
 //! cached); the list is fetched again on a miss (a pod or container not in it) at most
 //! every [`REFRESH`], and every [`REFRESH`] when pods are selected
 //! (cpi-user/src/agent/pods.rs), so a dead or hostile kubelet costs one or two requests
-//! per [`REFRESH`], never a stall of the windows. Requests are counted by result
-//! (`cpi_bpf_kubelet_requests_total`); one line is logged when fetches start failing and
-//! one when they succeed again.
+//! per [`REFRESH`], never a stall of the windows.
+//!
+//! Names are believed only from a peer that proves who it is ([`Peer`]): over https, a
+//! server the system's or the pod's service-account CA vouches for (sent the pod's
+//! service-account token); over http, a loopback port whose listening socket belongs to
+//! root or the agent's own user (cpi-user/src/agent/peer.rs). Any user can listen on
+//! 127.0.0.1:10255 where the kubelet's read-only port is off, and would otherwise name
+//! root's pods and steer `--pod`; an answer from elsewhere is refused and processes keep
+//! their cgroup-derived ids only. Requests are counted by result
+//! (`cpi_bpf_kubelet_requests_total`: ok, failed, refused); one line is logged when
+//! fetches start failing or being refused, and one when they succeed again.
 
 use std::collections::HashMap;
+use std::io::Read;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
@@ -30,6 +41,69 @@ pub const TIMEOUT: Duration = Duration::from_secs(2);
 pub const REFRESH: Duration = Duration::from_secs(10);
 /// Bytes of a `/pods` answer read at most (a node's 110 pods take about 1 MB).
 pub const MAX_BODY: u64 = 16 << 20;
+/// The pod's service-account token, sent over https when present.
+pub const SA_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+/// The cluster's CA, trusted over https when present.
+pub const SA_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+/// Bytes of the token read at most (a projected token takes about 1 KB).
+const MAX_TOKEN: u64 = 64 << 10;
+
+/// How the agent can tell who answers at the kubelet URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Peer {
+    /// `https://`: rustls verifies the server's certificate.
+    Tls,
+    /// `http://` to these loopback addresses: believed when every socket listening for
+    /// them belongs to root or the agent's user.
+    Loopback(Vec<SocketAddr>),
+    /// `http://` anywhere else: nothing proves who answers.
+    Unproven,
+}
+
+impl Peer {
+    /// The peer of a kubelet URL (`http[s]://HOST[:PORT]`; the config checked the scheme).
+    fn of(base: &str) -> Peer {
+        let Ok(uri) = base.parse::<ureq::http::Uri>() else {
+            return Peer::Unproven;
+        };
+        if uri.scheme_str() == Some("https") {
+            return Peer::Tls;
+        }
+        let port = uri.port_u16().unwrap_or(80);
+        let host = uri.host().unwrap_or("");
+        let ips: Vec<IpAddr> = match host.trim_start_matches('[').trim_end_matches(']') {
+            "localhost" => vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()],
+            h => h.parse().into_iter().collect(),
+        };
+        if ips.is_empty() || !ips.iter().all(IpAddr::is_loopback) {
+            return Peer::Unproven;
+        }
+        Peer::Loopback(
+            ips.into_iter()
+                .map(|ip| SocketAddr::new(ip, port))
+                .collect(),
+        )
+    }
+}
+
+/// Requests for the pod list since start, by result.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Requests {
+    /// Answered with a pod list that was believed.
+    pub ok: u64,
+    /// No answer, not HTTP 200, not a pod list, or nothing listening.
+    pub failed: u64,
+    /// Not believed: a peer that could be anyone ([`Peer`]).
+    pub refused: u64,
+}
+
+/// What the last fetch came to: a line is logged when it changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Answering,
+    Failing,
+    Refused,
+}
 
 /// What the kubelet says of one pod.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,46 +119,58 @@ pub struct Pod {
 pub struct Kubelet {
     http: ureq::Agent,
     url: String,
+    peer: Peer,
     pods: HashMap<String, Pod>,
     fetched: Option<Instant>,
-    answered: u64,
-    failures: u64,
-    failing: bool,
+    requests: Requests,
+    state: State,
 }
 
-/// A fetch that failed, in words for the log.
+/// A fetch that failed or whose answer was not believed, in words for the log.
 #[derive(Debug, thiserror::Error)]
 #[error("kubelet {url}: {detail}")]
 pub struct KubeletError {
     url: String,
     detail: String,
+    /// Not believed (rather than not had).
+    refused: bool,
 }
 
 impl Kubelet {
-    /// A client of the kubelet at `base` (`http://host:port`); nothing is fetched yet.
+    /// A client of the kubelet at `base` (`http[s]://host:port`); nothing is fetched yet.
     pub fn new(base: &str) -> Kubelet {
-        let http = ureq::Agent::config_builder()
+        let peer = Peer::of(base);
+        let mut b = ureq::Agent::config_builder()
             .timeout_global(Some(TIMEOUT))
             .max_redirects(0)
             .http_status_as_error(false)
             .max_response_header_size(super::push::MAX_HEAD)
-            .proxy(None)
-            .build()
-            .into();
+            .proxy(None);
+        if peer == Peer::Tls {
+            // The system's CAs, and the cluster's where the pod has it (it signs the
+            // kubelet's serving certificate under `serverTLSBootstrap`); an unreadable
+            // one leaves the system's, and a kubelet they do not vouch for fails.
+            let ca = Path::new(SA_CA);
+            let roots = super::push::root_certs(ca.is_file().then_some(ca))
+                .or_else(|_| super::push::root_certs(None));
+            if let Ok(roots) = roots {
+                b = b.tls_config(ureq::tls::TlsConfig::builder().root_certs(roots).build());
+            }
+        }
         Kubelet {
-            http,
+            http: b.build().into(),
             url: format!("{}/pods", base.trim_end_matches('/')),
+            peer,
             pods: HashMap::new(),
             fetched: None,
-            answered: 0,
-            failures: 0,
-            failing: false,
+            requests: Requests::default(),
+            state: State::Answering,
         }
     }
 
-    /// Requests since start: (answered with a pod list, failed).
-    pub fn requests(&self) -> (u64, u64) {
-        (self.answered, self.failures)
+    /// Requests since start, by result.
+    pub fn requests(&self) -> Requests {
+        self.requests
     }
 
     /// Fills in the pod name, namespace and container name of `id` from the cache,
@@ -119,28 +205,31 @@ impl Kubelet {
     /// [`Kubelet::fill`].
     pub fn refresh(&mut self, log: &dyn Fn(Level, &str)) {
         self.fetched = Some(Instant::now());
-        match self.fetch() {
+        let (state, line) = match self.fetch() {
             Ok(pods) => {
                 self.pods = pods;
-                self.answered += 1;
-                if self.failing {
-                    self.failing = false;
-                    log(
-                        Level::Info,
-                        &format!("kubelet {}: answering again", self.url),
-                    );
-                }
+                self.requests.ok += 1;
+                let line = format!("kubelet {}: answering again", self.url);
+                (State::Answering, (Level::Info, line))
+            }
+            Err(e) if e.refused => {
+                self.requests.refused += 1;
+                crate::fsafe::budget::refused(crate::fsafe::budget::Reader::Kubelet);
+                let line = format!(
+                    "{e}; its pod, namespace and container names are not used (cgroup ids \
+                     only) until an answer can be believed"
+                );
+                (State::Refused, (Level::Warn, line))
             }
             Err(e) => {
-                self.failures += 1;
-                if !self.failing {
-                    self.failing = true;
-                    log(
-                        Level::Warn,
-                        &format!("{e} (pod names unknown until it answers)"),
-                    );
-                }
+                self.requests.failed += 1;
+                let line = format!("{e} (pod names unknown until it answers)");
+                (State::Failing, (Level::Warn, line))
             }
+        };
+        if state != self.state {
+            self.state = state;
+            log(line.0, &line.1);
         }
     }
 
@@ -174,16 +263,55 @@ impl Kubelet {
         )
     }
 
-    fn fetch(&self) -> Result<HashMap<String, Pod>, KubeletError> {
-        let err = |detail: String| KubeletError {
+    fn error(&self, detail: String, refused: bool) -> KubeletError {
+        KubeletError {
             url: self.url.clone(),
             detail,
-        };
-        let mut answer = self
-            .http
-            .get(&self.url)
-            .call()
-            .map_err(|e| err(describe(&e)))?;
+            refused,
+        }
+    }
+
+    /// The pod list, if its peer proves who it is. On loopback the listeners are looked
+    /// at before the request (an unproven peer is sent nothing and cannot hold the agent
+    /// for [`TIMEOUT`]) and again after the answer, so a foreign answer passes only if
+    /// root's listener was there at both ends and gone between: only when root's own
+    /// service restarts within the request, which a user cannot time at will. (Looking up the
+    /// connection's own server side would close even that, but once closed into
+    /// TIME_WAIT it reads as uid 0 in /proc/net/tcp, and the HTTP client hides the
+    /// connection's addresses.)
+    fn fetch(&self) -> Result<HashMap<String, Pod>, KubeletError> {
+        self.vouch()?;
+        let pods = self.get()?;
+        self.vouch()?;
+        Ok(pods)
+    }
+
+    /// Why the peer is not believed now, if it is not.
+    fn vouch(&self) -> Result<(), KubeletError> {
+        match &self.peer {
+            Peer::Tls => Ok(()),
+            Peer::Unproven => Err(self.error(
+                "not believed: plain http to an address other than loopback proves nothing \
+                 of who answers (use https://, or the kubelet's port on loopback)"
+                    .into(),
+                true,
+            )),
+            Peer::Loopback(to) => {
+                distrust(&super::peer::owners(to), crate::fsafe::euid(), to[0].port())
+                    .map_or(Ok(()), |(detail, refused)| Err(self.error(detail, refused)))
+            }
+        }
+    }
+
+    fn get(&self) -> Result<HashMap<String, Pod>, KubeletError> {
+        let err = |detail: String| self.error(detail, false);
+        let mut request = self.http.get(&self.url);
+        if self.peer == Peer::Tls {
+            if let Some(t) = token(Path::new(SA_TOKEN)) {
+                request = request.header("Authorization", format!("Bearer {t}"));
+            }
+        }
+        let mut answer = request.call().map_err(|e| err(describe(&e)))?;
         let code = answer.status().as_u16();
         if code != 200 {
             return Err(err(format!("HTTP {code}")));
@@ -196,6 +324,35 @@ impl Kubelet {
             .map_err(|e| err(describe(&e)))?;
         parse_pods(&body).map_err(err)
     }
+}
+
+/// Why the sockets `owners` listening on `port` (from [`super::peer::owners`]) are
+/// not believed, and whether that is a refusal (else nothing listens: a failure);
+/// `None` when there is one and all belong to root or `me`.
+fn distrust(owners: &[u32], me: u32, port: u16) -> Option<(String, bool)> {
+    if owners.is_empty() {
+        return Some((format!("nothing listens on port {port}"), false));
+    }
+    let foreign = owners.iter().find(|&&u| u != 0 && u != me)?;
+    Some((
+        format!(
+            "not believed: port {port} is listened on by uid {foreign}, not root, so anyone \
+             could be answering"
+        ),
+        true,
+    ))
+}
+
+/// The service-account token at `path`, if there is one (it rotates: read each time).
+fn token(path: &Path) -> Option<String> {
+    let mut t = String::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(MAX_TOKEN)
+        .read_to_string(&mut t)
+        .ok()?;
+    let t = t.trim();
+    (!t.is_empty()).then(|| t.to_string())
 }
 
 fn describe(e: &ureq::Error) -> String {
@@ -323,7 +480,11 @@ mod tests {
         }
         // One fetch within REFRESH, however many misses.
         assert!(began.elapsed() < REFRESH);
-        assert_eq!(k.requests(), (0, 1));
+        let failed = Requests {
+            failed: 1,
+            ..Requests::default()
+        };
+        assert_eq!(k.requests(), failed);
         let lines = lines.into_inner();
         assert_eq!(lines.len(), 1, "{lines:?}");
         assert!(
@@ -364,5 +525,138 @@ mod tests {
             [(UID.to_string(), Some(vec![ID.to_string()]))]
         );
         assert_eq!(sel(Some("nope"), None, None), []);
+    }
+
+    /// A kubelet on 127.0.0.1 answering every request with `body`, its socket created
+    /// as `fsuid` (the thread's own: the kernel gives a socket its creator's fsuid, and
+    /// setfsuid changes only the calling thread's); its port.
+    fn serve(body: String, fsuid: u32) -> u16 {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // SAFETY: setfsuid has no memory effects; it changes this thread's fsuid.
+            unsafe { libc::syscall(libc::SYS_setfsuid, fsuid) };
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            // SAFETY: as above, back to the thread's euid.
+            unsafe { libc::syscall(libc::SYS_setfsuid, crate::fsafe::euid()) };
+            tx.send(l.local_addr().unwrap().port()).unwrap();
+            for mut s in l.incoming().flatten() {
+                use std::io::Write;
+                let mut head = [0u8; 4096];
+                let _ = s.read(&mut head);
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        rx.recv().unwrap()
+    }
+
+    /// Issue 32: a user who listens where the kubelet's read-only port would be names
+    /// root's pod. Refused: no name, counted, one line naming the uid and port; the
+    /// same answer from root's socket is believed.
+    #[test]
+    fn a_kubelet_port_another_user_listens_on_names_nothing() {
+        let body = format!(
+            r#"{{"items":[{{"metadata":{{"name":"attacker-says-this-is-idle",
+              "namespace":"attacker-ns","uid":"{UID}"}}}}]}}"#
+        );
+        let me = crate::fsafe::euid();
+        let ask = |port: u16| {
+            let mut k = Kubelet::new(&format!("http://127.0.0.1:{port}"));
+            let lines = std::cell::RefCell::new(Vec::new());
+            let mut id = ProcessIdentity {
+                pod_uid: Some(UID.into()),
+                ..ProcessIdentity::default()
+            };
+            for _ in 0..3 {
+                k.fill(&mut id, &|_, l| lines.borrow_mut().push(l.to_string()));
+                k.refresh(&|_, l| lines.borrow_mut().push(l.to_string()));
+            }
+            (id.pod, k.requests(), lines.into_inner(), k)
+        };
+        let (pod, requests, lines, _) = ask(serve(body.clone(), me));
+        assert_eq!(
+            pod.as_deref(),
+            Some("attacker-says-this-is-idle"),
+            "{lines:?}"
+        );
+        assert_eq!((requests.ok, lines.len()), (4, 0), "{lines:?}");
+        if me != 0 {
+            eprintln!("not root: no socket of another user to refuse; skipped");
+            return;
+        }
+        let port = serve(body, 65534);
+        let (pod, requests, lines, k) = ask(port);
+        assert_eq!(pod, None);
+        assert_eq!(k.select(&PodSelector::default()), Selection::default());
+        assert_eq!(
+            requests,
+            Requests {
+                refused: 4,
+                ..Requests::default()
+            }
+        );
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].contains(&format!(
+                "port {port} is listened on by uid 65534, not root"
+            )),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn only_loopback_http_and_https_peers_can_prove_themselves() {
+        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(
+            Peer::of("http://127.0.0.1:10255"),
+            Peer::Loopback(vec![at("127.0.0.1:10255")])
+        );
+        assert_eq!(
+            Peer::of("http://[::1]:10255/"),
+            Peer::Loopback(vec![at("[::1]:10255")])
+        );
+        assert_eq!(
+            Peer::of("http://localhost"),
+            Peer::Loopback(vec![at("127.0.0.1:80"), at("[::1]:80")])
+        );
+        for unproven in [
+            "http://10.0.0.1:10255",
+            "http://node-1:10255",
+            "http://[::]:1",
+        ] {
+            assert_eq!(Peer::of(unproven), Peer::Unproven, "{unproven}");
+        }
+        assert_eq!(Peer::of("https://10.0.0.1:10250"), Peer::Tls);
+        let mut k = Kubelet::new("http://10.0.0.1:10255");
+        let lines = std::cell::RefCell::new(Vec::new());
+        k.refresh(&|_, l| lines.borrow_mut().push(l.to_string()));
+        assert_eq!(k.requests().refused, 1);
+        assert!(lines.borrow()[0].contains("proves nothing"), "{lines:?}");
+    }
+
+    #[test]
+    fn listeners_are_believed_when_all_are_root_or_the_agents() {
+        assert_eq!(distrust(&[0], 1000, 80), None);
+        assert_eq!(distrust(&[1000, 0], 1000, 80), None);
+        assert!(matches!(distrust(&[], 0, 80), Some((_, false))));
+        let (why, refused) = distrust(&[0, 1000], 0, 10255).unwrap();
+        assert!(
+            refused && why.contains("port 10255 is listened on by uid 1000"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn service_account_token_is_read_bounded_and_trimmed() {
+        let d = std::env::temp_dir().join(format!("cpi-sa-token-{}", std::process::id()));
+        std::fs::write(&d, "eyJhbGciOi.x.y\n").unwrap();
+        assert_eq!(token(&d).as_deref(), Some("eyJhbGciOi.x.y"));
+        std::fs::write(&d, "\n").unwrap();
+        assert_eq!(token(&d), None);
+        std::fs::remove_file(&d).unwrap();
+        assert_eq!(token(Path::new("/nonexistent/token")), None);
     }
 }

@@ -51,6 +51,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
+use super::kubelet::Requests;
 use super::push::PushStats;
 use super::{lock, AgentError, AgentStatus, Window};
 use crate::procmap::CaptureCounts;
@@ -611,7 +612,7 @@ struct State {
     seen_store_failures: u64,
     seen_bpf: f64,
     seen_push: PushStats,
-    seen_kubelet: (u64, u64),
+    seen_kubelet: Requests,
 }
 
 fn comm(c: &str) -> Labels {
@@ -652,7 +653,7 @@ impl State {
             seen_store_failures: 0,
             seen_bpf: 0.0,
             seen_push: PushStats::default(),
-            seen_kubelet: (0, 0),
+            seen_kubelet: Requests::default(),
         };
         r.register(
             "cpi_bpf_cycles",
@@ -755,7 +756,8 @@ impl State {
         r.register(
             "cpi_bpf_kubelet_requests",
             "Requests for the kubelet's pod list by result (ok, failed: no answer, not \
-             HTTP 200, or not a pod list); only on Kubernetes.",
+             HTTP 200, or not a pod list, refused: not believed, as from a loopback port \
+             a user other than root listens on); only on Kubernetes.",
             s.kubelet.clone(),
         );
         r.register_collector(Box::new(ProcessCollector {
@@ -887,14 +889,18 @@ impl State {
                 .inc_by(n.saturating_sub(was));
         }
         self.seen_captured = s.captured_files;
-        if let Some((ok, failed)) = s.kubelet_requests {
+        if let Some(now) = s.kubelet_requests {
             let seen = self.seen_kubelet;
-            for (result, now, before) in [("ok", ok, seen.0), ("failed", failed, seen.1)] {
+            for (result, n, before) in [
+                ("ok", now.ok, seen.ok),
+                ("failed", now.failed, seen.failed),
+                ("refused", now.refused, seen.refused),
+            ] {
                 self.kubelet
                     .get_or_create(&vec![("result", result.to_string())])
-                    .inc_by(now.saturating_sub(before));
+                    .inc_by(n.saturating_sub(before));
             }
-            self.seen_kubelet = (ok, failed);
+            self.seen_kubelet = now;
         }
         if s.bpf_run_seconds > self.seen_bpf {
             self.bpf_run.inc_by(s.bpf_run_seconds - self.seen_bpf);
@@ -1054,7 +1060,11 @@ pub(crate) mod tests {
                 reopened: 2 * windows,
                 reopen_failed: windows,
             },
-            kubelet_requests: Some((4 * windows, windows)),
+            kubelet_requests: Some(Requests {
+                ok: 4 * windows,
+                failed: windows,
+                refused: 2 * windows,
+            }),
         }
     }
 
@@ -1333,6 +1343,7 @@ pub(crate) mod tests {
             "cpi_bpf_captured_files_total{event=\"reopen_failed\"} 2",
             "cpi_bpf_kubelet_requests_total{result=\"ok\"} 8",
             "cpi_bpf_kubelet_requests_total{result=\"failed\"} 2",
+            "cpi_bpf_kubelet_requests_total{result=\"refused\"} 4",
             "cpi_bpf_mode{mode=\"time-profile\"} 1",
             "cpi_bpf_mode{mode=\"cpi\"} 0",
             "cpi_bpf_mode{mode=\"ip-sampling\"} 0",

@@ -40,6 +40,7 @@ pub mod error;
 pub mod governor;
 pub mod kubelet;
 pub mod metrics;
+pub mod peer;
 pub mod pods;
 pub mod push;
 pub mod store;
@@ -101,9 +102,8 @@ pub struct AgentStatus {
     pub bpf_run_seconds: f64,
     /// Evictions and reopens of the collector's captured binaries since start.
     pub captured_files: CaptureCounts,
-    /// Requests to the kubelet since start, (answered, failed); `None`: not on
-    /// Kubernetes.
-    pub kubelet_requests: Option<(u64, u64)>,
+    /// Requests to the kubelet since start; `None`: not on Kubernetes.
+    pub kubelet_requests: Option<kubelet::Requests>,
 }
 
 /// One window of collection, analysed.

@@ -334,7 +334,7 @@ fn read_secret(path: &Path, flag: &'static str) -> Result<Vec<u8>, AgentError> {
 }
 
 /// The system's CA certificates plus those of `ca_file`.
-fn root_certs(ca_file: Option<&Path>) -> Result<RootCerts, AgentError> {
+pub(super) fn root_certs(ca_file: Option<&Path>) -> Result<RootCerts, AgentError> {
     let mut certs: Vec<Certificate<'static>> = rustls_native_certs::load_native_certs()
         .certs
         .iter()

@@ -248,7 +248,11 @@ fn status(windows: u64) -> AgentStatus {
         sampling_frequency_hz: 999,
         bpf_run_seconds: 0.001 * windows as f64,
         captured_files: Default::default(),
-        kubelet_requests: Some((windows, windows / 4)),
+        kubelet_requests: Some(cpi_user::agent::kubelet::Requests {
+            ok: windows,
+            failed: windows / 4,
+            refused: 0,
+        }),
     }
 }
 

@@ -107,9 +107,30 @@ struct FakeKubelet {
     served: Arc<AtomicUsize>,
 }
 
+/// A listener on a free loopback port whose socket belongs to `fsuid`: made by a thread
+/// that takes that fsuid for the `socket` call (the kernel gives a socket its creator's
+/// fsuid; setfsuid changes only the calling thread's), as another user's would be.
+fn listen_as(fsuid: u32) -> TcpListener {
+    std::thread::spawn(move || {
+        // SAFETY: setfsuid changes this thread's fsuid only; no memory is touched.
+        let was = unsafe { libc::syscall(libc::SYS_setfsuid, fsuid) };
+        let l = TcpListener::bind("127.0.0.1:0");
+        // SAFETY: as above, back to what it was.
+        unsafe { libc::syscall(libc::SYS_setfsuid, was) };
+        l.unwrap()
+    })
+    .join()
+    .unwrap()
+}
+
 impl FakeKubelet {
     fn start(body: String) -> FakeKubelet {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        Self::start_as(body, 0)
+    }
+
+    /// The same, its socket `fsuid`'s.
+    fn start_as(body: String, fsuid: u32) -> FakeKubelet {
+        let l = listen_as(fsuid);
         let url = format!("http://{}", l.local_addr().unwrap());
         let body = Arc::new(Mutex::new(body));
         let served = Arc::new(AtomicUsize::new(0));
@@ -481,6 +502,84 @@ fn dead_kubelet_is_counted_on_metrics_and_logged_once() {
     let told: Vec<&str> = log.lines().filter(|l| l.contains(&dead)).collect();
     assert_eq!(told.len(), 1, "{log}");
     assert!(told[0].starts_with("cpi-bpf: warning: kubelet "), "{log}");
+}
+
+/// Issue 32: where the kubelet's read-only port is off, a user listening on it must not
+/// name root's pods. A kubelet whose socket belongs to uid 65534 lists the busy
+/// process's pod as `attacker-says-this-is-idle` in `attacker-ns`: no window carries a
+/// name from it (the cgroup-derived ids stay), each request is counted refused, and
+/// one line says why.
+#[test]
+fn a_kubelet_port_another_user_listens_on_names_nothing() {
+    if !require_root("creating cgroups, a socket as another user, and running the agent") {
+        return;
+    }
+    let Some(mount) = cgroup2_mount() else {
+        cpi_tests::skip("no cgroup2 mount in /proc/self/mountinfo");
+        return;
+    };
+    let dir = temp_dir("identity-foreign-kubelet");
+    let Some(busy) = compile_c("busy.c", &dir, "busy", &[]) else {
+        return;
+    };
+    let tag = format!("{:08x}", std::process::id());
+    let uid = format!("{tag}-5a00-11e9-b385-42010a80018e");
+    let id = format!("{tag}{}", "fedcba9876543210".repeat(4).get(8..).unwrap());
+    let parts = pod_parts(&uid, &id);
+    let made = make_cgroups(&mount, &parts);
+    let leaf = mount.join(parts.join("/"));
+    let list = pod_list(&[(&uid, "attacker-says-this-is-idle", "attacker-ns", &id)]);
+    let kubelet = FakeKubelet::start_as(list, 65534);
+    // Built (on first use) before the busy process's time starts.
+    cpi_bpf();
+    let target = busy_in(&leaf, &busy, "15");
+    let pid = target.0.id().to_string();
+    let (agent, metrics) = cpi_tests::agent_with_metrics(
+        &dir,
+        &[
+            "--pid",
+            &pid,
+            "--interval",
+            "1",
+            "--kubelet-url",
+            &kubelet.url,
+        ],
+    );
+    let refused = || {
+        let (_, body) = cpi_tests::http_get(metrics, "/metrics").ok()?;
+        cpi_tests::labelled(&body, "cpi_bpf_kubelet_requests_total", "result", "refused")
+    };
+    let store = dir.join("store");
+    let busy_pid: u64 = pid.parse().unwrap();
+    let ours = |w: &Value| {
+        w["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|p| p["pid"] == busy_pid && p["pod_uid"] == uid.as_str())
+    };
+    // Each window with the pod's process asked the kubelet (a miss) while analysed.
+    let at = wait_window(&store, 0, ours);
+    wait_window(&store, at + 1, ours);
+    for (_, _, w) in store_windows(&store) {
+        for p in w["processes"].as_array().into_iter().flatten() {
+            for k in ["pod", "namespace", "container"] {
+                assert!(p.get(k).is_none(), "{k} from uid 65534's kubelet: {p}");
+            }
+        }
+    }
+    let t0 = Instant::now();
+    while refused().unwrap_or(0.0) < 1.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "no refusal counted");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    drop(agent);
+    drop(target);
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap();
+    let told: Vec<&str> = log.lines().filter(|l| l.contains(&kubelet.url)).collect();
+    assert_eq!(told.len(), 1, "{log}");
+    assert!(told[0].contains("by uid 65534, not root"), "{log}");
+    drop(made);
 }
 
 /// On this host's own cgroup (no container), the one-shot profile carries the cgroup

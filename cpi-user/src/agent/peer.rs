@@ -1,0 +1,161 @@
+//! Who answers on a local TCP port: the owners of the sockets listening for it, from
+//! the agent's own network namespace's `/proc/net/tcp` and `/proc/net/tcp6`. Plain
+//! HTTP proves nothing of its peer, but a listening socket's owner is the user that
+//! created it, which no other user can borrow: on loopback, a listener owned by root
+//! (or by the agent's own user) is a peer the agent may believe
+//! (cpi-user/src/agent/kubelet.rs).
+
+use std::io::{BufRead, BufReader};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// The tables read, IPv4 then IPv6.
+const TABLES: [&str; 2] = ["/proc/net/tcp", "/proc/net/tcp6"];
+/// The `st` column of a listening socket (`TCP_LISTEN`).
+const LISTEN: &str = "0A";
+
+/// One listening socket: where it is bound and the uid that created it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listener {
+    /// Its local address (`0.0.0.0`, `::` when bound to every address).
+    pub bound: SocketAddr,
+    /// The owner, as this namespace sees it.
+    pub uid: u32,
+}
+
+/// The listening sockets of a `/proc/net/tcp` or `/proc/net/tcp6` text (its header
+/// and every other state skipped). Linear in the text, one line held at a time.
+pub fn listeners(text: impl BufRead) -> impl Iterator<Item = Listener> {
+    text.lines().map_while(Result::ok).filter_map(|l| parse(&l))
+}
+
+/// `sl: LOCAL REMOTE st tx:rx tr:when retrnsmt uid …`, addresses as the kernel prints
+/// them: each 32-bit word of the address in host byte order, the port in hex.
+fn parse(line: &str) -> Option<Listener> {
+    let f: Vec<&str> = line.split_whitespace().take(8).collect();
+    if f.len() < 8 || f[3] != LISTEN {
+        return None;
+    }
+    let (addr, port) = f[1].split_once(':')?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    let words = (0..addr.len() / 8)
+        .map(|i| u32::from_str_radix(addr.get(8 * i..8 * i + 8)?, 16).ok())
+        .collect::<Option<Vec<u32>>>()?;
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let ip = match (addr.len(), bytes.len()) {
+        (8, 4) => IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(bytes).ok()?)),
+        (32, 16) => IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(bytes).ok()?)),
+        _ => return None,
+    };
+    Some(Listener {
+        bound: SocketAddr::new(ip, port),
+        uid: f[7].parse().ok()?,
+    })
+}
+
+/// Whether a socket listening on `bound` may take a connection to `to`. Generous on
+/// purpose (an IPv6 wildcard counts whether or not it is `IPV6_V6ONLY`, which the table
+/// does not say): a listener counted that would not answer can only make the caller
+/// distrust, never trust.
+fn may_take(bound: SocketAddr, to: SocketAddr) -> bool {
+    bound.port() == to.port()
+        && match (bound.ip(), to.ip()) {
+            (IpAddr::V4(b), IpAddr::V4(t)) => b == t || b.is_unspecified(),
+            (IpAddr::V6(b), IpAddr::V6(t)) => b == t || b.is_unspecified(),
+            (IpAddr::V6(b), IpAddr::V4(t)) => b.is_unspecified() || b.to_ipv4_mapped() == Some(t),
+            (IpAddr::V4(_), IpAddr::V6(_)) => false,
+        }
+}
+
+/// The owners of the sockets that may take a connection to any of `to`, in the tables
+/// `texts` (one per table).
+pub fn owners_in<R: BufRead>(texts: impl IntoIterator<Item = R>, to: &[SocketAddr]) -> Vec<u32> {
+    texts
+        .into_iter()
+        .flat_map(listeners)
+        .filter(|l| to.iter().any(|t| may_take(l.bound, *t)))
+        .map(|l| l.uid)
+        .collect()
+}
+
+/// [`owners_in`] this network namespace's tables now (a table that cannot be read, as
+/// `tcp6` without IPv6, has none).
+pub fn owners(to: &[SocketAddr]) -> Vec<u32> {
+    let open = |p: &str| std::fs::File::open(p).ok().map(BufReader::new);
+    owners_in(TABLES.iter().filter_map(|p| open(p)), to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // As a little-endian kernel prints them: 127.0.0.1:10255 by uid 65534, 0.0.0.0:22
+    // by root, an established connection from that port (not a listener), and the same
+    // port on ::1 by uid 1000 and on :: by root.
+    const TCP: &str = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:280F 00000000:0000 0A 00000000:00000000 00:00000000 00000000 65534        0 4242 1 0000000000000000 100 0 0 10 0
+   1: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1160 1 0000000000000000 100 0 0 10 0
+   2: 0100007F:280F 0100007F:D63C 01 00000000:00000000 00:00000000 00000000     0        0 4243 1 0000000000000000 20 4 30 10 -1
+";
+    const TCP6: &str = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 00000000000000000000000001000000:280F 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 77 1 0000000000000000 100 0 0 10 0
+   1: 00000000000000000000000000000000:0050 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 78 1 0000000000000000 100 0 0 10 0
+   2: 0000000000000000FFFF00000100007F:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000    33        0 79 1 0000000000000000 100 0 0 10 0
+";
+
+    fn at(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn listening_sockets_of_both_tables() {
+        let v4: Vec<Listener> = listeners(TCP.as_bytes()).collect();
+        assert_eq!(
+            v4,
+            [
+                Listener {
+                    bound: at("127.0.0.1:10255"),
+                    uid: 65534
+                },
+                Listener {
+                    bound: at("0.0.0.0:22"),
+                    uid: 0
+                },
+            ]
+        );
+        let v6: Vec<Listener> = listeners(TCP6.as_bytes()).collect();
+        assert_eq!(
+            v6.iter().map(|l| (l.bound, l.uid)).collect::<Vec<_>>(),
+            [
+                (at("[::1]:10255"), 1000),
+                (at("[::]:80"), 0),
+                (at("[::ffff:127.0.0.1]:8080"), 33)
+            ]
+        );
+        // Not a table: nothing, and no panic.
+        assert_eq!(
+            listeners("0: zz:1 0 0A\n\n1: 01:FFFFF 0 0A 0 0 0 0".as_bytes()).count(),
+            0
+        );
+    }
+
+    #[test]
+    #[cfg(target_endian = "little")]
+    fn owners_of_exact_wildcard_and_mapped_listeners() {
+        let owners = |to: &[&str]| {
+            let to: Vec<SocketAddr> = to.iter().map(|s| at(s)).collect();
+            owners_in([TCP.as_bytes(), TCP6.as_bytes()], &to)
+        };
+        assert_eq!(owners(&["127.0.0.1:10255"]), [65534]);
+        assert_eq!(owners(&["[::1]:10255"]), [1000]);
+        assert_eq!(owners(&["127.0.0.1:10255", "[::1]:10255"]), [65534, 1000]);
+        // Wildcards: 0.0.0.0 for IPv4; :: for both.
+        assert_eq!(owners(&["127.0.0.1:22"]), [0]);
+        // One listener for both addresses: counted once.
+        assert_eq!(owners(&["127.0.0.1:80", "[::1]:80"]), [0]);
+        // A v4-mapped listener takes its IPv4 address.
+        assert_eq!(owners(&["127.0.0.1:8080"]), [33]);
+        assert_eq!(owners(&["127.0.0.2:10255"]), Vec::<u32>::new());
+        assert_eq!(owners(&["[::1]:22"]), Vec::<u32>::new());
+    }
+}
