@@ -282,7 +282,16 @@ pub fn callers(paths: &[StackProfile], function: &str) -> Vec<PathNode> {
             continue;
         };
         let path: Vec<StackFrame> = root_first[..=at].iter().map(|f| (*f).clone()).collect();
-        let i = match nodes.iter().position(|n| n.path == path) {
+        // One row per chain of names: the same chain through other call sites (other
+        // return addresses) printed as identical rows (`--callers main`: three of them).
+        let same_names = |n: &PathNode| {
+            n.path.len() == path.len()
+                && n.path
+                    .iter()
+                    .zip(&path)
+                    .all(|(a, b)| a.function == b.function)
+        };
+        let i = match nodes.iter().position(same_names) {
             Some(i) => i,
             None => {
                 nodes.push(PathNode {
@@ -373,6 +382,22 @@ pub(crate) mod tests {
         assert_eq!(names, ["main", "b", "memcpy"]);
         assert_eq!((c[0].inclusive.samples, c[0].own.samples), (35, 30));
         assert_eq!(c[1].inclusive.samples, 10);
+    }
+
+    /// The same chain of names through other call sites is one row, not one per return
+    /// address (`--callers main` printed three identical rows).
+    #[test]
+    fn callers_through_other_call_sites_are_one_row() {
+        let mut paths = [
+            path(&["leaf", "main"], 4, 4.0, 4.0),
+            path(&["leaf", "main"], 6, 6.0, 6.0),
+            path(&["leaf", "other"], 1, 1.0, 1.0),
+        ];
+        paths[1].frames[0].address = 0x2000;
+        paths[1].frames[1].address = 0x2040;
+        let c = callers(&paths, "leaf");
+        assert_eq!(c.len(), 2);
+        assert_eq!((c[0].inclusive.samples, c[1].inclusive.samples), (10, 1));
     }
 
     #[test]

@@ -220,7 +220,7 @@ impl SortKey {
 /// Why a table could not be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    /// `--annotate` named a function the profile does not have.
+    /// `--annotate` or `--callers` named a function the profile does not have.
     #[error("no function named {name:?} in the profile{}", suggest(.similar))]
     NoSuchFunction {
         /// The name asked for.
@@ -266,6 +266,18 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
         }
         None if opts.callers.is_some() => {
             let name = opts.callers.as_deref().unwrap_or_default();
+            // A name in no function and no stack is a typo, said as `--annotate` says it.
+            let known = p.processes.iter().any(|pr| {
+                pr.functions.iter().any(|f| f.is_named(name))
+                    || pr
+                        .stacks
+                        .iter()
+                        .flat_map(|s| &s.frames)
+                        .any(|f| f.function == name)
+            });
+            if !known {
+                return Err(no_such_function(p, name));
+            }
             let procs: Vec<&ProcessProfile> = p.processes.iter().collect();
             out.push_str(&callers_table(p.mode, &procs, name, opts));
         }
@@ -1254,6 +1266,11 @@ fn annotate(
     if found {
         return Ok(());
     }
+    Err(no_such_function(p, name))
+}
+
+/// The error for a `name` the profile has no function of, with names that contain it.
+fn no_such_function(p: &Profile, name: &str) -> TableError {
     let needle = name.to_lowercase();
     let mut similar: Vec<String> = p
         .processes
@@ -1265,10 +1282,10 @@ fn annotate(
     similar.sort();
     similar.dedup();
     similar.truncate(5);
-    Err(TableError::NoSuchFunction {
+    TableError::NoSuchFunction {
         name: name.to_string(),
         similar,
-    })
+    }
 }
 
 fn annotate_function(

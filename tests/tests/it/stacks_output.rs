@@ -328,8 +328,20 @@ fn table_shows_call_paths_and_callers() {
     assert!(callers.contains("paths into leaf"), "{callers}");
     assert!(callers.contains("main → outer → leaf"), "{callers}");
     assert!(!callers.contains("→ inner"), "{callers}");
-    let none = report(&[f, "--callers", "nosuchfunction"]);
-    assert!(none.contains("paths into nosuchfunction: none"), "{none}");
+    // A name no function or path has errs as `--annotate` does, naming what resembles it.
+    for (name, near) in [("nosuchfunction", None), ("lea", Some("leaf"))] {
+        let out = Command::new(cpi_bpf())
+            .args(["report", f, "--callers", name])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains(&format!("no function named {name:?}")),
+            "{err}"
+        );
+        assert!(near.is_none_or(|n| err.contains(n)), "{err}");
+    }
 }
 
 #[test]

@@ -257,6 +257,7 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
                         profile,
                         &table::TableOptions {
                             annotate: None,
+                            callers: None,
                             ..opts
                         },
                     )?;
