@@ -1153,6 +1153,86 @@ fn hot_blocks(mode: Mode, fns: &[&FunctionProfile], top: usize, width: Option<us
 
 /// Callers (←) and callees (→) of each function of `focus` that has any, with the
 /// estimated calls and the call records behind them (seed 001's calls-only call graph).
+/// The callers and callees of `focus` from the call stacks, for modes without branch
+/// records (a time profile): each edge weighs the samples of the stacks that hold it
+/// (once per stack, so recursion does not count twice).
+fn stack_call_graph(
+    mode: Mode,
+    p: &ProcessProfile,
+    focus: &[&FunctionProfile],
+    width: Option<usize>,
+) -> String {
+    if p.stacks.is_empty() {
+        return format!(
+            "\nno call graph: {} mode has no branch records and this process no call stacks \
+             (-g)\n",
+            mode.name()
+        );
+    }
+    let total: u64 = p.stacks.iter().map(|s| s.samples).sum();
+    let mut rows: Vec<[String; 3]> = Vec::new();
+    for f in focus {
+        let at =
+            |fr: &crate::profile::model::StackFrame| fr.function == f.name && fr.binary == f.binary;
+        // (caller?, name, binary) → samples.
+        let mut edges: BTreeMap<(bool, String, String), u64> = BTreeMap::new();
+        for s in &p.stacks {
+            let mut seen = std::collections::BTreeSet::new();
+            for i in (0..s.frames.len()).filter(|&i| at(&s.frames[i])) {
+                let near = [
+                    (true, s.frames.get(i + 1)),
+                    (false, i.checked_sub(1).and_then(|j| s.frames.get(j))),
+                ];
+                for (caller, other) in near {
+                    let Some(o) = other.filter(|o| !at(o)) else {
+                        continue;
+                    };
+                    let key = (caller, o.function.clone(), o.binary.clone());
+                    if seen.insert(key.clone()) {
+                        *edges.entry(key).or_default() += s.samples;
+                    }
+                }
+            }
+        }
+        if edges.is_empty() {
+            continue;
+        }
+        rows.push([f.name.clone(), f.binary.clone(), group(f.samples)]);
+        let mut edges: Vec<_> = edges.into_iter().collect();
+        edges.sort_by(|a, b| (!a.0 .0, b.1).cmp(&(!b.0 .0, a.1)));
+        for ((caller, name, binary), n) in edges {
+            let arrow = if caller { "←" } else { "→" };
+            rows.push([format!("  {arrow} {name}"), binary, group(n)]);
+        }
+    }
+    if rows.is_empty() {
+        return "\nno call graph for these functions: no call stack holds them\n".into();
+    }
+    let build = |max: usize| {
+        let mut t = new_table(vec!["function", "binary", "samples"], 2);
+        for [name, binary, n] in &rows {
+            t.add_row(vec![
+                ellipsize(name, max),
+                ellipsize(&base(binary), max),
+                n.clone(),
+            ]);
+        }
+        t
+    };
+    format!(
+        "\n{}{}\n",
+        wrap(
+            &format!(
+                "call graph from call stacks (← callers, → callees; samples of the stacks \
+                 through each edge, of {} with stacks; a function's own row: its samples)",
+                group(total)
+            ),
+            width
+        ),
+        fitted(width, build)
+    )
+}
+
 fn call_graph(
     mode: Mode,
     p: &ProcessProfile,
@@ -1160,11 +1240,7 @@ fn call_graph(
     width: Option<usize>,
 ) -> String {
     if !mode.uses_ranges() {
-        return format!(
-            "\nno call graph: {} mode has no branch records (calls come from the branch \
-             records that are calls)\n",
-            mode.name()
-        );
+        return stack_call_graph(mode, p, focus, width);
     }
     if p.calls.is_empty() {
         return "\nno call graph: no sampled branch record of this process is a call\n".into();

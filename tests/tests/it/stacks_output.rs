@@ -423,3 +423,29 @@ fn pyroscope_receiver_gets_multi_frame_samples() {
     );
     rx.stop();
 }
+
+/// `--callgraph` of a time profile (no branch records) said "no call graph" although
+/// every sample has a stack (issue 33): callers and callees now come from the stacks.
+/// The recording (tests/golden/format1_stacks.json): leaf, called from path_b and path_c.
+#[test]
+fn time_profile_call_graph_comes_from_the_stacks() {
+    let f = cpi_tests::workspace_root().join("tests/golden/format1_stacks.json");
+    let out = output_ok(
+        Command::new(cpi_bpf())
+            .args(["report", "--callgraph"])
+            .arg(&f)
+            .env("COLUMNS", "80"),
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("call graph from call stacks"), "{text}");
+    let edge = |name: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(&format!("← {name} ")))
+            .and_then(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no caller {name}: {text}"))
+    };
+    // path_b calls leaf twice as often as path_c (tests/programs/stacks.c's chain).
+    let (b, c) = (edge("path_b"), edge("path_c"));
+    assert!(b > c && c > 0, "{b} {c}");
+    assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
+}
