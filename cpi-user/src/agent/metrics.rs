@@ -19,8 +19,10 @@
 //! together) to its score, which halves every window ([`SCORE_DECAY`]). A comm with
 //! samples in the window takes a free slot, or the slot of the lowest-scoring labelled
 //! comm if it outscores it by [`HYSTERESIS`], so comms of similar weight do not swap
-//! series window after window; a labelled comm idle for more than [`IDLE_WINDOWS`]
-//! windows frees its slot. Scores are kept for at most [`candidate_cap`] comms, the
+//! series window after window. An idle comm keeps its series until another needs the
+//! slot: its score halves every window, so the first busy comm that needs a slot takes
+//! it at once (and a comm that just exited stays scrapeable while nothing needs its
+//! slot: counters that vanish seconds after their process are missed by scrapes). Scores are kept for at most [`candidate_cap`] comms, the
 //! lowest dropped, so endless distinct comms cost bounded memory. A comm that loses its
 //! slot has its series removed and their values kept with its score; if it gets a slot
 //! back, its series resume from those values (the counters never go down). Only a comm
@@ -65,8 +67,6 @@ const SCORE_DECAY: f64 = 0.5;
 /// A comm takes a labelled comm's slot only when it outscores it by this factor, so
 /// comms of similar weight do not swap series window after window.
 const HYSTERESIS: f64 = 1.5;
-/// A labelled comm with no samples for more windows than this loses its slot.
-const IDLE_WINDOWS: u32 = 3;
 /// Longest a client may take to send its request or take the response.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The label value that collects the comms without their own series.
@@ -393,7 +393,7 @@ impl CommSlots {
     }
 
     /// Scores this window's comms (`totals`, heaviest first), trims the table to its
-    /// bound, frees the slots of idle comms and gives slots to the heaviest others.
+    /// bound, and gives slots to the heaviest others.
     fn update(&mut self, totals: &[(String, CommTotals)]) -> SlotChanges {
         for c in self.table.values_mut() {
             c.score *= SCORE_DECAY;
@@ -415,12 +415,6 @@ impl CommSlots {
         }
         self.trim();
         let mut changes = SlotChanges::default();
-        for (name, c) in &mut self.table {
-            if c.labelled && c.idle > IDLE_WINDOWS {
-                c.labelled = false;
-                changes.lost.push(name.clone());
-            }
-        }
         self.admit(&mut changes);
         changes
     }
@@ -1194,12 +1188,23 @@ pub(crate) mod tests {
         assert_eq!(junk, 19);
         // Windows 0-2: 5 junk comms × 10 samples over the bound; then 6 each window.
         assert_eq!(overflow(&s), "cpi_bpf_comm_overflow_samples_total 330");
-        // The junk exits: its slots are free within a few windows, not an hour.
-        for _ in 0..=IDLE_WINDOWS {
-            feed(&mut s, &[(1, "victimsvc", 1e9)]);
+        // The junk exits; two windows later 19 new services start: each has its own
+        // series in its first window, in the junk's slots (not an hour later).
+        feed(&mut s, &[(1, "victimsvc", 1e9)]);
+        feed(&mut s, &[(1, "victimsvc", 1e9)]);
+        let fresh: Vec<String> = (0..19).map(|i| format!("svc{i:02}")).collect();
+        let mut procs: Vec<(u32, &str, f64)> = fresh
+            .iter()
+            .zip(200..)
+            .map(|(c, pid)| (pid, c.as_str(), 1e8))
+            .collect();
+        procs.push((1, "victimsvc", 1e9));
+        feed(&mut s, &procs);
+        for c in &fresh {
+            assert_eq!(cpu(&s, c), Some(0.1), "{c}");
         }
         assert!(lines(&s, "cpi_bpf_cpu_seconds_total{comm=\"junk").is_empty());
-        assert_eq!(cpu(&s, "victimsvc"), Some(10.0));
+        assert_eq!(cpu(&s, "victimsvc"), Some(9.0));
     }
 
     /// 100 000 distinct comms (10 000 a window) keep the candidate table within its
