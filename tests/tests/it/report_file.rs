@@ -88,8 +88,14 @@ fn bad_files_give_typed_errors() {
     let e = parse(wrong.as_bytes(), "m.json").unwrap_err();
     assert!(matches!(e, ProfileFileError::Corrupt { .. }), "{e}");
 
+    // Opened by the opener of inputs (fsafe::open_input: FIFOs and pipes), whose
+    // error names the path and the cause.
     let e = read(std::path::Path::new("/nonexistent/p.json")).unwrap_err();
-    assert!(matches!(e, ProfileFileError::Io { .. }), "{e}");
+    assert!(matches!(e, ProfileFileError::Open(_)), "{e}");
+    assert!(
+        e.to_string().contains("/nonexistent/p.json: No such file"),
+        "{e}"
+    );
 }
 
 /// Every truncation and thousands of random byte flips, insertions and deletions of a
