@@ -661,12 +661,17 @@ fn row(u: &UnitDiff) -> String {
         "cpi" => "CPI",
         k => k,
     };
+    // One decimal where it means something; a z of thousands keeps the row narrow.
+    let z = if c.z.abs() < 100.0 {
+        format!("{:.1}", c.z)
+    } else {
+        format!("{:.0}", c.z)
+    };
     format!(
-        "{} {name:<26} {label:<7} {:>8} {:>8} {delta:>15} {:>7.1}\n",
+        "{} {name:<26} {label:<7} {:>8} {:>8} {delta:>15} {z:>7}\n",
         if u.significant { '*' } else { ' ' },
         value(c.base),
         value(c.new),
-        c.z
     )
 }
 

@@ -1,11 +1,16 @@
 //! `cpi-bpf diff`: two `simulate` seeds of one program flag nothing; a build where one
-//! function does 30 % more work flags that function and not the unchanged one.
+//! function does 30 % more work flags that function and not the unchanged one, from
+//! files and from two ranges of a store.
 
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cpi_tests::tracer::tool_dir;
 use cpi_tests::{assert_one_error_line, compile_c, cpi_bpf, output_ok, stdout_json, temp_dir};
+use flate2::{write::GzEncoder, Compression};
 
 /// Rounds of diff_pair: 2 × 10⁷ loop iterations, ≈ 4·10⁴ cycle samples per function
 /// (1.5 s a simulation).
@@ -113,6 +118,89 @@ fn diff_tells_thirty_percent_more_work_from_seed_noise() {
     for line in text.lines() {
         assert!(line.chars().count() <= 80, "{line}");
     }
+
+    // The same as two ranges of a store: a1 the window of second 1, b1 that of second 3.
+    let store = dir.join("store");
+    std::fs::create_dir(&store).unwrap();
+    std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for (profile, window) in [(&a1, "w-1000-2000.json.gz"), (&b1, "w-3000-4000.json.gz")] {
+        let mut gz = GzEncoder::new(
+            File::create(store.join(window)).unwrap(),
+            Compression::fast(),
+        );
+        gz.write_all(&std::fs::read(profile).unwrap()).unwrap();
+        gz.finish().unwrap();
+    }
+    let ranges = output_ok(
+        Command::new(cpi_bpf())
+            .args(["diff", "--format", "json", "--store"])
+            .arg(&store)
+            .args(["--base-until", "@2", "--since", "@3"]),
+    );
+    let ranges = stdout_json(&ranges);
+    assert_eq!(
+        function(&ranges, "alpha_work")["significant"],
+        true,
+        "{ranges:#}"
+    );
+    assert_eq!(
+        function(&ranges, "beta_work")["significant"],
+        false,
+        "{ranges:#}"
+    );
+}
+
+/// The same with live profiles (a time profile where there is no PMU): two runs of the
+/// base build flag nothing, the build with alpha_work at 130 % flags it and not
+/// beta_work. 6000 rounds are ≈ 1.2 s of CPU; at 4999 Hz ≈ 3000 samples per function,
+/// so 30 % is ≈ 10 σ, and the CPU-heavy lock keeps other tests off the CPUs. User space
+/// only: the kernel's share (interrupts, scheduling) follows what else the machine runs,
+/// a real change between two runs that this test is not about.
+#[test]
+fn diff_of_live_profiles_flags_the_slower_function_only() {
+    if !cpi_tests::require_root("live profiles") {
+        return;
+    }
+    let dir = temp_dir("report-diff-live");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let Some(base) = compile_c("diff_pair.c", &a, "diff_pair", &[]) else {
+        return;
+    };
+    let changed = compile_c("diff_pair.c", &b, "diff_pair", &["-DALPHA_PERCENT=130"]).unwrap();
+    let _cpus = cpi_tests::cpu_heavy();
+    let record = |exe: &Path, out: &Path| {
+        output_ok(
+            Command::new(cpi_bpf())
+                .args(["-q", "-F", "4999", "--user-only", "--format", "json", "-o"])
+                .arg(out)
+                .arg("--")
+                .arg(exe)
+                .arg("6000"),
+        );
+    };
+    let out = [
+        dir.join("a1.json"),
+        dir.join("a2.json"),
+        dir.join("b1.json"),
+    ];
+    record(&base, &out[0]);
+    record(&base, &out[1]);
+    record(&changed, &out[2]);
+    let same = stdout_json(&diff(&out[0], &out[1], &["--format", "json"]));
+    assert_eq!(same["significant"], 0, "{same:#}");
+    let changed = stdout_json(&diff(&out[0], &out[2], &["--format", "json"]));
+    assert_eq!(
+        function(&changed, "alpha_work")["significant"],
+        true,
+        "{changed:#}"
+    );
+    assert_eq!(
+        function(&changed, "beta_work")["significant"],
+        false,
+        "{changed:#}"
+    );
 }
 
 /// Over 20 pairs of seeds of one program, the share of diffs that flag anything is

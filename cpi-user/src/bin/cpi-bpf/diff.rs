@@ -2,13 +2,16 @@
 //! `cpi_user::report::diff`; this file parses arguments and renders).
 
 use std::path::PathBuf;
+use std::time::SystemTime;
 
 use anyhow::Context;
 use clap::ValueEnum;
+use cpi_user::agent::store;
 use cpi_user::report::diff::{self, Basis, DiffOptions, DEFAULT_ALPHA};
 use cpi_user::report::file;
 
 use crate::output::write_out;
+use crate::report::{read_store, store_time};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -35,14 +38,40 @@ procedure at level --alpha, so two runs of one program flag nothing (at most α 
 time). For a differential flame graph of the pprof exports: \
 go tool pprof -diff_base BASE.pb.gz NEW.pb.gz.")]
 pub struct Args {
-    /// The profile to compare against (written with --format json -o FILE).
-    #[arg(value_name = "BASE")]
-    pub base: PathBuf,
+    /// The profile to compare against: a file written with --format json -o FILE, or one
+    /// window of an agent's store (`w-….json.gz`).
+    #[arg(
+        value_name = "BASE",
+        required_unless_present = "store",
+        conflicts_with = "store"
+    )]
+    pub base: Option<PathBuf>,
     /// The profile to compare.
-    #[arg(value_name = "NEW")]
-    pub new: PathBuf,
+    #[arg(value_name = "NEW", required_unless_present = "store")]
+    pub new: Option<PathBuf>,
+    /// Compare two ranges of an agent's store (cpi-bpf agent --store DIR) instead: BASE
+    /// is --base-since..--base-until, NEW --since..--until.
+    #[arg(long, value_name = "DIR", requires = "base_range")]
+    pub store: Option<PathBuf>,
+    /// With --store: BASE is the windows since TIME, or since DURATION ago (1h, 30m, 2d).
+    #[arg(long, value_name = "TIME|DURATION", requires = "store", value_parser = store_time,
+          group = "base_range")]
+    pub base_since: Option<SystemTime>,
+    /// With --store: BASE is the windows until TIME, or until DURATION ago.
+    #[arg(long, value_name = "TIME|DURATION", requires = "store", value_parser = store_time,
+          group = "base_range")]
+    pub base_until: Option<SystemTime>,
+    /// With --store: NEW is the windows since TIME, or since DURATION ago.
+    #[arg(long, value_name = "TIME|DURATION", requires = "store", value_parser = store_time)]
+    pub since: Option<SystemTime>,
+    /// With --store: NEW is the windows until TIME, or until DURATION ago.
+    #[arg(long, value_name = "TIME|DURATION", requires = "store", value_parser = store_time)]
+    pub until: Option<SystemTime>,
+    /// With --store: only processes named NAME.
+    #[arg(long, value_name = "NAME", requires = "store")]
+    pub comm: Option<String>,
     /// Significance level: the false discovery rate over all changes tested.
-    #[arg(long, value_name = "α", default_value_t = DEFAULT_ALPHA, value_parser = alpha)]
+    #[arg(long, value_name = "ALPHA", default_value_t = DEFAULT_ALPHA, value_parser = alpha)]
     pub alpha: f64,
     /// Which changes are tested.
     #[arg(long, value_enum, default_value_t = By::Absolute)]
@@ -70,7 +99,21 @@ fn alpha(s: &str) -> Result<f64, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
-    let (base, new) = (file::read(&args.base)?, file::read(&args.new)?);
+    let (base, new) = match (&args.store, &args.base, &args.new) {
+        (Some(dir), _, _) => {
+            let range = |since, until| store::RangeQuery {
+                since,
+                until,
+                comm: args.comm.clone(),
+            };
+            (
+                read_store(dir, &range(args.base_since, args.base_until))?,
+                read_store(dir, &range(args.since, args.until))?,
+            )
+        }
+        (None, Some(base), Some(new)) => (file::read(base)?, file::read(new)?),
+        _ => anyhow::bail!("diff: give BASE and NEW (profile files), or --store DIR"),
+    };
     let opts = DiffOptions {
         alpha: args.alpha,
         basis: match args.by {
