@@ -22,9 +22,12 @@
 //! stays); its CPI is not compared. Processes of one comm sum their values and variances.
 //!
 //! **Tests.** For each quantity, Δ = new − base and z = Δ / √(σ_base² + σ_new²); its
-//! two-sided p-value is from the normal distribution (each σ is itself estimated from 32
-//! replicates: with Student's t₆₂ the tails are a little heavier, which the level's margin
-//! covers). The quantities of the chosen [`Basis`] of every process and function are
+//! two-sided p-value is from the normal distribution. Each σ is itself estimated (32
+//! replicates; a time profile's Poisson σ is exact), so z's true tails are somewhat
+//! heavier (Student's t with ≈ 62 degrees of freedom); the replicates also overstate σ
+//! for bursty units (cpi-user/src/profile/error.rs), which errs the other way.
+//! tests/tests/it/report_diff.rs measures the false-positive rate over 20 seed pairs. The
+//! quantities of the chosen [`Basis`] of every process and function are
 //! tested together, one family, with the Benjamini–Hochberg procedure at level α: when
 //! nothing changed, the chance of flagging anything is at most α; among those flagged,
 //! the expected share of false ones is at most α.
@@ -161,7 +164,7 @@ pub struct UnitDiff {
     /// The file name of the function's binary.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub binary: Option<String>,
-    /// In the base profile / in the new one.
+    /// In the base profile.
     pub in_base: bool,
     /// In the new profile.
     pub in_new: bool,
