@@ -1,6 +1,7 @@
 //! Rendering and exporting a [`crate::profile::Profile`]: human tables, the versioned
 //! JSON profile file, pprof and BOLT `.fdata`.
 
+pub mod diff;
 pub mod fdata;
 pub mod file;
 pub mod folded;

@@ -1570,7 +1570,7 @@ fn opt_si(v: Option<f64>) -> String {
 }
 
 /// Three significant digits with an SI suffix above 10 000 (exact below).
-fn si(v: f64) -> String {
+pub(crate) fn si(v: f64) -> String {
     let a = v.abs();
     if a < 10_000.0 {
         return format!("{v:.0}");
@@ -1609,7 +1609,7 @@ fn pct(f: f64) -> String {
     format!("{:.1}%", f * 100.0)
 }
 
-fn time(ns: f64) -> String {
+pub(crate) fn time(ns: f64) -> String {
     if ns >= 1e9 {
         format!("{:.2} s", ns / 1e9)
     } else {

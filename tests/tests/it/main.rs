@@ -23,6 +23,7 @@ mod import_real;
 mod kernels;
 mod machines;
 mod progress;
+mod report_diff;
 mod report_fdata;
 mod report_file;
 mod report_fixture;

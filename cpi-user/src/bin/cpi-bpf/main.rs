@@ -1,6 +1,7 @@
 //! `cpi-bpf`: the thin CLI over the `cpi_user` library.
 
 mod agent;
+mod diff;
 mod docs;
 mod doctor;
 mod import_perf;
@@ -45,6 +46,10 @@ enum Command {
     /// time profile), `-g` callchains and `--call-graph dwarf` stacks as call stacks: a
     /// perf.data file, or `perf script -F pid,tid,ip,sym,dso,brstack` text.
     ImportPerf(import_perf::Args),
+    /// Compare two profiles: per process and function, the change in cycles (time),
+    /// instructions and CPI with its error and z-score, significance controlled over all
+    /// changes at once (Benjamini–Hochberg).
+    Diff(diff::Args),
 }
 
 /// What the command line asks for: a profile (`Cli`) or the hidden `generate-docs`.
@@ -97,7 +102,7 @@ fn main() {
         Some(Command::Simulate(a)) => Some(&a.output),
         Some(Command::Report(a)) => Some(&a.output),
         Some(Command::ImportPerf(a)) => Some(&a.output),
-        Some(Command::Agent(_) | Command::Doctor(_)) => None,
+        Some(Command::Agent(_) | Command::Doctor(_) | Command::Diff(_)) => None,
     };
     // The agent's level comes from its flags and config file: it starts logging itself.
     if !matches!(cli.command, Some(Command::Agent(_))) {
@@ -115,6 +120,7 @@ fn main() {
         Some(Command::Simulate(a)) => simulate::run(a),
         Some(Command::Report(a)) => report::run(a),
         Some(Command::ImportPerf(a)) => import_perf::run(a),
+        Some(Command::Diff(a)) => diff::run(a),
     };
     exit_with(result)
 }

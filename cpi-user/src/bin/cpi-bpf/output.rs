@@ -359,7 +359,7 @@ fn width_of(stream: &(impl IsTerminal + std::os::fd::AsRawFd)) -> Option<usize> 
 }
 
 /// Writes what `write` writes to `path`, or standard output.
-fn write_out(
+pub fn write_out(
     path: Option<&Path>,
     write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> anyhow::Result<()> {

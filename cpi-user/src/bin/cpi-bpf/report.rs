@@ -1,10 +1,11 @@
 //! `report`: show a profile file written with `--output` again, in any format.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use cpi_user::agent::store;
 use cpi_user::fsafe::escape;
+use cpi_user::profile::Profile;
 use cpi_user::report::file;
 
 use crate::output::{emit, OutputArgs};
@@ -44,32 +45,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             until: args.until,
             comm: args.comm,
         };
-        let r = store::read_range(&dir, &q)?;
-        for (path, why) in &r.skipped {
-            let line = format!("skipped {}: {why}", path.display());
-            eprintln!("cpi-bpf: warning: {}", escape(&line));
-        }
-        if r.skipped_unnamed > 0 {
-            eprintln!(
-                "cpi-bpf: warning: skipped {} more unreadable windows",
-                r.skipped_unnamed
-            );
-        }
-        if r.not_indexed > 0 {
-            eprintln!(
-                "cpi-bpf: warning: the store holds more than {} windows: the {} oldest were not read",
-                store::MAX_INDEX,
-                r.not_indexed
-            );
-        }
-        eprintln!(
-            "cpi-bpf: {} windows from {} to {} merged ({})",
-            r.windows,
-            humantime::format_rfc3339_seconds(r.first_start),
-            humantime::format_rfc3339_seconds(r.last_end),
-            dir.display()
-        );
-        emit(&r.profile, &args.output)?;
+        emit(&read_store(&dir, &q)?, &args.output)?;
         return Ok(0);
     };
     let input = crate::open_recording(&file, Vec::new(), Vec::new())?;
@@ -83,9 +59,40 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// The merged windows of `dir` that `q` selects, saying on stderr what was skipped and
+/// what was merged (`report --store`, `diff --store`).
+pub fn read_store(dir: &Path, q: &store::RangeQuery) -> anyhow::Result<Profile> {
+    let r = store::read_range(dir, q)?;
+    for (path, why) in &r.skipped {
+        let line = format!("skipped {}: {why}", path.display());
+        eprintln!("cpi-bpf: warning: {}", escape(&line));
+    }
+    if r.skipped_unnamed > 0 {
+        eprintln!(
+            "cpi-bpf: warning: skipped {} more unreadable windows",
+            r.skipped_unnamed
+        );
+    }
+    if r.not_indexed > 0 {
+        eprintln!(
+            "cpi-bpf: warning: the store holds more than {} windows: the {} oldest were not read",
+            store::MAX_INDEX,
+            r.not_indexed
+        );
+    }
+    eprintln!(
+        "cpi-bpf: {} windows from {} to {} merged ({})",
+        r.windows,
+        humantime::format_rfc3339_seconds(r.first_start),
+        humantime::format_rfc3339_seconds(r.last_end),
+        dir.display()
+    );
+    Ok(r.profile)
+}
+
 /// `--since`/`--until`: an RFC 3339 time (`2026-11-23T02:00:00Z`), `@UNIX_SECONDS`, or
 /// a duration ago (`1h`, `90m`).
-fn store_time(s: &str) -> Result<SystemTime, String> {
+pub fn store_time(s: &str) -> Result<SystemTime, String> {
     if let Some(secs) = s.strip_prefix('@') {
         let n: u64 = secs.parse().map_err(|_| format!("not Unix seconds: {s}"))?;
         return Ok(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(n));

@@ -1,0 +1,950 @@
+//! `cpi-bpf diff BASE NEW`: which processes and functions changed between two profiles,
+//! told from noise by the profiles' own error model (cpi-user/src/profile/error.rs).
+//!
+//! **Units.** Processes are matched by comm (pids differ between runs; the processes of
+//! one comm are summed), functions by comm, the *file name* of their binary and their
+//! name (two builds of one program live at different paths).
+//!
+//! **Quantities and their errors** (σ: one standard error, as every ± of a profile):
+//! * the *amount*: cycles, or cpu-clock time in a time profile. Cycles: σ =
+//!   cycles × `cycles_rel_error` (the replicate error). Time: a time profile's n samples
+//!   of one period are Poisson, σ = time / √n. Files written before the error model have
+//!   no relative error: 1/√samples stands in for it, as it does in their `Estimate`s.
+//! * instructions: σ = instructions × `instructions_rel_error` (the same fallback).
+//! * CPI = Σcycles / Σinstructions, from two independent samplers: relative σ² = the sum
+//!   of the two relative σ² (cpi-user/src/profile/error.rs `quotient`); only where every
+//!   process of the comm had a CPI (above the sample floor).
+//! * shares of the process total, s = x / X with x part of X: with y = X − x independent
+//!   of x, Var s = ((1 − 2s) Var x + s² Var X) / X² (the delta method; binomial
+//!   s(1 − s)/N for Poisson counts).
+//!
+//! A unit found in one profile only counts as 0 ± 0 in the other (its one side's error
+//! stays); its CPI is not compared. Processes of one comm sum their values and variances.
+//!
+//! **Tests.** For each quantity, Δ = new − base and z = Δ / √(σ_base² + σ_new²); its
+//! two-sided p-value is from the normal distribution. Each σ is itself estimated (32
+//! replicates; a time profile's Poisson σ is exact), so z's true tails are somewhat
+//! heavier (Student's t with ≈ 62 degrees of freedom); the replicates also overstate σ
+//! for bursty units (cpi-user/src/profile/error.rs), which errs the other way.
+//! tests/tests/it/report_diff.rs measures the false-positive rate over 20 seed pairs. The
+//! quantities of the chosen [`Basis`] of every process and function are
+//! tested together, one family, with the Benjamini–Hochberg procedure at level α: when
+//! nothing changed, the chance of flagging anything is at most α; among those flagged,
+//! the expected share of false ones is at most α.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use crate::fsafe::escape;
+use crate::profile::model::{FunctionProfile, Mode, ProcessProfile, Profile};
+use crate::report::table::{ellipsize, si, time};
+
+/// The default significance level (false discovery rate) of [`diff`].
+pub const DEFAULT_ALPHA: f64 = 0.01;
+
+/// Why two profiles cannot be compared.
+#[derive(Debug, thiserror::Error)]
+pub enum DiffError {
+    /// A time profile against one that counts cycles: no quantity in common.
+    #[error(
+        "cannot compare a {base} profile with a {new} one: one measures CPU time, the other \
+         cycles"
+    )]
+    Incomparable {
+        /// The base profile's mode.
+        base: &'static str,
+        /// The new profile's mode.
+        new: &'static str,
+    },
+    /// α outside (0, 1).
+    #[error("the significance level must be between 0 and 1 (exclusive), not {0}")]
+    Alpha(f64),
+}
+
+/// Which changes decide significance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Basis {
+    /// Absolute amounts, instructions and CPI: the same workload run twice.
+    Absolute,
+    /// Shares of the process total and CPI: runs of different lengths.
+    Share,
+}
+
+/// How to compare.
+#[derive(Clone, Copy, Debug)]
+pub struct DiffOptions {
+    /// Significance level: the false discovery rate of Benjamini–Hochberg.
+    pub alpha: f64,
+    /// Which quantities are tested.
+    pub basis: Basis,
+}
+
+impl Default for DiffOptions {
+    fn default() -> Self {
+        DiffOptions {
+            alpha: DEFAULT_ALPHA,
+            basis: Basis::Absolute,
+        }
+    }
+}
+
+/// One quantity of one unit in both profiles.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Change {
+    /// The value in the base profile (0 where the unit is absent).
+    pub base: f64,
+    /// Its standard error.
+    pub base_error: f64,
+    /// The value in the new profile.
+    pub new: f64,
+    /// Its standard error.
+    pub new_error: f64,
+    /// new − base.
+    pub delta: f64,
+    /// √(base_error² + new_error²).
+    pub delta_error: f64,
+    /// delta / base; `None` when base is 0.
+    pub delta_rel: Option<f64>,
+    /// delta / delta_error (0 when both are 0, ±∞ for a change without error; JSON
+    /// writes ∞ as null).
+    pub z: f64,
+    /// Two-sided p-value of z.
+    pub p: f64,
+    /// Whether the quantity is in the tested family ([`Basis`]).
+    pub tested: bool,
+    /// Tested and found significant.
+    pub significant: bool,
+}
+
+impl Change {
+    fn new(base: (f64, f64), new: (f64, f64)) -> Change {
+        let (b, vb) = base;
+        let (n, vn) = new;
+        let delta = n - b;
+        let delta_error = (vb + vn).max(0.0).sqrt();
+        let z = z_score(delta, delta_error);
+        Change {
+            base: b,
+            base_error: vb.max(0.0).sqrt(),
+            new: n,
+            new_error: vn.max(0.0).sqrt(),
+            delta,
+            delta_error,
+            delta_rel: (b != 0.0).then(|| delta / b),
+            z,
+            p: p_value(z),
+            tested: false,
+            significant: false,
+        }
+    }
+}
+
+/// What a unit is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnitKind {
+    /// A process (all processes of one comm).
+    Process,
+    /// A function of a comm's processes.
+    Function,
+}
+
+/// One process or function in both profiles.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct UnitDiff {
+    /// Process or function.
+    pub kind: UnitKind,
+    /// The function's name, or the process's comm.
+    pub name: String,
+    /// The comm the unit belongs to.
+    pub comm: String,
+    /// The file name of the function's binary.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub binary: Option<String>,
+    /// In the base profile.
+    pub in_base: bool,
+    /// In the new profile.
+    pub in_new: bool,
+    /// Any tested quantity significant.
+    pub significant: bool,
+    /// By quantity: `cycles` or `time_ns`, `instructions`, `cpi`, and the shares of the
+    /// process total `cycles_share` or `time_ns_share`, `instructions_share`.
+    #[serde(flatten)]
+    pub changes: BTreeMap<&'static str, Change>,
+}
+
+impl UnitDiff {
+    /// The tested change with the smallest p-value (the table's row).
+    pub fn headline(&self) -> Option<(&'static str, &Change)> {
+        self.changes
+            .iter()
+            .filter(|(_, c)| c.tested)
+            .min_by(|a, b| {
+                a.1.p
+                    .total_cmp(&b.1.p)
+                    .then(b.1.z.abs().total_cmp(&a.1.z.abs()))
+            })
+            .map(|(k, c)| (*k, c))
+    }
+
+    fn size(&self, amount: &str) -> f64 {
+        self.changes.get(amount).map_or(0.0, |c| c.base.max(c.new))
+    }
+}
+
+/// The comparison of two profiles.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Diff {
+    /// The base profile's mode.
+    pub base_mode: Mode,
+    /// The new profile's mode.
+    pub new_mode: Mode,
+    /// The amount compared: `cycles` or `time_ns`.
+    pub amount: &'static str,
+    /// The significance level (false discovery rate).
+    pub alpha: f64,
+    /// Which quantities were tested.
+    pub basis: Basis,
+    /// How many tests the family held.
+    pub tests: usize,
+    /// How many were significant.
+    pub significant: usize,
+    /// Processes, then functions; each significant first, then by |z|, then by size.
+    pub units: Vec<UnitDiff>,
+}
+
+/// A value and its variance.
+type Var = (f64, f64);
+
+fn add(a: &mut Var, b: Var) {
+    a.0 += b.0;
+    a.1 += b.1;
+}
+
+/// The variance of `value` with relative error `rel`, or 1/√samples where the file has
+/// none (files before the error model).
+fn variance(value: f64, rel: Option<f64>, samples: u64) -> f64 {
+    let rel = rel.unwrap_or(1.0 / (samples.max(1) as f64).sqrt());
+    (value * rel).powi(2)
+}
+
+/// One unit's sums in one profile.
+#[derive(Default, Clone, Copy)]
+struct Sums {
+    amount: Var,
+    instructions: Option<Var>,
+    cycles: Option<Var>,
+    /// Every part had a CPI above the floor.
+    cpi_ok: bool,
+}
+
+impl Sums {
+    /// The sums of one process or function: amount, instructions and cycles with
+    /// their variances.
+    fn of(time: bool, u: UnitFields) -> Sums {
+        let cycles = u
+            .cycles
+            .map(|c| (c, variance(c, u.cycles_rel_error, u.samples)));
+        let amount = if time {
+            let t = u.time_ns.unwrap_or(0.0);
+            // Poisson: n samples of equal weight, Var = n w² = t² / n.
+            (
+                t,
+                if u.samples > 0 {
+                    t * t / u.samples as f64
+                } else {
+                    0.0
+                },
+            )
+        } else {
+            cycles.unwrap_or_default()
+        };
+        Sums {
+            amount,
+            instructions: u
+                .instructions
+                .map(|i| (i, variance(i, u.instructions_rel_error, u.samples))),
+            cycles,
+            cpi_ok: u.has_cpi,
+        }
+    }
+
+    fn merge(&mut self, o: Sums) {
+        add(&mut self.amount, o.amount);
+        let both = |a: &mut Option<Var>, b: Option<Var>| match (a.as_mut(), b) {
+            (Some(x), Some(y)) => add(x, y),
+            _ => *a = None,
+        };
+        both(&mut self.instructions, o.instructions);
+        both(&mut self.cycles, o.cycles);
+        self.cpi_ok &= o.cpi_ok;
+    }
+
+    /// CPI and its variance: the quotient rule for independent samplers.
+    fn cpi(&self) -> Option<Var> {
+        let ((c, vc), (i, vi)) = (self.cycles?, self.instructions?);
+        if !self.cpi_ok || c <= 0.0 || i <= 0.0 {
+            return None;
+        }
+        let r = c / i;
+        Some((r, r * r * (vc / (c * c) + vi / (i * i))))
+    }
+}
+
+/// The fields [`Sums::of`] reads, common to processes and functions.
+struct UnitFields {
+    samples: u64,
+    time_ns: Option<f64>,
+    cycles: Option<f64>,
+    instructions: Option<f64>,
+    cycles_rel_error: Option<f64>,
+    instructions_rel_error: Option<f64>,
+    has_cpi: bool,
+}
+
+impl From<&ProcessProfile> for UnitFields {
+    fn from(p: &ProcessProfile) -> Self {
+        UnitFields {
+            samples: p.samples,
+            time_ns: p.time_ns,
+            cycles: p.cycles,
+            instructions: p.instructions,
+            cycles_rel_error: p.cycles_rel_error,
+            instructions_rel_error: p.instructions_rel_error,
+            has_cpi: p.cpi.is_some(),
+        }
+    }
+}
+
+impl From<&FunctionProfile> for UnitFields {
+    fn from(f: &FunctionProfile) -> Self {
+        UnitFields {
+            samples: f.samples,
+            time_ns: f.time_ns,
+            cycles: f.cycles,
+            instructions: f.instructions,
+            cycles_rel_error: f.cycles_rel_error,
+            instructions_rel_error: f.instructions_rel_error,
+            has_cpi: f.cpi.is_some(),
+        }
+    }
+}
+
+/// A function's key within its comm: (binary file name, name).
+type FnKey = (String, String);
+
+/// One comm's sums in one profile.
+#[derive(Default)]
+struct CommSums {
+    process: Option<Sums>,
+    functions: BTreeMap<FnKey, Sums>,
+}
+
+fn merge_into(slot: &mut Option<Sums>, s: Sums) {
+    match slot {
+        Some(x) => x.merge(s),
+        None => *slot = Some(s),
+    }
+}
+
+/// Every comm of `p` with its process and function sums.
+fn sums(p: &Profile, time: bool) -> BTreeMap<String, CommSums> {
+    let mut out: BTreeMap<String, CommSums> = BTreeMap::new();
+    for proc in &p.processes {
+        let c = out.entry(proc.comm.clone()).or_default();
+        merge_into(&mut c.process, Sums::of(time, proc.into()));
+        for f in &proc.functions {
+            let key = (file_name(&f.binary).to_string(), f.name.clone());
+            let mut slot = c.functions.remove(&key);
+            merge_into(&mut slot, Sums::of(time, f.into()));
+            c.functions.insert(key, slot.expect("just merged"));
+        }
+    }
+    out
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// Compares `base` with `new` (see the module documentation for the method).
+pub fn diff(base: &Profile, new: &Profile, opts: &DiffOptions) -> Result<Diff, DiffError> {
+    if !(opts.alpha > 0.0 && opts.alpha < 1.0) {
+        return Err(DiffError::Alpha(opts.alpha));
+    }
+    let time = base.mode == Mode::TimeProfile;
+    if time != (new.mode == Mode::TimeProfile) {
+        return Err(DiffError::Incomparable {
+            base: base.mode.name(),
+            new: new.mode.name(),
+        });
+    }
+    let amount = if time { "time_ns" } else { "cycles" };
+    let (b, n) = (sums(base, time), sums(new, time));
+    let mut units = Vec::new();
+    let comms: std::collections::BTreeSet<&String> = b.keys().chain(n.keys()).collect();
+    for comm in comms {
+        let (cb, cn) = (b.get(comm), n.get(comm));
+        let totals = (cb.and_then(|c| c.process), cn.and_then(|c| c.process));
+        units.push(unit(UnitKind::Process, comm, None, totals, None, amount));
+        let keys: std::collections::BTreeSet<&FnKey> = cb
+            .iter()
+            .chain(cn.iter())
+            .flat_map(|c| c.functions.keys())
+            .collect();
+        for key in keys {
+            let pair = (
+                cb.and_then(|c| c.functions.get(key).copied()),
+                cn.and_then(|c| c.functions.get(key).copied()),
+            );
+            let name = (key.1.as_str(), comm.as_str());
+            units.push(unit(
+                UnitKind::Function,
+                name.0,
+                Some((name.1, &key.0)),
+                pair,
+                Some(totals),
+                amount,
+            ));
+        }
+    }
+    let tests = test(&mut units, opts);
+    units.sort_by(|x, y| {
+        let z = |u: &UnitDiff| u.headline().map_or(0.0, |(_, c)| c.z.abs());
+        (x.kind == UnitKind::Function)
+            .cmp(&(y.kind == UnitKind::Function))
+            .then(y.significant.cmp(&x.significant))
+            .then(z(y).total_cmp(&z(x)))
+            .then(y.size(amount).total_cmp(&x.size(amount)))
+    });
+    Ok(Diff {
+        base_mode: base.mode,
+        new_mode: new.mode,
+        amount,
+        alpha: opts.alpha,
+        basis: opts.basis,
+        tests,
+        significant: units.iter().filter(|u| u.significant).count(),
+        units,
+    })
+}
+
+/// One unit's changes; `totals` (its process in each profile) for the shares.
+fn unit(
+    kind: UnitKind,
+    name: &str,
+    function_of: Option<(&str, &str)>,
+    (b, n): (Option<Sums>, Option<Sums>),
+    totals: Option<(Option<Sums>, Option<Sums>)>,
+    amount: &'static str,
+) -> UnitDiff {
+    let (bs, ns) = (b.unwrap_or_default(), n.unwrap_or_default());
+    let mut changes = BTreeMap::new();
+    changes.insert(amount, Change::new(bs.amount, ns.amount));
+    // An absent unit has no instructions: 0 ± 0, when the other side has them.
+    let instr = |s: &Option<Sums>, other: &Option<Sums>| match s {
+        Some(s) => s.instructions,
+        None => other.and_then(|o| o.instructions).map(|_| (0.0, 0.0)),
+    };
+    let instructions = instr(&b, &n).zip(instr(&n, &b));
+    if let Some((ib, in_)) = instructions {
+        changes.insert("instructions", Change::new(ib, in_));
+    }
+    if let (Some(cb), Some(cn)) = (b.and_then(|s| s.cpi()), n.and_then(|s| s.cpi())) {
+        changes.insert("cpi", Change::new(cb, cn));
+    }
+    if let Some((tb, tn)) = totals {
+        let share = |x: Var, t: Option<Sums>, pick: fn(&Sums) -> Option<Var>| {
+            t.and_then(|t| pick(&t))
+                .map_or((0.0, 0.0), |tot| share_of(x, tot))
+        };
+        let sa = |s: &Sums| Some(s.amount);
+        let a_share = Change::new(share(bs.amount, tb, sa), share(ns.amount, tn, sa));
+        changes.insert(
+            if amount == "cycles" {
+                "cycles_share"
+            } else {
+                "time_ns_share"
+            },
+            a_share,
+        );
+        if let Some((ib, in_)) = instructions {
+            let si = |s: &Sums| s.instructions;
+            changes.insert(
+                "instructions_share",
+                Change::new(share(ib, tb, si), share(in_, tn, si)),
+            );
+        }
+    }
+    UnitDiff {
+        kind,
+        name: name.to_string(),
+        comm: function_of.map_or(name, |f| f.0).to_string(),
+        binary: function_of.map(|f| f.1.to_string()),
+        in_base: b.is_some(),
+        in_new: n.is_some(),
+        significant: false,
+        changes,
+    }
+}
+
+/// x / X and its variance, x part of X (see the module documentation).
+fn share_of((x, vx): Var, (t, vt): Var) -> Var {
+    if t <= 0.0 {
+        return (0.0, 0.0);
+    }
+    let s = x / t;
+    (s, ((1.0 - 2.0 * s) * vx + s * s * vt).max(0.0) / (t * t))
+}
+
+/// Marks the tested quantities of `units` and the significant ones; the family's size.
+fn test(units: &mut [UnitDiff], opts: &DiffOptions) -> usize {
+    let tested = |k: &str| match opts.basis {
+        Basis::Absolute => matches!(k, "cycles" | "time_ns" | "instructions" | "cpi"),
+        Basis::Share => k == "cpi" || k.ends_with("_share"),
+    };
+    let mut family: Vec<&mut Change> = units
+        .iter_mut()
+        .flat_map(|u| u.changes.iter_mut())
+        .filter(|(k, _)| tested(k))
+        .map(|(_, c)| c)
+        .collect();
+    let p: Vec<f64> = family.iter().map(|c| c.p).collect();
+    for (c, s) in family.iter_mut().zip(benjamini_hochberg(&p, opts.alpha)) {
+        c.tested = true;
+        c.significant = s;
+    }
+    for u in units.iter_mut() {
+        u.significant = u.changes.values().any(|c| c.significant);
+    }
+    p.len()
+}
+
+/// z = Δ / σ: 0 for no change, ±∞ for a change without error.
+pub fn z_score(delta: f64, sigma: f64) -> f64 {
+    if delta == 0.0 {
+        0.0
+    } else if sigma > 0.0 {
+        delta / sigma
+    } else {
+        f64::INFINITY.copysign(delta)
+    }
+}
+
+/// Two-sided p-value of a standard normal z: erfc(|z| / √2).
+pub fn p_value(z: f64) -> f64 {
+    erfc(z.abs() / std::f64::consts::SQRT_2)
+}
+
+/// The complementary error function, to a relative error below 1.2·10⁻⁷ (Chebyshev
+/// fit: Press et al., *Numerical Recipes*, `erfcc`).
+fn erfc(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = [
+        -1.265_512_23,
+        1.000_023_68,
+        0.374_091_96,
+        0.096_784_18,
+        -0.186_288_06,
+        0.278_868_07,
+        -1.135_203_98,
+        1.488_515_87,
+        -0.822_152_23,
+        0.170_872_77,
+    ]
+    .iter()
+    .rev()
+    .fold(0.0, |acc, c| c + t * acc);
+    let r = t * (-z * z + poly).exp();
+    if x >= 0.0 {
+        r
+    } else {
+        2.0 - r
+    }
+}
+
+/// Benjamini–Hochberg at false discovery rate `alpha`: with p sorted ascending, the
+/// largest k with p₍ₖ₎ ≤ k·α/m, and every test with p ≤ p₍ₖ₎ is a discovery.
+pub fn benjamini_hochberg(p: &[f64], alpha: f64) -> Vec<bool> {
+    let m = p.len();
+    let mut order: Vec<usize> = (0..m).collect();
+    order.sort_by(|&a, &b| p[a].total_cmp(&p[b]));
+    let k = (0..m)
+        .rev()
+        .find(|&i| p[order[i]] <= (i + 1) as f64 * alpha / m as f64)
+        .map_or(0, |i| i + 1);
+    let mut out = vec![false; m];
+    order[..k].iter().for_each(|&i| out[i] = true);
+    out
+}
+
+/// The table: processes then functions, `top` rows each, every line within 80
+/// columns; foreign names escaped.
+pub fn render(d: &Diff, top: usize) -> String {
+    let modes = if d.base_mode == d.new_mode {
+        d.base_mode.name().to_string()
+    } else {
+        format!("{} → {}", d.base_mode.name(), d.new_mode.name())
+    };
+    let mut s = format!(
+        "diff of {modes} profiles: {} {} changes tested, {} significant\n\
+         (Benjamini–Hochberg at α = {}); processes matched by comm, functions by\n\
+         binary file name and function name\n",
+        d.tests,
+        match d.basis {
+            Basis::Absolute => "absolute",
+            Basis::Share => "share",
+        },
+        d.significant,
+        d.alpha,
+    );
+    for (kind, title) in [
+        (UnitKind::Process, "processes"),
+        (UnitKind::Function, "functions"),
+    ] {
+        let rows: Vec<&UnitDiff> = d.units.iter().filter(|u| u.kind == kind).collect();
+        let _ = write!(s, "\n{title}");
+        if rows.len() > top {
+            let _ = write!(s, " (top {top} of {})", rows.len());
+        }
+        let _ = writeln!(
+            s,
+            "\n  {:<26} {:<7} {:>8} {:>8} {:>15} {:>7}",
+            "name", "what", "base", "new", "Δ % ± σ", "z"
+        );
+        for u in rows.into_iter().take(top) {
+            s.push_str(&row(u));
+        }
+    }
+    s.push_str("\n* significant; the row shows the unit's most significant change\n");
+    s
+}
+
+/// A relative change in at most 6 characters (`+30.0%`, `+1234%`, `×56`).
+fn percent(r: f64, sign: bool) -> String {
+    let x = r * 100.0;
+    match (x.abs(), sign) {
+        (a, _) if a >= 9999.5 => format!("×{:.0}", r.abs()),
+        (a, true) if a >= 99.95 => format!("{x:+.0}%"),
+        (a, false) if a >= 99.95 => format!("{x:.0}%"),
+        (_, true) => format!("{x:+.1}%"),
+        (_, false) => format!("{x:.1}%"),
+    }
+}
+
+fn row(u: &UnitDiff) -> String {
+    let name = ellipsize(&escape(&u.name), 26);
+    let Some((what, c)) = u.headline() else {
+        return format!("  {name:<26}\n");
+    };
+    let value = |v: f64| match what {
+        "cpi" => format!("{v:.3}"),
+        "time_ns" => time(v),
+        k if k.ends_with("_share") => format!("{:.1}%", v * 100.0),
+        _ => si(v),
+    };
+    let delta = match c.delta_rel {
+        Some(r) => format!(
+            "{} ± {}",
+            percent(r, true),
+            percent(c.delta_error / c.base.abs(), false)
+        ),
+        None => "new".to_string(),
+    };
+    let label = match what {
+        "instructions" => "instr",
+        "cycles_share" => "cyc sh",
+        "time_ns" => "time",
+        "time_ns_share" => "time sh",
+        "instructions_share" => "ins sh",
+        "cpi" => "CPI",
+        k => k,
+    };
+    // One decimal where it means something; a z of thousands keeps the row narrow.
+    let z = if c.z.abs() < 100.0 {
+        format!("{:.1}", c.z)
+    } else {
+        format!("{:.0}", c.z)
+    };
+    format!(
+        "{} {name:<26} {label:<7} {:>8} {:>8} {delta:>15} {z:>7}\n",
+        if u.significant { '*' } else { ' ' },
+        value(c.base),
+        value(c.new),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::model::{LossReport, PROFILE_FORMAT_VERSION};
+    use cpi_common::policy::Perturbation;
+
+    /// A function of `cycles` and `instructions` with the given relative errors.
+    fn func(name: &str, cycles: f64, instructions: f64, rel: f64) -> FunctionProfile {
+        FunctionProfile {
+            name: name.into(),
+            mangled: None,
+            binary: "/build/a/prog".into(),
+            address: 0x1000,
+            size: 0x40,
+            samples: 1_000,
+            share: 0.0,
+            time_ns: None,
+            cycles: Some(cycles),
+            instructions: Some(instructions),
+            cycles_rel_error: Some(rel),
+            instructions_rel_error: Some(rel),
+            cpi: Some(crate::profile::model::Estimate {
+                value: cycles / instructions,
+                rel_error: rel * std::f64::consts::SQRT_2,
+                samples: 1_000,
+            }),
+            timed_cpi: None,
+            cpi_disagree: false,
+            bolt_name: None,
+            source: None,
+            blocks: vec![],
+            edges: vec![],
+            lines: vec![],
+        }
+    }
+
+    /// One process `prog` (pid `pid`) of `functions`, its totals their sums, in `mode`.
+    fn profile(mode: Mode, pid: u32, functions: Vec<FunctionProfile>) -> Profile {
+        let sum = |f: fn(&FunctionProfile) -> Option<f64>| {
+            functions.iter().filter_map(f).reduce(|a, b| a + b)
+        };
+        let process = ProcessProfile {
+            pid,
+            comm: "prog".into(),
+            identity: Default::default(),
+            samples: functions.iter().map(|f| f.samples).sum(),
+            branch_samples: 0,
+            time_ns: sum(|f| f.time_ns),
+            cycles: sum(|f| f.cycles),
+            instructions: sum(|f| f.instructions),
+            cycles_rel_error: functions.first().and_then(|f| f.cycles_rel_error),
+            instructions_rel_error: functions.first().and_then(|f| f.instructions_rel_error),
+            cpi: functions.first().and_then(|f| f.cpi),
+            functions,
+            calls: vec![],
+            stacks: vec![],
+        };
+        Profile {
+            format_version: PROFILE_FORMAT_VERSION,
+            tool_version: "test".into(),
+            mode,
+            mode_reason: String::new(),
+            command: vec![],
+            duration_secs: 1.0,
+            events: vec![],
+            perturbation: Perturbation::Both,
+            range_window: 0,
+            lost_samples: 0,
+            lost: LossReport::default(),
+            binaries: vec![],
+            processes: vec![process],
+            accuracy: None,
+        }
+    }
+
+    /// alpha (2/3 of the work) and beta, at 1 % relative error; alpha × `more`.
+    fn two_functions(pid: u32, more: f64, wobble: f64) -> Profile {
+        profile(
+            Mode::Simulated,
+            pid,
+            vec![
+                func("alpha", 2e9 * more * (1.0 + wobble), 1e9 * more, 0.01),
+                func("beta", 1e9 * (1.0 - wobble), 5e8, 0.01),
+            ],
+        )
+    }
+
+    fn unit<'d>(d: &'d Diff, name: &str) -> &'d UnitDiff {
+        d.units.iter().find(|u| u.name == name).expect(name)
+    }
+
+    #[test]
+    fn p_values_are_the_normal_tails() {
+        assert!((p_value(0.0) - 1.0).abs() < 1e-7);
+        assert!((p_value(1.959_964) - 0.05).abs() < 1e-6);
+        assert!((p_value(-2.575_829) - 0.01).abs() < 1e-6);
+        assert!((p_value(5.0) - 5.733e-7).abs() < 1e-9);
+        assert_eq!(z_score(3.0, 1.5), 2.0);
+        assert_eq!(z_score(0.0, 0.0), 0.0);
+        assert_eq!(z_score(-1.0, 0.0), f64::NEG_INFINITY);
+    }
+
+    /// The step-up procedure: the largest k with p₍ₖ₎ ≤ kα/m, and all below it.
+    #[test]
+    fn benjamini_hochberg_steps_up() {
+        let bh = |p: &[f64]| benjamini_hochberg(p, 0.05);
+        // Thresholds 0.0125, 0.025, 0.0375, 0.05.
+        assert_eq!(bh(&[0.5, 0.02, 0.001, 0.04]), [false, true, true, false]);
+        // Each of three at 0.03 fails Bonferroni (0.0167) but all pass together.
+        assert_eq!(bh(&[0.03, 0.03, 0.03]), [true, true, true]);
+        // 0.04 is not under its own threshold (0.025) but under the third's (0.0375).
+        assert_eq!(bh(&[0.04, 0.9, 0.01, 0.035]), [false, false, true, false]);
+        assert_eq!(bh(&[0.04, 0.03, 0.01, 0.035]), [true, true, true, true]);
+        assert!(bh(&[]).is_empty());
+    }
+
+    #[test]
+    fn the_same_profile_flags_nothing() {
+        let p = two_functions(1, 1.0, 0.0);
+        let d = diff(&p, &p, &DiffOptions::default()).unwrap();
+        assert_eq!(d.significant, 0);
+        assert!(d
+            .units
+            .iter()
+            .flat_map(|u| u.changes.values())
+            .all(|c| c.z == 0.0));
+    }
+
+    /// A 1σ wobble of each function between runs (pids differ) is noise.
+    #[test]
+    fn changes_within_the_errors_are_noise() {
+        let d = diff(
+            &two_functions(1, 1.0, 0.0),
+            &two_functions(2, 1.0, 0.012),
+            &DiffOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(d.significant, 0, "{}", render(&d, 20));
+        // alpha: Δ = 2.4e7, σ = 2e7 × √2 · (≈1): z ≈ 0.85.
+        let z = unit(&d, "alpha").changes["cycles"].z;
+        let expect = 2.4e7 / (2e7f64.powi(2) + (2.024e7f64).powi(2)).sqrt();
+        assert!((z - expect).abs() < 1e-9, "{z} {expect}");
+        assert_eq!(d.units[0].kind, UnitKind::Process);
+    }
+
+    #[test]
+    fn thirty_percent_more_work_is_flagged_and_the_rest_is_not() {
+        let d = diff(
+            &two_functions(1, 1.0, 0.0),
+            &two_functions(2, 1.3, 0.0),
+            &DiffOptions::default(),
+        )
+        .unwrap();
+        let (a, b) = (unit(&d, "alpha"), unit(&d, "beta"));
+        assert!(a.significant && a.changes["cycles"].significant);
+        assert!(a.changes["instructions"].significant);
+        assert!(!a.changes["cpi"].significant, "CPI did not change");
+        assert!((a.changes["cycles"].delta_rel.unwrap() - 0.3).abs() < 1e-9);
+        assert!(!b.significant, "{b:?}");
+        // beta's share fell, but shares are not the tested basis here...
+        assert!(b.changes["cycles_share"].z < -5.0 && !b.changes["cycles_share"].tested);
+        // ...and are when asked for: then beta is flagged too.
+        let opts = DiffOptions {
+            basis: Basis::Share,
+            ..Default::default()
+        };
+        let d = diff(
+            &two_functions(1, 1.0, 0.0),
+            &two_functions(2, 1.3, 0.0),
+            &opts,
+        )
+        .unwrap();
+        assert!(unit(&d, "beta").changes["cycles_share"].significant);
+        assert!(!unit(&d, "beta").changes["cycles"].tested);
+        // Significant units sort first among functions.
+        let first_fn = d
+            .units
+            .iter()
+            .find(|u| u.kind == UnitKind::Function)
+            .unwrap();
+        assert!(first_fn.significant);
+    }
+
+    /// A time profile's error is Poisson: n samples of one period are ± √n periods.
+    #[test]
+    fn time_profiles_use_the_poisson_error_of_their_samples() {
+        let timed = |name: &str, n: u64| FunctionProfile {
+            samples: n,
+            time_ns: Some(n as f64 * 1e6),
+            cycles: None,
+            instructions: None,
+            cycles_rel_error: None,
+            instructions_rel_error: None,
+            cpi: None,
+            ..func(name, 1.0, 1.0, 0.0)
+        };
+        let base = profile(
+            Mode::TimeProfile,
+            1,
+            vec![timed("f", 1000), timed("g", 1000)],
+        );
+        let new = profile(
+            Mode::TimeProfile,
+            2,
+            vec![timed("f", 1100), timed("g", 1000)],
+        );
+        let d = diff(&base, &new, &DiffOptions::default()).unwrap();
+        let f = &unit(&d, "f").changes["time_ns"];
+        assert!((f.z - 100.0 / 2100f64.sqrt()).abs() < 1e-9, "{f:?}");
+        assert!(!unit(&d, "f").changes.contains_key("cpi"));
+        // The share's error is binomial, √(s(1 − s)/N).
+        let s = &unit(&d, "g").changes["time_ns_share"];
+        assert!(
+            (s.base_error - (0.25f64 / 2000.0).sqrt()).abs() < 1e-12,
+            "{s:?}"
+        );
+        let cpi = two_functions(1, 1.0, 0.0);
+        assert!(matches!(
+            diff(&base, &cpi, &DiffOptions::default()),
+            Err(DiffError::Incomparable { .. })
+        ));
+    }
+
+    /// A function in one profile only is compared with 0 ± 0; processes of one comm sum.
+    #[test]
+    fn absent_functions_count_as_zero_and_processes_of_one_comm_sum() {
+        let mut new = two_functions(2, 1.0, 0.0);
+        new.processes[0]
+            .functions
+            .push(func("gamma", 1e9, 5e8, 0.01));
+        let mut second = two_functions(3, 1.0, 0.0).processes.remove(0);
+        second.functions.clear();
+        second.cycles = Some(1.0);
+        new.processes.push(second);
+        let d = diff(&two_functions(1, 1.0, 0.0), &new, &DiffOptions::default()).unwrap();
+        let g = unit(&d, "gamma");
+        assert!(g.significant && !g.in_base && g.in_new);
+        assert_eq!(g.changes["cycles"].base, 0.0);
+        assert!((g.changes["cycles"].z - 100.0).abs() < 1e-9);
+        assert!(!g.changes.contains_key("cpi"));
+        let p = unit(&d, "prog");
+        assert_eq!(p.changes["cycles"].new, 3e9 + 1.0);
+    }
+
+    #[test]
+    fn the_table_fits_80_columns() {
+        let mut new = two_functions(2, 1.3, 0.0);
+        new.processes[0].functions[0].name = format!("std::vector<{}>::push_back", "x".repeat(90));
+        new.processes[0].functions[1].cycles = Some(1e15);
+        let d = diff(&two_functions(1, 1.0, 0.0), &new, &DiffOptions::default()).unwrap();
+        let t = render(&d, 20);
+        assert!(t.contains("* std::vector<"), "{t}");
+        for line in t.lines() {
+            assert!(
+                line.chars().count() <= 80,
+                "{} columns: {line}",
+                line.chars().count()
+            );
+        }
+        assert!(diff(
+            &new,
+            &new,
+            &DiffOptions {
+                alpha: 1.0,
+                ..Default::default()
+            }
+        )
+        .is_err());
+    }
+}
