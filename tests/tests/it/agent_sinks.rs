@@ -374,8 +374,11 @@ fn agent_cpu_seconds_in_prometheus() {
         return;
     }
     let dir = temp_dir("agent-prom");
-    // Its own name: other tests run `busy` programs at the same time, system-wide.
-    let Some(busy) = compile_c("busy.c", &dir, "busy-prom", &[]) else {
+    // A name of its own (a comm, at most 15 bytes): other tests run `busy` programs at
+    // the same time, system-wide, and so may another suite's run of this very test (two
+    // runs side by side once counted both busy-prom processes: 3.07 s against 1.31 s).
+    let comm = format!("bprom{}", std::process::id());
+    let Some(busy) = compile_c("busy.c", &dir, &comm, &[]) else {
         return;
     };
     // The rate held at 999 Hz (the budget raised): at the default budget the governor
@@ -387,7 +390,7 @@ fn agent_cpu_seconds_in_prometheus() {
             "--interval",
             "1",
             "--comm",
-            "^busy-prom$",
+            &format!("^{comm}$"),
             "--overhead-budget",
             "50",
         ],
@@ -406,13 +409,13 @@ fn agent_cpu_seconds_in_prometheus() {
         .expect("busy prints cpu_seconds=S");
     // Rising while it ran: the scraped counter changed more than once.
     prom.wait_for(
-        r#"changes(cpi_bpf_cpu_seconds_total{comm="busy-prom"}[1m])"#,
+        &format!(r#"changes(cpi_bpf_cpu_seconds_total{{comm="{comm}"}}[1m])"#),
         |v| v >= 2.0,
     );
     // Once the last windows are analysed and scraped, the counter stops moving: wait
     // until it has held still for 4 s (analysis may lag behind the windows on a loaded
     // machine), then it holds busy's CPU time within 30 %.
-    let q = r#"cpi_bpf_cpu_seconds_total{comm="busy-prom"}"#;
+    let q = &format!(r#"cpi_bpf_cpu_seconds_total{{comm="{comm}"}}"#);
     let (mut last, mut since) = (prom.query(q).expect("a busy series"), Instant::now());
     let t0 = Instant::now();
     while since.elapsed() < Duration::from_secs(4) {
@@ -426,7 +429,7 @@ fn agent_cpu_seconds_in_prometheus() {
     eprintln!("busy: own CPU {own:.2} s, cpi_bpf_cpu_seconds_total {last:.2} s");
     assert!(
         (last - own).abs() <= 0.3 * own,
-        "cpi_bpf_cpu_seconds_total{{comm=\"busy-prom\"}} = {last:.2} s, busy's own CPU time {own:.2} s (see {}/agent.log)",
+        "{q} = {last:.2} s, busy's own CPU time {own:.2} s (see {}/agent.log)",
         dir.display()
     );
 }
