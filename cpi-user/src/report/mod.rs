@@ -5,6 +5,7 @@ pub mod diff;
 pub mod fdata;
 pub mod file;
 pub mod folded;
+pub mod html;
 pub mod pprof;
 pub mod table;
 pub mod terminal;

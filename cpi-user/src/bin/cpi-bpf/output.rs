@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::ValueEnum;
 use cpi_user::profile::Profile;
-use cpi_user::report::{fdata, file, folded, pprof, table};
+use cpi_user::report::{fdata, file, folded, html, pprof, table};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -26,12 +26,15 @@ pub enum Format {
     /// BOLT .fdata, per binary: with --output FILE, FILE holds the main binary and
     /// `FILE.<name>` each other binary; on standard output, the main binary only.
     Fdata,
+    /// One self-contained HTML page: summary, sortable functions table, a flame graph
+    /// coloured by CPI, each hot function's callers and annotated disassembly.
+    Html,
 }
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct OutputArgs {
-    /// Output format [default: from --output's name (.json, .pb.gz or .pprof, .fdata, .folded),
-    /// else table].
+    /// Output format [default: from --output's name (.json, .pb.gz or .pprof, .fdata, .folded,
+    /// .html), else table].
     #[arg(long, value_enum)]
     pub format: Option<Format>,
     /// Write the output to FILE instead of standard output (an existing FILE is kept as
@@ -97,6 +100,8 @@ impl OutputArgs {
                 Format::Fdata
             } else if name.ends_with(".folded") {
                 Format::Folded
+            } else if name.ends_with(".html") || name.ends_with(".htm") {
+                Format::Html
             } else {
                 Format::Table
             }
@@ -284,6 +289,11 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
             let bytes = pprof::encode(profile).context("compressing the pprof profile")?;
             write_saving(profile, args.output.as_deref(), &bytes)
         }
+        Format::Html => write_saving(
+            profile,
+            args.output.as_deref(),
+            html::render(profile)?.as_bytes(),
+        ),
         Format::Folded => write_saving(
             profile,
             args.output.as_deref(),

@@ -1,0 +1,470 @@
+//! The page's tables: the run's summary, the functions, the call edges, and each hot
+//! function's annotated disassembly with its callers.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::{colour, flame, Graph, CODE_FUNCTIONS, TABLE_ROWS};
+use crate::profile::model::{FunctionProfile, InstructionProfile, ProcessProfile, Profile};
+use crate::report::table::{si, time};
+use flame::Width;
+
+/// An amount of the width measure, as the page writes it.
+pub fn amount(width: Width, v: f64) -> String {
+    match width {
+        Width::Cycles => si(v),
+        Width::Time => time(v),
+        Width::Samples => format!("{v:.0}"),
+    }
+}
+
+fn width_of(f: &FunctionProfile, width: Width) -> f64 {
+    match width {
+        Width::Cycles => f.cycles.unwrap_or(0.0),
+        Width::Time => f.time_ns.unwrap_or(0.0),
+        Width::Samples => f.samples as f64,
+    }
+}
+
+fn base(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// The run: mode and why, events, duration, losses, processes.
+#[derive(Serialize)]
+pub struct Summary {
+    mode: &'static str,
+    description: &'static str,
+    reason: String,
+    command: String,
+    duration: String,
+    events: Vec<[String; 4]>,
+    lost: u64,
+    losses: String,
+    accuracy: Vec<[String; 2]>,
+}
+
+/// The summary of `p`.
+pub fn summary(p: &Profile) -> Summary {
+    let events = p
+        .events
+        .iter()
+        .map(|e| {
+            [
+                e.name.clone(),
+                format!("{} {}", e.period, e.unit.name()),
+                if e.jitter > 0 {
+                    format!("+0..{}", e.jitter)
+                } else {
+                    "fixed".into()
+                },
+                e.samples.to_string(),
+            ]
+        })
+        .collect();
+    let accuracy = p
+        .accuracy
+        .iter()
+        .flat_map(|a| {
+            let pct = |v: f64| format!("{:.1} %", v * 100.0);
+            [
+                [
+                    "instruction overlap with the exact trace".into(),
+                    pct(a.overlap_instruction),
+                ],
+                ["block overlap".into(), pct(a.overlap_block)],
+                ["function overlap".into(), pct(a.overlap_function)],
+                [
+                    "median CPI error (functions ≥ 2 % of cycles)".into(),
+                    a.cpi_error_median.map_or("-".into(), pct),
+                ],
+            ]
+        })
+        .collect();
+    Summary {
+        mode: p.mode.name(),
+        description: p.mode.description(),
+        reason: p.mode_reason.clone(),
+        command: p.command.join(" "),
+        duration: format!("{:.2} s", p.duration_secs),
+        events,
+        lost: p.lost.lost(),
+        losses: p.lost.breakdown(),
+        accuracy,
+    }
+}
+
+/// The functions with annotated code on the page, hottest first: (process, function).
+fn hot_functions(p: &Profile, width: Width) -> Vec<(usize, usize)> {
+    let mut all: Vec<(f64, usize, usize)> = p
+        .processes
+        .iter()
+        .enumerate()
+        .flat_map(|(pi, pr)| {
+            pr.functions
+                .iter()
+                .enumerate()
+                .map(move |(fi, f)| (width_of(f, width), pi, fi))
+        })
+        .filter(|(w, _, _)| *w > 0.0)
+        .collect();
+    let total: f64 = all.iter().map(|a| a.0).sum();
+    all.retain(|a| a.0 >= CODE_MIN_SHARE * total);
+    all.sort_by(|a, b| b.0.total_cmp(&a.0).then((a.1, a.2).cmp(&(b.1, b.2))));
+    all.into_iter()
+        .take(CODE_FUNCTIONS)
+        .map(|(_, pi, fi)| (pi, fi))
+        .collect()
+}
+
+/// Functions with less than this share of the whole get no code section.
+const CODE_MIN_SHARE: f64 = 0.005;
+
+/// For the frames: function name and binary file name → its code section.
+pub fn code_ids(p: &Profile, width: Width) -> HashMap<(String, String), usize> {
+    let mut ids = HashMap::new();
+    for (id, (pi, fi)) in hot_functions(p, width).into_iter().enumerate() {
+        let f = &p.processes[pi].functions[fi];
+        ids.entry((f.name.clone(), base(&f.binary).to_string()))
+            .or_insert(id);
+    }
+    ids
+}
+
+/// One row of the functions table.
+#[derive(Serialize)]
+pub struct FunctionRow {
+    name: String,
+    comm: String,
+    pid: u32,
+    binary: String,
+    samples: u64,
+    share: f64,
+    amount: String,
+    width: f64,
+    instructions: Option<f64>,
+    instructions_text: String,
+    cpi: Option<f64>,
+    cpi_text: String,
+    cpi_fill: String,
+    code: Option<usize>,
+}
+
+/// The functions of every process, hottest first, at most [`TABLE_ROWS`].
+pub fn table_rows(p: &Profile, width: Width, cpi: bool, total: f64) -> Vec<FunctionRow> {
+    let ids: HashMap<(usize, usize), usize> = hot_functions(p, width)
+        .into_iter()
+        .enumerate()
+        .map(|(id, k)| (k, id))
+        .collect();
+    let mut rows: Vec<FunctionRow> = p
+        .processes
+        .iter()
+        .enumerate()
+        .flat_map(|(pi, pr)| {
+            pr.functions
+                .iter()
+                .enumerate()
+                .map(move |(fi, f)| (pi, pr, fi, f))
+        })
+        .filter(|(_, _, _, f)| f.samples > 0 || width_of(f, width) > 0.0)
+        .map(|(pi, pr, fi, f)| {
+            let w = width_of(f, width);
+            let est = f.cpi.filter(|_| cpi);
+            FunctionRow {
+                name: f.name.clone(),
+                comm: pr.comm.clone(),
+                pid: pr.pid,
+                binary: base(&f.binary).to_string(),
+                samples: f.samples,
+                share: if total > 0.0 { w / total } else { 0.0 },
+                amount: amount(width, w),
+                width: w,
+                instructions: f.instructions.filter(|_| cpi),
+                instructions_text: f.instructions.filter(|_| cpi).map_or("-".into(), si),
+                cpi: est.map(|e| e.value),
+                cpi_text: cpi_text(est.map(|e| (e.value, e.rel_error)), cpi),
+                cpi_fill: colour::frame(cpi, est.map(|e| e.value)),
+                code: ids.get(&(pi, fi)).copied(),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| b.width.total_cmp(&a.width).then(a.name.cmp(&b.name)));
+    rows.truncate(TABLE_ROWS);
+    rows
+}
+
+fn cpi_text(est: Option<(f64, f64)>, cpi: bool) -> String {
+    match (cpi, est) {
+        (false, _) => "-".into(),
+        (true, None) => "too few samples".into(),
+        (true, Some((v, rel))) => format!("{v:.2} ±{:.1}%", rel * 100.0),
+    }
+}
+
+/// One hot function's section: headline, callers, annotated code.
+#[derive(Serialize)]
+pub struct CodeSection {
+    id: usize,
+    name: String,
+    binary: String,
+    comm: String,
+    pid: u32,
+    headline: String,
+    source: Option<String>,
+    callers: Graph,
+    rows: Vec<CodeRow>,
+    dropped_rows: usize,
+}
+
+/// One row of annotated code: a block header, a gap, a source line or an instruction.
+#[derive(Serialize, Default)]
+pub struct CodeRow {
+    kind: &'static str,
+    address: String,
+    count: String,
+    samples: u64,
+    cycles: String,
+    cpi: String,
+    cpi_fill: String,
+    heat: String,
+    text: String,
+    hot: bool,
+}
+
+/// Instructions shown per function; past it the page says how many were left out.
+const CODE_ROWS: usize = 3000;
+
+/// The sections of the [`CODE_FUNCTIONS`] hottest functions.
+pub(super) fn sections(p: &Profile, look: &super::Look) -> Vec<CodeSection> {
+    let (width, cpi) = (look.width, look.cpi);
+    hot_functions(p, width)
+        .into_iter()
+        .enumerate()
+        .map(|(id, (pi, fi))| {
+            let pr = &p.processes[pi];
+            let f = &pr.functions[fi];
+            let tree = flame::callers_of(p, width, &f.name, base(&f.binary));
+            let total = tree.nodes[0].total.width;
+            let (frames, dropped) = super::svg_frames(&tree, true, look, total);
+            let rows = code_rows(pr, f, cpi);
+            CodeSection {
+                id,
+                name: f.name.clone(),
+                binary: f.binary.clone(),
+                comm: pr.comm.clone(),
+                pid: pr.pid,
+                headline: headline(f, width, cpi),
+                source: f.source.as_ref().map(|s| format!("{}:{}", s.file, s.line)),
+                callers: Graph::of(frames, dropped),
+                dropped_rows: rows.len().saturating_sub(CODE_ROWS),
+                rows: rows.into_iter().take(CODE_ROWS).collect(),
+            }
+        })
+        .collect()
+}
+
+fn headline(f: &FunctionProfile, width: Width, cpi: bool) -> String {
+    let mut s = format!(
+        "{:x}-{:x}, {} bytes, {} samples, {} {}",
+        f.address,
+        f.address + f.size,
+        f.size,
+        f.samples,
+        amount(width, width_of(f, width)),
+        width.name()
+    );
+    if cpi {
+        s.push_str(&format!(
+            ", {} instructions, CPI {}",
+            f.instructions.map_or("-".into(), si),
+            cpi_text(f.cpi.map(|e| (e.value, e.rel_error)), true)
+        ));
+    }
+    s
+}
+
+/// The weight an instruction is ranked and heat-mapped by: cycles where the profile
+/// has CPI, else samples.
+fn weight(l: &InstructionProfile, cpi: bool) -> f64 {
+    if cpi {
+        l.cycles.unwrap_or(0.0)
+    } else {
+        l.samples as f64
+    }
+}
+
+fn code_rows(pr: &ProcessProfile, f: &FunctionProfile, cpi: bool) -> Vec<CodeRow> {
+    let total: f64 = f.lines.iter().map(|l| weight(l, cpi)).sum();
+    let hottest = f
+        .lines
+        .iter()
+        .filter(|l| weight(l, cpi) > 0.0)
+        .max_by(|a, b| weight(a, cpi).total_cmp(&weight(b, cpi)))
+        .map(|l| l.address);
+    let mut rows = Vec::new();
+    let mut last_source = None;
+    let mut prev: Option<u64> = None;
+    for l in &f.lines {
+        if let Some(b) = f.blocks.iter().find(|b| b.start == l.address) {
+            let est = b.cpi.filter(|_| cpi);
+            rows.push(CodeRow {
+                kind: "block",
+                address: format!("{:x}", b.start),
+                text: format!(
+                    "block {:x}-{:x}: {} instructions, ×{}, CPI {}",
+                    b.start,
+                    b.end,
+                    b.len,
+                    si(b.count),
+                    cpi_text(est.map(|e| (e.value, e.rel_error)), cpi)
+                ),
+                cpi_fill: colour::frame(cpi, est.map(|e| e.value)),
+                ..CodeRow::default()
+            });
+        } else if prev.is_some_and(|a| l.address > a + 15) {
+            // Longer than any x86 instruction: something between was not recorded.
+            rows.push(CodeRow {
+                kind: "gap",
+                text: "⋯".into(),
+                ..CodeRow::default()
+            });
+        }
+        prev = Some(l.address);
+        if let Some(src) = &l.source {
+            let here = format!("{}:{}", base(&src.file), src.line);
+            if last_source.as_ref() != Some(&here) {
+                rows.push(CodeRow {
+                    kind: "source",
+                    text: here.clone(),
+                    ..CodeRow::default()
+                });
+                last_source = Some(here);
+            }
+        }
+        rows.push(instruction_row(pr, f, l, cpi, total, hottest));
+    }
+    rows
+}
+
+fn instruction_row(
+    pr: &ProcessProfile,
+    f: &FunctionProfile,
+    l: &InstructionProfile,
+    cpi: bool,
+    total: f64,
+    hottest: Option<u64>,
+) -> CodeRow {
+    let est = l.cpi.filter(|_| cpi);
+    CodeRow {
+        kind: "insn",
+        address: format!("{:x}", l.address),
+        count: if cpi { si(l.count) } else { String::new() },
+        samples: l.samples,
+        cycles: l.cycles.filter(|_| cpi).map_or(String::new(), si),
+        cpi: est.map_or(String::new(), |e| format!("{:.2}", e.value)),
+        cpi_fill: est.map_or(String::new(), |e| colour::of_cpi(e.value)),
+        heat: colour::heat(if total > 0.0 {
+            weight(l, cpi) / total
+        } else {
+            0.0
+        }),
+        text: jump_targets(&l.text, pr, f),
+        hot: hottest == Some(l.address),
+    }
+}
+
+/// An instruction's text with a branch target written as perf writes it,
+/// `jne 11e0 <leaf+0x20>`, where the target is in a function of the profile.
+fn jump_targets(text: &str, pr: &ProcessProfile, f: &FunctionProfile) -> String {
+    let Some((op, target)) = text.rsplit_once(' ') else {
+        return text.to_string();
+    };
+    let Some(hex) = target.strip_suffix('h') else {
+        return text.to_string();
+    };
+    let Ok(addr) = u64::from_str_radix(hex, 16) else {
+        return text.to_string();
+    };
+    let within = |g: &&FunctionProfile| {
+        g.binary == f.binary && (g.address..g.address + g.size.max(1)).contains(&addr)
+    };
+    match std::iter::once(f).chain(&pr.functions).find(within) {
+        Some(g) if !op.contains('[') => {
+            format!("{op} {addr:x} <{}+{:#x}>", g.name, addr - g.address)
+        }
+        _ => text.to_string(),
+    }
+}
+
+/// One calls-only edge (from branch records).
+#[derive(Serialize)]
+pub struct EdgeRow {
+    comm: String,
+    caller: String,
+    callee: String,
+    count: String,
+}
+
+/// The most frequent calls of every process (CPI profiles with branch records).
+pub fn call_edges(p: &Profile) -> Vec<EdgeRow> {
+    let mut all: Vec<(f64, EdgeRow)> = p
+        .processes
+        .iter()
+        .flat_map(|pr| {
+            pr.calls.iter().map(|c| {
+                (
+                    c.count,
+                    EdgeRow {
+                        comm: flame::process_name(pr),
+                        caller: c.caller.clone(),
+                        callee: c.callee.clone(),
+                        count: si(c.count),
+                    },
+                )
+            })
+        })
+        .collect();
+    all.sort_by(|a, b| b.0.total_cmp(&a.0));
+    all.into_iter().take(100).map(|(_, e)| e).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn function(name: &str, address: u64, size: u64) -> FunctionProfile {
+        serde_json::from_value(serde_json::json!({
+            "name": name, "binary": "/bin/x", "address": address, "size": size,
+            "samples": 0, "share": 0.0, "blocks": [], "edges": [], "lines": [],
+        }))
+        .expect("a function")
+    }
+
+    #[test]
+    fn jump_targets_name_their_function_and_offset() {
+        let leaf = function("leaf", 0x11c0, 0x40);
+        let mut pr: ProcessProfile = serde_json::from_value(serde_json::json!({
+            "pid": 1, "comm": "x", "samples": 0, "functions": [],
+        }))
+        .expect("a process");
+        pr.functions = vec![function("main", 0x1200, 0x80), leaf.clone()];
+        assert_eq!(
+            jump_targets("jne 00000000000011E0h", &pr, &leaf),
+            "jne 11e0 <leaf+0x20>"
+        );
+        assert_eq!(
+            jump_targets("call 0000000000001200h", &pr, &leaf),
+            "call 1200 <main+0x0>"
+        );
+        assert_eq!(
+            jump_targets("jmp 0000000000009000h", &pr, &leaf),
+            "jmp 0000000000009000h"
+        );
+        assert_eq!(
+            jump_targets("mov eax,[rip+10h]", &pr, &leaf),
+            "mov eax,[rip+10h]"
+        );
+    }
+}

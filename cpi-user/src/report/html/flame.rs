@@ -1,0 +1,415 @@
+//! The flame graph's data: the call stacks of every process merged into one tree, each
+//! node with the cycles (or time), instructions and samples of its subtree, laid out as
+//! frames. A frame's CPI is its subtree's Σ cycles / Σ instructions: a stack's
+//! instructions are those that ran in its leaf function under it (profile/stack.rs), so
+//! the sums over a subtree count each instruction once.
+//!
+//! Not drawn with inferno: its frame attributes are per function name and its colours
+//! by name or by a differential self count, while here every frame carries its own
+//! subtree's CPI ± error and numbers (the page's tooltips, and tests read them).
+
+use std::collections::HashMap;
+
+use crate::profile::error;
+use crate::profile::model::{Mode, ProcessProfile, Profile, StackProfile};
+
+/// What a frame's width measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Width {
+    /// Cycles (CPI, IP sampling, simulated).
+    Cycles,
+    /// CPU time (a time profile).
+    Time,
+    /// IP samples (neither cycles nor time recorded).
+    Samples,
+}
+
+impl Width {
+    /// The measure a profile's frames get: cycles where the mode counts them.
+    pub fn of(p: &Profile) -> Width {
+        let any = |f: fn(&ProcessProfile) -> bool| p.processes.iter().any(f);
+        if p.mode.has_cpi() && any(|pr| pr.cycles.is_some()) {
+            Width::Cycles
+        } else if any(|pr| pr.time_ns.is_some()) {
+            Width::Time
+        } else {
+            Width::Samples
+        }
+    }
+
+    /// The unit's name as the page says it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Width::Cycles => "cycles",
+            Width::Time => "CPU time",
+            Width::Samples => "samples",
+        }
+    }
+}
+
+/// Sums over a subtree.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Sums {
+    /// The width measure (cycles, ns or samples).
+    pub width: f64,
+    /// Cycles, with their variance.
+    pub cycles: f64,
+    cycles_var: f64,
+    /// Instructions, with their variance.
+    pub instructions: f64,
+    instructions_var: f64,
+    /// IP samples.
+    pub samples: u64,
+}
+
+impl Sums {
+    fn add(&mut self, o: &Sums) {
+        self.width += o.width;
+        self.cycles += o.cycles;
+        self.cycles_var += o.cycles_var;
+        self.instructions += o.instructions;
+        self.instructions_var += o.instructions_var;
+        self.samples += o.samples;
+    }
+
+    /// CPI and its relative standard error: `None` below `floor` IP samples or without
+    /// instructions (the profile's own floor, so a frame never shows a CPI the tables
+    /// would not).
+    pub fn cpi(&self, floor: u64) -> Option<(f64, f64)> {
+        (self.samples >= floor.max(1) && self.instructions > 0.0 && self.cycles > 0.0).then(|| {
+            let rel = error::quotient(
+                error::relative(self.cycles, self.cycles_var),
+                error::relative(self.instructions, self.instructions_var),
+            );
+            (self.cycles / self.instructions, rel)
+        })
+    }
+
+    fn of_stack(s: &StackProfile, width: Width) -> Sums {
+        let var =
+            |v: Option<f64>, rel: Option<f64>| (v.unwrap_or(0.0) * rel.unwrap_or(0.0)).powi(2);
+        Sums {
+            width: measure(width, s.cycles, s.time_ns, s.samples),
+            cycles: s.cycles.unwrap_or(0.0),
+            cycles_var: var(s.cycles, s.cycles_rel_error),
+            instructions: s.instructions.unwrap_or(0.0),
+            instructions_var: var(s.instructions, s.instructions_rel_error),
+            samples: s.samples,
+        }
+    }
+}
+
+fn measure(width: Width, cycles: Option<f64>, time_ns: Option<f64>, samples: u64) -> f64 {
+    match width {
+        Width::Cycles => cycles.unwrap_or(0.0),
+        Width::Time => time_ns.unwrap_or(0.0),
+        Width::Samples => samples as f64,
+    }
+}
+
+/// One node: a function called along one path.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// Function name (a process node: `comm [pid]`).
+    pub name: String,
+    /// Binary file name (empty for the root and process nodes).
+    pub binary: String,
+    /// Inclusive sums.
+    pub total: Sums,
+    children: Vec<usize>,
+}
+
+/// Call stacks merged into a tree: node 0 is the root (`all`).
+#[derive(Clone, Debug)]
+pub struct Tree {
+    /// The nodes, parents before children.
+    pub nodes: Vec<Node>,
+    index: HashMap<(usize, String, String), usize>,
+}
+
+impl Tree {
+    fn new() -> Tree {
+        Tree {
+            nodes: vec![Node {
+                name: "all".into(),
+                binary: String::new(),
+                total: Sums::default(),
+                children: Vec::new(),
+            }],
+            index: HashMap::new(),
+        }
+    }
+
+    fn child(&mut self, parent: usize, name: &str, binary: &str) -> usize {
+        let key = (parent, name.to_string(), binary.to_string());
+        if let Some(&i) = self.index.get(&key) {
+            return i;
+        }
+        let i = self.nodes.len();
+        self.nodes.push(Node {
+            name: key.1.clone(),
+            binary: key.2.clone(),
+            total: Sums::default(),
+            children: Vec::new(),
+        });
+        self.nodes[parent].children.push(i);
+        self.index.insert(key, i);
+        i
+    }
+
+    /// Adds `sums` along `path` (outermost first) under `parent`, and to every node on it.
+    fn add_path<'a>(
+        &mut self,
+        parent: usize,
+        path: impl Iterator<Item = (&'a str, &'a str)>,
+        sums: &Sums,
+    ) {
+        let mut at = parent;
+        self.nodes[0].total.add(sums);
+        if parent != 0 {
+            self.nodes[parent].total.add(sums);
+        }
+        for (name, binary) in path {
+            at = self.child(at, name, binary);
+            self.nodes[at].total.add(sums);
+        }
+    }
+
+    /// The children of `i`, alphabetically (as flamegraph.pl orders them, so two
+    /// profiles of one program lay out alike).
+    pub fn children(&self, i: usize) -> Vec<usize> {
+        let mut c = self.nodes[i].children.clone();
+        c.sort_by(|&a, &b| {
+            (&self.nodes[a].name, &self.nodes[a].binary)
+                .cmp(&(&self.nodes[b].name, &self.nodes[b].binary))
+        });
+        c
+    }
+
+    /// The part of node `i` no child accounts for.
+    pub fn self_width(&self, i: usize) -> f64 {
+        let n = &self.nodes[i];
+        let children: f64 = n.children.iter().map(|&c| self.nodes[c].total.width).sum();
+        (n.total.width - children).max(0.0)
+    }
+}
+
+/// A process's node name: what its row in the tables says.
+pub fn process_name(pr: &ProcessProfile) -> String {
+    let comm = if pr.comm.is_empty() { "?" } else { &pr.comm };
+    format!("{comm} [{}]", pr.pid)
+}
+
+fn base(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+/// The tree of every process's stacks (root first), under one node per process. A
+/// process without stacks gets one frame per function (leaf only), as the folded
+/// export writes it.
+pub fn callers_first(p: &Profile, width: Width) -> Tree {
+    let mut t = Tree::new();
+    let mut own: HashMap<usize, Sums> = HashMap::new();
+    for pr in &p.processes {
+        let proc_node = t.child(0, &process_name(pr), "");
+        own.entry(proc_node)
+            .or_default()
+            .add(&process_sums(pr, width));
+        if pr.stacks.is_empty() {
+            for f in pr.functions.iter().filter(|f| f.samples > 0) {
+                let sums = function_sums(f, width);
+                t.add_path(
+                    proc_node,
+                    std::iter::once((f.name.as_str(), base(&f.binary))),
+                    &sums,
+                );
+            }
+            continue;
+        }
+        for s in &pr.stacks {
+            let sums = Sums::of_stack(s, width);
+            let path = s
+                .frames
+                .iter()
+                .rev()
+                .map(|f| (f.function.as_str(), base(&f.binary)));
+            t.add_path(proc_node, fold_recursion(path).into_iter(), &sums);
+        }
+    }
+    // A process's own totals and errors, not the sums of its stacks' errors: a stack's
+    // few samples give it a wide error that adds up to more than the process's.
+    let mut root = Sums::default();
+    for (i, mut sums) in own {
+        sums.width = sums.width.max(t.nodes[i].total.width);
+        t.nodes[i].total = sums;
+        root.add(&sums);
+    }
+    t.nodes[0].total = root;
+    t
+}
+
+fn process_sums(pr: &ProcessProfile, width: Width) -> Sums {
+    let var = |v: Option<f64>, rel: Option<f64>| (v.unwrap_or(0.0) * rel.unwrap_or(0.0)).powi(2);
+    Sums {
+        width: measure(width, pr.cycles, pr.time_ns, pr.samples),
+        cycles: pr.cycles.unwrap_or(0.0),
+        cycles_var: var(pr.cycles, pr.cycles_rel_error),
+        instructions: pr.instructions.unwrap_or(0.0),
+        instructions_var: var(pr.instructions, pr.instructions_rel_error),
+        samples: pr.samples,
+    }
+}
+
+/// The callers of `function` (in `binary`), the function at the top and each caller
+/// below the one it called (an icicle): every stack whose leaf is `function` or that
+/// passes through it, from its innermost occurrence outwards.
+pub fn callers_of(p: &Profile, width: Width, function: &str, binary: &str) -> Tree {
+    let mut t = Tree::new();
+    for pr in &p.processes {
+        for s in &pr.stacks {
+            let Some(at) = s
+                .frames
+                .iter()
+                .position(|f| f.function == function && base(&f.binary) == binary)
+            else {
+                continue;
+            };
+            let sums = Sums::of_stack(s, width);
+            let path = s.frames[at..]
+                .iter()
+                .map(|f| (f.function.as_str(), base(&f.binary)));
+            let comm = process_name(pr);
+            let path = fold_recursion(path)
+                .into_iter()
+                .chain(std::iter::once((comm.as_str(), "")));
+            let path: Vec<(&str, &str)> = path.collect();
+            t.add_path(0, path.into_iter(), &sums);
+        }
+    }
+    t
+}
+
+/// A path with direct and indirect recursion folded: a function already on the path
+/// returns to its first occurrence (what was called since is dropped from the path), so
+/// a recursive sort is one frame deep, not a thousand.
+fn fold_recursion<'a>(path: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<(&'a str, &'a str)> {
+    let mut out: Vec<(&str, &str)> = Vec::new();
+    for f in path {
+        if let Some(i) = out.iter().position(|&g| g == f) {
+            out.truncate(i + 1);
+        } else {
+            out.push(f);
+        }
+    }
+    out
+}
+
+fn function_sums(f: &crate::profile::model::FunctionProfile, width: Width) -> Sums {
+    let var = |v: Option<f64>, rel: Option<f64>| (v.unwrap_or(0.0) * rel.unwrap_or(0.0)).powi(2);
+    Sums {
+        width: measure(width, f.cycles, f.time_ns, f.samples),
+        cycles: f.cycles.unwrap_or(0.0),
+        cycles_var: var(f.cycles, f.cycles_rel_error),
+        instructions: f.instructions.unwrap_or(0.0),
+        instructions_var: var(f.instructions, f.instructions_rel_error),
+        samples: f.samples,
+    }
+}
+
+/// A frame placed on the graph: `x` and `w` as fractions of the root's width.
+#[derive(Clone, Debug)]
+pub struct Frame {
+    /// The node drawn.
+    pub node: usize,
+    /// Left edge, 0..1.
+    pub x: f64,
+    /// Width, 0..1.
+    pub w: f64,
+    /// Depth: 0 is the root.
+    pub depth: usize,
+}
+
+/// The frames of `t` at least `min_width` wide (a fraction of the root), parents
+/// before children; also the number of nodes left out for being narrower.
+pub fn layout(t: &Tree, min_width: f64) -> (Vec<Frame>, usize) {
+    let total = t.nodes[0].total.width;
+    let mut frames = Vec::new();
+    if total <= 0.0 {
+        return (frames, 0);
+    }
+    let mut dropped = 0;
+    let mut todo = vec![(0usize, 0.0f64, 0usize)];
+    while let Some((i, x, depth)) = todo.pop() {
+        let w = t.nodes[i].total.width / total;
+        if w < min_width {
+            dropped += 1 + descendants(t, i);
+            continue;
+        }
+        frames.push(Frame {
+            node: i,
+            x,
+            w,
+            depth,
+        });
+        let mut cx = x;
+        for c in t.children(i) {
+            todo.push((c, cx, depth + 1));
+            cx += t.nodes[c].total.width / total;
+        }
+    }
+    (frames, dropped)
+}
+
+fn descendants(t: &Tree, i: usize) -> usize {
+    t.nodes[i]
+        .children
+        .iter()
+        .map(|&c| 1 + descendants(t, c))
+        .sum()
+}
+
+/// Whether a profile's frames can carry a CPI: a mode that counts instructions, with
+/// cycles to divide.
+pub fn has_cpi(p: &Profile) -> bool {
+    p.mode.has_cpi() && !matches!(p.mode, Mode::Instructions) && Width::of(p) == Width::Cycles
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recursion_folds_to_its_first_occurrence() {
+        let p = [
+            ("main", "a"),
+            ("sort", "a"),
+            ("part", "a"),
+            ("sort", "a"),
+            ("cmp", "a"),
+        ];
+        assert_eq!(
+            fold_recursion(p.into_iter()),
+            vec![("main", "a"), ("sort", "a"), ("cmp", "a")]
+        );
+    }
+
+    #[test]
+    fn subtree_cpi_is_sum_over_sum_with_errors_combined() {
+        let mut s = Sums::default();
+        let a = Sums {
+            width: 300.0,
+            cycles: 300.0,
+            cycles_var: 9.0,
+            instructions: 100.0,
+            instructions_var: 4.0,
+            samples: 30,
+        };
+        s.add(&a);
+        s.add(&a);
+        let (cpi, rel) = s.cpi(20).expect("above the floor");
+        assert!((cpi - 3.0).abs() < 1e-12);
+        let want = ((18.0f64).sqrt() / 600.0).hypot((8.0f64).sqrt() / 200.0);
+        assert!((rel - want).abs() < 1e-12, "{rel} vs {want}");
+        assert_eq!(a.cpi(31), None, "below the floor: no CPI");
+    }
+}

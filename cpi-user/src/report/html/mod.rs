@@ -1,0 +1,263 @@
+//! `--format html`: one self-contained page (no network request, no server) with the
+//! run's summary, a sortable table of the functions, a flame graph of the call stacks
+//! coloured by CPI ([`flame`]), the callers of the hottest functions, and their
+//! annotated disassembly ([`code`]).
+//!
+//! The page is a minijinja template with HTML auto-escaping: every name in it came from
+//! another process and reaches the page only as text. A Content-Security-Policy of
+//! `default-src 'none'` keeps the page from loading anything, whatever a name holds.
+//!
+//! Size: frames narrower than [`MIN_FRAME`] of the whole are left out (their share is in
+//! their parents' widths, and the page says how many), annotated code is given for the
+//! [`CODE_FUNCTIONS`] hottest functions, and the table keeps [`TABLE_ROWS`] rows.
+
+mod code;
+pub mod colour;
+pub mod flame;
+
+use std::collections::HashMap;
+
+use minijinja::{context, Environment};
+use serde::Serialize;
+
+use crate::profile::model::Profile;
+use crate::profile::AnalysisOptions;
+use flame::{Sums, Tree, Width};
+
+/// Frames narrower than this fraction of the root (0.6 px of a 1 200 px graph) are
+/// not drawn.
+pub const MIN_FRAME: f64 = 0.0005;
+/// Functions whose annotated code and callers the page holds, hottest first.
+pub const CODE_FUNCTIONS: usize = 40;
+/// Rows of the functions table.
+pub const TABLE_ROWS: usize = 5000;
+
+/// The graph's width in SVG units and a frame's height.
+const GRAPH_WIDTH: f64 = 1200.0;
+const FRAME_HEIGHT: f64 = 17.0;
+
+/// Why a page could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum HtmlError {
+    /// The template failed to render (a bug: the template is built in).
+    #[error("rendering the HTML page: {0}")]
+    Template(#[from] minijinja::Error),
+}
+
+const PAGE: &str = include_str!("page.html");
+const SCRIPT: &str = include_str!("page.js");
+const STYLE: &str = include_str!("page.css");
+
+/// The HTML page of `p`.
+pub fn render(p: &Profile) -> Result<String, HtmlError> {
+    let width = Width::of(p);
+    let cpi = flame::has_cpi(p);
+    let floor = AnalysisOptions::default().sample_floor;
+    let tree = flame::callers_first(p, width);
+    let total = tree.nodes[0].total.width;
+    let ids = code::code_ids(p, width);
+    let look = Look {
+        width,
+        cpi,
+        floor,
+        ids: &ids,
+    };
+    let (frames, dropped) = svg_frames(&tree, false, &look, total);
+    let functions = code::table_rows(p, width, cpi, total);
+    let code = code::sections(p, &look);
+    let mut env = Environment::new();
+    env.add_template("page.html", PAGE)?;
+    let page = env.get_template("page.html")?.render(context! {
+        title => title(p),
+        summary => code::summary(p),
+        width_name => width.name(),
+        cpi => cpi,
+        scale => colour::SCALE,
+        graph => Graph::of(frames, dropped),
+        functions => functions,
+        code => code,
+        calls => code::call_edges(p),
+        script => SCRIPT,
+        style => STYLE,
+    })?;
+    Ok(page)
+}
+
+fn title(p: &Profile) -> String {
+    if p.command.is_empty() {
+        format!("cpi-bpf: {} profile", p.mode.name())
+    } else {
+        format!("cpi-bpf: {}", p.command.join(" "))
+    }
+}
+
+/// A graph as the template draws it.
+#[derive(Serialize)]
+struct Graph {
+    frames: Vec<SvgFrame>,
+    height: f64,
+    dropped: usize,
+}
+
+impl Graph {
+    fn of(frames: Vec<SvgFrame>, dropped: usize) -> Graph {
+        let height = frames.iter().map(|f| f.y).fold(0.0, f64::max) + FRAME_HEIGHT;
+        Graph {
+            frames,
+            height,
+            dropped,
+        }
+    }
+}
+
+/// One frame as drawn: its place, colour, label and numbers (also in data attributes,
+/// for scripts and tests).
+#[derive(Serialize)]
+struct SvgFrame {
+    name: String,
+    binary: String,
+    /// Fraction of the root, and in SVG units.
+    fx: f64,
+    fw: f64,
+    x: String,
+    w: String,
+    y: f64,
+    depth: usize,
+    label: String,
+    fill: String,
+    tip: String,
+    width: f64,
+    self_width: f64,
+    cycles: Option<f64>,
+    instructions: Option<f64>,
+    cpi: Option<f64>,
+    cpi_error: Option<f64>,
+    samples: u64,
+    share: f64,
+    code: Option<usize>,
+}
+
+/// How frames are measured, coloured and linked.
+struct Look<'a> {
+    width: Width,
+    /// Whether the profile has CPI to colour by.
+    cpi: bool,
+    /// The profile's sample floor for a CPI.
+    floor: u64,
+    /// Function name and binary file name → its code section.
+    ids: &'a HashMap<(String, String), usize>,
+}
+
+/// The frames of `t` for the page: a flame graph (root at the bottom), or an icicle
+/// (root at the top) for a callers view.
+fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>, usize) {
+    let Look {
+        width,
+        cpi,
+        floor,
+        ids,
+    } = *look;
+    let (frames, dropped) = flame::layout(t, MIN_FRAME);
+    let max_depth = frames.iter().map(|f| f.depth).max().unwrap_or(0);
+    let out = frames
+        .iter()
+        .map(|f| {
+            let n = &t.nodes[f.node];
+            let y = if icicle { f.depth } else { max_depth - f.depth } as f64 * FRAME_HEIGHT;
+            let px = f.w * GRAPH_WIDTH;
+            let est = if cpi { n.total.cpi(floor) } else { None };
+            SvgFrame {
+                tip: tip(&n.name, &n.binary, &n.total, width, cpi, est, total),
+                name: n.name.clone(),
+                binary: n.binary.clone(),
+                fx: f.x,
+                fw: f.w,
+                x: format!("{:.2}", f.x * GRAPH_WIDTH),
+                w: format!("{px:.2}"),
+                y,
+                depth: f.depth,
+                label: label(&n.name, px),
+                fill: colour::frame(cpi, est.map(|e| e.0)),
+                width: n.total.width,
+                self_width: t.self_width(f.node),
+                cycles: cpi.then_some(n.total.cycles),
+                instructions: cpi.then_some(n.total.instructions),
+                cpi: est.map(|e| e.0),
+                cpi_error: est.map(|e| e.1),
+                samples: n.total.samples,
+                share: if total > 0.0 {
+                    n.total.width / total
+                } else {
+                    0.0
+                },
+                code: ids.get(&(n.name.clone(), n.binary.clone())).copied(),
+            }
+        })
+        .collect();
+    (out, dropped)
+}
+
+/// What fits in a frame `px` wide at about 7 px a character; nothing under 3.
+fn label(name: &str, px: f64) -> String {
+    let fits = ((px - 6.0) / 7.0).floor().max(0.0) as usize;
+    let n = name.chars().count();
+    if fits < 3 {
+        String::new()
+    } else if n <= fits {
+        name.to_string()
+    } else {
+        let mut s: String = name.chars().take(fits - 2).collect();
+        s.push_str("..");
+        s
+    }
+}
+
+/// A frame's tooltip: name, width measure and share, and CPI ± error where there is one.
+fn tip(
+    name: &str,
+    binary: &str,
+    s: &Sums,
+    width: Width,
+    cpi: bool,
+    est: Option<(f64, f64)>,
+    total: f64,
+) -> String {
+    let share = if total > 0.0 {
+        100.0 * s.width / total
+    } else {
+        0.0
+    };
+    let mut t = name.to_string();
+    if !binary.is_empty() {
+        t.push_str(&format!(" ({binary})"));
+    }
+    t.push_str(&format!(
+        "\n{}: {} ({share:.2} %)",
+        width.name(),
+        code::amount(width, s.width)
+    ));
+    if cpi {
+        t.push_str(&format!(
+            "\ninstructions: {}",
+            crate::report::table::si(s.instructions)
+        ));
+        match est {
+            Some((v, rel)) => t.push_str(&format!("\nCPI: {v:.2} ± {:.1} %", rel * 100.0)),
+            None => t.push_str("\nCPI: too few samples"),
+        }
+    }
+    t.push_str(&format!("\nsamples: {}", s.samples));
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_fit_their_frames() {
+        assert_eq!(label("main", 100.0), "main");
+        assert_eq!(label("a_long_function_name", 50.0), "a_lon..");
+        assert_eq!(label("main", 20.0), "");
+    }
+}
