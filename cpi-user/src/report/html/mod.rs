@@ -257,7 +257,7 @@ mod tests {
     #[test]
     fn labels_fit_their_frames() {
         assert_eq!(label("main", 100.0), "main");
-        assert_eq!(label("a_long_function_name", 50.0), "a_lon..");
+        assert_eq!(label("a_long_function_name", 50.0), "a_lo..");
         assert_eq!(label("main", 20.0), "");
     }
 }
