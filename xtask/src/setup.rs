@@ -21,7 +21,8 @@ use anyhow::{bail, Context};
 /// prometheus (the server that scrapes the agent in tests/tests/agent_sinks.rs),
 /// qemu-system-x86 and busybox-static (the kernel matrix, tests/tests/it/kernels.rs),
 /// python3-venv (the Kubernetes schema validator's venv, [`k8s_validator`]), time (GNU
-/// time: a child's own peak RSS, tests/tests/it/hostile.rs).
+/// time: a child's own peak RSS, tests/tests/it/hostile.rs), chromium (opens the HTML report,
+/// tests/tests/it/report_html.rs).
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -37,6 +38,7 @@ const PACKAGES: &[&str] = &[
     "busybox-static",
     "python3-venv",
     "time",
+    "chromium",
 ];
 /// Installed when the archive has them (benchmarks only).
 const OPTIONAL_PACKAGES: &[&str] = &["bpftool"];

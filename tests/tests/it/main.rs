@@ -27,6 +27,7 @@ mod report_diff;
 mod report_fdata;
 mod report_file;
 mod report_fixture;
+mod report_html;
 mod report_import;
 mod report_pprof;
 mod report_tables;
