@@ -226,7 +226,7 @@ fn add(a: &mut Var, b: Var) {
 
 /// The variance of `value` with relative error `rel`, or 1/√samples where the file has
 /// none (files before the error model).
-fn variance(value: f64, rel: Option<f64>, samples: u64) -> f64 {
+pub(crate) fn variance(value: f64, rel: Option<f64>, samples: u64) -> f64 {
     let rel = rel.unwrap_or(1.0 / (samples.max(1) as f64).sqrt());
     (value * rel).powi(2)
 }
@@ -492,7 +492,7 @@ fn unit(
 }
 
 /// x / X and its variance, x part of X (see the module documentation).
-fn share_of((x, vx): Var, (t, vt): Var) -> Var {
+pub(crate) fn share_of((x, vx): Var, (t, vt): Var) -> Var {
     if t <= 0.0 {
         return (0.0, 0.0);
     }

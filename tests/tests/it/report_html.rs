@@ -294,3 +294,71 @@ fn the_browser_check_sees_a_page_that_fetches() {
         v.requests
     );
 }
+
+/// `diff --format html`: NEW's frames coloured by their tested change. Two seeds of one
+/// program flag no frame; the build whose alpha_work does 30 % more flags alpha_work's
+/// frame (red: more) and not beta_work's.
+#[test]
+fn differential_flame_graph_flags_the_changed_function_only() {
+    if let Err(why) = tool_dir() {
+        cpi_tests::skip(&why);
+        return;
+    }
+    let dir = temp_dir("report-html-diff");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    std::fs::create_dir_all(&a).unwrap();
+    std::fs::create_dir_all(&b).unwrap();
+    let Some(base) = compile_c("diff_pair.c", &a, "diff_pair", &[]) else {
+        return;
+    };
+    let changed = compile_c("diff_pair.c", &b, "diff_pair", &["-DALPHA_PERCENT=130"]).unwrap();
+    let profiles =
+        [(&base, 1, "a1"), (&base, 2, "a2"), (&changed, 3, "b1")].map(|(exe, seed, name)| {
+            let out = dir.join(format!("{name}.json"));
+            output_ok(
+                Command::new(cpi_bpf())
+                    .args(["simulate", "--quiet", "--seed", &seed.to_string(), "-o"])
+                    .arg(&out)
+                    .arg("--")
+                    .arg(exe)
+                    .arg("100"),
+            );
+            out
+        });
+    let page = |new: &Path, name: &str| {
+        let html = dir.join(name);
+        output_ok(
+            Command::new(cpi_bpf())
+                .args(["diff", "--format", "html", "-o"])
+                .arg(&html)
+                .arg(&profiles[0])
+                .arg(new),
+        );
+        visit(&html, None)
+    };
+    let Some(same) = page(&profiles[1], "same.html") else {
+        return;
+    };
+    assert!(same.requests.is_empty(), "{:?}", same.requests);
+    let frames = main_frames(&same.dom);
+    assert!(frames.len() > 5 && frames.iter().all(|f| f.contains_key("data-z")));
+    assert!(
+        frames.iter().all(|f| f["data-significant"] == "false"),
+        "a frame flagged between two seeds: {:?}",
+        frames.iter().find(|f| f["data-significant"] == "true")
+    );
+    let changed = page(&profiles[2], "changed.html").unwrap();
+    let frames = main_frames(&changed.dom);
+    let named = |n: &str| {
+        frames
+            .iter()
+            .find(|f| f["data-name"] == n)
+            .unwrap_or_else(|| panic!("no {n}"))
+    };
+    let alpha = named("alpha_work");
+    assert_eq!(alpha["data-significant"], "true", "{alpha:?}");
+    let rel = num(alpha, "data-delta") / num(alpha, "data-base");
+    assert!((0.25..0.35).contains(&rel), "alpha_work +{rel}");
+    assert_eq!(named("beta_work")["data-significant"], "false");
+    assert!(changed.dom.contains("alpha_work"), "the table lists it");
+}

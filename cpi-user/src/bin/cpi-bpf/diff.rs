@@ -19,6 +19,9 @@ pub enum Format {
     Table,
     /// Every unit with `name`, its values, errors, `z` and `significant`.
     Json,
+    /// A page with the table and a differential flame graph (NEW's widths, frames
+    /// coloured by their significant changes).
+    Html,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -125,6 +128,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let text = match args.format {
         Format::Table => diff::render(&d, args.top),
         Format::Json => serde_json::to_string_pretty(&d)? + "\n",
+        Format::Html => cpi_user::report::html::render_diff(&base, &new, &d)?,
     };
     write_out(args.output.as_deref(), |w| w.write_all(text.as_bytes()))?;
     Ok(0)

@@ -52,6 +52,8 @@ impl Width {
 pub struct Sums {
     /// The width measure (cycles, ns or samples).
     pub width: f64,
+    /// Its variance.
+    pub width_var: f64,
     /// Cycles, with their variance.
     pub cycles: f64,
     cycles_var: f64,
@@ -65,6 +67,7 @@ pub struct Sums {
 impl Sums {
     fn add(&mut self, o: &Sums) {
         self.width += o.width;
+        self.width_var += o.width_var;
         self.cycles += o.cycles;
         self.cycles_var += o.cycles_var;
         self.instructions += o.instructions;
@@ -88,8 +91,10 @@ impl Sums {
     fn of_stack(s: &StackProfile, width: Width) -> Sums {
         let var =
             |v: Option<f64>, rel: Option<f64>| (v.unwrap_or(0.0) * rel.unwrap_or(0.0)).powi(2);
+        let w = measure(width, s.cycles, s.time_ns, s.samples);
         Sums {
-            width: measure(width, s.cycles, s.time_ns, s.samples),
+            width: w,
+            width_var: width_variance(width, w, s.cycles_rel_error, s.samples),
             cycles: s.cycles.unwrap_or(0.0),
             cycles_var: var(s.cycles, s.cycles_rel_error),
             instructions: s.instructions.unwrap_or(0.0),
@@ -97,6 +102,16 @@ impl Sums {
             samples: s.samples,
         }
     }
+}
+
+/// The variance of a width: cycles carry their own error; time and samples are counts
+/// of samples, 1/√n (the diff's rule, one for both).
+fn width_variance(width: Width, w: f64, cycles_rel: Option<f64>, samples: u64) -> f64 {
+    let rel = match width {
+        Width::Cycles => cycles_rel,
+        Width::Time | Width::Samples => None,
+    };
+    crate::report::diff::variance(w, rel, samples)
 }
 
 fn measure(width: Width, cycles: Option<f64>, time_ns: Option<f64>, samples: u64) -> f64 {
@@ -116,6 +131,8 @@ pub struct Node {
     pub binary: String,
     /// Inclusive sums.
     pub total: Sums,
+    /// The caller's node (the root's is itself).
+    pub parent: usize,
     children: Vec<usize>,
 }
 
@@ -134,6 +151,7 @@ impl Tree {
                 name: "all".into(),
                 binary: String::new(),
                 total: Sums::default(),
+                parent: 0,
                 children: Vec::new(),
             }],
             index: HashMap::new(),
@@ -150,6 +168,7 @@ impl Tree {
             name: key.1.clone(),
             binary: key.2.clone(),
             total: Sums::default(),
+            parent,
             children: Vec::new(),
         });
         self.nodes[parent].children.push(i);
@@ -175,6 +194,13 @@ impl Tree {
         }
     }
 
+    /// The child of `parent` named `name` in `binary`, if there is one.
+    pub fn find(&self, parent: usize, name: &str, binary: &str) -> Option<usize> {
+        self.index
+            .get(&(parent, name.to_string(), binary.to_string()))
+            .copied()
+    }
+
     /// The children of `i`, alphabetically (as flamegraph.pl orders them, so two
     /// profiles of one program lay out alike).
     pub fn children(&self, i: usize) -> Vec<usize> {
@@ -194,6 +220,24 @@ impl Tree {
     }
 }
 
+/// How processes become the graph's second row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcessKey {
+    /// `comm [pid]`: one node per process.
+    Pid,
+    /// `comm`: processes of one name merged, as a diff matches them across runs.
+    Comm,
+}
+
+impl ProcessKey {
+    fn name(self, pr: &ProcessProfile) -> String {
+        match self {
+            ProcessKey::Pid => process_name(pr),
+            ProcessKey::Comm => if pr.comm.is_empty() { "?" } else { &pr.comm }.to_string(),
+        }
+    }
+}
+
 /// A process's node name: what its row in the tables says.
 pub fn process_name(pr: &ProcessProfile) -> String {
     let comm = if pr.comm.is_empty() { "?" } else { &pr.comm };
@@ -207,11 +251,11 @@ fn base(path: &str) -> &str {
 /// The tree of every process's stacks (root first), under one node per process. A
 /// process without stacks gets one frame per function (leaf only), as the folded
 /// export writes it.
-pub fn callers_first(p: &Profile, width: Width) -> Tree {
+pub fn callers_first(p: &Profile, width: Width, key: ProcessKey) -> Tree {
     let mut t = Tree::new();
     let mut own: HashMap<usize, Sums> = HashMap::new();
     for pr in &p.processes {
-        let proc_node = t.child(0, &process_name(pr), "");
+        let proc_node = t.child(0, &key.name(pr), "");
         own.entry(proc_node)
             .or_default()
             .add(&process_sums(pr, width));
@@ -250,8 +294,10 @@ pub fn callers_first(p: &Profile, width: Width) -> Tree {
 
 fn process_sums(pr: &ProcessProfile, width: Width) -> Sums {
     let var = |v: Option<f64>, rel: Option<f64>| (v.unwrap_or(0.0) * rel.unwrap_or(0.0)).powi(2);
+    let w = measure(width, pr.cycles, pr.time_ns, pr.samples);
     Sums {
-        width: measure(width, pr.cycles, pr.time_ns, pr.samples),
+        width: w,
+        width_var: width_variance(width, w, pr.cycles_rel_error, pr.samples),
         cycles: pr.cycles.unwrap_or(0.0),
         cycles_var: var(pr.cycles, pr.cycles_rel_error),
         instructions: pr.instructions.unwrap_or(0.0),
@@ -306,8 +352,10 @@ fn fold_recursion<'a>(path: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<(&'
 
 fn function_sums(f: &crate::profile::model::FunctionProfile, width: Width) -> Sums {
     let var = |v: Option<f64>, rel: Option<f64>| (v.unwrap_or(0.0) * rel.unwrap_or(0.0)).powi(2);
+    let w = measure(width, f.cycles, f.time_ns, f.samples);
     Sums {
-        width: measure(width, f.cycles, f.time_ns, f.samples),
+        width: w,
+        width_var: width_variance(width, w, f.cycles_rel_error, f.samples),
         cycles: f.cycles.unwrap_or(0.0),
         cycles_var: var(f.cycles, f.cycles_rel_error),
         instructions: f.instructions.unwrap_or(0.0),

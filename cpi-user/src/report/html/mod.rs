@@ -13,7 +13,10 @@
 
 mod code;
 pub mod colour;
+mod diff;
 pub mod flame;
+
+pub use diff::render_diff;
 
 use std::collections::HashMap;
 
@@ -45,6 +48,8 @@ pub enum HtmlError {
 }
 
 const PAGE: &str = include_str!("page.html");
+const DIFF_PAGE: &str = include_str!("diff.html");
+const GRAPH: &str = include_str!("graph.html");
 const SCRIPT: &str = include_str!("page.js");
 const STYLE: &str = include_str!("page.css");
 
@@ -53,7 +58,7 @@ pub fn render(p: &Profile) -> Result<String, HtmlError> {
     let width = Width::of(p);
     let cpi = flame::has_cpi(p);
     let floor = AnalysisOptions::default().sample_floor;
-    let tree = flame::callers_first(p, width);
+    let tree = flame::callers_first(p, width, flame::ProcessKey::Pid);
     let total = tree.nodes[0].total.width;
     let ids = code::code_ids(p, width);
     let look = Look {
@@ -65,9 +70,7 @@ pub fn render(p: &Profile) -> Result<String, HtmlError> {
     let (frames, dropped) = svg_frames(&tree, false, &look, total);
     let functions = code::table_rows(p, width, cpi, total);
     let code = code::sections(p, &look);
-    let mut env = Environment::new();
-    env.add_template("page.html", PAGE)?;
-    let page = env.get_template("page.html")?.render(context! {
+    let page = environment()?.get_template("page.html")?.render(context! {
         title => title(p),
         summary => code::summary(p),
         width_name => width.name(),
@@ -81,6 +84,15 @@ pub fn render(p: &Profile) -> Result<String, HtmlError> {
         style => STYLE,
     })?;
     Ok(page)
+}
+
+/// The page templates (`.html`: auto-escaped).
+fn environment() -> Result<Environment<'static>, HtmlError> {
+    let mut env = Environment::new();
+    env.add_template("graph.html", GRAPH)?;
+    env.add_template("page.html", PAGE)?;
+    env.add_template("diff.html", DIFF_PAGE)?;
+    Ok(env)
 }
 
 fn title(p: &Profile) -> String {
@@ -114,6 +126,8 @@ impl Graph {
 /// for scripts and tests).
 #[derive(Serialize)]
 struct SvgFrame {
+    #[serde(skip)]
+    node: usize,
     name: String,
     binary: String,
     /// Fraction of the root, and in SVG units.
@@ -135,6 +149,8 @@ struct SvgFrame {
     samples: u64,
     share: f64,
     code: Option<usize>,
+    /// In a differential graph: the frame's change against the base.
+    change: Option<diff::FrameChange>,
 }
 
 /// How frames are measured, coloured and linked.
@@ -167,6 +183,7 @@ fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>
             let px = f.w * GRAPH_WIDTH;
             let est = if cpi { n.total.cpi(floor) } else { None };
             SvgFrame {
+                node: f.node,
                 tip: tip(&n.name, &n.binary, &n.total, width, cpi, est, total),
                 name: n.name.clone(),
                 binary: n.binary.clone(),
@@ -191,6 +208,7 @@ fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>
                     0.0
                 },
                 code: ids.get(&(n.name.clone(), n.binary.clone())).copied(),
+                change: None,
             }
         })
         .collect();

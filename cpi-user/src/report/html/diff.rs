@@ -1,0 +1,162 @@
+//! `cpi-bpf diff --format html`: the diff's table and a differential flame graph. The
+//! graph is NEW's call tree (width = its cycles or time); each frame is matched to
+//! BASE's frame of the same path (processes by comm, as the diff matches them) and
+//! coloured by its subtree's change: tested like the table's units, z = Δ / √(σ_base² +
+//! σ_new²) with Benjamini–Hochberg at the diff's level over the frames drawn. Paths only
+//! BASE has are not drawn (their width in NEW is 0); the table lists what vanished.
+
+use minijinja::context;
+use serde::Serialize;
+
+use super::flame::{self, ProcessKey, Sums, Tree, Width};
+use super::{environment, svg_frames, Graph, HtmlError, Look, SCRIPT, STYLE};
+use crate::profile::model::Profile;
+use crate::profile::AnalysisOptions;
+use crate::report::diff::{benjamini_hochberg, p_value, share_of, z_score, Basis, Diff};
+
+/// One frame's change against the base.
+#[derive(Serialize, Clone, Debug)]
+pub(super) struct FrameChange {
+    base: f64,
+    delta: f64,
+    delta_error: f64,
+    z: f64,
+    significant: bool,
+}
+
+/// One tested change of one unit, a row of the page's table.
+#[derive(Serialize)]
+struct Row<'a> {
+    kind: crate::report::diff::UnitKind,
+    name: &'a str,
+    comm: &'a str,
+    quantity: &'static str,
+    change: &'a crate::report::diff::Change,
+}
+
+fn rows(d: &Diff) -> Vec<Row<'_>> {
+    d.units
+        .iter()
+        .flat_map(|u| {
+            u.changes
+                .iter()
+                .filter(|(_, c)| c.tested)
+                .map(move |(q, c)| Row {
+                    kind: u.kind,
+                    name: &u.name,
+                    comm: &u.comm,
+                    quantity: q,
+                    change: c,
+                })
+        })
+        .collect()
+}
+
+/// Fill of a frame whose change is not significant.
+const UNCHANGED: &str = "#e4e4e4";
+
+/// The fill of a significant change: red where NEW has more, blue less, deeper with the
+/// relative change (full at ±100 %).
+fn change_colour(c: &FrameChange) -> String {
+    if !c.significant {
+        return UNCHANGED.into();
+    }
+    let rel = if c.base > 0.0 {
+        (c.delta / c.base).abs().min(1.0)
+    } else {
+        1.0
+    };
+    let light = 85.0 - 35.0 * rel;
+    if c.delta > 0.0 {
+        format!("hsl(8,80%,{light:.1}%)")
+    } else {
+        format!("hsl(215,70%,{light:.1}%)")
+    }
+}
+
+/// Each node of `new` with its counterpart in `base` (same path of names).
+fn matched(base: &Tree, new: &Tree) -> Vec<Option<usize>> {
+    let mut of = vec![None; new.nodes.len()];
+    of[0] = Some(0);
+    // Parents come before children in `nodes`.
+    for i in 1..new.nodes.len() {
+        let n = &new.nodes[i];
+        of[i] = of[n.parent].and_then(|bp| base.find(bp, &n.name, &n.binary));
+    }
+    of
+}
+
+/// A value and its variance on the diff's basis: absolute, or the share of the root.
+fn on_basis(s: &Sums, root: &Sums, basis: Basis) -> (f64, f64) {
+    match basis {
+        Basis::Absolute => (s.width, s.width_var),
+        Basis::Share => share_of((s.width, s.width_var), (root.width, root.width_var)),
+    }
+}
+
+/// The page of a diff of `base` and `new`.
+pub fn render_diff(base: &Profile, new: &Profile, d: &Diff) -> Result<String, HtmlError> {
+    let width = if d.amount == "time_ns" {
+        Width::Time
+    } else {
+        Width::Cycles
+    };
+    let (tb, tn) = (
+        flame::callers_first(base, width, ProcessKey::Comm),
+        flame::callers_first(new, width, ProcessKey::Comm),
+    );
+    let ids = Default::default();
+    let look = Look {
+        width,
+        cpi: false,
+        floor: AnalysisOptions::default().sample_floor,
+        ids: &ids,
+    };
+    let total = tn.nodes[0].total.width;
+    let (mut frames, dropped) = svg_frames(&tn, false, &look, total);
+    let of = matched(&tb, &tn);
+    let (rb, rn) = (tb.nodes[0].total, tn.nodes[0].total);
+    let changes: Vec<FrameChange> = frames
+        .iter()
+        .map(|f| {
+            let none = Sums::default();
+            let b = of[f.node].map_or(&none, |i| &tb.nodes[i].total);
+            let (vb, eb) = on_basis(b, &rb, d.basis);
+            let (vn, en) = on_basis(&tn.nodes[f.node].total, &rn, d.basis);
+            let sigma = (eb + en).sqrt();
+            FrameChange {
+                base: vb,
+                delta: vn - vb,
+                delta_error: sigma,
+                z: z_score(vn - vb, sigma),
+                significant: false,
+            }
+        })
+        .collect();
+    let p: Vec<f64> = changes.iter().map(|c| p_value(c.z)).collect();
+    let flagged = benjamini_hochberg(&p, d.alpha);
+    for ((f, mut c), s) in frames.iter_mut().zip(changes).zip(flagged) {
+        c.significant = s && f.depth > 0;
+        f.fill = change_colour(&c);
+        f.tip = format!(
+            "{}\nbase {:.4e}, new {:.4e}: Δ {:+.4e} ± {:.2e} (z {:.1}){}",
+            f.name,
+            c.base,
+            c.base + c.delta,
+            c.delta,
+            c.delta_error,
+            c.z,
+            if c.significant { ", significant" } else { "" }
+        );
+        f.change = Some(c);
+    }
+    let page = environment()?.get_template("diff.html")?.render(context! {
+        diff => d,
+        rows => rows(d),
+        width_name => width.name(),
+        graph => Graph::of(frames, dropped),
+        script => SCRIPT,
+        style => STYLE,
+    })?;
+    Ok(page)
+}
