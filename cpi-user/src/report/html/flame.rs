@@ -446,6 +446,7 @@ mod tests {
         let mut s = Sums::default();
         let a = Sums {
             width: 300.0,
+            width_var: 9.0,
             cycles: 300.0,
             cycles_var: 9.0,
             instructions: 100.0,
