@@ -84,26 +84,17 @@ pub fn cpi_bpf() -> &'static Path {
             .expect("test binary lives in target/<profile>/deps");
         let release = profile_dir.file_name().is_some_and(|n| n == "release");
         let target_dir = profile_dir.parent().expect("target dir");
-        let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-        // Build scripts (ring's) rerun when these differ from the outer build's, which
-        // would rebuild the whole chain here and again in the next `cargo test`.
-        for (k, _) in std::env::vars_os() {
-            let k = k.to_string_lossy();
-            if k.starts_with("CARGO_PKG_") || k.starts_with("CARGO_MANIFEST_") || k == "OUT_DIR" {
-                cmd.env_remove(&*k);
-            }
-        }
-        cmd.current_dir(workspace_root())
-            .args([
-                "build",
-                "--quiet",
-                "--package",
-                "cpi-user",
-                "--bin",
-                "cpi-bpf",
-            ])
-            .arg("--target-dir")
-            .arg(target_dir);
+        let mut cmd = cargo();
+        cmd.args([
+            "build",
+            "--quiet",
+            "--package",
+            "cpi-user",
+            "--bin",
+            "cpi-bpf",
+        ])
+        .arg("--target-dir")
+        .arg(target_dir);
         if release {
             cmd.arg("--release");
         }
@@ -111,6 +102,46 @@ pub fn cpi_bpf() -> &'static Path {
         assert!(st.success(), "building cpi-bpf failed: {st}");
         profile_dir.join("cpi-bpf")
     })
+}
+
+/// `cargo` in the workspace, for a build of the workspace's own. Build scripts (ring's)
+/// rerun when the `CARGO_PKG_*`, `CARGO_MANIFEST_*` and `OUT_DIR` this test was given
+/// differ from the outer build's, which would rebuild the whole chain here and again in
+/// the next `cargo test`: they are not passed on.
+pub fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("CARGO_PKG_") || k.starts_with("CARGO_MANIFEST_") || k == "OUT_DIR" {
+            cmd.env_remove(&*k);
+        }
+    }
+    cmd.current_dir(workspace_root());
+    cmd
+}
+
+/// `systemd-analyze verify` of `unit` (the text of dist/cpi-bpf.service, which names the
+/// installed binary and config) with those replaced by `binary` and `config`, written
+/// into `dir`; `None` after saying why it was skipped (systemd-analyze is missing).
+pub fn verify_unit(unit: &str, binary: &Path, config: &Path, dir: &Path) -> Option<Output> {
+    let local = dir.join("cpi-bpf.service");
+    std::fs::write(
+        &local,
+        unit.replace("/usr/bin/cpi-bpf", binary.to_str().unwrap())
+            .replace("/etc/cpi-bpf/agent.toml", config.to_str().unwrap()),
+    )
+    .unwrap();
+    match Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&local)
+        .output()
+    {
+        Ok(o) => Some(o),
+        Err(e) => {
+            skip(format_args!("systemd-analyze not available ({e})"));
+            None
+        }
+    }
 }
 
 /// `nm`-style address of `symbol` in an unstripped ELF file (its own address space).

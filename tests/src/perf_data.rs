@@ -398,3 +398,24 @@ pub fn build_id(bin: &Binary, path: &str) -> (String, Vec<u8>) {
         .collect();
     (path.to_string(), bytes)
 }
+
+/// A copy of perf.data `src` at `dst` whose `HEADER_ARCH` feature string (bit 6: `uname
+/// -m` of the recording machine) reads `arch`: a recording header synthesised for
+/// another architecture from a real x86-64 one, its string rewritten in place (perf pads
+/// it to 64 bytes).
+pub fn with_arch(src: &Path, dst: &Path, arch: &str) {
+    let mut b = std::fs::read(src).expect("read perf.data");
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    let features = u64_at(&b, 72);
+    assert!(features & 1 << 6 != 0, "{}: no HEADER_ARCH", src.display());
+    // The feature table follows the data section, one (offset, size) per set bit.
+    let table = (u64_at(&b, 40) + u64_at(&b, 48)) as usize;
+    let index = (features & ((1 << 6) - 1)).count_ones() as usize;
+    let at = u64_at(&b, table + 16 * index) as usize;
+    let len = u32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+    assert!(arch.len() < len, "{arch} does not fit in {len} bytes");
+    let field = &mut b[at + 4..at + 4 + len];
+    field.fill(0);
+    field[..arch.len()].copy_from_slice(arch.as_bytes());
+    std::fs::write(dst, b).expect("write perf.data");
+}

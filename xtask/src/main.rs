@@ -1,6 +1,8 @@
-//! Developer entry points: `cargo xtask setup`, `cargo xtask run -- ARGS`, `cargo xtask docs`.
+//! Developer entry points: `cargo xtask setup`, `cargo xtask run -- ARGS`, `cargo xtask docs`,
+//! `cargo xtask package`.
 
 mod kernels;
+mod package;
 mod setup;
 mod tracer;
 
@@ -24,6 +26,9 @@ enum Command {
     },
     /// Build cpi-bpf and write its man pages and shell completions into target/release/.
     Docs,
+    /// Build the Debian package target/debian/cpi-bpf_VERSION_ARCH.deb (binary, Valgrind
+    /// tracer, man pages, completions, systemd unit, agent.toml).
+    Package,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -31,5 +36,6 @@ fn main() -> anyhow::Result<()> {
         Command::Setup => setup::setup(),
         Command::Run { args } => setup::run(&args),
         Command::Docs => setup::docs(),
+        Command::Package => package::package().map(drop),
     }
 }

@@ -22,7 +22,8 @@ use anyhow::{bail, Context};
 /// qemu-system-x86 and busybox-static (the kernel matrix, tests/tests/it/kernels.rs),
 /// python3-venv (the Kubernetes schema validator's venv, [`k8s_validator`]), time (GNU
 /// time: a child's own peak RSS, tests/tests/it/hostile.rs), chromium (opens the HTML report,
-/// tests/tests/it/report_html.rs).
+/// tests/tests/it/report_html.rs), dpkg-dev (`dpkg-shlibdeps` for `cargo xtask package`)
+/// and man-db (the package test renders its man page).
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -39,6 +40,8 @@ const PACKAGES: &[&str] = &[
     "python3-venv",
     "time",
     "chromium",
+    "dpkg-dev",
+    "man-db",
 ];
 /// Installed when the archive has them (benchmarks only).
 const OPTIONAL_PACKAGES: &[&str] = &["bpftool"];
@@ -280,9 +283,18 @@ pub fn docs() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `cargo build --release` of the cpi-bpf binary; its path.
-fn build() -> anyhow::Result<PathBuf> {
-    status(Command::new("cargo").args([
+/// `cargo build --release` of the cpi-bpf binary; its path. `cargo run` gives xtask
+/// its own `CARGO_PKG_*` and `CARGO_MANIFEST_*`; build scripts (ring's) rerun when these
+/// differ from a plain `cargo build`'s, so they are not passed on.
+pub fn build() -> anyhow::Result<PathBuf> {
+    let mut cargo = Command::new("cargo");
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("CARGO_PKG_") || k.starts_with("CARGO_MANIFEST_") {
+            cargo.env_remove(&*k);
+        }
+    }
+    status(cargo.args([
         "build",
         "--release",
         "--package",

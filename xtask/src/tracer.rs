@@ -12,10 +12,10 @@ use std::process::Command;
 
 use anyhow::{bail, Context};
 
-const TOOL: &str = "cpitrace";
+pub const TOOL: &str = "cpitrace";
 const PLATFORM: &str = "amd64-linux";
 
-fn workspace_root() -> PathBuf {
+pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("xtask lives inside the workspace")
@@ -38,7 +38,8 @@ fn pkg_config(args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8(out.stdout)?.trim().to_string())
 }
 
-pub fn build() -> anyhow::Result<()> {
+/// Builds the tool folder; its path.
+pub fn build() -> anyhow::Result<PathBuf> {
     let root = workspace_root();
     let src = root.join("tests/tracer/cpitrace.c");
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -132,5 +133,5 @@ pub fn build() -> anyhow::Result<()> {
                 .with_context(|| format!("linking {}", link.display()))?;
         }
     }
-    Ok(())
+    Ok(dir)
 }

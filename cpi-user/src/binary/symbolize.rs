@@ -90,6 +90,9 @@ pub struct SymbolizerOptions {
     /// Where separate debug files of stripped binaries are looked up
     /// (cpi-user/src/binary/debugfile.rs).
     pub debug_root: super::DebugRoot,
+    /// Files the caller has already said are unusable (an import's binaries not found
+    /// here): their samples are still unmapped, but they are not named again.
+    pub said: Vec<PathBuf>,
 }
 
 impl Default for SymbolizerOptions {
@@ -99,6 +102,7 @@ impl Default for SymbolizerOptions {
             perf_map_dir: PathBuf::from("/tmp"),
             kallsyms: Some(Kallsyms::new("/proc/kallsyms")),
             debug_root: super::DebugRoot::default(),
+            said: Vec::new(),
         }
     }
 }
@@ -244,6 +248,7 @@ impl Drop for Symbolizer {
 impl Symbolizer {
     /// An empty symbolizer.
     pub fn new(opts: SymbolizerOptions) -> Self {
+        let warned = opts.said.iter().cloned().collect();
         Symbolizer {
             binaries: BinaryCache::with_debug_root(opts.debug_root.clone()),
             opts,
@@ -254,7 +259,7 @@ impl Symbolizer {
             perf_cut_said: std::collections::HashSet::new(),
             captured: HashMap::new(),
             gone: std::collections::HashSet::new(),
-            warned: std::collections::HashSet::new(),
+            warned,
             unsaid: Vec::new(),
             used: HashMap::new(),
             decoded: HashMap::new(),
@@ -694,20 +699,13 @@ impl Symbolizer {
             [(_, one)] => log::warn!("{one}"),
             all => {
                 let named: Vec<String> = all.iter().map(|(p, _)| p.display().to_string()).collect();
-                let first = named
-                    .iter()
-                    .take(SUMMARY_NAMES)
-                    .cloned()
-                    .collect::<Vec<_>>();
-                let more = match named.len().saturating_sub(first.len()) {
-                    0 => String::new(),
-                    n => format!(" and {n} more"),
-                };
                 log::warn!(
-                    "{} mapped files unusable, their samples counted as unmapped: {}{more} \
-                     (each with its reason: -v)",
-                    named.len(),
-                    first.join(", ")
+                    "{}",
+                    files_summary(
+                        "mapped files unusable, their samples counted as unmapped",
+                        &named,
+                        ""
+                    )
                 );
                 for (_, line) in all {
                     log::info!("{line}");
@@ -837,6 +835,21 @@ fn open_perf_map(pid: u32, path: &Path) -> Option<(std::fs::File, std::fs::Metad
     Some((f, meta))
 }
 
+/// One line for many files with one problem: their count, `what` they are, the first
+/// few names, `then` (a remedy, may be empty), and where each file's reason is (`-v`).
+pub fn files_summary(what: &str, names: &[String], then: &str) -> String {
+    let first = &names[..names.len().min(SUMMARY_NAMES)];
+    let more = match names.len() - first.len() {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    format!(
+        "{} {what}: {}{more}{then} (each with its reason: -v)",
+        names.len(),
+        first.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -862,7 +875,7 @@ mod tests {
             use_proc: false,
             perf_map_dir: dir.clone(),
             kallsyms: Some(Kallsyms::new(dir.join("kallsyms"))),
-            debug_root: Default::default(),
+            ..Default::default()
         });
         for (path, base) in [(&t.plain, 0), (&t.pie, 0x5555_5555_4000)] {
             let bin = Binary::open(path).unwrap();
@@ -927,7 +940,7 @@ mod tests {
             use_proc: false,
             perf_map_dir: dir.clone(),
             kallsyms: None,
-            debug_root: Default::default(),
+            ..Default::default()
         });
         let none = ProcessMaps::parse("").unwrap();
         let last = at(lines - 1) + 4;

@@ -189,6 +189,8 @@ pub struct Imported {
     /// What the user should know about the input (dropped lines, unplaced dsos, ...),
     /// one sentence each.
     pub notes: Vec<String>,
+    /// What `-v` adds to the notes, one sentence each.
+    pub details: Vec<String>,
 }
 
 /// A recording read into samples, not yet analysed: [`Loaded::analyze`] makes the
@@ -201,6 +203,13 @@ pub struct Loaded {
     pub run: RunInfo,
     /// What the user should know about the input, one sentence each.
     pub notes: Vec<String>,
+    /// What `-v` adds to the notes (each unusable binary's reason), one sentence each.
+    pub details: Vec<String>,
+    /// Recorded files the notes named unusable: the analysis does not name them again.
+    unusable: Vec<PathBuf>,
+    /// Recorded on another architecture: its kernel addresses are not this kernel's
+    /// (`/proc/kallsyms` does not name them).
+    foreign: bool,
     /// The recording supports CPI (else the profile drops it).
     cpi: bool,
     /// No cycles or time: shares are of instructions.
@@ -210,7 +219,12 @@ pub struct Loaded {
 impl Loaded {
     /// Analyses the samples ([`analyze()`]) into the profile `import-perf` shows.
     pub fn analyze(self, opts: &AnalysisOptions) -> Imported {
-        let mut profile = analyze(&self.set, self.run, opts);
+        let mut opts = opts.clone();
+        opts.symbolizer.said.extend(self.unusable);
+        if self.foreign {
+            opts.symbolizer.kallsyms = None;
+        }
+        let mut profile = analyze(&self.set, self.run, &opts);
         if !self.cpi {
             profile.without_cpi();
         }
@@ -220,6 +234,7 @@ impl Loaded {
         Imported {
             profile,
             notes: self.notes,
+            details: self.details,
         }
     }
 }
@@ -537,11 +552,27 @@ fn load_perf_data(
             .collect::<Vec<_>>()
             .join(", ")
     };
+    let sampled = |i: usize| scan.per_event[i] > 0;
+    let clock = (0..events.len()).find(|&i| events[i].is_clock() && sampled(i));
+    if let Some(arch) = scan.header.foreign_arch() {
+        // Branch stacks need the code decoded: time is what another architecture's
+        // recording gives here.
+        let cycles = (0..events.len())
+            .find(|&i| sampled(i) && Estimator::of(&events[i], &scan.header) == Estimator::Cycles);
+        return match (clock, cycles) {
+            (Some(clock), _) => load_time_profile(file, what, opts, (clock, Timer::Clock), &scan),
+            (None, Some(c)) => load_time_profile(file, what, opts, (c, Timer::Cycles), &scan),
+            (None, None) => Err(unusable(format!(
+                "recorded on {arch}: its branch stacks need its code decoded, which this \
+                 build does for x86-64 only, and it holds no cycles or clock samples to \
+                 count time by (events: {})",
+                names()
+            ))),
+        };
+    }
     if with_stacks.is_empty() || scan.max_depth == 0 {
-        if let Some(clock) =
-            (0..events.len()).find(|&i| events[i].is_clock() && scan.per_event[i] > 0)
-        {
-            return load_time_profile(file, what, opts, clock, &scan);
+        if let Some(clock) = clock {
+            return load_time_profile(file, what, opts, (clock, Timer::Clock), &scan);
         }
         return Err(ImportError::NoBranchStacks {
             what: what.into(),
@@ -589,7 +620,12 @@ fn load_perf_data(
         roles,
         (&opts.locator, &scan),
     )?;
-    notes.extend(placed.notes);
+    let Said {
+        notes: placed_notes,
+        details,
+        files: unusable,
+    } = placed.said;
+    notes.extend(placed_notes);
     let header = pass.header;
     let set = pass.set;
     if pass.truncated_stacks > 0 {
@@ -684,8 +720,9 @@ fn load_perf_data(
             Mode::Instructions
         },
         mode_reason: format!(
-            "imported from perf.data {what}: branch stacks on {} ({code}{}{code_note}): \
+            "imported from perf.data {what} ({}): branch stacks on {} ({code}{}{code_note}): \
              {meaning}{timed_note}",
+            recorded_on(&header),
             ev.display_name(),
             sampling(ev),
         ),
@@ -700,14 +737,17 @@ fn load_perf_data(
         set,
         run,
         notes,
+        details,
+        unusable,
+        foreign: false,
         cpi: (est == Estimator::TakenBranches || corrected) && cycles.is_some(),
         by_instructions: cycles.is_none(),
     })
 }
 
-/// What placing a pass's processes said: notes, and the stacks unwound short.
+/// What placing a pass's processes said, and the stacks unwound short.
 struct Placed {
-    notes: Vec<String>,
+    said: Said,
     lost: LossReport,
 }
 
@@ -723,7 +763,14 @@ fn placed_pass(
 ) -> Result<(Pass, Placed), ImportError> {
     let mut build_ids = scan.header.build_ids.clone();
     build_ids.extend(scan.records.build_ids.clone());
-    let mut relocator = Relocator::new(locator, build_ids, what);
+    let foreign = scan.header.foreign_arch().map(str::to_string);
+    let mut relocator = Relocator::new(locator, build_ids, what, foreign.clone());
+    if foreign.is_some() {
+        // Its user registers and stack bytes are another architecture's: not unwound.
+        let mut pass = perf_data_pass(file, what, weights, roles, None)?;
+        let placed = place(&mut pass, relocator)?;
+        return Ok((pass, placed));
+    }
     let mut unwinder = Unwinder::new(&scan.records.maps, &mut relocator);
     let mut pass = perf_data_pass(file, what, weights, roles, Some(&mut unwinder))?;
     if let Some(e) = unwinder.error.take() {
@@ -731,7 +778,7 @@ fn placed_pass(
     }
     let unwound = unwinder.counts;
     let mut placed = place(&mut pass, relocator)?;
-    placed.notes.extend(unwound.note());
+    placed.said.notes.extend(unwound.note());
     unwound.into_losses(&mut placed.lost);
     Ok((pass, placed))
 }
@@ -757,23 +804,48 @@ fn place(pass: &mut Pass, mut relocator: Relocator) -> Result<Placed, ImportErro
         relocator.relocate(p.maps.iter_mut().flat_map(|m| m.mappings.iter_mut()))?;
     }
     Ok(Placed {
-        notes: relocator.notes,
+        said: relocator.finish(),
         lost: LossReport::default(),
     })
 }
 
-/// A recording without branch stacks: the samples of `clock` (`cpu-clock`,
-/// `task-clock`; periods in ns) as a time profile, with their callchains.
+/// What a recording's time is counted by when its branch stacks are not used.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Timer {
+    /// `cpu-clock`, `task-clock`: periods in ns, a time profile.
+    Clock,
+    /// Cycles (another architecture's recording, whose code is not decoded here):
+    /// cycles per function, no instructions.
+    Cycles,
+}
+
+/// The architecture the recording names, for its mode line.
+fn recorded_on(header: &perf_data::Header) -> String {
+    match &header.arch {
+        Some(a) => format!("recorded on {a}"),
+        None => "no architecture recorded".to_string(),
+    }
+}
+
+/// A recording whose branch stacks are not used (it has none, or they are another
+/// architecture's code): the samples of `clock` (`cpu-clock`, `task-clock`; periods in
+/// ns) as a time profile, or those of a cycles event, with their callchains.
 fn load_time_profile(
     file: &std::fs::File,
     what: &str,
     opts: &ImportOptions,
-    clock: usize,
+    (clock, timer): (usize, Timer),
     scan: &Pass,
 ) -> Result<Loaded, ImportError> {
-    let roles = Roles {
-        clock: Some(clock),
-        ..Roles::default()
+    let roles = match timer {
+        Timer::Clock => Roles {
+            clock: Some(clock),
+            ..Roles::default()
+        },
+        Timer::Cycles => Roles {
+            cycles: Some(clock),
+            ..Roles::default()
+        },
     };
     let (pass, placed) = placed_pass(
         file,
@@ -782,7 +854,11 @@ fn load_time_profile(
         roles,
         (&opts.locator, scan),
     )?;
-    let notes = placed.notes;
+    let Said {
+        notes,
+        details,
+        files: unusable,
+    } = placed.said;
     let e = &pass.header.events[clock];
     let n = pass.per_event[clock];
     let (sampling, period) = if e.freq {
@@ -791,31 +867,62 @@ fn load_time_profile(
             pass.period_sums[clock] / n.max(1),
         )
     } else {
-        (format!("period {} ns", e.period_or_freq), e.period_or_freq)
+        let unit = if timer == Timer::Clock { " ns" } else { "" };
+        (
+            format!("period {}{unit}", e.period_or_freq),
+            e.period_or_freq,
+        )
     };
-    let stacks = if e.has_user_stack() {
+    let header = &pass.header;
+    let stacks = if e.has_user_stack() && header.foreign_arch().is_some() {
+        "with their kernel callchains only (the copied user stacks are another \
+         architecture's, not unwound here)"
+    } else if e.has_user_stack() {
         "with call stacks unwound here from their copied user stacks (--call-graph dwarf)"
     } else if e.has_callchain() {
         "with callchains"
     } else {
         "without callchains (perf record -g records them)"
     };
+    // Another architecture's binaries are not opened (Relocator): per mapped file only.
+    let scope = match header.foreign_arch() {
+        Some(a) => format!(
+            "its {a} code is not read here (this build reads x86-64 code only): samples \
+             per mapped file, no functions, instruction counts, blocks or CPI"
+        ),
+        None => "no branch stacks".to_string(),
+    };
+    let (mode, role, unit, meaning) = match timer {
+        Timer::Clock => (
+            Mode::TimeProfile,
+            EventRole::CpuClock,
+            EventUnit::Ns,
+            format!("{scope}: a time profile, no instructions, no CPI"),
+        ),
+        Timer::Cycles => (
+            Mode::IpSampling,
+            EventRole::Cycles,
+            EventUnit::Events,
+            format!("{scope}: cycles from the samples × their periods, no instructions, no CPI"),
+        ),
+    };
     let run = RunInfo {
-        mode: Mode::TimeProfile,
+        mode,
         mode_reason: format!(
-            "imported from perf.data {what}: {} samples ({sampling}), {stacks}; no \
-             branch stacks: a time profile, no instructions, no CPI",
+            "imported from perf.data {what} ({}): {} samples ({sampling}), {stacks}; \
+             {meaning}",
+            recorded_on(header),
             e.display_name()
         ),
         command: Vec::new(),
         duration_secs: 0.0,
         events: vec![EventInfo {
-            role: EventRole::CpuClock,
+            role,
             name: e.display_name(),
             period,
             jitter: 0,
             thinning: 1,
-            unit: EventUnit::Ns,
+            unit,
             samples: n,
         }],
         perturbation: Perturbation::None,
@@ -825,6 +932,9 @@ fn load_time_profile(
         set: pass.set,
         run,
         notes,
+        details,
+        unusable,
+        foreign: header.foreign_arch().is_some(),
         cpi: false,
         by_instructions: false,
     })
@@ -853,44 +963,103 @@ fn raw_note(e: &EventAttr, header: &perf_data::Header) -> (String, String) {
 }
 
 /// Points every mapped file at the local copy [`Locator`] finds (checked against the
-/// recorded build-id); returns a note per binary read from another path.
+/// recorded build-id); returns what that said ([`Relocator::finish`]).
 fn relocate(
     set: &mut SampleSet,
     locator: &Locator,
     build_ids: &BTreeMap<String, String>,
     what: &str,
-) -> Result<Vec<String>, ImportError> {
-    let mut r = Relocator::new(locator, build_ids.clone(), what);
+) -> Result<Said, ImportError> {
+    let mut r = Relocator::new(locator, build_ids.clone(), what, None);
     for p in set.processes.values_mut() {
         r.relocate(p.maps.iter_mut().flat_map(|m| m.mappings.iter_mut()))?;
     }
-    Ok(r.notes)
+    Ok(r.finish())
 }
 
 /// Points recorded mappings at the local copies of their files, each recorded path
 /// located once however many processes (or passes) map it; a note per binary read from
-/// another path, not found, or another build.
+/// another path, and one for those not usable here (not found, another build), each
+/// named with its reason at `-v` ([`Relocator::finish`]). The files of a recording
+/// from another architecture are not opened: their code is not x86-64.
 struct Relocator<'a> {
     locator: &'a Locator,
     build_ids: BTreeMap<String, String>,
     what: &'a str,
+    /// The recording's architecture when it is not x86-64 ([`perf_data::Header::foreign_arch`]).
+    foreign: Option<String>,
     found: BTreeMap<String, Option<(PathBuf, crate::fsafe::FileId)>>,
     other_builds: std::collections::BTreeSet<String>,
     ids: BTreeMap<PathBuf, Option<(Option<String>, crate::fsafe::FileId)>>,
     notes: Vec<String>,
+    /// Recorded files not usable here, each with why.
+    missing: Vec<(String, String)>,
+    /// Recorded files of another architecture, not opened.
+    not_read: std::collections::BTreeSet<String>,
+}
+
+/// What relocating said: warnings, what `-v` adds, and the files it named unusable
+/// (for the analysis not to name them again, [`crate::binary::SymbolizerOptions::said`]).
+#[derive(Clone, Debug, Default)]
+struct Said {
+    notes: Vec<String>,
+    details: Vec<String>,
+    files: Vec<PathBuf>,
 }
 
 impl<'a> Relocator<'a> {
-    fn new(locator: &'a Locator, build_ids: BTreeMap<String, String>, what: &'a str) -> Self {
+    fn new(
+        locator: &'a Locator,
+        build_ids: BTreeMap<String, String>,
+        what: &'a str,
+        foreign: Option<String>,
+    ) -> Self {
         Relocator {
             locator,
             build_ids,
             what,
+            foreign,
             found: BTreeMap::new(),
             other_builds: std::collections::BTreeSet::new(),
             ids: BTreeMap::new(),
             notes: Vec::new(),
+            missing: Vec::new(),
+            not_read: std::collections::BTreeSet::new(),
         }
+    }
+
+    /// The notes: one line for all the files not usable here (one file: its reason).
+    fn finish(self) -> Said {
+        let mut said = Said {
+            notes: self.notes,
+            ..Said::default()
+        };
+        if let Some(arch) = &self.foreign {
+            if !self.not_read.is_empty() {
+                said.notes.push(format!(
+                    "{}: recorded on {arch}, whose code this build does not read (x86-64 \
+                     only): its {} mapped files were not opened, their samples counted per \
+                     file",
+                    self.what,
+                    self.not_read.len()
+                ));
+            }
+        }
+        said.files = self.missing.iter().map(|(f, _)| PathBuf::from(f)).collect();
+        match self.missing.as_slice() {
+            [] => {}
+            [(_, one)] => said.notes.push(one.clone()),
+            all => {
+                let names: Vec<String> = all.iter().map(|(f, _)| f.clone()).collect();
+                said.notes.push(crate::binary::symbolize::files_summary(
+                    "recorded binaries not usable here, their samples unmapped",
+                    &names,
+                    "; give them with --binary NAME=PATH or --symfs DIR",
+                ));
+                said.details = all.iter().map(|(_, why)| why.clone()).collect();
+            }
+        }
+        said
     }
 
     /// Points each file mapping of `maps` (as recorded) at its local copy.
@@ -904,6 +1073,12 @@ impl<'a> Relocator<'a> {
                 continue;
             };
             let recorded = path.display().to_string();
+            if let Some(arch) = &self.foreign {
+                m.object =
+                    MappedObject::Special(format!("[{}: {arch} code]", file_name(&recorded)));
+                self.not_read.insert(recorded);
+                continue;
+            }
             if !self.found.contains_key(&recorded) {
                 let (local, refused, unreadable) = match self.locator.locate(
                     &recorded,
@@ -920,11 +1095,14 @@ impl<'a> Relocator<'a> {
                         got,
                         ..
                     }) if at == recorded => {
-                        self.notes.push(format!(
-                            "{recorded}: the file at that path here is another build \
+                        self.missing.push((
+                            recorded.clone(),
+                            format!(
+                                "{recorded}: the file at that path here is another build \
                              (build-id {got}; the recording has {want}): its samples are \
                              unmapped; give the recorded binary with --binary NAME=PATH or \
                              --symfs DIR"
+                            ),
                         ));
                         (None, true, false)
                     }
@@ -946,14 +1124,15 @@ impl<'a> Relocator<'a> {
                         && !unreadable
                         && (build_ids.contains_key(&recorded) || !path.exists()) =>
                     {
-                        self.notes.push(format!(
+                        let why = format!(
                             "{recorded}: not found on this machine (build-id {}): its samples \
                              are unmapped; give it with --binary NAME=PATH or --symfs DIR",
                             build_ids
                                 .get(&recorded)
                                 .map(String::as_str)
                                 .unwrap_or("unknown")
-                        ));
+                        );
+                        self.missing.push((recorded.clone(), why));
                     }
                     _ => {}
                 }
@@ -967,16 +1146,19 @@ impl<'a> Relocator<'a> {
                 m.file_id = Some(*id);
             } else if self.other_builds.contains(&recorded) {
                 // Named, never opened: its samples count against no function.
-                m.object = MappedObject::Special(format!(
-                    "[{}: another build]",
-                    Path::new(&recorded)
-                        .file_name()
-                        .map_or(recorded.clone(), |n| n.to_string_lossy().into_owned())
-                ));
+                m.object =
+                    MappedObject::Special(format!("[{}: another build]", file_name(&recorded)));
             }
         }
         Ok(())
     }
+}
+
+/// The file name of a recorded path (the path when it has none).
+fn file_name(recorded: &str) -> String {
+    Path::new(recorded)
+        .file_name()
+        .map_or(recorded.to_string(), |n| n.to_string_lossy().into_owned())
 }
 
 /// Says how many stacks the cycles-spanned weighting left out for an untimed entry.
@@ -1155,7 +1337,8 @@ fn load_lines<R: BufRead>(
     let import = placed.import;
     let mut notes = text_notes(&import, n, &refused);
     import.place(&mut set);
-    notes.extend(relocate(&mut set, &opts.locator, &BTreeMap::new(), what)?);
+    let said = relocate(&mut set, &opts.locator, &BTreeMap::new(), what)?;
+    notes.extend(said.notes);
     let (role, name) = match est {
         Estimator::TakenBranches => (EventRole::Branches, "taken branches (--event)"),
         Estimator::Cycles => (EventRole::Cycles, "cycles (perf record -b)"),
@@ -1229,6 +1412,9 @@ fn load_lines<R: BufRead>(
         set,
         run,
         notes,
+        details: said.details,
+        unusable: said.files,
+        foreign: false,
         cpi: corrected,
         by_instructions: est != Estimator::Cycles,
     })

@@ -6,7 +6,8 @@
 //! feature bitmap); the attrs section holds `perf_event_attr` + an ids section per
 //! event; the data section holds records (`perf_event_header` + body); after the data
 //! section, one (offset, size) section per feature bit set, of which this reads
-//! `HEADER_BUILD_ID` (2), `HEADER_CPUID` (9: which vendor's raw event codes),
+//! `HEADER_BUILD_ID` (2), `HEADER_ARCH` (6: the recording machine's `uname -m`, whose
+//! code this reads only when it is x86-64), `HEADER_CPUID` (9: which vendor's raw event codes),
 //! `HEADER_EVENT_DESC` (12, the event names) and `HEADER_PMU_MAPPINGS` (16: which PMU a
 //! dynamic event type is, e.g. hybrid Intel's `cpu_atom`).
 //!
@@ -97,6 +98,7 @@ const CONTEXT_MAX: u64 = -4095i64 as u64;
 pub const DEFAULT_MAX_STACK: u64 = 127;
 
 const FEAT_BUILD_ID: usize = 2;
+const FEAT_ARCH: usize = 6;
 const FEAT_CPUID: usize = 9;
 const FEAT_EVENT_DESC: usize = 12;
 const FEAT_PMU_MAPPINGS: usize = 16;
@@ -246,11 +248,19 @@ pub struct Header {
     pub build_ids: BTreeMap<String, String>,
     /// The recording CPU's `HEADER_CPUID` (`GenuineIntel,6,85,4` on x86).
     pub cpuid: Option<String>,
+    /// The recording machine's architecture, `HEADER_ARCH` (`x86_64`, `aarch64`).
+    pub arch: Option<String>,
     /// Event type → PMU name (`cpu`, `cpu_core`, `cpu_atom`, ...), `HEADER_PMU_MAPPINGS`.
     pub pmus: BTreeMap<u32, String>,
 }
 
 impl Header {
+    /// The recording's architecture when it is known and not x86-64, the only one whose
+    /// code this build reads.
+    pub fn foreign_arch(&self) -> Option<&str> {
+        self.arch.as_deref().filter(|a| *a != "x86_64")
+    }
+
     /// Whether `e` is a raw event of a core PMU (`-e r20c4`, `-e cpu_atom/rc0c4/`):
     /// `PERF_TYPE_RAW`, or a type the header maps to a core PMU.
     pub fn is_core_raw(&self, e: &EventAttr) -> bool {
@@ -413,6 +423,7 @@ fn read_header<R: Read + Seek>(r: &mut R) -> Result<(Header, Layout), PerfDataEr
         };
         if ![
             FEAT_BUILD_ID,
+            FEAT_ARCH,
             FEAT_CPUID,
             FEAT_EVENT_DESC,
             FEAT_PMU_MAPPINGS,
@@ -426,6 +437,11 @@ fn read_header<R: Read + Seek>(r: &mut R) -> Result<(Header, Layout), PerfDataEr
         };
         match bit {
             FEAT_BUILD_ID => parse_build_ids(&sec, &mut header.build_ids),
+            // Named in messages: escaped, as another machine wrote it.
+            FEAT_ARCH => {
+                header.arch =
+                    perf_string(&sec, 0).map(|(s, _)| crate::fsafe::escape(&s).into_owned())
+            }
             FEAT_CPUID => header.cpuid = perf_string(&sec, 0).map(|(s, _)| s),
             FEAT_EVENT_DESC => parse_event_desc(&sec, &mut header.events),
             _ => parse_pmu_mappings(&sec, &mut header.pmus),

@@ -35,8 +35,14 @@ pub const SIM_STACK_BYTES: usize = 256 << 20;
 /// Why a simulation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
-    /// The tracer (`tests/tracer/cpitrace.c`) is not built.
-    #[error("the cpitrace Valgrind tool is not built (looked in {tried:?}); run `cargo xtask setup` or set CPI_TRACER_DIR")]
+    /// The tracer (`tests/tracer/cpitrace.c`) is neither installed nor built.
+    #[error(
+        "the cpitrace Valgrind tool is not installed (looked in {}); install the cpi-bpf \
+         package (`cargo xtask package && apt install ./target/debian/cpi-bpf_*.deb` in a \
+         source checkout), or build it with `cargo xtask setup` and set \
+         CPI_TRACER_DIR=<target dir>/cpi-tracer",
+        run::display_dirs(tried)
+    )]
     ToolNotFound {
         /// The folders searched.
         tried: Vec<PathBuf>,

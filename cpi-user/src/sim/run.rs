@@ -1,8 +1,9 @@
 //! Running a command under Valgrind with the `cpitrace` tool.
 //!
 //! The tool is built by `cargo xtask setup` into `target/cpi-tracer/` (a Valgrind tool
-//! folder: the tool plus links to the installed preload files), found through
-//! `$CPI_TRACER_DIR` or next to the running executable. The trace streams through a FIFO
+//! folder: the tool plus links to the installed preload files) and packaged by `cargo
+//! xtask package` into `/usr/lib/cpi-bpf/`; [`find_tool_dir`] says where it is looked for.
+//! The trace streams through a FIFO
 //! so it is never stored: a large run produces gigabytes of records.
 //!
 //! What is traced: the command's process, through every program it execs (Valgrind's
@@ -21,18 +22,48 @@ use super::{sys, SimError};
 pub const TOOL: &str = "cpitrace";
 const TOOL_FILE: &str = "cpitrace-amd64-linux";
 
-/// The folder holding the built tool.
-pub fn find_tool_dir() -> Result<PathBuf, SimError> {
-    let mut tried = Vec::new();
+/// Where the Debian package (`cargo xtask package`) puts the tool.
+pub const PACKAGED_DIR: &str = "/usr/lib/cpi-bpf";
+
+/// The folders the tool is looked for in, in order: `$CPI_TRACER_DIR`; `cpi-tracer/` in
+/// the build tree the running executable sits in (`target/<profile>/cpi-bpf`,
+/// `target/<profile>/deps/test-…`); `lib/cpi-bpf/` of the prefix it is installed under
+/// (`/usr/bin/cpi-bpf` → `/usr/lib/cpi-bpf`; an extracted package finds its own copy);
+/// and [`PACKAGED_DIR`], for a binary installed elsewhere (`cargo install`) beside the
+/// package.
+pub fn tool_dir_candidates() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
     if let Some(d) = std::env::var_os("CPI_TRACER_DIR") {
-        tried.push(PathBuf::from(d));
+        dirs.push(PathBuf::from(d));
     }
     if let Ok(exe) = std::env::current_exe() {
-        // target/<profile>/cpi-bpf, target/<profile>/deps/test-…
-        for up in exe.ancestors().skip(1).take(3) {
-            tried.push(up.join("cpi-tracer"));
+        dirs.extend(
+            exe.ancestors()
+                .skip(1)
+                .take(3)
+                .map(|up| up.join("cpi-tracer")),
+        );
+        if let Some(prefix) = exe.parent().and_then(Path::parent) {
+            dirs.push(prefix.join("lib/cpi-bpf"));
         }
     }
+    dirs.push(PathBuf::from(PACKAGED_DIR));
+    let mut seen = std::collections::HashSet::new();
+    dirs.retain(|d| seen.insert(d.clone()));
+    dirs
+}
+
+/// `dirs` for a message, comma-separated, each escaped for a terminal.
+pub fn display_dirs(dirs: &[PathBuf]) -> String {
+    dirs.iter()
+        .map(|d| crate::fsafe::escape(&d.to_string_lossy()).into_owned())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The first of [`tool_dir_candidates`] that holds the built tool.
+pub fn find_tool_dir() -> Result<PathBuf, SimError> {
+    let tried = tool_dir_candidates();
     tried
         .iter()
         .find(|d| d.join(TOOL_FILE).is_file())
@@ -155,5 +186,23 @@ pub fn run_streaming<T>(
         // A trace cut short because Valgrind failed: the failure is the news.
         Err(SimError::Trace(_)) if !status.success() => Err(SimError::Valgrind(status)),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An installed binary finds the tool under its own prefix, then at the packaged
+    /// path; the build tree's folders come first.
+    #[test]
+    fn candidates_cover_the_install_prefix_and_the_package() {
+        let exe = std::env::current_exe().unwrap();
+        let dirs = tool_dir_candidates();
+        let prefix = exe.parent().and_then(Path::parent).unwrap();
+        let own = dirs.iter().position(|d| *d == prefix.join("lib/cpi-bpf"));
+        let build = dirs.iter().position(|d| *d == prefix.join("cpi-tracer"));
+        assert!(build < own && own.is_some(), "{dirs:?}");
+        assert_eq!(dirs.last().unwrap(), Path::new(PACKAGED_DIR));
     }
 }

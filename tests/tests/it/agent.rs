@@ -373,23 +373,8 @@ fn systemd_unit_verifies() {
             .arg("--store")
             .arg(dir.join("store")),
     );
-    let local = dir.join("cpi-bpf.service");
-    std::fs::write(
-        &local,
-        text.replace("/usr/local/bin/cpi-bpf", cpi_bpf().to_str().unwrap())
-            .replace("/etc/cpi-bpf/agent.toml", conf.to_str().unwrap()),
-    )
-    .unwrap();
-    let out = match Command::new("systemd-analyze")
-        .arg("verify")
-        .arg(&local)
-        .output()
-    {
-        Ok(o) => o,
-        Err(e) => {
-            cpi_tests::skip(format_args!("systemd-analyze not available ({e})"));
-            return;
-        }
+    let Some(out) = cpi_tests::verify_unit(&text, cpi_bpf(), &conf, &dir) else {
+        return;
     };
     assert!(
         out.status.success() && out.stderr.is_empty(),

@@ -328,3 +328,67 @@ fn westmere_taken_branch_recording_agrees_with_perf_and_llvm_profgen() {
         "taken branches: ours, perf report's"
     );
 }
+
+/// The Haswell recording with its header rewritten to say aarch64 (synthesised by
+/// `cpi_tests::perf_data::with_arch`: the x86-64 samples stand in for another machine's):
+/// the architecture is named, nothing is decoded as x86 (the x86-64 binary given for it
+/// is not opened), its cycles are still given per mapped file, and stderr is one line.
+/// The original names its architecture too, and its two binaries that are not here
+/// give one warning line, each named with its reason only with -v.
+#[test]
+fn another_architectures_recording_is_named_and_not_decoded() {
+    let dir = temp_dir("real-aarch64");
+    let recording = data("hierarchical_discriminator_test.x86_64.perf.data");
+    let arm = dir.join("aarch64.data");
+    cpi_tests::perf_data::with_arch(&recording, &arm, "aarch64");
+    let given = format!(
+        "/local/home/kvivekananda/hierarchical_discriminator_test={}",
+        data("hierarchical_discriminator_test.x86_64").display()
+    );
+    let (p, stderr) = import_json(&["--binary", &given], &arm);
+    assert!(
+        p.mode_reason.contains("recorded on aarch64"),
+        "{}",
+        p.mode_reason
+    );
+    assert_eq!(p.mode, Mode::IpSampling, "{}", p.mode_reason);
+    let funcs: Vec<_> = p.processes.iter().flat_map(|p| &p.functions).collect();
+    assert!(
+        funcs
+            .iter()
+            .all(|f| f.instructions.is_none() && f.blocks.is_empty() && f.lines.is_empty()),
+        "something was decoded: {funcs:#?}"
+    );
+    assert!(
+        funcs.iter().any(|f| f
+            .name
+            .contains("hierarchical_discriminator_test: aarch64 code")
+            && f.cycles.is_some_and(|c| c > 0.0)),
+        "{funcs:#?}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        lines.len() == 1 && lines[0].contains("recorded on aarch64"),
+        "{stderr}"
+    );
+
+    let (p, stderr) = import_json(&[], &recording);
+    assert!(
+        p.mode_reason.contains("recorded on x86_64"),
+        "{}",
+        p.mode_reason
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    // Its ld.so is another build than this machine's (Debian 12's) or missing: two files.
+    assert!(
+        lines.len() == 1 && lines[0].contains("2 recorded binaries not usable here"),
+        "{stderr}"
+    );
+    let (_, verbose) = import_json(&["-v"], &recording);
+    assert!(
+        verbose.contains("hierarchical_discriminator_test: not found on this machine")
+            && verbose.contains("ld-linux-x86-64.so.2: "),
+        "{verbose}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

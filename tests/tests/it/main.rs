@@ -22,6 +22,7 @@ mod import_perf_data;
 mod import_real;
 mod kernels;
 mod machines;
+mod package;
 mod progress;
 mod report_diff;
 mod report_fdata;

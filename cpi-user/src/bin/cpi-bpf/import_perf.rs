@@ -82,6 +82,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     for note in &imported.notes {
         log::warn!("{note}");
     }
+    for detail in &imported.details {
+        log::info!("{detail}");
+    }
     emit(&imported.profile, &args.output)?;
     Ok(0)
 }

@@ -36,6 +36,10 @@ enum Command {
     Doctor(doctor::Args),
     /// Run a command under an exact tracer and show what sampling would report for it,
     /// and how far that is from the exact answer (the PMU model).
+    ///
+    /// The Valgrind tracer it runs is looked for in $CPI_TRACER_DIR, in `cpi-tracer/` of
+    /// the build tree the binary sits in, in `lib/cpi-bpf/` of the prefix it is installed
+    /// under, and in /usr/lib/cpi-bpf (where the Debian package puts it).
     Simulate(simulate::Args),
     /// Read a profile file written with --output and show it again.
     Report(report::Args),
