@@ -2,6 +2,7 @@
 //! `cpi-bpf` binary, and skips that print their reason.
 
 pub mod bpf_vm;
+pub mod otlp;
 pub mod perf_data;
 pub mod profgen;
 pub mod programs;

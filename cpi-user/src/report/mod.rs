@@ -1,10 +1,11 @@
 //! Rendering and exporting a [`crate::profile::Profile`]: human tables, the versioned
-//! JSON profile file, pprof and BOLT `.fdata`.
+//! JSON profile file, pprof, OTLP profiles and BOLT `.fdata`.
 
 pub mod diff;
 pub mod fdata;
 pub mod file;
 pub mod folded;
+pub mod otlp;
 pub mod pprof;
 pub mod table;
 pub mod terminal;

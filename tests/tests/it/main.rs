@@ -28,6 +28,7 @@ mod report_fdata;
 mod report_file;
 mod report_fixture;
 mod report_import;
+mod report_otlp;
 mod report_pprof;
 mod report_tables;
 mod simulate;
