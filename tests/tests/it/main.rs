@@ -12,6 +12,7 @@ mod collect;
 mod collect_reliability;
 mod collect_ring;
 mod daemonset;
+mod dashboard;
 mod demangle;
 mod fuzz;
 mod hostile;

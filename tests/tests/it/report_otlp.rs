@@ -301,3 +301,71 @@ fn otlp_push_meets_the_wire_contract() {
         rx.violations()
     );
 }
+
+/// `cpi-bpf agent --push-otlp URL` (root): a busy test program's windows reach the
+/// local receiver under the contract, its process a resource of its own.
+#[test]
+fn agent_pushes_otlp() {
+    if !cpi_tests::require_root("running the agent") {
+        return;
+    }
+    let dir = cpi_tests::temp_dir("agent-otlp");
+    let comm = format!("botlp{}", std::process::id());
+    let Some(busy) = cpi_tests::compile_c("busy.c", &dir, &comm, &[]) else {
+        return;
+    };
+    let rx = Receiver::start().unwrap();
+    let filter = format!("^{comm}$");
+    let (_agent, _metrics) = cpi_tests::agent_with_metrics(
+        &dir,
+        &[
+            "--interval",
+            "1",
+            "--comm",
+            &filter,
+            "--push-otlp",
+            &rx.url(),
+        ],
+    );
+    let run = Command::new(&busy).arg("4").output().unwrap();
+    assert!(run.status.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let resource = loop {
+        assert_eq!(rx.violations(), Vec::<String>::new());
+        let found = rx.accepted().into_iter().find_map(|req| {
+            req["resources"]
+                .as_array()?
+                .iter()
+                .find(|r| attr(r, "process.executable.name") == comm.as_str())
+                .cloned()
+        });
+        if let Some(r) = found {
+            break r;
+        }
+        if rx.accepted().first().is_some_and(Value::is_null) {
+            return; // decoding skipped (said why)
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no OTLP request with {comm}; agent log: {}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(attr(&resource, "service.name"), comm.as_str());
+    assert!(attr(&resource, "process.pid")
+        .as_u64()
+        .is_some_and(|p| p > 0));
+    let ps = profiles(&resource);
+    assert!(!ps.is_empty() && ps.iter().all(|x| x["sum"].as_i64() > Some(0)));
+    let functions: Vec<&Value> = ps[0]["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["frames"].as_array().unwrap())
+        .collect();
+    assert!(
+        functions.contains(&&Value::from("hot_spin")),
+        "{functions:?}"
+    );
+}
