@@ -179,8 +179,8 @@ impl Drop for Receiver {
     }
 }
 
-/// A plain or TLS connection.
-trait Conn: Read + Write {}
+/// A plain or TLS connection (the OTLP receiver, tests/src/otlp.rs, reads plain ones).
+pub trait Conn: Read + Write {}
 impl<T: Read + Write> Conn for T {}
 
 fn serve(conn: TcpStream, o: &Options, state: &Mutex<State>, stop: &AtomicBool) {
@@ -333,7 +333,7 @@ fn respond(conn: &mut dyn Conn, status: &str, body: &str) -> std::io::Result<()>
 }
 
 /// Head (request line and headers) and a body of Content-Length bytes.
-fn read_request(conn: &mut dyn Conn) -> Option<(String, Vec<u8>)> {
+pub fn read_request(conn: &mut dyn Conn) -> Option<(String, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut tmp = [0u8; 8192];
     let end = loop {
@@ -361,7 +361,7 @@ fn read_request(conn: &mut dyn Conn) -> Option<(String, Vec<u8>)> {
     Some((head, body))
 }
 
-fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+pub fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     head.lines().skip(1).find_map(|l| {
         let (k, v) = l.split_once(':')?;
         k.trim().eq_ignore_ascii_case(name).then(|| v.trim())

@@ -20,10 +20,11 @@ use anyhow::{bail, Context};
 /// imports of real recordings are checked against, tests/tests/it/import_real.rs),
 /// prometheus (the server that scrapes the agent in tests/tests/agent_sinks.rs),
 /// qemu-system-x86 and busybox-static (the kernel matrix, tests/tests/it/kernels.rs),
-/// python3-venv (the Kubernetes schema validator's venv, [`k8s_validator`]), time (GNU
-/// time: a child's own peak RSS, tests/tests/it/hostile.rs), chromium (opens the HTML report,
-/// tests/tests/it/report_html.rs), dpkg-dev (`dpkg-shlibdeps` for `cargo xtask package`)
-/// and man-db (the package test renders its man page).
+/// python3-venv (the Kubernetes schema validator's and the OTLP bindings' venvs,
+/// [`pinned_venv`]), time (GNU time: a child's own peak RSS, tests/tests/it/hostile.rs),
+/// chromium (opens the HTML report, tests/tests/it/report_html.rs), dpkg-dev
+/// (`dpkg-shlibdeps` for `cargo xtask package`) and man-db (the package test renders its
+/// man page).
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -56,6 +57,7 @@ pub fn setup() -> anyhow::Result<()> {
     super::tracer::build()?;
     super::kernels::fetch()?;
     k8s_validator()?;
+    pinned_venv("otlp-proto", OTLP_PROTO)?;
     docs()?;
     println!("setup: done");
     Ok(())
@@ -319,14 +321,30 @@ pub fn target_dir() -> PathBuf {
 
 /// The Kubernetes schema validator the DaemonSet test runs offline
 /// (tests/tests/it/daemonset.rs): PyPI's `kubernetes-validate`, which bundles the
-/// schemas, in a venv at `target/k8s-validate/` (the system's Python stays untouched).
+/// schemas, in a venv at `target/k8s-validate/`.
 const K8S_VALIDATE: &str = "kubernetes-validate==1.37.0";
 
+/// The official OpenTelemetry protobuf bindings the OTLP tests decode with
+/// (tests/tests/it/report_otlp.rs), in a venv at `target/otlp-proto/`: 1.45.2 holds the
+/// profiles schema of opentelemetry-proto v1.11.0, which cpi-user/src/report/otlp.rs
+/// writes.
+const OTLP_PROTO: &str = "opentelemetry-proto==1.45.2";
+
 fn k8s_validator() -> anyhow::Result<()> {
-    let venv = target_dir().join("k8s-validate");
-    let tool = venv.join("bin/kubernetes-validate");
-    let pinned = K8S_VALIDATE.rsplit('=').next().unwrap_or_default();
-    if output(Command::new(&tool).arg("--version")).is_ok_and(|v| v.contains(pinned)) {
+    pinned_venv("k8s-validate", K8S_VALIDATE)
+}
+
+/// A venv at `target/NAME` holding PyPI's `requirement` (`package==version`), made or
+/// upgraded only when it lacks that version (the system's Python stays untouched).
+fn pinned_venv(name: &str, requirement: &str) -> anyhow::Result<()> {
+    let venv = target_dir().join(name);
+    let (package, pinned) = requirement
+        .split_once("==")
+        .context("a pinned requirement")?;
+    let probe = format!("import importlib.metadata as m; print(m.version({package:?}))");
+    if output(Command::new(venv.join("bin/python")).args(["-c", &probe]))
+        .is_ok_and(|v| v.trim() == pinned)
+    {
         return Ok(());
     }
     status(
@@ -334,7 +352,7 @@ fn k8s_validator() -> anyhow::Result<()> {
             .args(["-m", "venv"])
             .arg(&venv),
     )?;
-    status(Command::new(venv.join("bin/pip")).args(["install", "--quiet", K8S_VALIDATE]))?;
-    println!("setup: {K8S_VALIDATE} in {}", venv.display());
+    status(Command::new(venv.join("bin/pip")).args(["install", "--quiet", requirement]))?;
+    println!("setup: {requirement} in {}", venv.display());
     Ok(())
 }

@@ -119,6 +119,9 @@ pub struct AgentOptions {
     pub metrics_top_functions: Option<usize>,
     /// Pyroscope base URL each window is pushed to (`http://host:4040`).
     pub push_pyroscope: Option<String>,
+    /// OpenTelemetry Collector base URL each window is pushed to as OTLP/HTTP
+    /// (`http://host:4318`).
+    pub push_otlp: Option<String>,
     /// `X-Scope-OrgID` header of the pushes (multi-tenant Pyroscope).
     pub push_tenant: Option<String>,
     /// PEM file of CA certificates trusted for https pushes, beside the system's.
@@ -190,6 +193,8 @@ pub struct AgentConfig {
     pub metrics_top_functions: usize,
     /// Pyroscope base URL; `None`: no pushes (agent/push.rs).
     pub push_url: Option<String>,
+    /// OTLP base URL; `None`: no OTLP pushes (agent/push.rs).
+    pub otlp_url: Option<String>,
     /// `X-Scope-OrgID` header of the pushes.
     pub push_tenant: Option<String>,
     /// Extra CA certificates for https pushes (PEM).
@@ -265,6 +270,7 @@ impl AgentOptions {
             metrics_top_comms: self.metrics_top_comms.or(file.metrics_top_comms),
             metrics_top_functions: self.metrics_top_functions.or(file.metrics_top_functions),
             push_pyroscope: self.push_pyroscope.or(file.push_pyroscope),
+            push_otlp: self.push_otlp.or(file.push_otlp),
             push_tenant: self.push_tenant.or(file.push_tenant),
             push_ca: self.push_ca.or(file.push_ca),
             push_password_file: self.push_password_file.or(file.push_password_file),
@@ -457,6 +463,7 @@ impl AgentOptions {
             metrics_top_comms: self.metrics_top_comms.unwrap_or(DEFAULT_TOP),
             metrics_top_functions: self.metrics_top_functions.unwrap_or(DEFAULT_TOP),
             push_url: self.push_pyroscope,
+            otlp_url: self.push_otlp,
             push_tenant: self.push_tenant,
             push_ca: self.push_ca,
             push_password_file: self.push_password_file,

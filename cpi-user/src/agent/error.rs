@@ -15,9 +15,11 @@ pub enum AgentError {
         /// The cause.
         source: std::io::Error,
     },
-    /// `--push-pyroscope` is not a URL the pusher can send to.
-    #[error("--push-pyroscope {url:?}: {reason}")]
+    /// `--push-pyroscope` or `--push-otlp` is not a URL the pusher can send to.
+    #[error("{flag} {url:?}: {reason}")]
     PushUrl {
+        /// The flag that gave it.
+        flag: &'static str,
         /// The URL given.
         url: String,
         /// What is wrong with it (scheme, host, port).

@@ -2,8 +2,8 @@
 //! (cpi-user/src/collect/session.rs) run without end and cut into windows aligned to the
 //! wall clock (`--interval`). At each boundary the window's samples go over a bounded
 //! channel to the analysis thread, which analyses them into a [`Window`] and hands it to
-//! the sinks — the store ([`store`]), Prometheus ([`metrics`]) and the Pyroscope push
-//! ([`push`]) — while the session keeps collecting. After each window the overhead
+//! the sinks — the store ([`store`]), Prometheus ([`metrics`]) and the Pyroscope and OTLP
+//! pushes ([`push`]) — while the session keeps collecting. After each window the overhead
 //! governor ([`governor`]) may change the sampling frequency.
 //!
 //! State that outlives windows, all bounded:
@@ -68,7 +68,7 @@ use governor::{Governor, Usage};
 use kubelet::Kubelet;
 use metrics::{Metrics, MetricsLimits};
 use pods::PodFilter;
-use push::{PushConfig, Pusher};
+use push::{PushConfig, PushStats, Pusher};
 use store::{Store, StoreError};
 
 /// How long the sinks get to deliver after the last window.
@@ -157,7 +157,8 @@ pub type Log = Arc<dyn Fn(Level, &str) + Send + Sync>;
 struct Sinks {
     store: Store,
     metrics: Option<Metrics>,
-    pusher: Option<Pusher>,
+    /// To Pyroscope, to an OTLP Collector, or both.
+    pushers: Vec<Pusher>,
 }
 
 /// A started agent: sinks up, collection running.
@@ -199,26 +200,27 @@ impl Sinks {
                 )
             })
             .transpose()?;
-        let pusher = c
-            .push_url
-            .as_ref()
-            .map(|url| {
-                Pusher::new(PushConfig {
-                    url: url.clone(),
-                    tenant: c.push_tenant.clone(),
-                    service_label: c.service_label,
-                    queue_windows: c.push_queue,
-                    timeout: c.push_timeout,
-                    ca_file: c.push_ca.clone(),
-                    password_file: c.push_password_file.clone(),
-                    token_file: c.push_token_file.clone(),
-                })
-            })
-            .transpose()?;
+        let push = |url: &String| PushConfig {
+            url: url.clone(),
+            tenant: c.push_tenant.clone(),
+            service_label: c.service_label,
+            queue_windows: c.push_queue,
+            timeout: c.push_timeout,
+            ca_file: c.push_ca.clone(),
+            password_file: c.push_password_file.clone(),
+            token_file: c.push_token_file.clone(),
+        };
+        let mut pushers = Vec::new();
+        if let Some(url) = &c.push_url {
+            pushers.push(Pusher::new(push(url))?);
+        }
+        if let Some(url) = &c.otlp_url {
+            pushers.push(Pusher::otlp(push(url))?);
+        }
         Ok(Sinks {
             store,
             metrics,
-            pusher,
+            pushers,
         })
     }
 }
@@ -719,7 +721,7 @@ fn analysis_loop(
             store_failures += 1;
             log(Level::Error, &e.to_string());
         }
-        if let Some(p) = &sinks.pusher {
+        for p in &sinks.pushers {
             p.submit(&window);
         }
         let status = AgentStatus {
@@ -740,8 +742,8 @@ fn analysis_loop(
         };
         if let Some(m) = &sinks.metrics {
             m.observe(&window, &status);
-            if let Some(p) = &sinks.pusher {
-                m.set_push_stats(&p.stats());
+            if !sinks.pushers.is_empty() {
+                m.set_push_stats(&PushStats::total(&sinks.pushers));
             }
         }
         log(
@@ -759,11 +761,11 @@ fn analysis_loop(
         drop(window);
         sys::release_free_heap();
     }
-    if let Some(p) = &sinks.pusher {
+    for p in &sinks.pushers {
         p.flush(FLUSH_WITHIN);
-        if let Some(m) = &sinks.metrics {
-            m.set_push_stats(&p.stats());
-        }
+    }
+    if let (Some(m), false) = (&sinks.metrics, sinks.pushers.is_empty()) {
+        m.set_push_stats(&PushStats::total(&sinks.pushers));
     }
 }
 

@@ -17,6 +17,14 @@
 //! types as `--format pprof`; pid, comm and the cgroup path are pprof sample labels, not
 //! series labels). `X-Scope-OrgID` carries `--push-tenant`.
 //!
+//! Push to an OpenTelemetry Collector (`--push-otlp URL`): each window, one OTLP/HTTP
+//! request, `POST URL/v1development/profiles` with `Content-Type: application/x-protobuf`
+//! and `Content-Encoding: gzip`, the body an `ExportProfilesServiceRequest` of
+//! cpi-user/src/report/otlp.rs (opentelemetry-proto v1.11.0): one resource per process,
+//! `service.name` by `--service-label` as above. `X-Scope-OrgID` carries `--push-tenant`
+//! (Pyroscope's OTLP ingestion reads it; a Collector ignores it). Both pushes share what
+//! follows: queue, retries, timeouts, TLS and credentials.
+//!
 //! Never in the way of collection: [`Pusher::submit`] encodes the window and queues it
 //! without waiting; one worker thread sends. The queue holds at most `queue_windows`
 //! windows: when full, the oldest is dropped (counted). A failed request (connection
@@ -47,7 +55,7 @@ use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
 
 use super::{AgentError, Window};
 use crate::profile::model::ProcessProfile;
-use crate::report::pprof;
+use crate::report::{otlp, pprof};
 
 /// The Connect procedure, appended to the URL.
 pub const PUSH_PATH: &str = "/push.v1.PusherService/Push";
@@ -71,6 +79,33 @@ const MAX_SECRET_FILE: u64 = 16 * 1024;
 const MAX_CA_FILE: u64 = 4 << 20;
 /// Characters of an error answer's body logged.
 const LOGGED_BODY_CHARS: usize = 200;
+
+/// Where a pusher sends, and so its path, body and headers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    /// Pyroscope's Connect Push API, JSON.
+    Pyroscope,
+    /// OTLP/HTTP, protobuf.
+    Otlp,
+}
+
+impl Protocol {
+    /// The flag that names the URL, for messages.
+    fn flag(self) -> &'static str {
+        match self {
+            Protocol::Pyroscope => "--push-pyroscope",
+            Protocol::Otlp => "--push-otlp",
+        }
+    }
+
+    /// What is appended to the URL.
+    fn path(self) -> &'static str {
+        match self {
+            Protocol::Pyroscope => PUSH_PATH,
+            Protocol::Otlp => otlp::EXPORT_PATH,
+        }
+    }
+}
 
 /// What `service_name` is (`--service-label`); [`UNKNOWN_SERVICE`] where the process's
 /// field is unknown.
@@ -155,6 +190,23 @@ pub struct PushStats {
     pub queued: usize,
 }
 
+impl PushStats {
+    /// The counts of every pusher together (the metrics count pushes to Pyroscope and
+    /// OTLP as one).
+    pub fn total(pushers: &[Pusher]) -> PushStats {
+        pushers
+            .iter()
+            .map(Pusher::stats)
+            .fold(PushStats::default(), |a, s| PushStats {
+                ok: a.ok + s.ok,
+                errors: a.errors + s.errors,
+                rejected: a.rejected + s.rejected,
+                dropped_windows: a.dropped_windows + s.dropped_windows,
+                queued: a.queued + s.queued,
+            })
+    }
+}
+
 /// Where requests go, parsed once at start.
 #[derive(Clone, Debug, PartialEq)]
 struct Endpoint {
@@ -184,8 +236,9 @@ fn redact(url: &str) -> String {
     }
 }
 
-fn parse_url(url: &str) -> Result<Endpoint, AgentError> {
+fn parse_url(url: &str, protocol: Protocol) -> Result<Endpoint, AgentError> {
     let bad = |reason: &str| AgentError::PushUrl {
+        flag: protocol.flag(),
         url: redact(url),
         reason: reason.to_string(),
     };
@@ -248,7 +301,7 @@ fn parse_url(url: &str) -> Result<Endpoint, AgentError> {
     let scheme = if https { "https" } else { "http" };
     let path = uri.path().trim_end_matches('/');
     Ok(Endpoint {
-        url: format!("{scheme}://{host}:{port}{path}{PUSH_PATH}"),
+        url: format!("{scheme}://{host}:{port}{path}{}", protocol.path()),
         shown: format!("{host}:{port}"),
         https,
         loopback,
@@ -404,6 +457,19 @@ struct SeriesLabels {
     identity: Vec<(&'static str, String)>,
 }
 
+/// The OTLP request body of a window (gzip'd), or None when it has no sample.
+fn otlp_body(window: &Window, label: ServiceLabel) -> std::io::Result<Option<Vec<u8>>> {
+    let start = nanos_since_epoch(window.start);
+    let ctx = otlp::Context {
+        start_unix_nanos: start as u64,
+        duration_nanos: (nanos_since_epoch(window.end) - start).max(0) as u64,
+        service: &|pr| label.of(pr),
+    };
+    otlp::build(&window.profile, &ctx)
+        .map(|m| pprof::gzip(&m))
+        .transpose()
+}
+
 /// The Push request body of a window, or None when it has no process.
 pub fn request_body(window: &Window, label: ServiceLabel) -> std::io::Result<Option<Vec<u8>>> {
     let p = &window.profile;
@@ -470,6 +536,7 @@ enum Outcome {
 
 /// Everything a request needs, fixed at start.
 struct Transport {
+    protocol: Protocol,
     http: ureq::Agent,
     ep: Endpoint,
     tenant: Option<String>,
@@ -480,11 +547,15 @@ impl Transport {
     /// One request under one deadline; the answer read within [`MAX_HEAD`] and
     /// [`MAX_BODY`].
     fn send(&self, body: &[u8]) -> Outcome {
-        let mut req = self
-            .http
-            .post(&self.ep.url)
-            .header("Content-Type", "application/json")
-            .header("Connect-Protocol-Version", "1");
+        let req = self.http.post(&self.ep.url);
+        let mut req = match self.protocol {
+            Protocol::Pyroscope => req
+                .header("Content-Type", "application/json")
+                .header("Connect-Protocol-Version", "1"),
+            Protocol::Otlp => req
+                .header("Content-Type", otlp::CONTENT_TYPE)
+                .header("Content-Encoding", "gzip"),
+        };
         if let Some(t) = &self.tenant {
             req = req.header("X-Scope-OrgID", t);
         }
@@ -555,15 +626,26 @@ impl Shared {
 /// The push sink. Dropping it stops the worker after its current request.
 pub struct Pusher {
     shared: Arc<Shared>,
+    protocol: Protocol,
     service_label: ServiceLabel,
     capacity: usize,
 }
 
 impl Pusher {
+    /// A pusher to Pyroscope (`--push-pyroscope`): [`Pusher::start`].
+    pub fn new(cfg: PushConfig) -> Result<Pusher, AgentError> {
+        Pusher::start(cfg, Protocol::Pyroscope)
+    }
+
+    /// A pusher to an OpenTelemetry Collector (`--push-otlp`): [`Pusher::start`].
+    pub fn otlp(cfg: PushConfig) -> Result<Pusher, AgentError> {
+        Pusher::start(cfg, Protocol::Otlp)
+    }
+
     /// Checks the URL, tenant and credentials, reads the CA and secret files, and starts
     /// the worker thread.
-    pub fn new(cfg: PushConfig) -> Result<Pusher, AgentError> {
-        let ep = parse_url(&cfg.url)?;
+    fn start(cfg: PushConfig, protocol: Protocol) -> Result<Pusher, AgentError> {
+        let ep = parse_url(&cfg.url, protocol)?;
         if let Some(t) = &cfg.tenant {
             if t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()) {
                 return Err(AgentError::PushTenant {
@@ -573,6 +655,7 @@ impl Pusher {
             }
         }
         let transport = Transport {
+            protocol,
             http: client(&cfg, &ep)?,
             authorization: authorization(&ep, &cfg)?,
             tenant: cfg.tenant.clone(),
@@ -599,6 +682,7 @@ impl Pusher {
             })?;
         Ok(Pusher {
             shared,
+            protocol,
             service_label: cfg.service_label,
             capacity: cfg.queue_windows.max(1),
         })
@@ -607,7 +691,11 @@ impl Pusher {
     /// Encodes the window and queues it; never waits for the network. A full queue
     /// drops its oldest window.
     pub fn submit(&self, window: &Window) {
-        let body = match request_body(window, self.service_label) {
+        let body = match self.protocol {
+            Protocol::Pyroscope => request_body(window, self.service_label),
+            Protocol::Otlp => otlp_body(window, self.service_label),
+        };
+        let body = match body {
             Ok(Some(b)) => Arc::new(b),
             Ok(None) => return,
             Err(e) => {
@@ -766,7 +854,7 @@ mod tests {
 
     #[test]
     fn urls() {
-        let ep = parse_url("http://pyro.example:4040").unwrap();
+        let ep = parse_url("http://pyro.example:4040", Protocol::Pyroscope).unwrap();
         assert_eq!(
             (ep.url.as_str(), ep.shown.as_str(), ep.https, ep.loopback),
             (
@@ -776,14 +864,14 @@ mod tests {
                 false
             )
         );
-        let ep = parse_url("HTTP://10.0.0.1/prefix/").unwrap();
+        let ep = parse_url("HTTP://10.0.0.1/prefix/", Protocol::Pyroscope).unwrap();
         assert_eq!(
             ep.url,
             "http://10.0.0.1:80/prefix/push.v1.PusherService/Push"
         );
-        let ep = parse_url("http://[::1]:9/").unwrap();
+        let ep = parse_url("http://[::1]:9/", Protocol::Pyroscope).unwrap();
         assert_eq!((ep.shown.as_str(), ep.loopback), ("[::1]:9", true));
-        let ep = parse_url("https://12345@profiles.example.net").unwrap();
+        let ep = parse_url("https://12345@profiles.example.net", Protocol::Pyroscope).unwrap();
         assert_eq!(
             (ep.url.as_str(), ep.https, ep.user.as_deref()),
             (
@@ -806,10 +894,16 @@ mod tests {
             "http://[::1",
             "http://h /x",
         ] {
-            let e = parse_url(bad).expect_err(bad).to_string();
+            let e = parse_url(bad, Protocol::Pyroscope)
+                .expect_err(bad)
+                .to_string();
             assert!(e.starts_with("--push-pyroscope"), "{bad}: {e}");
             assert!(!e.contains("hunter2"), "the password is shown: {e}");
         }
+        let ep = parse_url("http://collector:4318/", Protocol::Otlp).unwrap();
+        assert_eq!(ep.url, "http://collector:4318/v1development/profiles");
+        let e = parse_url("ftp://collector", Protocol::Otlp).unwrap_err();
+        assert!(e.to_string().starts_with("--push-otlp "), "{e}");
     }
 
     fn config(url: &str) -> PushConfig {
@@ -843,7 +937,7 @@ mod tests {
                 token_file: token.map(Path::to_path_buf),
                 ..config(url)
             };
-            authorization(&parse_url(url).unwrap(), &cfg)
+            authorization(&parse_url(url, Protocol::Pyroscope).unwrap(), &cfg)
         };
         let basic = auth("https://user@h", Some(&pw), None).unwrap().unwrap();
         assert_eq!(

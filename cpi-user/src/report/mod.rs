@@ -1,11 +1,12 @@
 //! Rendering and exporting a [`crate::profile::Profile`]: human tables, the versioned
-//! JSON profile file, pprof and BOLT `.fdata`.
+//! JSON profile file, pprof, OTLP profiles and BOLT `.fdata`.
 
 pub mod diff;
 pub mod fdata;
 pub mod file;
 pub mod folded;
 pub mod html;
+pub mod otlp;
 pub mod pprof;
 pub mod table;
 pub mod terminal;

@@ -229,14 +229,15 @@ fn source_file(st: &mut Strings, f: &FunctionProfile) -> i64 {
     f.source.as_ref().map_or(0, |s| st.id(&s.file))
 }
 
-/// The string table: index 0 is "" as the format requires.
-struct Strings {
-    table: Vec<String>,
+/// The string table: index 0 is "" as the format requires (OTLP's too:
+/// cpi-user/src/report/otlp.rs).
+pub(crate) struct Strings {
+    pub(crate) table: Vec<String>,
     index: HashMap<String, i64>,
 }
 
 impl Strings {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut s = Strings {
             table: Vec::new(),
             index: HashMap::new(),
@@ -245,7 +246,7 @@ impl Strings {
         s
     }
 
-    fn id(&mut self, v: &str) -> i64 {
+    pub(crate) fn id(&mut self, v: &str) -> i64 {
         if let Some(&i) = self.index.get(v) {
             return i;
         }
@@ -705,8 +706,9 @@ pub fn encode(p: &Profile) -> std::io::Result<Vec<u8>> {
     gzip(&build(p))
 }
 
-/// The gzip'd protobuf bytes of a message from [`build`] or [`build_processes`].
-pub fn gzip(m: &PprofProfile) -> std::io::Result<Vec<u8>> {
+/// The gzip'd protobuf bytes of a message from [`build`] or [`build_processes`] (or of
+/// an OTLP request: cpi-user/src/agent/push.rs).
+pub fn gzip(m: &impl Message) -> std::io::Result<Vec<u8>> {
     let raw = m.encode_to_vec();
     let mut gz = GzEncoder::new(Vec::new(), Compression::default());
     gz.write_all(&raw)?;

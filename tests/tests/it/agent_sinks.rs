@@ -179,7 +179,7 @@ fn function(name: &str, address: u64, cycles: f64, instructions: f64) -> Functio
 /// A hand-built cpi-mode window (numbers chosen, not measured): per process
 /// (pid, comm), 0.25 s of cpu-clock time, 1e9 cycles, 4e8 instructions, a hot function
 /// of CPI 2 and a cold one.
-fn window(procs: &[(u32, &str)], start: SystemTime) -> Window {
+pub(crate) fn window(procs: &[(u32, &str)], start: SystemTime) -> Window {
     Window {
         start,
         end: start + Duration::from_millis(250),
@@ -236,7 +236,7 @@ fn window(procs: &[(u32, &str)], start: SystemTime) -> Window {
     }
 }
 
-fn status(windows: u64) -> AgentStatus {
+pub(crate) fn status(windows: u64) -> AgentStatus {
     AgentStatus {
         mode: Mode::Cpi,
         windows,

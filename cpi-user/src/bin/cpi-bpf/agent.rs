@@ -81,6 +81,10 @@ pub struct Args {
     /// (a USER is basic auth, its password in --push-password-file).
     #[arg(long, value_name = "URL")]
     pub push_pyroscope: Option<String>,
+    /// Push each window to an OpenTelemetry Collector as OTLP/HTTP profiles (protobuf,
+    /// POST URL/v1development/profiles); the same TLS, credentials and queue flags.
+    #[arg(long, value_name = "URL")]
+    pub push_otlp: Option<String>,
     /// X-Scope-OrgID of the pushes.
     #[arg(long, value_name = "TENANT")]
     pub push_tenant: Option<String>,
@@ -150,6 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         metrics_top_comms: args.metrics_top_comms,
         metrics_top_functions: args.metrics_top_functions,
         push_pyroscope: args.push_pyroscope,
+        push_otlp: args.push_otlp,
         push_tenant: args.push_tenant,
         push_ca: args.push_ca,
         push_password_file: args.push_password_file,
@@ -200,11 +205,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 .metrics_addr
                 .map(|m| format!(", metrics on http://{m}/metrics"))
                 .unwrap_or_default(),
-            config
-                .push_url
-                .as_ref()
+            [&config.push_url, &config.otlp_url]
+                .into_iter()
+                .flatten()
                 .map(|u| format!(", pushing to {u}"))
-                .unwrap_or_default(),
+                .collect::<String>(),
         ),
     );
     let summary = a.run()?;
@@ -247,7 +252,7 @@ fn summary(c: &AgentConfig) -> String {
         Some(m) => s += &format!(", metrics on http://{m}/metrics"),
         None => s += ", no metrics",
     }
-    if let Some(u) = &c.push_url {
+    for u in [&c.push_url, &c.otlp_url].into_iter().flatten() {
         s += &format!(", pushing to {u}");
         if c.push_password_file.is_some() {
             s += " with basic auth";

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::ValueEnum;
 use cpi_user::profile::Profile;
-use cpi_user::report::{fdata, file, folded, html, pprof, table};
+use cpi_user::report::{fdata, file, folded, html, otlp, pprof, table};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -21,6 +21,9 @@ pub enum Format {
     /// gzip'd pprof profile.proto (go tool pprof, Pyroscope, Parca); call paths as
     /// location chains where samples carried stacks.
     Pprof,
+    /// OTLP profiles: an ExportProfilesServiceRequest (protobuf, opentelemetry-proto
+    /// v1.11.0, profiles v1development), one resource per process.
+    Otlp,
     /// Folded stacks (`comm;root;…;leaf SAMPLES`, flamegraph.pl, inferno, speedscope).
     Folded,
     /// BOLT .fdata, per binary: with --output FILE, FILE holds the main binary and
@@ -133,10 +136,11 @@ pub fn validate(args: &OutputArgs) -> anyhow::Result<()> {
         );
     }
     let Some(path) = &args.output else {
-        if format == Format::Pprof && std::io::stdout().is_terminal() {
+        if matches!(format, Format::Pprof | Format::Otlp) && std::io::stdout().is_terminal() {
             anyhow::bail!(
-                "--format pprof is binary: refusing to write it to a terminal; give --output FILE \
-                 or redirect standard output"
+                "--format {} is binary: refusing to write it to a terminal; give --output FILE \
+                 or redirect standard output",
+                format_name(format)
             );
         }
         return Ok(());
@@ -294,6 +298,7 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
             args.output.as_deref(),
             html::render(profile)?.as_bytes(),
         ),
+        Format::Otlp => write_saving(profile, args.output.as_deref(), &otlp::encode(profile)),
         Format::Folded => write_saving(
             profile,
             args.output.as_deref(),
