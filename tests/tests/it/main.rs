@@ -30,6 +30,7 @@ mod report_fixture;
 mod report_import;
 mod report_pprof;
 mod report_tables;
+mod report_tree;
 mod simulate;
 mod simulate_bench;
 mod simulate_exec;
