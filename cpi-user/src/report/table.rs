@@ -294,64 +294,69 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
         (None, None) if p.processes.len() > 1 && !opts.per_process && !opts.callgraph => {
             all_processes(p, opts, &mut out);
         }
-        (None, None) => {
-            // A table per group when grouped; else per process.
-            let (procs, names) = match opts.group_by {
-                GroupBy::Process => (Cow::Borrowed(&p.processes[..]), BTreeMap::new()),
-                _ => by_name(p),
-            };
-            let (shown, rest) = processes_to_show(&procs);
-            for proc in shown {
-                let pid = pid_text(proc, &names);
-                out.push('\n');
-                out.push_str(&wrap(&process_line(p.mode, proc, &pid), w));
-                let fns: Vec<Row> = proc
-                    .functions
-                    .iter()
-                    .map(|f| Row {
-                        f,
-                        comm: &proc.comm,
-                        pid: pid.clone(),
-                        share: f.share,
-                    })
-                    .collect();
-                if opts.callgraph {
-                    let mut fns: Vec<&FunctionProfile> = proc.functions.iter().collect();
-                    fns.sort_by(|a, b| heat(p.mode, b).total_cmp(&heat(p.mode, a)));
-                    fns.truncate(opts.top);
-                    out.push_str(&call_graph(p.mode, proc, &fns, w));
-                } else {
-                    out.push_str(&top_functions(p.mode, fns, false, opts));
-                    let fns: Vec<&FunctionProfile> = proc.functions.iter().collect();
-                    out.push_str(&hot_blocks(p.mode, &fns, opts.top, w));
-                    out.push_str(&call_paths(p.mode, &[proc], opts));
-                }
-            }
-            if !rest.is_empty() {
-                let samples: u64 = rest.iter().map(|pr| pr.samples).sum();
-                out.push('\n');
-                out.push_str(&wrap(
-                    &format!(
-                        "{} more {} below {}% of the samples each, {} samples in all \
-                         (every process is in --format json/pprof)",
-                        rest.len(),
-                        opts.group_by.noun(rest.len()),
-                        MINOR_PROCESS_SHARE * 100.0,
-                        group(samples)
-                    ),
-                    w,
-                ));
-            }
-            if p.processes.is_empty() {
-                out.push_str("\nno samples attributed to any process\n");
-            }
-        }
+        (None, None) => per_process(p, opts, &mut out),
     }
     out.push_str(&legend(&out, w));
     if let Some(a) = &p.accuracy {
         out.push_str(&accuracy(a, w));
     }
     Ok(out)
+}
+
+/// A table per process (per group when grouped), the processes below
+/// [`MINOR_PROCESS_SHARE`] summed in one line.
+fn per_process(p: &Profile, opts: &TableOptions, out: &mut String) {
+    let w = opts.width;
+    // A table per group when grouped; else per process.
+    let (procs, names) = match opts.group_by {
+        GroupBy::Process => (Cow::Borrowed(&p.processes[..]), BTreeMap::new()),
+        _ => by_name(p),
+    };
+    let (shown, rest) = processes_to_show(&procs);
+    for proc in shown {
+        let pid = pid_text(proc, &names);
+        out.push('\n');
+        out.push_str(&wrap(&process_line(p.mode, proc, &pid), w));
+        let fns: Vec<Row> = proc
+            .functions
+            .iter()
+            .map(|f| Row {
+                f,
+                comm: &proc.comm,
+                pid: pid.clone(),
+                share: f.share,
+            })
+            .collect();
+        if opts.callgraph {
+            let mut fns: Vec<&FunctionProfile> = proc.functions.iter().collect();
+            fns.sort_by(|a, b| heat(p.mode, b).total_cmp(&heat(p.mode, a)));
+            fns.truncate(opts.top);
+            out.push_str(&call_graph(p.mode, proc, &fns, w));
+        } else {
+            out.push_str(&top_functions(p.mode, fns, false, opts));
+            let fns: Vec<&FunctionProfile> = proc.functions.iter().collect();
+            out.push_str(&hot_blocks(p.mode, &fns, opts.top, w));
+            out.push_str(&call_paths(p.mode, &[proc], opts));
+        }
+    }
+    if !rest.is_empty() {
+        let samples: u64 = rest.iter().map(|pr| pr.samples).sum();
+        out.push('\n');
+        out.push_str(&wrap(
+            &format!(
+                "{} more {} below {}% of the samples each, {} samples in all \
+                 (every process is in --format json/pprof)",
+                rest.len(),
+                opts.group_by.noun(rest.len()),
+                MINOR_PROCESS_SHARE * 100.0,
+                group(samples)
+            ),
+            w,
+        ));
+    }
+    if p.processes.is_empty() {
+        out.push_str("\nno samples attributed to any process\n");
+    }
 }
 
 /// A line under the tables explaining the notation they use, only what they use.

@@ -5,7 +5,7 @@
 
 use super::{
     cpi, ellipsize, finish, fitted, inputs, new_table, or_unknown, sample_floor, share, time,
-    Shares,
+    Shares, MIN_NAME,
 };
 use crate::profile::model::{Mode, ProcessProfile};
 use crate::profile::paths::{self, PathTotals};
@@ -85,6 +85,15 @@ fn indent(depth: usize) -> String {
     s
 }
 
+/// A row's name column: indentation and name within `max` characters (a shallow row
+/// keeps more of its name than a deep one), then the recursion mark.
+fn row_name(r: &Row, max: usize) -> String {
+    let pad = indent(r.depth);
+    let room = max.saturating_sub(pad.chars().count()).max(MIN_NAME);
+    let mark = if r.recursive { " ↻" } else { "" };
+    format!("{pad}{}{mark}", ellipsize(&r.name, room))
+}
+
 /// The call tree of `procs`: shares of `total` (the weight of every path), the time
 /// profile's shares with their sampling error over `samples`.
 pub(super) fn call_tree_table(
@@ -110,12 +119,7 @@ pub(super) fn call_tree_table(
         for r in &rows {
             let (i, o) = (&r.inclusive, &r.own);
             let mut row = vec![
-                format!(
-                    "{}{}{}",
-                    indent(r.depth),
-                    ellipsize(&r.name, max),
-                    if r.recursive { " ↻" } else { "" }
-                ),
+                row_name(r, max),
                 share(mode, i.weight(), totals),
                 share(mode, o.weight(), totals),
             ];
