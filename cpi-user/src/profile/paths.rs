@@ -1,6 +1,6 @@
 //! Call paths of a profile ([`StackProfile`]): their order and bound in the file, and
-//! the call tree read from them (inclusive and self totals per node, the paths into a
-//! function). Analysis (cpi-user/src/profile/analyze.rs) and merging
+//! the call tree read from them (inclusive and self totals per node, recursion folded;
+//! the paths into a function). Analysis (cpi-user/src/profile/analyze.rs) and merging
 //! (cpi-user/src/profile/merge.rs) bound the list; the reports read the tree.
 //!
 //! A node of the call tree is a path from the root (outermost frame) down to some
@@ -197,7 +197,7 @@ pub fn bound_paths(paths: &mut Vec<StackProfile>, floor: u64) {
     *paths = kept;
 }
 
-/// One node of the call tree.
+/// A path into a function ([`callers`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PathNode {
     /// The path from the root down to the node, root first.
@@ -206,8 +206,6 @@ pub struct PathNode {
     pub inclusive: PathTotals,
     /// Paths ending at the node.
     pub own: PathTotals,
-    /// Distinct callees below the node ([`call_tree`] only).
-    pub children: usize,
 }
 
 impl PathNode {
@@ -233,43 +231,151 @@ fn node_order(a: &PathNode, b: &PathNode) -> std::cmp::Ordering {
         })
 }
 
-/// Every node of the call tree of `paths`, hottest (inclusive) first.
-pub fn call_tree(paths: &[StackProfile]) -> Vec<PathNode> {
-    let mut nodes: Vec<PathNode> = Vec::new();
-    let mut index: HashMap<Vec<(&str, &str)>, usize> = HashMap::new();
-    for s in paths {
-        let root_first: Vec<&StackFrame> = s.frames.iter().rev().collect();
-        let mut parent: Option<usize> = None;
-        for depth in 1..=root_first.len() {
-            let k: Vec<(&str, &str)> = root_first[..depth]
-                .iter()
-                .map(|f| (f.function.as_str(), f.binary.as_str()))
-                .collect();
-            let i = match index.get(&k) {
-                Some(&i) => i,
-                None => {
-                    nodes.push(PathNode {
-                        path: root_first[..depth].iter().map(|f| (*f).clone()).collect(),
-                        inclusive: PathTotals::default(),
-                        own: PathTotals::default(),
-                        children: 0,
-                    });
-                    if let Some(p) = parent {
-                        nodes[p].children += 1;
-                    }
-                    index.insert(k, nodes.len() - 1);
-                    nodes.len() - 1
-                }
-            };
-            parent = Some(i);
-            nodes[i].inclusive.add(s);
-            if depth == root_first.len() {
-                nodes[i].own.add(s);
+/// One node of the call tree with recursion folded ([`folded_tree`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TreeNode {
+    /// The node's function.
+    pub function: String,
+    /// Its binary.
+    pub binary: String,
+    /// Frames from the root (0) down to the node, recursion folded.
+    pub depth: usize,
+    /// Paths through the node (each once, however often it recurses on them).
+    pub inclusive: PathTotals,
+    /// Paths whose folded leaf is the node.
+    pub own: PathTotals,
+    /// Whether frames of a recursion (direct or through a cycle) were merged into it.
+    pub recursive: bool,
+    /// Callees, indices into the tree, hottest inclusive first.
+    pub children: Vec<usize>,
+}
+
+/// The call tree of `paths` with recursion folded (a function appears once on each
+/// path: a call back into a function already on the path returns to its node, and the
+/// frames between are merged into it; perf's `--children` and pprof do not fold, and a
+/// recursive sort then reads as one row per depth). Roots are the nodes at depth 0; [`FoldedTree::preorder`] walks
+/// it hottest first. Call sites do not split a node (rows by name chain).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FoldedTree {
+    /// Every node.
+    pub nodes: Vec<TreeNode>,
+    /// The outermost nodes, hottest inclusive first.
+    pub roots: Vec<usize>,
+}
+
+impl FoldedTree {
+    /// Node indices depth first, each node's children hottest first.
+    pub fn preorder(&self) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.nodes.len());
+        let mut todo: Vec<usize> = self.roots.iter().rev().copied().collect();
+        while let Some(i) = todo.pop() {
+            out.push(i);
+            todo.extend(self.nodes[i].children.iter().rev());
+        }
+        out
+    }
+}
+
+/// `frames` (leaf first, as a path holds them) root first with recursion folded: a
+/// frame whose function is already on the folded path returns to it, the frames
+/// between dropped; each kept frame says whether a recursion was folded into it.
+pub fn fold_recursion(frames: &[StackFrame]) -> Vec<(&StackFrame, bool)> {
+    let mut on: Vec<(&StackFrame, bool)> = Vec::with_capacity(frames.len());
+    for f in frames.iter().rev() {
+        let same = |(o, _): &(&StackFrame, bool)| o.function == f.function && o.binary == f.binary;
+        match on.iter().position(same) {
+            Some(at) => {
+                on.truncate(at + 1);
+                on[at].1 = true;
             }
+            None => on.push((f, false)),
         }
     }
-    nodes.sort_by(node_order);
-    nodes
+    on
+}
+
+/// `paths` with recursion folded ([`fold_recursion`]) and those whose folded chains of
+/// names are the same summed (other call sites and other depths of one recursion are
+/// one path), hottest first; CPI from `floor` samples.
+pub fn folded_paths(paths: &[StackProfile], floor: u64) -> Vec<StackProfile> {
+    let mut sums: Vec<(Vec<StackFrame>, PathTotals)> = Vec::new();
+    let mut index: HashMap<Vec<String>, usize> = HashMap::new();
+    for s in paths {
+        let folded = fold_recursion(&s.frames);
+        let names: Vec<String> = folded.iter().map(|(f, _)| f.function.clone()).collect();
+        let i = *index.entry(names).or_insert_with(|| {
+            let leaf_first = folded.iter().rev().map(|(f, _)| (*f).clone()).collect();
+            sums.push((leaf_first, PathTotals::default()));
+            sums.len() - 1
+        });
+        sums[i].1.add(s);
+    }
+    let mut out: Vec<StackProfile> = sums
+        .into_iter()
+        .map(|(frames, t)| t.into_path(frames, floor))
+        .collect();
+    out.sort_by(hottest_path_first);
+    out
+}
+
+/// Builds the [`FoldedTree`] of `paths`.
+pub fn folded_tree(paths: &[StackProfile]) -> FoldedTree {
+    let mut t = FoldedTree::default();
+    let mut index: HashMap<(Option<usize>, &str, &str), usize> = HashMap::new();
+    for s in paths {
+        // The folded path: node indices, root first.
+        let mut on: Vec<usize> = Vec::new();
+        for (f, recursive) in fold_recursion(&s.frames) {
+            let parent = on.last().copied();
+            let key = (parent, f.function.as_str(), f.binary.as_str());
+            let i = *index.entry(key).or_insert_with(|| {
+                t.nodes.push(TreeNode {
+                    function: f.function.clone(),
+                    binary: f.binary.clone(),
+                    depth: on.len(),
+                    inclusive: PathTotals::default(),
+                    own: PathTotals::default(),
+                    recursive: false,
+                    children: Vec::new(),
+                });
+                let i = t.nodes.len() - 1;
+                match parent {
+                    Some(p) => t.nodes[p].children.push(i),
+                    None => t.roots.push(i),
+                }
+                i
+            });
+            t.nodes[i].recursive |= recursive;
+            on.push(i);
+        }
+        // Frames a recursion left (the `b` of a → b → a → c) are merged into the node
+        // it returned to, so a parent's inclusive totals are its own plus its
+        // children's.
+        for &n in &on {
+            t.nodes[n].inclusive.add(s);
+        }
+        if let Some(&leaf) = on.last() {
+            t.nodes[leaf].own.add(s);
+        }
+    }
+    let hottest = |nodes: &[TreeNode], v: &mut Vec<usize>| {
+        v.sort_by(|&a, &b| {
+            nodes[b]
+                .inclusive
+                .weight()
+                .total_cmp(&nodes[a].inclusive.weight())
+                .then_with(|| nodes[a].function.cmp(&nodes[b].function))
+        })
+    };
+    for i in 0..t.nodes.len() {
+        let mut c = std::mem::take(&mut t.nodes[i].children);
+        hottest(&t.nodes, &mut c);
+        t.nodes[i].children = c;
+    }
+    let mut roots = std::mem::take(&mut t.roots);
+    hottest(&t.nodes, &mut roots);
+    t.roots = roots;
+    t
 }
 
 /// The paths into `function` (root down to its outermost call on each path), with the
@@ -298,7 +404,6 @@ pub fn callers(paths: &[StackProfile], function: &str) -> Vec<PathNode> {
                     path,
                     inclusive: PathTotals::default(),
                     own: PathTotals::default(),
-                    children: 0,
                 });
                 nodes.len() - 1
             }
@@ -349,13 +454,13 @@ pub(crate) mod tests {
             path(&["a", "main"], 50, 100.0, 100.0),
             path(&["b", "main"], 30, 90.0, 30.0),
         ];
-        let tree = call_tree(&paths);
-        let main = &tree[0];
-        assert_eq!(main.function(), "main");
+        let tree = folded_tree(&paths);
+        let main = &tree.nodes[tree.roots[0]];
+        assert_eq!(main.function, "main");
         assert_eq!(main.inclusive.samples, 180);
-        assert_eq!((main.own.samples, main.children), (0, 2));
-        let a = tree.iter().find(|n| n.function() == "a").unwrap();
-        assert_eq!(a.path.len(), 2);
+        assert_eq!((main.own.samples, main.children.len()), (0, 2));
+        let a = tree.nodes.iter().find(|n| n.function == "a").unwrap();
+        assert_eq!(a.depth, 1);
         assert_eq!(a.inclusive.cycles, Some(500.0));
         // Inclusive CPI 500/200, self 100/100.
         assert_eq!(a.inclusive.cpi(1).unwrap().value, 2.5);
@@ -365,7 +470,7 @@ pub(crate) mod tests {
         let want = ((1700.0f64 / 250_000.0) + 200.0 / 40_000.0).sqrt();
         assert!((rel - want).abs() < 1e-12, "{rel} {want}");
         assert!(a.own.cpi(1000).is_none(), "below the floor");
-        assert_eq!(tree.len(), 4);
+        assert_eq!(tree.nodes.len(), 4);
     }
 
     #[test]
@@ -398,6 +503,54 @@ pub(crate) mod tests {
         let c = callers(&paths, "leaf");
         assert_eq!(c.len(), 2);
         assert_eq!((c[0].inclusive.samples, c[1].inclusive.samples), (10, 1));
+    }
+
+    /// The names of the folded tree in preorder, indented two per depth.
+    fn outline(t: &FoldedTree) -> Vec<String> {
+        t.preorder()
+            .into_iter()
+            .map(|i| {
+                let n = &t.nodes[i];
+                let mark = if n.recursive { " ↻" } else { "" };
+                let (inc, own) = (n.inclusive.samples, n.own.samples);
+                format!("{}{}{mark} {inc}/{own}", "  ".repeat(n.depth), n.function)
+            })
+            .collect()
+    }
+
+    /// Direct recursion (qsort's merge sort) and recursion through a cycle fold into
+    /// one node per function on each path; the tree's totals add up.
+    #[test]
+    fn folded_tree_merges_recursion() {
+        let paths = [
+            path(
+                &["cmp", "msort", "msort", "msort", "qsort", "main"],
+                40,
+                40.0,
+                10.0,
+            ),
+            path(&["msort", "msort", "qsort", "main"], 20, 20.0, 10.0),
+            path(&["cmp", "msort", "qsort", "main"], 10, 10.0, 10.0),
+            path(&["leaf", "a", "b", "a", "main"], 5, 5.0, 5.0),
+            path(&["b", "a", "main"], 3, 3.0, 3.0),
+            path(&["main"], 1, 1.0, 1.0),
+        ];
+        let t = folded_tree(&paths);
+        assert_eq!(
+            outline(&t),
+            [
+                "main 79/1",
+                "  qsort 70/0",
+                "    msort ↻ 70/20",
+                "      cmp 50/50",
+                "  a ↻ 8/0",
+                "    leaf 5/5",
+                "    b 3/3",
+            ]
+        );
+        let msort = t.nodes.iter().find(|n| n.function == "msort").unwrap();
+        assert_eq!(msort.inclusive.cycles, Some(70.0));
+        assert_eq!(msort.inclusive.cpi(1).unwrap().value, 70.0 / 30.0);
     }
 
     #[test]

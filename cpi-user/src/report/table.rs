@@ -8,18 +8,19 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
-use std::io::Read;
-use std::path::Path;
 
 use comfy_table::{presets, CellAlignment, Table, TableComponent};
 
-use crate::fsafe::escape;
 use crate::profile::merge;
 use crate::profile::model::{
     role_name, Accuracy, BlockProfile, CallEdge, Estimate, FunctionProfile, Mode, ProcessProfile,
     Profile, StackProfile,
 };
 use crate::profile::paths::{self, PathNode};
+
+mod annotate;
+pub mod names;
+mod tree;
 
 /// What to render.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,8 +32,10 @@ pub struct TableOptions {
     /// Show the calls-only call graph instead of the top tables: callers and callees
     /// of the hottest functions, or of `annotate`'s function after its disassembly.
     pub callgraph: bool,
-    /// The widest line, in characters: names are shortened with an ellipsis to fit
-    /// (the JSON keeps them whole). `None`: no limit, as perf's `--stdio` into a pipe.
+    /// The widest line, in characters: C++ and Rust names are shortened as perf
+    /// shortens templates (`fill<…>(…)`, names.rs), and names longer than their column
+    /// cut with an ellipsis (the JSON keeps them whole). `None`: no limit and whole
+    /// names, as perf's `--stdio` into a pipe.
     pub width: Option<usize>,
     /// The whole run header: the mode's reason, events and periods, losses by reason,
     /// notes on binaries.
@@ -220,7 +223,8 @@ impl SortKey {
 /// Why a table could not be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    /// `--annotate` or `--callers` named a function the profile does not have.
+    /// `--annotate` or `--callers` named a function the profile does not have, or a
+    /// short name that several functions have (`similar` then lists their full names).
     #[error("no function named {name:?} in the profile{}", suggest(.similar))]
     NoSuchFunction {
         /// The name asked for.
@@ -249,11 +253,30 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
         }
     };
     let p = &super::terminal::escaped(p);
+    // Names asked for are found among the full names, then shown as the tables show
+    // them: shortened on a terminal (names.rs), whole into a pipe.
+    let annotate = opts
+        .annotate
+        .as_deref()
+        .map(|n| resolve(p, n))
+        .transpose()?;
+    let callers = opts.callers.as_deref().map(|n| resolve(p, n)).transpose()?;
+    let short;
+    let no_renames = HashMap::new();
+    let (p, renamed) = match opts.width {
+        Some(_) => {
+            short = names::shortened(p);
+            (&short.0, &short.1)
+        }
+        None => (p, &no_renames),
+    };
+    let shown = |n: String| renamed.get(&n).cloned().unwrap_or(n);
     let mut out = header(p, opts);
     let w = opts.width;
-    match &opts.annotate {
-        Some(name) => {
-            annotate(p, name, w, &mut out)?;
+    match (annotate.map(shown), callers.map(shown)) {
+        (Some(name), _) => {
+            let name = &name;
+            annotate::annotate(p, name, renamed, w, &mut out)?;
             if opts.callgraph {
                 for proc in &p.processes {
                     let focus: Vec<&FunctionProfile> =
@@ -264,78 +287,14 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
                 }
             }
         }
-        None if opts.callers.is_some() => {
-            let name = opts.callers.as_deref().unwrap_or_default();
-            // A name in no function and no stack is a typo, said as `--annotate` says it.
-            let known = p.processes.iter().any(|pr| {
-                pr.functions.iter().any(|f| f.is_named(name))
-                    || pr
-                        .stacks
-                        .iter()
-                        .flat_map(|s| &s.frames)
-                        .any(|f| f.function == name)
-            });
-            if !known {
-                return Err(no_such_function(p, name));
-            }
+        (None, Some(name)) => {
             let procs: Vec<&ProcessProfile> = p.processes.iter().collect();
-            out.push_str(&callers_table(p.mode, &procs, name, opts));
+            out.push_str(&callers_table(p.mode, &procs, &name, opts));
         }
-        None if p.processes.len() > 1 && !opts.per_process && !opts.callgraph => {
+        (None, None) if p.processes.len() > 1 && !opts.per_process && !opts.callgraph => {
             all_processes(p, opts, &mut out);
         }
-        None => {
-            // A table per group when grouped; else per process.
-            let (procs, names) = match opts.group_by {
-                GroupBy::Process => (Cow::Borrowed(&p.processes[..]), BTreeMap::new()),
-                _ => by_name(p),
-            };
-            let (shown, rest) = processes_to_show(&procs);
-            for proc in shown {
-                let pid = pid_text(proc, &names);
-                out.push('\n');
-                out.push_str(&wrap(&process_line(p.mode, proc, &pid), w));
-                let fns: Vec<Row> = proc
-                    .functions
-                    .iter()
-                    .map(|f| Row {
-                        f,
-                        comm: &proc.comm,
-                        pid: pid.clone(),
-                        share: f.share,
-                    })
-                    .collect();
-                if opts.callgraph {
-                    let mut fns: Vec<&FunctionProfile> = proc.functions.iter().collect();
-                    fns.sort_by(|a, b| heat(p.mode, b).total_cmp(&heat(p.mode, a)));
-                    fns.truncate(opts.top);
-                    out.push_str(&call_graph(p.mode, proc, &fns, w));
-                } else {
-                    out.push_str(&top_functions(p.mode, fns, false, opts));
-                    let fns: Vec<&FunctionProfile> = proc.functions.iter().collect();
-                    out.push_str(&hot_blocks(p.mode, &fns, opts.top, w));
-                    out.push_str(&call_paths(p.mode, &[proc], opts));
-                }
-            }
-            if !rest.is_empty() {
-                let samples: u64 = rest.iter().map(|pr| pr.samples).sum();
-                out.push('\n');
-                out.push_str(&wrap(
-                    &format!(
-                        "{} more {} below {}% of the samples each, {} samples in all \
-                         (every process is in --format json/pprof)",
-                        rest.len(),
-                        opts.group_by.noun(rest.len()),
-                        MINOR_PROCESS_SHARE * 100.0,
-                        group(samples)
-                    ),
-                    w,
-                ));
-            }
-            if p.processes.is_empty() {
-                out.push_str("\nno samples attributed to any process\n");
-            }
-        }
+        (None, None) => per_process(p, opts, &mut out),
     }
     out.push_str(&legend(&out, w));
     if let Some(a) = &p.accuracy {
@@ -344,12 +303,71 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
     Ok(out)
 }
 
+/// A table per process (per group when grouped), the processes below
+/// [`MINOR_PROCESS_SHARE`] summed in one line.
+fn per_process(p: &Profile, opts: &TableOptions, out: &mut String) {
+    let w = opts.width;
+    // A table per group when grouped; else per process.
+    let (procs, names) = match opts.group_by {
+        GroupBy::Process => (Cow::Borrowed(&p.processes[..]), BTreeMap::new()),
+        _ => by_name(p),
+    };
+    let (shown, rest) = processes_to_show(&procs);
+    for proc in shown {
+        let pid = pid_text(proc, &names);
+        out.push('\n');
+        out.push_str(&wrap(&process_line(p.mode, proc, &pid), w));
+        let fns: Vec<Row> = proc
+            .functions
+            .iter()
+            .map(|f| Row {
+                f,
+                comm: &proc.comm,
+                pid: pid.clone(),
+                share: f.share,
+            })
+            .collect();
+        if opts.callgraph {
+            let mut fns: Vec<&FunctionProfile> = proc.functions.iter().collect();
+            fns.sort_by(|a, b| heat(p.mode, b).total_cmp(&heat(p.mode, a)));
+            fns.truncate(opts.top);
+            out.push_str(&call_graph(p.mode, proc, &fns, w));
+        } else {
+            out.push_str(&top_functions(p.mode, fns, false, opts));
+            let fns: Vec<&FunctionProfile> = proc.functions.iter().collect();
+            out.push_str(&hot_blocks(p.mode, &fns, opts.top, w));
+            out.push_str(&call_paths(p.mode, &[proc], opts));
+        }
+    }
+    if !rest.is_empty() {
+        let samples: u64 = rest.iter().map(|pr| pr.samples).sum();
+        out.push('\n');
+        out.push_str(&wrap(
+            &format!(
+                "{} more {} below {}% of the samples each, {} samples in all \
+                 (every process is in --format json/pprof)",
+                rest.len(),
+                opts.group_by.noun(rest.len()),
+                MINOR_PROCESS_SHARE * 100.0,
+                group(samples)
+            ),
+            w,
+        ));
+    }
+    if p.processes.is_empty() {
+        out.push_str("\nno samples attributed to any process\n");
+    }
+}
+
 /// A line under the tables explaining the notation they use, only what they use.
 fn legend(out: &str, width: Option<usize>) -> String {
     let mut parts = Vec::new();
     if out.contains(" ±") {
         // What every ± means: cpi-user/src/profile/error.rs.
         parts.push("±: one standard error (the truth within ±1 for ~68 % of units, ±2 for ~95 %)");
+    }
+    if out.contains("% ±") {
+        parts.push("a share's ± is in percentage points, the sampling error of its samples");
     }
     if out.contains("below floor") {
         parts.push("below floor: too few samples for a CPI");
@@ -445,20 +463,60 @@ fn share_of(x: f64, total: f64) -> f64 {
     }
 }
 
+/// The fewest samples behind a CPI the tables show (what analysis uses).
+fn sample_floor() -> u64 {
+    crate::profile::AnalysisOptions::default().sample_floor
+}
+
+/// What the shares of a table are of: the weight of everything it covers (cycles, else
+/// time, else samples), and the samples behind that weight.
+#[derive(Clone, Copy, Debug)]
+struct Shares {
+    weight: f64,
+    samples: u64,
+}
+
+/// `x`'s share of `totals`; in a time profile with its sampling error in percentage
+/// points (a sample lands in the unit with probability p: binomial, √(p(1−p)/n)), which
+/// a CPI profile carries in its CPI column instead.
+fn share(mode: Mode, x: f64, totals: Shares) -> String {
+    share_pm(mode, share_of(x, totals.weight), totals.samples)
+}
+
+/// The share `p` as [`share`] shows it, `samples` behind the whole.
+fn share_pm(mode: Mode, p: f64, samples: u64) -> String {
+    if mode.has_cpi() || samples == 0 {
+        return pct(p);
+    }
+    let se = (p * (1.0 - p) / samples as f64).sqrt() * 100.0;
+    // A share of none or all of the samples has no binomial spread to show.
+    if se < 0.05 {
+        return pct(p);
+    }
+    format!("{} ±{se:.1}", pct(p))
+}
+
 /// The hottest call paths of `procs` (each path's own samples, time or cycles and its
 /// leaf's CPI on it), then the call tree's hottest nodes with inclusive and self CPI
 /// (cpi-user/src/profile/paths.rs). Nothing when no sample carried a stack.
 fn call_paths(mode: Mode, procs: &[&ProcessProfile], opts: &TableOptions) -> String {
     let many = procs.len() > 1;
-    let mut paths: Vec<(&ProcessProfile, &StackProfile)> = procs
+    let folded: Vec<(&ProcessProfile, Vec<StackProfile>)> = procs
         .iter()
-        .flat_map(|pr| pr.stacks.iter().map(move |s| (*pr, s)))
+        .map(|pr| (*pr, paths::folded_paths(&pr.stacks, sample_floor())))
+        .collect();
+    let mut paths: Vec<(&ProcessProfile, &StackProfile)> = folded
+        .iter()
+        .flat_map(|(pr, v)| v.iter().map(move |s| (*pr, s)))
         .collect();
     if paths.is_empty() {
         return String::new();
     }
     paths.sort_by(|a, b| paths::hottest_path_first(a.1, b.1));
-    let total: f64 = paths.iter().map(|(_, s)| paths::weight(s)).sum();
+    let totals = Shares {
+        weight: paths.iter().map(|(_, s)| paths::weight(s)).sum(),
+        samples: paths.iter().map(|(_, s)| s.samples).sum(),
+    };
     let shown = paths.len().min(opts.top);
     let build = |max: usize| {
         let mut h = vec!["path", "share", "samples"];
@@ -473,7 +531,7 @@ fn call_paths(mode: Mode, procs: &[&ProcessProfile], opts: &TableOptions) -> Str
             let text = path_text(many.then_some(pr.comm.as_str()), names);
             let mut row = vec![
                 ellipsize_left(&text, max),
-                pct(share_of(paths::weight(s), total)),
+                share(mode, paths::weight(s), totals),
                 group(s.samples),
             ];
             if mode.has_cpi() {
@@ -490,86 +548,37 @@ fn call_paths(mode: Mode, procs: &[&ProcessProfile], opts: &TableOptions) -> Str
         t
     };
     let mut out = finish(
-        "hottest call paths",
+        "hottest call paths (recursion folded)",
         &fitted(opts.width, build),
         shown,
         paths.len(),
+        opts.width,
     );
-    out.push_str(&call_tree_table(mode, procs, total, opts));
+    out.push_str(&tree::call_tree_table(
+        mode,
+        procs,
+        totals,
+        opts.top * 2,
+        opts.width,
+    ));
     out
-}
-
-/// The call tree's nodes where it branches or code ran (a chain of single callers is
-/// shown once, at its end), hottest inclusive first.
-fn call_tree_table(
-    mode: Mode,
-    procs: &[&ProcessProfile],
-    total: f64,
-    opts: &TableOptions,
-) -> String {
-    let many = procs.len() > 1;
-    let mut nodes: Vec<(&ProcessProfile, PathNode)> = procs
-        .iter()
-        .flat_map(|pr| {
-            paths::call_tree(&pr.stacks)
-                .into_iter()
-                .filter(|n| n.children != 1 || n.own.samples + n.own.branch_samples > 0)
-                .map(move |n| (*pr, n))
-        })
-        .collect();
-    nodes.sort_by(|a, b| b.1.inclusive.weight().total_cmp(&a.1.inclusive.weight()));
-    let shown = nodes.len().min(opts.top);
-    let build = |max: usize| {
-        let mut h = vec!["node", "incl", "self"];
-        if mode.has_cpi() {
-            h.extend(["incl CPI ± error", "self CPI ± error"]);
-        } else {
-            h.push("incl CPU time");
-        }
-        let mut t = new_table(h, 1);
-        for (pr, n) in &nodes[..shown] {
-            let names = n.path.iter().map(|f| f.function.clone());
-            let text = path_text(many.then_some(pr.comm.as_str()), names);
-            let (i, o) = (&n.inclusive, &n.own);
-            let mut row = vec![
-                ellipsize_left(&text, max),
-                pct(share_of(i.weight(), total)),
-                pct(share_of(o.weight(), total)),
-            ];
-            let floor = crate::profile::AnalysisOptions::default().sample_floor;
-            if mode.has_cpi() {
-                row.extend([
-                    cpi(i.cpi(floor), i.samples, inputs(i.cycles, i.instructions)),
-                    cpi(o.cpi(floor), o.samples, inputs(o.cycles, o.instructions)),
-                ]);
-            } else {
-                row.push(i.time_ns.map(time).unwrap_or_else(|| "-".into()));
-            }
-            t.add_row(row);
-        }
-        t
-    };
-    finish(
-        "call tree: inclusive and self",
-        &fitted(opts.width, build),
-        shown,
-        nodes.len(),
-    )
 }
 
 /// `--callers FUNC`: the call paths into FUNC (root down to its outermost call), with
 /// what ran under it there.
 fn callers_table(mode: Mode, procs: &[&ProcessProfile], name: &str, opts: &TableOptions) -> String {
     let many = procs.len() > 1;
-    let total: f64 = procs
-        .iter()
-        .flat_map(|pr| pr.stacks.iter())
-        .map(paths::weight)
-        .sum();
+    let all = || procs.iter().flat_map(|pr| pr.stacks.iter());
+    let totals = Shares {
+        weight: all().map(paths::weight).sum(),
+        samples: all().map(|s| s.samples).sum(),
+    };
+    // Recursion folded: the depths of a recursive sort are one row, not twenty that
+    // read the same once cut to the width.
     let nodes: Vec<(&ProcessProfile, PathNode)> = procs
         .iter()
         .flat_map(|pr| {
-            paths::callers(&pr.stacks, name)
+            paths::callers(&paths::folded_paths(&pr.stacks, sample_floor()), name)
                 .into_iter()
                 .map(move |n| (*pr, n))
         })
@@ -601,14 +610,17 @@ paths into {name}: none ({why})
             let i = &n.inclusive;
             let mut row = vec![
                 ellipsize_left(&text, max),
-                pct(share_of(i.weight(), total)),
+                share(mode, i.weight(), totals),
                 group(i.samples),
             ];
-            let floor = crate::profile::AnalysisOptions::default().sample_floor;
             if mode.has_cpi() {
                 row.extend([
                     opt_si(i.cycles),
-                    cpi(i.cpi(floor), i.samples, inputs(i.cycles, i.instructions)),
+                    cpi(
+                        i.cpi(sample_floor()),
+                        i.samples,
+                        inputs(i.cycles, i.instructions),
+                    ),
                 ]);
             } else {
                 row.push(i.time_ns.map(time).unwrap_or_else(|| "-".into()));
@@ -618,10 +630,11 @@ paths into {name}: none ({why})
         t
     };
     finish(
-        &format!("paths into {name}"),
+        &format!("paths into {name} (recursion folded)"),
         &fitted(opts.width, build),
         shown,
         nodes.len(),
+        opts.width,
     )
 }
 
@@ -666,10 +679,19 @@ pub fn ellipsize(s: &str, max: usize) -> String {
 /// The narrowest a name gets when a table is fitted to the width.
 const MIN_NAME: usize = 5;
 
+/// Names shorter than this lose to a column that says less (the function table's
+/// binary).
+const NARROW_NAME: usize = 16;
+
 /// The table `build` makes, its names at most `max` characters (`usize::MAX` for
-/// whole), with the longest names that keep every line within `width`; where even the
-/// shortest names do not fit, with one space between columns instead of two.
+/// whole), with the longest names that keep every line within `width`; where names
+/// would be cut below [`NARROW_NAME`], with one space between columns instead of two.
 fn fitted(width: Option<usize>, build: impl Fn(usize) -> Table) -> String {
+    fitted_cap(width, build).0
+}
+
+/// [`fitted`], and the cap on names it chose (`usize::MAX`: whole).
+fn fitted_cap(width: Option<usize>, build: impl Fn(usize) -> Table) -> (String, usize) {
     let widest = |t: &str| t.lines().map(|l| l.chars().count()).max().unwrap_or(0);
     let render = |max: usize, tight: bool| {
         let mut t = build(max);
@@ -681,11 +703,14 @@ fn fitted(width: Option<usize>, build: impl Fn(usize) -> Table) -> String {
         t.trim_fmt()
     };
     let whole = render(usize::MAX, false);
-    let Some(width) = width else { return whole };
+    let Some(width) = width else {
+        return (whole, usize::MAX);
+    };
     if widest(&whole) <= width {
-        return whole;
+        return (whole, usize::MAX);
     }
-    let tight = widest(&render(MIN_NAME, false)) > width;
+    // One space between columns where two would leave names shorter than NARROW_NAME.
+    let tight = widest(&render(NARROW_NAME, false)) > width;
     // The longest cap that fits, by bisection (a cap changes one column's width).
     let (mut lo, mut hi) = (MIN_NAME, widest(&whole));
     while lo < hi {
@@ -696,7 +721,7 @@ fn fitted(width: Option<usize>, build: impl Fn(usize) -> Table) -> String {
             hi = mid - 1;
         }
     }
-    render(lo, tight)
+    (render(lo, tight), lo)
 }
 
 fn pct_or_dash(x: Option<f64>) -> String {
@@ -712,18 +737,20 @@ fn accuracy(a: &Accuracy, width: Option<usize>) -> String {
         "  overlap: instruction {:.4}  block {:.4}  function {:.4}  edge {:.4}",
         a.overlap_instruction, a.overlap_block, a.overlap_function, a.overlap_edge
     );
-    let _ = writeln!(
-        s,
-        "  CPI error (functions with >= 2% of cycles): median {}  max {}{}",
-        pct_or_dash(a.cpi_error_median),
-        pct_or_dash(a.cpi_error_max),
-        if a.functions_without_cpi > 0 {
-            format!("  ({} without a CPI estimate)", a.functions_without_cpi)
-        } else {
-            String::new()
-        }
+    s += &indented(
+        &format!(
+            "CPI error (functions with >= 2% of cycles): median {} max {}{}",
+            pct_or_dash(a.cpi_error_median),
+            pct_or_dash(a.cpi_error_max),
+            if a.functions_without_cpi > 0 {
+                format!(" ({} without a CPI estimate)", a.functions_without_cpi)
+            } else {
+                String::new()
+            }
+        ),
+        width,
     );
-    s += &accuracy_header("function");
+    s += &accuracy_header("function", width);
     for f in a.functions.iter().take(15) {
         s += &accuracy_row(
             f.share,
@@ -735,28 +762,30 @@ fn accuracy(a: &Accuracy, width: Option<usize>) -> String {
         );
     }
     if let Some(o) = a.overlap_path {
-        let _ = writeln!(
-            s,
-            "  call paths: instruction overlap {o:.4}; CPI error (paths with >= 2% of cycles): \
-             median {} ({} reported errors)  max {}{}",
-            pct_or_dash(a.path_cpi_error_median),
-            a.path_cpi_errors_reported_median
-                .map_or_else(|| "-".into(), |z| format!("{z:.2}")),
-            pct_or_dash(a.path_cpi_error_max),
-            if a.paths_without_cpi > 0 {
-                format!("  ({} without a CPI estimate)", a.paths_without_cpi)
-            } else {
-                String::new()
-            }
+        s += &indented(
+            &format!(
+                "call paths: instruction overlap {o:.4}; CPI error (paths with >= 2% of \
+                 cycles): median {} ({} reported errors) max {}{}",
+                pct_or_dash(a.path_cpi_error_median),
+                a.path_cpi_errors_reported_median
+                    .map_or_else(|| "-".into(), |z| format!("{z:.2}")),
+                pct_or_dash(a.path_cpi_error_max),
+                if a.paths_without_cpi > 0 {
+                    format!(" ({} without a CPI estimate)", a.paths_without_cpi)
+                } else {
+                    String::new()
+                }
+            ),
+            width,
         );
-        s += &accuracy_header("call path (leaf first)");
+        s += &accuracy_header("call path (leaf first)", width);
         for p in a.paths.iter().take(10) {
             s += &accuracy_row(
                 p.share,
                 p.instructions_true,
                 p.instructions_est,
                 [p.cpi_true, p.cpi_est, p.cpi_error],
-                &p.frames.join(" <- "),
+                &runs(&p.frames).join(" <- "),
                 width,
             );
         }
@@ -765,11 +794,46 @@ fn accuracy(a: &Accuracy, width: Option<usize>) -> String {
 }
 
 /// The column heads of an accuracy table whose units are `what`.
-fn accuracy_header(what: &str) -> String {
+fn accuracy_header(what: &str, width: Option<usize>) -> String {
     format!(
-        "  {:>7} {:>12} {:>12} {:>8} {:>8} {:>7}  {what}\n",
-        "share", "instr true", "instr est", "CPI true", "CPI est", "error"
+        "  {:>7} {:>12} {:>12} {:>8} {:>8} {:>7}  {}\n",
+        "share",
+        "instr true",
+        "instr est",
+        "CPI true",
+        "CPI est",
+        "error",
+        ellipsize(what, accuracy_name_width(width))
     )
+}
+
+/// The room for a name after the accuracy table's columns (63 characters).
+fn accuracy_name_width(width: Option<usize>) -> usize {
+    width.map_or(usize::MAX, |w| w.saturating_sub(63).max(MIN_NAME))
+}
+
+/// `frames` (names) with each run of one name written once, `name ×N`: a path through
+/// twelve levels of a recursive sort reads as one name, and paths that differ in depth
+/// still read differently.
+fn runs(frames: &[String]) -> Vec<String> {
+    let mut out: Vec<(String, usize)> = Vec::new();
+    for f in frames {
+        match out.last_mut() {
+            Some((last, n)) if last == f => *n += 1,
+            _ => out.push((f.clone(), 1)),
+        }
+    }
+    out.into_iter()
+        .map(|(f, n)| if n > 1 { format!("{f} ×{n}") } else { f })
+        .collect()
+}
+
+/// `text` wrapped to `width` two characters in, as the accuracy summary lines are.
+fn indented(text: &str, width: Option<usize>) -> String {
+    wrap(text, width.map(|w| w.saturating_sub(2)))
+        .lines()
+        .map(|l| format!("  {l}\n"))
+        .collect()
 }
 
 /// One unit (function, call path) of an accuracy table: CPI true, estimated, error.
@@ -790,11 +854,7 @@ fn accuracy_row(
         cpi(cpi_true),
         cpi(cpi_est),
         pct_or_dash(error),
-        // The columns before the name take 66 characters.
-        ellipsize(
-            name,
-            width.map_or(usize::MAX, |w| w.saturating_sub(66).max(MIN_NAME))
-        )
+        ellipsize(name, accuracy_name_width(width))
     )
 }
 
@@ -958,12 +1018,14 @@ fn new_table(header: Vec<&str>, right_from: usize) -> Table {
     t
 }
 
-fn finish(title: &str, table: &str, shown: usize, total: usize) -> String {
-    let mut s = format!("\n{title}");
+/// A table under its title (wrapped to `width`), saying when it shows only the top
+/// `shown` of `total` rows.
+fn finish(title: &str, table: &str, shown: usize, total: usize, width: Option<usize>) -> String {
+    let mut title = title.to_string();
     if shown < total {
-        let _ = write!(s, " (top {shown} of {total})");
+        let _ = write!(title, " (top {shown} of {total})");
     }
-    s.push('\n');
+    let mut s = format!("\n{}", wrap(&title, width));
     s.push_str(table);
     s.push('\n');
     s
@@ -976,18 +1038,22 @@ fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOption
         return "\nno functions with samples\n".to_string();
     }
     sort_rows(mode, &mut rows, opts.sort);
+    let samples = rows.iter().map(|r| r.f.samples).sum();
     let total = rows.len();
     let shown = total.min(opts.top);
     let rows = &rows[..shown];
     let timed = rows.iter().any(|r| r.f.timed_cpi.is_some());
-    let build = |max: usize| {
-        let mut h = vec!["function", "binary"];
+    let build = |max: usize, binary: bool| {
+        let mut h = vec!["function"];
+        if binary {
+            h.push("binary");
+        }
         if procs {
             h.extend(["comm", "pid"]);
         }
         let first_number = h.len();
         if mode.has_cpi() {
-            h.extend(["cycles", "instructions", "CPI ± error"]);
+            h.extend(["cycles", "instrs", "CPI ± error"]);
             if timed {
                 h.push("timed CPI");
             }
@@ -998,7 +1064,10 @@ fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOption
         let mut t = new_table(h, first_number);
         for r in rows {
             let f = r.f;
-            let mut row = vec![ellipsize(&f.name, max), ellipsize(&base(&f.binary), max)];
+            let mut row = vec![ellipsize(&f.name, max)];
+            if binary {
+                row.push(ellipsize(&base(&f.binary), max));
+            }
             if procs {
                 row.extend([ellipsize(or_unknown(r.comm), max), r.pid.clone()]);
             }
@@ -1020,7 +1089,7 @@ fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOption
                 row.extend([
                     group(f.samples),
                     f.time_ns.map(time).unwrap_or_else(|| "-".into()),
-                    pct(r.share),
+                    share_pm(mode, r.share, samples),
                 ]);
             }
             t.add_row(row);
@@ -1036,7 +1105,14 @@ fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOption
         Some((name, _)) if opts.sort != SortKey::Share => format!("{title}, sorted by {name}"),
         _ => title.to_string(),
     };
-    finish(&title, &fitted(opts.width, build), shown, total)
+    // On a narrow terminal the binary column goes before names shrink below
+    // NARROW_NAME characters (`disp…` says nothing).
+    let (mut table, cap) = fitted_cap(opts.width, |max| build(max, true));
+    if cap < NARROW_NAME {
+        table = fitted(opts.width, |max| build(max, false));
+        table.push_str("\nbinaries left out to fit the width (a wider terminal shows them)");
+    }
+    finish(&title, &table, shown, total, opts.width)
 }
 
 /// A process that exited before it was first looked at has no name.
@@ -1148,7 +1224,13 @@ fn hot_blocks(mode: Mode, fns: &[&FunctionProfile], top: usize, width: Option<us
             t
         }
     };
-    finish("hot blocks", &fitted(width, build), shown, blocks.len())
+    finish(
+        "hot blocks",
+        &fitted(width, build),
+        shown,
+        blocks.len(),
+        width,
+    )
 }
 
 /// Callers (←) and callees (→) of each function of `focus` that has any, with the
@@ -1325,24 +1407,38 @@ fn call_graph(
     )
 }
 
-fn annotate(
-    p: &Profile,
-    name: &str,
-    width: Option<usize>,
-    out: &mut String,
-) -> Result<(), TableError> {
-    let mut found = false;
-    for proc in &p.processes {
-        for f in proc.functions.iter().filter(|f| f.is_named(name)) {
-            found = true;
-            out.push('\n');
-            out.push_str(&annotate_function(p.mode, proc, f, width));
-        }
+/// The full name `asked` stands for: itself where a function (by name or symbol) or a
+/// call path's frame has it, else the one function whose short name it is
+/// (names.rs). A short name of several functions is refused with their full names (the
+/// error's `similar`), as an unknown name is with the names that resemble it.
+fn resolve(p: &Profile, asked: &str) -> Result<String, TableError> {
+    let functions = || p.processes.iter().flat_map(|pr| &pr.functions);
+    let frames = || {
+        p.processes
+            .iter()
+            .flat_map(|pr| &pr.stacks)
+            .flat_map(|s| &s.frames)
+            .map(|f| f.function.as_str())
+    };
+    if functions().any(|f| f.is_named(asked)) || frames().any(|f| f == asked) {
+        return Ok(asked.to_string());
     }
-    if found {
-        return Ok(());
+    let mut full: Vec<String> = functions()
+        .map(|f| f.name.as_str())
+        .chain(frames())
+        .filter(|n| names::is_short_for(asked, n))
+        .map(str::to_string)
+        .collect();
+    full.sort();
+    full.dedup();
+    match full.len() {
+        0 => Err(no_such_function(p, asked)),
+        1 => Ok(full.remove(0)),
+        _ => Err(TableError::NoSuchFunction {
+            name: asked.to_string(),
+            similar: full,
+        }),
     }
-    Err(no_such_function(p, name))
 }
 
 /// The error for a `name` the profile has no function of, with names that contain it.
@@ -1362,193 +1458,6 @@ fn no_such_function(p: &Profile, name: &str) -> TableError {
         name: name.to_string(),
         similar,
     }
-}
-
-fn annotate_function(
-    mode: Mode,
-    proc: &ProcessProfile,
-    f: &FunctionProfile,
-    width: Option<usize>,
-) -> String {
-    let mut s = format!(
-        "{} [{}] pid {} ({}): {}, {} bytes, {} samples",
-        f.name,
-        f.binary,
-        proc.pid,
-        proc.comm,
-        range(f.address, f.address + f.size),
-        f.size,
-        group(f.samples)
-    );
-    if mode.has_cpi() {
-        let _ = write!(
-            s,
-            ", {} cycles, {} instructions, CPI {}",
-            opt_si(f.cycles),
-            opt_si(f.instructions),
-            cpi(f.cpi, f.samples, inputs(f.cycles, f.instructions))
-        );
-    } else if let Some(t) = f.time_ns {
-        let _ = write!(s, ", {} CPU", time(t));
-    }
-    if let Some(src) = &f.source {
-        // Source paths come from the binary, not escaped with the rest of the profile.
-        let _ = write!(s, ", source {}:{}", escape(&src.file), src.line);
-    }
-    let mut s = wrap(&s, width);
-    if f.lines.is_empty() {
-        s.push_str("no per-instruction data for this function\n");
-        return s;
-    }
-    // Hottest instruction: most cycles, or most samples in a time profile, or the most
-    // executed when neither was sampled.
-    let key = |l: &crate::profile::model::InstructionProfile| {
-        if mode.has_cpi() {
-            (l.cycles.unwrap_or(0.0), l.count)
-        } else {
-            (l.samples as f64, l.count)
-        }
-    };
-    let hottest = f
-        .lines
-        .iter()
-        .max_by(|a, b| {
-            let (a0, a1) = key(a);
-            let (b0, b1) = key(b);
-            a0.total_cmp(&b0).then(a1.total_cmp(&b1))
-        })
-        .filter(|l| {
-            let (k0, k1) = key(l);
-            k0 > 0.0 || k1 > 0.0
-        })
-        .map(|l| l.address);
-    let block_at = |addr: u64| f.blocks.iter().find(|b| b.start == addr);
-    let sources = source_rows(&f.lines);
-    let build = |max: usize| {
-        if mode.has_cpi() {
-            let mut t = new_table(
-                vec![
-                    "",
-                    "address",
-                    "count",
-                    "samples",
-                    "cycles",
-                    "CPI",
-                    "block CPI",
-                    "instruction",
-                ],
-                2,
-            );
-            if let Some(c) = t.column_mut(7) {
-                c.set_cell_alignment(CellAlignment::Left);
-            }
-            for (l, src) in f.lines.iter().zip(&sources) {
-                if let Some(src) = src {
-                    let mut row = vec![String::new(); 7];
-                    row.push(ellipsize(src, max));
-                    t.add_row(row);
-                }
-                t.add_row(vec![
-                    marker(hottest == Some(l.address)),
-                    format!("{:x}", l.address),
-                    si(l.count),
-                    group(l.samples),
-                    opt_si(l.cycles),
-                    cpi(l.cpi, l.samples, l.cycles.is_some()),
-                    block_at(l.address)
-                        .map(|b| cpi(b.cpi, b.samples, b.cycles.is_some()))
-                        .unwrap_or_default(),
-                    ellipsize(&l.text, max),
-                ]);
-            }
-            t
-        } else {
-            let mut t = new_table(vec!["", "address", "samples", "share", "instruction"], 2);
-            if let Some(c) = t.column_mut(4) {
-                c.set_cell_alignment(CellAlignment::Left);
-            }
-            let total: u64 = f.lines.iter().map(|l| l.samples).sum();
-            for (l, src) in f.lines.iter().zip(&sources) {
-                if let Some(src) = src {
-                    let mut row = vec![String::new(); 4];
-                    row.push(ellipsize(src, max));
-                    t.add_row(row);
-                }
-                let share = if total > 0 {
-                    pct(l.samples as f64 / total as f64)
-                } else {
-                    "-".into()
-                };
-                t.add_row(vec![
-                    marker(hottest == Some(l.address)),
-                    format!("{:x}", l.address),
-                    group(l.samples),
-                    share,
-                    ellipsize(&l.text, max),
-                ]);
-            }
-            t
-        }
-    };
-    s.push_str(&fitted(width, build));
-    s.push('\n');
-    if hottest.is_some() {
-        s.push_str("▶ hottest instruction\n");
-    }
-    s
-}
-
-/// Per instruction, the source line to show above it when it starts a new one (as perf
-/// annotate interleaves source): `file:line` by the file's last component, then the
-/// line's text when the source file is readable here.
-fn source_rows(lines: &[crate::profile::model::InstructionProfile]) -> Vec<Option<String>> {
-    let mut files: HashMap<&str, Option<Vec<String>>> = HashMap::new();
-    let mut last = None;
-    lines
-        .iter()
-        .map(|l| {
-            let src = l.source.as_ref()?;
-            if last == Some(src) {
-                return None;
-            }
-            last = Some(src);
-            let name = Path::new(&src.file).file_name()?.to_string_lossy();
-            let text = files
-                .entry(&src.file)
-                .or_insert_with(|| read_source(Path::new(&src.file)))
-                .as_ref()
-                .and_then(|t| t.get(src.line.checked_sub(1)? as usize))
-                .map(|t| format!("  {}", escape(t.trim())))
-                .unwrap_or_default();
-            Some(format!("{}:{}{text}", escape(&name), src.line))
-        })
-        .collect()
-}
-
-/// A source file's lines, when it can be read safely (cpi-user/src/fsafe/mod.rs): a
-/// regular file, never blocking, at most 16 MiB; as root, one the profile's user could
-/// read (a refusal is said: the caller asks once per file).
-fn read_source(path: &Path) -> Option<Vec<String>> {
-    let mut text = Vec::new();
-    let f = match crate::fsafe::open(path) {
-        Ok(f) => f,
-        Err(e @ crate::fsafe::OpenError::NotReadable { .. }) => {
-            log::warn!("{e}");
-            return None;
-        }
-        Err(_) => return None,
-    };
-    f.take(16 << 20).read_to_end(&mut text).ok()?;
-    Some(
-        String::from_utf8_lossy(&text)
-            .lines()
-            .map(str::to_string)
-            .collect(),
-    )
-}
-
-fn marker(hot: bool) -> String {
-    if hot { "▶" } else { "" }.to_string()
 }
 
 /// `value ±err%`; "below floor" when both inputs were measured but too few samples

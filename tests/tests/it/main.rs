@@ -34,6 +34,7 @@ mod report_import;
 mod report_otlp;
 mod report_pprof;
 mod report_tables;
+mod report_tree;
 mod simulate;
 mod simulate_bench;
 mod simulate_exec;

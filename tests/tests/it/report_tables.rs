@@ -163,9 +163,10 @@ fn processes_are_one_list_with_comm_and_pid() {
         "{out}"
     );
     // The two processes of one name hold 2/3 of the time: the shares add up to 100 %.
+    // (The share is the last percentage; its sampling error follows it.)
     let share = |row: &str| -> f64 {
         row.split_whitespace()
-            .last()
+            .rfind(|s| s.ends_with('%'))
             .and_then(|s| s.trim_end_matches('%').parse().ok())
             .unwrap()
     };
