@@ -18,7 +18,7 @@ use crate::profile::model::{
 };
 use crate::profile::paths::{self, PathNode};
 
-mod annotate;
+pub(crate) mod annotate;
 pub mod names;
 mod tree;
 

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{colour, flame, Graph, CODE_FUNCTIONS, TABLE_ROWS};
 use crate::profile::model::{FunctionProfile, InstructionProfile, ProcessProfile, Profile};
-use crate::report::table::{si, time};
+use crate::report::table::{annotate, si, time};
 use flame::Width;
 
 /// An amount of the width measure, as the page writes it.
@@ -305,8 +305,8 @@ fn code_rows(pr: &ProcessProfile, f: &FunctionProfile, cpi: bool) -> Vec<CodeRow
         .map(|l| l.address);
     let mut rows = Vec::new();
     let mut last_source = None;
-    let mut prev: Option<u64> = None;
-    for l in &f.lines {
+    let gaps = annotate::gaps(&f.lines, &f.blocks);
+    for (l, gap) in f.lines.iter().zip(gaps) {
         if let Some(b) = f.blocks.iter().find(|b| b.start == l.address) {
             let est = b.cpi.filter(|_| cpi);
             rows.push(CodeRow {
@@ -323,15 +323,13 @@ fn code_rows(pr: &ProcessProfile, f: &FunctionProfile, cpi: bool) -> Vec<CodeRow
                 cpi_fill: colour::frame(cpi, est.map(|e| e.value)),
                 ..CodeRow::default()
             });
-        } else if prev.is_some_and(|a| l.address > a + 15) {
-            // Longer than any x86 instruction: something between was not recorded.
+        } else if gap {
             rows.push(CodeRow {
                 kind: "gap",
                 text: "⋯".into(),
                 ..CodeRow::default()
             });
         }
-        prev = Some(l.address);
         if let Some(src) = &l.source {
             let here = format!("{}:{}", base(&src.file), src.line);
             if last_source.as_ref() != Some(&here) {
@@ -375,27 +373,15 @@ fn instruction_row(
     }
 }
 
-/// An instruction's text with a branch target written as perf writes it,
-/// `jne 11e0 <leaf+0x20>`, where the target is in a function of the profile.
+/// An instruction's text with a branch target named as perf names it,
+/// `jne 11e0 <leaf+0x20>` (the terminal's annotate does the same).
 fn jump_targets(text: &str, pr: &ProcessProfile, f: &FunctionProfile) -> String {
-    let Some((op, target)) = text.rsplit_once(' ') else {
-        return text.to_string();
-    };
-    let Some(hex) = target.strip_suffix('h') else {
-        return text.to_string();
-    };
-    let Ok(addr) = u64::from_str_radix(hex, 16) else {
-        return text.to_string();
-    };
-    let within = |g: &&FunctionProfile| {
-        g.binary == f.binary && (g.address..g.address + g.size.max(1)).contains(&addr)
-    };
-    match std::iter::once(f).chain(&pr.functions).find(within) {
-        Some(g) if !op.contains('[') => {
-            format!("{op} {addr:x} <{}+{:#x}>", g.name, addr - g.address)
-        }
-        _ => text.to_string(),
-    }
+    annotate::named_target(text, |addr| {
+        pr.functions
+            .iter()
+            .find(|g| g.binary == f.binary && g.address <= addr && addr < g.address + g.size)
+            .map(|g| (g.name.as_str(), g.address))
+    })
 }
 
 /// One calls-only edge (from branch records).
@@ -428,43 +414,4 @@ pub fn call_edges(p: &Profile) -> Vec<EdgeRow> {
         .collect();
     all.sort_by(|a, b| b.0.total_cmp(&a.0));
     all.into_iter().take(100).map(|(_, e)| e).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn function(name: &str, address: u64, size: u64) -> FunctionProfile {
-        serde_json::from_value(serde_json::json!({
-            "name": name, "binary": "/bin/x", "address": address, "size": size,
-            "samples": 0, "share": 0.0, "blocks": [], "edges": [], "lines": [],
-        }))
-        .expect("a function")
-    }
-
-    #[test]
-    fn jump_targets_name_their_function_and_offset() {
-        let leaf = function("leaf", 0x11c0, 0x40);
-        let mut pr: ProcessProfile = serde_json::from_value(serde_json::json!({
-            "pid": 1, "comm": "x", "samples": 0, "functions": [],
-        }))
-        .expect("a process");
-        pr.functions = vec![function("main", 0x1200, 0x80), leaf.clone()];
-        assert_eq!(
-            jump_targets("jne 00000000000011E0h", &pr, &leaf),
-            "jne 11e0 <leaf+0x20>"
-        );
-        assert_eq!(
-            jump_targets("call 0000000000001200h", &pr, &leaf),
-            "call 1200 <main+0x0>"
-        );
-        assert_eq!(
-            jump_targets("jmp 0000000000009000h", &pr, &leaf),
-            "jmp 0000000000009000h"
-        );
-        assert_eq!(
-            jump_targets("mov eax,[rip+10h]", &pr, &leaf),
-            "mov eax,[rip+10h]"
-        );
-    }
 }

@@ -141,7 +141,7 @@ const MAX_INSTRUCTION: u64 = 15;
 /// holds no instruction lengths: a gap is certain where the line before ends a basic
 /// block that stops short of this line, or where the two lie further apart than the
 /// longest instruction; shorter gaps outside blocks go unmarked.
-fn gaps(lines: &[InstructionProfile], blocks: &[BlockProfile]) -> Vec<bool> {
+pub(crate) fn gaps(lines: &[InstructionProfile], blocks: &[BlockProfile]) -> Vec<bool> {
     let mut out = vec![false; lines.len()];
     for (i, w) in lines.windows(2).enumerate() {
         let (a, b) = (w[0].address, w[1].address);
@@ -234,7 +234,10 @@ fn instruction_table(
 /// `text` with a direct branch's target written as perf annotate writes it,
 /// `jne 11e0 <leaf+0x20>`, for the disassembler's `jne short 00000000000011E0h` (or
 /// `0x11e0`): `function_at` gives the name and start of the function holding an address.
-fn named_target<'a>(text: &str, function_at: impl Fn(u64) -> Option<(&'a str, u64)>) -> String {
+pub(crate) fn named_target<'a>(
+    text: &str,
+    function_at: impl Fn(u64) -> Option<(&'a str, u64)>,
+) -> String {
     let mut words: Vec<&str> = text.split(' ').collect();
     let branch = words
         .first()
