@@ -37,6 +37,7 @@ use crate::profile::merge::{retain_processes, MergeError, Merger};
 use crate::profile::{AnalysisOptions, Profile};
 use crate::progress;
 use crate::report::file;
+use crate::report::html::series::WindowTotals;
 
 /// `--store` default (systemd's `StateDirectory=cpi-bpf`).
 pub const DEFAULT_DIR: &str = "/var/lib/cpi-bpf";
@@ -336,6 +337,8 @@ pub struct RangeProfile {
     pub skipped_unnamed: u64,
     /// Older windows left out of the index ([`MAX_INDEX`]).
     pub not_indexed: u64,
+    /// Each merged window's totals per comm, oldest first (the HTML report's chart).
+    pub series: Vec<WindowTotals>,
 }
 
 /// Unreadable windows named one by one, at most; the rest are counted.
@@ -352,6 +355,7 @@ pub fn read_range(dir: &Path, q: &RangeQuery) -> Result<RangeProfile, StoreError
     let mut merger = Merger::new(AnalysisOptions::default().sample_floor);
     let (mut skipped, mut skipped_unnamed) = (Vec::new(), 0);
     let (mut first, mut last, mut n) = (None, None, 0);
+    let mut series = Vec::new();
     let shown = progress::stage(
         "merging",
         Some(in_range.len() as u64),
@@ -378,6 +382,7 @@ pub fn read_range(dir: &Path, q: &RangeQuery) -> Result<RangeProfile, StoreError
             dir: dir.to_path_buf(),
             source,
         })?;
+        series.push(WindowTotals::of(&p, w.start, w.end));
         first.get_or_insert(w.start);
         last = Some(w.end);
         n += 1;
@@ -406,6 +411,7 @@ pub fn read_range(dir: &Path, q: &RangeQuery) -> Result<RangeProfile, StoreError
         skipped,
         skipped_unnamed,
         not_indexed,
+        series,
     })
 }
 

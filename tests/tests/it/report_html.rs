@@ -230,6 +230,63 @@ fn html_of_a_simulated_profile_in_chromium() {
         "hottest instruction marked"
     );
     assert!(section.contains(r#"<tr class="block">"#), "blocks outlined");
+
+    assert_store_range_chart(&dir, &json, &profile);
+}
+
+/// `report --store DIR --format html`: the page charts each window's cycles per second
+/// and CPI per comm. Two windows of the same profile, 1 s and 2 s long: the line's
+/// values are the process's cycles over each window's length, its CPI the process's.
+fn assert_store_range_chart(dir: &Path, json: &Path, profile: &Value) {
+    use std::io::Write;
+    let store = dir.join("store");
+    std::fs::create_dir(&store).unwrap();
+    std::fs::set_permissions(&store, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    for window in ["w-1000-2000.json.gz", "w-3000-5000.json.gz"] {
+        let mut gz = flate2::write::GzEncoder::new(
+            std::fs::File::create(store.join(window)).unwrap(),
+            flate2::Compression::fast(),
+        );
+        gz.write_all(&std::fs::read(json).unwrap()).unwrap();
+        gz.finish().unwrap();
+    }
+    let page = dir.join("range.html");
+    output_ok(
+        Command::new(cpi_bpf())
+            .args(["report", "--quiet", "--format", "html", "-o"])
+            .arg(&page)
+            .arg("--store")
+            .arg(&store),
+    );
+    let v = visit(&page, None).unwrap();
+    let line = |class: &str| {
+        let at = v
+            .dom
+            .find(&format!(r#"class="series {class}""#))
+            .unwrap_or_else(|| panic!("no {class} chart"));
+        let values =
+            regex::Regex::new(r#"<polyline data-comm="sim_mix" data-values="([^"]*)""#).unwrap();
+        let c = values.captures(&v.dom[at..]).expect("a sim_mix line");
+        c[1].split(',')
+            .map(|x| x.parse::<f64>().unwrap())
+            .collect::<Vec<f64>>()
+    };
+    let process = &profile["processes"][0];
+    let cycles = process["cycles"].as_f64().unwrap();
+    let cpi = process["cpi"]["value"].as_f64().unwrap();
+    let (cpu, cpis) = (line("cpu"), line("cpi"));
+    assert_eq!(cpu.len(), 2, "{cpu:?}");
+    assert!(
+        (cpu[0] - cycles).abs() <= 1e-5 * cycles,
+        "{cpu:?} vs {cycles}"
+    );
+    assert!(
+        (cpu[1] - cycles / 2.0).abs() <= 1e-5 * cycles,
+        "{cpu:?} vs {cycles}/2"
+    );
+    for c in cpis {
+        assert!((c - cpi).abs() <= 1e-5 * cpi, "{c} vs {cpi}");
+    }
 }
 
 /// A time profile: frames as wide as their CPU time, one neutral colour and the page

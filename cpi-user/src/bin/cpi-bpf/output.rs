@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use clap::ValueEnum;
 use cpi_user::profile::Profile;
+use cpi_user::report::html::series::WindowTotals;
 use cpi_user::report::{fdata, file, folded, html, otlp, pprof, table};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -166,8 +167,18 @@ fn format_name(f: Format) -> String {
 /// profile is saved as JSON in the temporary directory (or the current one) and the
 /// error names that file: nothing collected is lost.
 pub fn emit(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> {
+    emit_range(profile, &[], args)
+}
+
+/// [`emit`] of a profile merged from a store range: the HTML page charts `series`, the
+/// windows' totals.
+pub fn emit_range(
+    profile: &Profile,
+    series: &[WindowTotals],
+    args: &OutputArgs,
+) -> anyhow::Result<()> {
     validate(args)?;
-    render_and_write(profile, args)
+    render_and_write(profile, series, args)
 }
 
 /// [`write_out`]; on failure the profile is saved elsewhere and the error says where.
@@ -243,7 +254,11 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
-fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> {
+fn render_and_write(
+    profile: &Profile,
+    series: &[WindowTotals],
+    args: &OutputArgs,
+) -> anyhow::Result<()> {
     match args.format() {
         Format::Table => {
             let opts = table::TableOptions {
@@ -296,7 +311,7 @@ fn render_and_write(profile: &Profile, args: &OutputArgs) -> anyhow::Result<()> 
         Format::Html => write_saving(
             profile,
             args.output.as_deref(),
-            html::render(profile)?.as_bytes(),
+            html::render_range(profile, series)?.as_bytes(),
         ),
         Format::Otlp => write_saving(profile, args.output.as_deref(), &otlp::encode(profile)),
         Format::Folded => write_saving(

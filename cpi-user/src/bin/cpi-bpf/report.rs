@@ -8,7 +8,7 @@ use cpi_user::fsafe::escape;
 use cpi_user::profile::Profile;
 use cpi_user::report::file;
 
-use crate::output::{emit, OutputArgs};
+use crate::output::{emit, emit_range, OutputArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -45,7 +45,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             until: args.until,
             comm: args.comm,
         };
-        emit(&read_store(&dir, &q)?, &args.output)?;
+        let r = read_store_range(&dir, &q)?;
+        emit_range(&r.profile, &r.series, &args.output)?;
         return Ok(0);
     };
     let input = crate::open_recording(&file, Vec::new(), Vec::new())?;
@@ -62,6 +63,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 /// The merged windows of `dir` that `q` selects, saying on stderr what was skipped and
 /// what was merged (`report --store`, `diff --store`).
 pub fn read_store(dir: &Path, q: &store::RangeQuery) -> anyhow::Result<Profile> {
+    Ok(read_store_range(dir, q)?.profile)
+}
+
+/// [`read_store`], with each window's totals.
+fn read_store_range(dir: &Path, q: &store::RangeQuery) -> anyhow::Result<store::RangeProfile> {
     let r = store::read_range(dir, q)?;
     for (path, why) in &r.skipped {
         let line = format!("skipped {}: {why}", path.display());
@@ -87,7 +93,7 @@ pub fn read_store(dir: &Path, q: &store::RangeQuery) -> anyhow::Result<Profile> 
         humantime::format_rfc3339_seconds(r.last_end),
         dir.display()
     );
-    Ok(r.profile)
+    Ok(r)
 }
 
 /// `--since`/`--until`: an RFC 3339 time (`2026-11-23T02:00:00Z`), `@UNIX_SECONDS`, or

@@ -15,6 +15,7 @@ mod code;
 pub mod colour;
 mod diff;
 pub mod flame;
+pub mod series;
 
 pub use diff::render_diff;
 
@@ -55,6 +56,12 @@ const STYLE: &str = include_str!("page.css");
 
 /// The HTML page of `p`.
 pub fn render(p: &Profile) -> Result<String, HtmlError> {
+    render_range(p, &[])
+}
+
+/// The HTML page of `p`, merged from the windows of a store range whose totals are
+/// `series` (charted over time).
+pub fn render_range(p: &Profile, series: &[series::WindowTotals]) -> Result<String, HtmlError> {
     let width = Width::of(p);
     let cpi = flame::has_cpi(p);
     let floor = AnalysisOptions::default().sample_floor;
@@ -80,6 +87,7 @@ pub fn render(p: &Profile) -> Result<String, HtmlError> {
         functions => functions,
         code => code,
         calls => code::call_edges(p),
+        chart => series::Chart::of(series),
         script => SCRIPT,
         style => STYLE,
     })?;
