@@ -484,7 +484,7 @@ fn share(mode: Mode, x: f64, totals: Shares) -> String {
 }
 
 /// The share `p` as [`share`] shows it, `samples` behind the whole.
-fn share_pm(mode: Mode, p: f64, samples: u64) -> String {
+pub(crate) fn share_pm(mode: Mode, p: f64, samples: u64) -> String {
     if mode.has_cpi() || samples == 0 {
         return pct(p);
     }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{colour, flame, Graph, CODE_FUNCTIONS, TABLE_ROWS};
 use crate::profile::model::{FunctionProfile, InstructionProfile, ProcessProfile, Profile};
-use crate::report::table::{annotate, si, time};
+use crate::report::table::{annotate, share_pm, si, time};
 use flame::Width;
 
 /// An amount of the width measure, as the page writes it.
@@ -141,6 +141,8 @@ pub struct FunctionRow {
     binary: String,
     samples: u64,
     share: f64,
+    /// The share as the tables write it, with its sampling error in a time profile.
+    share_text: String,
     amount: String,
     width: f64,
     instructions: Option<f64>,
@@ -158,6 +160,7 @@ pub fn table_rows(p: &Profile, width: Width, cpi: bool, total: f64) -> Vec<Funct
         .enumerate()
         .map(|(id, k)| (k, id))
         .collect();
+    let all_samples: u64 = p.processes.iter().map(|pr| pr.samples).sum();
     let mut rows: Vec<FunctionRow> = p
         .processes
         .iter()
@@ -179,6 +182,11 @@ pub fn table_rows(p: &Profile, width: Width, cpi: bool, total: f64) -> Vec<Funct
                 binary: base(&f.binary).to_string(),
                 samples: f.samples,
                 share: if total > 0.0 { w / total } else { 0.0 },
+                share_text: share_pm(
+                    p.mode,
+                    if total > 0.0 { w / total } else { 0.0 },
+                    all_samples,
+                ),
                 amount: amount(width, w),
                 width: w,
                 instructions: f.instructions.filter(|_| cpi),
