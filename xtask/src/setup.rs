@@ -21,7 +21,8 @@ use anyhow::{bail, Context};
 /// prometheus (the server that scrapes the agent in tests/tests/agent_sinks.rs),
 /// qemu-system-x86 and busybox-static (the kernel matrix, tests/tests/it/kernels.rs),
 /// python3-venv (the Kubernetes schema validator's venv, [`k8s_validator`]), time (GNU
-/// time: a child's own peak RSS, tests/tests/it/hostile.rs).
+/// time: a child's own peak RSS, tests/tests/it/hostile.rs), bpftool (the kernel's own
+/// run time of the agent's programs, tests/tests/it/agent_cost.rs).
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -37,9 +38,8 @@ const PACKAGES: &[&str] = &[
     "busybox-static",
     "python3-venv",
     "time",
+    "bpftool",
 ];
-/// Installed when the archive has them (benchmarks only).
-const OPTIONAL_PACKAGES: &[&str] = &["bpftool"];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const NIGHTLY: &str = "nightly";
@@ -86,17 +86,6 @@ fn installed(pkg: &str) -> bool {
         })
 }
 
-fn available(pkg: &str) -> bool {
-    Command::new("apt-cache")
-        .args(["policy", pkg])
-        .output()
-        .is_ok_and(|o| {
-            let t = String::from_utf8_lossy(&o.stdout);
-            t.lines()
-                .any(|l| l.trim().starts_with("Candidate:") && !l.contains("(none)"))
-        })
-}
-
 /// Runs `cmd` as root: directly when we are root, else through sudo.
 fn as_root(program: &str) -> Command {
     if is_root() {
@@ -113,28 +102,13 @@ fn is_root() -> bool {
 }
 
 fn apt_packages() -> anyhow::Result<()> {
-    let mut missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
-    let optional: Vec<&str> = OPTIONAL_PACKAGES
-        .iter()
-        .copied()
-        .filter(|p| !installed(p))
-        .collect();
-    if missing.is_empty() && optional.is_empty() {
+    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
         println!("setup: Debian packages present");
         return Ok(());
     }
     println!("setup: apt-get update");
     status(as_root("apt-get").args(["update", "-qq"]))?;
-    for p in optional {
-        if available(p) {
-            missing.push(p);
-        } else {
-            println!("setup: {p} is not in the archive here; skipped (benchmarks only)");
-        }
-    }
-    if missing.is_empty() {
-        return Ok(());
-    }
     println!("setup: apt-get install {}", missing.join(" "));
     status(
         as_root("apt-get")

@@ -222,6 +222,20 @@ impl Governor {
         }
     }
 
+    /// One line for the log: the starting rate and why.
+    pub fn start_line(&self, cpus: usize) -> String {
+        format!(
+            "governor: starting at {} Hz, {:.0} % of the {} % budget with {cpus} CPUs busy at \
+             {} µs a sample (then within {}-{} Hz as measured)",
+            self.hz,
+            100.0 * TARGET,
+            100.0 * self.budget,
+            PRIOR_SAMPLE_COST.as_micros(),
+            self.min_hz,
+            self.max_hz
+        )
+    }
+
     /// The sampling frequency to run at now, Hz.
     pub fn frequency(&self) -> u64 {
         self.hz
@@ -419,7 +433,13 @@ mod tests {
         assert_eq!(start_frequency(0.5, 19, 999, 16), 31);
         assert_eq!(start_frequency(0.5, 19, 999, 192), 19, "the floor");
         assert_eq!(start_frequency(50.0, 19, 999, 2), 999, "the ceiling");
-        assert_eq!(Governor::new(0.5, 19, 999, 2).frequency(), 250);
+        let g = Governor::new(0.5, 19, 999, 2);
+        assert_eq!(g.frequency(), 250);
+        assert_eq!(
+            g.start_line(2),
+            "governor: starting at 250 Hz, 80 % of the 0.5 % budget with 2 CPUs busy at 8 µs \
+             a sample (then within 19-999 Hz as measured)"
+        );
     }
 
     /// Seeds of the noise each scripted run is tried with.

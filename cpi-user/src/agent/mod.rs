@@ -273,14 +273,16 @@ impl Agent {
     pub fn new(config: AgentConfig, log: Log) -> Result<Agent, StartError> {
         sys::one_heap_arena();
         let sinks = Sinks::start(&config)?;
+        let cpus = collect::target::online_cpus().len();
         let governor = Governor::new(
             config.overhead_budget_pct,
             config.min_frequency,
             config.frequency,
-            collect::target::online_cpus().len(),
+            cpus,
         );
         let opts = collect_options(&config, governor.frequency());
         let mut session = Session::open(&opts, &mut |m| log(Level::Info, m.full))?;
+        log(Level::Info, &governor.start_line(cpus));
         let kubelet = config
             .kubelet_url
             .as_deref()
