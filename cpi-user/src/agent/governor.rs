@@ -107,6 +107,9 @@ pub struct Judgement {
     pub to: u64,
     /// The rate the budget wanted before the step bounds, floor and ceiling, Hz.
     pub wanted: f64,
+    /// The dead band applied: [`DEAD_BAND`], or [`SETTLING_BAND`] while the estimate
+    /// is young.
+    pub band: f64,
 }
 
 impl Judgement {
@@ -126,8 +129,11 @@ impl fmt::Display for Judgement {
             self.span_pct, self.span_s, self.from, self.smoothed_pct, self.budget_pct
         )?;
         let from = self.from as f64;
-        let why = if self.wanted <= from * DEAD_BAND && self.wanted >= from / DEAD_BAND {
-            "within the dead band".to_string()
+        let why = if self.wanted <= from * self.band && self.wanted >= from / self.band {
+            format!(
+                "within the dead band of ±{:.0} %",
+                100.0 * (self.band - 1.0)
+            )
         } else if self.wanted.round() as u64 == self.to {
             format!("to spend {:.0} % of the budget", 100.0 * TARGET)
         } else if self.to > self.from && self.to >= (from * MAX_RAISE).round() as u64 {
@@ -222,7 +228,7 @@ impl Governor {
             max_hz,
             hz: start_frequency(budget_pct, min_hz, max_hz, cpus),
             last: None,
-            skip: SPAN.as_secs_f64(),
+            skip: full_span(),
             span_cost: 0.0,
             span_wall: 0.0,
             per_hz: Estimate::default(),
@@ -277,8 +283,8 @@ impl Governor {
             self.span_wall += wall;
         }
         let over = self.span_cost / self.span_wall > CLEARLY_OVER * self.budget;
-        let due = self.span_wall >= SPAN.as_secs_f64()
-            || (over && self.span_wall >= URGENT_SPAN.as_secs_f64());
+        let due =
+            self.span_wall >= full_span() || (over && self.span_wall >= URGENT_SPAN.as_secs_f64());
         Some(Decision {
             overhead_pct: 100.0 * spent / wall,
             judged: due.then(|| self.judge()),
@@ -327,8 +333,15 @@ impl Governor {
             from,
             to,
             wanted,
+            band,
         }
     }
+}
+
+/// Wall seconds that make a [`SPAN`]: windows end on the wall clock's multiples of the
+/// interval, so 10 s ones may last 9.99 s, and must not take two to make one.
+fn full_span() -> f64 {
+    0.95 * SPAN.as_secs_f64()
 }
 
 /// The rate at which `cpus` busy CPUs, each sample costing [`PRIOR_SAMPLE_COST`], spend
@@ -577,6 +590,38 @@ mod tests {
              budget 1 %: sampling frequency 500 → 125 Hz (at most a quarter a step; the \
              budget wants 100 Hz)"
         );
+    }
+
+    #[test]
+    fn a_young_estimate_is_followed_closely_a_settled_one_beyond_the_band() {
+        let mut g = Governor::new(1.0, 10, 1000, 2);
+        g.observe(Usage::default(), Duration::ZERO);
+        let ten = Duration::from_secs(10);
+        let mut u = Usage::default();
+        // A 10 s window costs 0.88 % of a CPU at 500 Hz, in proportion to the rate.
+        let mut window = |g: &mut Governor, more: f64| {
+            u.cpu_seconds += more * 0.088 * g.frequency() as f64 / 500.0;
+            g.observe(u, ten).unwrap().judged
+        };
+        assert_eq!(window(&mut g, 1.0), None, "the start-up");
+        // 80 % of the budget wants 455 Hz, 10 % away: followed while young.
+        let j = window(&mut g, 1.0).unwrap();
+        assert_eq!(j.change(), Some((500, 455)), "{j}");
+        assert!(j.to_string().contains("to spend 80 % of the budget"), "{j}");
+        assert_eq!(window(&mut g, 1.0), None, "after the change");
+        for _ in 0..4 {
+            let j = window(&mut g, 1.0).unwrap();
+            assert_eq!(j.change(), None, "{j}");
+        }
+        // Settled: 10 % more cost wants 10 % less rate, within the dead band.
+        for _ in 0..3 {
+            let j = window(&mut g, 1.1).unwrap();
+            assert_eq!(j.change(), None, "{j}");
+            assert!(
+                j.to_string().contains("within the dead band of ±25 %"),
+                "{j}"
+            );
+        }
     }
 
     #[test]
