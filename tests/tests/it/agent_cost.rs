@@ -72,15 +72,16 @@ fn bpf_run_time_metric_matches_the_kernels() {
     let Some(busy) = compile_c("busy.c", &dir, "busy", &[]) else {
         return;
     };
-    // Something to sample, so the programs run.
+    // The agent first (its binary may still have to be built), then something to
+    // sample, so the programs run.
+    let (agent, metrics) = agent_with_metrics(&dir, &["--interval", "1"]);
     let _busy = cpi_tests::KillOnDrop(
         Command::new(&busy)
-            .arg("60")
+            .arg("90")
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    let (agent, metrics) = agent_with_metrics(&dir, &["--interval", "1"]);
     let log = || std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     let t0 = Instant::now();
     let within = |what: &str| {
