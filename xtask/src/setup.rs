@@ -24,7 +24,8 @@ use anyhow::{bail, Context};
 /// [`pinned_venv`]), time (GNU time: a child's own peak RSS, tests/tests/it/hostile.rs),
 /// chromium (opens the HTML report, tests/tests/it/report_html.rs), dpkg-dev
 /// (`dpkg-shlibdeps` for `cargo xtask package`) and man-db (the package test renders its
-/// man page).
+/// man page), bpftool (the kernel's own run time of the agent's programs,
+/// tests/tests/it/agent_cost.rs).
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -43,9 +44,8 @@ const PACKAGES: &[&str] = &[
     "chromium",
     "dpkg-dev",
     "man-db",
+    "bpftool",
 ];
-/// Installed when the archive has them (benchmarks only).
-const OPTIONAL_PACKAGES: &[&str] = &["bpftool"];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const NIGHTLY: &str = "nightly";
@@ -93,17 +93,6 @@ fn installed(pkg: &str) -> bool {
         })
 }
 
-fn available(pkg: &str) -> bool {
-    Command::new("apt-cache")
-        .args(["policy", pkg])
-        .output()
-        .is_ok_and(|o| {
-            let t = String::from_utf8_lossy(&o.stdout);
-            t.lines()
-                .any(|l| l.trim().starts_with("Candidate:") && !l.contains("(none)"))
-        })
-}
-
 /// Runs `cmd` as root: directly when we are root, else through sudo.
 fn as_root(program: &str) -> Command {
     if is_root() {
@@ -120,28 +109,13 @@ fn is_root() -> bool {
 }
 
 fn apt_packages() -> anyhow::Result<()> {
-    let mut missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
-    let optional: Vec<&str> = OPTIONAL_PACKAGES
-        .iter()
-        .copied()
-        .filter(|p| !installed(p))
-        .collect();
-    if missing.is_empty() && optional.is_empty() {
+    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
         println!("setup: Debian packages present");
         return Ok(());
     }
     println!("setup: apt-get update");
     status(as_root("apt-get").args(["update", "-qq"]))?;
-    for p in optional {
-        if available(p) {
-            missing.push(p);
-        } else {
-            println!("setup: {p} is not in the archive here; skipped (benchmarks only)");
-        }
-    }
-    if missing.is_empty() {
-        return Ok(());
-    }
     println!("setup: apt-get install {}", missing.join(" "));
     status(
         as_root("apt-get")

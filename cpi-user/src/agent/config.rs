@@ -167,7 +167,7 @@ pub struct AgentConfig {
     pub pods: PodSelector,
     /// Window length: one profile, one store file, one push per window.
     pub interval: Duration,
-    /// Sampling frequency the agent starts at, Hz per busy CPU; the governor's ceiling.
+    /// Sampling frequency, Hz per busy CPU: the governor's ceiling.
     pub frequency: u64,
     /// The governor's floor, Hz (at most `frequency`).
     pub min_frequency: u64,

@@ -499,14 +499,18 @@ impl CommSlots {
     }
 }
 
-/// `process_cpu_seconds_total` and `process_resident_memory_bytes`, read at each scrape
-/// from /proc/self/stat and /proc/self/statm; `cpi_bpf_last_window_age_seconds`, the
-/// time since the last window was completed (or since start), so a stalled analysis
+/// `process_cpu_seconds_total` (the CPU clock of the process, to the nanosecond) and
+/// `process_resident_memory_bytes` (/proc/self/statm), read at each scrape;
+/// `cpi_bpf_agent_cpu_seconds_total`, the same CPU time plus the BPF programs' run time
+/// at the last window (the figure the governor budgets); `cpi_bpf_last_window_age_seconds`,
+/// the time since the last window was completed (or since start), so a stalled analysis
 /// shows while `/metrics` still answers.
 #[derive(Debug)]
 struct ProcessCollector {
     /// Unix milliseconds of the last completed window (start, before the first).
     last_window_ms: Arc<AtomicU64>,
+    /// The BPF programs' run time at the last window, seconds (`f64` bits).
+    bpf_seconds: Arc<AtomicU64>,
 }
 
 fn unix_ms_now() -> u64 {
@@ -561,6 +565,15 @@ impl Collector for ProcessCollector {
             None,
             c.metric_type(),
         )?)?;
+        let bpf = f64::from_bits(self.bpf_seconds.load(Ordering::Relaxed));
+        let c = ConstCounter::new(cpu + bpf);
+        c.encode(encoder.encode_descriptor(
+            "cpi_bpf_agent_cpu_seconds",
+            "The agent's whole CPU cost, the figure its governor budgets: user and system \
+             time of its threads plus its BPF programs' run time (as of the last window).",
+            None,
+            c.metric_type(),
+        )?)?;
         let g = ConstGauge::new(rss);
         g.encode(encoder.encode_descriptor(
             "process_resident_memory_bytes",
@@ -588,6 +601,9 @@ struct State {
     filtered: Counter,
     windows: Counter,
     last_window_ms: Arc<AtomicU64>,
+    /// The BPF run time counted so far, seconds (`f64` bits), shared with
+    /// [`ProcessCollector`].
+    seen_bpf: Arc<AtomicU64>,
     store_failures: Counter,
     analysis: FloatGauge,
     tracked: Gauge,
@@ -604,7 +620,6 @@ struct State {
     seen_windows: u64,
     seen_captured: CaptureCounts,
     seen_store_failures: u64,
-    seen_bpf: f64,
     seen_push: PushStats,
     seen_kubelet: Requests,
 }
@@ -645,7 +660,7 @@ impl State {
             seen_windows: 0,
             seen_captured: CaptureCounts::default(),
             seen_store_failures: 0,
-            seen_bpf: 0.0,
+            seen_bpf: Arc::new(AtomicU64::new(0f64.to_bits())),
             seen_push: PushStats::default(),
             seen_kubelet: Requests::default(),
         };
@@ -756,6 +771,7 @@ impl State {
         );
         r.register_collector(Box::new(ProcessCollector {
             last_window_ms: Arc::clone(&s.last_window_ms),
+            bpf_seconds: Arc::clone(&s.seen_bpf),
         }));
         for (reason, _) in loss_reasons(&LossReport::default()) {
             s.lost
@@ -896,9 +912,11 @@ impl State {
             }
             self.seen_kubelet = now;
         }
-        if s.bpf_run_seconds > self.seen_bpf {
-            self.bpf_run.inc_by(s.bpf_run_seconds - self.seen_bpf);
-            self.seen_bpf = s.bpf_run_seconds;
+        let seen_bpf = f64::from_bits(self.seen_bpf.load(Ordering::Relaxed));
+        if s.bpf_run_seconds > seen_bpf {
+            self.bpf_run.inc_by(s.bpf_run_seconds - seen_bpf);
+            self.seen_bpf
+                .store(s.bpf_run_seconds.to_bits(), Ordering::Relaxed);
         }
         self.analysis.set(s.analysis_seconds);
         self.tracked.set(s.tracked_processes as i64);
@@ -1362,6 +1380,15 @@ pub(crate) mod tests {
             l.rsplit(' ').next().unwrap().parse().unwrap()
         };
         assert!(value("process_cpu_seconds_total ") > 0.0);
+        // Its own CPU time plus the BPF run time (1 s here).
+        let (agent, own) = (
+            value("cpi_bpf_agent_cpu_seconds_total "),
+            value("process_cpu_seconds_total "),
+        );
+        assert!(
+            (agent - own - 1.0).abs() < 1e-6,
+            "{agent} against {own} + 1"
+        );
         assert!(value("process_resident_memory_bytes ") > 1e6);
         // Refusals: every reader has its series; counts are process-wide (other tests may
         // add to them), so this one's refusal shows as at least 1.

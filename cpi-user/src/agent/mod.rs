@@ -59,12 +59,12 @@ use crate::collect::events::Rate;
 use crate::collect::filter::CgroupV2;
 use crate::collect::target::process_start;
 use crate::collect::{self, CollectError, CollectOptions, Collected, Session, StopReason, Target};
-use crate::procmap::{CaptureCounts, ProcStat};
+use crate::procmap::CaptureCounts;
 use crate::profile::analyze::{analyze_with, LineDetail};
 use crate::profile::model::{Mode, Profile};
 use crate::profile::{AnalysisOptions, SampleSet};
 use config::AgentConfig;
-use governor::{Governor, Usage};
+use governor::{Decision, Governor, Usage};
 use kubelet::Kubelet;
 use metrics::{Metrics, MetricsLimits};
 use pods::PodFilter;
@@ -171,6 +171,8 @@ pub struct Agent {
     /// The kubelet client, shared by the pod filter and the analysis.
     kubelet: Option<Arc<Mutex<Kubelet>>>,
     pods: Option<PodFilter>,
+    /// The session starts at its rate.
+    governor: Governor,
 }
 
 /// The pod filter's newest set of cgroups, not yet handed to the kernel filter.
@@ -232,7 +234,7 @@ pub fn check(c: &AgentConfig) -> Result<(), StartError> {
     Sinks::start(c).map(drop)
 }
 
-fn collect_options(c: &AgentConfig) -> CollectOptions {
+fn collect_options(c: &AgentConfig, frequency: u64) -> CollectOptions {
     CollectOptions {
         target: if c.pids.is_empty() && c.cgroup.is_none() && c.pods.is_empty() {
             Target::SystemWide
@@ -245,7 +247,7 @@ fn collect_options(c: &AgentConfig) -> CollectOptions {
         },
         duration: None,
         rate: Rate {
-            frequency: c.frequency,
+            frequency,
             period: None,
             core_hz: collect::events::nominal_core_hz(),
         },
@@ -273,8 +275,16 @@ impl Agent {
     pub fn new(config: AgentConfig, log: Log) -> Result<Agent, StartError> {
         sys::one_heap_arena();
         let sinks = Sinks::start(&config)?;
-        let opts = collect_options(&config);
+        let cpus = collect::target::online_cpus().len();
+        let governor = Governor::new(
+            config.overhead_budget_pct,
+            config.min_frequency,
+            config.frequency,
+            cpus,
+        );
+        let opts = collect_options(&config, governor.frequency());
         let mut session = Session::open(&opts, &mut |m| log(Level::Info, m.full))?;
+        log(Level::Info, &governor.start_line(cpus));
         let kubelet = config
             .kubelet_url
             .as_deref()
@@ -299,6 +309,7 @@ impl Agent {
             started: SystemTime::now(),
             kubelet,
             pods,
+            governor,
         })
     }
 
@@ -318,6 +329,7 @@ impl Agent {
             started,
             kubelet,
             pods,
+            mut governor,
         } = self;
         let mode = session.mode();
         // One window waits while one is analysed: a slower analysis holds up draining,
@@ -339,11 +351,6 @@ impl Agent {
             }
             None => (None, None),
         };
-        let mut governor = Governor::new(
-            config.overhead_budget_pct,
-            config.min_frequency,
-            config.frequency,
-        );
         governor.observe(usage(&session), Duration::ZERO);
         let mut start = started;
         let mut window_started = Instant::now();
@@ -367,29 +374,7 @@ impl Agent {
             let wall = window_started.elapsed();
             window_started = Instant::now();
             if let Some(d) = governor.observe(usage(&session), wall) {
-                log(
-                    Level::Debug,
-                    &format!(
-                        "window {windows}: overhead {:.3} % of one CPU (budget {} %)",
-                        d.overhead_pct, config.overhead_budget_pct
-                    ),
-                );
-                if let Some((from, to)) = d.change {
-                    match session.set_frequency(to) {
-                        Ok(()) => log(
-                            Level::Info,
-                            &format!(
-                                "governor: overhead {:.2} % of one CPU against a budget of {} %: \
-                                 sampling frequency {from} → {to} Hz",
-                                d.overhead_pct, config.overhead_budget_pct
-                            ),
-                        ),
-                        Err(e) => {
-                            governor.set_frequency(from);
-                            log(Level::Warn, &format!("governor: cannot set {to} Hz: {e}"));
-                        }
-                    }
-                }
+                govern(&mut session, &mut governor, d, windows, &log);
             }
             let job = Job {
                 collected,
@@ -547,6 +532,31 @@ pub fn next_boundary(now: SystemTime, interval: Duration) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(next as u64)
 }
 
+/// Logs a window's overhead and applies the governor's change, if any (one line each).
+fn govern(session: &mut Session, governor: &mut Governor, d: Decision, windows: u64, log: &Log) {
+    log(
+        Level::Debug,
+        &format!(
+            "window {windows}: overhead {:.3} % of one CPU",
+            d.overhead_pct
+        ),
+    );
+    let Some(j) = d.judged else {
+        return;
+    };
+    let Some((from, to)) = j.change() else {
+        log(Level::Debug, &format!("governor: {j}"));
+        return;
+    };
+    match session.set_frequency(to) {
+        Ok(()) => log(Level::Info, &format!("governor: {j}")),
+        Err(e) => {
+            governor.set_frequency(from);
+            log(Level::Warn, &format!("governor: cannot set {to} Hz: {e}"));
+        }
+    }
+}
+
 fn bpf_seconds(s: &Session) -> f64 {
     s.bpf_run_time().map_or(0.0, |d| d.as_secs_f64())
 }
@@ -558,9 +568,10 @@ fn usage(s: &Session) -> Usage {
     }
 }
 
-/// utime + stime of this process, all threads (`/proc/self/stat`).
+/// User + system CPU time of this process, all threads, to the nanosecond
+/// ([`sys::process_cpu_time`]).
 pub fn self_cpu_seconds() -> Option<f64> {
-    Some(ProcStat::own()?.cpu_ticks as f64 / clock_ticks_per_second())
+    sys::process_cpu_time().map(|d| d.as_secs_f64())
 }
 
 /// Processes the agent holds state for, keyed by (pid, start time).
@@ -804,6 +815,7 @@ fn keep_evidence_lines(p: &mut Profile) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::procmap::ProcStat;
 
     #[test]
     fn boundaries_are_multiples_of_the_interval() {

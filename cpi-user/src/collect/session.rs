@@ -635,7 +635,14 @@ impl Session {
         self.live.stats.as_ref()?;
         let mut total = Duration::ZERO;
         for (_, prog) in self.live.bpf.programs() {
-            total += prog.info().ok()?.run_time();
+            match prog.info() {
+                Ok(info) => total += info.run_time(),
+                // The object holds every mode's programs; only the ladder's are
+                // loaded. Counting one of the others as a failure once made the
+                // whole figure 0 (issue 34).
+                Err(aya::programs::ProgramError::NotLoaded) => {}
+                Err(_) => return None,
+            }
         }
         Some(total)
     }

@@ -296,11 +296,6 @@ impl ProcStat {
         Self::read(&format!("/proc/{pid}/stat"))
     }
 
-    /// Of this process.
-    pub fn own() -> Option<ProcStat> {
-        Self::read("/proc/self/stat")
-    }
-
     fn read(path: &str) -> Option<ProcStat> {
         Self::parse(&std::fs::read_to_string(path).ok()?)
     }
@@ -539,8 +534,7 @@ mod tests {
         assert_eq!(ProcStat::parse(&line("sh", "RS", 1)), None);
         assert_eq!(ProcStat::parse("4242 (sh) R 1 2"), None);
         assert_eq!(ProcStat::parse(""), None);
-        let (me, by_pid) = (ProcStat::own().unwrap(), ProcStat::of(std::process::id()));
-        assert_eq!(Some(me.start), by_pid.map(|s| s.start));
+        let me = ProcStat::of(std::process::id()).unwrap();
         assert!(!me.exited(), "{me:?}");
     }
 
