@@ -223,14 +223,21 @@ impl SortKey {
 /// Why a table could not be rendered.
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    /// `--annotate` or `--callers` named a function the profile does not have, or a
-    /// short name that several functions have (`similar` then lists their full names).
+    /// `--annotate` or `--callers` named a function the profile does not have.
     #[error("no function named {name:?} in the profile{}", suggest(.similar))]
     NoSuchFunction {
         /// The name asked for.
         name: String,
-        /// Names in the profile that resemble it.
+        /// Names in the profile that contain it, else the nearest by edit distance.
         similar: Vec<String>,
+    },
+    /// A short name (`fill<…>`) that several functions have.
+    #[error("{name:?} names {} functions: {}; give the one meant", .candidates.len(), .candidates.join(", "))]
+    Ambiguous {
+        /// The name asked for.
+        name: String,
+        /// The full names it stands for.
+        candidates: Vec<String>,
     },
 }
 
@@ -1434,25 +1441,38 @@ fn resolve(p: &Profile, asked: &str) -> Result<String, TableError> {
     match full.len() {
         0 => Err(no_such_function(p, asked)),
         1 => Ok(full.remove(0)),
-        _ => Err(TableError::NoSuchFunction {
+        _ => Err(TableError::Ambiguous {
             name: asked.to_string(),
-            similar: full,
+            candidates: full,
         }),
     }
 }
 
-/// The error for a `name` the profile has no function of, with names that contain it.
+/// The error for a `name` the profile has no function of, with the names that contain
+/// it, else the five nearest by edit distance (a typo: `cmq` for `cmp`).
 fn no_such_function(p: &Profile, name: &str) -> TableError {
     let needle = name.to_lowercase();
-    let mut similar: Vec<String> = p
+    let mut all: Vec<&str> = p
         .processes
         .iter()
         .flat_map(|pr| pr.functions.iter())
-        .filter(|f| f.name.to_lowercase().contains(&needle))
-        .map(|f| f.name.clone())
+        .map(|f| f.name.as_str())
         .collect();
-    similar.sort();
-    similar.dedup();
+    all.sort_unstable();
+    all.dedup();
+    let mut similar: Vec<String> = all
+        .iter()
+        .filter(|n| n.to_lowercase().contains(&needle))
+        .map(|n| n.to_string())
+        .collect();
+    if similar.is_empty() {
+        let mut scored: Vec<(usize, &str)> = all
+            .iter()
+            .map(|n| (names::edit_distance(&n.to_lowercase(), &needle), *n))
+            .collect();
+        scored.sort();
+        similar = scored.into_iter().map(|(_, n)| n.to_string()).collect();
+    }
     similar.truncate(5);
     TableError::NoSuchFunction {
         name: name.to_string(),

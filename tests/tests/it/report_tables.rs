@@ -53,7 +53,9 @@ fn time_profile_views_say_what_they_are() {
 #[test]
 fn unknown_function_is_an_error_with_suggestions() {
     let e = render(&cpi_profile(), &opts(20, Some("crc"))).unwrap_err();
-    let TableError::NoSuchFunction { similar, .. } = &e;
+    let TableError::NoSuchFunction { similar, .. } = &e else {
+        panic!("not an unknown name: {e}");
+    };
     assert_eq!(similar, &["crc_update".to_string()]);
     assert_eq!(
         e.to_string(),

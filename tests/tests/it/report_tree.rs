@@ -178,9 +178,11 @@ fn cpp_functions_are_found_by_short_name() {
     assert!(top.contains("fill<…>(std::vector<…>&)"), "{top}");
     assert!(!top.contains("allocator"), "{top}");
     let e = render(&p, &with("fill<…>")).unwrap_err();
-    let TableError::NoSuchFunction { similar, .. } = &e;
-    assert_eq!(similar.len(), 2, "{e}");
-    assert!(similar[0].starts_with("void fill<double>"), "{e}");
+    let TableError::Ambiguous { candidates, .. } = &e else {
+        panic!("not refused as ambiguous: {e}");
+    };
+    assert_eq!(candidates.len(), 2, "{e}");
+    assert!(candidates[0].starts_with("void fill<double>"), "{e}");
     let full = p.processes[0].functions[0].name.clone();
     let ann = render(&p, &with(&full)).unwrap();
     assert!(ann.contains("bytes,"), "the full name still works:\n{ann}");

@@ -218,42 +218,6 @@ fn save_elsewhere(profile: &Profile) -> Option<PathBuf> {
         })
 }
 
-/// The function names of `profile` nearest to `name` (edit distance), at most five.
-fn nearest_names(profile: &Profile, name: &str) -> Vec<String> {
-    let mut names: Vec<&str> = profile
-        .processes
-        .iter()
-        .flat_map(|p| p.functions.iter().map(|f| f.name.as_str()))
-        .collect();
-    names.sort_unstable();
-    names.dedup();
-    let mut scored: Vec<(usize, &str)> = names
-        .into_iter()
-        .map(|n| (edit_distance(&n.to_lowercase(), &name.to_lowercase()), n))
-        .collect();
-    scored.sort();
-    scored
-        .into_iter()
-        .take(5)
-        .map(|(_, n)| n.to_string())
-        .collect()
-}
-
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, &cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
-}
-
 fn render_and_write(
     profile: &Profile,
     series: &[WindowTotals],
@@ -274,9 +238,9 @@ fn render_and_write(
             };
             match table::render(profile, &opts) {
                 Ok(text) => write_saving(profile, args.output.as_deref(), text.as_bytes()),
-                // An unknown --annotate name: the profile is still shown, then the error
-                // with the nearest names.
-                Err(table::TableError::NoSuchFunction { name, similar }) => {
+                // An unknown or ambiguous --annotate/--callers name: the profile is still
+                // shown, then the error with the names meant.
+                Err(e) => {
                     let tables = table::render(
                         profile,
                         &table::TableOptions {
@@ -286,18 +250,7 @@ fn render_and_write(
                         },
                     )?;
                     write_saving(profile, args.output.as_deref(), tables.as_bytes())?;
-                    let near = if similar.is_empty() {
-                        nearest_names(profile, &name)
-                    } else {
-                        similar
-                    };
-                    if near.is_empty() {
-                        anyhow::bail!("no function named {name:?} in the profile (it has none)");
-                    }
-                    anyhow::bail!(
-                        "no function named {name:?} in the profile; nearest: {}",
-                        near.join(", ")
-                    )
+                    Err(e.into())
                 }
             }
         }
