@@ -12,6 +12,7 @@ use std::collections::HashMap;
 
 use crate::profile::error;
 use crate::profile::model::{Mode, ProcessProfile, Profile, StackProfile};
+use crate::profile::paths::fold_recursion;
 
 /// What a frame's width measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -272,12 +273,11 @@ pub fn callers_first(p: &Profile, width: Width, key: ProcessKey) -> Tree {
         }
         for s in &pr.stacks {
             let sums = Sums::of_stack(s, width);
-            let path = s
-                .frames
+            let folded = fold_recursion(&s.frames);
+            let path = folded
                 .iter()
-                .rev()
-                .map(|f| (f.function.as_str(), base(&f.binary)));
-            t.add_path(proc_node, fold_recursion(path).into_iter(), &sums);
+                .map(|(f, _)| (f.function.as_str(), base(&f.binary)));
+            t.add_path(proc_node, path, &sums);
         }
     }
     // A process's own totals and errors, not the sums of its stacks' errors: a stack's
@@ -321,33 +321,18 @@ pub fn callers_of(p: &Profile, width: Width, function: &str, binary: &str) -> Tr
                 continue;
             };
             let sums = Sums::of_stack(s, width);
-            let path = s.frames[at..]
-                .iter()
-                .map(|f| (f.function.as_str(), base(&f.binary)));
+            // The function first, then its callers outwards.
+            let folded = fold_recursion(&s.frames[at..]);
             let comm = process_name(pr);
-            let path = fold_recursion(path)
-                .into_iter()
+            let path = folded
+                .iter()
+                .rev()
+                .map(|(f, _)| (f.function.as_str(), base(&f.binary)))
                 .chain(std::iter::once((comm.as_str(), "")));
-            let path: Vec<(&str, &str)> = path.collect();
-            t.add_path(0, path.into_iter(), &sums);
+            t.add_path(0, path, &sums);
         }
     }
     t
-}
-
-/// A path with direct and indirect recursion folded: a function already on the path
-/// returns to its first occurrence (what was called since is dropped from the path), so
-/// a recursive sort is one frame deep, not a thousand.
-fn fold_recursion<'a>(path: impl Iterator<Item = (&'a str, &'a str)>) -> Vec<(&'a str, &'a str)> {
-    let mut out: Vec<(&str, &str)> = Vec::new();
-    for f in path {
-        if let Some(i) = out.iter().position(|&g| g == f) {
-            out.truncate(i + 1);
-        } else {
-            out.push(f);
-        }
-    }
-    out
 }
 
 fn function_sums(f: &crate::profile::model::FunctionProfile, width: Width) -> Sums {
@@ -425,21 +410,6 @@ pub fn has_cpi(p: &Profile) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn recursion_folds_to_its_first_occurrence() {
-        let p = [
-            ("main", "a"),
-            ("sort", "a"),
-            ("part", "a"),
-            ("sort", "a"),
-            ("cmp", "a"),
-        ];
-        assert_eq!(
-            fold_recursion(p.into_iter()),
-            vec![("main", "a"), ("sort", "a"), ("cmp", "a")]
-        );
-    }
 
     #[test]
     fn subtree_cpi_is_sum_over_sum_with_errors_combined() {
