@@ -3,7 +3,9 @@
 //!
 //! **Units.** Processes are matched by comm (pids differ between runs; the processes of
 //! one comm are summed), functions by comm, the *file name* of their binary and their
-//! name (two builds of one program live at different paths).
+//! name (two builds of one program live at different paths), call paths by comm and
+//! their chain of function names with recursion folded (cpi-user/src/profile/paths.rs),
+//! those with at least 1 % of their process in either profile.
 //!
 //! **Quantities and their errors** (σ: one standard error, as every ± of a profile):
 //! * the *amount*: cycles, or cpu-clock time in a time profile. Cycles: σ =
@@ -38,7 +40,8 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::fsafe::escape;
-use crate::profile::model::{FunctionProfile, Mode, ProcessProfile, Profile};
+use crate::profile::model::{FunctionProfile, Mode, ProcessProfile, Profile, StackProfile};
+use crate::profile::paths::folded_paths;
 use crate::report::table::{ellipsize, si, time};
 
 /// The default significance level (false discovery rate) of [`diff`].
@@ -150,6 +153,20 @@ pub enum UnitKind {
     Process,
     /// A function of a comm's processes.
     Function,
+    /// A call path of a comm's processes (recursion folded, paths of the same chain of
+    /// names summed), named leaf first: `leaf ← caller ← … ← root`.
+    Path,
+}
+
+impl UnitKind {
+    /// The order of the table's sections.
+    fn rank(self) -> u8 {
+        match self {
+            UnitKind::Process => 0,
+            UnitKind::Function => 1,
+            UnitKind::Path => 2,
+        }
+    }
 }
 
 /// One process or function in both profiles.
@@ -161,7 +178,7 @@ pub struct UnitDiff {
     pub name: String,
     /// The comm the unit belongs to.
     pub comm: String,
-    /// The file name of the function's binary.
+    /// The file name of the function's binary (a path's leaf's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub binary: Option<String>,
     /// In the base profile.
@@ -319,6 +336,20 @@ impl From<&ProcessProfile> for UnitFields {
     }
 }
 
+impl From<&StackProfile> for UnitFields {
+    fn from(s: &StackProfile) -> Self {
+        UnitFields {
+            samples: s.samples,
+            time_ns: s.time_ns,
+            cycles: s.cycles,
+            instructions: s.instructions,
+            cycles_rel_error: s.cycles_rel_error,
+            instructions_rel_error: s.instructions_rel_error,
+            has_cpi: s.cpi.is_some(),
+        }
+    }
+}
+
 impl From<&FunctionProfile> for UnitFields {
     fn from(f: &FunctionProfile) -> Self {
         UnitFields {
@@ -341,6 +372,8 @@ type FnKey = (String, String);
 struct CommSums {
     process: Option<Sums>,
     functions: BTreeMap<FnKey, Sums>,
+    /// Call paths by their name (leaf first), with the leaf's binary file name.
+    paths: BTreeMap<String, (String, Sums)>,
 }
 
 fn merge_into(slot: &mut Option<Sums>, s: Sums) {
@@ -362,8 +395,40 @@ fn sums(p: &Profile, time: bool) -> BTreeMap<String, CommSums> {
             merge_into(&mut slot, Sums::of(time, f.into()));
             c.functions.insert(key, slot.expect("just merged"));
         }
+        let floor = crate::profile::AnalysisOptions::default().sample_floor;
+        for path in folded_paths(&proc.stacks, floor) {
+            let name: Vec<&str> = path.frames.iter().map(|f| f.function.as_str()).collect();
+            let leaf = path.frames.first().map_or("", |f| file_name(&f.binary));
+            let sums = Sums::of(time, (&path).into());
+            match c.paths.get_mut(&name.join(" ← ")) {
+                Some((_, s)) => s.merge(sums),
+                None => {
+                    c.paths.insert(name.join(" ← "), (leaf.to_string(), sums));
+                }
+            }
+        }
     }
     out
+}
+
+/// Paths with less than this share of their process (in both profiles) are not tested:
+/// each test costs the others power, and a path that small is in its function's row.
+const PATH_MIN_SHARE: f64 = 0.01;
+
+/// The paths of one comm worth testing: at least [`PATH_MIN_SHARE`] of the process in
+/// either profile.
+fn paths_to_test<'a>(cb: Option<&'a CommSums>, cn: Option<&'a CommSums>) -> Vec<&'a String> {
+    let big = |c: Option<&'a CommSums>| {
+        c.into_iter().flat_map(move |c| {
+            let total = c.process.map_or(0.0, |p| p.amount.0);
+            c.paths
+                .iter()
+                .filter(move |(_, (_, s))| s.amount.0 >= PATH_MIN_SHARE * total)
+                .map(|(k, _)| k)
+        })
+    };
+    let keys: std::collections::BTreeSet<&String> = big(cb).chain(big(cn)).collect();
+    keys.into_iter().collect()
 }
 
 fn file_name(path: &str) -> &str {
@@ -410,12 +475,28 @@ pub fn diff(base: &Profile, new: &Profile, opts: &DiffOptions) -> Result<Diff, D
                 amount,
             ));
         }
+        for key in paths_to_test(cb, cn) {
+            let (b_, n_) = (
+                cb.and_then(|c| c.paths.get(key)),
+                cn.and_then(|c| c.paths.get(key)),
+            );
+            let leaf = b_.or(n_).map_or("", |(l, _)| l.as_str());
+            units.push(unit(
+                UnitKind::Path,
+                key,
+                Some((comm.as_str(), leaf)),
+                (b_.map(|p| p.1), n_.map(|p| p.1)),
+                Some(totals),
+                amount,
+            ));
+        }
     }
     let tests = test(&mut units, opts);
     units.sort_by(|x, y| {
         let z = |u: &UnitDiff| u.headline().map_or(0.0, |(_, c)| c.z.abs());
-        (x.kind == UnitKind::Function)
-            .cmp(&(y.kind == UnitKind::Function))
+        x.kind
+            .rank()
+            .cmp(&y.kind.rank())
             .then(y.significant.cmp(&x.significant))
             .then(z(y).total_cmp(&z(x)))
             .then(y.size(amount).total_cmp(&x.size(amount)))
@@ -605,8 +686,12 @@ pub fn render(d: &Diff, top: usize) -> String {
     for (kind, title) in [
         (UnitKind::Process, "processes"),
         (UnitKind::Function, "functions"),
+        (UnitKind::Path, "call paths (leaf ← callers)"),
     ] {
         let rows: Vec<&UnitDiff> = d.units.iter().filter(|u| u.kind == kind).collect();
+        if rows.is_empty() && kind == UnitKind::Path {
+            continue;
+        }
         let _ = write!(s, "\n{title}");
         if rows.len() > top {
             let _ = write!(s, " (top {top} of {})", rows.len());

@@ -103,6 +103,24 @@ fn diff_tells_thirty_percent_more_work_from_seed_noise() {
     }
     let beta = function(&changed, "beta_work");
     assert_eq!(beta["significant"], false, "{beta:#}");
+    // Call paths too: alpha_work's path flagged, beta_work's not.
+    let path = |leaf: &str| {
+        changed["units"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| {
+                u["kind"] == "path"
+                    && u["name"]
+                        .as_str()
+                        .unwrap()
+                        .starts_with(&format!("{leaf} ← main"))
+            })
+            .unwrap_or_else(|| panic!("no path of {leaf} in {changed}"))
+            .clone()
+    };
+    assert_eq!(path("alpha_work")["significant"], true);
+    assert_eq!(path("beta_work")["significant"], false);
 
     // The table: alpha_work marked, every line within 80 columns.
     let table = diff(&a1, &b1, &[]);
