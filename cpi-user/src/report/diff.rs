@@ -674,7 +674,7 @@ pub fn render(d: &Diff, top: usize) -> String {
     let mut s = format!(
         "diff of {modes} profiles: {} {} changes tested, {} significant\n\
          (Benjamini–Hochberg at α = {}); processes matched by comm, functions by\n\
-         binary file name and function name\n",
+         binary file name and function name, call paths by their names\n",
         d.tests,
         match d.basis {
             Basis::Absolute => "absolute",
