@@ -311,14 +311,15 @@ impl Sums {
     }
 }
 
-/// The fields [`Sums::of`] reads, common to processes and functions.
-struct UnitFields {
-    samples: u64,
-    time_ns: Option<f64>,
-    cycles: Option<f64>,
-    instructions: Option<f64>,
-    cycles_rel_error: Option<f64>,
-    instructions_rel_error: Option<f64>,
+/// The fields [`Sums::of`] reads, common to processes, functions and call paths (the
+/// HTML report's frames read them too).
+pub(crate) struct UnitFields {
+    pub(crate) samples: u64,
+    pub(crate) time_ns: Option<f64>,
+    pub(crate) cycles: Option<f64>,
+    pub(crate) instructions: Option<f64>,
+    pub(crate) cycles_rel_error: Option<f64>,
+    pub(crate) instructions_rel_error: Option<f64>,
     has_cpi: bool,
 }
 

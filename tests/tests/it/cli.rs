@@ -18,7 +18,10 @@ fn misspelt_flags_and_values_get_suggestions_in_one_line() {
     assert_one_error_line(&out, "did you mean '--duration'?");
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     let out = run(&["--format", "csv", "--", "true"]);
-    assert_one_error_line(&out, "possible values: table, json, pprof, otlp, folded, fdata, html");
+    assert_one_error_line(
+        &out,
+        "possible values: table, json, pprof, otlp, folded, fdata, html",
+    );
     let out = run(&["report", "--formt", "json", "x.json"]);
     assert_one_error_line(&out, "did you mean '--format'?");
 }

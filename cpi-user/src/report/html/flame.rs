@@ -11,8 +11,9 @@
 use std::collections::HashMap;
 
 use crate::profile::error;
-use crate::profile::model::{Mode, ProcessProfile, Profile, StackProfile};
+use crate::profile::model::{Mode, ProcessProfile, Profile};
 use crate::profile::paths::fold_recursion;
+use crate::report::diff::UnitFields;
 
 /// What a frame's width measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,18 +90,19 @@ impl Sums {
         })
     }
 
-    fn of_stack(s: &StackProfile, width: Width) -> Sums {
+    /// The sums of one process, function or call path.
+    fn of(width: Width, u: UnitFields) -> Sums {
         let var =
             |v: Option<f64>, rel: Option<f64>| (v.unwrap_or(0.0) * rel.unwrap_or(0.0)).powi(2);
-        let w = measure(width, s.cycles, s.time_ns, s.samples);
+        let w = measure(width, u.cycles, u.time_ns, u.samples);
         Sums {
             width: w,
-            width_var: width_variance(width, w, s.cycles_rel_error, s.samples),
-            cycles: s.cycles.unwrap_or(0.0),
-            cycles_var: var(s.cycles, s.cycles_rel_error),
-            instructions: s.instructions.unwrap_or(0.0),
-            instructions_var: var(s.instructions, s.instructions_rel_error),
-            samples: s.samples,
+            width_var: width_variance(width, w, u.cycles_rel_error, u.samples),
+            cycles: u.cycles.unwrap_or(0.0),
+            cycles_var: var(u.cycles, u.cycles_rel_error),
+            instructions: u.instructions.unwrap_or(0.0),
+            instructions_var: var(u.instructions, u.instructions_rel_error),
+            samples: u.samples,
         }
     }
 }
@@ -259,10 +261,10 @@ pub fn callers_first(p: &Profile, width: Width, key: ProcessKey) -> Tree {
         let proc_node = t.child(0, &key.name(pr), "");
         own.entry(proc_node)
             .or_default()
-            .add(&process_sums(pr, width));
+            .add(&Sums::of(width, pr.into()));
         if pr.stacks.is_empty() {
             for f in pr.functions.iter().filter(|f| f.samples > 0) {
-                let sums = function_sums(f, width);
+                let sums = Sums::of(width, f.into());
                 t.add_path(
                     proc_node,
                     std::iter::once((f.name.as_str(), base(&f.binary))),
@@ -272,7 +274,7 @@ pub fn callers_first(p: &Profile, width: Width, key: ProcessKey) -> Tree {
             continue;
         }
         for s in &pr.stacks {
-            let sums = Sums::of_stack(s, width);
+            let sums = Sums::of(width, s.into());
             let folded = fold_recursion(&s.frames);
             let path = folded
                 .iter()
@@ -292,20 +294,6 @@ pub fn callers_first(p: &Profile, width: Width, key: ProcessKey) -> Tree {
     t
 }
 
-fn process_sums(pr: &ProcessProfile, width: Width) -> Sums {
-    let var = |v: Option<f64>, rel: Option<f64>| (v.unwrap_or(0.0) * rel.unwrap_or(0.0)).powi(2);
-    let w = measure(width, pr.cycles, pr.time_ns, pr.samples);
-    Sums {
-        width: w,
-        width_var: width_variance(width, w, pr.cycles_rel_error, pr.samples),
-        cycles: pr.cycles.unwrap_or(0.0),
-        cycles_var: var(pr.cycles, pr.cycles_rel_error),
-        instructions: pr.instructions.unwrap_or(0.0),
-        instructions_var: var(pr.instructions, pr.instructions_rel_error),
-        samples: pr.samples,
-    }
-}
-
 /// The callers of `function` (in `binary`), the function at the top and each caller
 /// below the one it called (an icicle): every stack whose leaf is `function` or that
 /// passes through it, from its innermost occurrence outwards.
@@ -320,7 +308,7 @@ pub fn callers_of(p: &Profile, width: Width, function: &str, binary: &str) -> Tr
             else {
                 continue;
             };
-            let sums = Sums::of_stack(s, width);
+            let sums = Sums::of(width, s.into());
             // The function first, then its callers outwards.
             let folded = fold_recursion(&s.frames[at..]);
             let comm = process_name(pr);
@@ -333,20 +321,6 @@ pub fn callers_of(p: &Profile, width: Width, function: &str, binary: &str) -> Tr
         }
     }
     t
-}
-
-fn function_sums(f: &crate::profile::model::FunctionProfile, width: Width) -> Sums {
-    let var = |v: Option<f64>, rel: Option<f64>| (v.unwrap_or(0.0) * rel.unwrap_or(0.0)).powi(2);
-    let w = measure(width, f.cycles, f.time_ns, f.samples);
-    Sums {
-        width: w,
-        width_var: width_variance(width, w, f.cycles_rel_error, f.samples),
-        cycles: f.cycles.unwrap_or(0.0),
-        cycles_var: var(f.cycles, f.cycles_rel_error),
-        instructions: f.instructions.unwrap_or(0.0),
-        instructions_var: var(f.instructions, f.instructions_rel_error),
-        samples: f.samples,
-    }
 }
 
 /// A frame placed on the graph: `x` and `w` as fractions of the root's width.
