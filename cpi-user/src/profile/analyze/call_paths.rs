@@ -66,20 +66,7 @@ impl Ctx<'_> {
                 let Some(&n) = lens.get(&(fs, vs, ve)).filter(|_| fs == fe) else {
                     continue;
                 };
-                let target = match frames.iter().position(|f| f.func == Some(fs)) {
-                    // The leaf's function, or a caller's: that frame's path.
-                    Some(k) => frames[k..].to_vec(),
-                    // A function not on the stack: a callee of the leaf that returned
-                    // within the window.
-                    None => {
-                        let mut v = vec![FrameRef {
-                            func: Some(fs),
-                            address: res.funcs[fs].function.start,
-                        }];
-                        v.extend(frames.iter().copied());
-                        v
-                    }
-                };
+                let target = range_path(&frames, fs, res);
                 let acc = path_acc(&mut paths, &mut names, res, &target, end_of_stack);
                 acc.instructions += r.count * n as f64;
                 acc.instruction_groups.add_scaled(&r.groups, n as f64);
@@ -110,23 +97,7 @@ impl Ctx<'_> {
                 a.into_path(frames, ranged, floor)
             })
             .collect();
-        let mut no_stack = PathAcc::default();
-        for (&r, a) in &p.ips {
-            let (n, w) = stacked.ips.get(&r).copied().unwrap_or_default();
-            let (dn, dw) = agg.dropped.ips.get(&r).copied().unwrap_or_default();
-            let mut one = StackStat::default();
-            one.ips.insert(
-                r,
-                (
-                    a.samples.saturating_sub(n + dn),
-                    a.weight.saturating_sub(w + dw),
-                ),
-            );
-            no_stack.add_ips(&one, role);
-        }
-        // `unstacked` counts samples of both kinds.
-        let ip_unstacked: u64 = no_stack.ips.values().map(|v| v.0).sum();
-        no_stack.branch_samples = agg.unstacked.saturating_sub(ip_unstacked);
+        let no_stack = no_stack(p, &stacked, role);
         for (name, mut a) in [(DROPPED_FRAME, dropped), (NO_STACK_FRAME, no_stack)] {
             if a.samples + a.branch_samples > 0 {
                 a.end = StackEnd::Truncated;
@@ -308,6 +279,49 @@ impl PathAcc {
             range_hits: self.range_hits,
         }
     }
+}
+
+/// The path a range of function `fs` goes to, under a stack of `frames` (see "Call
+/// paths" in [`super`]'s doc).
+fn range_path(frames: &[FrameRef], fs: usize, res: &ProcessResolver<'_>) -> Vec<FrameRef> {
+    match frames.iter().position(|f| f.func == Some(fs)) {
+        // The leaf's function, or a caller's: that frame's path.
+        Some(k) => frames[k..].to_vec(),
+        // A function not on the stack: a callee of the leaf that returned within the
+        // window.
+        None => {
+            let mut v = vec![FrameRef {
+                func: Some(fs),
+                address: res.funcs[fs].function.start,
+            }];
+            v.extend(frames.iter().copied());
+            v
+        }
+    }
+}
+
+/// The samples without a stack: the process's IP samples less those under its stacks
+/// (`stacked`, kept, or evicted), and its branch samples that had none.
+fn no_stack(p: &ProcessSamples, stacked: &PathAcc, role: EventRole) -> PathAcc {
+    let agg = &p.stacks;
+    let mut no_stack = PathAcc::default();
+    for (&r, a) in &p.ips {
+        let (n, w) = stacked.ips.get(&r).copied().unwrap_or_default();
+        let (dn, dw) = agg.dropped.ips.get(&r).copied().unwrap_or_default();
+        let mut one = StackStat::default();
+        one.ips.insert(
+            r,
+            (
+                a.samples.saturating_sub(n + dn),
+                a.weight.saturating_sub(w + dw),
+            ),
+        );
+        no_stack.add_ips(&one, role);
+    }
+    // `unstacked` counts samples of both kinds.
+    let ip_unstacked: u64 = no_stack.ips.values().map(|v| v.0).sum();
+    no_stack.branch_samples = agg.unstacked.saturating_sub(ip_unstacked);
+    no_stack
 }
 
 /// The path of `frames` in `paths`, added empty when new.

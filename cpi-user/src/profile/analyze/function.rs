@@ -68,7 +68,21 @@ pub(super) struct FunctionOutcome {
     pub(super) range_lengths: Vec<(u64, u64, u64)>,
 }
 
+impl FunctionOutcome {
+    /// A function without instruction counts: nothing of it enters the process CPI
+    /// or weighs a call path's ranges.
+    fn without_counts(profile: FunctionProfile) -> Self {
+        FunctionOutcome {
+            profile,
+            cpi_inputs: None,
+            range_lengths: Vec::new(),
+        }
+    }
+}
+
 impl Ctx<'_> {
+    /// The profile of function `index` of the process, `w`, whose IP samples weigh
+    /// `proc_weight` in all.
     pub(super) fn function(
         &mut self,
         index: usize,
@@ -76,82 +90,25 @@ impl Ctx<'_> {
         proc_weight: u64,
         names: &[(String, String)],
     ) -> FunctionOutcome {
-        let primary = w.total(sample_role(self.mode));
-        let opt = |r: EventRole| {
-            let t = w.total(r);
-            (t.samples > 0).then_some(t.weight as f64)
-        };
-        let name = &names[index].0;
-        let mut profile = FunctionProfile {
-            name: name.clone(),
-            mangled: (*name != w.function.name).then(|| w.function.name.clone()),
-            binary: w.object_name.clone(),
-            address: w.function.start,
-            size: w.function.size,
-            samples: primary.samples,
-            share: if proc_weight > 0 {
-                primary.weight as f64 / proc_weight as f64
-            } else {
-                0.0
-            },
-            time_ns: opt(EventRole::CpuClock),
-            cycles: opt(EventRole::Cycles),
-            instructions: None,
-            cycles_rel_error: opt(EventRole::Cycles)
-                .map(|_| w.total(EventRole::Cycles).rel_error()),
-            instructions_rel_error: None,
-            cpi: None,
-            timed_cpi: None,
-            cpi_disagree: false,
-            bolt_name: match &w.object {
-                CodeObject::Elf(bin) => bin.bolt_local_name(&w.function),
-                _ => None,
-            },
-            source: None,
-            blocks: Vec::new(),
-            edges: Vec::new(),
-            lines: Vec::new(),
-        };
+        let mut profile = sampled_profile(w, &names[index].0, sample_role(self.mode), proc_weight);
         if let (false, LineDetail::Evidence, CodeObject::Elf(bin)) =
             (self.mode.has_cpi(), self.opts.lines, &w.object)
         {
             profile.lines = self.sampled_lines(bin, w);
-            return FunctionOutcome {
-                profile,
-                cpi_inputs: None,
-                range_lengths: Vec::new(),
-            };
+            return FunctionOutcome::without_counts(profile);
         }
         // Time profiles decode too (sampled functions only): annotate shows samples per
         // instruction there, as perf annotate does.
-        let cfg = match &w.object {
-            CodeObject::Elf(bin) => match self.decoded.instructions(self.sym, bin, w) {
-                Ok(d) => Some(Cfg::from_instructions(&w.function, d, &w.leaders)),
-                Err(e) => {
-                    log::warn!("{e}");
-                    None
-                }
-            },
-            _ => None,
-        };
-        let Some(cfg) = cfg else {
+        let Some(cfg) = self.cfg(w) else {
             // No code to walk: ranges here cannot be checked.
             self.lost.invalid_ranges += w.ranges.iter().map(|r| r.2.hits).sum::<u64>();
-            return FunctionOutcome {
-                profile,
-                cpi_inputs: None,
-                range_lengths: Vec::new(),
-            };
+            return FunctionOutcome::without_counts(profile);
         };
         let d = self.detail(index, w, &cfg, names);
         if !self.mode.has_cpi() {
             // Samples per instruction only: no counts, cycles, blocks or edges exist.
             profile.lines = d.lines;
-            return FunctionOutcome {
-                profile,
-                cpi_inputs: None,
-                range_lengths: Vec::new(),
-            };
+            return FunctionOutcome::without_counts(profile);
         }
         let instructions = d.instructions;
         profile.instructions = Some(instructions);
@@ -185,6 +142,21 @@ impl Ctx<'_> {
                 d.instruction_samples,
             )),
             range_lengths,
+        }
+    }
+
+    /// The control-flow graph of `w`'s function; `None` where there is no code to walk
+    /// (not an ELF function, or its code is unreadable).
+    fn cfg(&mut self, w: &FunctionWork) -> Option<Cfg> {
+        match &w.object {
+            CodeObject::Elf(bin) => match self.decoded.instructions(self.sym, bin, w) {
+                Ok(d) => Some(Cfg::from_instructions(&w.function, d, &w.leaders)),
+                Err(e) => {
+                    log::warn!("{e}");
+                    None
+                }
+            },
+            _ => None,
         }
     }
 
@@ -235,5 +207,49 @@ impl Ctx<'_> {
                 l
             })
             .collect()
+    }
+}
+
+/// `w`'s profile from its IP samples alone (role `role` counts as its samples), before
+/// any instruction-level work.
+fn sampled_profile(
+    w: &FunctionWork,
+    name: &str,
+    role: EventRole,
+    proc_weight: u64,
+) -> FunctionProfile {
+    let primary = w.total(role);
+    let opt = |r: EventRole| {
+        let t = w.total(r);
+        (t.samples > 0).then_some(t.weight as f64)
+    };
+    FunctionProfile {
+        name: name.to_string(),
+        mangled: (name != w.function.name).then(|| w.function.name.clone()),
+        binary: w.object_name.clone(),
+        address: w.function.start,
+        size: w.function.size,
+        samples: primary.samples,
+        share: if proc_weight > 0 {
+            primary.weight as f64 / proc_weight as f64
+        } else {
+            0.0
+        },
+        time_ns: opt(EventRole::CpuClock),
+        cycles: opt(EventRole::Cycles),
+        instructions: None,
+        cycles_rel_error: opt(EventRole::Cycles).map(|_| w.total(EventRole::Cycles).rel_error()),
+        instructions_rel_error: None,
+        cpi: None,
+        timed_cpi: None,
+        cpi_disagree: false,
+        bolt_name: match &w.object {
+            CodeObject::Elf(bin) => bin.bolt_local_name(&w.function),
+            _ => None,
+        },
+        source: None,
+        blocks: Vec::new(),
+        edges: Vec::new(),
+        lines: Vec::new(),
     }
 }
