@@ -923,16 +923,7 @@ fn load_time_profile(
         e.period_or_freq
     };
     let header = &pass.header;
-    let stacks = if e.has_user_stack() && header.foreign_arch().is_some() {
-        "with their kernel callchains only (the copied user stacks are another \
-         architecture's, not unwound here)"
-    } else if e.has_user_stack() {
-        "with call stacks unwound here from their copied user stacks (--call-graph dwarf)"
-    } else if e.has_callchain() {
-        "with callchains"
-    } else {
-        "without callchains (perf record -g records them)"
-    };
+    let stacks = stacks_said(e, header);
     // Another architecture's binaries are not opened (Relocator): per mapped file only.
     let scope = match header.foreign_arch() {
         Some(a) => format!(
@@ -987,6 +978,20 @@ fn load_time_profile(
         cpi: false,
         by_instructions: false,
     })
+}
+
+/// What a time profile's samples of `e` have for call stacks, for its mode line.
+fn stacks_said(e: &EventAttr, header: &perf_data::Header) -> &'static str {
+    if e.has_user_stack() && header.foreign_arch().is_some() {
+        "with their kernel callchains only (the copied user stacks are another \
+         architecture's, not unwound here)"
+    } else if e.has_user_stack() {
+        "with call stacks unwound here from their copied user stacks (--call-graph dwarf)"
+    } else if e.has_callchain() {
+        "with callchains"
+    } else {
+        "without callchains (perf record -g records them)"
+    }
 }
 
 /// How a raw core-PMU event was read ([`Estimator::of`]), as `(code, note)`: its code,
