@@ -409,6 +409,35 @@ struct Roles {
     clock: Option<usize>,
 }
 
+impl Roles {
+    /// What the IP samples of event `event` count, if they are used.
+    fn ip_role(&self, event: usize) -> Option<EventRole> {
+        if Some(event) == self.cycles {
+            Some(EventRole::Cycles)
+        } else if Some(event) == self.clock {
+            Some(EventRole::CpuClock)
+        } else {
+            None
+        }
+    }
+}
+
+/// `file` read from its start, with progress shown.
+fn read_from_start(
+    file: &std::fs::File,
+    what: &str,
+) -> Result<progress::Reading<std::fs::File>, ImportError> {
+    let f = file
+        .try_clone()
+        .and_then(|mut f| f.seek(SeekFrom::Start(0)).map(|_| f))
+        .map_err(|source| ImportError::Io {
+            what: what.into(),
+            source,
+        })?;
+    let size = f.metadata().ok().map(|m| m.len());
+    Ok(progress::Reading::new(f, "reading", size))
+}
+
 /// One pass over the file with range window `window` and stack weighting `weighting`,
 /// feeding the samples of `roles`' events (none in a first pass) with their call stacks,
 /// user stacks recorded as bytes unwound by `unwinder`.
@@ -419,15 +448,7 @@ fn perf_data_pass(
     roles: Roles,
     mut unwinder: Option<&mut Unwinder>,
 ) -> Result<Pass, ImportError> {
-    let f = file
-        .try_clone()
-        .and_then(|mut f| f.seek(SeekFrom::Start(0)).map(|_| f))
-        .map_err(|source| ImportError::Io {
-            what: what.into(),
-            source,
-        })?;
-    let size = f.metadata().ok().map(|m| m.len());
-    let mut f = progress::Reading::new(f, "reading", size);
+    let mut f = read_from_start(file, what)?;
     let mut set = SampleSet::new(window);
     set.weighting = weighting;
     let mut per_event = Vec::new();
@@ -450,13 +471,7 @@ fn perf_data_pass(
         let branch = roles
             .branch
             .filter(|&(b, _)| b == s.event && !s.branches.is_empty());
-        let ip_role = if Some(s.event) == roles.cycles {
-            Some(EventRole::Cycles)
-        } else if Some(s.event) == roles.clock {
-            Some(EventRole::CpuClock)
-        } else {
-            None
-        };
+        let ip_role = roles.ip_role(s.event);
         if branch.is_none() && ip_role.is_none() {
             return;
         }
