@@ -334,6 +334,64 @@ struct Layout {
     file_len: u64,
 }
 
+/// The feature sections `header` uses (build ids, architecture, CPU, event names, PMU
+/// types), of those `features` flags, whose table starts at `table_off`.
+fn read_features<R: Read + Seek>(
+    r: &mut R,
+    features: [u64; 4],
+    table_off: u64,
+    file_len: u64,
+    header: &mut Header,
+) -> Result<(), PerfDataError> {
+    // Feature sections: one (offset, size) per set bit, in bit order, after the data.
+    let set: Vec<usize> = (0..256)
+        .filter(|&b| features[b / 64] >> (b % 64) & 1 == 1)
+        .collect();
+    let table = match read_at(
+        r,
+        table_off,
+        16 * set.len() as u64,
+        file_len,
+        "feature table",
+    ) {
+        Ok(t) => t,
+        // A file cut inside its feature table still has its samples: read them.
+        Err(PerfDataError::Truncated(_)) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    for (i, &bit) in set.iter().enumerate() {
+        let (Some(off), Some(size)) = (u64_at(&table, 16 * i), u64_at(&table, 16 * i + 8)) else {
+            break;
+        };
+        if ![
+            FEAT_BUILD_ID,
+            FEAT_ARCH,
+            FEAT_CPUID,
+            FEAT_EVENT_DESC,
+            FEAT_PMU_MAPPINGS,
+        ]
+        .contains(&bit)
+        {
+            continue;
+        }
+        let Ok(sec) = read_at(r, off, size, file_len, "feature section") else {
+            continue;
+        };
+        match bit {
+            FEAT_BUILD_ID => parse_build_ids(&sec, &mut header.build_ids),
+            // Named in messages: escaped, as another machine wrote it.
+            FEAT_ARCH => {
+                header.arch =
+                    perf_string(&sec, 0).map(|(s, _)| crate::fsafe::escape(&s).into_owned())
+            }
+            FEAT_CPUID => header.cpuid = perf_string(&sec, 0).map(|(s, _)| s),
+            FEAT_EVENT_DESC => parse_event_desc(&sec, &mut header.events),
+            _ => parse_pmu_mappings(&sec, &mut header.pmus),
+        }
+    }
+    Ok(())
+}
+
 /// Reads the header, the event attributes and the feature sections.
 fn read_header<R: Read + Seek>(r: &mut R) -> Result<(Header, Layout), PerfDataError> {
     let file_len = r.seek(SeekFrom::End(0))?;
@@ -400,53 +458,7 @@ fn read_header<R: Read + Seek>(r: &mut R) -> Result<(Header, Layout), PerfDataEr
         events,
         ..Header::default()
     };
-    // Feature sections: one (offset, size) per set bit, in bit order, after the data.
-    let set: Vec<usize> = (0..256)
-        .filter(|&b| features[b / 64] >> (b % 64) & 1 == 1)
-        .collect();
-    let table_off = data_offset + data_size;
-    let table = match read_at(
-        r,
-        table_off,
-        16 * set.len() as u64,
-        file_len,
-        "feature table",
-    ) {
-        Ok(t) => t,
-        // A file cut inside its feature table still has its samples: read them.
-        Err(PerfDataError::Truncated(_)) => Vec::new(),
-        Err(e) => return Err(e),
-    };
-    for (i, &bit) in set.iter().enumerate() {
-        let (Some(off), Some(size)) = (u64_at(&table, 16 * i), u64_at(&table, 16 * i + 8)) else {
-            break;
-        };
-        if ![
-            FEAT_BUILD_ID,
-            FEAT_ARCH,
-            FEAT_CPUID,
-            FEAT_EVENT_DESC,
-            FEAT_PMU_MAPPINGS,
-        ]
-        .contains(&bit)
-        {
-            continue;
-        }
-        let Ok(sec) = read_at(r, off, size, file_len, "feature section") else {
-            continue;
-        };
-        match bit {
-            FEAT_BUILD_ID => parse_build_ids(&sec, &mut header.build_ids),
-            // Named in messages: escaped, as another machine wrote it.
-            FEAT_ARCH => {
-                header.arch =
-                    perf_string(&sec, 0).map(|(s, _)| crate::fsafe::escape(&s).into_owned())
-            }
-            FEAT_CPUID => header.cpuid = perf_string(&sec, 0).map(|(s, _)| s),
-            FEAT_EVENT_DESC => parse_event_desc(&sec, &mut header.events),
-            _ => parse_pmu_mappings(&sec, &mut header.pmus),
-        }
-    }
+    read_features(r, features, data_offset + data_size, file_len, &mut header)?;
     Ok((
         header,
         Layout {
