@@ -597,11 +597,7 @@ fn load_perf_data(
         ));
     }
     let ev = &header.events[branch];
-    let timed_note = if pass.timed_entries > 0 {
-        "; timed CPI from the cycles the branch entries carry (timed LBR)"
-    } else {
-        ""
-    };
+    let timed_note = timed_note(pass.timed_entries > 0);
     let cycles_name = cycles.map(|c| header.events[c].display_name());
     let meaning = branch_meaning(est, ev, cycles_name.as_deref(), window, corrected);
     let (code, code_note) = raw_note(ev, &header);
@@ -1408,26 +1404,7 @@ fn load_lines<R: BufRead>(
     import.place(&mut set);
     let said = relocate(&mut set, &opts.locator, &BTreeMap::new(), what)?;
     notes.extend(said.notes);
-    let (role, name) = match est {
-        Estimator::TakenBranches => (EventRole::Branches, "taken branches (--event)"),
-        Estimator::Cycles => (EventRole::Cycles, "cycles (perf record -b)"),
-        Estimator::Other => (EventRole::Branches, "another event (--event)"),
-    };
-    let mut events = vec![EventInfo {
-        role: EventRole::Branches,
-        name: name.into(),
-        period: parse_opts.period,
-        jitter: 0,
-        thinning: 1,
-        unit: EventUnit::Events,
-        samples: n,
-    }];
-    if role == EventRole::Cycles {
-        events.push(EventInfo {
-            role,
-            ..events[0].clone()
-        });
-    }
+    let events = text_events(est, parse_opts.period, n);
     let periods = if per_sample {
         "each sample's own period (-F period)"
     } else if opts.period > 1 {
@@ -1435,32 +1412,8 @@ fn load_lines<R: BufRead>(
     } else {
         "no period in the text and no --period: each sample weighs 1, counts are relative"
     };
-    let meaning = match est {
-        Estimator::Cycles if corrected => {
-            "taken as cycles (perf record -b's default; --event says \
-             otherwise): cycles per function from the periods; instruction counts from the \
-             stacks weighted by period / cycles each window spans (timed entries; corrects \
-             cycle sampling's bias towards slow code); CPI = cycles / those counts"
-        }
-        Estimator::Cycles => {
-            "taken as cycles (perf record -b's default; --event says \
-             otherwise): cycles per function from the periods; the instruction profile is \
-             relative (stacks sampled on cycles): no CPI from it"
-        }
-        Estimator::TakenBranches => {
-            "taken-branch event (--event): instruction counts from \
-             the periods, shares of instructions; the text holds no cycles: no cycles, no CPI"
-        }
-        Estimator::Other => {
-            "another event (--event): a relative instruction profile (each \
-             sample weighs 1), shares of instructions; no cycles, no CPI"
-        }
-    };
-    let timed_note = if timed {
-        "; timed CPI from the cycles the branch entries carry (timed LBR)"
-    } else {
-        ""
-    };
+    let meaning = text_meaning(est, corrected);
+    let timed_note = timed_note(timed);
     let run = RunInfo {
         mode: if est == Estimator::Cycles {
             Mode::Cpi
@@ -1487,6 +1440,66 @@ fn load_lines<R: BufRead>(
         cpi: corrected,
         by_instructions: est != Estimator::Cycles,
     })
+}
+
+/// The events of a perf script import whose stacks count `est`, sampled with
+/// `period`: `n` samples.
+fn text_events(est: Estimator, period: u64, n: u64) -> Vec<EventInfo> {
+    let (role, name) = match est {
+        Estimator::TakenBranches => (EventRole::Branches, "taken branches (--event)"),
+        Estimator::Cycles => (EventRole::Cycles, "cycles (perf record -b)"),
+        Estimator::Other => (EventRole::Branches, "another event (--event)"),
+    };
+    let mut events = vec![EventInfo {
+        role: EventRole::Branches,
+        name: name.into(),
+        period,
+        jitter: 0,
+        thinning: 1,
+        unit: EventUnit::Events,
+        samples: n,
+    }];
+    if role == EventRole::Cycles {
+        events.push(EventInfo {
+            role,
+            ..events[0].clone()
+        });
+    }
+    events
+}
+
+/// What a perf script import whose stacks count `est` says, for its mode line.
+fn text_meaning(est: Estimator, corrected: bool) -> &'static str {
+    match est {
+        Estimator::Cycles if corrected => {
+            "taken as cycles (perf record -b's default; --event says \
+             otherwise): cycles per function from the periods; instruction counts from the \
+             stacks weighted by period / cycles each window spans (timed entries; corrects \
+             cycle sampling's bias towards slow code); CPI = cycles / those counts"
+        }
+        Estimator::Cycles => {
+            "taken as cycles (perf record -b's default; --event says \
+             otherwise): cycles per function from the periods; the instruction profile is \
+             relative (stacks sampled on cycles): no CPI from it"
+        }
+        Estimator::TakenBranches => {
+            "taken-branch event (--event): instruction counts from \
+             the periods, shares of instructions; the text holds no cycles: no cycles, no CPI"
+        }
+        Estimator::Other => {
+            "another event (--event): a relative instruction profile (each \
+             sample weighs 1), shares of instructions; no cycles, no CPI"
+        }
+    }
+}
+
+/// The mode line's note on timed branch entries, where the stacks had any.
+fn timed_note(timed: bool) -> &'static str {
+    if timed {
+        "; timed CPI from the cycles the branch entries carry (timed LBR)"
+    } else {
+        ""
+    }
 }
 
 /// Places the text's dsos by their ELF headers ([`perf_script::Scan::finish`]); with,
