@@ -409,6 +409,35 @@ struct Roles {
     clock: Option<usize>,
 }
 
+impl Roles {
+    /// What the IP samples of event `event` count, if they are used.
+    fn ip_role(&self, event: usize) -> Option<EventRole> {
+        if Some(event) == self.cycles {
+            Some(EventRole::Cycles)
+        } else if Some(event) == self.clock {
+            Some(EventRole::CpuClock)
+        } else {
+            None
+        }
+    }
+}
+
+/// `file` read from its start, with progress shown.
+fn read_from_start(
+    file: &std::fs::File,
+    what: &str,
+) -> Result<progress::Reading<std::fs::File>, ImportError> {
+    let f = file
+        .try_clone()
+        .and_then(|mut f| f.seek(SeekFrom::Start(0)).map(|_| f))
+        .map_err(|source| ImportError::Io {
+            what: what.into(),
+            source,
+        })?;
+    let size = f.metadata().ok().map(|m| m.len());
+    Ok(progress::Reading::new(f, "reading", size))
+}
+
 /// One pass over the file with range window `window` and stack weighting `weighting`,
 /// feeding the samples of `roles`' events (none in a first pass) with their call stacks,
 /// user stacks recorded as bytes unwound by `unwinder`.
@@ -419,15 +448,7 @@ fn perf_data_pass(
     roles: Roles,
     mut unwinder: Option<&mut Unwinder>,
 ) -> Result<Pass, ImportError> {
-    let f = file
-        .try_clone()
-        .and_then(|mut f| f.seek(SeekFrom::Start(0)).map(|_| f))
-        .map_err(|source| ImportError::Io {
-            what: what.into(),
-            source,
-        })?;
-    let size = f.metadata().ok().map(|m| m.len());
-    let mut f = progress::Reading::new(f, "reading", size);
+    let mut f = read_from_start(file, what)?;
     let mut set = SampleSet::new(window);
     set.weighting = weighting;
     let mut per_event = Vec::new();
@@ -450,13 +471,7 @@ fn perf_data_pass(
         let branch = roles
             .branch
             .filter(|&(b, _)| b == s.event && !s.branches.is_empty());
-        let ip_role = if Some(s.event) == roles.cycles {
-            Some(EventRole::Cycles)
-        } else if Some(s.event) == roles.clock {
-            Some(EventRole::CpuClock)
-        } else {
-            None
-        };
+        let ip_role = roles.ip_role(s.event);
         if branch.is_none() && ip_role.is_none() {
             return;
         }
@@ -545,66 +560,12 @@ fn load_perf_data(
     let with_stacks: Vec<usize> = (0..events.len())
         .filter(|&i| events[i].has_branch_stack())
         .collect();
-    let names = || {
-        events
-            .iter()
-            .map(EventAttr::display_name)
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let sampled = |i: usize| scan.per_event[i] > 0;
-    let clock = (0..events.len()).find(|&i| events[i].is_clock() && sampled(i));
-    if let Some(arch) = scan.header.foreign_arch() {
-        // Branch stacks need the code decoded: time is what another architecture's
-        // recording gives here.
-        let cycles = (0..events.len())
-            .find(|&i| sampled(i) && Estimator::of(&events[i], &scan.header) == Estimator::Cycles);
-        return match (clock, cycles) {
-            (Some(clock), _) => load_time_profile(file, what, opts, (clock, Timer::Clock), &scan),
-            (None, Some(c)) => load_time_profile(file, what, opts, (c, Timer::Cycles), &scan),
-            (None, None) => Err(unusable(format!(
-                "recorded on {arch}: its branch stacks need its code decoded, which this \
-                 build does for x86-64 only, and it holds no cycles or clock samples to \
-                 count time by (events: {})",
-                names()
-            ))),
-        };
+    if let Some(loaded) = time_profile_instead(file, what, opts, &scan, &with_stacks) {
+        return loaded;
     }
-    if with_stacks.is_empty() || scan.max_depth == 0 {
-        if let Some(clock) = clock {
-            return load_time_profile(file, what, opts, (clock, Timer::Clock), &scan);
-        }
-        return Err(ImportError::NoBranchStacks {
-            what: what.into(),
-            events: names(),
-        });
-    }
-    // The stacks of a taken-branch event if there is one, else the first with stacks.
-    let branch = with_stacks
-        .iter()
-        .copied()
-        .find(|&i| Estimator::of(&events[i], &scan.header) == Estimator::TakenBranches)
-        .unwrap_or(with_stacks[0]);
-    let est = Estimator::of(&events[branch], &scan.header);
-    let cycles = (0..events.len())
-        .filter(|&i| scan.per_event[i] > 0)
-        .find(|&i| Estimator::of(&events[i], &scan.header) == Estimator::Cycles);
+    let (branch, est, cycles) = branch_roles(&scan, &with_stacks);
     let mut notes = Vec::new();
-    let usable = scan.max_depth.min(MAX_BRANCH_ENTRIES);
-    if usable < 2 {
-        return Err(unusable(format!(
-            "its branch stacks hold {usable} entries: at least 2 are needed for one range"
-        )));
-    }
-    let mut window = opts.window.max(1);
-    if window > usable - 1 {
-        notes.push(format!(
-            "--window {window} is larger than the stacks allow: their {usable} entries hold {} ranges; using {}",
-            usable - 1,
-            usable - 1
-        ));
-        window = usable - 1;
-    }
+    let window = window_within(opts.window, scan.max_depth, &mut notes).map_err(unusable)?;
     let weighting = stack_weighting(opts.stack_weighting, est, scan.timed_per_event[branch] > 0)
         .map_err(unusable)?;
     let corrected = est == Estimator::Cycles && weighting == StackWeighting::CyclesSpanned;
@@ -620,6 +581,7 @@ fn load_perf_data(
         roles,
         (&opts.locator, &scan),
     )?;
+    let infos = branch_event_infos(&pass, branch, cycles);
     let Said {
         notes: placed_notes,
         details,
@@ -635,20 +597,149 @@ fn load_perf_data(
         ));
     }
     let ev = &header.events[branch];
-    let sampling = |e: &EventAttr| {
-        if e.freq {
-            format!("freq {} Hz, each sample's own period", e.period_or_freq)
-        } else {
-            format!("period {}", e.period_or_freq)
-        }
-    };
-    let timed = pass.timed_entries > 0;
-    let timed_note = if timed {
-        "; timed CPI from the cycles the branch entries carry (timed LBR)"
-    } else {
-        ""
-    };
+    let timed_note = timed_note(pass.timed_entries > 0);
     let cycles_name = cycles.map(|c| header.events[c].display_name());
+    let meaning = branch_meaning(est, ev, cycles_name.as_deref(), window, corrected);
+    let (code, code_note) = raw_note(ev, &header);
+    let run = RunInfo {
+        mode: if cycles.is_some() {
+            Mode::Cpi
+        } else {
+            Mode::Instructions
+        },
+        mode_reason: format!(
+            "imported from perf.data {what} ({}): branch stacks on {} ({code}{}{code_note}): \
+             {meaning}{timed_note}",
+            recorded_on(&header),
+            ev.display_name(),
+            sampling(ev, ""),
+        ),
+        command: Vec::new(),
+        duration_secs: 0.0,
+        events: infos,
+        perturbation: Perturbation::None,
+        lost: placed.lost,
+    };
+    notes.extend(untimed_note(&set));
+    Ok(Loaded {
+        set,
+        run,
+        notes,
+        details,
+        unusable,
+        foreign: false,
+        cpi: (est == Estimator::TakenBranches || corrected) && cycles.is_some(),
+        by_instructions: cycles.is_none(),
+    })
+}
+
+/// The time profile a recording gives instead of its branch stacks' ranges (another
+/// architecture's, whose code is not decoded here, or one without branch stacks), or
+/// why it gives none; `None` where the branch stacks are used.
+fn time_profile_instead(
+    file: &std::fs::File,
+    what: &str,
+    opts: &ImportOptions,
+    scan: &Pass,
+    with_stacks: &[usize],
+) -> Option<Result<Loaded, ImportError>> {
+    let events = &scan.header.events;
+    let names = || {
+        events
+            .iter()
+            .map(EventAttr::display_name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let sampled = |i: usize| scan.per_event[i] > 0;
+    let clock = (0..events.len()).find(|&i| events[i].is_clock() && sampled(i));
+    if let Some(arch) = scan.header.foreign_arch() {
+        // Branch stacks need the code decoded: time is what another architecture's
+        // recording gives here.
+        let cycles = (0..events.len())
+            .find(|&i| sampled(i) && Estimator::of(&events[i], &scan.header) == Estimator::Cycles);
+        return Some(match (clock, cycles) {
+            (Some(clock), _) => load_time_profile(file, what, opts, (clock, Timer::Clock), scan),
+            (None, Some(c)) => load_time_profile(file, what, opts, (c, Timer::Cycles), scan),
+            (None, None) => Err(ImportError::Unusable {
+                what: what.into(),
+                why: format!(
+                    "recorded on {arch}: its branch stacks need its code decoded, which this \
+                     build does for x86-64 only, and it holds no cycles or clock samples to \
+                     count time by (events: {})",
+                    names()
+                ),
+            }),
+        });
+    }
+    if with_stacks.is_empty() || scan.max_depth == 0 {
+        return Some(match clock {
+            Some(clock) => load_time_profile(file, what, opts, (clock, Timer::Clock), scan),
+            None => Err(ImportError::NoBranchStacks {
+                what: what.into(),
+                events: names(),
+            }),
+        });
+    }
+    None
+}
+
+/// The event whose branch stacks are used (a taken-branch event's if there is one, else
+/// the first with stacks), what it counts, and the sampled cycles event.
+fn branch_roles(scan: &Pass, with_stacks: &[usize]) -> (usize, Estimator, Option<usize>) {
+    let events = &scan.header.events;
+    let branch = with_stacks
+        .iter()
+        .copied()
+        .find(|&i| Estimator::of(&events[i], &scan.header) == Estimator::TakenBranches)
+        .unwrap_or(with_stacks[0]);
+    let est = Estimator::of(&events[branch], &scan.header);
+    let cycles = (0..events.len())
+        .filter(|&i| scan.per_event[i] > 0)
+        .find(|&i| Estimator::of(&events[i], &scan.header) == Estimator::Cycles);
+    (branch, est, cycles)
+}
+
+/// The range window `asked` for, within what stacks of `max_depth` entries allow (one
+/// range fewer), with a note when it is not; why not where they hold no range.
+fn window_within(asked: usize, max_depth: usize, notes: &mut Vec<String>) -> Result<usize, String> {
+    let usable = max_depth.min(MAX_BRANCH_ENTRIES);
+    if usable < 2 {
+        return Err(format!(
+            "its branch stacks hold {usable} entries: at least 2 are needed for one range"
+        ));
+    }
+    let window = asked.max(1);
+    if window > usable - 1 {
+        notes.push(format!(
+            "--window {window} is larger than the stacks allow: their {usable} entries hold {} ranges; using {}",
+            usable - 1,
+            usable - 1
+        ));
+        return Ok(usable - 1);
+    }
+    Ok(window)
+}
+
+/// How an event was sampled, for a mode line: its frequency, or its period (in `unit`).
+fn sampling(e: &EventAttr, unit: &str) -> String {
+    if e.freq {
+        format!("freq {} Hz, each sample's own period", e.period_or_freq)
+    } else {
+        format!("period {}{unit}", e.period_or_freq)
+    }
+}
+
+/// What a profile from the branch stacks of `ev` (counting `est`) says, for its mode
+/// line: how its instruction counts, cycles (from `cycles_name`'s samples) and CPI
+/// were had.
+fn branch_meaning(
+    est: Estimator,
+    ev: &EventAttr,
+    cycles_name: Option<&str>,
+    window: usize,
+    corrected: bool,
+) -> String {
     // Before Sandy Bridge Intel had no retired taken-branch event; the executed one
     // (e.g. Westmere's, tests/data/README.md) also counts branches on mispredicted paths.
     let executed = if est == Estimator::TakenBranches
@@ -661,7 +752,7 @@ fn load_perf_data(
     } else {
         ""
     };
-    let meaning = match (est, &cycles_name) {
+    match (est, cycles_name) {
         (Estimator::TakenBranches, Some(c)) => format!(
             "taken-branch event{executed}: absolute instruction counts (each range stands for period/{window}); cycles from {c} samples × their periods; CPI"
         ),
@@ -677,9 +768,14 @@ fn load_perf_data(
         ),
         (Estimator::Other, None) => "neither taken branches nor cycles: a relative instruction profile (each sample weighs 1), shares of instructions; no cycles, no CPI"
             .to_string(),
-    };
+    }
+}
+
+/// The events of a branch-stack profile: the `branch` event's stacks, the `cycles`
+/// event's samples.
+fn branch_event_infos(pass: &Pass, branch: usize, cycles: Option<usize>) -> Vec<EventInfo> {
     let mut infos = Vec::new();
-    for (i, e) in header.events.iter().enumerate() {
+    for (i, e) in pass.header.events.iter().enumerate() {
         let roles: &[EventRole] = match (i == branch, Some(i) == cycles) {
             (true, true) => &[EventRole::Branches, EventRole::Cycles],
             (true, false) => &[EventRole::Branches],
@@ -712,37 +808,7 @@ fn load_perf_data(
             });
         }
     }
-    let (code, code_note) = raw_note(ev, &header);
-    let run = RunInfo {
-        mode: if cycles.is_some() {
-            Mode::Cpi
-        } else {
-            Mode::Instructions
-        },
-        mode_reason: format!(
-            "imported from perf.data {what} ({}): branch stacks on {} ({code}{}{code_note}): \
-             {meaning}{timed_note}",
-            recorded_on(&header),
-            ev.display_name(),
-            sampling(ev),
-        ),
-        command: Vec::new(),
-        duration_secs: 0.0,
-        events: infos,
-        perturbation: Perturbation::None,
-        lost: placed.lost,
-    };
-    notes.extend(untimed_note(&set));
-    Ok(Loaded {
-        set,
-        run,
-        notes,
-        details,
-        unusable,
-        foreign: false,
-        cpi: (est == Estimator::TakenBranches || corrected) && cycles.is_some(),
-        by_instructions: cycles.is_none(),
-    })
+    infos
 }
 
 /// What placing a pass's processes said, and the stacks unwound short.
@@ -861,29 +927,14 @@ fn load_time_profile(
     } = placed.said;
     let e = &pass.header.events[clock];
     let n = pass.per_event[clock];
-    let (sampling, period) = if e.freq {
-        (
-            format!("freq {} Hz, each sample's own period", e.period_or_freq),
-            pass.period_sums[clock] / n.max(1),
-        )
+    let sampling = sampling(e, if timer == Timer::Clock { " ns" } else { "" });
+    let period = if e.freq {
+        pass.period_sums[clock] / n.max(1)
     } else {
-        let unit = if timer == Timer::Clock { " ns" } else { "" };
-        (
-            format!("period {}{unit}", e.period_or_freq),
-            e.period_or_freq,
-        )
+        e.period_or_freq
     };
     let header = &pass.header;
-    let stacks = if e.has_user_stack() && header.foreign_arch().is_some() {
-        "with their kernel callchains only (the copied user stacks are another \
-         architecture's, not unwound here)"
-    } else if e.has_user_stack() {
-        "with call stacks unwound here from their copied user stacks (--call-graph dwarf)"
-    } else if e.has_callchain() {
-        "with callchains"
-    } else {
-        "without callchains (perf record -g records them)"
-    };
+    let stacks = stacks_said(e, header);
     // Another architecture's binaries are not opened (Relocator): per mapped file only.
     let scope = match header.foreign_arch() {
         Some(a) => format!(
@@ -938,6 +989,20 @@ fn load_time_profile(
         cpi: false,
         by_instructions: false,
     })
+}
+
+/// What a time profile's samples of `e` have for call stacks, for its mode line.
+fn stacks_said(e: &EventAttr, header: &perf_data::Header) -> &'static str {
+    if e.has_user_stack() && header.foreign_arch().is_some() {
+        "with their kernel callchains only (the copied user stacks are another \
+         architecture's, not unwound here)"
+    } else if e.has_user_stack() {
+        "with call stacks unwound here from their copied user stacks (--call-graph dwarf)"
+    } else if e.has_callchain() {
+        "with callchains"
+    } else {
+        "without callchains (perf record -g records them)"
+    }
 }
 
 /// How a raw core-PMU event was read ([`Estimator::of`]), as `(code, note)`: its code,
@@ -1339,26 +1404,7 @@ fn load_lines<R: BufRead>(
     import.place(&mut set);
     let said = relocate(&mut set, &opts.locator, &BTreeMap::new(), what)?;
     notes.extend(said.notes);
-    let (role, name) = match est {
-        Estimator::TakenBranches => (EventRole::Branches, "taken branches (--event)"),
-        Estimator::Cycles => (EventRole::Cycles, "cycles (perf record -b)"),
-        Estimator::Other => (EventRole::Branches, "another event (--event)"),
-    };
-    let mut events = vec![EventInfo {
-        role: EventRole::Branches,
-        name: name.into(),
-        period: parse_opts.period,
-        jitter: 0,
-        thinning: 1,
-        unit: EventUnit::Events,
-        samples: n,
-    }];
-    if role == EventRole::Cycles {
-        events.push(EventInfo {
-            role,
-            ..events[0].clone()
-        });
-    }
+    let events = text_events(est, parse_opts.period, n);
     let periods = if per_sample {
         "each sample's own period (-F period)"
     } else if opts.period > 1 {
@@ -1366,32 +1412,8 @@ fn load_lines<R: BufRead>(
     } else {
         "no period in the text and no --period: each sample weighs 1, counts are relative"
     };
-    let meaning = match est {
-        Estimator::Cycles if corrected => {
-            "taken as cycles (perf record -b's default; --event says \
-             otherwise): cycles per function from the periods; instruction counts from the \
-             stacks weighted by period / cycles each window spans (timed entries; corrects \
-             cycle sampling's bias towards slow code); CPI = cycles / those counts"
-        }
-        Estimator::Cycles => {
-            "taken as cycles (perf record -b's default; --event says \
-             otherwise): cycles per function from the periods; the instruction profile is \
-             relative (stacks sampled on cycles): no CPI from it"
-        }
-        Estimator::TakenBranches => {
-            "taken-branch event (--event): instruction counts from \
-             the periods, shares of instructions; the text holds no cycles: no cycles, no CPI"
-        }
-        Estimator::Other => {
-            "another event (--event): a relative instruction profile (each \
-             sample weighs 1), shares of instructions; no cycles, no CPI"
-        }
-    };
-    let timed_note = if timed {
-        "; timed CPI from the cycles the branch entries carry (timed LBR)"
-    } else {
-        ""
-    };
+    let meaning = text_meaning(est, corrected);
+    let timed_note = timed_note(timed);
     let run = RunInfo {
         mode: if est == Estimator::Cycles {
             Mode::Cpi
@@ -1418,6 +1440,66 @@ fn load_lines<R: BufRead>(
         cpi: corrected,
         by_instructions: est != Estimator::Cycles,
     })
+}
+
+/// The events of a perf script import whose stacks count `est`, sampled with
+/// `period`: `n` samples.
+fn text_events(est: Estimator, period: u64, n: u64) -> Vec<EventInfo> {
+    let (role, name) = match est {
+        Estimator::TakenBranches => (EventRole::Branches, "taken branches (--event)"),
+        Estimator::Cycles => (EventRole::Cycles, "cycles (perf record -b)"),
+        Estimator::Other => (EventRole::Branches, "another event (--event)"),
+    };
+    let mut events = vec![EventInfo {
+        role: EventRole::Branches,
+        name: name.into(),
+        period,
+        jitter: 0,
+        thinning: 1,
+        unit: EventUnit::Events,
+        samples: n,
+    }];
+    if role == EventRole::Cycles {
+        events.push(EventInfo {
+            role,
+            ..events[0].clone()
+        });
+    }
+    events
+}
+
+/// What a perf script import whose stacks count `est` says, for its mode line.
+fn text_meaning(est: Estimator, corrected: bool) -> &'static str {
+    match est {
+        Estimator::Cycles if corrected => {
+            "taken as cycles (perf record -b's default; --event says \
+             otherwise): cycles per function from the periods; instruction counts from the \
+             stacks weighted by period / cycles each window spans (timed entries; corrects \
+             cycle sampling's bias towards slow code); CPI = cycles / those counts"
+        }
+        Estimator::Cycles => {
+            "taken as cycles (perf record -b's default; --event says \
+             otherwise): cycles per function from the periods; the instruction profile is \
+             relative (stacks sampled on cycles): no CPI from it"
+        }
+        Estimator::TakenBranches => {
+            "taken-branch event (--event): instruction counts from \
+             the periods, shares of instructions; the text holds no cycles: no cycles, no CPI"
+        }
+        Estimator::Other => {
+            "another event (--event): a relative instruction profile (each \
+             sample weighs 1), shares of instructions; no cycles, no CPI"
+        }
+    }
+}
+
+/// The mode line's note on timed branch entries, where the stacks had any.
+fn timed_note(timed: bool) -> &'static str {
+    if timed {
+        "; timed CPI from the cycles the branch entries carry (timed LBR)"
+    } else {
+        ""
+    }
 }
 
 /// Places the text's dsos by their ELF headers ([`perf_script::Scan::finish`]); with,

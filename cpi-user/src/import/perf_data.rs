@@ -334,6 +334,64 @@ struct Layout {
     file_len: u64,
 }
 
+/// The feature sections `header` uses (build ids, architecture, CPU, event names, PMU
+/// types), of those `features` flags, whose table starts at `table_off`.
+fn read_features<R: Read + Seek>(
+    r: &mut R,
+    features: [u64; 4],
+    table_off: u64,
+    file_len: u64,
+    header: &mut Header,
+) -> Result<(), PerfDataError> {
+    // Feature sections: one (offset, size) per set bit, in bit order, after the data.
+    let set: Vec<usize> = (0..256)
+        .filter(|&b| features[b / 64] >> (b % 64) & 1 == 1)
+        .collect();
+    let table = match read_at(
+        r,
+        table_off,
+        16 * set.len() as u64,
+        file_len,
+        "feature table",
+    ) {
+        Ok(t) => t,
+        // A file cut inside its feature table still has its samples: read them.
+        Err(PerfDataError::Truncated(_)) => Vec::new(),
+        Err(e) => return Err(e),
+    };
+    for (i, &bit) in set.iter().enumerate() {
+        let (Some(off), Some(size)) = (u64_at(&table, 16 * i), u64_at(&table, 16 * i + 8)) else {
+            break;
+        };
+        if ![
+            FEAT_BUILD_ID,
+            FEAT_ARCH,
+            FEAT_CPUID,
+            FEAT_EVENT_DESC,
+            FEAT_PMU_MAPPINGS,
+        ]
+        .contains(&bit)
+        {
+            continue;
+        }
+        let Ok(sec) = read_at(r, off, size, file_len, "feature section") else {
+            continue;
+        };
+        match bit {
+            FEAT_BUILD_ID => parse_build_ids(&sec, &mut header.build_ids),
+            // Named in messages: escaped, as another machine wrote it.
+            FEAT_ARCH => {
+                header.arch =
+                    perf_string(&sec, 0).map(|(s, _)| crate::fsafe::escape(&s).into_owned())
+            }
+            FEAT_CPUID => header.cpuid = perf_string(&sec, 0).map(|(s, _)| s),
+            FEAT_EVENT_DESC => parse_event_desc(&sec, &mut header.events),
+            _ => parse_pmu_mappings(&sec, &mut header.pmus),
+        }
+    }
+    Ok(())
+}
+
 /// Reads the header, the event attributes and the feature sections.
 fn read_header<R: Read + Seek>(r: &mut R) -> Result<(Header, Layout), PerfDataError> {
     let file_len = r.seek(SeekFrom::End(0))?;
@@ -400,53 +458,7 @@ fn read_header<R: Read + Seek>(r: &mut R) -> Result<(Header, Layout), PerfDataEr
         events,
         ..Header::default()
     };
-    // Feature sections: one (offset, size) per set bit, in bit order, after the data.
-    let set: Vec<usize> = (0..256)
-        .filter(|&b| features[b / 64] >> (b % 64) & 1 == 1)
-        .collect();
-    let table_off = data_offset + data_size;
-    let table = match read_at(
-        r,
-        table_off,
-        16 * set.len() as u64,
-        file_len,
-        "feature table",
-    ) {
-        Ok(t) => t,
-        // A file cut inside its feature table still has its samples: read them.
-        Err(PerfDataError::Truncated(_)) => Vec::new(),
-        Err(e) => return Err(e),
-    };
-    for (i, &bit) in set.iter().enumerate() {
-        let (Some(off), Some(size)) = (u64_at(&table, 16 * i), u64_at(&table, 16 * i + 8)) else {
-            break;
-        };
-        if ![
-            FEAT_BUILD_ID,
-            FEAT_ARCH,
-            FEAT_CPUID,
-            FEAT_EVENT_DESC,
-            FEAT_PMU_MAPPINGS,
-        ]
-        .contains(&bit)
-        {
-            continue;
-        }
-        let Ok(sec) = read_at(r, off, size, file_len, "feature section") else {
-            continue;
-        };
-        match bit {
-            FEAT_BUILD_ID => parse_build_ids(&sec, &mut header.build_ids),
-            // Named in messages: escaped, as another machine wrote it.
-            FEAT_ARCH => {
-                header.arch =
-                    perf_string(&sec, 0).map(|(s, _)| crate::fsafe::escape(&s).into_owned())
-            }
-            FEAT_CPUID => header.cpuid = perf_string(&sec, 0).map(|(s, _)| s),
-            FEAT_EVENT_DESC => parse_event_desc(&sec, &mut header.events),
-            _ => parse_pmu_mappings(&sec, &mut header.pmus),
-        }
-    }
+    read_features(r, features, data_offset + data_size, file_len, &mut header)?;
     Ok((
         header,
         Layout {
@@ -668,43 +680,12 @@ fn parse_sample(
     b: &[u8],
     index: u64,
 ) -> Result<Sample, PerfDataError> {
-    let short = || PerfDataError::Malformed(format!("sample {index} is shorter than its format"));
-    // Which event: PERF_SAMPLE_IDENTIFIER leads every sample when set; else the only
-    // event, or PERF_SAMPLE_ID at its place.
-    let first = &header.events[0];
-    let event = if header.events.len() == 1 {
-        0
-    } else if first.sample_type & SAMPLE_IDENTIFIER != 0 {
-        let id = u64_at(b, 0).ok_or_else(short)?;
-        *by_id
-            .get(&id)
-            .ok_or(PerfDataError::UnknownEvent { index, id })?
-    } else if first.sample_type & SAMPLE_ID != 0 {
-        let st = first.sample_type;
-        let at = 8 * [SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR]
-            .iter()
-            .filter(|&&f| st & f != 0)
-            .count();
-        let id = u64_at(b, at).ok_or_else(short)?;
-        *by_id
-            .get(&id)
-            .ok_or(PerfDataError::UnknownEvent { index, id })?
-    } else {
-        0
-    };
+    let mut f = Fields { b, o: 0, index };
+    let event = event_of(header, by_id, &f)?;
     let attr = &header.events[event];
     let st = attr.sample_type;
-    let mut o = 0usize;
-    let mut take = |n: usize| -> Result<usize, PerfDataError> {
-        let at = o;
-        o += n;
-        if o > b.len() {
-            return Err(short());
-        }
-        Ok(at)
-    };
     if st & SAMPLE_IDENTIFIER != 0 {
-        take(8)?;
+        f.take(8)?;
     }
     let mut s = Sample {
         event,
@@ -725,115 +706,197 @@ fn parse_sample(
         user_stack_full: false,
     };
     if st & SAMPLE_IP != 0 {
-        s.ip = u64_at(b, take(8)?).ok_or_else(short)?;
+        s.ip = f.u64()?;
     }
     if st & SAMPLE_TID != 0 {
-        let at = take(8)?;
-        s.pid = u32_at(b, at).ok_or_else(short)?;
-        s.tid = u32_at(b, at + 4).ok_or_else(short)?;
+        let at = f.take(8)?;
+        s.pid = u32_at(b, at).ok_or_else(|| f.short())?;
+        s.tid = u32_at(b, at + 4).ok_or_else(|| f.short())?;
     }
-    for f in [
+    for flag in [
         SAMPLE_TIME,
         SAMPLE_ADDR,
         SAMPLE_ID,
         SAMPLE_STREAM_ID,
         SAMPLE_CPU,
     ] {
-        if st & f != 0 {
-            take(8)?;
+        if st & flag != 0 {
+            f.take(8)?;
         }
     }
     if st & SAMPLE_PERIOD != 0 {
-        s.period = u64_at(b, take(8)?).ok_or_else(short)?;
+        s.period = f.u64()?;
     }
     if st & SAMPLE_READ != 0 {
-        let rf = attr.read_format;
-        let per_value =
-            8 * (1 + usize::from(rf & FORMAT_ID != 0) + usize::from(rf & FORMAT_LOST != 0));
-        let times = 8
-            * (usize::from(rf & FORMAT_TOTAL_TIME_ENABLED != 0)
-                + usize::from(rf & FORMAT_TOTAL_TIME_RUNNING != 0));
-        if rf & FORMAT_GROUP != 0 {
-            let nr = u64_at(b, take(8)?).ok_or_else(short)?;
-            let n = usize::try_from(nr)
-                .ok()
-                .filter(|&n| n <= 4096)
-                .ok_or_else(short)?;
-            take(times + n * per_value)?;
-        } else {
-            take(times + per_value)?;
-        }
+        skip_read(&mut f, attr.read_format)?;
     }
     if st & SAMPLE_CALLCHAIN != 0 {
-        let nr = u64_at(b, take(8)?).ok_or_else(short)?;
-        let n = usize::try_from(nr)
-            .ok()
-            .filter(|&n| n <= 1 << 16)
-            .ok_or_else(short)?;
-        let at = take(8 * n)?;
+        let n = f.count(1 << 16)?;
+        let at = f.take(8 * n)?;
         let ips = b[at..at + 8 * n]
             .chunks_exact(8)
             .filter_map(|c| u64_at(c, 0));
         s.stack = Some(callchain(ips, attr.max_stack()));
     }
     if st & SAMPLE_RAW != 0 {
-        let size = u32_at(b, take(4)?).ok_or_else(short)? as usize;
-        take(size)?;
+        let at = f.take(4)?;
+        let size = u32_at(b, at).ok_or_else(|| f.short())? as usize;
+        f.take(size)?;
     }
     if st & SAMPLE_BRANCH_STACK != 0 {
-        let nr = u64_at(b, take(8)?).ok_or_else(short)?;
-        if attr.branch_sample_type & BRANCH_HW_INDEX != 0 {
-            take(8)?;
-        }
-        let n = usize::try_from(nr)
-            .ok()
-            .filter(|&n| n <= 1024)
-            .ok_or_else(short)?;
-        let at = take(24 * n)?;
-        s.branches = b[at..at + 24 * n]
-            .chunks_exact(24)
-            .map(|e| BranchEntry {
-                from: u64_at(e, 0).unwrap_or(0),
-                to: u64_at(e, 8).unwrap_or(0),
-                flags: u64_at(e, 16).unwrap_or(0),
-            })
-            .collect();
-        if attr.branch_sample_type & BRANCH_COUNTERS != 0 {
-            take(8 * n)?;
-        }
+        s.branches = branch_stack(&mut f, attr)?;
     }
     if st & SAMPLE_REGS_USER != 0 {
-        // abi, then one u64 per register of the mask unless abi is NONE (no regs: a
-        // kernel thread).
-        let abi = u64_at(b, take(8)?).ok_or_else(short)?;
-        if abi != 0 {
-            let mask = attr.sample_regs_user;
-            let at = take(8 * mask.count_ones() as usize)?;
-            // One u64 per bit of the mask, lowest bit first (x86's `perf_regs.h`).
-            let reg = |bit: u32| {
-                (mask >> bit & 1 == 1)
-                    .then(|| u64_at(b, at + 8 * (mask & ((1 << bit) - 1)).count_ones() as usize))
-                    .flatten()
-            };
-            if abi == REGS_ABI_64 {
-                if let (Some(ip), Some(sp), Some(bp)) = (reg(REG_IP), reg(REG_SP), reg(REG_BP)) {
-                    s.user_regs = Some(UserRegs { ip, sp, bp });
-                }
-            }
-        }
+        s.user_regs = user_regs(&mut f, attr.sample_regs_user)?;
     }
     if st & SAMPLE_STACK_USER != 0 {
         // size, then (when size > 0) size bytes and dyn_size, the bytes actually copied.
-        let size = u64_at(b, take(8)?).ok_or_else(short)?;
+        let size = f.u64()?;
         if size > 0 {
-            let size = usize::try_from(size).map_err(|_| short())?;
-            let at = take(size)?;
-            let copied = u64_at(b, take(8)?).ok_or_else(short)?.min(size as u64) as usize;
+            let size = usize::try_from(size).map_err(|_| f.short())?;
+            let at = f.take(size)?;
+            let copied = f.u64()?.min(size as u64) as usize;
             s.user_stack = b[at..at + copied].to_vec();
             s.user_stack_full = copied == size;
         }
     }
     Ok(s)
+}
+
+/// A sample's bytes, read field by field in the order its `sample_type` gives.
+struct Fields<'a> {
+    b: &'a [u8],
+    /// Where the next field starts.
+    o: usize,
+    /// The sample's number in the file, for errors.
+    index: u64,
+}
+
+impl Fields<'_> {
+    fn short(&self) -> PerfDataError {
+        PerfDataError::Malformed(format!("sample {} is shorter than its format", self.index))
+    }
+
+    /// Claims the next `n` bytes: where they start.
+    fn take(&mut self, n: usize) -> Result<usize, PerfDataError> {
+        let at = self.o;
+        self.o += n;
+        if self.o > self.b.len() {
+            return Err(self.short());
+        }
+        Ok(at)
+    }
+
+    /// The next u64.
+    fn u64(&mut self) -> Result<u64, PerfDataError> {
+        let at = self.take(8)?;
+        u64_at(self.b, at).ok_or_else(|| self.short())
+    }
+
+    /// The next u64 as a number of entries, at most `max` (more: a corrupt sample).
+    fn count(&mut self, max: usize) -> Result<usize, PerfDataError> {
+        let nr = self.u64()?;
+        usize::try_from(nr)
+            .ok()
+            .filter(|&n| n <= max)
+            .ok_or_else(|| self.short())
+    }
+}
+
+/// Which event a sample is of: PERF_SAMPLE_IDENTIFIER leads every sample when set; else
+/// the only event, or PERF_SAMPLE_ID at its place.
+fn event_of(
+    header: &Header,
+    by_id: &BTreeMap<u64, usize>,
+    f: &Fields<'_>,
+) -> Result<usize, PerfDataError> {
+    let first = &header.events[0];
+    let at = if header.events.len() == 1 {
+        return Ok(0);
+    } else if first.sample_type & SAMPLE_IDENTIFIER != 0 {
+        0
+    } else if first.sample_type & SAMPLE_ID != 0 {
+        let st = first.sample_type;
+        8 * [SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR]
+            .iter()
+            .filter(|&&flag| st & flag != 0)
+            .count()
+    } else {
+        return Ok(0);
+    };
+    let id = u64_at(f.b, at).ok_or_else(|| f.short())?;
+    by_id
+        .get(&id)
+        .copied()
+        .ok_or(PerfDataError::UnknownEvent { index: f.index, id })
+}
+
+/// Skips PERF_SAMPLE_READ's values, laid out by the event's `read_format` `rf`.
+fn skip_read(f: &mut Fields<'_>, rf: u64) -> Result<(), PerfDataError> {
+    let per_value = 8 * (1 + usize::from(rf & FORMAT_ID != 0) + usize::from(rf & FORMAT_LOST != 0));
+    let times = 8
+        * (usize::from(rf & FORMAT_TOTAL_TIME_ENABLED != 0)
+            + usize::from(rf & FORMAT_TOTAL_TIME_RUNNING != 0));
+    if rf & FORMAT_GROUP != 0 {
+        let n = f.count(4096)?;
+        f.take(times + n * per_value)?;
+    } else {
+        f.take(times + per_value)?;
+    }
+    Ok(())
+}
+
+/// PERF_SAMPLE_BRANCH_STACK: the entries, newest first.
+fn branch_stack(f: &mut Fields<'_>, attr: &EventAttr) -> Result<Vec<BranchEntry>, PerfDataError> {
+    let nr = f.u64()?;
+    if attr.branch_sample_type & BRANCH_HW_INDEX != 0 {
+        f.take(8)?;
+    }
+    let n = usize::try_from(nr)
+        .ok()
+        .filter(|&n| n <= 1024)
+        .ok_or_else(|| f.short())?;
+    let at = f.take(24 * n)?;
+    let entries = f.b[at..at + 24 * n]
+        .chunks_exact(24)
+        .map(|e| BranchEntry {
+            from: u64_at(e, 0).unwrap_or(0),
+            to: u64_at(e, 8).unwrap_or(0),
+            flags: u64_at(e, 16).unwrap_or(0),
+        })
+        .collect();
+    if attr.branch_sample_type & BRANCH_COUNTERS != 0 {
+        f.take(8 * n)?;
+    }
+    Ok(entries)
+}
+
+/// PERF_SAMPLE_REGS_USER: abi, then one u64 per register of `mask` unless abi is NONE
+/// (no regs: a kernel thread). The registers unwinding needs, where all were recorded.
+fn user_regs(f: &mut Fields<'_>, mask: u64) -> Result<Option<UserRegs>, PerfDataError> {
+    let abi = f.u64()?;
+    if abi == 0 {
+        return Ok(None);
+    }
+    let at = f.take(8 * mask.count_ones() as usize)?;
+    // One u64 per bit of the mask, lowest bit first (x86's `perf_regs.h`).
+    let reg = |bit: u32| {
+        (mask >> bit & 1 == 1)
+            .then(|| {
+                u64_at(
+                    f.b,
+                    at + 8 * (mask & ((1 << bit) - 1)).count_ones() as usize,
+                )
+            })
+            .flatten()
+    };
+    if abi != REGS_ABI_64 {
+        return Ok(None);
+    }
+    Ok(match (reg(REG_IP), reg(REG_SP), reg(REG_BP)) {
+        (Some(ip), Some(sp), Some(bp)) => Some(UserRegs { ip, sp, bp }),
+        _ => None,
+    })
 }
 
 /// A recorded callchain (`ips`, markers included) as a [`CallStack`]: frames after

@@ -26,7 +26,7 @@ use cpi_common::wire::MAX_USER_FRAMES;
 use super::replay::{InsnTruth, Truth};
 use crate::binary::{CodeObject, Symbolizer, SymbolizerOptions};
 pub use crate::profile::model::{Accuracy, FunctionAccuracy, PathAccuracy};
-use crate::profile::model::{EdgeKind, Profile, StackProfile};
+use crate::profile::model::{EdgeKind, FunctionProfile, Profile, StackProfile};
 
 /// Functions below this share of the truth's cycles are left out of the CPI error.
 pub const CPI_SHARE_FLOOR: f64 = 0.02;
@@ -126,112 +126,205 @@ impl TruthByAddress {
 /// Compares the profile of process `pid` with the truth.
 pub fn compare(profile: &Profile, truth: &Truth) -> Accuracy {
     let mut sym = truth_symbolizer();
-    let pid = truth.pid;
     // Truth per instruction and function, in profile addresses.
     let (insns, funcs) = resolve_truth(&mut sym, truth);
-    let insn_true: HashMap<Addr, f64> = insns
-        .iter()
-        .map(|(k, t)| (k.clone(), t.count as f64))
-        .collect();
-    let fall_out: HashMap<Addr, u64> = insns.iter().map(|(k, t)| (k.clone(), t.fall_out)).collect();
-    let mut edge_true: HashMap<EdgeKey, f64> = HashMap::new();
-    let mut targets: HashMap<Addr, Vec<u64>> = HashMap::new();
-    for (&(from, to), t) in &truth.taken {
-        let (Ok(rf), Ok(rt)) = (
-            sym.resolve(pid, &truth.maps, from),
-            sym.resolve(pid, &truth.maps, to),
-        ) else {
-            continue;
-        };
-        *edge_true
-            .entry((rf.object_name.clone(), rf.vaddr, rt.vaddr, false))
-            .or_default() += t.count as f64;
-        targets
-            .entry((rt.object_name.clone(), rt.function.start))
-            .or_default()
-            .push(rt.vaddr);
-    }
-    let total_cycles: u64 = funcs.values().map(|f| f.cycles).sum();
-
+    let mut units = TruthUnits::new(&mut sym, truth, &insns);
     // The profile's process.
-    let proc = profile.processes.iter().find(|p| p.pid == pid);
+    let proc = profile.processes.iter().find(|p| p.pid == truth.pid);
     let empty = Vec::new();
     let pfuncs = proc.map(|p| &p.functions).unwrap_or(&empty);
-    let mut insn_est: HashMap<Addr, f64> = HashMap::new();
-    let mut block_est: HashMap<Addr, f64> = HashMap::new();
-    let mut block_true: HashMap<Addr, f64> = HashMap::new();
-    let mut edge_est: HashMap<EdgeKey, f64> = HashMap::new();
-    let mut func_est: HashMap<Addr, f64> = HashMap::new();
-    let truth_count = |k: &Addr| insn_true.get(k).copied().unwrap_or(0.0);
-    for f in pfuncs {
-        for l in &f.lines {
-            insn_est.insert((f.binary.clone(), l.address), l.count);
-        }
-        for b in &f.blocks {
-            let k = (f.binary.clone(), b.start);
-            block_est.insert(k.clone(), b.count);
-            block_true.insert(k.clone(), truth_count(&k));
-        }
-        for e in &f.edges {
-            let ft = e.kind == EdgeKind::FallThrough;
-            *edge_est
-                .entry((f.binary.clone(), e.from, e.to, ft))
-                .or_default() += e.count;
-            if ft {
-                let c = fall_out
-                    .get(&(f.binary.clone(), e.from))
-                    .copied()
-                    .unwrap_or(0);
-                edge_true.insert((f.binary.clone(), e.from, e.to, true), c as f64);
-            }
-        }
-        func_est.insert((f.binary.clone(), f.address), f.instructions.unwrap_or(0.0));
-    }
-    // Functions the profile does not have: their blocks and fall-through edges, from
-    // the same CFG builder.
-    for (fk, ft) in &funcs {
-        if func_est.contains_key(fk) {
-            continue;
-        }
-        let Some((bin, func)) = &ft.elf else {
-            continue;
-        };
-        let extra = targets.get(fk).cloned().unwrap_or_default();
-        let Ok(cfg) = bin.cfg(func, &extra) else {
-            continue;
-        };
-        for b in &cfg.blocks {
-            let k = (fk.0.clone(), b.start);
-            let c = truth_count(&k);
-            if c > 0.0 {
-                block_true.insert(k, c);
-            }
-            let last = &cfg.instructions[b.last()];
-            if last.kind.falls_through() {
-                let c = fall_out
-                    .get(&(fk.0.clone(), last.addr))
-                    .copied()
-                    .unwrap_or(0);
-                if c > 0 {
-                    edge_true.insert((fk.0.clone(), last.addr, last.next(), true), c as f64);
-                }
-            }
-        }
-    }
+    let est = Estimates::new(pfuncs, &mut units);
+    units.add_unprofiled(&funcs, &est.funcs);
     let func_true: HashMap<Addr, f64> = funcs
         .iter()
         .map(|(k, f)| (k.clone(), f.instructions as f64))
         .collect();
+    let (functions, errors, without) = function_accuracy(&funcs, pfuncs);
+    let median = median(&errors);
+    let paths = proc
+        .filter(|p| !p.stacks.is_empty())
+        .map(|p| compare_paths(&paths_of(&mut sym, truth), &p.stacks))
+        .unwrap_or_default();
+    Accuracy {
+        overlap_instruction: overlap(&est.insns, &units.insns),
+        overlap_block: overlap(&est.blocks, &units.blocks),
+        overlap_function: overlap(&est.funcs, &func_true),
+        overlap_edge: overlap(&est.edges, &units.edges),
+        cpi_error_median: median,
+        cpi_error_max: errors.last().copied(),
+        functions_without_cpi: without,
+        instructions_true: truth.instructions,
+        cycles_true: truth.cycles,
+        instructions_est: proc.and_then(|p| p.instructions),
+        cycles_est: proc.and_then(|p| p.cycles),
+        functions,
+        overlap_path: paths.overlap,
+        path_cpi_error_median: paths.cpi_error_median,
+        path_cpi_error_max: paths.cpi_error_max,
+        path_cpi_errors_reported_median: paths.errors_reported_median,
+        paths_without_cpi: paths.without_cpi,
+        paths: paths.paths,
+    }
+}
 
-    // Per-function CPI.
-    let by_key: HashMap<Addr, &crate::profile::model::FunctionProfile> = pfuncs
+/// The truth per unit in profile addresses: what a profile's estimates are compared with.
+struct TruthUnits {
+    /// Executions per instruction.
+    insns: HashMap<Addr, f64>,
+    /// Fall-throughs out of each instruction.
+    fall_out: HashMap<Addr, u64>,
+    /// Executions per block (by its start), of the blocks of either side.
+    blocks: HashMap<Addr, f64>,
+    /// Traversals per edge, taken and fall-through.
+    edges: HashMap<EdgeKey, f64>,
+    /// The taken branches' targets per function (by its start): leaders of its blocks.
+    targets: HashMap<Addr, Vec<u64>>,
+}
+
+impl TruthUnits {
+    /// The instructions' truth, and the taken edges' from the trace; blocks and
+    /// fall-through edges come with the functions ([`Estimates::new`],
+    /// [`TruthUnits::add_unprofiled`]).
+    fn new(sym: &mut Symbolizer, truth: &Truth, insns: &HashMap<Addr, InsnTruth>) -> Self {
+        let mut units = TruthUnits {
+            insns: insns
+                .iter()
+                .map(|(k, t)| (k.clone(), t.count as f64))
+                .collect(),
+            fall_out: insns.iter().map(|(k, t)| (k.clone(), t.fall_out)).collect(),
+            blocks: HashMap::new(),
+            edges: HashMap::new(),
+            targets: HashMap::new(),
+        };
+        let pid = truth.pid;
+        for (&(from, to), t) in &truth.taken {
+            let (Ok(rf), Ok(rt)) = (
+                sym.resolve(pid, &truth.maps, from),
+                sym.resolve(pid, &truth.maps, to),
+            ) else {
+                continue;
+            };
+            *units
+                .edges
+                .entry((rf.object_name.clone(), rf.vaddr, rt.vaddr, false))
+                .or_default() += t.count as f64;
+            units
+                .targets
+                .entry((rt.object_name.clone(), rt.function.start))
+                .or_default()
+                .push(rt.vaddr);
+        }
+        units
+    }
+
+    /// The executions of the instruction at `k`.
+    fn count(&self, k: &Addr) -> f64 {
+        self.insns.get(k).copied().unwrap_or(0.0)
+    }
+
+    /// The fall-throughs out of the instruction at `address` of `binary`.
+    fn fall_out_of(&self, binary: &str, address: u64) -> u64 {
+        self.fall_out
+            .get(&(binary.to_string(), address))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The blocks and fall-through edges of the functions the profile does not have
+    /// (`profiled`: those it has), from the same CFG builder.
+    fn add_unprofiled(&mut self, funcs: &BTreeMap<Addr, FuncTruth>, profiled: &HashMap<Addr, f64>) {
+        for (fk, ft) in funcs {
+            if profiled.contains_key(fk) {
+                continue;
+            }
+            let Some((bin, func)) = &ft.elf else {
+                continue;
+            };
+            let extra = self.targets.get(fk).cloned().unwrap_or_default();
+            let Ok(cfg) = bin.cfg(func, &extra) else {
+                continue;
+            };
+            for b in &cfg.blocks {
+                let k = (fk.0.clone(), b.start);
+                let c = self.count(&k);
+                if c > 0.0 {
+                    self.blocks.insert(k, c);
+                }
+                let last = &cfg.instructions[b.last()];
+                if last.kind.falls_through() {
+                    let c = self.fall_out_of(&fk.0, last.addr);
+                    if c > 0 {
+                        self.edges
+                            .insert((fk.0.clone(), last.addr, last.next(), true), c as f64);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A profile's estimate per unit, in profile addresses.
+struct Estimates {
+    insns: HashMap<Addr, f64>,
+    blocks: HashMap<Addr, f64>,
+    edges: HashMap<EdgeKey, f64>,
+    funcs: HashMap<Addr, f64>,
+}
+
+impl Estimates {
+    /// The estimates of the profile's functions `pfuncs`; the truth of their blocks and
+    /// fall-through edges goes to `units`.
+    fn new(pfuncs: &[FunctionProfile], units: &mut TruthUnits) -> Self {
+        let mut est = Estimates {
+            insns: HashMap::new(),
+            blocks: HashMap::new(),
+            edges: HashMap::new(),
+            funcs: HashMap::new(),
+        };
+        for f in pfuncs {
+            for l in &f.lines {
+                est.insns.insert((f.binary.clone(), l.address), l.count);
+            }
+            for b in &f.blocks {
+                let k = (f.binary.clone(), b.start);
+                est.blocks.insert(k.clone(), b.count);
+                units.blocks.insert(k.clone(), units.count(&k));
+            }
+            for e in &f.edges {
+                let ft = e.kind == EdgeKind::FallThrough;
+                *est.edges
+                    .entry((f.binary.clone(), e.from, e.to, ft))
+                    .or_default() += e.count;
+                if ft {
+                    let c = units.fall_out_of(&f.binary, e.from);
+                    units
+                        .edges
+                        .insert((f.binary.clone(), e.from, e.to, true), c as f64);
+                }
+            }
+            est.funcs
+                .insert((f.binary.clone(), f.address), f.instructions.unwrap_or(0.0));
+        }
+        est
+    }
+}
+
+/// Per-function CPI against the truth `funcs`: the functions worth listing, hottest
+/// first; the sorted CPI errors of those with [`CPI_SHARE_FLOOR`] of the cycles; and
+/// how many of those have no CPI.
+fn function_accuracy(
+    funcs: &BTreeMap<Addr, FuncTruth>,
+    pfuncs: &[FunctionProfile],
+) -> (Vec<FunctionAccuracy>, Vec<f64>, u64) {
+    let total_cycles: u64 = funcs.values().map(|f| f.cycles).sum();
+    let by_key: HashMap<Addr, &FunctionProfile> = pfuncs
         .iter()
         .map(|f| ((f.binary.clone(), f.address), f))
         .collect();
     let mut functions = Vec::new();
     let mut errors = Vec::new();
     let mut without = 0;
-    for (k, ft) in &funcs {
+    for (k, ft) in funcs {
         let share = if total_cycles > 0 {
             ft.cycles as f64 / total_cycles as f64
         } else {
@@ -272,31 +365,7 @@ pub fn compare(profile: &Profile, truth: &Truth) -> Accuracy {
     }
     functions.sort_by(|a, b| b.share.total_cmp(&a.share));
     errors.sort_by(f64::total_cmp);
-    let median = median(&errors);
-    let paths = proc
-        .filter(|p| !p.stacks.is_empty())
-        .map(|p| compare_paths(&paths_of(&mut sym, truth), &p.stacks))
-        .unwrap_or_default();
-    Accuracy {
-        overlap_instruction: overlap(&insn_est, &insn_true),
-        overlap_block: overlap(&block_est, &block_true),
-        overlap_function: overlap(&func_est, &func_true),
-        overlap_edge: overlap(&edge_est, &edge_true),
-        cpi_error_median: median,
-        cpi_error_max: errors.last().copied(),
-        functions_without_cpi: without,
-        instructions_true: truth.instructions,
-        cycles_true: truth.cycles,
-        instructions_est: proc.and_then(|p| p.instructions),
-        cycles_est: proc.and_then(|p| p.cycles),
-        functions,
-        overlap_path: paths.overlap,
-        path_cpi_error_median: paths.cpi_error_median,
-        path_cpi_error_max: paths.cpi_error_max,
-        path_cpi_errors_reported_median: paths.errors_reported_median,
-        paths_without_cpi: paths.without_cpi,
-        paths: paths.paths,
-    }
+    (functions, errors, without)
 }
 
 /// The median of sorted `v`.

@@ -158,17 +158,9 @@ fn command_strings(cmd: &[OsString]) -> Vec<String> {
         .collect()
 }
 
-/// The analysis half of [`simulate`], for samples the PMU model produced from a trace
-/// (`samples` with the traced process's maps): the run description, the production
-/// analysis, and the accuracy against `truth`.
-pub fn profile_of(
-    cfg: &PmuConfig,
-    samples: &SampleSet,
-    truth: &Truth,
-    pmu: &PmuStats,
-    command: Vec<String>,
-    duration_secs: f64,
-) -> Profile {
+/// The model's events, as a recording's events are listed: the branch-stack event
+/// and the cycles event, with their sampling policies.
+fn model_events(cfg: &PmuConfig, pmu: &PmuStats) -> Vec<EventInfo> {
     let thinning = if cfg.perturbation.kernel() {
         cfg.thinning
     } else {
@@ -183,6 +175,41 @@ pub fn profile_of(
         unit: EventUnit::of_role(role),
         samples,
     };
+    vec![
+        match cfg.branch_event {
+            BranchEvent::Branches => event(
+                EventRole::Branches,
+                "model: retired taken branches + LBR",
+                &cfg.branch,
+                pmu.branch_samples,
+            ),
+            BranchEvent::Cycles => event(
+                EventRole::Branches,
+                "model: cycles + LBR",
+                &cfg.cycles,
+                pmu.branch_samples,
+            ),
+        },
+        event(
+            EventRole::Cycles,
+            "model: cycles",
+            &cfg.cycles,
+            pmu.ip_samples,
+        ),
+    ]
+}
+
+/// The analysis half of [`simulate`], for samples the PMU model produced from a trace
+/// (`samples` with the traced process's maps): the run description, the production
+/// analysis, and the accuracy against `truth`.
+pub fn profile_of(
+    cfg: &PmuConfig,
+    samples: &SampleSet,
+    truth: &Truth,
+    pmu: &PmuStats,
+    command: Vec<String>,
+    duration_secs: f64,
+) -> Profile {
     let weighting = cfg.weighting();
     // Stacks sampled on cycles, weighted per window, give a relative instruction
     // profile: no CPI from it.
@@ -220,28 +247,7 @@ pub fn profile_of(
         ),
         command,
         duration_secs,
-        events: vec![
-            match cfg.branch_event {
-                BranchEvent::Branches => event(
-                    EventRole::Branches,
-                    "model: retired taken branches + LBR",
-                    &cfg.branch,
-                    pmu.branch_samples,
-                ),
-                BranchEvent::Cycles => event(
-                    EventRole::Branches,
-                    "model: cycles + LBR",
-                    &cfg.cycles,
-                    pmu.branch_samples,
-                ),
-            },
-            event(
-                EventRole::Cycles,
-                "model: cycles",
-                &cfg.cycles,
-                pmu.ip_samples,
-            ),
-        ],
+        events: model_events(cfg, pmu),
         perturbation: cfg.perturbation,
         lost: LossReport {
             thinned: pmu.thinned,

@@ -333,10 +333,27 @@ impl Pmu {
         ending: Ending,
         frames: &Frames,
     ) {
+        self.count_cycles(set, tid, r, d, frames);
+        self.now_cycles += d.cycles;
+        self.count_branch(set, tid, r, d, ending, frames);
+        if self.now_cycles >= self.next_redraw {
+            self.redraw();
+        }
+    }
+
+    /// The cycle counter over range `r`'s execution: its overflows, sampled where the
+    /// skid puts them.
+    fn count_cycles(
+        &mut self,
+        set: &mut SampleSet,
+        tid: u32,
+        r: &RangeInfo,
+        d: &Dynamic,
+        frames: &Frames,
+    ) {
         let thin = Counter::thinning(&self.cfg);
         let skid = self.cfg.skid as usize;
         let cycles = d.cycles;
-        // Cycle counter.
         let mut ips: Vec<(u64, u64)> = Vec::new();
         {
             let t = self.thread(tid);
@@ -381,9 +398,21 @@ impl Pmu {
                 None => self.stats.thinned += 1,
             }
         }
-        self.now_cycles += cycles;
+    }
 
-        // LBR and taken-branch counter.
+    /// The LBR and the taken-branch counter as range `r` ends (`ending`).
+    fn count_branch(
+        &mut self,
+        set: &mut SampleSet,
+        tid: u32,
+        r: &RangeInfo,
+        d: &Dynamic,
+        ending: Ending,
+        frames: &Frames,
+    ) {
+        let thin = Counter::thinning(&self.cfg);
+        let skid = self.cfg.skid as usize;
+        let cycles = d.cycles;
         let depth = self.cfg.depth;
         let mut fire = None;
         let (mut overflowed, mut thinned) = (false, false);
@@ -424,9 +453,6 @@ impl Pmu {
         self.stats.thinned += thinned as u64;
         if let Some((ip, weight)) = fire {
             self.emit_stack(set, tid, ip, weight, &frames.after(ip));
-        }
-        if self.now_cycles >= self.next_redraw {
-            self.redraw();
         }
     }
 }
