@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 use cpi_common::wire::{BranchEntry, EventRole};
 use serde::{Deserialize, Serialize};
 
-use super::error::{group_of, Groups};
+use super::error::Groups;
 
 /// Default bound on the stacks of all processes of one sample set, in (estimated) bytes.
 pub const DEFAULT_STACK_BYTES: usize = 32 << 20;
@@ -139,13 +139,22 @@ impl StackAggregate {
         self.bytes
     }
 
-    /// Counts an IP sample of `role` with weight `period` under `stack`; `now` is the
-    /// holder's clock, for eviction.
-    pub fn add_ip(&mut self, stack: &CallStack, role: EventRole, period: u64, now: u64) {
+    /// Counts an IP sample of `role` with weight `period` under `stack`; `group` is the
+    /// sample's group among its process's samples of that role (`error::group_of`), so
+    /// a path's group sums vary as its share of the samples does; `now` is the holder's
+    /// clock, for eviction.
+    pub fn add_ip(
+        &mut self,
+        stack: &CallStack,
+        role: EventRole,
+        period: u64,
+        group: usize,
+        now: u64,
+    ) {
         self.update(stack, now, |s| {
             let e = s.ips.entry(role).or_default();
             if role == EventRole::Cycles {
-                s.cycles_groups.add(group_of(e.0), period as f64);
+                s.cycles_groups.add(group, period as f64);
             }
             e.0 += 1;
             e.1 += period;
@@ -164,16 +173,17 @@ impl StackAggregate {
     /// of a range's stack is the range's first address. Where they do not (or the walk
     /// runs out of known frames), the rest of the window's ranges go to the sample's own
     /// stack and analysis assigns them by function (cpi-user/src/profile/analyze.rs).
+    ///
+    /// `group` is the sample's group among its process's branch samples, as for
+    /// [`Self::add_ip`]: numbering a path's own samples instead would give each group an
+    /// equal count and hide the error of how many samples the path got.
     pub fn add_branch(
         &mut self,
         stack: &CallStack,
         window: Option<(f64, &[BranchEntry])>,
+        group: usize,
         now: u64,
     ) {
-        let group = self
-            .stacks
-            .get(stack)
-            .map_or(0, |s| group_of(s.branch_samples));
         self.update(stack, now, |s| s.branch_samples += 1);
         let Some((w, entries)) = window else {
             return;
@@ -298,7 +308,7 @@ mod tests {
         ];
         let mut agg = StackAggregate::default();
         let at_sample = stack(&[0x210, 0x9000]);
-        agg.add_branch(&at_sample, Some((10.0, &entries)), 1);
+        agg.add_branch(&at_sample, Some((10.0, &entries)), 0, 1);
         let ranges = |user: &[u64]| {
             let mut r: Vec<(u64, u64)> = agg.stacks[&stack(user)].ranges.keys().copied().collect();
             r.sort();
@@ -324,7 +334,7 @@ mod tests {
         // Untyped entries: every range stays with the sample's stack.
         let untyped: Vec<BranchEntry> = entries.iter().map(|x| x.with_type(0)).collect();
         let mut agg = StackAggregate::default();
-        agg.add_branch(&at_sample, Some((10.0, &untyped)), 1);
+        agg.add_branch(&at_sample, Some((10.0, &untyped)), 0, 1);
         assert_eq!(agg.stacks.len(), 1);
         assert_eq!(agg.stacks[&at_sample].ranges.len(), 3);
     }
@@ -339,9 +349,9 @@ mod tests {
             BranchEntry::new(0x1004, 0x1000, false, 0),
             BranchEntry::new(0x0900, 0x1100, false, 0),
         ];
-        a.add_branch(&s, Some((50.0, &e)), 1);
-        a.add_branch(&s, None, 2);
-        a.add_ip(&s, EventRole::Cycles, 1000, 3);
+        a.add_branch(&s, Some((50.0, &e)), 0, 1);
+        a.add_branch(&s, None, 1, 2);
+        a.add_ip(&s, EventRole::Cycles, 1000, 2, 3);
         let st = &a.stacks[&s];
         assert_eq!(st.branch_samples, 2);
         assert_eq!(st.ranges.len(), 1, "the backward range is left out");
