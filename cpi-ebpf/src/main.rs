@@ -35,19 +35,11 @@
 #![no_std]
 #![no_main]
 
+mod sys;
+
 use aya_ebpf::{
-    bindings::{
-        bpf_perf_event_data, pt_regs, BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP,
-        BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE,
-    },
-    helpers::{
-        bpf_get_current_ancestor_cgroup_id, bpf_get_current_pid_tgid, bpf_get_prandom_u32,
-        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_read_branch_records,
-        generated::{
-            bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_kernel, bpf_probe_read_user,
-            bpf_task_pt_regs,
-        },
-    },
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE},
+    helpers::bpf_get_current_pid_tgid,
     macros::{map, perf_event},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
     programs::PerfEventContext,
@@ -61,6 +53,7 @@ use cpi_common::{
         MAX_KERNEL_FRAMES, MAX_STACK_BYTES, MAX_USER_FRAMES, STACK_CHUNK, WIRE_VERSION,
     },
 };
+use sys::Scratch;
 
 /// Wire records. User space resizes it at load time (`--ring-buffer`).
 #[map]
@@ -104,12 +97,12 @@ const SCRATCH_BYTES: usize =
 
 /// Where a record with a stack is built before it is copied out with its real length.
 #[repr(C)]
-pub struct Scratch {
+pub struct ScratchBytes {
     bytes: [u8; SCRATCH_BYTES],
 }
 
 #[map]
-static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+static SCRATCH: PerCpuArray<ScratchBytes> = PerCpuArray::with_max_entries(1, 0);
 
 /// 1 when the kernel gives perf_event programs `bpf_get_current_ancestor_cgroup_id`
 /// (not 5.10), written by the loader like [`STACK_MODE`]: at 0 the verifier never sees
@@ -119,13 +112,12 @@ static CGROUP_ANCESTORS: u32 = 0;
 
 #[inline(always)]
 fn cgroup_ancestors() -> bool {
-    unsafe { core::ptr::read_volatile(&raw const CGROUP_ANCESTORS) != 0 }
+    sys::loader_value(&CGROUP_ANCESTORS) != 0
 }
 
 #[inline(always)]
 fn stack_mode() -> u32 {
-    // Volatile: the value is the loader's, not the compiler's zero.
-    unsafe { core::ptr::read_volatile(&raw const STACK_MODE) }
+    sys::loader_value(&STACK_MODE)
 }
 
 /// Submit flags: wake the collector only once the ring is a quarter full; otherwise it
@@ -144,9 +136,9 @@ fn wakeup_flags() -> u64 {
 
 #[inline(always)]
 fn count(c: Counter) {
-    if let Some(p) = COUNTERS.get_ptr_mut(c as u32) {
-        // Per-CPU slot, and perf_event programs do not nest on one CPU: a plain add.
-        unsafe { *p += 1 };
+    // Per-CPU slot, and perf_event programs do not nest on one CPU: a plain add.
+    if let Some(n) = sys::per_cpu_mut(&COUNTERS, c as u32) {
+        *n += 1;
     }
 }
 
@@ -156,7 +148,7 @@ fn count(c: Counter) {
 fn wanted(cfg: &KernelConfig) -> bool {
     if cfg.filter & FILTER_TGID != 0 {
         let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        if unsafe { ALLOWED_TGIDS.get(&tgid) }.is_none() {
+        if ALLOWED_TGIDS.get_ptr(tgid).is_none() {
             return false;
         }
     }
@@ -166,8 +158,8 @@ fn wanted(cfg: &KernelConfig) -> bool {
                 continue;
             }
             // 0: the task's cgroup is above this level.
-            let id = unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) };
-            if id != 0 && unsafe { ALLOWED_CGROUPS.get(&id) }.is_some() {
+            let id = sys::ancestor_cgroup_id(level as i32);
+            if id != 0 && ALLOWED_CGROUPS.get_ptr(id).is_some() {
                 return true;
             }
         }
@@ -186,20 +178,17 @@ fn admit(ctx: &PerfEventContext, role: EventRole) -> Option<(u64, bool)> {
         return None;
     }
     count(Counter::Seen);
-    let data = ctx.ctx as *const bpf_perf_event_data;
-    let (period, kernel) = unsafe { ((*data).sample_period, (*data).regs.cs & 3 == 0) };
+    let data = sys::event_data(ctx);
+    let (period, kernel) = (data.sample_period, data.regs.cs & 3 == 0);
     if kernel && cfg.include_kernel == 0 {
         // Kernel samples are excluded at open time too; this catches the rest. Not
         // counted as emitted, so user space sees them as seen − emitted − lost.
         return None;
     }
-    let st = THIN.get_ptr_mut(role as u32)?;
-    let st = unsafe { &mut *st };
+    let st = sys::per_cpu_mut(&THIN, role as u32)?;
     if st.rng_state == 0 {
         // Zeroed per-CPU state: seed each CPU differently so phases do not line up.
-        let seed = ((unsafe { bpf_get_prandom_u32() } as u64) << 32)
-            | unsafe { bpf_get_prandom_u32() } as u64;
-        *st = ThinState::new(seed | 1);
+        *st = ThinState::new(sys::random_u64() | 1);
     }
     match st.on_overflow(period, cfg.thinning) {
         Some(w) => Some((w, kernel)),
@@ -219,68 +208,47 @@ fn header(
     kernel: bool,
 ) -> SampleHeader {
     let id = bpf_get_current_pid_tgid();
-    let data = ctx.ctx as *const bpf_perf_event_data;
     SampleHeader {
         version: WIRE_VERSION,
         kind: kind as u16,
         flags: if kernel { FLAG_KERNEL } else { 0 },
         nr: 0,
-        cpu: unsafe { bpf_get_smp_processor_id() },
+        cpu: sys::cpu(),
         tgid: (id >> 32) as u32,
         tid: id as u32,
         event: role as u32,
         period: weight,
-        time_ns: unsafe { bpf_ktime_get_ns() },
-        ip: unsafe { (*data).regs.rip },
+        time_ns: sys::now_ns(),
+        ip: sys::event_data(ctx).regs.rip,
     }
 }
 
 /// Appends the stack section after the `fixed` bytes already in `buf` and copies the
 /// record out; false when the ring was full.
 #[inline(always)]
-fn output_with_stack(ctx: &PerfEventContext, buf: *mut u8, fixed: usize, kernel: bool) -> bool {
+fn output_with_stack(ctx: &PerfEventContext, buf: &Scratch, fixed: usize, kernel: bool) -> bool {
     let mut sh = StackHeader::default();
     let mut off = fixed + STACK_HEADER;
     if kernel {
-        let got =
-            unsafe { bpf_get_stack(ctx.ctx.cast(), buf.add(off).cast(), KERNEL_BYTES as u32, 0) };
+        let got = buf.kernel_stack(ctx, off, KERNEL_BYTES);
         if got > 0 && got as usize <= KERNEL_BYTES {
             let got = got as usize & !7;
             sh.kernel_nr = (got / 8) as u16;
             off += got;
         }
     }
-    let data = ctx.ctx as *const bpf_perf_event_data;
-    let mut regs: pt_regs = unsafe { (*data).regs };
-    let mut have_regs = !kernel;
+    let mut regs = Some(sys::event_data(ctx).regs).filter(|_| !kernel);
     if kernel && stack_mode() == StackMode::CopyStack as u32 {
-        // The user registers the task entered the kernel with (zeros for a kernel thread).
-        let task = unsafe { bpf_get_current_task_btf() };
-        let saved = unsafe { bpf_task_pt_regs(task) } as *const pt_regs;
-        have_regs = unsafe {
-            bpf_probe_read_kernel(
-                (&raw mut regs).cast(),
-                core::mem::size_of::<pt_regs>() as u32,
-                saved.cast(),
-            )
-        } == 0
-            && regs.cs & 3 == 3;
+        regs = sys::user_regs_at_entry(sys::event_data(ctx).regs);
     } else if kernel && stack_mode() == StackMode::CopyStackUserFramePointers as u32 {
-        let got = unsafe {
-            bpf_get_stack(
-                ctx.ctx.cast(),
-                buf.add(off).cast(),
-                USER_BYTES as u32,
-                BPF_F_USER_STACK as u64,
-            )
-        };
+        let got = buf.user_frames(ctx, off, USER_BYTES);
         if got > 0 && got as usize <= USER_BYTES {
             let got = got as usize & !7;
             sh.user_nr = (got / 8) as u16;
             off += got;
         }
     }
-    if have_regs {
+    if let Some(regs) = regs {
         sh.user_ip = regs.rip;
         sh.user_sp = regs.rsp;
         sh.user_bp = regs.rbp;
@@ -291,14 +259,7 @@ fn output_with_stack(ctx: &PerfEventContext, buf: *mut u8, fixed: usize, kernel:
             if len >= MAX_STACK_BYTES || want == 0 || want > STACK_CHUNK {
                 break;
             }
-            if unsafe {
-                bpf_probe_read_user(
-                    buf.add(off + len).cast(),
-                    want as u32,
-                    (regs.rsp as usize + len) as *const core::ffi::c_void,
-                )
-            } != 0
-            {
+            if buf.read_user(off + len, want, regs.rsp + len as u64) != 0 {
                 break;
             }
             len += want;
@@ -307,14 +268,12 @@ fn output_with_stack(ctx: &PerfEventContext, buf: *mut u8, fixed: usize, kernel:
         sh.stack_len = len as u32;
         off += len;
     }
-    unsafe { buf.add(fixed).cast::<StackHeader>().write_unaligned(sh) };
+    buf.write(fixed, sh);
     let flags = wakeup_flags();
-    if off > SCRATCH_BYTES {
-        return true;
+    match buf.bytes(off) {
+        Some(record) => SAMPLES.output::<[u8]>(record, flags).is_ok(),
+        None => true,
     }
-    // SAFETY: `off` bytes of the per-CPU scratch buffer were written above.
-    let record = unsafe { core::slice::from_raw_parts(buf, off) };
-    SAMPLES.output::<[u8]>(record, flags).is_ok()
 }
 
 /// Writes `h` (flagged [`FLAG_STACK`]) at the start of `buf`, whose `fixed` bytes the
@@ -322,13 +281,13 @@ fn output_with_stack(ctx: &PerfEventContext, buf: *mut u8, fixed: usize, kernel:
 #[inline(always)]
 fn emit_with_stack(
     ctx: &PerfEventContext,
-    buf: *mut u8,
+    buf: &Scratch,
     mut h: SampleHeader,
     fixed: usize,
     kernel: bool,
 ) {
     h.flags |= FLAG_STACK;
-    unsafe { buf.cast::<SampleHeader>().write_unaligned(h) };
+    buf.write(0, h);
     if output_with_stack(ctx, buf, fixed, kernel) {
         count(Counter::Emitted);
     } else {
@@ -342,11 +301,11 @@ fn emit_ip(ctx: &PerfEventContext, role: EventRole) {
         return;
     };
     if stack_mode() != StackMode::Off as u32 {
-        let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+        let Some(buf) = Scratch::of(&SCRATCH) else {
             return;
         };
         let h = header(ctx, SampleKind::Ip, role, weight, kernel);
-        emit_with_stack(ctx, buf.cast(), h, core::mem::size_of::<IpSample>(), kernel);
+        emit_with_stack(ctx, &buf, h, core::mem::size_of::<IpSample>(), kernel);
         return;
     }
     let Some(mut slot) = SAMPLES.reserve::<IpSample>(0) else {
@@ -374,35 +333,31 @@ pub fn branch_sample(ctx: PerfEventContext) -> u32 {
         return 0;
     };
     if stack_mode() != StackMode::Off as u32 {
-        let Some(buf) = SCRATCH.get_ptr_mut(0) else {
+        let Some(buf) = Scratch::of(&SCRATCH) else {
             return 0;
         };
-        let buf = buf.cast::<u8>();
-        let entries = unsafe { buf.add(core::mem::size_of::<SampleHeader>()) };
-        let got = unsafe { bpf_read_branch_records(ctx.ctx, entries.cast(), BRANCH_BYTES, 0) };
+        let at = core::mem::size_of::<SampleHeader>();
+        let got = buf.branch_records(&ctx, at, BRANCH_BYTES as usize);
         if got <= 0 {
             count(Counter::BranchError);
             return 0;
         }
         let h = branch_header(&ctx, weight, kernel, got);
-        emit_with_stack(&ctx, buf, h, core::mem::size_of::<BranchSample>(), kernel);
+        emit_with_stack(&ctx, &buf, h, core::mem::size_of::<BranchSample>(), kernel);
         return 0;
     }
     let Some(mut slot) = SAMPLES.reserve::<BranchSample>(0) else {
         count(Counter::RingFull);
         return 0;
     };
-    let rec = slot.as_mut_ptr();
     // The helper writes straight into the reserved record: no 768-byte stack copy.
-    let entries = unsafe { core::ptr::addr_of_mut!((*rec).entries) } as *mut core::ffi::c_void;
-    let got = unsafe { bpf_read_branch_records(ctx.ctx, entries, BRANCH_BYTES, 0) };
+    let got = sys::branch_records_into(&ctx, &mut slot);
     if got <= 0 {
         count(Counter::BranchError);
         slot.discard(0);
         return 0;
     }
-    let h = branch_header(&ctx, weight, kernel, got);
-    unsafe { core::ptr::addr_of_mut!((*rec).header).write(h) };
+    sys::set_branch_header(&mut slot, branch_header(&ctx, weight, kernel, got));
     slot.submit(wakeup_flags());
     count(Counter::Emitted);
     0
