@@ -3,6 +3,7 @@
 
 pub mod bpf_vm;
 pub mod browser;
+pub mod diff_pair;
 pub mod otlp;
 pub mod perf_data;
 pub mod profgen;

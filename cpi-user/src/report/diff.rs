@@ -739,7 +739,9 @@ fn row(u: &UnitDiff) -> String {
             percent(r, true),
             percent(c.delta_error / c.base.abs(), false)
         ),
-        None => "new".to_string(),
+        // Base 0: new where NEW has some, nothing to say where both are 0.
+        None if c.new != 0.0 => "new".to_string(),
+        None => "-".to_string(),
     };
     let label = match what {
         "instructions" => "instr",

@@ -5,30 +5,13 @@
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
+use cpi_tests::diff_pair::{self, simulate};
 use cpi_tests::tracer::tool_dir;
 use cpi_tests::{assert_one_error_line, compile_c, cpi_bpf, output_ok, stdout_json, temp_dir};
 use flate2::{write::GzEncoder, Compression};
-
-/// Rounds of diff_pair: 2 × 10⁷ loop iterations, ≈ 4·10⁴ cycle samples per function
-/// (1.5 s a simulation).
-const ROUNDS: &str = "100";
-
-/// `simulate --seed SEED` of `exe` for `rounds`, saved as `out`.
-fn simulate(exe: &Path, rounds: &str, seed: u64, out: &Path) {
-    output_ok(
-        Command::new(cpi_bpf())
-            .args(["simulate", "--quiet", "--format", "json", "--seed"])
-            .arg(seed.to_string())
-            .arg("-o")
-            .arg(out)
-            .arg("--")
-            .arg(exe)
-            .arg(rounds),
-    );
-}
 
 fn diff(base: &Path, new: &Path, extra: &[&str]) -> std::process::Output {
     output_ok(
@@ -50,34 +33,10 @@ fn function<'v>(d: &'v serde_json::Value, name: &str) -> &'v serde_json::Value {
         .unwrap_or_else(|| panic!("no {name} in {d}"))
 }
 
-/// The three profiles: base seeds 1 and 2, and the changed build (alpha_work 130 %).
-fn profiles(dir: &Path) -> Option<[PathBuf; 3]> {
-    if let Err(why) = tool_dir() {
-        cpi_tests::skip(&why);
-        return None;
-    }
-    let (a, b) = (dir.join("a"), dir.join("b"));
-    std::fs::create_dir_all(&a).unwrap();
-    std::fs::create_dir_all(&b).unwrap();
-    let base = compile_c("diff_pair.c", &a, "diff_pair", &[])?;
-    let changed = compile_c("diff_pair.c", &b, "diff_pair", &["-DALPHA_PERCENT=130"])?;
-    let out = [
-        dir.join("a1.json"),
-        dir.join("a2.json"),
-        dir.join("b1.json"),
-    ];
-    std::thread::scope(|s| {
-        s.spawn(|| simulate(&base, ROUNDS, 1, &out[0]));
-        s.spawn(|| simulate(&base, ROUNDS, 2, &out[1]));
-        s.spawn(|| simulate(&changed, ROUNDS, 3, &out[2]));
-    });
-    Some(out)
-}
-
 #[test]
 fn diff_tells_thirty_percent_more_work_from_seed_noise() {
     let dir = temp_dir("report-diff");
-    let Some([a1, a2, b1]) = profiles(&dir) else {
+    let Some([a1, a2, b1]) = diff_pair::profiles(&dir) else {
         return;
     };
     // Two seeds of one program: nothing significant.
@@ -180,13 +139,9 @@ fn diff_of_live_profiles_flags_the_slower_function_only() {
         return;
     }
     let dir = temp_dir("report-diff-live");
-    let (a, b) = (dir.join("a"), dir.join("b"));
-    std::fs::create_dir_all(&a).unwrap();
-    std::fs::create_dir_all(&b).unwrap();
-    let Some(base) = compile_c("diff_pair.c", &a, "diff_pair", &[]) else {
+    let Some((base, changed)) = diff_pair::builds(&dir) else {
         return;
     };
-    let changed = compile_c("diff_pair.c", &b, "diff_pair", &["-DALPHA_PERCENT=130"]).unwrap();
     let _cpus = cpi_tests::cpu_heavy();
     let record = |exe: &Path, out: &Path| {
         output_ok(

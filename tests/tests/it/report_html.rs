@@ -8,6 +8,7 @@ use std::path::Path;
 use std::process::Command;
 
 use cpi_tests::browser::{elements, screenshot_path, visit};
+use cpi_tests::diff_pair;
 use cpi_tests::tracer::tool_dir;
 use cpi_tests::{compile_c, cpi_bpf, output_ok, temp_dir};
 use serde_json::Value;
@@ -357,31 +358,10 @@ fn the_browser_check_sees_a_page_that_fetches() {
 /// frame (red: more) and not beta_work's.
 #[test]
 fn differential_flame_graph_flags_the_changed_function_only() {
-    if let Err(why) = tool_dir() {
-        cpi_tests::skip(&why);
-        return;
-    }
     let dir = temp_dir("report-html-diff");
-    let (a, b) = (dir.join("a"), dir.join("b"));
-    std::fs::create_dir_all(&a).unwrap();
-    std::fs::create_dir_all(&b).unwrap();
-    let Some(base) = compile_c("diff_pair.c", &a, "diff_pair", &[]) else {
+    let Some(profiles) = diff_pair::profiles(&dir) else {
         return;
     };
-    let changed = compile_c("diff_pair.c", &b, "diff_pair", &["-DALPHA_PERCENT=130"]).unwrap();
-    let profiles =
-        [(&base, 1, "a1"), (&base, 2, "a2"), (&changed, 3, "b1")].map(|(exe, seed, name)| {
-            let out = dir.join(format!("{name}.json"));
-            output_ok(
-                Command::new(cpi_bpf())
-                    .args(["simulate", "--quiet", "--seed", &seed.to_string(), "-o"])
-                    .arg(&out)
-                    .arg("--")
-                    .arg(exe)
-                    .arg("100"),
-            );
-            out
-        });
     let page = |new: &Path, name: &str| {
         let html = dir.join(name);
         output_ok(
