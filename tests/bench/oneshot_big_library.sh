@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-shot cost on a program whose hot code is in a 100 MB library (BENCHMARKS.md,
-# "A hostile host: before and after"). As root, from the repository root, after
+# "One-shot on a 100 MB library"). As root, from the repository root, after
 # `cargo build --release`:
 #   tests/bench/oneshot_big_library.sh RUNS SECS NAME=BINARY [NAME=BINARY ...]
 # Generates libbig.so: 20 000 functions (gcc -O1 on a generated C file) and 96 MiB of

@@ -6,7 +6,7 @@
 //! held ~14 MB at once. The file is read line by line, never whole.
 //!
 //! The kernel formats `/proc/kallsyms` line by line as it is read, which took 0.4 s of
-//! wall time on a busy 2-CPU machine (BENCHMARKS.md, "Re-measured on 2026-11-24"): a
+//! wall time on a busy 2-CPU machine (BENCHMARKS.md, "One-shot on a 100 MB library"): a
 //! one-shot run starts reading it on a thread while it collects ([`Kallsyms::read_ahead`]),
 //! so the report does not wait for it after the program stops.
 

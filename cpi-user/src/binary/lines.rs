@@ -60,7 +60,7 @@ impl<'a> SourceLines<'a> {
 /// Source lines already looked up in one binary, kept with it ([`Binary`]) across
 /// analyses: an always-on agent asks for the same hot addresses every window, and
 /// building the line context again each time for them took 16 % of its CPU (`perf
-/// record` of the agent, BENCHMARKS.md "A hostile host: before and after").
+/// record` of the agent, BENCHMARKS.md "Agent CPU: source lines and BOLT names").
 #[derive(Debug, Default)]
 pub(super) struct LineCache {
     lines: Mutex<HashMap<u64, Option<SourceLine>>>,

@@ -790,8 +790,8 @@ impl Binary {
 /// The local text and data symbols of `.symtab` in address order, each with its ordinal
 /// among the local symbols of that name (BOLT's `name/N`). Names as bytes and one
 /// foldhash lookup per symbol: `librustc_driver` has a hundred thousand locals, and this
-/// runs whenever the symbolizer opens a binary again (BENCHMARKS.md, "The merged agent
-/// under the `build` and `churn` loads").
+/// runs whenever the symbolizer opens a binary again (BENCHMARKS.md, "Agent CPU on a
+/// build host").
 fn bolt_ordinals<'d, S: ObjectSymbol<'d>>(
     syms: impl Iterator<Item = S>,
 ) -> Vec<(u64, &'d [u8], u32)> {

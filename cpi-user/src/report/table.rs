@@ -1468,7 +1468,7 @@ fn no_such_function(p: &Profile, name: &str) -> TableError {
     if similar.is_empty() {
         let mut scored: Vec<(usize, &str)> = all
             .iter()
-            .map(|n| (names::edit_distance(&n.to_lowercase(), &needle), *n))
+            .map(|n| (strsim::levenshtein(&n.to_lowercase(), &needle), *n))
             .collect();
         scored.sort();
         similar = scored.into_iter().map(|(_, n)| n.to_string()).collect();

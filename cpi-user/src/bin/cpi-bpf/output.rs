@@ -315,30 +315,20 @@ fn render_and_write(
 /// terminal's; none when standard output is not a terminal (a pipe or file gets whole
 /// names, as perf's `--stdio` does).
 fn terminal_width() -> Option<usize> {
-    width_of(&std::io::stdout())
+    width_of(&console::Term::stdout())
 }
 
 /// [`terminal_width`] of standard error, where status lines go.
 pub fn stderr_width() -> Option<usize> {
-    width_of(&std::io::stderr())
+    width_of(&console::Term::stderr())
 }
 
-fn width_of(stream: &(impl IsTerminal + std::os::fd::AsRawFd)) -> Option<usize> {
+fn width_of(term: &console::Term) -> Option<usize> {
     if let Some(n) = std::env::var("COLUMNS").ok().and_then(|c| c.parse().ok()) {
         return Some(n).filter(|&n| n > 0);
     }
-    if !stream.is_terminal() {
-        return None;
-    }
-    let mut ws = libc::winsize {
-        ws_row: 0,
-        ws_col: 0,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // SAFETY: TIOCGWINSZ fills the winsize we own; the fd is the stream's.
-    let ok = unsafe { libc::ioctl(stream.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) } == 0;
-    (ok && ws.ws_col > 0).then_some(usize::from(ws.ws_col))
+    // None when the stream is not a terminal.
+    term.size_checked().map(|(_, cols)| usize::from(cols))
 }
 
 /// Writes what `write` writes to `path`, or standard output.
