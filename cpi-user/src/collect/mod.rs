@@ -13,6 +13,7 @@ pub mod events;
 pub mod filter;
 pub mod ladder;
 pub mod session;
+pub mod perf_ring;
 pub mod sideband;
 pub mod sys;
 pub mod target;

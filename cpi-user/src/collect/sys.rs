@@ -251,6 +251,13 @@ pub const PERF_SAMPLE_TIME: u64 = 1 << 2;
 pub const PERF_SAMPLE_PERIOD: u64 = 1 << 8;
 /// Samples carry the branch stack (LBR); needs `branch_sample_type`.
 pub const PERF_SAMPLE_BRANCH_STACK: u64 = 1 << 11;
+/// Samples carry the user registers of `sample_regs_user`.
+pub const PERF_SAMPLE_REGS_USER: u64 = 1 << 12;
+/// Samples carry `sample_stack_user` bytes of the user stack from its pointer up.
+pub const PERF_SAMPLE_STACK_USER: u64 = 1 << 13;
+/// x86-64's `PERF_REG_X86_BP`, `_SP` and `_IP` (arch/x86/include/uapi/asm/perf_regs.h):
+/// what the unwinder starts from.
+pub const USER_REGS_BP_SP_IP: u64 = 1 << 6 | 1 << 7 | 1 << 8;
 
 /// Record branches in user mode.
 pub const PERF_SAMPLE_BRANCH_USER: u64 = 1 << 0;
@@ -288,6 +295,8 @@ pub mod flag {
     pub const MMAP2: u64 = 1 << 23;
     /// Mark COMM records caused by exec.
     pub const COMM_EXEC: u64 = 1 << 24;
+    /// `PERF_RECORD_FORK` and `PERF_RECORD_EXIT`.
+    pub const TASK: u64 = 1 << 13;
 }
 
 const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;

@@ -43,8 +43,12 @@ const PERF_TYPE_SOFTWARE: u32 = 1;
 const PERF_TYPE_RAW: u32 = 4;
 
 const PERF_RECORD_MMAP: u32 = 1;
+const PERF_RECORD_LOST: u32 = 2;
 const PERF_RECORD_COMM: u32 = 3;
-const PERF_RECORD_SAMPLE: u32 = 9;
+const PERF_RECORD_THROTTLE: u32 = 5;
+const PERF_RECORD_FORK: u32 = 7;
+/// `PERF_RECORD_SAMPLE`.
+pub const PERF_RECORD_SAMPLE: u32 = 9;
 const PERF_RECORD_MMAP2: u32 = 10;
 const PERF_RECORD_COMPRESSED: u32 = 81;
 
@@ -219,6 +223,8 @@ pub struct Sample {
     pub tid: u32,
     /// Sampled instruction pointer (runtime address).
     pub ip: u64,
+    /// The kernel's perf clock at the sample, ns (`PERF_SAMPLE_TIME`; 0 without).
+    pub time: u64,
     /// Events this sample stands for: the sample's own period, or the attr's fixed one.
     pub period: u64,
     /// Kernel order: entry 0 is the newest branch. Empty without a branch stack.
@@ -599,46 +605,125 @@ pub fn read<R: Read + Seek>(
         match kind {
             PERF_RECORD_SAMPLE => {
                 let mut s = parse_sample(&header, &by_id, body, recs.samples)?;
-                s.kernel = misc & MISC_CPUMODE_MASK == MISC_KERNEL;
+                s.kernel = kernel_mode(misc);
                 recs.samples += 1;
                 sink(&header, s);
             }
-            PERF_RECORD_COMM => {
-                if let (Some(pid), Some(tid), Some(name)) =
-                    (u32_at(body, 0), u32_at(body, 4), body.get(8..))
-                {
+            PERF_RECORD_COMPRESSED => return Err(PerfDataError::Compressed),
+            _ => match side_record(kind, misc, body) {
+                Some(SideRecord::Comm {
+                    pid,
+                    tid,
+                    name,
+                    exec,
+                }) => {
                     // The main thread's COMM renames the process: an exec's (flagged
                     // only since Linux 3.16, so AutoFDO's 2.6.34 recording in
                     // tests/data/autofdo names its exec this way) or a prctl's; other
                     // threads' names are theirs.
-                    let renames = misc & MISC_COMM_EXEC != 0 || tid == pid;
+                    let renames = exec || tid == pid;
                     let e = recs.comms.entry(pid);
                     match e {
                         std::collections::btree_map::Entry::Occupied(mut o) if renames => {
-                            o.insert(c_str(name));
+                            o.insert(name);
                         }
                         std::collections::btree_map::Entry::Occupied(_) => {}
                         std::collections::btree_map::Entry::Vacant(v) => {
-                            v.insert(c_str(name));
+                            v.insert(name);
                         }
                     }
                 }
-            }
-            PERF_RECORD_MMAP | PERF_RECORD_MMAP2 => {
-                if let Some((pid, m, id)) = parse_mmap(kind, misc, body) {
-                    if let (Some(id), MappedObject::File { path, .. }) = (id, &m.object) {
+                Some(SideRecord::Mmap {
+                    pid,
+                    mut mapping,
+                    build_id,
+                }) => {
+                    if let (Some(id), MappedObject::File { path, .. }) = (build_id, &mapping.object)
+                    {
                         recs.build_ids.insert(path.display().to_string(), id);
                     }
-                    if m.executable {
-                        recs.maps.entry(pid).or_default().push(m);
+                    // Recorded elsewhere: device and inode mean nothing here.
+                    mapping.file_id = None;
+                    if mapping.executable {
+                        recs.maps.entry(pid).or_default().push(mapping);
                     }
                 }
-            }
-            PERF_RECORD_COMPRESSED => return Err(PerfDataError::Compressed),
-            _ => recs.other_records += 1,
+                _ => recs.other_records += 1,
+            },
         }
     }
     Ok((header, recs))
+}
+
+/// What a record other than a sample says, as a perf.data file and the collector's live
+/// buffers (cpi-user/src/collect/sideband.rs, perf_ring.rs) both read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SideRecord {
+    /// `PERF_RECORD_MMAP`/`MMAP2`: process `pid` mapped something.
+    Mmap {
+        /// The process.
+        pid: u32,
+        /// The mapping; an MMAP2 record's device and inode as its `file_id`.
+        mapping: Mapping,
+        /// The build-id an MMAP2 record carries instead of device and inode.
+        build_id: Option<String>,
+    },
+    /// `PERF_RECORD_COMM`: thread `tid` of `pid` is now called `name`.
+    Comm {
+        /// The process.
+        pid: u32,
+        /// The thread.
+        tid: u32,
+        /// Its new name.
+        name: String,
+        /// Renamed by an `exec` (`PERF_RECORD_MISC_COMM_EXEC`).
+        exec: bool,
+    },
+    /// `PERF_RECORD_FORK` of a new process `pid` (not a thread) by `ppid`.
+    Fork {
+        /// The child.
+        pid: u32,
+        /// Its parent.
+        ppid: u32,
+    },
+    /// `PERF_RECORD_LOST`: the kernel dropped this many records, its buffer full.
+    Lost(u64),
+    /// `PERF_RECORD_THROTTLE`: the kernel stopped an event's sampling until its next
+    /// tick (`kernel.perf_event_max_sample_rate`).
+    Throttle,
+}
+
+/// The record of type `kind` with its header's `misc` and `body` (what follows the
+/// 8-byte header), when it is one of [`SideRecord`]'s.
+pub fn side_record(kind: u32, misc: u16, body: &[u8]) -> Option<SideRecord> {
+    match kind {
+        PERF_RECORD_MMAP | PERF_RECORD_MMAP2 => {
+            let (pid, mapping, build_id) = parse_mmap(kind, misc, body)?;
+            Some(SideRecord::Mmap {
+                pid,
+                mapping,
+                build_id,
+            })
+        }
+        PERF_RECORD_COMM => Some(SideRecord::Comm {
+            pid: u32_at(body, 0)?,
+            tid: u32_at(body, 4)?,
+            name: c_str(body.get(8..)?),
+            exec: misc & MISC_COMM_EXEC != 0,
+        }),
+        PERF_RECORD_FORK => {
+            let (pid, ppid) = (u32_at(body, 0)?, u32_at(body, 4)?);
+            (pid != ppid).then_some(SideRecord::Fork { pid, ppid })
+        }
+        PERF_RECORD_LOST => Some(SideRecord::Lost(u64_at(body, 8)?)),
+        PERF_RECORD_THROTTLE => Some(SideRecord::Throttle),
+        _ => None,
+    }
+}
+
+/// Whether a record's `misc` says it was taken in kernel mode.
+pub fn kernel_mode(misc: u16) -> bool {
+    misc & MISC_CPUMODE_MASK == MISC_KERNEL
 }
 
 /// `(pid, mapping, build-id)` of an MMAP/MMAP2 record; `None` for the kernel's maps.
@@ -656,6 +741,9 @@ fn parse_mmap(kind: u32, misc: u16, b: &[u8]) -> Option<(u32, Mapping, Option<St
         let prot = u32_at(b, 56)?;
         (prot & 4 != 0, id, 64)
     };
+    let file_id = (kind == PERF_RECORD_MMAP2 && misc & MISC_MMAP_BUILD_ID == 0)
+        .then(|| Some(crate::fsafe::FileId::new(u32_at(b, 32)?, u32_at(b, 36)?, u64_at(b, 40)?)))
+        .flatten();
     let path = c_str(b.get(name_at..)?);
     let object = MappedObject::from_name(&path);
     Some((
@@ -666,23 +754,34 @@ fn parse_mmap(kind: u32, misc: u16, b: &[u8]) -> Option<(u32, Mapping, Option<St
             offset: pgoff,
             executable: exec,
             object,
-            // Recorded elsewhere: device and inode mean nothing here.
-            file_id: None,
+            file_id,
         },
         build_id,
     ))
 }
 
-/// A `PERF_RECORD_SAMPLE` body, up to and including its branch stack.
+/// A `PERF_RECORD_SAMPLE` body of a file, its event told by its id.
 fn parse_sample(
     header: &Header,
     by_id: &BTreeMap<u64, usize>,
     b: &[u8],
     index: u64,
 ) -> Result<Sample, PerfDataError> {
+    let event = event_of(header, by_id, &Fields { b, o: 0, index })?;
+    sample_of(&header.events[event], event, b, index)
+}
+
+/// A `PERF_RECORD_SAMPLE` body of `attr`'s event (number `event`): what a perf.data file
+/// holds and what the collector's own perf ring buffers hold without root
+/// (cpi-user/src/collect/perf_ring.rs) are decoded here alike. `index` names the sample
+/// in errors. Its `kernel` is left for the caller, which has the record's `misc`.
+pub fn sample_of(
+    attr: &EventAttr,
+    event: usize,
+    b: &[u8],
+    index: u64,
+) -> Result<Sample, PerfDataError> {
     let mut f = Fields { b, o: 0, index };
-    let event = event_of(header, by_id, &f)?;
-    let attr = &header.events[event];
     let st = attr.sample_type;
     if st & SAMPLE_IDENTIFIER != 0 {
         f.take(8)?;
@@ -692,6 +791,7 @@ fn parse_sample(
         pid: 0,
         tid: 0,
         ip: 0,
+        time: 0,
         // Fixed-period recordings without PERF_SAMPLE_PERIOD stand for their period.
         period: if attr.freq {
             1
@@ -713,8 +813,10 @@ fn parse_sample(
         s.pid = u32_at(b, at).ok_or_else(|| f.short())?;
         s.tid = u32_at(b, at + 4).ok_or_else(|| f.short())?;
     }
+    if st & SAMPLE_TIME != 0 {
+        s.time = f.u64()?;
+    }
     for flag in [
-        SAMPLE_TIME,
         SAMPLE_ADDR,
         SAMPLE_ID,
         SAMPLE_STREAM_ID,
