@@ -826,6 +826,34 @@ mod tests {
         let p = &d.set.processes[&1];
         assert_eq!(p.ips[&EventRole::CpuClock].weight, 1100 + 4400 + 900 + 1000);
         assert_eq!(p.ips[&EventRole::Cycles].weight, 1000);
+        // Without root, a thread's events are one per CPU, each re-drawn on its own.
+        let mut d = Drain::new(1, StackMemory::default());
+        d.cpu_clock.opened = 1000;
+        d.cpu_clock.set((7, 0), 1100);
+        d.cpu_clock.set((7, 1), 900);
+        for (cpu, period) in [(0, 1000), (1, 1000), (2, 1000)] {
+            let mut s = ip(1, 0, EventRole::CpuClock);
+            (s.header.tid, s.header.cpu, s.header.period) = (7, cpu, period);
+            d.add(&bytes_of(&s));
+        }
+        let p = &d.set.processes[&1];
+        assert_eq!(p.ips[&EventRole::CpuClock].weight, 1100 + 900 + 1000);
+    }
+
+    #[test]
+    fn a_forked_child_has_its_parents_recorded_mappings() {
+        let mut d = Drain::new(1, StackMemory::default());
+        let m = Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            offset: 0,
+            executable: true,
+            object: procmap::MappedObject::from_name("/bin/x"),
+            file_id: None,
+        };
+        d.observe(Sideband::Mapping { pid: 5, mapping: m });
+        d.observe(Sideband::Fork { pid: 6, ppid: 5 });
+        assert_eq!(d.recorded[&6], d.recorded[&5]);
     }
 
     /// `rec` followed by a stack section with `kernel` frames and `stack` bytes.

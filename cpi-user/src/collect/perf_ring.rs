@@ -37,7 +37,7 @@ pub fn remedy() -> String {
     let exe = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "/path/to/cpi-bpf".into());
-    format!("or `sudo setcap cap_perfmon,cap_bpf+ep {exe}`, or run with sudo")
+    format!("give cpi-bpf the capabilities (`sudo setcap cap_perfmon,cap_bpf+ep {exe}`) or run it with sudo")
 }
 
 /// Whether an unprivileged user may collect `target` through the kernel's perf ring
@@ -48,10 +48,10 @@ pub fn allowed(caps: &Capabilities, target: &Target) -> Result<(), String> {
         Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => {
             return Err(format!(
                 "not root (euid {}): profiling every process (-a, filters) needs CAP_BPF and \
-                 CAP_PERFMON; without them cpi-bpf profiles your own processes (-p PID, -- CMD); \
-                 {}",
+                 CAP_PERFMON: {}; without them cpi-bpf profiles your own processes (-p PID, \
+                 -- CMD)",
                 caps.euid,
-                remedy().trim_start_matches("or ")
+                remedy()
             ))
         }
         Target::Pids(_) | Target::Command(_) => {}
@@ -60,7 +60,7 @@ pub fn allowed(caps: &Capabilities, target: &Target) -> Result<(), String> {
         Some(p) if p <= 2 => Ok(()),
         p => Err(format!(
             "not root (euid {}) and perf_event_paranoid is {}: your own processes can be \
-             profiled at 2 or below (`sudo sysctl kernel.perf_event_paranoid=2`), {}",
+             profiled at 2 or below (`sudo sysctl kernel.perf_event_paranoid=2`); or {}",
             caps.euid,
             p.map_or("unknown".to_string(), |p| p.to_string()),
             remedy()
@@ -77,7 +77,7 @@ pub fn own_process(pid: u32, euid: u32) -> Result<(), String> {
             "pid {pid} belongs to uid {}, not to you (uid {euid}): without root cpi-bpf \
              profiles only your own processes; {}",
             m.uid(),
-            remedy().trim_start_matches("or ")
+            remedy()
         )),
         // Gone: the target check says so.
         _ => Ok(()),

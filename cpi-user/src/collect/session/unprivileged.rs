@@ -140,7 +140,7 @@ fn refused(e: CollectError) -> CollectError {
             CollectError::NotPrivileged(format!(
                 "the kernel refused {event} on {on} ({cause}): without root cpi-bpf profiles \
                  only your own processes; {}",
-                perf_ring::remedy().trim_start_matches("or ")
+                perf_ring::remedy()
             ))
         }
         e => e,
