@@ -8,6 +8,7 @@
 //! program's records, as the same wire records, so unwinding, aggregation and losses are
 //! the BPF path's. No program runs in the kernel: no thinning, no kernel filter.
 
+use std::collections::HashMap;
 use std::os::fd::AsRawFd;
 
 use cpi_common::wire::{
@@ -20,13 +21,15 @@ use super::drain::Drain;
 use super::events::EventSpec;
 use super::ladder::OpenEvent;
 use super::sideband::{self, Ring};
-use super::sys::{self, flag};
+use super::sys::{self, flag, PerfSys};
 use super::target::Target;
 use crate::import::perf_data::{self, EventAttr, Sample, SideRecord};
 
-/// Data pages per sample buffer: 512 KiB, what `perf record` maps per CPU for a user.
-/// At 999 Hz a record with an 8 KiB stack copy fills it in about 60 ms; the collector
-/// is woken when it is a quarter full.
+/// Data pages of each CPU's sample buffer: 512 KiB, what `perf record` maps per CPU for
+/// a user, and what the kernel lets a user lock per CPU (`perf_event_mlock_kb`, 516): all
+/// the events of a CPU share it (`PERF_EVENT_IOC_SET_OUTPUT`), whatever the threads. At
+/// 999 Hz a record with an 8 KiB stack copy fills it in about 60 ms; the collector is
+/// woken when it is a quarter full.
 pub const DATA_PAGES: usize = 128;
 
 /// Said in the mode line of every session collected this way.
@@ -92,6 +95,8 @@ pub fn specs(mut specs: Vec<EventSpec>, stacks: bool, wake_bytes: u32) -> Vec<Ev
     for (i, s) in specs.iter_mut().enumerate() {
         let a = &mut s.attr;
         a.flags |= flag::EXCLUDE_KERNEL | flag::EXCLUDE_HV | flag::WATERMARK;
+        // Events share a CPU's buffer: each sample says whose it is.
+        a.sample_type |= sys::PERF_SAMPLE_IDENTIFIER;
         a.wakeup_events = wake_bytes;
         a.branch_sample_type &= !sys::PERF_SAMPLE_BRANCH_KERNEL;
         if stacks {
@@ -106,13 +111,12 @@ pub fn specs(mut specs: Vec<EventSpec>, stacks: bool, wake_bytes: u32) -> Vec<Ev
     specs
 }
 
-/// One event's buffer and what its samples are.
+/// One CPU's buffer.
 struct SampleRing {
     ring: Ring,
-    /// The event's attributes as the decoder reads them.
-    attr: EventAttr,
-    role: EventRole,
-    /// The CPU the event counts on: every sample in its buffer was taken there.
+    /// The event that owns it (the others on its CPU write into it).
+    fd: std::os::fd::RawFd,
+    /// Its CPU: every sample in it was taken there.
     cpu: u32,
 }
 
@@ -120,6 +124,8 @@ struct SampleRing {
 #[derive(Default)]
 pub struct SampleRings {
     rings: Vec<SampleRing>,
+    /// Each event's attributes as the decoder reads them, and its role, by event id.
+    events: HashMap<u64, (EventAttr, EventRole)>,
     scratch: Vec<u8>,
     /// Samples of this pass, added after every buffer's side-band records were seen.
     pending: Vec<Vec<u8>>,
@@ -133,26 +139,41 @@ pub struct SampleRings {
 }
 
 impl SampleRings {
-    /// Maps the buffer of every event in `open` (opened from `specs`).
-    pub fn map(open: &[OpenEvent], specs: &[EventSpec]) -> std::io::Result<SampleRings> {
-        let mut rings = Vec::with_capacity(open.len());
+    /// Maps one buffer per CPU, for the first event of `open` (opened from `specs`)
+    /// there, and points the CPU's other events at it.
+    pub fn map(
+        sys: &dyn PerfSys,
+        open: &[OpenEvent],
+        specs: &[EventSpec],
+    ) -> std::io::Result<SampleRings> {
+        let mut rings: Vec<SampleRing> = Vec::new();
+        let mut owner: HashMap<i32, &OpenEvent> = HashMap::new();
+        let mut events = HashMap::new();
         for e in open {
             let spec = &specs[e.spec_index];
-            rings.push(SampleRing {
-                ring: Ring::map(&e.fd, DATA_PAGES)?,
-                attr: decoder_attr(spec),
-                role: spec.role,
-                cpu: e.place.1.max(0) as u32,
-            });
+            events.insert(sys.event_id(&e.fd)?, (decoder_attr(spec), spec.role));
+            match owner.get(&e.place.1) {
+                Some(first) => sys.set_output(&e.fd, &first.fd)?,
+                None => {
+                    owner.insert(e.place.1, e);
+                    rings.push(SampleRing {
+                        ring: Ring::map(&e.fd, DATA_PAGES)?,
+                        fd: e.fd.as_raw_fd(),
+                        cpu: e.place.1.max(0) as u32,
+                    });
+                }
+            }
         }
         Ok(SampleRings {
             rings,
+            events,
             ..Default::default()
         })
     }
 
     /// Reads every buffer: side-band records to `drain` as they come, then the samples.
     pub fn read(&mut self, drain: &mut Drain) {
+        let events = &self.events;
         for r in &self.rings {
             let (pending, stats) = (&mut self.pending, &mut self.lost);
             let (throttled, malformed, decoded) =
@@ -160,10 +181,18 @@ impl SampleRings {
             r.ring.read(&mut self.scratch, |kind, misc, body| {
                 if kind == perf_data::PERF_RECORD_SAMPLE {
                     *decoded += 1;
-                    match perf_data::sample_of(&r.attr, 0, body, *decoded) {
+                    // PERF_SAMPLE_IDENTIFIER: the event's id leads the sample.
+                    let id = body
+                        .get(..8)
+                        .map(|b| u64::from_le_bytes(b.try_into().expect("8")));
+                    let Some((attr, role)) = id.and_then(|id| events.get(&id)) else {
+                        *malformed += 1;
+                        return;
+                    };
+                    match perf_data::sample_of(attr, 0, body, *decoded) {
                         Ok(mut s) => {
                             s.kernel = perf_data::kernel_mode(misc);
-                            pending.push(wire(&s, r.role, r.cpu, &r.attr));
+                            pending.push(wire(&s, *role, r.cpu, attr));
                         }
                         Err(_) => *malformed += 1,
                     }
@@ -186,9 +215,10 @@ impl SampleRings {
         }
     }
 
-    /// The buffers' fds, each readable once its buffer is a quarter full.
-    pub fn fds(open: &[OpenEvent]) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
-        open.iter().map(|e| e.fd.as_raw_fd())
+    /// The buffers' fds, each readable once its buffer is a quarter full; they stay
+    /// open as long as the events they belong to.
+    pub fn fds(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
+        self.rings.iter().map(|r| r.fd)
     }
 
     /// Loss counts since the last call: (lost, throttled, malformed).
@@ -299,7 +329,8 @@ mod tests {
         ] {
             assert_ne!(a.flags & bit, 0, "{bit:#x}");
         }
-        let want = sys::PERF_SAMPLE_IP
+        let want = sys::PERF_SAMPLE_IDENTIFIER
+            | sys::PERF_SAMPLE_IP
             | sys::PERF_SAMPLE_TID
             | sys::PERF_SAMPLE_TIME
             | sys::PERF_SAMPLE_PERIOD
@@ -307,18 +338,21 @@ mod tests {
             | sys::PERF_SAMPLE_STACK_USER;
         assert_eq!(a.sample_type, want);
         assert_eq!(a.sample_stack_user as usize, MAX_STACK_BYTES);
-        assert_eq!(time_specs(false)[0].attr.sample_type & sys::PERF_SAMPLE_STACK_USER, 0);
+        assert_eq!(
+            time_specs(false)[0].attr.sample_type & sys::PERF_SAMPLE_STACK_USER,
+            0
+        );
     }
 
-    /// A sample record as the kernel lays it out for `sample_type` IP|TID|TIME|PERIOD|
-    /// REGS_USER|STACK_USER, decoded by import's decoder into the BPF program's wire
+    /// A sample record as the kernel lays it out for `sample_type` IDENTIFIER|IP|TID|
+    /// TIME|PERIOD|REGS_USER|STACK_USER, decoded by import's decoder into the BPF program's wire
     /// record: the same fields, the same stack section.
     #[test]
     fn a_kernel_sample_becomes_the_bpf_programs_record() {
         let spec = &time_specs(true)[0];
         let attr = decoder_attr(spec);
         let mut b = Vec::new();
-        for w in [0x40_1000u64, 7 | 9 << 32, 123_456, 1_001_001] {
+        for w in [5u64, 0x40_1000, 7 | 9 << 32, 123_456, 1_001_001] {
             b.extend(w.to_le_bytes());
         }
         b.extend(2u64.to_le_bytes()); // PERF_SAMPLE_REGS_ABI_64
@@ -339,13 +373,17 @@ mod tests {
         assert_eq!(h.event, EventRole::CpuClock as u32);
         assert_eq!(h.flags & FLAG_KERNEL, 0);
         assert_eq!(
-            (stack.header.user_ip, stack.header.user_sp, stack.header.user_bp),
+            (
+                stack.header.user_ip,
+                stack.header.user_sp,
+                stack.header.user_bp
+            ),
             (0x40_1000, 0x7ff0_0000, 0x7ff0_0100)
         );
         assert_eq!(stack.stack, &[0xab; 16]);
         assert!(stack.kernel.is_empty() && stack.user.is_empty());
         // Cut short of its format: counted, not guessed.
-        assert!(perf_data::sample_of(&attr, 0, &b[..40], 2).is_err());
+        assert!(perf_data::sample_of(&attr, 0, &b[..48], 2).is_err());
     }
 
     #[test]

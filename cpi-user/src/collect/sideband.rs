@@ -25,7 +25,6 @@ use crate::procmap::{MappedObject, Mapping};
 /// passes.
 const DATA_PAGES: usize = 16;
 
-
 /// What one side-band record says.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Sideband {

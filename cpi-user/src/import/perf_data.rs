@@ -742,7 +742,13 @@ fn parse_mmap(kind: u32, misc: u16, b: &[u8]) -> Option<(u32, Mapping, Option<St
         (prot & 4 != 0, id, 64)
     };
     let file_id = (kind == PERF_RECORD_MMAP2 && misc & MISC_MMAP_BUILD_ID == 0)
-        .then(|| Some(crate::fsafe::FileId::new(u32_at(b, 32)?, u32_at(b, 36)?, u64_at(b, 40)?)))
+        .then(|| {
+            Some(crate::fsafe::FileId::new(
+                u32_at(b, 32)?,
+                u32_at(b, 36)?,
+                u64_at(b, 40)?,
+            ))
+        })
         .flatten();
     let path = c_str(b.get(name_at..)?);
     let object = MappedObject::from_name(&path);
@@ -816,12 +822,7 @@ pub fn sample_of(
     if st & SAMPLE_TIME != 0 {
         s.time = f.u64()?;
     }
-    for flag in [
-        SAMPLE_ADDR,
-        SAMPLE_ID,
-        SAMPLE_STREAM_ID,
-        SAMPLE_CPU,
-    ] {
+    for flag in [SAMPLE_ADDR, SAMPLE_ID, SAMPLE_STREAM_ID, SAMPLE_CPU] {
         if st & flag != 0 {
             f.take(8)?;
         }

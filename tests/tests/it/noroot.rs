@@ -10,8 +10,8 @@ use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard};
 
 use cpi_tests::{
-    assert_one_error_line, compile_c, cpi_bpf, cpu_heavy, require_root, skip, stderr,
-    stdout_json, temp_dir, KillOnDrop,
+    assert_one_error_line, compile_c, cpi_bpf, cpu_heavy, require_root, skip, stderr, stdout_json,
+    temp_dir, KillOnDrop,
 };
 use serde_json::Value;
 
@@ -33,7 +33,11 @@ fn setup(tag: &str) -> Option<(PathBuf, PathBuf)> {
     if !require_root("switching to uid 65534") {
         return None;
     }
-    let paranoid: i32 = std::fs::read_to_string(PARANOID).ok()?.trim().parse().ok()?;
+    let paranoid: i32 = std::fs::read_to_string(PARANOID)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     if paranoid > 2 {
         skip(format_args!(
             "perf_event_paranoid is {paranoid}: a user may not sample their own processes"
@@ -156,13 +160,14 @@ fn a_users_own_pid_is_profiled() {
             .unwrap(),
     );
     let pid = target.0.id().to_string();
-    let out = run_nobody(
-        &bin,
-        &["--format", "json", "--duration", "1", "-p", &pid],
-    );
+    let out = run_nobody(&bin, &["--format", "json", "--duration", "1", "-p", &pid]);
     assert!(out.status.success(), "{}", stderr(&out));
     let (share, err, n) = alpha_share(&stdout_json(&out));
-    eprintln!("-p as nobody: alpha_work {:.1} % ± {:.1} of {n}", 100.0 * share, 100.0 * err);
+    eprintln!(
+        "-p as nobody: alpha_work {:.1} % ± {:.1} of {n}",
+        100.0 * share,
+        100.0 * err
+    );
     assert!((share - 2.0 / 3.0).abs() <= 4.0 * err, "{share} ± {err}");
 }
 
@@ -176,7 +181,11 @@ fn a_root_process_and_system_wide_are_refused_in_one_line() {
     let pid = root_process.0.id().to_string();
     let out = run_nobody(&bin, &["--duration", "1", "-p", &pid]);
     assert_one_error_line(&out, &format!("pid {pid} belongs to uid 0"));
-    assert!(stderr(&out).contains("setcap cap_perfmon,cap_bpf+ep"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("setcap cap_perfmon,cap_bpf+ep"),
+        "{}",
+        stderr(&out)
+    );
     let out = run_nobody(&bin, &["--duration", "1", "-a"]);
     assert_one_error_line(&out, "setcap cap_perfmon,cap_bpf+ep");
 }
@@ -203,5 +212,9 @@ fn paranoid_3_says_what_would_allow_it() {
     }
     let out = run_nobody(&bin, &["--", prog.to_str().unwrap(), "0.1"]);
     assert_one_error_line(&out, "sysctl kernel.perf_event_paranoid=2");
-    assert!(stderr(&out).contains("perf_event_paranoid is 3"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("perf_event_paranoid is 3"),
+        "{}",
+        stderr(&out)
+    );
 }

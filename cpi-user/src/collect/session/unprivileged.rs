@@ -64,8 +64,16 @@ pub(super) fn open(
         }),
         None => notify(n),
     };
-    let rung = ladder::walk(&Linux, start, &plan_ring, &places, extra, &|_| Ok(None), &mut say)
-        .map_err(refused)?;
+    let rung = ladder::walk(
+        &Linux,
+        start,
+        &plan_ring,
+        &places,
+        extra,
+        &|_| Ok(None),
+        &mut say,
+    )
+    .map_err(refused)?;
     for n in &pid_notes {
         say(Notice::plain(n));
     }
@@ -74,8 +82,9 @@ pub(super) fn open(
             say(Notice::plain(&note));
         }
     }
-    let rings = SampleRings::map(&rung.open, &rung.specs)?;
-    let ready = SampleRings::fds(&rung.open)
+    let rings = SampleRings::map(&Linux, &rung.open, &rung.specs).map_err(map_refused)?;
+    let ready = rings
+        .fds()
         // SAFETY: the fds stay open as long as the events, which drop after these.
         .map(|fd| unsafe { AsyncFd::register(fd) }.map_err(io::Error::from))
         .collect::<Result<Vec<_>, _>>()?;
@@ -128,6 +137,19 @@ fn places(
         None => flag::INHERIT,
     };
     Ok((places, extra))
+}
+
+/// A buffer the kernel would not map, in one line: what a user may lock of perf buffers
+/// is spent (other perf sessions of the same user).
+fn map_refused(e: io::Error) -> CollectError {
+    match e.raw_os_error() {
+        Some(libc::EPERM) => CollectError::NotPrivileged(format!(
+            "mapping the perf buffers ({e}): the memory a user may lock for them \
+             (kernel.perf_event_mlock_kb, `ulimit -l`) is spent; {}",
+            perf_ring::remedy()
+        )),
+        _ => CollectError::Io(e),
+    }
 }
 
 /// A refusal of the kernel's (a process it will not let this user sample) as the one
