@@ -23,7 +23,8 @@ use super::ladder::OpenEvent;
 use super::sideband::{self, Ring};
 use super::sys::{self, flag, PerfSys};
 use super::target::Target;
-use crate::import::perf_data::{self, EventAttr, Sample, SideRecord};
+use crate::import::perf_data::{self, EventAttr, Sample};
+use crate::import::perf_records::{self, SideRecord};
 
 /// Data pages of each CPU's sample buffer: 512 KiB, what `perf record` maps per CPU for
 /// a user, and what the kernel lets a user lock per CPU (`perf_event_mlock_kb`, 516): all
@@ -191,14 +192,14 @@ impl SampleRings {
                     };
                     match perf_data::sample_of(attr, 0, body, *decoded) {
                         Ok(mut s) => {
-                            s.kernel = perf_data::kernel_mode(misc);
+                            s.kernel = perf_records::kernel_mode(misc);
                             pending.push(wire(&s, *role, r.cpu, attr));
                         }
                         Err(_) => *malformed += 1,
                     }
                     return;
                 }
-                match perf_data::side_record(kind, misc, body) {
+                match perf_records::side_record(kind, misc, body) {
                     Some(SideRecord::Lost(n)) => *stats += n,
                     Some(SideRecord::Throttle) => *throttled += 1,
                     Some(rec) => {

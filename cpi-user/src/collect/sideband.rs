@@ -18,7 +18,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, Ordering};
 
 use super::sys::{self, flag, PerfEventAttr, PerfSys};
-use crate::import::perf_data::{side_record, SideRecord};
+use crate::import::perf_records::{side_record, SideRecord};
 use crate::procmap::{MappedObject, Mapping};
 
 /// Data pages per buffer (a power of two): 64 KiB holds hundreds of records between two
