@@ -298,6 +298,8 @@ fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 13] {
         stacks_too_costly,
         stacks_evicted,
         filtered_in_kernel: _,
+        // Seen only without root (collect/perf_ring.rs); the agent runs with BPF.
+        throttled: _,
     } = *l;
     [
         ("ring_full", ring_full),

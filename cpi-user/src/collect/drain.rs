@@ -265,12 +265,17 @@ pub struct CpuClockPeriods {
     pub by_tid: HashMap<u32, u64>,
     /// Period now, of per-CPU events (system-wide), by CPU.
     pub by_cpu: HashMap<u32, u64>,
+    /// Period now, of events of one thread on one CPU (collection without root, whose
+    /// buffers the kernel maps per CPU: collect/perf_ring.rs), by thread and CPU.
+    pub by_tid_cpu: HashMap<(u32, u32), u64>,
 }
 
 impl CpuClockPeriods {
     /// Records that the event placed at `(pid, cpu)` now has `period`.
     pub fn set(&mut self, (pid, cpu): (i32, i32), period: u64) {
-        if pid > 0 {
+        if pid > 0 && cpu >= 0 {
+            self.by_tid_cpu.insert((pid as u32, cpu as u32), period);
+        } else if pid > 0 {
             self.by_tid.insert(pid as u32, period);
         } else if cpu >= 0 {
             self.by_cpu.insert(cpu as u32, period);
@@ -281,8 +286,9 @@ impl CpuClockPeriods {
     /// summed over thinned overflows) in the period its event runs at now.
     fn weight(&self, h: &SampleHeader) -> u64 {
         let now = self
-            .by_tid
-            .get(&h.tid)
+            .by_tid_cpu
+            .get(&(h.tid, h.cpu))
+            .or_else(|| self.by_tid.get(&h.tid))
             .or_else(|| self.by_cpu.get(&h.cpu))
             .copied();
         match now {
@@ -435,6 +441,13 @@ impl Drain {
                     }
                 }
                 e.0 = comm;
+            }
+            Sideband::Fork { pid, ppid } => {
+                // A child that maps nothing new has no records of its own: what its
+                // parent had mapped is its until it execs.
+                if let Some(parent) = self.recorded.get(&ppid).cloned() {
+                    self.recorded.entry(pid).or_insert(parent);
+                }
             }
             Sideband::Lost(n) => self.sideband_lost += n,
         }
@@ -813,6 +826,34 @@ mod tests {
         let p = &d.set.processes[&1];
         assert_eq!(p.ips[&EventRole::CpuClock].weight, 1100 + 4400 + 900 + 1000);
         assert_eq!(p.ips[&EventRole::Cycles].weight, 1000);
+        // Without root, a thread's events are one per CPU, each re-drawn on its own.
+        let mut d = Drain::new(1, StackMemory::default());
+        d.cpu_clock.opened = 1000;
+        d.cpu_clock.set((7, 0), 1100);
+        d.cpu_clock.set((7, 1), 900);
+        for (cpu, period) in [(0, 1000), (1, 1000), (2, 1000)] {
+            let mut s = ip(1, 0, EventRole::CpuClock);
+            (s.header.tid, s.header.cpu, s.header.period) = (7, cpu, period);
+            d.add(&bytes_of(&s));
+        }
+        let p = &d.set.processes[&1];
+        assert_eq!(p.ips[&EventRole::CpuClock].weight, 1100 + 900 + 1000);
+    }
+
+    #[test]
+    fn a_forked_child_has_its_parents_recorded_mappings() {
+        let mut d = Drain::new(1, StackMemory::default());
+        let m = Mapping {
+            start: 0x1000,
+            end: 0x2000,
+            offset: 0,
+            executable: true,
+            object: procmap::MappedObject::from_name("/bin/x"),
+            file_id: None,
+        };
+        d.observe(Sideband::Mapping { pid: 5, mapping: m });
+        d.observe(Sideband::Fork { pid: 6, ppid: 5 });
+        assert_eq!(d.recorded[&6], d.recorded[&5]);
     }
 
     /// `rec` followed by a stack section with `kernel` frames and `stack` bytes.

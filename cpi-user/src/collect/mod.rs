@@ -12,6 +12,7 @@ pub mod drain;
 pub mod events;
 pub mod filter;
 pub mod ladder;
+pub mod perf_ring;
 pub mod session;
 pub mod sideband;
 pub mod sys;

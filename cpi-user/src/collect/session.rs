@@ -15,10 +15,11 @@ use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use super::caps::{Capabilities, KernelFeatures, Processor};
-use super::drain::{CpuClockPeriods, Drain};
+use super::drain::Drain;
 use super::events::{self, EventSpec, Rate};
 use super::filter::KernelFilter;
 use super::ladder::{self, OpenEvent};
+use super::perf_ring::SampleRings;
 use super::sideband::SidebandReader;
 use super::sys::{self, BpfFilterMaps, Linux, PerfSys};
 use super::target::{self, Child, Target};
@@ -27,12 +28,13 @@ use super::{load, read_counters, CollectError, CollectOptions, Collected, StopRe
 use crate::profile::model::{EventInfo, EventUnit, LossReport};
 use crate::profile::{Mode, RunInfo};
 
+mod redraw;
+mod unprivileged;
+
+use redraw::Redraw;
+
 /// How long a started command gets to end after SIGTERM before it is killed.
 pub const KILL_AFTER: Duration = Duration::from_secs(2);
-
-/// Events whose count is read (and maybe re-drawn) per re-draw tick at most: a process
-/// with thousands of threads must not turn re-draws into a CPU hog (≈ 5 µs each).
-const REDRAWS_PER_TICK: usize = 64;
 
 /// The longest the ring goes undrained without a wake-up ([`Live::poll_every`]): a
 /// process living a second is still read from `/proc` while it lives.
@@ -101,8 +103,8 @@ struct Live {
     redraw: Redraw,
     /// The sampling frequency the session opened at ([`Live::poll_every`]).
     opened_hz: u64,
-    ring: AsyncFd<RingBuf<MapData>>,
-    /// The side-band buffers' fds, readable once one is a quarter full.
+    /// The side-band buffers' fds (and without root, the sample buffers'), readable
+    /// once one is a quarter full.
     sideband_ready: Vec<AsyncFd<std::os::fd::RawFd>>,
     /// Exit watches of the targets still running, by pid (empty: system-wide).
     pidfds: Vec<(u32, AsyncFd<OwnedFd>)>,
@@ -119,123 +121,47 @@ struct Live {
     stop: Option<StopReason>,
     /// Events disabled and the ring drained to its end.
     shut: bool,
-    stats: Option<OwnedFd>,
     /// Side-band records (mmap, comm) of the targets.
     sideband: SidebandReader,
-    bpf: Ebpf,
+    source: Source,
 }
 
-/// The user layer's re-draw schedule: each open event is re-drawn once it has counted
-/// [`policy::PeriodPolicy::redraw_after`] since its last re-draw.
-struct Redraw {
-    rng: Rng,
-    /// Per open event: the count at which it is re-drawn next.
-    at: Vec<u64>,
-    /// Per open event: when its count is next read. A `cpu-clock` event counts
-    /// nanoseconds, at most one per nanosecond on each CPU it counts on, so it cannot
-    /// reach `at` sooner than `at − count` ns (divided by those CPUs) after a read: until
-    /// then it is not read (a read of another CPU's event is a cross-CPU call). At 19 Hz
-    /// that is one read per re-draw, 2.5–5.9 s apart, instead of one per tick.
-    read_at: Vec<Instant>,
-    /// How often an event is read at most ([`CollectOptions::redraw_every`]).
-    every: Duration,
-    /// CPUs online: what an event not bound to one CPU can count on at once.
-    cpus: u64,
-    next: usize,
+/// Where the samples come from.
+enum Source {
+    /// The eBPF programs' ring buffer.
+    Bpf {
+        ring: AsyncFd<RingBuf<MapData>>,
+        /// Run-time accounting of the programs, while open.
+        stats: Option<OwnedFd>,
+        bpf: Box<Ebpf>,
+    },
+    /// The kernel's own ring buffers of each event, without root
+    /// (cpi-user/src/collect/perf_ring.rs).
+    Perf(SampleRings),
 }
 
-impl Redraw {
-    fn new(
-        now: Instant,
-        rng: Rng,
-        every: Duration,
-        cpus: u64,
-        specs: &[EventSpec],
-        open: &[OpenEvent],
-    ) -> Self {
-        let mut r = Redraw {
-            rng,
-            at: vec![0; open.len()],
-            read_at: vec![now; open.len()],
-            every,
-            cpus: cpus.max(1),
-            next: 0,
-        };
-        for (i, e) in open.iter().enumerate() {
-            let after = specs[e.spec_index].policy.redraw_after(&mut r.rng);
-            r.at[i] = after;
-            r.read_at[i] = r.next_read(now, specs, e, after);
+/// Checks the target names something to profile, its pids resolved (threads to their
+/// processes); the notes to say after the mode line.
+fn resolve_target(opts: &mut CollectOptions) -> Result<Vec<String>, CollectError> {
+    let mut pid_notes = Vec::new();
+    match &opts.target {
+        Target::Pids(pids) if pids.is_empty() => return Err(CollectError::NoTarget),
+        Target::Pids(pids) => {
+            let (pids, notes) = target::resolve_pids(pids)?;
+            pid_notes = notes;
+            opts.target = Target::Pids(pids);
         }
-        r
-    }
-
-    /// When event `e`, read at `now` and `left` short of its re-draw, is read next.
-    fn next_read(&self, now: Instant, specs: &[EventSpec], e: &OpenEvent, left: u64) -> Instant {
-        let cannot_be_due = if specs[e.spec_index].role == EventRole::CpuClock {
-            let cpus = if e.place.1 >= 0 { 1 } else { self.cpus };
-            Duration::from_nanos(left / cpus)
-        } else {
-            Duration::ZERO
-        };
-        now + cannot_be_due.max(self.every)
-    }
-
-    /// The soonest any event is read next: when [`Redraw::tick`] has work.
-    fn due(&self) -> Option<Instant> {
-        self.read_at.iter().min().copied()
-    }
-
-    /// Reads the counts of up to [`REDRAWS_PER_TICK`] events whose read is due at `now`
-    /// (round robin) and re-draws those that reached their count. Events the kernel
-    /// created by `inherit` (threads started later) have no fd here and keep the period
-    /// drawn when they were born. A failure (the event's thread exited) only means that
-    /// event keeps its period.
-    fn tick(
-        &mut self,
-        now: Instant,
-        sys: &dyn PerfSys,
-        specs: &[EventSpec],
-        open: &[OpenEvent],
-        periods: &mut CpuClockPeriods,
-    ) {
-        let mut reads = 0;
-        for _ in 0..open.len() {
-            if reads == REDRAWS_PER_TICK {
-                break;
-            }
-            let i = self.next % open.len();
-            self.next += 1;
-            if self.read_at[i] > now {
-                continue;
-            }
-            reads += 1;
-            let e = &open[i];
-            let Ok(count) = sys.read_count(&e.fd) else {
-                self.read_at[i] = now + self.every;
-                continue;
-            };
-            if count >= self.at[i] {
-                let spec = &specs[e.spec_index];
-                let period = spec.policy.draw(&mut self.rng);
-                if sys.set_period(&e.fd, period).is_ok() && spec.role == EventRole::CpuClock {
-                    periods.set(e.place, period);
-                }
-                self.at[i] = count.saturating_add(spec.policy.redraw_after(&mut self.rng));
-            }
-            self.read_at[i] = self.next_read(now, specs, e, self.at[i].saturating_sub(count));
+        Target::Command(argv) | Target::SystemWideWhile(argv) => {
+            target::resolve_command(argv.first().ok_or(CollectError::NoTarget)?)?;
         }
-    }
-
-    /// After a rate change: every event restarts its schedule from its count now.
-    fn restart(&mut self, sys: &dyn PerfSys, specs: &[EventSpec], open: &[OpenEvent]) {
-        let now = Instant::now();
-        for (i, e) in open.iter().enumerate() {
-            let count = sys.read_count(&e.fd).unwrap_or(0);
-            let after = specs[e.spec_index].policy.redraw_after(&mut self.rng);
-            self.at[i] = count.saturating_add(after);
-            self.read_at[i] = self.next_read(now, specs, e, after);
+        Target::Filtered(f) if !f.pids.is_empty() => {
+            let (pids, notes) = target::resolve_pids(&f.pids)?;
+            pid_notes = notes;
+            opts.target = Target::Filtered(super::Filter { pids, ..f.clone() });
         }
+        Target::SystemWide | Target::Filtered(_) => {}
     }
+    Ok(pid_notes)
 }
 
 /// Where events are opened: (pid, cpu) pairs and extra attr flags.
@@ -312,8 +238,10 @@ impl Session {
         notify: &mut dyn FnMut(Notice<'_>),
     ) -> Result<Session, CollectError> {
         let caps = Capabilities::probe();
-        caps.check_privileges()
-            .map_err(CollectError::NotPrivileged)?;
+        if caps.check_privileges().is_err() {
+            // Without BPF: the kernel's own perf buffers, where the user may use them.
+            return unprivileged::open(opts, &caps, notify);
+        }
         let features = KernelFeatures::probe();
         features
             .check_floor(&caps.kernel)
@@ -322,24 +250,7 @@ impl Session {
         let start = features.limit(caps.mode());
         let mut opts = opts.clone();
         // Said after the mode line, which comes first.
-        let mut pid_notes = Vec::new();
-        match &opts.target {
-            Target::Pids(pids) if pids.is_empty() => return Err(CollectError::NoTarget),
-            Target::Pids(pids) => {
-                let (pids, notes) = target::resolve_pids(pids)?;
-                pid_notes = notes;
-                opts.target = Target::Pids(pids);
-            }
-            Target::Command(argv) | Target::SystemWideWhile(argv) => {
-                target::resolve_command(argv.first().ok_or(CollectError::NoTarget)?)?;
-            }
-            Target::Filtered(f) if !f.pids.is_empty() => {
-                let (pids, notes) = target::resolve_pids(&f.pids)?;
-                pid_notes = notes;
-                opts.target = Target::Filtered(super::Filter { pids, ..f.clone() });
-            }
-            Target::SystemWide | Target::Filtered(_) => {}
-        }
+        let mut pid_notes = resolve_target(&mut opts)?;
         let mut filter = match &opts.target {
             Target::Filtered(f) => KernelFilter::new(f)?,
             _ => KernelFilter::default(),
@@ -460,72 +371,24 @@ impl Session {
         // Run-time accounting of our programs, for as long as the session lives.
         let stats = sys.enable_bpf_stats().ok();
 
-        let started = Instant::now();
-        // A command's own events start at its exec; every other target's now.
-        if !matches!(opts.target, Target::Command(_)) {
-            sideband.enable(&sys)?;
-            for e in &rung.open {
-                sys.enable(&e.fd)?;
-            }
-        }
-        let child = suspended.map(target::Suspended::release).transpose()?;
-        let watch: Vec<u32> = match (&opts.target, &child) {
-            (_, Some(c)) => vec![c.pid()],
-            (Target::Pids(pids), None) => pids.clone(),
-            (Target::Filtered(_), None) => filter.tgids().collect(),
-            _ => Vec::new(),
-        };
-        let mut pidfds = Vec::new();
-        for &pid in &watch {
-            // A pid that is already gone has exited: nothing to wait for.
-            if let Ok(fd) = sys.pidfd_open(pid as i32) {
-                // SAFETY: the pidfd is owned by the AsyncFd wrapping it.
-                pidfds.push((
-                    pid,
-                    unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)?,
-                ));
-            }
-        }
-        let redraw = Redraw::new(
-            Instant::now(),
-            Rng::new(seed()),
-            opts.redraw_every.max(Duration::from_millis(1)),
-            cpus.len() as u64,
-            &rung.specs,
-            &rung.open,
-        );
-        let mut drain = Drain::new(window, opts.stack_memory);
-        if let Some(clock) = rung.specs.iter().find(|s| s.role == EventRole::CpuClock) {
-            drain.cpu_clock.opened = clock.policy.base;
-        }
-        let live = Live {
-            cpu,
-            mode: rung.mode,
-            reason: rung.reason,
-            thinning,
-            specs: rung.specs,
-            open: rung.open,
-            redraw,
-            opened_hz: opts.rate.frequency,
-            ring,
-            sideband_ready,
-            pidfds,
-            filter,
-            watching: !watch.is_empty(),
-            sigint,
-            sigterm,
-            drain,
-            child,
-            deadline: opts.duration.and_then(|d| started.checked_add(d)),
-            window_started: started,
-            counters_seen: [0; COUNTERS as usize],
-            stop: None,
-            shut: false,
-            stats,
-            sideband,
-            bpf,
+        let live = assemble(Parts {
             opts,
-        };
+            cpu,
+            rung,
+            thinning,
+            window,
+            cpus: cpus.len(),
+            sideband,
+            sideband_ready,
+            filter,
+            signals: (sigint, sigterm),
+            suspended,
+            source: Source::Bpf {
+                ring,
+                stats,
+                bpf: Box::new(bpf),
+            },
+        })?;
         drop(entered);
         Ok(Session { live, rt })
     }
@@ -625,16 +488,27 @@ impl Session {
     /// come and go.
     pub fn set_cgroups(&mut self, set: Vec<super::filter::CgroupV2>) -> Result<(), CollectError> {
         let l = &mut self.live;
-        l.filter.set_cgroups(&mut BpfFilterMaps(&mut l.bpf), set)
+        match &mut l.source {
+            Source::Bpf { bpf, .. } => l.filter.set_cgroups(&mut BpfFilterMaps(bpf), set),
+            // Filters need the BPF program: refused before a session opens without it.
+            Source::Perf(_) => Ok(()),
+        }
     }
 
     /// Cumulative in-kernel run time of our BPF programs, from BPF_ENABLE_STATS
     /// (enabled for the Session's lifetime when the kernel allows), None when
     /// unavailable.
     pub fn bpf_run_time(&self) -> Option<Duration> {
-        self.live.stats.as_ref()?;
+        let Source::Bpf {
+            stats: Some(_),
+            bpf,
+            ..
+        } = &self.live.source
+        else {
+            return None;
+        };
         let mut total = Duration::ZERO;
-        for (_, prog) in self.live.bpf.programs() {
+        for (_, prog) in bpf.programs() {
             match prog.info() {
                 Ok(info) => total += info.run_time(),
                 // The object holds every mode's programs; only the ladder's are
@@ -679,6 +553,109 @@ impl Session {
     }
 }
 
+/// What an opened session is made of, its events open, its command (if any) not yet
+/// released.
+struct Parts {
+    opts: CollectOptions,
+    cpu: Processor,
+    rung: ladder::Rung,
+    thinning: Thinning,
+    /// Ranges per branch sample.
+    window: usize,
+    /// Online CPUs.
+    cpus: usize,
+    sideband: SidebandReader,
+    sideband_ready: Vec<AsyncFd<std::os::fd::RawFd>>,
+    filter: KernelFilter,
+    signals: (Signal, Signal),
+    suspended: Option<target::Suspended>,
+    source: Source,
+}
+
+/// Enables the events (or releases the command, whose events start at its exec),
+/// watches the targets' exits, and starts the clock: the running session. In the
+/// runtime's context.
+fn assemble(p: Parts) -> Result<Live, CollectError> {
+    let Parts {
+        opts,
+        cpu,
+        rung,
+        thinning,
+        window,
+        cpus,
+        sideband,
+        sideband_ready,
+        filter,
+        signals: (sigint, sigterm),
+        suspended,
+        source,
+    } = p;
+    let started = Instant::now();
+    // A command's own events start at its exec; every other target's now.
+    if !matches!(opts.target, Target::Command(_)) {
+        sideband.enable(&Linux)?;
+        for e in &rung.open {
+            Linux.enable(&e.fd)?;
+        }
+    }
+    let child = suspended.map(target::Suspended::release).transpose()?;
+    let watch: Vec<u32> = match (&opts.target, &child) {
+        (_, Some(c)) => vec![c.pid()],
+        (Target::Pids(pids), None) => pids.clone(),
+        (Target::Filtered(_), None) => filter.tgids().collect(),
+        _ => Vec::new(),
+    };
+    let mut pidfds = Vec::new();
+    for &pid in &watch {
+        // A pid that is already gone has exited: nothing to wait for.
+        if let Ok(fd) = Linux.pidfd_open(pid as i32) {
+            // SAFETY: the pidfd is owned by the AsyncFd wrapping it.
+            pidfds.push((
+                pid,
+                unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)?,
+            ));
+        }
+    }
+    let redraw = Redraw::new(
+        Instant::now(),
+        Rng::new(seed()),
+        opts.redraw_every.max(Duration::from_millis(1)),
+        cpus as u64,
+        &rung.specs,
+        &rung.open,
+    );
+    let mut drain = Drain::new(window, opts.stack_memory);
+    if let Some(clock) = rung.specs.iter().find(|s| s.role == EventRole::CpuClock) {
+        drain.cpu_clock.opened = clock.policy.base;
+    }
+    Ok(Live {
+        cpu,
+        mode: rung.mode,
+        reason: rung.reason,
+        thinning,
+        specs: rung.specs,
+        open: rung.open,
+        redraw,
+        opened_hz: opts.rate.frequency,
+        sideband_ready,
+        pidfds,
+        filter,
+        watching: !watch.is_empty(),
+        sigint,
+        sigterm,
+        drain,
+        child,
+        deadline: opts.duration.and_then(|d| started.checked_add(d)),
+        window_started: started,
+        counters_seen: [0; COUNTERS as usize],
+        stop: None,
+        shut: false,
+        sideband,
+        source,
+        opts,
+    })
+}
+
 /// Whether [`Live::run`] drains the ring buffer and the side-band buffers.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Draining {
@@ -703,7 +680,7 @@ impl Live {
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let redrawing = self.opts.perturbation.user() && !self.open.is_empty();
         let Live {
-            ring,
+            source,
             drain,
             pidfds,
             sigint,
@@ -715,7 +692,6 @@ impl Live {
             sideband,
             sideband_ready,
             filter,
-            bpf,
             ..
         } = self;
         // Made once, not at each turn of the loop: a timer made anew lands in the timer
@@ -727,14 +703,13 @@ impl Live {
         tokio::pin!(redraw_sleep, deadline_sleep, until_sleep);
         let stop = loop {
             tokio::select! {
-                guard = ring.readable_mut(), if draining => {
-                    let mut guard = guard?;
-                    drain_all(sideband, guard.get_inner_mut(), drain);
-                    guard.clear_ready();
+                ready = bpf_ring_ready(source), if draining => {
+                    ready?;
+                    drain_all(sideband, source, drain);
                 }
-                _ = poll.tick(), if draining => drain_all(sideband, ring.get_mut(), drain),
+                _ = poll.tick(), if draining => drain_all(sideband, source, drain),
                 () = any_ready(sideband_ready), if draining && !sideband_ready.is_empty() => {
-                    drain_all(sideband, ring.get_mut(), drain);
+                    drain_all(sideband, source, drain);
                 }
                 () = &mut redraw_sleep, if redrawing => {
                     schedule.tick(Instant::now(), &Linux, specs, open, &mut drain.cpu_clock);
@@ -747,7 +722,9 @@ impl Live {
                 i = next_exit(pidfds), if !pidfds.is_empty() => {
                     let (pid, _) = pidfds.swap_remove(i);
                     // Only an entry that is already gone can fail to go: nothing to undo.
-                    let _ = filter.exited(&mut BpfFilterMaps(bpf), pid);
+                    if let Source::Bpf { bpf, .. } = source {
+                        let _ = filter.exited(&mut BpfFilterMaps(bpf), pid);
+                    }
                 }
                 () = std::future::ready(()), if *watching && pidfds.is_empty() => {
                     break Some(StopReason::TargetExit)
@@ -757,7 +734,7 @@ impl Live {
             }
         };
         if draining {
-            drain_all(sideband, ring.get_mut(), drain);
+            drain_all(sideband, source, drain);
         }
         Ok(stop)
     }
@@ -793,21 +770,25 @@ impl Live {
         for e in &self.open {
             let _ = Linux.disable(&e.fd);
         }
-        drain_all(&mut self.sideband, self.ring.get_mut(), &mut self.drain);
+        drain_all(&mut self.sideband, &mut self.source, &mut self.drain);
         // A program that was mid-run on another CPU commits within microseconds.
         tokio::time::sleep(Duration::from_millis(20)).await;
-        drain_all(&mut self.sideband, self.ring.get_mut(), &mut self.drain);
+        drain_all(&mut self.sideband, &mut self.source, &mut self.drain);
     }
 
     fn take_window(&mut self) -> Collected {
         let w = self.drain.take_window();
-        let counters = read_counters(&self.bpf);
+        let (counters, (ring_lost, throttled, bad)) = match &mut self.source {
+            Source::Bpf { bpf, .. } => (read_counters(bpf), (0, 0, 0)),
+            Source::Perf(rings) => ([0; COUNTERS as usize], rings.take_losses()),
+        };
         let delta =
             |c: Counter| counters[c as usize].saturating_sub(self.counters_seen[c as usize]);
         let lost = LossReport {
-            ring_full: delta(Counter::RingFull),
+            ring_full: delta(Counter::RingFull) + ring_lost,
             branch_errors: delta(Counter::BranchError),
-            malformed: w.malformed,
+            malformed: w.malformed + bad,
+            throttled,
             thinned: delta(Counter::Thinned),
             filtered_in_kernel: delta(Counter::Filtered),
             sideband_lost: w.sideband_lost,
@@ -897,11 +878,29 @@ fn any_ready(fds: &[AsyncFd<std::os::fd::RawFd>]) -> impl std::future::Future<Ou
 }
 
 /// One pass: side-band records first (they explain the samples), then the samples.
-fn drain_all(sideband: &mut SidebandReader, ring: &mut RingBuf<MapData>, drain: &mut Drain) {
+fn drain_all(sideband: &mut SidebandReader, source: &mut Source, drain: &mut Drain) {
     drain.start_pass();
     sideband.read(|s| drain.observe(s));
-    while let Some(item) = ring.next() {
-        drain.add(&item);
+    match source {
+        Source::Bpf { ring, .. } => {
+            let ring = ring.get_mut();
+            while let Some(item) = ring.next() {
+                drain.add(&item);
+            }
+        }
+        Source::Perf(rings) => rings.read(drain),
+    }
+}
+
+/// The BPF ring buffer's readiness (cleared: the drain that follows reads it all);
+/// never, for the perf buffers, whose fds are polled with the side-band ones.
+async fn bpf_ring_ready(source: &mut Source) -> io::Result<()> {
+    match source {
+        Source::Bpf { ring, .. } => {
+            ring.readable_mut().await?.clear_ready();
+            Ok(())
+        }
+        Source::Perf(_) => std::future::pending().await,
     }
 }
 
@@ -927,6 +926,7 @@ pub fn collect(
 mod tests {
     use super::*;
     use crate::collect::caps::Vendor;
+    use crate::collect::drain::CpuClockPeriods;
     use crate::collect::sys::fake::{Call, FakeSys};
     use std::os::fd::AsRawFd;
 

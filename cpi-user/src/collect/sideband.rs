@@ -18,18 +18,12 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, Ordering};
 
 use super::sys::{self, flag, PerfEventAttr, PerfSys};
+use crate::import::perf_records::{side_record, SideRecord};
 use crate::procmap::{MappedObject, Mapping};
 
 /// Data pages per buffer (a power of two): 64 KiB holds hundreds of records between two
 /// passes.
 const DATA_PAGES: usize = 16;
-
-const PERF_RECORD_LOST: u32 = 2;
-const PERF_RECORD_COMM: u32 = 3;
-const PERF_RECORD_MMAP2: u32 = 10;
-/// `PERF_RECORD_MISC_MMAP_BUILD_ID`: the MMAP2 record holds a build-id, not a device
-/// and inode.
-const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
 
 /// What one side-band record says.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +43,14 @@ pub enum Sideband {
         comm: String,
         /// The name changed with an `exec`.
         exec: bool,
+    },
+    /// Process `pid` was forked by `ppid`: it has its parent's mappings, and no
+    /// record of them of its own.
+    Fork {
+        /// The child.
+        pid: u32,
+        /// Its parent.
+        ppid: u32,
     },
     /// The kernel dropped this many records (buffer full).
     Lost(u64),
@@ -75,25 +77,76 @@ pub fn attr(extra_flags: u64, wake_bytes: u32) -> PerfEventAttr {
     }
 }
 
-/// One mapped event buffer.
-struct Buffer {
-    fd: OwnedFd,
+/// One mapped perf event ring buffer: the side-band buffers here, and the sample
+/// buffers of collection without root (collect/perf_ring.rs).
+pub struct Ring {
     base: NonNull<u8>,
     len: usize,
     page: usize,
 }
 
-impl Drop for Buffer {
+impl Drop for Ring {
     fn drop(&mut self) {
-        // SAFETY: mapped by `open` with this length; nothing uses it after drop.
+        // SAFETY: mapped by `map` with this length; nothing uses it after drop.
         unsafe { sys::munmap_ring(self.base, self.len) };
+    }
+}
+
+/// The page size.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize
+}
+
+impl Ring {
+    /// Maps `fd`'s buffer: the control page and `data_pages` (a power of two) of data.
+    pub fn map(fd: &OwnedFd, data_pages: usize) -> io::Result<Ring> {
+        let page = page_size();
+        let len = page * (1 + data_pages);
+        let base = sys::mmap_ring(fd, len)?;
+        Ok(Ring { base, len, page })
+    }
+
+    /// Every record written since the last call, oldest first, as `(type, misc, body)`
+    /// (the body: what follows the 8-byte header, copied out of the ring into `scratch`).
+    pub fn read(&self, scratch: &mut Vec<u8>, mut on: impl FnMut(u32, u16, &[u8])) {
+        let data_size = (self.len - self.page) as u64;
+        let ctl = self.base.as_ptr();
+        // SAFETY: the control page's data_head (offset 1024) and data_tail (1032)
+        // as the kernel's perf_event_mmap_page lays them out; head is read before
+        // the data it covers (acquire), tail written after it was read (release).
+        let head = unsafe { std::ptr::read_volatile(ctl.add(1024).cast::<u64>()) };
+        fence(Ordering::Acquire);
+        let mut tail = unsafe { std::ptr::read_volatile(ctl.add(1032).cast::<u64>()) };
+        // SAFETY: the data area follows the control page, `data_size` bytes.
+        let data = unsafe { std::slice::from_raw_parts(ctl.add(self.page), data_size as usize) };
+        while head.saturating_sub(tail) >= 8 {
+            let at = |off: u64| ((tail + off) % data_size) as usize;
+            let mut hdr = [0u8; 8];
+            for (i, byte) in hdr.iter_mut().enumerate() {
+                *byte = data[at(i as u64)];
+            }
+            let kind = u32::from_ne_bytes(hdr[0..4].try_into().expect("4 bytes"));
+            let misc = u16::from_ne_bytes(hdr[4..6].try_into().expect("2 bytes"));
+            let size = u16::from_ne_bytes(hdr[6..8].try_into().expect("2 bytes")) as u64;
+            if size < 8 || tail + size > head {
+                break;
+            }
+            scratch.clear();
+            scratch.extend((8..size).map(|i| data[at(i)]));
+            on(kind, misc, scratch);
+            tail += size;
+        }
+        fence(Ordering::Release);
+        // SAFETY: as above; the kernel reads data_tail to know what is free.
+        unsafe { std::ptr::write_volatile(ctl.add(1032).cast::<u64>(), tail) };
     }
 }
 
 /// The side-band buffers of a session.
 #[derive(Default)]
 pub struct SidebandReader {
-    buffers: Vec<Buffer>,
+    buffers: Vec<(OwnedFd, Ring)>,
     scratch: Vec<u8>,
 }
 
@@ -105,10 +158,7 @@ impl SidebandReader {
         places: &[(i32, i32)],
         extra_flags: u64,
     ) -> io::Result<SidebandReader> {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        let len = page * (1 + DATA_PAGES);
-        let quarter = (page * DATA_PAGES / 4) as u32;
+        let quarter = (page_size() * DATA_PAGES / 4) as u32;
         let mut buffers = Vec::new();
         for &(pid, cpu) in places {
             let fd = match sys.perf_event_open(&attr(extra_flags, quarter), pid, cpu) {
@@ -117,13 +167,8 @@ impl SidebandReader {
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
                 Err(e) => return Err(e),
             };
-            let base = sys::mmap_ring(&fd, len)?;
-            buffers.push(Buffer {
-                fd,
-                base,
-                len,
-                page,
-            });
+            let ring = Ring::map(&fd, DATA_PAGES)?;
+            buffers.push((fd, ring));
         }
         Ok(SidebandReader {
             buffers,
@@ -133,8 +178,8 @@ impl SidebandReader {
 
     /// Enables every event (targets started with `enable_on_exec` enable themselves).
     pub fn enable(&self, sys: &dyn PerfSys) -> io::Result<()> {
-        for b in &self.buffers {
-            sys.enable(&b.fd)?;
+        for (fd, _) in &self.buffers {
+            sys.enable(fd)?;
         }
         Ok(())
     }
@@ -143,99 +188,53 @@ impl SidebandReader {
     pub fn fds(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
         self.buffers
             .iter()
-            .map(|b| std::os::fd::AsRawFd::as_raw_fd(&b.fd))
+            .map(|(fd, _)| std::os::fd::AsRawFd::as_raw_fd(fd))
     }
 
     /// Every record written since the last call, oldest first per buffer.
     pub fn read(&mut self, mut on: impl FnMut(Sideband)) {
-        for b in &self.buffers {
-            let data_size = (b.len - b.page) as u64;
-            let ctl = b.base.as_ptr();
-            // SAFETY: the control page's data_head (offset 1024) and data_tail (1032)
-            // as the kernel's perf_event_mmap_page lays them out; head is read before
-            // the data it covers (acquire), tail written after it was read (release).
-            let head = unsafe { std::ptr::read_volatile(ctl.add(1024).cast::<u64>()) };
-            fence(Ordering::Acquire);
-            let mut tail = unsafe { std::ptr::read_volatile(ctl.add(1032).cast::<u64>()) };
-            // SAFETY: the data area follows the control page, `data_size` bytes.
-            let data = unsafe { std::slice::from_raw_parts(ctl.add(b.page), data_size as usize) };
-            while head.saturating_sub(tail) >= 8 {
-                let at = |off: u64| ((tail + off) % data_size) as usize;
-                let mut hdr = [0u8; 8];
-                for (i, byte) in hdr.iter_mut().enumerate() {
-                    *byte = data[at(i as u64)];
-                }
-                let kind = u32::from_ne_bytes(hdr[0..4].try_into().expect("4 bytes"));
-                let misc = u16::from_ne_bytes(hdr[4..6].try_into().expect("2 bytes"));
-                let size = u16::from_ne_bytes(hdr[6..8].try_into().expect("2 bytes")) as u64;
-                if size < 8 || tail + size > head {
-                    break;
-                }
-                self.scratch.clear();
-                self.scratch.extend((8..size).map(|i| data[at(i)]));
-                if let Some(r) = parse(kind, misc, &self.scratch) {
+        for (_, ring) in &self.buffers {
+            ring.read(&mut self.scratch, |kind, misc, body| {
+                if let Some(r) = parse(kind, misc, body) {
                     on(r);
                 }
-                tail += size;
-            }
-            fence(Ordering::Release);
-            // SAFETY: as above; the kernel reads data_tail to know what is free.
-            unsafe { std::ptr::write_volatile(ctl.add(1032).cast::<u64>(), tail) };
+            });
         }
     }
 }
 
-/// Decodes one record's body (after the 8-byte header).
-fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<Sideband> {
-    let u32_at = |o: usize| Some(u32::from_ne_bytes(body.get(o..o + 4)?.try_into().ok()?));
-    let u64_at = |o: usize| Some(u64::from_ne_bytes(body.get(o..o + 8)?.try_into().ok()?));
-    let c_str = |o: usize| {
-        let s = body.get(o..)?;
-        let end = s.iter().position(|&b| b == 0).unwrap_or(s.len());
-        Some(String::from_utf8_lossy(&s[..end]).into_owned())
-    };
-    match kind {
-        PERF_RECORD_LOST => Some(Sideband::Lost(u64_at(8)?)),
-        PERF_RECORD_COMM => Some(Sideband::Comm {
-            pid: u32_at(0)?,
-            comm: c_str(8)?,
-            exec: misc & (1 << 13) != 0,
-        }),
-        PERF_RECORD_MMAP2 => {
-            // pid, tid, addr, len, pgoff, {maj, min, ino, ino_generation | build-id},
-            // prot, flags, filename.
-            let pid = u32_at(0)?;
-            let (addr, len, pgoff) = (u64_at(8)?, u64_at(16)?, u64_at(24)?);
-            let prot = u32_at(56)?;
-            let name = c_str(64)?;
-            // With a build-id instead of device and inode, identity is left unchecked.
-            let file_id = if misc & MISC_MMAP_BUILD_ID == 0 {
-                Some(crate::fsafe::FileId::new(
-                    u32_at(32)?,
-                    u32_at(36)?,
-                    u64_at(40)?,
-                ))
-            } else {
-                None
-            };
-            if prot & libc::PROT_EXEC as u32 == 0 || len == 0 {
+/// Decodes one record's body (after the 8-byte header) with the decoder perf.data
+/// import uses ([`side_record`]): executable mappings, names, new processes, losses.
+pub fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<Sideband> {
+    of(side_record(kind, misc, body)?)
+}
+
+/// What a decoded record says of processes, when it says something (a throttle says
+/// nothing of them).
+pub fn of(record: SideRecord) -> Option<Sideband> {
+    match record {
+        SideRecord::Mmap {
+            pid, mut mapping, ..
+        } => {
+            if !mapping.executable || mapping.start == mapping.end {
                 return None;
             }
-            let object = MappedObject::from_name(&name);
-            Some(Sideband::Mapping {
-                pid,
-                mapping: Mapping {
-                    start: addr,
-                    end: addr.checked_add(len)?,
-                    offset: pgoff,
-                    executable: true,
-                    file_id: file_id
-                        .filter(|id| id.ino != 0 && matches!(object, MappedObject::File { .. })),
-                    object,
-                },
-            })
+            // Identity only for a file with an inode (an MMAP2 record without build-id).
+            mapping.file_id = mapping
+                .file_id
+                .filter(|id| id.ino != 0 && matches!(mapping.object, MappedObject::File { .. }));
+            Some(Sideband::Mapping { pid, mapping })
         }
-        _ => None,
+        SideRecord::Comm {
+            pid, name, exec, ..
+        } => Some(Sideband::Comm {
+            pid,
+            comm: name,
+            exec,
+        }),
+        SideRecord::Fork { pid, ppid } => Some(Sideband::Fork { pid, ppid }),
+        SideRecord::Lost(n) => Some(Sideband::Lost(n)),
+        SideRecord::Throttle => None,
     }
 }
 
@@ -261,7 +260,7 @@ mod tests {
     #[test]
     fn executable_mmap2_records_become_mappings() {
         let body = mmap2(42, 0x1000, 0x2000, 0x3000, 5, "/usr/bin/true");
-        let Some(Sideband::Mapping { pid, mapping }) = parse(PERF_RECORD_MMAP2, 0, &body) else {
+        let Some(Sideband::Mapping { pid, mapping }) = parse(10, 0, &body) else {
             panic!("not a mapping");
         };
         assert_eq!(pid, 42);
@@ -271,8 +270,8 @@ mod tests {
         );
         assert_eq!(mapping.object.display_name(), "/usr/bin/true");
         let data = mmap2(42, 0x1000, 0x2000, 0, 3, "/etc/ld.so.cache");
-        assert_eq!(parse(PERF_RECORD_MMAP2, 0, &data), None, "not code");
-        assert_eq!(parse(PERF_RECORD_MMAP2, 0, &body[..20]), None, "truncated");
+        assert_eq!(parse(10, 0, &data), None, "not code");
+        assert_eq!(parse(10, 0, &body[..20]), None, "truncated");
     }
 
     #[test]
@@ -282,7 +281,7 @@ mod tests {
         b.extend(7u32.to_ne_bytes());
         b.extend(b"true\0\0\0\0");
         assert_eq!(
-            parse(PERF_RECORD_COMM, 1 << 13, &b),
+            parse(3, 1 << 13, &b),
             Some(Sideband::Comm {
                 pid: 7,
                 comm: "true".into(),

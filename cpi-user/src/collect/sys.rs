@@ -30,6 +30,12 @@ pub trait PerfSys {
     fn read_count(&self, fd: &OwnedFd) -> io::Result<u64>;
     /// A pidfd: readable once the process exits.
     fn pidfd_open(&self, pid: i32) -> io::Result<OwnedFd>;
+    /// `PERF_EVENT_IOC_SET_OUTPUT`: `fd`'s records go to `to`'s ring buffer (an event on
+    /// the same CPU), as `perf record` shares one buffer per CPU.
+    fn set_output(&self, fd: &OwnedFd, to: &OwnedFd) -> io::Result<()>;
+    /// `PERF_EVENT_IOC_ID`: the id its samples carry (`PERF_SAMPLE_IDENTIFIER`), which
+    /// its inherited copies' samples carry too.
+    fn event_id(&self, fd: &OwnedFd) -> io::Result<u64>;
     /// `BPF_ENABLE_STATS(BPF_STATS_RUN_TIME)`: per-program run-time accounting for as
     /// long as the returned fd stays open.
     fn enable_bpf_stats(&self) -> io::Result<OwnedFd>;
@@ -80,6 +86,18 @@ impl PerfSys for Linux {
     }
     fn enable_bpf_stats(&self) -> io::Result<OwnedFd> {
         aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| e.io_error)
+    }
+    fn set_output(&self, fd: &OwnedFd, to: &OwnedFd) -> io::Result<()> {
+        ioctl(
+            fd,
+            PERF_EVENT_IOC_SET_OUTPUT,
+            to.as_raw_fd() as libc::c_ulong,
+        )
+    }
+    fn event_id(&self, fd: &OwnedFd) -> io::Result<u64> {
+        let mut id = 0u64;
+        ioctl(fd, PERF_EVENT_IOC_ID, &raw mut id as libc::c_ulong)?;
+        Ok(id)
     }
 }
 
@@ -251,6 +269,15 @@ pub const PERF_SAMPLE_TIME: u64 = 1 << 2;
 pub const PERF_SAMPLE_PERIOD: u64 = 1 << 8;
 /// Samples carry the branch stack (LBR); needs `branch_sample_type`.
 pub const PERF_SAMPLE_BRANCH_STACK: u64 = 1 << 11;
+/// Samples start with their event's id (`PERF_EVENT_IOC_ID`), at a fixed place.
+pub const PERF_SAMPLE_IDENTIFIER: u64 = 1 << 16;
+/// Samples carry the user registers of `sample_regs_user`.
+pub const PERF_SAMPLE_REGS_USER: u64 = 1 << 12;
+/// Samples carry `sample_stack_user` bytes of the user stack from its pointer up.
+pub const PERF_SAMPLE_STACK_USER: u64 = 1 << 13;
+/// x86-64's `PERF_REG_X86_BP`, `_SP` and `_IP` (arch/x86/include/uapi/asm/perf_regs.h):
+/// what the unwinder starts from.
+pub const USER_REGS_BP_SP_IP: u64 = 1 << 6 | 1 << 7 | 1 << 8;
 
 /// Record branches in user mode.
 pub const PERF_SAMPLE_BRANCH_USER: u64 = 1 << 0;
@@ -288,12 +315,18 @@ pub mod flag {
     pub const MMAP2: u64 = 1 << 23;
     /// Mark COMM records caused by exec.
     pub const COMM_EXEC: u64 = 1 << 24;
+    /// `PERF_RECORD_FORK` and `PERF_RECORD_EXIT`.
+    pub const TASK: u64 = 1 << 13;
 }
 
 const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
 const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
 /// `_IOW('$', 4, __u64)`.
 const PERF_EVENT_IOC_PERIOD: libc::c_ulong = 0x4008_2404;
+/// `_IO('$', 5)`.
+const PERF_EVENT_IOC_SET_OUTPUT: libc::c_ulong = 0x2405;
+/// `_IOR('$', 7, __u64 *)`.
+const PERF_EVENT_IOC_ID: libc::c_ulong = 0x8008_2407;
 /// `_IOW('$', 8, __u32)`.
 const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
@@ -429,5 +462,8 @@ mod tests {
         };
         assert_eq!(PERF_EVENT_IOC_PERIOD, iow(4, 8));
         assert_eq!(PERF_EVENT_IOC_SET_BPF, iow(8, 4));
+        // _IOR: direction 2; _IO: none.
+        assert_eq!(PERF_EVENT_IOC_ID, (2 << 30) | (8 << 16) | (0x24 << 8) | 7);
+        assert_eq!(PERF_EVENT_IOC_SET_OUTPUT, (0x24 << 8) | 5);
     }
 }

@@ -20,6 +20,7 @@
 
 pub mod locate;
 pub mod perf_data;
+pub mod perf_records;
 pub mod perf_script;
 mod unwound;
 

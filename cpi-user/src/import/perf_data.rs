@@ -24,6 +24,7 @@
 //! its sample parser skips the branch stack without returning it, and its event types
 //! hide the raw `type`/`config` the estimator choice needs.
 
+use super::perf_records::{kernel_mode, side_record, SideRecord};
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 
@@ -42,10 +43,8 @@ const PIPE_HEADER_SIZE: u64 = 16;
 const PERF_TYPE_SOFTWARE: u32 = 1;
 const PERF_TYPE_RAW: u32 = 4;
 
-const PERF_RECORD_MMAP: u32 = 1;
-const PERF_RECORD_COMM: u32 = 3;
-const PERF_RECORD_SAMPLE: u32 = 9;
-const PERF_RECORD_MMAP2: u32 = 10;
+/// `PERF_RECORD_SAMPLE`.
+pub const PERF_RECORD_SAMPLE: u32 = 9;
 const PERF_RECORD_COMPRESSED: u32 = 81;
 
 const SAMPLE_IP: u64 = 1 << 0;
@@ -81,11 +80,6 @@ const BRANCH_HW_INDEX: u64 = 1 << 17;
 const BRANCH_COUNTERS: u64 = 1 << 19;
 const ATTR_FLAG_FREQ: u64 = 1 << 10;
 
-const MISC_CPUMODE_MASK: u16 = 7;
-const MISC_KERNEL: u16 = 1;
-const MISC_MMAP_DATA: u16 = 1 << 13;
-const MISC_COMM_EXEC: u16 = 1 << 13;
-const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
 const MISC_BUILD_ID_SIZE: u16 = 1 << 15;
 
 /// Callchain context markers (`enum perf_callchain_context`): the frames after one
@@ -219,6 +213,8 @@ pub struct Sample {
     pub tid: u32,
     /// Sampled instruction pointer (runtime address).
     pub ip: u64,
+    /// The kernel's perf clock at the sample, ns (`PERF_SAMPLE_TIME`; 0 without).
+    pub time: u64,
     /// Events this sample stands for: the sample's own period, or the attr's fixed one.
     pub period: u64,
     /// Kernel order: entry 0 is the newest branch. Empty without a branch stack.
@@ -290,19 +286,19 @@ pub struct Records {
 fn u16_at(b: &[u8], o: usize) -> Option<u16> {
     Some(u16::from_le_bytes(b.get(o..o + 2)?.try_into().ok()?))
 }
-fn u32_at(b: &[u8], o: usize) -> Option<u32> {
+pub(super) fn u32_at(b: &[u8], o: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b.get(o..o + 4)?.try_into().ok()?))
 }
-fn u64_at(b: &[u8], o: usize) -> Option<u64> {
+pub(super) fn u64_at(b: &[u8], o: usize) -> Option<u64> {
     Some(u64::from_le_bytes(b.get(o..o + 8)?.try_into().ok()?))
 }
 
-fn hex(b: &[u8]) -> String {
+pub(super) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// A NUL-terminated string at the start of `b`.
-fn c_str(b: &[u8]) -> String {
+pub(super) fn c_str(b: &[u8]) -> String {
     let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
     String::from_utf8_lossy(&b[..end]).into_owned()
 }
@@ -599,90 +595,78 @@ pub fn read<R: Read + Seek>(
         match kind {
             PERF_RECORD_SAMPLE => {
                 let mut s = parse_sample(&header, &by_id, body, recs.samples)?;
-                s.kernel = misc & MISC_CPUMODE_MASK == MISC_KERNEL;
+                s.kernel = kernel_mode(misc);
                 recs.samples += 1;
                 sink(&header, s);
             }
-            PERF_RECORD_COMM => {
-                if let (Some(pid), Some(tid), Some(name)) =
-                    (u32_at(body, 0), u32_at(body, 4), body.get(8..))
-                {
+            PERF_RECORD_COMPRESSED => return Err(PerfDataError::Compressed),
+            _ => match side_record(kind, misc, body) {
+                Some(SideRecord::Comm {
+                    pid,
+                    tid,
+                    name,
+                    exec,
+                }) => {
                     // The main thread's COMM renames the process: an exec's (flagged
                     // only since Linux 3.16, so AutoFDO's 2.6.34 recording in
                     // tests/data/autofdo names its exec this way) or a prctl's; other
                     // threads' names are theirs.
-                    let renames = misc & MISC_COMM_EXEC != 0 || tid == pid;
+                    let renames = exec || tid == pid;
                     let e = recs.comms.entry(pid);
                     match e {
                         std::collections::btree_map::Entry::Occupied(mut o) if renames => {
-                            o.insert(c_str(name));
+                            o.insert(name);
                         }
                         std::collections::btree_map::Entry::Occupied(_) => {}
                         std::collections::btree_map::Entry::Vacant(v) => {
-                            v.insert(c_str(name));
+                            v.insert(name);
                         }
                     }
                 }
-            }
-            PERF_RECORD_MMAP | PERF_RECORD_MMAP2 => {
-                if let Some((pid, m, id)) = parse_mmap(kind, misc, body) {
-                    if let (Some(id), MappedObject::File { path, .. }) = (id, &m.object) {
+                Some(SideRecord::Mmap {
+                    pid,
+                    mut mapping,
+                    build_id,
+                }) => {
+                    if let (Some(id), MappedObject::File { path, .. }) = (build_id, &mapping.object)
+                    {
                         recs.build_ids.insert(path.display().to_string(), id);
                     }
-                    if m.executable {
-                        recs.maps.entry(pid).or_default().push(m);
+                    // Recorded elsewhere: device and inode mean nothing here.
+                    mapping.file_id = None;
+                    if mapping.executable {
+                        recs.maps.entry(pid).or_default().push(mapping);
                     }
                 }
-            }
-            PERF_RECORD_COMPRESSED => return Err(PerfDataError::Compressed),
-            _ => recs.other_records += 1,
+                _ => recs.other_records += 1,
+            },
         }
     }
     Ok((header, recs))
 }
 
-/// `(pid, mapping, build-id)` of an MMAP/MMAP2 record; `None` for the kernel's maps.
-fn parse_mmap(kind: u32, misc: u16, b: &[u8]) -> Option<(u32, Mapping, Option<String>)> {
-    let pid = i32::from_le_bytes(b.get(0..4)?.try_into().ok()?);
-    let pid = u32::try_from(pid).ok()?;
-    let (start, len, pgoff) = (u64_at(b, 8)?, u64_at(b, 16)?, u64_at(b, 24)?);
-    let (exec, build_id, name_at) = if kind == PERF_RECORD_MMAP {
-        (misc & MISC_MMAP_DATA == 0, None, 32)
-    } else {
-        let id = (misc & MISC_MMAP_BUILD_ID != 0).then(|| {
-            let n = (*b.get(32).unwrap_or(&0) as usize).min(20);
-            hex(b.get(36..36 + n).unwrap_or(&[]))
-        });
-        let prot = u32_at(b, 56)?;
-        (prot & 4 != 0, id, 64)
-    };
-    let path = c_str(b.get(name_at..)?);
-    let object = MappedObject::from_name(&path);
-    Some((
-        pid,
-        Mapping {
-            start,
-            end: start.checked_add(len)?,
-            offset: pgoff,
-            executable: exec,
-            object,
-            // Recorded elsewhere: device and inode mean nothing here.
-            file_id: None,
-        },
-        build_id,
-    ))
-}
-
-/// A `PERF_RECORD_SAMPLE` body, up to and including its branch stack.
+/// A `PERF_RECORD_SAMPLE` body of a file, its event told by its id.
 fn parse_sample(
     header: &Header,
     by_id: &BTreeMap<u64, usize>,
     b: &[u8],
     index: u64,
 ) -> Result<Sample, PerfDataError> {
+    let event = event_of(header, by_id, &Fields { b, o: 0, index })?;
+    sample_of(&header.events[event], event, b, index)
+}
+
+/// A `PERF_RECORD_SAMPLE` body of `attr`'s event (number `event`): what a perf.data file
+/// holds and what the collector's own perf ring buffers hold without root
+/// (cpi-user/src/collect/perf_ring.rs) are decoded here alike. `index` names the sample
+/// in errors. Its `kernel` is left for the caller, which has the record's `misc`.
+pub fn sample_of(
+    attr: &EventAttr,
+    event: usize,
+    b: &[u8],
+    index: u64,
+) -> Result<Sample, PerfDataError> {
     let mut f = Fields { b, o: 0, index };
-    let event = event_of(header, by_id, &f)?;
-    let attr = &header.events[event];
     let st = attr.sample_type;
     if st & SAMPLE_IDENTIFIER != 0 {
         f.take(8)?;
@@ -692,6 +676,7 @@ fn parse_sample(
         pid: 0,
         tid: 0,
         ip: 0,
+        time: 0,
         // Fixed-period recordings without PERF_SAMPLE_PERIOD stand for their period.
         period: if attr.freq {
             1
@@ -713,13 +698,10 @@ fn parse_sample(
         s.pid = u32_at(b, at).ok_or_else(|| f.short())?;
         s.tid = u32_at(b, at + 4).ok_or_else(|| f.short())?;
     }
-    for flag in [
-        SAMPLE_TIME,
-        SAMPLE_ADDR,
-        SAMPLE_ID,
-        SAMPLE_STREAM_ID,
-        SAMPLE_CPU,
-    ] {
+    if st & SAMPLE_TIME != 0 {
+        s.time = f.u64()?;
+    }
+    for flag in [SAMPLE_ADDR, SAMPLE_ID, SAMPLE_STREAM_ID, SAMPLE_CPU] {
         if st & flag != 0 {
             f.take(8)?;
         }

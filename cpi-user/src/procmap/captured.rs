@@ -19,7 +19,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::{proc_dir, thread_dirs, Mapping};
+use super::{proc_dir, thread_dirs, MappedObject, Mapping};
 use crate::fsafe::{self, FileId, OpenError};
 
 /// Evictions, reopens and refused reopens of captured files since start.
@@ -175,6 +175,23 @@ pub fn open_mapped_file(
     }
 }
 
+/// The file of mapping `m` of the live process at `dir`: `map_files/START-END`, else
+/// (a user without `CAP_SYS_ADMIN` may not open those links, even of their own
+/// processes) its path inside the process's `root`, when that is the file the kernel
+/// says is mapped (device and inode).
+fn open_live(dir: &Path, m: &Mapping) -> Option<File> {
+    let link = dir.join(format!("map_files/{:x}-{:x}", m.start, m.end));
+    if let Ok(f) = fsafe::open(&link) {
+        return Some(f);
+    }
+    let (MappedObject::File { path, .. }, Some(id)) = (&m.object, m.file_id) else {
+        return None;
+    };
+    let f = fsafe::open_in_root(&dir.join("root"), path).ok()?;
+    fsafe::check_identity(&f, path, Some(id)).ok()?;
+    Some(f)
+}
+
 fn check_len(f: &File, path: &Path, len: Option<u64>) -> Result<(), OpenError> {
     let Some(want) = len else { return Ok(()) };
     let found = f
@@ -264,9 +281,8 @@ impl CapturedFiles {
                 out.insert(m.start, Arc::clone(c));
                 continue;
             }
-            let link = dir.join(format!("map_files/{:x}-{:x}", m.start, m.end));
             self.opened += 1;
-            let Ok(file) = fsafe::open(&link) else {
+            let Some(file) = open_live(dir, m) else {
                 continue;
             };
             let Ok(meta) = file.metadata() else {

@@ -335,6 +335,16 @@ pub struct LossReport {
     /// lost and in no total (cpi-user/src/collect/filter.rs).
     #[serde(default)]
     pub filtered_in_kernel: u64,
+    /// Times the kernel throttled a sampling event for the rest of a tick
+    /// (`PERF_RECORD_THROTTLE`, `kernel.perf_event_max_sample_rate`): samples not taken,
+    /// how many unknown. Seen only where cpi-bpf reads the kernel's own buffers
+    /// (collection without root); left out of files when none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub throttled: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl LossReport {
@@ -356,7 +366,7 @@ impl LossReport {
             "(ring full {}, branch errors {}, malformed {}); not used: short stacks {}, \
              invalid ranges {}; unmapped samples {}; thinned on purpose {} (period carried); \
              side-band records lost {}; stacks truncated {}, at unknown code {}, failed {}, \
-             too costly {}, evicted {}{}",
+             too costly {}, evicted {}{}{}",
             self.ring_full,
             self.branch_errors,
             self.malformed,
@@ -373,6 +383,10 @@ impl LossReport {
             match self.filtered_in_kernel {
                 0 => String::new(),
                 n => format!("; filtered in kernel {n} (not wanted, not lost)"),
+            },
+            match self.throttled {
+                0 => String::new(),
+                n => format!("; sampling throttled by the kernel {n} times"),
             }
         )
     }
@@ -399,6 +413,7 @@ impl LossReport {
             stacks_too_costly,
             stacks_evicted,
             filtered_in_kernel,
+            throttled,
         } = o;
         for (a, b) in [
             (&mut self.ring_full, ring_full),
@@ -415,6 +430,7 @@ impl LossReport {
             (&mut self.stacks_too_costly, stacks_too_costly),
             (&mut self.stacks_evicted, stacks_evicted),
             (&mut self.filtered_in_kernel, filtered_in_kernel),
+            (&mut self.throttled, throttled),
         ] {
             add_count(a, *b, overflow);
         }

@@ -24,6 +24,7 @@ mod import_perf_data;
 mod import_real;
 mod kernels;
 mod machines;
+mod noroot;
 mod package;
 mod progress;
 mod report_diff;

@@ -264,6 +264,7 @@ pub fn cpi_profile() -> Profile {
             stacks_too_costly: 0,
             stacks_evicted: 0,
             filtered_in_kernel: 0,
+            throttled: 0,
         },
         binaries: vec![
             BinaryInfo {

@@ -4,7 +4,7 @@ use cpi_common::policy::KernelConfig;
 use cpi_common::wire::EventRole;
 use cpi_user::collect::caps::{self, Capabilities, KernelFeatures};
 use cpi_user::collect::sys::Linux;
-use cpi_user::collect::{self, events, ladder, DEFAULT_FREQUENCY};
+use cpi_user::collect::{self, events, ladder, perf_ring, Target, DEFAULT_FREQUENCY};
 use cpi_user::profile::Mode;
 
 #[derive(clap::Args, Debug)]
@@ -124,6 +124,23 @@ fn recorded(root: &std::path::Path) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// Which path collection takes here: BPF with its privileges, else the kernel's perf
+/// ring buffers where `perf_event_paranoid` allows, else what would allow either.
+fn collection_path(c: &Capabilities, privileged: bool) -> String {
+    if privileged {
+        return "BPF programs (root or CAP_BPF + CAP_PERFMON): every mode, any process, \
+                system-wide"
+            .into();
+    }
+    match perf_ring::allowed(c, &Target::Command(Vec::new())) {
+        Ok(()) => format!(
+            "the kernel's perf ring buffers, your own processes only (-p PID, -- CMD); {}",
+            perf_ring::MODE_NOTE
+        ),
+        Err(why) => why,
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<i32> {
     if let Some(root) = &args.root {
         return recorded(root);
@@ -141,9 +158,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         ),
     );
     let privileged = c.check_privileges();
-    if let Err(why) = &privileged {
-        line("", why);
-    }
+    line("collection", &collection_path(&c, privileged.is_ok()));
     machine_lines(&c);
     let rate = events::Rate {
         frequency: DEFAULT_FREQUENCY,

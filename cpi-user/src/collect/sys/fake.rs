@@ -109,6 +109,12 @@ impl PerfSys for FakeSys {
         self.record(Call::PidfdOpen(pid));
         Err(io::Error::from_raw_os_error(libc::ESRCH))
     }
+    fn set_output(&self, _: &OwnedFd, _: &OwnedFd) -> io::Result<()> {
+        Ok(())
+    }
+    fn event_id(&self, fd: &OwnedFd) -> io::Result<u64> {
+        Ok(fd.as_raw_fd() as u64)
+    }
     fn enable_bpf_stats(&self) -> io::Result<OwnedFd> {
         self.record(Call::EnableStats);
         Err(io::Error::from_raw_os_error(libc::EINVAL))

@@ -1,0 +1,170 @@
+//! [`Session::open`] without BPF privileges: the mode's events opened per thread and CPU
+//! with their samples in the kernel's own ring buffers (cpi-user/src/collect/perf_ring.rs),
+//! where `perf_event_paranoid` lets a user profile their own processes.
+
+use std::io;
+
+use cpi_common::policy::{self, Thinning};
+use cpi_common::wire::EventRole;
+use tokio::io::unix::AsyncFd;
+use tokio::signal::unix::{signal, SignalKind};
+
+use super::{assemble, check_fd_room, plan, resolve_target, Parts, Session, Source};
+use crate::collect::caps::Capabilities;
+use crate::collect::filter::KernelFilter;
+use crate::collect::perf_ring::{self, SampleRings};
+use crate::collect::sideband::{page_size, SidebandReader};
+use crate::collect::sys::{flag, Linux};
+use crate::collect::target::{self, Target};
+use crate::collect::{events, ladder, CollectError, CollectOptions, Notice};
+
+/// Opens `opts` through the perf ring buffers, or says in one line why it may not be
+/// and what would allow it.
+pub(super) fn open(
+    opts: &CollectOptions,
+    caps: &Capabilities,
+    notify: &mut dyn FnMut(Notice<'_>),
+) -> Result<Session, CollectError> {
+    perf_ring::allowed(caps, &opts.target).map_err(CollectError::NotPrivileged)?;
+    let mut opts = opts.clone();
+    let pid_notes = resolve_target(&mut opts)?;
+    if let Target::Pids(pids) = &opts.target {
+        for &pid in pids {
+            perf_ring::own_process(pid, caps.euid).map_err(CollectError::NotPrivileged)?;
+        }
+    }
+    events::check_rate(&opts.rate)?;
+    let (mode, reason) = caps.mode();
+    let start = (mode, format!("{reason}; {}", perf_ring::MODE_NOTE));
+    let cpu = caps.processor();
+    let wake = (page_size() * perf_ring::DATA_PAGES / 4) as u32;
+    let plan_ring = |m| perf_ring::specs(plan(m, &cpu, &opts, &opts.rate), opts.stacks, wake);
+    let cpus = target::online_cpus();
+    check_fd_room(&opts.target, (plan_ring(mode).len() * cpus.len()) as u64)?;
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let entered = rt.enter();
+    let signals = (
+        signal(SignalKind::interrupt())?,
+        signal(SignalKind::terminate())?,
+    );
+    // From the fork on, dropping `suspended` (any `?` below) kills and reaps it.
+    let suspended = match opts.target.command() {
+        Some(argv) => Some(target::spawn_suspended(argv)?),
+        None => None,
+    };
+    let (places, extra) = places(&opts.target, suspended.as_ref(), &cpus)?;
+    // The mode line says so in its short form too.
+    let mut say = |n: Notice<'_>| match n.brief.strip_prefix("mode: ") {
+        Some(_) => notify(Notice {
+            brief: &format!("{} ({})", n.brief, perf_ring::MODE_NOTE),
+            full: n.full,
+        }),
+        None => notify(n),
+    };
+    let rung = ladder::walk(
+        &Linux,
+        start,
+        &plan_ring,
+        &places,
+        extra,
+        &|_| Ok(None),
+        &mut say,
+    )
+    .map_err(refused)?;
+    for n in &pid_notes {
+        say(Notice::plain(n));
+    }
+    if rung.specs.iter().any(|s| s.role == EventRole::CpuClock) {
+        if let Some(note) = events::cpu_clock_floor_note(&opts.rate) {
+            say(Notice::plain(&note));
+        }
+    }
+    let rings = SampleRings::map(&Linux, &rung.open, &rung.specs).map_err(map_refused)?;
+    let ready = rings
+        .fds()
+        // SAFETY: the fds stay open as long as the events, which drop after these.
+        .map(|fd| unsafe { AsyncFd::register(fd) }.map_err(io::Error::from))
+        .collect::<Result<Vec<_>, _>>()?;
+    let window = opts.window.unwrap_or(match caps.lbr_depth() {
+        Some(depth) => policy::range_window(depth as usize),
+        None => policy::FALLBACK_RANGE_WINDOW,
+    });
+    let live = assemble(Parts {
+        opts,
+        cpu,
+        rung,
+        thinning: Thinning::OFF,
+        window,
+        cpus: cpus.len(),
+        sideband: SidebandReader::default(),
+        sideband_ready: ready,
+        filter: KernelFilter::default(),
+        signals,
+        suspended,
+        source: Source::Perf(rings),
+    })?;
+    drop(entered);
+    Ok(Session { live, rt })
+}
+
+/// Every thread of the target on every CPU: the kernel maps an inherited event's buffer
+/// only when it counts on one CPU (`perf_mmap`), as `perf record` opens them.
+fn places(
+    target: &Target,
+    child: Option<&target::Suspended>,
+    cpus: &[u32],
+) -> Result<(Vec<(i32, i32)>, u64), CollectError> {
+    let threads = match (target, child) {
+        (_, Some(c)) => vec![c.pid()],
+        (Target::Pids(pids), None) => {
+            let mut v = Vec::new();
+            for &pid in pids {
+                v.extend(target::threads(pid)?);
+            }
+            v
+        }
+        _ => return Err(CollectError::NoTarget),
+    };
+    let places = threads
+        .iter()
+        .flat_map(|&t| cpus.iter().map(move |&c| (t as i32, c as i32)))
+        .collect();
+    let extra = match child {
+        Some(_) => flag::INHERIT | flag::ENABLE_ON_EXEC,
+        None => flag::INHERIT,
+    };
+    Ok((places, extra))
+}
+
+/// A buffer the kernel would not map, in one line: what a user may lock of perf buffers
+/// is spent (other perf sessions of the same user).
+fn map_refused(e: io::Error) -> CollectError {
+    match e.raw_os_error() {
+        Some(libc::EPERM) => CollectError::NotPrivileged(format!(
+            "mapping the perf buffers ({e}): the memory a user may lock for them \
+             (kernel.perf_event_mlock_kb, `ulimit -l`) is spent; {}",
+            perf_ring::remedy()
+        )),
+        _ => CollectError::Io(e),
+    }
+}
+
+/// A refusal of the kernel's (a process it will not let this user sample) as the one
+/// line that says what would allow it.
+fn refused(e: CollectError) -> CollectError {
+    match e {
+        CollectError::Open { event, on, cause }
+            if matches!(cause.raw_os_error(), Some(libc::EACCES | libc::EPERM)) =>
+        {
+            CollectError::NotPrivileged(format!(
+                "the kernel refused {event} on {on} ({cause}): without root cpi-bpf profiles \
+                 only your own processes; {}",
+                perf_ring::remedy()
+            ))
+        }
+        e => e,
+    }
+}
