@@ -382,24 +382,30 @@ impl CapturedFiles {
 
     /// [`CapturedFiles::capture`] through `/proc/PID`, else (a group leader that exited
     /// leaves its `map_files` empty) through the first of `pid`'s other threads
-    /// (super::thread_dirs, `tid`'s first): for mappings known from the kernel's records
-    /// rather than read from `/proc`.
+    /// (super::thread_dirs, `tid`'s first), else (all gone) by their recorded paths: for
+    /// mappings known from the kernel's records rather than read from `/proc`.
     pub fn capture_live(
         &mut self,
         pid: u32,
         tid: u32,
         maps: &[Mapping],
     ) -> HashMap<u64, Arc<CapturedFile>> {
-        let got = self.capture(&proc_dir(pid), maps);
-        // Nothing to capture (JIT code) is no sign of a leader gone.
-        if !got.is_empty() || !maps.iter().any(Mapping::executable_file) {
+        let mut got = self.capture(&proc_dir(pid), maps);
+        // Nothing (left) to capture, as for JIT code, is no sign of a leader gone.
+        let missing: Vec<Mapping> = (maps.iter())
+            .filter(|m| m.executable_file() && !got.contains_key(&m.start))
+            .cloned()
+            .collect();
+        if missing.is_empty() {
             return got;
         }
-        match thread_dirs(pid, tid).next() {
-            Some(dir) => self.capture(&dir, maps),
+        let rest = match thread_dirs(pid, tid).next() {
+            Some(dir) => self.capture(&dir, &missing),
             // The whole process is gone.
-            None => self.capture_recorded(pid, maps),
-        }
+            None => self.capture_recorded(pid, &missing),
+        };
+        got.extend(rest);
+        got
     }
 
     /// Closes the files no process held for [`IDLE_WINDOWS`] calls in a row (once a
