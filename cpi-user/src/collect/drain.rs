@@ -611,7 +611,7 @@ impl Drain {
             None => first && r.exec,
         };
         if self.recorded.get(&pid).filter(explained).is_some() {
-            self.from_records(pid, tid);
+            self.adopt_records(pid, tid);
         } else if first || miss && self.maps_due(pid) {
             self.read_maps(pid, tid, first);
         }
@@ -636,7 +636,7 @@ impl Drain {
     /// join its maps, their files captured (open them now, while the process lives:
     /// after it exits a file seen only in its mount namespace, a container's, cannot be
     /// found; a file captured for another process costs nothing).
-    fn from_records(&mut self, pid: u32, tid: u32) {
+    fn adopt_records(&mut self, pid: u32, tid: u32) {
         let (p, r) = (self.set.process(pid), &self.recorded[&pid]);
         let fresh: Vec<Mapping> = (r.maps.mappings.iter())
             .filter(|r| p.maps.as_ref().is_none_or(|o| !o.holds(r)))
@@ -1250,6 +1250,52 @@ mod tests {
             reopened,
             "{:?}",
             reopens.counts()
+        );
+    }
+
+    /// Issue 34: a process whose `exec` the kernel recorded is known from the records at
+    /// its first sample — no read of its maps — and a binary captured for an earlier
+    /// process costs it no open; a binary no process captured is opened once by its
+    /// recorded path (the process is gone: it lived a few milliseconds).
+    #[test]
+    fn an_execd_process_is_known_from_the_records_without_reading_its_maps() {
+        let me = std::process::id();
+        let here =
+            an_execd_process_is_known_from_the_records_without_reading_its_maps as *const () as u64;
+        let own = ProcessMaps::read(me).unwrap().find(here).unwrap().clone();
+        let mut d = Drain::new(1, StackMemory::default());
+        let exec = |d: &mut Drain, pid: u32, mapping: &Mapping| {
+            d.observe(Sideband::Comm {
+                pid,
+                comm: "gone".into(),
+                exec: true,
+            });
+            d.observe(Sideband::Mapping {
+                pid,
+                mapping: mapping.clone(),
+            });
+        };
+        // Pids no process has (above the kernel's limit of 2^22).
+        let (first, second) = (0x7fff_0001, 0x7fff_0002);
+        exec(&mut d, first, &own);
+        d.add(&bytes_of(&ip(first, here, EventRole::CpuClock)));
+        let w1 = d.maps_work();
+        let p = &d.set.processes[&first];
+        assert_eq!(p.comm, "gone");
+        assert!(p.files.contains_key(&own.start), "captured by its path");
+        assert_eq!(w1.reads, 0, "{w1:?}");
+        exec(&mut d, second, &own);
+        d.add(&bytes_of(&ip(second, here, EventRole::CpuClock)));
+        let w2 = d.maps_work();
+        let (a, b) = (&d.set.processes[&first], &d.set.processes[&second]);
+        assert!(std::sync::Arc::ptr_eq(
+            &a.files[&own.start],
+            &b.files[&own.start]
+        ));
+        assert_eq!(
+            (w2.reads, w2.captures),
+            (0, w1.captures),
+            "{w1:?} then {w2:?}"
         );
     }
 
