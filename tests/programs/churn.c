@@ -1,6 +1,8 @@
 /* Process churn for the agent's churn test: `churn N RATE` starts N short-lived
  * processes, at most RATE per second, each a fresh exec of this program (`churn kid`)
- * that spins about 1 ms of CPU and exits; it reaps them as it goes and prints
+ * that spins about 1 ms of CPU and exits (`churn N RATE MS COPIES`: each child spins
+ * MS ms and is a copy of this program, `PATH-000` … `PATH-{COPIES-1}` in turn beside
+ * its PATH, as tests/bench/agent_churn.py lays them out); it reaps them as it goes and prints
  * `started=N seconds=S` on stderr. Each child is a new process with its own pid, maps
  * and exec, as a fleet host's cron jobs, health checks and shell pipelines are. */
 #include <stdio.h>
@@ -24,8 +26,8 @@ static double cpu_now(void) {
 
 static volatile unsigned long sink;
 
-__attribute__((noinline)) void kid_spin(void) {
-    double end = cpu_now() + 0.001;
+__attribute__((noinline)) void kid_spin(double seconds) {
+    double end = cpu_now() + seconds;
     unsigned long x = 1;
     while (cpu_now() < end)
         for (int i = 0; i < 10000; i++)
@@ -35,12 +37,14 @@ __attribute__((noinline)) void kid_spin(void) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "kid") == 0) {
-        kid_spin();
+        kid_spin(argc > 2 ? atof(argv[2]) / 1000 : 0.001);
         return 0;
     }
     long n = argc > 1 ? atol(argv[1]) : 1000;
     double rate = argc > 2 ? atof(argv[2]) : 150;
-    char self[4096];
+    const char *ms = argc > 3 ? argv[3] : "1";
+    long copies = argc > 4 ? atol(argv[4]) : 0;
+    char self[4096], exe[4200];
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
     if (len <= 0)
         return 1;
@@ -51,9 +55,13 @@ int main(int argc, char **argv) {
         double due = t0 + i / rate, wait = due - now();
         if (wait > 0)
             usleep((useconds_t)(wait * 1e6));
+        if (copies > 0)
+            snprintf(exe, sizeof exe, "%s-%03ld", self, i % copies);
+        else
+            snprintf(exe, sizeof exe, "%s", self);
         pid_t pid = fork();
         if (pid == 0) {
-            execl(self, argv[0], "kid", (char *)0);
+            execl(exe, exe, "kid", ms, (char *)0);
             _exit(127);
         }
         if (pid > 0)

@@ -56,6 +56,7 @@ use prometheus_client::registry::Registry;
 use super::kubelet::Requests;
 use super::push::PushStats;
 use super::{lock, AgentError, AgentStatus, Window};
+use crate::binary::work::{binary_work, BinaryWork};
 use crate::procmap::CaptureCounts;
 use crate::profile::model::{LossReport, Mode, Profile};
 
@@ -618,9 +619,12 @@ struct State {
     mode: Family<Labels, Gauge>,
     captured: Family<Labels, Counter>,
     kubelet: Family<Labels, Counter>,
+    parsed: Family<Labels, Counter>,
+    binary_opens: Counter,
     /// Cumulative inputs already counted.
     seen_windows: u64,
     seen_captured: CaptureCounts,
+    seen_work: BinaryWork,
     seen_store_failures: u64,
     seen_push: PushStats,
     seen_kubelet: Requests,
@@ -659,8 +663,11 @@ impl State {
             mode: Family::default(),
             captured: Family::default(),
             kubelet: Family::default(),
+            parsed: Family::default(),
+            binary_opens: Counter::default(),
             seen_windows: 0,
             seen_captured: CaptureCounts::default(),
+            seen_work: BinaryWork::default(),
             seen_store_failures: 0,
             seen_bpf: Arc::new(AtomicU64::new(0f64.to_bits())),
             seen_push: PushStats::default(),
@@ -763,6 +770,17 @@ impl State {
             "Captured binaries whose descriptor the LRU closed (evicted), then reopened by \
              their checked path (reopened) or not (reopen_failed: gone, or not the same file).",
             s.captured.clone(),
+        );
+        r.register(
+            "cpi_bpf_binaries_parsed",
+            "Binaries parsed by table (symbols, unwind): once per file (device, inode) while \
+             cached, not per process.",
+            s.parsed.clone(),
+        );
+        r.register(
+            "cpi_bpf_binary_opens",
+            "Files of processes' mappings opened (captured, or by their checked path).",
+            s.binary_opens.clone(),
         );
         r.register(
             "cpi_bpf_kubelet_requests",
@@ -901,6 +919,18 @@ impl State {
                 .inc_by(n.saturating_sub(was));
         }
         self.seen_captured = s.captured_files;
+        let (now, seen) = (binary_work(), self.seen_work);
+        for (table, n, was) in [
+            ("symbols", now.symbol_tables, seen.symbol_tables),
+            ("unwind", now.unwind_tables, seen.unwind_tables),
+        ] {
+            self.parsed
+                .get_or_create(&vec![("table", table.to_string())])
+                .inc_by(n.saturating_sub(was));
+        }
+        self.binary_opens
+            .inc_by(now.opens.saturating_sub(seen.opens));
+        self.seen_work = now;
         if let Some(now) = s.kubelet_requests {
             let seen = self.seen_kubelet;
             for (result, n, before) in [

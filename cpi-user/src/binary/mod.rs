@@ -44,6 +44,7 @@ pub mod lines;
 pub mod negative;
 pub mod perfmap;
 pub mod symbolize;
+pub mod work;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -1040,6 +1041,13 @@ impl BinaryCache {
         }
         self.entries.remove(&key);
         self.failed.remove(&key);
+        work::symbols_parsed();
+        log::debug!(
+            "symbols: parsing {} (device {}, inode {})",
+            crate::fsafe::escape(&path.to_string_lossy()),
+            key.0,
+            key.1
+        );
         let r = Binary::from_file_with_debug(file, path, &self.debug_root).map(Arc::new);
         match &r {
             Ok(b) => {

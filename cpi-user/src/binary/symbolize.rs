@@ -648,6 +648,10 @@ impl Symbolizer {
         }
         let live = self.opts.use_proc && !self.gone.contains(&pid);
         let Some(c) = self.captured.get(&(pid, m.start)).cloned() else {
+            log::debug!(
+                "symbols: opening {} for pid {pid} (not captured)",
+                crate::fsafe::escape(&path.to_string_lossy())
+            );
             let f = crate::procmap::open_mapped_file(pid, m, path, live, None)?;
             return self.binaries.get_open(&f, path);
         };

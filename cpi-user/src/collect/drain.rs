@@ -184,8 +184,9 @@ pub struct Drain {
     /// Files of executable mappings, opened while their processes live.
     files: CapturedFiles,
     /// Comm and executable mappings per pid from side-band records
-    /// ([`super::sideband`]): what is left of a process gone before `/proc` was read.
-    recorded: HashMap<u32, (String, ProcessMaps)>,
+    /// ([`super::sideband`]): what is left of a process gone before `/proc` was read,
+    /// and, for one whose `exec` they saw, all its code: its maps are then not read.
+    recorded: HashMap<u32, Recorded>,
     /// Periods set on the cpu-clock events since they were opened.
     pub cpu_clock: CpuClockPeriods,
     /// Stacks of this window that stopped short, by reason.
@@ -389,8 +390,9 @@ impl Drain {
         let known = &self.known;
         self.unwinder
             .retain_processes(|pid| known.contains_key(&pid));
-        // Files no process holds any more (the window handed out still holds its own).
-        self.files.release_unused();
+        // Files no process held for a while (the window handed out still holds its
+        // own): a binary whose processes come and go keeps its capture.
+        self.files.release_idle();
         // The unwind sections' pages this window touched leave the resident set.
         self.unwinder.release_pages();
         DrainWindow {
@@ -429,7 +431,7 @@ impl Drain {
     pub fn observe(&mut self, s: Sideband) {
         match s {
             Sideband::Mapping { pid, mapping } => {
-                self.recorded.entry(pid).or_default().1.overlay(mapping);
+                self.recorded.entry(pid).or_default().maps.overlay(mapping);
             }
             Sideband::Comm { pid, comm, exec } => {
                 let e = self.recorded.entry(pid).or_default();
@@ -439,8 +441,9 @@ impl Drain {
                     if let Some(p) = self.set.processes.get_mut(&pid) {
                         p.comm.clone_from(&comm);
                     }
+                    e.exec = true;
                 }
-                e.0 = comm;
+                e.comm = comm;
             }
             Sideband::Fork { pid, ppid } => {
                 // A child that maps nothing new has no records of its own: what its
@@ -581,15 +584,17 @@ impl Drain {
         p.files.clone_from(&k.files);
     }
 
-    /// Comm, maps and mapped files of `pid`: read on first sight; on a miss (`addr`, a
-    /// user address, in none of the known mappings) taken from the kernel's records of
-    /// its mappings, else re-read (at most every `REREAD_EVERY`, and `REREAD_COST_RATIO`
-    /// times the last read's cost). Only mappings not known before have their files
-    /// captured: a new mapping costs its own open, not one per mapping the process holds.
-    /// What is read while the process lives is what analysis uses after it is gone:
-    /// the files are opened at once (deleted, replaced and other-namespace binaries
-    /// stay readable), and mappings from before an `exec` are kept where the new image
-    /// does not overlap them.
+    /// Comm, maps and mapped files of `pid`: on first sight taken from the kernel's
+    /// records when they saw its `exec` (they hold all its code: its `/proc/PID/maps` is
+    /// not read, and its files are the captures of earlier processes of the same
+    /// binaries), else read; on a miss (`addr`, a user address, in none of the known
+    /// mappings) taken from the records, else re-read (at most every `REREAD_EVERY`, and
+    /// `REREAD_COST_RATIO` times the last read's cost). Only mappings not known before
+    /// have their files captured: a new mapping costs its own open, not one per mapping
+    /// the process holds, and a binary captured for another process none. What is read
+    /// while the process lives is what analysis uses after it is gone: the files are
+    /// opened at once (deleted, replaced and other-namespace binaries stay readable), and
+    /// mappings from before an `exec` are kept where the new image does not overlap them.
     fn track(&mut self, pid: u32, tid: u32, addr: Option<u64>) {
         let p = self.set.process(pid);
         if pid == 0 {
@@ -598,8 +603,12 @@ impl Drain {
             return;
         }
         let first = p.maps.is_none() && !self.maps_read_at.contains_key(&pid);
+        let exec = self
+            .recorded
+            .get(&pid)
+            .filter(|r| r.exec && !r.comm.is_empty());
         if p.comm.is_empty() {
-            p.comm = target::comm(pid);
+            p.comm = exec.map_or_else(|| target::comm(pid), |r| r.comm.clone());
         }
         if first {
             // Now, before the process can exit: who it is (cgroup, container, pod).
@@ -607,90 +616,19 @@ impl Drain {
         }
         let miss =
             addr.is_some_and(|a| a != 0 && p.maps.as_ref().is_none_or(|m| m.find(a).is_none()));
-        let due = self
-            .maps_read_at
-            .get(&pid)
-            .is_none_or(|&t| Instant::now() >= t);
         // The kernel's records explain a miss at once, without reading /proc (an exec'd
         // child whose maps were read as its parent's a moment ago, a library just
-        // loaded).
-        let recorded = addr
-            .filter(|_| miss && !first)
-            .and_then(|a| self.recorded.get(&pid).filter(|(_, m)| m.find(a).is_some()));
-        if let Some((comm, m)) = recorded {
-            let fresh: Vec<Mapping> = m
-                .mappings
-                .iter()
-                .filter(|r| p.maps.as_ref().is_none_or(|o| !o.holds(r)))
-                .cloned()
-                .collect();
-            // Open the new files now, while the process lives: after it exits a file
-            // seen only in its mount namespace (a container) cannot be found.
-            for r in &fresh {
-                p.files.remove(&r.start);
-            }
-            for (start, f) in self.files.capture_live(pid, tid, &fresh) {
-                p.files.insert(start, f);
-            }
-            self.unwinder
-                .maps_changed(pid, fresh.iter().map(|r| r.start..r.end));
-            let maps = p.maps.get_or_insert_with(ProcessMaps::default);
-            for r in fresh {
-                maps.overlay(r);
-            }
-            if !comm.is_empty() {
-                p.comm.clone_from(comm);
-            }
-            return;
+        // loaded), and a process's first sample when they saw its exec.
+        let explained = |r: &&Recorded| match addr.filter(|&a| a != 0) {
+            Some(a) => (miss && !first || first && r.exec) && r.maps.find(a).is_some(),
+            None => first && r.exec,
+        };
+        if self.recorded.get(&pid).filter(explained).is_some() {
+            self.adopt_records(pid, tid);
+        } else if first || miss && self.maps_due(pid) {
+            self.read_maps(pid, tid, first);
         }
-        if first || (miss && due) {
-            let began = Instant::now();
-            self.maps_reads += 1;
-            // A process that already exited keeps the maps (and name) read last time.
-            let read = match ProcessMaps::read_live(pid, tid) {
-                Ok((m, dir)) => {
-                    let fresh: Vec<&Mapping> = m
-                        .mappings
-                        .iter()
-                        .filter(|x| p.maps.as_ref().is_none_or(|o| !o.holds(x)))
-                        .collect();
-                    for x in &fresh {
-                        p.files.remove(&x.start);
-                    }
-                    // Merged below as `with_older`: the old maps overlaid with these.
-                    self.unwinder
-                        .maps_changed(pid, fresh.iter().map(|x| x.start..x.end));
-                    for (start, f) in self.files.capture(&dir, fresh) {
-                        p.files.insert(start, f);
-                    }
-                    Some(m)
-                }
-                // Gone already: what the kernel recorded of it.
-                Err(_) => self.recorded.get(&pid).map(|(comm, m)| {
-                    if !comm.is_empty() {
-                        p.comm.clone_from(comm);
-                    }
-                    m.clone()
-                }),
-            };
-            if let Some(m) = read {
-                p.maps = Some(match p.maps.take() {
-                    Some(older) => m.with_older(older),
-                    None => m,
-                });
-            }
-            // A miss usually means exec replaced the image (a shell wrapper or a pyenv
-            // shim becoming the real program): its name changed with it. (On first
-            // sight it was read a moment ago.)
-            if !first {
-                let comm = target::comm(pid);
-                if !comm.is_empty() {
-                    p.comm = comm;
-                }
-            }
-            let wait = REREAD_EVERY.max(began.elapsed() * REREAD_COST_RATIO);
-            self.maps_read_at.insert(pid, began + wait);
-        }
+        let p = self.set.process(pid);
         if p.comm.is_empty() {
             // Gone before its name could be read: the thread's, else the pid.
             p.comm = target::comm(tid);
@@ -699,6 +637,102 @@ impl Drain {
             }
         }
     }
+
+    /// Whether `pid`'s maps may be read again ([`REREAD_EVERY`]).
+    fn maps_due(&self, pid: u32) -> bool {
+        self.maps_read_at
+            .get(&pid)
+            .is_none_or(|&t| Instant::now() >= t)
+    }
+
+    /// [`Self::track`]: `pid`'s mappings the kernel recorded that it does not know yet
+    /// join its maps, their files captured (open them now, while the process lives:
+    /// after it exits a file seen only in its mount namespace, a container's, cannot be
+    /// found; a file captured for another process costs nothing).
+    fn adopt_records(&mut self, pid: u32, tid: u32) {
+        let (p, r) = (self.set.process(pid), &self.recorded[&pid]);
+        let fresh: Vec<Mapping> = (r.maps.mappings.iter())
+            .filter(|r| p.maps.as_ref().is_none_or(|o| !o.holds(r)))
+            .cloned()
+            .collect();
+        for r in &fresh {
+            p.files.remove(&r.start);
+        }
+        for (start, f) in self.files.capture_live(pid, tid, &fresh) {
+            p.files.insert(start, f);
+        }
+        self.unwinder
+            .maps_changed(pid, fresh.iter().map(|r| r.start..r.end));
+        let maps = p.maps.get_or_insert_with(ProcessMaps::default);
+        for r in fresh {
+            maps.overlay(r);
+        }
+        if !r.comm.is_empty() {
+            p.comm.clone_from(&r.comm);
+        }
+    }
+
+    /// [`Self::track`]: reads `pid`'s maps from `/proc` (a process already gone keeps
+    /// the maps and name read last time, else what the kernel recorded of it).
+    fn read_maps(&mut self, pid: u32, tid: u32, first: bool) {
+        let p = self.set.process(pid);
+        let began = Instant::now();
+        self.maps_reads += 1;
+        let read = match ProcessMaps::read_live(pid, tid) {
+            Ok((m, dir)) => {
+                let fresh: Vec<&Mapping> = (m.mappings.iter())
+                    .filter(|x| p.maps.as_ref().is_none_or(|o| !o.holds(x)))
+                    .collect();
+                for x in &fresh {
+                    p.files.remove(&x.start);
+                }
+                // Merged below as `with_older`: the old maps overlaid with these.
+                self.unwinder
+                    .maps_changed(pid, fresh.iter().map(|x| x.start..x.end));
+                for (start, f) in self.files.capture(&dir, fresh) {
+                    p.files.insert(start, f);
+                }
+                Some(m)
+            }
+            // Gone already: what the kernel recorded of it.
+            Err(_) => self.recorded.get(&pid).map(|r| {
+                if !r.comm.is_empty() {
+                    p.comm.clone_from(&r.comm);
+                }
+                for (start, f) in self.files.capture_live(pid, tid, &r.maps.mappings) {
+                    p.files.insert(start, f);
+                }
+                r.maps.clone()
+            }),
+        };
+        if let Some(m) = read {
+            p.maps = Some(match p.maps.take() {
+                Some(older) => m.with_older(older),
+                None => m,
+            });
+        }
+        // A miss usually means exec replaced the image (a shell wrapper or a pyenv
+        // shim becoming the real program): its name changed with it. (On first sight
+        // it was read a moment ago.)
+        if !first {
+            let comm = target::comm(pid);
+            if !comm.is_empty() {
+                p.comm = comm;
+            }
+        }
+        let wait = REREAD_EVERY.max(began.elapsed() * REREAD_COST_RATIO);
+        self.maps_read_at.insert(pid, began + wait);
+    }
+}
+
+/// What the kernel's side-band records said of a process.
+#[derive(Debug, Default)]
+struct Recorded {
+    comm: String,
+    /// Its executable mappings.
+    maps: ProcessMaps,
+    /// Its `exec` was recorded: `maps` holds all its code since (bar the vDSO).
+    exec: bool,
 }
 
 /// What the drain keeps of a process between windows.
@@ -1257,6 +1291,52 @@ mod tests {
             reopened,
             "{:?}",
             reopens.counts()
+        );
+    }
+
+    /// Issue 34: a process whose `exec` the kernel recorded is known from the records at
+    /// its first sample — no read of its maps — and a binary captured for an earlier
+    /// process costs it no open; a binary no process captured is opened once by its
+    /// recorded path (the process is gone: it lived a few milliseconds).
+    #[test]
+    fn an_execd_process_is_known_from_the_records_without_reading_its_maps() {
+        let me = std::process::id();
+        let here =
+            an_execd_process_is_known_from_the_records_without_reading_its_maps as *const () as u64;
+        let own = ProcessMaps::read(me).unwrap().find(here).unwrap().clone();
+        let mut d = Drain::new(1, StackMemory::default());
+        let exec = |d: &mut Drain, pid: u32, mapping: &Mapping| {
+            d.observe(Sideband::Comm {
+                pid,
+                comm: "gone".into(),
+                exec: true,
+            });
+            d.observe(Sideband::Mapping {
+                pid,
+                mapping: mapping.clone(),
+            });
+        };
+        // Pids no process has (above the kernel's limit of 2^22).
+        let (first, second) = (0x7fff_0001, 0x7fff_0002);
+        exec(&mut d, first, &own);
+        d.add(&bytes_of(&ip(first, here, EventRole::CpuClock)));
+        let w1 = d.maps_work();
+        let p = &d.set.processes[&first];
+        assert_eq!(p.comm, "gone");
+        assert!(p.files.contains_key(&own.start), "captured by its path");
+        assert_eq!(w1.reads, 0, "{w1:?}");
+        exec(&mut d, second, &own);
+        d.add(&bytes_of(&ip(second, here, EventRole::CpuClock)));
+        let w2 = d.maps_work();
+        let (a, b) = (&d.set.processes[&first], &d.set.processes[&second]);
+        assert!(std::sync::Arc::ptr_eq(
+            &a.files[&own.start],
+            &b.files[&own.start]
+        ));
+        assert_eq!(
+            (w2.reads, w2.captures),
+            (0, w1.captures),
+            "{w1:?} then {w2:?}"
         );
     }
 

@@ -62,6 +62,8 @@ pub struct CapturedFile {
     fd: Mutex<Option<Arc<File>>>,
     /// Clock of its last use.
     used: AtomicU64,
+    /// Windows in a row no process held it ([`CapturedFiles::release_idle`]).
+    idle: AtomicU64,
     shared: Arc<Shared>,
 }
 
@@ -137,6 +139,7 @@ pub fn open_mapped_file(
     live: bool,
     len: Option<u64>,
 ) -> Result<File, OpenError> {
+    crate::binary::work::opened();
     let mut err = None;
     let mut accept = |r: Result<File, OpenError>| {
         let e = match r.and_then(|f| {
@@ -210,6 +213,10 @@ fn check_len(f: &File, path: &Path, len: Option<u64>) -> Result<(), OpenError> {
     Ok(())
 }
 
+/// Windows a captured file stays open with no process holding it
+/// ([`CapturedFiles::release_idle`]).
+pub const IDLE_WINDOWS: u64 = 6;
+
 /// A handle on the counts of a [`CapturedFiles`].
 #[derive(Clone, Debug)]
 pub struct CaptureCounter(Arc<Shared>);
@@ -282,6 +289,7 @@ impl CapturedFiles {
                 continue;
             }
             self.opened += 1;
+            crate::binary::work::opened();
             let Some(file) = open_live(dir, m) else {
                 continue;
             };
@@ -292,24 +300,59 @@ impl CapturedFiles {
             // A known file keeps its state: one that was evicted is reopened by path when
             // analysis needs it, not here, where a pass over a process's 25 000 mappings
             // would otherwise close and reopen thousands of them.
-            let c = match self.by_inode.get(&id) {
-                Some(c) => Arc::clone(c),
-                None => {
-                    self.make_room();
-                    let c = Arc::new(CapturedFile {
-                        id,
-                        len: meta.len(),
-                        build_id: OnceLock::new(),
-                        fd: Mutex::new(Some(Arc::new(file))),
-                        used: AtomicU64::new(self.shared.tick()),
-                        shared: Arc::clone(&self.shared),
-                    });
-                    self.open += 1;
-                    self.by_inode.insert(id, Arc::clone(&c));
-                    c
-                }
+            out.insert(m.start, self.keep(id, meta.len(), file, m));
+        }
+        out
+    }
+
+    /// The capture of file `id` (of `len` bytes), mapped by `m`: the one held already,
+    /// else `file`'s.
+    fn keep(&mut self, id: FileId, len: u64, file: File, m: &Mapping) -> Arc<CapturedFile> {
+        if let Some(c) = self.by_inode.get(&id) {
+            return Arc::clone(c);
+        }
+        log::debug!(
+            "captured {} (device {}, inode {})",
+            crate::fsafe::escape(&m.object.display_name()),
+            id.dev,
+            id.ino
+        );
+        self.make_room();
+        let c = Arc::new(CapturedFile {
+            id,
+            len,
+            build_id: OnceLock::new(),
+            fd: Mutex::new(Some(Arc::new(file))),
+            used: AtomicU64::new(self.shared.tick()),
+            idle: AtomicU64::new(0),
+            shared: Arc::clone(&self.shared),
+        });
+        self.open += 1;
+        self.by_inode.insert(id, Arc::clone(&c));
+        c
+    }
+
+    /// The files of `maps` (a process already gone, its mappings from the kernel's
+    /// records) not captured yet, opened by their path as mapped and kept only if they
+    /// are the file the kernel recorded (device and inode; [`open_mapped_file`]): once
+    /// per binary, so that its later processes share the capture without a syscall
+    /// (a process that lives a few milliseconds is gone before its sample is read).
+    fn capture_recorded(&mut self, pid: u32, maps: &[Mapping]) -> HashMap<u64, Arc<CapturedFile>> {
+        let mut out = HashMap::new();
+        for m in maps.iter().filter(|m| m.executable_file()) {
+            let (Some(id), super::MappedObject::File { path, .. }) = (m.file_id, &m.object) else {
+                continue;
             };
-            out.insert(m.start, c);
+            if let Some(c) = self.by_inode.get(&id) {
+                out.insert(m.start, Arc::clone(c));
+                continue;
+            }
+            self.opened += 1;
+            let Ok(file) = open_mapped_file(pid, m, path, false, None) else {
+                continue;
+            };
+            let Ok(meta) = file.metadata() else { continue };
+            out.insert(m.start, self.keep(id, meta.len(), file, m));
         }
         out
     }
@@ -355,23 +398,51 @@ impl CapturedFiles {
 
     /// [`CapturedFiles::capture`] through `/proc/PID`, else (a group leader that exited
     /// leaves its `map_files` empty) through the first of `pid`'s other threads
-    /// (super::thread_dirs, `tid`'s first): for mappings known from the kernel's records
-    /// rather than read from `/proc`.
+    /// (super::thread_dirs, `tid`'s first), else (all gone) by their recorded paths: for
+    /// mappings known from the kernel's records rather than read from `/proc`.
     pub fn capture_live(
         &mut self,
         pid: u32,
         tid: u32,
         maps: &[Mapping],
     ) -> HashMap<u64, Arc<CapturedFile>> {
-        let got = self.capture(&proc_dir(pid), maps);
-        // Nothing to capture (JIT code) is no sign of a leader gone.
-        if !got.is_empty() || !maps.iter().any(Mapping::executable_file) {
+        let mut got = self.capture(&proc_dir(pid), maps);
+        // Nothing (left) to capture, as for JIT code, is no sign of a leader gone.
+        let missing: Vec<Mapping> = (maps.iter())
+            .filter(|m| m.executable_file() && !got.contains_key(&m.start))
+            .cloned()
+            .collect();
+        if missing.is_empty() {
             return got;
         }
-        match thread_dirs(pid, tid).next() {
-            Some(dir) => self.capture(&dir, maps),
-            None => got,
-        }
+        let rest = match thread_dirs(pid, tid).next() {
+            Some(dir) => self.capture(&dir, &missing),
+            // The whole process is gone.
+            None => self.capture_recorded(pid, &missing),
+        };
+        got.extend(rest);
+        got
+    }
+
+    /// Closes the files no process held for [`IDLE_WINDOWS`] calls in a row (once a
+    /// window): a binary whose processes come and go (a cron job, a health check, a
+    /// build's compilers) keeps its capture, and its next process opens nothing.
+    /// Within the descriptor cap either way ([`Self::make_room`] closes idle files
+    /// first).
+    pub fn release_idle(&mut self) {
+        let mut closed = 0;
+        self.by_inode.retain(|_, c| {
+            let keep =
+                Arc::strong_count(c) > 1 || c.idle.fetch_add(1, Ordering::Relaxed) < IDLE_WINDOWS;
+            if Arc::strong_count(c) > 1 {
+                c.idle.store(0, Ordering::Relaxed);
+            }
+            if !keep && c.fd.lock().expect("not poisoned").is_some() {
+                closed += 1;
+            }
+            keep
+        });
+        self.open -= closed;
     }
 
     /// Closes the files nothing else holds (every process that mapped them is gone).

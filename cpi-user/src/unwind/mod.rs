@@ -41,6 +41,7 @@ use object::{Object, ObjectSection, ObjectSegment};
 use crate::fsafe::map::GuardedMap;
 use crate::fsafe::FileId;
 use crate::procmap::{open_mapped_file, CapturedFile, MappedObject, Mapping, ProcessMaps};
+use std::path::Path;
 
 /// Why unwinding stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -786,7 +787,7 @@ impl StackUnwinder {
                     }
                     None => None,
                 };
-                file.and_then(|f| self.sections_of(&f))
+                file.and_then(|f| self.sections_of(&f, path))
             }
         };
         let costly = sections.as_ref().is_some_and(|s| s.costly.is_some());
@@ -815,12 +816,19 @@ impl StackUnwinder {
         Some(s.clone())
     }
 
-    fn sections_of(&mut self, file: &File) -> Option<Arc<Sections>> {
+    fn sections_of(&mut self, file: &File, path: &Path) -> Option<Arc<Sections>> {
         let meta = file.metadata().ok()?;
         let key = (FileId::of(&meta), meta.len());
         if let Some(s) = self.cached(key) {
             return s;
         }
+        crate::binary::work::unwind_read();
+        log::debug!(
+            "unwind tables: reading {} (device {}, inode {})",
+            crate::fsafe::escape(&path.to_string_lossy()),
+            key.0.dev,
+            key.0.ino
+        );
         let mut s = Sections::read(file, &mut self.verdicts).map(Arc::new);
         if let Some(copy) = s.as_ref().and_then(|s| s.copied_bytes()) {
             self.evict(copy);

@@ -4,6 +4,7 @@
 //! test programs in `tests/programs/`.
 
 mod agent;
+mod agent_churn;
 mod agent_cost;
 mod agent_filter;
 mod agent_sinks;
