@@ -379,11 +379,15 @@ impl LossReport {
 }
 
 impl LossReport {
-    /// Adds another account (windows merged into one profile,
-    /// cpi-user/src/profile/merge.rs); a count that would pass `u64::MAX` stays there and
-    /// sets `overflow`.
-    pub fn add_checked(&mut self, o: &LossReport, overflow: &mut bool) {
-        // Destructured: a new counter cannot be left out of the sum.
+    /// The one list of the counts: each by its name in the profile file, in the file's
+    /// order (the agent's `cpi_bpf_samples_lost` reasons, the merge's sums).
+    pub fn counts(&self) -> [(&'static str, u64); 14] {
+        let mut copy = self.clone();
+        copy.counts_mut().map(|(name, n)| (name, *n))
+    }
+
+    fn counts_mut(&mut self) -> [(&'static str, &mut u64); 14] {
+        // Destructured: a new counter cannot be left out of the list.
         let LossReport {
             ring_full,
             branch_errors,
@@ -399,24 +403,34 @@ impl LossReport {
             stacks_too_costly,
             stacks_evicted,
             filtered_in_kernel,
-        } = o;
-        for (a, b) in [
-            (&mut self.ring_full, ring_full),
-            (&mut self.branch_errors, branch_errors),
-            (&mut self.malformed, malformed),
-            (&mut self.thinned, thinned),
-            (&mut self.short_samples, short_samples),
-            (&mut self.invalid_ranges, invalid_ranges),
-            (&mut self.unmapped_samples, unmapped_samples),
-            (&mut self.sideband_lost, sideband_lost),
-            (&mut self.stacks_truncated, stacks_truncated),
-            (&mut self.stacks_unknown_code, stacks_unknown_code),
-            (&mut self.stacks_failed, stacks_failed),
-            (&mut self.stacks_too_costly, stacks_too_costly),
-            (&mut self.stacks_evicted, stacks_evicted),
-            (&mut self.filtered_in_kernel, filtered_in_kernel),
-        ] {
-            add_count(a, *b, overflow);
+        } = self;
+        [
+            ("ring_full", ring_full),
+            ("branch_errors", branch_errors),
+            ("malformed", malformed),
+            ("thinned", thinned),
+            ("short_samples", short_samples),
+            ("invalid_ranges", invalid_ranges),
+            ("unmapped_samples", unmapped_samples),
+            ("sideband_lost", sideband_lost),
+            ("stacks_truncated", stacks_truncated),
+            ("stacks_unknown_code", stacks_unknown_code),
+            ("stacks_failed", stacks_failed),
+            ("stacks_too_costly", stacks_too_costly),
+            ("stacks_evicted", stacks_evicted),
+            (Self::FILTERED, filtered_in_kernel),
+        ]
+    }
+
+    /// The count of what a kernel filter dropped: not wanted, so not lost.
+    pub const FILTERED: &'static str = "filtered_in_kernel";
+
+    /// Adds another account (windows merged into one profile,
+    /// cpi-user/src/profile/merge.rs); a count that would pass `u64::MAX` stays there and
+    /// sets `overflow`.
+    pub fn add_checked(&mut self, o: &LossReport, overflow: &mut bool) {
+        for ((_, a), (_, b)) in self.counts_mut().into_iter().zip(o.counts()) {
+            add_count(a, b, overflow);
         }
     }
 }
