@@ -309,11 +309,15 @@ fn comm_totals(p: &Profile) -> Vec<(String, CommTotals)> {
     let mut by: HashMap<&str, CommTotals> = HashMap::new();
     for proc in &p.processes {
         let t = by.entry(proc.comm.as_str()).or_default();
-        t.weight += proc.cycles.or(proc.time_ns).unwrap_or(proc.samples as f64);
+        t.weight += proc
+            .measures
+            .cycles
+            .or(proc.measures.time_ns)
+            .unwrap_or(proc.samples as f64);
         t.samples += proc.samples;
-        add(&mut t.cycles, proc.cycles);
-        add(&mut t.instructions, proc.instructions);
-        add(&mut t.cpu_ns, proc.time_ns);
+        add(&mut t.cycles, proc.measures.cycles);
+        add(&mut t.instructions, proc.measures.instructions);
+        add(&mut t.cpu_ns, proc.measures.time_ns);
     }
     let mut v: Vec<(String, CommTotals)> =
         by.into_iter().map(|(c, t)| (c.to_string(), t)).collect();
@@ -836,7 +840,9 @@ impl State {
         let mut by: HashMap<(&str, &str, &str), (f64, f64)> = HashMap::new();
         for proc in &p.processes {
             for f in &proc.functions {
-                if let (Some(_), Some(c), Some(i)) = (f.cpi, f.cycles, f.instructions) {
+                if let (Some(_), Some(c), Some(i)) =
+                    (f.measures.cpi, f.measures.cycles, f.measures.instructions)
+                {
                     let e = by
                         .entry((proc.comm.as_str(), f.binary.as_str(), f.name.as_str()))
                         .or_default();
@@ -941,7 +947,7 @@ impl State {
 pub(crate) mod tests {
     use super::*;
     use crate::profile::model::{
-        Estimate, EventInfo, FunctionProfile, ProcessProfile, PROFILE_FORMAT_VERSION,
+        Estimate, EventInfo, FunctionProfile, Measures, ProcessProfile, PROFILE_FORMAT_VERSION,
     };
     use std::io::{Read, Write};
     use std::time::Instant;
@@ -955,16 +961,18 @@ pub(crate) mod tests {
             size: 64,
             samples: 100,
             share: 0.5,
-            time_ns: None,
-            cycles: Some(cycles),
-            instructions: Some(instructions),
-            cycles_rel_error: None,
-            instructions_rel_error: None,
-            cpi: Some(Estimate {
-                value: cycles / instructions,
-                rel_error: 0.1,
-                samples: 100,
-            }),
+            measures: Measures {
+                time_ns: None,
+                cycles: Some(cycles),
+                instructions: Some(instructions),
+                cycles_rel_error: None,
+                instructions_rel_error: None,
+                cpi: Some(Estimate {
+                    value: cycles / instructions,
+                    rel_error: 0.1,
+                    samples: 100,
+                }),
+            },
             timed_cpi: None,
             cpi_disagree: false,
             blocks: Vec::new(),
@@ -1015,12 +1023,14 @@ pub(crate) mod tests {
                     identity: Default::default(),
                     samples: 10,
                     branch_samples: 0,
-                    time_ns: time.then_some(w),
-                    cycles: (!time).then_some(w),
-                    instructions: (!time).then_some(w / 2.0),
-                    cycles_rel_error: None,
-                    instructions_rel_error: None,
-                    cpi: None,
+                    measures: Measures {
+                        time_ns: time.then_some(w),
+                        cycles: (!time).then_some(w),
+                        instructions: (!time).then_some(w / 2.0),
+                        cycles_rel_error: None,
+                        instructions_rel_error: None,
+                        cpi: None,
+                    },
                     functions: Vec::new(),
                     calls: Vec::new(),
                     stacks: Vec::new(),
@@ -1270,7 +1280,7 @@ pub(crate) mod tests {
             vec![function("hot", 300.0, 100.0), function("warm", 50.0, 100.0)];
         p.processes[1].functions =
             vec![function("hot", 100.0, 100.0), function("cold", 10.0, 10.0)];
-        p.processes[1].functions[1].cpi = None; // below the sample floor: not exported
+        p.processes[1].functions[1].measures.cpi = None; // below the sample floor: not exported
         s.add_profile(&p);
         assert_eq!(
             lines(&s, "cpi_bpf_function_cpi"),

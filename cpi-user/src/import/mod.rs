@@ -1268,17 +1268,22 @@ fn untimed_note(set: &SampleSet) -> Option<String> {
 /// functions rank by instructions.
 fn shares_of_instructions(p: &mut Profile) {
     for proc in &mut p.processes {
-        let total: f64 = proc.functions.iter().filter_map(|f| f.instructions).sum();
+        let total: f64 = proc
+            .functions
+            .iter()
+            .filter_map(|f| f.measures.instructions)
+            .sum();
         for f in &mut proc.functions {
-            f.share = match (f.instructions, total > 0.0) {
+            f.share = match (f.measures.instructions, total > 0.0) {
                 (Some(i), true) => i / total,
                 _ => 0.0,
             };
         }
         proc.functions.sort_by(|a, b| {
-            b.instructions
+            b.measures
+                .instructions
                 .unwrap_or(0.0)
-                .total_cmp(&a.instructions.unwrap_or(0.0))
+                .total_cmp(&a.measures.instructions.unwrap_or(0.0))
                 .then(a.name.cmp(&b.name))
         });
     }

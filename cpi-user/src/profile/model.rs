@@ -168,9 +168,9 @@ impl Profile {
     /// cycles; timed CPI (from the branch entries themselves) stays.
     pub fn without_cpi(&mut self) {
         for proc in &mut self.processes {
-            proc.cpi = None;
+            proc.measures.cpi = None;
             for f in &mut proc.functions {
-                f.cpi = None;
+                f.measures.cpi = None;
                 f.blocks.iter_mut().for_each(|b| b.cpi = None);
                 f.lines.iter_mut().for_each(|l| l.cpi = None);
             }
@@ -491,6 +491,31 @@ impl Estimate {
     }
 }
 
+/// What a process or a function measured: time or cycles, instructions, their
+/// standard errors and the CPI they make. Written flattened (`#[serde(flatten)]`), so
+/// the file holds these keys beside its owner's own, in this order.
+///
+/// A call path ([`StackProfile`]) has the same quantities but writes `cpi` before the
+/// errors: flattened, these would reorder its keys in the file.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
+pub struct Measures {
+    /// cpu-clock time, ns (time profile).
+    pub time_ns: Option<f64>,
+    /// Cycles attributed.
+    pub cycles: Option<f64>,
+    /// Instructions executed.
+    pub instructions: Option<f64>,
+    /// One standard error of `cycles`, relative to it (cpi-user/src/profile/error.rs).
+    /// Absent from files before the error model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycles_rel_error: Option<f64>,
+    /// One standard error of `instructions`, relative to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions_rel_error: Option<f64>,
+    /// Cycles per instruction.
+    pub cpi: Option<Estimate>,
+}
+
 /// One process.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ProcessProfile {
@@ -507,21 +532,9 @@ pub struct ProcessProfile {
     /// Branch samples attributed to the process.
     #[serde(default)]
     pub branch_samples: u64,
-    /// cpu-clock time, ns (time profile).
-    pub time_ns: Option<f64>,
-    /// Cycles attributed to the process.
-    pub cycles: Option<f64>,
-    /// Instructions attributed to the process.
-    pub instructions: Option<f64>,
-    /// One standard error of `cycles`, relative to it (cpi-user/src/profile/error.rs).
-    /// Absent from files before the error model.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cycles_rel_error: Option<f64>,
-    /// One standard error of `instructions`, relative to it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instructions_rel_error: Option<f64>,
-    /// Cycles per instruction of the whole process.
-    pub cpi: Option<Estimate>,
+    /// Time or cycles, instructions, their errors and the process's CPI.
+    #[serde(flatten)]
+    pub measures: Measures,
     /// Sorted by cycles (or samples), hottest first.
     pub functions: Vec<FunctionProfile>,
     /// Calls-only call graph: caller → callee counts from the branch
@@ -667,21 +680,10 @@ pub struct FunctionProfile {
     pub samples: u64,
     /// Fraction of the process's cycles (or samples, in a time profile).
     pub share: f64,
-    /// cpu-clock time, ns (time profile).
-    pub time_ns: Option<f64>,
-    /// Cycles attributed to the function.
-    pub cycles: Option<f64>,
-    /// Instructions executed in the function.
-    pub instructions: Option<f64>,
-    /// One standard error of `cycles`, relative to it (cpi-user/src/profile/error.rs).
-    /// Absent from files before the error model.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cycles_rel_error: Option<f64>,
-    /// One standard error of `instructions`, relative to it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instructions_rel_error: Option<f64>,
-    /// Cycles per instruction; `None` below the sample floor.
-    pub cpi: Option<Estimate>,
+    /// Time or cycles, instructions, their errors and the function's CPI (`None` below
+    /// the sample floor).
+    #[serde(flatten)]
+    pub measures: Measures,
     /// CPI from timed branch records (LBR `cycles` field), when the hardware has them.
     pub timed_cpi: Option<Estimate>,
     /// `cpi` and `timed_cpi` differ by more than [`Estimate::DISAGREE`] combined
@@ -723,7 +725,7 @@ impl FunctionProfile {
 
     /// Sets `cpi_disagree` on the function and its blocks from their two CPI estimates.
     pub fn flag_disagreement(&mut self) {
-        self.cpi_disagree = Estimate::disagree(self.cpi.as_ref(), self.timed_cpi.as_ref());
+        self.cpi_disagree = Estimate::disagree(self.measures.cpi.as_ref(), self.timed_cpi.as_ref());
         for b in &mut self.blocks {
             b.cpi_disagree = Estimate::disagree(b.cpi.as_ref(), b.timed_cpi.as_ref());
         }

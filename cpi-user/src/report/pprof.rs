@@ -239,13 +239,17 @@ fn count(v: Option<f64>) -> i64 {
 /// function's start, so the function's totals are exactly the table's.
 fn function_values(f: &FunctionProfile, time: bool) -> Vec<(u64, Vec<i64>)> {
     let total = if time {
-        vec![f.samples as i64, count(f.time_ns)]
+        vec![f.samples as i64, count(f.measures.time_ns)]
     } else {
-        vec![count(f.cycles), count(f.instructions), f.samples as i64]
+        vec![
+            count(f.measures.cycles),
+            count(f.measures.instructions),
+            f.samples as i64,
+        ]
     };
     // cpu-clock periods are (nearly) equal: an instruction's time is its share of
     // the function's samples.
-    let ns_per_sample = match (f.time_ns, f.samples) {
+    let ns_per_sample = match (f.measures.time_ns, f.samples) {
         (Some(t), n) if n > 0 => t / n as f64,
         _ => 0.0,
     };

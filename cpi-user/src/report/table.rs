@@ -984,19 +984,19 @@ fn process_line(mode: Mode, p: &ProcessProfile, pid: &str) -> String {
     if p.branch_samples > 0 {
         let _ = write!(s, ", {} branch samples", group(p.branch_samples));
     }
-    if let Some(t) = p.time_ns {
+    if let Some(t) = p.measures.time_ns {
         let _ = write!(s, ", {} CPU", time(t));
     }
     if mode.has_cpi() {
         let _ = write!(
             s,
             ", {} cycles, {} instructions, CPI {}",
-            opt_si(p.cycles),
-            opt_si(p.instructions),
+            opt_si(p.measures.cycles),
+            opt_si(p.measures.instructions),
             cpi(
-                p.cpi,
+                p.measures.cpi,
                 p.samples.max(p.branch_samples),
-                inputs(p.cycles, p.instructions)
+                inputs(p.measures.cycles, p.measures.instructions)
             )
         );
     }
@@ -1080,12 +1080,16 @@ fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOption
             }
             if mode.has_cpi() {
                 row.extend([
-                    opt_si(f.cycles),
-                    opt_si(f.instructions),
-                    cpi(f.cpi, f.samples, inputs(f.cycles, f.instructions)),
+                    opt_si(f.measures.cycles),
+                    opt_si(f.measures.instructions),
+                    cpi(
+                        f.measures.cpi,
+                        f.samples,
+                        inputs(f.measures.cycles, f.measures.instructions),
+                    ),
                 ]);
                 if timed {
-                    let mut t = cpi(f.timed_cpi, f.samples, f.instructions.is_some());
+                    let mut t = cpi(f.timed_cpi, f.samples, f.measures.instructions.is_some());
                     if f.cpi_disagree {
                         t.push_str(" ≠");
                     }
@@ -1095,7 +1099,7 @@ fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOption
             } else {
                 row.extend([
                     group(f.samples),
-                    f.time_ns.map(time).unwrap_or_else(|| "-".into()),
+                    f.measures.time_ns.map(time).unwrap_or_else(|| "-".into()),
                     share_pm(mode, r.share, samples),
                 ]);
             }
@@ -1139,10 +1143,10 @@ fn sort_rows(mode: Mode, rows: &mut [Row], key: SortKey) {
             SortKey::Share | SortKey::Function | SortKey::Binary | SortKey::Comm => r.share,
             SortKey::Pid => -(r.pid.parse::<f64>().unwrap_or(f64::MAX)),
             SortKey::Samples => f.samples as f64,
-            SortKey::Time => f.time_ns.unwrap_or(0.0),
-            SortKey::Cycles => f.cycles.unwrap_or(0.0),
-            SortKey::Instructions => f.instructions.unwrap_or(0.0),
-            SortKey::Cpi => f.cpi.map_or(-1.0, |e| e.value),
+            SortKey::Time => f.measures.time_ns.unwrap_or(0.0),
+            SortKey::Cycles => f.measures.cycles.unwrap_or(0.0),
+            SortKey::Instructions => f.measures.instructions.unwrap_or(0.0),
+            SortKey::Cpi => f.measures.cpi.map_or(-1.0, |e| e.value),
         }
     };
     rows.sort_by(|a, b| {
@@ -1160,9 +1164,9 @@ fn sort_rows(mode: Mode, rows: &mut [Row], key: SortKey) {
 
 fn heat(mode: Mode, f: &FunctionProfile) -> f64 {
     if mode.has_cpi() {
-        f.cycles.unwrap_or(0.0)
+        f.measures.cycles.unwrap_or(0.0)
     } else {
-        f.time_ns.unwrap_or(f.samples as f64)
+        f.measures.time_ns.unwrap_or(f.samples as f64)
     }
 }
 
