@@ -288,8 +288,62 @@ impl AgentOptions {
         }
     }
 
-    /// Defaults filled in and every value checked.
+    /// Defaults filled in and every value checked, in this order (a command line with
+    /// several mistakes is told about the first).
     pub fn resolve(self) -> Result<AgentConfig, ConfigError> {
+        let rates = self.rates()?;
+        let cache_mib = self.cache_mib()?;
+        let (retain, store_max_mib, store_group) = self.storage(rates.interval)?;
+        let comm = self
+            .comm
+            .as_deref()
+            .map(|c| Regex::new(c).map_err(|e| bad("comm", one_line(&e.to_string()))))
+            .transpose()?;
+        let cgroup = self.cgroup.as_deref().map(cgroup_dir).transpose()?;
+        let metrics_addr = self.metrics_addr()?;
+        let service_label = self.service_label()?;
+        let pods = self.pods()?;
+        let kubelet_url = self.kubelet_url(&pods)?;
+        let (push_queue, push_timeout) = self.push_limits()?;
+        let ring_bytes = self.ring_bytes(rates.frequency)?;
+        let log_level = self.log_level()?;
+        Ok(AgentConfig {
+            pids: self.pid,
+            comm,
+            cgroup,
+            pods,
+            interval: Duration::from_secs(rates.interval),
+            frequency: rates.frequency,
+            min_frequency: rates.min_frequency,
+            overhead_budget_pct: rates.budget,
+            cache_bytes: cache_mib << 20,
+            store: self.store.unwrap_or_else(|| store::DEFAULT_DIR.into()),
+            retain,
+            store_max_bytes: store_max_mib << 20,
+            store_group,
+            metrics_addr,
+            metrics_top_comms: self.metrics_top_comms.unwrap_or(DEFAULT_TOP),
+            metrics_top_functions: self.metrics_top_functions.unwrap_or(DEFAULT_TOP),
+            push_url: self.push_pyroscope,
+            otlp_url: self.push_otlp,
+            push_tenant: self.push_tenant,
+            push_ca: self.push_ca,
+            push_password_file: self.push_password_file,
+            push_token_file: self.push_token_file,
+            service_label,
+            kubelet_url,
+            push_queue,
+            push_timeout: Duration::from_secs(push_timeout),
+            include_kernel: self.include_kernel.unwrap_or(false),
+            stacks: self.stacks.unwrap_or(true),
+            source_lines: self.source_lines.unwrap_or(false),
+            ring_bytes,
+            log_level,
+        })
+    }
+
+    /// The window interval, the sampling frequency with its floor, and the overhead budget.
+    fn rates(&self) -> Result<Rates, ConfigError> {
         let interval = self.interval.unwrap_or(DEFAULT_INTERVAL_SECS);
         if !(1..=MAX_INTERVAL_SECS).contains(&interval) {
             return Err(bad(
@@ -317,6 +371,15 @@ impl AgentOptions {
                 format!("must be a percentage of one CPU above 0 and at most 100, not {budget}"),
             ));
         }
+        Ok(Rates {
+            interval,
+            frequency,
+            min_frequency,
+            budget,
+        })
+    }
+
+    fn cache_mib(&self) -> Result<u64, ConfigError> {
         let cache_mib = self.cache_mib.unwrap_or(DEFAULT_CACHE_MIB);
         if !(1..=65_536).contains(&cache_mib) {
             return Err(bad(
@@ -324,6 +387,11 @@ impl AgentOptions {
                 format!("must be 1 to 65536, not {cache_mib}"),
             ));
         }
+        Ok(cache_mib)
+    }
+
+    /// The store's retention (at least one `interval`), size in MiB and group.
+    fn storage(&self, interval: u64) -> Result<(Duration, u64, Option<u32>), ConfigError> {
         let retain = match &self.retain {
             Some(s) => humantime::parse_duration(s)
                 .map_err(|e| bad("retain", format!("{s:?} is not a duration like 24h: {e}")))?,
@@ -344,23 +412,26 @@ impl AgentOptions {
             .as_deref()
             .map(|g| crate::fsafe::group_id(g).map_err(|detail| bad("store-group", detail)))
             .transpose()?;
-        let comm = self
-            .comm
-            .as_deref()
-            .map(|c| Regex::new(c).map_err(|e| bad("comm", one_line(&e.to_string()))))
-            .transpose()?;
-        let cgroup = self.cgroup.as_deref().map(cgroup_dir).transpose()?;
-        let metrics_addr = match self.metrics_addr.as_deref().unwrap_or(DEFAULT_METRICS_ADDR) {
-            "off" => None,
-            a => Some(a.parse::<SocketAddr>().map_err(|_| {
-                bad(
-                    "metrics-addr",
-                    format!("{a:?} is not an IP:PORT address (or off)"),
-                )
-            })?),
-        };
+        Ok((retain, store_max_mib, store_group))
+    }
+
+    fn metrics_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        Ok(
+            match self.metrics_addr.as_deref().unwrap_or(DEFAULT_METRICS_ADDR) {
+                "off" => None,
+                a => Some(a.parse::<SocketAddr>().map_err(|_| {
+                    bad(
+                        "metrics-addr",
+                        format!("{a:?} is not an IP:PORT address (or off)"),
+                    )
+                })?),
+            },
+        )
+    }
+
+    fn service_label(&self) -> Result<ServiceLabel, ConfigError> {
         let label = self.service_label.as_deref().unwrap_or("comm");
-        let service_label = ServiceLabel::parse(label).ok_or_else(|| {
+        ServiceLabel::parse(label).ok_or_else(|| {
             bad(
                 "service-label",
                 format!(
@@ -368,11 +439,16 @@ impl AgentOptions {
                     ServiceLabel::NAMES.join(", ")
                 ),
             )
-        })?;
+        })
+    }
+
+    /// The pod selectors, and that what they need is there: no --cgroup beside them,
+    /// the kubelet not turned off, cgroup v2 mounted.
+    fn pods(&self) -> Result<PodSelector, ConfigError> {
         let pods = PodSelector {
-            pod: self.pod,
-            namespace: self.namespace,
-            container: self.container,
+            pod: self.pod.clone(),
+            namespace: self.namespace.clone(),
+            container: self.container.clone(),
         };
         for (key, v) in [
             ("pod", &pods.pod),
@@ -384,7 +460,7 @@ impl AgentOptions {
             }
         }
         if !pods.is_empty() {
-            if cgroup.is_some() {
+            if self.cgroup.is_some() {
                 return Err(bad(
                     "cgroup",
                     "cannot be combined with --pod, --namespace or --container (each names \
@@ -406,20 +482,28 @@ impl AgentOptions {
                 ));
             }
         }
+        Ok(pods)
+    }
+
+    /// The kubelet to ask for pods: none off Kubernetes; on it (said, or guessed from a
+    /// URL, pod selectors or the kubelet's pod folder) the given URL or the default.
+    fn kubelet_url(&self, pods: &PodSelector) -> Result<Option<String>, ConfigError> {
         let on_kubernetes = self.kubernetes.unwrap_or_else(|| {
             self.kubelet_url.is_some() || !pods.is_empty() || Path::new(kubelet::PODS_DIR).is_dir()
         });
-        let kubelet_url = match (on_kubernetes, self.kubelet_url) {
-            (false, _) => None,
-            (true, None) => Some(kubelet::DEFAULT_URL.to_string()),
-            (true, Some(u)) if u.starts_with("http://") || u.starts_with("https://") => Some(u),
-            (true, Some(u)) => {
-                return Err(bad(
-                    "kubelet-url",
-                    format!("{u:?} is not an http:// or https:// URL"),
-                ))
-            }
-        };
+        match (on_kubernetes, self.kubelet_url.clone()) {
+            (false, _) => Ok(None),
+            (true, None) => Ok(Some(kubelet::DEFAULT_URL.to_string())),
+            (true, Some(u)) if u.starts_with("http://") || u.starts_with("https://") => Ok(Some(u)),
+            (true, Some(u)) => Err(bad(
+                "kubelet-url",
+                format!("{u:?} is not an http:// or https:// URL"),
+            )),
+        }
+    }
+
+    /// The push queue's length in windows and a push's timeout in seconds.
+    fn push_limits(&self) -> Result<(usize, u64), ConfigError> {
         let push_queue = self.push_queue.unwrap_or(DEFAULT_PUSH_QUEUE);
         if push_queue == 0 {
             return Err(bad("push-queue", "must be at least 1 window"));
@@ -428,14 +512,22 @@ impl AgentOptions {
         if !(1..=600).contains(&push_timeout) {
             return Err(bad("push-timeout", "must be 1 to 600 seconds"));
         }
+        Ok((push_queue, push_timeout))
+    }
+
+    /// The ring buffer's bytes per CPU: as given, or what holds [`RING_HOLDS`] at
+    /// `frequency` on this machine's CPUs.
+    fn ring_bytes(&self, frequency: u64) -> Result<u32, ConfigError> {
         let ring_mib = self.ring_buffer_mib.unwrap_or_else(|| {
             let cpus = collect::target::online_cpus().len() as u64;
             collect::default_ring_mib(RING_HOLDS, frequency, cpus)
         });
-        let ring_bytes =
-            collect::ring_bytes(ring_mib).map_err(|e| bad("ring-buffer-mib", e.to_string()))?;
-        let log_level = self.log_level.unwrap_or_else(|| "info".into());
-        let log_level = ["error", "warn", "info", "debug", "trace"]
+        collect::ring_bytes(ring_mib).map_err(|e| bad("ring-buffer-mib", e.to_string()))
+    }
+
+    fn log_level(&self) -> Result<log::LevelFilter, ConfigError> {
+        let log_level = self.log_level.clone().unwrap_or_else(|| "info".into());
+        ["error", "warn", "info", "debug", "trace"]
             .contains(&log_level.as_str())
             .then(|| log_level.parse().ok())
             .flatten()
@@ -444,41 +536,16 @@ impl AgentOptions {
                     "log-level",
                     format!("must be error, warn, info, debug or trace, not {log_level:?}"),
                 )
-            })?;
-        Ok(AgentConfig {
-            pids: self.pid,
-            comm,
-            cgroup,
-            pods,
-            interval: Duration::from_secs(interval),
-            frequency,
-            min_frequency,
-            overhead_budget_pct: budget,
-            cache_bytes: cache_mib << 20,
-            store: self.store.unwrap_or_else(|| store::DEFAULT_DIR.into()),
-            retain,
-            store_max_bytes: store_max_mib << 20,
-            store_group,
-            metrics_addr,
-            metrics_top_comms: self.metrics_top_comms.unwrap_or(DEFAULT_TOP),
-            metrics_top_functions: self.metrics_top_functions.unwrap_or(DEFAULT_TOP),
-            push_url: self.push_pyroscope,
-            otlp_url: self.push_otlp,
-            push_tenant: self.push_tenant,
-            push_ca: self.push_ca,
-            push_password_file: self.push_password_file,
-            push_token_file: self.push_token_file,
-            service_label,
-            kubelet_url,
-            push_queue,
-            push_timeout: Duration::from_secs(push_timeout),
-            include_kernel: self.include_kernel.unwrap_or(false),
-            stacks: self.stacks.unwrap_or(true),
-            source_lines: self.source_lines.unwrap_or(false),
-            ring_bytes,
-            log_level,
-        })
+            })
     }
+}
+
+/// The sampling rates [`AgentOptions::resolve`] checks first.
+struct Rates {
+    interval: u64,
+    frequency: u64,
+    min_frequency: u64,
+    budget: f64,
 }
 
 impl AgentConfig {

@@ -280,43 +280,13 @@ fn mode_name(m: Mode) -> &'static str {
     }
 }
 
-/// Every loss reason of the profile file, by its field name (destructured, so a new
-/// field cannot be forgotten here). Samples filtered in the kernel are not wanted data,
+/// Every loss reason of the profile file, by its field name ([`LossReport::counts`]).
+/// Samples filtered in the kernel are not wanted data,
 /// not a loss: they have their own counter, `cpi_bpf_samples_filtered_total`.
-fn loss_reasons(l: &LossReport) -> [(&'static str, u64); 13] {
-    let LossReport {
-        ring_full,
-        branch_errors,
-        malformed,
-        thinned,
-        short_samples,
-        invalid_ranges,
-        unmapped_samples,
-        sideband_lost,
-        stacks_truncated,
-        stacks_unknown_code,
-        stacks_failed,
-        stacks_too_costly,
-        stacks_evicted,
-        filtered_in_kernel: _,
-        // Seen only without root (collect/perf_ring.rs); the agent runs with BPF.
-        throttled: _,
-    } = *l;
-    [
-        ("ring_full", ring_full),
-        ("branch_errors", branch_errors),
-        ("malformed", malformed),
-        ("thinned", thinned),
-        ("short_samples", short_samples),
-        ("invalid_ranges", invalid_ranges),
-        ("unmapped_samples", unmapped_samples),
-        ("sideband_lost", sideband_lost),
-        ("stacks_truncated", stacks_truncated),
-        ("stacks_unknown_code", stacks_unknown_code),
-        ("stacks_failed", stacks_failed),
-        ("stacks_too_costly", stacks_too_costly),
-        ("stacks_evicted", stacks_evicted),
-    ]
+fn loss_reasons(l: &LossReport) -> impl Iterator<Item = (&'static str, u64)> {
+    l.counts()
+        .into_iter()
+        .filter(|&(name, _)| name != LossReport::FILTERED)
 }
 
 /// One comm's sums over a window.
@@ -340,11 +310,15 @@ fn comm_totals(p: &Profile) -> Vec<(String, CommTotals)> {
     let mut by: HashMap<&str, CommTotals> = HashMap::new();
     for proc in &p.processes {
         let t = by.entry(proc.comm.as_str()).or_default();
-        t.weight += proc.cycles.or(proc.time_ns).unwrap_or(proc.samples as f64);
+        t.weight += proc
+            .measures
+            .cycles
+            .or(proc.measures.time_ns)
+            .unwrap_or(proc.samples as f64);
         t.samples += proc.samples;
-        add(&mut t.cycles, proc.cycles);
-        add(&mut t.instructions, proc.instructions);
-        add(&mut t.cpu_ns, proc.time_ns);
+        add(&mut t.cycles, proc.measures.cycles);
+        add(&mut t.instructions, proc.measures.instructions);
+        add(&mut t.cpu_ns, proc.measures.time_ns);
     }
     let mut v: Vec<(String, CommTotals)> =
         by.into_iter().map(|(c, t)| (c.to_string(), t)).collect();
@@ -673,122 +647,8 @@ impl State {
             seen_push: PushStats::default(),
             seen_kubelet: Requests::default(),
         };
-        r.register(
-            "cpi_bpf_cycles",
-            "Sampled cycles per comm (top comms, the rest as comm=\"other\").",
-            s.cycles.clone(),
-        );
-        r.register(
-            "cpi_bpf_comm_overflow_samples",
-            "Samples counted in comm=\"other\" because their comm had no series of its own \
-             (more busy comms than --metrics-top-comms).",
-            s.comm_overflow.clone(),
-        );
-        r.register(
-            "cpi_bpf_instructions",
-            "Instructions per comm (cpi and ip-sampling modes).",
-            s.instructions.clone(),
-        );
-        r.register(
-            "cpi_bpf_cpu_seconds",
-            "Sampled CPU time per comm (cpu-clock samples times their period).",
-            s.cpu_seconds.clone(),
-        );
-        r.register(
-            "cpi_bpf_function_cpi",
-            "CPI over the last window of its top functions by cycles (cpi mode).",
-            s.function_cpi.clone(),
-        );
-        r.register(
-            "cpi_bpf_samples",
-            "Samples received per event.",
-            s.samples.clone(),
-        );
-        r.register(
-            "cpi_bpf_samples_lost",
-            "Samples lost per reason (the profile file's loss report).",
-            s.lost.clone(),
-        );
-        r.register(
-            "cpi_bpf_samples_filtered",
-            "Samples of processes the agent's process or cgroup filter does not want, dropped in the kernel (not a loss).",
-            s.filtered.clone(),
-        );
-        r.register("cpi_bpf_windows", "Windows analysed.", s.windows.clone());
-        r.register(
-            "cpi_bpf_window_analysis_seconds",
-            "Analysis time of the last window.",
-            s.analysis.clone(),
-        );
-        r.register(
-            "cpi_bpf_tracked_processes",
-            "Processes the agent tracks.",
-            s.tracked.clone(),
-        );
-        r.register(
-            "cpi_bpf_cache_bytes",
-            "Bytes held by the agent's caches.",
-            s.cache_bytes.clone(),
-        );
-        r.register(
-            "cpi_bpf_store_bytes",
-            "Bytes of the local profile store.",
-            s.store_bytes.clone(),
-        );
-        r.register(
-            "cpi_bpf_push",
-            "Push requests to Pyroscope by result.",
-            s.push.clone(),
-        );
-        r.register(
-            "cpi_bpf_push_dropped_windows",
-            "Windows never delivered to Pyroscope (queue full, retries exhausted, rejected).",
-            s.push_dropped.clone(),
-        );
-        r.register(
-            "cpi_bpf_sampling_frequency_hz",
-            "Current base sampling frequency.",
-            s.frequency.clone(),
-        );
-        r.register(
-            "cpi_bpf_bpf_run_seconds",
-            "In-kernel run time of the agent's BPF programs (BPF_ENABLE_STATS).",
-            s.bpf_run.clone(),
-        );
-        r.register(
-            "cpi_bpf_mode",
-            "Collection mode: 1 for the current one.",
-            s.mode.clone(),
-        );
-        r.register(
-            "cpi_bpf_store_failures",
-            "Windows the store could not write (full disk, permissions, descriptors).",
-            s.store_failures.clone(),
-        );
-        r.register(
-            "cpi_bpf_captured_files",
-            "Captured binaries whose descriptor the LRU closed (evicted), then reopened by \
-             their checked path (reopened) or not (reopen_failed: gone, or not the same file).",
-            s.captured.clone(),
-        );
-        r.register(
-            "cpi_bpf_binaries_parsed",
-            "Binaries parsed by table (symbols, unwind): once per file (device, inode) while \
-             cached, not per process.",
-            s.parsed.clone(),
-        );
-        r.register(
-            "cpi_bpf_binary_opens",
-            "Files of processes' mappings opened (captured, or by their checked path).",
-            s.binary_opens.clone(),
-        );
-        r.register(
-            "cpi_bpf_kubelet_requests",
-            "Requests for the kubelet's pod list by result (ok, failed: no answer, not \
-             HTTP 200, or not a pod list, refused: not believed, as from a loopback port \
-             a user other than root listens on); only on Kubernetes.",
-            s.kubelet.clone(),
-        );
+        s.register_sample_series(&mut r);
+        s.register_agent_series(&mut r);
         r.register_collector(Box::new(ProcessCollector {
             last_window_ms: Arc::clone(&s.last_window_ms),
             bpf_seconds: Arc::clone(&s.seen_bpf),
@@ -799,6 +659,131 @@ impl State {
                 .get();
         }
         State { registry: r, ..s }
+    }
+
+    /// The per-comm and per-event series: what the samples say, registered in the order
+    /// /metrics lists them.
+    fn register_sample_series(&self, r: &mut Registry) {
+        r.register(
+            "cpi_bpf_cycles",
+            "Sampled cycles per comm (top comms, the rest as comm=\"other\").",
+            self.cycles.clone(),
+        );
+        r.register(
+            "cpi_bpf_comm_overflow_samples",
+            "Samples counted in comm=\"other\" because their comm had no series of its own \
+             (more busy comms than --metrics-top-comms).",
+            self.comm_overflow.clone(),
+        );
+        r.register(
+            "cpi_bpf_instructions",
+            "Instructions per comm (cpi and ip-sampling modes).",
+            self.instructions.clone(),
+        );
+        r.register(
+            "cpi_bpf_cpu_seconds",
+            "Sampled CPU time per comm (cpu-clock samples times their period).",
+            self.cpu_seconds.clone(),
+        );
+        r.register(
+            "cpi_bpf_function_cpi",
+            "CPI over the last window of its top functions by cycles (cpi mode).",
+            self.function_cpi.clone(),
+        );
+        r.register(
+            "cpi_bpf_samples",
+            "Samples received per event.",
+            self.samples.clone(),
+        );
+        r.register(
+            "cpi_bpf_samples_lost",
+            "Samples lost per reason (the profile file's loss report).",
+            self.lost.clone(),
+        );
+        r.register(
+            "cpi_bpf_samples_filtered",
+            "Samples of processes the agent's process or cgroup filter does not want, dropped in the kernel (not a loss).",
+            self.filtered.clone(),
+        );
+    }
+
+    /// The agent's own health: windows, analysis, caches, store, pushes, the kubelet.
+    fn register_agent_series(&self, r: &mut Registry) {
+        r.register("cpi_bpf_windows", "Windows analysed.", self.windows.clone());
+        r.register(
+            "cpi_bpf_window_analysis_seconds",
+            "Analysis time of the last window.",
+            self.analysis.clone(),
+        );
+        r.register(
+            "cpi_bpf_tracked_processes",
+            "Processes the agent tracks.",
+            self.tracked.clone(),
+        );
+        r.register(
+            "cpi_bpf_cache_bytes",
+            "Bytes held by the agent's caches.",
+            self.cache_bytes.clone(),
+        );
+        r.register(
+            "cpi_bpf_store_bytes",
+            "Bytes of the local profile store.",
+            self.store_bytes.clone(),
+        );
+        r.register(
+            "cpi_bpf_push",
+            "Push requests to Pyroscope by result.",
+            self.push.clone(),
+        );
+        r.register(
+            "cpi_bpf_push_dropped_windows",
+            "Windows never delivered to Pyroscope (queue full, retries exhausted, rejected).",
+            self.push_dropped.clone(),
+        );
+        r.register(
+            "cpi_bpf_sampling_frequency_hz",
+            "Current base sampling frequency.",
+            self.frequency.clone(),
+        );
+        r.register(
+            "cpi_bpf_bpf_run_seconds",
+            "In-kernel run time of the agent's BPF programs (BPF_ENABLE_STATS).",
+            self.bpf_run.clone(),
+        );
+        r.register(
+            "cpi_bpf_mode",
+            "Collection mode: 1 for the current one.",
+            self.mode.clone(),
+        );
+        r.register(
+            "cpi_bpf_store_failures",
+            "Windows the store could not write (full disk, permissions, descriptors).",
+            self.store_failures.clone(),
+        );
+        r.register(
+            "cpi_bpf_captured_files",
+            "Captured binaries whose descriptor the LRU closed (evicted), then reopened by \
+             their checked path (reopened) or not (reopen_failed: gone, or not the same file).",
+            self.captured.clone(),
+        );
+        r.register(
+            "cpi_bpf_binaries_parsed",
+            "Binaries parsed by table (symbols, unwind): once per file (device, inode) while \
+             cached, not per process.",
+            self.parsed.clone(),
+        );
+        r.register(
+            "cpi_bpf_binary_opens",
+            "Files of processes' mappings opened (captured, or by their checked path).",
+            self.binary_opens.clone(),
+        );
+        r.register(
+            "cpi_bpf_kubelet_requests",
+            "Requests for the kubelet's pod list by result (ok, failed: no answer, not \
+             HTTP 200, or not a pod list, refused: not believed, as from a loopback port \
+             a user other than root listens on); only on Kubernetes.",
+            self.kubelet.clone(),
+        );
     }
 
     fn add_profile(&mut self, p: &Profile) {
@@ -873,7 +858,9 @@ impl State {
         let mut by: HashMap<(&str, &str, &str), (f64, f64)> = HashMap::new();
         for proc in &p.processes {
             for f in &proc.functions {
-                if let (Some(_), Some(c), Some(i)) = (f.cpi, f.cycles, f.instructions) {
+                if let (Some(_), Some(c), Some(i)) =
+                    (f.measures.cpi, f.measures.cycles, f.measures.instructions)
+                {
                     let e = by
                         .entry((proc.comm.as_str(), f.binary.as_str(), f.name.as_str()))
                         .or_default();
@@ -990,7 +977,7 @@ impl State {
 pub(crate) mod tests {
     use super::*;
     use crate::profile::model::{
-        Estimate, EventInfo, FunctionProfile, ProcessProfile, PROFILE_FORMAT_VERSION,
+        Estimate, EventInfo, FunctionProfile, Measures, ProcessProfile, PROFILE_FORMAT_VERSION,
     };
     use std::io::{Read, Write};
     use std::time::Instant;
@@ -1004,16 +991,18 @@ pub(crate) mod tests {
             size: 64,
             samples: 100,
             share: 0.5,
-            time_ns: None,
-            cycles: Some(cycles),
-            instructions: Some(instructions),
-            cycles_rel_error: None,
-            instructions_rel_error: None,
-            cpi: Some(Estimate {
-                value: cycles / instructions,
-                rel_error: 0.1,
-                samples: 100,
-            }),
+            measures: Measures {
+                time_ns: None,
+                cycles: Some(cycles),
+                instructions: Some(instructions),
+                cycles_rel_error: None,
+                instructions_rel_error: None,
+                cpi: Some(Estimate {
+                    value: cycles / instructions,
+                    rel_error: 0.1,
+                    samples: 100,
+                }),
+            },
             timed_cpi: None,
             cpi_disagree: false,
             blocks: Vec::new(),
@@ -1064,12 +1053,14 @@ pub(crate) mod tests {
                     identity: Default::default(),
                     samples: 10,
                     branch_samples: 0,
-                    time_ns: time.then_some(w),
-                    cycles: (!time).then_some(w),
-                    instructions: (!time).then_some(w / 2.0),
-                    cycles_rel_error: None,
-                    instructions_rel_error: None,
-                    cpi: None,
+                    measures: Measures {
+                        time_ns: time.then_some(w),
+                        cycles: (!time).then_some(w),
+                        instructions: (!time).then_some(w / 2.0),
+                        cycles_rel_error: None,
+                        instructions_rel_error: None,
+                        cpi: None,
+                    },
                     functions: Vec::new(),
                     calls: Vec::new(),
                     stacks: Vec::new(),
@@ -1319,7 +1310,7 @@ pub(crate) mod tests {
             vec![function("hot", 300.0, 100.0), function("warm", 50.0, 100.0)];
         p.processes[1].functions =
             vec![function("hot", 100.0, 100.0), function("cold", 10.0, 10.0)];
-        p.processes[1].functions[1].cpi = None; // below the sample floor: not exported
+        p.processes[1].functions[1].measures.cpi = None; // below the sample floor: not exported
         s.add_profile(&p);
         assert_eq!(
             lines(&s, "cpi_bpf_function_cpi"),

@@ -419,7 +419,7 @@ pub fn read_range(dir: &Path, q: &RangeQuery) -> Result<RangeProfile, StoreError
 mod tests {
     use super::*;
     use crate::profile::model::{
-        EventInfo, EventUnit, LossReport, Mode, ProcessProfile, PROFILE_FORMAT_VERSION,
+        EventInfo, EventUnit, LossReport, Measures, Mode, ProcessProfile, PROFILE_FORMAT_VERSION,
     };
 
     fn profile(comm: &str, samples: u64) -> Profile {
@@ -451,12 +451,14 @@ mod tests {
                 identity: Default::default(),
                 samples,
                 branch_samples: 0,
-                time_ns: Some(samples as f64 * 1e6),
-                cycles: None,
-                instructions: None,
-                cycles_rel_error: None,
-                instructions_rel_error: None,
-                cpi: None,
+                measures: Measures {
+                    time_ns: Some(samples as f64 * 1e6),
+                    cycles: None,
+                    instructions: None,
+                    cycles_rel_error: None,
+                    instructions_rel_error: None,
+                    cpi: None,
+                },
                 functions: vec![],
                 calls: vec![],
                 stacks: vec![],

@@ -304,123 +304,30 @@ impl Tables {
     /// Parses `data`; the symbol table comes from `debug` (a separate debug file's bytes)
     /// when `data` has none.
     fn parse(path: &Path, data: &[u8], debug: Option<&[u8]>) -> Result<Tables, BinaryError> {
-        let p = || path.to_path_buf();
-        if !data.starts_with(b"\x7fELF") {
-            return Err(BinaryError::NotElf {
-                path: p(),
-                reason: "no ELF magic".into(),
-            });
-        }
-        let file = object::File::parse(data).map_err(|e| BinaryError::NotElf {
-            path: p(),
-            reason: e.to_string(),
-        })?;
-        if file.architecture() != object::Architecture::X86_64 {
-            return Err(BinaryError::UnsupportedArch {
-                path: p(),
-                arch: format!("{:?}", file.architecture()),
-            });
-        }
-        let malformed = |what: String| BinaryError::Malformed { path: p(), what };
+        let file = open_x86_64(path, data)?;
+        let malformed = |what: String| BinaryError::Malformed {
+            path: path.to_path_buf(),
+            what,
+        };
         let build_id = file
             .build_id()
             .map_err(|e| malformed(format!("build-id note: {e}")))?
             .map(|b| b.iter().map(|x| format!("{x:02x}")).collect());
-
-        let mut segments = Vec::new();
-        let mut code = Vec::new();
-        for seg in file.segments() {
-            let (offset, filesz) = seg.file_range();
-            let executable =
-                matches!(seg.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & PF_X != 0);
-            if executable {
-                // Checks the range lies in the file.
-                let bytes = seg
-                    .data()
-                    .map_err(|e| malformed(format!("segment at {:#x}: {e}", seg.address())))?;
-                code.push(CodeRange {
-                    vaddr: seg.address(),
-                    offset: offset_in(data, bytes).unwrap_or(0),
-                    len: bytes.len(),
-                });
-            }
-            segments.push(LoadSegment {
-                vaddr: seg.address(),
-                memsz: seg.size(),
-                offset,
-                filesz,
-                executable,
-            });
-        }
-
+        let (segments, code) = load_segments(&file, data, &malformed)?;
         let in_code = |a: u64| {
             code.iter()
                 .any(|c| (c.vaddr..c.vaddr + c.len as u64).contains(&a))
         };
         let debug_file = debug.and_then(|d| object::File::parse(d).ok());
-        let symtab = symtab_of(&file, debug_file.as_ref());
-        let symtab_funcs = match &symtab {
-            Some(t) => collect_symbols(t.symbols()),
-            None => Vec::new(),
-        };
-        let dyn_funcs = collect_symbols(file.dynamic_symbols());
-        let (bounds, mut funcs) = if !symtab_funcs.is_empty() {
-            let mut f = symtab_funcs;
-            f.extend(dyn_funcs);
-            (BoundsSource::SymbolTable, f)
-        } else {
-            let dyn_names: HashMap<u64, Cow<str>> = dyn_funcs
-                .iter()
-                .filter_map(|f| Some((f.start, f.name.clone()?)))
-                .collect();
-            let mut f = Vec::new();
-            if let Some(sec) = file.section_by_name(".eh_frame") {
-                let d = sec
-                    .data()
-                    .map_err(|e| malformed(format!(".eh_frame: {e}")))?;
-                // A broken .eh_frame leaves .dynsym bounds only; say so, don't fail.
-                match ehframe::fde_ranges(d, sec.address()) {
-                    Ok(r) => f.extend(r.into_iter().map(|(start, size)| Cand {
-                        name: dyn_names.get(&start).cloned(),
-                        start,
-                        size,
-                    })),
-                    Err(e) => log::warn!("{}: {e}; using .dynsym bounds only", path.display()),
-                }
-            }
-            f.extend(dyn_funcs);
-            (BoundsSource::EhFrame, f)
-        };
+        let (bounds, mut funcs) =
+            function_candidates(path, &file, debug_file.as_ref(), &malformed)?;
         // PLT stubs first: they win over the linker's FDE at the same start.
         let mut plt = plt_stubs(&file, &funcs);
         plt.append(&mut funcs);
         let mut funcs = plt;
         funcs.retain(|f| f.size > 0 && in_code(f.start));
         let funcs = normalise(funcs);
-
-        let mut owned_names: Vec<Box<str>> = Vec::new();
-        let mut functions = Vec::with_capacity(funcs.len());
-        for f in &funcs {
-            let name = match &f.name {
-                None => NAME_SYNTH,
-                Some(n) => {
-                    let at = offset_in(data, n.as_bytes())
-                        .or_else(|| Some(data.len() + offset_in(debug?, n.as_bytes())?));
-                    match at.and_then(|o| u32::try_from(o).ok()) {
-                        Some(off) if off < NAME_OWNED && n.len() <= MAX_MAPPED_NAME => off,
-                        _ => {
-                            owned_names.push(copied_utf8(n.as_bytes()).into());
-                            NAME_OWNED | (owned_names.len() - 1) as u32
-                        }
-                    }
-                }
-            };
-            functions.push(FnEntry {
-                start: f.start,
-                size: u32::try_from(f.size).unwrap_or(u32::MAX),
-                name,
-            });
-        }
+        let (functions, owned_names) = function_entries(&funcs, data, debug);
         Ok(Tables {
             build_id,
             dynamic: file.kind() == object::ObjectKind::Dynamic,
@@ -431,6 +338,137 @@ impl Tables {
             code,
         })
     }
+}
+
+/// `data` parsed as an x86-64 ELF file, or why it is not one.
+fn open_x86_64<'d>(path: &Path, data: &'d [u8]) -> Result<object::File<'d>, BinaryError> {
+    let p = || path.to_path_buf();
+    if !data.starts_with(b"\x7fELF") {
+        return Err(BinaryError::NotElf {
+            path: p(),
+            reason: "no ELF magic".into(),
+        });
+    }
+    let file = object::File::parse(data).map_err(|e| BinaryError::NotElf {
+        path: p(),
+        reason: e.to_string(),
+    })?;
+    if file.architecture() != object::Architecture::X86_64 {
+        return Err(BinaryError::UnsupportedArch {
+            path: p(),
+            arch: format!("{:?}", file.architecture()),
+        });
+    }
+    Ok(file)
+}
+
+/// The loadable segments, and where in `data` the executable ones lie.
+fn load_segments(
+    file: &object::File<'_>,
+    data: &[u8],
+    malformed: &dyn Fn(String) -> BinaryError,
+) -> Result<(Vec<LoadSegment>, Vec<CodeRange>), BinaryError> {
+    let mut segments = Vec::new();
+    let mut code = Vec::new();
+    for seg in file.segments() {
+        let (offset, filesz) = seg.file_range();
+        let executable =
+            matches!(seg.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & PF_X != 0);
+        if executable {
+            // Checks the range lies in the file.
+            let bytes = seg
+                .data()
+                .map_err(|e| malformed(format!("segment at {:#x}: {e}", seg.address())))?;
+            code.push(CodeRange {
+                vaddr: seg.address(),
+                offset: offset_in(data, bytes).unwrap_or(0),
+                len: bytes.len(),
+            });
+        }
+        segments.push(LoadSegment {
+            vaddr: seg.address(),
+            memsz: seg.size(),
+            offset,
+            filesz,
+            executable,
+        });
+    }
+    Ok((segments, code))
+}
+
+/// The functions' bounds and names: from the symbol table (the file's or `debug_file`'s)
+/// with `.dynsym`, or, stripped, from `.eh_frame`'s FDEs named by `.dynsym`.
+fn function_candidates<'d>(
+    path: &Path,
+    file: &object::File<'d>,
+    debug_file: Option<&object::File<'d>>,
+    malformed: &dyn Fn(String) -> BinaryError,
+) -> Result<(BoundsSource, Vec<Cand<'d>>), BinaryError> {
+    let symtab = symtab_of(file, debug_file);
+    let symtab_funcs = match &symtab {
+        Some(t) => collect_symbols(t.symbols()),
+        None => Vec::new(),
+    };
+    let dyn_funcs = collect_symbols(file.dynamic_symbols());
+    if !symtab_funcs.is_empty() {
+        let mut f = symtab_funcs;
+        f.extend(dyn_funcs);
+        return Ok((BoundsSource::SymbolTable, f));
+    }
+    let dyn_names: HashMap<u64, Cow<str>> = dyn_funcs
+        .iter()
+        .filter_map(|f| Some((f.start, f.name.clone()?)))
+        .collect();
+    let mut f = Vec::new();
+    if let Some(sec) = file.section_by_name(".eh_frame") {
+        let d = sec
+            .data()
+            .map_err(|e| malformed(format!(".eh_frame: {e}")))?;
+        // A broken .eh_frame leaves .dynsym bounds only; say so, don't fail.
+        match ehframe::fde_ranges(d, sec.address()) {
+            Ok(r) => f.extend(r.into_iter().map(|(start, size)| Cand {
+                name: dyn_names.get(&start).cloned(),
+                start,
+                size,
+            })),
+            Err(e) => log::warn!("{}: {e}; using .dynsym bounds only", path.display()),
+        }
+    }
+    f.extend(dyn_funcs);
+    Ok((BoundsSource::EhFrame, f))
+}
+
+/// The function table: each name an offset into the mapped file (or past it, into
+/// `debug`), or copied into the owned names when it lies in neither or is too long.
+fn function_entries(
+    funcs: &[Cand<'_>],
+    data: &[u8],
+    debug: Option<&[u8]>,
+) -> (Vec<FnEntry>, Vec<Box<str>>) {
+    let mut owned_names: Vec<Box<str>> = Vec::new();
+    let mut functions = Vec::with_capacity(funcs.len());
+    for f in funcs {
+        let name = match &f.name {
+            None => NAME_SYNTH,
+            Some(n) => {
+                let at = offset_in(data, n.as_bytes())
+                    .or_else(|| Some(data.len() + offset_in(debug?, n.as_bytes())?));
+                match at.and_then(|o| u32::try_from(o).ok()) {
+                    Some(off) if off < NAME_OWNED && n.len() <= MAX_MAPPED_NAME => off,
+                    _ => {
+                        owned_names.push(copied_utf8(n.as_bytes()).into());
+                        NAME_OWNED | (owned_names.len() - 1) as u32
+                    }
+                }
+            }
+        };
+        functions.push(FnEntry {
+            start: f.start,
+            size: u32::try_from(f.size).unwrap_or(u32::MAX),
+            name,
+        });
+    }
+    (functions, owned_names)
 }
 
 /// `bytes` of the mapping as a `String`, copied first and checked after: its owner can

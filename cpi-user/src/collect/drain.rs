@@ -725,8 +725,9 @@ impl Drain {
     }
 }
 
-/// What the kernel's side-band records said of a process.
-#[derive(Debug, Default)]
+/// What the kernel's side-band records said of a process (a forked child's is its
+/// parent's: the same code mapped, under the same exec).
+#[derive(Clone, Debug, Default)]
 struct Recorded {
     comm: String,
     /// Its executable mappings.
@@ -887,7 +888,7 @@ mod tests {
         };
         d.observe(Sideband::Mapping { pid: 5, mapping: m });
         d.observe(Sideband::Fork { pid: 6, ppid: 5 });
-        assert_eq!(d.recorded[&6], d.recorded[&5]);
+        assert_eq!(d.recorded[&6].maps, d.recorded[&5].maps);
     }
 
     /// `rec` followed by a stack section with `kernel` frames and `stack` bytes.

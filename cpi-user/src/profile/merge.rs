@@ -35,7 +35,7 @@ use super::error;
 use super::model::add_count;
 use super::model::{
     BlockProfile, CallEdge, EdgeProfile, Estimate, EventInfo, FunctionProfile, InstructionProfile,
-    LossReport, Mode, ProcessProfile, Profile, StackFrame, StackProfile,
+    LossReport, Measures, Mode, ProcessProfile, Profile, StackFrame, StackProfile,
 };
 use super::paths::{self, PathKey, PathTotals};
 use crate::procmap::ProcessIdentity;
@@ -175,10 +175,10 @@ impl Spread {
     }
 }
 
-struct ProcAcc {
-    base: ProcessProfile,
+/// Sums over windows of a unit's IP samples and [`Measures`].
+#[derive(Default)]
+struct MeasuresAcc {
     samples: u64,
-    branch_samples: u64,
     time_ns: Sum,
     cycles: Sum,
     instructions: Sum,
@@ -186,6 +186,38 @@ struct ProcAcc {
     cpi_spread: Spread,
     cycles_spread: Spread,
     instructions_spread: Spread,
+}
+
+impl MeasuresAcc {
+    fn add(&mut self, samples: u64, m: &Measures, overflow: &mut bool) {
+        add_count(&mut self.samples, samples, overflow);
+        self.time_ns.add(m.time_ns);
+        self.cycles.add(m.cycles);
+        self.instructions.add(m.instructions);
+        add_count(&mut self.cpi_samples, cpi_samples(m.cpi.as_ref()), overflow);
+        self.cpi_spread.add_cpi(m.cpi.as_ref(), m.cycles);
+        self.cycles_spread.add(m.cycles_rel_error, m.cycles);
+        self.instructions_spread
+            .add(m.instructions_rel_error, m.instructions);
+    }
+
+    /// The summed measures, with `cpi` (made by the owner from what it kept).
+    fn sums(&self, cpi: Option<Estimate>) -> Measures {
+        Measures {
+            time_ns: self.time_ns.value,
+            cycles: self.cycles.value,
+            instructions: self.instructions.value,
+            cycles_rel_error: self.cycles_spread.rel_if_any(),
+            instructions_rel_error: self.instructions_spread.rel_if_any(),
+            cpi,
+        }
+    }
+}
+
+struct ProcAcc {
+    base: ProcessProfile,
+    m: MeasuresAcc,
+    branch_samples: u64,
     functions: BTreeMap<(String, u64, String), FuncAcc>,
     /// (caller, its binary, callee, its binary) → (Σ count, Σ samples).
     calls: BTreeMap<(String, String, String, String), (f64, u64)>,
@@ -196,14 +228,7 @@ struct ProcAcc {
 
 struct FuncAcc {
     base: FunctionProfile,
-    samples: u64,
-    time_ns: Sum,
-    cycles: Sum,
-    instructions: Sum,
-    cpi_samples: u64,
-    cpi_spread: Spread,
-    cycles_spread: Spread,
-    instructions_spread: Spread,
+    m: MeasuresAcc,
     timed: Weighted,
     lines: BTreeMap<u64, LineAcc>,
     /// Every window's blocks: (start, end) → (Σ CPI samples, CPI spread, timed CPI).
@@ -299,15 +324,8 @@ impl Merger {
                     stacks: Vec::new(),
                     ..p.clone()
                 },
-                samples: 0,
+                m: MeasuresAcc::default(),
                 branch_samples: 0,
-                time_ns: Sum::default(),
-                cycles: Sum::default(),
-                instructions: Sum::default(),
-                cpi_samples: 0,
-                cpi_spread: Spread::default(),
-                cycles_spread: Spread::default(),
-                instructions_spread: Spread::default(),
                 functions: BTreeMap::new(),
                 calls: BTreeMap::new(),
                 stacks: BTreeMap::new(),
@@ -337,24 +355,12 @@ impl Merger {
             e.0 += c.count;
             add_count(&mut e.1, c.samples, &mut self.overflow);
         }
-        add_count(&mut acc.samples, p.samples, &mut self.overflow);
+        acc.m.add(p.samples, &p.measures, &mut self.overflow);
         add_count(
             &mut acc.branch_samples,
             p.branch_samples,
             &mut self.overflow,
         );
-        acc.time_ns.add(p.time_ns);
-        acc.cycles.add(p.cycles);
-        acc.instructions.add(p.instructions);
-        add_count(
-            &mut acc.cpi_samples,
-            cpi_samples(p.cpi.as_ref()),
-            &mut self.overflow,
-        );
-        acc.cpi_spread.add_cpi(p.cpi.as_ref(), p.cycles);
-        acc.cycles_spread.add(p.cycles_rel_error, p.cycles);
-        acc.instructions_spread
-            .add(p.instructions_rel_error, p.instructions);
         for f in &p.functions {
             let fa = acc
                 .functions
@@ -366,14 +372,7 @@ impl Merger {
                         lines: Vec::new(),
                         ..f.clone()
                     },
-                    samples: 0,
-                    time_ns: Sum::default(),
-                    cycles: Sum::default(),
-                    instructions: Sum::default(),
-                    cpi_samples: 0,
-                    cpi_spread: Spread::default(),
-                    cycles_spread: Spread::default(),
-                    instructions_spread: Spread::default(),
+                    m: MeasuresAcc::default(),
                     timed: Weighted::default(),
                     lines: BTreeMap::new(),
                     blocks: BTreeMap::new(),
@@ -410,15 +409,7 @@ impl Merger {
 
 impl FuncAcc {
     fn add(&mut self, f: &FunctionProfile, overflow: &mut bool) {
-        add_count(&mut self.samples, f.samples, overflow);
-        self.time_ns.add(f.time_ns);
-        self.cycles.add(f.cycles);
-        self.instructions.add(f.instructions);
-        add_count(&mut self.cpi_samples, cpi_samples(f.cpi.as_ref()), overflow);
-        self.cpi_spread.add_cpi(f.cpi.as_ref(), f.cycles);
-        self.cycles_spread.add(f.cycles_rel_error, f.cycles);
-        self.instructions_spread
-            .add(f.instructions_rel_error, f.instructions);
+        self.m.add(f.samples, &f.measures, overflow);
         self.timed.add(f.timed_cpi.as_ref(), overflow);
         for l in &f.lines {
             let la = self.lines.entry(l.address).or_insert_with(|| LineAcc {
@@ -480,18 +471,23 @@ impl FuncAcc {
         let (cpi_cycles, cpi_instr) = if instr_on_lines > 0.0 {
             (cycles_on_lines, instr_on_lines)
         } else {
-            (self.cycles.value, self.instructions.value.unwrap_or(0.0))
+            (
+                self.m.cycles.value,
+                self.m.instructions.value.unwrap_or(0.0),
+            )
         };
+        let cpi = cpi_cycles.and_then(|c| {
+            estimate(
+                c,
+                cpi_instr,
+                self.m.cpi_spread.rel(),
+                self.m.cpi_samples,
+                floor,
+            )
+        });
         let mut merged = FunctionProfile {
-            samples: self.samples,
-            time_ns: self.time_ns.value,
-            cycles: self.cycles.value,
-            instructions: self.instructions.value,
-            cycles_rel_error: self.cycles_spread.rel_if_any(),
-            instructions_rel_error: self.instructions_spread.rel_if_any(),
-            cpi: cpi_cycles.and_then(|c| {
-                estimate(c, cpi_instr, self.cpi_spread.rel(), self.cpi_samples, floor)
-            }),
+            samples: self.m.samples,
+            measures: self.m.sums(cpi),
             timed_cpi: self.timed.estimate(floor),
             cpi_disagree: false,
             blocks,
@@ -585,10 +581,10 @@ impl ProcAcc {
             Mode::TimeProfile => time.unwrap_or(0.0),
             _ => cycles.unwrap_or(0.0),
         };
-        let total = weight(self.cycles.value, self.time_ns.value);
+        let total = weight(self.m.cycles.value, self.m.time_ns.value);
         for f in &mut functions {
             f.share = if total > 0.0 {
-                weight(f.cycles, f.time_ns) / total
+                weight(f.measures.cycles, f.measures.time_ns) / total
             } else {
                 0.0
             };
@@ -596,12 +592,12 @@ impl ProcAcc {
         functions.sort_by(hottest_first);
         let cpi = match mode {
             Mode::TimeProfile => None,
-            Mode::IpSampling => self.cycles.value.and_then(|c| {
+            Mode::IpSampling => self.m.cycles.value.and_then(|c| {
                 estimate(
                     c,
-                    self.instructions.value.unwrap_or(0.0),
-                    self.cpi_spread.rel(),
-                    self.cpi_samples,
+                    self.m.instructions.value.unwrap_or(0.0),
+                    self.m.cpi_spread.rel(),
+                    self.m.cpi_samples,
                     floor,
                 )
             }),
@@ -609,20 +605,17 @@ impl ProcAcc {
             Mode::Cpi | Mode::Simulated | Mode::Instructions => {
                 let (c, n) = functions
                     .iter()
-                    .filter_map(|f| Some((f.cycles.unwrap_or(0.0), f.instructions?)))
+                    .filter_map(|f| {
+                        Some((f.measures.cycles.unwrap_or(0.0), f.measures.instructions?))
+                    })
                     .fold((0.0, 0.0), |(c, n), (fc, fi)| (c + fc, n + fi));
-                estimate(c, n, self.cpi_spread.rel(), self.cpi_samples, floor)
+                estimate(c, n, self.m.cpi_spread.rel(), self.m.cpi_samples, floor)
             }
         };
         ProcessProfile {
-            samples: self.samples,
+            samples: self.m.samples,
             branch_samples: self.branch_samples,
-            time_ns: self.time_ns.value,
-            cycles: self.cycles.value,
-            instructions: self.instructions.value,
-            cycles_rel_error: self.cycles_spread.rel_if_any(),
-            instructions_rel_error: self.instructions_spread.rel_if_any(),
-            cpi,
+            measures: self.m.sums(cpi),
             functions,
             calls: {
                 let mut calls: Vec<CallEdge> = self
@@ -741,12 +734,14 @@ mod tests {
             size: 8,
             samples: 40,
             share: 0.8,
-            time_ns: None,
-            cycles: Some(800.0 * scale),
-            instructions: Some(200.0 * scale),
-            cycles_rel_error: Some(0.1),
-            instructions_rel_error: None,
-            cpi: est(4.0, 40),
+            measures: Measures {
+                time_ns: None,
+                cycles: Some(800.0 * scale),
+                instructions: Some(200.0 * scale),
+                cycles_rel_error: Some(0.1),
+                instructions_rel_error: None,
+                cpi: est(4.0, 40),
+            },
             timed_cpi: None,
             cpi_disagree: false,
             bolt_name: None,
@@ -768,9 +763,12 @@ mod tests {
             address: 0x40,
             samples: 10,
             share: 0.2,
-            cycles: Some(200.0 * scale),
-            instructions: None,
-            cpi: None,
+            measures: Measures {
+                cycles: Some(200.0 * scale),
+                instructions: None,
+                cpi: None,
+                ..f.measures
+            },
             blocks: vec![],
             edges: vec![],
             lines: vec![],
@@ -812,12 +810,14 @@ mod tests {
                 identity: Default::default(),
                 samples: 50,
                 branch_samples: 20,
-                time_ns: None,
-                cycles: Some(1000.0 * scale),
-                instructions: Some(200.0 * scale),
-                cycles_rel_error: None,
-                instructions_rel_error: None,
-                cpi: est(4.0, 40),
+                measures: Measures {
+                    time_ns: None,
+                    cycles: Some(1000.0 * scale),
+                    instructions: Some(200.0 * scale),
+                    cycles_rel_error: None,
+                    instructions_rel_error: None,
+                    cpi: est(4.0, 40),
+                },
                 functions: vec![f, cold],
                 calls: vec![],
                 stacks: vec![],
@@ -863,30 +863,30 @@ mod tests {
         assert_eq!(m.binaries.len(), 1);
         let p = &m.processes[0];
         assert_eq!((p.samples, p.branch_samples), (100, 40));
-        assert_eq!(p.cycles, Some(4000.0));
+        assert_eq!(p.measures.cycles, Some(4000.0));
         let f = &p.functions[0];
         assert_eq!(f.name, "hot", "hottest first");
         assert_eq!(
-            (f.samples, f.cycles, f.instructions),
+            (f.samples, f.measures.cycles, f.measures.instructions),
             (80, Some(3200.0), Some(800.0))
         );
-        let cpi = f.cpi.unwrap();
+        let cpi = f.measures.cpi.unwrap();
         assert_eq!((cpi.value, cpi.samples), (4.0, 80));
         // Independent windows: absolute variances add, each window's CPI error weighed
         // by its cycles (800 and 2400 of 3200), likewise the cycles' own error.
         let merged = |rel: f64| rel * 800f64.hypot(2400.0) / 3200.0;
         assert!((cpi.rel_error - merged(1.0 / 40f64.sqrt())).abs() < 1e-12);
-        assert!((f.cycles_rel_error.unwrap() - merged(0.1)).abs() < 1e-12);
+        assert!((f.measures.cycles_rel_error.unwrap() - merged(0.1)).abs() < 1e-12);
         assert_eq!(
-            f.instructions_rel_error, None,
+            f.measures.instructions_rel_error, None,
             "no window had one (older files)"
         );
         assert!((f.share - 3200.0 / 4000.0).abs() < 1e-12);
         assert_eq!(p.functions[1].name, "cold");
         assert!((p.functions[1].share - 0.2).abs() < 1e-12);
         // Process CPI over the functions with instructions, samples summed.
-        assert_eq!(p.cpi.unwrap().value, 4.0);
-        assert_eq!(p.cpi.unwrap().samples, 80);
+        assert_eq!(p.measures.cpi.unwrap().value, 4.0);
+        assert_eq!(p.measures.cpi.unwrap().samples, 80);
         let l = &f.lines[1];
         assert_eq!((l.count, l.samples, l.cycles), (400.0, 60, Some(2000.0)));
         assert_eq!(l.cpi.unwrap().value, 5.0);
@@ -916,7 +916,7 @@ mod tests {
         m.add(&window(1.0, false)).unwrap();
         let p = m.finish().unwrap();
         assert!(
-            p.processes[0].functions[0].cpi.is_none(),
+            p.processes[0].functions[0].measures.cpi.is_none(),
             "40 samples < 100"
         );
         let mut tp = window(1.0, false);

@@ -168,9 +168,9 @@ impl Profile {
     /// cycles; timed CPI (from the branch entries themselves) stays.
     pub fn without_cpi(&mut self) {
         for proc in &mut self.processes {
-            proc.cpi = None;
+            proc.measures.cpi = None;
             for f in &mut proc.functions {
-                f.cpi = None;
+                f.measures.cpi = None;
                 f.blocks.iter_mut().for_each(|b| b.cpi = None);
                 f.lines.iter_mut().for_each(|l| l.cpi = None);
             }
@@ -393,11 +393,15 @@ impl LossReport {
 }
 
 impl LossReport {
-    /// Adds another account (windows merged into one profile,
-    /// cpi-user/src/profile/merge.rs); a count that would pass `u64::MAX` stays there and
-    /// sets `overflow`.
-    pub fn add_checked(&mut self, o: &LossReport, overflow: &mut bool) {
-        // Destructured: a new counter cannot be left out of the sum.
+    /// The one list of the counts: each by its name in the profile file, in the file's
+    /// order (the agent's `cpi_bpf_samples_lost` reasons, the merge's sums).
+    pub fn counts(&self) -> [(&'static str, u64); 15] {
+        let mut copy = self.clone();
+        copy.counts_mut().map(|(name, n)| (name, *n))
+    }
+
+    fn counts_mut(&mut self) -> [(&'static str, &mut u64); 15] {
+        // Destructured: a new counter cannot be left out of the list.
         let LossReport {
             ring_full,
             branch_errors,
@@ -414,25 +418,35 @@ impl LossReport {
             stacks_evicted,
             filtered_in_kernel,
             throttled,
-        } = o;
-        for (a, b) in [
-            (&mut self.ring_full, ring_full),
-            (&mut self.branch_errors, branch_errors),
-            (&mut self.malformed, malformed),
-            (&mut self.thinned, thinned),
-            (&mut self.short_samples, short_samples),
-            (&mut self.invalid_ranges, invalid_ranges),
-            (&mut self.unmapped_samples, unmapped_samples),
-            (&mut self.sideband_lost, sideband_lost),
-            (&mut self.stacks_truncated, stacks_truncated),
-            (&mut self.stacks_unknown_code, stacks_unknown_code),
-            (&mut self.stacks_failed, stacks_failed),
-            (&mut self.stacks_too_costly, stacks_too_costly),
-            (&mut self.stacks_evicted, stacks_evicted),
-            (&mut self.filtered_in_kernel, filtered_in_kernel),
-            (&mut self.throttled, throttled),
-        ] {
-            add_count(a, *b, overflow);
+        } = self;
+        [
+            ("ring_full", ring_full),
+            ("branch_errors", branch_errors),
+            ("malformed", malformed),
+            ("thinned", thinned),
+            ("short_samples", short_samples),
+            ("invalid_ranges", invalid_ranges),
+            ("unmapped_samples", unmapped_samples),
+            ("sideband_lost", sideband_lost),
+            ("stacks_truncated", stacks_truncated),
+            ("stacks_unknown_code", stacks_unknown_code),
+            ("stacks_failed", stacks_failed),
+            ("stacks_too_costly", stacks_too_costly),
+            ("stacks_evicted", stacks_evicted),
+            (Self::FILTERED, filtered_in_kernel),
+            ("throttled", throttled),
+        ]
+    }
+
+    /// The count of what a kernel filter dropped: not wanted, so not lost.
+    pub const FILTERED: &'static str = "filtered_in_kernel";
+
+    /// Adds another account (windows merged into one profile,
+    /// cpi-user/src/profile/merge.rs); a count that would pass `u64::MAX` stays there and
+    /// sets `overflow`.
+    pub fn add_checked(&mut self, o: &LossReport, overflow: &mut bool) {
+        for ((_, a), (_, b)) in self.counts_mut().into_iter().zip(o.counts()) {
+            add_count(a, b, overflow);
         }
     }
 }
@@ -493,6 +507,31 @@ impl Estimate {
     }
 }
 
+/// What a process or a function measured: time or cycles, instructions, their
+/// standard errors and the CPI they make. Written flattened (`#[serde(flatten)]`), so
+/// the file holds these keys beside its owner's own, in this order.
+///
+/// A call path ([`StackProfile`]) has the same quantities but writes `cpi` before the
+/// errors: flattened, these would reorder its keys in the file.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
+pub struct Measures {
+    /// cpu-clock time, ns (time profile).
+    pub time_ns: Option<f64>,
+    /// Cycles attributed.
+    pub cycles: Option<f64>,
+    /// Instructions executed.
+    pub instructions: Option<f64>,
+    /// One standard error of `cycles`, relative to it (cpi-user/src/profile/error.rs).
+    /// Absent from files before the error model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycles_rel_error: Option<f64>,
+    /// One standard error of `instructions`, relative to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instructions_rel_error: Option<f64>,
+    /// Cycles per instruction.
+    pub cpi: Option<Estimate>,
+}
+
 /// One process.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct ProcessProfile {
@@ -509,21 +548,9 @@ pub struct ProcessProfile {
     /// Branch samples attributed to the process.
     #[serde(default)]
     pub branch_samples: u64,
-    /// cpu-clock time, ns (time profile).
-    pub time_ns: Option<f64>,
-    /// Cycles attributed to the process.
-    pub cycles: Option<f64>,
-    /// Instructions attributed to the process.
-    pub instructions: Option<f64>,
-    /// One standard error of `cycles`, relative to it (cpi-user/src/profile/error.rs).
-    /// Absent from files before the error model.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cycles_rel_error: Option<f64>,
-    /// One standard error of `instructions`, relative to it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instructions_rel_error: Option<f64>,
-    /// Cycles per instruction of the whole process.
-    pub cpi: Option<Estimate>,
+    /// Time or cycles, instructions, their errors and the process's CPI.
+    #[serde(flatten)]
+    pub measures: Measures,
     /// Sorted by cycles (or samples), hottest first.
     pub functions: Vec<FunctionProfile>,
     /// Calls-only call graph: caller → callee counts from the branch
@@ -669,21 +696,10 @@ pub struct FunctionProfile {
     pub samples: u64,
     /// Fraction of the process's cycles (or samples, in a time profile).
     pub share: f64,
-    /// cpu-clock time, ns (time profile).
-    pub time_ns: Option<f64>,
-    /// Cycles attributed to the function.
-    pub cycles: Option<f64>,
-    /// Instructions executed in the function.
-    pub instructions: Option<f64>,
-    /// One standard error of `cycles`, relative to it (cpi-user/src/profile/error.rs).
-    /// Absent from files before the error model.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cycles_rel_error: Option<f64>,
-    /// One standard error of `instructions`, relative to it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instructions_rel_error: Option<f64>,
-    /// Cycles per instruction; `None` below the sample floor.
-    pub cpi: Option<Estimate>,
+    /// Time or cycles, instructions, their errors and the function's CPI (`None` below
+    /// the sample floor).
+    #[serde(flatten)]
+    pub measures: Measures,
     /// CPI from timed branch records (LBR `cycles` field), when the hardware has them.
     pub timed_cpi: Option<Estimate>,
     /// `cpi` and `timed_cpi` differ by more than [`Estimate::DISAGREE`] combined
@@ -725,7 +741,7 @@ impl FunctionProfile {
 
     /// Sets `cpi_disagree` on the function and its blocks from their two CPI estimates.
     pub fn flag_disagreement(&mut self) {
-        self.cpi_disagree = Estimate::disagree(self.cpi.as_ref(), self.timed_cpi.as_ref());
+        self.cpi_disagree = Estimate::disagree(self.measures.cpi.as_ref(), self.timed_cpi.as_ref());
         for b in &mut self.blocks {
             b.cpi_disagree = Estimate::disagree(b.cpi.as_ref(), b.timed_cpi.as_ref());
         }

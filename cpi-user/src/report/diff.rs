@@ -327,12 +327,12 @@ impl From<&ProcessProfile> for UnitFields {
     fn from(p: &ProcessProfile) -> Self {
         UnitFields {
             samples: p.samples,
-            time_ns: p.time_ns,
-            cycles: p.cycles,
-            instructions: p.instructions,
-            cycles_rel_error: p.cycles_rel_error,
-            instructions_rel_error: p.instructions_rel_error,
-            has_cpi: p.cpi.is_some(),
+            time_ns: p.measures.time_ns,
+            cycles: p.measures.cycles,
+            instructions: p.measures.instructions,
+            cycles_rel_error: p.measures.cycles_rel_error,
+            instructions_rel_error: p.measures.instructions_rel_error,
+            has_cpi: p.measures.cpi.is_some(),
         }
     }
 }
@@ -355,12 +355,12 @@ impl From<&FunctionProfile> for UnitFields {
     fn from(f: &FunctionProfile) -> Self {
         UnitFields {
             samples: f.samples,
-            time_ns: f.time_ns,
-            cycles: f.cycles,
-            instructions: f.instructions,
-            cycles_rel_error: f.cycles_rel_error,
-            instructions_rel_error: f.instructions_rel_error,
-            has_cpi: f.cpi.is_some(),
+            time_ns: f.measures.time_ns,
+            cycles: f.measures.cycles,
+            instructions: f.measures.instructions,
+            cycles_rel_error: f.measures.cycles_rel_error,
+            instructions_rel_error: f.measures.instructions_rel_error,
+            has_cpi: f.measures.cpi.is_some(),
         }
     }
 }
@@ -769,7 +769,7 @@ fn row(u: &UnitDiff) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::model::{LossReport, PROFILE_FORMAT_VERSION};
+    use crate::profile::model::{LossReport, Measures, PROFILE_FORMAT_VERSION};
     use cpi_common::policy::Perturbation;
 
     /// A function of `cycles` and `instructions` with the given relative errors.
@@ -782,16 +782,18 @@ mod tests {
             size: 0x40,
             samples: 1_000,
             share: 0.0,
-            time_ns: None,
-            cycles: Some(cycles),
-            instructions: Some(instructions),
-            cycles_rel_error: Some(rel),
-            instructions_rel_error: Some(rel),
-            cpi: Some(crate::profile::model::Estimate {
-                value: cycles / instructions,
-                rel_error: rel * std::f64::consts::SQRT_2,
-                samples: 1_000,
-            }),
+            measures: Measures {
+                time_ns: None,
+                cycles: Some(cycles),
+                instructions: Some(instructions),
+                cycles_rel_error: Some(rel),
+                instructions_rel_error: Some(rel),
+                cpi: Some(crate::profile::model::Estimate {
+                    value: cycles / instructions,
+                    rel_error: rel * std::f64::consts::SQRT_2,
+                    samples: 1_000,
+                }),
+            },
             timed_cpi: None,
             cpi_disagree: false,
             bolt_name: None,
@@ -813,12 +815,16 @@ mod tests {
             identity: Default::default(),
             samples: functions.iter().map(|f| f.samples).sum(),
             branch_samples: 0,
-            time_ns: sum(|f| f.time_ns),
-            cycles: sum(|f| f.cycles),
-            instructions: sum(|f| f.instructions),
-            cycles_rel_error: functions.first().and_then(|f| f.cycles_rel_error),
-            instructions_rel_error: functions.first().and_then(|f| f.instructions_rel_error),
-            cpi: functions.first().and_then(|f| f.cpi),
+            measures: Measures {
+                time_ns: sum(|f| f.measures.time_ns),
+                cycles: sum(|f| f.measures.cycles),
+                instructions: sum(|f| f.measures.instructions),
+                cycles_rel_error: functions.first().and_then(|f| f.measures.cycles_rel_error),
+                instructions_rel_error: functions
+                    .first()
+                    .and_then(|f| f.measures.instructions_rel_error),
+                cpi: functions.first().and_then(|f| f.measures.cpi),
+            },
             functions,
             calls: vec![],
             stacks: vec![],
@@ -954,12 +960,14 @@ mod tests {
     fn time_profiles_use_the_poisson_error_of_their_samples() {
         let timed = |name: &str, n: u64| FunctionProfile {
             samples: n,
-            time_ns: Some(n as f64 * 1e6),
-            cycles: None,
-            instructions: None,
-            cycles_rel_error: None,
-            instructions_rel_error: None,
-            cpi: None,
+            measures: Measures {
+                time_ns: Some(n as f64 * 1e6),
+                cycles: None,
+                instructions: None,
+                cycles_rel_error: None,
+                instructions_rel_error: None,
+                cpi: None,
+            },
             ..func(name, 1.0, 1.0, 0.0)
         };
         let base = profile(
@@ -998,7 +1006,7 @@ mod tests {
             .push(func("gamma", 1e9, 5e8, 0.01));
         let mut second = two_functions(3, 1.0, 0.0).processes.remove(0);
         second.functions.clear();
-        second.cycles = Some(1.0);
+        second.measures.cycles = Some(1.0);
         new.processes.push(second);
         let d = diff(&two_functions(1, 1.0, 0.0), &new, &DiffOptions::default()).unwrap();
         let g = unit(&d, "gamma");
@@ -1014,7 +1022,7 @@ mod tests {
     fn the_table_fits_80_columns() {
         let mut new = two_functions(2, 1.3, 0.0);
         new.processes[0].functions[0].name = format!("std::vector<{}>::push_back", "x".repeat(90));
-        new.processes[0].functions[1].cycles = Some(1e15);
+        new.processes[0].functions[1].measures.cycles = Some(1e15);
         let d = diff(&two_functions(1, 1.0, 0.0), &new, &DiffOptions::default()).unwrap();
         let t = render(&d, 20);
         assert!(t.contains("* std::vector<"), "{t}");

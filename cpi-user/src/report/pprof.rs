@@ -196,34 +196,6 @@ pub struct Function {
     pub start_line: i64,
 }
 
-/// The id of function `name` of `binary` (`found`: its profile, when it has samples),
-/// added when new: one per (binary, start, name), so the call edges, the call paths and
-/// the functions' own samples name one function alike.
-fn function_id<'p>(
-    function: &mut Vec<Function>,
-    ids: &mut HashMap<(&'p str, u64, &'p str), u64>,
-    st: &mut Strings,
-    binary: &'p str,
-    name: &'p str,
-    found: Option<&FunctionProfile>,
-) -> u64 {
-    let address = found.map_or(0, |f| f.address);
-    *ids.entry((binary, address, name)).or_insert_with(|| {
-        let id = function.len() as u64 + 1;
-        let n = st.id(name);
-        function.push(Function {
-            id,
-            name: n,
-            system_name: found.map_or(n, |f| st.id(f.symbol())),
-            filename: found.map_or(0, |f| source_file(st, f)),
-            start_line: found
-                .and_then(|f| f.source.as_ref())
-                .map_or(0, |s| s.line.into()),
-        });
-        id
-    })
-}
-
 /// A function's source file (string index), 0 ("") when the profile has none.
 fn source_file(st: &mut Strings, f: &FunctionProfile) -> i64 {
     f.source.as_ref().map_or(0, |s| st.id(&s.file))
@@ -267,13 +239,17 @@ fn count(v: Option<f64>) -> i64 {
 /// function's start, so the function's totals are exactly the table's.
 fn function_values(f: &FunctionProfile, time: bool) -> Vec<(u64, Vec<i64>)> {
     let total = if time {
-        vec![f.samples as i64, count(f.time_ns)]
+        vec![f.samples as i64, count(f.measures.time_ns)]
     } else {
-        vec![count(f.cycles), count(f.instructions), f.samples as i64]
+        vec![
+            count(f.measures.cycles),
+            count(f.measures.instructions),
+            f.samples as i64,
+        ]
     };
     // cpu-clock periods are (nearly) equal: an instruction's time is its share of
     // the function's samples.
-    let ns_per_sample = match (f.time_ns, f.samples) {
+    let ns_per_sample = match (f.measures.time_ns, f.samples) {
         (Some(t), n) if n > 0 => t / n as f64,
         _ => 0.0,
     };
@@ -345,6 +321,36 @@ pub fn build(p: &Profile) -> PprofProfile {
 pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> PprofProfile {
     let mut st = Strings::new();
     let time = !p.mode.has_cpi();
+    let with_calls = p
+        .processes
+        .iter()
+        .any(|pr| keep(pr) && !pr.calls.is_empty());
+    let sample_type = sample_types(&mut st, time, with_calls);
+    let (mapping, mapping_ids) = mappings(&mut st, p, keep);
+    let mut b = Samples {
+        st,
+        time,
+        with_calls,
+        types: sample_type.len(),
+        unknown_mapping: mapping.len() as u64,
+        mapping_ids,
+        function: Vec::new(),
+        location: Vec::new(),
+        func_ids: HashMap::new(),
+        loc_ids: HashMap::new(),
+        call_locs: HashMap::new(),
+        sample: Vec::new(),
+    };
+    let (pid_key, comm_key) = (b.st.id("pid"), b.st.id("comm"));
+    for proc in p.processes.iter().filter(|pr| keep(pr)) {
+        b.add_process(proc, pid_key, comm_key);
+    }
+    b.finish(p, sample_type, mapping)
+}
+
+/// The sample types, in the order of every sample's values: cycles, instructions and
+/// samples (samples and cpu in a time profile), then calls when there are call edges.
+fn sample_types(st: &mut Strings, time: bool, with_calls: bool) -> Vec<ValueType> {
     let mut types: Vec<(&str, &str)> = if time {
         vec![("samples", "count"), ("cpu", "nanoseconds")]
     } else {
@@ -354,22 +360,25 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
             ("samples", "count"),
         ]
     };
-    let with_calls = p
-        .processes
-        .iter()
-        .any(|pr| keep(pr) && !pr.calls.is_empty());
     if with_calls {
         types.push(("calls", "count"));
     }
-    let sample_type = types
+    types
         .iter()
         .map(|(t, u)| ValueType {
             r#type: st.id(t),
             unit: st.id(u),
         })
-        .collect();
+        .collect()
+}
 
-    // Mappings: one per binary, spanning its sampled functions (binary addresses).
+/// Mappings: one per binary, spanning its sampled functions and its frames (binary
+/// addresses), then `[unknown]` last; with each binary's mapping id.
+fn mappings(
+    st: &mut Strings,
+    p: &Profile,
+    keep: &dyn Fn(&ProcessProfile) -> bool,
+) -> (Vec<Mapping>, HashMap<String, u64>) {
     let mut spans: Vec<(String, u64, u64)> = Vec::new();
     for f in p
         .processes
@@ -413,9 +422,8 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
     }
     // Frames without a binary (unmapped addresses, functions with no samples of their
     // own) still name a mapping: Pyroscope's ingestion refuses locations in none.
-    let unknown_mapping = mapping.len() as u64 + 1;
     mapping.push(Mapping {
-        id: unknown_mapping,
+        id: mapping.len() as u64 + 1,
         memory_start: 0,
         memory_limit: 0,
         file_offset: 0,
@@ -423,17 +431,33 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
         build_id: 0,
         has_functions: true,
     });
+    (mapping, mapping_ids)
+}
 
-    let mut function = Vec::new();
-    let mut location = Vec::new();
-    let mut func_ids: HashMap<(&str, u64, &str), u64> = HashMap::new();
-    let mut loc_ids: HashMap<(&str, u64), u64> = HashMap::new();
-    // Call-graph frames by function id: their own locations, so a function's
-    // instruction-level locations keep only its own samples.
-    let mut call_locs: HashMap<u64, u64> = HashMap::new();
-    let mut sample = Vec::new();
-    let (pid_key, comm_key) = (st.id("pid"), st.id("comm"));
-    for proc in p.processes.iter().filter(|pr| keep(pr)) {
+/// The message's samples as they are built, with the functions, locations and strings
+/// they refer to.
+struct Samples<'p> {
+    st: Strings,
+    time: bool,
+    with_calls: bool,
+    /// Number of sample types.
+    types: usize,
+    /// The `[unknown]` mapping's id.
+    unknown_mapping: u64,
+    mapping_ids: HashMap<String, u64>,
+    function: Vec<Function>,
+    location: Vec<Location>,
+    func_ids: HashMap<(&'p str, u64, &'p str), u64>,
+    loc_ids: HashMap<(&'p str, u64), u64>,
+    /// Call-graph frames by function id: their own locations, so a function's
+    /// instruction-level locations keep only its own samples.
+    call_locs: HashMap<u64, u64>,
+    sample: Vec<Sample>,
+}
+
+impl<'p> Samples<'p> {
+    /// The process's samples: its functions' own, its call paths, its call edges.
+    fn add_process(&mut self, proc: &'p ProcessProfile, pid_key: i64, comm_key: i64) {
         let mut labels = vec![
             Label {
                 key: pid_key,
@@ -442,196 +466,179 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
             },
             Label {
                 key: comm_key,
-                str: st.id(&proc.comm),
+                str: self.st.id(&proc.comm),
                 num: 0,
             },
         ];
         for (k, v) in proc.identity.fields() {
             labels.push(Label {
-                key: st.id(k),
-                str: st.id(v),
+                key: self.st.id(k),
+                str: self.st.id(v),
                 num: 0,
             });
         }
-        // What the process's call paths hold per leaf function.
+        let leaf_totals = self.leaf_totals(proc);
+        for f in &proc.functions {
+            self.add_function(f, &labels, &leaf_totals);
+        }
+        for s in real_paths(proc) {
+            self.add_path(proc, s, &labels);
+        }
+        self.add_call_edges(proc, &labels);
+    }
+
+    /// What the process's call paths hold per leaf function.
+    fn leaf_totals(&self, proc: &'p ProcessProfile) -> HashMap<(&'p str, &'p str), Vec<i64>> {
         let mut leaf_totals: HashMap<(&str, &str), Vec<i64>> = HashMap::new();
         for s in real_paths(proc) {
             let leaf = &s.frames[0];
             let t = leaf_totals
                 .entry((leaf.binary.as_str(), leaf.function.as_str()))
-                .or_insert_with(|| vec![0; if time { 2 } else { 3 }]);
+                .or_insert_with(|| vec![0; if self.time { 2 } else { 3 }]);
             t.iter_mut()
-                .zip(path_values(s, time))
+                .zip(path_values(s, self.time))
                 .for_each(|(a, x)| *a += x);
         }
-        for f in &proc.functions {
-            let fkey = (f.binary.as_str(), f.address, f.name.as_str());
-            let fid = *func_ids.entry(fkey).or_insert_with(|| {
-                let id = function.len() as u64 + 1;
-                function.push(Function {
-                    id,
-                    name: st.id(&f.name),
-                    system_name: st.id(f.symbol()),
-                    filename: source_file(&mut st, f),
-                    start_line: f.source.as_ref().map_or(0, |s| s.line.into()),
-                });
-                id
-            });
-            let lines: HashMap<u64, i64> = f
-                .lines
-                .iter()
-                .filter_map(|l| Some((l.address, l.source.as_ref()?.line.into())))
-                .collect();
-            let mut loc = |address: u64| {
-                *loc_ids
-                    .entry((f.binary.as_str(), address))
-                    .or_insert_with(|| {
-                        let id = location.len() as u64 + 1;
-                        location.push(Location {
-                            id,
-                            mapping_id: mapping_ids[&f.binary],
-                            address,
-                            line: vec![Line {
-                                function_id: fid,
-                                line: lines.get(&address).copied().unwrap_or(0),
-                            }],
-                        });
-                        id
-                    })
-            };
-            let values = match leaf_totals.get(&(f.binary.as_str(), f.name.as_str())) {
-                // The paths hold the function's samples as their leaf: what is left
-                // (samples without a stack) stays at its start.
-                Some(held) => {
-                    let mut rest = function_values(f, time).into_iter().fold(
-                        vec![0i64; held.len()],
-                        |mut acc, (_, v)| {
-                            acc.iter_mut().zip(v).for_each(|(a, x)| *a += x);
-                            acc
-                        },
-                    );
-                    rest.iter_mut()
-                        .zip(held)
-                        .for_each(|(r, h)| *r = (*r - h).max(0));
-                    if rest.iter().any(|&r| r > 0) {
-                        vec![(f.address, rest)]
-                    } else {
-                        Vec::new()
-                    }
+        leaf_totals
+    }
+
+    /// The function's leaf-only samples: per instruction, or, where call paths hold
+    /// its samples as their leaf, what is left (samples without a stack) at its start.
+    fn add_function(
+        &mut self,
+        f: &'p FunctionProfile,
+        labels: &[Label],
+        leaf_totals: &HashMap<(&'p str, &'p str), Vec<i64>>,
+    ) {
+        let fid = self.function_id(&f.binary, &f.name, Some(f));
+        let lines = source_lines(f);
+        let values = match leaf_totals.get(&(f.binary.as_str(), f.name.as_str())) {
+            Some(held) => {
+                let mut rest = function_values(f, self.time).into_iter().fold(
+                    vec![0i64; held.len()],
+                    |mut acc, (_, v)| {
+                        acc.iter_mut().zip(v).for_each(|(a, x)| *a += x);
+                        acc
+                    },
+                );
+                rest.iter_mut()
+                    .zip(held)
+                    .for_each(|(r, h)| *r = (*r - h).max(0));
+                if rest.iter().any(|&r| r > 0) {
+                    vec![(f.address, rest)]
+                } else {
+                    Vec::new()
                 }
-                None => function_values(f, time),
-            };
-            for (address, mut value) in values {
-                if with_calls {
-                    value.push(0);
-                }
-                sample.push(Sample {
-                    location_id: vec![loc(address)],
-                    value,
-                    label: labels.clone(),
-                });
             }
-        }
-        // Call paths: the whole chain, leaf first.
-        for s in real_paths(proc) {
-            let mut value = path_values(s, time);
-            if with_calls {
+            None => function_values(f, self.time),
+        };
+        let mapping_id = self.mapping_ids[&f.binary];
+        for (address, mut value) in values {
+            if self.with_calls {
                 value.push(0);
             }
-            let mut chain = Vec::with_capacity(s.frames.len());
-            // The leaf's sampled addresses and their share of its values: the path's
-            // values are spread over them (as the function's own samples are) so that
-            // `pprof -list` shows source lines. A path's own split is not recorded; this
-            // takes the function's, exact where the function has one caller path.
-            let mut leaf_split: Vec<(u64, f64)> = Vec::new();
-            for (depth, fr) in s.frames.iter().enumerate() {
-                let (binary, name) = (fr.binary.as_str(), fr.function.as_str());
-                let found = proc
-                    .functions
-                    .iter()
-                    .find(|f| f.binary == binary && f.name == name);
-                let fid = function_id(&mut function, &mut func_ids, &mut st, binary, name, found);
-                let mapping_id = mapping_ids.get(binary).copied().unwrap_or(unknown_mapping);
-                let mut place = |address: u64, line: i64| {
-                    *loc_ids.entry((binary, address)).or_insert_with(|| {
-                        let id = location.len() as u64 + 1;
-                        location.push(Location {
-                            id,
-                            mapping_id,
-                            address,
-                            line: vec![Line {
-                                function_id: fid,
-                                line,
-                            }],
-                        });
-                        id
-                    })
-                };
-                if depth == 0 {
-                    if let Some(f) = found {
-                        let per_address = function_values(f, time);
-                        let total: i64 = per_address.iter().map(|(_, v)| v[0]).sum();
-                        if total > 0 {
-                            let lines: HashMap<u64, i64> = f
-                                .lines
-                                .iter()
-                                .filter_map(|l| Some((l.address, l.source.as_ref()?.line.into())))
-                                .collect();
-                            for (address, v) in per_address {
-                                let line = lines.get(&address).copied().unwrap_or(0);
-                                place(address, line);
-                                leaf_split.push((address, v[0] as f64 / total as f64));
-                            }
-                            continue;
-                        }
-                    }
-                }
-                chain.push(place(fr.address, 0));
-            }
-            if leaf_split.is_empty() {
-                sample.push(Sample {
-                    location_id: chain,
-                    value,
-                    label: labels.clone(),
-                });
-            } else {
-                let leaf_binary = s.frames[0].binary.as_str();
-                for (address, share) in leaf_split {
-                    let mut location_id = vec![loc_ids[&(leaf_binary, address)]];
-                    location_id.extend(&chain);
-                    sample.push(Sample {
-                        location_id,
-                        value: value
-                            .iter()
-                            .map(|&x| (x as f64 * share).round() as i64)
-                            .collect(),
-                        label: labels.clone(),
-                    });
-                }
-            }
+            let line = lines.get(&address).copied().unwrap_or(0);
+            let id = self.location(&f.binary, address, mapping_id, fid, line);
+            self.sample.push(Sample {
+                location_id: vec![id],
+                value,
+                label: labels.to_vec(),
+            });
         }
-        // Call edges: [callee, caller] at the functions' starts, `calls` only.
+    }
+
+    /// A call path's samples: the whole chain, leaf first.
+    fn add_path(&mut self, proc: &'p ProcessProfile, s: &'p StackProfile, labels: &[Label]) {
+        let mut value = path_values(s, self.time);
+        if self.with_calls {
+            value.push(0);
+        }
+        let mut chain = Vec::with_capacity(s.frames.len());
+        let mut leaf_split: Vec<(u64, f64)> = Vec::new();
+        for (depth, fr) in s.frames.iter().enumerate() {
+            let (binary, name) = (fr.binary.as_str(), fr.function.as_str());
+            let found = sampled_function(proc, binary, name);
+            let fid = self.function_id(binary, name, found);
+            let mapping_id = self.mapping_of(binary);
+            if let (0, Some(f)) = (depth, found) {
+                if let Some(split) = self.leaf_split(f, binary, mapping_id, fid) {
+                    leaf_split = split;
+                    continue;
+                }
+            }
+            chain.push(self.location(binary, fr.address, mapping_id, fid, 0));
+        }
+        if leaf_split.is_empty() {
+            self.sample.push(Sample {
+                location_id: chain,
+                value,
+                label: labels.to_vec(),
+            });
+            return;
+        }
+        let leaf_binary = s.frames[0].binary.as_str();
+        for (address, share) in leaf_split {
+            let mut location_id = vec![self.loc_ids[&(leaf_binary, address)]];
+            location_id.extend(&chain);
+            self.sample.push(Sample {
+                location_id,
+                value: value
+                    .iter()
+                    .map(|&x| (x as f64 * share).round() as i64)
+                    .collect(),
+                label: labels.to_vec(),
+            });
+        }
+    }
+
+    /// The leaf's sampled addresses (their locations added) and their share of its
+    /// values, over which a path's values are spread (as the function's own samples
+    /// are) so that `pprof -list` shows source lines; `None` when the function has no
+    /// values. A path's own split is not recorded: this takes the function's, exact
+    /// where the function has one caller path.
+    fn leaf_split(
+        &mut self,
+        f: &FunctionProfile,
+        binary: &'p str,
+        mapping_id: u64,
+        fid: u64,
+    ) -> Option<Vec<(u64, f64)>> {
+        let per_address = function_values(f, self.time);
+        let total: i64 = per_address.iter().map(|(_, v)| v[0]).sum();
+        if total <= 0 {
+            return None;
+        }
+        let lines = source_lines(f);
+        let mut split = Vec::with_capacity(per_address.len());
+        for (address, v) in per_address {
+            let line = lines.get(&address).copied().unwrap_or(0);
+            self.location(binary, address, mapping_id, fid, line);
+            split.push((address, v[0] as f64 / total as f64));
+        }
+        Some(split)
+    }
+
+    /// Call edges: [callee, caller] at the functions' starts, `calls` only.
+    fn add_call_edges(&mut self, proc: &'p ProcessProfile, labels: &[Label]) {
         for c in &proc.calls {
-            let mut value = vec![0; types.len()];
+            let mut value = vec![0; self.types];
             *value.last_mut().expect("calls is a type") = count(Some(c.count));
             let mut frames = Vec::with_capacity(2);
             for (binary, name) in [
                 (c.callee_binary.as_str(), c.callee.as_str()),
                 (c.caller_binary.as_str(), c.caller.as_str()),
             ] {
-                let found = proc
-                    .functions
-                    .iter()
-                    .find(|f| f.binary == binary && f.name == name);
-                let address = found.map_or(0, |f| f.address);
-                let fid = function_id(&mut function, &mut func_ids, &mut st, binary, name, found);
-                frames.push(*call_locs.entry(fid).or_insert_with(|| {
+                let found = sampled_function(proc, binary, name);
+                let fid = self.function_id(binary, name, found);
+                // A function without samples has no mapping span of its own.
+                let mapping_id = self.mapping_of(binary);
+                let location = &mut self.location;
+                frames.push(*self.call_locs.entry(fid).or_insert_with(|| {
                     let id = location.len() as u64 + 1;
                     location.push(Location {
                         id,
-                        // A function without samples has no mapping span of its own.
-                        mapping_id: mapping_ids.get(binary).copied().unwrap_or(unknown_mapping),
-                        address,
+                        mapping_id,
+                        address: found.map_or(0, |f| f.address),
                         line: vec![Line {
                             function_id: fid,
                             line: found
@@ -642,37 +649,130 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
                     id
                 }));
             }
-            sample.push(Sample {
+            self.sample.push(Sample {
                 location_id: frames,
                 value,
-                label: labels.clone(),
+                label: labels.to_vec(),
             });
         }
     }
 
-    let period_role = if time {
-        EventRole::CpuClock
-    } else {
-        EventRole::Cycles
-    };
-    let period = p
-        .events
-        .iter()
-        .find(|e| e.role == period_role)
-        .map(|e| e.period as i64)
-        .unwrap_or(0);
-    let period_type = Some(if time {
-        ValueType {
-            r#type: st.id("cpu"),
-            unit: st.id("nanoseconds"),
+    /// The id of function `name` of `binary` (`found`: its profile, when it has samples),
+    /// added when new: one per (binary, start, name), so the call edges, the call paths
+    /// and the functions' own samples name one function alike.
+    fn function_id(
+        &mut self,
+        binary: &'p str,
+        name: &'p str,
+        found: Option<&FunctionProfile>,
+    ) -> u64 {
+        let address = found.map_or(0, |f| f.address);
+        let (function, st) = (&mut self.function, &mut self.st);
+        *self
+            .func_ids
+            .entry((binary, address, name))
+            .or_insert_with(|| {
+                let id = function.len() as u64 + 1;
+                let n = st.id(name);
+                function.push(Function {
+                    id,
+                    name: n,
+                    system_name: found.map_or(n, |f| st.id(f.symbol())),
+                    filename: found.map_or(0, |f| source_file(st, f)),
+                    start_line: found
+                        .and_then(|f| f.source.as_ref())
+                        .map_or(0, |s| s.line.into()),
+                });
+                id
+            })
+    }
+
+    /// The location of `address` in `binary`, added when new.
+    fn location(
+        &mut self,
+        binary: &'p str,
+        address: u64,
+        mapping_id: u64,
+        fid: u64,
+        line: i64,
+    ) -> u64 {
+        let location = &mut self.location;
+        *self.loc_ids.entry((binary, address)).or_insert_with(|| {
+            let id = location.len() as u64 + 1;
+            location.push(Location {
+                id,
+                mapping_id,
+                address,
+                line: vec![Line {
+                    function_id: fid,
+                    line,
+                }],
+            });
+            id
+        })
+    }
+
+    /// `binary`'s mapping, `[unknown]` for a binary without one.
+    fn mapping_of(&self, binary: &str) -> u64 {
+        self.mapping_ids
+            .get(binary)
+            .copied()
+            .unwrap_or(self.unknown_mapping)
+    }
+
+    /// The message: the samples with the sampling period and the mode as comments.
+    fn finish(
+        mut self,
+        p: &Profile,
+        sample_type: Vec<ValueType>,
+        mapping: Vec<Mapping>,
+    ) -> PprofProfile {
+        let st = &mut self.st;
+        let time = self.time;
+        let period_role = if time {
+            EventRole::CpuClock
+        } else {
+            EventRole::Cycles
+        };
+        let period = p
+            .events
+            .iter()
+            .find(|e| e.role == period_role)
+            .map(|e| e.period as i64)
+            .unwrap_or(0);
+        let period_type = Some(if time {
+            ValueType {
+                r#type: st.id("cpu"),
+                unit: st.id("nanoseconds"),
+            }
+        } else {
+            ValueType {
+                r#type: st.id("cycles"),
+                unit: st.id("count"),
+            }
+        });
+        let comment = vec![st.id(&mode_note(p)), st.id(&p.mode_reason)];
+        let default_sample_type = st.id(if time { "cpu" } else { "cycles" });
+        PprofProfile {
+            sample_type,
+            sample: self.sample,
+            mapping,
+            location: self.location,
+            function: self.function,
+            string_table: self.st.table,
+            time_nanos: 0,
+            duration_nanos: (p.duration_secs * 1e9).round() as i64,
+            period_type,
+            period,
+            comment,
+            default_sample_type,
         }
-    } else {
-        ValueType {
-            r#type: st.id("cycles"),
-            unit: st.id("count"),
-        }
-    });
-    let note = format!(
+    }
+}
+
+/// The tool version with the mode, the message's first comment.
+fn mode_note(p: &Profile) -> String {
+    format!(
         "cpi-bpf {}: mode {}",
         p.tool_version,
         match p.mode {
@@ -682,23 +782,26 @@ pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> P
             Mode::Simulated => "simulated (modelled cycles)",
             Mode::Instructions => "instructions (no cycles)",
         }
-    );
-    let comment = vec![st.id(&note), st.id(&p.mode_reason)];
-    let default_sample_type = st.id(if time { "cpu" } else { "cycles" });
-    PprofProfile {
-        sample_type,
-        sample,
-        mapping,
-        location,
-        function,
-        string_table: st.table,
-        time_nanos: 0,
-        duration_nanos: (p.duration_secs * 1e9).round() as i64,
-        period_type,
-        period,
-        comment,
-        default_sample_type,
-    }
+    )
+}
+
+/// The process's function `name` of `binary`, when it has samples.
+fn sampled_function<'p>(
+    proc: &'p ProcessProfile,
+    binary: &str,
+    name: &str,
+) -> Option<&'p FunctionProfile> {
+    proc.functions
+        .iter()
+        .find(|f| f.binary == binary && f.name == name)
+}
+
+/// The source line of each of the function's instructions that has one.
+fn source_lines(f: &FunctionProfile) -> HashMap<u64, i64> {
+    f.lines
+        .iter()
+        .filter_map(|l| Some((l.address, l.source.as_ref()?.line.into())))
+        .collect()
 }
 
 /// The gzip'd protobuf bytes of [`build`].

@@ -18,9 +18,18 @@ use crate::profile::model::{
 };
 use crate::profile::paths::{self, PathNode};
 
+mod accuracy;
 pub(crate) mod annotate;
+mod blocks;
+mod calls;
+mod header;
 pub mod names;
 mod tree;
+
+use accuracy::accuracy;
+use blocks::hot_blocks;
+use calls::{call_graph, call_paths, callers_table};
+use header::header;
 
 /// What to render.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -503,148 +512,6 @@ pub(crate) fn share_pm(mode: Mode, p: f64, samples: u64) -> String {
     format!("{} ±{se:.1}", pct(p))
 }
 
-/// The hottest call paths of `procs` (each path's own samples, time or cycles and its
-/// leaf's CPI on it), then the call tree's hottest nodes with inclusive and self CPI
-/// (cpi-user/src/profile/paths.rs). Nothing when no sample carried a stack.
-fn call_paths(mode: Mode, procs: &[&ProcessProfile], opts: &TableOptions) -> String {
-    let many = procs.len() > 1;
-    let folded: Vec<(&ProcessProfile, Vec<StackProfile>)> = procs
-        .iter()
-        .map(|pr| (*pr, paths::folded_paths(&pr.stacks, sample_floor())))
-        .collect();
-    let mut paths: Vec<(&ProcessProfile, &StackProfile)> = folded
-        .iter()
-        .flat_map(|(pr, v)| v.iter().map(move |s| (*pr, s)))
-        .collect();
-    if paths.is_empty() {
-        return String::new();
-    }
-    paths.sort_by(|a, b| paths::hottest_path_first(a.1, b.1));
-    let totals = Shares {
-        weight: paths.iter().map(|(_, s)| paths::weight(s)).sum(),
-        samples: paths.iter().map(|(_, s)| s.samples).sum(),
-    };
-    let shown = paths.len().min(opts.top);
-    let build = |max: usize| {
-        let mut h = vec!["path", "share", "samples"];
-        if mode.has_cpi() {
-            h.extend(["cycles", "instrs", "CPI ± error"]);
-        } else {
-            h.push("CPU time");
-        }
-        let mut t = new_table(h, 1);
-        for (pr, s) in &paths[..shown] {
-            let names = s.frames.iter().rev().map(|f| f.function.clone());
-            let text = path_text(many.then_some(pr.comm.as_str()), names);
-            let mut row = vec![
-                ellipsize_left(&text, max),
-                share(mode, paths::weight(s), totals),
-                group(s.samples),
-            ];
-            if mode.has_cpi() {
-                row.extend([
-                    opt_si(s.cycles),
-                    opt_si(s.instructions),
-                    cpi(s.cpi, s.samples, inputs(s.cycles, s.instructions)),
-                ]);
-            } else {
-                row.push(s.time_ns.map(time).unwrap_or_else(|| "-".into()));
-            }
-            t.add_row(row);
-        }
-        t
-    };
-    let mut out = finish(
-        "hottest call paths (recursion folded)",
-        &fitted(opts.width, build),
-        shown,
-        paths.len(),
-        opts.width,
-    );
-    out.push_str(&tree::call_tree_table(
-        mode,
-        procs,
-        totals,
-        opts.top * 2,
-        opts.width,
-    ));
-    out
-}
-
-/// `--callers FUNC`: the call paths into FUNC (root down to its outermost call), with
-/// what ran under it there.
-fn callers_table(mode: Mode, procs: &[&ProcessProfile], name: &str, opts: &TableOptions) -> String {
-    let many = procs.len() > 1;
-    let all = || procs.iter().flat_map(|pr| pr.stacks.iter());
-    let totals = Shares {
-        weight: all().map(paths::weight).sum(),
-        samples: all().map(|s| s.samples).sum(),
-    };
-    // Recursion folded: the depths of a recursive sort are one row, not twenty that
-    // read the same once cut to the width.
-    let nodes: Vec<(&ProcessProfile, PathNode)> = procs
-        .iter()
-        .flat_map(|pr| {
-            paths::callers(&paths::folded_paths(&pr.stacks, sample_floor()), name)
-                .into_iter()
-                .map(move |n| (*pr, n))
-        })
-        .collect();
-    if nodes.is_empty() {
-        let why = if procs.iter().all(|pr| pr.stacks.is_empty()) {
-            "the profile has no call stacks"
-        } else {
-            "no call path holds it"
-        };
-        return format!(
-            "
-paths into {name}: none ({why})
-"
-        );
-    }
-    let shown = nodes.len().min(opts.top);
-    let build = |max: usize| {
-        let mut h = vec!["path", "share", "samples"];
-        if mode.has_cpi() {
-            h.extend(["cycles", "CPI ± error"]);
-        } else {
-            h.push("CPU time");
-        }
-        let mut t = new_table(h, 1);
-        for (pr, n) in &nodes[..shown] {
-            let names = n.path.iter().map(|f| f.function.clone());
-            let text = path_text(many.then_some(pr.comm.as_str()), names);
-            let i = &n.inclusive;
-            let mut row = vec![
-                ellipsize_left(&text, max),
-                share(mode, i.weight(), totals),
-                group(i.samples),
-            ];
-            if mode.has_cpi() {
-                row.extend([
-                    opt_si(i.cycles),
-                    cpi(
-                        i.cpi(sample_floor()),
-                        i.samples,
-                        inputs(i.cycles, i.instructions),
-                    ),
-                ]);
-            } else {
-                row.push(i.time_ns.map(time).unwrap_or_else(|| "-".into()));
-            }
-            t.add_row(row);
-        }
-        t
-    };
-    finish(
-        &format!("paths into {name} (recursion folded)"),
-        &fitted(opts.width, build),
-        shown,
-        nodes.len(),
-        opts.width,
-    )
-}
-
 /// `text` broken at spaces into lines of at most `width` characters (continuations
 /// indented two); a word longer than a line is shortened with an ellipsis.
 fn wrap(text: &str, width: Option<usize>) -> String {
@@ -731,228 +598,6 @@ fn fitted_cap(width: Option<usize>, build: impl Fn(usize) -> Table) -> (String, 
     (render(lo, tight), lo)
 }
 
-fn pct_or_dash(x: Option<f64>) -> String {
-    x.map_or_else(|| "-".into(), |v| format!("{:.2}%", v * 100.0))
-}
-
-/// The distance from the exact answer: overlaps, CPI error, the top functions.
-fn accuracy(a: &Accuracy, width: Option<usize>) -> String {
-    let mut s = String::new();
-    let _ = writeln!(s, "\naccuracy against the exact trace");
-    let _ = writeln!(
-        s,
-        "  overlap: instruction {:.4}  block {:.4}  function {:.4}  edge {:.4}",
-        a.overlap_instruction, a.overlap_block, a.overlap_function, a.overlap_edge
-    );
-    s += &indented(
-        &format!(
-            "CPI error (functions with >= 2% of cycles): median {} max {}{}",
-            pct_or_dash(a.cpi_error_median),
-            pct_or_dash(a.cpi_error_max),
-            if a.functions_without_cpi > 0 {
-                format!(" ({} without a CPI estimate)", a.functions_without_cpi)
-            } else {
-                String::new()
-            }
-        ),
-        width,
-    );
-    s += &accuracy_header("function", width);
-    for f in a.functions.iter().take(15) {
-        s += &accuracy_row(
-            f.share,
-            f.instructions_true,
-            f.instructions_est,
-            [f.cpi_true, f.cpi_est, f.cpi_error],
-            &f.name,
-            width,
-        );
-    }
-    if let Some(o) = a.overlap_path {
-        s += &indented(
-            &format!(
-                "call paths: instruction overlap {o:.4}; CPI error (paths with >= 2% of \
-                 cycles): median {} ({} reported errors) max {}{}",
-                pct_or_dash(a.path_cpi_error_median),
-                a.path_cpi_errors_reported_median
-                    .map_or_else(|| "-".into(), |z| format!("{z:.2}")),
-                pct_or_dash(a.path_cpi_error_max),
-                if a.paths_without_cpi > 0 {
-                    format!(" ({} without a CPI estimate)", a.paths_without_cpi)
-                } else {
-                    String::new()
-                }
-            ),
-            width,
-        );
-        s += &accuracy_header("call path (leaf first)", width);
-        for p in a.paths.iter().take(10) {
-            s += &accuracy_row(
-                p.share,
-                p.instructions_true,
-                p.instructions_est,
-                [p.cpi_true, p.cpi_est, p.cpi_error],
-                &runs(&p.frames).join(" <- "),
-                width,
-            );
-        }
-    }
-    s
-}
-
-/// The column heads of an accuracy table whose units are `what`.
-fn accuracy_header(what: &str, width: Option<usize>) -> String {
-    format!(
-        "  {:>7} {:>12} {:>12} {:>8} {:>8} {:>7}  {}\n",
-        "share",
-        "instr true",
-        "instr est",
-        "CPI true",
-        "CPI est",
-        "error",
-        ellipsize(what, accuracy_name_width(width))
-    )
-}
-
-/// The room for a name after the accuracy table's columns (63 characters).
-fn accuracy_name_width(width: Option<usize>) -> usize {
-    width.map_or(usize::MAX, |w| w.saturating_sub(63).max(MIN_NAME))
-}
-
-/// `frames` (names) with each run of one name written once, `name ×N`: a path through
-/// twelve levels of a recursive sort reads as one name, and paths that differ in depth
-/// still read differently.
-fn runs(frames: &[String]) -> Vec<String> {
-    let mut out: Vec<(String, usize)> = Vec::new();
-    for f in frames {
-        match out.last_mut() {
-            Some((last, n)) if last == f => *n += 1,
-            _ => out.push((f.clone(), 1)),
-        }
-    }
-    out.into_iter()
-        .map(|(f, n)| if n > 1 { format!("{f} ×{n}") } else { f })
-        .collect()
-}
-
-/// `text` wrapped to `width` two characters in, as the accuracy summary lines are.
-fn indented(text: &str, width: Option<usize>) -> String {
-    wrap(text, width.map(|w| w.saturating_sub(2)))
-        .lines()
-        .map(|l| format!("  {l}\n"))
-        .collect()
-}
-
-/// One unit (function, call path) of an accuracy table: CPI true, estimated, error.
-fn accuracy_row(
-    share: f64,
-    instructions_true: u64,
-    instructions_est: f64,
-    [cpi_true, cpi_est, error]: [Option<f64>; 3],
-    name: &str,
-    width: Option<usize>,
-) -> String {
-    let cpi = |c: Option<f64>| c.map_or_else(|| "-".into(), |v| format!("{v:.3}"));
-    format!(
-        "  {:>6.2}% {:>12} {:>12.0} {:>8} {:>8} {:>7}  {}\n",
-        share * 100.0,
-        instructions_true,
-        instructions_est,
-        cpi(cpi_true),
-        cpi(cpi_est),
-        pct_or_dash(error),
-        ellipsize(name, accuracy_name_width(width))
-    )
-}
-
-/// The run in a few lines: the mode, the command, duration, samples and losses; with
-/// `verbose`, the mode's reason, each event and its period, losses by reason, notes.
-fn header(p: &Profile, opts: &TableOptions) -> String {
-    let w = opts.width;
-    let mut s = wrap(&format!("mode: {}", p.mode.description()), w);
-    if opts.verbose {
-        s += &wrap(&format!("reason: {}", p.mode_reason), w);
-    }
-    if !p.command.is_empty() {
-        s += &wrap(&format!("command: {}", p.command.join(" ")), w);
-    }
-    let samples: u64 = p.events.iter().map(|e| e.samples).sum();
-    let events: Vec<&str> = p.events.iter().map(|e| e.name.as_str()).collect();
-    let mut line = format!(
-        "{:.2} s, {} samples ({}), {} lost",
-        p.duration_secs,
-        group(samples),
-        events.join(", "),
-        group(p.lost_samples)
-    );
-    if let Some(k) = kernel_share(p) {
-        let _ = write!(line, ", {} in the kernel", pct(k));
-    }
-    if !opts.verbose {
-        line += " (-v: periods, losses by reason, notes)";
-    }
-    s += &wrap(&line, w);
-    if !opts.verbose {
-        return s;
-    }
-    let mut line = format!("perturbation: {}", p.perturbation.name());
-    // The range window only means something where there are branch records.
-    if p.range_window > 0 && p.mode.uses_ranges() {
-        let _ = write!(line, ", range window: {}", p.range_window);
-    }
-    s += &wrap(&line, w);
-    for e in &p.events {
-        let mut period = format!("period {} {}", e.period, e.unit);
-        if e.jitter > 0 {
-            let _ = write!(period, " + up to {} re-drawn", e.jitter);
-        }
-        if e.thinning > 1 {
-            let _ = write!(period, ", thinned 1/{}", e.thinning);
-        }
-        s += &wrap(
-            &format!(
-                "event: {} {} ({period}): {} samples",
-                role_name(e.role),
-                e.name,
-                group(e.samples)
-            ),
-            w,
-        );
-    }
-    s += &wrap(
-        &format!(
-            "lost samples: {} {}",
-            group(p.lost_samples),
-            p.lost.breakdown()
-        ),
-        w,
-    );
-    for b in p.binaries.iter().filter(|b| b.deleted || b.stripped) {
-        let what = match (b.deleted, b.stripped) {
-            (true, true) => "deleted since mapped; stripped: function bounds from .eh_frame",
-            (true, false) => "deleted since mapped",
-            _ => "stripped: function bounds from .eh_frame",
-        };
-        s += &wrap(&format!("note: {}: {what}", b.path), w);
-    }
-    s
-}
-
-/// The share of the profile's cycles (CPU time in a time profile) in kernel code,
-/// when there is any: said on the summary line, so the shares below are read knowing it.
-fn kernel_share(p: &Profile) -> Option<f64> {
-    let fns = || p.processes.iter().flat_map(|pr| &pr.functions);
-    let total: f64 = fns().map(|f| heat(p.mode, f)).sum();
-    let kernel: f64 = fns()
-        .filter(|f| f.binary == KERNEL)
-        .map(|f| heat(p.mode, f))
-        .sum();
-    (kernel > 0.0 && total > 0.0).then(|| kernel / total)
-}
-
-/// The binary kernel code is attributed to (binary/symbolize.rs).
-const KERNEL: &str = "[kernel]";
-
 /// Processes with less than this share of all samples are summarised in one line:
 /// a command that forks helpers (shell wrappers, `pyenv` shims) would otherwise bury the
 /// process that matters under a table per helper.
@@ -984,19 +629,19 @@ fn process_line(mode: Mode, p: &ProcessProfile, pid: &str) -> String {
     if p.branch_samples > 0 {
         let _ = write!(s, ", {} branch samples", group(p.branch_samples));
     }
-    if let Some(t) = p.time_ns {
+    if let Some(t) = p.measures.time_ns {
         let _ = write!(s, ", {} CPU", time(t));
     }
     if mode.has_cpi() {
         let _ = write!(
             s,
             ", {} cycles, {} instructions, CPI {}",
-            opt_si(p.cycles),
-            opt_si(p.instructions),
+            opt_si(p.measures.cycles),
+            opt_si(p.measures.instructions),
             cpi(
-                p.cpi,
+                p.measures.cpi,
                 p.samples.max(p.branch_samples),
-                inputs(p.cycles, p.instructions)
+                inputs(p.measures.cycles, p.measures.instructions)
             )
         );
     }
@@ -1080,12 +725,16 @@ fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOption
             }
             if mode.has_cpi() {
                 row.extend([
-                    opt_si(f.cycles),
-                    opt_si(f.instructions),
-                    cpi(f.cpi, f.samples, inputs(f.cycles, f.instructions)),
+                    opt_si(f.measures.cycles),
+                    opt_si(f.measures.instructions),
+                    cpi(
+                        f.measures.cpi,
+                        f.samples,
+                        inputs(f.measures.cycles, f.measures.instructions),
+                    ),
                 ]);
                 if timed {
-                    let mut t = cpi(f.timed_cpi, f.samples, f.instructions.is_some());
+                    let mut t = cpi(f.timed_cpi, f.samples, f.measures.instructions.is_some());
                     if f.cpi_disagree {
                         t.push_str(" ≠");
                     }
@@ -1095,7 +744,7 @@ fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOption
             } else {
                 row.extend([
                     group(f.samples),
-                    f.time_ns.map(time).unwrap_or_else(|| "-".into()),
+                    f.measures.time_ns.map(time).unwrap_or_else(|| "-".into()),
                     share_pm(mode, r.share, samples),
                 ]);
             }
@@ -1139,10 +788,10 @@ fn sort_rows(mode: Mode, rows: &mut [Row], key: SortKey) {
             SortKey::Share | SortKey::Function | SortKey::Binary | SortKey::Comm => r.share,
             SortKey::Pid => -(r.pid.parse::<f64>().unwrap_or(f64::MAX)),
             SortKey::Samples => f.samples as f64,
-            SortKey::Time => f.time_ns.unwrap_or(0.0),
-            SortKey::Cycles => f.cycles.unwrap_or(0.0),
-            SortKey::Instructions => f.instructions.unwrap_or(0.0),
-            SortKey::Cpi => f.cpi.map_or(-1.0, |e| e.value),
+            SortKey::Time => f.measures.time_ns.unwrap_or(0.0),
+            SortKey::Cycles => f.measures.cycles.unwrap_or(0.0),
+            SortKey::Instructions => f.measures.instructions.unwrap_or(0.0),
+            SortKey::Cpi => f.measures.cpi.map_or(-1.0, |e| e.value),
         }
     };
     rows.sort_by(|a, b| {
@@ -1160,258 +809,10 @@ fn sort_rows(mode: Mode, rows: &mut [Row], key: SortKey) {
 
 fn heat(mode: Mode, f: &FunctionProfile) -> f64 {
     if mode.has_cpi() {
-        f.cycles.unwrap_or(0.0)
+        f.measures.cycles.unwrap_or(0.0)
     } else {
-        f.time_ns.unwrap_or(f.samples as f64)
+        f.measures.time_ns.unwrap_or(f.samples as f64)
     }
-}
-
-fn block_heat(b: &BlockProfile) -> (f64, f64, u64) {
-    (b.cycles.unwrap_or(0.0), b.count, b.samples)
-}
-
-fn hot_blocks(mode: Mode, fns: &[&FunctionProfile], top: usize, width: Option<usize>) -> String {
-    let mut blocks: Vec<(&FunctionProfile, &BlockProfile)> = fns
-        .iter()
-        .flat_map(|&f| f.blocks.iter().map(move |b| (f, b)))
-        .collect();
-    if blocks.is_empty() {
-        // Only a mode with branch records could have had them.
-        return if mode.uses_ranges() {
-            "\nhot blocks: none in this profile (no sampled branch records)\n".to_string()
-        } else {
-            String::new()
-        };
-    }
-    blocks.sort_by(|(_, a), (_, b)| {
-        let (ac, an, asm) = block_heat(a);
-        let (bc, bn, bsm) = block_heat(b);
-        bc.total_cmp(&ac)
-            .then(bn.total_cmp(&an))
-            .then(bsm.cmp(&asm))
-            .then(a.start.cmp(&b.start))
-    });
-    let shown = blocks.len().min(top);
-    let build = |max: usize| {
-        if mode.has_cpi() {
-            let mut t = new_table(
-                vec![
-                    "address range",
-                    "function",
-                    "instrs",
-                    "count",
-                    "cycles",
-                    "CPI ± error",
-                    "samples",
-                ],
-                2,
-            );
-            for (f, b) in &blocks[..shown] {
-                t.add_row(vec![
-                    range(b.start, b.end),
-                    ellipsize(&f.name, max),
-                    b.len.to_string(),
-                    si(b.count),
-                    opt_si(b.cycles),
-                    cpi(b.cpi, b.samples, b.cycles.is_some()),
-                    group(b.samples),
-                ]);
-            }
-            t
-        } else {
-            let mut t = new_table(vec!["address range", "function", "instrs", "samples"], 2);
-            for (f, b) in &blocks[..shown] {
-                t.add_row(vec![
-                    range(b.start, b.end),
-                    ellipsize(&f.name, max),
-                    b.len.to_string(),
-                    group(b.samples),
-                ]);
-            }
-            t
-        }
-    };
-    finish(
-        "hot blocks",
-        &fitted(width, build),
-        shown,
-        blocks.len(),
-        width,
-    )
-}
-
-/// Callers (←) and callees (→) of each function of `focus` that has any, with the
-/// estimated calls and the call records behind them (seed 001's calls-only call graph).
-/// The callers and callees of `focus` from the call stacks, for modes without branch
-/// records (a time profile): each edge weighs the samples of the stacks that hold it
-/// (once per stack, so recursion does not count twice).
-fn stack_call_graph(
-    mode: Mode,
-    p: &ProcessProfile,
-    focus: &[&FunctionProfile],
-    width: Option<usize>,
-) -> String {
-    if p.stacks.is_empty() {
-        return format!(
-            "\nno call graph: {} mode has no branch records and this process no call stacks \
-             (-g)\n",
-            mode.name()
-        );
-    }
-    let total: u64 = p.stacks.iter().map(|s| s.samples).sum();
-    let mut rows: Vec<[String; 3]> = Vec::new();
-    for f in focus {
-        let at =
-            |fr: &crate::profile::model::StackFrame| fr.function == f.name && fr.binary == f.binary;
-        // (caller?, name, binary) → samples.
-        let mut edges: BTreeMap<(bool, String, String), u64> = BTreeMap::new();
-        for s in &p.stacks {
-            let mut seen = std::collections::BTreeSet::new();
-            for i in (0..s.frames.len()).filter(|&i| at(&s.frames[i])) {
-                let near = [
-                    (true, s.frames.get(i + 1)),
-                    (false, i.checked_sub(1).and_then(|j| s.frames.get(j))),
-                ];
-                for (caller, other) in near {
-                    let Some(o) = other.filter(|o| !at(o)) else {
-                        continue;
-                    };
-                    let key = (caller, o.function.clone(), o.binary.clone());
-                    if seen.insert(key.clone()) {
-                        *edges.entry(key).or_default() += s.samples;
-                    }
-                }
-            }
-        }
-        if edges.is_empty() {
-            continue;
-        }
-        rows.push([f.name.clone(), f.binary.clone(), group(f.samples)]);
-        let mut edges: Vec<_> = edges.into_iter().collect();
-        edges.sort_by(|a, b| (!a.0 .0, b.1).cmp(&(!b.0 .0, a.1)));
-        for ((caller, name, binary), n) in edges {
-            let arrow = if caller { "←" } else { "→" };
-            rows.push([format!("  {arrow} {name}"), binary, group(n)]);
-        }
-    }
-    if rows.is_empty() {
-        return "\nno call graph for these functions: no call stack holds them\n".into();
-    }
-    let build = |max: usize| {
-        let mut t = new_table(vec!["function", "binary", "samples"], 2);
-        for [name, binary, n] in &rows {
-            t.add_row(vec![
-                ellipsize(name, max),
-                ellipsize(&base(binary), max),
-                n.clone(),
-            ]);
-        }
-        t
-    };
-    format!(
-        "\n{}{}\n",
-        wrap(
-            &format!(
-                "call graph from call stacks (← callers, → callees; samples of the stacks \
-                 through each edge, of {} with stacks; a function's own row: its samples)",
-                group(total)
-            ),
-            width
-        ),
-        fitted(width, build)
-    )
-}
-
-fn call_graph(
-    mode: Mode,
-    p: &ProcessProfile,
-    focus: &[&FunctionProfile],
-    width: Option<usize>,
-) -> String {
-    if !mode.uses_ranges() {
-        return stack_call_graph(mode, p, focus, width);
-    }
-    if p.calls.is_empty() {
-        return "\nno call graph: no sampled branch record of this process is a call\n".into();
-    }
-    let is = |f: &FunctionProfile, name: &str, binary: &str| f.name == name && f.binary == binary;
-    let mut rows: Vec<[String; 4]> = Vec::new();
-    let mut shown = 0;
-    for f in focus {
-        let mut callers: Vec<&CallEdge> = p
-            .calls
-            .iter()
-            .filter(|c| is(f, &c.callee, &c.callee_binary))
-            .collect();
-        let mut callees: Vec<&CallEdge> = p
-            .calls
-            .iter()
-            .filter(|c| is(f, &c.caller, &c.caller_binary))
-            .collect();
-        if callers.is_empty() && callees.is_empty() {
-            continue;
-        }
-        shown += 1;
-        callers.sort_by(|a, b| b.count.total_cmp(&a.count));
-        callees.sort_by(|a, b| b.count.total_cmp(&a.count));
-        // The function's own row: the calls into it, when any were sampled.
-        let (called, records) = if callers.is_empty() {
-            ("-".to_string(), "-".to_string())
-        } else {
-            (
-                si(callers.iter().map(|c| c.count).sum()),
-                group(callers.iter().map(|c| c.samples).sum()),
-            )
-        };
-        rows.push([f.name.clone(), f.binary.clone(), called, records]);
-        for c in callers {
-            rows.push([
-                format!("  ← {}", c.caller),
-                c.caller_binary.clone(),
-                si(c.count),
-                group(c.samples),
-            ]);
-        }
-        for c in callees {
-            rows.push([
-                format!("  → {}", c.callee),
-                c.callee_binary.clone(),
-                si(c.count),
-                group(c.samples),
-            ]);
-        }
-    }
-    let build = |max: usize| {
-        let mut t = new_table(vec!["function", "binary", "calls", "records"], 2);
-        for [name, binary, calls, records] in &rows {
-            t.add_row(vec![
-                ellipsize(name, max),
-                ellipsize(&base(binary), max),
-                calls.clone(),
-                records.clone(),
-            ]);
-        }
-        t
-    };
-    let records: u64 = p.calls.iter().map(|c| c.samples).sum();
-    if shown == 0 {
-        return format!(
-            "\nno call graph for these functions: none of the {} call records involves them\n",
-            group(records)
-        );
-    }
-    format!(
-        "\n{}{}\n",
-        wrap(
-            &format!(
-                "call graph (calls only: ← callers, → callees; estimated calls, scaled like \
-                 ranges, from {} call records)",
-                group(records)
-            ),
-            width
-        ),
-        fitted(width, build)
-    )
 }
 
 /// The full name `asked` stands for: itself where a function (by name or symbol) or a

@@ -155,8 +155,8 @@ pub fn compare(profile: &Profile, truth: &Truth) -> Accuracy {
         functions_without_cpi: without,
         instructions_true: truth.instructions,
         cycles_true: truth.cycles,
-        instructions_est: proc.and_then(|p| p.instructions),
-        cycles_est: proc.and_then(|p| p.cycles),
+        instructions_est: proc.and_then(|p| p.measures.instructions),
+        cycles_est: proc.and_then(|p| p.measures.cycles),
         functions,
         overlap_path: paths.overlap,
         path_cpi_error_median: paths.cpi_error_median,
@@ -302,8 +302,10 @@ impl Estimates {
                         .insert((f.binary.clone(), e.from, e.to, true), c as f64);
                 }
             }
-            est.funcs
-                .insert((f.binary.clone(), f.address), f.instructions.unwrap_or(0.0));
+            est.funcs.insert(
+                (f.binary.clone(), f.address),
+                f.measures.instructions.unwrap_or(0.0),
+            );
         }
         est
     }
@@ -332,7 +334,7 @@ fn function_accuracy(
         };
         let est = by_key.get(k);
         let cpi_true = (ft.instructions > 0).then(|| ft.cycles as f64 / ft.instructions as f64);
-        let cpi_est = est.and_then(|f| f.cpi).map(|c| c.value);
+        let cpi_est = est.and_then(|f| f.measures.cpi).map(|c| c.value);
         let cpi_error = match (cpi_est, cpi_true) {
             (Some(e), Some(t)) if t > 0.0 => Some((e - t).abs() / t),
             _ => None,
@@ -354,13 +356,13 @@ fn function_accuracy(
             address: k.1,
             share,
             instructions_true: ft.instructions,
-            instructions_est: est.and_then(|f| f.instructions).unwrap_or(0.0),
+            instructions_est: est.and_then(|f| f.measures.instructions).unwrap_or(0.0),
             cycles_true: ft.cycles,
-            cycles_est: est.and_then(|f| f.cycles).unwrap_or(0.0),
+            cycles_est: est.and_then(|f| f.measures.cycles).unwrap_or(0.0),
             cpi_true,
             cpi_est,
             cpi_error,
-            cpi_rel_error: est.and_then(|f| f.cpi).map(|c| c.rel_error),
+            cpi_rel_error: est.and_then(|f| f.measures.cpi).map(|c| c.rel_error),
         });
     }
     functions.sort_by(|a, b| b.share.total_cmp(&a.share));

@@ -133,15 +133,17 @@ fn add_profile(profile: &Profile, pid: u32, truth: &TruthByAddress, rows: &mut [
         // Instructions and cycles of the functions above the sample floor: those whose
         // CPI is shown (a function seen in one or two samples has an error as wide as
         // itself, which says nothing about calibration).
-        if f.cpi.is_some() {
-            if let (Some(est), Some(rel)) = (f.instructions, f.instructions_rel_error) {
+        if f.measures.cpi.is_some() {
+            if let (Some(est), Some(rel)) =
+                (f.measures.instructions, f.measures.instructions_rel_error)
+            {
                 rows[0].add(est, rel, n as f64);
             }
-            if let (Some(est), Some(rel)) = (f.cycles, f.cycles_rel_error) {
+            if let (Some(est), Some(rel)) = (f.measures.cycles, f.measures.cycles_rel_error) {
                 rows[1].add(est, rel, c as f64);
             }
         }
-        cpi(&mut rows[2], &f.cpi, (n, c));
+        cpi(&mut rows[2], &f.measures.cpi, (n, c));
         cpi(&mut rows[3], &f.timed_cpi, (n, c));
         for b in &f.blocks {
             let t = sum(b.start..b.end);

@@ -308,9 +308,9 @@ fn check_equal(r: &Recording, stacks: StackMode) {
     );
     let measured = |q: &cpi_user::profile::model::ProcessProfile| {
         if r.cycles {
-            q.cycles
+            q.measures.cycles
         } else {
-            q.instructions
+            q.measures.instructions
         }
     };
     assert!(
@@ -381,7 +381,12 @@ fn thinning_keeps_every_period_of_a_real_recording() {
     // pending.
     let theirs = imported.analyze(&opts.analysis).profile;
     let ours = run.loaded.analyze(&opts.analysis).profile;
-    let total = |p: &Profile| p.processes.iter().filter_map(|p| p.cycles).sum::<f64>();
+    let total = |p: &Profile| {
+        p.processes
+            .iter()
+            .filter_map(|p| p.measures.cycles)
+            .sum::<f64>()
+    };
     let want = total(&theirs) - run.pending[1] as f64;
     assert!(
         (total(&ours) - want).abs() <= 1e-9 * want,

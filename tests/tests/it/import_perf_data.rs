@@ -194,21 +194,21 @@ fn cycles_freq_mode_periods_match_perf_report() {
     assert!(p.mode_reason.contains("freq 4000 Hz"), "{}", p.mode_reason);
     assert_eq!(p.processes[0].comm, "prog");
     let (hot, cold) = (func(&p, "hot"), func(&p, "cold"));
-    assert_eq!(hot.cycles, Some(ph.iter().sum::<u64>() as f64));
-    assert_eq!(cold.cycles, Some(pc.iter().sum::<u64>() as f64));
+    assert_eq!(hot.measures.cycles, Some(ph.iter().sum::<u64>() as f64));
+    assert_eq!(cold.measures.cycles, Some(pc.iter().sum::<u64>() as f64));
     assert!(
-        hot.instructions.unwrap() > 0.0,
+        hot.measures.instructions.unwrap() > 0.0,
         "a relative instruction profile"
     );
     for f in [hot, cold] {
         assert!(
-            f.cpi.is_none(),
+            f.measures.cpi.is_none(),
             "{}: no CPI from cycle-sampled stacks",
             f.name
         );
         assert!(f.timed_cpi.is_none(), "untimed entries");
     }
-    assert!(p.processes[0].cpi.is_none());
+    assert!(p.processes[0].measures.cpi.is_none());
     if !have_perf() {
         return;
     }
@@ -275,14 +275,15 @@ fn taken_branch_event_with_cycles_event_gives_absolute_counts_and_cpi() {
     for (name, n, l, cyc) in [("hot", nh, fx.hot, &ch), ("cold", nc, fx.cold, &cc)] {
         let f = func(&p, name);
         let want = (n * 500_009) as f64 * l.instructions as f64;
-        let got = f.instructions.unwrap();
+        let got = f.measures.instructions.unwrap();
         assert!(
             (got - want).abs() < 1e-6 * want,
             "{name}: {got} instructions, want {want}"
         );
         let c = cyc.iter().sum::<u64>() as f64;
-        assert_eq!(f.cycles, Some(c));
+        assert_eq!(f.measures.cycles, Some(c));
         let cpi = f
+            .measures
             .cpi
             .expect("CPI from a taken-branch event and a cycles event");
         assert!(
@@ -321,7 +322,10 @@ fn taken_branch_event_alone_has_timed_cpi_only() {
     );
     assert!(p.mode_reason.contains("timed LBR"), "{}", p.mode_reason);
     let (hot, cold) = (func(&p, "hot"), func(&p, "cold"));
-    let (hi, ci) = (hot.instructions.unwrap(), cold.instructions.unwrap());
+    let (hi, ci) = (
+        hot.measures.instructions.unwrap(),
+        cold.measures.instructions.unwrap(),
+    );
     assert!(
         (hot.share - hi / (hi + ci)).abs() < 1e-9,
         "share of instructions"
@@ -332,7 +336,7 @@ fn taken_branch_event_alone_has_timed_cpi_only() {
     );
     for (f, l) in [(hot, fx.hot), (cold, fx.cold)] {
         assert!(
-            f.cycles.is_none() && f.cpi.is_none(),
+            f.measures.cycles.is_none() && f.measures.cpi.is_none(),
             "{}: no cycles in the recording",
             f.name
         );
@@ -397,12 +401,12 @@ fn cycle_sampled_timed_stacks_are_weighted_by_cycles_spanned() {
         let f = func(&p, name);
         let iterations = (n * PERIOD) as f64 / c as f64;
         let want = iterations * l.instructions as f64;
-        let got = f.instructions.unwrap();
+        let got = f.measures.instructions.unwrap();
         assert!(
             (got - want).abs() < 1e-6 * want,
             "{name}: {got} want {want}"
         );
-        let cpi = f.cpi.expect("CPI from corrected counts").value;
+        let cpi = f.measures.cpi.expect("CPI from corrected counts").value;
         let want_cpi = c as f64 / l.instructions as f64;
         assert!(
             (cpi - want_cpi).abs() < 1e-9,
@@ -412,11 +416,11 @@ fn cycle_sampled_timed_stacks_are_weighted_by_cycles_spanned() {
     let (raw, _) = import(&file, &["--stack-weighting", "window"]);
     assert!(raw.mode_reason.contains("relative"), "{}", raw.mode_reason);
     let (h, c) = (func(&raw, "hot"), func(&raw, "cold"));
-    assert!(h.cpi.is_none() && c.cpi.is_none());
+    assert!(h.measures.cpi.is_none() && c.measures.cpi.is_none());
     // Uncorrected, the counts follow the samples (60:40), not the iterations (15:1 per
     // instruction of each loop).
     let per_sample = |f: &FunctionProfile, l: Loop, n: u64| {
-        f.instructions.unwrap() / l.instructions as f64 / n as f64
+        f.measures.instructions.unwrap() / l.instructions as f64 / n as f64
     };
     assert!((per_sample(h, fx.hot, n_hot) - per_sample(c, fx.cold, n_cold)).abs() < 1e-6);
 }
@@ -438,7 +442,7 @@ fn window_larger_than_the_stacks_is_clamped() {
     assert!(err.contains("8 entries hold 7 ranges"), "{err}");
     assert_eq!(p.lost.short_samples, 0);
     let want = 30.0 * 500_009.0 * fx.hot.instructions as f64;
-    let got = func(&p, "hot").instructions.unwrap();
+    let got = func(&p, "hot").measures.instructions.unwrap();
     assert!(
         (got - want).abs() < 1e-9 * want,
         "{got} instructions, want {want}"
@@ -543,7 +547,7 @@ fn binaries_recorded_elsewhere_are_found_and_checked() {
     ] {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         let (p, _) = import(&file, &a);
-        let got = func(&p, "hot").instructions.unwrap();
+        let got = func(&p, "hot").measures.instructions.unwrap();
         assert!(
             (got - want).abs() < 1e-9 * want,
             "{args:?}: {got} instructions, want {want}"
@@ -756,7 +760,7 @@ fn raw_event_codes_are_read_on_the_recording_cpu() {
             None => assert!(p.mode_reason.contains("no cpuid header"), "{what}"),
         }
         // Absolute counts: each range stands for period / window executions.
-        let hot = func(&p, "hot").instructions.unwrap();
+        let hot = func(&p, "hot").measures.instructions.unwrap();
         let per_range = if taken { 500_009.0 / 8.0 } else { 1.0 / 8.0 };
         assert!(
             (hot - 40.0 * 8.0 * per_range * fx.hot.instructions as f64).abs() < 1e-6 * hot,

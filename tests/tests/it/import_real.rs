@@ -180,7 +180,10 @@ fn skylake_recording_agrees_with_perf_report_and_llvm_profgen() {
             .flat_map(|pr| &pr.functions)
             .find(|f| f.name == name)
             .unwrap_or_else(|| panic!("{name} in the profile"));
-        let (cpi, timed) = (f.cpi.expect("CPI"), f.timed_cpi.expect("timed CPI"));
+        let (cpi, timed) = (
+            f.measures.cpi.expect("CPI"),
+            f.timed_cpi.expect("timed CPI"),
+        );
         assert!(
             !f.cpi_disagree,
             "{name}: CPI {:.3} ± {:.1} % vs timed {:.3} ± {:.1} %",
@@ -354,16 +357,16 @@ fn another_architectures_recording_is_named_and_not_decoded() {
     assert_eq!(p.mode, Mode::IpSampling, "{}", p.mode_reason);
     let funcs: Vec<_> = p.processes.iter().flat_map(|p| &p.functions).collect();
     assert!(
-        funcs
-            .iter()
-            .all(|f| f.instructions.is_none() && f.blocks.is_empty() && f.lines.is_empty()),
+        funcs.iter().all(|f| f.measures.instructions.is_none()
+            && f.blocks.is_empty()
+            && f.lines.is_empty()),
         "something was decoded: {funcs:#?}"
     );
     assert!(
         funcs.iter().any(|f| f
             .name
             .contains("hierarchical_discriminator_test: aarch64 code")
-            && f.cycles.is_some_and(|c| c > 0.0)),
+            && f.measures.cycles.is_some_and(|c| c > 0.0)),
         "{funcs:#?}"
     );
     let lines: Vec<&str> = stderr.lines().collect();

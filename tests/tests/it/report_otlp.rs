@@ -131,8 +131,8 @@ fn check_cpi(decoded: &Value, p: &Profile) {
     // functions hold, each to the rounding of the call path's split.
     type Total = fn(&FunctionProfile) -> f64;
     let totals: [Total; 3] = [
-        |f| f.cycles.unwrap(),
-        |f| f.instructions.unwrap(),
+        |f| f.measures.cycles.unwrap(),
+        |f| f.measures.instructions.unwrap(),
         |f| f.samples as f64,
     ];
     for (x, total) in ps.iter().zip(totals) {
@@ -155,7 +155,7 @@ fn check_cpi(decoded: &Value, p: &Profile) {
             x["type"]
         );
     }
-    let cycles = ps[0]["sum"].as_i64().unwrap() - pr.cycles.unwrap().round() as i64;
+    let cycles = ps[0]["sum"].as_i64().unwrap() - pr.measures.cycles.unwrap().round() as i64;
     assert!(cycles.abs() <= 1, "cycles off by {cycles}");
     // The call path, leaf first, in every type but calls; the edge as [callee, caller].
     let has = |x: &Value, frames: &[&str]| {
@@ -228,7 +228,10 @@ fn otlp_file_decodes_with_the_official_package() {
     assert_eq!(types, [("samples", "count"), ("cpu", "nanoseconds")]);
     let fs = &t.processes[0].functions;
     let samples: u64 = fs.iter().map(|f| f.samples).sum();
-    let cpu: i64 = fs.iter().map(|f| f.time_ns.unwrap().round() as i64).sum();
+    let cpu: i64 = fs
+        .iter()
+        .map(|f| f.measures.time_ns.unwrap().round() as i64)
+        .sum();
     assert_eq!(
         (&ps[0]["sum"], &ps[1]["sum"]),
         (&samples.into(), &cpu.into())

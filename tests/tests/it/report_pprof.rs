@@ -61,8 +61,18 @@ fn sample_types_mappings_and_build_ids() {
                 .map(|x| x.value[k])
                 .sum()
         };
-        assert_eq!(sum(0), f.cycles.unwrap().round() as i64, "{}", f.name);
-        assert_eq!(sum(1), f.instructions.unwrap().round() as i64, "{}", f.name);
+        assert_eq!(
+            sum(0),
+            f.measures.cycles.unwrap().round() as i64,
+            "{}",
+            f.name
+        );
+        assert_eq!(
+            sum(1),
+            f.measures.instructions.unwrap().round() as i64,
+            "{}",
+            f.name
+        );
         assert_eq!(sum(2), f.samples as i64, "{}", f.name);
     }
     // Instruction-level locations exist for functions with disassembly.
@@ -106,7 +116,12 @@ fn pprof_top(file: &std::path::Path, index: &str) -> Vec<String> {
 fn table_order(p: &Profile) -> Vec<String> {
     let mut f: Vec<_> = p.processes[0].functions.iter().collect();
     if p.mode.has_cpi() {
-        f.sort_by(|a, b| b.cycles.unwrap_or(0.0).total_cmp(&a.cycles.unwrap_or(0.0)));
+        f.sort_by(|a, b| {
+            b.measures
+                .cycles
+                .unwrap_or(0.0)
+                .total_cmp(&a.measures.cycles.unwrap_or(0.0))
+        });
     } else {
         f.sort_by_key(|f| std::cmp::Reverse(f.samples));
     }

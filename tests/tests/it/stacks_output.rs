@@ -213,7 +213,7 @@ fn analysis_gives_each_path_its_samples_and_cpi() {
     let inner = &proc.stacks[0];
     let f = proc.functions.iter().find(|f| f.name == "inner").unwrap();
     // All of inner's ranges ran under this path: the same instructions.
-    assert_eq!(inner.instructions, f.instructions);
+    assert_eq!(inner.instructions, f.measures.instructions);
     let cpi = inner.cpi.expect("above the floor");
     assert_eq!(
         cpi.value,

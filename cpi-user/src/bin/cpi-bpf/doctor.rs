@@ -124,6 +124,75 @@ fn recorded(root: &std::path::Path) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    if let Some(root) = &args.root {
+        return recorded(root);
+    }
+    let c = Capabilities::probe();
+    let privileged = privilege_lines(&c);
+    machine_lines(&c);
+    let rate = events::Rate {
+        frequency: DEFAULT_FREQUENCY,
+        period: None,
+        core_hz: events::nominal_core_hz(),
+    };
+    let plan = |m: Mode| events::plan(m, &c.processor(), &rate, false, false);
+    let probe = if privileged.is_ok() {
+        load_programs(&c, &plan)
+    } else {
+        line("kernel features", "not probed (no privileges)");
+        line("BPF load", "not tried (no privileges)");
+        Probe {
+            start: c.mode(),
+            below_floor: false,
+            bpf: None,
+        }
+    };
+    event_lines(probe.bpf.as_ref(), &plan);
+    // The ladder exactly as collection walks it, on this process.
+    let attach = |name: &'static str| match &probe.bpf {
+        Some(b) => ladder::program_fd(b, name),
+        None => Ok(None),
+    };
+    let rung = ladder::walk(
+        &Linux,
+        probe.start,
+        &plan,
+        &[(0, -1)],
+        0,
+        &attach,
+        &mut |_| {},
+    );
+    match rung {
+        Ok(rung) if privileged.is_ok() && probe.bpf.is_some() && !probe.below_floor => {
+            line("mode", &format!("{} — {}", rung.mode.name(), rung.reason));
+            Ok(0)
+        }
+        _ => {
+            line("mode", "none: cpi-bpf cannot collect here (see above)");
+            Ok(1)
+        }
+    }
+}
+
+/// The kernel and the process's privileges; why they are not enough, if not.
+fn privilege_lines(c: &Capabilities) -> Result<(), String> {
+    line("kernel", &c.kernel);
+    line(
+        "privileges",
+        &format!(
+            "euid {}; CAP_SYS_ADMIN {}, CAP_BPF {}, CAP_PERFMON {}",
+            c.euid,
+            yes(c.cap_sys_admin),
+            yes(c.cap_bpf),
+            yes(c.cap_perfmon)
+        ),
+    );
+    let privileged = c.check_privileges();
+    line("collection", &collection_path(c, privileged.is_ok()));
+    privileged
+}
+
 /// Which path collection takes here: BPF with its privileges, else the kernel's perf
 /// ring buffers where `perf_event_paranoid` allows, else what would allow either.
 fn collection_path(c: &Capabilities, privileged: bool) -> String {
@@ -141,81 +210,69 @@ fn collection_path(c: &Capabilities, privileged: bool) -> String {
     }
 }
 
-pub fn run(args: Args) -> anyhow::Result<i32> {
-    if let Some(root) = &args.root {
-        return recorded(root);
+/// What the kernel's BPF has: where the ladder starts, and the programs loaded.
+struct Probe {
+    start: (Mode, String),
+    /// The kernel is older than the floor cpi-bpf supports.
+    below_floor: bool,
+    bpf: Option<aya::Ebpf>,
+}
+
+/// Probes the kernel's BPF features and loads every program it can run, so each event
+/// is tried with its own.
+fn load_programs(c: &Capabilities, plan: &dyn Fn(Mode) -> Vec<events::EventSpec>) -> Probe {
+    let features = KernelFeatures::probe();
+    for (name, has) in features.lines() {
+        line(name, &has);
     }
-    let c = Capabilities::probe();
-    line("kernel", &c.kernel);
-    line(
-        "privileges",
-        &format!(
-            "euid {}; CAP_SYS_ADMIN {}, CAP_BPF {}, CAP_PERFMON {}",
-            c.euid,
-            yes(c.cap_sys_admin),
-            yes(c.cap_bpf),
-            yes(c.cap_perfmon)
-        ),
-    );
-    let privileged = c.check_privileges();
-    line("collection", &collection_path(&c, privileged.is_ok()));
-    machine_lines(&c);
-    let rate = events::Rate {
-        frequency: DEFAULT_FREQUENCY,
-        period: None,
-        core_hz: events::nominal_core_hz(),
-    };
-    let plan = |m: Mode| events::plan(m, &c.processor(), &rate, false, false);
-    // What the kernel's BPF has decides which programs load and where the ladder starts.
-    let mut start = c.mode();
-    let mut below_floor = false;
-    let bpf = if privileged.is_ok() {
-        let features = KernelFeatures::probe();
-        for (name, has) in features.lines() {
-            line(name, &has);
-        }
-        start = features.limit(start);
-        if let Err(why) = features.check_floor(&c.kernel) {
+    let start = features.limit(c.mode());
+    let below_floor = match features.check_floor(&c.kernel) {
+        Err(why) => {
             line("", &why);
-            below_floor = true;
+            true
         }
-        // Every program the kernel can run, so each event below is tried with its own.
-        let all = features.limit((Mode::Cpi, String::new())).0;
-        let programs = ladder::programs_from(all, &plan);
-        match collect::load(
-            1 << 20,
-            KernelConfig::default(),
-            features.stack_mode(true),
-            features.ancestor_cgroup_id,
-            c.btf,
-            &programs,
-        ) {
-            Ok(b) => {
-                line(
-                    "BPF load",
-                    &format!(
-                        "perf_event programs ({}) and a 1 MiB ring buffer load",
-                        programs.join(", ")
-                    ),
-                );
-                Some(b)
-            }
-            Err(e) => {
-                line("BPF load", &format!("fails: {e}"));
-                None
-            }
-        }
-    } else {
-        line("kernel features", "not probed (no privileges)");
-        line("BPF load", "not tried (no privileges)");
-        None
+        Ok(()) => false,
     };
+    let all = features.limit((Mode::Cpi, String::new())).0;
+    let programs = ladder::programs_from(all, plan);
+    let bpf = match collect::load(
+        1 << 20,
+        KernelConfig::default(),
+        features.stack_mode(true),
+        features.ancestor_cgroup_id,
+        c.btf,
+        &programs,
+    ) {
+        Ok(b) => {
+            line(
+                "BPF load",
+                &format!(
+                    "perf_event programs ({}) and a 1 MiB ring buffer load",
+                    programs.join(", ")
+                ),
+            );
+            Some(b)
+        }
+        Err(e) => {
+            line("BPF load", &format!("fails: {e}"));
+            None
+        }
+    };
+    Probe {
+        start,
+        below_floor,
+        bpf,
+    }
+}
+
+/// Opens every core PMU's branch-stack and cycles events, then cpu-clock, each with its
+/// program attached where it loaded.
+fn event_lines(bpf: Option<&aya::Ebpf>, plan: &dyn Fn(Mode) -> Vec<events::EventSpec>) {
     let what = if bpf.is_some() {
         "opens, BPF attaches"
     } else {
         "opens"
     };
-    // Every core PMU's branch-stack and cycles events, then cpu-clock.
     let of_role = |m: Mode, role: EventRole| plan(m).into_iter().filter(move |s| s.role == role);
     for spec in of_role(Mode::Cpi, EventRole::Branches)
         .chain(of_role(Mode::IpSampling, EventRole::Cycles))
@@ -227,32 +284,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             _ => "cpu-clock event",
         };
         // A program the kernel's features kept out is not attached: the event alone.
-        let prog = bpf
-            .as_ref()
-            .filter(|b| ladder::program_fd(b, spec.program).is_ok());
-        let what = match (prog, &bpf) {
+        let prog = bpf.filter(|b| ladder::program_fd(b, spec.program).is_ok());
+        let what = match (prog, bpf) {
             (None, Some(_)) => "opens (its BPF program is not loaded: see the features above)",
             _ => what,
         };
         match collect::try_event(&spec, prog) {
             Ok(()) => line(label, &format!("{} {what}", spec.name)),
             Err(e) => line(label, &format!("cannot: {e}")),
-        }
-    }
-    // The ladder exactly as collection walks it, on this process.
-    let attach = |name: &'static str| match &bpf {
-        Some(b) => ladder::program_fd(b, name),
-        None => Ok(None),
-    };
-    let rung = ladder::walk(&Linux, start, &plan, &[(0, -1)], 0, &attach, &mut |_| {});
-    match rung {
-        Ok(rung) if privileged.is_ok() && bpf.is_some() && !below_floor => {
-            line("mode", &format!("{} — {}", rung.mode.name(), rung.reason));
-            Ok(0)
-        }
-        _ => {
-            line("mode", "none: cpi-bpf cannot collect here (see above)");
-            Ok(1)
         }
     }
 }

@@ -13,7 +13,7 @@ use super::{sample_role, Ctx, LineDetail};
 use crate::binary::{Binary, BinaryError, Cfg, CodeObject, Instruction, Symbolizer};
 use crate::profile::error::{self, Groups};
 use crate::profile::flow::check_range;
-use crate::profile::model::{FunctionProfile, InstructionProfile};
+use crate::profile::model::{FunctionProfile, InstructionProfile, Measures};
 
 /// Decoded functions by (object, start), shared by the processes of the run: each is
 /// kept exactly as long as a process still has to analyse it.
@@ -111,9 +111,10 @@ impl Ctx<'_> {
             return FunctionOutcome::without_counts(profile);
         }
         let instructions = d.instructions;
-        profile.instructions = Some(instructions);
-        profile.instructions_rel_error = Some(error::relative(instructions, d.instructions_var));
-        profile.cpi = cpi_of(
+        profile.measures.instructions = Some(instructions);
+        profile.measures.instructions_rel_error =
+            Some(error::relative(instructions, d.instructions_var));
+        profile.measures.cpi = cpi_of(
             &d.cycles,
             instructions,
             d.instructions_var,
@@ -235,12 +236,15 @@ fn sampled_profile(
         } else {
             0.0
         },
-        time_ns: opt(EventRole::CpuClock),
-        cycles: opt(EventRole::Cycles),
-        instructions: None,
-        cycles_rel_error: opt(EventRole::Cycles).map(|_| w.total(EventRole::Cycles).rel_error()),
-        instructions_rel_error: None,
-        cpi: None,
+        measures: Measures {
+            time_ns: opt(EventRole::CpuClock),
+            cycles: opt(EventRole::Cycles),
+            instructions: None,
+            cycles_rel_error: opt(EventRole::Cycles)
+                .map(|_| w.total(EventRole::Cycles).rel_error()),
+            instructions_rel_error: None,
+            cpi: None,
+        },
         timed_cpi: None,
         cpi_disagree: false,
         bolt_name: match &w.object {

@@ -10,9 +10,10 @@ pub(in crate::profile) fn hottest_first(
     a: &FunctionProfile,
     b: &FunctionProfile,
 ) -> std::cmp::Ordering {
-    b.cycles
+    b.measures
+        .cycles
         .unwrap_or(0.0)
-        .total_cmp(&a.cycles.unwrap_or(0.0))
+        .total_cmp(&a.measures.cycles.unwrap_or(0.0))
         .then(b.samples.cmp(&a.samples))
         .then(a.name.cmp(&b.name))
         .then(a.binary.cmp(&b.binary))

@@ -13,7 +13,7 @@ use super::{sample_role, Ctx};
 use crate::binary::{Binary, CodeObject, SourceLines};
 use crate::profile::aggregate::ProcessSamples;
 use crate::profile::error::{self, Groups};
-use crate::profile::model::{CallEdge, Estimate, FunctionProfile, Mode, ProcessProfile};
+use crate::profile::model::{CallEdge, Estimate, FunctionProfile, Measures, Mode, ProcessProfile};
 
 impl Ctx<'_> {
     /// The process's profile from its gathered work.
@@ -76,12 +76,14 @@ impl Ctx<'_> {
             identity: p.identity.clone().unwrap_or_default(),
             samples: primary.samples,
             branch_samples: p.branches.samples,
-            time_ns: process_total(p, EventRole::CpuClock),
-            cycles: process_total(p, EventRole::Cycles),
-            instructions,
-            cycles_rel_error,
-            instructions_rel_error,
-            cpi,
+            measures: Measures {
+                time_ns: process_total(p, EventRole::CpuClock),
+                cycles: process_total(p, EventRole::Cycles),
+                instructions,
+                cycles_rel_error,
+                instructions_rel_error,
+                cpi,
+            },
             functions,
             calls,
             stacks: self.stacks(p, &mut res, &lens),

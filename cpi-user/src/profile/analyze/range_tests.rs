@@ -146,7 +146,7 @@ fn sum_loop_three_iterations_exact() {
         assert_eq!(got, expect, "{path:?}");
         assert_eq!(fp.lines[latch].text, ins[latch].text);
         let n_instr = (head + 1) + 3 * (latch + 1 - head);
-        assert_eq!(fp.instructions, Some(50_000.0 * n_instr as f64));
+        assert_eq!(fp.measures.instructions, Some(50_000.0 * n_instr as f64));
         // Blocks: count = executions of the block.
         let block = |a: u64| fp.blocks.iter().find(|b| b.start == a).unwrap();
         assert_eq!(block(ins[head].addr).count, 150_000.0);
@@ -190,7 +190,7 @@ fn sum_loop_three_iterations_exact() {
         // CPI from synthetic cycles: 30×997 + 10×1009 over the range instructions;
         // samples = min(40 cycle samples, 150 range occurrences).
         let cycles = 30.0 * 997.0 + 10.0 * 1009.0;
-        let cpi = fp.cpi.unwrap();
+        let cpi = fp.measures.cpi.unwrap();
         assert_eq!(cpi.value, cycles / (50_000.0 * n_instr as f64));
         assert_eq!(cpi.samples, 40);
         // The error model (profile/error.rs): the cycles through the groups their
@@ -202,7 +202,7 @@ fn sum_loop_three_iterations_exact() {
         let rel_c = groups_rel(&periods);
         let rel_n = groups_rel(&[1000.0 * n_instr as f64; 50]);
         assert!(rel_n > 0.0);
-        assert!((fp.instructions_rel_error.unwrap() - rel_n).abs() < 1e-9);
+        assert!((fp.measures.instructions_rel_error.unwrap() - rel_n).abs() < 1e-9);
         assert!((cpi.rel_error - rel_c.hypot(rel_n)).abs() < 1e-9);
         // The loop block: 30 cycle samples (< floor 10? no: 30 ≥ 10) → a number;
         // the entry block has 10 → a number; the ret block has none → None.
@@ -233,7 +233,10 @@ fn sum_loop_three_iterations_exact() {
         // Process CPI covers the analysed functions.
         let pp = &prof.processes[0];
         assert_eq!(pp.branch_samples, 50);
-        assert_eq!(pp.cpi.unwrap().value, cycles / pp.instructions.unwrap());
+        assert_eq!(
+            pp.measures.cpi.unwrap().value,
+            cycles / pp.measures.instructions.unwrap()
+        );
     }
 }
 
@@ -309,7 +312,7 @@ fn call_paths_get_their_samples_instructions_and_cpi() {
     let body = (latch + 1 - head) as f64;
     let n = 40.0 * 1000.0 * ((latch + 1) as f64 + body + body + body + 1.0);
     assert_eq!(path.instructions, Some(n));
-    assert_eq!(func(&prof, "sum_loop").instructions, Some(n));
+    assert_eq!(func(&prof, "sum_loop").measures.instructions, Some(n));
     assert_eq!(path.range_hits, 160);
     let cpi = path.cpi.unwrap();
     assert_eq!(cpi.value, 40.0 * 997.0 / n);

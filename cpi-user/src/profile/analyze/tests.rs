@@ -99,7 +99,7 @@ fn time_profile_functions_losses_and_json() {
         );
         let pp = &prof.processes[0];
         assert_eq!((pp.pid, pp.comm.as_str(), pp.samples), (100, "loops", 48));
-        assert_eq!(pp.time_ns, Some(48e6));
+        assert_eq!(pp.measures.time_ns, Some(48e6));
         let f = &pp.functions;
         let stripped = path == &t.pie_stripped;
         let sum_name = if stripped {
@@ -111,7 +111,7 @@ fn time_profile_functions_losses_and_json() {
             (f[0].name.as_str(), f[0].samples, f[0].address),
             (sum_name.as_str(), 30, sum)
         );
-        assert_eq!(f[0].time_ns, Some(30e6));
+        assert_eq!(f[0].measures.time_ns, Some(30e6));
         assert!((f[0].share - 30.0 / 48.0).abs() < 1e-12);
         assert_eq!((f[1].name.as_str(), f[1].samples), ("exported_entry", 10));
         assert_eq!(
@@ -234,12 +234,15 @@ fn deleted_binary_is_flagged_and_ip_sampling_has_cpi() {
     }
     let prof = analyze(&set, run_info(Mode::IpSampling), &opts());
     assert!(prof.binaries[0].deleted);
-    assert_eq!(prof.processes[0].time_ns, Some(30e6));
+    assert_eq!(prof.processes[0].measures.time_ns, Some(30e6));
     let f = &prof.processes[0].functions[0];
-    assert_eq!(f.time_ns, Some(30e6));
+    assert_eq!(f.measures.time_ns, Some(30e6));
     assert_eq!(f.name, "fib");
-    assert_eq!((f.cycles, f.instructions), (Some(40_000.0), Some(12_500.0)));
-    let cpi = f.cpi.unwrap();
+    assert_eq!(
+        (f.measures.cycles, f.measures.instructions),
+        (Some(40_000.0), Some(12_500.0))
+    );
+    let cpi = f.measures.cpi.unwrap();
     assert_eq!((cpi.value, cpi.samples), (3.2, 25));
     // Per instruction too: the instruction holding fib+1 has both.
     let l = f
@@ -259,11 +262,11 @@ fn deleted_binary_is_flagged_and_ip_sampling_has_cpi() {
     let (rel_c, rel_n) = (groups_rel(&[1000.0; 40]), groups_rel(&[500.0; 25]));
     assert!(rel_c > 0.0 && rel_n > 0.0);
     assert!((cpi.rel_error - rel_c.hypot(rel_n)).abs() < 1e-9);
-    assert!((f.cycles_rel_error.unwrap() - rel_c).abs() < 1e-9);
+    assert!((f.measures.cycles_rel_error.unwrap() - rel_c).abs() < 1e-9);
     // Below the floor: no number.
     let mut o = opts();
     o.sample_floor = 26;
     let prof = analyze(&set, run_info(Mode::IpSampling), &o);
-    assert_eq!(prof.processes[0].functions[0].cpi, None);
-    assert_eq!(prof.processes[0].cpi, None);
+    assert_eq!(prof.processes[0].functions[0].measures.cpi, None);
+    assert_eq!(prof.processes[0].measures.cpi, None);
 }

@@ -21,8 +21,8 @@ pub fn amount(width: Width, v: f64) -> String {
 
 fn width_of(f: &FunctionProfile, width: Width) -> f64 {
     match width {
-        Width::Cycles => f.cycles.unwrap_or(0.0),
-        Width::Time => f.time_ns.unwrap_or(0.0),
+        Width::Cycles => f.measures.cycles.unwrap_or(0.0),
+        Width::Time => f.measures.time_ns.unwrap_or(0.0),
         Width::Samples => f.samples as f64,
     }
 }
@@ -174,7 +174,7 @@ pub fn table_rows(p: &Profile, width: Width, cpi: bool, total: f64) -> Vec<Funct
         .filter(|(_, _, _, f)| f.samples > 0 || width_of(f, width) > 0.0)
         .map(|(pi, pr, fi, f)| {
             let w = width_of(f, width);
-            let est = f.cpi.filter(|_| cpi);
+            let est = f.measures.cpi.filter(|_| cpi);
             FunctionRow {
                 name: f.name.clone(),
                 comm: pr.comm.clone(),
@@ -189,8 +189,12 @@ pub fn table_rows(p: &Profile, width: Width, cpi: bool, total: f64) -> Vec<Funct
                 ),
                 amount: amount(width, w),
                 width: w,
-                instructions: f.instructions.filter(|_| cpi),
-                instructions_text: f.instructions.filter(|_| cpi).map_or("-".into(), si),
+                instructions: f.measures.instructions.filter(|_| cpi),
+                instructions_text: f
+                    .measures
+                    .instructions
+                    .filter(|_| cpi)
+                    .map_or("-".into(), si),
                 cpi: est.map(|e| e.value),
                 cpi_text: cpi_text(est.map(|e| (e.value, e.rel_error)), cpi),
                 cpi_fill: colour::frame(cpi, est.map(|e| e.value)),
@@ -286,8 +290,8 @@ fn headline(f: &FunctionProfile, width: Width, cpi: bool) -> String {
     if cpi {
         s.push_str(&format!(
             ", {} instructions, CPI {}",
-            f.instructions.map_or("-".into(), si),
-            cpi_text(f.cpi.map(|e| (e.value, e.rel_error)), true)
+            f.measures.instructions.map_or("-".into(), si),
+            cpi_text(f.measures.cpi.map(|e| (e.value, e.rel_error)), true)
         ));
     }
     s

@@ -30,9 +30,9 @@ impl Width {
     /// The measure a profile's frames get: cycles where the mode counts them.
     pub fn of(p: &Profile) -> Width {
         let any = |f: fn(&ProcessProfile) -> bool| p.processes.iter().any(f);
-        if p.mode.has_cpi() && any(|pr| pr.cycles.is_some()) {
+        if p.mode.has_cpi() && any(|pr| pr.measures.cycles.is_some()) {
             Width::Cycles
-        } else if any(|pr| pr.time_ns.is_some()) {
+        } else if any(|pr| pr.measures.time_ns.is_some()) {
             Width::Time
         } else {
             Width::Samples

@@ -58,9 +58,9 @@ impl WindowTotals {
                 }
             };
             let c = &mut comms[i];
-            add(&mut c.time_ns, pr.time_ns);
-            add(&mut c.cycles, pr.cycles);
-            add(&mut c.instructions, pr.instructions);
+            add(&mut c.time_ns, pr.measures.time_ns);
+            add(&mut c.cycles, pr.measures.cycles);
+            add(&mut c.instructions, pr.measures.instructions);
         }
         WindowTotals {
             start: secs(start),

@@ -95,11 +95,15 @@ fn function_line(
         let _ = write!(
             s,
             ", {} cycles, {} instructions, CPI {}",
-            opt_si(f.cycles),
-            opt_si(f.instructions),
-            cpi(f.cpi, f.samples, inputs(f.cycles, f.instructions))
+            opt_si(f.measures.cycles),
+            opt_si(f.measures.instructions),
+            cpi(
+                f.measures.cpi,
+                f.samples,
+                inputs(f.measures.cycles, f.measures.instructions)
+            )
         );
-    } else if let Some(t) = f.time_ns {
+    } else if let Some(t) = f.measures.time_ns {
         let _ = write!(s, ", {} CPU", time(t));
     }
     if let Some(src) = &f.source {
