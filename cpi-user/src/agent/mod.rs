@@ -47,7 +47,9 @@ pub mod store;
 mod sys;
 
 use std::collections::HashMap;
-use std::sync::mpsc::{channel, sync_channel, Receiver, RecvTimeoutError, TrySendError};
+use std::sync::mpsc::{
+    channel, sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError,
+};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -386,80 +388,133 @@ impl Agent {
                 bpf_seconds: bpf_seconds(&session),
             };
             start = end;
-            // Hand the window over. While the analysis is still busy with the last one,
-            // go on draining into the next window for up to one interval: a wait of a
-            // few hundred ms overflowed the ring at 999 Hz on a build host (BENCHMARKS.md,
-            // "Agent memory: the ring and the allocator"), and that window's stacks are
-            // bounded as any window's. Past that, wait without draining (the kernel's
-            // buffers take the excess, counted: a stuck analysis grew the agent's heap
-            // 12 MiB in 60 s when this drained without end), seeing signals, and say so
-            // once it is late.
-            let (mut job, waiting) = (job, Instant::now());
-            let mut told = false;
-            let handed = loop {
-                match tx.try_send(job) {
-                    Ok(()) => break None,
-                    Err(TrySendError::Disconnected(_)) => break Some(None),
-                    Err(TrySendError::Full(j)) => job = j,
-                }
-                if !told && waiting.elapsed() > stall_after {
-                    told = true;
-                    log(
-                        Level::Warn,
-                        &format!(
-                            "window {windows}: the analysis of the previous window has not \
-                             finished after {} s; this window waits (collection goes on, \
-                             a second SIGTERM ends the agent)",
-                            waiting.elapsed().as_secs()
-                        ),
-                    );
-                }
-                let tick = Instant::now() + Duration::from_millis(100);
-                let stop = if waiting.elapsed() < config.interval {
-                    collect_until(&mut session, tick, pods_due.as_ref(), &log)?
-                } else {
-                    session.wait_until(Some(tick))?
-                };
-                if let Some(s) = stop {
-                    pending = Some(job);
-                    break Some(Some(s));
-                }
+            let waiting = Waiting {
+                windows,
+                interval: config.interval,
+                stall_after,
+                pods_due: pods_due.as_ref(),
+                log: &log,
             };
-            if let Some(stop) = handed {
-                break stop;
+            match hand_over(&tx, job, &mut session, &waiting)? {
+                Handed::Sent => {}
+                Handed::Disconnected => break None,
+                Handed::Stopped(s, job) => {
+                    pending = Some(*job);
+                    break Some(s);
+                }
             }
         };
-        // A second signal ends the process at once.
-        for sig in [libc::SIGTERM, libc::SIGINT] {
-            collect::sys::default_signal_action(sig);
-        }
-        if let Some(s) = stop {
-            log(
-                Level::Info,
-                &format!("stopping ({s}): analysing the last window, flushing the sinks"),
-            );
-        }
-        let bpf = bpf_seconds(&session);
-        let last = session.finish()?;
-        if let Some(job) = pending {
-            let _ = tx.send(job);
-        }
         windows += 1;
-        let _ = tx.send(Job {
-            collected: last,
+        let frequency = governor.frequency();
+        let last = |collected, bpf_seconds| Job {
+            collected,
             start,
             end: SystemTime::now(),
             windows,
             mode,
-            frequency: governor.frequency(),
-            bpf_seconds: bpf,
-        });
-        drop(tx);
+            frequency,
+            bpf_seconds,
+        };
+        finish(session, tx, pending, last, stop, &log)?;
         if analysis.join().is_err() {
             log(Level::Error, "the analysis thread panicked");
         }
         Ok(Summary { windows, stop })
     }
+}
+
+/// What [`hand_over`] needs while it waits.
+struct Waiting<'a> {
+    windows: u64,
+    interval: Duration,
+    stall_after: Duration,
+    pods_due: Option<&'a DueCgroups>,
+    log: &'a Log,
+}
+
+/// How a window's hand-over to the analysis thread ended.
+enum Handed {
+    Sent,
+    /// The analysis thread is gone.
+    Disconnected,
+    /// A stop came first: the window waits in the returned job.
+    Stopped(StopReason, Box<Job>),
+}
+
+/// Hands the window over. While the analysis is still busy with the last one, go on
+/// draining into the next window for up to one interval: a wait of a few hundred ms
+/// overflowed the ring at 999 Hz on a build host (BENCHMARKS.md, "Agent memory: the ring
+/// and the allocator"), and that window's stacks are bounded as any window's. Past that,
+/// wait without draining (the kernel's buffers take the excess, counted: a stuck
+/// analysis grew the agent's heap 12 MiB in 60 s when this drained without end), seeing
+/// signals, and say so once it is late.
+fn hand_over(
+    tx: &SyncSender<Job>,
+    mut job: Job,
+    session: &mut Session,
+    w: &Waiting<'_>,
+) -> Result<Handed, StartError> {
+    let waiting = Instant::now();
+    let mut told = false;
+    loop {
+        match tx.try_send(job) {
+            Ok(()) => return Ok(Handed::Sent),
+            Err(TrySendError::Disconnected(_)) => return Ok(Handed::Disconnected),
+            Err(TrySendError::Full(j)) => job = j,
+        }
+        if !told && waiting.elapsed() > w.stall_after {
+            told = true;
+            (w.log)(
+                Level::Warn,
+                &format!(
+                    "window {}: the analysis of the previous window has not finished after \
+                     {} s; this window waits (collection goes on, a second SIGTERM ends the \
+                     agent)",
+                    w.windows,
+                    waiting.elapsed().as_secs()
+                ),
+            );
+        }
+        let tick = Instant::now() + Duration::from_millis(100);
+        let stop = if waiting.elapsed() < w.interval {
+            collect_until(session, tick, w.pods_due, w.log)?
+        } else {
+            session.wait_until(Some(tick))?
+        };
+        if let Some(s) = stop {
+            return Ok(Handed::Stopped(s, Box::new(job)));
+        }
+    }
+}
+
+/// Ends collection after a stop: the window left waiting and the last one (`last`
+/// makes its job of what collection still held and the BPF time) go to the analysis
+/// thread, whose channel is then closed.
+fn finish(
+    session: Session,
+    tx: SyncSender<Job>,
+    pending: Option<Job>,
+    last: impl FnOnce(Collected, f64) -> Job,
+    stop: Option<StopReason>,
+    log: &Log,
+) -> Result<(), StartError> {
+    // A second signal ends the process at once.
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        collect::sys::default_signal_action(sig);
+    }
+    if let Some(s) = stop {
+        log(
+            Level::Info,
+            &format!("stopping ({s}): analysing the last window, flushing the sinks"),
+        );
+    }
+    let bpf = bpf_seconds(&session);
+    let collected = session.finish()?;
+    if let Some(job) = pending {
+        let _ = tx.send(job);
+    }
+    let _ = tx.send(last(collected, bpf));
+    Ok(())
 }
 
 /// Starts the thread that makes the pod filter again at every kubelet refresh; it
@@ -690,25 +745,7 @@ fn analysis_loop(
         for pid in table.see(job.windows, &set, cgroup_rel.is_some()) {
             sym.forget_process(pid);
         }
-        if !c.pids.is_empty() {
-            set.processes.retain(|pid, _| c.pids.contains(pid));
-        }
-        if let Some(re) = &c.comm {
-            set.processes.retain(|_, p| re.is_match(&p.comm));
-        }
-        if let Some(want) = &cgroup_rel {
-            set.processes.retain(|&pid, _| {
-                table
-                    .cgroup(pid)
-                    .is_some_and(|g| g == want || g.starts_with(&format!("{want}/")) || want == "/")
-            });
-        }
-        // The kernel's test again (and the only one on kernels without it: 5.10).
-        if let (Some(k), false) = (&kubelet, c.pods.is_empty()) {
-            let chosen = lock(k).select(&c.pods);
-            set.processes
-                .retain(|_, p| p.identity.as_ref().is_some_and(|id| chosen.matches(id)));
-        }
+        keep_wanted(&mut set, c, &table, cgroup_rel.as_deref(), kubelet.as_ref());
         let mut profile = analyze_with(&set, run, &opts, &mut sym);
         drop(set);
         if let Some(k) = &kubelet {
@@ -732,9 +769,6 @@ fn analysis_loop(
             store_failures += 1;
             log(Level::Error, &e.to_string());
         }
-        for p in &sinks.pushers {
-            p.submit(&window);
-        }
         let status = AgentStatus {
             mode: job.mode,
             windows: job.windows,
@@ -751,25 +785,7 @@ fn analysis_loop(
             captured_files: captured.counts(),
             kubelet_requests: kubelet.as_ref().map(|k| lock(k).requests()),
         };
-        if let Some(m) = &sinks.metrics {
-            m.observe(&window, &status);
-            if !sinks.pushers.is_empty() {
-                m.set_push_stats(&PushStats::total(&sinks.pushers));
-            }
-        }
-        log(
-            Level::Debug,
-            &format!(
-                "window {}: {} processes, analysed in {:.3} s, {} tracked, cache {} B, store {} B",
-                job.windows,
-                window.profile.processes.len(),
-                analysis_seconds,
-                status.tracked_processes,
-                status.cache_bytes,
-                status.store_bytes
-            ),
-        );
-        drop(window);
+        report(&sinks, window, &status, log);
         sys::release_free_heap();
     }
     for p in &sinks.pushers {
@@ -778,6 +794,61 @@ fn analysis_loop(
     if let (Some(m), false) = (&sinks.metrics, sinks.pushers.is_empty()) {
         m.set_push_stats(&PushStats::total(&sinks.pushers));
     }
+}
+
+/// Leaves in `set` only the processes the agent's selectors want: `--pid`, `--comm`,
+/// `--cgroup` (by the cgroup the process table read) and the pods, tested again here as
+/// the kernel tested them (the only test on kernels without it: 5.10).
+fn keep_wanted(
+    set: &mut SampleSet,
+    c: &AgentConfig,
+    table: &ProcessTable,
+    cgroup_rel: Option<&str>,
+    kubelet: Option<&Arc<Mutex<Kubelet>>>,
+) {
+    if !c.pids.is_empty() {
+        set.processes.retain(|pid, _| c.pids.contains(pid));
+    }
+    if let Some(re) = &c.comm {
+        set.processes.retain(|_, p| re.is_match(&p.comm));
+    }
+    if let Some(want) = cgroup_rel {
+        set.processes.retain(|&pid, _| {
+            table
+                .cgroup(pid)
+                .is_some_and(|g| g == want || g.starts_with(&format!("{want}/")) || want == "/")
+        });
+    }
+    if let (Some(k), false) = (kubelet, c.pods.is_empty()) {
+        let chosen = lock(k).select(&c.pods);
+        set.processes
+            .retain(|_, p| p.identity.as_ref().is_some_and(|id| chosen.matches(id)));
+    }
+}
+
+/// Hands an analysed window to the pushers and the metrics, and logs it.
+fn report(sinks: &Sinks, window: Window, status: &AgentStatus, log: &Log) {
+    for p in &sinks.pushers {
+        p.submit(&window);
+    }
+    if let Some(m) = &sinks.metrics {
+        m.observe(&window, status);
+        if !sinks.pushers.is_empty() {
+            m.set_push_stats(&PushStats::total(&sinks.pushers));
+        }
+    }
+    log(
+        Level::Debug,
+        &format!(
+            "window {}: {} processes, analysed in {:.3} s, {} tracked, cache {} B, store {} B",
+            status.windows,
+            window.profile.processes.len(),
+            status.analysis_seconds,
+            status.tracked_processes,
+            status.cache_bytes,
+            status.store_bytes
+        ),
+    );
 }
 
 /// What the symbolizer may keep across windows: `--cache-mib` less what call stacks may

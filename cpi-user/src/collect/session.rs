@@ -228,6 +228,107 @@ fn plan(mode: Mode, cpu: &Processor, opts: &CollectOptions, rate: &Rate) -> Vec<
     specs
 }
 
+/// Where the kernel's mmap/comm records are read: on the processes themselves (one
+/// event per process or CPU: threads and children write into it), and the flags of
+/// those events. A filter naming pids needs its processes' only, as `--pid` does (a
+/// cgroup beside them only narrows them): the host's others would be parsed for nothing.
+/// `command` is the started command's pid; `(places, extra)` the sampling events'.
+fn sideband_places(
+    target: &Target,
+    command: Option<u32>,
+    cpus: &[u32],
+    (places, extra): (&[(i32, i32)], u64),
+) -> (Vec<(i32, i32)>, u64) {
+    let per_cpu = |pid: i32| cpus.iter().map(move |&c| (pid, c as i32));
+    match target {
+        Target::Pids(pids) => (
+            pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
+            extra,
+        ),
+        Target::Filtered(f) if !f.pids.is_empty() => (
+            f.pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
+            sys::flag::INHERIT,
+        ),
+        Target::Command(_) => (per_cpu(command.map_or(-1, |p| p as i32)).collect(), extra),
+        Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => {
+            (places.to_vec(), extra)
+        }
+    }
+}
+
+/// Loads the programs every rung from `start` down may attach, configured for `opts`
+/// (thinning, kernel samples, the filter's bits), after checking that the start rung's
+/// events fit in the descriptors left.
+fn load_programs(
+    opts: &CollectOptions,
+    (caps, features): (&Capabilities, &KernelFeatures),
+    start: Mode,
+    filter: &KernelFilter,
+    thinning: Thinning,
+) -> Result<Ebpf, CollectError> {
+    let (filter_bits, cgroup_levels) = filter.config();
+    let bpf_cfg = KernelConfig {
+        thinning,
+        include_kernel: opts.include_kernel as u32,
+        filter: filter_bits,
+        cgroup_levels,
+        _pad: 0,
+    };
+    // The start rung plans the most events (one set per core PMU on hybrid parts).
+    let cpu = caps.processor();
+    let per_place = plan(start, &cpu, opts, &opts.rate).len();
+    check_fd_room(&opts.target, per_place as u64)?;
+    let programs = ladder::programs_from(start, &|m| plan(m, &cpu, opts, &opts.rate));
+    load(
+        opts.ring_bytes,
+        bpf_cfg,
+        features.stack_mode(opts.stacks),
+        features.ancestor_cgroup_id,
+        caps.btf,
+        &programs,
+    )
+}
+
+/// What is said after the mode line: the targets' notes and, where the ladder settled
+/// on cpu-clock, the rate's floor.
+fn tell_notes(
+    say: &mut dyn FnMut(Notice<'_>),
+    pid_notes: &[String],
+    rung: &ladder::Rung,
+    rate: &events::Rate,
+) {
+    for n in pid_notes {
+        say(Notice::plain(n));
+    }
+    if rung.specs.iter().any(|s| s.role == EventRole::CpuClock) {
+        if let Some(note) = events::cpu_clock_floor_note(rate) {
+            say(Notice::plain(&note));
+        }
+    }
+}
+
+/// The ranges of each branch sample analysis uses: `--window`, else what the LBR's
+/// depth gives.
+fn range_window(opts: &CollectOptions, caps: &Capabilities) -> usize {
+    opts.window.unwrap_or(match caps.lbr_depth() {
+        Some(depth) => policy::range_window(depth as usize),
+        None => policy::FALLBACK_RANGE_WINDOW,
+    })
+}
+
+/// The programs' ring buffer, registered with the runtime.
+fn take_ring(bpf: &mut Ebpf) -> Result<AsyncFd<RingBuf<MapData>>, CollectError> {
+    let load_err =
+        |cause: Box<dyn std::error::Error + Send + Sync>| CollectError::Load { hint: "", cause };
+    let ring = RingBuf::try_from(
+        bpf.take_map("SAMPLES")
+            .ok_or_else(|| load_err("map SAMPLES missing".into()))?,
+    )
+    .map_err(|e| load_err(e.into()))?;
+    // SAFETY: the ring buffer owns its fd, open as long as the AsyncFd wrapping it.
+    Ok(unsafe { AsyncFd::register(ring) }.map_err(io::Error::from)?)
+}
+
 impl Session {
     /// Validates the target, probes capabilities, walks the mode ladder, loads and
     /// attaches the programs, enables the events (or releases the started command).
@@ -258,7 +359,6 @@ impl Session {
         if !features.ancestor_cgroup_id {
             pid_notes.extend(filter.cgroup_in_user_space());
         }
-        let (filter_bits, cgroup_levels) = filter.config();
         events::check_rate(&opts.rate)?;
         if !caps.btf {
             notify(Notice::plain(
@@ -266,27 +366,8 @@ impl Session {
             ));
         }
         let thinning = opts.perturbation.thinning(opts.thinning);
-        let bpf_cfg = KernelConfig {
-            thinning,
-            include_kernel: opts.include_kernel as u32,
-            filter: filter_bits,
-            cgroup_levels,
-            _pad: 0,
-        };
-        // The start rung plans the most events (one set per core PMU on hybrid parts).
         let cpu = caps.processor();
-        let per_place = plan(start.0, &cpu, &opts, &opts.rate).len();
-        check_fd_room(&opts.target, per_place as u64)?;
-        let programs = ladder::programs_from(start.0, &|m| plan(m, &cpu, &opts, &opts.rate));
-        let stack_mode = features.stack_mode(opts.stacks);
-        let mut bpf = load(
-            opts.ring_bytes,
-            bpf_cfg,
-            stack_mode,
-            features.ancestor_cgroup_id,
-            caps.btf,
-            &programs,
-        )?;
+        let mut bpf = load_programs(&opts, (&caps, &features), start.0, &filter, thinning)?;
         filter.install(&mut BpfFilterMaps(&mut bpf))?;
 
         // Signals are caught from here on, so a SIGINT during set-up still reports.
@@ -315,53 +396,14 @@ impl Session {
             &attach,
             notify,
         )?;
-        for n in &pid_notes {
-            notify(Notice::plain(n));
-        }
-        if rung.specs.iter().any(|s| s.role == EventRole::CpuClock) {
-            if let Some(note) = events::cpu_clock_floor_note(&opts.rate) {
-                notify(Notice::plain(&note));
-            }
-        }
+        tell_notes(notify, &pid_notes, &rung, &opts.rate);
 
-        let load_err = |cause: Box<dyn std::error::Error + Send + Sync>| CollectError::Load {
-            hint: "",
-            cause,
-        };
-        let ring = RingBuf::try_from(
-            bpf.take_map("SAMPLES")
-                .ok_or_else(|| load_err("map SAMPLES missing".into()))?,
-        )
-        .map_err(|e| load_err(e.into()))?;
-        // SAFETY: the ring buffer owns its fd, open as long as the AsyncFd wrapping it.
-        let ring = unsafe { AsyncFd::register(ring) }.map_err(io::Error::from)?;
-        let window = opts.window.unwrap_or(match caps.lbr_depth() {
-            Some(depth) => policy::range_window(depth as usize),
-            None => policy::FALLBACK_RANGE_WINDOW,
-        });
-        // The kernel's mmap/comm records, on the processes themselves (one event per
-        // process or CPU: threads and children write into it). A filter naming pids
-        // needs its processes' only, as `--pid` does (a cgroup beside them only narrows
-        // them): the host's others would be parsed for nothing.
+        let ring = take_ring(&mut bpf)?;
+        let window = range_window(&opts, &caps);
         let cpus = target::online_cpus();
-        let per_cpu = |pid: i32| cpus.iter().map(move |&c| (pid, c as i32));
-        let (sideband_places, sideband_flags): (Vec<(i32, i32)>, u64) = match &opts.target {
-            Target::Pids(pids) => (
-                pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
-                extra,
-            ),
-            Target::Filtered(f) if !f.pids.is_empty() => (
-                f.pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
-                sys::flag::INHERIT,
-            ),
-            Target::Command(_) => (
-                per_cpu(suspended.as_ref().map_or(-1, |c| c.pid() as i32)).collect(),
-                extra,
-            ),
-            Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => {
-                (places.clone(), extra)
-            }
-        };
+        let command = suspended.as_ref().map(target::Suspended::pid);
+        let (sideband_places, sideband_flags) =
+            sideband_places(&opts.target, command, &cpus, (&places, extra));
         let sideband = SidebandReader::open(&sys, &sideband_places, sideband_flags)?;
         let sideband_ready = sideband
             .fds()

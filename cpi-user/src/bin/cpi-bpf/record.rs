@@ -81,33 +81,36 @@ pub struct Args {
     pub command: Vec<String>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<i32> {
-    let target = match (
-        args.pids.is_empty(),
-        args.system_wide,
-        args.command.is_empty(),
-    ) {
-        (false, false, true) => Target::Pids(args.pids.clone()),
-        (true, true, true) => Target::SystemWide,
-        (true, false, false) => Target::Command(args.command.clone()),
-        (true, true, false) => Target::SystemWideWhile(args.command.clone()),
-        (true, false, true) => {
-            bail!("nothing to profile: give -p PID, -a (system-wide) or a command (see --help)")
-        }
-        _ => bail!("give -p PID or -a (system-wide), not both, and a command only without -p"),
-    };
-    let user_only = check_events(&args.event)? || args.user_only;
-    let duration = args.duration;
+/// What `-p`, `-a` and the command name.
+fn target(args: &Args) -> anyhow::Result<Target> {
+    Ok(
+        match (
+            args.pids.is_empty(),
+            args.system_wide,
+            args.command.is_empty(),
+        ) {
+            (false, false, true) => Target::Pids(args.pids.clone()),
+            (true, true, true) => Target::SystemWide,
+            (true, false, false) => Target::Command(args.command.clone()),
+            (true, true, false) => Target::SystemWideWhile(args.command.clone()),
+            (true, false, true) => {
+                bail!("nothing to profile: give -p PID, -a (system-wide) or a command (see --help)")
+            }
+            _ => bail!("give -p PID or -a (system-wide), not both, and a command only without -p"),
+        },
+    )
+}
+
+/// The collection the arguments ask for.
+fn collect_options(args: &Args, target: Target, user_only: bool) -> anyhow::Result<CollectOptions> {
     let ring_mib = args.ring_buffer_mib.unwrap_or_else(|| {
         let cpus = collect::target::online_cpus().len() as u64;
         collect::default_ring_mib(collect::ONE_SHOT_RING_HOLDS, args.frequency, cpus)
     });
     let ring_bytes = collect::ring_bytes(ring_mib).map_err(|e| anyhow!("--ring-buffer-mib {e}"))?;
-    // Before collecting: a bad --output must not cost the run.
-    validate(&args.output)?;
-    let opts = CollectOptions {
+    Ok(CollectOptions {
         target,
-        duration,
+        duration: args.duration,
         rate: Rate {
             frequency: args.frequency,
             period: args.period,
@@ -123,7 +126,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         drain_every: collect::DRAIN_EVERY,
         stacks: !args.no_stacks,
         stack_memory: StackMemory::default(),
-    };
+    })
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    let target = target(&args)?;
+    let user_only = check_events(&args.event)? || args.user_only;
+    let opts = collect_options(&args, target, user_only)?;
+    // Before collecting: a bad --output must not cost the run.
+    validate(&args.output)?;
     // Status lines fit the terminal; -v gives each whole, with its reasons.
     let verbose = args.output.verbose;
     let width = stderr_width().filter(|_| !verbose);

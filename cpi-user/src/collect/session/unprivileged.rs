@@ -4,12 +4,13 @@
 
 use std::io;
 
-use cpi_common::policy::{self, Thinning};
-use cpi_common::wire::EventRole;
+use cpi_common::policy::Thinning;
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, SignalKind};
 
-use super::{assemble, check_fd_room, plan, resolve_target, Parts, Session, Source};
+use super::{
+    assemble, check_fd_room, plan, range_window, resolve_target, tell_notes, Parts, Session, Source,
+};
 use crate::collect::caps::Capabilities;
 use crate::collect::filter::KernelFilter;
 use crate::collect::perf_ring::{self, SampleRings};
@@ -74,24 +75,14 @@ pub(super) fn open(
         &mut say,
     )
     .map_err(refused)?;
-    for n in &pid_notes {
-        say(Notice::plain(n));
-    }
-    if rung.specs.iter().any(|s| s.role == EventRole::CpuClock) {
-        if let Some(note) = events::cpu_clock_floor_note(&opts.rate) {
-            say(Notice::plain(&note));
-        }
-    }
+    tell_notes(&mut say, &pid_notes, &rung, &opts.rate);
     let rings = SampleRings::map(&Linux, &rung.open, &rung.specs).map_err(map_refused)?;
     let ready = rings
         .fds()
         // SAFETY: the fds stay open as long as the events, which drop after these.
         .map(|fd| unsafe { AsyncFd::register(fd) }.map_err(io::Error::from))
         .collect::<Result<Vec<_>, _>>()?;
-    let window = opts.window.unwrap_or(match caps.lbr_depth() {
-        Some(depth) => policy::range_window(depth as usize),
-        None => policy::FALLBACK_RANGE_WINDOW,
-    });
+    let window = range_window(&opts, caps);
     let live = assemble(Parts {
         opts,
         cpu,
