@@ -48,7 +48,7 @@ fn named(log: &str, what: &str, copies: &[String]) -> HashMap<String, usize> {
 /// most once, however many of its processes were sampled; the agent's peak resident set
 /// stays bounded: within 256 MiB at this fixed 999 Hz (124.6 MiB seen on a loaded 2-CPU
 /// host; per-process state that never left would pass it; the 64 MiB target at default
-/// settings is not met: BENCHMARKS.md, "The agent under churn from 200 binaries").
+/// settings is not met: BENCHMARKS.md, "Agent under churn").
 #[test]
 fn a_binarys_later_processes_cost_no_opens_or_parses() {
     if !require_root("the agent") {
