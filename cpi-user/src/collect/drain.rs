@@ -13,6 +13,7 @@ use cpi_common::wire::{
 use super::sideband::Sideband;
 use super::target;
 use super::StackMemory;
+use crate::import::perf_records::names_process;
 use crate::procmap::{self, CapturedFiles, Mapping, ProcessIdentity, ProcessMaps};
 use crate::profile::stack::{CallStack, StackEnd};
 use crate::profile::SampleSet;
@@ -433,7 +434,12 @@ impl Drain {
             Sideband::Mapping { pid, mapping } => {
                 self.recorded.entry(pid).or_default().maps.overlay(mapping);
             }
-            Sideband::Comm { pid, comm, exec } => {
+            Sideband::Comm {
+                pid,
+                tid,
+                comm,
+                exec,
+            } => {
                 let e = self.recorded.entry(pid).or_default();
                 if exec {
                     // A new image: the old one's mappings stay for earlier samples
@@ -443,7 +449,9 @@ impl Drain {
                     }
                     e.exec = true;
                 }
-                e.comm = comm;
+                if names_process(pid, tid, exec, !e.comm.is_empty()) {
+                    e.comm = comm;
+                }
             }
             Sideband::Fork { pid, ppid } => {
                 // A child that maps nothing new has no records of its own: what its
@@ -891,6 +899,26 @@ mod tests {
         assert_eq!(d.recorded[&6].maps, d.recorded[&5].maps);
     }
 
+    /// Import's rename rule (perf_records::names_process): another thread's name does
+    /// not rename its process once it has one; an exec's and the main thread's do.
+    #[test]
+    fn only_an_exec_or_the_main_thread_renames_a_process() {
+        let mut d = Drain::new(1, StackMemory::default());
+        let mut comm = |tid: u32, name: &str, exec: bool| {
+            d.observe(Sideband::Comm {
+                pid: 9,
+                tid,
+                comm: name.into(),
+                exec,
+            });
+            d.recorded[&9].comm.clone()
+        };
+        assert_eq!(comm(10, "worker", false), "worker", "a first name is taken");
+        assert_eq!(comm(9, "server", false), "server", "the main thread's");
+        assert_eq!(comm(11, "pool-2", false), "server", "a thread's is its own");
+        assert_eq!(comm(11, "sh", true), "sh", "an exec's");
+    }
+
     /// `rec` followed by a stack section with `kernel` frames and `stack` bytes.
     fn with_stack<T>(rec: &T, kernel: &[u64], regs: [u64; 3], stack: &[u8]) -> Vec<u8> {
         let mut b = bytes_of(rec);
@@ -1309,6 +1337,7 @@ mod tests {
         let exec = |d: &mut Drain, pid: u32, mapping: &Mapping| {
             d.observe(Sideband::Comm {
                 pid,
+                tid: pid,
                 comm: "gone".into(),
                 exec: true,
             });

@@ -35,10 +35,14 @@ pub enum Sideband {
         /// What it mapped.
         mapping: Mapping,
     },
-    /// Process `pid` is now called `comm` (`exec`: its image was replaced).
+    /// Thread `tid` of process `pid` is now called `comm` (`exec`: its image was
+    /// replaced); whether that names the process is
+    /// [`crate::import::perf_records::names_process`]'s to say.
     Comm {
         /// The process.
         pid: u32,
+        /// The thread.
+        tid: u32,
         /// Its new name.
         comm: String,
         /// The name changed with an `exec`.
@@ -226,9 +230,13 @@ pub fn of(record: SideRecord) -> Option<Sideband> {
             Some(Sideband::Mapping { pid, mapping })
         }
         SideRecord::Comm {
-            pid, name, exec, ..
+            pid,
+            tid,
+            name,
+            exec,
         } => Some(Sideband::Comm {
             pid,
+            tid,
             comm: name,
             exec,
         }),
@@ -284,6 +292,7 @@ mod tests {
             parse(3, 1 << 13, &b),
             Some(Sideband::Comm {
                 pid: 7,
+                tid: 7,
                 comm: "true".into(),
                 exec: true
             })

@@ -24,7 +24,7 @@
 //! its sample parser skips the branch stack without returning it, and its event types
 //! hide the raw `type`/`config` the estimator choice needs.
 
-use super::perf_records::{kernel_mode, side_record, SideRecord};
+use super::perf_records::{kernel_mode, names_process, side_record, SideRecord};
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 
@@ -607,20 +607,8 @@ pub fn read<R: Read + Seek>(
                     name,
                     exec,
                 }) => {
-                    // The main thread's COMM renames the process: an exec's (flagged
-                    // only since Linux 3.16, so AutoFDO's 2.6.34 recording in
-                    // tests/data/autofdo names its exec this way) or a prctl's; other
-                    // threads' names are theirs.
-                    let renames = exec || tid == pid;
-                    let e = recs.comms.entry(pid);
-                    match e {
-                        std::collections::btree_map::Entry::Occupied(mut o) if renames => {
-                            o.insert(name);
-                        }
-                        std::collections::btree_map::Entry::Occupied(_) => {}
-                        std::collections::btree_map::Entry::Vacant(v) => {
-                            v.insert(name);
-                        }
+                    if names_process(pid, tid, exec, recs.comms.contains_key(&pid)) {
+                        recs.comms.insert(pid, name);
                     }
                 }
                 Some(SideRecord::Mmap {

@@ -56,6 +56,15 @@ pub enum SideRecord {
     Throttle,
 }
 
+/// The one rename rule of live collection and import: thread `tid`'s COMM record names
+/// its process `pid` when it is an exec's (flagged only since Linux 3.16, so AutoFDO's
+/// 2.6.34 recording in tests/data/autofdo names its exec by the main thread's COMM) or
+/// the main thread's own (a prctl); another thread's name is the thread's, taken only
+/// while the process has none (`named` false).
+pub fn names_process(pid: u32, tid: u32, exec: bool, named: bool) -> bool {
+    exec || tid == pid || !named
+}
+
 /// The record of type `kind` with its header's `misc` and `body` (what follows the
 /// 8-byte header), when it is one of [`SideRecord`]'s.
 pub fn side_record(kind: u32, misc: u16, body: &[u8]) -> Option<SideRecord> {
