@@ -1067,6 +1067,7 @@ pub(crate) mod tests {
                 })
                 .collect(),
             accuracy: None,
+            recorded_on: None,
         }
     }
 

@@ -464,6 +464,7 @@ mod tests {
                 stacks: vec![],
             }],
             accuracy: None,
+            recorded_on: None,
         }
     }
 

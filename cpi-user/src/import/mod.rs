@@ -218,6 +218,8 @@ pub struct Loaded {
     /// Recorded on another architecture: its kernel addresses are not this kernel's
     /// (`/proc/kallsyms` does not name them).
     foreign: bool,
+    /// The architecture the recording names (`HEADER_ARCH`).
+    arch: Option<String>,
     /// The recording supports CPI (else the profile drops it).
     cpi: bool,
     /// No cycles or time: shares are of instructions.
@@ -233,6 +235,7 @@ impl Loaded {
             opts.symbolizer.kallsyms = None;
         }
         let mut profile = analyze(&self.set, self.run, &opts);
+        profile.recorded_on = self.arch;
         if !self.cpi {
             profile.without_cpi();
         }
@@ -636,6 +639,7 @@ fn load_perf_data(
         details,
         unusable,
         foreign: false,
+        arch: header.arch.clone(),
         cpi: (est == Estimator::TakenBranches || corrected) && cycles.is_some(),
         by_instructions: cycles.is_none(),
     })

@@ -156,6 +156,7 @@ pub(super) fn load_lines<R: BufRead>(
         details: said.details,
         unusable: said.files,
         foreign: false,
+        arch: None,
         cpi: corrected,
         by_instructions: est != Estimator::Cycles,
     })

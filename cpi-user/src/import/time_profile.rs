@@ -96,6 +96,7 @@ pub(super) fn load_time_profile(
         details,
         unusable,
         foreign: header.foreign_arch().is_some(),
+        arch: header.arch.clone(),
         cpi: false,
         by_instructions: false,
     })

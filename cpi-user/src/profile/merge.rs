@@ -823,6 +823,7 @@ mod tests {
                 stacks: vec![],
             }],
             accuracy: None,
+            recorded_on: None,
         }
     }
 

@@ -160,6 +160,10 @@ pub struct Profile {
     /// Distance from the exact answer, when there is one (`cpi-bpf simulate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accuracy: Option<Accuracy>,
+    /// The architecture an imported recording names (perf.data's `HEADER_ARCH`), said on
+    /// the mode line: another machine's numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded_on: Option<String>,
 }
 
 impl Profile {

@@ -844,6 +844,7 @@ mod tests {
             binaries: vec![],
             processes: vec![process],
             accuracy: None,
+            recorded_on: None,
         }
     }
 

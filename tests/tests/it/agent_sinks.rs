@@ -236,6 +236,7 @@ pub(crate) fn window(procs: &[(u32, &str)], start: SystemTime) -> Window {
                 })
                 .collect(),
             accuracy: None,
+            recorded_on: None,
         },
     }
 }

@@ -355,6 +355,20 @@ fn another_architectures_recording_is_named_and_not_decoded() {
         p.mode_reason
     );
     assert_eq!(p.mode, Mode::IpSampling, "{}", p.mode_reason);
+    assert_eq!(p.recorded_on.as_deref(), Some("aarch64"));
+    // The terminal's mode line names it too, without -v.
+    let table = output_ok(
+        Command::new(cpi_bpf())
+            .args(["import-perf", "--binary", &given])
+            .arg(&arm)
+            .env("COLUMNS", "200"),
+    );
+    let table = String::from_utf8_lossy(&table.stdout);
+    let mode = table.lines().find(|l| l.starts_with("mode: "));
+    assert!(
+        mode.is_some_and(|l| l.ends_with("recorded on aarch64")),
+        "{table}"
+    );
     let funcs: Vec<_> = p.processes.iter().flat_map(|p| &p.functions).collect();
     assert!(
         funcs.iter().all(|f| f.measures.instructions.is_none()

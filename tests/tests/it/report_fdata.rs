@@ -206,6 +206,7 @@ fn hand_profile(exe: &Path) -> Profile {
             stripped: false,
         }],
         accuracy: None,
+        recorded_on: None,
         processes: vec![ProcessProfile {
             pid: 1,
             comm: "prog".into(),

@@ -287,6 +287,7 @@ pub fn cpi_profile() -> Profile {
             },
         ],
         accuracy: None,
+        recorded_on: None,
         processes: vec![ProcessProfile {
             pid: 4242,
             comm: "bench".into(),
@@ -354,6 +355,7 @@ pub fn time_profile() -> Profile {
             stripped: true,
         }],
         accuracy: None,
+        recorded_on: None,
         processes: vec![ProcessProfile {
             pid: 777,
             comm: "xz".into(),

@@ -200,6 +200,7 @@ pub fn analyze_with(
         binaries: binaries.into_values().collect(),
         processes,
         accuracy: None,
+        recorded_on: None,
     }
 }
 

@@ -6,7 +6,13 @@ use super::*;
 /// `verbose`, the mode's reason, each event and its period, losses by reason, notes.
 pub(super) fn header(p: &Profile, opts: &TableOptions) -> String {
     let w = opts.width;
-    let mut s = wrap(&format!("mode: {}", p.mode.description()), w);
+    let mut s = match &p.recorded_on {
+        Some(arch) => wrap(
+            &format!("mode: {} — recorded on {arch}", p.mode.description()),
+            w,
+        ),
+        None => wrap(&format!("mode: {}", p.mode.description()), w),
+    };
     if opts.verbose {
         s += &wrap(&format!("reason: {}", p.mode_reason), w);
     }
