@@ -127,14 +127,17 @@ fn diff_tells_thirty_percent_more_work_from_seed_noise() {
     );
 }
 
-/// The same with live profiles (a time profile where there is no PMU): two runs of the
-/// base build flag nothing, the build with alpha_work at 130 % flags it and not
-/// beta_work. 6000 rounds are ≈ 1.2 s of CPU; at 4999 Hz ≈ 3000 samples per function,
-/// so 30 % is ≈ 10 σ, and the CPU-heavy lock keeps other tests off the CPUs. User space
-/// only: the kernel's share (interrupts, scheduling) follows what else the machine runs,
-/// a real change between two runs that this test is not about.
+/// Live profiles (a time profile where there is no PMU), compared by share
+/// (`--by share`): how long a run takes follows what else the machine runs (two runs of
+/// the base build under the suite's load differed by 6.5 % of absolute time, a real
+/// change `--by absolute` rightly flags), while each function's share of its process
+/// does not. Two runs of the base build flag nothing; the build with alpha_work at
+/// 130 % flags alpha_work's share up (0.5 → 0.565) and so beta_work's down, and no
+/// other function. 6000 rounds are ≈ 1.2 s of CPU: at 4999 Hz a share's error is
+/// ≈ 0.006, so the change is ≈ 8 σ. User space only: the kernel's share (interrupts,
+/// scheduling) follows what else the machine runs.
 #[test]
-fn diff_of_live_profiles_flags_the_slower_function_only() {
+fn diff_of_live_profiles_flags_the_changed_share_only() {
     if !cpi_tests::require_root("live profiles") {
         return;
     }
@@ -161,18 +164,37 @@ fn diff_of_live_profiles_flags_the_slower_function_only() {
     record(&base, &out[0]);
     record(&base, &out[1]);
     record(&changed, &out[2]);
-    let same = stdout_json(&diff(&out[0], &out[1], &["--format", "json"]));
+    let by_share = ["--format", "json", "--by", "share"];
+    let same = stdout_json(&diff(&out[0], &out[1], &by_share));
     assert_eq!(same["significant"], 0, "{same:#}");
-    let changed = stdout_json(&diff(&out[0], &out[2], &["--format", "json"]));
-    assert_eq!(
-        function(&changed, "alpha_work")["significant"],
-        true,
-        "{changed:#}"
+    let changed = stdout_json(&diff(&out[0], &out[2], &by_share));
+    let share = |name: &str| function(&changed, name)["time_ns_share"].clone();
+    let (alpha, beta) = (share("alpha_work"), share("beta_work"));
+    assert_eq!(alpha["significant"], true, "{changed:#}");
+    assert_eq!(beta["significant"], true, "{changed:#}");
+    // 30 % more of alpha_work's time: its share a becomes 1.3a / (1.3a + 1 − a), within
+    // the error the two profiles give the change.
+    let num = |k: &str| alpha[k].as_f64().unwrap();
+    let a = num("base");
+    let expected = 1.3 * a / (1.3 * a + 1.0 - a) - a;
+    assert!(
+        (num("delta") - expected).abs() <= 4.0 * num("delta_error"),
+        "alpha_work's share {a} → {}, expected +{expected}: {alpha:#}",
+        num("new")
     );
-    assert_eq!(
-        function(&changed, "beta_work")["significant"],
-        false,
-        "{changed:#}"
+    assert!(beta["delta"].as_f64().unwrap() < 0.0, "{beta:#}");
+    let flagged: Vec<&str> = changed["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|u| u["kind"] == "function" && u["significant"] == true)
+        .map(|u| u["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        flagged
+            .iter()
+            .all(|n| ["alpha_work", "beta_work"].contains(n)),
+        "{flagged:?}"
     );
 }
 
