@@ -396,7 +396,12 @@ pub fn labelled(body: &str, name: &str, label: &str, value: &str) -> Option<f64>
 /// Not `VmRSS` ([`vm_rss`]), which also counts the page cache of the binaries it maps to
 /// read their symbols and unwind tables, and the ring buffers' fixed pages.
 pub fn rss(pid: u32) -> u64 {
-    status_bytes(pid, "RssAnon:").unwrap_or_else(|| panic!("RssAnon of {pid}"))
+    rss_anon(pid).unwrap_or_else(|| panic!("RssAnon of {pid}"))
+}
+
+/// [`rss`], `None` once the process has exited (a zombie has no `RssAnon`).
+pub fn rss_anon(pid: u32) -> Option<u64> {
+    status_bytes(pid, "RssAnon:")
 }
 
 /// A process's whole resident set, bytes (`VmRSS`): what `top`, `ps` and systemd show

@@ -1232,11 +1232,17 @@ fn hostile_receivers_leave_the_agent_flat() {
     let mut series: Vec<Vec<u64>> = vec![Vec::new(); agents.len()];
     while began.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_secs(1));
-        for (i, (_, (child, m))) in agents.iter().enumerate() {
+        for (i, (d, (child, m))) in agents.iter().enumerate() {
             let cache = scrape(*m)
                 .and_then(|b| metric(&b, "cpi_bpf_cache_bytes"))
                 .unwrap_or(0.0) as u64;
-            series[i].push(rss(child.0.id()).saturating_sub(cache));
+            // An agent that ended is this test's finding: say how, from its log.
+            let Some(anon) = cpi_tests::rss_anon(child.0.id()) else {
+                let log = std::fs::read_to_string(d.join("agent.log")).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                panic!("{}: the agent ended; its log's last lines: {tail:?}", d.display());
+            };
+            series[i].push(anon.saturating_sub(cache));
         }
     }
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
