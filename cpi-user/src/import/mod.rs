@@ -146,6 +146,16 @@ pub enum ImportError {
     },
 }
 
+impl ImportError {
+    /// The error of a failed read of the input named `what` in messages.
+    pub(crate) fn io(what: &str) -> impl Fn(std::io::Error) -> ImportError + Copy + '_ {
+        move |source| ImportError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
 /// How to import.
 #[derive(Clone, Debug)]
 pub struct ImportOptions {
@@ -272,10 +282,7 @@ pub fn load_input(
     opts: &ImportOptions,
 ) -> Result<Loaded, ImportError> {
     use std::os::unix::fs::FileTypeExt;
-    let io = |source| ImportError::Io {
-        what: what.into(),
-        source,
-    };
+    let io = ImportError::io(what);
     let t = f.metadata().map_err(io)?.file_type();
     let mut magic = [0u8; 8];
     let n = read_full(&mut f, &mut magic).map_err(io)?;
@@ -313,10 +320,7 @@ fn rewind(
 /// behind), at most [`MAX_STDIN_BYTES`].
 fn spool(r: impl Read, what: &str) -> Result<std::fs::File, ImportError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let io = |source| ImportError::Io {
-        what: what.into(),
-        source,
-    };
+    let io = ImportError::io(what);
     let mut f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -441,10 +445,7 @@ fn read_from_start(
     let f = file
         .try_clone()
         .and_then(|mut f| f.seek(SeekFrom::Start(0)).map(|_| f))
-        .map_err(|source| ImportError::Io {
-            what: what.into(),
-            source,
-        })?;
+        .map_err(ImportError::io(what))?;
     let size = f.metadata().ok().map(|m| m.len());
     Ok(progress::Reading::new(f, "reading", size))
 }

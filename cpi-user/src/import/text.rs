@@ -17,10 +17,7 @@ pub(super) fn for_each_line(
         let got = (&mut r)
             .take(MAX_LINE_BYTES as u64 + 2)
             .read_until(b'\n', &mut buf)
-            .map_err(|source| ImportError::Io {
-                what: what.into(),
-                source,
-            })?;
+            .map_err(ImportError::io(what))?;
         if got == 0 {
             break;
         }
@@ -73,10 +70,7 @@ pub(super) fn load_lines<R: BufRead>(
     what: &str,
     opts: &ImportOptions,
 ) -> Result<Loaded, ImportError> {
-    let io = |source| ImportError::Io {
-        what: what.into(),
-        source,
-    };
+    let io = ImportError::io(what);
     let parse_opts = perf_script::ImportOptions {
         offsets: opts.offsets,
         period: opts.period.max(1),

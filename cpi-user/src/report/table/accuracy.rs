@@ -3,6 +3,15 @@
 
 use super::*;
 
+/// " (N without a CPI estimate)" where N > 0.
+fn without_cpi(n: u64) -> String {
+    if n > 0 {
+        format!(" ({n} without a CPI estimate)")
+    } else {
+        String::new()
+    }
+}
+
 fn pct_or_dash(x: Option<f64>) -> String {
     x.map_or_else(|| "-".into(), |v| format!("{:.2}%", v * 100.0))
 }
@@ -21,11 +30,7 @@ pub(super) fn accuracy(a: &Accuracy, width: Option<usize>) -> String {
             "CPI error (functions with >= 2% of cycles): median {} max {}{}",
             pct_or_dash(a.cpi_error_median),
             pct_or_dash(a.cpi_error_max),
-            if a.functions_without_cpi > 0 {
-                format!(" ({} without a CPI estimate)", a.functions_without_cpi)
-            } else {
-                String::new()
-            }
+            without_cpi(a.functions_without_cpi)
         ),
         width,
     );
@@ -49,11 +54,7 @@ pub(super) fn accuracy(a: &Accuracy, width: Option<usize>) -> String {
                 a.path_cpi_errors_reported_median
                     .map_or_else(|| "-".into(), |z| format!("{z:.2}")),
                 pct_or_dash(a.path_cpi_error_max),
-                if a.paths_without_cpi > 0 {
-                    format!(" ({} without a CPI estimate)", a.paths_without_cpi)
-                } else {
-                    String::new()
-                }
+                without_cpi(a.paths_without_cpi)
             ),
             width,
         );

@@ -275,22 +275,24 @@ pub(super) fn call_graph(
             )
         };
         rows.push([f.name.clone(), f.binary.clone(), called, records]);
-        for c in callers {
-            rows.push([
-                format!("  ← {}", c.caller),
-                c.caller_binary.clone(),
+        let edge = |arrow: &str, name: &str, binary: &str, c: &CallEdge| {
+            [
+                format!("  {arrow} {name}"),
+                binary.to_string(),
                 si(c.count),
                 group(c.samples),
-            ]);
-        }
-        for c in callees {
-            rows.push([
-                format!("  → {}", c.callee),
-                c.callee_binary.clone(),
-                si(c.count),
-                group(c.samples),
-            ]);
-        }
+            ]
+        };
+        rows.extend(
+            callers
+                .iter()
+                .map(|c| edge("←", &c.caller, &c.caller_binary, c)),
+        );
+        rows.extend(
+            callees
+                .iter()
+                .map(|c| edge("→", &c.callee, &c.callee_binary, c)),
+        );
     }
     let build = |max: usize| {
         let mut t = new_table(vec!["function", "binary", "calls", "records"], 2);
