@@ -1240,7 +1240,10 @@ fn hostile_receivers_leave_the_agent_flat() {
             let Some(anon) = cpi_tests::rss_anon(child.0.id()) else {
                 let log = std::fs::read_to_string(d.join("agent.log")).unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(5).collect();
-                panic!("{}: the agent ended; its log's last lines: {tail:?}", d.display());
+                panic!(
+                    "{}: the agent ended; its log's last lines: {tail:?}",
+                    d.display()
+                );
             };
             series[i].push(anon.saturating_sub(cache));
         }
