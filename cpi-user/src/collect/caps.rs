@@ -483,18 +483,7 @@ fn read_trim(p: &Path) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
-/// `uname -r`.
-pub fn kernel_release() -> String {
-    // SAFETY: utsname is plain data; uname fills it.
-    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
-    if unsafe { libc::uname(&raw mut u) } != 0 {
-        return "unknown".to_string();
-    }
-    // SAFETY: release is NUL-terminated by the kernel.
-    unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
-}
+pub use super::sys::process::kernel_release;
 
 #[cfg(test)]
 mod tests {

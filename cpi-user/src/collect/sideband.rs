@@ -96,11 +96,7 @@ impl Drop for Ring {
     }
 }
 
-/// The page size.
-pub fn page_size() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize
-}
+pub use crate::fsafe::page_size;
 
 impl Ring {
     /// Maps `fd`'s buffer: the control page and `data_pages` (a power of two) of data.

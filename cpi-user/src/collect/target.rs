@@ -3,11 +3,12 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::sys::process as sys;
 use super::CollectError;
 use crate::procmap::{self, ProcStat};
 
@@ -47,9 +48,7 @@ pub fn online_cpus() -> Vec<u32> {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap_or_default();
     let mut cpus = parse_cpu_list(&text);
     if cpus.is_empty() {
-        // SAFETY: sysconf has no preconditions.
-        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32;
-        cpus.extend(0..n);
+        cpus.extend(0..sys::online_cpu_count());
     }
     cpus
 }
@@ -94,11 +93,7 @@ pub fn comm_and_start(pid: u32) -> Option<(String, u64)> {
 /// [`CollectError::NotExecutable`], not "not found".
 pub fn resolve_command(cmd: &str) -> Result<PathBuf, CollectError> {
     let executable = |p: &Path| {
-        p.is_file()
-            && CString::new(p.as_os_str().as_bytes())
-                // SAFETY: valid C string.
-                .map(|c| unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0)
-                .unwrap_or(false)
+        p.is_file() && CString::new(p.as_os_str().as_bytes()).is_ok_and(|c| sys::can_execute(&c))
     };
     let not_executable = || CollectError::NotExecutable(cmd.to_string());
     if cmd.contains('/') {
@@ -190,8 +185,8 @@ impl Child {
     /// Returns its status and whether it had to be killed.
     pub fn terminate(mut self, grace: Duration) -> (Option<i32>, bool) {
         self.reaped = true;
-        // SAFETY: signalling our own, not yet reaped, child.
-        unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
+        // Our own child, not yet reaped: the pid is still its.
+        let _ = sys::kill(self.pid, libc::SIGTERM);
         let until = Instant::now() + grace;
         loop {
             if let Some(status) = try_reap(self.pid) {
@@ -202,8 +197,7 @@ impl Child {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
-        // SAFETY: as above.
-        unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+        let _ = sys::kill(self.pid, libc::SIGKILL);
         (reap(self.pid), true)
     }
 }
@@ -211,8 +205,7 @@ impl Child {
 impl Drop for Child {
     fn drop(&mut self) {
         if !self.reaped {
-            // SAFETY: signalling and reaping our own child.
-            unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
+            let _ = sys::kill(self.pid, libc::SIGKILL);
             reap(self.pid);
         }
     }
@@ -226,16 +219,6 @@ pub struct Suspended {
     go: OwnedFd,
     exec_error: OwnedFd,
     name: String,
-}
-
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: fds has room for two descriptors.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fresh descriptors owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
 
 /// Forks `argv`; the child waits for [`Suspended::release`] and then execs. This is
@@ -254,38 +237,15 @@ pub fn spawn_suspended(argv: &[String]) -> Result<Suspended, CollectError> {
         .iter()
         .map(|a| nul(a.as_bytes()))
         .collect::<Result<_, _>>()?;
-    let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
-    c_argv.push(std::ptr::null());
-    let (go_r, go_w) = pipe().map_err(spawn_err)?;
-    let (err_r, err_w) = pipe().map_err(spawn_err)?;
-    // SAFETY: the child only calls async-signal-safe functions (close, read, execv,
-    // write, _exit) on memory prepared before the fork.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(spawn_err(io::Error::last_os_error()));
-    }
-    if pid == 0 {
-        unsafe {
-            // Our copies of the parent's ends: with them open, the parent's exit would
-            // never reach the read below as end-of-file.
-            libc::close(go_w.as_raw_fd());
-            libc::close(err_r.as_raw_fd());
-            let mut b = 0u8;
-            if libc::read(go_r.as_raw_fd(), (&raw mut b).cast(), 1) != 1 {
-                libc::_exit(127); // the collector gave up before releasing us
-            }
-            libc::execv(c_path.as_ptr(), c_argv.as_ptr());
-            let errno = *libc::__errno_location();
-            libc::write(err_w.as_raw_fd(), (&raw const errno).cast(), 4);
-            libc::_exit(127);
-        }
-    }
-    drop((go_r, err_w));
+    let (go_r, go_w) = sys::pipe().map_err(spawn_err)?;
+    let (err_r, err_w) = sys::pipe().map_err(spawn_err)?;
+    let ends = sys::ChildEnds {
+        go: go_r,
+        exec_error: err_w,
+    };
+    let pid = sys::fork_waiting_exec(&c_path, &c_args, ends, [&go_w, &err_r]).map_err(spawn_err)?;
     Ok(Suspended {
-        child: Child {
-            pid: pid as u32,
-            reaped: false,
-        },
+        child: Child { pid, reaped: false },
         go: go_w,
         exec_error: err_r,
         name,
@@ -300,15 +260,11 @@ impl Suspended {
 
     /// Lets the child exec; `Err` when exec failed (its errno).
     pub fn release(self) -> Result<Child, CollectError> {
-        let b = 1u8;
-        // SAFETY: writing one byte from a local.
-        unsafe { libc::write(self.go.as_raw_fd(), (&raw const b).cast(), 1) };
+        // A child already gone reads end-of-file below, as after a successful exec.
+        let _ = sys::write_byte(&self.go, 1);
         drop(self.go);
-        let mut errno = 0i32;
-        // EOF (0 bytes): the CLOEXEC pipe closed, exec succeeded.
-        // SAFETY: reading at most 4 bytes into a local i32.
-        let n = unsafe { libc::read(self.exec_error.as_raw_fd(), (&raw mut errno).cast(), 4) };
-        if n == 4 {
+        // End-of-file: the CLOEXEC pipe closed, exec succeeded.
+        if let Some(errno) = sys::read_i32(&self.exec_error) {
             self.child.wait();
             return Err(CollectError::Spawn {
                 cmd: self.name,
@@ -331,25 +287,16 @@ fn exit_status(status: i32) -> Option<i32> {
 
 /// Waits for our child `pid` and returns its exit status (as a shell shows it).
 pub fn reap(pid: u32) -> Option<i32> {
-    let mut status = 0;
-    // SAFETY: plain waitpid on our own child.
-    let r = unsafe { libc::waitpid(pid as i32, &raw mut status, 0) };
-    if r != pid as i32 {
-        return None;
-    }
-    exit_status(status)
+    exit_status(sys::waitpid(pid, true).ok()??)
 }
 
 /// `Some(status)` when our child `pid` has exited (and is now reaped), `None` while it
 /// runs.
 fn try_reap(pid: u32) -> Option<Option<i32>> {
-    let mut status = 0;
-    // SAFETY: plain waitpid on our own child.
-    let r = unsafe { libc::waitpid(pid as i32, &raw mut status, libc::WNOHANG) };
-    match r {
-        0 => None,
-        r if r == pid as i32 => Some(exit_status(status)),
-        _ => Some(None), // not our child any more (already reaped)
+    match sys::waitpid(pid, false) {
+        Ok(None) => None,
+        Ok(Some(status)) => Some(exit_status(status)),
+        Err(_) => Some(None), // not our child any more (already reaped)
     }
 }
 

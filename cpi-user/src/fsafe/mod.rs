@@ -30,6 +30,8 @@ pub mod behalf;
 pub mod budget;
 pub mod map;
 mod sys;
+
+pub use sys::page_size;
 mod text;
 
 pub use sys::{euid, soft_nofile_limit};

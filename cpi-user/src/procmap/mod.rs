@@ -257,8 +257,7 @@ pub fn own_resident() -> Option<Resident> {
     let mut f = statm.split_whitespace().skip(1);
     let mut pages = || f.next()?.parse::<u64>().ok();
     let (total, file) = (pages()?, pages()?);
-    // SAFETY: sysconf only reads constants of the running system.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+    let page = crate::fsafe::page_size() as u64;
     Some(Resident {
         total: total * page,
         file: file * page,
