@@ -312,6 +312,7 @@ mod pod {
     unsafe impl aya::Pod for super::SampleHeader {}
     unsafe impl aya::Pod for super::IpSample {}
     unsafe impl aya::Pod for super::StackHeader {}
+    unsafe impl aya::Pod for super::BranchSample {}
 }
 
 #[cfg(test)]

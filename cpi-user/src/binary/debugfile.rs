@@ -10,7 +10,7 @@
 //!
 //! Paths resolve inside a root directory ([`DebugRoot`], `/` by default) and files are
 //! opened with cpi-user/src/fsafe/mod.rs (never blocking, regular files only, never
-//! leaving the root); a debug file is mapped like the binary (cpi-user/src/fsafe/map.rs).
+//! leaving the root); a debug file is mapped like the binary (cpi-user/src/fsafe/sys/map.rs).
 
 use std::path::{Component, Path, PathBuf};
 

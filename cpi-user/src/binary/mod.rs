@@ -26,7 +26,7 @@
 //!
 //! A file truncated in place while it is mapped (not replaced: a new file at the same
 //! path is a new inode, see [`BinaryCache`]) would make reads past its new end fault with
-//! `SIGBUS`; the mapping is a `fsafe::map::GuardedMap` (cpi-user/src/fsafe/map.rs), so
+//! `SIGBUS`; the mapping is a `fsafe::map::GuardedMap` (cpi-user/src/fsafe/sys/map.rs), so
 //! such a read gets zeros instead and [`Binary::truncated`] says so: the symbolizer then
 //! drops the binary and counts its samples as unusable. Files are opened with
 //! cpi-user/src/fsafe/mod.rs (never blocking, regular files only).

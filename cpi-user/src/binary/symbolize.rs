@@ -718,7 +718,7 @@ impl Symbolizer {
         }
     }
 
-    /// Forgets `bin`, found truncated under its mapping (cpi-user/src/fsafe/map.rs):
+    /// Forgets `bin`, found truncated under its mapping (cpi-user/src/fsafe/sys/map.rs):
     /// this mapping stays unusable, other processes' mappings reopen the file as it is.
     fn drop_truncated(&mut self, pid: u32, m: &Mapping, bin: &Arc<Binary>) -> SymbolizeError {
         self.binaries.evict(bin);

@@ -11,6 +11,7 @@ use cpi_common::wire::{
 };
 
 use super::sideband::Sideband;
+use super::sys;
 use super::target;
 use super::StackMemory;
 use crate::import::perf_records::names_process;
@@ -54,11 +55,7 @@ fn frames(bytes: &[u8]) -> Vec<u64> {
 /// kind or size, or a stack section whose counts disagree with its length or exceed
 /// the wire limits.
 pub fn decode(bytes: &[u8]) -> Option<(Record, Option<StackSection<'_>>)> {
-    if bytes.len() < size_of::<SampleHeader>() {
-        return None;
-    }
-    // SAFETY: length checked; read_unaligned copies plain data.
-    let h: SampleHeader = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) };
+    let h: SampleHeader = sys::read_plain(bytes)?;
     if h.version != WIRE_VERSION {
         return None;
     }
@@ -69,8 +66,7 @@ pub fn decode(bytes: &[u8]) -> Option<(Record, Option<StackSection<'_>>)> {
     let (record, rest) = bytes.split_at_checked(fixed)?;
     let stack = if h.flags & FLAG_STACK != 0 {
         let (sh, rest) = rest.split_at_checked(size_of::<StackHeader>())?;
-        // SAFETY: exact size of a plain-data header.
-        let sh: StackHeader = unsafe { std::ptr::read_unaligned(sh.as_ptr().cast()) };
+        let sh: StackHeader = sys::read_plain(sh)?;
         let (k, u, n) = (
             sh.kernel_nr as usize,
             sh.user_nr as usize,
@@ -97,10 +93,7 @@ pub fn decode(bytes: &[u8]) -> Option<(Record, Option<StackSection<'_>>)> {
         return None;
     };
     let rec = match SampleKind::from_u16(h.kind)? {
-        // SAFETY: exact size of a plain-data record.
-        SampleKind::Branch => Record::Branch(Box::new(unsafe {
-            std::ptr::read_unaligned(record.as_ptr().cast())
-        })),
+        SampleKind::Branch => Record::Branch(Box::new(sys::read_plain(record)?)),
         SampleKind::Ip => Record::Ip(IpSample { header: h }),
     };
     Some((rec, stack))
@@ -762,9 +755,8 @@ mod tests {
     use super::*;
     use cpi_common::wire::{BranchEntry, MAX_BRANCH_ENTRIES};
 
-    fn bytes_of<T>(v: &T) -> Vec<u8> {
-        // SAFETY: plain-data records.
-        unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }.to_vec()
+    fn bytes_of<T: aya::Pod>(v: &T) -> Vec<u8> {
+        sys::bytes_of(v).to_vec()
     }
 
     fn ip(pid: u32, ip: u64, role: EventRole) -> IpSample {
@@ -923,7 +915,7 @@ mod tests {
     }
 
     /// `rec` followed by a stack section with `kernel` frames and `stack` bytes.
-    fn with_stack<T>(rec: &T, kernel: &[u64], regs: [u64; 3], stack: &[u8]) -> Vec<u8> {
+    fn with_stack<T: aya::Pod>(rec: &T, kernel: &[u64], regs: [u64; 3], stack: &[u8]) -> Vec<u8> {
         let mut b = bytes_of(rec);
         b[4] |= FLAG_STACK as u8; // SampleHeader::flags, little-endian
         let sh = StackHeader {

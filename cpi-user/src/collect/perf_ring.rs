@@ -9,7 +9,6 @@
 //! the BPF path's. No program runs in the kernel: no thinning, no kernel filter.
 
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
 
 use cpi_common::wire::{
     BranchSample, EventRole, IpSample, SampleHeader, SampleKind, StackHeader, FLAG_KERNEL,
@@ -20,7 +19,8 @@ use super::caps::Capabilities;
 use super::drain::Drain;
 use super::events::EventSpec;
 use super::ladder::OpenEvent;
-use super::sideband::{self, Ring};
+use super::sideband;
+use super::sys::ring::Ring;
 use super::sys::{self, flag, PerfSys};
 use super::target::Target;
 use crate::import::perf_data::{self, EventAttr, Sample};
@@ -115,8 +115,9 @@ pub fn specs(mut specs: Vec<EventSpec>, stacks: bool, wake_bytes: u32) -> Vec<Ev
 /// One CPU's buffer.
 struct SampleRing {
     ring: Ring,
-    /// The event that owns it (the others on its CPU write into it).
-    fd: std::os::fd::RawFd,
+    /// A copy of the event that owns it (the others on its CPU write into it), until
+    /// [`SampleRings::take_ready_fds`] hands it over.
+    fd: Option<std::os::fd::OwnedFd>,
     /// Its CPU: every sample in it was taken there.
     cpu: u32,
 }
@@ -159,7 +160,7 @@ impl SampleRings {
                     owner.insert(e.place.1, e);
                     rings.push(SampleRing {
                         ring: Ring::map(&e.fd, DATA_PAGES)?,
-                        fd: e.fd.as_raw_fd(),
+                        fd: Some(e.fd.try_clone()?),
                         cpu: e.place.1.max(0) as u32,
                     });
                 }
@@ -216,10 +217,10 @@ impl SampleRings {
         }
     }
 
-    /// The buffers' fds, each readable once its buffer is a quarter full; they stay
-    /// open as long as the events they belong to.
-    pub fn fds(&self) -> impl Iterator<Item = std::os::fd::RawFd> + '_ {
-        self.rings.iter().map(|r| r.fd)
+    /// The buffers' fds (copies of their events'), each readable once its buffer is a
+    /// quarter full; handed over once.
+    pub fn take_ready_fds(&mut self) -> Vec<std::os::fd::OwnedFd> {
+        self.rings.iter_mut().filter_map(|r| r.fd.take()).collect()
     }
 
     /// Loss counts since the last call: (lost, throttled, malformed).
@@ -248,12 +249,6 @@ fn decoder_attr(spec: &EventSpec) -> EventAttr {
     }
 }
 
-fn bytes_of<T: Copy>(v: &T) -> &[u8] {
-    // SAFETY: the wire records are plain `repr(C)` data without padding
-    // (cpi-common/src/wire.rs), viewed for as long as `v` is borrowed.
-    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
-}
-
 /// A decoded sample as the wire record the BPF program writes for it: its fixed part,
 /// then, where the event copies the user stack, the stack section (no kernel frames:
 /// user space only).
@@ -277,9 +272,9 @@ fn wire(s: &Sample, role: EventRole, cpu: u32, attr: &EventAttr) -> Vec<u8> {
         ip: s.ip,
     };
     let mut out = if role == EventRole::Branches {
-        bytes_of(&BranchSample::new(header, &s.branches)).to_vec()
+        sys::bytes_of(&BranchSample::new(header, &s.branches)).to_vec()
     } else {
-        bytes_of(&IpSample { header }).to_vec()
+        sys::bytes_of(&IpSample { header }).to_vec()
     };
     if let Some(regs) = stack {
         let bytes = &s.user_stack[..s.user_stack.len().min(MAX_STACK_BYTES)];
@@ -291,7 +286,7 @@ fn wire(s: &Sample, role: EventRole, cpu: u32, attr: &EventAttr) -> Vec<u8> {
             user_sp: regs.sp,
             user_bp: regs.bp,
         };
-        out.extend_from_slice(bytes_of(&sh));
+        out.extend_from_slice(sys::bytes_of(&sh));
         out.extend_from_slice(bytes);
     }
     out

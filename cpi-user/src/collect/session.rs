@@ -105,7 +105,7 @@ struct Live {
     opened_hz: u64,
     /// The side-band buffers' fds (and without root, the sample buffers'), readable
     /// once one is a quarter full.
-    sideband_ready: Vec<AsyncFd<std::os::fd::RawFd>>,
+    sideband_ready: Vec<AsyncFd<OwnedFd>>,
     /// Exit watches of the targets still running, by pid (empty: system-wide).
     pidfds: Vec<(u32, AsyncFd<OwnedFd>)>,
     /// The kernel filter's allow-lists (empty unless [`Target::Filtered`]).
@@ -325,8 +325,7 @@ fn take_ring(bpf: &mut Ebpf) -> Result<AsyncFd<RingBuf<MapData>>, CollectError> 
             .ok_or_else(|| load_err("map SAMPLES missing".into()))?,
     )
     .map_err(|e| load_err(e.into()))?;
-    // SAFETY: the ring buffer owns its fd, open as long as the AsyncFd wrapping it.
-    Ok(unsafe { AsyncFd::register(ring) }.map_err(io::Error::from)?)
+    Ok(sys::watch_ring(ring)?)
 }
 
 impl Session {
@@ -407,8 +406,7 @@ impl Session {
         let sideband = SidebandReader::open(&sys, &sideband_places, sideband_flags)?;
         let sideband_ready = sideband
             .fds()
-            // SAFETY: the fds stay open as long as `sideband`, which drops after these.
-            .map(|fd| unsafe { AsyncFd::register(fd) }.map_err(io::Error::from))
+            .map(sys::watch_copy)
             .collect::<Result<Vec<_>, _>>()?;
         // Run-time accounting of our programs, for as long as the session lives.
         let stats = sys.enable_bpf_stats().ok();
@@ -607,7 +605,7 @@ struct Parts {
     /// Online CPUs.
     cpus: usize,
     sideband: SidebandReader,
-    sideband_ready: Vec<AsyncFd<std::os::fd::RawFd>>,
+    sideband_ready: Vec<AsyncFd<OwnedFd>>,
     filter: KernelFilter,
     signals: (Signal, Signal),
     suspended: Option<target::Suspended>,
@@ -651,11 +649,7 @@ fn assemble(p: Parts) -> Result<Live, CollectError> {
     for &pid in &watch {
         // A pid that is already gone has exited: nothing to wait for.
         if let Ok(fd) = Linux.pidfd_open(pid as i32) {
-            // SAFETY: the pidfd is owned by the AsyncFd wrapping it.
-            pidfds.push((
-                pid,
-                unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)?,
-            ));
+            pidfds.push((pid, sys::watch(fd)?));
         }
     }
     let redraw = Redraw::new(
@@ -902,7 +896,7 @@ fn next_exit(pidfds: &[(u32, AsyncFd<OwnedFd>)]) -> impl std::future::Future<Out
 
 /// Readiness of any of `fds` (each cleared: the kernel says again at its next
 /// watermark).
-fn any_ready(fds: &[AsyncFd<std::os::fd::RawFd>]) -> impl std::future::Future<Output = ()> + '_ {
+fn any_ready(fds: &[AsyncFd<OwnedFd>]) -> impl std::future::Future<Output = ()> + '_ {
     std::future::poll_fn(move |cx| {
         let mut any = false;
         for fd in fds {

@@ -13,6 +13,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod process;
+pub mod ring;
 
 /// The system calls the collector makes on perf events, as a trait: [`Linux`] runs them,
 /// `fake::FakeSys` (`collect/sys/fake.rs`) answers with scripted errors in unit tests.
@@ -411,6 +412,43 @@ fn ioctl(fd: &impl AsRawFd, req: libc::c_ulong, arg: libc::c_ulong) -> io::Resul
     }
 }
 
+/// The plain-data record at the start of `bytes` (any alignment); `None` when `bytes`
+/// is shorter.
+pub fn read_plain<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
+    let bytes = bytes.get(..size_of::<T>())?;
+    // SAFETY: `bytes` holds a whole T, and any bit pattern is a valid `Pod`.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
+}
+
+/// The bytes of a plain-data record (the wire records have no padding:
+/// cpi-common/src/wire.rs checks their sizes).
+pub fn bytes_of<T: aya::Pod>(v: &T) -> &[u8] {
+    // SAFETY: `v` is a whole T, viewed for as long as it is borrowed.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
+}
+
+/// An owned descriptor watched by the runtime's reactor for readiness.
+pub fn watch(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: the AsyncFd owns `fd`: open, and the same description, until it drops.
+    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(io::Error::from)
+}
+
+/// A copy of `fd` (`dup`) watched for readiness: the same buffer's, closed with the
+/// AsyncFd whatever the lifetime of `fd`'s owner.
+pub fn watch_copy(
+    fd: std::os::fd::BorrowedFd<'_>,
+) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    watch(fd.try_clone_to_owned()?)
+}
+
+/// aya's ring buffer watched for readiness.
+pub fn watch_ring(
+    ring: aya::maps::RingBuf<aya::maps::MapData>,
+) -> io::Result<tokio::io::unix::AsyncFd<aya::maps::RingBuf<aya::maps::MapData>>> {
+    // SAFETY: the ring buffer owns its map's fd, open until the AsyncFd drops it.
+    unsafe { tokio::io::unix::AsyncFd::register(ring) }.map_err(io::Error::from)
+}
+
 /// Maps a perf event's ring buffer (`len` bytes: the control page plus a power-of-two
 /// number of data pages) read-write, as perf does.
 pub fn mmap_ring(fd: &OwnedFd, len: usize) -> io::Result<std::ptr::NonNull<u8>> {
@@ -436,7 +474,7 @@ pub fn mmap_ring(fd: &OwnedFd, len: usize) -> io::Result<std::ptr::NonNull<u8>> 
 /// # Safety
 /// `p` and `len` must come from one [`mmap_ring`] call, and nothing may use the
 /// mapping afterwards.
-pub unsafe fn munmap_ring(p: std::ptr::NonNull<u8>, len: usize) {
+unsafe fn munmap_ring(p: std::ptr::NonNull<u8>, len: usize) {
     // SAFETY: the caller's contract.
     unsafe { libc::munmap(p.as_ptr().cast(), len) };
 }

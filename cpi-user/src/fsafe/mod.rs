@@ -28,7 +28,7 @@
 
 pub mod behalf;
 pub mod budget;
-pub mod map;
+pub use sys::map;
 mod sys;
 
 pub use sys::page_size;

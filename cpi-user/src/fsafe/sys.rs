@@ -2,7 +2,10 @@
 //! `RESOLVE_IN_ROOT`, `readlinkat`, `fstatfs`, `mkfifo`, `fcntl` (clearing `O_NONBLOCK`),
 //! the `SIGBUS` handler's `sigaction`/`mmap`, the user and group databases (`getgrnam_r`,
 //! `getpwuid_r`, `getgrouplist`), `poll`, and a thread's filesystem identity
-//! (`setfsuid`, `setfsgid`, `setgroups`). Callers get owned fds and `io::Result`s.
+//! (`setfsuid`, `setfsgid`, `setgroups`). Callers get owned fds and `io::Result`s. The
+//! `SIGBUS` guard of mapped files is [`map`].
+
+pub mod map;
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
@@ -147,7 +150,7 @@ pub fn install_sigbus(
 /// (async-signal-safe: one syscall).
 pub fn zeros_over(start: usize, len: usize) -> bool {
     // SAFETY: `start` is page-aligned and `start..start + len` is a mapping this process
-    // owns and reads only through the slice it registered (fsafe/map.rs); MAP_FIXED
+    // owns and reads only through the slice it registered (fsafe/sys/map.rs); MAP_FIXED
     // replaces exactly that range, so no other mapping is touched.
     let p = unsafe {
         libc::mmap(

@@ -7,7 +7,7 @@
 //! ([`Stop`]): code in no file mapping (JIT, anonymous memory, the vDSO) ends the stack
 //! there, and nothing past it is invented. Files are read only through the captured
 //! files (cpi-user/src/procmap/captured.rs: the descriptor, or reopened by the checked
-//! path if the LRU closed it), mapped with cpi-user/src/fsafe/map.rs, and unwound from
+//! path if the LRU closed it), mapped with cpi-user/src/fsafe/sys/map.rs, and unwound from
 //! the mapping itself: the sections are file pages, touched where a lookup reads them,
 //! not copied to the heap (a copy of `librustc_driver`'s 10 MB of `.eh_frame` per
 //! build of a process made the agent's heap swing by tens of MiB). Each file is mapped
@@ -196,7 +196,7 @@ struct Sections {
 const ENTRY_HEAP_BYTES: u64 = 512;
 
 /// Files whose unwind sections are held at most (each holds a guarded mapping,
-/// cpi-user/src/fsafe/map.rs `MAX_GUARDED`).
+/// cpi-user/src/fsafe/sys/map.rs `MAX_GUARDED`).
 const MAX_FILES: usize = 1024;
 
 impl Sections {
@@ -586,7 +586,7 @@ impl StackUnwinder {
     /// Drops the pages of the unwind sections read since the last call from this
     /// process's resident set (each file whose sections framehop read): they stay in
     /// the page cache, so a later lookup there is
-    /// a minor fault (cpi-user/src/fsafe/map.rs `GuardedMap::dont_need`). Called at the
+    /// a minor fault (cpi-user/src/fsafe/sys/map.rs `GuardedMap::dont_need`). Called at the
     /// end of each window, and whenever the file pages resident since the last call
     /// and the copies exceed the byte bound: a binary's `.eh_frame` is used in place,
     /// and the pages a window's lookups touch in a compiler's 100+ MB of libraries would

@@ -4,8 +4,8 @@
 
 use std::io;
 
+use crate::collect::sys;
 use cpi_common::policy::Thinning;
-use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, SignalKind};
 
 use super::{
@@ -14,10 +14,11 @@ use super::{
 use crate::collect::caps::Capabilities;
 use crate::collect::filter::KernelFilter;
 use crate::collect::perf_ring::{self, SampleRings};
-use crate::collect::sideband::{page_size, SidebandReader};
+use crate::collect::sideband::SidebandReader;
 use crate::collect::sys::{flag, Linux};
 use crate::collect::target::{self, Target};
 use crate::collect::{events, ladder, CollectError, CollectOptions, Notice};
+use crate::fsafe::page_size;
 
 /// Opens `opts` through the perf ring buffers, or says in one line why it may not be
 /// and what would allow it.
@@ -76,11 +77,9 @@ pub(super) fn open(
     )
     .map_err(refused)?;
     tell_notes(&mut say, &pid_notes, &rung, &opts.rate);
-    let rings = SampleRings::map(&Linux, &rung.open, &rung.specs).map_err(map_refused)?;
-    let ready = rings
-        .fds()
-        // SAFETY: the fds stay open as long as the events, which drop after these.
-        .map(|fd| unsafe { AsyncFd::register(fd) }.map_err(io::Error::from))
+    let mut rings = SampleRings::map(&Linux, &rung.open, &rung.specs).map_err(map_refused)?;
+    let ready = (rings.take_ready_fds().into_iter())
+        .map(sys::watch)
         .collect::<Result<Vec<_>, _>>()?;
     let window = range_window(&opts, caps);
     let live = assemble(Parts {

@@ -21,7 +21,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
-use super::sys;
+use super as sys;
 
 /// Mappings guarded at once; a binary opened beyond this is refused (counted by its
 /// reader), never mapped unguarded.
