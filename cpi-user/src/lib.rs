@@ -18,4 +18,4 @@ pub mod profile;
 pub mod progress;
 pub mod report;
 pub mod sim;
-pub mod unwind;
+pub(crate) mod unwind;

@@ -36,12 +36,12 @@
 //! `cpi_bpf_last_window_age_seconds` and `cpi_bpf_store_failures_total`.
 
 pub mod config;
-pub mod error;
-pub mod governor;
+pub(crate) mod error;
+pub(crate) mod governor;
 pub mod kubelet;
 pub mod metrics;
-pub mod peer;
-pub mod pods;
+pub(crate) mod peer;
+pub(crate) mod pods;
 pub mod push;
 pub mod store;
 mod sys;

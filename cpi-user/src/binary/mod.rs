@@ -35,16 +35,16 @@
 //! may come out wrong, but a name is cut at `MAX_MAPPED_NAME` and copied before it is
 //! checked as UTF-8 (`copied_utf8`), as are source file names ([`lines`](mod@lines)).
 
-pub mod cfg;
-pub mod debugfile;
+pub(crate) mod cfg;
+pub(crate) mod debugfile;
 pub mod demangle;
 pub mod ehframe;
 pub mod kallsyms;
-pub mod lines;
-pub mod negative;
+pub(crate) mod lines;
+pub(crate) mod negative;
 pub mod perfmap;
 pub mod symbolize;
-pub mod work;
+pub(crate) mod work;
 
 use std::borrow::Cow;
 use std::collections::HashMap;

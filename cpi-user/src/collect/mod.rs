@@ -13,8 +13,8 @@ pub mod events;
 pub mod filter;
 pub mod ladder;
 pub mod perf_ring;
-pub mod session;
-pub mod sideband;
+pub(crate) mod session;
+pub(crate) mod sideband;
 pub mod sys;
 pub mod target;
 

@@ -12,8 +12,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 #[cfg(test)]
 pub(crate) mod fake;
-pub mod process;
-pub mod ring;
+pub(crate) mod process;
+pub(crate) mod ring;
 
 /// The system calls the collector makes on perf events, as a trait: [`Linux`] runs them,
 /// `fake::FakeSys` (`collect/sys/fake.rs`) answers with scripted errors in unit tests.

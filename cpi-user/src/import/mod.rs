@@ -18,9 +18,9 @@
 //! holds both (a taken-branch event plus a cycles event), timed CPI wherever the
 //! branch entries carry cycles.
 
-pub mod locate;
+pub(crate) mod locate;
 pub mod perf_data;
-pub mod perf_records;
+pub(crate) mod perf_records;
 pub mod perf_script;
 mod relocate;
 mod text;

@@ -1,11 +1,11 @@
 //! Per-process aggregation of wire samples and the analysis that turns them into a
 //! [`Profile`]: LBR ranges → instruction/block/edge counts, cycles, CPI.
 
-pub mod aggregate;
+pub(crate) mod aggregate;
 pub mod analyze;
-pub mod error;
-pub mod events;
-pub mod flow;
+pub(crate) mod error;
+pub(crate) mod events;
+pub(crate) mod flow;
 pub mod merge;
 pub mod model;
 pub mod paths;

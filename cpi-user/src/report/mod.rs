@@ -9,7 +9,7 @@ pub mod html;
 pub mod otlp;
 pub mod pprof;
 pub mod table;
-pub mod terminal;
+pub(crate) mod terminal;
 
 pub use file::ProfileFileError;
 pub use table::{TableError, TableOptions};

@@ -23,7 +23,7 @@ pub(crate) mod annotate;
 mod blocks;
 mod calls;
 mod header;
-pub mod names;
+pub(crate) mod names;
 mod tree;
 
 use accuracy::accuracy;

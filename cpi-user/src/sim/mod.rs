@@ -6,12 +6,12 @@
 
 pub mod accuracy;
 pub mod calibrate;
-pub mod code;
-pub mod cycles;
+pub(crate) mod code;
+pub(crate) mod cycles;
 pub mod pmu;
 pub mod replay;
 pub mod run;
-pub mod shadow;
+pub(crate) mod shadow;
 mod sys;
 pub mod trace;
 

@@ -12,9 +12,9 @@
 //! [`CODE_FUNCTIONS`] hottest functions, and the table keeps [`TABLE_ROWS`] rows.
 
 mod code;
-pub mod colour;
+pub(crate) mod colour;
 mod diff;
-pub mod flame;
+pub(crate) mod flame;
 pub mod series;
 
 pub use diff::render_diff;
