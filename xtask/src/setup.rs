@@ -22,7 +22,8 @@ use anyhow::{bail, Context};
 /// qemu-system-x86 and busybox-static (the kernel matrix, tests/tests/it/kernels.rs),
 /// python3-venv (the Kubernetes schema validator's and the OTLP bindings' venvs,
 /// [`pinned_venv`]), time (GNU time: a child's own peak RSS, tests/tests/it/hostile.rs),
-/// chromium (opens the HTML report, tests/tests/it/report_html.rs), dpkg-dev
+/// chromium (opens the HTML report, tests/tests/it/report_html.rs), tmux (an 80-column
+/// terminal for the tables, tests/tests/it/report_tree.rs), dpkg-dev
 /// (`dpkg-shlibdeps` for `cargo xtask package`) and man-db (the package test renders its
 /// man page), bpftool (the kernel's own run time of the agent's programs,
 /// tests/tests/it/agent_cost.rs).
@@ -42,6 +43,7 @@ const PACKAGES: &[&str] = &[
     "python3-venv",
     "time",
     "chromium",
+    "tmux",
     "dpkg-dev",
     "man-db",
     "bpftool",

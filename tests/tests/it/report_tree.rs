@@ -26,6 +26,38 @@ fn at_80(args: &[&str], json: &Path) -> String {
     text
 }
 
+/// `cpi-bpf ARGS JSON` in a detached tmux pane of 80 columns, without `COLUMNS`: the
+/// width comes from the terminal, as a user's would. The pane's text, wrapped lines
+/// joined (a line too wide reads as one long line).
+fn in_tmux_pane(args: &[&str], json: &Path) -> String {
+    let session = format!("cpi-tree-{}", std::process::id());
+    let done = format!("{session}-done");
+    let mut cmd = vec![cpi_bpf().display().to_string()];
+    cmd.extend(args.iter().map(|a| a.to_string()));
+    cmd.push(json.display().to_string());
+    let quoted: Vec<String> = cmd.iter().map(|a| format!("'{a}'")).collect();
+    let script = format!(
+        "env -u COLUMNS {}; tmux wait-for -S {done}; sleep 600",
+        quoted.join(" ")
+    );
+    let tmux = |a: &[&str]| output_ok(Command::new("tmux").args(a));
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "80",
+        "-y",
+        "50",
+        &script,
+    ]);
+    tmux(&["wait-for", &done]);
+    let out = tmux(&["capture-pane", "-p", "-J", "-S", "-", "-t", &session]);
+    tmux(&["kill-session", "-t", &session]);
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn assert_80(what: &str, text: &str) {
     let wide: Vec<&str> = text.lines().filter(|l| l.chars().count() > 80).collect();
     assert!(
@@ -81,6 +113,18 @@ fn simulated_tables_fit_80_columns_with_a_folded_call_tree() {
     ] {
         at_80(view, &a);
     }
+
+    // A real 80-column terminal gives the same table as COLUMNS=80.
+    let pane = in_tmux_pane(&["report"], &a);
+    assert_80("report in an 80-column tmux pane", &pane);
+    let trimmed = |rows: Vec<&str>| -> Vec<String> {
+        rows.iter().map(|r| r.trim_end().to_string()).collect()
+    };
+    assert_eq!(
+        trimmed(tree_rows(&pane)),
+        trimmed(tree_rows(&table)),
+        "the pane's call tree:\n{pane}"
+    );
 
     // The tree: indented by depth, each recursion one row marked ↻.
     let rows = tree_rows(&table);
