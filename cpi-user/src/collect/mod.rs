@@ -13,6 +13,7 @@ pub mod events;
 pub mod filter;
 pub mod ladder;
 pub mod perf_ring;
+pub mod record;
 pub(crate) mod session;
 pub(crate) mod sideband;
 pub mod sys;
@@ -30,6 +31,7 @@ use cpi_common::wire::{StackMode, COUNTERS};
 use crate::profile::{RunInfo, SampleSet};
 use events::{EventSpec, Rate};
 pub use filter::Filter;
+pub use record::{record, RecordOptions, Recorded};
 pub use session::{collect, Session};
 pub use target::Target;
 

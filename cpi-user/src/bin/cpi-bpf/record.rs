@@ -3,13 +3,9 @@
 use std::time::Duration;
 
 use anyhow::{anyhow, bail};
-use cpi_user::binary::kallsyms::Kallsyms;
-use cpi_user::binary::symbolize::SymbolizerOptions;
 use cpi_user::collect::caps::Capabilities;
 use cpi_user::collect::events::{Rate, MAX_PERIOD};
 use cpi_user::collect::{self, CollectOptions, StackMemory, StopReason, Target, DEFAULT_FREQUENCY};
-use cpi_user::profile::analyze::LineDetail;
-use cpi_user::profile::{analyze, AnalysisOptions, Mode};
 
 use cpi_user::report::table;
 
@@ -145,59 +141,18 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             None => eprintln!("{line}"),
         }
     };
-    // Naming kernel functions reads /proc/kallsyms, which the kernel formats as it is read
-    // (0.4 s on a busy machine): read it while collecting, not after the command stops.
-    let symbolizer = SymbolizerOptions::default();
-    if !user_only {
-        symbolizer.kallsyms.iter().for_each(Kallsyms::read_ahead);
-    }
-    let collected = collect::collect(&opts, &mut |n| {
+    let record = collect::RecordOptions {
+        collect: opts,
+        every_line: args.output.annotate.is_some(),
+    };
+    let recorded = collect::record(&record, &mut |n| {
         say(&format!(
             "cpi-bpf: {}",
             if verbose { n.full } else { n.brief }
         ))
     })?;
-    let stop = match (collected.stop, collected.command_status) {
-        (Some(StopReason::TargetExit), Some(status)) => {
-            format!("command exited with status {status}")
-        }
-        (s, _) => s.unwrap_or(StopReason::Finished).to_string(),
-    };
-    let received: u64 = collected.run.events.iter().map(|e| e.samples).sum();
-    // Said before the analysis: the collection is over (the tests read the target's CPU
-    // time at this line).
-    say(&format!(
-        "cpi-bpf: stopped ({stop}) after {:.2} s: {received} samples received",
-        collected.run.duration_secs
-    ));
-    // Lines for the sampled instructions only, so the profile costs what its samples
-    // do (every instruction of every sampled function made a clang build's profile
-    // 185 MB); every instruction where --annotate shows them.
-    let lines = if args.output.annotate.is_some() {
-        LineDetail::Every
-    } else {
-        LineDetail::Evidence
-    };
-    let profile = analyze(
-        &collected.set,
-        collected.run,
-        &AnalysisOptions {
-            lines,
-            symbolizer,
-            ..AnalysisOptions::default()
-        },
-    );
-    // The profile's own loss account (collection and analysis), so this line, the table
-    // and the JSON count the same things; none lost is said by the table and JSON only.
-    if profile.lost_samples > 0 {
-        log::warn!(
-            "{} samples lost {}",
-            profile.lost_samples,
-            profile.lost.breakdown()
-        );
-    }
-    emit(&profile, &args.output)?;
-    Ok(exit_status(collected.stop, collected.command_status))
+    emit(&recorded.profile, &args.output)?;
+    Ok(exit_status(recorded.stop, recorded.command_status))
 }
 
 /// perf's exit status: the command's own (a shell's 128+N when a signal ended it), and
@@ -219,11 +174,7 @@ fn check_events(events: &[String]) -> anyhow::Result<bool> {
         return Ok(false);
     }
     let (mode, _) = Capabilities::probe().mode();
-    let used: &[&str] = match mode {
-        Mode::Cpi => &["cycles", "branches"],
-        Mode::IpSampling => &["cycles", "instructions"],
-        Mode::TimeProfile | Mode::Simulated | Mode::Instructions => &["cpu-clock"],
-    };
+    let used = collect::record::sampled_events(mode);
     for e in events {
         // perf's modifiers (`cycles:u`, `cycles:pp`) say where and how precisely.
         let (name, _) = e.split_once(':').unwrap_or((e, ""));
