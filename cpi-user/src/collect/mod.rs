@@ -8,6 +8,7 @@
 //! exit or SIGINT/SIGTERM → finish: disable, drain to the end, end the command, losses.
 
 pub mod caps;
+pub mod diagnose;
 pub mod drain;
 pub mod events;
 pub mod filter;
