@@ -183,9 +183,6 @@ pub struct Rung {
     pub specs: Vec<EventSpec>,
     /// Every event opened, at every placement, with its program attached.
     pub open: Vec<OpenEvent>,
-    /// CPUs an event could not be opened on while it opened on others, one line per
-    /// event ([`Opened::notes`]), and branch events opened without branch types.
-    pub notes: Vec<String>,
 }
 
 /// Walks the ladder from `start` (the probed mode and why): opens `plan(mode)`'s events,
@@ -211,8 +208,9 @@ pub fn walk(
     loop {
         match open_events(sys, &specs, places, extra_flags, attach) {
             Ok(Opened { open, notes }) => {
-                let notes: Vec<String> = untyped.into_iter().chain(notes).collect();
-                for n in &notes {
+                // CPUs an event could not be opened on while it opened on others, one
+                // line per event, and branch events opened without branch types.
+                for n in untyped.iter().chain(&notes) {
                     notify(Notice::plain(n));
                 }
                 return Ok(Rung {
@@ -220,7 +218,6 @@ pub fn walk(
                     reason,
                     specs,
                     open,
-                    notes,
                 });
             }
             Err(CollectError::Open { event, cause, .. })
@@ -366,6 +363,7 @@ mod tests {
     #[test]
     fn branch_records_ask_for_branch_types() {
         let sys = FakeSys::new(|_, _, _| None);
+        let mut lines = Vec::new();
         let rung = walk(
             &sys,
             (Mode::Cpi, "LBR".into()),
@@ -373,11 +371,11 @@ mod tests {
             &[(1234, -1)],
             0,
             &attach_7,
-            &mut |_| {},
+            &mut |l| lines.push(l.to_string()),
         )
         .unwrap();
         assert_eq!(rung.mode, Mode::Cpi);
-        assert!(rung.notes.is_empty(), "{:?}", rung.notes);
+        assert_eq!(lines.len(), 1, "the mode line alone: {lines:?}");
         // The branch event with USER | ANY | TYPE_SAVE, cycles with no branch stack.
         assert_eq!(branch_types(&sys), [1 | 8 | SAVE, 0]);
     }
@@ -416,7 +414,6 @@ mod tests {
              under call stacks are assigned by function"
         );
         assert_eq!(lines[1..], *std::slice::from_ref(&said));
-        assert_eq!(rung.notes, [said]);
         // A branch stack refused outright still steps down, after the one retry.
         let sys = FakeSys::new(|a, _, _| (a.branch_sample_type != 0).then_some(libc::EINVAL));
         let rung = walk(
@@ -571,9 +568,13 @@ mod tests {
         let cpus: Vec<(i32, i32)> = caps.online_cpus.iter().map(|&c| (-1, c as i32)).collect();
         assert_eq!(cpus.len(), 24);
         let sys = FakeSys::new(|_, _, _| None);
-        let rung = walk(&sys, caps.mode(), &plan, &cpus, 0, &attach_7, &mut |_| {}).unwrap();
+        let mut lines = Vec::new();
+        let rung = walk(&sys, caps.mode(), &plan, &cpus, 0, &attach_7, &mut |l| {
+            lines.push(l.to_string())
+        })
+        .unwrap();
         assert_eq!(rung.mode, Mode::Cpi);
-        assert!(rung.notes.is_empty());
+        assert_eq!(lines.len(), 1, "the mode line alone: {lines:?}");
         // P-cores: BR_INST_RETIRED.NEAR_TAKEN (umask 0x20) as cpu_core's raw type, cycles
         // with cpu_core's type in config[63:32]; E-cores the same on cpu_atom (type 8,
         // umask 0xc0). No event is opened on the other kind's CPUs.
@@ -641,7 +642,7 @@ mod tests {
             })
             .unwrap();
             assert_eq!(rung.mode, Mode::Cpi, "{lines:?}");
-            assert!(rung.notes.is_empty(), "{:?}", rung.notes);
+            assert_eq!(lines.len(), 1, "the mode line alone: {lines:?}");
             // Branches and cycles on each CPU, each opened once.
             assert_eq!(rung.open.len(), 2 * 128);
             assert_eq!(opens(&sys).len(), rung.open.len(), "an open was refused");
@@ -678,7 +679,6 @@ mod tests {
                  the other CPUs collect"
             ),
         ];
-        assert_eq!(rung.notes, said);
         assert_eq!(lines[1..], said, "the mode line, then one line per event");
     }
 

@@ -13,7 +13,7 @@ pub mod drain;
 pub mod events;
 pub mod filter;
 pub mod ladder;
-pub mod perf_ring;
+pub(crate) mod perf_ring;
 pub mod record;
 pub(crate) mod session;
 pub(crate) mod sideband;
