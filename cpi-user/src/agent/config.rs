@@ -587,12 +587,6 @@ fn cgroup_dir(p: &Path) -> Result<PathBuf, ConfigError> {
     Ok(dir)
 }
 
-/// The cgroup path of a process relative to [`CGROUP_ROOT`] (`/system.slice/x`), from
-/// `/proc/PID/cgroup` (cpi-user/src/procmap/cgroup.rs); `None` when the process is gone.
-pub fn process_cgroup(pid: u32) -> Option<String> {
-    crate::procmap::ProcessIdentity::read(pid)?.cgroup
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

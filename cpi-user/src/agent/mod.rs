@@ -639,7 +639,6 @@ pub struct ProcessTable {
 struct Tracked {
     start: Option<u64>,
     last_window: u64,
-    cgroup: Option<String>,
 }
 
 impl ProcessTable {
@@ -656,7 +655,7 @@ impl ProcessTable {
     /// Notes the processes of window `n` (their start times as the collector read them,
     /// cpi-user/src/collect/drain.rs); returns the pids whose earlier state belongs to
     /// another process (the pid was reused).
-    pub fn see(&mut self, n: u64, set: &SampleSet, want_cgroup: bool) -> Vec<u32> {
+    pub fn see(&mut self, n: u64, set: &SampleSet) -> Vec<u32> {
         let mut reused = Vec::new();
         for (&pid, p) in &set.processes {
             let start = p.start;
@@ -666,7 +665,6 @@ impl ProcessTable {
                     *t = Tracked {
                         start,
                         last_window: n,
-                        cgroup: None,
                     };
                 }
                 Some(t) => t.last_window = n,
@@ -676,23 +674,12 @@ impl ProcessTable {
                         Tracked {
                             start,
                             last_window: n,
-                            cgroup: None,
                         },
                     );
                 }
             }
-            let t = self.procs.get_mut(&pid).expect("inserted above");
-            if want_cgroup && t.cgroup.is_none() {
-                t.cgroup = config::process_cgroup(pid);
-            }
         }
         reused
-    }
-
-    /// The cgroup (relative to /sys/fs/cgroup) of a tracked process, read when first
-    /// seen.
-    pub fn cgroup(&self, pid: u32) -> Option<&str> {
-        self.procs.get(&pid)?.cgroup.as_deref()
     }
 
     /// Drops the processes that had no samples in window `n` and are gone (or whose pid
@@ -742,10 +729,10 @@ fn analysis_loop(
             captured,
             ..
         } = job.collected;
-        for pid in table.see(job.windows, &set, cgroup_rel.is_some()) {
+        for pid in table.see(job.windows, &set) {
             sym.forget_process(pid);
         }
-        keep_wanted(&mut set, c, &table, cgroup_rel.as_deref(), kubelet.as_ref());
+        keep_wanted(&mut set, c, cgroup_rel.as_deref(), kubelet.as_ref());
         let mut profile = analyze_with(&set, run, &opts, &mut sym);
         drop(set);
         if let Some(k) = &kubelet {
@@ -802,7 +789,6 @@ fn analysis_loop(
 fn keep_wanted(
     set: &mut SampleSet,
     c: &AgentConfig,
-    table: &ProcessTable,
     cgroup_rel: Option<&str>,
     kubelet: Option<&Arc<Mutex<Kubelet>>>,
 ) {
@@ -812,10 +798,11 @@ fn keep_wanted(
     if let Some(re) = &c.comm {
         set.processes.retain(|_, p| re.is_match(&p.comm));
     }
+    // The cgroup the collector read while the process lived (cpi-user/src/collect/
+    // drain.rs), the same copy pods are selected on.
     if let Some(want) = cgroup_rel {
-        set.processes.retain(|&pid, _| {
-            table
-                .cgroup(pid)
+        set.processes.retain(|_, p| {
+            (p.identity.as_ref().and_then(|i| i.cgroup.as_deref()))
                 .is_some_and(|g| g == want || g.starts_with(&format!("{want}/")) || want == "/")
         });
     }
@@ -914,7 +901,7 @@ mod tests {
         let zombie = crate::procmap::Zombie::spawn();
         set.process(zombie.pid()).start = ProcStat::of(zombie.pid()).map(|s| s.start);
         let mut t = ProcessTable::default();
-        assert!(t.see(1, &set, false).is_empty());
+        assert!(t.see(1, &set).is_empty());
         assert_eq!(t.len(), 3);
         // Window 2 has none: the live one stays, the gone ones leave.
         let mut gone = t.expire(2);
@@ -925,7 +912,7 @@ mod tests {
         t.procs.get_mut(&me).unwrap().start = Some(1);
         let mut set = SampleSet::new(1);
         set.process(me).start = process_start(me);
-        assert_eq!(t.see(3, &set, false), [me]);
+        assert_eq!(t.see(3, &set), [me]);
         assert_eq!(t.procs[&me].start, process_start(me));
         assert!(process_start(me).is_some());
     }
