@@ -975,8 +975,13 @@ mod tests {
         // Nothing copied: the caller cannot be found.
         d.add(&with_stack(&r, &[], [code, heap, 0], &[]));
         // Garbage: a stack made of one code address over and over ends at the frame
-        // limit or the end of the copy, never past either.
-        let garbage: Vec<u8> = std::iter::repeat_n(code.to_le_bytes(), MAX_STACK_BYTES / 8)
+        // limit or the end of the copy, never past either. The address is one past this
+        // function's first instruction, so each frame is looked up at that instruction,
+        // where every compiler's CFI says CFA = rsp + 8 (`code` itself would be looked
+        // up at `code - 1`: the padding before it, or whatever function the linker put
+        // there).
+        let ret = code + 1;
+        let garbage: Vec<u8> = std::iter::repeat_n(ret.to_le_bytes(), MAX_STACK_BYTES / 8)
             .flatten()
             .collect();
         d.add(&with_stack(&r, &[], [code, heap, heap], &garbage));
