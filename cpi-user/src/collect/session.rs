@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{MapData, RingBuf};
 use aya::Ebpf;
 use cpi_common::policy::{self, KernelConfig, Rng, Thinning};
-use cpi_common::wire::{Counter, EventRole, COUNTERS};
+use cpi_common::wire::{Counter, EventRole, SampleHeader, COUNTERS};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -916,11 +916,21 @@ fn any_ready(fds: &[AsyncFd<OwnedFd>]) -> impl std::future::Future<Output = ()> 
 /// One pass: side-band records first (they explain the samples), then the samples.
 fn drain_all(sideband: &mut SidebandReader, source: &mut Source, drain: &mut Drain) {
     drain.start_pass();
+    let mut read_at = sys::monotonic_ns();
     sideband.read(|s| drain.observe(s));
     match source {
         Source::Bpf { ring, .. } => {
             let ring = ring.get_mut();
             while let Some(item) = ring.next() {
+                // A sample taken after the side-band read may be explained only by
+                // records written since (a child that exec'd and exited meanwhile would
+                // meet its parent's mappings alone): they are read first. Both clocks
+                // are CLOCK_MONOTONIC (bpf_ktime_get_ns).
+                let time = sys::read_plain::<SampleHeader>(&item).map(|h| h.time_ns);
+                if time.is_some_and(|t| t > read_at) {
+                    read_at = sys::monotonic_ns();
+                    sideband.read(|s| drain.observe(s));
+                }
                 drain.add(&item);
             }
         }

@@ -395,6 +395,20 @@ pub fn thread_cpu_time() -> std::time::Duration {
     )
 }
 
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`, which stamps the
+/// BPF programs' samples; zero if it cannot be read.
+pub fn monotonic_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime fills a local struct.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut t) } != 0 {
+        return 0;
+    }
+    (t.tv_sec.max(0) as u64) * 1_000_000_000 + t.tv_nsec.clamp(0, 999_999_999) as u64
+}
+
 /// Restores the default action of `sig` (the agent, after its first SIGTERM/SIGINT, so
 /// that a second one ends it at once).
 pub fn default_signal_action(sig: libc::c_int) {

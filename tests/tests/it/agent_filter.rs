@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cpi_tests::{agent, compile_c, cpu_heavy, require_root, stop_agent, store_windows, temp_dir};
+use cpi_tests::{
+    agent, compile_c, cpu_heavy, require_root, stop_agent, store_windows, temp_dir, KillOnDrop,
+};
 use serde_json::Value;
 
 /// Windows each agent must have stored (the first and last are partial and left out).
@@ -37,8 +39,9 @@ fn filtered_equals_unfiltered_restricted(dir: &Path, filter: &[&str], kept: u32,
     let (fs, us) = (dir.join("filtered"), dir.join("unfiltered"));
     // Every sample counts for the comparison: no governor, no stacks to slow it.
     let quiet = ["--overhead-budget", "100", "--no-stacks"];
-    let mut f = agent(&fs, &[&quiet[..], filter].concat());
-    let mut u = agent(&us, &quiet);
+    // Killed on drop: an agent that fails to stop cleanly leaves no other running.
+    let mut f = KillOnDrop(agent(&fs, &[&quiet[..], filter].concat()));
+    let mut u = KillOnDrop(agent(&us, &quiet));
     let t0 = Instant::now();
     while (std::fs::read_dir(&fs).map_or(0, Iterator::count) < WINDOWS
         || std::fs::read_dir(&us).map_or(0, Iterator::count) < WINDOWS)
@@ -46,8 +49,8 @@ fn filtered_equals_unfiltered_restricted(dir: &Path, filter: &[&str], kept: u32,
     {
         std::thread::sleep(Duration::from_millis(200));
     }
-    stop_agent(&mut f);
-    stop_agent(&mut u);
+    stop_agent(&mut f.0);
+    stop_agent(&mut u.0);
     let (fw, uw) = (store_windows(&fs), store_windows(&us));
     assert!(fw.len() >= WINDOWS && uw.len() >= WINDOWS, "{fw:?} {uw:?}");
     let mut filtered = 0u64;
