@@ -381,32 +381,29 @@ pub fn raise_fd_limit(want: u64) -> io::Result<u64> {
 /// CPU time the calling thread has run (`CLOCK_THREAD_CPUTIME_ID`: a system call, ≈ 1.3 µs
 /// on the 2-vCPU VM, where `Instant::now` is 50 ns); zero if it cannot be read.
 pub fn thread_cpu_time() -> std::time::Duration {
+    clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`, which stamps the
+/// BPF programs' samples; zero if it cannot be read.
+pub fn monotonic_ns() -> u64 {
+    u64::try_from(clock(libc::CLOCK_MONOTONIC).as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// `clock_gettime(id)`; zero if it cannot be read.
+fn clock(id: libc::clockid_t) -> std::time::Duration {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime fills a local struct.
-    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut t) } != 0 {
+    if unsafe { libc::clock_gettime(id, &raw mut t) } != 0 {
         return std::time::Duration::ZERO;
     }
     std::time::Duration::new(
         t.tv_sec.max(0) as u64,
         t.tv_nsec.clamp(0, 999_999_999) as u32,
     )
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`, which stamps the
-/// BPF programs' samples; zero if it cannot be read.
-pub fn monotonic_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime fills a local struct.
-    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut t) } != 0 {
-        return 0;
-    }
-    (t.tv_sec.max(0) as u64) * 1_000_000_000 + t.tv_nsec.clamp(0, 999_999_999) as u64
 }
 
 /// Restores the default action of `sig` (the agent, after its first SIGTERM/SIGINT, so
