@@ -16,6 +16,7 @@ use cpi_common::wire::{BranchEntry, BranchSample, EventRole, IpSample, FLAG_KERN
 
 use super::error::{group_of, Groups};
 use super::stack::{CallStack, StackAggregate};
+use super::FastMap;
 use crate::procmap::{CapturedFile, ProcessIdentity, ProcessMaps};
 
 /// How each branch stack's ranges are weighted.
@@ -109,9 +110,9 @@ pub struct BranchAggregate {
     /// Σ Q over samples used.
     pub weight: u64,
     /// Taken branches by (from, to).
-    pub taken: HashMap<(u64, u64), TakenStat>,
+    pub taken: FastMap<(u64, u64), TakenStat>,
     /// Straight-line ranges by (first, last instruction address).
-    pub ranges: HashMap<(u64, u64), RangeStat>,
+    pub ranges: FastMap<(u64, u64), RangeStat>,
     /// Samples with fewer than `window + 1` entries (dropped: counting them would
     /// weigh shallow samples differently).
     pub short_samples: u64,
@@ -134,7 +135,7 @@ pub struct IpAggregate {
     /// ip → (samples, Σ periods, Σ periods per group of samples). The groups are kept
     /// for the events CPI divides (cycles, instructions), not for `cpu-clock`, whose
     /// time profile shows no ±: an always-on agent's per-address state stays small.
-    pub by_ip: HashMap<u64, (u64, u64, Option<Box<Groups>>)>,
+    pub by_ip: FastMap<u64, (u64, u64, Option<Box<Groups>>)>,
     /// Samples whose IP was in kernel mode ([`FLAG_KERNEL`]).
     pub kernel_samples: u64,
 }

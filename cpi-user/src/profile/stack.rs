@@ -17,12 +17,13 @@
 //! it the least recently used stacks of any process go, and their samples are counted in
 //! [`StackAggregate::dropped`], never silently.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use cpi_common::wire::{BranchEntry, EventRole};
 use serde::{Deserialize, Serialize};
 
 use super::error::Groups;
+use super::FastMap;
 
 /// Default bound on the stacks of all processes of one sample set, in (estimated) bytes.
 pub const DEFAULT_STACK_BYTES: usize = 32 << 20;
@@ -75,6 +76,42 @@ pub struct CallStack {
     pub end: StackEnd,
 }
 
+/// A [`CallStack`] borrowed: the key a sample's stack is looked up by, with no
+/// allocation unless it is new. Hashes as the `CallStack` it equals (the same fields,
+/// slices hashed alike, in the same order).
+#[derive(Clone, Copy, Debug, Hash)]
+pub(crate) struct StackRef<'a> {
+    kernel: &'a [u64],
+    user: &'a [u64],
+    end: StackEnd,
+}
+
+impl<'a> From<&'a CallStack> for StackRef<'a> {
+    fn from(s: &'a CallStack) -> Self {
+        StackRef {
+            kernel: &s.kernel,
+            user: &s.user,
+            end: s.end,
+        }
+    }
+}
+
+impl hashbrown::Equivalent<CallStack> for StackRef<'_> {
+    fn equivalent(&self, key: &CallStack) -> bool {
+        self.end == key.end && *self.user == *key.user && *self.kernel == *key.kernel
+    }
+}
+
+impl StackRef<'_> {
+    fn to_owned(self) -> CallStack {
+        CallStack {
+            kernel: self.kernel.into(),
+            user: self.user.into(),
+            end: self.end,
+        }
+    }
+}
+
 /// A range [start, end] that ran under one stack, weighted like the process's ranges.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StackRange {
@@ -96,7 +133,7 @@ pub struct StackStat {
     /// Branch samples taken under the stack.
     pub branch_samples: u64,
     /// The ranges of those samples' windows, by (first, last instruction address).
-    pub ranges: HashMap<(u64, u64), StackRange>,
+    pub ranges: FastMap<(u64, u64), StackRange>,
     /// When the stack was last used (the aggregate's clock), for eviction.
     last_use: u64,
 }
@@ -112,7 +149,7 @@ impl StackStat {
 #[derive(Clone, Debug, Default)]
 pub struct StackAggregate {
     /// By stack.
-    pub stacks: HashMap<CallStack, StackStat>,
+    pub stacks: FastMap<CallStack, StackStat>,
     /// Samples that carried no stack (the writer could not take one).
     pub unstacked: u64,
     /// What ran under the stacks evicted to stay within the set's bound (IP samples
@@ -123,7 +160,7 @@ pub struct StackAggregate {
 }
 
 /// Estimated heap and table bytes of one entry.
-fn entry_bytes(stack: &CallStack, stat: &StackStat) -> usize {
+fn entry_bytes(stack: StackRef<'_>, stat: &StackStat) -> usize {
     // Hash-table slots carry their key and value plus about one control byte and load
     // slack: counted as 1.5× the slot.
     let slot = |k: usize, v: usize| (k + v) * 3 / 2;
@@ -151,7 +188,7 @@ impl StackAggregate {
         group: usize,
         now: u64,
     ) {
-        self.update(stack, now, |s| {
+        self.update(stack.into(), now, |s| {
             let e = s.ips.entry(role).or_default();
             if role == EventRole::Cycles {
                 s.cycles_groups.add(group, period as f64);
@@ -184,7 +221,7 @@ impl StackAggregate {
         group: usize,
         now: u64,
     ) {
-        self.update(stack, now, |s| s.branch_samples += 1);
+        self.update(stack.into(), now, |s| s.branch_samples += 1);
         let Some((w, entries)) = window else {
             return;
         };
@@ -202,27 +239,29 @@ impl StackAggregate {
                 r.hits += 1;
                 r.groups.add(group, w);
             };
-            match &rebuilt {
+            match &mut rebuilt {
                 Some(frames) => {
-                    let mut user = frames.clone();
-                    user[0] = older.to;
-                    let at = CallStack {
-                        kernel: Box::default(),
-                        user: user.into_boxed_slice(),
+                    // The range's stack: the rebuilt one with the range's start as its
+                    // leaf, looked up in place.
+                    let leaf = std::mem::replace(&mut frames[0], older.to);
+                    let at = StackRef {
+                        kernel: &[],
+                        user: frames,
                         end: stack.end,
                     };
-                    self.update(&at, now, add);
+                    self.update(at, now, add);
+                    frames[0] = leaf;
                 }
-                None => self.update(stack, now, add),
+                None => self.update(stack.into(), now, add),
             }
         }
     }
-    fn update(&mut self, stack: &CallStack, now: u64, f: impl FnOnce(&mut StackStat)) {
-        // A stack seen before (most samples) costs one lookup; a new entry counts its
-        // own bytes once, below.
-        let (before, stat) = match self.stacks.get_mut(stack) {
+    fn update(&mut self, stack: StackRef<'_>, now: u64, f: impl FnOnce(&mut StackStat)) {
+        // A stack seen before (most samples) costs one lookup and no allocation; a new
+        // entry counts its own bytes once, below.
+        let (before, stat) = match self.stacks.get_mut(&stack) {
             Some(stat) => (entry_bytes(stack, stat), stat),
-            None => (0, self.stacks.entry(stack.clone()).or_default()),
+            None => (0, self.stacks.entry(stack.to_owned()).or_default()),
         };
         f(stat);
         stat.last_use = now;
@@ -234,7 +273,7 @@ impl StackAggregate {
     pub(super) fn ages(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
         self.stacks
             .iter()
-            .map(|(k, v)| (v.last_use, entry_bytes(k, v)))
+            .map(|(k, v)| (v.last_use, entry_bytes(k.into(), v)))
     }
 
     /// Drops the stacks last used at or before `cut`, counting their samples in
@@ -245,7 +284,7 @@ impl StackAggregate {
             if stat.last_use > cut {
                 return true;
             }
-            *bytes = bytes.saturating_sub(entry_bytes(k, stat));
+            *bytes = bytes.saturating_sub(entry_bytes(k.into(), stat));
             for (role, (n, w)) in &stat.ips {
                 let e = dropped.ips.entry(*role).or_default();
                 e.0 += n;
@@ -359,6 +398,6 @@ mod tests {
         assert_eq!(st.ips[&EventRole::Cycles], (1, 1000));
         assert_eq!(st.cycles_groups.total(), 1000.0);
         assert_eq!(st.samples(), 3);
-        assert!(a.bytes() >= entry_bytes(&s, st));
+        assert!(a.bytes() >= entry_bytes((&s).into(), st));
     }
 }

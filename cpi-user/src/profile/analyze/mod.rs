@@ -51,7 +51,7 @@
 //! [`estimate`] holds the CPI estimators and [`order`] the orderings merging shares.
 //! This file is the driver: the options, and one pass over the processes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use cpi_common::wire::EventRole;
 
@@ -228,8 +228,8 @@ struct Ctx<'a> {
 }
 
 /// A hash map's entries in key order (analysis is deterministic).
-fn sorted<K: Ord, V>(m: &HashMap<K, V>) -> Vec<(&K, &V)> {
-    let mut v: Vec<(&K, &V)> = m.iter().collect();
+fn sorted<'m, K: Ord, V>(m: impl IntoIterator<Item = (&'m K, &'m V)>) -> Vec<(&'m K, &'m V)> {
+    let mut v: Vec<(&K, &V)> = m.into_iter().collect();
     v.sort_unstable_by(|a, b| a.0.cmp(b.0));
     v
 }

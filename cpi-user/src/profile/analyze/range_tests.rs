@@ -10,6 +10,7 @@ use crate::profile::model::{EdgeKind, FunctionProfile, StackProfile};
 use crate::profile::stack::{CallStack, StackEnd};
 use cpi_common::wire::{BranchEntry, BranchSample, SampleHeader};
 use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
 use std::path::Path;
 
 const PID: u32 = 77;
