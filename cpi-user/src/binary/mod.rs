@@ -77,12 +77,14 @@ pub enum BinaryError {
         path: PathBuf,
     },
     /// The file could not be mapped.
-    #[error("{path}: {source}")]
+    // The cause is in the message, not a `source()`: this error is stored and rendered
+    // alone (`{e}`, [`BinaryError::Unusable`]), and a chain prints it once.
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// What the system said.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// No ELF magic, or `object` could not parse the headers.
     #[error("{path}: not an ELF file ({reason})")]
@@ -512,9 +514,9 @@ impl Binary {
         path: &Path,
         root: &DebugRoot,
     ) -> Result<Binary, BinaryError> {
-        let map = crate::fsafe::map::GuardedMap::new(file).map_err(|source| BinaryError::Io {
+        let map = crate::fsafe::map::GuardedMap::new(file).map_err(|cause| BinaryError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         })?;
         let debug = debugfile::find(path, map.bytes(), root);
         let bin = Binary::with_bytes(path, Bytes::Mapped(map), debug)?;
@@ -1058,9 +1060,9 @@ impl BinaryCache {
         path: &Path,
     ) -> Result<Arc<Binary>, BinaryError> {
         use std::os::unix::fs::MetadataExt;
-        let meta = file.metadata().map_err(|source| BinaryError::Io {
+        let meta = file.metadata().map_err(|cause| BinaryError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         })?;
         let stamp = (meta.len(), meta.modified().ok());
         let key = (meta.dev(), meta.ino());

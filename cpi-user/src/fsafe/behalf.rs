@@ -93,7 +93,7 @@ impl Reader {
             }
             _ => OpenError::Io {
                 path: path.to_path_buf(),
-                source: e,
+                cause: e,
             },
         })
     }

@@ -87,12 +87,14 @@ impl std::fmt::Display for FileId {
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     /// The system refused.
-    #[error("{}: {source}", .path.display())]
+    // The cause is part of the message and not a `source()`, so that a chain prints it once;
+    // this error is rendered alone (`{e}`) in many places.
+    #[error("{}: {cause}", .path.display())]
     Io {
         /// The path.
         path: PathBuf,
         /// Why.
-        source: io::Error,
+        cause: io::Error,
     },
     /// A FIFO, device, socket or directory where a regular file was expected.
     #[error("{}: not a regular file ({kind}); not read", .path.display())]
@@ -152,9 +154,9 @@ pub enum OpenError {
 
 impl OpenError {
     fn io(path: &Path) -> impl FnOnce(io::Error) -> OpenError + '_ {
-        move |source| OpenError::Io {
+        move |cause| OpenError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         }
     }
 }
@@ -441,12 +443,13 @@ pub fn group_id(group: &str) -> Result<u32, String> {
 #[derive(Debug, thiserror::Error)]
 pub enum DirError {
     /// `lstat` failed.
-    #[error("{}: {source}", .dir.display())]
+    // The cause is in the message, not a `source()` (see [`OpenError::Io`]).
+    #[error("{}: {cause}", .dir.display())]
     Io {
         /// The directory.
         dir: PathBuf,
         /// Why.
-        source: io::Error,
+        cause: io::Error,
     },
     /// Not a directory.
     #[error("{} is not a directory ({kind}); refusing to use it", .dir.display())]
@@ -510,9 +513,9 @@ pub fn only_root_can_change(file: &File) -> bool {
 /// followed: its target is checked) owned by this process's effective user that no one
 /// else can write.
 pub fn check_private_dir(dir: &Path) -> Result<(), DirError> {
-    let io = |source| DirError::Io {
+    let io = |cause| DirError::Io {
         dir: dir.to_path_buf(),
-        source,
+        cause,
     };
     if let Err(e) = std::fs::symlink_metadata(dir) {
         if e.kind() != io::ErrorKind::NotFound {

@@ -199,9 +199,9 @@ fn check_len(f: &File, path: &Path, len: Option<u64>) -> Result<(), OpenError> {
     let Some(want) = len else { return Ok(()) };
     let found = f
         .metadata()
-        .map_err(|source| OpenError::Io {
+        .map_err(|cause| OpenError::Io {
             path: path.to_path_buf(),
-            source,
+            cause,
         })?
         .len();
     if found != want {

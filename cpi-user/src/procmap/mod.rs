@@ -17,12 +17,13 @@ pub use cgroup::{is_kubepods, pod_dirs, ProcessIdentity};
 #[derive(Debug, thiserror::Error)]
 pub enum ProcMapError {
     /// `/proc/PID/maps` could not be read (the process is gone, or not ours to read).
-    #[error("reading /proc/{pid}/maps: {source}")]
+    // The cause is in the message, not a `source()`, so that a chain prints it once.
+    #[error("reading /proc/{pid}/maps: {cause}")]
     Read {
         /// The process.
         pid: u32,
         /// Why.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A line that is not `start-end perms offset dev inode [path]`.
     #[error("line {line} of a maps file is malformed: {text:?}")]
@@ -156,7 +157,7 @@ impl ProcessMaps {
 
     fn read_from(pid: u32, dir: &Path) -> Result<Self, ProcMapError> {
         let text = std::fs::read_to_string(dir.join("maps"))
-            .map_err(|source| ProcMapError::Read { pid, source })?;
+            .map_err(|cause| ProcMapError::Read { pid, cause })?;
         Self::parse(&text)
     }
 

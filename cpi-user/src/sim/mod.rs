@@ -51,13 +51,13 @@ pub enum SimError {
     #[error("no command to run")]
     NoCommand,
     /// Valgrind could not be started.
-    #[error("starting valgrind: {0} (apt-get install valgrind)")]
+    #[error("starting valgrind (apt-get install valgrind)")]
     Spawn(#[source] std::io::Error),
     /// The FIFO the trace streams through could not be made or read.
-    #[error("trace FIFO {0}: {1}")]
+    #[error("trace FIFO {0}")]
     Fifo(PathBuf, #[source] std::io::Error),
     /// The trace file could not be created.
-    #[error("creating the trace file {0}: {1}")]
+    #[error("creating the trace file {0}")]
     TraceFile(PathBuf, #[source] std::io::Error),
     /// Valgrind exited before the trace ended.
     #[error("valgrind failed ({0}) before the trace was complete")]

@@ -44,7 +44,7 @@ const K_FORK: u16 = 7;
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// Reading the stream failed.
-    #[error("reading the trace: {0}")]
+    #[error("reading the trace")]
     Io(#[from] std::io::Error),
     /// The first 8 bytes are not [`MAGIC`] (they are shown).
     #[error("not a cpitrace trace (bad magic {0:02x?})")]
@@ -72,7 +72,7 @@ pub enum TraceError {
         offset: u64,
     },
     /// A maps record whose text is not `/proc/PID/maps` format.
-    #[error("corrupt trace: maps record at byte {offset}: {source}")]
+    #[error("corrupt trace: maps record at byte {offset}")]
     Maps {
         /// Where the record starts.
         offset: u64,

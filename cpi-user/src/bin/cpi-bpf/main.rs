@@ -149,20 +149,10 @@ fn init_logging(level: log::LevelFilter) {
         .init();
 }
 
-/// `e` and its causes joined by `: `, each cause once: the library's errors often
-/// say their cause in their own message too (`store DIR: cannot list it: ENOENT`,
-/// whose source is that ENOENT), which `{e:#}` would print twice.
+/// `e` and its causes joined by `: ` ([`cpi_user::chain`]): each error's message says
+/// what failed and leaves its cause to `source()`.
 fn error_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if line.is_empty() {
-            line = text;
-        } else if !line.ends_with(&text) {
-            line = format!("{line}: {text}");
-        }
-    }
-    line
+    cpi_user::chain(e.as_ref())
 }
 
 fn exit_with(result: anyhow::Result<i32>) -> ! {

@@ -153,7 +153,7 @@ impl Ctx<'_> {
             CodeObject::Elf(bin) => match self.decoded.instructions(self.sym, bin, w) {
                 Ok(d) => Some(Cfg::from_instructions(&w.function, d, &w.leaders)),
                 Err(e) => {
-                    log::warn!("{e}");
+                    log::warn!("{}", crate::chain(&e));
                     None
                 }
             },
@@ -169,7 +169,7 @@ impl Ctx<'_> {
         let found = match self.sym.instructions_holding(bin, &w.function, &addrs) {
             Ok(f) => f,
             Err(e) => {
-                log::warn!("{e}");
+                log::warn!("{}", crate::chain(&e));
                 return Vec::new();
             }
         };

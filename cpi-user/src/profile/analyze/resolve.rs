@@ -102,7 +102,7 @@ impl<'a> ProcessResolver<'a> {
                 Some((i, vaddr))
             }
             Err(e) => {
-                log::debug!("{e}");
+                log::debug!("{}", crate::chain(&e));
                 None
             }
         };

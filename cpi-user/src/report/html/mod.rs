@@ -44,7 +44,7 @@ const FRAME_HEIGHT: f64 = 17.0;
 #[derive(Debug, thiserror::Error)]
 pub enum HtmlError {
     /// The template failed to render (a bug: the template is built in).
-    #[error("rendering the HTML page: {0}")]
+    #[error("rendering the HTML page")]
     Template(#[from] minijinja::Error),
 }
 

@@ -313,7 +313,7 @@ fn read_source(path: &Path) -> Option<Vec<String>> {
     let f = match crate::fsafe::open(path) {
         Ok(f) => f,
         Err(e @ crate::fsafe::OpenError::NotReadable { .. }) => {
-            log::warn!("{e}");
+            log::warn!("{}", crate::chain(&e));
             return None;
         }
         Err(_) => return None,
