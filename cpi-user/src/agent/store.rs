@@ -604,9 +604,8 @@ mod tests {
     #[test]
     fn an_unwritable_store_is_one_error_at_open() {
         let e = Store::open(Path::new("/proc/cpi-bpf-store"), DEFAULT_RETAIN, 1, None).unwrap_err();
-        assert!(
-            e.to_string().starts_with("store /proc/cpi-bpf-store: "),
-            "{e}"
-        );
+        let line = super::super::cause_chain(&e);
+        assert!(line.starts_with("store: /proc/cpi-bpf-store: "), "{line}");
+        assert_eq!(line.lines().count(), 1, "{line}");
     }
 }
