@@ -57,16 +57,13 @@ pub enum AgentError {
     },
 }
 
-/// `e` and its causes (`source()`) joined by `: `, as the agent logs an error. A cause an
-/// error already ends its own message with (`fsafe::DirError::Io`, say) is not repeated.
+/// `e` and its causes (`source()`) joined by `: `, as the agent logs an error (its errors
+/// name a cause once: in their message or as their source, not both).
 pub fn cause_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut line = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
-        let text = c.to_string();
-        if !line.ends_with(&text) {
-            line = format!("{line}: {text}");
-        }
+        line = format!("{line}: {c}");
         cause = c.source();
     }
     line
@@ -90,6 +87,6 @@ mod tests {
             dir: "/s".into(),
             source: io(),
         });
-        assert_eq!(cause_chain(&e), "store: /s: gone");
+        assert_eq!(cause_chain(&e), "store /s: gone");
     }
 }

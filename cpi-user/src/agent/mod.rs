@@ -2,8 +2,8 @@
 //! (cpi-user/src/collect/session.rs) run without end and cut into windows aligned to the
 //! wall clock (`--interval`). At each boundary the window's samples go over a bounded
 //! channel to the analysis thread, which analyses them into a [`Window`] and hands it to
-//! the sinks — the store ([`store`]), Prometheus ([`metrics`]) and the Pyroscope and OTLP
-//! pushes ([`push`]) — while the session keeps collecting. After each window the overhead
+//! the sinks ([`sink::Sink`]) — the store ([`store`]), Prometheus ([`metrics`]) and the
+//! Pyroscope and OTLP pushes ([`push`]) — while the session keeps collecting. After each window the overhead
 //! governor ([`governor`]) may change the sampling frequency.
 //!
 //! State that outlives windows, all bounded:
@@ -34,6 +34,11 @@
 //! losses, not memory, but it still sees signals; it
 //! logs a window late by two intervals, at least [`STALL_AFTER_MIN`]), and `/metrics` exports
 //! `cpi_bpf_last_window_age_seconds` and `cpi_bpf_store_failures_total`.
+//!
+//! Messages go through the `log` facade, as the rest of the library's (the binary prints
+//! them on stderr up to `--log-level`): an error is something that failed (a window not
+//! stored, say) while the agent goes on; a warning, something the operator should know (a
+//! sink falling behind); info, start, stop and governor changes; debug, every window.
 
 pub mod config;
 pub(crate) mod error;
@@ -140,12 +145,6 @@ pub enum StartError {
     #[error("cannot start the analysis thread: {0}")]
     Thread(std::io::Error),
 }
-
-// The agent's messages go through the `log` facade, as the library's do (the binary
-// prints them on stderr, filtered by `--log-level`): an error is something that failed
-// (a window not stored, say) while the agent goes on; a warning, something the operator
-// should know (a sink falling behind); info, start, stop and governor changes; debug,
-// every window.
 
 /// `m`'s guard; a thread that panicked holding it left the state whole enough to go on
 /// with (counters, caches, queues), so the agent does.
