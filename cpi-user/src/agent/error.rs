@@ -56,3 +56,37 @@ pub enum AgentError {
         source: std::io::Error,
     },
 }
+
+/// `e` and its causes (`source()`) joined by `: `, as the agent logs an error (its errors
+/// name a cause once: in their message or as their source, not both).
+pub fn cause_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        line = format!("{line}: {c}");
+        cause = c.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_names_each_cause_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
+        let e = crate::agent::store::StoreError::Io {
+            dir: "/s".into(),
+            what: "cannot list it".into(),
+            source: io(),
+        };
+        assert_eq!(e.to_string(), "store /s: cannot list it");
+        assert_eq!(cause_chain(&e), "store /s: cannot list it: gone");
+        let e = crate::agent::store::StoreError::Unsafe(crate::fsafe::DirError::Io {
+            dir: "/s".into(),
+            source: io(),
+        });
+        assert_eq!(cause_chain(&e), "store /s: gone");
+    }
+}

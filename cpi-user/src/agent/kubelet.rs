@@ -28,7 +28,6 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use super::pods::{PodSelector, Selection};
-use super::Level;
 use crate::procmap::ProcessIdentity;
 
 /// The kubelet's read-only port on the node.
@@ -175,9 +174,9 @@ impl Kubelet {
 
     /// Fills in the pod name, namespace and container name of `id` from the cache,
     /// fetching the pod list first when `id`'s pod or container is not in it and the
-    /// last fetch is older than [`REFRESH`]. `log` gets one line when fetches start
-    /// failing and one when they work again.
-    pub fn fill(&mut self, id: &mut ProcessIdentity, log: &dyn Fn(Level, &str)) {
+    /// last fetch is older than [`REFRESH`]. Logs one line when fetches start failing
+    /// and one when they work again.
+    pub fn fill(&mut self, id: &mut ProcessIdentity) {
         let Some(uid) = id.pod_uid.as_deref() else {
             return;
         };
@@ -189,7 +188,7 @@ impl Kubelet {
             })
         };
         if !known(&self.pods) && self.fetched.is_none_or(|t| t.elapsed() >= REFRESH) {
-            self.refresh(log);
+            self.refresh();
         }
         if let Some(p) = self.pods.get(uid) {
             id.pod = Some(p.name.clone());
@@ -201,16 +200,16 @@ impl Kubelet {
         }
     }
 
-    /// Fetches the pod list now; on failure the last list stays. `log` as in
+    /// Fetches the pod list now; on failure the last list stays. Logs as
     /// [`Kubelet::fill`].
-    pub fn refresh(&mut self, log: &dyn Fn(Level, &str)) {
+    pub fn refresh(&mut self) {
         self.fetched = Some(Instant::now());
         let (state, line) = match self.fetch() {
             Ok(pods) => {
                 self.pods = pods;
                 self.requests.ok += 1;
                 let line = format!("kubelet {}: answering again", self.url);
-                (State::Answering, (Level::Info, line))
+                (State::Answering, (log::Level::Info, line))
             }
             Err(e) if e.refused => {
                 self.requests.refused += 1;
@@ -219,17 +218,17 @@ impl Kubelet {
                     "{e}; its pod, namespace and container names are not used (cgroup ids \
                      only) until an answer can be believed"
                 );
-                (State::Refused, (Level::Warn, line))
+                (State::Refused, (log::Level::Warn, line))
             }
             Err(e) => {
                 self.requests.failed += 1;
                 let line = format!("{e} (pod names unknown until it answers)");
-                (State::Failing, (Level::Warn, line))
+                (State::Failing, (log::Level::Warn, line))
             }
         };
         if state != self.state {
             self.state = state;
-            log(line.0, &line.1);
+            log::log!(line.0, "{}", line.1);
         }
     }
 
@@ -467,17 +466,16 @@ mod tests {
             .unwrap()
             .port();
         let mut k = Kubelet::new(&format!("http://127.0.0.1:{port}"));
-        let lines = std::cell::RefCell::new(Vec::new());
         let mut id = ProcessIdentity {
             pod_uid: Some(UID.into()),
             ..ProcessIdentity::default()
         };
         let began = Instant::now();
-        for _ in 0..100 {
-            k.fill(&mut id, &|level, l| {
-                lines.borrow_mut().push((level, l.to_string()))
-            });
-        }
+        let ((), lines) = crate::agent::test_log::capture(|| {
+            for _ in 0..100 {
+                k.fill(&mut id);
+            }
+        });
         // One fetch within REFRESH, however many misses.
         assert!(began.elapsed() < REFRESH);
         let failed = Requests {
@@ -485,10 +483,9 @@ mod tests {
             ..Requests::default()
         };
         assert_eq!(k.requests(), failed);
-        let lines = lines.into_inner();
         assert_eq!(lines.len(), 1, "{lines:?}");
         assert!(
-            lines[0].0 == Level::Warn && lines[0].1.contains("/pods"),
+            lines[0].0 == log::Level::Warn && lines[0].1.contains("/pods"),
             "{lines:?}"
         );
         assert_eq!(id.pod, None);
@@ -565,16 +562,18 @@ mod tests {
         let me = crate::fsafe::euid();
         let ask = |port: u16| {
             let mut k = Kubelet::new(&format!("http://127.0.0.1:{port}"));
-            let lines = std::cell::RefCell::new(Vec::new());
             let mut id = ProcessIdentity {
                 pod_uid: Some(UID.into()),
                 ..ProcessIdentity::default()
             };
-            for _ in 0..3 {
-                k.fill(&mut id, &|_, l| lines.borrow_mut().push(l.to_string()));
-                k.refresh(&|_, l| lines.borrow_mut().push(l.to_string()));
-            }
-            (id.pod, k.requests(), lines.into_inner(), k)
+            let ((), lines) = crate::agent::test_log::capture(|| {
+                for _ in 0..3 {
+                    k.fill(&mut id);
+                    k.refresh();
+                }
+            });
+            let lines: Vec<String> = lines.into_iter().map(|(_, l)| l).collect();
+            (id.pod, k.requests(), lines, k)
         };
         let (pod, requests, lines, _) = ask(serve(body.clone(), me));
         assert_eq!(
@@ -631,10 +630,9 @@ mod tests {
         }
         assert_eq!(Peer::of("https://10.0.0.1:10250"), Peer::Tls);
         let mut k = Kubelet::new("http://10.0.0.1:10255");
-        let lines = std::cell::RefCell::new(Vec::new());
-        k.refresh(&|_, l| lines.borrow_mut().push(l.to_string()));
+        let ((), lines) = crate::agent::test_log::capture(|| k.refresh());
         assert_eq!(k.requests().refused, 1);
-        assert!(lines.borrow()[0].contains("proves nothing"), "{lines:?}");
+        assert!(lines[0].1.contains("proves nothing"), "{lines:?}");
     }
 
     #[test]

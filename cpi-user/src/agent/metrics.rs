@@ -54,7 +54,8 @@ use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
 use super::kubelet::Requests;
-use super::push::PushStats;
+use super::push::{PushCounts, PushStats};
+use super::sink::{Sink, SinkError};
 use super::{lock, AgentError, AgentStatus, Window};
 use crate::binary::work::{binary_work, BinaryWork};
 use crate::procmap::CaptureCounts;
@@ -104,6 +105,8 @@ pub struct Metrics {
     state: Arc<Mutex<State>>,
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    /// The pushers whose counts are exported, as a sink ([`Metrics::export_pushes`]).
+    pushes: Vec<PushCounts>,
 }
 
 impl Metrics {
@@ -127,6 +130,7 @@ impl Metrics {
             state,
             addr: bound,
             stop,
+            pushes: Vec::new(),
         })
     }
 
@@ -147,9 +151,34 @@ impl Metrics {
         lock(&self.state).set_push(stats);
     }
 
+    /// As a sink, exports these pushers' counts with every window and after their flush.
+    pub fn export_pushes(&mut self, pushes: Vec<PushCounts>) {
+        self.pushes = pushes;
+    }
+
+    fn update_pushes(&self) {
+        if !self.pushes.is_empty() {
+            self.set_push_stats(&PushStats::total(&self.pushes));
+        }
+    }
+
     /// The exposition text a scrape gets now.
     pub fn render(&self) -> String {
         lock(&self.state).render()
+    }
+}
+
+/// The last sink: it exports the status the store filled in and the pushers' counts
+/// after their queueing.
+impl Sink for Metrics {
+    fn report(&mut self, window: &Window, status: &mut AgentStatus) -> Result<(), SinkError> {
+        self.observe(window, status);
+        self.update_pushes();
+        Ok(())
+    }
+
+    fn flush(&mut self, _: Duration) {
+        self.update_pushes();
     }
 }
 

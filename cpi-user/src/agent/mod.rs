@@ -2,8 +2,8 @@
 //! (cpi-user/src/collect/session.rs) run without end and cut into windows aligned to the
 //! wall clock (`--interval`). At each boundary the window's samples go over a bounded
 //! channel to the analysis thread, which analyses them into a [`Window`] and hands it to
-//! the sinks — the store ([`store`]), Prometheus ([`metrics`]) and the Pyroscope and OTLP
-//! pushes ([`push`]) — while the session keeps collecting. After each window the overhead
+//! the sinks ([`sink::Sink`]) — the store ([`store`]), Prometheus ([`metrics`]) and the
+//! Pyroscope and OTLP pushes ([`push`]) — while the session keeps collecting. After each window the overhead
 //! governor ([`governor`]) may change the sampling frequency.
 //!
 //! State that outlives windows, all bounded:
@@ -34,6 +34,11 @@
 //! losses, not memory, but it still sees signals; it
 //! logs a window late by two intervals, at least [`STALL_AFTER_MIN`]), and `/metrics` exports
 //! `cpi_bpf_last_window_age_seconds` and `cpi_bpf_store_failures_total`.
+//!
+//! Messages go through the `log` facade, as the rest of the library's (the binary prints
+//! them on stderr up to `--log-level`): an error is something that failed (a window not
+//! stored, say) while the agent goes on; a warning, something the operator should know (a
+//! sink falling behind); info, start, stop and governor changes; debug, every window.
 
 pub mod config;
 pub(crate) mod error;
@@ -43,6 +48,7 @@ pub mod metrics;
 pub(crate) mod peer;
 pub(crate) mod pods;
 pub mod push;
+pub mod sink;
 pub mod store;
 mod sys;
 
@@ -53,7 +59,7 @@ use std::sync::mpsc::{
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use error::AgentError;
+pub use error::{cause_chain, AgentError};
 pub use sys::clock_ticks_per_second;
 
 use crate::binary::{Symbolizer, SymbolizerOptions};
@@ -70,7 +76,8 @@ use governor::{Decision, Governor, Usage};
 use kubelet::Kubelet;
 use metrics::{Metrics, MetricsLimits};
 use pods::PodFilter;
-use push::{PushConfig, PushStats, Pusher};
+use push::{PushConfig, Pusher};
+use sink::Sink;
 use store::{Store, StoreError};
 
 /// How long the sinks get to deliver after the last window.
@@ -139,36 +146,22 @@ pub enum StartError {
     Thread(std::io::Error),
 }
 
-/// How important a message is (`--log-level`): an error is something that failed (a
-/// window not stored, say) while the agent goes on; a warning, something the operator
-/// should know (a sink falling behind); info, start, stop and governor changes; debug,
-/// every window. The `log` crate's levels, so the agent's messages and the library's
-/// share one filter.
-pub use log::Level;
-
 /// `m`'s guard; a thread that panicked holding it left the state whole enough to go on
 /// with (counters, caches, queues), so the agent does.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Where the agent's messages go (the binary prints them on stderr).
-pub type Log = Arc<dyn Fn(Level, &str) + Send + Sync>;
-
-/// The sinks, checked and started (before collection starts).
-struct Sinks {
-    store: Store,
-    metrics: Option<Metrics>,
-    /// To Pyroscope, to an OTLP Collector, or both.
-    pushers: Vec<Pusher>,
-}
+/// The sinks, checked and started (before collection starts), in the order they get
+/// each window: the store (whose bytes and failures the metrics export), the pushes
+/// (to Pyroscope, to an OTLP Collector, or both), the metrics.
+struct Sinks(Vec<Box<dyn Sink>>);
 
 /// A started agent: sinks up, collection running.
 pub struct Agent {
     config: AgentConfig,
     session: Session,
     sinks: Sinks,
-    log: Log,
     started: SystemTime,
     /// The kubelet client, shared by the pod filter and the analysis.
     kubelet: Option<Arc<Mutex<Kubelet>>>,
@@ -192,7 +185,7 @@ pub struct Summary {
 impl Sinks {
     fn start(c: &AgentConfig) -> Result<Sinks, StartError> {
         let store = Store::open(&c.store, c.retain, c.store_max_bytes, c.store_group)?;
-        let metrics = c
+        let mut metrics = c
             .metrics_addr
             .map(|addr| {
                 Metrics::serve(
@@ -221,11 +214,13 @@ impl Sinks {
         if let Some(url) = &c.otlp_url {
             pushers.push(Pusher::otlp(push(url))?);
         }
-        Ok(Sinks {
-            store,
-            metrics,
-            pushers,
-        })
+        if let Some(m) = &mut metrics {
+            m.export_pushes(pushers.iter().map(Pusher::counts).collect());
+        }
+        let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(store)];
+        sinks.extend(pushers.into_iter().map(|p| Box::new(p) as Box<dyn Sink>));
+        sinks.extend(metrics.map(|m| Box::new(m) as Box<dyn Sink>));
+        Ok(Sinks(sinks))
     }
 }
 
@@ -272,9 +267,9 @@ fn collect_options(c: &AgentConfig, frequency: u64) -> CollectOptions {
 
 impl Agent {
     /// Starts the sinks (a problem with any of them is an error before anything
-    /// collects), then the collector Session; `log` gets the mode line and every later
-    /// message.
-    pub fn new(config: AgentConfig, log: Log) -> Result<Agent, StartError> {
+    /// collects), then the collector Session; the mode line and every later message go
+    /// to the `log` facade.
+    pub fn new(config: AgentConfig) -> Result<Agent, StartError> {
         sys::one_heap_arena();
         let sinks = Sinks::start(&config)?;
         let cpus = collect::target::online_cpus().len();
@@ -285,8 +280,8 @@ impl Agent {
             cpus,
         );
         let opts = collect_options(&config, governor.frequency());
-        let mut session = Session::open(&opts, &mut |m| log(Level::Info, m.full))?;
-        log(Level::Info, &governor.start_line(cpus));
+        let mut session = Session::open(&opts, &mut |m| log::info!("{}", m.full))?;
+        log::info!("{}", governor.start_line(cpus));
         let kubelet = config
             .kubelet_url
             .as_deref()
@@ -300,14 +295,13 @@ impl Agent {
             )),
             _ => None,
         };
-        if let Some(set) = pods.as_mut().and_then(|p| p.refresh(&*log)) {
+        if let Some(set) = pods.as_mut().and_then(|p| p.refresh()) {
             session.set_cgroups(set)?;
         }
         Ok(Agent {
             config,
             session,
             sinks,
-            log,
             started: SystemTime::now(),
             kubelet,
             pods,
@@ -327,7 +321,6 @@ impl Agent {
             config,
             mut session,
             sinks,
-            log,
             started,
             kubelet,
             pods,
@@ -338,17 +331,17 @@ impl Agent {
         // and the ring buffer (counted losses) takes the excess, not memory.
         let (tx, rx) = sync_channel::<Job>(1);
         let analysis = {
-            let (config, log) = (config.clone(), log.clone());
+            let config = config.clone();
             std::thread::Builder::new()
                 .name("cpi-bpf-analysis".into())
-                .spawn(move || analysis_loop(rx, sinks, &config, kubelet, &log))
+                .spawn(move || analysis_loop(rx, sinks, &config, kubelet))
                 .map_err(StartError::Thread)?
         };
         // Ends with the run (its sender dropped); never joined: a kubelet request in
         // flight must not hold up shutdown.
         let (_pods_stop, pods_due) = match pods {
             Some(p) => {
-                let (stop, due) = spawn_pod_filter(p, log.clone())?;
+                let (stop, due) = spawn_pod_filter(p)?;
                 (Some(stop), Some(due))
             }
             None => (None, None),
@@ -366,7 +359,7 @@ impl Agent {
                 + boundary
                     .duration_since(SystemTime::now())
                     .unwrap_or_default();
-            let stop = collect_until(&mut session, until, pods_due.as_ref(), &log)?;
+            let stop = collect_until(&mut session, until, pods_due.as_ref())?;
             if stop.is_some() {
                 break stop;
             }
@@ -376,7 +369,7 @@ impl Agent {
             let wall = window_started.elapsed();
             window_started = Instant::now();
             if let Some(d) = governor.observe(usage(&session), wall) {
-                govern(&mut session, &mut governor, d, windows, &log);
+                govern(&mut session, &mut governor, d, windows);
             }
             let job = Job {
                 collected,
@@ -393,7 +386,6 @@ impl Agent {
                 interval: config.interval,
                 stall_after,
                 pods_due: pods_due.as_ref(),
-                log: &log,
             };
             match hand_over(&tx, job, &mut session, &waiting)? {
                 Handed::Sent => {}
@@ -415,9 +407,9 @@ impl Agent {
             frequency,
             bpf_seconds,
         };
-        finish(session, tx, pending, last, stop, &log)?;
+        finish(session, tx, pending, last, stop)?;
         if analysis.join().is_err() {
-            log(Level::Error, "the analysis thread panicked");
+            log::error!("the analysis thread panicked");
         }
         Ok(Summary { windows, stop })
     }
@@ -429,7 +421,6 @@ struct Waiting<'a> {
     interval: Duration,
     stall_after: Duration,
     pods_due: Option<&'a DueCgroups>,
-    log: &'a Log,
 }
 
 /// How a window's hand-over to the analysis thread ended.
@@ -464,20 +455,16 @@ fn hand_over(
         }
         if !told && waiting.elapsed() > w.stall_after {
             told = true;
-            (w.log)(
-                Level::Warn,
-                &format!(
-                    "window {}: the analysis of the previous window has not finished after \
-                     {} s; this window waits (collection goes on, a second SIGTERM ends the \
-                     agent)",
-                    w.windows,
-                    waiting.elapsed().as_secs()
-                ),
+            log::warn!(
+                "window {}: the analysis of the previous window has not finished after {} s; \
+                 this window waits (collection goes on, a second SIGTERM ends the agent)",
+                w.windows,
+                waiting.elapsed().as_secs()
             );
         }
         let tick = Instant::now() + Duration::from_millis(100);
         let stop = if waiting.elapsed() < w.interval {
-            collect_until(session, tick, w.pods_due, w.log)?
+            collect_until(session, tick, w.pods_due)?
         } else {
             session.wait_until(Some(tick))?
         };
@@ -496,17 +483,13 @@ fn finish(
     pending: Option<Job>,
     last: impl FnOnce(Collected, f64) -> Job,
     stop: Option<StopReason>,
-    log: &Log,
 ) -> Result<(), StartError> {
     // A second signal ends the process at once.
     for sig in [libc::SIGTERM, libc::SIGINT] {
         collect::sys::default_signal_action(sig);
     }
     if let Some(s) = stop {
-        log(
-            Level::Info,
-            &format!("stopping ({s}): analysing the last window, flushing the sinks"),
-        );
+        log::info!("stopping ({s}): analysing the last window, flushing the sinks");
     }
     let bpf = bpf_seconds(&session);
     let collected = session.finish()?;
@@ -522,7 +505,6 @@ fn finish(
 /// dropped.
 fn spawn_pod_filter(
     mut pods: PodFilter,
-    log: Log,
 ) -> Result<(std::sync::mpsc::Sender<()>, DueCgroups), StartError> {
     let (stop, stopped) = channel::<()>();
     let due = DueCgroups::default();
@@ -531,7 +513,7 @@ fn spawn_pod_filter(
         .name("cpi-bpf-pods".into())
         .spawn(move || {
             while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(kubelet::REFRESH) {
-                if let Some(set) = pods.refresh(&*log) {
+                if let Some(set) = pods.refresh() {
                     *lock(&slot) = Some(set);
                 }
             }
@@ -546,7 +528,6 @@ fn collect_until(
     session: &mut Session,
     until: Instant,
     due: Option<&DueCgroups>,
-    log: &Log,
 ) -> Result<Option<StopReason>, CollectError> {
     let Some(due) = due else {
         return session.run_until(Some(until));
@@ -559,7 +540,7 @@ fn collect_until(
         let set = lock(due).take();
         if let Some(set) = set {
             if let Err(e) = session.set_cgroups(set) {
-                log(Level::Error, &format!("the pods' cgroups: {e}"));
+                log::error!("the pods' cgroups: {e}");
             }
         }
         if Instant::now() >= until {
@@ -588,26 +569,23 @@ pub fn next_boundary(now: SystemTime, interval: Duration) -> SystemTime {
 }
 
 /// Logs a window's overhead and applies the governor's change, if any (one line each).
-fn govern(session: &mut Session, governor: &mut Governor, d: Decision, windows: u64, log: &Log) {
-    log(
-        Level::Debug,
-        &format!(
-            "window {windows}: overhead {:.3} % of one CPU",
-            d.overhead_pct
-        ),
+fn govern(session: &mut Session, governor: &mut Governor, d: Decision, windows: u64) {
+    log::debug!(
+        "window {windows}: overhead {:.3} % of one CPU",
+        d.overhead_pct
     );
     let Some(j) = d.judged else {
         return;
     };
     let Some((from, to)) = j.change() else {
-        log(Level::Debug, &format!("governor: {j}"));
+        log::debug!("governor: {j}");
         return;
     };
     match session.set_frequency(to) {
-        Ok(()) => log(Level::Info, &format!("governor: {j}")),
+        Ok(()) => log::info!("governor: {j}"),
         Err(e) => {
             governor.set_frequency(from);
-            log(Level::Warn, &format!("governor: cannot set {to} Hz: {e}"));
+            log::warn!("governor: cannot set {to} Hz: {e}");
         }
     }
 }
@@ -704,7 +682,6 @@ fn analysis_loop(
     mut sinks: Sinks,
     c: &AgentConfig,
     kubelet: Option<Arc<Mutex<Kubelet>>>,
-    log: &Log,
 ) {
     let opts = AnalysisOptions {
         lines: LineDetail::Evidence,
@@ -718,7 +695,6 @@ fn analysis_loop(
     let cgroup_rel = c.cgroup.as_ref().map(|d| {
         collect::filter::CgroupV2::at(d).map_or_else(|_| d.display().to_string(), |g| g.path)
     });
-    let mut store_failures = 0;
     for job in rx {
         let began = Instant::now();
         let Collected {
@@ -738,7 +714,7 @@ fn analysis_loop(
         if let Some(k) = &kubelet {
             let mut k = lock(k);
             for p in &mut profile.processes {
-                k.fill(&mut p.identity, &**log);
+                k.fill(&mut p.identity);
             }
         }
         keep_evidence_lines(&mut profile);
@@ -752,10 +728,6 @@ fn analysis_loop(
             end: job.end,
             profile,
         };
-        if let Err(e) = sinks.store.write(&window) {
-            store_failures += 1;
-            log(Level::Error, &e.to_string());
-        }
         let status = AgentStatus {
             mode: job.mode,
             windows: job.windows,
@@ -764,22 +736,20 @@ fn analysis_loop(
             // must both leave with their processes.
             tracked_processes: table.len().max(held_processes),
             cache_bytes: sym.cache_bytes() + unwind_heap.total(),
-            store_bytes: sinks.store.bytes(),
-            store_failures,
+            // The store's, filled in by the store (the first sink).
+            store_bytes: 0,
+            store_failures: 0,
             sampling_frequency_hz: job.frequency,
             bpf_run_seconds: job.bpf_seconds,
             // Read after analysis: its reopens of this window count now.
             captured_files: captured.counts(),
             kubelet_requests: kubelet.as_ref().map(|k| lock(k).requests()),
         };
-        report(&sinks, window, &status, log);
+        report(&mut sinks, window, status);
         sys::release_free_heap();
     }
-    for p in &sinks.pushers {
-        p.flush(FLUSH_WITHIN);
-    }
-    if let (Some(m), false) = (&sinks.metrics, sinks.pushers.is_empty()) {
-        m.set_push_stats(&PushStats::total(&sinks.pushers));
+    for s in &mut sinks.0 {
+        s.flush(FLUSH_WITHIN);
     }
 }
 
@@ -813,28 +783,22 @@ fn keep_wanted(
     }
 }
 
-/// Hands an analysed window to the pushers and the metrics, and logs it.
-fn report(sinks: &Sinks, window: Window, status: &AgentStatus, log: &Log) {
-    for p in &sinks.pushers {
-        p.submit(&window);
-    }
-    if let Some(m) = &sinks.metrics {
-        m.observe(&window, status);
-        if !sinks.pushers.is_empty() {
-            m.set_push_stats(&PushStats::total(&sinks.pushers));
+/// Hands an analysed window to the sinks, in order, logging what any of them failed to
+/// take (with its causes), then the window.
+fn report(sinks: &mut Sinks, window: Window, mut status: AgentStatus) {
+    for s in &mut sinks.0 {
+        if let Err(e) = s.report(&window, &mut status) {
+            log::error!("{}", cause_chain(&*e));
         }
     }
-    log(
-        Level::Debug,
-        &format!(
-            "window {}: {} processes, analysed in {:.3} s, {} tracked, cache {} B, store {} B",
-            status.windows,
-            window.profile.processes.len(),
-            status.analysis_seconds,
-            status.tracked_processes,
-            status.cache_bytes,
-            status.store_bytes
-        ),
+    log::debug!(
+        "window {}: {} processes, analysed in {:.3} s, {} tracked, cache {} B, store {} B",
+        status.windows,
+        window.profile.processes.len(),
+        status.analysis_seconds,
+        status.tracked_processes,
+        status.cache_bytes,
+        status.store_bytes
     );
 }
 
@@ -867,6 +831,54 @@ fn symbolizer_bytes(c: &AgentConfig, unwind_other: u64) -> u64 {
 fn keep_evidence_lines(p: &mut Profile) {
     for f in p.processes.iter_mut().flat_map(|p| p.functions.iter_mut()) {
         f.lines.retain(|l| l.samples > 0 || l.count > 0.0);
+    }
+}
+
+/// The agent's log lines, caught in tests.
+#[cfg(test)]
+pub(crate) mod test_log {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static LINES: RefCell<Option<Vec<(log::Level, String)>>> = const { RefCell::new(None) };
+    }
+
+    struct Capture;
+
+    impl log::Log for Capture {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+
+        fn log(&self, r: &log::Record<'_>) {
+            // The agent's own lines, not those of the HTTP client it calls.
+            if r.target()
+                .starts_with(module_path!().trim_end_matches("::test_log"))
+            {
+                LINES.with(|l| {
+                    if let Some(v) = l.borrow_mut().as_mut() {
+                        v.push((r.level(), r.args().to_string()));
+                    }
+                });
+            }
+        }
+
+        fn flush(&self) {}
+    }
+
+    static CAPTURE: Capture = Capture;
+
+    /// Runs `f`; what it logged on this thread, with the levels.
+    pub(crate) fn capture<T>(f: impl FnOnce() -> T) -> (T, Vec<(log::Level, String)>) {
+        // Set once per test process; a second call finds it set.
+        let _ = log::set_logger(&CAPTURE);
+        log::set_max_level(log::LevelFilter::Trace);
+        LINES.with(|l| *l.borrow_mut() = Some(Vec::new()));
+        let out = f();
+        (
+            out,
+            LINES.with(|l| l.borrow_mut().take()).unwrap_or_default(),
+        )
     }
 }
 

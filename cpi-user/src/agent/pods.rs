@@ -18,7 +18,6 @@ use std::sync::{Arc, Mutex};
 use cpi_common::wire::MAX_FILTER_CGROUPS;
 
 use super::kubelet::Kubelet;
-use super::Level;
 use crate::collect::filter::CgroupV2;
 use crate::procmap::{is_kubepods, pod_dirs, ProcessIdentity};
 
@@ -200,12 +199,12 @@ impl PodFilter {
     }
 
     /// Fetches the pod list and selects again: the new set of cgroups when it changed
-    /// (first call: always). `log` gets a line when the selection becomes empty
-    /// (nothing is sampled until a pod appears) and when it is no longer.
-    pub fn refresh(&mut self, log: &dyn Fn(Level, &str)) -> Option<Vec<CgroupV2>> {
+    /// (first call: always). Logs a line when the selection becomes empty (nothing is
+    /// sampled until a pod appears) and when it is no longer.
+    pub fn refresh(&mut self) -> Option<Vec<CgroupV2>> {
         let selection = {
             let mut k = super::lock(&self.kubelet);
-            k.refresh(log);
+            k.refresh();
             k.select(&self.selector)
         };
         let (mut set, missing) = selection.cgroups(&self.kubepods);
@@ -221,37 +220,31 @@ impl PodFilter {
         let what = self.selector.describe();
         if ids.is_empty() {
             let pods = selection.0.len();
-            log(
-                Level::Warn,
-                &if pods == 0 {
-                    format!(
-                        "{what}: no such pod on this node (yet): nothing is sampled until \
-                         one appears"
-                    )
-                } else {
-                    format!(
-                        "{what}: no cgroup under {} of the pods that match ({pods}) (yet): \
-                         nothing is sampled until one appears",
-                        self.root.display()
-                    )
-                },
-            );
+            if pods == 0 {
+                log::warn!(
+                    "{what}: no such pod on this node (yet): nothing is sampled until one \
+                     appears"
+                );
+            } else {
+                log::warn!(
+                    "{what}: no cgroup under {} of the pods that match ({pods}) (yet): \
+                     nothing is sampled until one appears",
+                    self.root.display()
+                );
+            }
         } else if was_empty || ids.len() >= MAX_FILTER_CGROUPS as usize {
-            log(
-                Level::Info,
-                &format!(
-                    "{what}: sampling {} (pods matched: {}){}",
-                    match ids.len() {
-                        1 => "1 cgroup".to_string(),
-                        n => format!("{n} cgroups"),
-                    },
-                    selection.0.len(),
-                    if ids.len() >= MAX_FILTER_CGROUPS as usize {
-                        "; the kernel filter holds no more: the rest are not sampled"
-                    } else {
-                        ""
-                    }
-                ),
+            log::info!(
+                "{what}: sampling {} (pods matched: {}){}",
+                match ids.len() {
+                    1 => "1 cgroup".to_string(),
+                    n => format!("{n} cgroups"),
+                },
+                selection.0.len(),
+                if ids.len() >= MAX_FILTER_CGROUPS as usize {
+                    "; the kernel filter holds no more: the rest are not sampled"
+                } else {
+                    ""
+                }
             );
         }
         self.current = Some(ids);

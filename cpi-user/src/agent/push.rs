@@ -53,7 +53,8 @@ use base64::Engine;
 use ureq::http::{HeaderValue, Uri};
 use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
 
-use super::{AgentError, Window};
+use super::sink::{Sink, SinkError};
+use super::{AgentError, AgentStatus, Window};
 use crate::profile::model::ProcessProfile;
 use crate::report::{otlp, pprof};
 
@@ -193,10 +194,10 @@ pub struct PushStats {
 impl PushStats {
     /// The counts of every pusher together (the metrics count pushes to Pyroscope and
     /// OTLP as one).
-    pub fn total(pushers: &[Pusher]) -> PushStats {
+    pub fn total(pushers: &[PushCounts]) -> PushStats {
         pushers
             .iter()
-            .map(Pusher::stats)
+            .map(PushCounts::get)
             .fold(PushStats::default(), |a, s| PushStats {
                 ok: a.ok + s.ok,
                 errors: a.errors + s.errors,
@@ -728,6 +729,11 @@ impl Pusher {
         self.shared.lock().stats
     }
 
+    /// A reader of [`Pusher::stats`] for another sink (the metrics).
+    pub fn counts(&self) -> PushCounts {
+        PushCounts(self.shared.clone())
+    }
+
     /// Waits until every queued window is delivered or dropped, at most `within`.
     pub fn flush(&self, within: Duration) {
         let deadline = Instant::now() + within;
@@ -744,6 +750,28 @@ impl Pusher {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
+    }
+}
+
+/// A pusher's counts, read where the pusher is not (the metrics export them).
+#[derive(Clone)]
+pub struct PushCounts(Arc<Shared>);
+
+impl PushCounts {
+    /// The counts so far.
+    pub fn get(&self) -> PushStats {
+        self.0.lock().stats
+    }
+}
+
+impl Sink for Pusher {
+    fn report(&mut self, window: &Window, _: &mut AgentStatus) -> Result<(), SinkError> {
+        self.submit(window);
+        Ok(())
+    }
+
+    fn flush(&mut self, within: Duration) {
+        Pusher::flush(self, within);
     }
 }
 

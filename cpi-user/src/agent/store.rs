@@ -32,7 +32,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 
-use super::Window;
+use super::sink::{Sink, SinkError};
+use super::{AgentStatus, Window};
 use crate::profile::merge::{retain_processes, MergeError, Merger};
 use crate::profile::{AnalysisOptions, Profile};
 use crate::progress;
@@ -54,11 +55,13 @@ const SUFFIX: &str = ".json.gz";
 /// Temp files are hidden: every name starting with a dot.
 const TEMP_PREFIX: &str = ".";
 
-/// A store that cannot be opened, written or read; one line naming the directory.
+/// A store that cannot be opened, written or read; one line naming the directory. Each
+/// names its cause once: as its `source()` (print the chain: [`super::cause_chain`]), or
+/// in its message when the cause is not carried ([`StoreError::Unsafe`]).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// A file-system operation on the store failed.
-    #[error("store {}: {what}: {source}", .dir.display())]
+    #[error("store {}: {what}", .dir.display())]
     Io {
         /// The store directory.
         dir: PathBuf,
@@ -68,10 +71,12 @@ pub enum StoreError {
         source: io::Error,
     },
     /// The store directory belongs to another user or others can write it.
+    /// Its message is `store ` and the check's, which names the directory and the cause
+    /// (so it is not also its `source()`).
     #[error("store {0}")]
-    Unsafe(#[from] crate::fsafe::DirError),
+    Unsafe(crate::fsafe::DirError),
     /// The windows of a range cannot be merged (e.g. different modes).
-    #[error("store {}: {source}", .dir.display())]
+    #[error("store {}", .dir.display())]
     Merge {
         /// The store directory.
         dir: PathBuf,
@@ -109,6 +114,8 @@ pub struct Store {
     /// The reader group of the windows.
     group: Option<u32>,
     windows: Vec<StoredWindow>,
+    /// Windows [`Sink::report`] failed to write since start.
+    failures: u64,
 }
 
 fn unix_ms(t: SystemTime) -> u64 {
@@ -144,7 +151,7 @@ impl Store {
                 source,
             }
         };
-        crate::fsafe::check_private_dir(dir)?;
+        crate::fsafe::check_private_dir(dir).map_err(StoreError::Unsafe)?;
         if let Some(gid) = group {
             std::os::unix::fs::chown(dir, None, Some(gid))
                 .map_err(err("cannot give it to the group"))?;
@@ -169,6 +176,7 @@ impl Store {
             max_bytes,
             group,
             windows: list(dir)?.0,
+            failures: 0,
         })
     }
 
@@ -253,6 +261,20 @@ impl Store {
             }),
             None => Ok(()),
         }
+    }
+}
+
+/// The first sink: the store's bytes and failed writes are part of the status the
+/// later sinks see.
+impl Sink for Store {
+    fn report(&mut self, window: &Window, status: &mut AgentStatus) -> Result<(), SinkError> {
+        let written = self.write(window);
+        if written.is_err() {
+            self.failures += 1;
+        }
+        status.store_bytes = self.bytes();
+        status.store_failures = self.failures;
+        written.map(drop).map_err(SinkError::from)
     }
 }
 

@@ -2,10 +2,9 @@
 //! `--config` file → checked config → sinks, then collection; runs until SIGTERM/SIGINT.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use cpi_user::agent::config::{AgentConfig, AgentOptions};
-use cpi_user::agent::{self, Agent, Level};
+use cpi_user::agent::{self, Agent};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -180,43 +179,28 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         eprintln!("cpi-bpf: config OK: {}", summary(&config));
         return Ok(0);
     }
-    // The library's own messages (symbolising, pushing, metrics) at the same level.
+    // The agent's messages and the rest of the library's (symbolising, pushing,
+    // metrics) go through the `log` facade: `cpi-bpf: [error: |warning: ]MESSAGE`,
+    // escaped, on stderr, up to `--log-level`.
     crate::init_logging(config.log_level);
-    let max = config.log_level;
-    let log: agent::Log = Arc::new(move |level, msg| {
-        if level <= max {
-            let tag = match level {
-                Level::Error => "error: ",
-                Level::Warn => "warning: ",
-                _ => "",
-            };
-            eprintln!("cpi-bpf: {tag}{}", cpi_user::fsafe::escape(msg));
-        }
-    });
-    let a = Agent::new(config.clone(), log.clone())?;
-    log(
-        Level::Info,
-        &format!(
-            "agent: {} windows of {} s into {}{}{}",
-            a.mode().name(),
-            config.interval.as_secs(),
-            config.store.display(),
-            config
-                .metrics_addr
-                .map(|m| format!(", metrics on http://{m}/metrics"))
-                .unwrap_or_default(),
-            [&config.push_url, &config.otlp_url]
-                .into_iter()
-                .flatten()
-                .map(|u| format!(", pushing to {u}"))
-                .collect::<String>(),
-        ),
+    let a = Agent::new(config.clone())?;
+    log::info!(
+        "agent: {} windows of {} s into {}{}{}",
+        a.mode().name(),
+        config.interval.as_secs(),
+        config.store.display(),
+        config
+            .metrics_addr
+            .map(|m| format!(", metrics on http://{m}/metrics"))
+            .unwrap_or_default(),
+        [&config.push_url, &config.otlp_url]
+            .into_iter()
+            .flatten()
+            .map(|u| format!(", pushing to {u}"))
+            .collect::<String>(),
     );
     let summary = a.run()?;
-    log(
-        Level::Info,
-        &format!("agent: stopped after {} windows", summary.windows),
-    );
+    log::info!("agent: stopped after {} windows", summary.windows);
     Ok(0)
 }
 

@@ -1,0 +1,26 @@
+//! Where the agent's finished windows go: one interface for the store
+//! (cpi-user/src/agent/store.rs), the Prometheus metrics (cpi-user/src/agent/metrics.rs)
+//! and each push (cpi-user/src/agent/push.rs), after the OpenTelemetry eBPF profiler's
+//! reporter interface. The agent hands every window to its sinks in order — the store
+//! first, whose bytes and failures are part of the status the metrics export — and logs
+//! what failed, with its causes.
+
+use std::time::Duration;
+
+use super::{AgentStatus, Window};
+
+/// Why a sink lost a window: logged as an error with its causes ([`super::cause_chain`]).
+pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A destination of analysed windows.
+pub trait Sink: Send {
+    /// Takes a finished window and the agent's status after it; never waits for the
+    /// network. A sink whose state is part of the status (the store: its bytes and failed
+    /// writes) fills its fields in, for the sinks after it.
+    fn report(&mut self, window: &Window, status: &mut AgentStatus) -> Result<(), SinkError>;
+
+    /// The agent is stopping: delivers what is queued, within `within`.
+    fn flush(&mut self, within: Duration) {
+        let _ = within;
+    }
+}
