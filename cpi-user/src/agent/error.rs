@@ -8,12 +8,13 @@ use std::net::SocketAddr;
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     /// `--metrics-addr` could not be bound (port in use, address not local, ...).
-    #[error("--metrics-addr {addr}: cannot listen: {source}")]
+    // Causes here are part of the message, not `source()`: a chain says them once.
+    #[error("--metrics-addr {addr}: cannot listen: {cause}")]
     MetricsBind {
         /// The address given.
         addr: SocketAddr,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// `--push-pyroscope` or `--push-otlp` is not a URL the pusher can send to.
     #[error("{flag} {url:?}: {reason}")]
@@ -48,30 +49,17 @@ pub enum AgentError {
         reason: String,
     },
     /// A sink's worker thread could not be started.
-    #[error("cannot start the {what} thread: {source}")]
+    #[error("cannot start the {what} thread: {cause}")]
     Thread {
         /// Which thread ("metrics server", "push").
         what: &'static str,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-}
-
-/// `e` and its causes (`source()`) joined by `: `, as the agent logs an error (its errors
-/// name a cause once: in their message or as their source, not both).
-pub fn cause_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        line = format!("{line}: {c}");
-        cause = c.source();
-    }
-    line
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
 
     #[test]
     fn a_chain_names_each_cause_once() {
@@ -82,11 +70,11 @@ mod tests {
             source: io(),
         };
         assert_eq!(e.to_string(), "store /s: cannot list it");
-        assert_eq!(cause_chain(&e), "store /s: cannot list it: gone");
+        assert_eq!(crate::chain(&e), "store /s: cannot list it: gone");
         let e = crate::agent::store::StoreError::Unsafe(crate::fsafe::DirError::Io {
             dir: "/s".into(),
-            source: io(),
+            cause: io(),
         });
-        assert_eq!(cause_chain(&e), "store /s: gone");
+        assert_eq!(crate::chain(&e), "store /s: gone");
     }
 }

@@ -113,7 +113,7 @@ impl Metrics {
     /// Binds `addr` now (a port in use is an error here, not later) and serves
     /// `/metrics` on its own thread.
     pub fn serve(addr: SocketAddr, limits: MetricsLimits) -> Result<Metrics, AgentError> {
-        let bind_err = |source| AgentError::MetricsBind { addr, source };
+        let bind_err = |cause| AgentError::MetricsBind { addr, cause };
         let listener = TcpListener::bind(addr).map_err(bind_err)?;
         let bound = listener.local_addr().map_err(bind_err)?;
         let state = Arc::new(Mutex::new(State::new(limits)));
@@ -122,9 +122,9 @@ impl Metrics {
         std::thread::Builder::new()
             .name("cpi-bpf-metrics".into())
             .spawn(move || serve_loop(listener, s, &st))
-            .map_err(|source| AgentError::Thread {
+            .map_err(|cause| AgentError::Thread {
                 what: "metrics server",
-                source,
+                cause,
             })?;
         Ok(Metrics {
             state,

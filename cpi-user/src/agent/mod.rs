@@ -59,7 +59,7 @@ use std::sync::mpsc::{
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-pub use error::{cause_chain, AgentError};
+pub use error::AgentError;
 pub use sys::clock_ticks_per_second;
 
 use crate::binary::{Symbolizer, SymbolizerOptions};
@@ -788,7 +788,7 @@ fn keep_wanted(
 fn report(sinks: &mut Sinks, window: Window, mut status: AgentStatus) {
     for s in &mut sinks.0 {
         if let Err(e) = s.report(&window, &mut status) {
-            log::error!("{}", cause_chain(&*e));
+            log::error!("{}", crate::chain(&*e));
         }
     }
     log::debug!(

@@ -677,9 +677,9 @@ impl Pusher {
         std::thread::Builder::new()
             .name("cpi-bpf-push".into())
             .spawn(move || work(&worker, &transport))
-            .map_err(|source| AgentError::Thread {
+            .map_err(|cause| AgentError::Thread {
                 what: "push",
-                source,
+                cause,
             })?;
         Ok(Pusher {
             shared,

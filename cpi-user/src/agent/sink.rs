@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::{AgentStatus, Window};
 
-/// Why a sink lost a window: logged as an error with its causes ([`super::cause_chain`]).
+/// Why a sink lost a window: logged as an error with its causes ([`crate::chain`]).
 pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A destination of analysed windows.

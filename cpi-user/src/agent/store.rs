@@ -56,7 +56,7 @@ const SUFFIX: &str = ".json.gz";
 const TEMP_PREFIX: &str = ".";
 
 /// A store that cannot be opened, written or read; one line naming the directory. Each
-/// names its cause once: as its `source()` (print the chain: [`super::cause_chain`]), or
+/// names its cause once: as its `source()` (print the chain: [`crate::chain`]), or
 /// in its message when the cause is not carried ([`StoreError::Unsafe`]).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
