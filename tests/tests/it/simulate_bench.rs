@@ -163,6 +163,13 @@ fn bench_aggregation_period_one() {
         entries as f64 / (pmu_secs - replay_secs).max(1e-9) / 1e6,
         entries as f64 / pmu_secs / 1e6
     );
+    // What the per-range stack attribution keys on: distinct (stack, range start) keys.
+    let stacks = set1.processes.values().flat_map(|p| p.stacks.stacks.keys());
+    let (keys, frames) = stacks.fold((0usize, 0usize), |(n, f), k| (n + 1, f + k.user.len()));
+    eprintln!(
+        "stack keys: {keys} distinct, {:.1} user frames on average",
+        frames as f64 / keys.max(1) as f64
+    );
     drop(set1);
 
     let _ = std::fs::remove_dir_all(&dir);
