@@ -3,8 +3,8 @@
 //! wall clock (`--interval`). At each boundary the window's samples go over a bounded
 //! channel to the analysis thread, which analyses them into a [`Window`] and hands it to
 //! the sinks ([`sink::Sink`]) — the store ([`store`]), Prometheus ([`metrics`]) and the
-//! Pyroscope and OTLP pushes ([`push`]) — while the session keeps collecting. After each window the overhead
-//! governor ([`governor`]) may change the sampling frequency.
+//! Pyroscope and OTLP pushes ([`push`]) — while the session keeps collecting. After each
+//! window the overhead governor ([`governor`]) may change the sampling frequency.
 //!
 //! State that outlives windows, all bounded:
 //! - the symbolizer's binaries (cpi-user/src/binary/symbolize.rs), kept under

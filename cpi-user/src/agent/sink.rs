@@ -20,7 +20,5 @@ pub trait Sink: Send {
     fn report(&mut self, window: &Window, status: &mut AgentStatus) -> Result<(), SinkError>;
 
     /// The agent is stopping: delivers what is queued, within `within`.
-    fn flush(&mut self, within: Duration) {
-        let _ = within;
-    }
+    fn flush(&mut self, _within: Duration) {}
 }

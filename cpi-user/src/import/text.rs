@@ -50,7 +50,7 @@ pub(super) fn for_each_line(
 /// let text = "gzip 4242/4242: 401136 deflate+0x16 (/usr/bin/gzip)\n";
 /// let err = import_text(text, "gzip.txt", &ImportOptions::default()).unwrap_err();
 /// assert!(matches!(err, ImportError::PerfScript { .. }));
-/// let line = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+/// let line = cpi_user::chain(&err);
 /// assert!(line.contains("no branch stacks found"), "{line}");
 /// ```
 pub fn import_text(text: &str, what: &str, opts: &ImportOptions) -> Result<Imported, ImportError> {
