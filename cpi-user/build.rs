@@ -6,7 +6,6 @@
 use anyhow::{anyhow, Context as _};
 
 fn main() -> anyhow::Result<()> {
-    commit();
     let out_dir = std::path::PathBuf::from(std::env::var_os("OUT_DIR").context("OUT_DIR")?);
     let skip =
         std::env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
@@ -44,32 +43,4 @@ fn main() -> anyhow::Result<()> {
         }],
         aya_build::Toolchain::Nightly,
     )
-}
-
-/// `CPI_BPF_COMMIT` for `--version`: the commit built, `-dirty` with local changes,
-/// `unknown` outside a git checkout (a source tarball).
-fn commit() {
-    let git = |args: &[&str]| {
-        std::process::Command::new("git")
-            .args(args)
-            .output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-    };
-    let commit = match git(&["rev-parse", "--short=12", "HEAD"]) {
-        Some(c)
-            if git(&["status", "--porcelain", "--untracked-files=no"])
-                .is_some_and(|s| !s.is_empty()) =>
-        {
-            format!("{c}-dirty")
-        }
-        Some(c) => c,
-        None => "unknown".into(),
-    };
-    // HEAD's log moves with every commit and checkout of this work tree.
-    if let Some(log) = git(&["rev-parse", "--git-path", "logs/HEAD"]) {
-        println!("cargo:rerun-if-changed={log}");
-    }
-    println!("cargo:rustc-env=CPI_BPF_COMMIT={commit}");
 }

@@ -1,4 +1,5 @@
-//! cpi-bpf user space, library first; the `cpi-bpf` binary is a thin CLI over it.
+//! cpi-bpf's library: every pipeline. The `cpi-bpf` binary (its own package) is a thin
+//! CLI over it and over the `cpi-agent` crate, which builds the always-on agent on it.
 //!
 //! Stages (docs/METHOD.md, "Architecture"): [`collect`] brings wire samples home from the kernel, [`sim`]
 //! produces the same samples from an exact execution trace, [`profile`] aggregates them
@@ -8,7 +9,6 @@
 
 #![warn(missing_docs)]
 
-pub mod agent;
 pub mod binary;
 pub mod collect;
 pub mod fsafe;

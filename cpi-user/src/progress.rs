@@ -1,6 +1,6 @@
 //! Progress of long work (tracing, analysis, imports, store reads), told to whoever
 //! installed a [`Reporter`]: the binary draws it as a bar on a terminal
-//! (cpi-user/src/bin/cpi-bpf/progress.rs). Like the `log` facade, the pipelines need no
+//! (cpi-bpf/src/progress.rs). Like the `log` facade, the pipelines need no
 //! extra argument, and without a reporter (the agent, the tests) a stage costs one load.
 
 use std::sync::OnceLock;

@@ -91,7 +91,7 @@ pub fn cpi_bpf() -> &'static Path {
             "build",
             "--quiet",
             "--package",
-            "cpi-user",
+            "cpi-bpf",
             "--bin",
             "cpi-bpf",
         ])
@@ -174,7 +174,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
         }
     }
     let ticks = cpi_user::procmap::ProcStat::of(pid)?.cpu_ticks as f64;
-    Some(ticks / cpi_user::agent::clock_ticks_per_second())
+    Some(ticks / cpi_agent::clock_ticks_per_second())
 }
 
 /// Runs a command to completion, asserting it succeeded (its stderr is the message).
@@ -323,7 +323,7 @@ pub fn agent(store: &Path, extra: &[&str]) -> std::process::Child {
 }
 
 /// The store's windows as (start ms, end ms, profile), in time order (their file names
-/// `w-<start ms>-<end ms>.json.gz`: cpi-user/src/agent/store.rs).
+/// `w-<start ms>-<end ms>.json.gz`: cpi-agent/src/store.rs).
 pub fn store_windows(store: &Path) -> Vec<(u64, u64, serde_json::Value)> {
     use std::io::Read;
     let mut out = Vec::new();

@@ -1,7 +1,7 @@
 //! A local stand-in for Pyroscope's ingestion endpoint (no Pyroscope server is
 //! installable from Debian's archive on these machines). It enforces the public contract of the Connect
 //! procedure `push.v1.PusherService/Push` with the JSON codec, as the agent uses it
-//! (cpi-user/src/agent/push.rs): method, path, content type, the protojson shape of
+//! (cpi-agent/src/push.rs): method, path, content type, the protojson shape of
 //! `PushRequest` (no unknown fields: `series[].labels[].{name,value}`,
 //! `series[].samples[].{ID,rawProfile}`), valid label names, `__name__` and
 //! `service_name`, no per-process series labels, a UUID per sample, standard base64 of a

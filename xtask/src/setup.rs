@@ -247,7 +247,7 @@ pub fn run(args: &[String]) -> anyhow::Result<()> {
 }
 
 /// Builds cpi-bpf and has it write its man pages and bash/zsh/fish completions (from its
-/// own CLI definition, cpi-user/src/bin/cpi-bpf/docs.rs) beside it:
+/// own CLI definition, cpi-bpf/src/docs.rs) beside it:
 /// `target/release/man/` and `target/release/completions/`.
 pub fn docs() -> anyhow::Result<()> {
     let bin = build()?;
@@ -276,7 +276,7 @@ pub fn build() -> anyhow::Result<PathBuf> {
         "build",
         "--release",
         "--package",
-        "cpi-user",
+        "cpi-bpf",
         "--bin",
         "cpi-bpf",
     ]))?;

@@ -39,12 +39,12 @@ pub(crate) mod cfg;
 pub(crate) mod debugfile;
 pub mod demangle;
 pub mod ehframe;
-pub mod kallsyms;
+pub(crate) mod kallsyms;
 pub(crate) mod lines;
 pub(crate) mod negative;
 pub mod perfmap;
-pub mod symbolize;
-pub(crate) mod work;
+pub(crate) mod symbolize;
+pub mod work;
 
 use std::borrow::Cow;
 use std::collections::HashMap;

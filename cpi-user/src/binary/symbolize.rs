@@ -422,7 +422,7 @@ impl Symbolizer {
 
     /// Forgets what is cached for process `pid` (its mappings' binaries stay cached by
     /// file): the always-on agent calls it when the process has exited or its pid was
-    /// reused (cpi-user/src/agent/mod.rs).
+    /// reused (cpi-agent/src/lib.rs).
     pub fn forget_process(&mut self, pid: u32) {
         self.by_mapping.retain(|&(p, _), _| p != pid);
         self.failed_mappings.retain(|&(p, _)| p != pid);

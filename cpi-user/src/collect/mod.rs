@@ -280,7 +280,7 @@ pub const ONE_SHOT_RING_HOLDS: Duration = Duration::from_millis(400);
 /// A default `--ring-buffer-mib`: the smallest power of two, 1 to
 /// [`MAX_DEFAULT_RING_MIB`], whose ring [`ring_holds`] `holds` of samples at `frequency`
 /// on `cpus` CPUs. The one-shot command holds [`ONE_SHOT_RING_HOLDS`], the agent
-/// `RING_HOLDS` (cpi-user/src/agent/config.rs).
+/// `RING_HOLDS` (cpi-agent/src/config.rs).
 pub fn default_ring_mib(holds: Duration, frequency: u64, cpus: u64) -> u32 {
     let mut mib = 1u32;
     while mib < MAX_DEFAULT_RING_MIB && ring_holds(u64::from(mib) << 20, frequency, cpus) < holds {

@@ -781,7 +781,7 @@ impl Live {
     /// rate, up to [`MAX_DRAIN_EVERY`]. Nothing fills meanwhile: at the agent's 999 Hz,
     /// two CPUs and records of at most ≈ 9 KB (an 8 KiB stack copy), a 100 ms pass
     /// finds ≤ 1.8 MB, and the BPF program wakes the collector whenever the ring (the
-    /// agent's holds 200 ms of records at its rate, cpi-user/src/agent/config.rs) is a
+    /// agent's holds 200 ms of records at its rate, cpi-agent/src/config.rs) is a
     /// quarter full, as the side-band buffers do; what a longer wait
     /// costs is only that a process living less than it is read from its side-band
     /// records, not `/proc`.

@@ -408,7 +408,7 @@ mod tests {
             resolve_pids(&[u32::MAX - 1]),
             Err(CollectError::NoSuchProcess(_))
         ));
-        let zombie = crate::procmap::Zombie::spawn();
+        let zombie = cpi_tests::Zombie::spawn();
         let r = resolve_pids(&[zombie.pid()]);
         assert!(
             matches!(r, Err(CollectError::Exited { pid, parent }) if pid == zombie.pid() && parent == me),

@@ -5,7 +5,7 @@
 //! perf maps (cpi-user/src/binary/perfmap.rs), DWARF file names
 //! (cpi-user/src/binary/lines.rs), debug-link CRCs (cpi-user/src/binary/debugfile.rs),
 //! mapped files that fault (cpi-user/src/fsafe/sys/map.rs), the kubelet's answer
-//! (cpi-user/src/agent/kubelet.rs) and paths a recording names
+//! (cpi-agent/src/kubelet.rs) and paths a recording names
 //! (cpi-user/src/import/). When a file exceeds its budget, the reader says so once, naming
 //! the file, and counts it here through [`refused`]: the agent exports the counts as
 //! `cpi_bpf_refused_total{reader}`, so an operator sees that someone's file was cut or

@@ -27,7 +27,7 @@
 //! other processes is printed through [`escape`].
 
 pub mod behalf;
-pub(crate) mod budget;
+pub mod budget;
 pub use sys::map;
 mod sys;
 

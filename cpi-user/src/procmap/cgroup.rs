@@ -1,6 +1,6 @@
 //! Who a process is: its cgroup path (`/proc/PID/cgroup`) and what the path names — the
 //! container id, the Kubernetes pod UID and QoS class — plus, where a kubelet answers
-//! (cpi-user/src/agent/kubelet.rs), the pod's name, namespace and container name.
+//! (cpi-agent/src/kubelet.rs), the pod's name, namespace and container name.
 //!
 //! The path forms recognised, and where each was seen:
 //! - systemd cgroup driver, Kubernetes:
@@ -150,7 +150,7 @@ pub fn is_kubepods(part: &str) -> bool {
 /// The cgroup directories pod `uid` can have, relative to the kubelet's pods cgroup
 /// named `kubepods` (one that [`is_kubepods`]), one per QoS class in the forms
 /// [`ProcessIdentity::of_path`] reads (a pod has one of them): the agent's pod selectors
-/// look them up (cpi-user/src/agent/pods.rs). `None` when `uid` is no UUID (it comes from
+/// look them up (cpi-agent/src/pods.rs). `None` when `uid` is no UUID (it comes from
 /// the kubelet: never a path of its choosing) or `kubepods` is no pods cgroup.
 pub fn pod_dirs(kubepods: &str, uid: &str) -> Option<[String; 3]> {
     if !is_uuid(uid) || !is_kubepods(kubepods) {

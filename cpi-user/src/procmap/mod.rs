@@ -357,39 +357,6 @@ fn thread_dirs(pid: u32, tid: u32) -> impl Iterator<Item = PathBuf> {
     own.into_iter().chain(others).map(proc_dir)
 }
 
-/// A child of the test that has exited and that nobody has reaped: a zombie, which keeps
-/// its `/proc/PID` (and its stat) until this drops and reaps it.
-#[cfg(test)]
-pub(crate) struct Zombie(std::process::Child);
-
-#[cfg(test)]
-impl Zombie {
-    pub(crate) fn spawn() -> Zombie {
-        let child = std::process::Command::new("true")
-            .spawn()
-            .expect("spawn true");
-        // SAFETY: all zeroes is a valid siginfo_t.
-        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-        // Waits for the exit; WNOWAIT leaves the child unreaped.
-        let flags = libc::WEXITED | libc::WNOWAIT;
-        // SAFETY: waiting on our own child, into a local.
-        let r = unsafe { libc::waitid(libc::P_PID, child.id(), &raw mut info, flags) };
-        assert_eq!(r, 0, "waitid: {}", std::io::Error::last_os_error());
-        Zombie(child)
-    }
-
-    pub(crate) fn pid(&self) -> u32 {
-        self.0.id()
-    }
-}
-
-#[cfg(test)]
-impl Drop for Zombie {
-    fn drop(&mut self) {
-        let _ = self.0.wait();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -602,7 +569,7 @@ mod tests {
 
     #[test]
     fn an_exited_process_its_parent_has_not_reaped_is_not_alive() {
-        let z = Zombie::spawn();
+        let z = cpi_tests::Zombie::spawn();
         assert!(
             Path::new(&format!("/proc/{}", z.pid())).exists(),
             "a zombie keeps its /proc entry"

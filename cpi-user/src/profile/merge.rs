@@ -1,4 +1,4 @@
-//! Merging profiles of the same kind (the agent's windows, cpi-user/src/agent/store.rs)
+//! Merging profiles of the same kind (the agent's windows, cpi-agent/src/store.rs)
 //! into one: counts are summed per process (pid, comm), function (binary, address,
 //! name), block, instruction and edge; shares, CPI and error bars are recomputed from the
 //! merged sums, so a merged profile renders in every view and format like any other.

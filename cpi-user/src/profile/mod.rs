@@ -8,7 +8,7 @@ pub(crate) mod events;
 pub(crate) mod flow;
 pub mod merge;
 pub mod model;
-pub mod paths;
+pub(crate) mod paths;
 pub mod stack;
 
 pub use aggregate::{BranchAggregate, IpAggregate, ProcessSamples, SampleSet, StackWeighting};

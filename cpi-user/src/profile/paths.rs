@@ -208,13 +208,6 @@ pub struct PathNode {
     pub own: PathTotals,
 }
 
-impl PathNode {
-    /// The node's function.
-    pub fn function(&self) -> &str {
-        self.path.last().map_or("", |f| f.function.as_str())
-    }
-}
-
 fn node_order(a: &PathNode, b: &PathNode) -> std::cmp::Ordering {
     b.inclusive
         .weight()

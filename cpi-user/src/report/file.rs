@@ -1,5 +1,5 @@
 //! The profile file: the versioned JSON form of a [`Profile`] (`--output FILE`), read
-//! back by `cpi-bpf report`, plain or gzip'd (an agent's window, agent/store.rs). Reading never panics: a truncated, corrupt, foreign or
+//! back by `cpi-bpf report`, plain or gzip'd (an agent's window, cpi-agent/src/store.rs). Reading never panics: a truncated, corrupt, foreign or
 //! newer file is one [`ProfileFileError`]. What is read is bounded: at most
 //! [`MAX_PROFILE_BYTES`] (`report /dev/zero` stops there), and JSON nesting by
 //! serde_json's recursion limit (128), so no input grows memory without end.

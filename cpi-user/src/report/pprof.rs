@@ -61,7 +61,7 @@ pub struct PprofProfile {
     #[prost(string, repeated, tag = "6")]
     pub string_table: Vec<String>,
     /// Collection start: 0 from [`build`] (the profile keeps only its duration); the agent
-    /// sets its window's start (cpi-user/src/agent/push.rs).
+    /// sets its window's start (cpi-agent/src/push.rs).
     #[prost(int64, tag = "9")]
     pub time_nanos: i64,
     /// The profile's duration (`Profile::duration_secs`).
@@ -317,7 +317,7 @@ pub fn build(p: &Profile) -> PprofProfile {
 }
 
 /// The pprof message of the processes `keep` selects (the agent pushes one per service:
-/// cpi-user/src/agent/push.rs); mappings cover only their functions.
+/// cpi-agent/src/push.rs); mappings cover only their functions.
 pub fn build_processes(p: &Profile, keep: &dyn Fn(&ProcessProfile) -> bool) -> PprofProfile {
     let mut st = Strings::new();
     let time = !p.mode.has_cpi();
@@ -810,7 +810,7 @@ pub fn encode(p: &Profile) -> std::io::Result<Vec<u8>> {
 }
 
 /// The gzip'd protobuf bytes of a message from [`build`] or [`build_processes`] (or of
-/// an OTLP request: cpi-user/src/agent/push.rs).
+/// an OTLP request: cpi-agent/src/push.rs).
 pub fn gzip(m: &impl Message) -> std::io::Result<Vec<u8>> {
     let raw = m.encode_to_vec();
     let mut gz = GzEncoder::new(Vec::new(), Compression::default());

@@ -534,7 +534,7 @@ impl StackUnwinder {
     /// `byte_bound` bytes (files a live process's modules use stay beyond it, until it
     /// leaves), and as many bytes resident between releases ([`Self::release_pages`]):
     /// the copies and the mapped sections' pages together, so a caller reserves
-    /// `byte_bound` once for both (cpi-user/src/agent/mod.rs `symbolizer_bytes`).
+    /// `byte_bound` once for both (cpi-agent/src/lib.rs `symbolizer_bytes`).
     pub fn new(max_frames: usize, byte_bound: u64) -> Self {
         StackUnwinder {
             sections: HashMap::new(),

@@ -385,7 +385,7 @@ fn systemd_unit_verifies() {
 }
 
 /// SIGTERM finishes the last window and gives the sinks up to
-/// `cpi_user::agent::FLUSH_WITHIN` (5 s) to deliver; a second signal during that flush
+/// `cpi_agent::FLUSH_WITHIN` (5 s) to deliver; a second signal during that flush
 /// ends the agent at once. The push receiver here accepts and never answers, so the
 /// flush would wait its whole bound.
 #[test]

@@ -13,16 +13,16 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use cpi_agent::config::RING_HOLDS;
+use cpi_agent::metrics::{Metrics, MetricsLimits};
+use cpi_agent::push::{PushConfig, Pusher, ServiceLabel, MAX_ATTEMPTS};
+use cpi_agent::{AgentStatus, Window};
 use cpi_tests::pyroscope::{Behaviour, Options, Receiver};
 use cpi_tests::tls::{TestCa, Validity};
 use cpi_tests::{
     agent_with_metrics, compile_c, cpi_bpf, free_port, http_get, labelled, metric, require_root,
     rss, store_windows, temp_dir, vm_rss,
 };
-use cpi_user::agent::config::RING_HOLDS;
-use cpi_user::agent::metrics::{Metrics, MetricsLimits};
-use cpi_user::agent::push::{PushConfig, Pusher, ServiceLabel, MAX_ATTEMPTS};
-use cpi_user::agent::{AgentStatus, Window};
 use cpi_user::profile::model::*;
 
 // ---- helpers -------------------------------------------------------------------------
@@ -253,7 +253,7 @@ pub(crate) fn status(windows: u64) -> AgentStatus {
         sampling_frequency_hz: 999,
         bpf_run_seconds: 0.001 * windows as f64,
         captured_files: Default::default(),
-        kubelet_requests: Some(cpi_user::agent::kubelet::Requests {
+        kubelet_requests: Some(cpi_agent::kubelet::Requests {
             ok: windows,
             failed: windows / 4,
             refused: 0,
@@ -624,7 +624,7 @@ fn churn_keeps_memory_flat_and_processes_leave() {
 /// were released from the resident set the agent grew past 64 MiB here. The BPF ring
 /// buffer's share of that resident set is the default size for this host's CPUs (its
 /// data pages counted twice: the kernel maps them twice), 16 MiB before it was sized from
-/// the rate (cpi-user/src/agent/config.rs).
+/// the rate (cpi-agent/src/config.rs).
 #[test]
 fn resident_set_stays_within_the_target_unwinding_a_wide_binary() {
     if !require_root("the agent") {
@@ -1506,7 +1506,7 @@ fn governor_lowers_the_frequency_to_the_budget() {
 /// `setpriv`, once with the group and once without).
 #[test]
 fn store_is_private_unless_a_reader_group_is_given() {
-    use cpi_user::agent::store::{self, Store};
+    use cpi_agent::store::{self, Store};
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     if !require_root("changing owners and users") || !have("setpriv", "--version") {
         return;

@@ -539,6 +539,8 @@ fn doc_links_and_cited_sections_resolve() {
     let mut sources = Vec::new();
     let mut dirs = vec![
         root.join("cpi-user/src"),
+        root.join("cpi-agent/src"),
+        root.join("cpi-bpf/src"),
         root.join("cpi-common/src"),
         root.join("cpi-ebpf/src"),
         root.join("tests"),

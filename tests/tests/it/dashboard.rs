@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use std::time::SystemTime;
 
 use crate::agent_sinks::{status, window};
-use cpi_user::agent::metrics::{Metrics, MetricsLimits};
-use cpi_user::agent::push::PushStats;
+use cpi_agent::metrics::{Metrics, MetricsLimits};
+use cpi_agent::push::PushStats;
 
 /// (metric names, label names) of an exposition text.
 fn exported(body: &str) -> (BTreeSet<String>, BTreeSet<String>) {

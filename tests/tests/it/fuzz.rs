@@ -16,10 +16,10 @@ use std::process::Command;
 use std::sync::{mpsc, OnceLock};
 use std::time::{Duration, Instant};
 
+use cpi_agent::config::AgentOptions;
+use cpi_agent::kubelet::parse_pods;
+use cpi_agent::store::{read_range, RangeQuery};
 use cpi_tests::{programs, temp_dir, workspace_root};
-use cpi_user::agent::config::AgentOptions;
-use cpi_user::agent::kubelet::parse_pods;
-use cpi_user::agent::store::{read_range, RangeQuery};
 use cpi_user::binary::perfmap::PerfMap;
 use cpi_user::binary::{ehframe::fde_ranges, Binary, DebugRoot, SourceLines};
 use cpi_user::import::{perf_data, perf_script};
@@ -642,7 +642,7 @@ const POD_LIST: &str = r#"{"kind":"PodList","apiVersion":"v1","metadata":{},"ite
  {"metadata":{"name":"pending","namespace":"x","uid":"u2"}},
  {"metadata":{"name":"job-7","namespace":"batch","uid":"u3"},"status":{"containerStatuses":[]}}]}"#;
 
-/// The kubelet's pod list (cpi-user/src/agent/kubelet.rs), an answer of up to 16 MiB
+/// The kubelet's pod list (cpi-agent/src/kubelet.rs), an answer of up to 16 MiB
 /// from a port anyone on the node may listen on.
 #[test]
 fn kubelet_pods() {

@@ -10,11 +10,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use cpi_agent::store::{self, Store};
 use cpi_tests::{
     agent_with_metrics, compile_c, cpi_bpf, free_port, http_get, metric, require_root, rss, stderr,
     temp_dir, KillOnDrop,
 };
-use cpi_user::agent::store::{self, Store};
 use cpi_user::binary::{Binary, BinaryError, SymbolizeError, Symbolizer, SymbolizerOptions};
 use cpi_user::procmap::ProcessMaps;
 
@@ -314,7 +314,7 @@ fn report_store_survives_fifos_bombs_and_forged_counts() {
     let s = dir.join("store");
     let mut st = Store::open(&s, store::DEFAULT_RETAIN, 1 << 30, None).unwrap();
     let t = |secs: u64| std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs);
-    st.write(&cpi_user::agent::Window {
+    st.write(&cpi_agent::Window {
         start: t(0),
         end: t(10),
         profile: time_profile(),
@@ -357,7 +357,7 @@ fn report_store_survives_fifos_bombs_and_forged_counts() {
     let mut forged = time_profile();
     forged.processes[0].samples = u64::MAX;
     for i in 3..5 {
-        st.write(&cpi_user::agent::Window {
+        st.write(&cpi_agent::Window {
             start: t(i * 10),
             end: t(i * 10 + 10),
             profile: forged.clone(),
@@ -1219,7 +1219,7 @@ impl Drop for StoppedThread {
 /// stuck (stopped from outside by ptrace; no file a user controls blocks it any more:
 /// the FIFO of the rows above is refused without waiting), `/metrics` still answers and
 /// `cpi_bpf_last_window_age_seconds` rises past the stall bound (two intervals, at least
-/// `STALL_AFTER_MIN`, cpi-user/src/agent/mod.rs), the late window is logged, the agent's
+/// `STALL_AFTER_MIN`, cpi-agent/src/lib.rs), the late window is logged, the agent's
 /// RSS stays within its bound (collection drains one more interval, then goes on without
 /// draining), a first SIGTERM is logged, and a second ends the process although the
 /// analysis never finishes.
@@ -1245,7 +1245,7 @@ fn a_stalled_analysis_is_visible_and_a_second_sigterm_ends_it() {
         metric(&body, "cpi_bpf_last_window_age_seconds").expect("the window age is exported")
     };
     let before = age(&mut agent);
-    let stall = cpi_user::agent::STALL_AFTER_MIN.as_secs_f64();
+    let stall = cpi_agent::STALL_AFTER_MIN.as_secs_f64();
     assert!(before < stall, "window age {before} s before the stall");
     let stopped = StoppedThread::analysis_of(agent.agent.0.id());
     let windows = agent.windows();
@@ -1313,7 +1313,7 @@ fn a_stalled_analysis_is_visible_and_a_second_sigterm_ends_it() {
 }
 
 /// Row "put … 1 000 000 empty files in the store": `report --store` and the agent's
-/// index of it are bounded (cpi-user/src/agent/store.rs: the newest `MAX_INDEX`
+/// index of it are bounded (cpi-agent/src/store.rs: the newest `MAX_INDEX`
 /// windows listed, the rest counted; unreadable windows named up to `MAX_NAMED_SKIPS`,
 /// the rest counted). On tmpfs (`/dev/shm`), one real window and a million empty ones
 /// before it: `report` merges the real one within [`BOUND`], says the skipped in a few
@@ -1347,7 +1347,7 @@ fn a_million_files_in_the_store_cost_bounded_memory() {
         std::fs::File::create(s.join(format!("w-{start}-{}.json.gz", start + 1))).unwrap();
     }
     let made = t0.elapsed();
-    st.write(&cpi_user::agent::Window {
+    st.write(&cpi_agent::Window {
         start: now,
         end: now + Duration::from_secs(1),
         profile: time_profile(),
@@ -1434,7 +1434,7 @@ fn a_million_files_in_the_store_cost_bounded_memory() {
 /// Row "held 200 idle TCP connections to the metrics port; 20 slow one-byte clients",
 /// end to end: while a process of [`USER`] holds 200 idle connections to the agent's
 /// `/metrics` and drips 20 requests a byte every half second, a scrape is answered
-/// within the per-connection timeout (cpi-user/src/agent/metrics.rs `CLIENT_TIMEOUT`,
+/// within the per-connection timeout (cpi-agent/src/metrics.rs `CLIENT_TIMEOUT`,
 /// plus a second), the agent keeps writing a window every interval and ends on SIGTERM
 /// within its RSS bound.
 #[test]
@@ -1472,7 +1472,7 @@ fn idle_and_slow_clients_of_a_user_cannot_stall_the_agents_metrics() {
     let mut out = std::io::BufReader::new(attack.0.stdout.take().unwrap());
     std::io::BufRead::read_line(&mut out, &mut said).unwrap();
     assert_eq!(said.trim(), "ready", "the clients could not connect");
-    let bound = cpi_user::agent::metrics::CLIENT_TIMEOUT + Duration::from_secs(1);
+    let bound = cpi_agent::metrics::CLIENT_TIMEOUT + Duration::from_secs(1);
     for _ in 0..3 {
         let t0 = Instant::now();
         assert!(agent.scrape().is_some(), "/metrics did not answer");

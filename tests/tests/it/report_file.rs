@@ -325,8 +325,8 @@ fn a_format_1_file_reads_and_the_current_format_gives_the_same() {
 /// what the same windows give merged in memory.
 #[test]
 fn a_store_of_both_formats_merges_as_one() {
-    use cpi_user::agent::store::{read_range, RangeQuery, Store};
-    use cpi_user::agent::Window;
+    use cpi_agent::store::{read_range, RangeQuery, Store};
+    use cpi_agent::Window;
     use cpi_user::profile::merge::merge;
     use std::io::Write;
     use std::time::{Duration, UNIX_EPOCH};

@@ -9,9 +9,9 @@ use std::process::Command;
 use std::time::{Duration, SystemTime};
 
 use crate::report_fixture::{cpi_profile, scratch, time_profile};
+use cpi_agent::push::{PushConfig, Pusher, ServiceLabel};
+use cpi_agent::Window;
 use cpi_tests::otlp::{decode, Receiver};
-use cpi_user::agent::push::{PushConfig, Pusher, ServiceLabel};
-use cpi_user::agent::Window;
 use cpi_user::profile::model::*;
 use cpi_user::profile::stack::StackEnd;
 use serde_json::Value;

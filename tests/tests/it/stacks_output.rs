@@ -8,14 +8,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime};
 
+use cpi_agent::push::{PushConfig, Pusher};
+use cpi_agent::store::Store;
+use cpi_agent::Window;
 use cpi_common::policy::Perturbation;
 use cpi_common::wire::{
     BranchEntry, BranchSample, EventRole, IpSample, SampleHeader, SampleKind, WIRE_VERSION,
 };
 use cpi_tests::{cpi_bpf, output_ok};
-use cpi_user::agent::push::{PushConfig, Pusher};
-use cpi_user::agent::store::Store;
-use cpi_user::agent::Window;
 use cpi_user::binary::{Binary, FlowKind};
 use cpi_user::profile::model::{EventInfo, EventUnit, LossReport, Mode, Profile, RunInfo};
 use cpi_user::profile::{analyze, AnalysisOptions, CallStack, SampleSet, StackEnd};
@@ -384,7 +384,7 @@ fn pyroscope_receiver_gets_multi_frame_samples() {
     let pusher = Pusher::new(PushConfig {
         url: rx.url(),
         tenant: None,
-        service_label: cpi_user::agent::push::ServiceLabel::Comm,
+        service_label: cpi_agent::push::ServiceLabel::Comm,
         queue_windows: 4,
         timeout: Duration::from_secs(5),
         ca_file: None,

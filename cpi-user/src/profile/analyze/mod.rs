@@ -108,7 +108,7 @@ pub enum LineDetail {
     /// Every instruction of the function (what `--annotate` shows).
     Every,
     /// Only instructions with samples or counts: what the always-on agent keeps
-    /// (cpi-user/src/agent/mod.rs). A time profile then decodes its sampled instructions
+    /// (cpi-agent/src/lib.rs). A time profile then decodes its sampled instructions
     /// only, so a window costs what its samples do, not what the sizes of the functions
     /// they hit do.
     Evidence,
@@ -125,7 +125,7 @@ pub fn analyze(set: &SampleSet, run: RunInfo, opts: &AnalysisOptions) -> Profile
 }
 
 /// [`analyze`] with a caller-owned symbolizer, whose binary cache outlives the call (the
-/// always-on agent's windows, cpi-user/src/agent/mod.rs).
+/// always-on agent's windows, cpi-agent/src/lib.rs).
 pub fn analyze_with(
     set: &SampleSet,
     run: RunInfo,

@@ -57,9 +57,9 @@ use super::kubelet::Requests;
 use super::push::{PushCounts, PushStats};
 use super::sink::{Sink, SinkError};
 use super::{lock, AgentError, AgentStatus, Window};
-use crate::binary::work::{binary_work, BinaryWork};
-use crate::procmap::CaptureCounts;
-use crate::profile::model::{LossReport, Mode, Profile};
+use cpi_user::binary::work::{binary_work, BinaryWork};
+use cpi_user::procmap::CaptureCounts;
+use cpi_user::profile::model::{LossReport, Mode, Profile};
 
 /// `--metrics-addr` default: loopback only, the port OpenTelemetry's Prometheus
 /// exporter uses.
@@ -146,7 +146,7 @@ impl Metrics {
         s.set_status(status);
     }
 
-    /// The pusher's cumulative counts (cpi-user/src/agent/push.rs).
+    /// The pusher's cumulative counts (cpi-agent/src/push.rs).
     pub fn set_push_stats(&self, stats: &PushStats) {
         lock(&self.state).set_push(stats);
     }
@@ -293,7 +293,7 @@ async fn answer(mut stream: tokio::net::TcpStream, state: &Mutex<State>) -> std:
 /// A label value from another process: terminal-escaped, then escaped for the
 /// exposition format (module documentation).
 fn label(s: &str) -> String {
-    crate::fsafe::escape(s)
+    cpi_user::fsafe::escape(s)
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
 }
@@ -527,7 +527,7 @@ fn unix_ms_now() -> u64 {
 
 /// (CPU seconds, resident bytes) of this process.
 fn self_usage() -> Option<(f64, f64)> {
-    let rss = crate::procmap::own_resident()?.total;
+    let rss = cpi_user::procmap::own_resident()?.total;
     Some((super::self_cpu_seconds()?, rss as f64))
 }
 
@@ -543,7 +543,7 @@ fn encode_refusals(encoder: &mut DescriptorEncoder) -> Result<(), std::fmt::Erro
         None,
         prometheus_client::metrics::MetricType::Counter,
     )?;
-    for (reader, n) in crate::fsafe::budget::refusals() {
+    for (reader, n) in cpi_user::fsafe::budget::refusals() {
         let labels = [("reader", reader.name())];
         ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
     }
@@ -841,7 +841,7 @@ impl State {
             self.samples
                 .get_or_create(&vec![(
                     "event",
-                    crate::profile::model::role_name(e.role).to_string(),
+                    cpi_user::profile::model::role_name(e.role).to_string(),
                 )])
                 .inc_by(e.samples);
         }
@@ -1005,7 +1005,7 @@ impl State {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::profile::model::{
+    use cpi_user::profile::model::{
         Estimate, EventInfo, FunctionProfile, Measures, ProcessProfile, PROFILE_FORMAT_VERSION,
     };
     use std::io::{Read, Write};
@@ -1063,7 +1063,7 @@ pub(crate) mod tests {
                 period: 1_000_003,
                 jitter: 0,
                 thinning: 1,
-                unit: crate::profile::model::EventUnit::Events,
+                unit: cpi_user::profile::model::EventUnit::Events,
                 samples: 10,
             }],
             perturbation: cpi_common::policy::Perturbation::None,
@@ -1446,16 +1446,16 @@ pub(crate) mod tests {
         // Refusals: every reader has its series; counts are process-wide (other tests may
         // add to them), so this one's refusal shows as at least 1.
         drop(s);
-        crate::fsafe::budget::refused(crate::fsafe::budget::Reader::DebugLink);
+        cpi_user::fsafe::budget::refused(cpi_user::fsafe::budget::Reader::DebugLink);
         let text = lock(&m.state).render();
-        for r in crate::fsafe::budget::Reader::ALL {
+        for r in cpi_user::fsafe::budget::Reader::ALL {
             let series = format!("cpi_bpf_refused_total{{reader=\"{}\"}} ", r.name());
             let n: f64 = (text.lines().find_map(|l| l.strip_prefix(&series)))
                 .unwrap_or_else(|| panic!("missing {series:?} in\n{text}"))
                 .parse()
                 .unwrap();
             assert!(
-                r != crate::fsafe::budget::Reader::DebugLink || n >= 1.0,
+                r != cpi_user::fsafe::budget::Reader::DebugLink || n >= 1.0,
                 "{n}"
             );
         }

@@ -16,7 +16,7 @@ use super::kubelet;
 use super::pods::PodSelector;
 use super::push::ServiceLabel;
 use super::store;
-use crate::collect::{self, filter, StackMemory};
+use cpi_user::collect::{self, filter, StackMemory};
 
 /// `--interval` default, seconds.
 pub const DEFAULT_INTERVAL_SECS: u64 = 10;
@@ -87,7 +87,7 @@ pub struct AgentOptions {
     pub comm: Option<String>,
     /// Only processes in this cgroup (v2 path, under /sys/fs/cgroup) or below it.
     pub cgroup: Option<PathBuf>,
-    /// Only the pods of this name (Kubernetes, agent/pods.rs).
+    /// Only the pods of this name (Kubernetes, cpi-agent/src/pods.rs).
     pub pod: Option<String>,
     /// Only the pods of this namespace.
     pub namespace: Option<String>,
@@ -103,7 +103,7 @@ pub struct AgentOptions {
     pub overhead_budget: Option<f64>,
     /// Cache bound (binaries, symbols), MiB.
     pub cache_mib: Option<u64>,
-    /// Store directory, one gzip'd profile per window (agent/store.rs).
+    /// Store directory, one gzip'd profile per window (cpi-agent/src/store.rs).
     pub store: Option<PathBuf>,
     /// Keep windows this long (`24h`, `90m`, `7d`).
     pub retain: Option<String>,
@@ -162,7 +162,7 @@ pub struct AgentConfig {
     pub comm: Option<Regex>,
     /// Absolute cgroup v2 directory: only processes in it or below.
     pub cgroup: Option<PathBuf>,
-    /// Only the pods (and containers) it selects, in the kernel (agent/pods.rs); empty:
+    /// Only the pods (and containers) it selects, in the kernel (cpi-agent/src/pods.rs); empty:
     /// any.
     pub pods: PodSelector,
     /// Window length: one profile, one store file, one push per window.
@@ -171,13 +171,13 @@ pub struct AgentConfig {
     pub frequency: u64,
     /// The governor's floor, Hz (at most `frequency`).
     pub min_frequency: u64,
-    /// Percent of one CPU the agent and its BPF programs may use (agent/governor.rs).
+    /// Percent of one CPU the agent and its BPF programs may use (cpi-agent/src/governor.rs).
     pub overhead_budget_pct: f64,
     /// Bound of the caches that outlive windows (binaries, symbols), bytes; a quarter of
     /// it bounds the unwind sections mapped and an eighth each window's call stacks
     /// ([`Self::stack_memory`]).
     pub cache_bytes: u64,
-    /// Store directory (agent/store.rs).
+    /// Store directory (cpi-agent/src/store.rs).
     pub store: PathBuf,
     /// Windows older than this are deleted from the store.
     pub retain: Duration,
@@ -185,15 +185,15 @@ pub struct AgentConfig {
     pub store_max_bytes: u64,
     /// Group that may read the store (directory 0750, windows 0640); `None`: 0700/0600.
     pub store_group: Option<u32>,
-    /// `/metrics` listen address; `None`: no endpoint (agent/metrics.rs).
+    /// `/metrics` listen address; `None`: no endpoint (cpi-agent/src/metrics.rs).
     pub metrics_addr: Option<SocketAddr>,
     /// Comms with series of their own; the rest are summed as comm="other".
     pub metrics_top_comms: usize,
     /// Functions with a `cpi_bpf_function_cpi` series.
     pub metrics_top_functions: usize,
-    /// Pyroscope base URL; `None`: no pushes (agent/push.rs).
+    /// Pyroscope base URL; `None`: no pushes (cpi-agent/src/push.rs).
     pub push_url: Option<String>,
-    /// OTLP base URL; `None`: no OTLP pushes (agent/push.rs).
+    /// OTLP base URL; `None`: no OTLP pushes (cpi-agent/src/push.rs).
     pub otlp_url: Option<String>,
     /// `X-Scope-OrgID` header of the pushes.
     pub push_tenant: Option<String>,
@@ -205,7 +205,7 @@ pub struct AgentConfig {
     pub push_token_file: Option<PathBuf>,
     /// What pushed series are named by (`service_name`).
     pub service_label: ServiceLabel,
-    /// The kubelet asked for pod names (agent/kubelet.rs); `None`: not on Kubernetes.
+    /// The kubelet asked for pod names (cpi-agent/src/kubelet.rs); `None`: not on Kubernetes.
     pub kubelet_url: Option<String>,
     /// Windows waiting to be pushed at most; beyond it the oldest is dropped.
     pub push_queue: usize,
@@ -351,7 +351,9 @@ impl AgentOptions {
                 format!("must be 1 to {MAX_INTERVAL_SECS} seconds, not {interval}"),
             ));
         }
-        let frequency = self.frequency.unwrap_or(crate::collect::DEFAULT_FREQUENCY);
+        let frequency = self
+            .frequency
+            .unwrap_or(cpi_user::collect::DEFAULT_FREQUENCY);
         if frequency == 0 {
             return Err(bad("frequency", "must be at least 1 Hz"));
         }
@@ -410,7 +412,7 @@ impl AgentOptions {
         let store_group = self
             .store_group
             .as_deref()
-            .map(|g| crate::fsafe::group_id(g).map_err(|detail| bad("store-group", detail)))
+            .map(|g| cpi_user::fsafe::group_id(g).map_err(|detail| bad("store-group", detail)))
             .transpose()?;
         Ok((retain, store_max_mib, store_group))
     }

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use anyhow::Context;
 use clap::ValueEnum;
-use cpi_user::agent::store;
+use cpi_agent::store;
 use cpi_user::report::diff::{self, Basis, DiffOptions, DEFAULT_ALPHA};
 use cpi_user::report::file;
 

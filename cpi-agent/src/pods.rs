@@ -1,5 +1,5 @@
 //! The agent's Kubernetes selectors (`--pod`, `--namespace`, `--container`): the pods of
-//! the kubelet's list (cpi-user/src/agent/kubelet.rs) that match, and their cgroup v2
+//! the kubelet's list (cpi-agent/src/kubelet.rs) that match, and their cgroup v2
 //! directories, found in the forms the identity parser reads
 //! (cpi-user/src/procmap/cgroup.rs `pod_dirs`) below the kubelet's pods cgroup wherever
 //! it is ([`kubepods_dirs`]: at the top, or below a `--cgroup-root` or a node that is a
@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use cpi_common::wire::MAX_FILTER_CGROUPS;
 
 use super::kubelet::Kubelet;
-use crate::collect::filter::CgroupV2;
-use crate::procmap::{is_kubepods, pod_dirs, ProcessIdentity};
+use cpi_user::collect::filter::CgroupV2;
+use cpi_user::procmap::{is_kubepods, pod_dirs, ProcessIdentity};
 
 /// Entries of a pod's cgroup directory looked at for its containers' at most (a pod
 /// has a few containers; the rest of its entries are the cgroup's own files).
@@ -121,7 +121,7 @@ impl Selection {
 /// (`user@UID.service`) can make a `kubepods.slice` of their own, but not as root, so
 /// their processes never pass for a selected pod.
 pub fn kubepods_dirs(root: &Path) -> Vec<PathBuf> {
-    let me = crate::fsafe::euid();
+    let me = cpi_user::fsafe::euid();
     let trusted = |d: &Path| {
         std::fs::symlink_metadata(d).is_ok_and(|m| m.is_dir() && (m.uid() == 0 || m.uid() == me))
     };

@@ -34,11 +34,11 @@ use flate2::write::GzEncoder;
 
 use super::sink::{Sink, SinkError};
 use super::{AgentStatus, Window};
-use crate::profile::merge::{retain_processes, MergeError, Merger};
-use crate::profile::{AnalysisOptions, Profile};
-use crate::progress;
-use crate::report::file;
-use crate::report::html::series::WindowTotals;
+use cpi_user::profile::merge::{retain_processes, MergeError, Merger};
+use cpi_user::profile::{AnalysisOptions, Profile};
+use cpi_user::progress;
+use cpi_user::report::file;
+use cpi_user::report::html::series::WindowTotals;
 
 /// `--store` default (systemd's `StateDirectory=cpi-bpf`).
 pub const DEFAULT_DIR: &str = "/var/lib/cpi-bpf";
@@ -56,7 +56,7 @@ const SUFFIX: &str = ".json.gz";
 const TEMP_PREFIX: &str = ".";
 
 /// A store that cannot be opened, written or read; one line naming the directory. Each
-/// names its cause once: as its `source()` (print the chain: [`crate::chain`]), or
+/// names its cause once: as its `source()` (print the chain: [`cpi_user::chain`]), or
 /// in its message when the cause is not carried ([`StoreError::Unsafe`]).
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -74,7 +74,7 @@ pub enum StoreError {
     /// Its message is `store ` and the check's, which names the directory and the cause
     /// (so it is not also its `source()`).
     #[error("store {0}")]
-    Unsafe(crate::fsafe::DirError),
+    Unsafe(cpi_user::fsafe::DirError),
     /// The windows of a range cannot be merged (e.g. different modes).
     #[error("store {}", .dir.display())]
     Merge {
@@ -151,7 +151,7 @@ impl Store {
                 source,
             }
         };
-        crate::fsafe::check_private_dir(dir).map_err(StoreError::Unsafe)?;
+        cpi_user::fsafe::check_private_dir(dir).map_err(StoreError::Unsafe)?;
         if let Some(gid) = group {
             std::os::unix::fs::chown(dir, None, Some(gid))
                 .map_err(err("cannot give it to the group"))?;
@@ -160,7 +160,7 @@ impl Store {
         fs::set_permissions(dir, fs::Permissions::from_mode(mode))
             .map_err(err("cannot chmod it"))?;
         let probe = dir.join(format!("{TEMP_PREFIX}probe-{}", std::process::id()));
-        crate::fsafe::create_new(&probe)
+        cpi_user::fsafe::create_new(&probe)
             .and_then(|mut f| f.write_all(b"probe").and_then(|_| f.sync_all()))
             .map_err(err("not writable"))?;
         fs::remove_file(&probe).map_err(err("not writable"))?;
@@ -200,7 +200,7 @@ impl Store {
         let dest = self.dir.join(&name);
         let mut bytes = 0;
         let mut write = || -> io::Result<()> {
-            crate::fsafe::replace(&dest, |f| {
+            cpi_user::fsafe::replace(&dest, |f| {
                 if let Some(gid) = self.group {
                     std::os::unix::fs::fchown(&*f, None, Some(gid))?;
                     f.set_permissions(fs::Permissions::from_mode(0o640))?;
@@ -323,7 +323,7 @@ fn list(dir: &Path) -> Result<(Vec<StoredWindow>, u64), StoreError> {
 /// Reads one stored window: a regular file (opened without blocking), decompressed to at
 /// most [`file::MAX_PROFILE_BYTES`].
 fn read_window(path: &Path) -> Result<Profile, file::ProfileFileError> {
-    let f = crate::fsafe::open(path).map_err(|e| file::ProfileFileError::Io {
+    let f = cpi_user::fsafe::open(path).map_err(|e| file::ProfileFileError::Io {
         path: path.to_path_buf(),
         error: io::Error::other(e.to_string()),
     })?;
@@ -440,7 +440,7 @@ pub fn read_range(dir: &Path, q: &RangeQuery) -> Result<RangeProfile, StoreError
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::profile::model::{
+    use cpi_user::profile::model::{
         EventInfo, EventUnit, LossReport, Measures, Mode, ProcessProfile, PROFILE_FORMAT_VERSION,
     };
 

@@ -3,7 +3,7 @@
 //! HTTP proves nothing of its peer, but a listening socket's owner is the user that
 //! created it, which no other user can borrow: on loopback, a listener owned by root
 //! (or by the agent's own user) is a peer the agent may believe
-//! (cpi-user/src/agent/kubelet.rs).
+//! (cpi-agent/src/kubelet.rs).
 
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

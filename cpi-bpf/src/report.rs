@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use cpi_user::agent::store;
+use cpi_agent::store;
 use cpi_user::fsafe::escape;
 use cpi_user::profile::Profile;
 use cpi_user::report::file;

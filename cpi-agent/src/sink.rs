@@ -1,6 +1,6 @@
 //! Where the agent's finished windows go: one interface for the store
-//! (cpi-user/src/agent/store.rs), the Prometheus metrics (cpi-user/src/agent/metrics.rs)
-//! and each push (cpi-user/src/agent/push.rs), after the OpenTelemetry eBPF profiler's
+//! (cpi-agent/src/store.rs), the Prometheus metrics (cpi-agent/src/metrics.rs)
+//! and each push (cpi-agent/src/push.rs), after the OpenTelemetry eBPF profiler's
 //! reporter interface. The agent hands every window to its sinks in order — the store
 //! first, whose bytes and failures are part of the status the metrics export — and logs
 //! what failed, with its causes.
@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::{AgentStatus, Window};
 
-/// Why a sink lost a window: logged as an error with its causes ([`crate::chain`]).
+/// Why a sink lost a window: logged as an error with its causes ([`cpi_user::chain`]).
 pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A destination of analysed windows.

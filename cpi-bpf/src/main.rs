@@ -1,4 +1,4 @@
-//! `cpi-bpf`: the thin CLI over the `cpi_user` library.
+//! `cpi-bpf`: the thin CLI over the `cpi_user` library and the `cpi_agent` crate.
 
 mod agent;
 mod diff;

@@ -6,13 +6,13 @@
 //! ([`TIMEOUT`]) and its answer is read up to [`MAX_BODY`] bytes (which bounds what is
 //! cached); the list is fetched again on a miss (a pod or container not in it) at most
 //! every [`REFRESH`], and every [`REFRESH`] when pods are selected
-//! (cpi-user/src/agent/pods.rs), so a dead or hostile kubelet costs one or two requests
+//! (cpi-agent/src/pods.rs), so a dead or hostile kubelet costs one or two requests
 //! per [`REFRESH`], never a stall of the windows.
 //!
 //! Names are believed only from a peer that proves who it is ([`Peer`]): over https, a
 //! server the system's or the pod's service-account CA vouches for (sent the pod's
 //! service-account token); over http, a loopback port whose listening socket belongs to
-//! root or the agent's own user (cpi-user/src/agent/peer.rs). Any user can listen on
+//! root or the agent's own user (cpi-agent/src/peer.rs). Any user can listen on
 //! 127.0.0.1:10255 where the kubelet's read-only port is off, and would otherwise name
 //! root's pods and steer `--pod`; an answer from elsewhere is refused and processes keep
 //! their cgroup-derived ids only. Requests are counted by result
@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 
 use super::pods::{PodSelector, Selection};
-use crate::procmap::ProcessIdentity;
+use cpi_user::procmap::ProcessIdentity;
 
 /// The kubelet's read-only port on the node.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:10255";
@@ -213,7 +213,7 @@ impl Kubelet {
             }
             Err(e) if e.refused => {
                 self.requests.refused += 1;
-                crate::fsafe::budget::refused(crate::fsafe::budget::Reader::Kubelet);
+                cpi_user::fsafe::budget::refused(cpi_user::fsafe::budget::Reader::Kubelet);
                 let line = format!(
                     "{e}; its pod, namespace and container names are not used (cgroup ids \
                      only) until an answer can be believed"
@@ -295,10 +295,12 @@ impl Kubelet {
                     .into(),
                 true,
             )),
-            Peer::Loopback(to) => {
-                distrust(&super::peer::owners(to), crate::fsafe::euid(), to[0].port())
-                    .map_or(Ok(()), |(detail, refused)| Err(self.error(detail, refused)))
-            }
+            Peer::Loopback(to) => distrust(
+                &super::peer::owners(to),
+                cpi_user::fsafe::euid(),
+                to[0].port(),
+            )
+            .map_or(Ok(()), |(detail, refused)| Err(self.error(detail, refused))),
         }
     }
 
@@ -471,7 +473,7 @@ mod tests {
             ..ProcessIdentity::default()
         };
         let began = Instant::now();
-        let ((), lines) = crate::agent::test_log::capture(|| {
+        let ((), lines) = crate::test_log::capture(|| {
             for _ in 0..100 {
                 k.fill(&mut id);
             }
@@ -534,7 +536,7 @@ mod tests {
             unsafe { libc::syscall(libc::SYS_setfsuid, fsuid) };
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             // SAFETY: as above, back to the thread's euid.
-            unsafe { libc::syscall(libc::SYS_setfsuid, crate::fsafe::euid()) };
+            unsafe { libc::syscall(libc::SYS_setfsuid, cpi_user::fsafe::euid()) };
             tx.send(l.local_addr().unwrap().port()).unwrap();
             for mut s in l.incoming().flatten() {
                 use std::io::Write;
@@ -559,14 +561,14 @@ mod tests {
             r#"{{"items":[{{"metadata":{{"name":"attacker-says-this-is-idle",
               "namespace":"attacker-ns","uid":"{UID}"}}}}]}}"#
         );
-        let me = crate::fsafe::euid();
+        let me = cpi_user::fsafe::euid();
         let ask = |port: u16| {
             let mut k = Kubelet::new(&format!("http://127.0.0.1:{port}"));
             let mut id = ProcessIdentity {
                 pod_uid: Some(UID.into()),
                 ..ProcessIdentity::default()
             };
-            let ((), lines) = crate::agent::test_log::capture(|| {
+            let ((), lines) = crate::test_log::capture(|| {
                 for _ in 0..3 {
                     k.fill(&mut id);
                     k.refresh();
@@ -630,7 +632,7 @@ mod tests {
         }
         assert_eq!(Peer::of("https://10.0.0.1:10250"), Peer::Tls);
         let mut k = Kubelet::new("http://10.0.0.1:10255");
-        let ((), lines) = crate::agent::test_log::capture(|| k.refresh());
+        let ((), lines) = crate::test_log::capture(|| k.refresh());
         assert_eq!(k.requests().refused, 1);
         assert!(lines[0].1.contains("proves nothing"), "{lines:?}");
     }

@@ -1,5 +1,5 @@
 //! Errors of the always-on agent (`cpi-bpf agent`) and its sinks
-//! (cpi-user/src/agent/metrics.rs, cpi-user/src/agent/push.rs). Each is one line a user
+//! (cpi-agent/src/metrics.rs, cpi-agent/src/push.rs). Each is one line a user
 //! can act on: printed at start, non-zero exit, nothing half-started.
 
 use std::net::SocketAddr;
@@ -64,17 +64,17 @@ mod tests {
     #[test]
     fn a_chain_names_each_cause_once() {
         let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "gone");
-        let e = crate::agent::store::StoreError::Io {
+        let e = crate::store::StoreError::Io {
             dir: "/s".into(),
             what: "cannot list it".into(),
             source: io(),
         };
         assert_eq!(e.to_string(), "store /s: cannot list it");
-        assert_eq!(crate::chain(&e), "store /s: cannot list it: gone");
-        let e = crate::agent::store::StoreError::Unsafe(crate::fsafe::DirError::Io {
+        assert_eq!(cpi_user::chain(&e), "store /s: cannot list it: gone");
+        let e = crate::store::StoreError::Unsafe(cpi_user::fsafe::DirError::Io {
             dir: "/s".into(),
             cause: io(),
         });
-        assert_eq!(crate::chain(&e), "store /s: gone");
+        assert_eq!(cpi_user::chain(&e), "store /s: gone");
     }
 }

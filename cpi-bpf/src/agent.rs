@@ -1,10 +1,10 @@
-//! `agent`: always-on profiling (cpi-user/src/agent/mod.rs). Flags → options over the
+//! `agent`: always-on profiling (cpi-agent/src/lib.rs). Flags → options over the
 //! `--config` file → checked config → sinks, then collection; runs until SIGTERM/SIGINT.
 
 use std::path::PathBuf;
 
-use cpi_user::agent::config::{AgentConfig, AgentOptions};
-use cpi_user::agent::{self, Agent};
+use cpi_agent::config::{AgentConfig, AgentOptions};
+use cpi_agent::Agent;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -175,7 +175,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     };
     let config = options.resolve()?;
     if args.check_config {
-        agent::check(&config)?;
+        cpi_agent::check(&config)?;
         eprintln!("cpi-bpf: config OK: {}", summary(&config));
         return Ok(0);
     }

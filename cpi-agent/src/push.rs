@@ -55,8 +55,8 @@ use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
 
 use super::sink::{Sink, SinkError};
 use super::{AgentError, AgentStatus, Window};
-use crate::profile::model::ProcessProfile;
-use crate::report::{otlp, pprof};
+use cpi_user::profile::model::ProcessProfile;
+use cpi_user::report::{otlp, pprof};
 
 /// The Connect procedure, appended to the URL.
 pub const PUSH_PATH: &str = "/push.v1.PusherService/Push";
@@ -175,7 +175,7 @@ pub struct PushConfig {
     pub token_file: Option<PathBuf>,
 }
 
-/// Cumulative counts since start (exported by cpi-user/src/agent/metrics.rs).
+/// Cumulative counts since start (exported by cpi-agent/src/metrics.rs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PushStats {
     /// Requests answered 2xx.
@@ -366,7 +366,7 @@ fn authorization(ep: &Endpoint, cfg: &PushConfig) -> Result<Option<HeaderValue>,
 
 /// A bounded regular file (cpi-user/src/fsafe/mod.rs), for `--push-*` files.
 fn read_file(path: &Path, flag: &'static str, max: u64) -> Result<Vec<u8>, AgentError> {
-    crate::fsafe::read_bounded(path, max).map_err(|e| AgentError::PushFile {
+    cpi_user::fsafe::read_bounded(path, max).map_err(|e| AgentError::PushFile {
         flag,
         detail: e.to_string(),
     })
@@ -1020,8 +1020,8 @@ mod tests {
 
     #[test]
     fn body_has_one_series_per_service() {
-        use crate::agent::metrics::tests::{function, profile};
-        use crate::profile::model::Mode;
+        use crate::metrics::tests::{function, profile};
+        use cpi_user::profile::model::Mode;
         use prost::Message;
         use std::io::Read;
         let mut p = profile(

@@ -62,16 +62,18 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub use error::AgentError;
 pub use sys::clock_ticks_per_second;
 
-use crate::binary::{Symbolizer, SymbolizerOptions};
-use crate::collect::events::Rate;
-use crate::collect::filter::CgroupV2;
-use crate::collect::target::process_start;
-use crate::collect::{self, CollectError, CollectOptions, Collected, Session, StopReason, Target};
-use crate::procmap::CaptureCounts;
-use crate::profile::analyze::{analyze_with, LineDetail};
-use crate::profile::model::{Mode, Profile};
-use crate::profile::{AnalysisOptions, SampleSet};
 use config::AgentConfig;
+use cpi_user::binary::{Symbolizer, SymbolizerOptions};
+use cpi_user::collect::events::Rate;
+use cpi_user::collect::filter::CgroupV2;
+use cpi_user::collect::target::process_start;
+use cpi_user::collect::{
+    self, CollectError, CollectOptions, Collected, Session, StopReason, Target,
+};
+use cpi_user::procmap::CaptureCounts;
+use cpi_user::profile::analyze::{analyze_with, LineDetail};
+use cpi_user::profile::model::{Mode, Profile};
+use cpi_user::profile::{AnalysisOptions, SampleSet};
 use governor::{Decision, Governor, Usage};
 use kubelet::Kubelet;
 use metrics::{Metrics, MetricsLimits};
@@ -788,7 +790,7 @@ fn keep_wanted(
 fn report(sinks: &mut Sinks, window: Window, mut status: AgentStatus) {
     for s in &mut sinks.0 {
         if let Err(e) = s.report(&window, &mut status) {
-            log::error!("{}", crate::chain(&*e));
+            log::error!("{}", cpi_user::chain(&*e));
         }
     }
     log::debug!(
@@ -885,7 +887,7 @@ pub(crate) mod test_log {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::procmap::ProcStat;
+    use cpi_user::procmap::ProcStat;
 
     #[test]
     fn boundaries_are_multiples_of_the_interval() {
@@ -910,7 +912,7 @@ mod tests {
         // A pid that does not exist (above the kernel's pid_max limit).
         set.process(u32::MAX - 7);
         // One that exited and is not reaped: gone too, though its pid is still taken.
-        let zombie = crate::procmap::Zombie::spawn();
+        let zombie = cpi_tests::Zombie::spawn();
         set.process(zombie.pid()).start = ProcStat::of(zombie.pid()).map(|s| s.start);
         let mut t = ProcessTable::default();
         assert!(t.see(1, &set).is_empty());
