@@ -67,12 +67,12 @@ impl FlowKind {
     }
 
     /// Ends a basic block.
-    pub fn ends_block(self) -> bool {
+    pub(crate) fn ends_block(self) -> bool {
         self != FlowKind::Next
     }
 
     /// Execution may continue at the next instruction.
-    pub fn falls_through(self) -> bool {
+    pub(crate) fn falls_through(self) -> bool {
         matches!(
             self,
             FlowKind::Next | FlowKind::CondBranch | FlowKind::Syscall
@@ -157,7 +157,7 @@ impl Cfg {
     /// Blocks and edges over already decoded instructions (decoding and formatting
     /// dominate the cost; the analysis decodes each function once per run and builds
     /// blocks per process, whose branch records add different leaders).
-    pub fn from_instructions(
+    pub(crate) fn from_instructions(
         func: &Function,
         instructions: Arc<[Instruction]>,
         extra_leaders: &[u64],
@@ -233,14 +233,14 @@ impl Cfg {
     }
 
     /// Index of the instruction starting exactly at `addr`.
-    pub fn instruction_at(&self, addr: u64) -> Option<usize> {
+    pub(crate) fn instruction_at(&self, addr: u64) -> Option<usize> {
         self.instructions
             .binary_search_by_key(&addr, |i| i.addr)
             .ok()
     }
 
     /// Index of the instruction whose bytes contain `addr`.
-    pub fn instruction_containing(&self, addr: u64) -> Option<usize> {
+    pub(crate) fn instruction_containing(&self, addr: u64) -> Option<usize> {
         let i = self
             .instructions
             .partition_point(|i| i.addr <= addr)
@@ -249,7 +249,8 @@ impl Cfg {
     }
 
     /// The block starting exactly at `addr`.
-    pub fn block_at(&self, addr: u64) -> Option<usize> {
+    #[cfg(test)]
+    pub(crate) fn block_at(&self, addr: u64) -> Option<usize> {
         self.instruction_at(addr)
             .map(|i| self.block_of[i])
             .filter(|&b| self.blocks[b].start == addr)
@@ -270,7 +271,7 @@ pub fn decode(func: &Function, bytes: &[u8]) -> Vec<Instruction> {
 /// start, followed by the end of the last instruction (so instruction `i` spans
 /// `starts[i]..starts[i + 1]`): what finding the instruction that holds an address needs,
 /// at 4 bytes per instruction and without formatting any.
-pub fn instruction_starts(bytes: &[u8]) -> Vec<u32> {
+pub(crate) fn instruction_starts(bytes: &[u8]) -> Vec<u32> {
     let mut decoder = Decoder::with_ip(64, bytes, 0, DecoderOptions::NONE);
     let mut starts = Vec::new();
     let mut end = 0;
@@ -284,7 +285,7 @@ pub fn instruction_starts(bytes: &[u8]) -> Vec<u32> {
 
 /// The one instruction at the start of `bytes` (at address `addr`), as [`decode`] gives
 /// it.
-pub fn decode_one(addr: u64, bytes: &[u8]) -> Instruction {
+pub(crate) fn decode_one(addr: u64, bytes: &[u8]) -> Instruction {
     let mut decoder = Decoder::with_ip(64, bytes, addr, DecoderOptions::NONE);
     instruction(&decoder.decode(), &mut IntelFormatter::new())
 }

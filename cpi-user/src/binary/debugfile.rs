@@ -44,7 +44,7 @@ impl Default for DebugRoot {
 
 /// A separate debug file, mapped.
 #[derive(Debug)]
-pub struct DebugFile {
+pub(crate) struct DebugFile {
     /// Where it was found (inside the root).
     pub path: PathBuf,
     pub(super) map: GuardedMap,

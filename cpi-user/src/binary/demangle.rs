@@ -34,7 +34,7 @@ pub fn demangle(name: &str) -> Cow<'_, str> {
 
 /// Whether [`demangle`] may change `name` (the cheap test it starts with): names that
 /// fail it are shown as they are, with nothing to cache.
-pub fn may_be_mangled(name: &str) -> bool {
+pub(crate) fn may_be_mangled(name: &str) -> bool {
     name.len() <= MAX_MANGLED && (name.starts_with("_Z") || name.starts_with("_R"))
 }
 

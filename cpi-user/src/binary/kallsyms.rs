@@ -89,7 +89,7 @@ impl KernelSymbols {
     }
 
     /// Heap bytes held.
-    pub fn heap_bytes(&self) -> u64 {
+    pub(crate) fn heap_bytes(&self) -> u64 {
         (self.entries.capacity() * size_of::<Entry>() + self.names.capacity()) as u64
     }
 }
@@ -131,7 +131,7 @@ impl Kallsyms {
 
     /// Starts reading the table on a thread; [`Kallsyms::table`] waits for it if it is
     /// not done yet.
-    pub fn read_ahead(&self) {
+    pub(crate) fn read_ahead(&self) {
         let k = self.clone();
         // Without a thread the table is read when first needed, as without read-ahead.
         let _ = std::thread::Builder::new()
@@ -147,7 +147,7 @@ impl Kallsyms {
     }
 
     /// The table if it has been read.
-    pub fn table_if_read(&self) -> Option<&KernelSymbols> {
+    pub(crate) fn table_if_read(&self) -> Option<&KernelSymbols> {
         self.table.get()
     }
 }

@@ -82,7 +82,7 @@ impl LineCache {
 impl Binary {
     /// The source line of `vaddr`, from the binary's cache or, on a miss, from `ctx`
     /// (built on first need, so a window of known addresses builds none).
-    pub fn source_line<'a>(
+    pub(crate) fn source_line<'a>(
         &'a self,
         vaddr: u64,
         ctx: &mut Option<SourceLines<'a>>,

@@ -498,7 +498,7 @@ impl Binary {
     }
 
     /// [`Binary::open`] with separate debug files looked up under `root`.
-    pub fn open_with_debug(path: &Path, root: &DebugRoot) -> Result<Binary, BinaryError> {
+    pub(crate) fn open_with_debug(path: &Path, root: &DebugRoot) -> Result<Binary, BinaryError> {
         Binary::from_file_with_debug(&crate::fsafe::open(path)?, path, root)
     }
 
@@ -583,7 +583,7 @@ impl Binary {
     /// Heap bytes held: the function table, names held on the heap, segments, paths and
     /// (for [`Binary::parse`]) the file's bytes — what a cache counts. Mapped pages are
     /// not heap (module documentation).
-    pub fn heap_bytes(&self) -> u64 {
+    pub(crate) fn heap_bytes(&self) -> u64 {
         let ordinals = self.bolt_ordinals.get().map_or(0, |o| o.capacity() * 4) as u64;
         self.heap + self.lines.heap_bytes() + ordinals
     }
@@ -695,7 +695,8 @@ impl Binary {
     }
 
     /// Number of functions.
-    pub fn function_count(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn function_count(&self) -> usize {
         self.functions.len()
     }
 
@@ -715,7 +716,7 @@ impl Binary {
     }
 
     /// Index into [`Binary::functions`] of the function containing `vaddr`.
-    pub fn function_index(&self, vaddr: u64) -> Option<usize> {
+    pub(crate) fn function_index(&self, vaddr: u64) -> Option<usize> {
         let i = self.functions.partition_point(|f| f.start <= vaddr);
         let i = i.checked_sub(1)?;
         let f = self.functions[i];
@@ -778,7 +779,8 @@ impl Binary {
     }
 
     /// File offset of a virtual address.
-    pub fn offset_of_vaddr(&self, vaddr: u64) -> Option<u64> {
+    #[cfg(test)]
+    pub(crate) fn offset_of_vaddr(&self, vaddr: u64) -> Option<u64> {
         self.segments
             .iter()
             .find(|s| (s.vaddr..s.vaddr + s.filesz).contains(&vaddr))
@@ -1038,7 +1040,7 @@ impl BinaryCache {
     }
 
     /// An empty cache whose binaries take separate debug files from under `root`.
-    pub fn with_debug_root(root: DebugRoot) -> Self {
+    pub(crate) fn with_debug_root(root: DebugRoot) -> Self {
         BinaryCache {
             debug_root: root,
             ..Self::default()
@@ -1054,7 +1056,7 @@ impl BinaryCache {
 
     /// [`BinaryCache::get`] for a file already open (a captured mapping, or opened and
     /// identity-checked by the caller); `path` names it. Identified by `fstat`.
-    pub fn get_open(
+    pub(crate) fn get_open(
         &mut self,
         file: &std::fs::File,
         path: &Path,
@@ -1103,7 +1105,7 @@ impl BinaryCache {
     }
 
     /// Drops every cached entry holding `bin`.
-    pub fn evict(&mut self, bin: &Arc<Binary>) {
+    pub(crate) fn evict(&mut self, bin: &Arc<Binary>) {
         self.entries.retain(|_, (_, b)| !Arc::ptr_eq(b, bin));
     }
 
@@ -1113,13 +1115,13 @@ impl BinaryCache {
     }
 
     /// Heap bytes of the remembered failures.
-    pub fn failure_bytes(&self) -> u64 {
+    pub(crate) fn failure_bytes(&self) -> u64 {
         self.failed.bytes()
     }
 
     /// Forgets the oldest remembered failure (when the symbolizer's bound asks); its
     /// bytes, or `None` if none is left.
-    pub fn forget_oldest_failure(&mut self) -> Option<u64> {
+    pub(crate) fn forget_oldest_failure(&mut self) -> Option<u64> {
         self.failed.pop_oldest()
     }
 }

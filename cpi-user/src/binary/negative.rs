@@ -9,13 +9,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
 /// Failures one cache remembers at most.
-pub const MAX_FAILURES: usize = 1024;
+pub(crate) const MAX_FAILURES: usize = 1024;
 
 /// Bytes of failures one cache holds at most: 1024 short paths, or 256 of the longest.
-pub const MAX_FAILURE_BYTES: u64 = 1 << 20;
+pub(crate) const MAX_FAILURE_BYTES: u64 = 1 << 20;
 
 /// Failures by key, oldest out first.
-pub struct Failures<K, V> {
+pub(crate) struct Failures<K, V> {
     entries: HashMap<K, (V, u64, u64)>,
     /// Insertion number → key, oldest first.
     order: BTreeMap<u64, K>,
@@ -69,7 +69,7 @@ impl<K: Hash + Eq + Clone, V> Failures<K, V> {
     }
 
     /// Forgets the oldest failure; its bytes, or `None` if there was none.
-    pub fn pop_oldest(&mut self) -> Option<u64> {
+    pub(crate) fn pop_oldest(&mut self) -> Option<u64> {
         let (_, key) = self.order.pop_first()?;
         let (_, bytes, _) = self.entries.remove(&key).expect("ordered keys are held");
         self.bytes -= bytes;

@@ -16,12 +16,12 @@ use super::Function;
 
 /// Bytes of a perf map read at most (its tail). Real maps name tens of thousands of
 /// functions in about 100 bytes a line: a few MiB.
-pub const MAX_PERF_MAP_BYTES: u64 = 4 << 20;
+pub(crate) const MAX_PERF_MAP_BYTES: u64 = 4 << 20;
 
 /// Entries of a perf map kept at most (the last ones read): bounds the entry table
 /// (24 bytes each, 1.5 MiB) for files of short lines, which the byte budget alone
 /// would let reach 700 Ki entries.
-pub const MAX_PERF_MAP_ENTRIES: usize = 64 << 10;
+pub(crate) const MAX_PERF_MAP_ENTRIES: usize = 64 << 10;
 
 /// One function of a perf map; its name is `names[name..name + len]`.
 #[derive(Clone, Copy, Debug)]
@@ -143,7 +143,7 @@ impl PerfMap {
     }
 
     /// Heap bytes held.
-    pub fn heap_bytes(&self) -> u64 {
+    pub(crate) fn heap_bytes(&self) -> u64 {
         (size_of::<PerfMap>()
             + self.entries.capacity() * size_of::<Entry>()
             + self.names.capacity()) as u64

@@ -33,7 +33,7 @@ const MAX_NAMED: usize = 1000;
 const SUMMARY_NAMES: usize = 3;
 
 /// Lowest x86-64 kernel address (canonical upper half).
-pub const KERNEL_START: u64 = 0xffff_8000_0000_0000;
+pub(crate) const KERNEL_START: u64 = 0xffff_8000_0000_0000;
 
 /// Why an address could not be symbolised.
 #[derive(Debug, thiserror::Error)]
@@ -297,7 +297,7 @@ impl Symbolizer {
     /// function's other instructions, so an address sampled again in a later window of
     /// the agent costs a lookup. Time profiles use it for their sampled instructions
     /// (cpi-user/src/profile/analyze.rs).
-    pub fn instructions_holding(
+    pub(crate) fn instructions_holding(
         &mut self,
         bin: &Arc<Binary>,
         func: &Function,
@@ -414,7 +414,7 @@ impl Symbolizer {
     /// Files of `pid`'s executable mappings opened while it lived (by mapping start,
     /// cpi-user/src/procmap/captured.rs): read before any path, so a process that exited,
     /// exec'd, or ran a deleted or other-namespace binary still symbolises.
-    pub fn add_captured(&mut self, pid: u32, files: &HashMap<u64, Arc<CapturedFile>>) {
+    pub(crate) fn add_captured(&mut self, pid: u32, files: &HashMap<u64, Arc<CapturedFile>>) {
         for (&start, f) in files {
             self.captured.insert((pid, start), Arc::clone(f));
         }
@@ -691,7 +691,7 @@ impl Symbolizer {
     /// for more (a process whose libraries were all replaced), one warning with their
     /// count and the first names, each file's reason at info level (`-v`). Their samples
     /// are in the loss account (unmapped) either way.
-    pub fn log_unusable(&mut self) {
+    pub(crate) fn log_unusable(&mut self) {
         let (unsaid, overflow): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unsaid)
             .into_iter()
             .partition(|(p, _)| !p.as_os_str().is_empty());
@@ -841,7 +841,7 @@ fn open_perf_map(pid: u32, path: &Path) -> Option<(std::fs::File, std::fs::Metad
 
 /// One line for many files with one problem: their count, `what` they are, the first
 /// few names, `then` (a remedy, may be empty), and where each file's reason is (`-v`).
-pub fn files_summary(what: &str, names: &[String], then: &str) -> String {
+pub(crate) fn files_summary(what: &str, names: &[String], then: &str) -> String {
     let first = &names[..names.len().min(SUMMARY_NAMES)];
     let more = match names.len() - first.len() {
         0 => String::new(),

@@ -11,7 +11,7 @@ use std::sync::{Mutex, OnceLock};
 mod programs;
 pub use programs::skip;
 
-pub struct TestProgram {
+pub(crate) struct TestProgram {
     pub plain: PathBuf,
     pub stripped: PathBuf,
     pub pie: PathBuf,
@@ -35,7 +35,7 @@ fn build(name: &str) -> Option<TestProgram> {
 
 /// `tests/programs/NAME.c` built non-PIE with `-O2 -g` (DWARF line tables), or `None`
 /// after printing why.
-pub fn debug_build(name: &str) -> Option<PathBuf> {
+pub(crate) fn debug_build(name: &str) -> Option<PathBuf> {
     programs::compile(&format!("{name}.c"), &["-O2", "-g", "-fno-PIE", "-no-pie"])
 }
 
@@ -61,7 +61,7 @@ impl TestProgram {
 }
 
 /// `path`'s device and inode as `/proc/PID/maps` shows them (`fe:00 247030`).
-pub fn maps_dev_ino(path: &Path) -> String {
+pub(crate) fn maps_dev_ino(path: &Path) -> String {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(path).expect("test binary exists");
     format!(
@@ -74,7 +74,7 @@ pub fn maps_dev_ino(path: &Path) -> String {
 
 /// `/proc/PID/maps` text mapping `bin`'s PT_LOADs at `base` + vaddr (page-aligned, as
 /// ld.so does), plus an anonymous rwx page at 0x7f0000000000 and a `[vdso]`.
-pub fn maps_for(
+pub(crate) fn maps_for(
     path: &Path,
     bin: &crate::binary::Binary,
     base: u64,
@@ -116,7 +116,7 @@ impl Scratch {
 
     /// Runs `read` while another thread rewrites the file in place: at each of `offs`
     /// the two bytes of `é`, whose second byte alternates with `A` (invalid UTF-8).
-    pub fn flipping<T>(&self, offs: &[u64], read: impl FnOnce() -> T) -> T {
+    pub(crate) fn flipping<T>(&self, offs: &[u64], read: impl FnOnce() -> T) -> T {
         use std::os::unix::fs::FileExt;
         use std::sync::atomic::{AtomicBool, Ordering};
         let f = std::fs::OpenOptions::new()

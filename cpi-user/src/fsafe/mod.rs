@@ -257,14 +257,14 @@ pub fn read_bounded(path: &Path, max: u64) -> Result<Vec<u8>, OpenError> {
 
 /// [`open`] that refuses a symbolic link as the last component (`O_NOFOLLOW`): for
 /// files at well-known names in shared directories (`/tmp/perf-PID.map`).
-pub fn open_nofollow(path: &Path) -> Result<File, OpenError> {
+pub(crate) fn open_nofollow(path: &Path) -> Result<File, OpenError> {
     open_with(path, sys::READ_FLAGS | libc::O_NOFOLLOW)
 }
 
 /// Opens `path` (absolute or not) as seen by a process whose root directory is `root`
 /// (`/proc/PID/root`, a `--symfs` tree): `..` and symbolic links, absolute or not, never
 /// lead out of `root`; regular files only, never blocking.
-pub fn open_in_root(root: &Path, path: &Path) -> Result<File, OpenError> {
+pub(crate) fn open_in_root(root: &Path, path: &Path) -> Result<File, OpenError> {
     let shown = root.join(path.strip_prefix("/").unwrap_or(path));
     let open = || {
         let dir = sys::openat(
@@ -350,7 +350,11 @@ fn components(p: &Path) -> Vec<std::ffi::OsString> {
 
 /// `file` (opened by `path`) is the file `want` names; `None` (nothing recorded, e.g. a
 /// recording from another machine) accepts it.
-pub fn check_identity(file: &File, path: &Path, want: Option<FileId>) -> Result<(), OpenError> {
+pub(crate) fn check_identity(
+    file: &File,
+    path: &Path,
+    want: Option<FileId>,
+) -> Result<(), OpenError> {
     let Some(want) = want else { return Ok(()) };
     let found = FileId::of(&file.metadata().map_err(OpenError::io(path))?);
     if found != want {
@@ -375,14 +379,14 @@ pub fn create_new(path: &Path) -> io::Result<File> {
 }
 
 /// Creates a FIFO at `path` (which must not exist), mode 0600.
-pub fn create_fifo(path: &Path) -> io::Result<()> {
+pub(crate) fn create_fifo(path: &Path) -> io::Result<()> {
     sys::mkfifo(path, 0o600)
 }
 
 /// Opens an existing FIFO or character device for writing in place: no create, no
 /// controlling terminal, and a FIFO without a reader is an error (`ENXIO`), not a wait.
 /// Writes wait once it is open (a reader is there).
-pub fn open_in_place(path: &Path) -> io::Result<File> {
+pub(crate) fn open_in_place(path: &Path) -> io::Result<File> {
     let fd = sys::openat(
         None,
         path,
@@ -500,7 +504,7 @@ const LOCAL_FILESYSTEMS: [i64; 10] = [
 /// nor others, on a local filesystem ([`LOCAL_FILESYSTEMS`]). Anything else — another
 /// owner, who can write it in place while it is mapped, or a file whose status cannot be
 /// read — is `false`.
-pub fn only_root_can_change(file: &File) -> bool {
+pub(crate) fn only_root_can_change(file: &File) -> bool {
     let Ok(meta) = file.metadata() else {
         return false;
     };

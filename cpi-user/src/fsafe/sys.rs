@@ -15,7 +15,7 @@ use std::path::Path;
 
 /// Flags of every read-only open on another's behalf: a FIFO or a device opens without
 /// waiting for a writer or becoming our terminal, and no child inherits the fd.
-pub const READ_FLAGS: libc::c_int =
+pub(crate) const READ_FLAGS: libc::c_int =
     libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC;
 
 fn cstr(p: &OsStr) -> io::Result<CString> {
@@ -46,7 +46,11 @@ pub fn openat(
 /// `openat2(dir, path, {flags, resolve: RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS})`:
 /// `path` resolved as if `dir` were `/` (`..` and absolute symlinks stay inside it).
 /// `ENOSYS` on kernels before 5.6.
-pub fn openat2_in_root(dir: &OwnedFd, path: &Path, flags: libc::c_int) -> io::Result<OwnedFd> {
+pub(crate) fn openat2_in_root(
+    dir: &OwnedFd,
+    path: &Path,
+    flags: libc::c_int,
+) -> io::Result<OwnedFd> {
     let p = cstr(path.as_os_str())?;
     // SAFETY: all-zero is a valid `open_how` (no flags, no mode, no resolve bits).
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
@@ -65,7 +69,7 @@ pub fn openat2_in_root(dir: &OwnedFd, path: &Path, flags: libc::c_int) -> io::Re
 }
 
 /// `readlinkat(dir, name)`.
-pub fn readlinkat(dir: &OwnedFd, name: &OsStr) -> io::Result<OsString> {
+pub(crate) fn readlinkat(dir: &OwnedFd, name: &OsStr) -> io::Result<OsString> {
     let p = cstr(name)?;
     let mut buf = vec![0u8; libc::PATH_MAX as usize];
     // SAFETY: `buf` is writable for its length; `p` is NUL-terminated.
@@ -95,7 +99,7 @@ pub fn mkfifo(path: &Path, mode: libc::mode_t) -> io::Result<()> {
 }
 
 /// Clears `O_NONBLOCK` on `fd`: reads and writes wait from now on.
-pub fn set_blocking(fd: &impl AsRawFd) -> io::Result<()> {
+pub(crate) fn set_blocking(fd: &impl AsRawFd) -> io::Result<()> {
     // SAFETY: F_GETFL and F_SETFL take and return plain integers.
     let flags = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) };
     // SAFETY: as above.
@@ -108,7 +112,7 @@ pub fn set_blocking(fd: &impl AsRawFd) -> io::Result<()> {
 }
 
 /// `fstat(fd)`.
-pub fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
+pub(crate) fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
     // SAFETY: an all-zero `stat` is valid; the kernel fills it.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: a live fd and a writable `stat`.
@@ -119,7 +123,7 @@ pub fn fstat(fd: &OwnedFd) -> io::Result<libc::stat> {
 }
 
 /// The filesystem type of an open file (`fstatfs`'s `f_type`, a `*_MAGIC` of statfs(2)).
-pub fn fs_type(fd: &impl AsRawFd) -> io::Result<i64> {
+pub(crate) fn fs_type(fd: &impl AsRawFd) -> io::Result<i64> {
     // SAFETY: an all-zero `statfs` is valid; the kernel fills it.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: a live fd and a writable `statfs`.
@@ -131,7 +135,7 @@ pub fn fs_type(fd: &impl AsRawFd) -> io::Result<i64> {
 
 /// Installs `handler` for `SIGBUS` (`SA_SIGINFO | SA_NODEFER | SA_ONSTACK`); returns the
 /// action it replaces.
-pub fn install_sigbus(
+pub(crate) fn install_sigbus(
     handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void),
 ) -> io::Result<libc::sigaction> {
     // SAFETY: all-zero `sigaction`s are valid (empty mask, no flags) before being filled.
@@ -148,7 +152,7 @@ pub fn install_sigbus(
 
 /// Maps zeros, read-only, over `len` bytes at `start` as one anonymous mapping
 /// (async-signal-safe: one syscall).
-pub fn zeros_over(start: usize, len: usize) -> bool {
+pub(crate) fn zeros_over(start: usize, len: usize) -> bool {
     // SAFETY: `start` is page-aligned and `start..start + len` is a mapping this process
     // owns and reads only through the slice it registered (fsafe/sys/map.rs); MAP_FIXED
     // replaces exactly that range, so no other mapping is touched.
@@ -190,7 +194,7 @@ pub fn page_size() -> usize {
 }
 
 /// The gid of group `name` from the group database; `None` when there is no such group.
-pub fn getgrnam(name: &str) -> io::Result<Option<u32>> {
+pub(crate) fn getgrnam(name: &str) -> io::Result<Option<u32>> {
     let c = cstr(OsStr::new(name))?;
     let mut buf = vec![0u8; 4096];
     loop {
@@ -217,11 +221,11 @@ pub fn getgrnam(name: &str) -> io::Result<Option<u32>> {
 }
 
 /// `PIPEFS_MAGIC` (statfs(2)): an anonymous pipe (`|`, `<(…)`), not a FIFO with a name.
-pub const PIPEFS_MAGIC: i64 = 0x5049_5045;
+pub(crate) const PIPEFS_MAGIC: i64 = 0x5049_5045;
 
 /// Waits at most `timeout_ms` for `fd` to be readable or hung up (`poll`); `false` when
 /// the time ran out.
-pub fn poll_readable(fd: &impl AsRawFd, timeout_ms: i32) -> io::Result<bool> {
+pub(crate) fn poll_readable(fd: &impl AsRawFd, timeout_ms: i32) -> io::Result<bool> {
     let mut p = libc::pollfd {
         fd: fd.as_raw_fd(),
         events: libc::POLLIN,
@@ -244,7 +248,7 @@ pub fn poll_readable(fd: &impl AsRawFd, timeout_ms: i32) -> io::Result<bool> {
 
 /// The primary group and every group of user `uid` from the user and group databases
 /// (`getpwuid_r`, `getgrouplist`); `None` when no user has that uid.
-pub fn groups_of(uid: u32) -> io::Result<Option<(u32, Vec<u32>)>> {
+pub(crate) fn groups_of(uid: u32) -> io::Result<Option<(u32, Vec<u32>)>> {
     let mut buf = vec![0u8; 4096];
     let (name, gid) = loop {
         // SAFETY: an all-zero `passwd` is a valid value to be filled in.

@@ -42,7 +42,7 @@ pub enum LocateError {
 /// decides (`dso__build_id_equal`, tools/perf/util/dso.c): equal, or -- for headers
 /// written before perf recorded build-id sizes, which store every id as 20 bytes --
 /// `got` followed by zeros (lld's 8-byte `--build-id=fast` ids).
-pub fn same_build_id(want: &str, got: &str) -> bool {
+pub(crate) fn same_build_id(want: &str, got: &str) -> bool {
     want == got
         || (want.len() == 40
             && got.len() < want.len()
@@ -65,7 +65,7 @@ pub struct Locator {
 
 impl Locator {
     /// perf's build-id cache of the user and the distribution's debug files.
-    pub fn default_caches() -> Vec<PathBuf> {
+    pub(crate) fn default_caches() -> Vec<PathBuf> {
         let mut v = Vec::new();
         if let Some(home) = std::env::var_os("HOME") {
             v.push(Path::new(&home).join(".debug/.build-id"));
@@ -77,7 +77,7 @@ impl Locator {
     /// The local file for `recorded` (with its recorded build-id, when known) and its
     /// identity; `None` when nothing is found (the samples then count as unmapped).
     /// `ids` caches what each path held.
-    pub fn locate(
+    pub(crate) fn locate(
         &self,
         recorded: &str,
         build_id: Option<&str>,

@@ -55,9 +55,9 @@ use unwound::Unwinder;
 
 /// Largest `perf script` text read from a pipe (spooled to a temporary file for the
 /// second pass); files are not limited.
-pub const MAX_STDIN_BYTES: u64 = 16 << 30;
+pub(crate) const MAX_STDIN_BYTES: u64 = 16 << 30;
 /// Longest text line: a 64-entry stack with long dso names is well under this.
-pub const MAX_LINE_BYTES: usize = 1 << 20;
+pub(crate) const MAX_LINE_BYTES: usize = 1 << 20;
 
 /// Why a recording could not be imported; each prints as one line (with its source).
 #[derive(Debug, thiserror::Error)]
@@ -258,11 +258,6 @@ impl Loaded {
             details: self.details,
         }
     }
-}
-
-/// Imports `path` ([`load_path`], then [`Loaded::analyze`]).
-pub fn import_path(path: &Path, opts: &ImportOptions) -> Result<Imported, ImportError> {
-    Ok(load_path(path, opts)?.analyze(&opts.analysis))
 }
 
 /// Reads `path` (`-` is standard input; a pipe, text only) into samples

@@ -35,7 +35,7 @@ use crate::profile::stack::{CallStack, StackEnd};
 use crate::unwind::UserRegs;
 
 /// The file magic.
-pub const MAGIC: &[u8; 8] = b"PERFILE2";
+pub(crate) const MAGIC: &[u8; 8] = b"PERFILE2";
 /// Largest single record the kernel writes (its size field is 16 bits).
 const HEADER_SIZE: u64 = 104;
 const PIPE_HEADER_SIZE: u64 = 16;
@@ -89,7 +89,7 @@ const CONTEXT_USER: u64 = -512i64 as u64;
 /// Values at or above this are markers, not addresses.
 const CONTEXT_MAX: u64 = -4095i64 as u64;
 /// `kernel.perf_event_max_stack`'s default: the kernel's limit when the attr names none.
-pub const DEFAULT_MAX_STACK: u64 = 127;
+pub(crate) const DEFAULT_MAX_STACK: u64 = 127;
 
 const FEAT_BUILD_ID: usize = 2;
 const FEAT_ARCH: usize = 6;
@@ -165,23 +165,23 @@ pub struct EventAttr {
 
 impl EventAttr {
     /// The event's samples carry a branch stack (`perf record -b`/`-j`).
-    pub fn has_branch_stack(&self) -> bool {
+    pub(crate) fn has_branch_stack(&self) -> bool {
         self.sample_type & SAMPLE_BRANCH_STACK != 0
     }
 
     /// The event's samples carry a callchain (`perf record -g`).
-    pub fn has_callchain(&self) -> bool {
+    pub(crate) fn has_callchain(&self) -> bool {
         self.sample_type & SAMPLE_CALLCHAIN != 0
     }
 
     /// The event's samples carry user registers and stack bytes
     /// (`perf record --call-graph dwarf`).
-    pub fn has_user_stack(&self) -> bool {
+    pub(crate) fn has_user_stack(&self) -> bool {
         self.sample_type & SAMPLE_STACK_USER != 0
     }
 
     /// The software clock events (`cpu-clock`, `task-clock`): periods in nanoseconds.
-    pub fn is_clock(&self) -> bool {
+    pub(crate) fn is_clock(&self) -> bool {
         self.kind == PERF_TYPE_SOFTWARE && matches!(self.config, 0 | 1)
     }
 
@@ -253,13 +253,13 @@ pub struct Header {
 impl Header {
     /// The recording's architecture when it is known and not x86-64, the only one whose
     /// code this build reads.
-    pub fn foreign_arch(&self) -> Option<&str> {
+    pub(crate) fn foreign_arch(&self) -> Option<&str> {
         self.arch.as_deref().filter(|a| *a != "x86_64")
     }
 
     /// Whether `e` is a raw event of a core PMU (`-e r20c4`, `-e cpu_atom/rc0c4/`):
     /// `PERF_TYPE_RAW`, or a type the header maps to a core PMU.
-    pub fn is_core_raw(&self, e: &EventAttr) -> bool {
+    pub(crate) fn is_core_raw(&self, e: &EventAttr) -> bool {
         e.kind == PERF_TYPE_RAW
             || self
                 .pmus
@@ -648,7 +648,7 @@ fn parse_sample(
 /// holds and what the collector's own perf ring buffers hold without root
 /// (cpi-user/src/collect/perf_ring.rs) are decoded here alike. `index` names the sample
 /// in errors. Its `kernel` is left for the caller, which has the record's `misc`.
-pub fn sample_of(
+pub(crate) fn sample_of(
     attr: &EventAttr,
     event: usize,
     b: &[u8],

@@ -21,7 +21,7 @@ const MISC_MMAP_BUILD_ID: u16 = 1 << 14;
 /// What a record other than a sample says, as a perf.data file and the collector's live
 /// buffers (cpi-user/src/collect/sideband.rs, perf_ring.rs) both read it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SideRecord {
+pub(crate) enum SideRecord {
     /// `PERF_RECORD_MMAP`/`MMAP2`: process `pid` mapped something.
     Mmap {
         /// The process.
@@ -61,13 +61,13 @@ pub enum SideRecord {
 /// 2.6.34 recording in tests/data/autofdo names its exec by the main thread's COMM) or
 /// the main thread's own (a prctl); another thread's name is the thread's, taken only
 /// while the process has none (`named` false).
-pub fn names_process(pid: u32, tid: u32, exec: bool, named: bool) -> bool {
+pub(crate) fn names_process(pid: u32, tid: u32, exec: bool, named: bool) -> bool {
     exec || tid == pid || !named
 }
 
 /// The record of type `kind` with its header's `misc` and `body` (what follows the
 /// 8-byte header), when it is one of [`SideRecord`]'s.
-pub fn side_record(kind: u32, misc: u16, body: &[u8]) -> Option<SideRecord> {
+pub(crate) fn side_record(kind: u32, misc: u16, body: &[u8]) -> Option<SideRecord> {
     match kind {
         PERF_RECORD_MMAP | PERF_RECORD_MMAP2 => {
             let (pid, mapping, build_id) = parse_mmap(kind, misc, body)?;
@@ -94,7 +94,7 @@ pub fn side_record(kind: u32, misc: u16, body: &[u8]) -> Option<SideRecord> {
 }
 
 /// Whether a record's `misc` says it was taken in kernel mode.
-pub fn kernel_mode(misc: u16) -> bool {
+pub(crate) fn kernel_mode(misc: u16) -> bool {
     misc & MISC_CPUMODE_MASK == MISC_KERNEL
 }
 

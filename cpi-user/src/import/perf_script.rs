@@ -300,7 +300,7 @@ impl Joiner {
 /// The first pass over the text: everything but the samples themselves, which
 /// [`Placed::sample`] reads in a second pass once the mappings are known, so memory
 /// does not grow with the text.
-pub struct Scan {
+pub(crate) struct Scan {
     opts: ImportOptions,
     out: PerfImport,
     mmaps: BTreeMap<u32, Vec<Mapping>>,
@@ -452,7 +452,7 @@ impl Scan {
 
 /// The text's mappings, known after [`Scan::finish`]; turns sample lines into wire
 /// samples.
-pub struct Placed {
+pub(crate) struct Placed {
     opts: ImportOptions,
     /// Everything but the samples (those go where the caller sends them).
     pub import: PerfImport,
@@ -467,7 +467,7 @@ pub struct Placed {
 }
 
 /// A wire sample and its call stack, when the text had one.
-pub type StackedSample = (BranchSample, Option<CallStack>);
+pub(crate) type StackedSample = (BranchSample, Option<CallStack>);
 
 impl Placed {
     /// Takes the next line; each sample with branch entries it completes (a `-g`

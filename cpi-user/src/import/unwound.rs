@@ -19,7 +19,7 @@ use crate::unwind::{StackUnwinder, DEFAULT_BYTE_BOUND};
 
 /// How the unwound stacks ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Unwound {
+pub(crate) struct Unwound {
     /// Samples whose user stack was unwound from bytes.
     pub samples: u64,
     /// Of those, reaching the outermost frame.
@@ -34,7 +34,7 @@ pub struct Unwound {
 
 impl Unwound {
     /// Puts the incomplete stacks into a loss account.
-    pub fn into_losses(self, lost: &mut LossReport) {
+    pub(crate) fn into_losses(self, lost: &mut LossReport) {
         lost.stacks_truncated += self.truncated;
         lost.stacks_unknown_code += self.unknown_code;
         lost.stacks_failed += self.failed;
@@ -55,7 +55,7 @@ impl Unwound {
 }
 
 /// Unwinds the dwarf samples of one pass.
-pub struct Unwinder<'a, 'r> {
+pub(crate) struct Unwinder<'a, 'r> {
     /// The recording's executable mappings per pid, as recorded.
     recorded: &'a BTreeMap<u32, Vec<Mapping>>,
     relocator: &'a mut Relocator<'r>,

@@ -102,7 +102,7 @@ impl CapturedFile {
 
     /// Records the build-id of the file's first parse; a later parse (of a reopened file)
     /// with another build-id is not the captured file (counted as a failed reopen).
-    pub fn check_build_id(&self, found: Option<&str>, path: &Path) -> Result<(), OpenError> {
+    pub(crate) fn check_build_id(&self, found: Option<&str>, path: &Path) -> Result<(), OpenError> {
         let want = self.build_id.get_or_init(|| found.map(str::to_string));
         if want.as_deref() == found {
             return Ok(());
@@ -215,7 +215,7 @@ fn check_len(f: &File, path: &Path, len: Option<u64>) -> Result<(), OpenError> {
 
 /// Windows a captured file stays open with no process holding it
 /// ([`CapturedFiles::release_idle`]).
-pub const IDLE_WINDOWS: u64 = 6;
+pub(crate) const IDLE_WINDOWS: u64 = 6;
 
 /// A handle on the counts of a [`CapturedFiles`].
 #[derive(Clone, Debug)]
@@ -254,7 +254,7 @@ impl Default for CapturedFiles {
 
 impl CapturedFiles {
     /// At most `cap` descriptors held open.
-    pub fn with_cap(cap: usize) -> Self {
+    pub(crate) fn with_cap(cap: usize) -> Self {
         CapturedFiles {
             by_inode: HashMap::new(),
             open: 0,
@@ -400,7 +400,7 @@ impl CapturedFiles {
     /// leaves its `map_files` empty) through the first of `pid`'s other threads
     /// (super::thread_dirs, `tid`'s first), else (all gone) by their recorded paths: for
     /// mappings known from the kernel's records rather than read from `/proc`.
-    pub fn capture_live(
+    pub(crate) fn capture_live(
         &mut self,
         pid: u32,
         tid: u32,
@@ -429,7 +429,7 @@ impl CapturedFiles {
     /// build's compilers) keeps its capture, and its next process opens nothing.
     /// Within the descriptor cap either way ([`Self::make_room`] closes idle files
     /// first).
-    pub fn release_idle(&mut self) {
+    pub(crate) fn release_idle(&mut self) {
         let mut closed = 0;
         self.by_inode.retain(|_, c| {
             let keep =
@@ -446,7 +446,7 @@ impl CapturedFiles {
     }
 
     /// Closes the files nothing else holds (every process that mapped them is gone).
-    pub fn release_unused(&mut self) {
+    pub(crate) fn release_unused(&mut self) {
         let mut closed = 0;
         self.by_inode.retain(|_, c| {
             let keep = Arc::strong_count(c) > 1;
@@ -464,7 +464,8 @@ impl CapturedFiles {
     }
 
     /// Descriptors held open.
-    pub fn open_files(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn open_files(&self) -> usize {
         self.open
     }
 }

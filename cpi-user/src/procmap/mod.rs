@@ -56,7 +56,7 @@ impl MappedObject {
     /// file name) denotes. Only an absolute path is a file: `anon_inode:bpf-map`,
     /// `socket:[…]` and the like are kernel objects no path opens (the agent sampling
     /// itself on a kernel that cannot filter in BPF sees its own ring buffer's).
-    pub fn from_name(name: &str) -> MappedObject {
+    pub(crate) fn from_name(name: &str) -> MappedObject {
         if name.is_empty() || name.starts_with("//anon") {
             MappedObject::Anon
         } else if !name.starts_with('/') || name.starts_with("//") {
@@ -106,7 +106,7 @@ pub struct Mapping {
 impl Mapping {
     /// An executable mapping of a file: what is captured (captured.rs) and unwound
     /// (cpi-user/src/unwind/mod.rs) per file.
-    pub fn executable_file(&self) -> bool {
+    pub(crate) fn executable_file(&self) -> bool {
         self.executable && matches!(self.object, MappedObject::File { .. })
     }
 
@@ -165,7 +165,7 @@ impl ProcessMaps {
     /// these overlaps: samples taken before the exec still resolve to the old image.
     /// One binary search per older mapping: a process with 25 000 mappings is merged at
     /// every re-read of its maps (a pairwise check cost seconds).
-    pub fn with_older(mut self, older: ProcessMaps) -> Self {
+    pub(crate) fn with_older(mut self, older: ProcessMaps) -> Self {
         let new = &self.mappings;
         let kept: Vec<Mapping> = older
             .mappings
@@ -182,7 +182,7 @@ impl ProcessMaps {
     }
 
     /// Puts `m` in place of the mappings it overlaps (a newer mapping wins), in place.
-    pub fn overlay(&mut self, m: Mapping) {
+    pub(crate) fn overlay(&mut self, m: Mapping) {
         let lo = self.mappings.partition_point(|o| o.end <= m.start);
         let hi = lo + self.mappings[lo..].partition_point(|o| o.start < m.end);
         self.mappings.splice(lo..hi, [m]);

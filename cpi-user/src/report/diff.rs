@@ -195,7 +195,7 @@ pub struct UnitDiff {
 
 impl UnitDiff {
     /// The tested change with the smallest p-value (the table's row).
-    pub fn headline(&self) -> Option<(&'static str, &Change)> {
+    pub(crate) fn headline(&self) -> Option<(&'static str, &Change)> {
         self.changes
             .iter()
             .filter(|(_, c)| c.tested)
@@ -606,7 +606,7 @@ fn test(units: &mut [UnitDiff], opts: &DiffOptions) -> usize {
 }
 
 /// z = Δ / σ: 0 for no change, ±∞ for a change without error.
-pub fn z_score(delta: f64, sigma: f64) -> f64 {
+pub(crate) fn z_score(delta: f64, sigma: f64) -> f64 {
     if delta == 0.0 {
         0.0
     } else if sigma > 0.0 {
@@ -617,7 +617,7 @@ pub fn z_score(delta: f64, sigma: f64) -> f64 {
 }
 
 /// Two-sided p-value of a standard normal z: erfc(|z| / √2).
-pub fn p_value(z: f64) -> f64 {
+pub(crate) fn p_value(z: f64) -> f64 {
     erfc(z.abs() / std::f64::consts::SQRT_2)
 }
 
@@ -651,7 +651,7 @@ fn erfc(x: f64) -> f64 {
 
 /// Benjamini–Hochberg at false discovery rate `alpha`: with p sorted ascending, the
 /// largest k with p₍ₖ₎ ≤ k·α/m, and every test with p ≤ p₍ₖ₎ is a discovery.
-pub fn benjamini_hochberg(p: &[f64], alpha: f64) -> Vec<bool> {
+pub(crate) fn benjamini_hochberg(p: &[f64], alpha: f64) -> Vec<bool> {
     let m = p.len();
     let mut order: Vec<usize> = (0..m).collect();
     order.sort_by(|&a, &b| p[a].total_cmp(&p[b]));

@@ -33,7 +33,7 @@ pub const EXPORT_PATH: &str = "/v1development/profiles";
 /// OTLP/HTTP's binary encoding.
 pub const CONTENT_TYPE: &str = "application/x-protobuf";
 /// The instrumentation scope's name.
-pub const SCOPE_NAME: &str = "cpi-bpf";
+pub(crate) const SCOPE_NAME: &str = "cpi-bpf";
 
 // The messages, field for field (the parts written), hand-written as pprof's are so no
 // protoc is needed at build time.

@@ -107,7 +107,7 @@ fn resolve_truth(
 
 /// Exact counts and cycles per instruction in profile addresses: what
 /// `sim::calibrate` judges each unit's estimate against.
-pub struct TruthByAddress(HashMap<Addr, InsnTruth>);
+pub(crate) struct TruthByAddress(HashMap<Addr, InsnTruth>);
 
 impl TruthByAddress {
     /// Resolves `truth` as the analysis resolves samples.
@@ -444,7 +444,7 @@ fn paths_of(sym: &mut Symbolizer, truth: &Truth) -> HashMap<Vec<String>, (u64, u
 
 /// The per-path part of [`Accuracy`].
 #[derive(Debug, Default, PartialEq)]
-pub struct PathComparison {
+pub(crate) struct PathComparison {
     /// [`Accuracy::overlap_path`].
     pub overlap: Option<f64>,
     /// [`Accuracy::path_cpi_error_median`].
@@ -463,7 +463,7 @@ pub struct PathComparison {
 /// ((instructions, cycles) by function-name chain, [`path_truth`]). Profile paths of
 /// the same chain are summed; their CPI is the sum's, with the largest error any of
 /// them reports.
-pub fn compare_paths(
+pub(crate) fn compare_paths(
     truth: &HashMap<Vec<String>, (u64, u64)>,
     est: &[StackProfile],
 ) -> PathComparison {

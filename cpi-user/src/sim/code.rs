@@ -9,7 +9,7 @@ use crate::procmap::{MappedObject, Mapping, ProcessMaps};
 
 /// Code bytes of the traced process. Files are read once and kept.
 #[derive(Default)]
-pub struct CodeMap {
+pub(crate) struct CodeMap {
     /// Latest maps snapshot (what is mapped now).
     current: ProcessMaps,
     /// Every mapping ever seen, latest snapshot winning on overlap (for analysis of
@@ -32,7 +32,7 @@ impl CodeMap {
     }
 
     /// Every mapping seen during the run, sorted.
-    pub fn all_maps(&self) -> ProcessMaps {
+    pub(crate) fn all_maps(&self) -> ProcessMaps {
         let mut mappings = self.all.clone();
         mappings.sort_by_key(|m| m.start);
         ProcessMaps { mappings }

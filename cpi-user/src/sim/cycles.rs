@@ -37,13 +37,13 @@ use super::code::CodeMap;
 use super::FastMap;
 
 /// Cycles charged to a mispredicted branch.
-pub const MISPREDICT_PENALTY: u32 = 15;
+pub(crate) const MISPREDICT_PENALTY: u32 = 15;
 /// Extra cycles of a taken branch.
-pub const TAKEN_COST: u32 = 1;
+pub(crate) const TAKEN_COST: u32 = 1;
 
 /// How the last instruction of a range transfers control (when it is taken).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flow {
+pub(crate) enum Flow {
     /// Not a control transfer (or unknown bytes).
     Other,
     /// Conditional jump: predicted by the [`Predictor`]'s pattern history table.
@@ -64,7 +64,7 @@ pub enum Flow {
 
 impl Flow {
     /// The `PERF_BR_*` type a branch record of this kind carries (0: not a branch).
-    pub fn perf_type(self) -> u8 {
+    pub(crate) fn perf_type(self) -> u8 {
         use cpi_common::wire::branch_type as bt;
         match self {
             Flow::Other => 0,
@@ -80,7 +80,7 @@ impl Flow {
 
 /// A decoded straight-line range [start, end] (both instruction addresses).
 #[derive(Clone, Debug)]
-pub struct RangeInfo {
+pub(crate) struct RangeInfo {
     /// Runtime address of the first instruction.
     pub start: u64,
     /// Runtime address of the last instruction.
@@ -111,7 +111,7 @@ impl RangeInfo {
 
 /// Static cost of one instruction, its flow kind, and whether it is a `rep` string
 /// instruction.
-pub fn classify(ins: &Instruction, info: &mut InstructionInfoFactory) -> (u32, Flow, bool) {
+pub(crate) fn classify(ins: &Instruction, info: &mut InstructionInfoFactory) -> (u32, Flow, bool) {
     let mut cost = 1u32;
     let used = info.info(ins);
     let mut mem_write = false;
@@ -200,7 +200,7 @@ pub fn classify(ins: &Instruction, info: &mut InstructionInfoFactory) -> (u32, F
 /// Decodes the range [start, end] that the trace says holds `n` instructions. When the
 /// bytes are unknown or do not decode to exactly that, the range is kept as `n`
 /// instructions of cost 1 each, without addresses (`mismatch` tells the second case).
-pub fn decode_range(code: &mut CodeMap, start: u64, end: u64, n: u32) -> (RangeInfo, bool) {
+pub(crate) fn decode_range(code: &mut CodeMap, start: u64, end: u64, n: u32) -> (RangeInfo, bool) {
     let unknown = |mismatch| {
         (
             RangeInfo {
@@ -276,7 +276,7 @@ pub fn decode_range(code: &mut CodeMap, start: u64, end: u64, n: u32) -> (RangeI
 
 /// How a range execution ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ending {
+pub(crate) enum Ending {
     /// A taken transfer from the range's last instruction to `to`.
     Taken {
         /// Where control went (runtime address).
@@ -288,7 +288,7 @@ pub enum Ending {
 
 /// Cycles of one range execution beyond its static cost.
 #[derive(Clone, Debug, Default)]
-pub struct Dynamic {
+pub(crate) struct Dynamic {
     /// Indices (into the range) of mispredicted not-taken conditional branches.
     pub mispredicted: Vec<u32>,
     /// The last instruction was a mispredicted branch.
@@ -301,7 +301,7 @@ pub struct Dynamic {
 
 impl Dynamic {
     /// Cycles of instruction `i` of `r` in this execution.
-    pub fn cost_of(&self, r: &RangeInfo, i: usize) -> u64 {
+    pub(crate) fn cost_of(&self, r: &RangeInfo, i: usize) -> u64 {
         let mut c = r.costs.get(i).copied().unwrap_or(1) as u64;
         if self.mispredicted.contains(&(i as u32)) {
             c += MISPREDICT_PENALTY as u64;
@@ -319,7 +319,7 @@ const BTB_BITS: u32 = 12;
 const RSB_DEPTH: usize = 16;
 
 /// The dynamic part: a branch predictor. Deterministic (no randomness).
-pub struct Predictor {
+pub(crate) struct Predictor {
     pht: Vec<u8>,
     history: u64,
     btb: Vec<(u64, u64)>,
@@ -355,7 +355,7 @@ impl Predictor {
     }
 
     /// An indirect jump/call at `pc` went to `to`; true when mispredicted.
-    pub fn indirect(&mut self, pc: u64, to: u64) -> bool {
+    pub(crate) fn indirect(&mut self, pc: u64, to: u64) -> bool {
         let idx = ((pc ^ (pc >> BTB_BITS)) & ((1 << BTB_BITS) - 1)) as usize;
         let hit = self.btb[idx] == (pc, to);
         self.btb[idx] = (pc, to);
@@ -377,7 +377,7 @@ impl Predictor {
     }
 
     /// Runs one execution of `r` ending as `ending`, filling `d`.
-    pub fn execute(&mut self, r: &RangeInfo, ending: Ending, d: &mut Dynamic) {
+    pub(crate) fn execute(&mut self, r: &RangeInfo, ending: Ending, d: &mut Dynamic) {
         d.mispredicted.clear();
         d.last_mispredicted = false;
         d.last_extra = 0;
@@ -423,7 +423,7 @@ impl Predictor {
 
 /// Decoded ranges, keyed by (start, end), decoded once.
 #[derive(Default)]
-pub struct RangeTable {
+pub(crate) struct RangeTable {
     /// The ranges by id (what [`RangeTable::get`] returns).
     pub infos: Vec<RangeInfo>,
     by_bounds: FastMap<(u64, u64), u32>,

@@ -30,7 +30,7 @@ use replay::{Replay, Truth};
 
 /// Bytes each simulated process's call stacks may hold (the collector's default is
 /// [`crate::profile::stack::DEFAULT_STACK_BYTES`]).
-pub const SIM_STACK_BYTES: usize = 256 << 20;
+pub(crate) const SIM_STACK_BYTES: usize = 256 << 20;
 
 /// Why a simulation failed.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +91,7 @@ impl Hasher for FastHasher {
 }
 
 /// HashMap with [`FastHasher`].
-pub type FastMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FastHasher>>;
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 /// What one traced and replayed run produced.
 struct SimOutput {

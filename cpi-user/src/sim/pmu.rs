@@ -324,7 +324,7 @@ impl Pmu {
     /// One execution of range `r` by thread `tid`, as the cycle model costed it, under
     /// the call stacks `frames`. `ending` with `Taken` retires the taken branch
     /// `r.end → to`.
-    pub fn on_range(
+    pub(crate) fn on_range(
         &mut self,
         set: &mut SampleSet,
         tid: u32,

@@ -175,7 +175,7 @@ impl Replay {
 
     /// Replays a whole trace once through several PMU models: the samples of `pmus[i]`
     /// go into `sets[i]` (one trace, many seeds: `sim::calibrate`).
-    pub fn run_models<R: Read>(
+    pub(crate) fn run_models<R: Read>(
         &mut self,
         reader: R,
         sets: &mut [SampleSet],
@@ -339,7 +339,7 @@ impl Replay {
     }
 
     /// Every PMU model, after the run, in the order given.
-    pub fn pmus(&self) -> &[Pmu] {
+    pub(crate) fn pmus(&self) -> &[Pmu] {
         &self.pmus
     }
 

@@ -54,7 +54,7 @@ pub fn tool_dir_candidates() -> Vec<PathBuf> {
 }
 
 /// `dirs` for a message, comma-separated, each escaped for a terminal.
-pub fn display_dirs(dirs: &[PathBuf]) -> String {
+pub(crate) fn display_dirs(dirs: &[PathBuf]) -> String {
     dirs.iter()
         .map(|d| crate::fsafe::escape(&d.to_string_lossy()).into_owned())
         .collect::<Vec<_>>()
@@ -74,7 +74,7 @@ pub fn find_tool_dir() -> Result<PathBuf, SimError> {
 /// Valgrind options every traced run uses (each avoids a measured trap): no chasing
 /// (VEX would speculate across branches), no libc/C++ freeres at exit (code the
 /// program itself never runs); exec followed (the tool keeps forked children out).
-pub fn valgrind_command(tool_dir: &Path, trace: &Path, cmd: &[OsString]) -> Command {
+pub(crate) fn valgrind_command(tool_dir: &Path, trace: &Path, cmd: &[OsString]) -> Command {
     let mut c = Command::new("valgrind");
     c.env("VALGRIND_LIB", tool_dir)
         .arg("-q")
@@ -137,7 +137,7 @@ impl Drop for TempDir {
 
 /// Runs `cmd` under the tracer and hands the live trace to `consume` while it runs.
 /// Returns what `consume` returned and the command's exit status.
-pub fn run_streaming<T>(
+pub(crate) fn run_streaming<T>(
     tool_dir: &Path,
     cmd: &[OsString],
     stdout: Stdio,

@@ -24,7 +24,7 @@ use super::FastMap;
 use crate::profile::{CallStack, StackEnd};
 
 /// Most distinct calling contexts kept (≈ 40 bytes each).
-pub const MAX_CONTEXTS: usize = 1 << 21;
+pub(crate) const MAX_CONTEXTS: usize = 1 << 21;
 /// How far up a return looks for its address before it counts as unmatched.
 const MAX_SEARCH: u32 = 4096;
 
@@ -38,7 +38,7 @@ struct Node {
 
 /// Where one thread stands: its node and the calls made beyond a full tree.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ThreadStack {
+pub(crate) struct ThreadStack {
     /// Its calling context ([`ContextTree::ROOT`]: no frame above the code running).
     pub node: u32,
     /// Calls not represented because the tree was full.
@@ -46,7 +46,7 @@ pub struct ThreadStack {
 }
 
 /// The calling-context tree of one traced process.
-pub struct ContextTree {
+pub(crate) struct ContextTree {
     nodes: Vec<Node>,
     children: FastMap<(u32, u64), u32>,
     /// Calls that found the tree full.
@@ -72,7 +72,7 @@ impl ContextTree {
     pub const ROOT: u32 = 0;
 
     /// The stack after the range ending in `last` transferred to `to` under `at`.
-    pub fn transfer(&mut self, at: ThreadStack, last: Flow, to: u64) -> ThreadStack {
+    pub(crate) fn transfer(&mut self, at: ThreadStack, last: Flow, to: u64) -> ThreadStack {
         match last {
             Flow::Direct { ret_to: Some(ret) } | Flow::Indirect { ret_to: Some(ret) }
                 if ret != to =>
@@ -147,7 +147,7 @@ impl ContextTree {
     }
 
     /// Return address of the frame `node` adds (0 for the root).
-    pub fn ret_addr(&self, node: u32) -> u64 {
+    pub(crate) fn ret_addr(&self, node: u32) -> u64 {
         self.nodes[node as usize].ret
     }
 
@@ -163,7 +163,7 @@ impl ContextTree {
 
     /// The stack an unwinder would report at `ip` under `at`: `[ip, return addresses…]`
     /// leaf first, cut at [`MAX_USER_FRAMES`] (then [`StackEnd::Truncated`]).
-    pub fn call_stack(&self, at: ThreadStack, ip: u64) -> CallStack {
+    pub(crate) fn call_stack(&self, at: ThreadStack, ip: u64) -> CallStack {
         if at.hidden > 0 {
             return CallStack {
                 user: Box::new([ip]),

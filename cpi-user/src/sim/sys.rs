@@ -6,7 +6,7 @@ use std::os::fd::AsRawFd;
 
 /// Asks for a pipe buffer of `bytes` (`F_SETPIPE_SZ`; refused above
 /// `/proc/sys/fs/pipe-max-size` for users without `CAP_SYS_RESOURCE`).
-pub fn set_pipe_size(pipe: &impl AsRawFd, bytes: libc::c_int) -> io::Result<()> {
+pub(crate) fn set_pipe_size(pipe: &impl AsRawFd, bytes: libc::c_int) -> io::Result<()> {
     // SAFETY: fcntl with an integer argument on a descriptor the caller holds.
     if unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_SETPIPE_SZ, bytes) } < 0 {
         return Err(io::Error::last_os_error());

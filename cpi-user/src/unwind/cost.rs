@@ -27,7 +27,7 @@ use gimli::{
 /// Largest CIE or FDE whose rules are evaluated, in bytes (its length field). The
 /// largest seen: 33,676 bytes in the nightly's `librustc_driver`, 2,884 in its
 /// `libLLVM`, 376 in Debian's `python3.11`, 192 in its libc.
-pub const MAX_ENTRY_BYTES: u64 = 64 << 10;
+pub(crate) const MAX_ENTRY_BYTES: u64 = 64 << 10;
 
 /// What evaluating an entry costs, in units of about a nanosecond on the 2-vCPU VM
 /// (`figures::evaluation_cost_figures` below measures them): framehop evaluates, on each
@@ -38,11 +38,11 @@ pub const MAX_ENTRY_BYTES: u64 = 64 << 10;
 /// remember (copied) and per instruction that sets or restores a register's rule (a
 /// linear search of the row). The rules in a row are bounded by the distinct registers
 /// the entry's instructions name, and by gimli's 192.
-pub const INSTRUCTION_COST: u64 = 10;
+pub(crate) const INSTRUCTION_COST: u64 = 10;
 /// See [`INSTRUCTION_COST`].
-pub const REMEMBER_COST: u64 = 200;
+pub(crate) const REMEMBER_COST: u64 = 200;
 /// See [`INSTRUCTION_COST`].
-pub const RULE_COST: u64 = 2;
+pub(crate) const RULE_COST: u64 = 2;
 /// Most rules gimli holds in a row.
 const MAX_RULES: u64 = 192;
 
@@ -53,11 +53,11 @@ const MAX_RULES: u64 = 192;
 /// nightly's `librustc_driver`; 159,484 in `libepoxy`; 134,080 in gcc's `cc1` and
 /// `cc1plus` (442 remembers); 115,832 in `node`. The attack of
 /// tests/programs/wide_unwind.c `-DCOSTLY` costs 6,660,314 (≈ 6.3 ms).
-pub const MAX_COST: u64 = 2_000_000;
+pub(crate) const MAX_COST: u64 = 2_000_000;
 
 /// Why a file's unwind rules are not evaluated.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Costly {
+pub(crate) enum Costly {
     /// An entry longer than [`MAX_ENTRY_BYTES`].
     Long,
     /// An entry costing more than [`MAX_COST`] to evaluate.
@@ -70,7 +70,7 @@ pub enum Costly {
 }
 
 /// The unwind sections of one file as framehop reads them, with their addresses.
-pub struct UnwindSections<'a> {
+pub(crate) struct UnwindSections<'a> {
     pub eh_frame: (&'a [u8], u64),
     pub eh_frame_hdr: Option<(&'a [u8], u64)>,
     pub text: Option<u64>,
@@ -99,7 +99,7 @@ const VERDICT_BYTES: u64 = 64;
 /// unchanged may still hold other bytes than were checked. BLAKE3, because the bytes may be a local user's, who must not find other
 /// sections with the digest of checked ones.
 #[derive(Debug, Default)]
-pub struct Verdicts {
+pub(crate) struct Verdicts {
     kept: HashMap<[u8; 32], (Option<Costly>, u64)>,
     tick: u64,
 }
@@ -125,7 +125,7 @@ impl Verdicts {
     }
 
     /// Heap bytes the kept verdicts take.
-    pub fn held_bytes(&self) -> u64 {
+    pub(crate) fn held_bytes(&self) -> u64 {
         self.kept.len() as u64 * VERDICT_BYTES
     }
 }

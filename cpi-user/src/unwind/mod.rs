@@ -473,7 +473,7 @@ const OWN_CACHE_BYTES: u64 = 16 << 10;
 const RESIDENT_CHECK_EVERY: u32 = 32;
 
 /// Unwinds the copied user stacks of many processes.
-pub struct StackUnwinder {
+pub(crate) struct StackUnwinder {
     sections: HashMap<FileKey, (Option<Arc<Sections>>, u64)>,
     /// Unwind section bytes held ([`Sections::bytes`]), bounded by `byte_bound`…
     bytes: u64,
@@ -527,7 +527,7 @@ impl UnwindHeap {
 
 /// Default bound on the unwind section bytes mapped (libc's are ≈ 0.1 MiB, libLLVM's
 /// ≈ 10 MiB).
-pub const DEFAULT_BYTE_BOUND: u64 = 64 << 20;
+pub(crate) const DEFAULT_BYTE_BOUND: u64 = 64 << 20;
 
 impl StackUnwinder {
     /// At most `max_frames` frames per stack; unwind sections mapped or copied up to
@@ -557,7 +557,7 @@ impl StackUnwinder {
     /// cpi-user/src/import/unwound.rs): no file is captured, so each mapping's file is
     /// opened by its path (the local copy import located) and used only if it is the
     /// file the mapping names (`Mapping::file_id`).
-    pub fn for_recordings(max_frames: usize, byte_bound: u64) -> Self {
+    pub(crate) fn for_recordings(max_frames: usize, byte_bound: u64) -> Self {
         StackUnwinder {
             recorded: true,
             ..Self::new(max_frames, byte_bound)
@@ -566,7 +566,7 @@ impl StackUnwinder {
 
     /// Heap bytes held: the copied unwind sections, and the files' entries, the
     /// processes' own rule caches and the cost check's verdicts.
-    pub fn held_bytes(&self) -> UnwindHeap {
+    pub(crate) fn held_bytes(&self) -> UnwindHeap {
         UnwindHeap {
             copies: self.copied,
             other: self.sections.len() as u64 * ENTRY_HEAP_BYTES
@@ -592,7 +592,7 @@ impl StackUnwinder {
     /// and the pages a window's lookups touch in a compiler's 100+ MB of libraries would
     /// otherwise stay in the resident set an operator reads (BENCHMARKS.md, "Agent
     /// memory on a build host").
-    pub fn release_pages(&mut self) {
+    pub(crate) fn release_pages(&mut self) {
         for (s, _) in self.sections.values() {
             if let Some(Backing::Mapped(map)) = s
                 .as_ref()
@@ -632,14 +632,14 @@ impl StackUnwinder {
     /// not what they were: its next unwind remakes the modules there, and only there.
     /// (Comparing the maps at every sample, then all modules at every change, cost
     /// passes over a process's 25 000 mappings.)
-    pub fn maps_changed(&mut self, pid: u32, changed: impl IntoIterator<Item = Range<u64>>) {
+    pub(crate) fn maps_changed(&mut self, pid: u32, changed: impl IntoIterator<Item = Range<u64>>) {
         if let Some(p) = self.processes.get_mut(&pid) {
             p.pending.extend(changed);
         }
     }
 
     /// Whether `pid`'s modules are made and none of its mappings changed since.
-    pub fn prepared(&self, pid: u32) -> bool {
+    pub(crate) fn prepared(&self, pid: u32) -> bool {
         self.processes
             .get(&pid)
             .is_some_and(|p| p.pending.is_empty())
@@ -650,7 +650,7 @@ impl StackUnwinder {
     /// the first read of each file's unwind sections (cost.rs decodes them all), not
     /// per sample. [`Self::unwind`] does it itself; a caller that times the unwinding
     /// of samples calls it first (cpi-user/src/collect/drain.rs `UNWIND_PER_PASS`).
-    pub fn prepare(
+    pub(crate) fn prepare(
         &mut self,
         pid: u32,
         maps: &ProcessMaps,

@@ -25,7 +25,7 @@ use super as sys;
 
 /// Mappings guarded at once; a binary opened beyond this is refused (counted by its
 /// reader), never mapped unguarded.
-pub const MAX_GUARDED: usize = 16384;
+pub(crate) const MAX_GUARDED: usize = 16384;
 
 struct Slot {
     start: AtomicUsize,
@@ -97,7 +97,7 @@ fn install() -> io::Result<()> {
 }
 
 /// A read-only shared mapping of a whole file, registered with the `SIGBUS` handler.
-pub struct GuardedMap {
+pub(crate) struct GuardedMap {
     // Dropped after the slot is released (`Drop` runs before fields drop).
     map: memmap2::Mmap,
     slot: usize,
@@ -151,7 +151,7 @@ impl GuardedMap {
     }
 
     /// `madvise(MADV_DONTNEED)` on the whole mapping (see `Binary::release_pages`).
-    pub fn dont_need(&self) -> io::Result<()> {
+    pub(crate) fn dont_need(&self) -> io::Result<()> {
         // SAFETY: a read-only shared file mapping. MADV_DONTNEED only unmaps its pages
         // from this process: "subsequent accesses ... will result in ... repopulating the
         // memory contents from the up-to-date contents of the underlying mapped file (for

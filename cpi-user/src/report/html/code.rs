@@ -122,7 +122,7 @@ fn hot_functions(p: &Profile, width: Width) -> Vec<(usize, usize)> {
 const CODE_MIN_SHARE: f64 = 0.005;
 
 /// For the frames: function name and binary file name → its code section.
-pub fn code_ids(p: &Profile, width: Width) -> HashMap<(String, String), usize> {
+pub(crate) fn code_ids(p: &Profile, width: Width) -> HashMap<(String, String), usize> {
     let mut ids = HashMap::new();
     for (id, (pi, fi)) in hot_functions(p, width).into_iter().enumerate() {
         let f = &p.processes[pi].functions[fi];
@@ -134,7 +134,7 @@ pub fn code_ids(p: &Profile, width: Width) -> HashMap<(String, String), usize> {
 
 /// One row of the functions table.
 #[derive(Serialize)]
-pub struct FunctionRow {
+pub(crate) struct FunctionRow {
     name: String,
     comm: String,
     pid: u32,
@@ -154,7 +154,7 @@ pub struct FunctionRow {
 }
 
 /// The functions of every process, hottest first, at most [`TABLE_ROWS`].
-pub fn table_rows(p: &Profile, width: Width, cpi: bool, total: f64) -> Vec<FunctionRow> {
+pub(crate) fn table_rows(p: &Profile, width: Width, cpi: bool, total: f64) -> Vec<FunctionRow> {
     let ids: HashMap<(usize, usize), usize> = hot_functions(p, width)
         .into_iter()
         .enumerate()
@@ -217,7 +217,7 @@ fn cpi_text(est: Option<(f64, f64)>, cpi: bool) -> String {
 
 /// One hot function's section: headline, callers, annotated code.
 #[derive(Serialize)]
-pub struct CodeSection {
+pub(crate) struct CodeSection {
     id: usize,
     name: String,
     binary: String,
@@ -232,7 +232,7 @@ pub struct CodeSection {
 
 /// One row of annotated code: a block header, a gap, a source line or an instruction.
 #[derive(Serialize, Default)]
-pub struct CodeRow {
+pub(crate) struct CodeRow {
     kind: &'static str,
     address: String,
     count: String,
@@ -398,7 +398,7 @@ fn jump_targets(text: &str, pr: &ProcessProfile, f: &FunctionProfile) -> String 
 
 /// One calls-only edge (from branch records).
 #[derive(Serialize)]
-pub struct EdgeRow {
+pub(crate) struct EdgeRow {
     comm: String,
     caller: String,
     callee: String,
@@ -406,7 +406,7 @@ pub struct EdgeRow {
 }
 
 /// The most frequent calls of every process (CPI profiles with branch records).
-pub fn call_edges(p: &Profile) -> Vec<EdgeRow> {
+pub(crate) fn call_edges(p: &Profile) -> Vec<EdgeRow> {
     let mut all: Vec<(f64, EdgeRow)> = p
         .processes
         .iter()

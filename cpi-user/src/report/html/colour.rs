@@ -4,7 +4,7 @@
 //! stalls), CPI below 1 blue, `hsl(215, 70 %, 92 − 42·|t| %)` (CPI ¼ and below deepest).
 
 /// The scale in words, for the page's legend.
-pub const SCALE: &str = "colour = CPI of the frame's subtree (cycles / instructions): \
+pub(crate) const SCALE: &str = "colour = CPI of the frame's subtree (cycles / instructions): \
     red = more cycles per instruction (stalls: cache misses, mispredictions, long-latency \
     operations), deepest at CPI ≥ 4; blue = fewer, deepest at CPI ≤ 0.25; pale = CPI 1; \
     grey = too few samples for a CPI. Lightness = 92 % − 42 % × |log₂(CPI)| / 2.";
@@ -16,7 +16,7 @@ const NO_CPI: &str = "#d4d4d4";
 const UNCOLOURED: &str = "#e8c9a0";
 
 /// The fill for a CPI on the scale.
-pub fn of_cpi(cpi: f64) -> String {
+pub(crate) fn of_cpi(cpi: f64) -> String {
     let t = (cpi.max(1e-9).log2() / 2.0).clamp(-1.0, 1.0);
     let light = 92.0 - 42.0 * t.abs();
     if t >= 0.0 {
@@ -36,7 +36,7 @@ pub fn frame(profile_has_cpi: bool, cpi: Option<f64>) -> String {
 }
 
 /// A heat-map fill for a share of a function's cycles or samples (0..1): white to orange.
-pub fn heat(share: f64) -> String {
+pub(crate) fn heat(share: f64) -> String {
     let s = share.clamp(0.0, 1.0).sqrt();
     format!("hsl(32,95%,{:.1}%)", 100.0 - 45.0 * s)
 }

@@ -17,7 +17,7 @@ use crate::report::diff::UnitFields;
 
 /// What a frame's width measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Width {
+pub(crate) enum Width {
     /// Cycles (CPI, IP sampling, simulated).
     Cycles,
     /// CPU time (a time profile).
@@ -51,7 +51,7 @@ impl Width {
 
 /// Sums over a subtree.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Sums {
+pub(crate) struct Sums {
     /// The width measure (cycles, ns or samples).
     pub width: f64,
     /// Its variance.
@@ -141,7 +141,7 @@ pub struct Node {
 
 /// Call stacks merged into a tree: node 0 is the root (`all`).
 #[derive(Clone, Debug)]
-pub struct Tree {
+pub(crate) struct Tree {
     /// The nodes, parents before children.
     pub nodes: Vec<Node>,
     index: HashMap<(usize, String, String), usize>,
@@ -216,7 +216,7 @@ impl Tree {
     }
 
     /// The part of node `i` no child accounts for.
-    pub fn self_width(&self, i: usize) -> f64 {
+    pub(crate) fn self_width(&self, i: usize) -> f64 {
         let n = &self.nodes[i];
         let children: f64 = n.children.iter().map(|&c| self.nodes[c].total.width).sum();
         (n.total.width - children).max(0.0)
@@ -225,7 +225,7 @@ impl Tree {
 
 /// How processes become the graph's second row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ProcessKey {
+pub(crate) enum ProcessKey {
     /// `comm [pid]`: one node per process.
     Pid,
     /// `comm`: processes of one name merged, as a diff matches them across runs.
@@ -242,7 +242,7 @@ impl ProcessKey {
 }
 
 /// A process's node name: what its row in the tables says.
-pub fn process_name(pr: &ProcessProfile) -> String {
+pub(crate) fn process_name(pr: &ProcessProfile) -> String {
     let comm = if pr.comm.is_empty() { "?" } else { &pr.comm };
     format!("{comm} [{}]", pr.pid)
 }
@@ -254,7 +254,7 @@ fn base(path: &str) -> &str {
 /// The tree of every process's stacks (root first), under one node per process. A
 /// process without stacks gets one frame per function (leaf only), as the folded
 /// export writes it.
-pub fn callers_first(p: &Profile, width: Width, key: ProcessKey) -> Tree {
+pub(crate) fn callers_first(p: &Profile, width: Width, key: ProcessKey) -> Tree {
     let mut t = Tree::new();
     let mut own: HashMap<usize, Sums> = HashMap::new();
     for pr in &p.processes {
@@ -297,7 +297,7 @@ pub fn callers_first(p: &Profile, width: Width, key: ProcessKey) -> Tree {
 /// The callers of `function` (in `binary`), the function at the top and each caller
 /// below the one it called (an icicle): every stack whose leaf is `function` or that
 /// passes through it, from its innermost occurrence outwards.
-pub fn callers_of(p: &Profile, width: Width, function: &str, binary: &str) -> Tree {
+pub(crate) fn callers_of(p: &Profile, width: Width, function: &str, binary: &str) -> Tree {
     let mut t = Tree::new();
     for pr in &p.processes {
         for s in &pr.stacks {

@@ -30,11 +30,11 @@ use flame::{Sums, Tree, Width};
 
 /// Frames narrower than this fraction of the root (0.6 px of a 1 200 px graph) are
 /// not drawn.
-pub const MIN_FRAME: f64 = 0.0005;
+pub(crate) const MIN_FRAME: f64 = 0.0005;
 /// Functions whose annotated code and callers the page holds, hottest first.
-pub const CODE_FUNCTIONS: usize = 40;
+pub(crate) const CODE_FUNCTIONS: usize = 40;
 /// Rows of the functions table.
-pub const TABLE_ROWS: usize = 5000;
+pub(crate) const TABLE_ROWS: usize = 5000;
 
 /// The graph's width in SVG units and a frame's height.
 const GRAPH_WIDTH: f64 = 1200.0;

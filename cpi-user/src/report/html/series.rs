@@ -74,7 +74,7 @@ impl WindowTotals {
 /// CPU (cores busy, or cycles per second) and, where the profile has CPI, a line of its
 /// CPI, one point per window.
 #[derive(Serialize)]
-pub struct Chart {
+pub(crate) struct Chart {
     /// `cores` (CPU time per second) or `cycles/s`.
     unit: &'static str,
     lines: Vec<Line>,
@@ -100,7 +100,7 @@ struct Line {
 }
 
 /// Comms charted, largest first.
-pub const CHART_COMMS: usize = 8;
+pub(crate) const CHART_COMMS: usize = 8;
 const PALETTE: [&str; CHART_COMMS] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf",
 ];

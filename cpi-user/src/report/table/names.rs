@@ -12,7 +12,7 @@ use crate::profile::Profile;
 
 /// `name` shortened: every `<…>` and `(…)` outside a Rust qualified path collapsed,
 /// a leading return type dropped. C names come back as they are.
-pub fn short_name(name: &str) -> Cow<'_, str> {
+pub(crate) fn short_name(name: &str) -> Cow<'_, str> {
     shorter(name, true)
 }
 
@@ -192,7 +192,7 @@ fn each_name(p: &mut Profile, mut f: impl FnMut(&mut String)) {
 
 /// Whether `asked` names the function `name` by its short name: the short name itself,
 /// written with `...` or `…`, or without its argument list (`fill<…>`).
-pub fn is_short_for(asked: &str, name: &str) -> bool {
+pub(crate) fn is_short_for(asked: &str, name: &str) -> bool {
     let short = short_name(name);
     if short == name {
         return false;
