@@ -19,24 +19,25 @@ use super::store;
 use cpi_user::collect::{self, filter, StackMemory};
 
 /// `--interval` default, seconds.
-pub const DEFAULT_INTERVAL_SECS: u64 = 10;
+pub(crate) const DEFAULT_INTERVAL_SECS: u64 = 10;
 /// `--cache-mib` default.
-pub const DEFAULT_CACHE_MIB: u64 = 64;
+pub(crate) const DEFAULT_CACHE_MIB: u64 = 64;
 /// `--overhead-budget` default, percent of one CPU.
-pub const DEFAULT_BUDGET_PCT: f64 = 0.5;
+pub(crate) const DEFAULT_BUDGET_PCT: f64 = 0.5;
 /// `--min-frequency` default, Hz: parca-agent's and Grafana Alloy's `pyroscope.ebpf`
 /// default rate. At 49 Hz the stacks agent took ≈ 0.7 % of a core on a host running
 /// builds, over the 0.5 % budget; at 19 Hz the governor holds it (BENCHMARKS.md, "Agent
 /// CPU on a build host").
-pub const DEFAULT_MIN_FREQUENCY: u64 = 19;
-/// `--metrics-addr` default (loopback).
-pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
+pub(crate) const DEFAULT_MIN_FREQUENCY: u64 = 19;
+/// `--metrics-addr` default: loopback only, the port OpenTelemetry's Prometheus exporter
+/// uses.
+pub(crate) const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9464";
 /// `--metrics-top-comms` / `--metrics-top-functions` default.
-pub const DEFAULT_TOP: usize = 20;
+pub(crate) const DEFAULT_TOP: usize = 20;
 /// `--push-queue` default, windows.
-pub const DEFAULT_PUSH_QUEUE: usize = 8;
+pub(crate) const DEFAULT_PUSH_QUEUE: usize = 8;
 /// `--push-timeout` default, seconds.
-pub const DEFAULT_PUSH_TIMEOUT_SECS: u64 = 10;
+pub(crate) const DEFAULT_PUSH_TIMEOUT_SECS: u64 = 10;
 /// What the default ring buffer holds at `--frequency` on every online CPU, all records
 /// of the longest kind ([`collect::default_ring_mib`]): two of the agent's 100 ms drain
 /// intervals. A drain interval made longer at low rates must stay under
@@ -567,7 +568,7 @@ fn one_line(s: &str) -> String {
 }
 
 /// Where the cgroup file systems are mounted.
-pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+pub(crate) const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// `--cgroup`: a cgroup v2 directory, given as a path under [`CGROUP_ROOT`] or relative
 /// to the cgroup v2 mount (`/sys/fs/cgroup`, or `/sys/fs/cgroup/unified` on a hybrid

@@ -30,40 +30,40 @@ use std::fmt;
 use std::time::Duration;
 
 /// The fraction of the budget the rate is set to spend.
-pub const TARGET: f64 = 0.8;
+pub(crate) const TARGET: f64 = 0.8;
 /// The rate changes only when the wanted one is beyond this factor of it (either way):
 /// with [`TARGET`], a cost between 0.64 and 1.0 × the budget holds the rate.
-pub const DEAD_BAND: f64 = 1.25;
+pub(crate) const DEAD_BAND: f64 = 1.25;
 /// The dead band while the estimate is young (under [`SETTLE`]).
-pub const SETTLING_BAND: f64 = 1.05;
+pub(crate) const SETTLING_BAND: f64 = 1.05;
 /// Shortest span judged (wall time), unless it clearly overruns.
-pub const SPAN: Duration = Duration::from_secs(10);
+pub(crate) const SPAN: Duration = Duration::from_secs(10);
 /// Time constant of the slow estimate of the cost per Hz, the one the rate follows.
-pub const SMOOTHING: Duration = Duration::from_secs(120);
+pub(crate) const SMOOTHING: Duration = Duration::from_secs(120);
 /// Largest weight of one span in the slow estimate: long windows are judged one by
 /// one, and one window's noise must not move the rate.
-pub const MAX_WEIGHT: f64 = 0.25;
+pub(crate) const MAX_WEIGHT: f64 = 0.25;
 /// Time constant of the fast estimate, which notices a change of load.
-pub const FAST: Duration = Duration::from_secs(20);
+pub(crate) const FAST: Duration = Duration::from_secs(20);
 /// The fast estimate this far (factor) from the slow one two judgements running is a
 /// change of load: the slow estimate starts again from the fast one.
-pub const SHIFT: f64 = 1.25;
+pub(crate) const SHIFT: f64 = 1.25;
 /// The estimate is young until it rests on this much measurement and [`SETTLE_SPANS`].
-pub const SETTLE: Duration = Duration::from_secs(45);
+pub(crate) const SETTLE: Duration = Duration::from_secs(45);
 /// See [`SETTLE`].
-pub const SETTLE_SPANS: u32 = 3;
+pub(crate) const SETTLE_SPANS: u32 = 3;
 /// A span costing more than this × the budget is believed at once, without smoothing.
-pub const CLEARLY_OVER: f64 = 2.0;
+pub(crate) const CLEARLY_OVER: f64 = 2.0;
 /// Shortest span judged when it clearly overruns.
-pub const URGENT_SPAN: Duration = Duration::from_secs(2);
+pub(crate) const URGENT_SPAN: Duration = Duration::from_secs(2);
 /// Largest raise in one step (factor).
-pub const MAX_RAISE: f64 = 2.0;
+pub(crate) const MAX_RAISE: f64 = 2.0;
 /// Largest cut in one step (divisor).
-pub const MAX_LOWER: f64 = 4.0;
+pub(crate) const MAX_LOWER: f64 = 4.0;
 /// Assumed cost of one sample, CPU time, before anything is measured: with stacks,
 /// ≈ 3 µs in user space plus ≈ 3.5 µs of stack copy in the kernel (issue 34's
 /// measurements, BENCHMARKS.md), rounded up.
-pub const PRIOR_SAMPLE_COST: Duration = Duration::from_micros(8);
+pub(crate) const PRIOR_SAMPLE_COST: Duration = Duration::from_micros(8);
 
 /// Cumulative costs at one instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -83,7 +83,7 @@ impl Usage {
 
 /// What one window's measurement led to.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Decision {
+pub(crate) struct Decision {
     /// Agent + BPF cost over the window, percent of one CPU.
     pub overhead_pct: f64,
     /// The judgement, when a span ended with this window.
@@ -92,7 +92,7 @@ pub struct Decision {
 
 /// A span judged: what it cost and the rate chosen.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Judgement {
+pub(crate) struct Judgement {
     /// Wall time of the span, seconds.
     pub span_s: f64,
     /// Agent + BPF cost over the span, percent of one CPU.
@@ -201,7 +201,7 @@ impl Estimate {
 /// The rate, the estimated cost per Hz and the span being measured; one per agent,
 /// driven once per window.
 #[derive(Clone, Debug)]
-pub struct Governor {
+pub(crate) struct Governor {
     /// Fraction of one CPU.
     budget: f64,
     min_hz: u64,
@@ -236,7 +236,7 @@ impl Governor {
     }
 
     /// One line for the log: the starting rate and why.
-    pub fn start_line(&self, cpus: usize) -> String {
+    pub(crate) fn start_line(&self, cpus: usize) -> String {
         format!(
             "governor: starting at {} Hz, {:.0} % of the {} % budget with {cpus} CPUs busy at \
              {} µs a sample (then within {}-{} Hz as measured)",
@@ -346,7 +346,7 @@ fn full_span() -> f64 {
 
 /// The rate at which `cpus` busy CPUs, each sample costing [`PRIOR_SAMPLE_COST`], spend
 /// [`TARGET`] of `budget_pct`, within `[min_hz, max_hz]`.
-pub fn start_frequency(budget_pct: f64, min_hz: u64, max_hz: u64, cpus: usize) -> u64 {
+pub(crate) fn start_frequency(budget_pct: f64, min_hz: u64, max_hz: u64, cpus: usize) -> u64 {
     let per_hz = cpus.max(1) as f64 * PRIOR_SAMPLE_COST.as_secs_f64();
     let hz = TARGET * budget_pct / 100.0 / per_hz;
     (hz.min(u64::MAX as f64) as u64).clamp(min_hz.min(max_hz), max_hz)

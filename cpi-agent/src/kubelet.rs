@@ -31,19 +31,19 @@ use super::pods::{PodSelector, Selection};
 use cpi_user::procmap::ProcessIdentity;
 
 /// The kubelet's read-only port on the node.
-pub const DEFAULT_URL: &str = "http://127.0.0.1:10255";
+pub(crate) const DEFAULT_URL: &str = "http://127.0.0.1:10255";
 /// Where a node keeps its pods' directories: their presence turns `--kubernetes` on.
-pub const PODS_DIR: &str = "/var/lib/kubelet/pods";
+pub(crate) const PODS_DIR: &str = "/var/lib/kubelet/pods";
 /// Deadline of one `/pods` request.
-pub const TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(2);
 /// Shortest time between two fetches.
-pub const REFRESH: Duration = Duration::from_secs(10);
+pub(crate) const REFRESH: Duration = Duration::from_secs(10);
 /// Bytes of a `/pods` answer read at most (a node's 110 pods take about 1 MB).
-pub const MAX_BODY: u64 = 16 << 20;
+pub(crate) const MAX_BODY: u64 = 16 << 20;
 /// The pod's service-account token, sent over https when present.
-pub const SA_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+pub(crate) const SA_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 /// The cluster's CA, trusted over https when present.
-pub const SA_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+pub(crate) const SA_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
 /// Bytes of the token read at most (a projected token takes about 1 KB).
 const MAX_TOKEN: u64 = 64 << 10;
 
@@ -115,7 +115,7 @@ pub struct Pod {
 
 /// The node's pods by UID, as last fetched.
 #[derive(Debug)]
-pub struct Kubelet {
+pub(crate) struct Kubelet {
     http: ureq::Agent,
     url: String,
     peer: Peer,
@@ -128,7 +128,7 @@ pub struct Kubelet {
 /// A fetch that failed or whose answer was not believed, in words for the log.
 #[derive(Debug, thiserror::Error)]
 #[error("kubelet {url}: {detail}")]
-pub struct KubeletError {
+pub(crate) struct KubeletError {
     url: String,
     detail: String,
     /// Not believed (rather than not had).

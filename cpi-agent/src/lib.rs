@@ -87,7 +87,7 @@ pub const FLUSH_WITHIN: Duration = Duration::from_secs(5);
 /// A window's analysis is reported late after two intervals, and never before this.
 pub const STALL_AFTER_MIN: Duration = Duration::from_secs(10);
 /// The selected pods' new cgroups reach the kernel filter within this of being found.
-pub const APPLY_PODS_WITHIN: Duration = Duration::from_secs(1);
+pub(crate) const APPLY_PODS_WITHIN: Duration = Duration::from_secs(1);
 
 /// The agent's own state after a window, as the metrics export it.
 #[derive(Clone, Debug, PartialEq)]
@@ -563,7 +563,7 @@ struct Job {
 }
 
 /// The next multiple of `interval` since the Unix epoch after `now`.
-pub fn next_boundary(now: SystemTime, interval: Duration) -> SystemTime {
+pub(crate) fn next_boundary(now: SystemTime, interval: Duration) -> SystemTime {
     let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
     let step = interval.as_millis().max(1);
     let next = (since.as_millis() / step + 1) * step;
@@ -605,13 +605,13 @@ fn usage(s: &Session) -> Usage {
 
 /// User + system CPU time of this process, all threads, to the nanosecond
 /// ([`sys::process_cpu_time`]).
-pub fn self_cpu_seconds() -> Option<f64> {
+pub(crate) fn self_cpu_seconds() -> Option<f64> {
     sys::process_cpu_time().map(|d| d.as_secs_f64())
 }
 
 /// Processes the agent holds state for, keyed by (pid, start time).
 #[derive(Debug, Default)]
-pub struct ProcessTable {
+pub(crate) struct ProcessTable {
     procs: HashMap<u32, Tracked>,
 }
 
@@ -625,11 +625,6 @@ impl ProcessTable {
     /// Processes tracked.
     pub fn len(&self) -> usize {
         self.procs.len()
-    }
-
-    /// True when no process is tracked.
-    pub fn is_empty(&self) -> bool {
-        self.procs.is_empty()
     }
 
     /// Notes the processes of window `n` (their start times as the collector read them,
@@ -664,7 +659,7 @@ impl ProcessTable {
 
     /// Drops the processes that had no samples in window `n` and are gone (or whose pid
     /// now belongs to another process); returns their pids.
-    pub fn expire(&mut self, n: u64) -> Vec<u32> {
+    pub(crate) fn expire(&mut self, n: u64) -> Vec<u32> {
         let mut gone = Vec::new();
         self.procs.retain(|&pid, t| {
             let keep = t.last_window == n || (t.start.is_some() && process_start(pid) == t.start);

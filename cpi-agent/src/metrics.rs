@@ -1,5 +1,5 @@
 //! Prometheus metrics of the agent: `/metrics` on `--metrics-addr` (default
-//! [`DEFAULT_ADDR`], loopback), in the OpenMetrics text format written by the
+//! [`crate::config::DEFAULT_METRICS_ADDR`], loopback), in the OpenMetrics text format written by the
 //! `prometheus-client` crate. The names are a contract (README "Always-on", issue 10):
 //!
 //! - per comm: `cpi_bpf_cycles_total`, `cpi_bpf_instructions_total` (modes with a PMU),
@@ -61,9 +61,6 @@ use cpi_user::binary::work::{binary_work, BinaryWork};
 use cpi_user::procmap::CaptureCounts;
 use cpi_user::profile::model::{LossReport, Mode, Profile};
 
-/// `--metrics-addr` default: loopback only, the port OpenTelemetry's Prometheus
-/// exporter uses.
-pub const DEFAULT_ADDR: &str = "127.0.0.1:9464";
 /// A comm's CPU score halves each window, so the ranking follows the last few windows.
 const SCORE_DECAY: f64 = 0.5;
 /// A comm takes a labelled comm's slot only when it outscores it by this factor, so
@@ -72,11 +69,11 @@ const HYSTERESIS: f64 = 1.5;
 /// Longest a client may take to send its request or take the response.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The label value that collects the comms without their own series.
-pub const OTHER_COMM: &str = "other";
+pub(crate) const OTHER_COMM: &str = "other";
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 const MAX_REQUEST: usize = 8192;
 /// Connections served at once; the oldest is closed to admit a new one.
-pub const MAX_CLIENTS: usize = 64;
+pub(crate) const MAX_CLIENTS: usize = 64;
 
 /// `--metrics-top-comms` and `--metrics-top-functions`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,7 +149,7 @@ impl Metrics {
     }
 
     /// As a sink, exports these pushers' counts with every window and after their flush.
-    pub fn export_pushes(&mut self, pushes: Vec<PushCounts>) {
+    pub(crate) fn export_pushes(&mut self, pushes: Vec<PushCounts>) {
         self.pushes = pushes;
     }
 

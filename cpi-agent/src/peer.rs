@@ -15,7 +15,7 @@ const LISTEN: &str = "0A";
 
 /// One listening socket: where it is bound and the uid that created it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Listener {
+pub(crate) struct Listener {
     /// Its local address (`0.0.0.0`, `::` when bound to every address).
     pub bound: SocketAddr,
     /// The owner, as this namespace sees it.
@@ -24,7 +24,7 @@ pub struct Listener {
 
 /// The listening sockets of a `/proc/net/tcp` or `/proc/net/tcp6` text (its header
 /// and every other state skipped). Linear in the text, one line held at a time.
-pub fn listeners(text: impl BufRead) -> impl Iterator<Item = Listener> {
+pub(crate) fn listeners(text: impl BufRead) -> impl Iterator<Item = Listener> {
     text.lines().map_while(Result::ok).filter_map(|l| parse(&l))
 }
 
@@ -68,7 +68,10 @@ fn may_take(bound: SocketAddr, to: SocketAddr) -> bool {
 
 /// The owners of the sockets that may take a connection to any of `to`, in the tables
 /// `texts` (one per table).
-pub fn owners_in<R: BufRead>(texts: impl IntoIterator<Item = R>, to: &[SocketAddr]) -> Vec<u32> {
+pub(crate) fn owners_in<R: BufRead>(
+    texts: impl IntoIterator<Item = R>,
+    to: &[SocketAddr],
+) -> Vec<u32> {
     texts
         .into_iter()
         .flat_map(listeners)

@@ -23,7 +23,7 @@ use cpi_user::procmap::{is_kubepods, pod_dirs, ProcessIdentity};
 
 /// Entries of a pod's cgroup directory looked at for its containers' at most (a pod
 /// has a few containers; the rest of its entries are the cgroup's own files).
-pub const MAX_POD_CHILDREN: usize = 256;
+pub(crate) const MAX_POD_CHILDREN: usize = 256;
 
 /// How deep below the cgroup v2 mount the kubelet's pods cgroup is looked for: kind's,
 /// seen from the host, is `system.slice/docker-<NODE>.scope/kubelet.slice/kubelet-kubepods.slice`.
@@ -68,7 +68,7 @@ impl PodSelector {
 /// The pods a selector chooses, by UID, each with the ids of the containers chosen
 /// (`None`: the whole pod).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Selection(pub HashMap<String, Option<Vec<String>>>);
+pub(crate) struct Selection(pub HashMap<String, Option<Vec<String>>>);
 
 impl Selection {
     /// Whether a process of this identity is in a chosen pod (and container).
@@ -120,7 +120,7 @@ impl Selection {
 /// count, and none is looked into: a user with a delegated cgroup subtree
 /// (`user@UID.service`) can make a `kubepods.slice` of their own, but not as root, so
 /// their processes never pass for a selected pod.
-pub fn kubepods_dirs(root: &Path) -> Vec<PathBuf> {
+pub(crate) fn kubepods_dirs(root: &Path) -> Vec<PathBuf> {
     let me = cpi_user::fsafe::euid();
     let trusted = |d: &Path| {
         std::fs::symlink_metadata(d).is_ok_and(|m| m.is_dir() && (m.uid() == 0 || m.uid() == me))
@@ -174,7 +174,7 @@ fn container_dirs<'a>(pod: &'a Path, ids: &'a [String]) -> impl Iterator<Item = 
 }
 
 /// The selector's cgroups, made again at each kubelet refresh.
-pub struct PodFilter {
+pub(crate) struct PodFilter {
     kubelet: Arc<Mutex<Kubelet>>,
     selector: PodSelector,
     root: PathBuf,

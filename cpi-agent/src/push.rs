@@ -61,19 +61,19 @@ use cpi_user::report::{otlp, pprof};
 /// The Connect procedure, appended to the URL.
 pub const PUSH_PATH: &str = "/push.v1.PusherService/Push";
 /// The `__name__` series label of every pushed profile.
-pub const PROFILE_NAME: &str = "cpi_bpf";
+pub(crate) const PROFILE_NAME: &str = "cpi_bpf";
 /// Attempts per window before it is dropped.
 pub const MAX_ATTEMPTS: u32 = 5;
 /// First retry delay; doubled per attempt up to [`MAX_BACKOFF`].
-pub const FIRST_BACKOFF: Duration = Duration::from_millis(250);
+pub(crate) const FIRST_BACKOFF: Duration = Duration::from_millis(250);
 /// Longest retry delay.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(8);
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(8);
 /// `service_name` of a process whose cgroup cannot be read.
-pub const UNKNOWN_SERVICE: &str = "unknown";
+pub(crate) const UNKNOWN_SERVICE: &str = "unknown";
 /// Bytes of an answer's status line and headers read at most.
-pub const MAX_HEAD: usize = 16 * 1024;
+pub(crate) const MAX_HEAD: usize = 16 * 1024;
 /// Bytes of an answer's body read at most (Pyroscope answers `{}`, or a short error).
-pub const MAX_BODY: u64 = 64 * 1024;
+pub(crate) const MAX_BODY: u64 = 64 * 1024;
 /// Bytes of a password or token file read at most.
 const MAX_SECRET_FILE: u64 = 16 * 1024;
 /// Bytes of a `--push-ca` file read at most (Debian's whole bundle is about 220 KB).
@@ -126,7 +126,7 @@ pub enum ServiceLabel {
 
 impl ServiceLabel {
     /// The `--service-label` values, as written there.
-    pub const NAMES: [&'static str; 5] = ["comm", "cgroup", "pod", "namespace", "container"];
+    pub(crate) const NAMES: [&'static str; 5] = ["comm", "cgroup", "pod", "namespace", "container"];
 
     /// The label for a `--service-label` value.
     pub fn parse(s: &str) -> Option<ServiceLabel> {
@@ -472,7 +472,10 @@ fn otlp_body(window: &Window, label: ServiceLabel) -> std::io::Result<Option<Vec
 }
 
 /// The Push request body of a window, or None when it has no process.
-pub fn request_body(window: &Window, label: ServiceLabel) -> std::io::Result<Option<Vec<u8>>> {
+pub(crate) fn request_body(
+    window: &Window,
+    label: ServiceLabel,
+) -> std::io::Result<Option<Vec<u8>>> {
     let p = &window.profile;
     let series_of = |pr: &ProcessProfile| SeriesLabels {
         service: label.of(pr),

@@ -10,10 +10,10 @@ use std::time::Duration;
 use super::{AgentStatus, Window};
 
 /// Why a sink lost a window: logged as an error with its causes ([`cpi_user::chain`]).
-pub type SinkError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type SinkError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A destination of analysed windows.
-pub trait Sink: Send {
+pub(crate) trait Sink: Send {
     /// Takes a finished window and the agent's status after it; never waits for the
     /// network. A sink whose state is part of the status (the store: its bytes and failed
     /// writes) fills its fields in, for the sinks after it.

@@ -41,11 +41,11 @@ use cpi_user::report::file;
 use cpi_user::report::html::series::WindowTotals;
 
 /// `--store` default (systemd's `StateDirectory=cpi-bpf`).
-pub const DEFAULT_DIR: &str = "/var/lib/cpi-bpf";
+pub(crate) const DEFAULT_DIR: &str = "/var/lib/cpi-bpf";
 /// `--retain` default.
 pub const DEFAULT_RETAIN: Duration = Duration::from_secs(24 * 3600);
 /// `--store-max-mib` default.
-pub const DEFAULT_MAX_MIB: u64 = 1024;
+pub(crate) const DEFAULT_MAX_MIB: u64 = 1024;
 /// Windows listed at most: 100 000 is 11 days of 10 s windows; an index entry is about
 /// 70 bytes, so the index stays under 8 MB whatever the directory holds.
 pub const MAX_INDEX: usize = 100_000;

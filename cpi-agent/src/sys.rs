@@ -9,7 +9,7 @@ use std::time::Duration;
 /// memory in its arenas, so without this the agent's resident set would stay at the high
 /// mark of its busiest window (seen: +15 MiB held after a burst of exiting processes,
 /// tests/tests/it/agent_sinks.rs, the churn test).
-pub fn release_free_heap() {
+pub(crate) fn release_free_heap() {
     // SAFETY: malloc_trim only returns free memory of the allocator to the system.
     #[cfg(target_env = "gnu")]
     unsafe {
@@ -23,7 +23,7 @@ pub fn release_free_heap() {
 /// one, same CPU, side by side at default settings on a build host (BENCHMARKS.md,
 /// "Agent memory: the ring and the allocator"). The threads allocate at different
 /// moments (draining, analysing), so one lock costs little.
-pub fn one_heap_arena() {
+pub(crate) fn one_heap_arena() {
     // SAFETY: mallopt only changes the allocator's tuning; no allocation is affected.
     #[cfg(target_env = "gnu")]
     unsafe {
@@ -47,7 +47,7 @@ pub fn clock_ticks_per_second() -> f64 {
 /// (`CLOCK_PROCESS_CPUTIME_ID`, the scheduler's own count). `/proc/self/stat` rounds to
 /// 10 ms clock ticks: half a tick a window at the default budget with `--interval 1`,
 /// which made the governor read 0 % and 36 % by turns (issue 34).
-pub fn process_cpu_time() -> Option<Duration> {
+pub(crate) fn process_cpu_time() -> Option<Duration> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
