@@ -80,8 +80,8 @@ pub struct Opened {
     pub notes: Vec<String>,
 }
 
-/// Opens every event of `specs` at every placement and attaches its program. A per-CPU placement outside the event's PMU ([`EventSpec::cpus`]) is
-/// not tried. A thread that exited since it was listed (ESRCH) is skipped; when every
+/// Opens every event of `specs` at every placement and attaches its program. A
+/// per-CPU placement outside the event's PMU ([`EventSpec::cpus`]) is not tried. A thread that exited since it was listed (ESRCH) is skipped; when every
 /// thread is gone, the target is. An event that fails on some CPUs but opens on others
 /// is kept and said ([`Opened::notes`]); one that opens on no CPU is the error.
 pub fn open_events(
@@ -111,9 +111,10 @@ pub fn open_events(
                 }),
                 Err(CollectError::Open { cause, .. })
                     if cause.raw_os_error() == Some(libc::ESRCH) && place.tid().is_some() => {}
-                Err(e @ CollectError::Open { .. }) if matches!(place, Placement::Cpu { .. }) => {
-                    failed.push((place.cpu().unwrap_or_default(), e))
-                }
+                Err(e @ CollectError::Open { .. }) => match place {
+                    Placement::Cpu { cpu } => failed.push((cpu, e)),
+                    _ => return Err(e),
+                },
                 Err(e) => return Err(e),
             }
         }

@@ -1,7 +1,9 @@
 //! Every raw syscall and ioctl the collector makes, and nothing else: `perf_event_open`,
 //! the `PERF_EVENT_IOC_*` ioctls, reading an event's count, `pidfd_open`,
 //! `BPF_ENABLE_STATS`, `statfs` (is a directory cgroup2), the kernel filter's map
-//! updates ([`FilterMaps`]), and the thread's CPU clock. Callers get owned fds and `io::Result`s.
+//! updates ([`FilterMaps`]), and the thread's CPU clock. Callers get owned fds and
+//! `io::Result`s, and say where an event counts with a [`Placement`] and what it follows
+//! with a [`Follow`]: the kernel's pid, cpu, `-1`s and inherit flags are made here only.
 //!
 //! The collector reaches them through [`PerfSys`], so the mode ladder, the step-downs and
 //! the exit paths are unit-tested with fake error codes (`collect/sys/fake.rs`, aya's
@@ -625,6 +627,23 @@ mod tests {
         assert_eq!(offset_of!(PerfEventAttr, branch_sample_type), 72);
         assert_eq!(offset_of!(PerfEventAttr, sample_regs_intr), 96);
         assert_eq!(offset_of!(PerfEventAttr, sig_data), 120);
+    }
+
+    /// The one place placements become `perf_event_open`'s numbers and flags.
+    #[test]
+    fn placements_are_the_kernels_pid_cpu_and_flags() {
+        assert_eq!(Placement::Me.pid_cpu(), (0, -1));
+        assert_eq!(Placement::Thread { tid: 42 }.pid_cpu(), (42, -1));
+        assert_eq!(Placement::Cpu { cpu: 3 }.pid_cpu(), (-1, 3));
+        let both = Placement::ThreadOnCpu { tid: 42, cpu: 3 };
+        assert_eq!(both.pid_cpu(), (42, 3));
+        assert_eq!(both.to_string(), "pid 42 on cpu 3");
+        assert_eq!(Follow::Placed.flags(), 0);
+        assert_eq!(Follow::Children.flags(), flag::INHERIT);
+        assert_eq!(
+            Follow::ChildrenFromExec.flags(),
+            flag::INHERIT | flag::ENABLE_ON_EXEC
+        );
     }
 
     #[test]
