@@ -83,6 +83,8 @@ const BRANCH_BYTES: u32 = (MAX_BRANCH_ENTRIES * core::mem::size_of::<BranchEntry
 
 /// A [`StackMode`] as `u32`, written by the loader into `.rodata` (frozen): the verifier
 /// sees a constant and skips the branches of the other modes, helpers included.
+// SAFETY: the symbol name is unique in this object; only the loader (by name) and
+// `sys::loader_value` (by volatile read) touch it.
 #[unsafe(no_mangle)]
 static STACK_MODE: u32 = StackMode::Off as u32;
 
@@ -107,6 +109,7 @@ static SCRATCH: PerCpuArray<ScratchBytes> = PerCpuArray::with_max_entries(1, 0);
 /// 1 when the kernel gives perf_event programs `bpf_get_current_ancestor_cgroup_id`
 /// (not 5.10), written by the loader like [`STACK_MODE`]: at 0 the verifier never sees
 /// the call, and the cgroup filter stays in user space.
+// SAFETY: as `STACK_MODE`: a unique name, read by the loader and `sys::loader_value`.
 #[unsafe(no_mangle)]
 static CGROUP_ANCESTORS: u32 = 0;
 
@@ -387,6 +390,8 @@ fn panic(_info: &core::panic::PanicInfo) -> ! {
     loop {}
 }
 
+// SAFETY: the kernel reads the license from the `license` section by that name; the
+// symbol is unique and plain bytes, never read by code.
 #[unsafe(link_section = "license")]
 #[unsafe(no_mangle)]
 static LICENSE: [u8; 4] = *b"GPL\0";

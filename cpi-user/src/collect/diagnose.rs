@@ -7,7 +7,7 @@ use cpi_common::policy::KernelConfig;
 use cpi_common::wire::EventRole;
 
 use super::caps::{self, Capabilities, KernelFeatures};
-use super::sys::Linux;
+use super::sys::{Follow, Linux, Placement, Placements};
 use super::{events, ladder, perf_ring, Target, DEFAULT_FREQUENCY};
 use crate::profile::Mode;
 
@@ -169,8 +169,10 @@ pub fn diagnose() -> Diagnosis {
         &Linux,
         probe.start,
         &plan,
-        &[(0, -1)],
-        0,
+        &Placements {
+            at: vec![Placement::Me],
+            follow: Follow::Placed,
+        },
         &attach,
         &mut |_| {},
     );

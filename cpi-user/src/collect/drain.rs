@@ -11,7 +11,7 @@ use cpi_common::wire::{
 };
 
 use super::sideband::Sideband;
-use super::sys;
+use super::sys::{self, Placement};
 use super::target;
 use super::StackMemory;
 use crate::import::perf_records::names_process;
@@ -266,15 +266,15 @@ pub struct CpuClockPeriods {
 }
 
 impl CpuClockPeriods {
-    /// Records that the event placed at `(pid, cpu)` now has `period`.
-    pub fn set(&mut self, (pid, cpu): (i32, i32), period: u64) {
-        if pid > 0 && cpu >= 0 {
-            self.by_tid_cpu.insert((pid as u32, cpu as u32), period);
-        } else if pid > 0 {
-            self.by_tid.insert(pid as u32, period);
-        } else if cpu >= 0 {
-            self.by_cpu.insert(cpu as u32, period);
-        }
+    /// Records that the event placed at `at` now has `period`.
+    pub fn set(&mut self, at: Placement, period: u64) {
+        match at {
+            Placement::ThreadOnCpu { tid, cpu } => self.by_tid_cpu.insert((tid, cpu), period),
+            Placement::Thread { tid } => self.by_tid.insert(tid, period),
+            Placement::Cpu { cpu } => self.by_cpu.insert(cpu, period),
+            // Doctor's probes only: no samples to weigh.
+            Placement::Me => None,
+        };
     }
 
     /// The weight of a cpu-clock sample: its reported weight (whole periods as opened,
@@ -847,8 +847,8 @@ mod tests {
     fn cpu_clock_samples_of_redrawn_events_weigh_their_period_now() {
         let mut d = Drain::new(1, StackMemory::default());
         d.cpu_clock.opened = 1000;
-        d.cpu_clock.set((7, -1), 1100); // thread 7's event re-drawn
-        d.cpu_clock.set((-1, 1), 900); // CPU 1's event re-drawn
+        d.cpu_clock.set(Placement::Thread { tid: 7 }, 1100); // thread 7's event re-drawn
+        d.cpu_clock.set(Placement::Cpu { cpu: 1 }, 900); // CPU 1's event re-drawn
         let mut on = |tid: u32, cpu: u32, role: EventRole, period: u64| {
             let mut s = ip(1, 0, role);
             s.header.tid = tid;
@@ -867,8 +867,10 @@ mod tests {
         // Without root, a thread's events are one per CPU, each re-drawn on its own.
         let mut d = Drain::new(1, StackMemory::default());
         d.cpu_clock.opened = 1000;
-        d.cpu_clock.set((7, 0), 1100);
-        d.cpu_clock.set((7, 1), 900);
+        d.cpu_clock
+            .set(Placement::ThreadOnCpu { tid: 7, cpu: 0 }, 1100);
+        d.cpu_clock
+            .set(Placement::ThreadOnCpu { tid: 7, cpu: 1 }, 900);
         for (cpu, period) in [(0, 1000), (1, 1000), (2, 1000)] {
             let mut s = ip(1, 0, EventRole::CpuClock);
             (s.header.tid, s.header.cpu, s.header.period) = (7, cpu, period);

@@ -2,10 +2,10 @@
 //! placement, and while they cannot be opened step down one rung ([`Mode::step_down`])
 //! and say why. `cpi-bpf doctor` walks the same ladder on its own process.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use super::events::EventSpec;
-use super::sys::PerfSys;
+use super::sys::{Follow, PerfSys, Placement, Placements};
 use super::{CollectError, Notice};
 use crate::profile::Mode;
 
@@ -16,16 +16,20 @@ pub struct OpenEvent {
     pub fd: OwnedFd,
     /// Index into the specs it was opened from.
     pub spec_index: usize,
-    /// Where: `(pid, cpu)` as `perf_event_open` took them.
-    pub place: (i32, i32),
+    /// Where it counts.
+    pub place: Placement,
 }
 
-/// The program fd to attach to an event (by program name); `Ok(None)` opens the event
-/// without attaching anything (doctor, when the object did not load).
-pub type Attach<'a> = &'a dyn Fn(&'static str) -> Result<Option<i32>, CollectError>;
+/// The program fd to attach to an event (by program name), borrowed from the loaded
+/// object; `Ok(None)` opens the event without attaching anything (doctor, when the
+/// object did not load).
+pub type Attach<'a> = &'a dyn Fn(&'static str) -> Result<Option<BorrowedFd<'a>>, CollectError>;
 
 /// The program of a loaded object, as an [`Attach`] answer.
-pub fn program_fd(bpf: &aya::Ebpf, name: &str) -> Result<Option<i32>, CollectError> {
+pub fn program_fd<'a>(
+    bpf: &'a aya::Ebpf,
+    name: &str,
+) -> Result<Option<BorrowedFd<'a>>, CollectError> {
     let missing = || CollectError::Load {
         hint: "",
         cause: format!("program {name} missing").into(),
@@ -38,30 +42,22 @@ pub fn program_fd(bpf: &aya::Ebpf, name: &str) -> Result<Option<i32>, CollectErr
         hint: "",
         cause: e.into(),
     })?;
-    Ok(Some(fd.as_fd().as_raw_fd()))
+    Ok(Some(fd.as_fd()))
 }
 
-/// Opens `spec` (plus `extra_flags`) on `pid`/`cpu` as `perf_event_open` takes them and
-/// attaches the spec's program. The fd keeps the program attached.
+/// Opens `spec` at `at`, following `follow`, and attaches the spec's program. The fd
+/// keeps the program attached.
 pub fn open_attached(
     sys: &dyn PerfSys,
     spec: &EventSpec,
-    extra_flags: u64,
-    (pid, cpu): (i32, i32),
+    (at, follow): (Placement, Follow),
     attach: Attach,
 ) -> Result<OwnedFd, CollectError> {
-    let mut attr = spec.attr;
-    attr.flags |= extra_flags;
     let fd = sys
-        .perf_event_open(&attr, pid, cpu)
+        .perf_event_open(&spec.attr, at, follow)
         .map_err(|cause| CollectError::Open {
             event: spec.name.clone(),
-            on: match (pid, cpu) {
-                (0, -1) => "this process".to_string(),
-                (p, -1) => format!("pid {p}"),
-                (-1, c) => format!("cpu {c}"),
-                (p, c) => format!("pid {p} on cpu {c}"),
-            },
+            on: at.to_string(),
             cause,
         })?;
     if let Some(prog) = attach(spec.program)? {
@@ -84,40 +80,41 @@ pub struct Opened {
     pub notes: Vec<String>,
 }
 
-/// Opens every event of `specs` at every placement (`(pid, cpu)` pairs) and attaches
-/// its program. A per-CPU placement outside the event's PMU ([`EventSpec::cpus`]) is
-/// not tried. A thread that exited since it was listed (ESRCH) is skipped; when every
+/// Opens every event of `specs` at every placement and attaches its program. A
+/// per-CPU placement outside the event's PMU ([`EventSpec::cpus`]) is not tried. A thread that exited since it was listed (ESRCH) is skipped; when every
 /// thread is gone, the target is. An event that fails on some CPUs but opens on others
 /// is kept and said ([`Opened::notes`]); one that opens on no CPU is the error.
 pub fn open_events(
     sys: &dyn PerfSys,
     specs: &[EventSpec],
-    places: &[(i32, i32)],
-    extra_flags: u64,
+    places: &Placements,
     attach: Attach,
 ) -> Result<Opened, CollectError> {
     let mut open = Vec::new();
     let mut notes = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
-        let mut failed: Vec<(i32, CollectError)> = Vec::new();
+        let mut failed: Vec<(u32, CollectError)> = Vec::new();
         let opened_before = open.len();
-        for &place in places {
-            let on_its_pmu = spec
-                .cpus
-                .as_ref()
-                .is_none_or(|cpus| place.1 < 0 || cpus.contains(&(place.1 as u32)));
+        for &place in &places.at {
+            let on_its_pmu = match (&spec.cpus, place.cpu()) {
+                (Some(cpus), Some(cpu)) => cpus.contains(&cpu),
+                _ => true,
+            };
             if !on_its_pmu {
                 continue;
             }
-            match open_attached(sys, spec, extra_flags, place, attach) {
+            match open_attached(sys, spec, (place, places.follow), attach) {
                 Ok(fd) => open.push(OpenEvent {
                     fd,
                     spec_index: i,
                     place,
                 }),
                 Err(CollectError::Open { cause, .. })
-                    if cause.raw_os_error() == Some(libc::ESRCH) && place.0 > 0 => {}
-                Err(e @ CollectError::Open { .. }) if place.0 == -1 => failed.push((place.1, e)),
+                    if cause.raw_os_error() == Some(libc::ESRCH) && place.tid().is_some() => {}
+                Err(e @ CollectError::Open { .. }) => match place {
+                    Placement::Cpu { cpu } => failed.push((cpu, e)),
+                    _ => return Err(e),
+                },
                 Err(e) => return Err(e),
             }
         }
@@ -125,7 +122,7 @@ pub fn open_events(
             if open.len() == opened_before {
                 return Err(failed.swap_remove(0).1);
             }
-            let cpus: Vec<u32> = failed.iter().map(|&(c, _)| c as u32).collect();
+            let cpus: Vec<u32> = failed.iter().map(|&(c, _)| c).collect();
             let cause = match first {
                 CollectError::Open { cause, .. } => cause.to_string(),
                 e => e.to_string(),
@@ -138,10 +135,8 @@ pub fn open_events(
             ));
         }
     }
-    match places.first() {
-        Some(&(pid, _)) if open.is_empty() && pid > 0 => {
-            Err(CollectError::NoSuchProcess(pid as u32))
-        }
+    match places.at.first().and_then(|p| p.tid()) {
+        Some(tid) if open.is_empty() => Err(CollectError::NoSuchProcess(tid)),
         _ => Ok(Opened { open, notes }),
     }
 }
@@ -192,8 +187,7 @@ pub fn walk(
     sys: &dyn PerfSys,
     start: (Mode, String),
     plan: &dyn Fn(Mode) -> Vec<EventSpec>,
-    places: &[(i32, i32)],
-    extra_flags: u64,
+    places: &Placements,
     attach: Attach,
     notify: &mut dyn FnMut(Notice<'_>),
 ) -> Result<Rung, CollectError> {
@@ -206,7 +200,7 @@ pub fn walk(
     // Said once the retry without branch types has opened.
     let mut untyped: Option<String> = None;
     loop {
-        match open_events(sys, &specs, places, extra_flags, attach) {
+        match open_events(sys, &specs, places, attach) {
             Ok(Opened { open, notes }) => {
                 // CPUs an event could not be opened on while it opened on others, one
                 // line per event, and branch events opened without branch types.
@@ -262,8 +256,9 @@ mod tests {
     use super::*;
     use crate::collect::caps::{Processor, Vendor};
     use crate::collect::events::{self, Rate};
-    use crate::collect::sys::fake::{Call, FakeSys};
+    use crate::collect::sys::fake::{self, Call, FakeSys};
     use crate::collect::sys::{self, PERF_TYPE_HARDWARE, PERF_TYPE_RAW, PERF_TYPE_SOFTWARE};
+    use std::os::fd::AsRawFd;
 
     const RATE: Rate = Rate {
         frequency: 999,
@@ -275,12 +270,30 @@ mod tests {
         events::plan(mode, &Processor::of(Vendor::Intel), &RATE, false, false)
     }
 
-    fn attach_7(_: &'static str) -> Result<Option<i32>, CollectError> {
-        Ok(Some(7))
+    fn attach_prog(_: &'static str) -> Result<Option<BorrowedFd<'static>>, CollectError> {
+        Ok(Some(fake::program()))
+    }
+
+    /// Every event at `at`, following nothing more.
+    fn at(at: &[Placement]) -> Placements {
+        Placements {
+            at: at.to_vec(),
+            follow: Follow::Placed,
+        }
+    }
+
+    /// Every CPU of `caps`.
+    fn every_cpu(caps: &crate::collect::caps::Capabilities) -> Placements {
+        let cpus: Vec<_> = caps
+            .online_cpus
+            .iter()
+            .map(|&cpu| Placement::Cpu { cpu })
+            .collect();
+        at(&cpus)
     }
 
     /// This machine: no PMU. Branch stacks fail with ENOENT, hardware events too.
-    fn no_pmu(attr: &crate::collect::sys::PerfEventAttr, _: i32, _: i32) -> Option<i32> {
+    fn no_pmu(attr: &crate::collect::sys::PerfEventAttr, _: Placement) -> Option<i32> {
         (attr.type_ != PERF_TYPE_SOFTWARE).then_some(libc::ENOENT)
     }
 
@@ -292,9 +305,8 @@ mod tests {
             &sys,
             (Mode::Cpi, "probe says LBR".into()),
             &plan,
-            &[(1234, -1)],
-            0,
-            &attach_7,
+            &at(&[Placement::Thread { tid: 1234 }]),
+            &attach_prog,
             &mut |l| {
                 lines.push(l.to_string());
                 briefs.push(format!("cpi-bpf: {}", l.brief));
@@ -340,7 +352,10 @@ mod tests {
             [PERF_TYPE_RAW, PERF_TYPE_HARDWARE, PERF_TYPE_SOFTWARE]
         );
         assert_eq!(
-            sys.calls_where(|c| matches!(c, Call::SetBpf(_, 7))).len(),
+            sys.calls_where(
+                |c| matches!(c, Call::SetBpf(_, p) if *p == fake::program().as_raw_fd())
+            )
+            .len(),
             1
         );
     }
@@ -362,15 +377,14 @@ mod tests {
 
     #[test]
     fn branch_records_ask_for_branch_types() {
-        let sys = FakeSys::new(|_, _, _| None);
+        let sys = FakeSys::new(|_, _| None);
         let mut lines = Vec::new();
         let rung = walk(
             &sys,
             (Mode::Cpi, "LBR".into()),
             &plan,
-            &[(1234, -1)],
-            0,
-            &attach_7,
+            &at(&[Placement::Thread { tid: 1234 }]),
+            &attach_prog,
             &mut |l| lines.push(l.to_string()),
         )
         .unwrap();
@@ -386,16 +400,14 @@ mod tests {
     #[test]
     fn a_pmu_refusing_branch_types_keeps_the_mode_without_them() {
         let plan = |m| events::plan(m, &Processor::of(Vendor::Amd), &RATE, false, false);
-        let sys =
-            FakeSys::new(|a, _, _| (a.branch_sample_type & SAVE != 0).then_some(libc::EINVAL));
+        let sys = FakeSys::new(|a, _| (a.branch_sample_type & SAVE != 0).then_some(libc::EINVAL));
         let mut lines = Vec::new();
         let rung = walk(
             &sys,
             (Mode::Cpi, "BRS".into()),
             &plan,
-            &[(-1, 0), (-1, 1)],
-            0,
-            &attach_7,
+            &at(&[Placement::Cpu { cpu: 0 }, Placement::Cpu { cpu: 1 }]),
+            &attach_prog,
             &mut |l| lines.push(l.to_string()),
         )
         .unwrap();
@@ -415,14 +427,13 @@ mod tests {
         );
         assert_eq!(lines[1..], *std::slice::from_ref(&said));
         // A branch stack refused outright still steps down, after the one retry.
-        let sys = FakeSys::new(|a, _, _| (a.branch_sample_type != 0).then_some(libc::EINVAL));
+        let sys = FakeSys::new(|a, _| (a.branch_sample_type != 0).then_some(libc::EINVAL));
         let rung = walk(
             &sys,
             (Mode::Cpi, "no LBR".into()),
             &plan,
-            &[(1234, -1)],
-            0,
-            &attach_7,
+            &at(&[Placement::Thread { tid: 1234 }]),
+            &attach_prog,
             &mut |_| {},
         )
         .unwrap();
@@ -450,14 +461,13 @@ mod tests {
 
     #[test]
     fn bottom_rung_failure_is_the_error() {
-        let sys = FakeSys::new(|_, _, _| Some(libc::EINVAL));
+        let sys = FakeSys::new(|_, _| Some(libc::EINVAL));
         let err = walk(
             &sys,
             (Mode::TimeProfile, "no PMU".into()),
             &plan,
-            &[(1234, -1)],
-            0,
-            &attach_7,
+            &at(&[Placement::Thread { tid: 1234 }]),
+            &attach_prog,
             &mut |_| {},
         )
         .unwrap_err();
@@ -472,15 +482,14 @@ mod tests {
 
     #[test]
     fn attach_failure_does_not_step_down() {
-        let mut sys = FakeSys::new(|_, _, _| None);
+        let mut sys = FakeSys::new(|_, _| None);
         sys.set_bpf_errno = Some(libc::EACCES);
         let err = walk(
             &sys,
             (Mode::Cpi, "LBR".into()),
             &plan,
-            &[(0, -1)],
-            0,
-            &attach_7,
+            &at(&[Placement::Me]),
+            &attach_prog,
             &mut |_| {},
         )
         .unwrap_err();
@@ -490,38 +499,45 @@ mod tests {
     #[test]
     fn exited_threads_are_skipped_and_all_gone_is_no_such_process() {
         // Thread 11 exited after /proc/PID/task was listed.
-        let sys = FakeSys::new(|_, pid, _| (pid == 11).then_some(libc::ESRCH));
+        let sys = FakeSys::new(|_, at| (at.tid() == Some(11)).then_some(libc::ESRCH));
         let open = open_events(
             &sys,
             &plan(Mode::TimeProfile),
-            &[(10, -1), (11, -1), (12, -1)],
-            0,
-            &attach_7,
+            &at(&[
+                Placement::Thread { tid: 10 },
+                Placement::Thread { tid: 11 },
+                Placement::Thread { tid: 12 },
+            ]),
+            &attach_prog,
         )
         .unwrap()
         .open;
         assert_eq!(open.len(), 2);
-        let sys = FakeSys::new(|_, _, _| Some(libc::ESRCH));
+        let sys = FakeSys::new(|_, _| Some(libc::ESRCH));
         let err = open_events(
             &sys,
             &plan(Mode::TimeProfile),
-            &[(10, -1), (11, -1)],
-            0,
-            &attach_7,
+            &at(&[Placement::Thread { tid: 10 }, Placement::Thread { tid: 11 }]),
+            &attach_prog,
         )
         .unwrap_err();
         assert!(matches!(err, CollectError::NoSuchProcess(10)), "{err}");
         // ESRCH on a CPU placement is an error, not an exited thread.
-        let err =
-            open_events(&sys, &plan(Mode::TimeProfile), &[(-1, 0)], 0, &attach_7).unwrap_err();
+        let err = open_events(
+            &sys,
+            &plan(Mode::TimeProfile),
+            &at(&[Placement::Cpu { cpu: 0 }]),
+            &attach_prog,
+        )
+        .unwrap_err();
         assert!(matches!(err, CollectError::Open { .. }), "{err}");
     }
 
     #[test]
     fn opening_without_a_program_attaches_nothing() {
-        let sys = FakeSys::new(|_, _, _| None);
+        let sys = FakeSys::new(|_, _| None);
         let none = |_: &'static str| Ok(None);
-        let open = open_events(&sys, &plan(Mode::Cpi), &[(0, -1)], 0, &none)
+        let open = open_events(&sys, &plan(Mode::Cpi), &at(&[Placement::Me]), &none)
             .unwrap()
             .open;
         assert_eq!(open.len(), 2);
@@ -544,18 +560,14 @@ mod tests {
         machine("alderlake-hybrid")
     }
 
-    /// `(type, config, pid, cpu)` of every open, in order.
-    fn opens(sys: &FakeSys) -> Vec<(u32, u64, i32, i32)> {
+    /// `(type, config, placement)` of every open, in order.
+    fn opens(sys: &FakeSys) -> Vec<(u32, u64, Placement)> {
         sys.calls_where(|c| matches!(c, Call::Open { .. }))
             .into_iter()
             .map(|c| match c {
                 Call::Open {
-                    type_,
-                    config,
-                    pid,
-                    cpu,
-                    ..
-                } => (type_, config, pid, cpu),
+                    type_, config, at, ..
+                } => (type_, config, at),
                 _ => unreachable!(),
             })
             .collect()
@@ -565,11 +577,11 @@ mod tests {
     fn hybrid_events_open_in_each_pmus_type_on_its_cpus() {
         let caps = alderlake();
         let plan = |m| events::plan(m, &caps.processor(), &RATE, false, false);
-        let cpus: Vec<(i32, i32)> = caps.online_cpus.iter().map(|&c| (-1, c as i32)).collect();
-        assert_eq!(cpus.len(), 24);
-        let sys = FakeSys::new(|_, _, _| None);
+        let cpus = every_cpu(&caps);
+        assert_eq!(cpus.at.len(), 24);
+        let sys = FakeSys::new(|_, _| None);
         let mut lines = Vec::new();
-        let rung = walk(&sys, caps.mode(), &plan, &cpus, 0, &attach_7, &mut |l| {
+        let rung = walk(&sys, caps.mode(), &plan, &cpus, &attach_prog, &mut |l| {
             lines.push(l.to_string())
         })
         .unwrap();
@@ -585,30 +597,29 @@ mod tests {
             (8, 0xc0c4, 16..24),
             (0, 8 << 32, 16..24),
         ] {
-            want.extend(range.map(|c| (type_, config, -1, c)));
+            want.extend(range.map(|cpu| (type_, config, Placement::Cpu { cpu })));
         }
         assert_eq!(opens(&sys), want);
         assert_eq!(rung.open.len(), 48);
         // A process: each PMU's events once, on any CPU (the kernel counts each where
         // its PMU's cores run the threads).
-        let sys = FakeSys::new(|_, _, _| None);
+        let sys = FakeSys::new(|_, _| None);
         walk(
             &sys,
             caps.mode(),
             &plan,
-            &[(1234, -1)],
-            0,
-            &attach_7,
+            &at(&[Placement::Thread { tid: 1234 }]),
+            &attach_prog,
             &mut |_| {},
         )
         .unwrap();
         assert_eq!(
             opens(&sys),
             [
-                (4, 0x20c4, 1234, -1),
-                (0, 4 << 32, 1234, -1),
-                (8, 0xc0c4, 1234, -1),
-                (0, 8 << 32, 1234, -1)
+                (4, 0x20c4, Placement::Thread { tid: 1234 }),
+                (0, 4 << 32, Placement::Thread { tid: 1234 }),
+                (8, 0xc0c4, Placement::Thread { tid: 1234 }),
+                (0, 8 << 32, Placement::Thread { tid: 1234 })
             ]
         );
     }
@@ -625,19 +636,19 @@ mod tests {
             | sys::PERF_SAMPLE_BRANCH_KERNEL
             | 1 << 2 // PERF_SAMPLE_BRANCH_HV
             | sys::PERF_SAMPLE_BRANCH_ANY;
-        let brs_kernel = move |a: &sys::PerfEventAttr, _, _| {
+        let brs_kernel = move |a: &sys::PerfEventAttr, _| {
             let refused = a.sample_type & sys::PERF_SAMPLE_BRANCH_STACK != 0
                 && (a.branch_sample_type & !plm_any != 0
                     || a.config != 0xc4
                     || a.flags & sys::flag::FREQ != 0);
             refused.then_some(libc::EINVAL)
         };
-        let cpus: Vec<(i32, i32)> = caps.online_cpus.iter().map(|&c| (-1, c as i32)).collect();
+        let cpus = every_cpu(&caps);
         for include_kernel in [false, true] {
             let plan = |m| events::plan(m, &caps.processor(), &RATE, include_kernel, false);
             let sys = FakeSys::new(brs_kernel);
             let mut lines = Vec::new();
-            let rung = walk(&sys, caps.mode(), &plan, &cpus, 0, &attach_7, &mut |l| {
+            let rung = walk(&sys, caps.mode(), &plan, &cpus, &attach_prog, &mut |l| {
                 lines.push(l.to_string())
             })
             .unwrap();
@@ -657,17 +668,17 @@ mod tests {
     fn a_cpu_whose_open_fails_is_said_once_per_event_and_the_rest_collect() {
         let caps = alderlake();
         let plan = |m| events::plan(m, &caps.processor(), &RATE, false, false);
-        let cpus: Vec<(i32, i32)> = caps.online_cpus.iter().map(|&c| (-1, c as i32)).collect();
+        let cpus = every_cpu(&caps);
         // CPU 17 (an E-core) refuses both of cpu_atom's events.
-        let sys = FakeSys::new(|_, _, cpu| (cpu == 17).then_some(libc::ENODEV));
+        let sys = FakeSys::new(|_, at| (at.cpu() == Some(17)).then_some(libc::ENODEV));
         let mut lines = Vec::new();
-        let rung = walk(&sys, caps.mode(), &plan, &cpus, 0, &attach_7, &mut |l| {
+        let rung = walk(&sys, caps.mode(), &plan, &cpus, &attach_prog, &mut |l| {
             lines.push(l.to_string())
         })
         .unwrap();
         assert_eq!(rung.mode, Mode::Cpi, "{lines:?}");
         assert_eq!(rung.open.len(), 46);
-        assert!(rung.open.iter().all(|e| e.place.1 != 17));
+        assert!(rung.open.iter().all(|e| e.place.cpu() != Some(17)));
         let enodev = std::io::Error::from_raw_os_error(libc::ENODEV);
         let said = [
             format!(
@@ -686,13 +697,13 @@ mod tests {
     fn an_e_core_event_that_opens_on_no_cpu_steps_the_ladder_down() {
         let caps = alderlake();
         let plan = |m| events::plan(m, &caps.processor(), &RATE, false, false);
-        let cpus: Vec<(i32, i32)> = caps.online_cpus.iter().map(|&c| (-1, c as i32)).collect();
+        let cpus = every_cpu(&caps);
         // cpu_atom takes no branch stack anywhere: CPI would miss every E-core.
-        let sys = FakeSys::new(|attr, _, _| {
+        let sys = FakeSys::new(|attr, _| {
             (attr.type_ == 8 && attr.branch_sample_type != 0).then_some(libc::EOPNOTSUPP)
         });
         let mut lines = Vec::new();
-        let rung = walk(&sys, caps.mode(), &plan, &cpus, 0, &attach_7, &mut |l| {
+        let rung = walk(&sys, caps.mode(), &plan, &cpus, &attach_prog, &mut |l| {
             lines.push(l.to_string())
         })
         .unwrap();

@@ -469,7 +469,13 @@ pub fn try_event(spec: &EventSpec, bpf: Option<&Ebpf>) -> Result<(), CollectErro
         Some(bpf) => ladder::program_fd(bpf, name),
         None => Ok(None),
     };
-    ladder::open_attached(&sys::Linux, spec, 0, (0, -1), &attach).map(drop)
+    ladder::open_attached(
+        &sys::Linux,
+        spec,
+        (sys::Placement::Me, sys::Follow::Placed),
+        &attach,
+    )
+    .map(drop)
 }
 
 #[cfg(test)]

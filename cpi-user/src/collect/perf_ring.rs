@@ -149,19 +149,19 @@ impl SampleRings {
         specs: &[EventSpec],
     ) -> std::io::Result<SampleRings> {
         let mut rings: Vec<SampleRing> = Vec::new();
-        let mut owner: HashMap<i32, &OpenEvent> = HashMap::new();
+        let mut owner: HashMap<Option<u32>, &OpenEvent> = HashMap::new();
         let mut events = HashMap::new();
         for e in open {
             let spec = &specs[e.spec_index];
             events.insert(sys.event_id(&e.fd)?, (decoder_attr(spec), spec.role));
-            match owner.get(&e.place.1) {
+            match owner.get(&e.place.cpu()) {
                 Some(first) => sys.set_output(&e.fd, &first.fd)?,
                 None => {
-                    owner.insert(e.place.1, e);
+                    owner.insert(e.place.cpu(), e);
                     rings.push(SampleRing {
                         ring: Ring::map(&e.fd, DATA_PAGES)?,
                         fd: Some(e.fd.try_clone()?),
-                        cpu: e.place.1.max(0) as u32,
+                        cpu: e.place.cpu().unwrap_or(0),
                     });
                 }
             }

@@ -21,7 +21,7 @@ use super::filter::KernelFilter;
 use super::ladder::{self, OpenEvent};
 use super::perf_ring::SampleRings;
 use super::sideband::SidebandReader;
-use super::sys::{self, BpfFilterMaps, Linux, PerfSys};
+use super::sys::{self, BpfFilterMaps, Follow, Linux, PerfSys, Placement, Placements};
 use super::target::{self, Child, Target};
 use super::Notice;
 use super::{load, read_counters, CollectError, CollectOptions, Collected, StopReason};
@@ -164,30 +164,36 @@ fn resolve_target(opts: &mut CollectOptions) -> Result<Vec<String>, CollectError
     Ok(pid_notes)
 }
 
-/// Where events are opened: (pid, cpu) pairs and extra attr flags.
-fn placements(target: &Target, child: Option<u32>) -> Result<(Vec<(i32, i32)>, u64), CollectError> {
+/// Where events are opened, and what they follow.
+fn placements(target: &Target, child: Option<u32>) -> Result<Placements, CollectError> {
     match target {
-        Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => Ok((
-            target::online_cpus()
+        Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => Ok(Placements {
+            at: target::online_cpus()
                 .into_iter()
-                .map(|c| (-1, c as i32))
+                .map(|cpu| Placement::Cpu { cpu })
                 .collect(),
-            0,
-        )),
+            follow: Follow::Placed,
+        }),
         Target::Pids(pids) => {
-            let mut v = Vec::new();
+            let mut at = Vec::new();
             for &pid in pids {
-                v.extend(target::threads(pid)?.into_iter().map(|t| (t as i32, -1)));
+                at.extend(
+                    target::threads(pid)?
+                        .into_iter()
+                        .map(|tid| Placement::Thread { tid }),
+                );
             }
-            Ok((v, sys::flag::INHERIT))
+            Ok(Placements {
+                at,
+                follow: Follow::Children,
+            })
         }
-        Target::Command(_) => {
-            let pid = child.ok_or(CollectError::NoTarget)? as i32;
-            Ok((
-                vec![(pid, -1)],
-                sys::flag::INHERIT | sys::flag::ENABLE_ON_EXEC,
-            ))
-        }
+        Target::Command(_) => Ok(Placements {
+            at: vec![Placement::Thread {
+                tid: child.ok_or(CollectError::NoTarget)?,
+            }],
+            follow: Follow::ChildrenFromExec,
+        }),
     }
 }
 
@@ -229,31 +235,41 @@ fn plan(mode: Mode, cpu: &Processor, opts: &CollectOptions, rate: &Rate) -> Vec<
 }
 
 /// Where the kernel's mmap/comm records are read: on the processes themselves (one
-/// event per process or CPU: threads and children write into it), and the flags of
-/// those events. A filter naming pids needs its processes' only, as `--pid` does (a
+/// event per process and CPU: threads and children write into it), and what those
+/// events follow. A filter naming pids needs its processes' only, as `--pid` does (a
 /// cgroup beside them only narrows them): the host's others would be parsed for nothing.
-/// `command` is the started command's pid; `(places, extra)` the sampling events'.
+/// `command` is the started command's pid; `places` the sampling events'.
 fn sideband_places(
     target: &Target,
     command: Option<u32>,
     cpus: &[u32],
-    (places, extra): (&[(i32, i32)], u64),
-) -> (Vec<(i32, i32)>, u64) {
-    let per_cpu = |pid: i32| cpus.iter().map(move |&c| (pid, c as i32));
-    match target {
+    places: &Placements,
+) -> Placements {
+    let on_cpus = |tid: u32| {
+        cpus.iter()
+            .map(move |&cpu| Placement::ThreadOnCpu { tid, cpu })
+    };
+    let (at, follow) = match target {
         Target::Pids(pids) => (
-            pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
-            extra,
+            pids.iter().flat_map(|&p| on_cpus(p)).collect(),
+            places.follow,
         ),
         Target::Filtered(f) if !f.pids.is_empty() => (
-            f.pids.iter().flat_map(|&p| per_cpu(p as i32)).collect(),
-            sys::flag::INHERIT,
+            f.pids.iter().flat_map(|&p| on_cpus(p)).collect(),
+            Follow::Children,
         ),
-        Target::Command(_) => (per_cpu(command.map_or(-1, |p| p as i32)).collect(), extra),
-        Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => {
-            (places.to_vec(), extra)
+        Target::Command(_) => {
+            let at = match command {
+                Some(pid) => on_cpus(pid).collect(),
+                None => cpus.iter().map(|&cpu| Placement::Cpu { cpu }).collect(),
+            };
+            (at, places.follow)
         }
-    }
+        Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => {
+            (places.at.clone(), places.follow)
+        }
+    };
+    Placements { at, follow }
 }
 
 /// Loads the programs every rung from `start` down may attach, configured for `opts`
@@ -382,8 +398,7 @@ impl Session {
             Some(argv) => Some(target::spawn_suspended(argv)?),
             None => None,
         };
-        let (places, extra) =
-            placements(&opts.target, suspended.as_ref().map(target::Suspended::pid))?;
+        let places = placements(&opts.target, suspended.as_ref().map(target::Suspended::pid))?;
         let sys = Linux;
         let attach = |name: &'static str| ladder::program_fd(&bpf, name);
         let rung = ladder::walk(
@@ -391,7 +406,6 @@ impl Session {
             start,
             &|m| plan(m, &cpu, &opts, &opts.rate),
             &places,
-            extra,
             &attach,
             notify,
         )?;
@@ -401,9 +415,8 @@ impl Session {
         let window = range_window(&opts, &caps);
         let cpus = target::online_cpus();
         let command = suspended.as_ref().map(target::Suspended::pid);
-        let (sideband_places, sideband_flags) =
-            sideband_places(&opts.target, command, &cpus, (&places, extra));
-        let sideband = SidebandReader::open(&sys, &sideband_places, sideband_flags)?;
+        let sideband_places = sideband_places(&opts.target, command, &cpus, &places);
+        let sideband = SidebandReader::open(&sys, &sideband_places)?;
         let sideband_ready = sideband
             .fds()
             .map(sys::watch_copy)
@@ -648,7 +661,7 @@ fn assemble(p: Parts) -> Result<Live, CollectError> {
     let mut pidfds = Vec::new();
     for &pid in &watch {
         // A pid that is already gone has exited: nothing to wait for.
-        if let Ok(fd) = Linux.pidfd_open(pid as i32) {
+        if let Ok(fd) = Linux.pidfd_open(pid) {
             pidfds.push((pid, sys::watch(fd)?));
         }
     }
@@ -979,23 +992,27 @@ mod tests {
     #[test]
     fn placements_follow_the_target() {
         let me = std::process::id();
-        let (places, flags) = placements(&Target::Pids(vec![me]), None).unwrap();
+        let places = placements(&Target::Pids(vec![me]), None).unwrap();
         assert!(
-            places.contains(&(me as i32, -1)),
+            places.at.contains(&Placement::Thread { tid: me }),
             "one event per thread, any CPU"
         );
-        assert!(places.iter().all(|&(_, cpu)| cpu == -1));
-        assert_eq!(flags, sys::flag::INHERIT, "threads created later follow");
+        assert!(places.at.iter().all(|p| p.cpu().is_none()));
+        assert_eq!(
+            places.follow,
+            Follow::Children,
+            "threads created later follow"
+        );
 
-        let (places, flags) = placements(&Target::SystemWide, None).unwrap();
-        assert_eq!(places.len(), target::online_cpus().len());
-        assert!(places.iter().all(|&(pid, cpu)| pid == -1 && cpu >= 0));
-        assert_eq!(flags, 0);
+        let places = placements(&Target::SystemWide, None).unwrap();
+        assert_eq!(places.at.len(), target::online_cpus().len());
+        assert!(places.at.iter().all(|p| matches!(p, Placement::Cpu { .. })));
+        assert_eq!(places.follow, Follow::Placed);
 
         let cmd = Target::Command(vec!["true".into()]);
-        let (places, flags) = placements(&cmd, Some(4242)).unwrap();
-        assert_eq!(places, [(4242, -1)]);
-        assert_eq!(flags, sys::flag::INHERIT | sys::flag::ENABLE_ON_EXEC);
+        let places = placements(&cmd, Some(4242)).unwrap();
+        assert_eq!(places.at, [Placement::Thread { tid: 4242 }]);
+        assert_eq!(places.follow, Follow::ChildrenFromExec);
 
         assert!(matches!(
             placements(&Target::Pids(vec![u32::MAX - 1]), None),
@@ -1046,7 +1063,7 @@ mod tests {
     }
 
     /// Time-profile events at `hz`, opened on `places` under the fake.
-    fn time_events(hz: u64, places: &[(i32, i32)]) -> (FakeSys, Vec<EventSpec>, Vec<OpenEvent>) {
+    fn time_events(hz: u64, places: &[Placement]) -> (FakeSys, Vec<EventSpec>, Vec<OpenEvent>) {
         let rate = Rate {
             frequency: hz,
             period: None,
@@ -1059,9 +1076,13 @@ mod tests {
             false,
             false,
         );
-        let sys = FakeSys::new(|_, _, _| None);
+        let sys = FakeSys::new(|_, _| None);
         let attach = |_: &'static str| Ok(None);
-        let open = ladder::open_events(&sys, &specs, places, 0, &attach)
+        let places = Placements {
+            at: places.to_vec(),
+            follow: Follow::Placed,
+        };
+        let open = ladder::open_events(&sys, &specs, &places, &attach)
             .unwrap()
             .open;
         (sys, specs, open)
@@ -1069,7 +1090,10 @@ mod tests {
 
     #[test]
     fn redraws_follow_the_count_not_the_clock() {
-        let (sys, specs, open) = time_events(10, &[(1, -1), (2, -1)]);
+        let (sys, specs, open) = time_events(
+            10,
+            &[Placement::Thread { tid: 1 }, Placement::Thread { tid: 2 }],
+        );
         // Read at every tick: as if the count could grow without bound (as many CPUs as
         // nanoseconds), so no time has to pass first.
         let mut r = Redraw::new(
@@ -1122,7 +1146,8 @@ mod tests {
     fn time_events_are_read_only_when_they_can_be_due() {
         // One event per CPU, each counting wall time (a busy CPU): 10 ms ticks for 60 s.
         let run = |skip: bool| {
-            let (sys, mut specs, open) = time_events(19, &[(-1, 0), (-1, 1)]);
+            let (sys, mut specs, open) =
+                time_events(19, &[Placement::Cpu { cpu: 0 }, Placement::Cpu { cpu: 1 }]);
             if !skip {
                 // The same policy on an event whose count is not time: read every tick.
                 specs[0].role = EventRole::Cycles;

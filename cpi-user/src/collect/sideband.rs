@@ -16,7 +16,7 @@ use std::io;
 use std::os::fd::OwnedFd;
 
 use super::sys::ring::Ring;
-use super::sys::{self, flag, PerfEventAttr, PerfSys};
+use super::sys::{self, flag, PerfEventAttr, PerfSys, Placements};
 use crate::fsafe::page_size;
 use crate::import::perf_records::{side_record, SideRecord};
 use crate::procmap::{MappedObject, Mapping};
@@ -62,7 +62,7 @@ pub enum Sideband {
 
 /// The attr of the dummy event that carries side-band records; its fd polls readable
 /// once `wake_bytes` are unread.
-pub fn attr(extra_flags: u64, wake_bytes: u32) -> PerfEventAttr {
+pub fn attr(wake_bytes: u32) -> PerfEventAttr {
     PerfEventAttr {
         wakeup_events: wake_bytes,
         type_: sys::PERF_TYPE_SOFTWARE,
@@ -75,8 +75,7 @@ pub fn attr(extra_flags: u64, wake_bytes: u32) -> PerfEventAttr {
             | flag::COMM_EXEC
             | flag::EXCLUDE_KERNEL
             | flag::EXCLUDE_HV
-            | flag::WATERMARK
-            | extra_flags,
+            | flag::WATERMARK,
         ..Default::default()
     }
 }
@@ -89,17 +88,13 @@ pub struct SidebandReader {
 }
 
 impl SidebandReader {
-    /// Opens (disabled) and maps one dummy event per placement: `(pid, cpu)` as
-    /// `perf_event_open` takes them, `cpu` ≥ 0 when `extra_flags` inherit.
-    pub fn open(
-        sys: &dyn PerfSys,
-        places: &[(i32, i32)],
-        extra_flags: u64,
-    ) -> io::Result<SidebandReader> {
+    /// Opens (disabled) and maps one dummy event per placement, each on one CPU when
+    /// they follow children (the kernel maps an inherited event's buffer only then).
+    pub fn open(sys: &dyn PerfSys, places: &Placements) -> io::Result<SidebandReader> {
         let quarter = (page_size() * DATA_PAGES / 4) as u32;
         let mut buffers = Vec::new();
-        for &(pid, cpu) in places {
-            let fd = match sys.perf_event_open(&attr(extra_flags, quarter), pid, cpu) {
+        for &at in &places.at {
+            let fd = match sys.perf_event_open(&attr(quarter), at, places.follow) {
                 Ok(fd) => fd,
                 // A thread that exited since the placements were listed.
                 Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
@@ -240,7 +235,11 @@ mod tests {
         // Per-task events follow one thread: this test's own.
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
-        let mut r = match SidebandReader::open(&sys::Linux, &[(me, -1)], 0) {
+        let places = sys::Placements {
+            at: vec![sys::Placement::Thread { tid: me as u32 }],
+            follow: sys::Follow::Placed,
+        };
+        let mut r = match SidebandReader::open(&sys::Linux, &places) {
             Ok(r) => r,
             Err(e) => {
                 crate::binary::testbin::skip(format_args!("cannot open a perf event here ({e})"));

@@ -1,27 +1,133 @@
 //! Every raw syscall and ioctl the collector makes, and nothing else: `perf_event_open`,
 //! the `PERF_EVENT_IOC_*` ioctls, reading an event's count, `pidfd_open`,
 //! `BPF_ENABLE_STATS`, `statfs` (is a directory cgroup2), the kernel filter's map
-//! updates ([`FilterMaps`]), and the thread's CPU clock. Callers get owned fds and `io::Result`s.
+//! updates ([`FilterMaps`]), and the thread's CPU clock. Callers get owned fds and
+//! `io::Result`s, and say where an event counts with a [`Placement`] and what it follows
+//! with a [`Follow`]: the kernel's pid, cpu, `-1`s and inherit flags are made here only.
 //!
 //! The collector reaches them through [`PerfSys`], so the mode ladder, the step-downs and
 //! the exit paths are unit-tested with fake error codes (`collect/sys/fake.rs`, aya's
 //! `sys/fake.rs` pattern) on machines without root.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 #[cfg(test)]
 pub(crate) mod fake;
 pub(crate) mod process;
 pub(crate) mod ring;
 
+/// Where one perf event counts: `perf_event_open`'s pid and cpu as a type (aya's
+/// `PerfEventScope`), turned into the kernel's numbers and `-1`s only by [`Linux`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// The calling process, on any CPU (doctor's probes).
+    Me,
+    /// One thread (a process's first thread: the process), on any CPU.
+    Thread {
+        /// The thread.
+        tid: u32,
+    },
+    /// One thread, on one CPU (the kernel maps an inherited event's buffer only then).
+    ThreadOnCpu {
+        /// The thread.
+        tid: u32,
+        /// The CPU.
+        cpu: u32,
+    },
+    /// Every thread, on one CPU.
+    Cpu {
+        /// The CPU.
+        cpu: u32,
+    },
+}
+
+impl Placement {
+    /// The thread it names, if it names one.
+    pub fn tid(self) -> Option<u32> {
+        match self {
+            Placement::Thread { tid } | Placement::ThreadOnCpu { tid, .. } => Some(tid),
+            Placement::Me | Placement::Cpu { .. } => None,
+        }
+    }
+
+    /// The CPU it is bound to, if it is bound to one.
+    pub fn cpu(self) -> Option<u32> {
+        match self {
+            Placement::ThreadOnCpu { cpu, .. } | Placement::Cpu { cpu } => Some(cpu),
+            Placement::Me | Placement::Thread { .. } => None,
+        }
+    }
+
+    /// `perf_event_open`'s `pid` and `cpu` (`-1`: any).
+    fn pid_cpu(self) -> (libc::pid_t, libc::c_int) {
+        let n = |v: u32| libc::c_int::try_from(v).unwrap_or(libc::c_int::MAX);
+        match self {
+            Placement::Me => (0, -1),
+            Placement::Thread { tid } => (n(tid), -1),
+            Placement::ThreadOnCpu { tid, cpu } => (n(tid), n(cpu)),
+            Placement::Cpu { cpu } => (-1, n(cpu)),
+        }
+    }
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Placement::Me => write!(f, "this process"),
+            Placement::Thread { tid } => write!(f, "pid {tid}"),
+            Placement::ThreadOnCpu { tid, cpu } => write!(f, "pid {tid} on cpu {cpu}"),
+            Placement::Cpu { cpu } => write!(f, "cpu {cpu}"),
+        }
+    }
+}
+
+/// What an event follows beyond the threads its [`Placement`] names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Follow {
+    /// Nothing more (a per-CPU event sees every thread already).
+    #[default]
+    Placed,
+    /// Threads and children created after the open too ([`flag::INHERIT`]).
+    Children,
+    /// A command started suspended: its children too, counting from its exec
+    /// ([`flag::INHERIT`], [`flag::ENABLE_ON_EXEC`]).
+    ChildrenFromExec,
+}
+
+impl Follow {
+    /// The attr flags that say it.
+    fn flags(self) -> u64 {
+        match self {
+            Follow::Placed => 0,
+            Follow::Children => flag::INHERIT,
+            Follow::ChildrenFromExec => flag::INHERIT | flag::ENABLE_ON_EXEC,
+        }
+    }
+}
+
+/// Where a session's events are opened: one event per placement, each following the same.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Placements {
+    /// One per event of each kind.
+    pub at: Vec<Placement>,
+    /// What every one of them follows.
+    pub follow: Follow,
+}
+
 /// The system calls the collector makes on perf events, as a trait: [`Linux`] runs them,
 /// `fake::FakeSys` (`collect/sys/fake.rs`) answers with scripted errors in unit tests.
 pub trait PerfSys {
-    /// `perf_event_open(attr, pid, cpu, -1, PERF_FLAG_FD_CLOEXEC)`.
-    fn perf_event_open(&self, attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd>;
-    /// Runs BPF program `prog_fd` on every overflow of the event.
-    fn set_bpf(&self, fd: &OwnedFd, prog_fd: i32) -> io::Result<()>;
+    /// `perf_event_open(attr, pid, cpu, -1, PERF_FLAG_FD_CLOEXEC)` at `at`, with the attr
+    /// flags of `follow` added.
+    fn perf_event_open(
+        &self,
+        attr: &PerfEventAttr,
+        at: Placement,
+        follow: Follow,
+    ) -> io::Result<OwnedFd>;
+    /// Runs BPF program `prog` on every overflow of the event.
+    fn set_bpf(&self, fd: &OwnedFd, prog: BorrowedFd<'_>) -> io::Result<()>;
     /// `PERF_EVENT_IOC_ENABLE`: start counting and sampling.
     fn enable(&self, fd: &OwnedFd) -> io::Result<()>;
     /// `PERF_EVENT_IOC_DISABLE`: stop; the count is kept.
@@ -31,7 +137,7 @@ pub trait PerfSys {
     /// The event's count so far (events, or ns for cpu-clock).
     fn read_count(&self, fd: &OwnedFd) -> io::Result<u64>;
     /// A pidfd: readable once the process exits.
-    fn pidfd_open(&self, pid: i32) -> io::Result<OwnedFd>;
+    fn pidfd_open(&self, pid: u32) -> io::Result<OwnedFd>;
     /// `PERF_EVENT_IOC_SET_OUTPUT`: `fd`'s records go to `to`'s ring buffer (an event on
     /// the same CPU), as `perf record` shares one buffer per CPU.
     fn set_output(&self, fd: &OwnedFd, to: &OwnedFd) -> io::Result<()>;
@@ -48,11 +154,23 @@ pub trait PerfSys {
 pub struct Linux;
 
 impl PerfSys for Linux {
-    fn perf_event_open(&self, attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd> {
-        perf_event_open(attr, pid, cpu)
+    fn perf_event_open(
+        &self,
+        attr: &PerfEventAttr,
+        at: Placement,
+        follow: Follow,
+    ) -> io::Result<OwnedFd> {
+        let mut a = *attr;
+        a.flags |= follow.flags();
+        let (pid, cpu) = at.pid_cpu();
+        perf_event_open(&a, pid, cpu)
     }
-    fn set_bpf(&self, fd: &OwnedFd, prog_fd: i32) -> io::Result<()> {
-        ioctl(fd, PERF_EVENT_IOC_SET_BPF, prog_fd as libc::c_ulong)
+    fn set_bpf(&self, fd: &OwnedFd, prog: BorrowedFd<'_>) -> io::Result<()> {
+        ioctl(
+            fd,
+            PERF_EVENT_IOC_SET_BPF,
+            prog.as_raw_fd() as libc::c_ulong,
+        )
     }
     fn enable(&self, fd: &OwnedFd) -> io::Result<()> {
         ioctl(fd, PERF_EVENT_IOC_ENABLE, 0)
@@ -77,7 +195,9 @@ impl PerfSys for Linux {
             _ => Err(io::ErrorKind::UnexpectedEof.into()),
         }
     }
-    fn pidfd_open(&self, pid: i32) -> io::Result<OwnedFd> {
+    fn pidfd_open(&self, pid: u32) -> io::Result<OwnedFd> {
+        let pid =
+            libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
         // SAFETY: plain syscall with integer arguments.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
         if fd < 0 {
@@ -178,8 +298,9 @@ pub fn is_cgroup2(path: &std::path::Path) -> io::Result<bool> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: statfs fills a zeroed local struct from a valid C string.
+    // SAFETY: an all-zero `statfs` is valid plain data.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statfs fills a local struct from a valid C string.
     if unsafe { libc::statfs(c.as_ptr(), &raw mut st) } != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -333,7 +454,11 @@ const PERF_EVENT_IOC_ID: libc::c_ulong = 0x8008_2407;
 const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 1 << 3;
 
-fn perf_event_open(attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd> {
+fn perf_event_open(
+    attr: &PerfEventAttr,
+    pid: libc::pid_t,
+    cpu: libc::c_int,
+) -> io::Result<OwnedFd> {
     let mut a = *attr;
     a.size = PERF_ATTR_SIZE;
     // SAFETY: `a` is a valid perf_event_attr of the size we declare.
@@ -502,6 +627,23 @@ mod tests {
         assert_eq!(offset_of!(PerfEventAttr, branch_sample_type), 72);
         assert_eq!(offset_of!(PerfEventAttr, sample_regs_intr), 96);
         assert_eq!(offset_of!(PerfEventAttr, sig_data), 120);
+    }
+
+    /// The one place placements become `perf_event_open`'s numbers and flags.
+    #[test]
+    fn placements_are_the_kernels_pid_cpu_and_flags() {
+        assert_eq!(Placement::Me.pid_cpu(), (0, -1));
+        assert_eq!(Placement::Thread { tid: 42 }.pid_cpu(), (42, -1));
+        assert_eq!(Placement::Cpu { cpu: 3 }.pid_cpu(), (-1, 3));
+        let both = Placement::ThreadOnCpu { tid: 42, cpu: 3 };
+        assert_eq!(both.pid_cpu(), (42, 3));
+        assert_eq!(both.to_string(), "pid 42 on cpu 3");
+        assert_eq!(Follow::Placed.flags(), 0);
+        assert_eq!(Follow::Children.flags(), flag::INHERIT);
+        assert_eq!(
+            Follow::ChildrenFromExec.flags(),
+            flag::INHERIT | flag::ENABLE_ON_EXEC
+        );
     }
 
     #[test]

@@ -138,8 +138,9 @@ pub(crate) fn fs_type(fd: &impl AsRawFd) -> io::Result<i64> {
 pub(crate) fn install_sigbus(
     handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void),
 ) -> io::Result<libc::sigaction> {
-    // SAFETY: all-zero `sigaction`s are valid (empty mask, no flags) before being filled.
+    // SAFETY: an all-zero `sigaction` is valid (empty mask, no flags) before being filled.
     let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: as `new`; the kernel fills it with the old disposition.
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
     new.sa_sigaction = handler as usize;
     new.sa_flags = libc::SA_SIGINFO | libc::SA_NODEFER | libc::SA_ONSTACK;

@@ -56,8 +56,10 @@ fn full_ring_buffer_is_counted_and_nothing_is_silent() {
     let fd = ladder::open_attached(
         &linux,
         &spec,
-        sys::flag::INHERIT,
-        (busy.id() as i32, -1),
+        (
+            sys::Placement::Thread { tid: busy.id() },
+            sys::Follow::Children,
+        ),
         &attach,
     )
     .expect("open cpu-clock on busy");

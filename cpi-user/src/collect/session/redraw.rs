@@ -61,7 +61,11 @@ impl Redraw {
     /// When event `e`, read at `now` and `left` short of its re-draw, is read next.
     fn next_read(&self, now: Instant, specs: &[EventSpec], e: &OpenEvent, left: u64) -> Instant {
         let cannot_be_due = if specs[e.spec_index].role == EventRole::CpuClock {
-            let cpus = if e.place.1 >= 0 { 1 } else { self.cpus };
+            let cpus = if e.place.cpu().is_some() {
+                1
+            } else {
+                self.cpus
+            };
             Duration::from_nanos(left / cpus)
         } else {
             Duration::ZERO

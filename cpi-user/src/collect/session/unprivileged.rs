@@ -15,7 +15,7 @@ use crate::collect::caps::Capabilities;
 use crate::collect::filter::KernelFilter;
 use crate::collect::perf_ring::{self, SampleRings};
 use crate::collect::sideband::SidebandReader;
-use crate::collect::sys::{flag, Linux};
+use crate::collect::sys::{Follow, Linux, Placement, Placements};
 use crate::collect::target::{self, Target};
 use crate::collect::{events, ladder, CollectError, CollectOptions, Notice};
 use crate::fsafe::page_size;
@@ -57,7 +57,7 @@ pub(super) fn open(
         Some(argv) => Some(target::spawn_suspended(argv)?),
         None => None,
     };
-    let (places, extra) = places(&opts.target, suspended.as_ref(), &cpus)?;
+    let places = places(&opts.target, suspended.as_ref(), &cpus)?;
     // The mode line says so in its short form too.
     let mut say = |n: Notice<'_>| match n.brief.strip_prefix("mode: ") {
         Some(_) => notify(Notice {
@@ -66,16 +66,8 @@ pub(super) fn open(
         }),
         None => notify(n),
     };
-    let rung = ladder::walk(
-        &Linux,
-        start,
-        &plan_ring,
-        &places,
-        extra,
-        &|_| Ok(None),
-        &mut say,
-    )
-    .map_err(refused)?;
+    let rung = ladder::walk(&Linux, start, &plan_ring, &places, &|_| Ok(None), &mut say)
+        .map_err(refused)?;
     tell_notes(&mut say, &pid_notes, &rung, &opts.rate);
     let mut rings = SampleRings::map(&Linux, &rung.open, &rung.specs).map_err(map_refused)?;
     let ready = (rings.take_ready_fds().into_iter())
@@ -106,7 +98,7 @@ fn places(
     target: &Target,
     child: Option<&target::Suspended>,
     cpus: &[u32],
-) -> Result<(Vec<(i32, i32)>, u64), CollectError> {
+) -> Result<Placements, CollectError> {
     let threads = match (target, child) {
         (_, Some(c)) => vec![c.pid()],
         (Target::Pids(pids), None) => {
@@ -118,15 +110,18 @@ fn places(
         }
         _ => return Err(CollectError::NoTarget),
     };
-    let places = threads
+    let at = threads
         .iter()
-        .flat_map(|&t| cpus.iter().map(move |&c| (t as i32, c as i32)))
+        .flat_map(|&tid| {
+            cpus.iter()
+                .map(move |&cpu| Placement::ThreadOnCpu { tid, cpu })
+        })
         .collect();
-    let extra = match child {
-        Some(_) => flag::INHERIT | flag::ENABLE_ON_EXEC,
-        None => flag::INHERIT,
+    let follow = match child {
+        Some(_) => Follow::ChildrenFromExec,
+        None => Follow::Children,
     };
-    Ok((places, extra))
+    Ok(Placements { at, follow })
 }
 
 /// A buffer the kernel would not map, in one line: what a user may lock of perf buffers

@@ -4,9 +4,10 @@
 
 use std::cell::{Cell, RefCell};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::LazyLock;
 
-use super::{FilterMaps, PerfEventAttr, PerfSys};
+use super::{FilterMaps, Follow, PerfEventAttr, PerfSys, Placement};
 
 /// One recorded call; fds are raw numbers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -15,22 +16,29 @@ pub enum Call {
         type_: u32,
         config: u64,
         branch_sample_type: u64,
-        pid: i32,
-        cpu: i32,
+        at: Placement,
+        follow: Follow,
     },
     SetBpf(i32, i32),
     Enable(i32),
     Disable(i32),
     SetPeriod(i32, u64),
     Read(i32),
-    PidfdOpen(i32),
+    PidfdOpen(u32),
     EnableStats,
 }
 
-type OpenScript = Box<dyn Fn(&PerfEventAttr, i32, i32) -> Option<i32>>;
+type OpenScript = Box<dyn Fn(&PerfEventAttr, Placement) -> Option<i32>>;
+
+/// A program fd for the tests to attach (`/dev/null`, open for the whole run).
+pub fn program() -> BorrowedFd<'static> {
+    static NULL: LazyLock<std::fs::File> =
+        LazyLock::new(|| std::fs::File::open("/dev/null").expect("open /dev/null"));
+    NULL.as_fd()
+}
 
 pub struct FakeSys {
-    /// `Some(errno)`: `perf_event_open(attr, pid, cpu)` fails with it.
+    /// `Some(errno)`: `perf_event_open(attr, at)` fails with it.
     open_errno: OpenScript,
     /// `Some(errno)`: `PERF_EVENT_IOC_SET_BPF` fails with it.
     pub set_bpf_errno: Option<i32>,
@@ -40,7 +48,7 @@ pub struct FakeSys {
 }
 
 impl FakeSys {
-    pub fn new(open_errno: impl Fn(&PerfEventAttr, i32, i32) -> Option<i32> + 'static) -> Self {
+    pub fn new(open_errno: impl Fn(&PerfEventAttr, Placement) -> Option<i32> + 'static) -> Self {
         FakeSys {
             open_errno: Box::new(open_errno),
             set_bpf_errno: None,
@@ -69,21 +77,26 @@ fn dev_null() -> io::Result<OwnedFd> {
 }
 
 impl PerfSys for FakeSys {
-    fn perf_event_open(&self, attr: &PerfEventAttr, pid: i32, cpu: i32) -> io::Result<OwnedFd> {
+    fn perf_event_open(
+        &self,
+        attr: &PerfEventAttr,
+        at: Placement,
+        follow: Follow,
+    ) -> io::Result<OwnedFd> {
         self.record(Call::Open {
             type_: attr.type_,
             config: attr.config,
             branch_sample_type: attr.branch_sample_type,
-            pid,
-            cpu,
+            at,
+            follow,
         });
-        match (self.open_errno)(attr, pid, cpu) {
+        match (self.open_errno)(attr, at) {
             Some(errno) => Err(io::Error::from_raw_os_error(errno)),
             None => dev_null(),
         }
     }
-    fn set_bpf(&self, fd: &OwnedFd, prog_fd: i32) -> io::Result<()> {
-        self.record(Call::SetBpf(fd.as_raw_fd(), prog_fd));
+    fn set_bpf(&self, fd: &OwnedFd, prog: BorrowedFd<'_>) -> io::Result<()> {
+        self.record(Call::SetBpf(fd.as_raw_fd(), prog.as_raw_fd()));
         match self.set_bpf_errno {
             Some(errno) => Err(io::Error::from_raw_os_error(errno)),
             None => Ok(()),
@@ -105,7 +118,7 @@ impl PerfSys for FakeSys {
         self.record(Call::Read(fd.as_raw_fd()));
         Ok(self.count.get())
     }
-    fn pidfd_open(&self, pid: i32) -> io::Result<OwnedFd> {
+    fn pidfd_open(&self, pid: u32) -> io::Result<OwnedFd> {
         self.record(Call::PidfdOpen(pid));
         Err(io::Error::from_raw_os_error(libc::ESRCH))
     }

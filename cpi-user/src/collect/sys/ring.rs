@@ -43,6 +43,7 @@ impl Ring {
         // the data it covers (acquire), tail written after it was read (release).
         let head = unsafe { std::ptr::read_volatile(ctl.add(1024).cast::<u64>()) };
         fence(Ordering::Acquire);
+        // SAFETY: data_tail, in the same mapped control page; only we write it.
         let mut tail = unsafe { std::ptr::read_volatile(ctl.add(1032).cast::<u64>()) };
         // SAFETY: the data area follows the control page, `data_size` bytes.
         let data = unsafe { std::slice::from_raw_parts(ctl.add(self.page), data_size as usize) };
