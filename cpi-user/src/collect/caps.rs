@@ -214,7 +214,7 @@ impl Capabilities {
 
     /// Loading perf_event BPF programs and sampling other processes needs root, or
     /// CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN). `Err` says what is missing.
-    pub fn check_privileges(&self) -> Result<(), String> {
+    pub(crate) fn check_privileges(&self) -> Result<(), String> {
         if self.euid == 0 || self.cap_sys_admin || (self.cap_bpf && self.cap_perfmon) {
             return Ok(());
         }
@@ -338,7 +338,7 @@ pub fn cpu_list(cpus: &[u32]) -> String {
 /// inferred from the version: distributions backport. The floor and what each feature
 /// decides are in docs/METHOD.md, "Kernels".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KernelFeatures {
+pub(crate) struct KernelFeatures {
     /// `BPF_PROG_TYPE_PERF_EVENT` (Linux 4.9): every program is one.
     pub perf_event_programs: bool,
     /// `BPF_MAP_TYPE_RINGBUF` (5.8): the only way samples come home.
@@ -389,7 +389,7 @@ impl KernelFeatures {
 
     /// How the kernel side takes stacks: none when `stacks` is off, else the best this
     /// kernel's helpers allow.
-    pub fn stack_mode(&self, stacks: bool) -> StackMode {
+    pub(crate) fn stack_mode(&self, stacks: bool) -> StackMode {
         match (stacks, self.task_pt_regs) {
             (false, _) => StackMode::Off,
             (true, true) => StackMode::CopyStack,
@@ -445,7 +445,7 @@ impl KernelFeatures {
 
     /// `Err`: one line saying that `kernel` is below what cpi-bpf supports, and which
     /// missing feature makes it so.
-    pub fn check_floor(&self, kernel: &str) -> Result<(), String> {
+    pub(crate) fn check_floor(&self, kernel: &str) -> Result<(), String> {
         let missing = match (self.perf_event_programs, self.ring_buffer) {
             (false, _) => "perf_event BPF programs (Linux 4.9)",
             (true, false) => "the BPF ring buffer (Linux 5.8)",

@@ -102,7 +102,7 @@ pub fn decode(bytes: &[u8]) -> Option<(Record, Option<StackSection<'_>>)> {
 /// Stacks that did not reach the outermost frame, by reason (what reaches the profile's
 /// loss account: cpi-user/src/profile/model.rs `LossReport`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StackCounts {
+pub(crate) struct StackCounts {
     /// Cut at the frame limit or the end of the copied stack.
     pub truncated: u64,
     /// Stopped at code without a file behind it (JIT, anonymous memory, vDSO).
@@ -131,7 +131,7 @@ pub struct StackCounts {
 /// binary on the host, took 289 ms of wall time and 94 ms of CPU, 282 ms of it making
 /// modules and 0.0 ms walking stacks: charged to this budget, 516 of its 517 samples
 /// kept their leaf only.
-pub const UNWIND_PER_PASS: Duration = Duration::from_millis(250);
+pub(crate) const UNWIND_PER_PASS: Duration = Duration::from_millis(250);
 
 /// Wall time a pass may spend walking stacks whatever its CPU time, so that a loaded
 /// host delays a window cut by at most about this much.
@@ -149,8 +149,9 @@ const REREAD_COST_RATIO: u32 = 50;
 
 /// What the collector did to learn processes' mappings since it started: it grows with
 /// the mappings that changed, not with those the processes hold.
+#[cfg(test)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MapsWork {
+pub(crate) struct MapsWork {
     /// Reads of a `/proc/PID/maps`.
     pub reads: u64,
     /// Files of mappings opened to be captured.
@@ -159,7 +160,7 @@ pub struct MapsWork {
 
 /// The collector's side of the ring buffer.
 #[derive(Debug)]
-pub struct Drain {
+pub(crate) struct Drain {
     /// The current window's samples.
     pub set: SampleSet,
     /// Records received per event role.
@@ -253,7 +254,7 @@ impl PassBudget {
 /// (per-CPU events). Threads born later have events of their own (`inherit`), created
 /// with the period of their day, which the kernel reports right.
 #[derive(Debug, Default)]
-pub struct CpuClockPeriods {
+pub(crate) struct CpuClockPeriods {
     /// The period every cpu-clock event was opened with.
     pub opened: u64,
     /// Period now, of per-thread events, by thread.
@@ -297,7 +298,7 @@ impl CpuClockPeriods {
 
 /// What [`Drain::take_window`] hands out: one window's samples and counts.
 #[derive(Debug)]
-pub struct DrainWindow {
+pub(crate) struct DrainWindow {
     /// The window's samples, per process, with comm and maps as known at its end.
     pub set: SampleSet,
     /// Records received per event role.
@@ -337,7 +338,7 @@ impl Drain {
 
     /// A new pass over the ring: its unwinding time starts from zero
     /// ([`UNWIND_PER_PASS`]; the thread's CPU clock read once).
-    pub fn start_pass(&mut self) {
+    pub(crate) fn start_pass(&mut self) {
         self.pass = PassBudget::new(self.pass.cpu_time);
     }
 
@@ -409,7 +410,8 @@ impl Drain {
     }
 
     /// Maps read and files captured since start.
-    pub fn maps_work(&self) -> MapsWork {
+    #[cfg(test)]
+    pub(crate) fn maps_work(&self) -> MapsWork {
         MapsWork {
             reads: self.maps_reads,
             captures: self.files.opened(),
@@ -417,7 +419,7 @@ impl Drain {
     }
 
     /// Evictions and reopens of the captured files.
-    pub fn capture_counter(&self) -> procmap::CaptureCounter {
+    pub(crate) fn capture_counter(&self) -> procmap::CaptureCounter {
         self.files.counter()
     }
 

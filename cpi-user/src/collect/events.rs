@@ -34,14 +34,14 @@ impl Rate {
 /// with less time than it stands for; and at 100 kHz (the default
 /// `kernel.perf_event_max_sample_rate`) the event is throttled for the rest of each
 /// tick. Periods below are raised to 12.5 µs (80 kHz).
-pub const CPU_CLOCK_MIN_PERIOD_NS: u64 = 12_500;
+pub(crate) const CPU_CLOCK_MIN_PERIOD_NS: u64 = 12_500;
 
 /// Largest `--period` (events, or ns: ≈ 18 minutes of cpu-clock): beyond it no sample
 /// would ever come, and rounding up to a prime would take seconds.
 pub const MAX_PERIOD: u64 = 1 << 40;
 
 /// Rejects a rate no event can sample at, in one line.
-pub fn check_rate(rate: &Rate) -> Result<(), super::CollectError> {
+pub(crate) fn check_rate(rate: &Rate) -> Result<(), super::CollectError> {
     match rate.period {
         Some(p) if p == 0 || p > MAX_PERIOD => Err(super::CollectError::Range(format!(
             "the period must be between 1 and {MAX_PERIOD}, not {p}"
@@ -54,7 +54,7 @@ pub fn check_rate(rate: &Rate) -> Result<(), super::CollectError> {
 }
 
 /// What the cpu-clock floor did to `rate`, when it did anything.
-pub fn cpu_clock_floor_note(rate: &Rate) -> Option<String> {
+pub(crate) fn cpu_clock_floor_note(rate: &Rate) -> Option<String> {
     let asked = rate.period(1_000_000_000);
     (asked < CPU_CLOCK_MIN_PERIOD_NS).then(|| {
         let used = PeriodPolicy::around(CPU_CLOCK_MIN_PERIOD_NS).base;
@@ -93,7 +93,7 @@ impl EventSpec {
 
     /// Without branch types: only call-path attribution uses them, and Intel's
     /// model-specific LBR decodes every entry's instruction in the interrupt to give them.
-    pub fn without_branch_types(&mut self) {
+    pub(crate) fn without_branch_types(&mut self) {
         self.attr.branch_sample_type &= !sys::PERF_SAMPLE_BRANCH_TYPE_SAVE;
     }
 }
@@ -293,7 +293,7 @@ pub fn nominal_core_hz() -> u64 {
 }
 
 /// The first `cpu MHz` of a `/proc/cpuinfo` text, in Hz.
-pub fn core_hz_of(cpuinfo: &str) -> Option<u64> {
+pub(crate) fn core_hz_of(cpuinfo: &str) -> Option<u64> {
     cpuinfo
         .lines()
         .find(|l| l.starts_with("cpu MHz"))

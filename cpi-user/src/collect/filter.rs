@@ -96,7 +96,7 @@ impl CgroupV2 {
 
 /// The allow-lists of a filtered session, as installed in the eBPF maps.
 #[derive(Debug, Default)]
-pub struct KernelFilter {
+pub(crate) struct KernelFilter {
     tgids: BTreeSet<u32>,
     cgroup_check: CgroupCheck,
     cgroups: BTreeMap<u64, CgroupV2>,
@@ -216,7 +216,7 @@ impl KernelFilter {
     }
 
     /// The processes still kept by tgid.
-    pub fn tgids(&self) -> impl Iterator<Item = u32> + '_ {
+    pub(crate) fn tgids(&self) -> impl Iterator<Item = u32> + '_ {
         self.tgids.iter().copied()
     }
 }

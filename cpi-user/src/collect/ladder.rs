@@ -23,7 +23,8 @@ pub struct OpenEvent {
 /// The program fd to attach to an event (by program name), borrowed from the loaded
 /// object; `Ok(None)` opens the event without attaching anything (doctor, when the
 /// object did not load).
-pub type Attach<'a> = &'a dyn Fn(&'static str) -> Result<Option<BorrowedFd<'a>>, CollectError>;
+pub(crate) type Attach<'a> =
+    &'a dyn Fn(&'static str) -> Result<Option<BorrowedFd<'a>>, CollectError>;
 
 /// The program of a loaded object, as an [`Attach`] answer.
 pub fn program_fd<'a>(
@@ -84,7 +85,7 @@ pub struct Opened {
 /// per-CPU placement outside the event's PMU ([`EventSpec::cpus`]) is not tried. A thread that exited since it was listed (ESRCH) is skipped; when every
 /// thread is gone, the target is. An event that fails on some CPUs but opens on others
 /// is kept and said ([`Opened::notes`]); one that opens on no CPU is the error.
-pub fn open_events(
+pub(crate) fn open_events(
     sys: &dyn PerfSys,
     specs: &[EventSpec],
     places: &Placements,
@@ -144,7 +145,10 @@ pub fn open_events(
 /// The programs the ladder may attach walking down from `start`: those of
 /// `plan(mode)` for `start` and every rung below it, each once, the only ones
 /// [`super::load`] needs to load.
-pub fn programs_from(start: Mode, plan: &dyn Fn(Mode) -> Vec<EventSpec>) -> Vec<&'static str> {
+pub(crate) fn programs_from(
+    start: Mode,
+    plan: &dyn Fn(Mode) -> Vec<EventSpec>,
+) -> Vec<&'static str> {
     let mut names = Vec::new();
     let mut mode = Some(start);
     while let Some(m) = mode {

@@ -250,7 +250,7 @@ pub const DRAIN_EVERY: Duration = Duration::from_millis(25);
 /// stack copy (cpi-common/src/wire.rs), plus the ring's 8-byte record header: 9,560 bytes.
 /// The mean is lower (4.2–8.3 KB measured with stacks: BENCHMARKS.md, "Why records are
 /// built in a scratch buffer"); sizing with the most keeps [`ring_holds`] a lower bound.
-pub const MAX_RECORD_BYTES: u64 = (std::mem::size_of::<cpi_common::wire::BranchSample>()
+pub(crate) const MAX_RECORD_BYTES: u64 = (std::mem::size_of::<cpi_common::wire::BranchSample>()
     + std::mem::size_of::<cpi_common::wire::StackHeader>()
     + cpi_common::wire::MAX_KERNEL_FRAMES * 8
     + cpi_common::wire::MAX_STACK_BYTES
@@ -291,7 +291,7 @@ pub fn default_ring_mib(holds: Duration, frequency: u64, cpus: u64) -> u32 {
 
 /// Largest `--ring-buffer-mib`: 1 GiB, whose byte count still fits
 /// [`CollectOptions::ring_bytes`].
-pub const MAX_RING_MIB: u32 = 1024;
+pub(crate) const MAX_RING_MIB: u32 = 1024;
 
 /// A `--ring-buffer-mib` the kernel would refuse (BPF ring buffers are a power of two of
 /// pages) or larger than [`MAX_RING_MIB`].
@@ -464,7 +464,7 @@ pub fn read_counters(bpf: &Ebpf) -> [u64; COUNTERS as usize] {
 
 /// Opens `spec` on the calling process (disabled) and, given a loaded object, attaches
 /// its program: what `cpi-bpf doctor` uses to tell what this machine can sample.
-pub fn try_event(spec: &EventSpec, bpf: Option<&Ebpf>) -> Result<(), CollectError> {
+pub(crate) fn try_event(spec: &EventSpec, bpf: Option<&Ebpf>) -> Result<(), CollectError> {
     let attach = |name: &'static str| match bpf {
         Some(bpf) => ladder::program_fd(bpf, name),
         None => Ok(None),

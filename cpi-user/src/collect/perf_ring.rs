@@ -31,13 +31,13 @@ use crate::import::perf_records::{self, SideRecord};
 /// the events of a CPU share it (`PERF_EVENT_IOC_SET_OUTPUT`), whatever the threads. At
 /// 999 Hz a record with an 8 KiB stack copy fills it in about 60 ms; the collector is
 /// woken when it is a quarter full.
-pub const DATA_PAGES: usize = 128;
+pub(crate) const DATA_PAGES: usize = 128;
 
 /// Said in the mode line of every session collected this way.
-pub const MODE_NOTE: &str = "without root: user space only, no in-kernel thinning";
+pub(crate) const MODE_NOTE: &str = "without root: user space only, no in-kernel thinning";
 
 /// The remedy for a refusal, as samply says it: what would allow collection.
-pub fn remedy() -> String {
+pub(crate) fn remedy() -> String {
     let exe = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "/path/to/cpi-bpf".into());
@@ -74,7 +74,7 @@ pub fn allowed(caps: &Capabilities, target: &Target) -> Result<(), String> {
 
 /// Refuses a `--pid` process that is not the user's: the kernel allows only those
 /// (`/proc/PID` belongs to the process's owner, or to root when it may not be traced).
-pub fn own_process(pid: u32, euid: u32) -> Result<(), String> {
+pub(crate) fn own_process(pid: u32, euid: u32) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     match std::fs::metadata(format!("/proc/{pid}")) {
         Ok(m) if m.uid() != euid => Err(format!(
@@ -124,7 +124,7 @@ struct SampleRing {
 
 /// The sample buffers of a session, and what their records said of losses.
 #[derive(Default)]
-pub struct SampleRings {
+pub(crate) struct SampleRings {
     rings: Vec<SampleRing>,
     /// Each event's attributes as the decoder reads them, and its role, by event id.
     events: HashMap<u64, (EventAttr, EventRole)>,
@@ -219,12 +219,12 @@ impl SampleRings {
 
     /// The buffers' fds (copies of their events'), each readable once its buffer is a
     /// quarter full; handed over once.
-    pub fn take_ready_fds(&mut self) -> Vec<std::os::fd::OwnedFd> {
+    pub(crate) fn take_ready_fds(&mut self) -> Vec<std::os::fd::OwnedFd> {
         self.rings.iter_mut().filter_map(|r| r.fd.take()).collect()
     }
 
     /// Loss counts since the last call: (lost, throttled, malformed).
-    pub fn take_losses(&mut self) -> (u64, u64, u64) {
+    pub(crate) fn take_losses(&mut self) -> (u64, u64, u64) {
         let out = (self.lost, self.throttled, self.malformed);
         (self.lost, self.throttled, self.malformed) = (0, 0, 0);
         out

@@ -34,7 +34,7 @@ mod unprivileged;
 use redraw::Redraw;
 
 /// How long a started command gets to end after SIGTERM before it is killed.
-pub const KILL_AFTER: Duration = Duration::from_secs(2);
+pub(crate) const KILL_AFTER: Duration = Duration::from_secs(2);
 
 /// The longest the ring goes undrained without a wake-up ([`Live::poll_every`]): a
 /// process living a second is still read from `/proc` while it lives.
@@ -581,7 +581,7 @@ impl Session {
     }
 
     /// [`Session::finish`], saying on `notify` when the command had to be killed.
-    pub fn finish_with(
+    pub(crate) fn finish_with(
         mut self,
         notify: &mut dyn FnMut(Notice<'_>),
     ) -> Result<Collected, CollectError> {

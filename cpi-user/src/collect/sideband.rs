@@ -27,7 +27,7 @@ const DATA_PAGES: usize = 16;
 
 /// What one side-band record says.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Sideband {
+pub(crate) enum Sideband {
     /// Process `pid` mapped code.
     Mapping {
         /// The process.
@@ -82,7 +82,7 @@ pub fn attr(wake_bytes: u32) -> PerfEventAttr {
 
 /// The side-band buffers of a session.
 #[derive(Default)]
-pub struct SidebandReader {
+pub(crate) struct SidebandReader {
     buffers: Vec<(OwnedFd, Ring)>,
     scratch: Vec<u8>,
 }

@@ -226,7 +226,7 @@ impl PerfSys for Linux {
 /// The kernel filter's allow-lists (the eBPF maps `ALLOWED_TGIDS`, `ALLOWED_CGROUPS`;
 /// cpi-user/src/collect/filter.rs), as a trait: [`BpfFilterMaps`] updates the loaded
 /// object's, `fake::FakeMaps` records the calls in unit tests.
-pub trait FilterMaps {
+pub(crate) trait FilterMaps {
     /// Keep the samples of process `tgid`.
     fn allow_tgid(&mut self, tgid: u32) -> io::Result<()>;
     /// Stop keeping process `tgid` (it exited).
@@ -240,7 +240,7 @@ pub trait FilterMaps {
 }
 
 /// The loaded eBPF object's filter maps.
-pub struct BpfFilterMaps<'a>(pub &'a mut aya::Ebpf);
+pub(crate) struct BpfFilterMaps<'a>(pub &'a mut aya::Ebpf);
 
 impl BpfFilterMaps<'_> {
     fn map<K: aya::Pod>(
@@ -294,7 +294,7 @@ impl FilterMaps for BpfFilterMaps<'_> {
 const CGROUP2_SUPER_MAGIC: libc::c_long = 0x6367_7270;
 
 /// Whether `path` is on a cgroup2 file system (`statfs`).
-pub fn is_cgroup2(path: &std::path::Path) -> io::Result<bool> {
+pub(crate) fn is_cgroup2(path: &std::path::Path) -> io::Result<bool> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
@@ -362,84 +362,84 @@ pub struct PerfEventAttr {
 }
 
 /// `PERF_ATTR_SIZE_VER8`.
-pub const PERF_ATTR_SIZE: u32 = 136;
+pub(crate) const PERF_ATTR_SIZE: u32 = 136;
 
 /// Generic hardware events (`config` is a `PERF_COUNT_HW_*`).
-pub const PERF_TYPE_HARDWARE: u32 = 0;
+pub(crate) const PERF_TYPE_HARDWARE: u32 = 0;
 /// Kernel software events (`config` is a `PERF_COUNT_SW_*`).
-pub const PERF_TYPE_SOFTWARE: u32 = 1;
+pub(crate) const PERF_TYPE_SOFTWARE: u32 = 1;
 /// A vendor event code in `config` (e.g. [`crate::profile::events::INTEL_RETIRED_TAKEN`]).
-pub const PERF_TYPE_RAW: u32 = 4;
+pub(crate) const PERF_TYPE_RAW: u32 = 4;
 /// A `PERF_TYPE_HARDWARE` config's bits 63..32 name the PMU it is for (Linux 5.13,
 /// `PERF_PMU_TYPE_SHIFT`): what opens `cycles` on a hybrid part's second core PMU.
-pub const PERF_PMU_TYPE_SHIFT: u32 = 32;
+pub(crate) const PERF_PMU_TYPE_SHIFT: u32 = 32;
 /// Core cycles.
-pub const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
+pub(crate) const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
 /// Retired instructions.
-pub const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
+pub(crate) const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
 /// CPU time in nanoseconds, driven by an hrtimer: works without a PMU.
-pub const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
+pub(crate) const PERF_COUNT_SW_CPU_CLOCK: u64 = 0;
 /// A software event that counts nothing: it only carries side-band records.
-pub const PERF_COUNT_SW_DUMMY: u64 = 9;
+pub(crate) const PERF_COUNT_SW_DUMMY: u64 = 9;
 
 /// Samples carry the interrupted IP.
-pub const PERF_SAMPLE_IP: u64 = 1 << 0;
+pub(crate) const PERF_SAMPLE_IP: u64 = 1 << 0;
 /// Samples carry pid and tid.
-pub const PERF_SAMPLE_TID: u64 = 1 << 1;
+pub(crate) const PERF_SAMPLE_TID: u64 = 1 << 1;
 /// Samples carry a timestamp.
-pub const PERF_SAMPLE_TIME: u64 = 1 << 2;
+pub(crate) const PERF_SAMPLE_TIME: u64 = 1 << 2;
 /// Samples carry the period they stand for.
-pub const PERF_SAMPLE_PERIOD: u64 = 1 << 8;
+pub(crate) const PERF_SAMPLE_PERIOD: u64 = 1 << 8;
 /// Samples carry the branch stack (LBR); needs `branch_sample_type`.
-pub const PERF_SAMPLE_BRANCH_STACK: u64 = 1 << 11;
+pub(crate) const PERF_SAMPLE_BRANCH_STACK: u64 = 1 << 11;
 /// Samples start with their event's id (`PERF_EVENT_IOC_ID`), at a fixed place.
-pub const PERF_SAMPLE_IDENTIFIER: u64 = 1 << 16;
+pub(crate) const PERF_SAMPLE_IDENTIFIER: u64 = 1 << 16;
 /// Samples carry the user registers of `sample_regs_user`.
-pub const PERF_SAMPLE_REGS_USER: u64 = 1 << 12;
+pub(crate) const PERF_SAMPLE_REGS_USER: u64 = 1 << 12;
 /// Samples carry `sample_stack_user` bytes of the user stack from its pointer up.
-pub const PERF_SAMPLE_STACK_USER: u64 = 1 << 13;
+pub(crate) const PERF_SAMPLE_STACK_USER: u64 = 1 << 13;
 /// x86-64's `PERF_REG_X86_BP`, `_SP` and `_IP` (arch/x86/include/uapi/asm/perf_regs.h):
 /// what the unwinder starts from.
-pub const USER_REGS_BP_SP_IP: u64 = 1 << 6 | 1 << 7 | 1 << 8;
+pub(crate) const USER_REGS_BP_SP_IP: u64 = 1 << 6 | 1 << 7 | 1 << 8;
 
 /// Record branches in user mode.
 pub const PERF_SAMPLE_BRANCH_USER: u64 = 1 << 0;
 /// Record branches in kernel mode.
-pub const PERF_SAMPLE_BRANCH_KERNEL: u64 = 1 << 1;
+pub(crate) const PERF_SAMPLE_BRANCH_KERNEL: u64 = 1 << 1;
 /// Record every kind of taken branch.
 pub const PERF_SAMPLE_BRANCH_ANY: u64 = 1 << 3;
 /// Save each entry's `PERF_BR_*` type (Linux 4.14): Intel LBR and AMD LbrExtV2 decode
 /// it from the instruction, arch LBR reads it from `LBR_INFO`; AMD BRS refuses it.
-pub const PERF_SAMPLE_BRANCH_TYPE_SAVE: u64 = 1 << 16;
+pub(crate) const PERF_SAMPLE_BRANCH_TYPE_SAVE: u64 = 1 << 16;
 
 /// Bits of [`PerfEventAttr::flags`] (bitfield order, bit 0 first).
 pub mod flag {
     /// Open disabled; enabled later with `PERF_EVENT_IOC_ENABLE`.
-    pub const DISABLED: u64 = 1 << 0;
+    pub(crate) const DISABLED: u64 = 1 << 0;
     /// Children and new threads get the event too.
-    pub const INHERIT: u64 = 1 << 1;
+    pub(crate) const INHERIT: u64 = 1 << 1;
     /// Do not count in kernel mode.
-    pub const EXCLUDE_KERNEL: u64 = 1 << 5;
+    pub(crate) const EXCLUDE_KERNEL: u64 = 1 << 5;
     /// Do not count in the hypervisor.
-    pub const EXCLUDE_HV: u64 = 1 << 6;
+    pub(crate) const EXCLUDE_HV: u64 = 1 << 6;
     /// `sample_period` is a frequency the kernel adapts the period to.
     pub const FREQ: u64 = 1 << 10;
     /// Enable at the target's next exec.
-    pub const ENABLE_ON_EXEC: u64 = 1 << 12;
+    pub(crate) const ENABLE_ON_EXEC: u64 = 1 << 12;
     /// `wakeup_events` counts bytes: the buffer's fd polls readable once that many are
     /// unread.
-    pub const WATERMARK: u64 = 1 << 14;
+    pub(crate) const WATERMARK: u64 = 1 << 14;
     /// Side-band records: `PERF_RECORD_MMAP` for executable mappings (with
     /// [`COMM`], [`MMAP2`] and [`COMM_EXEC`], what `collect/sideband.rs` opens).
-    pub const MMAP: u64 = 1 << 8;
+    pub(crate) const MMAP: u64 = 1 << 8;
     /// `PERF_RECORD_COMM` when a thread's name changes.
     pub const COMM: u64 = 1 << 9;
     /// Mapping records are `PERF_RECORD_MMAP2` (device, inode, build-id).
     pub const MMAP2: u64 = 1 << 23;
     /// Mark COMM records caused by exec.
-    pub const COMM_EXEC: u64 = 1 << 24;
+    pub(crate) const COMM_EXEC: u64 = 1 << 24;
     /// `PERF_RECORD_FORK` and `PERF_RECORD_EXIT`.
-    pub const TASK: u64 = 1 << 13;
+    pub(crate) const TASK: u64 = 1 << 13;
 }
 
 const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
@@ -481,7 +481,7 @@ fn perf_event_open(
 
 /// Raises the soft limit on open files towards the hard one when it is below `want`;
 /// returns the soft limit now.
-pub fn raise_fd_limit(want: u64) -> io::Result<u64> {
+pub(crate) fn raise_fd_limit(want: u64) -> io::Result<u64> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -505,13 +505,13 @@ pub fn raise_fd_limit(want: u64) -> io::Result<u64> {
 
 /// CPU time the calling thread has run (`CLOCK_THREAD_CPUTIME_ID`: a system call, ≈ 1.3 µs
 /// on the 2-vCPU VM, where `Instant::now` is 50 ns); zero if it cannot be read.
-pub fn thread_cpu_time() -> std::time::Duration {
+pub(crate) fn thread_cpu_time() -> std::time::Duration {
     clock(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 /// `CLOCK_MONOTONIC` in nanoseconds: the clock of `bpf_ktime_get_ns`, which stamps the
 /// BPF programs' samples; zero if it cannot be read.
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     u64::try_from(clock(libc::CLOCK_MONOTONIC).as_nanos()).unwrap_or(u64::MAX)
 }
 
@@ -550,7 +550,7 @@ fn ioctl(fd: &impl AsRawFd, req: libc::c_ulong, arg: libc::c_ulong) -> io::Resul
 
 /// The plain-data record at the start of `bytes` (any alignment); `None` when `bytes`
 /// is shorter.
-pub fn read_plain<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
+pub(crate) fn read_plain<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
     let bytes = bytes.get(..size_of::<T>())?;
     // SAFETY: `bytes` holds a whole T, and any bit pattern is a valid `Pod`.
     Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) })
@@ -558,27 +558,27 @@ pub fn read_plain<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
 
 /// The bytes of a plain-data record (the wire records have no padding:
 /// cpi-common/src/wire.rs checks their sizes).
-pub fn bytes_of<T: aya::Pod>(v: &T) -> &[u8] {
+pub(crate) fn bytes_of<T: aya::Pod>(v: &T) -> &[u8] {
     // SAFETY: `v` is a whole T, viewed for as long as it is borrowed.
     unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
 }
 
 /// An owned descriptor watched by the runtime's reactor for readiness.
-pub fn watch(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+pub(crate) fn watch(fd: OwnedFd) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     // SAFETY: the AsyncFd owns `fd`: open, and the same description, until it drops.
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(io::Error::from)
 }
 
 /// A copy of `fd` (`dup`) watched for readiness: the same buffer's, closed with the
 /// AsyncFd whatever the lifetime of `fd`'s owner.
-pub fn watch_copy(
+pub(crate) fn watch_copy(
     fd: std::os::fd::BorrowedFd<'_>,
 ) -> io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
     watch(fd.try_clone_to_owned()?)
 }
 
 /// aya's ring buffer watched for readiness.
-pub fn watch_ring(
+pub(crate) fn watch_ring(
     ring: aya::maps::RingBuf<aya::maps::MapData>,
 ) -> io::Result<tokio::io::unix::AsyncFd<aya::maps::RingBuf<aya::maps::MapData>>> {
     // SAFETY: the ring buffer owns its map's fd, open until the AsyncFd drops it.
@@ -587,7 +587,7 @@ pub fn watch_ring(
 
 /// Maps a perf event's ring buffer (`len` bytes: the control page plus a power-of-two
 /// number of data pages) read-write, as perf does.
-pub fn mmap_ring(fd: &OwnedFd, len: usize) -> io::Result<std::ptr::NonNull<u8>> {
+pub(crate) fn mmap_ring(fd: &OwnedFd, len: usize) -> io::Result<std::ptr::NonNull<u8>> {
     // SAFETY: a fresh shared mapping of the event's buffer; the kernel checks the size.
     let p = unsafe {
         libc::mmap(

@@ -55,7 +55,7 @@ pub fn online_cpus() -> Vec<u32> {
 
 /// A kernel CPU list (`0-3,6`, as sysfs `online` and a PMU's `cpus` write it); parts
 /// that do not parse are left out.
-pub fn parse_cpu_list(text: &str) -> Vec<u32> {
+pub(crate) fn parse_cpu_list(text: &str) -> Vec<u32> {
     let mut cpus = Vec::new();
     for part in text.trim().split(',').filter(|p| !p.is_empty()) {
         let (a, b) = part.split_once('-').unwrap_or((part, part));
@@ -83,7 +83,7 @@ pub fn process_start(pid: u32) -> Option<u64> {
 /// Name and start time of a live process from one read of `/proc/PID/stat`: a process
 /// seen for the first time costs one `/proc` read for both. `None` once it has exited
 /// ([`ProcStat::exited`]).
-pub fn comm_and_start(pid: u32) -> Option<(String, u64)> {
+pub(crate) fn comm_and_start(pid: u32) -> Option<(String, u64)> {
     let stat = ProcStat::of(pid).filter(|s| !s.exited())?;
     Some((stat.comm, stat.start))
 }
@@ -119,7 +119,7 @@ pub fn resolve_command(cmd: &str) -> Result<PathBuf, CollectError> {
 
 /// The process (thread group) `tid` belongs to, from `/proc/TID/status`; `None` when
 /// there is no such task.
-pub fn process_of(tid: u32) -> Option<u32> {
+pub(crate) fn process_of(tid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
     status
         .lines()
@@ -131,7 +131,7 @@ pub fn process_of(tid: u32) -> Option<u32> {
 /// process (said in `notes`), each process once, in the order given. A pid with no
 /// task is [`CollectError::NoSuchProcess`]; one whose process has exited but is not
 /// reaped, [`CollectError::Exited`].
-pub fn resolve_pids(pids: &[u32]) -> Result<(Vec<u32>, Vec<String>), CollectError> {
+pub(crate) fn resolve_pids(pids: &[u32]) -> Result<(Vec<u32>, Vec<String>), CollectError> {
     let (mut out, mut notes) = (Vec::new(), Vec::new());
     for &pid in pids {
         let tgid = process_of(pid).ok_or(CollectError::NoSuchProcess(pid))?;
@@ -183,7 +183,7 @@ impl Child {
 
     /// Asks the child to end (SIGTERM), waits up to `grace`, then kills it (SIGKILL).
     /// Returns its status and whether it had to be killed.
-    pub fn terminate(mut self, grace: Duration) -> (Option<i32>, bool) {
+    pub(crate) fn terminate(mut self, grace: Duration) -> (Option<i32>, bool) {
         self.reaped = true;
         // Our own child, not yet reaped: the pid is still its.
         let _ = sys::kill(self.pid, libc::SIGTERM);
@@ -214,7 +214,7 @@ impl Drop for Child {
 /// A forked child blocked before `exec` until [`Suspended::release`]; killed and reaped
 /// when dropped unreleased.
 #[derive(Debug)]
-pub struct Suspended {
+pub(crate) struct Suspended {
     child: Child,
     go: OwnedFd,
     exec_error: OwnedFd,
@@ -224,7 +224,7 @@ pub struct Suspended {
 /// Forks `argv`; the child waits for [`Suspended::release`] and then execs. This is
 /// what `perf record -- CMD` does: events are opened on the child's pid with
 /// `enable_on_exec`, so counting starts exactly at `exec`.
-pub fn spawn_suspended(argv: &[String]) -> Result<Suspended, CollectError> {
+pub(crate) fn spawn_suspended(argv: &[String]) -> Result<Suspended, CollectError> {
     let name = argv.first().ok_or(CollectError::NoTarget)?.clone();
     let path = resolve_command(&name)?;
     let spawn_err = |cause| CollectError::Spawn {

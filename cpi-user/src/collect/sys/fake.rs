@@ -37,7 +37,7 @@ pub fn program() -> BorrowedFd<'static> {
     NULL.as_fd()
 }
 
-pub struct FakeSys {
+pub(crate) struct FakeSys {
     /// `Some(errno)`: `perf_event_open(attr, at)` fails with it.
     open_errno: OpenScript,
     /// `Some(errno)`: `PERF_EVENT_IOC_SET_BPF` fails with it.
@@ -62,7 +62,7 @@ impl FakeSys {
     }
 
     /// The recorded calls that match `f`.
-    pub fn calls_where(&self, f: impl Fn(&Call) -> bool) -> Vec<Call> {
+    pub(crate) fn calls_where(&self, f: impl Fn(&Call) -> bool) -> Vec<Call> {
         self.calls
             .borrow()
             .iter()
@@ -136,7 +136,7 @@ impl PerfSys for FakeSys {
 
 /// One recorded filter-map update.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MapCall {
+pub(crate) enum MapCall {
     AllowTgid(u32),
     RemoveTgid(u32),
     AllowCgroup(u64),
@@ -146,14 +146,14 @@ pub enum MapCall {
 
 /// Records filter-map updates; `fail_remove`: removals fail as a kernel's could.
 #[derive(Debug, Default)]
-pub struct FakeMaps {
+pub(crate) struct FakeMaps {
     pub calls: Vec<MapCall>,
     pub fail_remove: bool,
 }
 
 impl FakeMaps {
     /// The tgids the map would hold after the recorded calls.
-    pub fn allowed_tgids(&self) -> Vec<u32> {
+    pub(crate) fn allowed_tgids(&self) -> Vec<u32> {
         let mut held = std::collections::BTreeSet::new();
         for c in &self.calls {
             match *c {

@@ -7,7 +7,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// `sysconf(_SC_NPROCESSORS_ONLN)`, at least 1.
-pub fn online_cpu_count() -> u32 {
+pub(crate) fn online_cpu_count() -> u32 {
     // SAFETY: sysconf only reads constants of the running system.
     unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) }.max(1) as u32
 }
@@ -27,7 +27,7 @@ pub fn kernel_release() -> String {
 }
 
 /// Whether this process may execute `path` (`access(X_OK)`).
-pub fn can_execute(path: &CStr) -> bool {
+pub(crate) fn can_execute(path: &CStr) -> bool {
     // SAFETY: a valid NUL-terminated path.
     unsafe { libc::access(path.as_ptr(), libc::X_OK) == 0 }
 }
@@ -53,7 +53,7 @@ pub fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// The pipes of a child forked by [`fork_waiting_exec`], the child's ends.
-pub struct ChildEnds {
+pub(crate) struct ChildEnds {
     /// Read until one byte comes (exec) or end-of-file (the parent gave up: exit 127).
     pub go: OwnedFd,
     /// Where an exec failure's errno is written (closed on a successful exec).
@@ -64,7 +64,7 @@ pub struct ChildEnds {
 /// reach its read as end-of-file), waits for a byte on `ends.go`, then execs `path`
 /// with `argv`, writing errno to `ends.exec_error` if exec fails. Returns the child's
 /// pid to the parent.
-pub fn fork_waiting_exec(
+pub(crate) fn fork_waiting_exec(
     path: &CString,
     argv: &[CString],
     ends: ChildEnds,
@@ -100,7 +100,7 @@ pub fn fork_waiting_exec(
 }
 
 /// Writes one byte to `fd`.
-pub fn write_byte(fd: &OwnedFd, b: u8) -> io::Result<()> {
+pub(crate) fn write_byte(fd: &OwnedFd, b: u8) -> io::Result<()> {
     // SAFETY: writing one byte from a local.
     if unsafe { libc::write(fd.as_raw_fd(), (&raw const b).cast(), 1) } != 1 {
         return Err(io::Error::last_os_error());
@@ -109,7 +109,7 @@ pub fn write_byte(fd: &OwnedFd, b: u8) -> io::Result<()> {
 }
 
 /// Reads a native-endian `i32` from `fd`; `None` at end-of-file or on a short read.
-pub fn read_i32(fd: &OwnedFd) -> Option<i32> {
+pub(crate) fn read_i32(fd: &OwnedFd) -> Option<i32> {
     let mut v = 0i32;
     // SAFETY: reading at most 4 bytes into a local i32.
     let n = unsafe { libc::read(fd.as_raw_fd(), (&raw mut v).cast(), 4) };

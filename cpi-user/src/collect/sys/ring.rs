@@ -11,7 +11,7 @@ use crate::fsafe::page_size;
 
 /// One mapped perf event ring buffer: the side-band buffers here, and the sample
 /// buffers of collection without root (collect/perf_ring.rs).
-pub struct Ring {
+pub(crate) struct Ring {
     base: NonNull<u8>,
     len: usize,
     page: usize,
