@@ -9,8 +9,9 @@
 //! State that outlives windows, all bounded:
 //! - the symbolizer's binaries (cpi-user/src/binary/symbolize.rs), kept under
 //!   `--cache-mib` by least-recent use;
-//! - processes, keyed by (pid, start time): a reused pid is a new process (its cached
-//!   mappings are dropped); a process that has exited leaves after its last window.
+//! - what the symbolizer holds per process, dropped when the collector, the one tracker
+//!   of processes (by pid and start time), reports the pid reused (before the window is
+//!   analysed) or the process gone (after its last window): `Collected::changes`.
 //!
 //! Narrowing: `--pid`, `--cgroup` and the pod selectors (`--pod`, `--namespace`,
 //! `--container`: [`pods`]) filter in the kernel (system-wide events whose eBPF program
@@ -52,7 +53,6 @@ pub mod sink;
 pub mod store;
 mod sys;
 
-use std::collections::HashMap;
 use std::sync::mpsc::{
     channel, sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError,
 };
@@ -66,7 +66,6 @@ use config::AgentConfig;
 use cpi_user::binary::{Symbolizer, SymbolizerOptions};
 use cpi_user::collect::events::Rate;
 use cpi_user::collect::filter::CgroupV2;
-use cpi_user::collect::target::process_start;
 use cpi_user::collect::{
     self, CollectError, CollectOptions, Collected, Session, StopReason, Target,
 };
@@ -609,69 +608,6 @@ pub(crate) fn self_cpu_seconds() -> Option<f64> {
     sys::process_cpu_time().map(|d| d.as_secs_f64())
 }
 
-/// Processes the agent holds state for, keyed by (pid, start time).
-#[derive(Debug, Default)]
-pub(crate) struct ProcessTable {
-    procs: HashMap<u32, Tracked>,
-}
-
-#[derive(Debug)]
-struct Tracked {
-    start: Option<u64>,
-    last_window: u64,
-}
-
-impl ProcessTable {
-    /// Processes tracked.
-    pub fn len(&self) -> usize {
-        self.procs.len()
-    }
-
-    /// Notes the processes of window `n` (their start times as the collector read them,
-    /// cpi-user/src/collect/drain.rs); returns the pids whose earlier state belongs to
-    /// another process (the pid was reused).
-    pub fn see(&mut self, n: u64, set: &SampleSet) -> Vec<u32> {
-        let mut reused = Vec::new();
-        for (&pid, p) in &set.processes {
-            let start = p.start;
-            match self.procs.get_mut(&pid) {
-                Some(t) if start.is_some() && t.start.is_some() && t.start != start => {
-                    reused.push(pid);
-                    *t = Tracked {
-                        start,
-                        last_window: n,
-                    };
-                }
-                Some(t) => t.last_window = n,
-                None => {
-                    self.procs.insert(
-                        pid,
-                        Tracked {
-                            start,
-                            last_window: n,
-                        },
-                    );
-                }
-            }
-        }
-        reused
-    }
-
-    /// Drops the processes that had no samples in window `n` and are gone (or whose pid
-    /// now belongs to another process); returns their pids.
-    pub(crate) fn expire(&mut self, n: u64) -> Vec<u32> {
-        let mut gone = Vec::new();
-        self.procs.retain(|&pid, t| {
-            let keep = t.last_window == n || (t.start.is_some() && process_start(pid) == t.start);
-            if !keep {
-                gone.push(pid);
-            }
-            keep
-        });
-        gone
-    }
-}
-
 /// The analysis thread: window → profile → sinks, until the channel closes; then
 /// flushes the push queue.
 fn analysis_loop(
@@ -686,7 +622,6 @@ fn analysis_loop(
         ..AnalysisOptions::default()
     };
     let mut sym = Symbolizer::new(SymbolizerOptions::default());
-    let mut table = ProcessTable::default();
     // Checked at start (the session's kernel filter): a cgroup removed since keeps
     // nothing in user space either.
     let cgroup_rel = c.cgroup.as_ref().map(|d| {
@@ -698,11 +633,14 @@ fn analysis_loop(
             mut set,
             run,
             held_processes,
+            changes,
             unwind_heap,
             captured,
             ..
         } = job.collected;
-        for pid in table.see(job.windows, &set) {
+        // The collector tracks processes; the symbolizer drops what it has of a pid
+        // given to a new process before analysis, of a process gone after it.
+        for &pid in &changes.reused {
             sym.forget_process(pid);
         }
         keep_wanted(&mut set, c, cgroup_rel.as_deref(), kubelet.as_ref());
@@ -715,7 +653,7 @@ fn analysis_loop(
             }
         }
         keep_evidence_lines(&mut profile);
-        for pid in table.expire(job.windows) {
+        for &pid in &changes.left {
             sym.forget_process(pid);
         }
         sym.trim(symbolizer_bytes(c, unwind_heap.other));
@@ -729,9 +667,8 @@ fn analysis_loop(
             mode: job.mode,
             windows: job.windows,
             analysis_seconds,
-            // Whichever side holds more: the collector's state and the analysis's
-            // must both leave with their processes.
-            tracked_processes: table.len().max(held_processes),
+            // The symbolizer holds processes the collector holds, and drops them with it.
+            tracked_processes: held_processes,
             cache_bytes: sym.cache_bytes() + unwind_heap.total(),
             // The store's, filled in by the store (the first sink).
             store_bytes: 0,
@@ -751,7 +688,7 @@ fn analysis_loop(
 }
 
 /// Leaves in `set` only the processes the agent's selectors want: `--pid`, `--comm`,
-/// `--cgroup` (by the cgroup the process table read) and the pods, tested again here as
+/// `--cgroup` (by the cgroup the collector read) and the pods, tested again here as
 /// the kernel tested them (the only test on kernels without it: 5.10).
 fn keep_wanted(
     set: &mut SampleSet,
@@ -882,7 +819,6 @@ pub(crate) mod test_log {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cpi_user::procmap::ProcStat;
 
     #[test]
     fn boundaries_are_multiples_of_the_interval() {
@@ -897,32 +833,5 @@ mod tests {
             t(1_700_000_020_000)
         );
         assert_eq!(next_boundary(t(999), Duration::from_secs(1)), t(1000));
-    }
-
-    #[test]
-    fn processes_are_keyed_by_pid_and_start_and_leave_after_their_last_window() {
-        let me = std::process::id();
-        let mut set = SampleSet::new(1);
-        set.process(me).start = process_start(me);
-        // A pid that does not exist (above the kernel's pid_max limit).
-        set.process(u32::MAX - 7);
-        // One that exited and is not reaped: gone too, though its pid is still taken.
-        let zombie = cpi_tests::Zombie::spawn();
-        set.process(zombie.pid()).start = ProcStat::of(zombie.pid()).map(|s| s.start);
-        let mut t = ProcessTable::default();
-        assert!(t.see(1, &set).is_empty());
-        assert_eq!(t.len(), 3);
-        // Window 2 has none: the live one stays, the gone ones leave.
-        let mut gone = t.expire(2);
-        gone.sort_unstable();
-        assert_eq!(gone, [zombie.pid(), u32::MAX - 7]);
-        assert_eq!(t.len(), 1);
-        // Our pid with another start time is another process.
-        t.procs.get_mut(&me).unwrap().start = Some(1);
-        let mut set = SampleSet::new(1);
-        set.process(me).start = process_start(me);
-        assert_eq!(t.see(3, &set), [me]);
-        assert_eq!(t.procs[&me].start, process_start(me));
-        assert!(process_start(me).is_some());
     }
 }

@@ -178,6 +178,9 @@ pub(crate) struct Drain {
     known: HashMap<u32, Known>,
     /// Files of executable mappings, opened while their processes live.
     files: CapturedFiles,
+    /// Pids of this window whose earlier state belonged to another process (a new
+    /// start time: the pid was reused), dropped at its first sample.
+    reused: Vec<u32>,
     /// Comm and executable mappings per pid from side-band records
     /// ([`super::sideband`]): what is left of a process gone before `/proc` was read,
     /// and, for one whose `exec` they saw, all its code: its maps are then not read.
@@ -311,6 +314,19 @@ pub(crate) struct DrainWindow {
     pub stack_counts: StackCounts,
     /// What the unwinder holds on the heap for later windows.
     pub unwind_heap: UnwindHeap,
+    /// Processes whose state the drain dropped this window.
+    pub changes: ProcessChanges,
+}
+
+/// The processes a window ended or replaced: the drain is their one tracker, and whoever
+/// keeps state per process beside it (the agent's symbolizer) drops the same.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessChanges {
+    /// Pids given to a new process since the previous window (another start time): what
+    /// was kept for the old one is stale before this window is analysed.
+    pub reused: Vec<u32>,
+    /// Processes gone: no sample will follow this window's. Sorted.
+    pub left: Vec<u32>,
 }
 
 impl Drain {
@@ -327,6 +343,7 @@ impl Drain {
             maps_reads: 0,
             maps_read_at: HashMap::new(),
             known: HashMap::new(),
+            reused: Vec::new(),
             files: CapturedFiles::default(),
             recorded: HashMap::new(),
             cpu_clock: CpuClockPeriods::default(),
@@ -348,6 +365,7 @@ impl Drain {
     pub fn take_window(&mut self) -> DrainWindow {
         let next = self.set.empty_like();
         let mut set = std::mem::replace(&mut self.set, next);
+        let mut left = Vec::new();
         for (&pid, p) in &mut set.processes {
             // Read once, at the end of the process's first window: with the pid, what
             // tells it from a later process given the same pid (here and in the agent's
@@ -356,6 +374,7 @@ impl Drain {
                 p.start = target::process_start(pid);
             }
             if p.start.is_none() && pid != 0 {
+                left.push(pid);
                 continue;
             }
             self.known.insert(
@@ -371,13 +390,21 @@ impl Drain {
         }
         // What is held per process stays bounded under churn: a process gone with no
         // sample in this window will have none later (its pid, if reused, is another
-        // process: see `first_in_window`), so it leaves after its last window.
+        // process, with another start time), so it leaves after its last window.
         let keep = |pid: &u32| set.processes.contains_key(pid) || procmap::alive(*pid);
         self.known.retain(|pid, k| {
-            set.processes
+            let keep = set
+                .processes
                 .get(pid)
-                .map_or_else(|| procmap::alive(*pid), |p| p.start == k.start)
+                .map_or_else(|| target::process_start(*pid), |p| p.start)
+                == k.start;
+            if !keep {
+                left.push(*pid);
+            }
+            keep
         });
+        left.sort_unstable();
+        left.dedup();
         self.recorded.retain(|pid, _| keep(pid));
         self.maps_read_at
             .retain(|pid, _| self.known.contains_key(pid));
@@ -397,6 +424,10 @@ impl Drain {
             sideband_lost: std::mem::take(&mut self.sideband_lost),
             stack_counts: std::mem::take(&mut self.stack_counts),
             unwind_heap: self.unwinder.held_bytes(),
+            changes: ProcessChanges {
+                reused: std::mem::take(&mut self.reused),
+                left,
+            },
         }
     }
 
@@ -578,6 +609,7 @@ impl Drain {
             Some(_) => {
                 self.known.remove(&pid);
                 self.maps_read_at.remove(&pid);
+                self.reused.push(pid);
                 return;
             }
         }
@@ -843,6 +875,43 @@ mod tests {
         assert_eq!(p.ips[&EventRole::CpuClock].samples, 1);
         assert_eq!(p.comm, w1.set.processes[&me].comm);
         assert_eq!(p.maps, w1.set.processes[&me].maps);
+    }
+
+    #[test]
+    fn processes_are_keyed_by_pid_and_start_and_leave_after_their_last_window() {
+        let me = std::process::id();
+        let here = processes_are_keyed_by_pid_and_start_and_leave_after_their_last_window
+            as *const () as u64;
+        let mut d = Drain::new(1, StackMemory::default());
+        // A pid that does not exist (above the kernel's pid_max limit), and one that
+        // exited and is not reaped: both gone, though the zombie's pid is still taken.
+        let zombie = cpi_tests::Zombie::spawn();
+        for pid in [me, u32::MAX - 7, zombie.pid()] {
+            d.add(&bytes_of(&ip(pid, here, EventRole::CpuClock)));
+        }
+        let w1 = d.take_window();
+        let mut gone = vec![zombie.pid(), u32::MAX - 7];
+        gone.sort_unstable();
+        assert_eq!(w1.changes.left, gone);
+        assert!(w1.changes.reused.is_empty());
+        assert_eq!(d.held_processes(), 1);
+        // No sample of ours in window 2: still alive with its start time, so kept.
+        let w2 = d.take_window();
+        assert_eq!(w2.changes, ProcessChanges::default());
+        assert_eq!(d.held_processes(), 1);
+        // Our pid with another start time is another process: what was kept is dropped
+        // at its first sample and the pid reported reused.
+        d.known.get_mut(&me).unwrap().start = Some(1);
+        d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
+        let w3 = d.take_window();
+        assert_eq!(w3.changes.reused, [me]);
+        assert_eq!(w3.set.processes[&me].start, target::process_start(me));
+        assert!(w3.changes.left.is_empty() && target::process_start(me).is_some());
+        // Kept for another start time and gone meanwhile (the pid reused by a process
+        // with no sample): it leaves at the window's end.
+        d.known.get_mut(&me).unwrap().start = Some(1);
+        assert_eq!(d.take_window().changes.left, [me]);
+        assert_eq!(d.held_processes(), 0);
     }
 
     #[test]

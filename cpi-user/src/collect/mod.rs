@@ -30,6 +30,7 @@ use cpi_common::policy::{KernelConfig, Perturbation};
 use cpi_common::wire::{StackMode, COUNTERS};
 
 use crate::profile::{RunInfo, SampleSet};
+pub use drain::ProcessChanges;
 use events::{EventSpec, Rate};
 pub use filter::Filter;
 pub use record::{record, RecordOptions, Recorded};
@@ -347,6 +348,8 @@ pub struct Collected {
     /// Processes the collector still holds state for (name, maps, open files) after
     /// this window: those of this window and the live ones of earlier windows.
     pub held_processes: usize,
+    /// Processes this window ended or replaced (the collector is their one tracker).
+    pub changes: ProcessChanges,
     /// What the collector's unwinder holds on the heap for later windows (its copies of
     /// unwind sections within [`StackMemory::unwind_bytes`]).
     pub unwind_heap: crate::unwind::UnwindHeap,

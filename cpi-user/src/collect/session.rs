@@ -889,6 +889,7 @@ impl Live {
             stop: self.stop,
             command_status: None,
             held_processes: self.drain.held_processes(),
+            changes: w.changes,
             unwind_heap: w.unwind_heap,
             captured: self.drain.capture_counter(),
         }
