@@ -1,6 +1,5 @@
-//! Ring-buffer records → per-process [`SampleSet`], plus each process's comm and
-//! mappings (read when the pid is first seen, re-read when an address misses them, kept
-//! after the process exits).
+//! Ring-buffer records → per-process [`SampleSet`], each process's comm, mappings and
+//! identity from the one tracker of processes (`super::processes`), its stacks unwound.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -10,12 +9,11 @@ use cpi_common::wire::{
     FLAG_STACK, MAX_KERNEL_FRAMES, MAX_STACK_BYTES, MAX_USER_FRAMES, WIRE_VERSION,
 };
 
+use super::processes::{ProcessChanges, Processes};
 use super::sideband::Sideband;
 use super::sys::{self, Placement};
-use super::target;
 use super::StackMemory;
-use crate::import::perf_records::names_process;
-use crate::procmap::{self, CapturedFiles, Mapping, ProcessIdentity, ProcessMaps};
+use crate::procmap::{self, ProcessMaps};
 use crate::profile::stack::{CallStack, StackEnd};
 use crate::profile::SampleSet;
 use crate::unwind::{StackUnwinder, Stop, UnwindHeap, UserRegs};
@@ -137,27 +135,6 @@ pub(crate) const UNWIND_PER_PASS: Duration = Duration::from_millis(250);
 /// host delays a window cut by at most about this much.
 const UNWIND_WALL_PER_PASS: Duration = Duration::from_secs(1);
 
-/// Re-read a process's maps on a miss at most this often (a genuinely unmapped
-/// address must not turn every sample into a `/proc` read)…
-const REREAD_EVERY: Duration = Duration::from_millis(100);
-
-/// …and no sooner than this many times what the last read (and its captures) took: a
-/// process with 25 000 mappings costs 50–100 ms a read, so one whose mappings the
-/// kernel's records do not explain (records lost) cannot take more than 2 % of the
-/// collector (BENCHMARKS.md, "A hostile host: mapping churn").
-const REREAD_COST_RATIO: u32 = 50;
-
-/// What the collector did to learn processes' mappings since it started: it grows with
-/// the mappings that changed, not with those the processes hold.
-#[cfg(test)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct MapsWork {
-    /// Reads of a `/proc/PID/maps`.
-    pub reads: u64,
-    /// Files of mappings opened to be captured.
-    pub captures: u64,
-}
-
 /// The collector's side of the ring buffer.
 #[derive(Debug)]
 pub(crate) struct Drain {
@@ -169,22 +146,8 @@ pub(crate) struct Drain {
     pub malformed: u64,
     /// Side-band records the kernel dropped (its buffer was full).
     pub sideband_lost: u64,
-    /// Reads of maps so far.
-    maps_reads: u64,
-    /// When each process's maps may be read again on a miss.
-    maps_read_at: HashMap<u32, Instant>,
-    /// Comm and maps of the processes of earlier windows ([`Drain::take_window`]), given
-    /// back to a process when it shows up again in a later window.
-    known: HashMap<u32, Known>,
-    /// Files of executable mappings, opened while their processes live.
-    files: CapturedFiles,
-    /// Pids of this window whose earlier state belonged to another process (a new
-    /// start time: the pid was reused), dropped at its first sample.
-    reused: Vec<u32>,
-    /// Comm and executable mappings per pid from side-band records
-    /// ([`super::sideband`]): what is left of a process gone before `/proc` was read,
-    /// and, for one whose `exec` they saw, all its code: its maps are then not read.
-    recorded: HashMap<u32, Recorded>,
+    /// What is known of the processes sampled ([`Processes`]).
+    pub(super) processes: Processes,
     /// Periods set on the cpu-clock events since they were opened.
     pub cpu_clock: CpuClockPeriods,
     /// Stacks of this window that stopped short, by reason.
@@ -318,17 +281,6 @@ pub(crate) struct DrainWindow {
     pub changes: ProcessChanges,
 }
 
-/// The processes a window ended or replaced: the drain is their one tracker, and whoever
-/// keeps state per process beside it (the agent's symbolizer) drops the same.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ProcessChanges {
-    /// Pids given to a new process since the previous window (another start time): what
-    /// was kept for the old one is stale before this window is analysed.
-    pub reused: Vec<u32>,
-    /// Processes gone: no sample will follow this window's. Sorted.
-    pub left: Vec<u32>,
-}
-
 impl Drain {
     /// An empty drain whose branch samples use `window` ranges each, its stacks held
     /// within `memory`.
@@ -340,12 +292,7 @@ impl Drain {
             received: BTreeMap::new(),
             malformed: 0,
             sideband_lost: 0,
-            maps_reads: 0,
-            maps_read_at: HashMap::new(),
-            known: HashMap::new(),
-            reused: Vec::new(),
-            files: CapturedFiles::default(),
-            recorded: HashMap::new(),
+            processes: Processes::default(),
             cpu_clock: CpuClockPeriods::default(),
             stack_counts: StackCounts::default(),
             unwinder: StackUnwinder::new(MAX_USER_FRAMES, memory.unwind_bytes),
@@ -365,56 +312,8 @@ impl Drain {
     pub fn take_window(&mut self) -> DrainWindow {
         let next = self.set.empty_like();
         let mut set = std::mem::replace(&mut self.set, next);
-        let mut left = Vec::new();
-        for (&pid, p) in &mut set.processes {
-            // Read once, at the end of the process's first window: with the pid, what
-            // tells it from a later process given the same pid (here and in the agent's
-            // analysis). A process already gone needs none: it will have no more samples.
-            if p.start.is_none() && pid != 0 {
-                p.start = target::process_start(pid);
-            }
-            if p.start.is_none() && pid != 0 {
-                left.push(pid);
-                continue;
-            }
-            self.known.insert(
-                pid,
-                Known {
-                    start: p.start,
-                    comm: p.comm.clone(),
-                    identity: p.identity.clone(),
-                    maps: p.maps.clone(),
-                    files: p.files.clone(),
-                },
-            );
-        }
-        // What is held per process stays bounded under churn: a process gone with no
-        // sample in this window will have none later (its pid, if reused, is another
-        // process, with another start time), so it leaves after its last window.
-        let keep = |pid: &u32| set.processes.contains_key(pid) || procmap::alive(*pid);
-        self.known.retain(|pid, k| {
-            let keep = set
-                .processes
-                .get(pid)
-                .map_or_else(|| target::process_start(*pid), |p| p.start)
-                == k.start;
-            if !keep {
-                left.push(*pid);
-            }
-            keep
-        });
-        left.sort_unstable();
-        left.dedup();
-        self.recorded.retain(|pid, _| keep(pid));
-        self.maps_read_at
-            .retain(|pid, _| self.known.contains_key(pid));
+        let changes = self.processes.end_window(&mut set, &mut self.unwinder);
         self.cpu_clock.by_tid.retain(|&tid, _| procmap::alive(tid));
-        let known = &self.known;
-        self.unwinder
-            .retain_processes(|pid| known.contains_key(&pid));
-        // Files no process held for a while (the window handed out still holds its
-        // own): a binary whose processes come and go keeps its capture.
-        self.files.release_idle();
         // The unwind sections' pages this window touched leave the resident set.
         self.unwinder.release_pages();
         DrainWindow {
@@ -424,69 +323,31 @@ impl Drain {
             sideband_lost: std::mem::take(&mut self.sideband_lost),
             stack_counts: std::mem::take(&mut self.stack_counts),
             unwind_heap: self.unwinder.held_bytes(),
-            changes: ProcessChanges {
-                reused: std::mem::take(&mut self.reused),
-                left,
-            },
+            changes,
         }
     }
 
-    /// Processes the drain keeps anything for (name, maps, files, side-band records,
-    /// when maps were read): the largest of its per-process tables.
+    /// Processes the drain keeps anything for ([`Processes::held`]).
     pub fn held_processes(&self) -> usize {
-        self.known
-            .len()
-            .max(self.recorded.len())
-            .max(self.maps_read_at.len())
+        self.processes.held()
     }
 
     /// Maps read and files captured since start.
     #[cfg(test)]
-    pub(crate) fn maps_work(&self) -> MapsWork {
-        MapsWork {
-            reads: self.maps_reads,
-            captures: self.files.opened(),
-        }
+    pub(crate) fn maps_work(&self) -> super::processes::MapsWork {
+        self.processes.maps_work()
     }
 
     /// Evictions and reopens of the captured files.
     pub(crate) fn capture_counter(&self) -> procmap::CaptureCounter {
-        self.files.counter()
+        self.processes.capture_counter()
     }
 
     /// Takes in one side-band record (read before the samples it may explain).
     pub fn observe(&mut self, s: Sideband) {
         match s {
-            Sideband::Mapping { pid, mapping } => {
-                self.recorded.entry(pid).or_default().maps.overlay(mapping);
-            }
-            Sideband::Comm {
-                pid,
-                tid,
-                comm,
-                exec,
-            } => {
-                let e = self.recorded.entry(pid).or_default();
-                if exec {
-                    // A new image: the old one's mappings stay for earlier samples
-                    // (see ProcessMaps::with_older); its name is the new one.
-                    if let Some(p) = self.set.processes.get_mut(&pid) {
-                        p.comm.clone_from(&comm);
-                    }
-                    e.exec = true;
-                }
-                if names_process(pid, tid, exec, !e.comm.is_empty()) {
-                    e.comm = comm;
-                }
-            }
-            Sideband::Fork { pid, ppid } => {
-                // A child that maps nothing new has no records of its own: what its
-                // parent had mapped is its until it execs.
-                if let Some(parent) = self.recorded.get(&ppid).cloned() {
-                    self.recorded.entry(pid).or_insert(parent);
-                }
-            }
             Sideband::Lost(n) => self.sideband_lost += n,
+            s => self.processes.observe(&mut self.set, s),
         }
     }
 
@@ -510,9 +371,11 @@ impl Drain {
             return;
         };
         if !self.set.processes.contains_key(&h.tgid) {
-            self.first_in_window(h.tgid);
+            self.processes.first_in_window(&mut self.set, h.tgid);
         }
-        self.track(
+        self.processes.track(
+            &mut self.set,
+            &mut self.unwinder,
             h.tgid,
             h.tid,
             (h.flags & FLAG_KERNEL == 0).then_some(user_addr),
@@ -591,202 +454,13 @@ impl Drain {
             end,
         }
     }
-
-    /// A process's first sample of this window: what earlier windows learnt of it,
-    /// unless its pid now belongs to another process (another start time). Only pids
-    /// known from earlier windows cost a `/proc/PID/stat` read here.
-    fn first_in_window(&mut self, pid: u32) {
-        let Some(k) = self.known.get(&pid) else {
-            return;
-        };
-        let start = target::comm_and_start(pid);
-        let p = self.set.process(pid);
-        match start {
-            // Gone already: no other process has taken the pid yet, so it is the one
-            // we knew.
-            None => p.comm.clone_from(&k.comm),
-            Some((comm, start)) if k.start == Some(start) => p.comm = comm,
-            Some(_) => {
-                self.known.remove(&pid);
-                self.maps_read_at.remove(&pid);
-                self.reused.push(pid);
-                return;
-            }
-        }
-        p.start = k.start;
-        p.identity.clone_from(&k.identity);
-        p.maps.clone_from(&k.maps);
-        p.files.clone_from(&k.files);
-    }
-
-    /// Comm, maps and mapped files of `pid`: on first sight taken from the kernel's
-    /// records when they saw its `exec` (they hold all its code: its `/proc/PID/maps` is
-    /// not read, and its files are the captures of earlier processes of the same
-    /// binaries), else read; on a miss (`addr`, a user address, in none of the known
-    /// mappings) taken from the records, else re-read (at most every `REREAD_EVERY`, and
-    /// `REREAD_COST_RATIO` times the last read's cost). Only mappings not known before
-    /// have their files captured: a new mapping costs its own open, not one per mapping
-    /// the process holds, and a binary captured for another process none. What is read
-    /// while the process lives is what analysis uses after it is gone: the files are
-    /// opened at once (deleted, replaced and other-namespace binaries stay readable), and
-    /// mappings from before an `exec` are kept where the new image does not overlap them.
-    fn track(&mut self, pid: u32, tid: u32, addr: Option<u64>) {
-        let p = self.set.process(pid);
-        if pid == 0 {
-            // The idle task (system-wide, kernel samples): no /proc entry, no maps.
-            p.comm = "swapper".to_string();
-            return;
-        }
-        let first = p.maps.is_none() && !self.maps_read_at.contains_key(&pid);
-        let exec = self
-            .recorded
-            .get(&pid)
-            .filter(|r| r.exec && !r.comm.is_empty());
-        if p.comm.is_empty() {
-            p.comm = exec.map_or_else(|| target::comm(pid), |r| r.comm.clone());
-        }
-        if first {
-            // Now, before the process can exit: who it is (cgroup, container, pod).
-            p.identity = ProcessIdentity::read(pid);
-        }
-        let miss =
-            addr.is_some_and(|a| a != 0 && p.maps.as_ref().is_none_or(|m| m.find(a).is_none()));
-        // The kernel's records explain a miss at once, without reading /proc (an exec'd
-        // child whose maps were read as its parent's a moment ago, a library just
-        // loaded). A first sample reads /proc while the process lives (what the records
-        // hold lacks the vDSO and every file a fork inherited, and taking them alone
-        // tripled the unmapped samples and failed stacks of short-lived children),
-        // else takes the records ([`Self::read_maps`]).
-        let explained = |r: &&Recorded| {
-            addr.filter(|&a| a != 0)
-                .is_some_and(|a| miss && !first && r.maps.find(a).is_some())
-        };
-        if self.recorded.get(&pid).filter(explained).is_some() {
-            self.adopt_records(pid, tid);
-        } else if first || miss && self.maps_due(pid) {
-            self.read_maps(pid, tid, first);
-        }
-        let p = self.set.process(pid);
-        if p.comm.is_empty() {
-            // Gone before its name could be read: the thread's, else the pid.
-            p.comm = target::comm(tid);
-            if p.comm.is_empty() {
-                p.comm = format!("[pid {pid}]");
-            }
-        }
-    }
-
-    /// Whether `pid`'s maps may be read again ([`REREAD_EVERY`]).
-    fn maps_due(&self, pid: u32) -> bool {
-        self.maps_read_at
-            .get(&pid)
-            .is_none_or(|&t| Instant::now() >= t)
-    }
-
-    /// [`Self::track`]: `pid`'s mappings the kernel recorded that it does not know yet
-    /// join its maps, their files captured (open them now, while the process lives:
-    /// after it exits a file seen only in its mount namespace, a container's, cannot be
-    /// found; a file captured for another process costs nothing).
-    fn adopt_records(&mut self, pid: u32, tid: u32) {
-        let (p, r) = (self.set.process(pid), &self.recorded[&pid]);
-        let fresh: Vec<Mapping> = (r.maps.mappings.iter())
-            .filter(|r| p.maps.as_ref().is_none_or(|o| !o.holds(r)))
-            .cloned()
-            .collect();
-        for r in &fresh {
-            p.files.remove(&r.start);
-        }
-        for (start, f) in self.files.capture_live(pid, tid, &fresh) {
-            p.files.insert(start, f);
-        }
-        self.unwinder
-            .maps_changed(pid, fresh.iter().map(|r| r.start..r.end));
-        let maps = p.maps.get_or_insert_with(ProcessMaps::default);
-        for r in fresh {
-            maps.overlay(r);
-        }
-        if !r.comm.is_empty() {
-            p.comm.clone_from(&r.comm);
-        }
-    }
-
-    /// [`Self::track`]: reads `pid`'s maps from `/proc` (a process already gone keeps
-    /// the maps and name read last time, else what the kernel recorded of it).
-    fn read_maps(&mut self, pid: u32, tid: u32, first: bool) {
-        let p = self.set.process(pid);
-        let began = Instant::now();
-        self.maps_reads += 1;
-        let read = match ProcessMaps::read_live(pid, tid) {
-            Ok((m, dir)) => {
-                let fresh: Vec<&Mapping> = (m.mappings.iter())
-                    .filter(|x| p.maps.as_ref().is_none_or(|o| !o.holds(x)))
-                    .collect();
-                for x in &fresh {
-                    p.files.remove(&x.start);
-                }
-                // Merged below as `with_older`: the old maps overlaid with these.
-                self.unwinder
-                    .maps_changed(pid, fresh.iter().map(|x| x.start..x.end));
-                for (start, f) in self.files.capture(&dir, fresh) {
-                    p.files.insert(start, f);
-                }
-                Some(m)
-            }
-            // Gone already: what the kernel recorded of it.
-            Err(_) => self.recorded.get(&pid).map(|r| {
-                if !r.comm.is_empty() {
-                    p.comm.clone_from(&r.comm);
-                }
-                for (start, f) in self.files.capture_live(pid, tid, &r.maps.mappings) {
-                    p.files.insert(start, f);
-                }
-                r.maps.clone()
-            }),
-        };
-        if let Some(m) = read {
-            p.maps = Some(match p.maps.take() {
-                Some(older) => m.with_older(older),
-                None => m,
-            });
-        }
-        // A miss usually means exec replaced the image (a shell wrapper or a pyenv
-        // shim becoming the real program): its name changed with it. (On first sight
-        // it was read a moment ago.)
-        if !first {
-            let comm = target::comm(pid);
-            if !comm.is_empty() {
-                p.comm = comm;
-            }
-        }
-        let wait = REREAD_EVERY.max(began.elapsed() * REREAD_COST_RATIO);
-        self.maps_read_at.insert(pid, began + wait);
-    }
-}
-
-/// What the kernel's side-band records said of a process (a forked child's is its
-/// parent's: the same code mapped, under the same exec).
-#[derive(Clone, Debug, Default)]
-struct Recorded {
-    comm: String,
-    /// Its executable mappings.
-    maps: ProcessMaps,
-    /// Its `exec` was recorded: `maps` holds all its code since (bar the vDSO).
-    exec: bool,
-}
-
-/// What the drain keeps of a process between windows.
-#[derive(Debug)]
-struct Known {
-    start: Option<u64>,
-    comm: String,
-    identity: Option<ProcessIdentity>,
-    maps: Option<ProcessMaps>,
-    files: HashMap<u64, std::sync::Arc<procmap::CapturedFile>>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::collect::target;
+    use crate::procmap::{CapturedFiles, Mapping};
     use cpi_common::wire::{BranchEntry, MAX_BRANCH_ENTRIES};
 
     fn bytes_of<T: aya::Pod>(v: &T) -> Vec<u8> {
@@ -901,7 +575,7 @@ mod tests {
         assert_eq!(d.held_processes(), 1);
         // Our pid with another start time is another process: what was kept is dropped
         // at its first sample and the pid reported reused.
-        d.known.get_mut(&me).unwrap().start = Some(1);
+        d.processes.known.get_mut(&me).unwrap().start = Some(1);
         d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
         let w3 = d.take_window();
         assert_eq!(w3.changes.reused, [me]);
@@ -909,7 +583,7 @@ mod tests {
         assert!(w3.changes.left.is_empty() && target::process_start(me).is_some());
         // Kept for another start time and gone meanwhile (the pid reused by a process
         // with no sample): it leaves at the window's end.
-        d.known.get_mut(&me).unwrap().start = Some(1);
+        d.processes.known.get_mut(&me).unwrap().start = Some(1);
         assert_eq!(d.take_window().changes.left, [me]);
         assert_eq!(d.held_processes(), 0);
     }
@@ -964,7 +638,7 @@ mod tests {
         };
         d.observe(Sideband::Mapping { pid: 5, mapping: m });
         d.observe(Sideband::Fork { pid: 6, ppid: 5 });
-        assert_eq!(d.recorded[&6].maps, d.recorded[&5].maps);
+        assert_eq!(d.processes.recorded[&6].maps, d.processes.recorded[&5].maps);
     }
 
     /// Import's rename rule (perf_records::names_process): another thread's name does
@@ -979,7 +653,7 @@ mod tests {
                 comm: name.into(),
                 exec,
             });
-            d.recorded[&9].comm.clone()
+            d.processes.recorded[&9].comm.clone()
         };
         assert_eq!(comm(10, "worker", false), "worker", "a first name is taken");
         assert_eq!(comm(9, "server", false), "server", "the main thread's");
@@ -1247,7 +921,7 @@ mod tests {
         }
         let mut d = Drain::new(1, StackMemory::default());
         // Fewer descriptors than files, as for 25 000 files: most are closed at once.
-        d.files = CapturedFiles::with_cap(64);
+        d.processes.files = CapturedFiles::with_cap(64);
         let reopens = d.capture_counter();
         // The kernel recorded every mapping (the collector ran while they were made).
         let now = ProcessMaps::read(me).unwrap();
@@ -1333,7 +1007,7 @@ mod tests {
             mapped.map();
         }
         let mut d = Drain::new(1, StackMemory::default());
-        d.files = CapturedFiles::with_cap(64);
+        d.processes.files = CapturedFiles::with_cap(64);
         let reopens = d.capture_counter();
         let sample = |d: &mut Drain, pid: u32, at: u64| {
             let r = ip(pid, at, EventRole::CpuClock);

@@ -14,6 +14,7 @@ pub mod events;
 pub mod filter;
 pub mod ladder;
 pub(crate) mod perf_ring;
+pub(crate) mod processes;
 pub mod record;
 pub(crate) mod session;
 pub(crate) mod sideband;
@@ -30,9 +31,9 @@ use cpi_common::policy::{KernelConfig, Perturbation};
 use cpi_common::wire::{StackMode, COUNTERS};
 
 use crate::profile::{RunInfo, SampleSet};
-pub use drain::ProcessChanges;
 use events::{EventSpec, Rate};
 pub use filter::Filter;
+pub use processes::ProcessChanges;
 pub use record::{record, RecordOptions, Recorded};
 pub use session::{collect, Session};
 pub use target::Target;

@@ -1,0 +1,401 @@
+//! The collector's one tracker of processes, keyed by pid and start time: each
+//! process's comm, mappings, identity (cgroup, container, pod) and captured files, read
+//! when its pid is first sampled, re-read when an address misses them, taken from the
+//! kernel's side-band records where they explain it, and kept after it exits. It tells
+//! the unwinder which mappings changed and a window's reader which processes were
+//! replaced or left ([`ProcessChanges`]): who keeps per-process state beside it (the
+//! agent's symbolizer) drops the same.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::sideband::Sideband;
+use super::target;
+use crate::import::perf_records::names_process;
+use crate::procmap::{self, CapturedFiles, Mapping, ProcessIdentity, ProcessMaps};
+use crate::profile::SampleSet;
+use crate::unwind::StackUnwinder;
+
+/// Re-read a process's maps on a miss at most this often (a genuinely unmapped
+/// address must not turn every sample into a `/proc` read)…
+const REREAD_EVERY: Duration = Duration::from_millis(100);
+
+/// …and no sooner than this many times what the last read (and its captures) took: a
+/// process with 25 000 mappings costs 50–100 ms a read, so one whose mappings the
+/// kernel's records do not explain (records lost) cannot take more than 2 % of the
+/// collector (BENCHMARKS.md, "A hostile host: mapping churn").
+const REREAD_COST_RATIO: u32 = 50;
+
+/// What the collector did to learn processes' mappings since it started: it grows with
+/// the mappings that changed, not with those the processes hold.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct MapsWork {
+    /// Reads of a `/proc/PID/maps`.
+    pub reads: u64,
+    /// Files of mappings opened to be captured.
+    pub captures: u64,
+}
+
+/// The processes a window ended or replaced: [`Processes`] is their one tracker, and whoever
+/// keeps state per process beside it (the agent's symbolizer) drops the same.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessChanges {
+    /// Pids given to a new process since the previous window (another start time): what
+    /// was kept for the old one is stale before this window is analysed.
+    pub reused: Vec<u32>,
+    /// Processes gone: no sample will follow this window's. Sorted.
+    pub left: Vec<u32>,
+}
+
+/// What the collector knows of processes between samples and windows.
+#[derive(Debug, Default)]
+pub(crate) struct Processes {
+    /// Reads of maps so far.
+    pub(super) maps_reads: u64,
+    /// When each process's maps may be read again on a miss.
+    pub(super) maps_read_at: HashMap<u32, Instant>,
+    /// Comm and maps of the processes of earlier windows ([`Processes::end_window`]),
+    /// given back to a process when it shows up again in a later window.
+    pub(super) known: HashMap<u32, Known>,
+    /// Pids of this window whose earlier state belonged to another process (a new
+    /// start time: the pid was reused), dropped at its first sample.
+    pub(super) reused: Vec<u32>,
+    /// Files of executable mappings, opened while their processes live.
+    pub(super) files: CapturedFiles,
+    /// Comm and executable mappings per pid from side-band records
+    /// ([`super::sideband`]): what is left of a process gone before `/proc` was read,
+    /// and, for one whose `exec` they saw, all its code: its maps are then not read.
+    pub(super) recorded: HashMap<u32, Recorded>,
+}
+
+impl Processes {
+    /// The end of a window whose samples are `set`: each process's start time read
+    /// once, what is known of it kept for later windows while its pid keeps its start
+    /// time; what the unwinder and the captured files hold goes with the processes.
+    pub(crate) fn end_window(
+        &mut self,
+        set: &mut SampleSet,
+        unwinder: &mut StackUnwinder,
+    ) -> ProcessChanges {
+        let mut left = Vec::new();
+        for (&pid, p) in &mut set.processes {
+            // Read once, at the end of the process's first window: with the pid, what
+            // tells it from a later process given the same pid. A process already gone
+            // needs none: it will have no more samples.
+            if p.start.is_none() && pid != 0 {
+                p.start = target::process_start(pid);
+            }
+            if p.start.is_none() && pid != 0 {
+                left.push(pid);
+                continue;
+            }
+            self.known.insert(
+                pid,
+                Known {
+                    start: p.start,
+                    comm: p.comm.clone(),
+                    identity: p.identity.clone(),
+                    maps: p.maps.clone(),
+                    files: p.files.clone(),
+                },
+            );
+        }
+        // What is held per process stays bounded under churn: a process gone with no
+        // sample in this window will have none later (its pid, if reused, is another
+        // process, with another start time), so it leaves after its last window.
+        self.known.retain(|pid, k| {
+            let keep = set
+                .processes
+                .get(pid)
+                .map_or_else(|| target::process_start(*pid), |p| p.start)
+                == k.start;
+            if !keep {
+                left.push(*pid);
+            }
+            keep
+        });
+        left.sort_unstable();
+        left.dedup();
+        let keep = |pid: &u32| set.processes.contains_key(pid) || procmap::alive(*pid);
+        self.recorded.retain(|pid, _| keep(pid));
+        self.maps_read_at
+            .retain(|pid, _| self.known.contains_key(pid));
+        let known = &self.known;
+        unwinder.retain_processes(|pid| known.contains_key(&pid));
+        // Files no process held for a while (the window handed out still holds its
+        // own): a binary whose processes come and go keeps its capture.
+        self.files.release_idle();
+        ProcessChanges {
+            reused: std::mem::take(&mut self.reused),
+            left,
+        }
+    }
+
+    /// Processes it keeps anything for (name, maps, files, side-band records,
+    /// when maps were read): the largest of its per-process tables.
+    pub(crate) fn held(&self) -> usize {
+        self.known
+            .len()
+            .max(self.recorded.len())
+            .max(self.maps_read_at.len())
+    }
+
+    /// Maps read and files captured since start.
+    #[cfg(test)]
+    pub(crate) fn maps_work(&self) -> MapsWork {
+        MapsWork {
+            reads: self.maps_reads,
+            captures: self.files.opened(),
+        }
+    }
+
+    /// Evictions and reopens of the captured files.
+    pub(crate) fn capture_counter(&self) -> procmap::CaptureCounter {
+        self.files.counter()
+    }
+    /// Takes in one side-band record (read before the samples it may explain).
+    pub(crate) fn observe(&mut self, set: &mut SampleSet, s: Sideband) {
+        match s {
+            Sideband::Mapping { pid, mapping } => {
+                self.recorded.entry(pid).or_default().maps.overlay(mapping);
+            }
+            Sideband::Comm {
+                pid,
+                tid,
+                comm,
+                exec,
+            } => {
+                let e = self.recorded.entry(pid).or_default();
+                if exec {
+                    // A new image: the old one's mappings stay for earlier samples
+                    // (see ProcessMaps::with_older); its name is the new one.
+                    if let Some(p) = set.processes.get_mut(&pid) {
+                        p.comm.clone_from(&comm);
+                    }
+                    e.exec = true;
+                }
+                if names_process(pid, tid, exec, !e.comm.is_empty()) {
+                    e.comm = comm;
+                }
+            }
+            Sideband::Fork { pid, ppid } => {
+                // A child that maps nothing new has no records of its own: what its
+                // parent had mapped is its until it execs.
+                if let Some(parent) = self.recorded.get(&ppid).cloned() {
+                    self.recorded.entry(pid).or_insert(parent);
+                }
+            }
+            Sideband::Lost(_) => {}
+        }
+    }
+
+    /// A process's first sample of this window: what earlier windows learnt of it,
+    /// unless its pid now belongs to another process (another start time). Only pids
+    /// known from earlier windows cost a `/proc/PID/stat` read here.
+    pub(crate) fn first_in_window(&mut self, set: &mut SampleSet, pid: u32) {
+        let Some(k) = self.known.get(&pid) else {
+            return;
+        };
+        let start = target::comm_and_start(pid);
+        let p = set.process(pid);
+        match start {
+            // Gone already: no other process has taken the pid yet, so it is the one
+            // we knew.
+            None => p.comm.clone_from(&k.comm),
+            Some((comm, start)) if k.start == Some(start) => p.comm = comm,
+            Some(_) => {
+                self.known.remove(&pid);
+                self.maps_read_at.remove(&pid);
+                self.reused.push(pid);
+                return;
+            }
+        }
+        p.start = k.start;
+        p.identity.clone_from(&k.identity);
+        p.maps.clone_from(&k.maps);
+        p.files.clone_from(&k.files);
+    }
+
+    /// Comm, maps and mapped files of `pid`: on first sight taken from the kernel's
+    /// records when they saw its `exec` (they hold all its code: its `/proc/PID/maps` is
+    /// not read, and its files are the captures of earlier processes of the same
+    /// binaries), else read; on a miss (`addr`, a user address, in none of the known
+    /// mappings) taken from the records, else re-read (at most every `REREAD_EVERY`, and
+    /// `REREAD_COST_RATIO` times the last read's cost). Only mappings not known before
+    /// have their files captured: a new mapping costs its own open, not one per mapping
+    /// the process holds, and a binary captured for another process none. What is read
+    /// while the process lives is what analysis uses after it is gone: the files are
+    /// opened at once (deleted, replaced and other-namespace binaries stay readable), and
+    /// mappings from before an `exec` are kept where the new image does not overlap them.
+    pub(crate) fn track(
+        &mut self,
+        set: &mut SampleSet,
+        unwinder: &mut StackUnwinder,
+        pid: u32,
+        tid: u32,
+        addr: Option<u64>,
+    ) {
+        let p = set.process(pid);
+        if pid == 0 {
+            // The idle task (system-wide, kernel samples): no /proc entry, no maps.
+            p.comm = "swapper".to_string();
+            return;
+        }
+        let first = p.maps.is_none() && !self.maps_read_at.contains_key(&pid);
+        let exec = self
+            .recorded
+            .get(&pid)
+            .filter(|r| r.exec && !r.comm.is_empty());
+        if p.comm.is_empty() {
+            p.comm = exec.map_or_else(|| target::comm(pid), |r| r.comm.clone());
+        }
+        if first {
+            // Now, before the process can exit: who it is (cgroup, container, pod).
+            p.identity = ProcessIdentity::read(pid);
+        }
+        let miss =
+            addr.is_some_and(|a| a != 0 && p.maps.as_ref().is_none_or(|m| m.find(a).is_none()));
+        // The kernel's records explain a miss at once, without reading /proc (an exec'd
+        // child whose maps were read as its parent's a moment ago, a library just
+        // loaded). A first sample reads /proc while the process lives (what the records
+        // hold lacks the vDSO and every file a fork inherited, and taking them alone
+        // tripled the unmapped samples and failed stacks of short-lived children),
+        // else takes the records ([`Self::read_maps`]).
+        let explained = |r: &&Recorded| {
+            addr.filter(|&a| a != 0)
+                .is_some_and(|a| miss && !first && r.maps.find(a).is_some())
+        };
+        if self.recorded.get(&pid).filter(explained).is_some() {
+            self.adopt_records(set, unwinder, pid, tid);
+        } else if first || miss && self.maps_due(pid) {
+            self.read_maps(set, unwinder, pid, tid, first);
+        }
+        let p = set.process(pid);
+        if p.comm.is_empty() {
+            // Gone before its name could be read: the thread's, else the pid.
+            p.comm = target::comm(tid);
+            if p.comm.is_empty() {
+                p.comm = format!("[pid {pid}]");
+            }
+        }
+    }
+
+    /// Whether `pid`'s maps may be read again ([`REREAD_EVERY`]).
+    fn maps_due(&self, pid: u32) -> bool {
+        self.maps_read_at
+            .get(&pid)
+            .is_none_or(|&t| Instant::now() >= t)
+    }
+
+    /// [`Self::track`]: `pid`'s mappings the kernel recorded that it does not know yet
+    /// join its maps, their files captured (open them now, while the process lives:
+    /// after it exits a file seen only in its mount namespace, a container's, cannot be
+    /// found; a file captured for another process costs nothing).
+    fn adopt_records(
+        &mut self,
+        set: &mut SampleSet,
+        unwinder: &mut StackUnwinder,
+        pid: u32,
+        tid: u32,
+    ) {
+        let (p, r) = (set.process(pid), &self.recorded[&pid]);
+        let fresh: Vec<Mapping> = (r.maps.mappings.iter())
+            .filter(|r| p.maps.as_ref().is_none_or(|o| !o.holds(r)))
+            .cloned()
+            .collect();
+        for r in &fresh {
+            p.files.remove(&r.start);
+        }
+        for (start, f) in self.files.capture_live(pid, tid, &fresh) {
+            p.files.insert(start, f);
+        }
+        unwinder.maps_changed(pid, fresh.iter().map(|r| r.start..r.end));
+        let maps = p.maps.get_or_insert_with(ProcessMaps::default);
+        for r in fresh {
+            maps.overlay(r);
+        }
+        if !r.comm.is_empty() {
+            p.comm.clone_from(&r.comm);
+        }
+    }
+
+    /// [`Self::track`]: reads `pid`'s maps from `/proc` (a process already gone keeps
+    /// the maps and name read last time, else what the kernel recorded of it).
+    fn read_maps(
+        &mut self,
+        set: &mut SampleSet,
+        unwinder: &mut StackUnwinder,
+        pid: u32,
+        tid: u32,
+        first: bool,
+    ) {
+        let p = set.process(pid);
+        let began = Instant::now();
+        self.maps_reads += 1;
+        let read = match ProcessMaps::read_live(pid, tid) {
+            Ok((m, dir)) => {
+                let fresh: Vec<&Mapping> = (m.mappings.iter())
+                    .filter(|x| p.maps.as_ref().is_none_or(|o| !o.holds(x)))
+                    .collect();
+                for x in &fresh {
+                    p.files.remove(&x.start);
+                }
+                // Merged below as `with_older`: the old maps overlaid with these.
+                unwinder.maps_changed(pid, fresh.iter().map(|x| x.start..x.end));
+                for (start, f) in self.files.capture(&dir, fresh) {
+                    p.files.insert(start, f);
+                }
+                Some(m)
+            }
+            // Gone already: what the kernel recorded of it.
+            Err(_) => self.recorded.get(&pid).map(|r| {
+                if !r.comm.is_empty() {
+                    p.comm.clone_from(&r.comm);
+                }
+                for (start, f) in self.files.capture_live(pid, tid, &r.maps.mappings) {
+                    p.files.insert(start, f);
+                }
+                r.maps.clone()
+            }),
+        };
+        if let Some(m) = read {
+            p.maps = Some(match p.maps.take() {
+                Some(older) => m.with_older(older),
+                None => m,
+            });
+        }
+        // A miss usually means exec replaced the image (a shell wrapper or a pyenv
+        // shim becoming the real program): its name changed with it. (On first sight
+        // it was read a moment ago.)
+        if !first {
+            let comm = target::comm(pid);
+            if !comm.is_empty() {
+                p.comm = comm;
+            }
+        }
+        let wait = REREAD_EVERY.max(began.elapsed() * REREAD_COST_RATIO);
+        self.maps_read_at.insert(pid, began + wait);
+    }
+}
+
+/// What the kernel's side-band records said of a process (a forked child's is its
+/// parent's: the same code mapped, under the same exec).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Recorded {
+    pub(super) comm: String,
+    /// Its executable mappings.
+    pub(super) maps: ProcessMaps,
+    /// Its `exec` was recorded: `maps` holds all its code since (bar the vDSO).
+    pub(super) exec: bool,
+}
+
+/// What is kept of a process between windows.
+#[derive(Debug)]
+pub(super) struct Known {
+    pub(super) start: Option<u64>,
+    comm: String,
+    identity: Option<ProcessIdentity>,
+    maps: Option<ProcessMaps>,
+    files: HashMap<u64, std::sync::Arc<procmap::CapturedFile>>,
+}
