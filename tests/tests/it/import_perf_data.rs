@@ -1150,7 +1150,6 @@ fn callchains_give_the_same_stacks_from_perf_data_and_perf_script() {
         let p = &set.processes[&PID];
         assert_eq!(p.stacks.unstacked, 0);
         p.stacks
-            .stacks
             .iter()
             .map(|(s, st)| {
                 assert!(s.kernel.is_empty());
