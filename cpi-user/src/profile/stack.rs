@@ -333,6 +333,7 @@ impl StackAggregate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     fn stack(user: &[u64]) -> CallStack {
         CallStack {
@@ -474,5 +475,106 @@ mod tests {
         a.add_ip(&young[1], EventRole::CpuClock, 1, 0, 9);
         assert_eq!(a.get(&young[1]).unwrap().samples(), 2);
         assert_eq!(a.trie.len(), 5);
+    }
+
+    /// The stack a range is counted under, the way it was before stacks were interned:
+    /// the sample's user frames, rebuilt entry by entry on a `Vec`.
+    fn reference(stack: &CallStack, entries: &[BranchEntry]) -> Vec<(CallStack, (u64, u64))> {
+        use cpi_common::wire::branch_type as bt;
+        let undo = |mut f: Vec<u64>, e: &BranchEntry| {
+            match e.branch_type() {
+                bt::CALL | bt::IND_CALL if f.len() >= 2 => {
+                    f.remove(0);
+                    f[0] = e.from;
+                }
+                bt::RET => {
+                    f[0] = e.to;
+                    f.insert(0, e.from);
+                }
+                bt::COND | bt::UNCOND | bt::IND => f[0] = e.from,
+                _ => return None,
+            }
+            Some(f)
+        };
+        let mut rebuilt = Some(stack.user.to_vec());
+        let mut out = Vec::new();
+        for pair in entries.windows(2) {
+            let (newer, older) = (&pair[0], &pair[1]);
+            rebuilt = rebuilt.and_then(|f| undo(f, newer));
+            if older.to > newer.from {
+                continue;
+            }
+            let at = match &rebuilt {
+                Some(f) => {
+                    let mut user = f.clone();
+                    user[0] = older.to;
+                    CallStack {
+                        kernel: Box::new([]),
+                        user: user.into(),
+                        end: stack.end,
+                    }
+                }
+                None => stack.clone(),
+            };
+            out.push((at, (older.to, newer.from)));
+        }
+        out
+    }
+
+    /// Random typed windows under random stacks (some with kernel frames) count each
+    /// range under the stack the `Vec` walk gives it.
+    #[test]
+    fn interned_walk_matches_the_frame_walk() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % n
+        };
+        let (mut agg, mut want) = (StackAggregate::default(), HashMap::new());
+        for now in 0..2000 {
+            let user: Vec<u64> = (0..1 + next(6)).map(|_| 0x100 + next(8) * 0x10).collect();
+            let kernel: Vec<u64> = (0..next(3) * next(2))
+                .map(|_| 0xffff_0000 + next(4))
+                .collect();
+            let end = [StackEnd::Complete, StackEnd::Truncated][next(2) as usize];
+            let stack = CallStack {
+                kernel: kernel.into(),
+                user: user.into(),
+                end,
+            };
+            let entries: Vec<BranchEntry> = (0..next(12))
+                .map(|_| {
+                    let (from, to) = (0x100 + next(8) * 0x10, 0x100 + next(8) * 0x10);
+                    BranchEntry::new(from, to, false, 0).with_type(next(7) as u8)
+                })
+                .collect();
+            agg.add_branch(&stack, Some((1.0, &entries)), 0, now);
+            want.insert((stack.clone(), None), 0);
+            for (s, r) in reference(&stack, &entries) {
+                want.insert((s.clone(), None), 0);
+                *want.entry((s, Some(r))).or_insert(0) += 1;
+            }
+        }
+        let mut got = HashMap::new();
+        for (s, st) in agg.iter() {
+            got.insert((s.clone(), None), 0);
+            for (&r, v) in &st.ranges {
+                got.insert((s.clone(), Some(r)), v.hits);
+            }
+        }
+        let only = |a: &HashMap<_, u64>, b: &HashMap<_, u64>| {
+            let mut v: Vec<_> = a.iter().filter(|(k, n)| b.get(*k) != Some(*n)).collect();
+            v.sort_by_key(|x| format!("{x:?}"));
+            v.truncate(4);
+            format!("{v:?}")
+        };
+        assert!(
+            got == want,
+            "got only {}\nwant only {}",
+            only(&got, &want),
+            only(&want, &got)
+        );
     }
 }
