@@ -440,7 +440,7 @@ mod tests {
             a.add_ip(s, EventRole::CpuClock, 1, 0, now as u64);
         }
         let sorted = |a: &StackAggregate| {
-            let mut v: Vec<(Box<[u64]>, Box<[u64]>, u8)> = a
+            let mut v: Vec<_> = a
                 .iter()
                 .map(|(s, st)| {
                     assert_eq!(st.samples(), 1);
