@@ -734,7 +734,7 @@ mod tests {
         d.add(&with_stack(&r, &[], [code, heap, heap], &garbage));
         let p = &d.set.processes[&me];
         let ends: HashMap<StackEnd, Vec<usize>> =
-            p.stacks.stacks.keys().fold(HashMap::new(), |mut m, s| {
+            p.stacks.iter().fold(HashMap::new(), |mut m, (s, _)| {
                 m.entry(s.end).or_default().push(s.user.len());
                 m
             });
@@ -799,7 +799,7 @@ mod tests {
             user: Box::new([code]),
             end: StackEnd::Truncated,
         };
-        assert_eq!(p.stacks.stacks[&leaf].samples(), 2);
+        assert_eq!(p.stacks.get(&leaf).unwrap().samples(), 2);
         d.start_pass();
         d.add(&sample);
         assert_eq!((d.stack_counts.failed, d.stack_counts.too_costly), (2, 2));
@@ -1177,7 +1177,6 @@ mod tests {
             d.add(&record(entries));
             assert_eq!(d.malformed, 0);
             let mut got: Vec<_> = d.set.processes[&42]
-                .stacks
                 .stacks
                 .iter()
                 .filter(|(_, st)| !st.ranges.is_empty())

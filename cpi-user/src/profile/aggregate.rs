@@ -501,7 +501,7 @@ mod tests {
             let leaf = 7 + (x >> 63);
             set.add_ip_with_stack(&cycles, Some(&stack(leaf))).unwrap();
         }
-        let path = &set.processes[&1].stacks.stacks[&stack(7)];
+        let path = set.processes[&1].stacks.get(&stack(7)).unwrap();
         let n = path.ips[&EventRole::Cycles].0 as f64;
         let rel = error::relative(n * 1000.0, path.cycles_groups.variance());
         // Binomial: √((1 − p) / (n·p)) with p ≈ ½ is ≈ 0.71 %; the replicate estimate
@@ -545,22 +545,13 @@ mod tests {
         let held: usize = set.processes.values().map(|p| p.stacks.bytes()).sum();
         assert_eq!(held, set.stack_held(), "the running total is the sum");
         let (one, two) = (&set.processes[&1].stacks, &set.processes[&2].stacks);
-        assert!(
-            one.stacks.contains_key(&stack(&[7, 7, 7])),
-            "the hot stack stays"
-        );
-        assert!(
-            two.stacks.contains_key(&stack(&[129, 2, 3])),
-            "the newest stays"
-        );
-        assert!(
-            !two.stacks.contains_key(&stack(&[100, 2, 3])),
-            "the oldest went"
-        );
+        assert!(one.get(&stack(&[7, 7, 7])).is_some(), "the hot stack stays");
+        assert!(two.get(&stack(&[129, 2, 3])).is_some(), "the newest stays");
+        assert!(two.get(&stack(&[100, 2, 3])).is_none(), "the oldest went");
         let kept: u64 = [one, two]
             .iter()
-            .flat_map(|a| a.stacks.values())
-            .map(|s| s.samples())
+            .flat_map(|a| a.iter())
+            .map(|(_, s)| s.samples())
             .sum();
         assert!(set.stacks_evicted() > 0);
         assert_eq!(

@@ -6,6 +6,7 @@ pub mod analyze;
 pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod flow;
+mod intern;
 pub mod merge;
 pub mod model;
 pub(crate) mod paths;

@@ -23,6 +23,7 @@ use cpi_common::wire::{BranchEntry, EventRole};
 use serde::{Deserialize, Serialize};
 
 use super::error::Groups;
+use super::intern::{StackTrie, NODE_BYTES, NONE};
 use super::FastMap;
 
 /// Default bound on the stacks of all processes of one sample set, in (estimated) bytes.
@@ -76,42 +77,6 @@ pub struct CallStack {
     pub end: StackEnd,
 }
 
-/// A [`CallStack`] borrowed: the key a sample's stack is looked up by, with no
-/// allocation unless it is new. Hashes as the `CallStack` it equals (the same fields,
-/// slices hashed alike, in the same order).
-#[derive(Clone, Copy, Debug, Hash)]
-pub(crate) struct StackRef<'a> {
-    kernel: &'a [u64],
-    user: &'a [u64],
-    end: StackEnd,
-}
-
-impl<'a> From<&'a CallStack> for StackRef<'a> {
-    fn from(s: &'a CallStack) -> Self {
-        StackRef {
-            kernel: &s.kernel,
-            user: &s.user,
-            end: s.end,
-        }
-    }
-}
-
-impl hashbrown::Equivalent<CallStack> for StackRef<'_> {
-    fn equivalent(&self, key: &CallStack) -> bool {
-        self.end == key.end && *self.user == *key.user && *self.kernel == *key.kernel
-    }
-}
-
-impl StackRef<'_> {
-    fn to_owned(self) -> CallStack {
-        CallStack {
-            kernel: self.kernel.into(),
-            user: self.user.into(),
-            end: self.end,
-        }
-    }
-}
-
 /// A range [start, end] that ran under one stack, weighted like the process's ranges.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StackRange {
@@ -148,8 +113,11 @@ impl StackStat {
 /// The stacks of one process.
 #[derive(Clone, Debug, Default)]
 pub struct StackAggregate {
-    /// By stack.
-    pub stacks: FastMap<CallStack, StackStat>,
+    /// The stacks seen, and the frames they share ([`super::intern`]).
+    trie: StackTrie,
+    /// What ran under each stack that has samples, with its node; a node's payload is
+    /// its index here.
+    stats: Vec<(u32, StackStat)>,
     /// Samples that carried no stack (the writer could not take one).
     pub unstacked: u64,
     /// What ran under the stacks evicted to stay within the set's bound (IP samples
@@ -159,21 +127,47 @@ pub struct StackAggregate {
     bytes: usize,
 }
 
-/// Estimated heap and table bytes of one entry.
-fn entry_bytes(stack: StackRef<'_>, stat: &StackStat) -> usize {
+/// Estimated heap bytes of one stack's statistics (its frames are the trie's).
+fn stat_bytes(stat: &StackStat) -> usize {
     // Hash-table slots carry their key and value plus about one control byte and load
     // slack: counted as 1.5× the slot.
-    let slot = |k: usize, v: usize| (k + v) * 3 / 2;
-    slot(size_of::<CallStack>(), size_of::<StackStat>())
-        + (stack.kernel.len() + stack.user.len()) * 8
+    size_of::<(u32, StackStat)>()
         + stat.ips.len() * 48
-        + stat.ranges.capacity() * slot(16, size_of::<StackRange>())
+        + stat.ranges.capacity() * (16 + size_of::<StackRange>()) * 3 / 2
 }
 
 impl StackAggregate {
     /// Estimated bytes held.
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Stacks held.
+    pub fn len(&self) -> usize {
+        self.stats.len()
+    }
+
+    /// Whether no stack is held.
+    pub fn is_empty(&self) -> bool {
+        self.stats.is_empty()
+    }
+
+    /// The stacks held, each built from the trie, with what ran under it; in no order.
+    pub fn iter(&self) -> impl Iterator<Item = (CallStack, &StackStat)> + '_ {
+        self.stats.iter().map(|(id, s)| (self.trie.stack(*id), s))
+    }
+
+    /// What ran under `stack`, if it is held.
+    pub fn get(&self, stack: &CallStack) -> Option<&StackStat> {
+        let p = self.trie.payload(self.trie.find(stack)?);
+        self.stats.get(p as usize).map(|s| &s.1)
+    }
+
+    /// The node of `stack`, added when new, and its user frames' base (the node of its
+    /// kernel frames).
+    fn intern(&mut self, stack: &CallStack, added: &mut usize) -> (u32, u32) {
+        let base = self.trie.kernel_base(stack, added);
+        (self.trie.push_user(base, &stack.user, added), base)
     }
 
     /// Counts an IP sample of `role` with weight `period` under `stack`; `group` is the
@@ -188,7 +182,10 @@ impl StackAggregate {
         group: usize,
         now: u64,
     ) {
-        self.update(stack.into(), now, |s| {
+        let mut added = 0;
+        let (id, _) = self.intern(stack, &mut added);
+        self.bytes += added * NODE_BYTES;
+        self.update(id, now, |s| {
             let e = s.ips.entry(role).or_default();
             if role == EventRole::Cycles {
                 s.cycles_groups.add(group, period as f64);
@@ -221,110 +218,122 @@ impl StackAggregate {
         group: usize,
         now: u64,
     ) {
-        self.update(stack.into(), now, |s| s.branch_samples += 1);
-        let Some((w, entries)) = window else {
-            return;
-        };
-        let mut rebuilt: Option<Vec<u64>> = Some(stack.user.to_vec());
-        for pair in entries.windows(2) {
-            let (newer, older) = (&pair[0], &pair[1]);
-            rebuilt = rebuilt.and_then(|frames| undo(frames, newer));
-            // Backward ranges are counted by the process's aggregate.
-            if older.to > newer.from {
-                continue;
-            }
-            let add = |s: &mut StackStat| {
-                let r = s.ranges.entry((older.to, newer.from)).or_default();
-                r.count += w;
-                r.hits += 1;
-                r.groups.add(group, w);
-            };
-            match &mut rebuilt {
-                Some(frames) => {
-                    // The range's stack: the rebuilt one with the range's start as its
-                    // leaf, looked up in place.
-                    let leaf = std::mem::replace(&mut frames[0], older.to);
-                    let at = StackRef {
-                        kernel: &[],
-                        user: frames,
-                        end: stack.end,
-                    };
-                    self.update(at, now, add);
-                    frames[0] = leaf;
+        let mut added = 0;
+        let (id, base) = self.intern(stack, &mut added);
+        self.update(id, now, |s| s.branch_samples += 1);
+        if let Some((w, entries)) = window {
+            // The rebuilt stack (no kernel frames) as its callers' node and its leaf: a
+            // range's stack is one lookup away.
+            let mut rebuilt = stack.user.split_first().map(|(&leaf, callers)| {
+                let root = match stack.kernel.is_empty() {
+                    true => base,
+                    false => self.trie.root(stack.end, &mut added),
+                };
+                (self.trie.push_user(root, callers, &mut added), leaf)
+            });
+            for pair in entries.windows(2) {
+                let (newer, older) = (&pair[0], &pair[1]);
+                rebuilt = rebuilt.and_then(|r| self.undo(r, newer, &mut added));
+                // Backward ranges are counted by the process's aggregate.
+                if older.to > newer.from {
+                    continue;
                 }
-                None => self.update(stack.into(), now, add),
+                let at = match rebuilt {
+                    Some((callers, _)) => self.trie.child(callers, older.to, &mut added),
+                    None => id,
+                };
+                self.update(at, now, |s| {
+                    let r = s.ranges.entry((older.to, newer.from)).or_default();
+                    r.count += w;
+                    r.hits += 1;
+                    r.groups.add(group, w);
+                });
             }
         }
-    }
-    fn update(&mut self, stack: StackRef<'_>, now: u64, f: impl FnOnce(&mut StackStat)) {
-        // A stack seen before (most samples) costs one lookup and no allocation; a new
-        // entry counts its own bytes once, below.
-        let (before, stat) = match self.stacks.get_mut(&stack) {
-            Some(stat) => (entry_bytes(stack, stat), stat),
-            None => (0, self.stacks.entry(stack.to_owned()).or_default()),
-        };
-        f(stat);
-        stat.last_use = now;
-        let after = entry_bytes(stack, stat);
-        self.bytes = self.bytes + after - before;
+        self.bytes += added * NODE_BYTES;
     }
 
-    /// When each stack was last used, with its bytes: the set's eviction picks a cut.
+    /// The rebuilt stack (callers' node, leaf) before the taken branch `e` ran, from
+    /// the one after it; `None` when `e` carries no type or the frames cannot say (a
+    /// call undone with no caller left).
+    fn undo(
+        &mut self,
+        (callers, _): (u32, u64),
+        e: &BranchEntry,
+        added: &mut usize,
+    ) -> Option<(u32, u64)> {
+        use cpi_common::wire::branch_type as bt;
+        match e.branch_type() {
+            // The callee's frame goes; the caller was at the call.
+            bt::CALL | bt::IND_CALL => Some((self.trie.user_parent(callers)?, e.from)),
+            // The frame the return left comes back: its leaf at the `ret`, returning to
+            // where the return went.
+            bt::RET => Some((self.trie.child(callers, e.to, added), e.from)),
+            bt::COND | bt::UNCOND | bt::IND => Some((callers, e.from)),
+            _ => None,
+        }
+    }
+
+    /// Applies `f` to the statistics of node `id` (added when new).
+    fn update(&mut self, id: u32, now: u64, f: impl FnOnce(&mut StackStat)) {
+        let mut p = self.trie.payload(id);
+        if p == NONE {
+            p = self.stats.len() as u32;
+            self.stats.push((id, StackStat::default()));
+            self.trie.set_payload(id, p);
+            self.bytes += stat_bytes(&StackStat::default());
+        }
+        let stat = &mut self.stats[p as usize].1;
+        let before = stat_bytes(stat);
+        f(stat);
+        stat.last_use = now;
+        self.bytes = self.bytes + stat_bytes(stat) - before;
+    }
+
+    /// When each stack was last used, with the bytes evicting it (and every stack used
+    /// before it) frees: its statistics and the nodes no stack used later needs.
     pub(super) fn ages(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
-        self.stacks
-            .iter()
-            .map(|(k, v)| (v.last_use, entry_bytes(k.into(), v)))
+        let last_use = |p: u32| self.stats[p as usize].1.last_use;
+        let mut newest_first: Vec<u32> = (0..self.stats.len() as u32).collect();
+        newest_first.sort_unstable_by_key(|&p| std::cmp::Reverse(last_use(p)));
+        let order = newest_first.into_iter().map(|p| self.stats[p as usize].0);
+        let owned = self.trie.owned_by(order);
+        owned.into_iter().map(move |(id, nodes)| {
+            let stat = &self.stats[self.trie.payload(id) as usize].1;
+            (stat.last_use, stat_bytes(stat) + nodes * NODE_BYTES)
+        })
     }
 
     /// Drops the stacks last used at or before `cut`, counting their samples in
-    /// [`Self::dropped`].
+    /// [`Self::dropped`], and the nodes only they needed.
     pub(super) fn evict_used_by(&mut self, cut: u64) {
-        let (dropped, bytes) = (&mut self.dropped, &mut self.bytes);
-        self.stacks.retain(|k, stat| {
+        for (id, stat) in std::mem::take(&mut self.stats) {
+            self.trie.set_payload(id, NONE);
             if stat.last_use > cut {
-                return true;
+                self.trie.set_payload(id, self.stats.len() as u32);
+                self.stats.push((id, stat));
+                continue;
             }
-            *bytes = bytes.saturating_sub(entry_bytes(k.into(), stat));
             for (role, (n, w)) in &stat.ips {
-                let e = dropped.ips.entry(*role).or_default();
+                let e = self.dropped.ips.entry(*role).or_default();
                 e.0 += n;
                 e.1 += w;
             }
-            dropped.branch_samples += stat.branch_samples;
-            false
-        });
-    }
-}
-
-/// The user frames before the taken branch `e` ran, from those after it (leaf first:
-/// the IP, then return addresses); `None` when `e` carries no type or the frames cannot
-/// say (a call undone with no caller left).
-fn undo(mut frames: Vec<u64>, e: &BranchEntry) -> Option<Vec<u64>> {
-    use cpi_common::wire::branch_type as bt;
-    match e.branch_type() {
-        bt::CALL | bt::IND_CALL => {
-            // The callee's frame goes; the caller was at the call.
-            if frames.len() < 2 {
-                return None;
-            }
-            frames.remove(0);
-            frames[0] = e.from;
+            self.dropped.branch_samples += stat.branch_samples;
         }
-        bt::RET => {
-            // The frame the return left comes back: its leaf at the `ret`, returning to
-            // where the return went.
-            frames[0] = e.to;
-            frames.insert(0, e.from);
+        self.trie.retain_with_payload();
+        for (id, p) in self.trie.payloads() {
+            self.stats[p as usize].0 = id;
         }
-        bt::COND | bt::UNCOND | bt::IND => frames[0] = e.from,
-        _ => return None,
+        let stats: usize = self.stats.iter().map(|s| stat_bytes(&s.1)).sum();
+        self.bytes = self.trie.len() * NODE_BYTES + stats;
     }
-    (!frames.is_empty()).then_some(frames)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     fn stack(user: &[u64]) -> CallStack {
         CallStack {
@@ -349,7 +358,13 @@ mod tests {
         let at_sample = stack(&[0x210, 0x9000]);
         agg.add_branch(&at_sample, Some((10.0, &entries)), 0, 1);
         let ranges = |user: &[u64]| {
-            let mut r: Vec<(u64, u64)> = agg.stacks[&stack(user)].ranges.keys().copied().collect();
+            let mut r: Vec<(u64, u64)> = agg
+                .get(&stack(user))
+                .unwrap()
+                .ranges
+                .keys()
+                .copied()
+                .collect();
             r.sort();
             r
         };
@@ -368,14 +383,14 @@ mod tests {
             [(0x80, 0x100)],
             "main before the call"
         );
-        assert_eq!(agg.stacks[&at_sample].branch_samples, 1);
-        assert!(agg.stacks[&at_sample].ranges.is_empty());
+        assert_eq!(agg.get(&at_sample).unwrap().branch_samples, 1);
+        assert!(agg.get(&at_sample).unwrap().ranges.is_empty());
         // Untyped entries: every range stays with the sample's stack.
         let untyped: Vec<BranchEntry> = entries.iter().map(|x| x.with_type(0)).collect();
         let mut agg = StackAggregate::default();
         agg.add_branch(&at_sample, Some((10.0, &untyped)), 0, 1);
-        assert_eq!(agg.stacks.len(), 1);
-        assert_eq!(agg.stacks[&at_sample].ranges.len(), 3);
+        assert_eq!(agg.len(), 1);
+        assert_eq!(agg.get(&at_sample).unwrap().ranges.len(), 3);
     }
 
     #[test]
@@ -391,13 +406,175 @@ mod tests {
         a.add_branch(&s, Some((50.0, &e)), 0, 1);
         a.add_branch(&s, None, 1, 2);
         a.add_ip(&s, EventRole::Cycles, 1000, 2, 3);
-        let st = &a.stacks[&s];
+        let st = a.get(&s).unwrap();
         assert_eq!(st.branch_samples, 2);
         assert_eq!(st.ranges.len(), 1, "the backward range is left out");
         assert_eq!(st.ranges[&(0x1000, 0x1008)].count, 50.0);
         assert_eq!(st.ips[&EventRole::Cycles], (1, 1000));
         assert_eq!(st.cycles_groups.total(), 1000.0);
         assert_eq!(st.samples(), 3);
-        assert!(a.bytes() >= entry_bytes((&s).into(), st));
+        assert!(a.bytes() >= stat_bytes(st));
+    }
+
+    /// Interned stacks come back as they went in: kernel and user frames of one
+    /// address, and ends, kept apart; eviction takes the frames only evicted stacks
+    /// needed and keeps the bytes right.
+    #[test]
+    fn interned_stacks_round_trip_and_evict_with_their_frames() {
+        let with = |kernel: &[u64], user: &[u64], end| CallStack {
+            kernel: kernel.into(),
+            user: user.into(),
+            end,
+        };
+        let old = [
+            with(&[0xffff_1000], &[0x10], StackEnd::Complete),
+            with(&[], &[0x10, 0xffff_1000], StackEnd::Complete),
+            with(&[], &[], StackEnd::Error),
+        ];
+        let young = [
+            with(&[], &[0x10], StackEnd::Truncated),
+            with(&[], &[0x20, 0x30], StackEnd::Complete),
+        ];
+        let mut a = StackAggregate::default();
+        for (now, s) in old.iter().chain(&young).enumerate() {
+            a.add_ip(s, EventRole::CpuClock, 1, 0, now as u64);
+        }
+        let sorted = |a: &StackAggregate| {
+            let mut v: Vec<_> = a
+                .iter()
+                .map(|(s, st)| {
+                    assert_eq!(st.samples(), 1);
+                    (s.kernel, s.user, s.end as u8)
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let all: Vec<_> = old.iter().chain(&young).cloned().collect();
+        let want = |v: &[CallStack]| {
+            let mut w: Vec<_> = v
+                .iter()
+                .map(|s| (s.kernel.clone(), s.user.clone(), s.end as u8))
+                .collect();
+            w.sort();
+            w
+        };
+        assert_eq!(sorted(&a), want(&all));
+        assert!(all.iter().all(|s| a.get(s).is_some()));
+        let total: usize = a.ages().map(|x| x.1).sum();
+        assert_eq!(total, a.bytes(), "every node counts for one stack");
+        a.evict_used_by(old.len() as u64 - 1);
+        assert_eq!(sorted(&a), want(&young));
+        assert!(old.iter().all(|s| a.get(s).is_none()));
+        assert_eq!(a.dropped.samples(), 3);
+        // Two roots, 0x10 under one, 0x30 then 0x20 under the other.
+        assert_eq!(a.trie.len(), 5);
+        let stats: usize = a.stats.iter().map(|s| stat_bytes(&s.1)).sum();
+        assert_eq!(a.bytes(), 5 * NODE_BYTES + stats);
+        // What is kept is still counted in place.
+        a.add_ip(&young[1], EventRole::CpuClock, 1, 0, 9);
+        assert_eq!(a.get(&young[1]).unwrap().samples(), 2);
+        assert_eq!(a.trie.len(), 5);
+    }
+
+    /// The stack a range is counted under, the way it was before stacks were interned:
+    /// the sample's user frames, rebuilt entry by entry on a `Vec`.
+    fn reference(stack: &CallStack, entries: &[BranchEntry]) -> Vec<(CallStack, (u64, u64))> {
+        use cpi_common::wire::branch_type as bt;
+        let undo = |mut f: Vec<u64>, e: &BranchEntry| {
+            match e.branch_type() {
+                bt::CALL | bt::IND_CALL if f.len() >= 2 => {
+                    f.remove(0);
+                    f[0] = e.from;
+                }
+                bt::RET => {
+                    f[0] = e.to;
+                    f.insert(0, e.from);
+                }
+                bt::COND | bt::UNCOND | bt::IND => f[0] = e.from,
+                _ => return None,
+            }
+            Some(f)
+        };
+        let mut rebuilt = Some(stack.user.to_vec());
+        let mut out = Vec::new();
+        for pair in entries.windows(2) {
+            let (newer, older) = (&pair[0], &pair[1]);
+            rebuilt = rebuilt.and_then(|f| undo(f, newer));
+            if older.to > newer.from {
+                continue;
+            }
+            let at = match &rebuilt {
+                Some(f) => {
+                    let mut user = f.clone();
+                    user[0] = older.to;
+                    CallStack {
+                        kernel: Box::new([]),
+                        user: user.into(),
+                        end: stack.end,
+                    }
+                }
+                None => stack.clone(),
+            };
+            out.push((at, (older.to, newer.from)));
+        }
+        out
+    }
+
+    /// Random typed windows under random stacks (some with kernel frames) count each
+    /// range under the stack the `Vec` walk gives it.
+    #[test]
+    fn interned_walk_matches_the_frame_walk() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) % n
+        };
+        let (mut agg, mut want) = (StackAggregate::default(), HashMap::new());
+        for now in 0..2000 {
+            let user: Vec<u64> = (0..1 + next(6)).map(|_| 0x100 + next(8) * 0x10).collect();
+            let kernel: Vec<u64> = (0..next(3) * next(2))
+                .map(|_| 0xffff_0000 + next(4))
+                .collect();
+            let end = [StackEnd::Complete, StackEnd::Truncated][next(2) as usize];
+            let stack = CallStack {
+                kernel: kernel.into(),
+                user: user.into(),
+                end,
+            };
+            let entries: Vec<BranchEntry> = (0..next(12))
+                .map(|_| {
+                    let (from, to) = (0x100 + next(8) * 0x10, 0x100 + next(8) * 0x10);
+                    BranchEntry::new(from, to, false, 0).with_type(next(7) as u8)
+                })
+                .collect();
+            agg.add_branch(&stack, Some((1.0, &entries)), 0, now);
+            want.insert((stack.clone(), None), 0);
+            for (s, r) in reference(&stack, &entries) {
+                want.insert((s.clone(), None), 0);
+                *want.entry((s, Some(r))).or_insert(0) += 1;
+            }
+        }
+        let mut got = HashMap::new();
+        for (s, st) in agg.iter() {
+            got.insert((s.clone(), None), 0);
+            for (&r, v) in &st.ranges {
+                got.insert((s.clone(), Some(r)), v.hits);
+            }
+        }
+        let only = |a: &HashMap<_, u64>, b: &HashMap<_, u64>| {
+            let mut v: Vec<_> = a.iter().filter(|(k, n)| b.get(*k) != Some(*n)).collect();
+            v.sort_by_key(|x| format!("{x:?}"));
+            v.truncate(4);
+            format!("{v:?}")
+        };
+        assert!(
+            got == want,
+            "got only {}\nwant only {}",
+            only(&got, &want),
+            only(&want, &got)
+        );
     }
 }

@@ -577,9 +577,8 @@ mod tests {
         assert_eq!(stacks.unstacked, 0);
         let user = |s: &CallStack| s.user.to_vec();
         let mut ip: Vec<(Vec<u64>, u64)> = stacks
-            .stacks
             .iter()
-            .filter_map(|(s, st)| st.ips.get(&EventRole::Cycles).map(|c| (user(s), c.1)))
+            .filter_map(|(s, st)| st.ips.get(&EventRole::Cycles).map(|c| (user(&s), c.1)))
             .collect();
         ip.sort();
         // Every cycle of the range sampled (period 1), each under [ip, 0x1005].
@@ -591,16 +590,14 @@ mod tests {
             ]
         );
         let branch: Vec<Vec<u64>> = stacks
-            .stacks
             .iter()
             .filter(|(_, st)| st.branch_samples > 0)
-            .map(|(s, _)| user(s))
+            .map(|(s, _)| user(&s))
             .collect();
         assert_eq!(branch, vec![vec![0x3000, 0x2009, 0x1005]]);
         assert!(stacks
-            .stacks
-            .keys()
-            .all(|s| s.end == crate::profile::StackEnd::Complete));
+            .iter()
+            .all(|(s, _)| s.end == crate::profile::StackEnd::Complete));
     }
 
     #[test]

@@ -873,7 +873,7 @@ fn imported_paths(set: &SampleSet, unwound: bool) -> BTreeMap<(u32, Vec<u64>), u
     let mut paths = BTreeMap::new();
     for (pid, p) in &set.processes {
         let maps = p.maps.as_ref().expect("the recording's mmap records");
-        for (stack, stat) in &p.stacks.stacks {
+        for (stack, stat) in p.stacks.iter() {
             let mut frames = stack.kernel.to_vec();
             frames.extend(stack.user.iter().enumerate().map(|(i, &a)| {
                 let a = if unwound && i > 0 { a - 1 } else { a };
@@ -1081,7 +1081,7 @@ fn real_dwarf_stacks_unwind_to_perf_scripts_paths() {
         .values()
         .flat_map(|p| {
             let maps = p.maps.as_ref().unwrap();
-            p.stacks.stacks.iter().map(move |(s, st)| {
+            p.stacks.iter().map(move |(s, st)| {
                 let in_main = s.user.iter().skip(1).any(|&a| {
                     maps.find(a - 1).is_some_and(|m| {
                         let v = a - 1 - m.start + m.offset;
@@ -1150,7 +1150,6 @@ fn callchains_give_the_same_stacks_from_perf_data_and_perf_script() {
         let p = &set.processes[&PID];
         assert_eq!(p.stacks.unstacked, 0);
         p.stacks
-            .stacks
             .iter()
             .map(|(s, st)| {
                 assert!(s.kernel.is_empty());

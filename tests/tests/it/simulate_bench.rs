@@ -164,11 +164,17 @@ fn bench_aggregation_period_one() {
         entries as f64 / pmu_secs / 1e6
     );
     // What the per-range stack attribution keys on: distinct (stack, range start) keys.
-    let stacks = set1.processes.values().flat_map(|p| p.stacks.stacks.keys());
+    let stacks = set1
+        .processes
+        .values()
+        .flat_map(|p| p.stacks.iter().map(|(k, _)| k));
     let (keys, frames) = stacks.fold((0usize, 0usize), |(n, f), k| (n + 1, f + k.user.len()));
     eprintln!(
-        "stack keys: {keys} distinct, {:.1} user frames on average",
-        frames as f64 / keys.max(1) as f64
+        "stack keys: {keys} distinct, {:.1} user frames on average; {} samples' stacks \
+         evicted to stay within {} MiB",
+        frames as f64 / keys.max(1) as f64,
+        set1.stacks_evicted(),
+        set1.stack_bytes >> 20
     );
     drop(set1);
 

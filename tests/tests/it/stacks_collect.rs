@@ -99,10 +99,9 @@ fn paths(p: &ProcessSamples) -> Vec<(String, StackEnd, u64)> {
         binaries: HashMap::new(),
     };
     p.stacks
-        .stacks
         .iter()
         .map(|(s, stat)| {
-            let mut f = names.of(p, s);
+            let mut f = names.of(p, &s);
             f.reverse();
             let n = stat.ips.get(&EventRole::CpuClock).map_or(0, |e| e.0);
             (f.join(";"), s.end, n)

@@ -24,7 +24,7 @@ impl Ctx<'_> {
         lens: &HashMap<(usize, u64, u64), u64>,
     ) -> Vec<StackProfile> {
         let agg = &p.stacks;
-        if agg.stacks.is_empty() && agg.dropped.samples() == 0 {
+        if agg.is_empty() && agg.dropped.samples() == 0 {
             return Vec::new();
         }
         let role = sample_role(self.mode);
@@ -35,7 +35,7 @@ impl Ctx<'_> {
         // moment in an agent sampling rustc).
         let mut names = FrameNames::default();
         let mut paths: BTreeMap<Vec<u32>, PathAcc> = BTreeMap::new();
-        let mut entries: Vec<(&CallStack, &StackStat)> = agg.stacks.iter().collect();
+        let mut entries: Vec<(CallStack, &StackStat)> = agg.iter().collect();
         entries.sort_unstable_by(|a, b| {
             (&a.0.kernel, &a.0.user, a.0.end as u8).cmp(&(&b.0.kernel, &b.0.user, b.0.end as u8))
         });
@@ -44,7 +44,7 @@ impl Ctx<'_> {
         // stack that ran it rather than of a callee path a range implied.
         let mut symbolised = Vec::with_capacity(entries.len());
         for (stack, stat) in entries {
-            let frames = self.frames(stack, res);
+            let frames = self.frames(&stack, res);
             stacked.add_ips(stat, role);
             let acc = path_acc(&mut paths, &mut names, res, &frames, stack.end);
             acc.add_ips(stat, role);
