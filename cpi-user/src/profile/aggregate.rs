@@ -162,7 +162,7 @@ impl IpAggregate {
 
 /// Why a branch sample contributes no ranges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WindowSkip {
+pub(crate) enum WindowSkip {
     /// Fewer than `window + 1` entries.
     Short,
     /// [`StackWeighting::CyclesSpanned`]: an entry of the window carries no cycles.
@@ -173,7 +173,7 @@ pub enum WindowSkip {
 /// `window + 1` entries (newest first), or why it has none. The one reading of a sample's
 /// window: the process's ranges ([`BranchAggregate::add`]) and its call path's
 /// (cpi-user/src/profile/stack.rs) both come from it.
-pub fn sample_window(
+pub(crate) fn sample_window(
     s: &BranchSample,
     window: usize,
     weighting: StackWeighting,
@@ -320,7 +320,8 @@ impl SampleSet {
     }
 
     /// Estimated bytes the stacks of all processes hold (at most [`Self::stack_bytes`]).
-    pub fn stack_held(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn stack_held(&self) -> usize {
         self.stack_held
     }
 

@@ -24,11 +24,11 @@
 //! coverage (docs/METHOD.md, "Error bars").
 
 /// Interleaved groups the samples of each kind are dealt into.
-pub const GROUPS: usize = 32;
+pub(crate) const GROUPS: usize = 32;
 
 /// Relative errors below this are the rounding of the f32 group sums (≈ 6·10⁻⁸ per
 /// addition, over thousands of additions), not a spread the samples show.
-pub const RESOLUTION: f64 = 1e-6;
+pub(crate) const RESOLUTION: f64 = 1e-6;
 
 /// Per-group sums of one quantity over the samples of each group.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,7 +47,7 @@ impl Groups {
     }
 
     /// Adds `k` × every group of `o`.
-    pub fn add_scaled(&mut self, o: &Groups, k: f64) {
+    pub(crate) fn add_scaled(&mut self, o: &Groups, k: f64) {
         let k = k as f32;
         self.0.iter_mut().zip(&o.0).for_each(|(a, b)| *a += k * b);
     }
@@ -58,7 +58,7 @@ impl Groups {
     }
 
     /// The replicate variance of the total.
-    pub fn variance(&self) -> f64 {
+    pub(crate) fn variance(&self) -> f64 {
         replicate_variance(&self.0.map(f64::from))
     }
 }
@@ -71,7 +71,7 @@ fn replicate_variance(x: &[f64; GROUPS]) -> f64 {
 }
 
 /// The group of a process's `n`-th sample of one kind.
-pub fn group_of(n: u64) -> usize {
+pub(crate) fn group_of(n: u64) -> usize {
     (n % GROUPS as u64) as usize
 }
 
@@ -85,7 +85,7 @@ pub fn relative(value: f64, var: f64) -> f64 {
 }
 
 /// Relative standard error of a quotient of two independent estimates, from theirs.
-pub fn quotient(rel_num: f64, rel_den: f64) -> f64 {
+pub(crate) fn quotient(rel_num: f64, rel_den: f64) -> f64 {
     rel_num.hypot(rel_den)
 }
 

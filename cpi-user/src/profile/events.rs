@@ -16,7 +16,7 @@ pub enum Vendor {
 impl Vendor {
     /// From `/proc/cpuinfo`'s `vendor_id`, or the first field of a perf.data header's
     /// cpuid (`GenuineIntel,6,85,4`).
-    pub fn from_vendor_id(id: &str) -> Vendor {
+    pub(crate) fn from_vendor_id(id: &str) -> Vendor {
         match id.split(',').next().unwrap_or("").trim() {
             "GenuineIntel" => Vendor::Intel,
             "AuthenticAMD" | "HygonGenuine" => Vendor::Amd,
@@ -26,15 +26,15 @@ impl Vendor {
 }
 
 /// Intel `BR_INST_RETIRED.NEAR_TAKEN` (umask 0x20, event 0xc4).
-pub const INTEL_RETIRED_TAKEN: u64 = 0x20c4;
+pub(crate) const INTEL_RETIRED_TAKEN: u64 = 0x20c4;
 /// The same on hybrid parts' E-cores (`cpu_atom`, `cpu_lowpower`: umask 0xc0).
-pub const INTEL_ATOM_RETIRED_TAKEN: u64 = 0xc0c4;
+pub(crate) const INTEL_ATOM_RETIRED_TAKEN: u64 = 0xc0c4;
 /// The raw retired-taken-branches code for `vendor`'s core PMU `pmu` (`None`: the one
 /// core PMU): P-cores (`cpu`, `cpu_core`) 0x20c4; E-cores (`cpu_atom`, Arrow Lake-H's
 /// low-power `cpu_lowpower`) 0xc0c4 (perf's pmu-events x86/alderlaken and
 /// x86/arrowlake/pipeline.json); AMD `ex_ret_brn_tkn`, also the one event Zen 3's BRS
 /// samples on (the kernel's arch/x86/events/amd/brs.c). `None`: no such event known.
-pub fn retired_taken(vendor: Vendor, pmu: Option<&str>) -> Option<u64> {
+pub(crate) fn retired_taken(vendor: Vendor, pmu: Option<&str>) -> Option<u64> {
     match (vendor, pmu) {
         (Vendor::Intel, None | Some("cpu" | "cpu_core")) => Some(INTEL_RETIRED_TAKEN),
         (Vendor::Intel, Some("cpu_atom" | "cpu_lowpower")) => Some(INTEL_ATOM_RETIRED_TAKEN),
@@ -46,13 +46,13 @@ pub fn retired_taken(vendor: Vendor, pmu: Option<&str>) -> Option<u64> {
 /// Intel `CPU_CLK_UNHALTED.THREAD` (architectural event 0x3c).
 const INTEL_CYCLES: u64 = 0x3c;
 /// AMD `ex_ret_brn_tkn` (PMCx0C4, retired taken branch instructions).
-pub const AMD_RETIRED_TAKEN: u64 = 0xc4;
+pub(crate) const AMD_RETIRED_TAKEN: u64 = 0xc4;
 /// AMD `ls_not_halted_cyc` (PMCx076, core cycles not halted).
 const AMD_CYCLES: u64 = 0x76;
 
 /// What a raw core-PMU event counts, when it is one the analysis has a use for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RawEvent {
+pub(crate) enum RawEvent {
     /// Retired taken branches.
     TakenBranches,
     /// Core cycles.
@@ -64,7 +64,7 @@ pub enum RawEvent {
 /// other bits are modifiers: edge, inv, cmask, ...). Without a vendor, Intel's codes
 /// whose unit mask no AMD event uses are still recognised; `rc4` is not (it is all
 /// branches on Intel).
-pub fn raw_event(vendor: Option<Vendor>, config: u64) -> Option<RawEvent> {
+pub(crate) fn raw_event(vendor: Option<Vendor>, config: u64) -> Option<RawEvent> {
     let intel = match config & 0xffff {
         INTEL_RETIRED_TAKEN | INTEL_ATOM_RETIRED_TAKEN => Some(RawEvent::TakenBranches),
         INTEL_CYCLES => Some(RawEvent::Cycles),

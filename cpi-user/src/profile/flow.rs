@@ -28,7 +28,7 @@ use super::error::Groups;
 
 /// Why a range was dropped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InvalidRange {
+pub(crate) enum InvalidRange {
     /// An end is not an instruction start of this function.
     NotInstructionBoundary,
     /// Ends before it starts.
@@ -38,7 +38,7 @@ pub enum InvalidRange {
 }
 
 /// Instruction index span `first..=last` of a range, or why it is invalid.
-pub fn check_range(cfg: &Cfg, start: u64, end: u64) -> Result<(usize, usize), InvalidRange> {
+pub(crate) fn check_range(cfg: &Cfg, start: u64, end: u64) -> Result<(usize, usize), InvalidRange> {
     if end < start {
         return Err(InvalidRange::Backwards);
     }
@@ -59,7 +59,7 @@ pub fn check_range(cfg: &Cfg, start: u64, end: u64) -> Result<(usize, usize), In
 
 /// Counts from ranges on one function.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct RangeCounts {
+pub(crate) struct RangeCounts {
     /// Estimated executions per instruction.
     pub instr_count: Vec<f64>,
     /// Range occurrences covering each instruction.
@@ -121,7 +121,7 @@ impl RangeCounts {
 /// (LBR `cycles` of the branch ending it covers exactly the range); a block's timed
 /// cycles come from the ranges inside it, and only when no range covers it with others
 /// (docs/METHOD.md, "Two CPI estimators").
-pub fn count_ranges<'a>(
+pub(crate) fn count_ranges<'a>(
     cfg: &Cfg,
     ranges: impl IntoIterator<Item = (u64, u64, &'a RangeStat)>,
 ) -> RangeCounts {

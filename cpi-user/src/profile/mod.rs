@@ -20,4 +20,4 @@ pub use stack::{CallStack, StackAggregate, StackEnd};
 /// The maps every sample updates (ranges, taken branches, IPs, call stacks): hashbrown
 /// with foldhash, seeded per map, over keys other processes choose. SipHash was ≈ 30 %
 /// of aggregating a branch sample (BENCHMARKS.md, "PMU model / aggregation").
-pub type FastMap<K, V> = hashbrown::HashMap<K, V>;
+pub(crate) type FastMap<K, V> = hashbrown::HashMap<K, V>;

@@ -50,7 +50,7 @@ impl Mode {
     }
 
     /// Whether instructions come from branch-record ranges.
-    pub fn uses_ranges(self) -> bool {
+    pub(crate) fn uses_ranges(self) -> bool {
         matches!(self, Mode::Cpi | Mode::Simulated | Mode::Instructions)
     }
 
@@ -91,7 +91,7 @@ impl Mode {
     }
 
     /// The report header's description of the mode.
-    pub fn description(self) -> &'static str {
+    pub(crate) fn description(self) -> &'static str {
         match self {
             Mode::Cpi => "CPI (instructions from branch records, cycles from cycle samples)",
             Mode::IpSampling => {
@@ -113,7 +113,7 @@ impl Mode {
 
     /// The next rung down the capability ladder when this mode's events cannot be
     /// opened (`Cpi` → `IpSampling` → `TimeProfile`); `None` at the bottom.
-    pub fn step_down(self) -> Option<Mode> {
+    pub(crate) fn step_down(self) -> Option<Mode> {
         match self {
             Mode::Cpi => Some(Mode::IpSampling),
             Mode::IpSampling => Some(Mode::TimeProfile),
@@ -252,11 +252,11 @@ mod role_name_serde {
     use super::{role_name, EventRole};
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(role: &EventRole, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(role: &EventRole, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(role_name(*role))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<EventRole, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<EventRole, D::Error> {
         let name = String::deserialize(d)?;
         [
             EventRole::Branches,
@@ -275,11 +275,11 @@ mod perturbation_name {
     use super::Perturbation;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub fn serialize<S: Serializer>(p: &Perturbation, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(p: &Perturbation, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(p.name())
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Perturbation, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Perturbation, D::Error> {
         let name = String::deserialize(d)?;
         [
             Perturbation::None,
@@ -365,7 +365,7 @@ impl LossReport {
     /// The account after the lost total, as the table and the stop line print it:
     /// `(ring full a, branch errors b, malformed c); not used: …; unmapped …; thinned …`,
     /// and what a kernel filter dropped when it dropped any.
-    pub fn breakdown(&self) -> String {
+    pub(crate) fn breakdown(&self) -> String {
         format!(
             "(ring full {}, branch errors {}, malformed {}); not used: short stacks {}, \
              invalid ranges {}; unmapped samples {}; thinned on purpose {} (period carried); \
@@ -448,7 +448,7 @@ impl LossReport {
     /// Adds another account (windows merged into one profile,
     /// cpi-user/src/profile/merge.rs); a count that would pass `u64::MAX` stays there and
     /// sets `overflow`.
-    pub fn add_checked(&mut self, o: &LossReport, overflow: &mut bool) {
+    pub(crate) fn add_checked(&mut self, o: &LossReport, overflow: &mut bool) {
         for ((_, a), (_, b)) in self.counts_mut().into_iter().zip(o.counts()) {
             add_count(a, b, overflow);
         }
@@ -457,7 +457,7 @@ impl LossReport {
 
 /// `*a += b` for counts summed from files others may have written: saturates at
 /// `u64::MAX` and sets `overflow` instead of wrapping.
-pub fn add_count(a: &mut u64, b: u64, overflow: &mut bool) {
+pub(crate) fn add_count(a: &mut u64, b: u64, overflow: &mut bool) {
     match a.checked_add(b) {
         Some(v) => *a = v,
         None => {
@@ -498,11 +498,11 @@ pub struct Estimate {
 impl Estimate {
     /// Combined standard errors beyond which two estimates of one quantity disagree: 3
     /// (one unit in 370 by chance, where 2 would flag one in 20 of a long table).
-    pub const DISAGREE: f64 = 3.0;
+    pub(crate) const DISAGREE: f64 = 3.0;
 
     /// Whether `a` and `b`, two estimates of the same quantity, differ by more than
     /// [`Self::DISAGREE`] of their combined standard error; false when either is missing.
-    pub fn disagree(a: Option<&Estimate>, b: Option<&Estimate>) -> bool {
+    pub(crate) fn disagree(a: Option<&Estimate>, b: Option<&Estimate>) -> bool {
         let (Some(a), Some(b)) = (a, b) else {
             return false;
         };
@@ -634,7 +634,7 @@ pub mod frame_numbers {
 
     /// Runs `write` with `numbers` (every path's frame numbers, paths in serialisation
     /// order) in place of the frames; they are taken back when it returns or unwinds.
-    pub fn lend<R>(numbers: Vec<u32>, write: impl FnOnce() -> R) -> R {
+    pub(crate) fn lend<R>(numbers: Vec<u32>, write: impl FnOnce() -> R) -> R {
         struct TakeBack;
         impl Drop for TakeBack {
             fn drop(&mut self) {
@@ -739,12 +739,12 @@ impl FunctionProfile {
     }
 
     /// `name` is what people read or the symbol (`--annotate` takes either).
-    pub fn is_named(&self, name: &str) -> bool {
+    pub(crate) fn is_named(&self, name: &str) -> bool {
         self.name == name || self.mangled.as_deref() == Some(name)
     }
 
     /// Sets `cpi_disagree` on the function and its blocks from their two CPI estimates.
-    pub fn flag_disagreement(&mut self) {
+    pub(crate) fn flag_disagreement(&mut self) {
         self.cpi_disagree = Estimate::disagree(self.measures.cpi.as_ref(), self.timed_cpi.as_ref());
         for b in &mut self.blocks {
             b.cpi_disagree = Estimate::disagree(b.cpi.as_ref(), b.timed_cpi.as_ref());

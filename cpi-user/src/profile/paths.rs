@@ -19,17 +19,17 @@ use super::model::{Estimate, StackFrame, StackProfile};
 use super::stack::StackEnd;
 
 /// Most paths a process keeps in the profile file.
-pub const MAX_PATHS: usize = 1000;
+pub(crate) const MAX_PATHS: usize = 1000;
 
 /// The frame of the path holding what no listed path does: stacks evicted by the memory
 /// bound (cpi-user/src/profile/stack.rs) and paths past [`MAX_PATHS`].
-pub const DROPPED_FRAME: &str = "[dropped]";
+pub(crate) const DROPPED_FRAME: &str = "[dropped]";
 
 /// The frame of the path holding the samples that carried no stack.
-pub const NO_STACK_FRAME: &str = "[no stack]";
+pub(crate) const NO_STACK_FRAME: &str = "[no stack]";
 
 /// A one-frame pseudo path named `name` (`[dropped]`, `[no stack]`).
-pub fn pseudo_path(name: &str) -> StackProfile {
+pub(crate) fn pseudo_path(name: &str) -> StackProfile {
     StackProfile {
         frames: vec![StackFrame {
             function: name.to_string(),
@@ -55,7 +55,7 @@ pub fn weight(s: &StackProfile) -> f64 {
 }
 
 /// Hottest first, then by frames so equal paths sort the same on every run.
-pub fn hottest_path_first(a: &StackProfile, b: &StackProfile) -> std::cmp::Ordering {
+pub(crate) fn hottest_path_first(a: &StackProfile, b: &StackProfile) -> std::cmp::Ordering {
     weight(b)
         .total_cmp(&weight(a))
         .then(b.samples.cmp(&a.samples))
@@ -71,10 +71,10 @@ pub fn key(s: &StackProfile) -> Vec<(&str, &str)> {
 }
 
 /// [`key`] owned, of a path's frames (what paths are summed by).
-pub type PathKey = Vec<(String, String)>;
+pub(crate) type PathKey = Vec<(String, String)>;
 
 /// The [`PathKey`] of `frames`.
-pub fn frames_key(frames: &[StackFrame]) -> PathKey {
+pub(crate) fn frames_key(frames: &[StackFrame]) -> PathKey {
     frames
         .iter()
         .map(|f| (f.function.clone(), f.binary.clone()))
@@ -83,7 +83,7 @@ pub fn frames_key(frames: &[StackFrame]) -> PathKey {
 
 /// Sums of paths as independent estimates.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct PathTotals {
+pub(crate) struct PathTotals {
     /// IP samples.
     pub samples: u64,
     /// Branch samples.
@@ -157,7 +157,7 @@ impl PathTotals {
     }
 
     /// The sums as a path of `frames`, its CPI recomputed.
-    pub fn into_path(self, frames: Vec<StackFrame>, floor: u64) -> StackProfile {
+    pub(crate) fn into_path(self, frames: Vec<StackFrame>, floor: u64) -> StackProfile {
         StackProfile {
             frames,
             end: self.end,
@@ -176,7 +176,7 @@ impl PathTotals {
 
 /// Orders `paths` hottest first and keeps [`MAX_PATHS`] (the `[dropped]` path, if any,
 /// among them): the rest are summed into the `[dropped]` path.
-pub fn bound_paths(paths: &mut Vec<StackProfile>, floor: u64) {
+pub(crate) fn bound_paths(paths: &mut Vec<StackProfile>, floor: u64) {
     paths.sort_by(hottest_path_first);
     let is_dropped =
         |s: &StackProfile| s.frames.len() == 1 && s.frames[0].function == DROPPED_FRAME;
@@ -199,7 +199,7 @@ pub fn bound_paths(paths: &mut Vec<StackProfile>, floor: u64) {
 
 /// A path into a function ([`callers`]).
 #[derive(Clone, Debug, PartialEq)]
-pub struct PathNode {
+pub(crate) struct PathNode {
     /// The path from the root down to the node, root first.
     pub path: Vec<StackFrame>,
     /// Paths through the node.
@@ -226,7 +226,7 @@ fn node_order(a: &PathNode, b: &PathNode) -> std::cmp::Ordering {
 
 /// One node of the call tree with recursion folded ([`folded_tree`]).
 #[derive(Clone, Debug, PartialEq)]
-pub struct TreeNode {
+pub(crate) struct TreeNode {
     /// The node's function.
     pub function: String,
     /// Its binary.
@@ -249,7 +249,7 @@ pub struct TreeNode {
 /// recursive sort then reads as one row per depth). Roots are the nodes at depth 0; [`FoldedTree::preorder`] walks
 /// it hottest first. Call sites do not split a node (rows by name chain).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct FoldedTree {
+pub(crate) struct FoldedTree {
     /// Every node.
     pub nodes: Vec<TreeNode>,
     /// The outermost nodes, hottest inclusive first.
@@ -258,7 +258,7 @@ pub struct FoldedTree {
 
 impl FoldedTree {
     /// Node indices depth first, each node's children hottest first.
-    pub fn preorder(&self) -> Vec<usize> {
+    pub(crate) fn preorder(&self) -> Vec<usize> {
         let mut out = Vec::with_capacity(self.nodes.len());
         let mut todo: Vec<usize> = self.roots.iter().rev().copied().collect();
         while let Some(i) = todo.pop() {
@@ -272,7 +272,7 @@ impl FoldedTree {
 /// `frames` (leaf first, as a path holds them) root first with recursion folded: a
 /// frame whose function is already on the folded path returns to it, the frames
 /// between dropped; each kept frame says whether a recursion was folded into it.
-pub fn fold_recursion(frames: &[StackFrame]) -> Vec<(&StackFrame, bool)> {
+pub(crate) fn fold_recursion(frames: &[StackFrame]) -> Vec<(&StackFrame, bool)> {
     let mut on: Vec<(&StackFrame, bool)> = Vec::with_capacity(frames.len());
     for f in frames.iter().rev() {
         let same = |(o, _): &(&StackFrame, bool)| o.function == f.function && o.binary == f.binary;
@@ -290,7 +290,7 @@ pub fn fold_recursion(frames: &[StackFrame]) -> Vec<(&StackFrame, bool)> {
 /// `paths` with recursion folded ([`fold_recursion`]) and those whose folded chains of
 /// names are the same summed (other call sites and other depths of one recursion are
 /// one path), hottest first; CPI from `floor` samples.
-pub fn folded_paths(paths: &[StackProfile], floor: u64) -> Vec<StackProfile> {
+pub(crate) fn folded_paths(paths: &[StackProfile], floor: u64) -> Vec<StackProfile> {
     let mut sums: Vec<(Vec<StackFrame>, PathTotals)> = Vec::new();
     let mut index: HashMap<Vec<String>, usize> = HashMap::new();
     for s in paths {
@@ -312,7 +312,7 @@ pub fn folded_paths(paths: &[StackProfile], floor: u64) -> Vec<StackProfile> {
 }
 
 /// Builds the [`FoldedTree`] of `paths`.
-pub fn folded_tree(paths: &[StackProfile]) -> FoldedTree {
+pub(crate) fn folded_tree(paths: &[StackProfile]) -> FoldedTree {
     let mut t = FoldedTree::default();
     let mut index: HashMap<(Option<usize>, &str, &str), usize> = HashMap::new();
     for s in paths {

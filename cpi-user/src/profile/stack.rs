@@ -27,7 +27,7 @@ use super::intern::{StackTrie, NODE_BYTES, NONE};
 use super::FastMap;
 
 /// Default bound on the stacks of all processes of one sample set, in (estimated) bytes.
-pub const DEFAULT_STACK_BYTES: usize = 32 << 20;
+pub(crate) const DEFAULT_STACK_BYTES: usize = 32 << 20;
 
 /// How unwinding a stack ended.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
