@@ -621,7 +621,7 @@ pub struct StackFrame {
 /// file's frame table, in the order serde writes the paths, and lends those numbers to
 /// [`StackProfile`]'s serialisation for that one write. Serialised any other way, frames
 /// are written whole, which the reader takes too.
-pub mod frame_numbers {
+pub(crate) mod frame_numbers {
     use std::cell::RefCell;
 
     use serde::{ser::Error, Serialize, Serializer};

@@ -288,11 +288,12 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
     };
     let shown = |n: String| renamed.get(&n).cloned().unwrap_or(n);
     let mut out = header(p, opts);
+    let notes = Notes::default();
     let w = opts.width;
     match (annotate.map(shown), callers.map(shown)) {
         (Some(name), _) => {
             let name = &name;
-            annotate::annotate(p, name, renamed, w, &mut out)?;
+            annotate::annotate(p, name, renamed, w, &notes, &mut out)?;
             if opts.callgraph {
                 for proc in &p.processes {
                     let focus: Vec<&FunctionProfile> =
@@ -305,14 +306,14 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
         }
         (None, Some(name)) => {
             let procs: Vec<&ProcessProfile> = p.processes.iter().collect();
-            out.push_str(&callers_table(p.mode, &procs, &name, opts));
+            out.push_str(&callers_table(p.mode, &procs, &name, opts, &notes));
         }
         (None, None) if p.processes.len() > 1 && !opts.per_process && !opts.callgraph => {
-            all_processes(p, opts, &mut out);
+            all_processes(p, opts, &notes, &mut out);
         }
-        (None, None) => per_process(p, opts, &mut out),
+        (None, None) => per_process(p, opts, &notes, &mut out),
     }
-    out.push_str(&legend(&out, w));
+    out.push_str(&legend(&notes, w));
     if let Some(a) = &p.accuracy {
         out.push_str(&accuracy(a, w));
     }
@@ -321,7 +322,7 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
 
 /// A table per process (per group when grouped), the processes below
 /// [`MINOR_PROCESS_SHARE`] summed in one line.
-fn per_process(p: &Profile, opts: &TableOptions, out: &mut String) {
+fn per_process(p: &Profile, opts: &TableOptions, notes: &Notes, out: &mut String) {
     let w = opts.width;
     // A table per group when grouped; else per process.
     let (procs, names) = match opts.group_by {
@@ -332,7 +333,7 @@ fn per_process(p: &Profile, opts: &TableOptions, out: &mut String) {
     for proc in shown {
         let pid = pid_text(proc, &names);
         out.push('\n');
-        out.push_str(&wrap(&process_line(p.mode, proc, &pid), w));
+        out.push_str(&wrap(&process_line(p.mode, proc, &pid, notes), w));
         let fns: Vec<Row> = proc
             .functions
             .iter()
@@ -349,10 +350,10 @@ fn per_process(p: &Profile, opts: &TableOptions, out: &mut String) {
             fns.truncate(opts.top);
             out.push_str(&call_graph(p.mode, proc, &fns, w));
         } else {
-            out.push_str(&top_functions(p.mode, fns, false, opts));
+            out.push_str(&top_functions(p.mode, fns, false, opts, notes));
             let fns: Vec<&FunctionProfile> = proc.functions.iter().collect();
-            out.push_str(&hot_blocks(p.mode, &fns, opts.top, w));
-            out.push_str(&call_paths(p.mode, &[proc], opts));
+            out.push_str(&hot_blocks(p.mode, &fns, opts.top, w, notes));
+            out.push_str(&call_paths(p.mode, &[proc], opts, notes));
         }
     }
     if !rest.is_empty() {
@@ -375,23 +376,52 @@ fn per_process(p: &Profile, opts: &TableOptions, out: &mut String) {
     }
 }
 
+/// A notation the tables may use, explained under them only when used.
+#[derive(Clone, Copy)]
+#[repr(u8)]
+pub(crate) enum Notation {
+    /// `±`: a standard error.
+    Error = 1,
+    /// A share's `±`, in percentage points.
+    ShareError = 2,
+    BelowFloor = 4,
+    TimedCpi = 8,
+    /// `≠`: the two CPI estimates disagree.
+    Differs = 16,
+}
+
+/// The notations the views wrote, each recorded where it is written, for [`legend`].
+/// A `Cell` so the table builders (`Fn` closures, built again to fit) can record.
+#[derive(Default)]
+pub(crate) struct Notes(std::cell::Cell<u8>);
+
+impl Notes {
+    pub(crate) fn add(&self, n: Notation) {
+        self.0.set(self.0.get() | n as u8);
+    }
+
+    fn has(&self, n: Notation) -> bool {
+        self.0.get() & n as u8 != 0
+    }
+}
+
 /// A line under the tables explaining the notation they use, only what they use.
-fn legend(out: &str, width: Option<usize>) -> String {
+fn legend(notes: &Notes, width: Option<usize>) -> String {
     let mut parts = Vec::new();
-    if out.contains(" ±") {
+    if notes.has(Notation::Error) {
         // What every ± means: cpi-user/src/profile/error.rs.
         parts.push("±: one standard error (the truth within ±1 for ~68 % of units, ±2 for ~95 %)");
     }
-    if out.contains("% ±") {
+    if notes.has(Notation::ShareError) {
         parts.push("a share's ± is in percentage points, the sampling error of its samples");
     }
-    if out.contains("below floor") {
+    if notes.has(Notation::BelowFloor) {
         parts.push("below floor: too few samples for a CPI");
     }
-    if out.contains("timed CPI") {
+    if notes.has(Notation::TimedCpi) {
         parts.push("timed CPI: from the cycles the branch records carry");
     }
-    if out.contains(" ≠") {
+    if notes.has(Notation::Differs) {
         parts.push("≠: the two CPI estimates differ by more than 3 combined errors");
     }
     if parts.is_empty() {
@@ -411,7 +441,7 @@ struct Row<'a> {
 
 /// One list over every process, as perf shows by default: processes of the same name
 /// merged (profile/merge.rs), comm and pid columns, shares of the whole profile.
-fn all_processes(p: &Profile, opts: &TableOptions, out: &mut String) {
+fn all_processes(p: &Profile, opts: &TableOptions, notes: &Notes, out: &mut String) {
     let (procs, names) = by_name(p);
     let procs = &procs[..];
     let total: f64 = procs
@@ -441,11 +471,11 @@ fn all_processes(p: &Profile, opts: &TableOptions, out: &mut String) {
         group(p.processes.len() as u64),
         group(p.processes.iter().map(|pr| pr.samples).sum())
     );
-    out.push_str(&top_functions(p.mode, rows, true, opts));
+    out.push_str(&top_functions(p.mode, rows, true, opts, notes));
     let fns: Vec<&FunctionProfile> = procs.iter().flat_map(|pr| &pr.functions).collect();
-    out.push_str(&hot_blocks(p.mode, &fns, opts.top, opts.width));
+    out.push_str(&hot_blocks(p.mode, &fns, opts.top, opts.width, notes));
     let procs: Vec<&ProcessProfile> = procs.iter().collect();
-    out.push_str(&call_paths(p.mode, &procs, opts));
+    out.push_str(&call_paths(p.mode, &procs, opts, notes));
 }
 
 /// A call path root first (`main → a → b`), behind its process's name when the table
@@ -495,12 +525,12 @@ struct Shares {
 /// `x`'s share of `totals`; in a time profile with its sampling error in percentage
 /// points (a sample lands in the unit with probability p: binomial, √(p(1−p)/n)), which
 /// a CPI profile carries in its CPI column instead.
-fn share(mode: Mode, x: f64, totals: Shares) -> String {
-    share_pm(mode, share_of(x, totals.weight), totals.samples)
+fn share(mode: Mode, x: f64, totals: Shares, notes: &Notes) -> String {
+    share_pm(mode, share_of(x, totals.weight), totals.samples, notes)
 }
 
 /// The share `p` as [`share`] shows it, `samples` behind the whole.
-pub(crate) fn share_pm(mode: Mode, p: f64, samples: u64) -> String {
+pub(crate) fn share_pm(mode: Mode, p: f64, samples: u64, notes: &Notes) -> String {
     if mode.has_cpi() || samples == 0 {
         return pct(p);
     }
@@ -509,6 +539,8 @@ pub(crate) fn share_pm(mode: Mode, p: f64, samples: u64) -> String {
     if se < 0.05 {
         return pct(p);
     }
+    notes.add(Notation::Error);
+    notes.add(Notation::ShareError);
     format!("{} ±{se:.1}", pct(p))
 }
 
@@ -618,7 +650,7 @@ fn processes_to_show(procs: &[ProcessProfile]) -> (Vec<&ProcessProfile>, Vec<&Pr
 }
 
 /// The line over a process's (or a group's: `pid` is then `N pids`) tables.
-fn process_line(mode: Mode, p: &ProcessProfile, pid: &str) -> String {
+fn process_line(mode: Mode, p: &ProcessProfile, pid: &str, notes: &Notes) -> String {
     // A process that exited before it was first looked at has no name.
     let comm = if p.comm.is_empty() { "?" } else { &p.comm };
     let mut s = if p.pid == 0 && pid != "0" {
@@ -641,7 +673,8 @@ fn process_line(mode: Mode, p: &ProcessProfile, pid: &str) -> String {
             cpi(
                 p.measures.cpi,
                 p.samples.max(p.branch_samples),
-                inputs(p.measures.cycles, p.measures.instructions)
+                inputs(p.measures.cycles, p.measures.instructions),
+                notes
             )
         );
     }
@@ -685,7 +718,13 @@ fn finish(title: &str, table: &str, shown: usize, total: usize, width: Option<us
 
 /// The top functions of `rows`, sorted by `opts.sort`; with `procs`, comm and pid
 /// columns.
-fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOptions) -> String {
+fn top_functions(
+    mode: Mode,
+    mut rows: Vec<Row>,
+    procs: bool,
+    opts: &TableOptions,
+    notes: &Notes,
+) -> String {
     if rows.is_empty() {
         return "\nno functions with samples\n".to_string();
     }
@@ -706,8 +745,10 @@ fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOption
         let first_number = h.len();
         if mode.has_cpi() {
             h.extend(["cycles", "instrs", "CPI ± error"]);
+            notes.add(Notation::Error);
             if timed {
                 h.push("timed CPI");
+                notes.add(Notation::TimedCpi);
             }
             h.extend(["share", "samples"]);
         } else {
@@ -731,12 +772,15 @@ fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOption
                         f.measures.cpi,
                         f.samples,
                         inputs(f.measures.cycles, f.measures.instructions),
+                        notes,
                     ),
                 ]);
                 if timed {
-                    let mut t = cpi(f.timed_cpi, f.samples, f.measures.instructions.is_some());
+                    let timed_in = f.measures.instructions.is_some();
+                    let mut t = cpi(f.timed_cpi, f.samples, timed_in, notes);
                     if f.cpi_disagree {
                         t.push_str(" ≠");
+                        notes.add(Notation::Differs);
                     }
                     row.push(t);
                 }
@@ -745,7 +789,7 @@ fn top_functions(mode: Mode, mut rows: Vec<Row>, procs: bool, opts: &TableOption
                 row.extend([
                     group(f.samples),
                     f.measures.time_ns.map(time).unwrap_or_else(|| "-".into()),
-                    share_pm(mode, r.share, samples),
+                    share_pm(mode, r.share, samples, notes),
                 ]);
             }
             t.add_row(row);
@@ -883,10 +927,16 @@ fn no_such_function(p: &Profile, name: &str) -> TableError {
 
 /// `value ±err%`; "below floor" when both inputs were measured but too few samples
 /// stand behind them for an estimate; "-" when an input is missing.
-fn cpi(e: Option<Estimate>, samples: u64, inputs: bool) -> String {
+fn cpi(e: Option<Estimate>, samples: u64, inputs: bool, notes: &Notes) -> String {
     match e {
-        Some(e) => format!("{:.2} ±{:.1}%", e.value, e.rel_error * 100.0),
-        None if inputs && samples > 0 => "below floor".to_string(),
+        Some(e) => {
+            notes.add(Notation::Error);
+            format!("{:.2} ±{:.1}%", e.value, e.rel_error * 100.0)
+        }
+        None if inputs && samples > 0 => {
+            notes.add(Notation::BelowFloor);
+            "below floor".to_string()
+        }
         None => "-".to_string(),
     }
 }
@@ -974,18 +1024,18 @@ mod tests {
 
     #[test]
     fn missing_estimate_with_samples_is_below_floor() {
-        assert_eq!(cpi(None, 3, true), "below floor");
+        assert_eq!(cpi(None, 3, true, &Notes::default()), "below floor");
         assert_eq!(
-            cpi(None, 3, false),
+            cpi(None, 3, false, &Notes::default()),
             "-",
             "no instructions: no CPI, not a floor"
         );
-        assert_eq!(cpi(None, 0, true), "-");
+        assert_eq!(cpi(None, 0, true, &Notes::default()), "-");
         let e = Estimate {
             value: 1.5,
             rel_error: 0.031,
             samples: 1000,
         };
-        assert_eq!(cpi(Some(e), 1000, true), "1.50 ±3.1%");
+        assert_eq!(cpi(Some(e), 1000, true, &Notes::default()), "1.50 ±3.1%");
     }
 }

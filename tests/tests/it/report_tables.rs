@@ -248,6 +248,22 @@ fn sort_by_any_column_and_a_legend() {
     assert!(names.contains("below floor: too few samples"), "{names}");
 }
 
+/// The legend explains the notation the tables wrote, not text that looks like it: a
+/// function whose name holds `±`, "below floor" and `≠` adds nothing to it.
+#[test]
+fn the_legend_is_what_the_tables_wrote_not_what_names_say() {
+    let mut p = time_profile();
+    let plain = render(&p, &opts(20, None)).unwrap();
+    p.processes[0].functions[0].name = "decoy ± below floor ≠ timed CPI".into();
+    let out = render(&p, &opts(20, None)).unwrap();
+    assert!(out.contains("decoy ± below floor"), "{out}");
+    let legend = |t: &str| t.lines().last().unwrap_or_default().to_string();
+    assert_eq!(legend(&out), legend(&plain), "{out}");
+    for words in ["below floor: too few", "timed CPI: from", "≠: the two"] {
+        assert!(!out.contains(words), "{words}:\n{out}");
+    }
+}
+
 /// `--group-by pod`: the processes of one pod are one row group named `namespace/pod`;
 /// a process in no pod is `[no pod]`; the functions' samples add up.
 #[test]

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{colour, flame, Graph, CODE_FUNCTIONS, TABLE_ROWS};
 use crate::profile::model::{FunctionProfile, InstructionProfile, ProcessProfile, Profile};
-use crate::report::table::{annotate, share_pm, si, time};
+use crate::report::table::{annotate, share_pm, si, time, Notes};
 use flame::Width;
 
 /// An amount of the width measure, as the page writes it.
@@ -186,6 +186,7 @@ pub(crate) fn table_rows(p: &Profile, width: Width, cpi: bool, total: f64) -> Ve
                     p.mode,
                     if total > 0.0 { w / total } else { 0.0 },
                     all_samples,
+                    &Notes::default(),
                 ),
                 amount: amount(width, w),
                 width: w,

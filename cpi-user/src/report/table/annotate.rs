@@ -12,7 +12,7 @@ use comfy_table::{CellAlignment, Table};
 
 use super::{
     cpi, ellipsize, fitted, group, inputs, new_table, no_such_function, opt_si, range, share_pm,
-    si, time, wrap, TableError,
+    si, time, wrap, Notes, TableError,
 };
 use crate::fsafe::escape;
 use crate::profile::model::{
@@ -24,6 +24,7 @@ pub(super) fn annotate(
     name: &str,
     renamed: &HashMap<String, String>,
     width: Option<usize>,
+    notes: &Notes,
     out: &mut String,
 ) -> Result<(), TableError> {
     let mut found = false;
@@ -34,7 +35,7 @@ pub(super) fn annotate(
             // The full name over the instructions, where the tables show a short one.
             let full = renamed.iter().find(|(_, shown)| **shown == f.name);
             let full = full.map_or(f.name.as_str(), |(full, _)| full.as_str());
-            out.push_str(&annotate_function(p.mode, proc, f, full, width));
+            out.push_str(&annotate_function(p.mode, proc, f, full, width, notes));
         }
     }
     if found {
@@ -49,26 +50,27 @@ fn annotate_function(
     f: &FunctionProfile,
     full_name: &str,
     width: Option<usize>,
+    notes: &Notes,
 ) -> String {
-    let mut s = function_line(mode, proc, f, full_name, width);
+    let mut s = function_line(mode, proc, f, full_name, width, notes);
     if f.lines.is_empty() {
         s.push_str("no per-instruction data for this function\n");
         return s;
     }
     let hottest = hottest(mode, &f.lines);
     s.push_str(&fitted(width, |max| {
-        instruction_table(mode, proc, f, hottest, max)
+        instruction_table(mode, proc, f, hottest, max, notes)
     }));
     s.push('\n');
-    let mut notes = Vec::new();
+    let mut marks = Vec::new();
     if hottest.is_some() {
-        notes.push("▶ hottest instruction");
+        marks.push("▶ hottest instruction");
     }
     if gaps(&f.lines, &f.blocks).iter().any(|&g| g) {
-        notes.push("…: instructions not listed (no samples)");
+        marks.push("…: instructions not listed (no samples)");
     }
-    if !notes.is_empty() {
-        s.push_str(&wrap(&notes.join("; "), width));
+    if !marks.is_empty() {
+        s.push_str(&wrap(&marks.join("; "), width));
     }
     s
 }
@@ -80,6 +82,7 @@ fn function_line(
     f: &FunctionProfile,
     full_name: &str,
     width: Option<usize>,
+    notes: &Notes,
 ) -> String {
     let mut s = format!(
         "{} [{}] pid {} ({}): {}, {} bytes, {} samples",
@@ -100,7 +103,8 @@ fn function_line(
             cpi(
                 f.measures.cpi,
                 f.samples,
-                inputs(f.measures.cycles, f.measures.instructions)
+                inputs(f.measures.cycles, f.measures.instructions),
+                notes
             )
         );
     } else if let Some(t) = f.measures.time_ns {
@@ -170,6 +174,7 @@ fn instruction_table(
     f: &FunctionProfile,
     hottest: Option<u64>,
     max: usize,
+    notes: &Notes,
 ) -> Table {
     let block_at = |addr: u64| f.blocks.iter().find(|b| b.start == addr);
     let sources = source_rows(&f.lines);
@@ -214,14 +219,14 @@ fn instruction_table(
                 si(l.count),
                 group(l.samples),
                 opt_si(l.cycles),
-                cpi(l.cpi, l.samples, l.cycles.is_some()),
+                cpi(l.cpi, l.samples, l.cycles.is_some(), notes),
                 block_at(l.address)
-                    .map(|b| cpi(b.cpi, b.samples, b.cycles.is_some()))
+                    .map(|b| cpi(b.cpi, b.samples, b.cycles.is_some(), notes))
                     .unwrap_or_default(),
             ]);
         } else {
             let p = l.samples as f64 / samples.max(1) as f64;
-            row.extend([group(l.samples), share_pm(mode, p, samples)]);
+            row.extend([group(l.samples), share_pm(mode, p, samples, notes)]);
         }
         let function_at = |addr: u64| {
             proc.functions

@@ -11,6 +11,7 @@ pub(super) fn hot_blocks(
     fns: &[&FunctionProfile],
     top: usize,
     width: Option<usize>,
+    notes: &Notes,
 ) -> String {
     let mut blocks: Vec<(&FunctionProfile, &BlockProfile)> = fns
         .iter()
@@ -47,6 +48,7 @@ pub(super) fn hot_blocks(
                 ],
                 2,
             );
+            notes.add(Notation::Error);
             for (f, b) in &blocks[..shown] {
                 t.add_row(vec![
                     range(b.start, b.end),
@@ -54,7 +56,7 @@ pub(super) fn hot_blocks(
                     b.len.to_string(),
                     si(b.count),
                     opt_si(b.cycles),
-                    cpi(b.cpi, b.samples, b.cycles.is_some()),
+                    cpi(b.cpi, b.samples, b.cycles.is_some(), notes),
                     group(b.samples),
                 ]);
             }

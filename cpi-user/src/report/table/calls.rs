@@ -7,7 +7,12 @@ use super::*;
 /// The hottest call paths of `procs` (each path's own samples, time or cycles and its
 /// leaf's CPI on it), then the call tree's hottest nodes with inclusive and self CPI
 /// (cpi-user/src/profile/paths.rs). Nothing when no sample carried a stack.
-pub(super) fn call_paths(mode: Mode, procs: &[&ProcessProfile], opts: &TableOptions) -> String {
+pub(super) fn call_paths(
+    mode: Mode,
+    procs: &[&ProcessProfile],
+    opts: &TableOptions,
+    notes: &Notes,
+) -> String {
     let many = procs.len() > 1;
     let folded: Vec<(&ProcessProfile, Vec<StackProfile>)> = procs
         .iter()
@@ -30,6 +35,7 @@ pub(super) fn call_paths(mode: Mode, procs: &[&ProcessProfile], opts: &TableOpti
         let mut h = vec!["path", "share", "samples"];
         if mode.has_cpi() {
             h.extend(["cycles", "instrs", "CPI ± error"]);
+            notes.add(Notation::Error);
         } else {
             h.push("CPU time");
         }
@@ -39,14 +45,14 @@ pub(super) fn call_paths(mode: Mode, procs: &[&ProcessProfile], opts: &TableOpti
             let text = path_text(many.then_some(pr.comm.as_str()), names);
             let mut row = vec![
                 ellipsize_left(&text, max),
-                share(mode, paths::weight(s), totals),
+                share(mode, paths::weight(s), totals, notes),
                 group(s.samples),
             ];
             if mode.has_cpi() {
                 row.extend([
                     opt_si(s.cycles),
                     opt_si(s.instructions),
-                    cpi(s.cpi, s.samples, inputs(s.cycles, s.instructions)),
+                    cpi(s.cpi, s.samples, inputs(s.cycles, s.instructions), notes),
                 ]);
             } else {
                 row.push(s.time_ns.map(time).unwrap_or_else(|| "-".into()));
@@ -68,6 +74,7 @@ pub(super) fn call_paths(mode: Mode, procs: &[&ProcessProfile], opts: &TableOpti
         totals,
         opts.top * 2,
         opts.width,
+        notes,
     ));
     out
 }
@@ -79,6 +86,7 @@ pub(super) fn callers_table(
     procs: &[&ProcessProfile],
     name: &str,
     opts: &TableOptions,
+    notes: &Notes,
 ) -> String {
     let many = procs.len() > 1;
     let all = || procs.iter().flat_map(|pr| pr.stacks.iter());
@@ -113,6 +121,7 @@ paths into {name}: none ({why})
         let mut h = vec!["path", "share", "samples"];
         if mode.has_cpi() {
             h.extend(["cycles", "CPI ± error"]);
+            notes.add(Notation::Error);
         } else {
             h.push("CPU time");
         }
@@ -123,7 +132,7 @@ paths into {name}: none ({why})
             let i = &n.inclusive;
             let mut row = vec![
                 ellipsize_left(&text, max),
-                share(mode, i.weight(), totals),
+                share(mode, i.weight(), totals, notes),
                 group(i.samples),
             ];
             if mode.has_cpi() {
@@ -133,6 +142,7 @@ paths into {name}: none ({why})
                         i.cpi(sample_floor()),
                         i.samples,
                         inputs(i.cycles, i.instructions),
+                        notes,
                     ),
                 ]);
             } else {

@@ -5,7 +5,7 @@
 
 use super::{
     cpi, ellipsize, finish, fitted, inputs, new_table, or_unknown, sample_floor, share, time,
-    Shares, MIN_NAME,
+    Notes, Shares, MIN_NAME,
 };
 use crate::profile::model::{Mode, ProcessProfile};
 use crate::profile::paths::{self, PathTotals};
@@ -102,6 +102,7 @@ pub(super) fn call_tree_table(
     totals: Shares,
     top: usize,
     width: Option<usize>,
+    notes: &Notes,
 ) -> String {
     let (rows, cut) = rows(procs, totals.weight, top);
     if rows.is_empty() {
@@ -120,13 +121,23 @@ pub(super) fn call_tree_table(
             let (i, o) = (&r.inclusive, &r.own);
             let mut row = vec![
                 row_name(r, max),
-                share(mode, i.weight(), totals),
-                share(mode, o.weight(), totals),
+                share(mode, i.weight(), totals, notes),
+                share(mode, o.weight(), totals, notes),
             ];
             if mode.has_cpi() {
                 row.extend([
-                    cpi(i.cpi(floor), i.samples, inputs(i.cycles, i.instructions)),
-                    cpi(o.cpi(floor), o.samples, inputs(o.cycles, o.instructions)),
+                    cpi(
+                        i.cpi(floor),
+                        i.samples,
+                        inputs(i.cycles, i.instructions),
+                        notes,
+                    ),
+                    cpi(
+                        o.cpi(floor),
+                        o.samples,
+                        inputs(o.cycles, o.instructions),
+                        notes,
+                    ),
                 ]);
             } else {
                 row.push(i.time_ns.map(time).unwrap_or_else(|| "-".into()));

@@ -1,0 +1,422 @@
+//! Parsing an ELF file's tables once, when a [`Binary`](super::Binary) is opened: load
+//! segments, function bounds and names (the symbol table, `.dynsym`, `.eh_frame` FDEs,
+//! PLT stubs named by their GOT slots) and BOLT's local-name ordinals. Names borrow the
+//! mapped file's bytes; only what no file holds is copied.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::Path;
+
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, SymbolKind};
+
+use super::{
+    ehframe, BinaryError, BoundsSource, CodeRange, FnEntry, LoadSegment, MAX_MAPPED_NAME,
+    NAME_OWNED, NAME_SYNTH, PF_X,
+};
+
+/// A function while the table is built: its name borrows the file's bytes, or is made
+/// here (`memcmp@plt`); `None`: `func_<addr>`.
+#[derive(Clone, Debug)]
+pub(super) struct Cand<'d> {
+    pub(super) start: u64,
+    pub(super) size: u64,
+    pub(super) name: Option<Cow<'d, str>>,
+}
+
+/// What parsing finds.
+pub(super) struct Tables {
+    pub(super) build_id: Option<String>,
+    pub(super) dynamic: bool,
+    pub(super) bounds: BoundsSource,
+    pub(super) segments: Vec<LoadSegment>,
+    pub(super) functions: Vec<FnEntry>,
+    pub(super) owned_names: Vec<Box<str>>,
+    pub(super) code: Vec<CodeRange>,
+}
+
+/// The symbol table names come from: the file's own, else its separate debug file's.
+pub(super) fn symtab_of<'d, 'f>(
+    file: &'f object::File<'d>,
+    debug: Option<&'f object::File<'d>>,
+) -> Option<object::SymbolTable<'d, 'f>> {
+    file.symbol_table().or_else(|| debug?.symbol_table())
+}
+
+impl Tables {
+    /// Parses `data`; the symbol table comes from `debug` (a separate debug file's bytes)
+    /// when `data` has none.
+    pub(super) fn parse(
+        path: &Path,
+        data: &[u8],
+        debug: Option<&[u8]>,
+    ) -> Result<Tables, BinaryError> {
+        let file = open_x86_64(path, data)?;
+        let malformed = |what: String| BinaryError::Malformed {
+            path: path.to_path_buf(),
+            what,
+        };
+        let build_id = file
+            .build_id()
+            .map_err(|e| malformed(format!("build-id note: {e}")))?
+            .map(|b| b.iter().map(|x| format!("{x:02x}")).collect());
+        let (segments, code) = load_segments(&file, data, &malformed)?;
+        let in_code = |a: u64| {
+            code.iter()
+                .any(|c| (c.vaddr..c.vaddr + c.len as u64).contains(&a))
+        };
+        let debug_file = debug.and_then(|d| object::File::parse(d).ok());
+        let (bounds, mut funcs) =
+            function_candidates(path, &file, debug_file.as_ref(), &malformed)?;
+        // PLT stubs first: they win over the linker's FDE at the same start.
+        let mut plt = plt_stubs(&file, &funcs);
+        plt.append(&mut funcs);
+        let mut funcs = plt;
+        funcs.retain(|f| f.size > 0 && in_code(f.start));
+        let funcs = normalise(funcs);
+        let (functions, owned_names) = function_entries(&funcs, data, debug);
+        Ok(Tables {
+            build_id,
+            dynamic: file.kind() == object::ObjectKind::Dynamic,
+            bounds,
+            segments,
+            functions,
+            owned_names,
+            code,
+        })
+    }
+}
+
+/// `data` parsed as an x86-64 ELF file, or why it is not one.
+fn open_x86_64<'d>(path: &Path, data: &'d [u8]) -> Result<object::File<'d>, BinaryError> {
+    let p = || path.to_path_buf();
+    if !data.starts_with(b"\x7fELF") {
+        return Err(BinaryError::NotElf {
+            path: p(),
+            reason: "no ELF magic".into(),
+        });
+    }
+    let file = object::File::parse(data).map_err(|e| BinaryError::NotElf {
+        path: p(),
+        reason: e.to_string(),
+    })?;
+    if file.architecture() != object::Architecture::X86_64 {
+        return Err(BinaryError::UnsupportedArch {
+            path: p(),
+            arch: format!("{:?}", file.architecture()),
+        });
+    }
+    Ok(file)
+}
+
+/// The loadable segments, and where in `data` the executable ones lie.
+fn load_segments(
+    file: &object::File<'_>,
+    data: &[u8],
+    malformed: &dyn Fn(String) -> BinaryError,
+) -> Result<(Vec<LoadSegment>, Vec<CodeRange>), BinaryError> {
+    let mut segments = Vec::new();
+    let mut code = Vec::new();
+    for seg in file.segments() {
+        let (offset, filesz) = seg.file_range();
+        let executable =
+            matches!(seg.flags(), object::SegmentFlags::Elf { p_flags } if p_flags & PF_X != 0);
+        if executable {
+            // Checks the range lies in the file.
+            let bytes = seg
+                .data()
+                .map_err(|e| malformed(format!("segment at {:#x}: {e}", seg.address())))?;
+            code.push(CodeRange {
+                vaddr: seg.address(),
+                offset: offset_in(data, bytes).unwrap_or(0),
+                len: bytes.len(),
+            });
+        }
+        segments.push(LoadSegment {
+            vaddr: seg.address(),
+            memsz: seg.size(),
+            offset,
+            filesz,
+            executable,
+        });
+    }
+    Ok((segments, code))
+}
+
+/// The functions' bounds and names: from the symbol table (the file's or `debug_file`'s)
+/// with `.dynsym`, or, stripped, from `.eh_frame`'s FDEs named by `.dynsym`.
+fn function_candidates<'d>(
+    path: &Path,
+    file: &object::File<'d>,
+    debug_file: Option<&object::File<'d>>,
+    malformed: &dyn Fn(String) -> BinaryError,
+) -> Result<(BoundsSource, Vec<Cand<'d>>), BinaryError> {
+    let symtab = symtab_of(file, debug_file);
+    let symtab_funcs = match &symtab {
+        Some(t) => collect_symbols(t.symbols()),
+        None => Vec::new(),
+    };
+    let dyn_funcs = collect_symbols(file.dynamic_symbols());
+    if !symtab_funcs.is_empty() {
+        let mut f = symtab_funcs;
+        f.extend(dyn_funcs);
+        return Ok((BoundsSource::SymbolTable, f));
+    }
+    let dyn_names: HashMap<u64, Cow<str>> = dyn_funcs
+        .iter()
+        .filter_map(|f| Some((f.start, f.name.clone()?)))
+        .collect();
+    let mut f = Vec::new();
+    if let Some(sec) = file.section_by_name(".eh_frame") {
+        let d = sec
+            .data()
+            .map_err(|e| malformed(format!(".eh_frame: {e}")))?;
+        // A broken .eh_frame leaves .dynsym bounds only; say so, don't fail.
+        match ehframe::fde_ranges(d, sec.address()) {
+            Ok(r) => f.extend(r.into_iter().map(|(start, size)| Cand {
+                name: dyn_names.get(&start).cloned(),
+                start,
+                size,
+            })),
+            Err(e) => log::warn!("{}: {e}; using .dynsym bounds only", path.display()),
+        }
+    }
+    f.extend(dyn_funcs);
+    Ok((BoundsSource::EhFrame, f))
+}
+
+/// The function table: each name an offset into the mapped file (or past it, into
+/// `debug`), or copied into the owned names when it lies in neither or is too long.
+fn function_entries(
+    funcs: &[Cand<'_>],
+    data: &[u8],
+    debug: Option<&[u8]>,
+) -> (Vec<FnEntry>, Vec<Box<str>>) {
+    let mut owned_names: Vec<Box<str>> = Vec::new();
+    let mut functions = Vec::with_capacity(funcs.len());
+    for f in funcs {
+        let name = match &f.name {
+            None => NAME_SYNTH,
+            Some(n) => {
+                let at = offset_in(data, n.as_bytes())
+                    .or_else(|| Some(data.len() + offset_in(debug?, n.as_bytes())?));
+                match at.and_then(|o| u32::try_from(o).ok()) {
+                    Some(off) if off < NAME_OWNED && n.len() <= MAX_MAPPED_NAME => off,
+                    _ => {
+                        owned_names.push(copied_utf8(n.as_bytes()).into());
+                        NAME_OWNED | (owned_names.len() - 1) as u32
+                    }
+                }
+            }
+        };
+        functions.push(FnEntry {
+            start: f.start,
+            size: u32::try_from(f.size).unwrap_or(u32::MAX),
+            name,
+        });
+    }
+    (functions, owned_names)
+}
+
+/// `bytes` of the mapping as a `String`, copied first and checked after: its owner can
+/// rewrite the file at any time, so bytes checked in place (`from_utf8_lossy` then
+/// `into_owned`) could be invalid UTF-8 by the time they are copied, and a `String`
+/// that is not UTF-8 is undefined behaviour wherever its chars are read.
+pub(super) fn copied_utf8(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec())
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+}
+
+/// Offset of `part` in `whole` when `part` is a slice of it (names and section data
+/// `object` returns borrow the file's bytes).
+pub(super) fn offset_in(whole: &[u8], part: &[u8]) -> Option<usize> {
+    let off = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+    (off.checked_add(part.len())? <= whole.len()).then_some(off)
+}
+
+/// The local text and data symbols of `.symtab` in address order, each with its ordinal
+/// among the local symbols of that name (BOLT's `name/N`). Names as bytes and one
+/// foldhash lookup per symbol: `librustc_driver` has a hundred thousand locals, and this
+/// runs whenever the symbolizer opens a binary again (BENCHMARKS.md, "Agent CPU on a
+/// build host").
+pub(super) fn bolt_ordinals<'d, S: ObjectSymbol<'d>>(
+    syms: impl Iterator<Item = S>,
+) -> Vec<(u64, &'d [u8], u32)> {
+    let mut locals: Vec<(u64, &'d [u8])> = syms
+        .filter(|s| s.is_local() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Data))
+        .filter_map(|s| Some((s.address(), s.name_bytes().ok()?)))
+        .filter(|(_, n)| !n.is_empty())
+        .collect();
+    locals.sort_unstable();
+    let mut seen: HashMap<&[u8], u32, foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(locals.len(), Default::default());
+    locals
+        .into_iter()
+        .map(|(addr, name)| {
+            let n = seen.entry(name).or_default();
+            *n += 1;
+            (addr, name, *n)
+        })
+        .collect()
+}
+
+/// Text symbols with an address, one per start address.
+pub(super) fn collect_symbols<'d, S: ObjectSymbol<'d>>(
+    syms: impl Iterator<Item = S>,
+) -> Vec<Cand<'d>> {
+    let mut out: Vec<(AliasRank<'d>, Cand<'d>)> = syms
+        .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0 && !s.is_undefined())
+        .filter_map(|s| {
+            let name = s.name().ok()?;
+            Some((
+                AliasRank::of(&s, name),
+                Cand {
+                    name: Some(Cow::Borrowed(name)),
+                    start: s.address(),
+                    size: s.size(),
+                },
+            ))
+        })
+        .collect();
+    out.sort_unstable_by(|a, b| (a.1.start, &a.0).cmp(&(b.1.start, &b.0)));
+    out.dedup_by_key(|f| f.1.start);
+    out.into_iter().map(|(_, f)| f).collect()
+}
+
+/// Which of several names at one address is shown: perf's `choose_best_symbol`
+/// (tools/perf/util/symbol.c) — a sized symbol, then a strong one over a weak one, a
+/// global over a local, fewer leading underscores, the longer name (then A to Z, so
+/// the choice never depends on table order). Smaller is better.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct AliasRank<'d> {
+    no_size: bool,
+    weak: bool,
+    local: bool,
+    underscores: usize,
+    shorter: std::cmp::Reverse<usize>,
+    name: &'d str,
+}
+
+impl<'d> AliasRank<'d> {
+    fn of<S: ObjectSymbol<'d>>(s: &S, name: &'d str) -> Self {
+        AliasRank {
+            no_size: s.size() == 0,
+            weak: s.is_weak(),
+            local: !s.is_global(),
+            underscores: name.len() - name.trim_start_matches('_').len(),
+            shorter: std::cmp::Reverse(name.len()),
+            name,
+        }
+    }
+}
+
+/// PLT stubs as functions named by their target, as perf names them (`memcmp@plt`): each
+/// stub's `jmp *slot(%rip)` reads a GOT slot whose dynamic relocation names the symbol
+/// (robust to .plt/.plt.sec/.plt.got layouts and to relocation order). Stubs that jump
+/// through no named slot (PLT0, the lazy-binding stubs beside `.plt.sec`) stay one
+/// `[.plt]`-style pseudo-function per run, so calls through them are still seen.
+/// An IRELATIVE slot (an ifunc, `*ABS*+0x…` to objdump) is named after the function at
+/// its resolver's address, as perf's `get_ifunc_name` does.
+fn plt_stubs<'d>(file: &object::File<'d>, funcs: &[Cand<'d>]) -> Vec<Cand<'d>> {
+    let named_at: HashMap<u64, &str> = funcs
+        .iter()
+        .filter_map(|f| Some((f.start, f.name.as_deref()?)))
+        .collect();
+    let mut slots: HashMap<u64, String> = HashMap::new();
+    if let Some(relocs) = file.dynamic_relocations() {
+        let dynsym = file.dynamic_symbol_table();
+        for (offset, r) in relocs {
+            let name = match r.target() {
+                object::RelocationTarget::Symbol(i) => dynsym
+                    .as_ref()
+                    .and_then(|t| t.symbol_by_index(i).ok())
+                    .and_then(|s| s.name().ok())
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_string),
+                object::RelocationTarget::Absolute => u64::try_from(r.addend())
+                    .ok()
+                    .and_then(|a| named_at.get(&a))
+                    .map(|n| n.to_string()),
+                _ => None,
+            };
+            if let Some(name) = name {
+                slots.insert(offset, name);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for section in [".plt", ".plt.sec", ".plt.got"] {
+        let Some(sec) = file.section_by_name(section) else {
+            continue;
+        };
+        let Ok(bytes) = sec.data() else { continue };
+        if bytes.is_empty() {
+            continue;
+        }
+        // x86-64 stubs are 16 bytes, but .plt.got's are 8 without IBT (no endbr64).
+        let entry = if section == ".plt.got" && !bytes.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) {
+            8
+        } else {
+            16
+        };
+        let pseudo = |start: u64, end: u64| Cand {
+            name: Some(Cow::Owned(format!("[{section}]"))),
+            start,
+            size: end - start,
+        };
+        let mut unnamed: Option<u64> = None;
+        for (i, stub) in bytes.chunks(entry).enumerate() {
+            let at = sec.address() + (i * entry) as u64;
+            match stub_target(stub, at).and_then(|slot| slots.get(&slot)) {
+                Some(name) => {
+                    if let Some(s) = unnamed.take() {
+                        out.push(pseudo(s, at));
+                    }
+                    out.push(Cand {
+                        name: Some(Cow::Owned(format!("{name}@plt"))),
+                        start: at,
+                        size: stub.len() as u64,
+                    });
+                }
+                None => {
+                    unnamed.get_or_insert(at);
+                }
+            }
+        }
+        if let Some(s) = unnamed {
+            out.push(pseudo(s, sec.address() + bytes.len() as u64));
+        }
+    }
+    out
+}
+
+/// The GOT slot a PLT stub at `at` jumps through (`jmp qword ptr [rip+disp]`), if any.
+fn stub_target(stub: &[u8], at: u64) -> Option<u64> {
+    use iced_x86::{Decoder, DecoderOptions, Mnemonic, OpKind, Register};
+    let mut d = Decoder::with_ip(64, stub, at, DecoderOptions::NONE);
+    while d.can_decode() {
+        let ins = d.decode();
+        if ins.mnemonic() == Mnemonic::Jmp
+            && ins.op0_kind() == OpKind::Memory
+            && ins.memory_base() == Register::RIP
+        {
+            return Some(ins.ip_rel_memory_address());
+        }
+    }
+    None
+}
+
+/// Sorts, drops duplicate starts (first wins: callers put the better source first) and
+/// trims overlaps so lookups are unambiguous.
+fn normalise(mut funcs: Vec<Cand<'_>>) -> Vec<Cand<'_>> {
+    // Stable sort keeps the caller's preference order among equal starts.
+    funcs.sort_by_key(|f| f.start);
+    funcs.dedup_by_key(|f| f.start);
+    for i in 1..funcs.len() {
+        let next = funcs[i].start;
+        let prev = &mut funcs[i - 1];
+        if prev.start.saturating_add(prev.size) > next {
+            prev.size = next - prev.start;
+        }
+    }
+    funcs
+}
