@@ -74,6 +74,11 @@ pub enum Record {
         pgoff: u64,
         path: String,
     },
+    /// `PERF_RECORD_FORK`: process `pid` forked by `ppid` (its main thread by theirs).
+    Fork {
+        pid: u32,
+        ppid: u32,
+    },
     Sample {
         /// Index into the attrs.
         attr: usize,
@@ -164,6 +169,15 @@ fn data(attrs: &[Attr], records: &[Record]) -> Vec<u8> {
                 b.extend_from_slice(&2u32.to_le_bytes());
                 b.extend_from_slice(&cstr_padded(path, 8));
                 d.extend(record(10, 2, &b));
+            }
+            Record::Fork { pid, ppid } => {
+                let mut b = Vec::new();
+                // pid, ppid, tid, ptid, time
+                for x in [pid, ppid, pid, ppid] {
+                    b.extend_from_slice(&x.to_le_bytes());
+                }
+                b.extend_from_slice(&0u64.to_le_bytes());
+                d.extend(record(7, 0, &b));
             }
             Record::Sample {
                 attr,

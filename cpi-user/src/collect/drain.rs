@@ -10,9 +10,9 @@ use cpi_common::wire::{
 };
 
 use super::processes::{ProcessChanges, Processes};
-use super::sideband::Sideband;
 use super::sys::{self, Placement};
 use super::StackMemory;
+use crate::import::perf_records::SideRecord;
 use crate::procmap::{self, ProcessMaps};
 use crate::profile::stack::{CallStack, StackEnd};
 use crate::profile::SampleSet;
@@ -344,9 +344,9 @@ impl Drain {
     }
 
     /// Takes in one side-band record (read before the samples it may explain).
-    pub fn observe(&mut self, s: Sideband) {
+    pub fn observe(&mut self, s: SideRecord) {
         match s {
-            Sideband::Lost(n) => self.sideband_lost += n,
+            SideRecord::Lost(n) => self.sideband_lost += n,
             s => self.processes.observe(&mut self.set, s),
         }
     }
@@ -625,42 +625,6 @@ mod tests {
         assert_eq!(p.ips[&EventRole::CpuClock].weight, 1100 + 900 + 1000);
     }
 
-    #[test]
-    fn a_forked_child_has_its_parents_recorded_mappings() {
-        let mut d = Drain::new(1, StackMemory::default());
-        let m = Mapping {
-            start: 0x1000,
-            end: 0x2000,
-            offset: 0,
-            executable: true,
-            object: procmap::MappedObject::from_name("/bin/x"),
-            file_id: None,
-        };
-        d.observe(Sideband::Mapping { pid: 5, mapping: m });
-        d.observe(Sideband::Fork { pid: 6, ppid: 5 });
-        assert_eq!(d.processes.recorded[&6].maps, d.processes.recorded[&5].maps);
-    }
-
-    /// Import's rename rule (perf_records::names_process): another thread's name does
-    /// not rename its process once it has one; an exec's and the main thread's do.
-    #[test]
-    fn only_an_exec_or_the_main_thread_renames_a_process() {
-        let mut d = Drain::new(1, StackMemory::default());
-        let mut comm = |tid: u32, name: &str, exec: bool| {
-            d.observe(Sideband::Comm {
-                pid: 9,
-                tid,
-                comm: name.into(),
-                exec,
-            });
-            d.processes.recorded[&9].comm.clone()
-        };
-        assert_eq!(comm(10, "worker", false), "worker", "a first name is taken");
-        assert_eq!(comm(9, "server", false), "server", "the main thread's");
-        assert_eq!(comm(11, "pool-2", false), "server", "a thread's is its own");
-        assert_eq!(comm(11, "sh", true), "sh", "an exec's");
-    }
-
     /// `rec` followed by a stack section with `kernel` frames and `stack` bytes.
     fn with_stack<T: aya::Pod>(rec: &T, kernel: &[u64], regs: [u64; 3], stack: &[u8]) -> Vec<u8> {
         let mut b = bytes_of(rec);
@@ -927,9 +891,10 @@ mod tests {
         let now = ProcessMaps::read(me).unwrap();
         for &a in &mapped.pages {
             let m = now.find(a).unwrap().clone();
-            d.observe(Sideband::Mapping {
+            d.observe(SideRecord::Mmap {
                 pid: me,
                 mapping: m,
+                build_id: None,
             });
         }
         // A sample with its stack: maps read, every file captured, every module made.
@@ -946,9 +911,10 @@ mod tests {
         // One more mapping, its record read before its sample: no read, one capture.
         let new = mapped.map();
         let m = ProcessMaps::read(me).unwrap().find(new).unwrap().clone();
-        d.observe(Sideband::Mapping {
+        d.observe(SideRecord::Mmap {
             pid: me,
             mapping: m,
+            build_id: None,
         });
         sample(&mut d, new);
         let p = &d.set.processes[&me];
@@ -1081,15 +1047,16 @@ mod tests {
         let own = ProcessMaps::read(me).unwrap().find(here).unwrap().clone();
         let mut d = Drain::new(1, StackMemory::default());
         let exec = |d: &mut Drain, pid: u32, mapping: &Mapping| {
-            d.observe(Sideband::Comm {
+            d.observe(SideRecord::Comm {
                 pid,
                 tid: pid,
-                comm: "gone".into(),
+                name: "gone".into(),
                 exec: true,
             });
-            d.observe(Sideband::Mapping {
+            d.observe(SideRecord::Mmap {
                 pid,
                 mapping: mapping.clone(),
+                build_id: None,
             });
         };
         // Pids no process has (above the kernel's limit of 2^22).

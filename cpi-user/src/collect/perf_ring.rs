@@ -19,7 +19,6 @@ use super::caps::Capabilities;
 use super::drain::Drain;
 use super::events::EventSpec;
 use super::ladder::OpenEvent;
-use super::sideband;
 use super::sys::ring::Ring;
 use super::sys::{self, flag, PerfSys};
 use super::target::Target;
@@ -203,11 +202,7 @@ impl SampleRings {
                 match perf_records::side_record(kind, misc, body) {
                     Some(SideRecord::Lost(n)) => *stats += n,
                     Some(SideRecord::Throttle) => *throttled += 1,
-                    Some(rec) => {
-                        if let Some(s) = sideband::of(rec) {
-                            drain.observe(s);
-                        }
-                    }
+                    Some(rec) => drain.observe(rec),
                     None => {}
                 }
             });

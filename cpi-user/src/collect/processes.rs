@@ -9,9 +9,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use super::sideband::Sideband;
 use super::target;
-use crate::import::perf_records::names_process;
+use crate::import::perf_records::{Recorded, RecordedProcesses, SideRecord};
 use crate::procmap::{self, CapturedFiles, Mapping, ProcessIdentity, ProcessMaps};
 use crate::profile::SampleSet;
 use crate::unwind::StackUnwinder;
@@ -66,7 +65,7 @@ pub(crate) struct Processes {
     /// Comm and executable mappings per pid from side-band records
     /// ([`super::sideband`]): what is left of a process gone before `/proc` was read,
     /// and, for one whose `exec` they saw, all its code: its maps are then not read.
-    pub(super) recorded: HashMap<u32, Recorded>,
+    pub(super) recorded: RecordedProcesses,
 }
 
 impl Processes {
@@ -118,7 +117,7 @@ impl Processes {
         left.sort_unstable();
         left.dedup();
         let keep = |pid: &u32| set.processes.contains_key(pid) || procmap::alive(*pid);
-        self.recorded.retain(|pid, _| keep(pid));
+        self.recorded.retain(|pid| keep(&pid));
         self.maps_read_at
             .retain(|pid, _| self.known.contains_key(pid));
         let known = &self.known;
@@ -155,39 +154,21 @@ impl Processes {
         self.files.counter()
     }
     /// Takes in one side-band record (read before the samples it may explain).
-    pub(crate) fn observe(&mut self, set: &mut SampleSet, s: Sideband) {
-        match s {
-            Sideband::Mapping { pid, mapping } => {
-                self.recorded.entry(pid).or_default().maps.overlay(mapping);
+    pub(crate) fn observe(&mut self, set: &mut SampleSet, record: SideRecord) {
+        if let SideRecord::Comm {
+            pid,
+            name,
+            exec: true,
+            ..
+        } = &record
+        {
+            // A new image: the old one's mappings stay for earlier samples (see
+            // ProcessMaps::with_older); its name is the new one.
+            if let Some(p) = set.processes.get_mut(pid) {
+                p.comm.clone_from(name);
             }
-            Sideband::Comm {
-                pid,
-                tid,
-                comm,
-                exec,
-            } => {
-                let e = self.recorded.entry(pid).or_default();
-                if exec {
-                    // A new image: the old one's mappings stay for earlier samples
-                    // (see ProcessMaps::with_older); its name is the new one.
-                    if let Some(p) = set.processes.get_mut(&pid) {
-                        p.comm.clone_from(&comm);
-                    }
-                    e.exec = true;
-                }
-                if names_process(pid, tid, exec, !e.comm.is_empty()) {
-                    e.comm = comm;
-                }
-            }
-            Sideband::Fork { pid, ppid } => {
-                // A child that maps nothing new has no records of its own: what its
-                // parent had mapped is its until it execs.
-                if let Some(parent) = self.recorded.get(&ppid).cloned() {
-                    self.recorded.entry(pid).or_insert(parent);
-                }
-            }
-            Sideband::Lost(_) => {}
         }
+        self.recorded.observe(record);
     }
 
     /// A process's first sample of this window: what earlier windows learnt of it,
@@ -245,7 +226,7 @@ impl Processes {
         let first = p.maps.is_none() && !self.maps_read_at.contains_key(&pid);
         let exec = self
             .recorded
-            .get(&pid)
+            .get(pid)
             .filter(|r| r.exec && !r.comm.is_empty());
         if p.comm.is_empty() {
             p.comm = exec.map_or_else(|| target::comm(pid), |r| r.comm.clone());
@@ -266,7 +247,7 @@ impl Processes {
             addr.filter(|&a| a != 0)
                 .is_some_and(|a| miss && !first && r.maps.find(a).is_some())
         };
-        if self.recorded.get(&pid).filter(explained).is_some() {
+        if self.recorded.get(pid).filter(explained).is_some() {
             self.adopt_records(set, unwinder, pid, tid);
         } else if first || miss && self.maps_due(pid) {
             self.read_maps(set, unwinder, pid, tid, first);
@@ -299,7 +280,10 @@ impl Processes {
         pid: u32,
         tid: u32,
     ) {
-        let (p, r) = (set.process(pid), &self.recorded[&pid]);
+        let Some(r) = self.recorded.get(pid) else {
+            return;
+        };
+        let p = set.process(pid);
         let fresh: Vec<Mapping> = (r.maps.mappings.iter())
             .filter(|r| p.maps.as_ref().is_none_or(|o| !o.holds(r)))
             .cloned()
@@ -349,7 +333,7 @@ impl Processes {
                 Some(m)
             }
             // Gone already: what the kernel recorded of it.
-            Err(_) => self.recorded.get(&pid).map(|r| {
+            Err(_) => self.recorded.get(pid).map(|r| {
                 if !r.comm.is_empty() {
                     p.comm.clone_from(&r.comm);
                 }
@@ -377,17 +361,6 @@ impl Processes {
         let wait = REREAD_EVERY.max(began.elapsed() * REREAD_COST_RATIO);
         self.maps_read_at.insert(pid, began + wait);
     }
-}
-
-/// What the kernel's side-band records said of a process (a forked child's is its
-/// parent's: the same code mapped, under the same exec).
-#[derive(Clone, Debug, Default)]
-pub(super) struct Recorded {
-    pub(super) comm: String,
-    /// Its executable mappings.
-    pub(super) maps: ProcessMaps,
-    /// Its `exec` was recorded: `maps` holds all its code since (bar the vDSO).
-    pub(super) exec: bool,
 }
 
 /// What is kept of a process between windows.

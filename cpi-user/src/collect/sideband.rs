@@ -19,46 +19,10 @@ use super::sys::ring::Ring;
 use super::sys::{self, flag, PerfEventAttr, PerfSys, Placements};
 use crate::fsafe::page_size;
 use crate::import::perf_records::{side_record, SideRecord};
-use crate::procmap::{MappedObject, Mapping};
 
 /// Data pages per buffer (a power of two): 64 KiB holds hundreds of records between two
 /// passes.
 const DATA_PAGES: usize = 16;
-
-/// What one side-band record says.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Sideband {
-    /// Process `pid` mapped code.
-    Mapping {
-        /// The process.
-        pid: u32,
-        /// What it mapped.
-        mapping: Mapping,
-    },
-    /// Thread `tid` of process `pid` is now called `comm` (`exec`: its image was
-    /// replaced); whether that names the process is
-    /// [`crate::import::perf_records::names_process`]'s to say.
-    Comm {
-        /// The process.
-        pid: u32,
-        /// The thread.
-        tid: u32,
-        /// Its new name.
-        comm: String,
-        /// The name changed with an `exec`.
-        exec: bool,
-    },
-    /// Process `pid` was forked by `ppid`: it has its parent's mappings, and no
-    /// record of them of its own.
-    Fork {
-        /// The child.
-        pid: u32,
-        /// Its parent.
-        ppid: u32,
-    },
-    /// The kernel dropped this many records (buffer full).
-    Lost(u64),
-}
 
 /// The attr of the dummy event that carries side-band records; its fd polls readable
 /// once `wake_bytes` are unread.
@@ -124,11 +88,12 @@ impl SidebandReader {
             .map(|(fd, _)| std::os::fd::AsFd::as_fd(fd))
     }
 
-    /// Every record written since the last call, oldest first per buffer.
-    pub fn read(&mut self, mut on: impl FnMut(Sideband)) {
+    /// Every record written since the last call, oldest first per buffer, decoded
+    /// with the decoder perf.data import uses ([`side_record`]).
+    pub fn read(&mut self, mut on: impl FnMut(SideRecord)) {
         for (_, ring) in &self.buffers {
             ring.read(&mut self.scratch, |kind, misc, body| {
-                if let Some(r) = parse(kind, misc, body) {
+                if let Some(r) = side_record(kind, misc, body) {
                     on(r);
                 }
             });
@@ -136,97 +101,9 @@ impl SidebandReader {
     }
 }
 
-/// Decodes one record's body (after the 8-byte header) with the decoder perf.data
-/// import uses ([`side_record`]): executable mappings, names, new processes, losses.
-pub fn parse(kind: u32, misc: u16, body: &[u8]) -> Option<Sideband> {
-    of(side_record(kind, misc, body)?)
-}
-
-/// What a decoded record says of processes, when it says something (a throttle says
-/// nothing of them).
-pub fn of(record: SideRecord) -> Option<Sideband> {
-    match record {
-        SideRecord::Mmap {
-            pid, mut mapping, ..
-        } => {
-            if !mapping.executable || mapping.start == mapping.end {
-                return None;
-            }
-            // Identity only for a file with an inode (an MMAP2 record without build-id).
-            mapping.file_id = mapping
-                .file_id
-                .filter(|id| id.ino != 0 && matches!(mapping.object, MappedObject::File { .. }));
-            Some(Sideband::Mapping { pid, mapping })
-        }
-        SideRecord::Comm {
-            pid,
-            tid,
-            name,
-            exec,
-        } => Some(Sideband::Comm {
-            pid,
-            tid,
-            comm: name,
-            exec,
-        }),
-        SideRecord::Fork { pid, ppid } => Some(Sideband::Fork { pid, ppid }),
-        SideRecord::Lost(n) => Some(Sideband::Lost(n)),
-        SideRecord::Throttle => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn mmap2(pid: u32, addr: u64, len: u64, pgoff: u64, prot: u32, name: &str) -> Vec<u8> {
-        let mut b = Vec::new();
-        b.extend(pid.to_ne_bytes());
-        b.extend(pid.to_ne_bytes());
-        for v in [addr, len, pgoff] {
-            b.extend(v.to_ne_bytes());
-        }
-        b.extend([0u8; 24]); // maj, min, ino, ino_generation
-        b.extend(prot.to_ne_bytes());
-        b.extend(2u32.to_ne_bytes()); // MAP_PRIVATE
-        b.extend(name.as_bytes());
-        b.push(0);
-        b
-    }
-
-    #[test]
-    fn executable_mmap2_records_become_mappings() {
-        let body = mmap2(42, 0x1000, 0x2000, 0x3000, 5, "/usr/bin/true");
-        let Some(Sideband::Mapping { pid, mapping }) = parse(10, 0, &body) else {
-            panic!("not a mapping");
-        };
-        assert_eq!(pid, 42);
-        assert_eq!(
-            (mapping.start, mapping.end, mapping.offset),
-            (0x1000, 0x3000, 0x3000)
-        );
-        assert_eq!(mapping.object.display_name(), "/usr/bin/true");
-        let data = mmap2(42, 0x1000, 0x2000, 0, 3, "/etc/ld.so.cache");
-        assert_eq!(parse(10, 0, &data), None, "not code");
-        assert_eq!(parse(10, 0, &body[..20]), None, "truncated");
-    }
-
-    #[test]
-    fn comm_records_say_exec() {
-        let mut b = Vec::new();
-        b.extend(7u32.to_ne_bytes());
-        b.extend(7u32.to_ne_bytes());
-        b.extend(b"true\0\0\0\0");
-        assert_eq!(
-            parse(3, 1 << 13, &b),
-            Some(Sideband::Comm {
-                pid: 7,
-                tid: 7,
-                comm: "true".into(),
-                exec: true
-            })
-        );
-    }
 
     /// The real thing, on this process: a mapping made after the event is enabled
     /// comes back as a record (root, or perf_event_paranoid ≤ 1).
@@ -266,7 +143,7 @@ mod tests {
         unsafe { libc::munmap(p, 4096) };
         assert!(
             seen.iter().any(|s| matches!(s,
-                Sideband::Mapping { pid, mapping } if *pid == std::process::id()
+                SideRecord::Mmap { pid, mapping, .. } if *pid == std::process::id()
                     && mapping.start == p as u64
                     && mapping.object.display_name().ends_with("true"))),
             "{seen:?}"

@@ -36,7 +36,7 @@ use cpi_common::wire::{
     WIRE_VERSION,
 };
 
-use crate::procmap::{MappedObject, ProcessMaps};
+use crate::procmap::MappedObject;
 use crate::profile::events::{raw_event, RawEvent, Vendor};
 use crate::profile::SampleSet;
 use crate::progress;
@@ -845,7 +845,7 @@ fn placed_pass(
         let placed = place(&mut pass, relocator)?;
         return Ok((pass, placed));
     }
-    let mut unwinder = Unwinder::new(&scan.records.maps, &mut relocator);
+    let mut unwinder = Unwinder::new(&scan.records.processes, &mut relocator);
     let mut pass = perf_data_pass(file, what, weights, roles, Some(&mut unwinder))?;
     if let Some(e) = unwinder.error.take() {
         return Err(e);
@@ -862,16 +862,14 @@ fn placed_pass(
 /// returns the notes on both.
 fn place(pass: &mut Pass, mut relocator: Relocator) -> Result<Placed, ImportError> {
     let set = &mut pass.set;
-    for (pid, maps) in &pass.records.maps {
-        if let Some(p) = set.processes.get_mut(pid) {
-            let mut maps = maps.clone();
-            maps.sort_by_key(|m| m.start);
-            p.maps = Some(ProcessMaps { mappings: maps });
-        }
-    }
-    for (pid, comm) in &pass.records.comms {
-        if let Some(p) = set.processes.get_mut(pid) {
-            p.comm = comm.clone();
+    for (pid, r) in pass.records.processes.iter() {
+        if let Some(p) = set.processes.get_mut(&pid) {
+            if !r.maps.mappings.is_empty() {
+                p.maps = Some(r.maps.clone());
+            }
+            if !r.comm.is_empty() {
+                p.comm.clone_from(&r.comm);
+            }
         }
     }
     for p in set.processes.values_mut() {

@@ -24,13 +24,13 @@
 //! its sample parser skips the branch stack without returning it, and its event types
 //! hide the raw `type`/`config` the estimator choice needs.
 
-use super::perf_records::{kernel_mode, names_process, side_record, SideRecord};
+use super::perf_records::{kernel_mode, side_record, Origin, RecordedProcesses, SideRecord};
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom};
 
 use cpi_common::wire::BranchEntry;
 
-use crate::procmap::{MappedObject, Mapping};
+use crate::procmap::MappedObject;
 use crate::profile::stack::{CallStack, StackEnd};
 use crate::unwind::UserRegs;
 
@@ -269,17 +269,15 @@ impl Header {
 }
 
 /// What the records besides samples said.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Records {
-    /// pid → process name (the main thread's last COMM, or an exec's).
-    pub comms: BTreeMap<u32, String>,
-    /// pid → executable mappings in record order.
-    pub maps: BTreeMap<u32, Vec<Mapping>>,
+    /// What the mappings, names and forks said of each process.
+    pub(crate) processes: RecordedProcesses,
     /// Build-ids carried by MMAP2 records (`perf record --buildid-mmap`).
     pub build_ids: BTreeMap<String, String>,
     /// Sample records read.
     pub samples: u64,
-    /// Records of types this reader does not use (LOST, FORK, ...).
+    /// Records of types this reader does not use (LOST, THROTTLE, ...).
     pub other_records: u64,
 }
 
@@ -558,7 +556,12 @@ pub fn read<R: Read + Seek>(
     mut sink: impl FnMut(&Header, Sample),
 ) -> Result<(Header, Records), PerfDataError> {
     let (header, layout) = read_header(r)?;
-    let mut recs = Records::default();
+    let mut recs = Records {
+        processes: RecordedProcesses::new(Origin::Recording),
+        build_ids: BTreeMap::new(),
+        samples: 0,
+        other_records: 0,
+    };
     r.seek(SeekFrom::Start(layout.data_offset))?;
     let mut reader = std::io::BufReader::with_capacity(1 << 16, r.by_ref());
     let mut pos = 0u64;
@@ -601,35 +604,27 @@ pub fn read<R: Read + Seek>(
             }
             PERF_RECORD_COMPRESSED => return Err(PerfDataError::Compressed),
             _ => match side_record(kind, misc, body) {
-                Some(SideRecord::Comm {
-                    pid,
-                    tid,
-                    name,
-                    exec,
-                }) => {
-                    if names_process(pid, tid, exec, recs.comms.contains_key(&pid)) {
-                        recs.comms.insert(pid, name);
-                    }
+                Some(SideRecord::Throttle | SideRecord::Lost(_)) | None => {
+                    recs.other_records += 1;
                 }
-                Some(SideRecord::Mmap {
-                    pid,
-                    mut mapping,
-                    build_id,
-                }) => {
-                    if let (Some(id), MappedObject::File { path, .. }) = (build_id, &mapping.object)
+                Some(r) => {
+                    if let SideRecord::Mmap {
+                        mapping,
+                        build_id: Some(id),
+                        ..
+                    } = &r
                     {
-                        recs.build_ids.insert(path.display().to_string(), id);
+                        if let MappedObject::File { path, .. } = &mapping.object {
+                            recs.build_ids
+                                .insert(path.display().to_string(), id.clone());
+                        }
                     }
-                    // Recorded elsewhere: device and inode mean nothing here.
-                    mapping.file_id = None;
-                    if mapping.executable {
-                        recs.maps.entry(pid).or_default().push(mapping);
-                    }
+                    recs.processes.observe(r);
                 }
-                _ => recs.other_records += 1,
             },
         }
     }
+    recs.processes.finish();
     Ok((header, recs))
 }
 

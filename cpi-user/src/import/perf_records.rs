@@ -1,9 +1,12 @@
 //! The records of a perf ring buffer other than samples (mappings, names, forks,
 //! losses, throttling), decoded alike for a perf.data file ([`super::perf_data`]) and the
-//! collector's live buffers (cpi-user/src/collect/sideband.rs, perf_ring.rs).
+//! collector's live buffers (cpi-user/src/collect/sideband.rs, perf_ring.rs), and what
+//! they say of each process ([`RecordedProcesses`]), kept alike for both.
+
+use std::collections::HashMap;
 
 use super::perf_data::{c_str, hex, u32_at, u64_at};
-use crate::procmap::{MappedObject, Mapping};
+use crate::procmap::{MappedObject, Mapping, ProcessMaps};
 
 const PERF_RECORD_MMAP: u32 = 1;
 const PERF_RECORD_LOST: u32 = 2;
@@ -63,6 +66,132 @@ pub(crate) enum SideRecord {
 /// while the process has none (`named` false).
 pub(crate) fn names_process(pid: u32, tid: u32, exec: bool, named: bool) -> bool {
     exec || tid == pid || !named
+}
+
+/// Where side-band records come from, which says what their mappings mean here.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// This machine's kernel, now (live collection): a mapping's device and inode name
+    /// the file here, and a new mapping replaces what it overlaps, as in the process.
+    /// The records are read before the samples they explain, and the collector keeps
+    /// an image an `exec` replaced for earlier samples itself (`ProcessMaps::with_older`).
+    #[default]
+    Live,
+    /// A recording (perf.data), perhaps made elsewhere: device and inode mean nothing
+    /// here, and every mapping is kept (sorted by start, then in record order by
+    /// [`RecordedProcesses::finish`]): an import places all of a process's samples on the
+    /// mappings of the whole recording, so an image replaced by `exec` still explains
+    /// the samples taken before it.
+    Recording,
+}
+
+/// What the side-band records said of one process (a forked child's is its parent's:
+/// the same code mapped, under the same exec, until it maps or execs its own).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Recorded {
+    /// Its name under [`names_process`]'s rule; empty until a COMM record (or its
+    /// parent's) names it.
+    pub comm: String,
+    /// Its executable mappings.
+    pub maps: ProcessMaps,
+    /// Its `exec` was recorded: `maps` holds all its code since (bar the vDSO).
+    pub exec: bool,
+}
+
+/// The one owner of what the kernel's side-band records say of each pid, for live
+/// collection (collect/processes.rs) and perf.data import alike: its name (the rename
+/// rule), its executable mappings, its `exec`, and a forked child's inheritance.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RecordedProcesses {
+    origin: Origin,
+    by_pid: HashMap<u32, Recorded>,
+}
+
+impl RecordedProcesses {
+    /// None recorded yet, of records from `origin`.
+    pub(crate) fn new(origin: Origin) -> Self {
+        RecordedProcesses {
+            origin,
+            by_pid: HashMap::new(),
+        }
+    }
+
+    /// Takes in one record, in the order the kernel wrote them; losses and throttling
+    /// say nothing of processes.
+    pub(crate) fn observe(&mut self, record: SideRecord) {
+        match record {
+            SideRecord::Mmap {
+                pid, mut mapping, ..
+            } => {
+                if !mapping.executable || mapping.start >= mapping.end {
+                    return;
+                }
+                let maps = &mut self.by_pid.entry(pid).or_default().maps;
+                match self.origin {
+                    Origin::Live => {
+                        // Identity only for a file with an inode (an MMAP2 record
+                        // without build-id).
+                        mapping.file_id = mapping.file_id.filter(|id| {
+                            id.ino != 0 && matches!(mapping.object, MappedObject::File { .. })
+                        });
+                        maps.overlay(mapping);
+                    }
+                    Origin::Recording => {
+                        mapping.file_id = None;
+                        maps.mappings.push(mapping);
+                    }
+                }
+            }
+            SideRecord::Comm {
+                pid,
+                tid,
+                name,
+                exec,
+            } => {
+                let r = self.by_pid.entry(pid).or_default();
+                r.exec |= exec;
+                if names_process(pid, tid, exec, !r.comm.is_empty()) {
+                    r.comm = name;
+                }
+            }
+            SideRecord::Fork { pid, ppid } => {
+                // A child that maps nothing new has no records of its own: what its
+                // parent had (name, mappings, exec) is its until it maps or execs.
+                if let Some(parent) = self.by_pid.get(&ppid).cloned() {
+                    self.by_pid.entry(pid).or_insert(parent);
+                }
+            }
+            SideRecord::Lost(_) | SideRecord::Throttle => {}
+        }
+    }
+
+    /// The end of a recording's records ([`Origin::Recording`]): each process's
+    /// mappings sorted by start, those of one start in record order.
+    pub(crate) fn finish(&mut self) {
+        for r in self.by_pid.values_mut() {
+            r.maps.mappings.sort_by_key(|m| m.start);
+        }
+    }
+
+    /// What was recorded of `pid`.
+    pub(crate) fn get(&self, pid: u32) -> Option<&Recorded> {
+        self.by_pid.get(&pid)
+    }
+
+    /// Every process recorded, in no order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u32, &Recorded)> {
+        self.by_pid.iter().map(|(&pid, r)| (pid, r))
+    }
+
+    /// Keeps only the processes `keep` says.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
+        self.by_pid.retain(|&pid, _| keep(pid));
+    }
+
+    /// Processes recorded.
+    pub(crate) fn len(&self) -> usize {
+        self.by_pid.len()
+    }
 }
 
 /// The record of type `kind` with its header's `misc` and `body` (what follows the
@@ -136,4 +265,169 @@ fn parse_mmap(kind: u32, misc: u16, b: &[u8]) -> Option<(u32, Mapping, Option<St
         },
         build_id,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mmap2(pid: u32, addr: u64, len: u64, pgoff: u64, prot: u32, name: &str) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend(pid.to_ne_bytes());
+        b.extend(pid.to_ne_bytes());
+        for v in [addr, len, pgoff] {
+            b.extend(v.to_ne_bytes());
+        }
+        b.extend([0u8; 8]); // maj, min
+        b.extend(77u64.to_ne_bytes()); // ino
+        b.extend([0u8; 8]); // ino_generation
+        b.extend(prot.to_ne_bytes());
+        b.extend(2u32.to_ne_bytes()); // MAP_PRIVATE
+        b.extend(name.as_bytes());
+        b.push(0);
+        b
+    }
+
+    fn comm(pid: u32, tid: u32, name: &str, exec: bool) -> SideRecord {
+        SideRecord::Comm {
+            pid,
+            tid,
+            name: name.into(),
+            exec,
+        }
+    }
+
+    fn mmap(pid: u32, start: u64, end: u64, name: &str) -> SideRecord {
+        let b = mmap2(pid, start, end - start, 0, 5, name);
+        side_record(PERF_RECORD_MMAP2, 0, &b).expect("a mapping")
+    }
+
+    fn starts(r: &RecordedProcesses, pid: u32) -> Vec<(u64, String)> {
+        let maps = &r.get(pid).expect("recorded").maps.mappings;
+        maps.iter()
+            .map(|m| (m.start, m.object.display_name()))
+            .collect()
+    }
+
+    #[test]
+    fn executable_mmap2_records_become_mappings() {
+        let body = mmap2(42, 0x1000, 0x2000, 0x3000, 5, "/usr/bin/true");
+        let mut live = RecordedProcesses::new(Origin::Live);
+        live.observe(side_record(PERF_RECORD_MMAP2, 0, &body).expect("decoded"));
+        let m = &live.get(42).expect("recorded").maps.mappings[0];
+        assert_eq!((m.start, m.end, m.offset), (0x1000, 0x3000, 0x3000));
+        assert_eq!(m.object.display_name(), "/usr/bin/true");
+        assert_eq!(m.file_id.map(|id| id.ino), Some(77), "this machine's file");
+        let mut imported = RecordedProcesses::new(Origin::Recording);
+        imported.observe(side_record(PERF_RECORD_MMAP2, 0, &body).expect("decoded"));
+        let m = &imported.get(42).expect("recorded").maps.mappings[0];
+        assert_eq!(m.file_id, None, "another machine's inode");
+        let data = mmap2(43, 0x1000, 0x2000, 0, 3, "/etc/ld.so.cache");
+        live.observe(side_record(PERF_RECORD_MMAP2, 0, &data).expect("decoded"));
+        assert_eq!(live.get(43), None, "not code");
+        assert_eq!(
+            side_record(PERF_RECORD_MMAP2, 0, &body[..20]),
+            None,
+            "truncated"
+        );
+    }
+
+    #[test]
+    fn comm_records_say_exec() {
+        let mut b = Vec::new();
+        b.extend(7u32.to_ne_bytes());
+        b.extend(7u32.to_ne_bytes());
+        b.extend(b"true\0\0\0\0");
+        assert_eq!(
+            side_record(PERF_RECORD_COMM, MISC_COMM_EXEC, &b),
+            Some(comm(7, 7, "true", true))
+        );
+    }
+
+    /// [`names_process`]: another thread's name does not rename its process once it
+    /// has one; an exec's and the main thread's do; an exec is remembered.
+    #[test]
+    fn only_an_exec_or_the_main_thread_renames_a_process() {
+        let mut r = RecordedProcesses::new(Origin::Live);
+        let mut name = |tid: u32, name: &str, exec: bool| {
+            r.observe(comm(9, tid, name, exec));
+            let p = r.get(9).expect("recorded");
+            (p.comm.clone(), p.exec)
+        };
+        assert_eq!(
+            name(10, "worker", false),
+            ("worker".into(), false),
+            "a first name"
+        );
+        assert_eq!(
+            name(9, "server", false),
+            ("server".into(), false),
+            "the main thread's"
+        );
+        assert_eq!(
+            name(11, "pool-2", false),
+            ("server".into(), false),
+            "a thread's own"
+        );
+        assert_eq!(name(11, "sh", true), ("sh".into(), true), "an exec's");
+    }
+
+    /// A forked child is its parent until it maps or execs its own, under both origins;
+    /// a child recorded before its fork record keeps its own.
+    #[test]
+    fn a_forked_child_has_its_parents_name_and_mappings() {
+        for origin in [Origin::Live, Origin::Recording] {
+            let mut r = RecordedProcesses::new(origin);
+            r.observe(comm(5, 5, "bash", true));
+            r.observe(mmap(5, 0x1000, 0x2000, "/bin/bash"));
+            r.observe(SideRecord::Fork { pid: 6, ppid: 5 });
+            assert_eq!(r.get(6), r.get(5), "{origin:?}");
+            r.observe(mmap(6, 0x8000, 0x9000, "/lib/x.so"));
+            r.observe(comm(6, 6, "true", true));
+            r.finish();
+            assert_eq!(r.get(6).expect("child").comm, "true");
+            assert_eq!(
+                starts(&r, 6),
+                [(0x1000, "/bin/bash".into()), (0x8000, "/lib/x.so".into())]
+            );
+            assert_eq!(
+                starts(&r, 5),
+                [(0x1000, "/bin/bash".into())],
+                "the parent's own"
+            );
+            r.observe(mmap(8, 0x3000, 0x4000, "/bin/own"));
+            r.observe(SideRecord::Fork { pid: 8, ppid: 5 });
+            r.observe(SideRecord::Fork { pid: 9, ppid: 7 });
+            assert_eq!(starts(&r, 8), [(0x3000, "/bin/own".into())]);
+            assert_eq!(r.get(9), None, "a parent nothing was recorded of");
+        }
+    }
+
+    /// Live, a new mapping replaces what it overlaps; a recording keeps every mapping
+    /// (an image replaced by exec explains the samples before it), sorted by start,
+    /// then in record order. A mapping of no bytes is no mapping.
+    #[test]
+    fn origins_keep_overlapping_mappings_differently() {
+        let mut live = RecordedProcesses::new(Origin::Live);
+        let mut imported = RecordedProcesses::new(Origin::Recording);
+        for r in [&mut live, &mut imported] {
+            r.observe(mmap(1, 0x5000, 0x9000, "/old"));
+            r.observe(mmap(1, 0x1000, 0x2000, "/lib"));
+            r.observe(mmap(1, 0x5000, 0x6000, "/new"));
+            r.observe(mmap(1, 0x7000, 0x7000, "/empty"));
+            r.finish();
+        }
+        assert_eq!(
+            starts(&live, 1),
+            [(0x1000, "/lib".into()), (0x5000, "/new".into())]
+        );
+        assert_eq!(
+            starts(&imported, 1),
+            [
+                (0x1000, "/lib".into()),
+                (0x5000, "/old".into()),
+                (0x5000, "/new".into())
+            ]
+        );
+    }
 }

@@ -6,13 +6,14 @@
 //! sample's recorded callchain. Where unwinding stops is kept with the stack and
 //! counted, as for live stacks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use cpi_common::wire::MAX_USER_FRAMES;
 
 use super::perf_data::Sample;
+use super::perf_records::RecordedProcesses;
 use super::{ImportError, Relocator};
-use crate::procmap::{Mapping, ProcessMaps};
+use crate::procmap::ProcessMaps;
 use crate::profile::model::LossReport;
 use crate::profile::stack::{CallStack, StackEnd};
 use crate::unwind::{StackUnwinder, DEFAULT_BYTE_BOUND};
@@ -56,8 +57,8 @@ impl Unwound {
 
 /// Unwinds the dwarf samples of one pass.
 pub(crate) struct Unwinder<'a, 'r> {
-    /// The recording's executable mappings per pid, as recorded.
-    recorded: &'a BTreeMap<u32, Vec<Mapping>>,
+    /// What the recording said of each process: its executable mappings, as recorded.
+    recorded: &'a RecordedProcesses,
     relocator: &'a mut Relocator<'r>,
     /// Relocated mappings per pid, made at its first sample with stack bytes.
     maps: HashMap<u32, ProcessMaps>,
@@ -68,10 +69,7 @@ pub(crate) struct Unwinder<'a, 'r> {
 }
 
 impl<'a, 'r> Unwinder<'a, 'r> {
-    pub fn new(
-        recorded: &'a BTreeMap<u32, Vec<Mapping>>,
-        relocator: &'a mut Relocator<'r>,
-    ) -> Self {
+    pub fn new(recorded: &'a RecordedProcesses, relocator: &'a mut Relocator<'r>) -> Self {
         Unwinder {
             recorded,
             relocator,
@@ -99,12 +97,13 @@ impl<'a, 'r> Unwinder<'a, 'r> {
             };
         };
         if !self.maps.contains_key(&s.pid) {
-            let mut maps = self.recorded.get(&s.pid).cloned().unwrap_or_default();
-            maps.sort_by_key(|m| m.start);
-            if let Err(e) = self.relocator.relocate(maps.iter_mut()) {
+            let mut maps = (self.recorded.get(s.pid))
+                .map(|r| r.maps.clone())
+                .unwrap_or_default();
+            if let Err(e) = self.relocator.relocate(maps.mappings.iter_mut()) {
                 self.error.get_or_insert(e);
             }
-            self.maps.insert(s.pid, ProcessMaps { mappings: maps });
+            self.maps.insert(s.pid, maps);
         }
         let (frames, stop) = self.unwinder.unwind(
             s.pid,

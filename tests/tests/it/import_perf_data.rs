@@ -171,6 +171,77 @@ fn perf_report_shares(file: &Path) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// A forked child that maps nothing has no records of its own: it is its parent (name
+/// and mappings) until it maps or execs, as `perf script` names and resolves it.
+#[test]
+fn a_forked_child_is_placed_on_its_parents_mappings() {
+    let Some(fx) = fixture("pd-fork") else {
+        return;
+    };
+    const CHILD: u32 = PID + 1;
+    let mut recs = fx.preamble();
+    recs.push(Record::Fork {
+        pid: CHILD,
+        ppid: PID,
+    });
+    for _ in 0..5 {
+        recs.push(Record::Sample {
+            attr: 0,
+            pid: CHILD,
+            tid: CHILD,
+            ip: fx.hot.head,
+            period: 1_000_000,
+            branches: vec![],
+            callchain: vec![],
+        });
+    }
+    let file = fx.dir.join("fork.data");
+    let cpu_clock = Attr {
+        kind: 1, // PERF_TYPE_SOFTWARE, config 0: cpu-clock, a time profile
+        period_or_freq: 1_000_000,
+        freq: false,
+        name: "cpu-clock".into(),
+        ..cycles_attr(false, 11)
+    };
+    perf_data::write(&file, &[cpu_clock], &recs, &fx.build_ids());
+    let (p, _) = import(&file, &[]);
+    let child = p
+        .processes
+        .iter()
+        .find(|q| q.pid == CHILD)
+        .expect("the child");
+    assert_eq!(child.comm, "prog", "its parent's name");
+    let names: Vec<_> = child.functions.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["hot"], "resolved on its parent's mappings");
+    assert_eq!(p.lost.unmapped_samples, 0);
+    if !have_perf() {
+        return;
+    }
+    let out = output_ok(
+        Command::new("perf")
+            .args(["script", "-F", "comm,pid,ip,sym", "-i"])
+            .arg(&file),
+    );
+    let theirs: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            // comm, pid, ip, sym: all but the address
+            let w: Vec<_> = l.split_whitespace().collect();
+            format!(
+                "{} {} {}",
+                w[0],
+                w.get(1).unwrap_or(&"?"),
+                w.get(3).unwrap_or(&"?")
+            )
+        })
+        .collect();
+    assert_eq!(
+        theirs,
+        vec![format!("prog {CHILD} hot"); 5],
+        "perf script's"
+    );
+}
+
 /// Freq-mode cycles samples with (untimed) branch stacks: cycles per function are the
 /// Σ of each sample's own period, as `perf report` weighs them; instruction counts are
 /// relative, so no CPI; `perf script` reads the file.
