@@ -1,0 +1,58 @@
+//! The line under the tables that explains their notation: each view records the
+//! notations it writes ([`Notes`]), and the legend names only those.
+
+use super::wrap;
+
+/// A notation the tables may use, explained under them only when used.
+#[derive(Clone, Copy)]
+#[repr(u8)]
+pub(crate) enum Notation {
+    /// `±`: a standard error.
+    Error = 1,
+    /// A share's `±`, in percentage points.
+    ShareError = 2,
+    BelowFloor = 4,
+    TimedCpi = 8,
+    /// `≠`: the two CPI estimates disagree.
+    Differs = 16,
+}
+
+/// The notations the views wrote, each recorded where it is written, for [`legend`].
+/// A `Cell` so the table builders (`Fn` closures, built again to fit) can record.
+#[derive(Default)]
+pub(crate) struct Notes(std::cell::Cell<u8>);
+
+impl Notes {
+    pub(crate) fn add(&self, n: Notation) {
+        self.0.set(self.0.get() | n as u8);
+    }
+
+    fn has(&self, n: Notation) -> bool {
+        self.0.get() & n as u8 != 0
+    }
+}
+
+/// A line under the tables explaining the notation they use, only what they use.
+pub(super) fn legend(notes: &Notes, width: Option<usize>) -> String {
+    let mut parts = Vec::new();
+    if notes.has(Notation::Error) {
+        // What every ± means: cpi-user/src/profile/error.rs.
+        parts.push("±: one standard error (the truth within ±1 for ~68 % of units, ±2 for ~95 %)");
+    }
+    if notes.has(Notation::ShareError) {
+        parts.push("a share's ± is in percentage points, the sampling error of its samples");
+    }
+    if notes.has(Notation::BelowFloor) {
+        parts.push("below floor: too few samples for a CPI");
+    }
+    if notes.has(Notation::TimedCpi) {
+        parts.push("timed CPI: from the cycles the branch records carry");
+    }
+    if notes.has(Notation::Differs) {
+        parts.push("≠: the two CPI estimates differ by more than 3 combined errors");
+    }
+    if parts.is_empty() {
+        return String::new();
+    }
+    format!("\n{}", wrap(&parts.join("; "), width))
+}
