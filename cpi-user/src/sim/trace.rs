@@ -438,6 +438,31 @@ mod tests {
     }
 
     #[test]
+    fn next_branch_takes_only_branches_and_next_reads_the_rest() {
+        let mut t = sample();
+        t.extend_from_slice(&write::header(42));
+        // Byte 4 of this `from` is where a header's kind would be read: 1, a branch.
+        write::branch(&mut t, 0x1_0000_0000, 0x108000, 1);
+        let read = |fast: bool| {
+            let mut r = TraceReader::new(&t[..]).unwrap();
+            let mut ev = Vec::new();
+            loop {
+                if let Some((from, to, n)) = fast.then(|| r.next_branch()).flatten() {
+                    ev.push(Event::Branch { from, to, n });
+                } else if let Some(e) = r.next().unwrap() {
+                    ev.push(e);
+                } else {
+                    return ev;
+                }
+            }
+        };
+        let plain = read(false);
+        assert_eq!(plain.len(), 8);
+        assert_eq!(plain[6], Event::Exec);
+        assert_eq!(read(true), plain);
+    }
+
+    #[test]
     fn an_exec_goes_on_in_the_same_stream() {
         let mut t = write::header(42);
         write::image(&mut t, "sh");
