@@ -189,33 +189,26 @@ impl Replay {
         let mut stacks: FastMap<u32, ThreadStack> = FastMap::default();
         let (mut tid, mut start) = (self.pid, 0u64);
         let shown = progress::stage("tracing", None, Unit::Count("branches"));
-        while let Some(ev) = r.next()? {
-            self.stats.records += 1;
-            if self.stats.records.is_multiple_of(PROGRESS_EVERY) {
-                shown.update(self.stats.records);
-            }
+        loop {
+            let ev = match r.next_branch() {
+                Some((from, to, n)) => {
+                    self.count_record(&shown);
+                    self.branch(sets, tid, &mut start, from, to, n);
+                    continue;
+                }
+                None => match r.next()? {
+                    Some(ev) => ev,
+                    None => break,
+                },
+            };
+            self.count_record(&shown);
             match ev {
                 Event::Maps(m) => self.code.update(m),
                 Event::Image { path } => self.program = path,
                 Event::Fork { .. } => self.forks += 1,
                 Event::Exec => {
                     // A new program in the same process: start again (module doc).
-                    let mut replaced = std::mem::take(&mut self.replaced);
-                    replaced.push(Image {
-                        path: std::mem::take(&mut self.program),
-                        instructions: self.instructions(),
-                    });
-                    *self = Replay {
-                        pid: self.pid,
-                        replaced,
-                        forks: self.forks,
-                        stats: ReplayStats {
-                            records: self.stats.records,
-                            ..ReplayStats::default()
-                        },
-                        pmus: new_pmus(self.pid),
-                        ..Replay::default()
-                    };
+                    self.restart(new_pmus(self.pid));
                     for set in sets.iter_mut() {
                         *set = set.empty_like();
                     }
@@ -230,14 +223,7 @@ impl Replay {
                     start = starts.get(&t).copied().unwrap_or(0);
                     self.stack = stacks.get(&t).copied().unwrap_or_default();
                 }
-                Event::Branch { from, to, n } => {
-                    if n > 0 {
-                        self.range(sets, tid, start, from, n, Ending::Taken { to });
-                    } else if from != 0 {
-                        self.stats.anomalies += 1;
-                    }
-                    start = to;
-                }
+                Event::Branch { from, to, n } => self.branch(sets, tid, &mut start, from, to, n),
                 Event::Interrupt {
                     from, n, resume, ..
                 } => {
@@ -264,6 +250,55 @@ impl Replay {
         starts.insert(tid, start);
         self.stats.threads = starts.len() as u64;
         Ok(())
+    }
+
+    /// Counts a record; shows the count now and then.
+    #[inline(always)]
+    fn count_record(&mut self, shown: &progress::Stage) {
+        self.stats.records += 1;
+        if self.stats.records.is_multiple_of(PROGRESS_EVERY) {
+            shown.update(self.stats.records);
+        }
+    }
+
+    /// After an exec: the old program's state gone, its image kept in `replaced`.
+    fn restart(&mut self, pmus: Vec<Pmu>) {
+        let mut replaced = std::mem::take(&mut self.replaced);
+        replaced.push(Image {
+            path: std::mem::take(&mut self.program),
+            instructions: self.instructions(),
+        });
+        *self = Replay {
+            pid: self.pid,
+            replaced,
+            forks: self.forks,
+            stats: ReplayStats {
+                records: self.stats.records,
+                ..ReplayStats::default()
+            },
+            pmus,
+            ..Replay::default()
+        };
+    }
+
+    /// A taken-branch record of thread `tid`: its range `*start..=from` of `n`
+    /// instructions ran; the next starts at `to`.
+    #[inline(always)]
+    fn branch(
+        &mut self,
+        sets: &mut [SampleSet],
+        tid: u32,
+        start: &mut u64,
+        from: u64,
+        to: u64,
+        n: u32,
+    ) {
+        if n > 0 {
+            self.range(sets, tid, *start, from, n, Ending::Taken { to });
+        } else if from != 0 {
+            self.stats.anomalies += 1;
+        }
+        *start = to;
     }
 
     fn range(
