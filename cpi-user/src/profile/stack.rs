@@ -49,6 +49,18 @@ pub enum StackEnd {
     Error,
 }
 
+impl StackEnd {
+    /// The end whose index (`end as u64`) is `i`: how the stack trie's roots keep it.
+    pub(crate) fn from_index(i: u64) -> Self {
+        match i {
+            1 => StackEnd::Truncated,
+            2 => StackEnd::UnknownCode,
+            3 => StackEnd::Error,
+            _ => StackEnd::Complete,
+        }
+    }
+}
+
 impl From<crate::unwind::Stop> for StackEnd {
     /// How a stack the unwinder stopped on ends.
     fn from(stop: crate::unwind::Stop) -> Self {
@@ -224,12 +236,16 @@ impl StackAggregate {
         if let Some((w, entries)) = window {
             // The rebuilt stack (no kernel frames) as its callers' node and its leaf: a
             // range's stack is one lookup away.
+            // Without kernel frames the callers' node is the stack's parent.
             let mut rebuilt = stack.user.split_first().map(|(&leaf, callers)| {
-                let root = match stack.kernel.is_empty() {
-                    true => base,
-                    false => self.trie.root(stack.end, &mut added),
+                let node = match stack.kernel.is_empty() {
+                    true => self.trie.user_parent(id).unwrap_or(base),
+                    false => {
+                        let root = self.trie.root(stack.end, &mut added);
+                        self.trie.push_user(root, callers, &mut added)
+                    }
                 };
-                (self.trie.push_user(root, callers, &mut added), leaf)
+                (node, leaf)
             });
             for pair in entries.windows(2) {
                 let (newer, older) = (&pair[0], &pair[1]);
