@@ -432,6 +432,15 @@ mod tests {
         assert!(a.bytes() >= stat_bytes(st));
     }
 
+    /// The trie keeps a stack's end as its index: every end comes back as itself.
+    #[test]
+    fn every_stack_end_comes_back_from_its_index() {
+        use StackEnd::*;
+        for end in [Complete, Truncated, UnknownCode, Error] {
+            assert_eq!(StackEnd::from_index(end as u64), end);
+        }
+    }
+
     /// Interned stacks come back as they went in: kernel and user frames of one
     /// address, and ends, kept apart; eviction takes the frames only evicted stacks
     /// needed and keeps the bytes right.
