@@ -235,8 +235,8 @@ impl StackAggregate {
         self.update(id, now, |s| s.branch_samples += 1);
         if let Some((w, entries)) = window {
             // The rebuilt stack (no kernel frames) as its callers' node and its leaf: a
-            // range's stack is one lookup away.
-            // Without kernel frames the callers' node is the stack's parent.
+            // range's stack is one lookup away. Without kernel frames the callers' node
+            // is the stack's parent, found without a lookup.
             let mut rebuilt = stack.user.split_first().map(|(&leaf, callers)| {
                 let node = match stack.kernel.is_empty() {
                     true => self.trie.user_parent(id).unwrap_or(base),
