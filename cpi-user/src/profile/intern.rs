@@ -86,13 +86,9 @@ impl StackTrie {
         id
     }
 
-    /// The stack `parent` with the user frame `frame` pushed as its leaf, added when new.
-    pub(crate) fn child(&mut self, parent: u32, frame: u64, added: &mut usize) -> u32 {
-        self.edge(parent, frame, added)
-    }
-
-    /// `edge` is a parent id, with [`KERNEL`] for a kernel frame.
-    fn edge(&mut self, edge: u32, frame: u64, added: &mut usize) -> u32 {
+    /// The stack `edge` with `frame` pushed as its leaf, added when new: `edge` is the
+    /// parent's id, with [`KERNEL`] when `frame` is a kernel frame.
+    pub(crate) fn child(&mut self, edge: u32, frame: u64, added: &mut usize) -> u32 {
         if let Some(&id) = self.children.get(&(edge, frame)) {
             return id;
         }
@@ -106,7 +102,7 @@ impl StackTrie {
     pub(crate) fn kernel_base(&mut self, stack: &CallStack, added: &mut usize) -> u32 {
         let mut at = self.root(stack.end, added);
         for &f in stack.kernel.iter().rev() {
-            at = self.edge(at | KERNEL, f, added);
+            at = self.child(at | KERNEL, f, added);
         }
         at
     }
@@ -115,7 +111,7 @@ impl StackTrie {
     pub(crate) fn push_user(&mut self, base: u32, user: &[u64], added: &mut usize) -> u32 {
         user.iter()
             .rev()
-            .fold(base, |at, &f| self.edge(at, f, added))
+            .fold(base, |at, &f| self.child(at, f, added))
     }
 
     /// The node of `stack`, if it is held.
@@ -141,19 +137,10 @@ impl StackTrie {
             }
             at = self.nodes[(at.parent & !KERNEL) as usize];
         }
-        let end = [
-            StackEnd::Complete,
-            StackEnd::Truncated,
-            StackEnd::UnknownCode,
-            StackEnd::Error,
-        ]
-        .into_iter()
-        .find(|e| *e as u64 == at.frame)
-        .unwrap_or_default();
         CallStack {
             kernel: kernel.into(),
             user: user.into(),
-            end,
+            end: StackEnd::from_index(at.frame),
         }
     }
 

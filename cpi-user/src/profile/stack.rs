@@ -49,6 +49,18 @@ pub enum StackEnd {
     Error,
 }
 
+impl StackEnd {
+    /// The end whose index (`end as u64`) is `i`: how the stack trie's roots keep it.
+    pub(crate) fn from_index(i: u64) -> Self {
+        match i {
+            1 => StackEnd::Truncated,
+            2 => StackEnd::UnknownCode,
+            3 => StackEnd::Error,
+            _ => StackEnd::Complete,
+        }
+    }
+}
+
 impl From<crate::unwind::Stop> for StackEnd {
     /// How a stack the unwinder stopped on ends.
     fn from(stop: crate::unwind::Stop) -> Self {
@@ -223,13 +235,17 @@ impl StackAggregate {
         self.update(id, now, |s| s.branch_samples += 1);
         if let Some((w, entries)) = window {
             // The rebuilt stack (no kernel frames) as its callers' node and its leaf: a
-            // range's stack is one lookup away.
+            // range's stack is one lookup away. Without kernel frames the callers' node
+            // is the stack's parent, found without a lookup.
             let mut rebuilt = stack.user.split_first().map(|(&leaf, callers)| {
-                let root = match stack.kernel.is_empty() {
-                    true => base,
-                    false => self.trie.root(stack.end, &mut added),
+                let node = match stack.kernel.is_empty() {
+                    true => self.trie.user_parent(id).unwrap_or(base),
+                    false => {
+                        let root = self.trie.root(stack.end, &mut added);
+                        self.trie.push_user(root, callers, &mut added)
+                    }
                 };
-                (self.trie.push_user(root, callers, &mut added), leaf)
+                (node, leaf)
             });
             for pair in entries.windows(2) {
                 let (newer, older) = (&pair[0], &pair[1]);
@@ -414,6 +430,15 @@ mod tests {
         assert_eq!(st.cycles_groups.total(), 1000.0);
         assert_eq!(st.samples(), 3);
         assert!(a.bytes() >= stat_bytes(st));
+    }
+
+    /// The trie keeps a stack's end as its index: every end comes back as itself.
+    #[test]
+    fn every_stack_end_comes_back_from_its_index() {
+        use StackEnd::*;
+        for end in [Complete, Truncated, UnknownCode, Error] {
+            assert_eq!(StackEnd::from_index(end as u64), end);
+        }
     }
 
     /// Interned stacks come back as they went in: kernel and user frames of one

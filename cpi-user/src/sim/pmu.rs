@@ -524,7 +524,7 @@ mod tests {
         // The first depth-1 samples are shallower than the window.
         assert_eq!(p.branches.short_samples, 3);
         // Each later sample adds 3 ranges of weight 1/3: the range count is exact.
-        let r = p.branches.ranges[&(0x1000, 0x1008)];
+        let r = p.branches.range(0x1000, 0x1008).unwrap();
         assert!((r.count - 997.0).abs() < 1e-9, "{r:?}");
         // Per-instruction cycles are exact: 1, 3 and 1 (+1 taken) per iteration,
         // after the predictor warmed up.

@@ -162,7 +162,9 @@ impl Ctx<'_> {
                 });
             }
         }
-        for (&(start, end), stat) in sorted(&p.branches.ranges) {
+        let mut ranges: Vec<_> = p.branches.ranges().collect();
+        ranges.sort_unstable_by_key(|r| r.0);
+        for ((start, end), stat) in ranges {
             let s = res.resolve(self.sym, &mut self.binaries, start);
             let e = res.resolve(self.sym, &mut self.binaries, end);
             match (s, e) {
@@ -172,7 +174,7 @@ impl Ctx<'_> {
                     // A range start is a branch target too (of the oldest entry,
                     // whose own edge lies outside the window).
                     res.funcs[fs].leaders.push(vs);
-                    res.funcs[fs].ranges.push((vs, ve, *stat));
+                    res.funcs[fs].ranges.push((vs, ve, stat));
                 }
                 _ => self.lost.invalid_ranges += stat.hits,
             }
