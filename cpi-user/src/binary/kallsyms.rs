@@ -10,7 +10,7 @@
 //! one-shot run starts reading it on a thread while it collects ([`Kallsyms::read_ahead`]),
 //! so the report does not wait for it after the program stops.
 
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -152,9 +152,71 @@ impl Kallsyms {
     }
 }
 
+/// `NT_GNU_BUILD_ID`, the note type of a build-id.
+const NT_GNU_BUILD_ID: u32 = 3;
+
+/// The running kernel's build-id (lowercase hex), from its ELF notes
+/// (`/sys/kernel/notes`, the kernel's own file); `None` when unreadable or absent.
+pub(crate) fn running_build_id() -> Option<String> {
+    // The kernel's notes are a few hundred bytes; more is not a notes file.
+    let mut notes = Vec::new();
+    std::fs::File::open("/sys/kernel/notes")
+        .ok()?
+        .take(64 << 10)
+        .read_to_end(&mut notes)
+        .ok()?;
+    build_id_note(&notes)
+}
+
+/// The GNU build-id in a sequence of ELF notes (`namesz`, `descsz`, `type`, then the
+/// name and the descriptor, each padded to 4 bytes).
+fn build_id_note(mut b: &[u8]) -> Option<String> {
+    let word = |b: &[u8], at: usize| Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?));
+    let padded = |n: u32| (n as usize).div_ceil(4) * 4;
+    while b.len() >= 12 {
+        let (namesz, descsz, kind) = (word(b, 0)?, word(b, 4)?, word(b, 8)?);
+        let name = b.get(12..12 + namesz as usize)?;
+        let at = 12 + padded(namesz);
+        let desc = b.get(at..at + descsz as usize)?;
+        if kind == NT_GNU_BUILD_ID && name == b"GNU\0" && !desc.is_empty() {
+            return Some(desc.iter().map(|x| format!("{x:02x}")).collect());
+        }
+        b = b.get(at + padded(descsz)..)?;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_build_id_is_the_gnu_note_among_others() {
+        let note = |name: &[u8], kind: u32, desc: &[u8]| {
+            let mut v = Vec::new();
+            for w in [name.len() as u32, desc.len() as u32, kind] {
+                v.extend(w.to_ne_bytes());
+            }
+            for part in [name, desc] {
+                v.extend(part);
+                v.resize(v.len().div_ceil(4) * 4, 0);
+            }
+            v
+        };
+        let mut notes = note(b"Xen\0", 6, &[1, 2, 3]);
+        notes.extend(note(b"GNU\0", 1, &[9; 5]));
+        notes.extend(note(b"GNU\0", NT_GNU_BUILD_ID, &[0xab, 0x01, 0xff]));
+        assert_eq!(build_id_note(&notes).as_deref(), Some("ab01ff"));
+        assert_eq!(build_id_note(&notes[..notes.len() - 4]), None, "cut short");
+        assert_eq!(build_id_note(&note(b"GNU\0", 1, &[9; 5])), None);
+        // This kernel's: what `perf buildid-list -k` prints.
+        let perf = std::process::Command::new("perf")
+            .args(["buildid-list", "-k"])
+            .output()
+            .expect("perf (cargo xtask setup installs it)");
+        let perf = String::from_utf8_lossy(&perf.stdout).trim().to_string();
+        assert_eq!(running_build_id(), (!perf.is_empty()).then_some(perf));
+    }
 
     #[test]
     fn lookup_bounds_duplicates_order_and_bad_lines() {

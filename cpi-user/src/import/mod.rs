@@ -225,9 +225,9 @@ pub struct Loaded {
     pub details: Vec<String>,
     /// Recorded files the notes named unusable: the analysis does not name them again.
     unusable: Vec<PathBuf>,
-    /// Recorded on another architecture: its kernel addresses are not this kernel's
-    /// (`/proc/kallsyms` does not name them).
-    foreign: bool,
+    /// Recorded on another kernel ([`perf_data::Header::other_kernel`]): this
+    /// machine's `/proc/kallsyms` does not name its kernel addresses.
+    other_kernel: bool,
     /// The architecture the recording names (`HEADER_ARCH`).
     arch: Option<String>,
     /// The recording supports CPI (else the profile drops it).
@@ -241,7 +241,7 @@ impl Loaded {
     pub fn analyze(self, opts: &AnalysisOptions) -> Imported {
         let mut opts = opts.clone();
         opts.symbolizer.said.extend(self.unusable);
-        if self.foreign {
+        if self.other_kernel {
             opts.symbolizer.kallsyms = None;
         }
         let mut profile = analyze(&self.set, self.run, &opts);
@@ -634,7 +634,7 @@ fn load_perf_data(
         notes,
         details,
         unusable,
-        foreign: false,
+        other_kernel: header.other_kernel(),
         arch: header.arch.clone(),
         cpi: (est == Estimator::TakenBranches || corrected) && cycles.is_some(),
         by_instructions: cycles.is_none(),

@@ -257,6 +257,22 @@ impl Header {
         self.arch.as_deref().filter(|a| *a != "x86_64")
     }
 
+    /// Whether the recording's kernel addresses belong to another kernel than the one
+    /// running here: another architecture's, or one whose build-id (`HEADER_BUILD_ID`'s
+    /// `[kernel.kallsyms]`) is not this kernel's. This machine's `/proc/kallsyms` would
+    /// name them wrongly (whatever symbol, module or BPF program sits at that address
+    /// here). A recording without the kernel's build-id is taken as this kernel's, as
+    /// `perf report` takes it.
+    pub(crate) fn other_kernel(&self) -> bool {
+        self.foreign_arch().is_some()
+            || self
+                .build_ids
+                .get("[kernel.kallsyms]")
+                .is_some_and(|recorded| {
+                    crate::binary::kallsyms::running_build_id().as_ref() != Some(recorded)
+                })
+    }
+
     /// Whether `e` is a raw event of a core PMU (`-e r20c4`, `-e cpu_atom/rc0c4/`):
     /// `PERF_TYPE_RAW`, or a type the header maps to a core PMU.
     pub(crate) fn is_core_raw(&self, e: &EventAttr) -> bool {

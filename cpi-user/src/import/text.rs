@@ -149,7 +149,8 @@ pub(super) fn load_lines<R: BufRead>(
         notes,
         details: said.details,
         unusable: said.files,
-        foreign: false,
+        // perf script names no build-id: its kernel is taken as this one, as perf does.
+        other_kernel: false,
         arch: None,
         cpi: corrected,
         by_instructions: est != Estimator::Cycles,

@@ -95,7 +95,7 @@ pub(super) fn load_time_profile(
         notes,
         details,
         unusable,
-        foreign: header.foreign_arch().is_some(),
+        other_kernel: header.other_kernel(),
         arch: header.arch.clone(),
         cpi: false,
         by_instructions: false,
