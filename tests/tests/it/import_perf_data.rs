@@ -887,6 +887,63 @@ fn record_chain(dir: &Path, args: &[&str]) -> Option<PathBuf> {
     record(dir, args, &[exe.as_os_str(), "100000000".as_ref()])
 }
 
+/// A recording's kernel addresses are named from this machine's kernel symbols only
+/// when its kernel is this one (the recorded `[kernel.kallsyms]` build-id): the same
+/// recording marked with another kernel's build-id keeps every kernel address
+/// `[kernel]`, with the same samples.
+#[test]
+fn kernel_functions_are_named_only_for_the_kernel_that_was_recorded() {
+    if !have_perf() {
+        return;
+    }
+    let dir = temp_dir("import-kernel");
+    let dd = [
+        "dd",
+        "if=/dev/zero",
+        "of=/dev/null",
+        "bs=4k",
+        "count=400000",
+    ];
+    let dd: Vec<&std::ffi::OsStr> = dd.iter().map(|a| a.as_ref()).collect();
+    let Some(data) = record(&dir, &[], &dd) else {
+        return;
+    };
+    let kernel = |p: &Profile, named: bool| -> u64 {
+        (p.processes.iter().flat_map(|p| &p.functions))
+            .filter(|f| f.binary == "[kernel]" && (f.name != "[kernel]") == named)
+            .map(|f| f.samples)
+            .sum()
+    };
+    let (here, _) = import(&data, &[]);
+    assert!(
+        kernel(&here, true) > 0,
+        "dd's reads and writes in named kernel functions"
+    );
+    // The running kernel's build-id, as perf wrote it in the header's table, one bit off.
+    let id = output_ok(Command::new("perf").args(["buildid-list", "-k"])).stdout;
+    let id = String::from_utf8_lossy(&id);
+    let id: Vec<u8> = (0..id.trim().len() / 2)
+        .map(|i| u8::from_str_radix(&id.trim()[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    let mut bytes = std::fs::read(&data).unwrap();
+    let at = (bytes.windows(id.len()).position(|w| w == id.as_slice()))
+        .expect("perf recorded this kernel's build-id");
+    bytes[at] ^= 1;
+    let other = dir.join("other-kernel.data");
+    std::fs::write(&other, bytes).unwrap();
+    let (there, _) = import(&other, &[]);
+    assert_eq!(
+        kernel(&there, true),
+        0,
+        "another kernel's addresses named here"
+    );
+    assert_eq!(
+        kernel(&there, false),
+        kernel(&here, true) + kernel(&here, false),
+        "the same kernel samples"
+    );
+}
+
 /// `perf record -e cpu-clock -F 2000 ARGS -- COMMAND` into `dir/perf.data`; `None`
 /// (said, and a failure under CI) without root.
 fn record(dir: &Path, args: &[&str], command: &[&std::ffi::OsStr]) -> Option<PathBuf> {
