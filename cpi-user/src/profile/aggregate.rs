@@ -124,7 +124,7 @@ pub struct BranchAggregate {
 }
 
 /// The ranges of a [`BranchAggregate`], laid out for the per-record update: a small
-/// index slot per range, its sums in one 64-byte entry, and its three per-group sums
+/// index slot per range, its sums in one 56-byte entry, and its three per-group sums
 /// side by side (one cache line a record where [`RangeStat`]'s three [`Groups`] took
 /// three; `BranchAggregate::add` was 32 % of aggregating a branch sample, BENCHMARKS.md
 /// "PMU model / aggregation"). Every sum takes the same additions in the same order as
