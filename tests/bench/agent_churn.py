@@ -69,8 +69,11 @@ def main():
     ap.add_argument("--spin-ms", type=float, default=10)
     ap.add_argument("--warmup", type=int, default=30)
     ap.add_argument("--port", type=int, default=19476)
-    ap.add_argument("agent_flags", nargs="*")
-    a = ap.parse_args()
+    # argparse cannot take flags after `--` beside a positional: split them off first.
+    argv = sys.argv[1:]
+    flags = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    a.agent_flags = flags
     binary = os.environ.get("BIN", "./target/release/cpi-bpf")
     work = tempfile.mkdtemp(prefix="cpi-churn-")
     children = []

@@ -415,9 +415,17 @@ impl Binary {
     /// `NameResolver::uniquify`). `None` for a global or unknown symbol.
     pub fn bolt_local_name(&self, func: &Function) -> Option<String> {
         let i = self.function_index(func.start)?;
+        // The symbol table and every local name were just read: their pages leave the
+        // resident set now, not at the window's end (two 150-200 MB libraries in one
+        // window held ≈ 24 MB each until then: BENCHMARKS.md, "Agent memory on a build
+        // host").
         let n = *self
             .bolt_ordinals
-            .get_or_init(|| self.local_ordinals())
+            .get_or_init(|| {
+                let o = self.local_ordinals();
+                self.release_pages();
+                o
+            })
             .get(i)?;
         let e = self.functions[i];
         (n > 0 && e.start == func.start && self.name_is(e, &func.name))
@@ -966,7 +974,7 @@ mod debian_tests {
                 ehframe::fde_ranges(s.data().unwrap(), s.address()).unwrap()
             };
             let fde: HashMap<u64, u64> = fdes.iter().copied().collect();
-            let dyn_funcs = collect_symbols(file.dynamic_symbols());
+            let dyn_funcs = collect_symbols(&file.dynamic_symbol_table().unwrap());
             let sized: Vec<&Cand> = dyn_funcs.iter().filter(|f| f.size > 0).collect();
             let same = sized
                 .iter()

@@ -67,10 +67,10 @@ impl Tables {
         let debug_file = debug.and_then(|d| object::File::parse(d).ok());
         let (bounds, mut funcs) =
             function_candidates(path, &file, debug_file.as_ref(), &malformed)?;
-        // PLT stubs first: they win over the linker's FDE at the same start.
-        let mut plt = plt_stubs(&file, &funcs);
-        plt.append(&mut funcs);
-        let mut funcs = plt;
+        // PLT stubs first: they win over the linker's FDE at the same start. (Moved in
+        // place: a new vector beside this one held both at once.)
+        let plt = plt_stubs(&file, &funcs);
+        funcs.splice(0..0, plt);
         funcs.retain(|f| f.size > 0 && in_code(f.start));
         let funcs = normalise(funcs);
         let (functions, owned_names) = function_entries(&funcs, data, debug);
@@ -152,10 +152,12 @@ fn function_candidates<'d>(
 ) -> Result<(BoundsSource, Vec<Cand<'d>>), BinaryError> {
     let symtab = symtab_of(file, debug_file);
     let symtab_funcs = match &symtab {
-        Some(t) => collect_symbols(t.symbols()),
+        Some(t) => collect_symbols(t),
         None => Vec::new(),
     };
-    let dyn_funcs = collect_symbols(file.dynamic_symbols());
+    let dyn_funcs = (file.dynamic_symbol_table())
+        .map(|t| collect_symbols(&t))
+        .unwrap_or_default();
     if !symtab_funcs.is_empty() {
         let mut f = symtab_funcs;
         f.extend(dyn_funcs);
@@ -259,27 +261,34 @@ pub(super) fn bolt_ordinals<'d, S: ObjectSymbol<'d>>(
         .collect()
 }
 
-/// Text symbols with an address, one per start address.
-pub(super) fn collect_symbols<'d, S: ObjectSymbol<'d>>(
-    syms: impl Iterator<Item = S>,
-) -> Vec<Cand<'d>> {
-    let mut out: Vec<(AliasRank<'d>, Cand<'d>)> = syms
+/// Text symbols with an address, one per start address. Sorted as (start, index) pairs,
+/// 16 bytes a symbol, and ranked only where symbols share a start: sorting every symbol
+/// with its rank and name took 80 bytes a symbol at once (libLLVM's 258 000: ≈ 20 MB of
+/// heap while the binary was opened).
+pub(super) fn collect_symbols<'d>(table: &object::SymbolTable<'d, '_>) -> Vec<Cand<'d>> {
+    let mut at: Vec<(u64, usize)> = (table.symbols())
         .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0 && !s.is_undefined())
-        .filter_map(|s| {
-            let name = s.name().ok()?;
-            Some((
-                AliasRank::of(&s, name),
-                Cand {
-                    name: Some(Cow::Borrowed(name)),
-                    start: s.address(),
-                    size: s.size(),
-                },
-            ))
-        })
+        .map(|s| (s.address(), s.index().0))
         .collect();
-    out.sort_unstable_by(|a, b| (a.1.start, &a.0).cmp(&(b.1.start, &b.0)));
-    out.dedup_by_key(|f| f.1.start);
-    out.into_iter().map(|(_, f)| f).collect()
+    at.sort_unstable();
+    let mut out = Vec::with_capacity(at.chunk_by(|a, b| a.0 == b.0).count());
+    for same in at.chunk_by(|a, b| a.0 == b.0) {
+        let best = (same.iter())
+            .filter_map(|&(_, i)| {
+                let s = table.symbol_by_index(object::SymbolIndex(i)).ok()?;
+                let name = s.name().ok()?;
+                Some((AliasRank::of(&s, name), s.size()))
+            })
+            .min_by(|a, b| a.0.cmp(&b.0));
+        if let Some((rank, size)) = best {
+            out.push(Cand {
+                name: Some(Cow::Borrowed(rank.name)),
+                start: same[0].0,
+                size,
+            });
+        }
+    }
+    out
 }
 
 /// Which of several names at one address is shown: perf's `choose_best_symbol`
@@ -317,56 +326,21 @@ impl<'d> AliasRank<'d> {
 /// An IRELATIVE slot (an ifunc, `*ABS*+0x…` to objdump) is named after the function at
 /// its resolver's address, as perf's `get_ifunc_name` does.
 fn plt_stubs<'d>(file: &object::File<'d>, funcs: &[Cand<'d>]) -> Vec<Cand<'d>> {
-    let named_at: HashMap<u64, &str> = funcs
-        .iter()
-        .filter_map(|f| Some((f.start, f.name.as_deref()?)))
+    let sections: Vec<StubSection> = [".plt", ".plt.sec", ".plt.got"]
+        .into_iter()
+        .filter_map(|name| StubSection::read(file, name))
         .collect();
-    let mut slots: HashMap<u64, String> = HashMap::new();
-    if let Some(relocs) = file.dynamic_relocations() {
-        let dynsym = file.dynamic_symbol_table();
-        for (offset, r) in relocs {
-            let name = match r.target() {
-                object::RelocationTarget::Symbol(i) => dynsym
-                    .as_ref()
-                    .and_then(|t| t.symbol_by_index(i).ok())
-                    .and_then(|s| s.name().ok())
-                    .filter(|n| !n.is_empty())
-                    .map(str::to_string),
-                object::RelocationTarget::Absolute => u64::try_from(r.addend())
-                    .ok()
-                    .and_then(|a| named_at.get(&a))
-                    .map(|n| n.to_string()),
-                _ => None,
-            };
-            if let Some(name) = name {
-                slots.insert(offset, name);
-            }
-        }
-    }
+    let slots = slot_names(file, funcs, &sections);
     let mut out = Vec::new();
-    for section in [".plt", ".plt.sec", ".plt.got"] {
-        let Some(sec) = file.section_by_name(section) else {
-            continue;
-        };
-        let Ok(bytes) = sec.data() else { continue };
-        if bytes.is_empty() {
-            continue;
-        }
-        // x86-64 stubs are 16 bytes, but .plt.got's are 8 without IBT (no endbr64).
-        let entry = if section == ".plt.got" && !bytes.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) {
-            8
-        } else {
-            16
-        };
+    for sec in &sections {
         let pseudo = |start: u64, end: u64| Cand {
-            name: Some(Cow::Owned(format!("[{section}]"))),
+            name: Some(Cow::Owned(format!("[{}]", sec.name))),
             start,
             size: end - start,
         };
         let mut unnamed: Option<u64> = None;
-        for (i, stub) in bytes.chunks(entry).enumerate() {
-            let at = sec.address() + (i * entry) as u64;
-            match stub_target(stub, at).and_then(|slot| slots.get(&slot)) {
+        for &(at, len, slot) in &sec.stubs {
+            match slot.and_then(|slot| slots.get(&slot)) {
                 Some(name) => {
                     if let Some(s) = unnamed.take() {
                         out.push(pseudo(s, at));
@@ -374,7 +348,7 @@ fn plt_stubs<'d>(file: &object::File<'d>, funcs: &[Cand<'d>]) -> Vec<Cand<'d>> {
                     out.push(Cand {
                         name: Some(Cow::Owned(format!("{name}@plt"))),
                         start: at,
-                        size: stub.len() as u64,
+                        size: len,
                     });
                 }
                 None => {
@@ -383,10 +357,88 @@ fn plt_stubs<'d>(file: &object::File<'d>, funcs: &[Cand<'d>]) -> Vec<Cand<'d>> {
             }
         }
         if let Some(s) = unnamed {
-            out.push(pseudo(s, sec.address() + bytes.len() as u64));
+            out.push(pseudo(s, sec.end));
         }
     }
     out
+}
+
+/// One PLT section's stubs: (address, length, the GOT slot it jumps through).
+struct StubSection {
+    name: &'static str,
+    end: u64,
+    stubs: Vec<(u64, u64, Option<u64>)>,
+}
+
+impl StubSection {
+    fn read(file: &object::File<'_>, name: &'static str) -> Option<StubSection> {
+        let sec = file.section_by_name(name)?;
+        let bytes = sec.data().ok().filter(|b| !b.is_empty())?;
+        // x86-64 stubs are 16 bytes, but .plt.got's are 8 without IBT (no endbr64).
+        let entry = if name == ".plt.got" && !bytes.starts_with(&[0xf3, 0x0f, 0x1e, 0xfa]) {
+            8
+        } else {
+            16
+        };
+        let stubs = (bytes.chunks(entry).enumerate())
+            .map(|(i, stub)| {
+                let at = sec.address() + (i * entry) as u64;
+                (at, stub.len() as u64, stub_target(stub, at))
+            })
+            .collect();
+        Some(StubSection {
+            name,
+            end: sec.address() + bytes.len() as u64,
+            stubs,
+        })
+    }
+}
+
+/// The symbol each GOT slot a stub jumps through is relocated to. Only those slots: a
+/// large C++ library has a `R_X86_64_RELATIVE` for every vtable entry, and naming each
+/// one that points at a function took a `String` apiece and a map of every function
+/// (libLLVM: ≈ 10 MB of heap while the binary was opened, BENCHMARKS.md "Agent memory
+/// on a build host").
+fn slot_names(
+    file: &object::File<'_>,
+    funcs: &[Cand<'_>],
+    sections: &[StubSection],
+) -> HashMap<u64, String> {
+    let wanted: std::collections::HashSet<u64> = (sections.iter())
+        .flat_map(|s| s.stubs.iter().filter_map(|&(_, _, slot)| slot))
+        .collect();
+    let mut slots = HashMap::new();
+    let Some(relocs) = file.dynamic_relocations().filter(|_| !wanted.is_empty()) else {
+        return slots;
+    };
+    let dynsym = file.dynamic_symbol_table();
+    // Made at the first slot relocated to an address (an ifunc's IRELATIVE).
+    let mut named_at: Option<HashMap<u64, &str>> = None;
+    for (offset, r) in relocs.filter(|(offset, _)| wanted.contains(offset)) {
+        let name = match r.target() {
+            object::RelocationTarget::Symbol(i) => dynsym
+                .as_ref()
+                .and_then(|t| t.symbol_by_index(i).ok())
+                .and_then(|s| s.name().ok())
+                .filter(|n| !n.is_empty())
+                .map(str::to_string),
+            object::RelocationTarget::Absolute => {
+                let named_at = named_at.get_or_insert_with(|| {
+                    (funcs.iter())
+                        .filter_map(|f| Some((f.start, f.name.as_deref()?)))
+                        .collect()
+                });
+                (u64::try_from(r.addend()).ok())
+                    .and_then(|a| named_at.get(&a))
+                    .map(|n| n.to_string())
+            }
+            _ => None,
+        };
+        if let Some(name) = name {
+            slots.insert(offset, name);
+        }
+    }
+    slots
 }
 
 /// The GOT slot a PLT stub at `at` jumps through (`jmp qword ptr [rip+disp]`), if any.
