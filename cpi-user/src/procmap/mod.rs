@@ -252,9 +252,19 @@ pub struct Resident {
     pub file: u64,
 }
 
-/// This process's [`Resident`] set; `None` when `/proc` cannot be read.
+/// This process's [`Resident`] set; `None` when `/proc` cannot be read. Each thread
+/// opens `/proc/self/statm` once and reads it again from offset 0 (a `seq_file` writes
+/// it anew at each read from the start): the unwinder asks every 32 unwinds, and the
+/// path walk, open and close were most of the ≈ 20 µs a read cost (6 % of the agent's
+/// CPU at 250 Hz, BENCHMARKS.md "Agent steady state").
 pub fn own_resident() -> Option<Resident> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    use std::os::unix::fs::FileExt;
+    thread_local! {
+        static STATM: Option<std::fs::File> = std::fs::File::open("/proc/self/statm").ok();
+    }
+    let mut buf = [0u8; 256];
+    let n = STATM.with(|f| f.as_ref()?.read_at(&mut buf, 0).ok())?;
+    let statm = std::str::from_utf8(&buf[..n]).ok()?;
     let mut f = statm.split_whitespace().skip(1);
     let mut pages = || f.next()?.parse::<u64>().ok();
     let (total, file) = (pages()?, pages()?);
@@ -360,6 +370,40 @@ fn thread_dirs(pid: u32, tid: u32) -> impl Iterator<Item = PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The one open `/proc/self/statm` is read anew each time: after 64 MiB are touched
+    /// it still lies between two reads of `VmRSS` in `/proc/self/status` around it (a
+    /// bracket, as other tests allocate in this process meanwhile).
+    #[test]
+    fn the_resident_set_is_read_anew_from_one_open_file() {
+        let vm_rss = || -> u64 {
+            let status = std::fs::read_to_string("/proc/self/status").unwrap();
+            let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+            line.split_whitespace()
+                .nth(1)
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+                * 1024
+        };
+        let bracketed = || {
+            let (a, r, b) = (vm_rss(), own_resident().expect("statm").total, vm_rss());
+            let slack = 1 << 20;
+            assert!(
+                (a.min(b).saturating_sub(slack)..=a.max(b) + slack).contains(&r),
+                "statm {r} outside VmRSS {a}..{b}"
+            );
+            r
+        };
+        let before = bracketed();
+        let mut v = vec![0u8; 64 << 20];
+        for i in (0..v.len()).step_by(4096) {
+            v[i] = 1;
+        }
+        let after = bracketed();
+        std::hint::black_box(&v);
+        assert!(after > before, "{before} then {after}");
+    }
 
     const MAPS: &str = "\
 55d0c6a00000-55d0c6a02000 r--p 00000000 fd:01 123 /usr/bin/cat
