@@ -71,9 +71,9 @@ def main():
     ap.add_argument("--port", type=int, default=19476)
     # argparse cannot take flags after `--` beside a positional: split them off first.
     argv = sys.argv[1:]
-    flags = argv[argv.index("--") + 1:] if "--" in argv else []
-    a = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
-    a.agent_flags = flags
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    a.agent_flags = argv[cut + 1:]
     binary = os.environ.get("BIN", "./target/release/cpi-bpf")
     work = tempfile.mkdtemp(prefix="cpi-churn-")
     children = []

@@ -417,8 +417,8 @@ impl Binary {
         let i = self.function_index(func.start)?;
         // The symbol table and every local name were just read: their pages leave the
         // resident set now, not at the window's end (two 150-200 MB libraries in one
-        // window held ≈ 24 MB each until then: BENCHMARKS.md, "Agent memory on a build
-        // host").
+        // window held 29 and 31 MiB of pages until then: BENCHMARKS.md, "Agent memory
+        // on a build host").
         let n = *self
             .bolt_ordinals
             .get_or_init(|| {

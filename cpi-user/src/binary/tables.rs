@@ -263,8 +263,8 @@ pub(super) fn bolt_ordinals<'d, S: ObjectSymbol<'d>>(
 
 /// Text symbols with an address, one per start address. Sorted as (start, index) pairs,
 /// 16 bytes a symbol, and ranked only where symbols share a start: sorting every symbol
-/// with its rank and name took 80 bytes a symbol at once (libLLVM's 258 000: ≈ 20 MB of
-/// heap while the binary was opened).
+/// with its rank and name took 80 bytes a symbol at once (Rust's libLLVM 22 has 258 000
+/// symbols).
 pub(super) fn collect_symbols<'d>(table: &object::SymbolTable<'d, '_>) -> Vec<Cand<'d>> {
     let mut at: Vec<(u64, usize)> = (table.symbols())
         .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0 && !s.is_undefined())
@@ -396,9 +396,8 @@ impl StubSection {
 
 /// The symbol each GOT slot a stub jumps through is relocated to. Only those slots: a
 /// large C++ library has a `R_X86_64_RELATIVE` for every vtable entry, and naming each
-/// one that points at a function took a `String` apiece and a map of every function
-/// (libLLVM: ≈ 10 MB of heap while the binary was opened, BENCHMARKS.md "Agent memory
-/// on a build host").
+/// one that points at a function took a `String` apiece, beside a map of every function
+/// (BENCHMARKS.md, "Agent memory on a build host").
 fn slot_names(
     file: &object::File<'_>,
     funcs: &[Cand<'_>],

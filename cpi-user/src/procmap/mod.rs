@@ -254,9 +254,9 @@ pub struct Resident {
 
 /// This process's [`Resident`] set; `None` when `/proc` cannot be read. Each thread
 /// opens `/proc/self/statm` once and reads it again from offset 0 (a `seq_file` writes
-/// it anew at each read from the start): the unwinder asks every 32 unwinds, and the
-/// path walk, open and close were most of the ≈ 20 µs a read cost (6 % of the agent's
-/// CPU at 250 Hz, BENCHMARKS.md "Agent steady state").
+/// it anew at each read from the start): the unwinder asks every 32 unwinds, and opening
+/// this file each time was 6 % of the agent's CPU at 250 Hz (BENCHMARKS.md, "Agent
+/// under churn").
 pub fn own_resident() -> Option<Resident> {
     use std::os::unix::fs::FileExt;
     thread_local! {
