@@ -1148,7 +1148,7 @@ mod tests {
                 .iter()
                 .filter(|(_, st)| !st.ranges.is_empty())
                 .map(|(k, st)| {
-                    let mut r: Vec<(u64, u64)> = st.ranges.keys().copied().collect();
+                    let mut r: Vec<(u64, u64)> = st.ranges.iter().map(|r| r.0).collect();
                     r.sort();
                     (k.user.to_vec(), r)
                 })

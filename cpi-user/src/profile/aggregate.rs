@@ -110,9 +110,14 @@ pub struct BranchAggregate {
     /// Σ Q over samples used.
     pub weight: u64,
     /// Taken branches by (from, to).
-    pub taken: FastMap<(u64, u64), TakenStat>,
+    taken: EdgeTable,
     /// Straight-line ranges by (first, last instruction address).
     ranges: RangeTable,
+    /// Each range with the taken branch that ended it, (first, last, to) → (its slot in
+    /// `ranges`, [`BACKWARD`] for a backward one; the branch's in `taken`): a record
+    /// costs this one lookup, not one per table (BENCHMARKS.md, "PMU model /
+    /// aggregation").
+    ended: FastMap<(u64, u64, u64), (u32, u32)>,
     /// Samples with fewer than `window + 1` entries (dropped: counting them would
     /// weigh shallow samples differently).
     pub short_samples: u64,
@@ -121,6 +126,28 @@ pub struct BranchAggregate {
     /// Samples left out under [`StackWeighting::CyclesSpanned`]: an entry of the window
     /// carries no cycles.
     pub untimed_samples: u64,
+}
+
+/// No range slot: the range runs backwards.
+const BACKWARD: u32 = u32::MAX;
+
+/// The taken branches of a [`BranchAggregate`], by (from, to).
+#[derive(Clone, Debug, Default)]
+struct EdgeTable {
+    index: FastMap<(u64, u64), u32>,
+    stats: Vec<TakenStat>,
+}
+
+impl EdgeTable {
+    /// The index of edge `key`, added empty when new.
+    fn slot(&mut self, key: (u64, u64)) -> u32 {
+        let next = self.stats.len() as u32;
+        let i = *self.index.entry(key).or_insert(next);
+        if i == next {
+            self.stats.push(TakenStat::default());
+        }
+        i
+    }
 }
 
 /// The ranges of a [`BranchAggregate`], laid out for the per-record update: a small
@@ -278,17 +305,30 @@ impl BranchAggregate {
         let number = self.samples;
         for pair in entries.windows(2) {
             let (newer, older) = (&pair[0], &pair[1]);
-            let t = self.taken.entry((newer.from, newer.to)).or_default();
+            let key = (older.to, newer.from, newer.to);
+            let (i, e) = match self.ended.get(&key) {
+                Some(&at) => at,
+                None => {
+                    let i = match older.to > newer.from {
+                        true => BACKWARD,
+                        false => self.ranges.slot((older.to, newer.from)) as u32,
+                    };
+                    let e = self.taken.slot((newer.from, newer.to));
+                    self.ended.insert(key, (i, e));
+                    (i, e)
+                }
+            };
+            let t = &mut self.taken.stats[e as usize];
             t.count += w;
             t.hits += 1;
             if newer.mispred() {
                 t.mispredicts += w;
             }
-            if older.to > newer.from {
+            if i == BACKWARD {
                 self.backward_ranges += 1;
                 continue;
             }
-            let i = self.ranges.slot((older.to, newer.from));
+            let i = i as usize;
             let (r, g) = (&mut self.ranges.sums[i], &mut self.ranges.groups[i][group]);
             r.count += w;
             r.hits += 1;
@@ -325,6 +365,26 @@ impl BranchAggregate {
     /// Distinct ranges seen.
     pub fn range_count(&self) -> usize {
         self.ranges.sums.len()
+    }
+
+    /// The taken branches, by (from, to); in no order.
+    pub fn taken(&self) -> impl Iterator<Item = (&(u64, u64), &TakenStat)> + '_ {
+        let stats = &self.taken.stats;
+        self.taken
+            .index
+            .iter()
+            .map(move |(k, &i)| (k, &stats[i as usize]))
+    }
+
+    /// The taken branch (from, to), if it was seen.
+    pub fn taken_edge(&self, from: u64, to: u64) -> Option<&TakenStat> {
+        let i = *self.taken.index.get(&(from, to))?;
+        Some(&self.taken.stats[i as usize])
+    }
+
+    /// Distinct taken branches seen.
+    pub fn taken_count(&self) -> usize {
+        self.taken.stats.len()
     }
 }
 
@@ -541,8 +601,8 @@ mod tests {
         assert_eq!(b.range(0x300, 0x310).unwrap().timed_count, 500.0);
         assert_eq!(b.range(0x200, 0x230).unwrap().timed_hits, 0);
         assert!(b.range(0x100, 0x120).is_none());
-        assert_eq!(b.taken[&(0x310, 0x400)].mispredicts, 500.0);
-        assert_eq!(b.taken[&(0x230, 0x300)].count, 500.0);
+        assert_eq!(b.taken_edge(0x310, 0x400).unwrap().mispredicts, 500.0);
+        assert_eq!(b.taken_edge(0x230, 0x300).unwrap().count, 500.0);
         // A sample too shallow for the window is counted, not used.
         set.add_branch(&sample(1000, &e[..2]));
         assert_eq!(set.processes[&7].branches.short_samples, 1);
@@ -676,7 +736,7 @@ mod tests {
         assert_eq!(b.backward_ranges, 1);
         assert_eq!(b.range_count(), 0);
         assert_eq!(
-            b.taken[&(0x100, 0x500)].count,
+            b.taken_edge(0x100, 0x500).unwrap().count,
             10.0,
             "the taken edge itself is valid"
         );

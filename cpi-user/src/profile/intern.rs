@@ -63,6 +63,13 @@ impl StackTrie {
         (p & KERNEL == 0).then_some(p)
     }
 
+    /// The edge that reaches node `id` (its parent's id, with [`KERNEL`] for a kernel
+    /// frame, and its frame), which names the node uniquely; `None` for a root.
+    pub(crate) fn edge(&self, id: u32) -> Option<(u32, u64)> {
+        let n = self.nodes[id as usize];
+        (n.parent != NONE).then_some((n.parent, n.frame))
+    }
+
     fn push(&mut self, parent: u32, frame: u64) -> u32 {
         let id = self.nodes.len();
         // 2³¹ nodes would take over 100 GiB, far past any stack bound.

@@ -109,8 +109,9 @@ pub struct StackStat {
     pub cycles_groups: Groups,
     /// Branch samples taken under the stack.
     pub branch_samples: u64,
-    /// The ranges of those samples' windows, by (first, last instruction address).
-    pub ranges: FastMap<(u64, u64), StackRange>,
+    /// The ranges of those samples' windows, by (first, last instruction address), in
+    /// the order first seen; each once.
+    pub ranges: Vec<((u64, u64), StackRange)>,
     /// When the stack was last used (the aggregate's clock), for eviction.
     last_use: u64,
 }
@@ -130,6 +131,12 @@ pub struct StackAggregate {
     /// What ran under each stack that has samples, with its node; a node's payload is
     /// its index here.
     stats: Vec<(u32, StackStat)>,
+    /// Where each range that ran under a stack is counted: its [`RangeKey`] → (the
+    /// stack's index in `stats`, the range's in its `ranges`). A range's rebuilt stack
+    /// is keyed by its callers' node, so a range costs this one lookup, not the trie's
+    /// child as well (the two were 46 % of aggregating a branch sample, BENCHMARKS.md
+    /// "PMU model / aggregation").
+    ranges_at: FastMap<RangeKey, (u32, u32)>,
     /// Samples that carried no stack (the writer could not take one).
     pub unstacked: u64,
     /// What ran under the stacks evicted to stay within the set's bound (IP samples
@@ -139,13 +146,24 @@ pub struct StackAggregate {
     bytes: usize,
 }
 
+/// A range under a stack, (stack, first, last): the stack as the edge that reaches its
+/// node ([`StackTrie::edge`]: the callers' node and the leaf, which is the range's
+/// first address wherever the stack was rebuilt), or as [`OWN`] | its node where its
+/// leaf is not the range's first address or it has no edge. Each (node, range) has
+/// one key.
+type RangeKey = (u64, u64, u64);
+
+/// Marks a [`RangeKey`] whose stack is a node, not an edge (node ids are `u32`).
+const OWN: u64 = 1 << 32;
+
 /// Estimated heap bytes of one stack's statistics (its frames are the trie's).
 fn stat_bytes(stat: &StackStat) -> usize {
     // Hash-table slots carry their key and value plus about one control byte and load
-    // slack: counted as 1.5× the slot.
+    // slack: counted as 1.5× the slot; each range has one in `ranges_at`.
     size_of::<(u32, StackStat)>()
         + stat.ips.len() * 48
-        + stat.ranges.capacity() * (16 + size_of::<StackRange>()) * 3 / 2
+        + stat.ranges.capacity() * size_of::<((u64, u64), StackRange)>()
+        + stat.ranges.len() * size_of::<(RangeKey, (u32, u32))>() * 3 / 2
 }
 
 impl StackAggregate {
@@ -254,19 +272,51 @@ impl StackAggregate {
                 if older.to > newer.from {
                     continue;
                 }
-                let at = match rebuilt {
-                    Some((callers, _)) => self.trie.child(callers, older.to, &mut added),
-                    None => id,
+                let range = (older.to, newer.from);
+                let key = match rebuilt {
+                    Some((callers, _)) => (u64::from(callers), range.0, range.1),
+                    None => self.own_key(id, range),
                 };
-                self.update(at, now, |s| {
-                    let r = s.ranges.entry((older.to, newer.from)).or_default();
-                    r.count += w;
-                    r.hits += 1;
-                    r.groups.add(group, w);
-                });
+                let (p, i) = match self.ranges_at.get(&key) {
+                    Some(&at) => at,
+                    None => {
+                        let at = match rebuilt {
+                            Some((callers, _)) => self.trie.child(callers, range.0, &mut added),
+                            None => id,
+                        };
+                        self.add_range(key, at, range, now)
+                    }
+                };
+                let stat = &mut self.stats[p as usize].1;
+                stat.last_use = now;
+                let r = &mut stat.ranges[i as usize].1;
+                r.count += w;
+                r.hits += 1;
+                r.groups.add(group, w);
             }
         }
         self.bytes += added * NODE_BYTES;
+    }
+
+    /// The [`RangeKey`] of `range` under node `id`.
+    fn own_key(&self, id: u32, range: (u64, u64)) -> RangeKey {
+        match self.trie.edge(id) {
+            Some((parent, leaf)) if leaf == range.0 => (u64::from(parent), range.0, range.1),
+            _ => (OWN | u64::from(id), range.0, range.1),
+        }
+    }
+
+    /// Adds `range`, keyed `key`, to node `at`'s statistics (added when new): its
+    /// indices in `stats` and that stack's `ranges`.
+    fn add_range(&mut self, key: RangeKey, at: u32, range: (u64, u64), now: u64) -> (u32, u32) {
+        let mut i = 0;
+        self.update(at, now, |s| {
+            i = s.ranges.len() as u32;
+            s.ranges.push((range, StackRange::default()));
+        });
+        let p = self.trie.payload(at);
+        self.ranges_at.insert(key, (p, i));
+        (p, i)
     }
 
     /// The rebuilt stack (callers' node, leaf) before the taken branch `e` ran, from
@@ -341,6 +391,14 @@ impl StackAggregate {
         for (id, p) in self.trie.payloads() {
             self.stats[p as usize].0 = id;
         }
+        self.ranges_at = FastMap::default();
+        for p in 0..self.stats.len() {
+            let id = self.stats[p].0;
+            for i in 0..self.stats[p].1.ranges.len() {
+                let key = self.own_key(id, self.stats[p].1.ranges[i].0);
+                self.ranges_at.insert(key, (p as u32, i as u32));
+            }
+        }
         let stats: usize = self.stats.iter().map(|s| stat_bytes(&s.1)).sum();
         self.bytes = self.trie.len() * NODE_BYTES + stats;
     }
@@ -378,8 +436,8 @@ mod tests {
                 .get(&stack(user))
                 .unwrap()
                 .ranges
-                .keys()
-                .copied()
+                .iter()
+                .map(|r| r.0)
                 .collect();
             r.sort();
             r
@@ -425,7 +483,8 @@ mod tests {
         let st = a.get(&s).unwrap();
         assert_eq!(st.branch_samples, 2);
         assert_eq!(st.ranges.len(), 1, "the backward range is left out");
-        assert_eq!(st.ranges[&(0x1000, 0x1008)].count, 50.0);
+        assert_eq!(st.ranges[0].0, (0x1000, 0x1008));
+        assert_eq!(st.ranges[0].1.count, 50.0);
         assert_eq!(st.ips[&EventRole::Cycles], (1, 1000));
         assert_eq!(st.cycles_groups.total(), 1000.0);
         assert_eq!(st.samples(), 3);
@@ -547,7 +606,8 @@ mod tests {
     }
 
     /// Random typed windows under random stacks (some with kernel frames) count each
-    /// range under the stack the `Vec` walk gives it.
+    /// range under the stack the `Vec` walk gives it, once; halfway, an eviction that
+    /// drops nothing renumbers the trie, and the ranges are found again after it.
     #[test]
     fn interned_walk_matches_the_frame_walk() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -558,7 +618,12 @@ mod tests {
             (x >> 33) % n
         };
         let (mut agg, mut want) = (StackAggregate::default(), HashMap::new());
-        for now in 0..2000 {
+        for now in 1..=2000 {
+            if now == 1000 {
+                let nodes = agg.trie.len();
+                agg.evict_used_by(0);
+                assert!(agg.trie.len() < nodes, "nothing renumbered");
+            }
             let user: Vec<u64> = (0..1 + next(6)).map(|_| 0x100 + next(8) * 0x10).collect();
             let kernel: Vec<u64> = (0..next(3) * next(2))
                 .map(|_| 0xffff_0000 + next(4))
@@ -585,9 +650,11 @@ mod tests {
         let mut got = HashMap::new();
         for (s, st) in agg.iter() {
             got.insert((s.clone(), None), 0);
-            for (&r, v) in &st.ranges {
-                got.insert((s.clone(), Some(r)), v.hits);
+            for (r, v) in &st.ranges {
+                got.insert((s.clone(), Some(*r)), v.hits);
             }
+            let distinct: std::collections::HashSet<_> = st.ranges.iter().map(|r| r.0).collect();
+            assert_eq!(distinct.len(), st.ranges.len(), "a range twice under {s:?}");
         }
         let only = |a: &HashMap<_, u64>, b: &HashMap<_, u64>| {
             let mut v: Vec<_> = a.iter().filter(|(k, n)| b.get(*k) != Some(*n)).collect();

@@ -113,7 +113,11 @@ fn same_set(a: &SampleSet, b: &SampleSet) {
     );
     for (pid, pa) in &a.processes {
         let pb = &b.processes[pid];
-        assert_eq!(pa.branches.taken, pb.branches.taken, "pid {pid}");
+        let taken = |b: &BranchAggregate| b.taken().map(|(k, t)| (*k, *t)).collect::<Vec<_>>();
+        let (mut ta, mut tb) = (taken(&pa.branches), taken(&pb.branches));
+        ta.sort_by_key(|t| t.0);
+        tb.sort_by_key(|t| t.0);
+        assert_eq!(ta, tb, "pid {pid}");
         let ranges = |b: &BranchAggregate| b.ranges().collect::<BTreeMap<_, _>>();
         assert_eq!(ranges(&pa.branches), ranges(&pb.branches), "pid {pid}");
         assert_eq!(pa.branches.samples, pb.branches.samples);

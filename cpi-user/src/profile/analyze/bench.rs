@@ -107,7 +107,7 @@ fn bench_analysis_libpython() {
         (f, i) = (to_f, to_i);
     }
     let b = &set.processes[&PID].branches;
-    let (samples, ranges, edges) = (b.samples, b.range_count(), b.taken.len());
+    let (samples, ranges, edges) = (b.samples, b.range_count(), b.taken_count());
     drop(cfgs);
     let rss_before = peak_rss_kib();
     let t0 = Instant::now();

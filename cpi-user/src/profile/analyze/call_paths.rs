@@ -55,7 +55,7 @@ impl Ctx<'_> {
             if !ranged {
                 break;
             }
-            for (&(start, end), r) in sorted(&stat.ranges) {
+            for (&(start, end), r) in sorted(stat.ranges.iter().map(|(k, r)| (k, r))) {
                 let s = res.resolve(self.sym, &mut self.binaries, start);
                 let e = res.resolve(self.sym, &mut self.binaries, end);
                 // Ranges the process drops (counted in `lost.invalid_ranges`) are

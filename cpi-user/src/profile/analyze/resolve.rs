@@ -148,7 +148,7 @@ impl Ctx<'_> {
     /// Attaches taken edges and ranges to functions; ranges that do not start and end
     /// in one function are invalid.
     fn gather_branches(&mut self, p: &ProcessSamples, res: &mut ProcessResolver<'_>) {
-        for (&(from, to), stat) in sorted(&p.branches.taken) {
+        for (&(from, to), stat) in sorted(p.branches.taken()) {
             let src = res.resolve(self.sym, &mut self.binaries, from);
             let dst = res.resolve(self.sym, &mut self.binaries, to);
             if let Some((ti, vto)) = dst {
