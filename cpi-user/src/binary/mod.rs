@@ -53,8 +53,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
-use object::ObjectSymbolTable;
-
 use tables::{bolt_ordinals, copied_utf8, symtab_of, Tables};
 
 pub use cfg::{BasicBlock, Cfg, CfgEdge, FlowKind, Instruction};
@@ -442,32 +440,19 @@ impl Binary {
         let Some(symtab) = symtab_of(&file, debug.as_ref()) else {
             return Vec::new();
         };
-        let locals = bolt_ordinals(symtab.symbols());
-        // Both in address order: one merge. Of two locals of one name at one address,
-        // the later ordinal, as before.
-        let mut j = 0;
-        let out: Vec<u32> = self
-            .functions
-            .iter()
-            .map(|&e| {
-                while locals.get(j).is_some_and(|l| l.0 < e.start) {
-                    j += 1;
-                }
-                let name: &[u8] = match e.name {
-                    NAME_SYNTH => return 0,
-                    n if n & NAME_OWNED != 0 => {
-                        self.owned_names[(n & !NAME_OWNED) as usize].as_bytes()
-                    }
-                    off => self.mapped_name(off),
-                };
-                locals[j..]
-                    .iter()
-                    .take_while(|l| l.0 == e.start)
-                    .filter(|l| l.1 == name)
-                    .last()
-                    .map_or(0, |l| l.2)
-            })
-            .collect();
+        let functions = self.functions.iter().map(|&e| {
+            let name: &[u8] = match e.name {
+                NAME_SYNTH => b"",
+                n if n & NAME_OWNED != 0 => self.owned_names[(n & !NAME_OWNED) as usize].as_bytes(),
+                off => self.mapped_name(off),
+            };
+            (e.start, name)
+        });
+        let out = bolt_ordinals(
+            &symtab,
+            functions,
+            &foldhash::quality::RandomState::default(),
+        );
         if out.iter().all(|&n| n == 0) {
             return Vec::new();
         }

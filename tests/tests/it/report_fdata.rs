@@ -322,6 +322,79 @@ fn bolt_accepts_fdata_of_a_hand_built_profile() {
     }
 }
 
+/// Five C files, each with a `static` function `helper` (one `cold`, so it comes first
+/// in address order though its file is linked fourth) and one with a `static` array of
+/// that name.
+const LOCAL_NAMES: [(&str, &str); 6] = [
+    ("t3.c", "__attribute__((noipa)) static int helper(int x) { return x * 3 + 1; }\nint entry_3(int x) { return helper(x); }\n"),
+    ("t4.c", "static int helper[4] = {1, 2, 3, 4};\nint entry_4(int x) { return helper[x & 3]; }\n"),
+    ("main.c", "#include <stdio.h>\nint entry_1(int), entry_2(int), entry_3(int), entry_4(int);\n__attribute__((noipa)) static int helper(int x) { return x - 7; }\nint main(int argc, char **argv) { (void)argv; printf(\"%d\\n\", entry_1(argc) + entry_2(argc) + entry_3(argc) + entry_4(argc) + helper(argc)); return 0; }\n"),
+    ("t1.c", "__attribute__((noipa, cold)) static int helper(int x) { return x + 1; }\nint entry_1(int x) { return helper(x); }\n"),
+    ("t2.c", "__attribute__((noipa)) static int helper(int x) { return x * 2 + 1; }\n__attribute__((noipa)) static int spare(int x) { return x ^ 2; }\nint entry_2(int x) { return helper(x) + spare(x); }\n"),
+    ("t5.c", "__attribute__((noipa)) static int spare(int x) { return x ^ 5; }\nint entry_5(int x) { return spare(x); }\n"),
+];
+
+/// The BOLT names of local functions (`helper/3`) read from the symbol table, against
+/// llvm-bolt's own names for the same binary (its `-print-cfg` "All names").
+#[test]
+fn bolt_local_names_match_llvm_bolts() {
+    if !tools_present() {
+        return;
+    }
+    let dir = scratch("fdata-locals");
+    let mut gcc = Command::new("gcc");
+    gcc.args(["-O2", "-fno-pie", "-no-pie", "-Wl,--emit-relocs", "-o"])
+        .arg(dir.join("prog"));
+    for (file, text) in LOCAL_NAMES {
+        std::fs::write(dir.join(file), text).unwrap();
+        gcc.arg(dir.join(file));
+    }
+    output_ok(&mut gcc);
+    let exe = dir.join("prog");
+    let out = output_ok(
+        Command::new("llvm-bolt-22")
+            .arg(&exe)
+            .arg("-o")
+            .arg(dir.join("prog.bolt"))
+            .arg("-print-cfg"),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut theirs = std::collections::BTreeMap::new();
+    let mut name = None;
+    for l in text.lines().map(str::trim) {
+        if let Some(n) = l.strip_prefix("All names   : ") {
+            name = n.split_whitespace().next().map(str::to_string);
+        } else if let Some(a) = l.strip_prefix("Address     : 0x") {
+            let n = name.take().filter(|n| n.contains('/'));
+            theirs.extend(n.map(|n| (u64::from_str_radix(a, 16).unwrap(), n)));
+        }
+    }
+    let bin = Binary::open(&exe).unwrap();
+    let data = std::fs::read(&exe).unwrap();
+    let elf = object::File::parse(&*data).unwrap();
+    let ours: std::collections::BTreeMap<u64, String> = elf
+        .symbols()
+        .filter(|s| s.is_local() && s.kind() == object::SymbolKind::Text && s.address() != 0)
+        .filter_map(|s| {
+            let f = Function {
+                name: s.name().ok()?.to_string(),
+                start: s.address(),
+                size: s.size(),
+            };
+            Some((f.start, bin.bolt_local_name(&f)?))
+        })
+        .collect();
+    // Symbols without a size (crtstuff's `frame_dummy`) are not in the function table.
+    let sized: BTreeSet<u64> = (elf.symbols())
+        .filter(|s| s.size() > 0)
+        .map(|s| s.address())
+        .collect();
+    theirs.retain(|a, _| sized.contains(a));
+    let helpers = theirs.values().filter(|n| n.starts_with("helper/")).count();
+    assert_eq!(helpers, 4, "llvm-bolt's names: {theirs:?}\n{text}");
+    assert_eq!(ours, theirs);
+}
+
 #[test]
 fn bolt_accepts_no_lbr_fdata_of_a_time_profile() {
     if !tools_present() {
