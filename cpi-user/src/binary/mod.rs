@@ -448,11 +448,8 @@ impl Binary {
             };
             (e.start, name)
         });
-        let out = bolt_ordinals(
-            &symtab,
-            functions,
-            &foldhash::quality::RandomState::default(),
-        );
+        // Both in address order: one merge.
+        let out = bolt_ordinals(&symtab, functions);
         if out.iter().all(|&n| n == 0) {
             return Vec::new();
         }

@@ -5,7 +5,6 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::path::Path;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, SymbolKind};
@@ -236,64 +235,42 @@ pub(super) fn offset_in(whole: &[u8], part: &[u8]) -> Option<usize> {
     (off.checked_add(part.len())? <= whole.len()).then_some(off)
 }
 
-/// BOLT's ordinal of each `(address, name)` of `functions` among the local text and data
-/// symbols of `table` of that name, in address order (BOLT's `name/N`); 0 where no local
-/// symbol of that name starts there. Of two locals of one name at one address, the later.
+/// BOLT's ordinal of each `(address, name)` of `functions` (in address order) among the
+/// local text and data symbols of `table` of that name, in address order (BOLT's
+/// `name/N`, `NameResolver::uniquify`); 0 where no local symbol of that name starts
+/// there. Of two locals of one name at one address, the later.
 ///
-/// The locals are held as (name hash, address, index), 24 bytes each, sorted: a name's
-/// symbols are one run in address order, and an ordinal is a position in that run. A
-/// table of (address, name, ordinal) beside a map of names held ≈ 90 bytes a local at
-/// once, 20 MiB for librustc_driver (BENCHMARKS.md, "Agent memory on a build host"). The
-/// hash is seeded by the caller; a run two names share (a collision) is counted by name.
+/// The locals are sorted by address and counted by name while `functions` is walked:
+/// a table of every local's ordinal beside them held 32 bytes a local more (the peak
+/// was 18.7 MiB for the 212 614 locals of Rust's libLLVM 22, now 12.8: BENCHMARKS.md,
+/// "Agent memory on a build host"). Names are bytes and the map foldhash: this runs
+/// whenever the symbolizer opens a binary again.
 pub(super) fn bolt_ordinals<'a>(
     table: &object::SymbolTable<'_, '_>,
     functions: impl Iterator<Item = (u64, &'a [u8])>,
-    seed: &impl BuildHasher,
 ) -> Vec<u32> {
-    let name = |i: u32| {
-        let s = table
-            .symbol_by_index(object::SymbolIndex(i as usize))
-            .ok()?;
-        s.name_bytes().ok()
-    };
-    let mut locals: Vec<(u64, u64, u32)> = (table.symbols())
+    let mut locals: Vec<(u64, &[u8])> = (table.symbols())
         .filter(|s| s.is_local() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Data))
-        .filter_map(|s| {
-            let n = s.name_bytes().ok().filter(|n| !n.is_empty())?;
-            let i = u32::try_from(s.index().0).ok()?;
-            Some((seed.hash_one(n), s.address(), i))
-        })
+        .filter_map(|s| Some((s.address(), s.name_bytes().ok()?)))
+        .filter(|(_, n)| !n.is_empty())
         .collect();
     locals.sort_unstable();
-    let mixed: Vec<u64> = (locals.chunk_by(|a, b| a.0 == b.0))
-        .filter(|run| run.iter().any(|l| name(l.2) != name(run[0].2)))
-        .map(|run| run[0].0)
-        .collect();
-    let ordinal = |(addr, n): (u64, &[u8])| -> u32 {
-        let h = seed.hash_one(n);
-        let from = locals.partition_point(|l| l.0 < h);
-        let run = &locals[from..];
-        let run = &run[..run.partition_point(|l| l.0 == h)];
-        let upto = &run[..run.partition_point(|l| l.1 <= addr)];
-        let named = |l: &&(u64, u64, u32)| name(l.2) == Some(n);
-        let here = || {
-            upto.iter()
-                .rev()
-                .take_while(|l| l.1 == addr)
-                .any(|l| named(&l))
-        };
-        let count = if mixed.contains(&h) {
-            upto.iter().filter(named).count()
-        } else {
-            upto.len()
-        };
-        if here() {
-            count as u32
-        } else {
-            0
-        }
-    };
-    functions.map(ordinal).collect()
+    let mut seen: HashMap<&[u8], u32, foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(locals.len(), Default::default());
+    let mut next = locals.iter().peekable();
+    functions
+        .map(|(start, name)| {
+            let mut ordinal = 0;
+            while let Some(&(addr, n)) = next.next_if(|l| l.0 <= start) {
+                let count = seen.entry(n).or_default();
+                *count += 1;
+                if addr == start && n == name {
+                    ordinal = *count;
+                }
+            }
+            ordinal
+        })
+        .collect()
 }
 
 /// Text symbols with an address, one per start address. Sorted as (start, index) pairs,
@@ -505,45 +482,4 @@ fn normalise(mut funcs: Vec<Cand<'_>>) -> Vec<Cand<'_>> {
         }
     }
     funcs
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::binary::testbin::TestProgram;
-
-    /// Every name hashes alike: one run of mixed names.
-    #[derive(Default)]
-    struct Collide;
-    impl std::hash::Hasher for Collide {
-        fn finish(&self) -> u64 {
-            7
-        }
-        fn write(&mut self, _: &[u8]) {}
-    }
-
-    /// Counting by name where hashes collide gives the ordinals of distinct hashes.
-    #[test]
-    fn ordinals_survive_colliding_hashes() {
-        let Some(t) = TestProgram::get("analysis_loops") else {
-            return;
-        };
-        let data = std::fs::read(&t.plain).unwrap();
-        let file = object::File::parse(&*data).unwrap();
-        let table = file.symbol_table().unwrap();
-        let functions: Vec<(u64, &[u8])> = (table.symbols())
-            .filter(|s| s.kind() == SymbolKind::Text)
-            .filter_map(|s| Some((s.address(), s.name_bytes().ok()?)))
-            .collect();
-        let seeded = foldhash::quality::RandomState::default();
-        let distinct = bolt_ordinals(&table, functions.iter().copied(), &seeded);
-        let collide = std::hash::BuildHasherDefault::<Collide>::default();
-        let mixed = bolt_ordinals(&table, functions.iter().copied(), &collide);
-        assert!(
-            distinct.iter().filter(|&&n| n == 1).count() >= 4,
-            "{distinct:?}"
-        );
-        assert!(distinct.contains(&0), "globals have none: {distinct:?}");
-        assert_eq!(mixed, distinct);
-    }
 }
