@@ -239,6 +239,11 @@ struct CodeRange {
 /// from one (decoded functions), which a reopened file must not hit.
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Bytes a binary's mapping may be read for names and code between two releases of its
+/// pages ([`Binary::note_read`]); a name counts as the page it lies in.
+const READ_PER_RELEASE: u64 = 4 << 20;
+const PAGE: u64 = 4096;
+
 /// One ELF file, parsed once, mapped (see the module documentation).
 #[derive(Debug)]
 pub struct Binary {
@@ -268,6 +273,9 @@ pub struct Binary {
     /// quarter of the agent's CPU on a host starting new binaries (BENCHMARKS.md, "Agent
     /// CPU: source lines and BOLT names").
     bolt_ordinals: OnceLock<Vec<u32>>,
+    /// Bytes named or decoded from the mapping since its pages were last released
+    /// ([`Binary::note_read`]).
+    read_since_release: AtomicU64,
     code: Vec<CodeRange>,
     heap: u64,
     /// Source lines looked up so far ([`Binary::source_line`]).
@@ -357,6 +365,7 @@ impl Binary {
             functions: t.functions,
             owned_names: t.owned_names,
             bolt_ordinals: OnceLock::new(),
+            read_since_release: AtomicU64::new(0),
             code: t.code,
             heap: 0,
             lines: lines::LineCache::default(),
@@ -397,6 +406,7 @@ impl Binary {
     /// Drops the mapping's pages from this process's resident set (they stay in the page
     /// cache; the next read faults them back in).
     fn release_pages(&self) {
+        self.read_since_release.store(0, Ordering::Relaxed);
         let own = match &self.bytes {
             Bytes::Mapped(m) => Some(m),
             Bytes::Owned(_) => None,
@@ -405,6 +415,20 @@ impl Binary {
             if let Err(e) = m.dont_need() {
                 log::debug!("{}: madvise(MADV_DONTNEED): {e}", self.path.display());
             }
+        }
+    }
+
+    /// Counts `bytes` read from the mapping by naming or decoding a function; past
+    /// [`READ_PER_RELEASE`] its pages leave the resident set ([`Self::release_pages`]).
+    /// The symbolizer releases every binary's pages at the window's end, but a window
+    /// that names and decodes thousands of functions of two compilers' libraries held
+    /// 13-16 MiB of each at once (their `.strtab` and `.text`: BENCHMARKS.md, "Agent
+    /// memory on a build host"). A slice read before a release reads the same bytes
+    /// after it ([`crate::fsafe`]'s `GuardedMap::dont_need`).
+    fn note_read(&self, bytes: u64) {
+        let before = self.read_since_release.fetch_add(bytes, Ordering::Relaxed);
+        if before.saturating_add(bytes) >= READ_PER_RELEASE {
+            self.release_pages();
         }
     }
 
@@ -510,6 +534,7 @@ impl Binary {
     }
 
     fn materialise(&self, e: FnEntry) -> Function {
+        self.note_read(PAGE);
         Function {
             name: self.name_of(e),
             start: e.start,
@@ -597,6 +622,7 @@ impl Binary {
 
     /// `func`'s code bytes.
     fn code_of(&self, func: &Function) -> Result<&[u8], BinaryError> {
+        self.note_read(func.size + PAGE);
         self.code(func.start, func.end())
             .ok_or_else(|| BinaryError::NoCode {
                 path: self.path.clone(),
@@ -724,6 +750,51 @@ pub(crate) mod testbin;
 mod tests {
     use super::*;
     use testbin::{Scratch, TestProgram};
+
+    /// Resident bytes of this process's mappings of `path` (`/proc/self/smaps`).
+    fn resident_of(path: &Path) -> u64 {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut ours = false;
+        let mut kib = 0;
+        for l in smaps.lines() {
+            let range = l.split(' ').next().unwrap_or_default();
+            if range.contains('-') && range.bytes().all(|b| b == b'-' || b.is_ascii_hexdigit()) {
+                ours = l.ends_with(&*path.to_string_lossy());
+            } else if let Some(v) = l.strip_prefix("Rss:").filter(|_| ours) {
+                kib += v.trim().trim_end_matches(" kB").parse::<u64>().unwrap();
+            }
+        }
+        kib * 1024
+    }
+
+    /// Decoding and naming functions releases the mapping's pages every
+    /// [`READ_PER_RELEASE`] bytes, not only at the window's end: after that many bytes
+    /// of decoding one function, the page its name was read from is no longer resident.
+    /// This test's own executable (tens of MB: its `.strtab` lies far from `.text`).
+    #[test]
+    fn pages_read_are_released_as_reading_goes_on() {
+        let exe = std::env::current_exe().unwrap();
+        let copy = Scratch::copy(&exe, "release-reads", 0);
+        let bin = Binary::open(&copy.path).unwrap();
+        let i = (0..bin.functions.len())
+            .find(|&i| bin.functions[i].size >= 64 && bin.functions[i].name != NAME_SYNTH)
+            .unwrap();
+        bin.release_pages();
+        assert_eq!(resident_of(&copy.path), 0, "released");
+        let f = bin.function(i).unwrap();
+        bin.decode(&f).unwrap();
+        let named_and_decoded = resident_of(&copy.path);
+        assert!(named_and_decoded > 0);
+        for _ in 0..READ_PER_RELEASE / PAGE {
+            bin.decode(&f).unwrap();
+        }
+        let decoded = resident_of(&copy.path);
+        assert!(
+            decoded < named_and_decoded,
+            "{decoded} bytes resident after decoding {} MiB, {named_and_decoded} before",
+            READ_PER_RELEASE >> 20
+        );
+    }
 
     #[test]
     fn not_elf_and_truncated_elf_are_errors() {
