@@ -426,7 +426,9 @@ impl Binary {
     /// memory on a build host"). A slice read before a release reads the same bytes
     /// after it ([`crate::fsafe`]'s `GuardedMap::dont_need`).
     fn note_read(&self, bytes: u64) {
-        let before = self.read_since_release.fetch_add(bytes, Ordering::Relaxed);
+        let before = self
+            .read_since_release
+            .fetch_add(bytes.min(READ_PER_RELEASE), Ordering::Relaxed);
         if before.saturating_add(bytes) >= READ_PER_RELEASE {
             self.release_pages();
         }
@@ -622,7 +624,7 @@ impl Binary {
 
     /// `func`'s code bytes.
     fn code_of(&self, func: &Function) -> Result<&[u8], BinaryError> {
-        self.note_read(func.size + PAGE);
+        self.note_read(func.size.saturating_add(PAGE));
         self.code(func.start, func.end())
             .ok_or_else(|| BinaryError::NoCode {
                 path: self.path.clone(),
