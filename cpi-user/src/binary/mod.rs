@@ -21,8 +21,9 @@
 //! reclaimable; they are not heap and [`Binary::heap_bytes`] does not count them. They
 //! do count in this process's resident set while touched, so the pages read while
 //! parsing (symbol and string tables, `.eh_frame`) are dropped from it right after
-//! (`Binary::release_pages`), and the symbolizer drops the pages later reads touched
-//! whenever it trims its cache.
+//! (`Binary::release_pages`); the pages later reads touch are dropped after every
+//! 4 MiB a binary is named or decoded (`Binary::note_read`) and whenever the symbolizer
+//! trims its cache.
 //!
 //! A file truncated in place while it is mapped (not replaced: a new file at the same
 //! path is a new inode, see [`BinaryCache`]) would make reads past its new end fault with
