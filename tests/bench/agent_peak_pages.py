@@ -21,15 +21,9 @@ import sys
 import tempfile
 import time
 
+from agent_churn import proc_cpu, status_kib as status
+
 BIG = ("librustc_driver", "libLLVM.so.22")
-
-
-def status(pid, key):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    return 0
 
 
 def sections(path):
@@ -90,9 +84,7 @@ def main():
             if rss > highest:
                 highest, best = rss, resident_by_section(agent.pid)
             time.sleep(0.1)
-        with open(f"/proc/{agent.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        cpu = proc_cpu(agent.pid)
         hwm = status(agent.pid, "VmHWM")
     finally:
         for p in loads:
