@@ -1,7 +1,8 @@
 //! The PMU model: a taken-branch counter with an LBR ring and a cycle counter per
 //! thread, driven by the replayed trace, emitting the wire records real collection
 //! emits ([`BranchSample`] with `event = Branches`, [`IpSample`] with `event = Cycles`)
-//! into a [`SampleSet`], the same aggregation path.
+//! into a [`SampleSink`]: a [`SampleSet`], the same aggregation path, or a recorder
+//! (the aggregation benchmark, which times the aggregation apart from this model).
 //!
 //! Both perturbation layers are the production code of `cpi_common::policy`:
 //! * kernel: every counter overflow goes through [`ThinState::on_overflow`] with
@@ -44,6 +45,31 @@ use super::cycles::{Dynamic, Ending, RangeInfo};
 use super::shadow::Frames;
 use super::FastMap;
 use crate::profile::{CallStack, SampleSet, StackWeighting};
+
+/// Where the PMU model's records go.
+pub trait SampleSink {
+    /// A branch sample taken under call stack `stack`.
+    fn branch(&mut self, s: &BranchSample, stack: &CallStack);
+    /// A cycle sample taken under call stack `stack`.
+    fn ip(&mut self, s: &IpSample, stack: &CallStack);
+    /// The program was replaced (exec): what was sunk so far is dropped.
+    fn restart(&mut self);
+}
+
+impl SampleSink for SampleSet {
+    fn branch(&mut self, s: &BranchSample, stack: &CallStack) {
+        self.add_branch_with_stack(s, Some(stack));
+    }
+
+    fn ip(&mut self, s: &IpSample, stack: &CallStack) {
+        self.add_ip_with_stack(s, Some(stack))
+            .expect("the model emits known roles only");
+    }
+
+    fn restart(&mut self) {
+        *self = self.empty_like();
+    }
+}
 
 /// The counter whose overflow snapshots the branch stack.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -303,7 +329,7 @@ impl Pmu {
     /// under call stack `stack`.
     fn emit_stack(
         &mut self,
-        set: &mut SampleSet,
+        set: &mut impl SampleSink,
         tid: u32,
         ip: u64,
         weight: u64,
@@ -317,7 +343,7 @@ impl Pmu {
         }
         let nr = t.filled as u16;
         let h = self.header(SampleKind::Branch, tid, EventRole::Branches, weight, ip, nr);
-        set.add_branch_with_stack(&BranchSample { header: h, entries }, Some(stack));
+        set.branch(&BranchSample { header: h, entries }, stack);
         self.stats.branch_samples += 1;
     }
 
@@ -326,7 +352,7 @@ impl Pmu {
     /// `r.end → to`.
     pub(crate) fn on_range(
         &mut self,
-        set: &mut SampleSet,
+        set: &mut impl SampleSink,
         tid: u32,
         r: &RangeInfo,
         d: &Dynamic,
@@ -345,7 +371,7 @@ impl Pmu {
     /// skid puts them.
     fn count_cycles(
         &mut self,
-        set: &mut SampleSet,
+        set: &mut impl SampleSink,
         tid: u32,
         r: &RangeInfo,
         d: &Dynamic,
@@ -386,8 +412,7 @@ impl Pmu {
                 Some(w) => {
                     let h = self.header(SampleKind::Ip, tid, EventRole::Cycles, w, ip, 0);
                     let stack = frames.before(ip);
-                    set.add_ip_with_stack(&IpSample { header: h }, Some(&stack))
-                        .expect("Cycles is a known role");
+                    set.ip(&IpSample { header: h }, &stack);
                     self.stats.ip_samples += 1;
                     if self.cfg.branch_event == BranchEvent::Cycles {
                         // The LBR as it stands at this instruction: r's own taken
@@ -403,7 +428,7 @@ impl Pmu {
     /// The LBR and the taken-branch counter as range `r` ends (`ending`).
     fn count_branch(
         &mut self,
-        set: &mut SampleSet,
+        set: &mut impl SampleSink,
         tid: u32,
         r: &RangeInfo,
         d: &Dynamic,

@@ -13,12 +13,11 @@ use std::io::Read;
 
 use super::code::CodeMap;
 use super::cycles::{Dynamic, Ending, Predictor, RangeTable};
-use super::pmu::{Pmu, PmuConfig};
+use super::pmu::{Pmu, PmuConfig, SampleSink};
 use super::shadow::{ContextTree, Frames, ThreadStack};
 use super::trace::{Event, TraceError, TraceReader};
 use super::FastMap;
 use crate::procmap::ProcessMaps;
-use crate::profile::SampleSet;
 use crate::progress::{self, Unit};
 
 /// Trace records between progress updates (a few per second at replay speed).
@@ -164,10 +163,10 @@ pub struct Replay {
 impl Replay {
     /// Replays a whole trace; with `pmu`, the PMU model runs too and its samples go into
     /// `set`.
-    pub fn run<R: Read>(
+    pub fn run<R: Read, S: SampleSink>(
         &mut self,
         reader: R,
-        set: &mut SampleSet,
+        set: &mut S,
         pmu: Option<PmuConfig>,
     ) -> Result<(), TraceError> {
         self.run_models(reader, std::slice::from_mut(set), pmu.into_iter().collect())
@@ -175,10 +174,10 @@ impl Replay {
 
     /// Replays a whole trace once through several PMU models: the samples of `pmus[i]`
     /// go into `sets[i]` (one trace, many seeds: `sim::calibrate`).
-    pub(crate) fn run_models<R: Read>(
+    pub(crate) fn run_models<R: Read, S: SampleSink>(
         &mut self,
         reader: R,
-        sets: &mut [SampleSet],
+        sets: &mut [S],
         pmus: Vec<PmuConfig>,
     ) -> Result<(), TraceError> {
         let mut r = TraceReader::new(reader)?;
@@ -209,9 +208,7 @@ impl Replay {
                 Event::Exec => {
                     // A new program in the same process: start again (module doc).
                     self.restart(new_pmus(self.pid));
-                    for set in sets.iter_mut() {
-                        *set = set.empty_like();
-                    }
+                    sets.iter_mut().for_each(SampleSink::restart);
                     starts.clear();
                     stacks.clear();
                     (tid, start) = (self.pid, 0);
@@ -284,9 +281,9 @@ impl Replay {
     /// A taken-branch record of thread `tid`: its range `*start..=from` of `n`
     /// instructions ran; the next starts at `to`.
     #[inline(always)]
-    fn branch(
+    fn branch<S: SampleSink>(
         &mut self,
-        sets: &mut [SampleSet],
+        sets: &mut [S],
         tid: u32,
         start: &mut u64,
         from: u64,
@@ -301,9 +298,9 @@ impl Replay {
         *start = to;
     }
 
-    fn range(
+    fn range<S: SampleSink>(
         &mut self,
-        sets: &mut [SampleSet],
+        sets: &mut [S],
         tid: u32,
         start: u64,
         end: u64,
