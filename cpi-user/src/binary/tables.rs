@@ -44,11 +44,13 @@ pub(super) fn symtab_of<'d, 'f>(
 
 impl Tables {
     /// Parses `data`; the symbol table comes from `debug` (a separate debug file's bytes)
-    /// when `data` has none.
+    /// when `data` has none. `release` drops the pages read so far from the resident
+    /// set; it is called as the symbol tables are walked.
     pub(super) fn parse(
         path: &Path,
         data: &[u8],
         debug: Option<&[u8]>,
+        release: &dyn Fn(),
     ) -> Result<Tables, BinaryError> {
         let file = open_x86_64(path, data)?;
         let malformed = |what: String| BinaryError::Malformed {
@@ -66,7 +68,7 @@ impl Tables {
         };
         let debug_file = debug.and_then(|d| object::File::parse(d).ok());
         let (bounds, mut funcs) =
-            function_candidates(path, &file, debug_file.as_ref(), &malformed)?;
+            function_candidates(path, &file, debug_file.as_ref(), &malformed, release)?;
         // PLT stubs first: they win over the linker's FDE at the same start. (Moved in
         // place: a new vector beside this one held both at once.)
         let plt = plt_stubs(&file, &funcs);
@@ -149,14 +151,15 @@ fn function_candidates<'d>(
     file: &object::File<'d>,
     debug_file: Option<&object::File<'d>>,
     malformed: &dyn Fn(String) -> BinaryError,
+    release: &dyn Fn(),
 ) -> Result<(BoundsSource, Vec<Cand<'d>>), BinaryError> {
     let symtab = symtab_of(file, debug_file);
     let symtab_funcs = match &symtab {
-        Some(t) => collect_symbols(t),
+        Some(t) => collect_symbols(t, release),
         None => Vec::new(),
     };
     let dyn_funcs = (file.dynamic_symbol_table())
-        .map(|t| collect_symbols(&t))
+        .map(|t| collect_symbols(&t, release))
         .unwrap_or_default();
     if !symtab_funcs.is_empty() {
         let mut f = symtab_funcs;
@@ -248,8 +251,10 @@ pub(super) fn offset_in(whole: &[u8], part: &[u8]) -> Option<usize> {
 pub(super) fn bolt_ordinals<'a>(
     table: &object::SymbolTable<'_, '_>,
     functions: impl Iterator<Item = (u64, &'a [u8])>,
+    release: &dyn Fn(),
 ) -> Vec<u32> {
     let mut locals: Vec<(u64, &[u8])> = (table.symbols())
+        .inspect(|s| released_every(s.index().0, release))
         .filter(|s| s.is_local() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Data))
         .filter_map(|s| Some((s.address(), s.name_bytes().ok()?)))
         .filter(|(_, n)| !n.is_empty())
@@ -257,11 +262,12 @@ pub(super) fn bolt_ordinals<'a>(
     locals.sort_unstable();
     let mut seen: HashMap<&[u8], u32, foldhash::fast::RandomState> =
         HashMap::with_capacity_and_hasher(locals.len(), Default::default());
-    let mut next = locals.iter().peekable();
+    let mut next = locals.iter().enumerate().peekable();
     functions
         .map(|(start, name)| {
             let mut ordinal = 0;
-            while let Some(&(addr, n)) = next.next_if(|l| l.0 <= start) {
+            while let Some((k, &(addr, n))) = next.next_if(|l| l.1 .0 <= start) {
+                released_every(k, release);
                 let count = seen.entry(n).or_default();
                 *count += 1;
                 if addr == start && n == name {
@@ -273,34 +279,73 @@ pub(super) fn bolt_ordinals<'a>(
         .collect()
 }
 
-/// Text symbols with an address, one per start address. Sorted as (start, index) pairs,
-/// 16 bytes a symbol, and ranked only where symbols share a start: sorting every symbol
-/// with its rank and name took 80 bytes a symbol at once (Rust's libLLVM 22 has 258 000
-/// symbols).
-pub(super) fn collect_symbols<'d>(table: &object::SymbolTable<'d, '_>) -> Vec<Cand<'d>> {
+/// Symbols read between two calls of the release hook while a symbol table is walked
+/// ([`collect_symbols`], [`bolt_ordinals`]); fewer in tests, whose own executable (the
+/// binary they parse) has about 20 000.
+const SYMBOLS_PER_RELEASE: usize = if cfg!(test) { 1_024 } else { 16_384 };
+
+/// Text symbols with an address, one per start address, in symbol-table order. Sorted
+/// as (start, index) pairs, 16 bytes a symbol, and ranked only where symbols share a
+/// start: sorting every symbol with its rank and name took 80 bytes a symbol at once
+/// (Rust's libLLVM 22 has 258 000 symbols). The names are then read in table order,
+/// which is how the linker laid them out, calling `release` every
+/// [`SYMBOLS_PER_RELEASE`]: read in address order, libLLVM 22's 17 MiB of names were
+/// resident at once until the parse ended (BENCHMARKS.md, "Agent memory on a build
+/// host").
+pub(super) fn collect_symbols<'d>(
+    table: &object::SymbolTable<'d, '_>,
+    release: &dyn Fn(),
+) -> Vec<Cand<'d>> {
     let mut at: Vec<(u64, usize)> = (table.symbols())
+        .inspect(|s| released_every(s.index().0, release))
         .filter(|s| s.kind() == SymbolKind::Text && s.address() != 0 && !s.is_undefined())
         .map(|s| (s.address(), s.index().0))
         .collect();
     at.sort_unstable();
-    let mut out = Vec::with_capacity(at.chunk_by(|a, b| a.0 == b.0).count());
-    for same in at.chunk_by(|a, b| a.0 == b.0) {
-        let best = (same.iter())
-            .filter_map(|&(_, i)| {
-                let s = table.symbol_by_index(object::SymbolIndex(i)).ok()?;
-                let name = s.name().ok()?;
-                Some((AliasRank::of(&s, name), s.size()))
-            })
-            .min_by(|a, b| a.0.cmp(&b.0));
-        if let Some((rank, size)) = best {
+    // The symbol each start keeps, as (index, start), put in table order.
+    let mut kept: Vec<(usize, u64)> = (at.chunk_by(|a, b| a.0 == b.0))
+        .filter_map(|same| match same {
+            [(start, i)] => Some((*i, *start)),
+            _ => Some((best_of(table, same)?, same[0].0)),
+        })
+        .collect();
+    drop(at);
+    kept.sort_unstable();
+    let mut out = Vec::with_capacity(kept.len());
+    for (n, &(i, start)) in kept.iter().enumerate() {
+        released_every(n, release);
+        let Ok(s) = table.symbol_by_index(object::SymbolIndex(i)) else {
+            continue;
+        };
+        if let Ok(name) = s.name() {
             out.push(Cand {
-                name: Some(Cow::Borrowed(rank.name)),
-                start: same[0].0,
-                size,
+                name: Some(Cow::Borrowed(name)),
+                start,
+                size: s.size(),
             });
         }
     }
     out
+}
+
+/// Calls `release` on every [`SYMBOLS_PER_RELEASE`]th `n` after the first.
+fn released_every(n: usize, release: &dyn Fn()) {
+    if n > 0 && n.is_multiple_of(SYMBOLS_PER_RELEASE) {
+        release();
+    }
+}
+
+/// The index of the best-ranked of symbols `same` (pairs of one start), if any has a
+/// name.
+fn best_of(table: &object::SymbolTable<'_, '_>, same: &[(u64, usize)]) -> Option<usize> {
+    (same.iter())
+        .filter_map(|&(_, i)| {
+            let s = table.symbol_by_index(object::SymbolIndex(i)).ok()?;
+            let name = s.name().ok()?;
+            Some((AliasRank::of(&s, name), i))
+        })
+        .min_by(|a, b| a.0.cmp(&b.0))
+        .map(|(_, i)| i)
 }
 
 /// Which of several names at one address is shown: perf's `choose_best_symbol`
