@@ -62,6 +62,8 @@ def resident_by_section(pid):
 
 
 def main():
+    if len(sys.argv) != 3 or not sys.argv[2].isdigit():
+        sys.exit("usage: tests/bench/agent_peak_pages.py BINARY SECONDS")
     binary, secs = sys.argv[1], int(sys.argv[2])
     work = tempfile.mkdtemp(prefix="cpi-peak-")
     with open(os.path.join(work, "small.rs"), "w") as f:
