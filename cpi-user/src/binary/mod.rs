@@ -845,6 +845,47 @@ mod tests {
         );
     }
 
+    /// A symbol without a size (crtstuff's `frame_dummy`) is a function up to the next
+    /// symbol, as perf sizes it: its end is the next text symbol `nm -n` lists.
+    #[test]
+    fn unsized_symbols_run_to_the_next_symbol() {
+        let Some(t) = TestProgram::get("analysis_loops") else {
+            return;
+        };
+        let bin = Binary::open(&t.plain).unwrap();
+        let out = std::process::Command::new("nm")
+            .args(["-n", "-S", "--defined-only"])
+            .arg(&t.plain)
+            .output()
+            .unwrap();
+        // (address, has a size, type, name) of each symbol, in address order.
+        let listed = String::from_utf8(out.stdout).unwrap();
+        let syms: Vec<(u64, bool, &str, &str)> = (listed.lines())
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let addr = u64::from_str_radix(f[0], 16).ok()?;
+                match f[..] {
+                    [_, _, kind, name] => Some((addr, true, kind, name)),
+                    [_, kind, name] => Some((addr, false, kind, name)),
+                    _ => None,
+                }
+            })
+            .collect();
+        let text = |k: &str| k.eq_ignore_ascii_case("t");
+        let i = (syms.iter())
+            .position(|s| s.3 == "frame_dummy")
+            .expect("gcc's crtstuff");
+        assert!(!syms[i].1, "frame_dummy has no size: {:?}", syms[i]);
+        let next = (syms[i + 1..].iter())
+            .find(|s| text(s.2) && s.0 > syms[i].0)
+            .expect("a symbol after frame_dummy");
+        let f = bin
+            .function_at(syms[i].0 + 1)
+            .expect("frame_dummy is a function");
+        assert_eq!((f.name.as_str(), f.start), ("frame_dummy", syms[i].0));
+        assert_eq!(f.start + f.size, next.0, "ends where {} starts", next.3);
+    }
+
     #[test]
     fn not_elf_and_truncated_elf_are_errors() {
         let e = Binary::parse(Path::new("x"), b"hello").unwrap_err();

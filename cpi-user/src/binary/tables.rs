@@ -73,8 +73,8 @@ impl Tables {
         // place: a new vector beside this one held both at once.)
         let plt = plt_stubs(&file, &funcs);
         funcs.splice(0..0, plt);
-        funcs.retain(|f| f.size > 0 && in_code(f.start));
-        let funcs = normalise(funcs);
+        funcs.retain(|f| in_code(f.start));
+        let funcs = normalise(funcs, &code);
         let (functions, owned_names) = function_entries(&funcs, data, debug);
         Ok(Tables {
             build_id,
@@ -513,12 +513,14 @@ fn stub_target(stub: &[u8], at: u64) -> Option<u64> {
     None
 }
 
-/// Sorts, drops duplicate starts (first wins: callers put the better source first) and
-/// trims overlaps so lookups are unambiguous.
-fn normalise(mut funcs: Vec<Cand<'_>>) -> Vec<Cand<'_>> {
+/// Sorts, drops duplicate starts (a sized one first, then the first given: callers put
+/// the better source first), sizes symbols that have none and trims overlaps so lookups
+/// are unambiguous.
+fn normalise<'d>(mut funcs: Vec<Cand<'d>>, code: &[CodeRange]) -> Vec<Cand<'d>> {
     // Stable sort keeps the caller's preference order among equal starts.
-    funcs.sort_by_key(|f| f.start);
+    funcs.sort_by_key(|f| (f.start, f.size == 0));
     funcs.dedup_by_key(|f| f.start);
+    size_unsized(&mut funcs, code);
     for i in 1..funcs.len() {
         let next = funcs[i].start;
         let prev = &mut funcs[i - 1];
@@ -527,4 +529,25 @@ fn normalise(mut funcs: Vec<Cand<'_>>) -> Vec<Cand<'_>> {
         }
     }
     funcs
+}
+
+/// A symbol without a size (crtstuff's `frame_dummy`, assembly without `.size`) runs to
+/// the next start or the end of its code, as perf sizes it (`symbols__fixup_end`) and
+/// llvm-bolt names it; one inside a sized function is a label in it and is dropped.
+/// `funcs` is sorted by start, one per start.
+fn size_unsized(funcs: &mut Vec<Cand<'_>>, code: &[CodeRange]) {
+    let mut covered = 0;
+    for i in 0..funcs.len() {
+        let start = funcs[i].start;
+        if funcs[i].size == 0 && start >= covered {
+            let next = funcs.get(i + 1).map_or(u64::MAX, |f| f.start);
+            let end = (code.iter())
+                .map(|c| c.vaddr..c.vaddr + c.len as u64)
+                .find(|c| c.contains(&start))
+                .map_or(start, |c| c.end);
+            funcs[i].size = next.min(end) - start;
+        }
+        covered = covered.max(start.saturating_add(funcs[i].size));
+    }
+    funcs.retain(|f| f.size > 0);
 }
