@@ -200,19 +200,14 @@ impl Ctx<'_> {
                 )),
             }
         }
-        let mut kept: Vec<InstructionProfile> = (lines.into_iter())
+        lines
+            .into_iter()
             .filter(|(l, _)| l.samples > 0)
             .map(|(mut l, c)| {
                 l.cycles = (c.samples > 0).then_some(c.weight as f64);
                 l
             })
-            .collect();
-        // Collected in place, `kept` holds the buffer of `lines`: its pairs are larger
-        // and its capacity grew by doubling. The profile keeps these rows for the whole
-        // window (10 MiB of the agent's heap at its peak on a build host: BENCHMARKS.md,
-        // "Agent memory on a build host").
-        kept.shrink_to_fit();
-        kept
+            .collect()
     }
 }
 
