@@ -138,12 +138,19 @@ struct EdgeTable {
     stats: Vec<TakenStat>,
 }
 
+/// The index of `key` in `index`; when new, `rows` (the table's row count, where the
+/// caller pushes its row) and `true`.
+fn index_or_add(index: &mut FastMap<(u64, u64), u32>, key: (u64, u64), rows: usize) -> (u32, bool) {
+    let next = rows as u32;
+    let i = *index.entry(key).or_insert(next);
+    (i, i == next)
+}
+
 impl EdgeTable {
     /// The index of edge `key`, added empty when new.
     fn slot(&mut self, key: (u64, u64)) -> u32 {
-        let next = self.stats.len() as u32;
-        let i = *self.index.entry(key).or_insert(next);
-        if i == next {
+        let (i, new) = index_or_add(&mut self.index, key, self.stats.len());
+        if new {
             self.stats.push(TakenStat::default());
         }
         i
@@ -180,13 +187,12 @@ struct RangeSums {
 impl RangeTable {
     /// The index of range `key`, added empty when new.
     fn slot(&mut self, key: (u64, u64)) -> usize {
-        let next = self.sums.len() as u32;
-        let i = *self.index.entry(key).or_insert(next) as usize;
-        if i == self.sums.len() {
+        let (i, new) = index_or_add(&mut self.index, key, self.sums.len());
+        if new {
             self.sums.push(RangeSums::default());
             self.groups.push([[0.0; 3]; GROUPS]);
         }
-        i
+        i as usize
     }
 
     /// Range `i` as [`RangeStat`].

@@ -273,17 +273,15 @@ impl StackAggregate {
                     continue;
                 }
                 let range = (older.to, newer.from);
-                let key = match rebuilt {
-                    Some((callers, _)) => (u64::from(callers), range.0, range.1),
+                let callers = rebuilt.map(|(callers, _)| callers);
+                let key = match callers {
+                    Some(c) => (u64::from(c), range.0, range.1),
                     None => self.own_key(id, range),
                 };
                 let (p, i) = match self.ranges_at.get(&key) {
                     Some(&at) => at,
                     None => {
-                        let at = match rebuilt {
-                            Some((callers, _)) => self.trie.child(callers, range.0, &mut added),
-                            None => id,
-                        };
+                        let at = callers.map_or(id, |c| self.trie.child(c, range.0, &mut added));
                         self.add_range(key, at, range, now)
                     }
                 };
