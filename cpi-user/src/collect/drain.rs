@@ -1143,12 +1143,12 @@ mod tests {
             let mut d = Drain::new(3, StackMemory::default());
             d.add(&record(entries));
             assert_eq!(d.malformed, 0);
-            let mut got: Vec<_> = d.set.processes[&42]
-                .stacks
+            let stacks = &d.set.processes[&42].stacks;
+            let mut got: Vec<_> = stacks
                 .iter()
-                .filter(|(_, st)| !st.ranges.is_empty())
+                .filter(|(_, st)| stacks.ranges_of(st).len() > 0)
                 .map(|(k, st)| {
-                    let mut r: Vec<(u64, u64)> = st.ranges.iter().map(|r| r.0).collect();
+                    let mut r: Vec<(u64, u64)> = stacks.ranges_of(st).map(|r| *r.0).collect();
                     r.sort();
                     (k.user.to_vec(), r)
                 })

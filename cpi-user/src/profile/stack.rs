@@ -90,7 +90,10 @@ pub struct CallStack {
 }
 
 /// A range [start, end] that ran under one stack, weighted like the process's ranges.
+/// `repr(C)` keeps the sums a record adds to ahead of the groups, in its row's first
+/// cache line ([`RangeRow`]).
 #[derive(Clone, Debug, Default, PartialEq)]
+#[repr(C)]
 pub struct StackRange {
     /// Estimated executions (Σ period / window).
     pub count: f64,
@@ -109,11 +112,26 @@ pub struct StackStat {
     pub cycles_groups: Groups,
     /// Branch samples taken under the stack.
     pub branch_samples: u64,
-    /// The ranges of those samples' windows, by (first, last instruction address), in
-    /// the order first seen; each once.
-    pub ranges: Vec<((u64, u64), StackRange)>,
-    /// When the stack was last used (the aggregate's clock), for eviction.
+    /// The ranges of those samples' windows, as rows of the aggregate's
+    /// [`StackAggregate::rows`], in the order first seen; each range once
+    /// ([`StackAggregate::ranges_of`] reads them).
+    rows: Vec<u32>,
+    /// When the stack's own samples were last counted (the aggregate's clock); its
+    /// ranges keep their own ([`RangeRow::last_use`]).
     last_use: u64,
+}
+
+/// A range under a stack, with when it was last counted: all a record of a window
+/// touches besides its key, so a record reads no [`StackStat`] (its `last_use` was 12 %
+/// of aggregating a branch sample, BENCHMARKS.md "PMU model / aggregation").
+#[derive(Clone, Debug, Default)]
+#[repr(C)]
+struct RangeRow {
+    /// When the range was last counted under the stack, for eviction.
+    last_use: u64,
+    /// (first, last instruction address).
+    range: (u64, u64),
+    stat: StackRange,
 }
 
 impl StackStat {
@@ -131,12 +149,14 @@ pub struct StackAggregate {
     /// What ran under each stack that has samples, with its node; a node's payload is
     /// its index here.
     stats: Vec<(u32, StackStat)>,
-    /// Where each range that ran under a stack is counted: its [`RangeKey`] → (the
-    /// stack's index in `stats`, the range's in its `ranges`). A range's rebuilt stack
-    /// is keyed by its callers' node, so a range costs this one lookup, not the trie's
-    /// child as well (the two were 46 % of aggregating a branch sample, BENCHMARKS.md
-    /// "PMU model / aggregation").
-    ranges_at: FastMap<RangeKey, (u32, u32)>,
+    /// The ranges that ran under each stack, a row each (listed by the stack's
+    /// [`StackStat`]).
+    rows: Vec<RangeRow>,
+    /// Where each range that ran under a stack is counted: its [`RangeKey`] → its row.
+    /// A range's rebuilt stack is keyed by its callers' node, so a range costs this one
+    /// lookup, not the trie's child as well (the two were 46 % of aggregating a branch
+    /// sample, BENCHMARKS.md "PMU model / aggregation").
+    ranges_at: FastMap<RangeKey, u32>,
     /// Samples that carried no stack (the writer could not take one).
     pub unstacked: u64,
     /// What ran under the stacks evicted to stay within the set's bound (IP samples
@@ -159,11 +179,11 @@ const OWN: u64 = 1 << 32;
 /// Estimated heap bytes of one stack's statistics (its frames are the trie's).
 fn stat_bytes(stat: &StackStat) -> usize {
     // Hash-table slots carry their key and value plus about one control byte and load
-    // slack: counted as 1.5× the slot; each range has one in `ranges_at`.
+    // slack: counted as 1.5× the slot; each range has one in `ranges_at`, and a row.
     size_of::<(u32, StackStat)>()
         + stat.ips.len() * 48
-        + stat.ranges.capacity() * size_of::<((u64, u64), StackRange)>()
-        + stat.ranges.len() * size_of::<(RangeKey, (u32, u32))>() * 3 / 2
+        + stat.rows.capacity() * size_of::<u32>()
+        + stat.rows.len() * (size_of::<RangeRow>() + size_of::<(RangeKey, u32)>() * 3 / 2)
 }
 
 impl StackAggregate {
@@ -191,6 +211,18 @@ impl StackAggregate {
     pub fn get(&self, stack: &CallStack) -> Option<&StackStat> {
         let p = self.trie.payload(self.trie.find(stack)?);
         self.stats.get(p as usize).map(|s| &s.1)
+    }
+
+    /// The ranges that ran under a stack of this aggregate (`stat`, from [`Self::iter`]
+    /// or [`Self::get`]), by (first, last instruction address), in the order first seen.
+    pub fn ranges_of<'a>(
+        &'a self,
+        stat: &'a StackStat,
+    ) -> impl ExactSizeIterator<Item = (&'a (u64, u64), &'a StackRange)> + 'a {
+        stat.rows.iter().map(|&j| {
+            let row = &self.rows[j as usize];
+            (&row.range, &row.stat)
+        })
     }
 
     /// The node of `stack`, added when new, and its user frames' base (the node of its
@@ -278,16 +310,16 @@ impl StackAggregate {
                     Some(c) => (u64::from(c), range.0, range.1),
                     None => self.own_key(id, range),
                 };
-                let (p, i) = match self.ranges_at.get(&key) {
-                    Some(&at) => at,
+                let j = match self.ranges_at.get(&key) {
+                    Some(&j) => j,
                     None => {
                         let at = callers.map_or(id, |c| self.trie.child(c, range.0, &mut added));
                         self.add_range(key, at, range, now)
                     }
                 };
-                let stat = &mut self.stats[p as usize].1;
-                stat.last_use = now;
-                let r = &mut stat.ranges[i as usize].1;
+                let row = &mut self.rows[j as usize];
+                row.last_use = now;
+                let r = &mut row.stat;
                 r.count += w;
                 r.hits += 1;
                 r.groups.add(group, w);
@@ -304,17 +336,25 @@ impl StackAggregate {
         }
     }
 
-    /// Adds `range`, keyed `key`, to node `at`'s statistics (added when new): its
-    /// indices in `stats` and that stack's `ranges`.
-    fn add_range(&mut self, key: RangeKey, at: u32, range: (u64, u64), now: u64) -> (u32, u32) {
-        let mut i = 0;
-        self.update(at, now, |s| {
-            i = s.ranges.len() as u32;
-            s.ranges.push((range, StackRange::default()));
+    /// Adds `range`, keyed `key`, to node `at`'s statistics (added when new): its row.
+    fn add_range(&mut self, key: RangeKey, at: u32, range: (u64, u64), now: u64) -> u32 {
+        let j = self.rows.len() as u32;
+        self.rows.push(RangeRow {
+            last_use: now,
+            range,
+            stat: StackRange::default(),
         });
-        let p = self.trie.payload(at);
-        self.ranges_at.insert(key, (p, i));
-        (p, i)
+        self.update(at, now, |s| s.rows.push(j));
+        self.ranges_at.insert(key, j);
+        j
+    }
+
+    /// When each stack (by its index in `stats`) was last used: its own samples or
+    /// any of its ranges.
+    fn last_uses(&self) -> Vec<u64> {
+        let row = |j: &u32| self.rows[*j as usize].last_use;
+        let last = |s: &StackStat| s.rows.iter().map(row).fold(s.last_use, u64::max);
+        self.stats.iter().map(|(_, s)| last(s)).collect()
     }
 
     /// The rebuilt stack (callers' node, leaf) before the taken branch `e` ran, from
@@ -357,23 +397,32 @@ impl StackAggregate {
     /// When each stack was last used, with the bytes evicting it (and every stack used
     /// before it) frees: its statistics and the nodes no stack used later needs.
     pub(super) fn ages(&self) -> impl Iterator<Item = (u64, usize)> + '_ {
-        let last_use = |p: u32| self.stats[p as usize].1.last_use;
+        let last_use = self.last_uses();
         let mut newest_first: Vec<u32> = (0..self.stats.len() as u32).collect();
-        newest_first.sort_unstable_by_key(|&p| std::cmp::Reverse(last_use(p)));
+        newest_first.sort_unstable_by_key(|&p| std::cmp::Reverse(last_use[p as usize]));
         let order = newest_first.into_iter().map(|p| self.stats[p as usize].0);
         let owned = self.trie.owned_by(order);
         owned.into_iter().map(move |(id, nodes)| {
-            let stat = &self.stats[self.trie.payload(id) as usize].1;
-            (stat.last_use, stat_bytes(stat) + nodes * NODE_BYTES)
+            let p = self.trie.payload(id) as usize;
+            (
+                last_use[p],
+                stat_bytes(&self.stats[p].1) + nodes * NODE_BYTES,
+            )
         })
     }
 
     /// Drops the stacks last used at or before `cut`, counting their samples in
     /// [`Self::dropped`], and the nodes only they needed.
     pub(super) fn evict_used_by(&mut self, cut: u64) {
-        for (id, stat) in std::mem::take(&mut self.stats) {
+        let last_use = self.last_uses();
+        let mut rows = std::mem::take(&mut self.rows);
+        for ((id, mut stat), last) in std::mem::take(&mut self.stats).into_iter().zip(last_use) {
             self.trie.set_payload(id, NONE);
-            if stat.last_use > cut {
+            if last > cut {
+                for j in &mut stat.rows {
+                    self.rows.push(std::mem::take(&mut rows[*j as usize]));
+                    *j = self.rows.len() as u32 - 1;
+                }
                 self.trie.set_payload(id, self.stats.len() as u32);
                 self.stats.push((id, stat));
                 continue;
@@ -390,11 +439,10 @@ impl StackAggregate {
             self.stats[p as usize].0 = id;
         }
         self.ranges_at = FastMap::default();
-        for p in 0..self.stats.len() {
-            let id = self.stats[p].0;
-            for i in 0..self.stats[p].1.ranges.len() {
-                let key = self.own_key(id, self.stats[p].1.ranges[i].0);
-                self.ranges_at.insert(key, (p as u32, i as u32));
+        for (id, stat) in &self.stats {
+            for &j in &stat.rows {
+                let key = self.own_key(*id, self.rows[j as usize].range);
+                self.ranges_at.insert(key, j);
             }
         }
         let stats: usize = self.stats.iter().map(|s| stat_bytes(&s.1)).sum();
@@ -430,13 +478,8 @@ mod tests {
         let at_sample = stack(&[0x210, 0x9000]);
         agg.add_branch(&at_sample, Some((10.0, &entries)), 0, 1);
         let ranges = |user: &[u64]| {
-            let mut r: Vec<(u64, u64)> = agg
-                .get(&stack(user))
-                .unwrap()
-                .ranges
-                .iter()
-                .map(|r| r.0)
-                .collect();
+            let st = agg.get(&stack(user)).unwrap();
+            let mut r: Vec<(u64, u64)> = agg.ranges_of(st).map(|r| *r.0).collect();
             r.sort();
             r
         };
@@ -456,13 +499,47 @@ mod tests {
             "main before the call"
         );
         assert_eq!(agg.get(&at_sample).unwrap().branch_samples, 1);
-        assert!(agg.get(&at_sample).unwrap().ranges.is_empty());
+        assert_eq!(agg.ranges_of(agg.get(&at_sample).unwrap()).len(), 0);
         // Untyped entries: every range stays with the sample's stack.
         let untyped: Vec<BranchEntry> = entries.iter().map(|x| x.with_type(0)).collect();
         let mut agg = StackAggregate::default();
         agg.add_branch(&at_sample, Some((10.0, &untyped)), 0, 1);
         assert_eq!(agg.len(), 1);
-        assert_eq!(agg.get(&at_sample).unwrap().ranges.len(), 3);
+        assert_eq!(agg.ranges_of(agg.get(&at_sample).unwrap()).len(), 3);
+    }
+
+    /// A stack whose ranges were counted lately stays, however old its own samples;
+    /// after an eviction its ranges are found and counted in place.
+    #[test]
+    fn eviction_keeps_the_stacks_whose_ranges_are_in_use() {
+        use cpi_common::wire::branch_type as bt;
+        let e = |from, to, t| BranchEntry::new(from, to, false, 0).with_type(t);
+        // As in the test above: f's range runs under a stack rebuilt from the window,
+        // whose own samples (none) never say it is in use.
+        let entries = [
+            e(0x120, 0x200, bt::UNCOND),
+            e(0x1010, 0x105, bt::RET),
+            e(0x100, 0x1000, bt::CALL),
+            e(0x50, 0x80, bt::UNCOND),
+        ];
+        let (at_sample, gone) = (stack(&[0x210, 0x9000]), stack(&[0x500, 0x9000]));
+        let f = stack(&[0x1000, 0x105, 0x9000]);
+        let mut a = StackAggregate::default();
+        a.add_branch(&at_sample, Some((10.0, &entries)), 0, 1);
+        a.add_ip(&gone, EventRole::CpuClock, 1, 0, 2);
+        a.add_branch(&at_sample, Some((10.0, &entries)), 1, 3);
+        a.evict_used_by(2);
+        assert!(a.get(&gone).is_none(), "the stack last used at 2 went");
+        assert_eq!(a.dropped.samples(), 1);
+        let total: usize = a.ages().map(|x| x.1).sum();
+        assert_eq!(total, a.bytes(), "the kept rows are counted once");
+        a.add_branch(&at_sample, Some((10.0, &entries)), 2, 4);
+        let st = a.get(&f).expect("f's stack, its range counted at 3, stays");
+        let ranges: Vec<_> = a.ranges_of(st).collect();
+        assert_eq!(ranges.len(), 1);
+        assert_eq!((*ranges[0].0, ranges[0].1.hits), ((0x1000, 0x1010), 3));
+        assert_eq!(ranges[0].1.count, 30.0);
+        assert_eq!(a.ranges_at.len(), a.rows.len(), "one key a row");
     }
 
     #[test]
@@ -480,9 +557,10 @@ mod tests {
         a.add_ip(&s, EventRole::Cycles, 1000, 2, 3);
         let st = a.get(&s).unwrap();
         assert_eq!(st.branch_samples, 2);
-        assert_eq!(st.ranges.len(), 1, "the backward range is left out");
-        assert_eq!(st.ranges[0].0, (0x1000, 0x1008));
-        assert_eq!(st.ranges[0].1.count, 50.0);
+        let ranges: Vec<_> = a.ranges_of(st).collect();
+        assert_eq!(ranges.len(), 1, "the backward range is left out");
+        assert_eq!(*ranges[0].0, (0x1000, 0x1008));
+        assert_eq!(ranges[0].1.count, 50.0);
         assert_eq!(st.ips[&EventRole::Cycles], (1, 1000));
         assert_eq!(st.cycles_groups.total(), 1000.0);
         assert_eq!(st.samples(), 3);
@@ -648,11 +726,12 @@ mod tests {
         let mut got = HashMap::new();
         for (s, st) in agg.iter() {
             got.insert((s.clone(), None), 0);
-            for (r, v) in &st.ranges {
+            for (r, v) in agg.ranges_of(st) {
                 got.insert((s.clone(), Some(*r)), v.hits);
             }
-            let distinct: std::collections::HashSet<_> = st.ranges.iter().map(|r| r.0).collect();
-            assert_eq!(distinct.len(), st.ranges.len(), "a range twice under {s:?}");
+            let distinct: std::collections::HashSet<_> = agg.ranges_of(st).map(|r| r.0).collect();
+            let n = agg.ranges_of(st).len();
+            assert_eq!(distinct.len(), n, "a range twice under {s:?}");
         }
         let only = |a: &HashMap<_, u64>, b: &HashMap<_, u64>| {
             let mut v: Vec<_> = a.iter().filter(|(k, n)| b.get(*k) != Some(*n)).collect();

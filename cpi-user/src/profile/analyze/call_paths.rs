@@ -55,7 +55,7 @@ impl Ctx<'_> {
             if !ranged {
                 break;
             }
-            for (&(start, end), r) in sorted(stat.ranges.iter().map(|(k, r)| (k, r))) {
+            for (&(start, end), r) in sorted(agg.ranges_of(stat)) {
                 let s = res.resolve(self.sym, &mut self.binaries, start);
                 let e = res.resolve(self.sym, &mut self.binaries, end);
                 // Ranges the process drops (counted in `lost.invalid_ranges`) are
