@@ -19,6 +19,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::cfg::Sweep;
 use super::demangle::{demangle, may_be_mangled};
 use super::kallsyms::{Kallsyms, KernelSymbols};
 use super::negative::Failures;
@@ -188,7 +189,7 @@ struct PerfFile {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Form {
     Instructions,
-    Starts,
+    Sweep,
     Name,
     /// The instruction holding this address ([`Symbolizer::instructions_holding`]).
     Holding(u64),
@@ -199,8 +200,8 @@ enum Form {
 enum Decoding {
     /// Every instruction, formatted ([`Symbolizer::decode`]).
     Instructions(Arc<[Instruction]>),
-    /// Instruction starts ([`super::cfg::instruction_starts`]).
-    Starts(Arc<[u32]>),
+    /// Where each instruction starts ([`Sweep`]).
+    Sweep(Arc<Sweep>),
     /// The demangled name ([`Symbolizer::display_name`]).
     Name(Arc<str>),
     /// One instruction, formatted, or none ([`Symbolizer::instructions_holding`]).
@@ -210,7 +211,7 @@ enum Decoding {
 /// A decoded function in the cache.
 struct Decoded {
     value: Decoding,
-    /// Heap bytes: the instructions (and their text) or starts, and the entry.
+    /// Heap bytes: the instructions (and their text) or sweep, and the entry.
     bytes: u64,
     /// Clock of its last use.
     used: u64,
@@ -219,16 +220,12 @@ struct Decoded {
 /// Heap bytes of a cache entry besides its contents (key, entry, `Arc` counts).
 const ENTRY_BYTES: usize = size_of::<DecodedKey>() + size_of::<Decoded>() + 2 * size_of::<usize>();
 
-/// The instruction of `func`'s linear sweep (`starts`, offsets into `code`) that holds
-/// `addr`, decoded and formatted.
-fn holding(func: &Function, code: &[u8], starts: &[u32], addr: u64) -> Option<Instruction> {
-    let (ends, heads) = (&starts[1..], &starts[..starts.len() - 1]);
+/// The instruction of `func`'s linear sweep (over `code`) that holds `addr`, decoded and
+/// formatted.
+fn holding(func: &Function, code: &[u8], sweep: &Sweep, addr: u64) -> Option<Instruction> {
     let off = u32::try_from(addr.checked_sub(func.start)?).ok()?;
-    let i = heads.partition_point(|&s| s <= off).checked_sub(1)?;
-    (off < ends[i]).then(|| {
-        let at = heads[i] as usize;
-        super::cfg::decode_one(func.start + at as u64, &code[at..])
-    })
+    let at = sweep.holding(off)? as usize;
+    Some(super::cfg::decode_one(func.start + at as u64, &code[at..]))
 }
 
 /// What [`Symbolizer::trim`] can drop.
@@ -292,7 +289,7 @@ impl Symbolizer {
 
     /// For each of `addrs`, the instruction of `func`'s linear sweep (the one
     /// [`Symbolizer::decode`] gives) that holds it, decoded and formatted alone; `None`
-    /// where none does. It costs what the addresses do: the sweep's instruction starts
+    /// where none does. It costs what the addresses do: the sweep's instruction lengths
     /// (4 bytes per instruction) and each address's instruction are cached, not the
     /// function's other instructions, so an address sampled again in a later window of
     /// the agent costs a lookup. Time profiles use it for their sampled instructions
@@ -303,9 +300,9 @@ impl Symbolizer {
         func: &Function,
         addrs: &[u64],
     ) -> Result<Vec<Option<Instruction>>, BinaryError> {
-        // The function's bytes and starts only on a miss: reading them faults the
+        // The function's bytes and sweep only on a miss: reading them faults the
         // binary's pages in again after each trim.
-        let mut sweep: Option<(&[u8], Arc<[u32]>)> = None;
+        let mut sweep: Option<(&[u8], Arc<Sweep>)> = None;
         let mut found = Vec::with_capacity(addrs.len());
         for &a in addrs {
             let key = (bin.id, func.start, func.size, Form::Holding(a));
@@ -313,11 +310,11 @@ impl Symbolizer {
                 Some(Decoding::Holding(ins)) => ins,
                 Some(_) => unreachable!("keyed apart"),
                 None => {
-                    let (code, starts) = match &sweep {
+                    let (code, lens) = match &sweep {
                         Some(s) => s.clone(),
                         None => sweep.insert(self.sweep(bin, func)?).clone(),
                     };
-                    let ins = holding(func, code, &starts, a).map(Arc::new);
+                    let ins = holding(func, code, &lens, a).map(Arc::new);
                     let bytes = ins
                         .as_ref()
                         .map_or(0, |i| size_of::<Instruction>() + i.text.capacity());
@@ -330,22 +327,22 @@ impl Symbolizer {
         Ok(found)
     }
 
-    /// `func`'s code and the starts of its linear sweep's instructions (cached).
+    /// `func`'s code and its linear sweep's instructions (cached).
     fn sweep<'b>(
         &mut self,
         bin: &'b Arc<Binary>,
         func: &Function,
-    ) -> Result<(&'b [u8], Arc<[u32]>), BinaryError> {
+    ) -> Result<(&'b [u8], Arc<Sweep>), BinaryError> {
         let code = bin.code_of(func)?;
-        let d = self.cached((bin.id, func.start, func.size, Form::Starts), || {
-            let starts: Arc<[u32]> = super::cfg::instruction_starts(code).into();
-            let bytes = starts.len() * size_of::<u32>();
-            Ok((Decoding::Starts(starts), bytes))
+        let d = self.cached((bin.id, func.start, func.size, Form::Sweep), || {
+            let sweep = Sweep::of(code);
+            let bytes = sweep.bytes();
+            Ok((Decoding::Sweep(Arc::new(sweep)), bytes))
         })?;
-        let Decoding::Starts(starts) = d else {
+        let Decoding::Sweep(sweep) = d else {
             unreachable!("keyed apart")
         };
-        Ok((code, starts))
+        Ok((code, sweep))
     }
 
     /// The name people read of `r`'s function ([`demangle`]). An ELF function's is
