@@ -463,17 +463,23 @@ mod tests {
         }
     }
 
-    #[test]
-    fn typed_entries_give_each_range_the_stack_it_ran_under() {
+    /// A typed window, newest first: main jumps after f returned; f ran from its call
+    /// at 0x100 (its ranges: main's [0x80, 0x100], f's [0x1000, 0x1010], main's
+    /// [0x105, 0x120]).
+    fn call_and_return() -> [BranchEntry; 4] {
         use cpi_common::wire::branch_type as bt;
         let e = |from, to, t| BranchEntry::new(from, to, false, 0).with_type(t);
-        // Newest first: main jumps after f returned; f ran from its call.
-        let entries = [
+        [
             e(0x120, 0x200, bt::UNCOND),
             e(0x1010, 0x105, bt::RET),
             e(0x100, 0x1000, bt::CALL),
             e(0x50, 0x80, bt::UNCOND),
-        ];
+        ]
+    }
+
+    #[test]
+    fn typed_entries_give_each_range_the_stack_it_ran_under() {
+        let entries = call_and_return();
         let mut agg = StackAggregate::default();
         let at_sample = stack(&[0x210, 0x9000]);
         agg.add_branch(&at_sample, Some((10.0, &entries)), 0, 1);
@@ -512,16 +518,9 @@ mod tests {
     /// after an eviction its ranges are found and counted in place.
     #[test]
     fn eviction_keeps_the_stacks_whose_ranges_are_in_use() {
-        use cpi_common::wire::branch_type as bt;
-        let e = |from, to, t| BranchEntry::new(from, to, false, 0).with_type(t);
-        // As in the test above: f's range runs under a stack rebuilt from the window,
-        // whose own samples (none) never say it is in use.
-        let entries = [
-            e(0x120, 0x200, bt::UNCOND),
-            e(0x1010, 0x105, bt::RET),
-            e(0x100, 0x1000, bt::CALL),
-            e(0x50, 0x80, bt::UNCOND),
-        ];
+        // f's range runs under a stack rebuilt from the window, whose own samples
+        // (none) never say it is in use.
+        let entries = call_and_return();
         let (at_sample, gone) = (stack(&[0x210, 0x9000]), stack(&[0x500, 0x9000]));
         let f = stack(&[0x1000, 0x105, 0x9000]);
         let mut a = StackAggregate::default();
