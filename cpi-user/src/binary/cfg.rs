@@ -286,7 +286,8 @@ impl Sweep {
     /// The sweep of `bytes` (a function's code, from its start).
     pub(crate) fn of(bytes: &[u8]) -> Self {
         let decoder = Decoder::with_ip(64, bytes, 0, DecoderOptions::NONE);
-        // About 4 bytes an instruction: room for most functions without growing.
+        // x86-64 code averages about 4 bytes an instruction: a third of its bytes is
+        // room for most functions without growing.
         let mut lens = Vec::with_capacity(bytes.len() / 3 + 1);
         let mut marks = Vec::with_capacity(bytes.len() / (3 * SWEEP_MARK) + 1);
         for ins in decoder {

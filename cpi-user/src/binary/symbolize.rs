@@ -310,11 +310,11 @@ impl Symbolizer {
                 Some(Decoding::Holding(ins)) => ins,
                 Some(_) => unreachable!("keyed apart"),
                 None => {
-                    let (code, lens) = match &sweep {
+                    let (code, swept) = match &sweep {
                         Some(s) => s.clone(),
                         None => sweep.insert(self.sweep(bin, func)?).clone(),
                     };
-                    let ins = holding(func, code, &lens, a).map(Arc::new);
+                    let ins = holding(func, code, &swept, a).map(Arc::new);
                     let bytes = ins
                         .as_ref()
                         .map_or(0, |i| size_of::<Instruction>() + i.text.capacity());

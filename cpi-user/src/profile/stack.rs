@@ -90,8 +90,8 @@ pub struct CallStack {
 }
 
 /// A range [start, end] that ran under one stack, weighted like the process's ranges.
-/// `repr(C)` keeps the sums a record adds to ahead of the groups, in its row's first
-/// cache line ([`RangeRow`]).
+/// `repr(C)` keeps the sums a record adds to ahead of the groups, beside its row's
+/// `last_use` ([`RangeRow`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 #[repr(C)]
 pub struct StackRange {
@@ -122,8 +122,8 @@ pub struct StackStat {
 }
 
 /// A range under a stack, with when it was last counted: all a record of a window
-/// touches besides its key, so a record reads no [`StackStat`] (its `last_use` was 12 %
-/// of aggregating a branch sample, BENCHMARKS.md "PMU model / aggregation").
+/// touches besides its key, so a record reads no [`StackStat`] (the store of its
+/// `last_use` was 9–12 % of `add_branch`, BENCHMARKS.md "PMU model / aggregation").
 #[derive(Clone, Debug, Default)]
 #[repr(C)]
 struct RangeRow {
