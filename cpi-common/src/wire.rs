@@ -141,6 +141,11 @@ pub const FLAG_KERNEL: u16 = 1 << 0;
 /// unwinding in user space. Records with this flag are longer than their fixed size.
 pub const FLAG_STACK: u16 = 1 << 1;
 
+/// The copy of the user stack stopped at its cap (the process's entry in
+/// `STACK_CAPS`, else [`MAX_STACK_BYTES`]), not at an unreadable page: a stack that
+/// goes on past the copy was cut, not ended.
+pub const FLAG_STACK_CUT: u16 = 1 << 2;
+
 /// Most kernel frames a record carries.
 pub const MAX_KERNEL_FRAMES: usize = 64;
 
@@ -150,6 +155,11 @@ pub const MAX_USER_FRAMES: usize = 128;
 
 /// Most bytes of user stack a record carries.
 pub const MAX_STACK_BYTES: usize = 8192;
+
+/// Most processes whose stack copy has a cap of its own (the kernel side's
+/// `STACK_CAPS`, tgid → bytes, set by cpi-user/src/collect/stack_caps.rs); any other
+/// process's copy runs to [`MAX_STACK_BYTES`].
+pub const MAX_STACK_CAPS: u32 = 8192;
 
 /// Bytes the kernel side copies per read of the user stack: chunks are page-aligned, so
 /// a stack whose next page is unmapped still gives every byte up to it.

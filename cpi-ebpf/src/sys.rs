@@ -18,7 +18,7 @@ use aya_ebpf::{
             bpf_task_pt_regs,
         },
     },
-    maps::{ring_buf::RingBufEntry, PerCpuArray},
+    maps::{ring_buf::RingBufEntry, HashMap, PerCpuArray},
     programs::PerfEventContext,
 };
 use cpi_common::wire::{BranchSample, SampleHeader};
@@ -40,6 +40,15 @@ pub fn per_cpu_mut<T>(map: &'static PerCpuArray<T>, index: u32) -> Option<&'stat
     // SAFETY: the helper returned this CPU's value, valid for the program's run; runs
     // do not nest on one CPU, so no other reference to it exists while this one lives.
     Some(unsafe { &mut *p })
+}
+
+/// A copy of `map`'s value for `key`, if it holds one.
+#[inline(always)]
+pub fn map_value<K, V: Copy>(map: &'static HashMap<K, V>, key: &K) -> Option<V> {
+    let p = map.get_ptr(key)?;
+    // SAFETY: the helper returned a pointer to the value, valid for the program's run
+    // (an update from user space links a new element; this one is freed after RCU).
+    Some(unsafe { *p })
 }
 
 /// The kernel's data for this overflow (period, registers).

@@ -6,6 +6,9 @@
 //   qsort   — main → sort_all → qsort (Debian's libc, no frame pointers) → … → by_value,
 //             a comparison that burns CPU: nearly all the time under qsort.
 //   recurse — main → recurse ×10 000 → leaf: deeper than any stack a sample carries.
+//   grow    — main → path_c → leaf for ROUNDS rounds, then main → deep ×60 → leaf for as
+//             many: shallow stacks first, then ≈ 5 KiB of stack, within the copy of
+//             8 KiB but past what the shallow ones need.
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +45,16 @@ __attribute__((noinline)) unsigned long recurse(unsigned long depth, unsigned lo
     return recurse(depth - 1, n) + here;
 }
 
+__attribute__((noinline)) unsigned long deep(unsigned long depth, unsigned long n) {
+    // 64 bytes of locals a frame, kept by a read after the call, as in `recurse`.
+    volatile unsigned long pad[8] = {depth};
+    if (depth == 0) {
+        leaf(n);
+        return 1;
+    }
+    return deep(depth - 1, n) + pad[0];
+}
+
 int main(int argc, char **argv) {
     const char *mode = argc > 1 ? argv[1] : "chain";
     unsigned long rounds = argc > 2 ? strtoul(argv[2], 0, 10) : 1000;
@@ -57,6 +70,9 @@ int main(int argc, char **argv) {
             for (size_t i = 0; i < N; i++) v[i] = (i * 2654435761UL + r) % 1000003;
             sort_all(v, N);
         }
+    } else if (!strcmp(mode, "grow")) {
+        for (unsigned long r = 0; r < rounds; r++) path_c(1000000);
+        for (unsigned long r = 0; r < rounds; r++) sink += deep(60, 1000000);
     } else if (!strcmp(mode, "recurse")) {
         for (unsigned long r = 0; r < rounds; r++) sink += recurse(10000, 5000000);
     } else {

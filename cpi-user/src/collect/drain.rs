@@ -6,10 +6,11 @@ use std::time::{Duration, Instant};
 
 use cpi_common::wire::{
     BranchSample, EventRole, IpSample, SampleHeader, SampleKind, StackHeader, FLAG_KERNEL,
-    FLAG_STACK, MAX_KERNEL_FRAMES, MAX_STACK_BYTES, MAX_USER_FRAMES, WIRE_VERSION,
+    FLAG_STACK, FLAG_STACK_CUT, MAX_KERNEL_FRAMES, MAX_STACK_BYTES, MAX_USER_FRAMES, WIRE_VERSION,
 };
 
 use super::processes::{ProcessChanges, Processes};
+use super::stack_caps::StackCaps;
 use super::sys::{self, Placement};
 use super::StackMemory;
 use crate::import::perf_records::SideRecord;
@@ -40,6 +41,10 @@ pub struct StackSection<'a> {
     pub user: Vec<u64>,
     /// User stack bytes from `header.user_sp` up.
     pub stack: &'a [u8],
+    /// The copy stopped at its cap, not at an unreadable page: a stack going on past
+    /// it was cut (`wire::FLAG_STACK_CUT`; a copy of all a record holds, from writers
+    /// that do not set it).
+    pub cut: bool,
 }
 
 fn frames(bytes: &[u8]) -> Vec<u64> {
@@ -84,6 +89,7 @@ pub fn decode(bytes: &[u8]) -> Option<(Record, Option<StackSection<'_>>)> {
             kernel: frames(kernel),
             user: frames(user),
             stack,
+            cut: h.flags & FLAG_STACK_CUT != 0 || n >= MAX_STACK_BYTES,
         })
     } else if rest.is_empty() {
         None
@@ -153,6 +159,8 @@ pub(crate) struct Drain {
     /// Stacks of this window that stopped short, by reason.
     pub stack_counts: StackCounts,
     unwinder: StackUnwinder,
+    /// How much of each process's stack the kernel side copies.
+    pub(super) stack_caps: StackCaps,
     /// The budget of this pass over the ring ([`UNWIND_PER_PASS`]).
     pass: PassBudget,
 }
@@ -296,6 +304,7 @@ impl Drain {
             cpu_clock: CpuClockPeriods::default(),
             stack_counts: StackCounts::default(),
             unwinder: StackUnwinder::new(MAX_USER_FRAMES, memory.unwind_bytes),
+            stack_caps: StackCaps::default(),
             pass: PassBudget::new(super::sys::thread_cpu_time),
         }
     }
@@ -313,6 +322,9 @@ impl Drain {
         let next = self.set.empty_like();
         let mut set = std::mem::replace(&mut self.set, next);
         let changes = self.processes.end_window(&mut set, &mut self.unwinder);
+        for &pid in changes.left.iter().chain(&changes.reused) {
+            self.stack_caps.forget(pid);
+        }
         self.cpu_clock.by_tid.retain(|&tid, _| procmap::alive(tid));
         // The unwind sections' pages this window touched leave the resident set.
         self.unwinder.release_pages();
@@ -424,7 +436,7 @@ impl Drain {
                 self.pass.one_off += cpu().saturating_sub(before);
             }
             let began = Instant::now();
-            let (frames, stop) = self.unwinder.unwind(
+            let u = self.unwinder.unwind(
                 pid,
                 maps,
                 &p.files,
@@ -434,11 +446,13 @@ impl Drain {
                     bp: h.user_bp,
                 },
                 sec.stack,
-                sec.stack.len() >= MAX_STACK_BYTES,
+                sec.cut,
             );
             self.pass.walking += began.elapsed();
-            too_costly = stop == Stop::CostlyRules;
-            (frames, stop.into())
+            too_costly = u.stop == Stop::CostlyRules;
+            self.stack_caps
+                .observe(pid, u.used, u.stop == Stop::EndOfCopy);
+            (u.frames, u.stop.into())
         };
         let c = &mut self.stack_counts;
         match end {

@@ -18,6 +18,7 @@ pub(crate) mod processes;
 pub mod record;
 pub(crate) mod session;
 pub(crate) mod sideband;
+pub(crate) mod stack_caps;
 pub mod sys;
 pub mod target;
 

@@ -21,7 +21,9 @@ use super::filter::KernelFilter;
 use super::ladder::{self, OpenEvent};
 use super::perf_ring::SampleRings;
 use super::sideband::SidebandReader;
-use super::sys::{self, BpfFilterMaps, Follow, Linux, PerfSys, Placement, Placements};
+use super::sys::{
+    self, BpfFilterMaps, BpfStackCaps, Follow, Linux, PerfSys, Placement, Placements,
+};
 use super::target::{self, Child, Target};
 use super::Notice;
 use super::{load, read_counters, CollectError, CollectOptions, Collected, StopReason};
@@ -933,7 +935,7 @@ fn drain_all(sideband: &mut SidebandReader, source: &mut Source, drain: &mut Dra
     let mut read_at = sys::monotonic_ns();
     sideband.read(|s| drain.observe(s));
     match source {
-        Source::Bpf { ring, .. } => {
+        Source::Bpf { ring, bpf, .. } => {
             let ring = ring.get_mut();
             while let Some(item) = ring.next() {
                 // A sample taken after the side-band read may be explained only by
@@ -947,8 +949,12 @@ fn drain_all(sideband: &mut SidebandReader, source: &mut Source, drain: &mut Dra
                 }
                 drain.add(&item);
             }
+            drain.stack_caps.apply(&mut BpfStackCaps(bpf));
         }
-        Source::Perf(rings) => rings.read(drain),
+        Source::Perf(rings) => {
+            rings.read(drain);
+            drain.stack_caps.discard();
+        }
     }
 }
 

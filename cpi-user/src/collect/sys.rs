@@ -1,7 +1,8 @@
 //! Every raw syscall and ioctl the collector makes, and nothing else: `perf_event_open`,
 //! the `PERF_EVENT_IOC_*` ioctls, reading an event's count, `pidfd_open`,
 //! `BPF_ENABLE_STATS`, `statfs` (is a directory cgroup2), the kernel filter's map
-//! updates ([`FilterMaps`]), and the thread's CPU clock. Callers get owned fds and
+//! updates ([`FilterMaps`]) and the stack caps' ([`StackCapMap`]), and the thread's CPU
+//! clock. Callers get owned fds and
 //! `io::Result`s, and say where an event counts with a [`Placement`] and what it follows
 //! with a [`Follow`]: the kernel's pid, cpu, `-1`s and inherit flags are made here only.
 //!
@@ -287,6 +288,38 @@ impl FilterMaps for BpfFilterMaps<'_> {
         let mut c = config.get(&0, 0).map_err(io::Error::other)?;
         c.cgroup_levels = levels;
         config.set(0, c, 0).map_err(io::Error::other)
+    }
+}
+
+/// Per-process caps on the user-stack copy (the eBPF map `STACK_CAPS`;
+/// cpi-user/src/collect/stack_caps.rs), as a trait: [`BpfStackCaps`] updates the loaded
+/// object's, a map in memory stands in for it in unit tests.
+pub(crate) trait StackCapMap {
+    /// Copy at most `bytes` of process `tgid`'s stack.
+    fn set_cap(&mut self, tgid: u32, bytes: u32) -> io::Result<()>;
+    /// Copy all a record holds of process `tgid`'s stack.
+    fn remove_cap(&mut self, tgid: u32) -> io::Result<()>;
+}
+
+/// The loaded eBPF object's `STACK_CAPS`.
+pub(crate) struct BpfStackCaps<'a>(pub &'a mut aya::Ebpf);
+
+impl BpfStackCaps<'_> {
+    fn map(&mut self) -> io::Result<aya::maps::HashMap<&mut aya::maps::MapData, u32, u32>> {
+        let map = self
+            .0
+            .map_mut("STACK_CAPS")
+            .ok_or_else(|| io::Error::other("map STACK_CAPS missing from the object"))?;
+        aya::maps::HashMap::try_from(map).map_err(io::Error::other)
+    }
+}
+
+impl StackCapMap for BpfStackCaps<'_> {
+    fn set_cap(&mut self, tgid: u32, bytes: u32) -> io::Result<()> {
+        self.map()?.insert(tgid, bytes, 0).map_err(io::Error::other)
+    }
+    fn remove_cap(&mut self, tgid: u32) -> io::Result<()> {
+        self.map()?.remove(&tgid).map_err(io::Error::other)
     }
 }
 

@@ -16,7 +16,7 @@ use super::{ImportError, Relocator};
 use crate::procmap::ProcessMaps;
 use crate::profile::model::LossReport;
 use crate::profile::stack::{CallStack, StackEnd};
-use crate::unwind::{StackUnwinder, DEFAULT_BYTE_BOUND};
+use crate::unwind::{StackUnwinder, UnwoundStack, DEFAULT_BYTE_BOUND};
 
 /// How the unwound stacks ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -105,7 +105,7 @@ impl<'a, 'r> Unwinder<'a, 'r> {
             }
             self.maps.insert(s.pid, maps);
         }
-        let (frames, stop) = self.unwinder.unwind(
+        let UnwoundStack { frames, stop, .. } = self.unwinder.unwind(
             s.pid,
             &self.maps[&s.pid],
             &HashMap::new(),

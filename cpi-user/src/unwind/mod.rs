@@ -110,6 +110,18 @@ enum Rules {
     Unread,
 }
 
+/// One unwound stack.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnwoundStack {
+    /// Leaf first: `[0]` the IP, then return addresses.
+    pub frames: Vec<u64>,
+    /// Why it stopped.
+    pub stop: Stop,
+    /// Bytes of the copied stack the unwinding read, from `sp` to the end of the
+    /// farthest word: what a copy of this stack needs ([`Stop::EndOfCopy`]: more).
+    pub used: usize,
+}
+
 /// The registers and stack bytes of one sample.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UserRegs {
@@ -669,8 +681,7 @@ impl StackUnwinder {
     }
 
     /// Unwinds one sample of `pid` whose mappings are `maps` and whose captured files
-    /// are `files` (by mapping start): frames leaf first (`[0]` the IP, then return
-    /// addresses) and why it stopped. The modules are made from `maps` at `pid`'s first
+    /// are `files` (by mapping start). The modules are made from `maps` at `pid`'s first
     /// unwind, and remade where [`Self::maps_changed`] said.
     pub fn unwind(
         &mut self,
@@ -680,7 +691,7 @@ impl StackUnwinder {
         regs: UserRegs,
         stack: &[u8],
         copied_in_full: bool,
-    ) -> (Vec<u64>, Stop) {
+    ) -> UnwoundStack {
         self.prepare(pid, maps, files);
         // Counted only every OWN_CACHE_AFTER unwinds of a process without one: a pass
         // over the processes, not one per sample.
@@ -707,9 +718,11 @@ impl StackUnwinder {
         };
         let mut last = None;
         let end = regs.sp.saturating_add(stack.len() as u64);
+        let mut used = 0;
         let mut read = |addr: u64| -> Result<u64, ()> {
             let off = addr.checked_sub(regs.sp).ok_or(())? as usize;
             let b = stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
+            used = used.max(off + 8);
             Ok(u64::from_le_bytes(b.try_into().map_err(|_| ())?))
         };
         let mut frames = Vec::new();
@@ -753,7 +766,7 @@ impl StackUnwinder {
             }
         };
         self.bound_resident();
-        (frames, stop)
+        UnwoundStack { frames, stop, used }
     }
 
     /// Brings `p`'s modules to `maps` where they changed (`p.pending`): the modules
@@ -1101,7 +1114,7 @@ mod tests {
                     let cold = StackUnwinder::new(128, DEFAULT_BYTE_BOUND)
                         .unwind(pid, &maps, &files, regs, &stack, true);
                     assert_eq!(got, cold, "round {round}, pid {pid}, ip {ip:x}");
-                    deeper += usize::from(got.0.len() > 1);
+                    deeper += usize::from(got.frames.len() > 1);
                 }
             }
         }
@@ -1216,11 +1229,12 @@ mod tests {
             let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
             u.unwind(1, &maps, &files, regs, &stack, true)
         };
+        let costly = unwind("true-costly", &bad);
         assert_eq!(
-            unwind("true-costly", &bad),
+            (costly.frames, costly.stop),
             (vec![regs.ip], Stop::CostlyRules)
         );
-        assert_ne!(unwind("true-fine", &good).1, Stop::CostlyRules);
+        assert_ne!(unwind("true-fine", &good).stop, Stop::CostlyRules);
     }
 
     /// Issue 18e: a file others than root can change is unwound from a copy of its
@@ -1351,8 +1365,11 @@ mod tests {
             sp: SP,
             bp: SP,
         };
-        let (frames, stop) = u.unwind(1, &maps, &files, regs, &stack_of(&[0; 8]), false);
-        assert_eq!((frames, stop), (vec![BASE + 0x10], Stop::UnknownCode));
+        let got = u.unwind(1, &maps, &files, regs, &stack_of(&[0; 8]), false);
+        assert_eq!(
+            (got.frames, got.stop),
+            (vec![BASE + 0x10], Stop::UnknownCode)
+        );
     }
 
     /// A zero frame pointer ends the stack as complete only in a file read and found
@@ -1368,17 +1385,10 @@ mod tests {
         let stack = stack_of(&[0; 8]);
         let stop = |maps: &ProcessMaps, files: &HashMap<u64, Arc<CapturedFile>>| {
             let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
-            u.unwind(1, maps, files, regs, &stack, true)
+            let got = u.unwind(1, maps, files, regs, &stack, true);
+            (got.frames, got.stop)
         };
-        let bare = temp("true-no-eh-frame", b"");
-        let out = std::process::Command::new("objcopy")
-            .args(["--remove-section", ".eh_frame", "--remove-section"])
-            .args([".eh_frame_hdr", "/usr/bin/true"])
-            .arg(&bare)
-            .output()
-            .expect("binutils' objcopy");
-        assert!(out.status.success(), "{out:?}");
-        let (maps, files) = process(Some(&bare));
+        let (maps, files) = process(Some(&without_unwind_sections()));
         assert_eq!(stop(&maps, &files), (vec![BASE + 0x100], Stop::Root));
         assert_eq!(
             stop(&maps, &HashMap::new()),
@@ -1387,6 +1397,46 @@ mod tests {
         );
         let (maps, files) = process(Some(&temp("not-elf-3", &[0x90; 0x2000])));
         assert_eq!(stop(&maps, &files), (vec![BASE + 0x100], Stop::Unread));
+    }
+
+    /// `/usr/bin/true` without its unwind sections: frames in it are walked by frame
+    /// pointers, and a zero frame pointer is the root.
+    fn without_unwind_sections() -> std::path::PathBuf {
+        let bare = temp("true-no-eh-frame", b"");
+        let out = std::process::Command::new("objcopy")
+            .args(["--remove-section", ".eh_frame", "--remove-section"])
+            .args([".eh_frame_hdr", "/usr/bin/true"])
+            .arg(&bare)
+            .output()
+            .expect("binutils' objcopy");
+        assert!(out.status.success(), "{out:?}");
+        bare
+    }
+
+    /// How much of its copy a stack used (what the kernel side's cap on the copy is
+    /// chosen from, cpi-user/src/collect/stack_caps.rs): up to the end of the farthest
+    /// word read; a copy shorter than that ends it as cut, or unreadable.
+    #[test]
+    fn an_unwound_stack_says_how_much_of_its_copy_it_read() {
+        let (maps, files) = process(Some(&without_unwind_sections()));
+        let regs = UserRegs {
+            ip: BASE + 0x100,
+            sp: SP,
+            bp: SP + 16,
+        };
+        // Two frames by frame pointers: (saved rbp, return address) at SP+16 and SP+48.
+        let words = [9, 9, SP + 48, BASE + 0x200, 9, 9, 0, BASE + 0x300, 9, 9];
+        let stack = stack_of(&words);
+        let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
+        let whole = u.unwind(1, &maps, &files, regs, &stack, true);
+        let frames = vec![BASE + 0x100, BASE + 0x200, BASE + 0x300];
+        assert_eq!(whole.frames, frames);
+        assert_eq!((whole.stop, whole.used), (Stop::Root, 64));
+        let cut = u.unwind(1, &maps, &files, regs, &stack[..48], true);
+        assert_eq!((cut.stop, cut.used), (Stop::EndOfCopy, 32));
+        assert_eq!(cut.frames, frames[..2]);
+        let short = u.unwind(1, &maps, &files, regs, &stack[..48], false);
+        assert_eq!((short.stop, short.used), (Stop::Unreadable, 32));
     }
 
     /// The kernel starts a program at its entry point with no return address: a frame
@@ -1415,7 +1465,8 @@ mod tests {
             };
             let stack = stack_of(&[BASE + entry + 8, 0, 0, 0]);
             let mut u = StackUnwinder::new(128, DEFAULT_BYTE_BOUND);
-            u.unwind(1, &maps, &files, regs, &stack, true)
+            let got = u.unwind(1, &maps, &files, regs, &stack, true);
+            (got.frames, got.stop)
         };
         // At _dl_start's first instruction the return address is at the stack pointer.
         assert_eq!(
@@ -1441,7 +1492,7 @@ mod tests {
             bp: SP,
         };
         let stack = stack_of(&[SP, BASE + 0x200, SP, BASE + 0x200]);
-        let (frames, stop) = u.unwind(1, &maps, &files, regs, &stack, false);
+        let UnwoundStack { frames, stop, .. } = u.unwind(1, &maps, &files, regs, &stack, false);
         assert!(frames.len() <= 3, "{frames:x?}");
         assert_eq!(stop, Stop::BadUnwind, "{frames:x?}");
     }
@@ -1456,7 +1507,7 @@ mod tests {
             sp: SP,
             bp: SP + 64,
         };
-        let (frames, stop) = u.unwind(1, &maps, &files, regs, &[], false);
+        let UnwoundStack { frames, stop, .. } = u.unwind(1, &maps, &files, regs, &[], false);
         assert_eq!((frames, stop), (vec![BASE + 0x100], Stop::Unreadable));
     }
 
@@ -1496,7 +1547,7 @@ mod tests {
                 sp: SP,
                 bp: SP + 8,
             };
-            let (frames, stop) = u.unwind(1, &maps, &files, regs, &stack, true);
+            let UnwoundStack { frames, stop, .. } = u.unwind(1, &maps, &files, regs, &stack, true);
             assert!(!frames.is_empty() && frames.len() <= 128, "{frames:x?}");
             assert_ne!(stop, Stop::Root, "{ip:x}: {frames:x?}");
         }

@@ -7,10 +7,11 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use cpi_common::policy::Perturbation;
-use cpi_common::wire::EventRole;
+use cpi_common::wire::{EventRole, MAX_STACK_BYTES};
 use cpi_tests::{compile_c, cpu_heavy, require_root, temp_dir};
 use cpi_user::binary::Binary;
 use cpi_user::collect::events::{nominal_core_hz, Rate};
@@ -357,4 +358,91 @@ fn deep_recursion_is_truncated_and_counted() {
         .iter()
         .filter(|(_, end, _)| *end == StackEnd::Truncated)
         .all(|(path, _, _)| path.split(';').all(|f| f == "recurse" || f == "leaf")));
+}
+
+/// The caps on the user-stack copy that every loaded copy of the kernel side's
+/// `STACK_CAPS` holds, as `bpftool` dumps them: (tgid, bytes).
+fn stack_caps_held() -> Vec<(u32, u32)> {
+    let json = |args: &[&str]| -> Option<serde_json::Value> {
+        let out = Command::new("bpftool").arg("-j").args(args).output().ok()?;
+        assert!(out.status.success(), "bpftool {args:?}: {out:?}");
+        serde_json::from_slice(&out.stdout).ok()
+    };
+    // Raw little-endian bytes, as "0x1c" strings (the map has no BTF).
+    let u32_of = |v: &serde_json::Value| -> Option<u32> {
+        let bytes: Vec<u8> = (v.as_array()?.iter())
+            .map(|b| u8::from_str_radix(b.as_str()?.trim_start_matches("0x"), 16).ok())
+            .collect::<Option<_>>()?;
+        Some(u32::from_le_bytes(bytes.try_into().ok()?))
+    };
+    let maps = json(&["map", "show"]).expect("bpftool's list of maps");
+    let ids: Vec<String> = (maps.as_array().expect("a list").iter())
+        .filter(|m| m["name"] == "STACK_CAPS")
+        .map(|m| m["id"].to_string())
+        .collect();
+    ids.iter()
+        .filter_map(|id| json(&["map", "dump", "id", id]))
+        .flat_map(|d| d.as_array().cloned().unwrap_or_default())
+        .filter_map(|e| Some((u32_of(&e["key"])?, u32_of(&e["value"])?)))
+        .collect()
+}
+
+/// The copy of a process's stack is cut to what its stacks need (cpi-user/src/collect/
+/// stack_caps.rs), as the kernel's map shows while it runs shallow; when its stacks
+/// then grow past that cut, still within a whole copy, the copy grows back and they
+/// unwind complete.
+#[test]
+fn the_stack_copy_is_cut_for_shallow_stacks_and_grows_back_for_deep_ones() {
+    if !require_root("stacks from live collection") {
+        return;
+    }
+    let Some(exe) = program("stacks-grow", &[]) else {
+        return;
+    };
+    let _serial = cpu_heavy();
+    let done = AtomicBool::new(false);
+    let (seen, (p, lost)) = std::thread::scope(|s| {
+        let watch = s.spawn(|| {
+            let mut seen = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                seen.extend(stack_caps_held());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            seen
+        });
+        let got = profile(&exe, &["grow", "1000"]);
+        done.store(true, Ordering::Relaxed);
+        (watch.join().unwrap(), got)
+    });
+    let caps: Vec<u32> = (seen.iter())
+        .filter(|(pid, _)| *pid == p.pid)
+        .map(|x| x.1)
+        .collect();
+    let paths = paths(&p);
+    let deep = |path: &String| path.contains(";deep;");
+    let total: u64 = paths.iter().filter(|x| deep(&x.0)).map(|x| x.2).sum();
+    let complete: u64 = (paths.iter())
+        .filter(|(path, end, _)| *end == StackEnd::Complete && from_main(path).is_some())
+        .filter(|x| deep(&x.0))
+        .map(|x| x.2)
+        .sum();
+    eprintln!(
+        "caps held for {}: {:?}; deep stacks complete: {complete} of {total}; {lost:?}",
+        p.pid,
+        caps.iter().collect::<std::collections::BTreeSet<_>>()
+    );
+    assert!(
+        caps.iter().any(|&c| (c as usize) < MAX_STACK_BYTES / 2),
+        "the shallow phase's copy was never cut: {caps:?}"
+    );
+    assert!(total >= 200, "only {total} samples in deep");
+    // A copy the cap stopped is a cut stack (truncated), not a failed one.
+    assert!(
+        lost.stacks_failed * 100 <= total,
+        "{total} samples: {lost:?}"
+    );
+    assert!(
+        complete as f64 >= 0.9 * total as f64,
+        "{complete} of {total} deep stacks complete to main"
+    );
 }
