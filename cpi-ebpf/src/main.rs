@@ -20,8 +20,9 @@
 //! with the top of the user stack, copied in page-aligned chunks so a stack whose next
 //! page is unmapped still gives what precedes it, up to the process's cap
 //! (`STACK_CAPS`: user space lowers it for processes whose stacks end well before the
-//! copy would); user space unwinds it (cpi-user/src/unwind/). Such records vary in length: they are built in a per-CPU
-//! scratch buffer and copied out with their real length (BENCHMARKS.md, "Call stacks").
+//! copy would); user space unwinds it (cpi-user/src/unwind/). Such records vary in
+//! length: they are built in a per-CPU scratch buffer and copied out with their real
+//! length (BENCHMARKS.md, "Call stacks").
 //!
 //! Filter (`KernelConfig::filter`, the agent's `--pid`/`--cgroup` on system-wide events):
 //! before anything else, a sample whose tgid is not in `ALLOWED_TGIDS`, or none of whose

@@ -214,6 +214,12 @@ fn map_lookup_elem(map: u64, key: u64, _: u64, _: u64, _: u64) -> u64 {
         if m.kind == MAP_RINGBUF {
             return s.fail(format!("map_lookup_elem on ring buffer {}", m.name));
         }
+        // Hash maps here are empty, as the kernel's are until user space fills them: the
+        // filter's allow-lists (runs here are unfiltered) and the stack caps (every
+        // process copies all a record holds).
+        if m.kind == MAP_HASH {
+            return 0;
+        }
         // SAFETY: the key is on the program's stack (the verifier's rule; rbpf's stack is
         // not visible to helpers), 4 bytes for an array.
         let k = unsafe { (key as *const u32).read_unaligned() } as usize;
@@ -443,8 +449,7 @@ impl Harness {
                     let bytes = match kind {
                         MAP_ARRAY | MAP_PERCPU_ARRAY => value_size * max_entries,
                         MAP_RINGBUF => RING_ARENA,
-                        // The kernel filter's allow-lists: runs here are unfiltered
-                        // (`KernelConfig::filter` 0), so the program never looks them up.
+                        // Hash maps, empty here: every lookup misses (`map_lookup_elem`).
                         MAP_HASH => 0,
                         k => return Err(format!("map {name}: type {k} not backed here")),
                     };

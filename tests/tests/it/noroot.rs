@@ -121,10 +121,14 @@ fn a_users_own_command_splits_as_roots_profile_does() {
     );
     let lost = &nobody["lost"];
     assert_eq!(lost["malformed"], 0, "{lost}");
-    // Stacks are unwound as root's are: from the registers and stack the kernel copied.
-    assert_eq!(lost["stacks_failed"], 0, "{lost}");
     let root = stdout_json(&cpi_tests::output_ok(Command::new(&bin).args(args)));
     let (a_n, e_n, n_n) = alpha_share(&nobody);
+    // Stacks are unwound as root's are: from the registers and stack the kernel copied.
+    // As for root (tests/tests/it/stacks_collect.rs `chain`), one can fail for reasons
+    // outside the unwinder, a sample as the process starts or exits: one was seen in a
+    // CI run; rare is what is asserted.
+    let failed = lost["stacks_failed"].as_u64().expect("a count");
+    assert!(failed * 100 <= n_n, "{n_n} samples: {lost}");
     let (a_r, e_r, n_r) = alpha_share(&root);
     eprintln!(
         "alpha_work: nobody {:.1} % ± {:.1} of {n_n}, root {:.1} % ± {:.1} of {n_r} (2/3 true)",
