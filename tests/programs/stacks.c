@@ -6,9 +6,15 @@
 //   qsort   — main → sort_all → qsort (Debian's libc, no frame pointers) → … → by_value,
 //             a comparison that burns CPU: nearly all the time under qsort.
 //   recurse — main → recurse ×10 000 → leaf: deeper than any stack a sample carries.
+//   late    — `stacks late ROUNDS LIB`: main → path_c → leaf for ROUNDS rounds, then
+//             main → lib_calls (LIB, tests/programs/calllib.c, loaded only now) → leaf
+//             for as many: the library's code is only ever a caller, never a sample's
+//             own address.
 //   grow    — main → path_c → leaf for ROUNDS rounds, then main → deep ×60 → leaf for as
 //             many: shallow stacks first, then ≈ 5 KiB of stack, within the copy of
 //             8 KiB but past what the shallow ones need.
+#include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,6 +79,18 @@ int main(int argc, char **argv) {
     } else if (!strcmp(mode, "grow")) {
         for (unsigned long r = 0; r < rounds; r++) path_c(1000000);
         for (unsigned long r = 0; r < rounds; r++) sink += deep(60, 1000000);
+    } else if (!strcmp(mode, "late") && argc > 3) {
+        for (unsigned long r = 0; r < rounds; r++) path_c(1000000);
+        void *lib = dlopen(argv[3], RTLD_NOW);
+        void (*calls)(void (*)(unsigned long), unsigned long, unsigned long) =
+            lib ? (void (*)(void (*)(unsigned long), unsigned long, unsigned long))dlsym(
+                      lib, "lib_calls")
+                : 0;
+        if (!calls) {
+            fprintf(stderr, "%s\n", dlerror());
+            return 1;
+        }
+        calls(leaf, 1000000, rounds);
     } else if (!strcmp(mode, "recurse")) {
         for (unsigned long r = 0; r < rounds; r++) sink += recurse(10000, 5000000);
     } else {

@@ -17,7 +17,7 @@ use crate::import::perf_records::SideRecord;
 use crate::procmap::{self, ProcessMaps};
 use crate::profile::stack::{CallStack, StackEnd};
 use crate::profile::SampleSet;
-use crate::unwind::{StackUnwinder, Stop, UnwindHeap, UserRegs};
+use crate::unwind::{StackUnwinder, Stop, UnwindHeap, UnwoundStack, UserRegs};
 
 /// A decoded record.
 #[derive(Debug)]
@@ -392,7 +392,7 @@ impl Drain {
             h.tid,
             (h.flags & FLAG_KERNEL == 0).then_some(user_addr),
         );
-        let stack = section.map(|sec| self.call_stack(h.tgid, &sec));
+        let stack = section.map(|sec| self.call_stack(h.tgid, h.tid, &sec));
         match &rec {
             Record::Ip(s) => {
                 if self.set.add_ip_with_stack(s, stack.as_ref()).is_err() {
@@ -408,7 +408,7 @@ impl Drain {
     /// The call stack of a record's stack section: user frames as the kernel walked
     /// them, else unwound now from the copied stack with the process's mappings (read
     /// by [`Self::track`] just before), so a process that exits later loses nothing.
-    fn call_stack(&mut self, pid: u32, sec: &StackSection) -> CallStack {
+    fn call_stack(&mut self, pid: u32, tid: u32, sec: &StackSection) -> CallStack {
         let h = &sec.header;
         let mut too_costly = false;
         let (user, end) = if !sec.user.is_empty() {
@@ -426,29 +426,7 @@ impl Drain {
             too_costly = true;
             (vec![h.user_ip], StackEnd::Truncated)
         } else {
-            let p = self.set.process(pid);
-            let empty = ProcessMaps::default();
-            let maps = p.maps.as_ref().unwrap_or(&empty);
-            if !self.unwinder.prepared(pid) {
-                let cpu = self.pass.cpu_time;
-                let before = cpu();
-                self.unwinder.prepare(pid, maps, &p.files);
-                self.pass.one_off += cpu().saturating_sub(before);
-            }
-            let began = Instant::now();
-            let u = self.unwinder.unwind(
-                pid,
-                maps,
-                &p.files,
-                UserRegs {
-                    ip: h.user_ip,
-                    sp: h.user_sp,
-                    bp: h.user_bp,
-                },
-                sec.stack,
-                sec.cut,
-            );
-            self.pass.walking += began.elapsed();
+            let u = self.walk(pid, tid, sec);
             too_costly = u.stop == Stop::CostlyRules;
             self.stack_caps
                 .observe(pid, u.used, u.stop == Stop::EndOfCopy);
@@ -467,6 +445,58 @@ impl Drain {
             user: user.into_boxed_slice(),
             end,
         }
+    }
+
+    /// Unwinds `sec`'s copied stack of `pid` (thread `tid`). A walk that stopped at code
+    /// in none of the process's known mappings is a miss, as a sample's own address is
+    /// ([`Processes::track`]: the kernel's records or a re-read explain it), and the
+    /// stack is walked again once they did. A library mapped after the maps were read
+    /// is found by its first sample there, but one that only calls back into code known
+    /// before has no sample of its own: every stack through it stopped there (a
+    /// `dlopen`ed plugin's; libc's when the first maps were read while `ld.so` was still
+    /// mapping it, and then under every path of the run).
+    fn walk(&mut self, pid: u32, tid: u32, sec: &StackSection) -> UnwoundStack {
+        let u = self.walk_once(pid, sec);
+        let Some(&at) = u.frames.last().filter(|_| u.stop == Stop::UnknownCode) else {
+            return u;
+        };
+        // A return address is looked up at its call.
+        let at = if u.frames.len() > 1 { at - 1 } else { at };
+        (self.processes).track(&mut self.set, &mut self.unwinder, pid, tid, Some(at));
+        if self.unwinder.prepared(pid) {
+            return u;
+        }
+        self.walk_once(pid, sec)
+    }
+
+    /// One walk of `sec`'s copied stack of `pid` with its maps as they are, its time
+    /// taken from the pass's budget.
+    fn walk_once(&mut self, pid: u32, sec: &StackSection) -> UnwoundStack {
+        let h = &sec.header;
+        let p = self.set.process(pid);
+        let empty = ProcessMaps::default();
+        let maps = p.maps.as_ref().unwrap_or(&empty);
+        if !self.unwinder.prepared(pid) {
+            let cpu = self.pass.cpu_time;
+            let before = cpu();
+            self.unwinder.prepare(pid, maps, &p.files);
+            self.pass.one_off += cpu().saturating_sub(before);
+        }
+        let began = Instant::now();
+        let u = self.unwinder.unwind(
+            pid,
+            maps,
+            &p.files,
+            UserRegs {
+                ip: h.user_ip,
+                sp: h.user_sp,
+                bp: h.user_bp,
+            },
+            sec.stack,
+            sec.cut,
+        );
+        self.pass.walking += began.elapsed();
+        u
     }
 }
 

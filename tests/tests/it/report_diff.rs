@@ -33,6 +33,21 @@ fn function<'v>(d: &'v serde_json::Value, name: &str) -> &'v serde_json::Value {
         .unwrap_or_else(|| panic!("no {name} in {d}"))
 }
 
+/// The units a `diff --format json` flagged, one line each (kind, name, in which
+/// profiles): what a failure says first, before the whole diff.
+fn flagged(d: &serde_json::Value) -> String {
+    (d["units"].as_array().unwrap().iter())
+        .filter(|u| u["significant"] == true)
+        .map(|u| {
+            format!(
+                "{} {} (base {}, new {})",
+                u["kind"], u["name"], u["in_base"], u["in_new"]
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[test]
 fn diff_tells_thirty_percent_more_work_from_seed_noise() {
     let dir = temp_dir("report-diff");
@@ -170,7 +185,7 @@ fn diff_of_live_profiles_flags_the_changed_share_only() {
     record(&changed, &out[2]);
     let by_share = ["--format", "json", "--by", "share", "--alpha", "0.0001"];
     let same = stdout_json(&diff(&out[0], &out[1], &by_share));
-    assert_eq!(same["significant"], 0, "{same:#}");
+    assert_eq!(same["significant"], 0, "{}\n{same:#}", flagged(&same));
     let changed = stdout_json(&diff(&out[0], &out[2], &by_share));
     let share = |name: &str| function(&changed, name)["time_ns_share"].clone();
     let (alpha, beta) = (share("alpha_work"), share("beta_work"));

@@ -330,6 +330,43 @@ fn qsort_callbacks_unwind_through_libc_with_frame_pointers() {
     qsort("stacks-qsort-fp", &["-fno-omit-frame-pointer"]);
 }
 
+/// A library loaded after the process's maps were read, whose code is only ever a
+/// caller (it calls back into the executable, so no sample's own address is in it):
+/// the stacks through it are complete to main, not stopped at its code as unknown.
+/// Before, every such stack stopped there, and a run whose maps were first read while
+/// `ld.so` was still mapping libc had every path of the run cut at libc.
+#[test]
+fn stacks_through_a_library_that_only_calls_back_are_complete() {
+    if !require_root("stacks from live collection") {
+        return;
+    }
+    let dir = temp_dir("stacks-late");
+    let Some(exe) = compile_c("stacks.c", &dir, "stacks", &[]) else {
+        return;
+    };
+    let Some(lib) = compile_c("calllib.c", &dir, "calllib.so", &["-shared", "-fPIC"]) else {
+        return;
+    };
+    let _serial = cpu_heavy();
+    let (p, lost) = profile(&exe, &["late", "300", lib.to_str().unwrap()]);
+    let paths = paths(&p);
+    let (by, total) = assert_complete_to_main("late", &paths);
+    let through = by.get("main;lib_calls;leaf").copied().unwrap_or(0);
+    eprintln!("late: {through} of {total} under main;lib_calls;leaf; {lost:?}");
+    // Half the work runs under lib_calls: a path with no samples is the library's
+    // frames lost, whatever the sampling.
+    assert!(through >= 10, "{by:?}");
+    // As for failed stacks: one can stop at code not yet mapped as the process starts.
+    assert!(
+        lost.stacks_unknown_code * 100 <= total,
+        "{lost:?}: {:?}",
+        paths
+            .iter()
+            .filter(|(_, e, _)| *e == StackEnd::UnknownCode)
+            .collect::<Vec<_>>()
+    );
+}
+
 /// 10 000 frames deep: deeper than the copied stack; every such stack is cut, flagged
 /// and counted, never made up.
 #[test]
