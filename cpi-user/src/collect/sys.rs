@@ -2,9 +2,9 @@
 //! the `PERF_EVENT_IOC_*` ioctls, reading an event's count, `pidfd_open`,
 //! `BPF_ENABLE_STATS`, `statfs` (is a directory cgroup2), the kernel filter's map
 //! updates ([`FilterMaps`]) and the stack caps' ([`StackCapMap`]), and the thread's CPU
-//! clock. Callers get owned fds and
-//! `io::Result`s, and say where an event counts with a [`Placement`] and what it follows
-//! with a [`Follow`]: the kernel's pid, cpu, `-1`s and inherit flags are made here only.
+//! clock. Callers get owned fds and `io::Result`s, and say where an event counts with a
+//! [`Placement`] and what it follows with a [`Follow`]: the kernel's pid, cpu, `-1`s and
+//! inherit flags are made here only.
 //!
 //! The collector reaches them through [`PerfSys`], so the mode ladder, the step-downs and
 //! the exit paths are unit-tested with fake error codes (`collect/sys/fake.rs`, aya's
@@ -243,37 +243,35 @@ pub(crate) trait FilterMaps {
 /// The loaded eBPF object's filter maps.
 pub(crate) struct BpfFilterMaps<'a>(pub &'a mut aya::Ebpf);
 
-impl BpfFilterMaps<'_> {
-    fn map<K: aya::Pod>(
-        &mut self,
-        name: &str,
-    ) -> io::Result<aya::maps::HashMap<&mut aya::maps::MapData, K, u8>> {
-        let map = self
-            .0
-            .map_mut(name)
-            .ok_or_else(|| io::Error::other(format!("map {name} missing from the object")))?;
-        aya::maps::HashMap::try_from(map).map_err(io::Error::other)
-    }
+/// The loaded eBPF object's hash map `name`.
+fn hash_map<'b, K: aya::Pod, V: aya::Pod>(
+    bpf: &'b mut aya::Ebpf,
+    name: &str,
+) -> io::Result<aya::maps::HashMap<&'b mut aya::maps::MapData, K, V>> {
+    let map = bpf
+        .map_mut(name)
+        .ok_or_else(|| io::Error::other(format!("map {name} missing from the object")))?;
+    aya::maps::HashMap::try_from(map).map_err(io::Error::other)
 }
 
 impl FilterMaps for BpfFilterMaps<'_> {
     fn allow_tgid(&mut self, tgid: u32) -> io::Result<()> {
-        self.map::<u32>("ALLOWED_TGIDS")?
+        hash_map::<u32, u8>(self.0, "ALLOWED_TGIDS")?
             .insert(tgid, 1, 0)
             .map_err(io::Error::other)
     }
     fn remove_tgid(&mut self, tgid: u32) -> io::Result<()> {
-        self.map::<u32>("ALLOWED_TGIDS")?
+        hash_map::<u32, u8>(self.0, "ALLOWED_TGIDS")?
             .remove(&tgid)
             .map_err(io::Error::other)
     }
     fn allow_cgroup(&mut self, id: u64) -> io::Result<()> {
-        self.map::<u64>("ALLOWED_CGROUPS")?
+        hash_map::<u64, u8>(self.0, "ALLOWED_CGROUPS")?
             .insert(id, 1, 0)
             .map_err(io::Error::other)
     }
     fn remove_cgroup(&mut self, id: u64) -> io::Result<()> {
-        self.map::<u64>("ALLOWED_CGROUPS")?
+        hash_map::<u64, u8>(self.0, "ALLOWED_CGROUPS")?
             .remove(&id)
             .map_err(io::Error::other)
     }
@@ -304,22 +302,16 @@ pub(crate) trait StackCapMap {
 /// The loaded eBPF object's `STACK_CAPS`.
 pub(crate) struct BpfStackCaps<'a>(pub &'a mut aya::Ebpf);
 
-impl BpfStackCaps<'_> {
-    fn map(&mut self) -> io::Result<aya::maps::HashMap<&mut aya::maps::MapData, u32, u32>> {
-        let map = self
-            .0
-            .map_mut("STACK_CAPS")
-            .ok_or_else(|| io::Error::other("map STACK_CAPS missing from the object"))?;
-        aya::maps::HashMap::try_from(map).map_err(io::Error::other)
-    }
-}
-
 impl StackCapMap for BpfStackCaps<'_> {
     fn set_cap(&mut self, tgid: u32, bytes: u32) -> io::Result<()> {
-        self.map()?.insert(tgid, bytes, 0).map_err(io::Error::other)
+        hash_map::<u32, u32>(self.0, "STACK_CAPS")?
+            .insert(tgid, bytes, 0)
+            .map_err(io::Error::other)
     }
     fn remove_cap(&mut self, tgid: u32) -> io::Result<()> {
-        self.map()?.remove(&tgid).map_err(io::Error::other)
+        hash_map::<u32, u32>(self.0, "STACK_CAPS")?
+            .remove(&tgid)
+            .map_err(io::Error::other)
     }
 }
 

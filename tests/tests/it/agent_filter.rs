@@ -124,7 +124,10 @@ fn busy(dir: &Path) -> Option<PathBuf> {
     compile_c("busy.c", dir, "busy", &["-lpthread"])
 }
 
+/// `b 120`: busy for 120 s. The agent binary is built first (on first use, minutes after
+/// a change of its sources), so none of those seconds goes by before the agents start.
 fn spawn(b: &Path) -> Child {
+    cpi_tests::cpi_bpf();
     Command::new(b)
         .arg("120")
         .stderr(Stdio::null())

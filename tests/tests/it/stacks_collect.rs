@@ -402,8 +402,11 @@ fn deep_recursion_is_truncated_and_counted() {
 fn stack_caps_held() -> Vec<(u32, u32)> {
     let json = |args: &[&str]| -> Option<serde_json::Value> {
         let out = Command::new("bpftool").arg("-j").args(args).output().ok()?;
-        assert!(out.status.success(), "bpftool {args:?}: {out:?}");
-        serde_json::from_slice(&out.stdout).ok()
+        // A map listed a moment ago is gone when the collector that held it (another
+        // test's) ended in between.
+        let gone = String::from_utf8_lossy(&out.stdout).contains("No such file or directory");
+        assert!(out.status.success() || gone, "bpftool {args:?}: {out:?}");
+        serde_json::from_slice(&out.stdout).ok().filter(|_| !gone)
     };
     // Raw little-endian bytes, as "0x1c" strings (the map has no BTF).
     let u32_of = |v: &serde_json::Value| -> Option<u32> {
