@@ -448,13 +448,12 @@ impl Drain {
     }
 
     /// Unwinds `sec`'s copied stack of `pid` (thread `tid`). A walk that stopped at code
-    /// in none of the process's known mappings is a miss, as a sample's own address is
-    /// ([`Processes::track`]: the kernel's records or a re-read explain it), and the
-    /// stack is walked again once they did. A library mapped after the maps were read
-    /// is found by its first sample there, but one that only calls back into code known
-    /// before has no sample of its own: every stack through it stopped there (a
-    /// `dlopen`ed plugin's; libc's when the first maps were read while `ld.so` was still
-    /// mapping it, and then under every path of the run).
+    /// in none of the process's known mappings but in one the kernel recorded takes that
+    /// mapping in ([`Processes::adopt_recorded_frame`]) and walks again. A library mapped
+    /// after the maps were read is found by its first sample there, but one that only
+    /// calls back into code known before has no sample of its own: every stack through
+    /// it stopped there (a `dlopen`ed plugin's; libc's when the first maps were read
+    /// while `ld.so` was still mapping it, and then under every path of the run).
     fn walk(&mut self, pid: u32, tid: u32, sec: &StackSection) -> UnwoundStack {
         let u = self.walk_once(pid, sec);
         let Some(&at) = u.frames.last().filter(|_| u.stop == Stop::UnknownCode) else {
@@ -462,8 +461,10 @@ impl Drain {
         };
         // A return address is looked up at its call.
         let at = if u.frames.len() > 1 { at - 1 } else { at };
-        (self.processes).track(&mut self.set, &mut self.unwinder, pid, tid, Some(at));
-        if self.unwinder.prepared(pid) {
+        let (set, unwinder) = (&mut self.set, &mut self.unwinder);
+        if !(self.processes).adopt_recorded_frame(set, unwinder, (pid, tid), at)
+            || self.unwinder.prepared(pid)
+        {
             return u;
         }
         self.walk_once(pid, sec)

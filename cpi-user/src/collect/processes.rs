@@ -262,6 +262,28 @@ impl Processes {
         }
     }
 
+    /// A frame of `pid` (thread `tid`) at `addr`, in none of its known mappings but in
+    /// one the kernel recorded (a library mapped since its maps were read): that
+    /// mapping joins them, as a sample's own address does in [`Self::track`]. Only the
+    /// records: a frame is often past the stack's end (garbage), and re-reading `/proc`
+    /// for each would cost a short-lived process a read per sample. True when it
+    /// joined.
+    pub(crate) fn adopt_recorded_frame(
+        &mut self,
+        set: &mut SampleSet,
+        unwinder: &mut StackUnwinder,
+        (pid, tid): (u32, u32),
+        addr: u64,
+    ) -> bool {
+        let known = (set.process(pid).maps.as_ref()).is_some_and(|m| m.find(addr).is_some());
+        let recorded = (self.recorded.get(pid)).is_some_and(|r| r.maps.find(addr).is_some());
+        if known || !recorded {
+            return false;
+        }
+        self.adopt_records(set, unwinder, pid, tid);
+        true
+    }
+
     /// Whether `pid`'s maps may be read again ([`REREAD_EVERY`]).
     fn maps_due(&self, pid: u32) -> bool {
         self.maps_read_at
@@ -288,9 +310,7 @@ impl Processes {
             .filter(|r| p.maps.as_ref().is_none_or(|o| !o.holds(r)))
             .cloned()
             .collect();
-        for r in &fresh {
-            p.files.remove(&r.start);
-        }
+        drop_replaced_captures(&mut p.files, fresh.iter());
         for (start, f) in self.files.capture_live(pid, tid, &fresh) {
             p.files.insert(start, f);
         }
@@ -322,9 +342,7 @@ impl Processes {
                 let fresh: Vec<&Mapping> = (m.mappings.iter())
                     .filter(|x| p.maps.as_ref().is_none_or(|o| !o.holds(x)))
                     .collect();
-                for x in &fresh {
-                    p.files.remove(&x.start);
-                }
+                drop_replaced_captures(&mut p.files, fresh.iter().copied());
                 // Merged below as `with_older`: the old maps overlaid with these.
                 unwinder.maps_changed(pid, fresh.iter().map(|x| x.start..x.end));
                 for (start, f) in self.files.capture(&dir, fresh) {
@@ -360,6 +378,21 @@ impl Processes {
         }
         let wait = REREAD_EVERY.max(began.elapsed() * REREAD_COST_RATIO);
         self.maps_read_at.insert(pid, began + wait);
+    }
+}
+
+/// Forgets the captures at the starts of `fresh` mappings that hold another file now
+/// (an exec or a remap put it there). The same file keeps its capture: capturing it
+/// again can fail (the process gone meanwhile, or a recorded range that
+/// `/proc/PID/map_files` does not list), and its samples would then open it by path.
+fn drop_replaced_captures<'m>(
+    files: &mut HashMap<u64, std::sync::Arc<procmap::CapturedFile>>,
+    fresh: impl Iterator<Item = &'m Mapping>,
+) {
+    for m in fresh {
+        if files.get(&m.start).is_some_and(|f| m.file_id != Some(f.id)) {
+            files.remove(&m.start);
+        }
     }
 }
 
