@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::target;
-use crate::import::perf_records::{Recorded, RecordedProcesses, SideRecord};
+use crate::import::perf_records::{RecordedProcesses, SideRecord};
 use crate::procmap::{self, CapturedFiles, Mapping, ProcessIdentity, ProcessMaps};
 use crate::profile::SampleSet;
 use crate::unwind::StackUnwinder;
@@ -235,21 +235,16 @@ impl Processes {
             // Now, before the process can exit: who it is (cgroup, container, pod).
             p.identity = ProcessIdentity::read(pid);
         }
-        let miss =
-            addr.is_some_and(|a| a != 0 && p.maps.as_ref().is_none_or(|m| m.find(a).is_none()));
+        let miss = addr.filter(|&a| a != 0 && p.maps.as_ref().is_none_or(|m| m.find(a).is_none()));
         // The kernel's records explain a miss at once, without reading /proc (an exec'd
         // child whose maps were read as its parent's a moment ago, a library just
         // loaded). A first sample reads /proc while the process lives (what the records
         // hold lacks the vDSO and every file a fork inherited, and taking them alone
         // tripled the unmapped samples and failed stacks of short-lived children),
         // else takes the records ([`Self::read_maps`]).
-        let explained = |r: &&Recorded| {
-            addr.filter(|&a| a != 0)
-                .is_some_and(|a| miss && !first && r.maps.find(a).is_some())
-        };
-        if self.recorded.get(pid).filter(explained).is_some() {
-            self.adopt_records(set, unwinder, pid, tid);
-        } else if first || miss && self.maps_due(pid) {
+        let explained =
+            !first && miss.is_some_and(|a| self.adopt_recorded_frame(set, unwinder, (pid, tid), a));
+        if !explained && (first || miss.is_some() && self.maps_due(pid)) {
             self.read_maps(set, unwinder, pid, tid, first);
         }
         let p = set.process(pid);
@@ -262,12 +257,12 @@ impl Processes {
         }
     }
 
-    /// A frame of `pid` (thread `tid`) at `addr`, in none of its known mappings but in
-    /// one the kernel recorded (a library mapped since its maps were read): that
-    /// mapping joins them, as a sample's own address does in [`Self::track`]. Only the
-    /// records: a frame is often past the stack's end (garbage), and re-reading `/proc`
-    /// for each would cost a short-lived process a read per sample. True when it
-    /// joined.
+    /// An address of `pid` (thread `tid`), a sample's own or a frame's, in none of its
+    /// known mappings but in one the kernel recorded (a library mapped since its maps
+    /// were read): the recorded mappings join them. Only the records: a frame is often
+    /// past the stack's end (garbage), and re-reading `/proc` for each would cost a
+    /// short-lived process a read per sample ([`Self::track`] re-reads for a sample's
+    /// own address, at most every [`REREAD_EVERY`]). True when they joined.
     pub(crate) fn adopt_recorded_frame(
         &mut self,
         set: &mut SampleSet,
@@ -404,4 +399,42 @@ pub(super) struct Known {
     identity: Option<ProcessIdentity>,
     maps: Option<ProcessMaps>,
     files: HashMap<u64, std::sync::Arc<procmap::CapturedFile>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capture_is_dropped_only_when_its_mapping_holds_another_file() {
+        let me = std::process::id();
+        let (maps, dir) = ProcessMaps::read_live(me, me).unwrap();
+        let here = a_capture_is_dropped_only_when_its_mapping_holds_another_file as *const ();
+        let text = maps.find(here as u64).expect("own text mapped").clone();
+        let mut files = CapturedFiles::default().capture(&dir, [&text]);
+        assert!(files.contains_key(&text.start), "own text captured");
+
+        // The same file mapped again at the same start (a re-read, a re-capture).
+        drop_replaced_captures(&mut files, [&text].into_iter());
+        assert!(
+            files.contains_key(&text.start),
+            "the same file keeps its capture"
+        );
+
+        // Another file (an exec or a remap), then anonymous memory, at that start.
+        let mut other = text.clone();
+        let id = text
+            .file_id
+            .expect("a file mapping has its device and inode");
+        other.file_id = Some(procmap::FileId {
+            ino: id.ino + 1,
+            ..id
+        });
+        drop_replaced_captures(&mut files, [&other].into_iter());
+        assert!(!files.contains_key(&text.start), "another file: dropped");
+        let mut files = CapturedFiles::default().capture(&dir, [&text]);
+        other.file_id = None;
+        drop_replaced_captures(&mut files, [&other].into_iter());
+        assert!(!files.contains_key(&text.start), "no file: dropped");
+    }
 }
