@@ -12,7 +12,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use cpi_common::wire::{BranchEntry, BranchSample, EventRole, IpSample, FLAG_KERNEL};
+use cpi_common::wire::{
+    BranchEntry, BranchSample, EventRole, IpSample, FLAG_KERNEL, MAX_BRANCH_ENTRIES,
+};
 
 use super::error::{group_of, Groups, GROUPS};
 use super::stack::{CallStack, StackAggregate};
@@ -309,21 +311,14 @@ impl BranchAggregate {
         // entries[i + 1] is older than entries[i]: range [older.to, newer.from], ended
         // by the taken branch `newer`.
         let number = self.samples;
-        for pair in entries.windows(2) {
-            let (newer, older) = (&pair[0], &pair[1]);
-            let key = (older.to, newer.from, newer.to);
-            let (i, e) = match self.ended.get(&key) {
-                Some(&at) => at,
-                None => {
-                    let i = match older.to > newer.from {
-                        true => BACKWARD,
-                        false => self.ranges.slot((older.to, newer.from)) as u32,
-                    };
-                    let e = self.taken.slot((newer.from, newer.to));
-                    self.ended.insert(key, (i, e));
-                    (i, e)
-                }
-            };
+        // Every record's slots first, then every record's sums: the lookups of a
+        // window miss the caches independently, so apart they overlap.
+        let mut slots = [(0, 0); MAX_BRANCH_ENTRIES];
+        for (slot, pair) in slots.iter_mut().zip(entries.windows(2)) {
+            *slot = self.slots_of(&pair[0], &pair[1]);
+        }
+        for (&(i, e), pair) in slots.iter().zip(entries.windows(2)) {
+            let newer = &pair[0];
             let t = &mut self.taken.stats[e as usize];
             t.count += w;
             t.hits += 1;
@@ -352,6 +347,22 @@ impl BranchAggregate {
                 g[2] += w as f32;
             }
         }
+    }
+
+    /// The slots of the range [older.to, newer.from] ([`BACKWARD`] when it runs
+    /// backwards) and of the taken branch `newer` that ended it, added when new.
+    fn slots_of(&mut self, newer: &BranchEntry, older: &BranchEntry) -> (u32, u32) {
+        let key = (older.to, newer.from, newer.to);
+        if let Some(&at) = self.ended.get(&key) {
+            return at;
+        }
+        let i = match older.to > newer.from {
+            true => BACKWARD,
+            false => self.ranges.slot((older.to, newer.from)) as u32,
+        };
+        let e = self.taken.slot((newer.from, newer.to));
+        self.ended.insert(key, (i, e));
+        (i, e)
     }
 
     /// The straight-line ranges, by (first, last instruction address); in no order.

@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 
-use cpi_common::wire::{BranchEntry, EventRole};
+use cpi_common::wire::{BranchEntry, EventRole, MAX_BRANCH_ENTRIES};
 use serde::{Deserialize, Serialize};
 
 use super::error::Groups;
@@ -297,6 +297,10 @@ impl StackAggregate {
                 };
                 (node, leaf)
             });
+            // The window's keys, then their rows, then the sums: the lookups miss the
+            // caches independently, so apart they overlap (as in `BranchAggregate::add`).
+            let mut keys = [(0, 0, 0); MAX_BRANCH_ENTRIES];
+            let mut n = 0;
             for pair in entries.windows(2) {
                 let (newer, older) = (&pair[0], &pair[1]);
                 rebuilt = rebuilt.and_then(|r| self.undo(r, newer, &mut added));
@@ -305,18 +309,20 @@ impl StackAggregate {
                     continue;
                 }
                 let range = (older.to, newer.from);
-                let callers = rebuilt.map(|(callers, _)| callers);
-                let key = match callers {
-                    Some(c) => (u64::from(c), range.0, range.1),
+                keys[n] = match rebuilt {
+                    Some((callers, _)) => (u64::from(callers), range.0, range.1),
                     None => self.own_key(id, range),
                 };
-                let j = match self.ranges_at.get(&key) {
+                n += 1;
+            }
+            let mut rows = [0; MAX_BRANCH_ENTRIES];
+            for (row, key) in rows.iter_mut().zip(&keys[..n]) {
+                *row = match self.ranges_at.get(key) {
                     Some(&j) => j,
-                    None => {
-                        let at = callers.map_or(id, |c| self.trie.child(c, range.0, &mut added));
-                        self.add_range(key, at, range, now)
-                    }
+                    None => self.add_range(*key, now, &mut added),
                 };
+            }
+            for &j in &rows[..n] {
                 let row = &mut self.rows[j as usize];
                 row.last_use = now;
                 let r = &mut row.stat;
@@ -336,12 +342,19 @@ impl StackAggregate {
         }
     }
 
-    /// Adds `range`, keyed `key`, to node `at`'s statistics (added when new): its row.
-    fn add_range(&mut self, key: RangeKey, at: u32, range: (u64, u64), now: u64) -> u32 {
+    /// Adds the range keyed `key` to its stack's statistics (added when new): its row.
+    /// The stack is the node `key` names, or the child of its callers' node at the
+    /// range's first address.
+    fn add_range(&mut self, key: RangeKey, now: u64, added: &mut usize) -> u32 {
+        let (stack, first, last) = key;
+        let at = match stack & OWN {
+            0 => self.trie.child(stack as u32, first, added),
+            _ => (stack & !OWN) as u32,
+        };
         let j = self.rows.len() as u32;
         self.rows.push(RangeRow {
             last_use: now,
-            range,
+            range: (first, last),
             stat: StackRange::default(),
         });
         self.update(at, now, |s| s.rows.push(j));
