@@ -991,10 +991,15 @@ mod tests {
         words.iter().flat_map(|w| w.to_le_bytes()).collect()
     }
 
+    /// A file of `bytes` of its own: a path per call, so tests running at once never
+    /// share one (two writing `true-no-eh-frame` and its `.proc` directory, one removing
+    /// the other's link, failed a capture under load).
     fn temp(name: &str, bytes: &[u8]) -> std::path::PathBuf {
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("cpi-unwind-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let p = dir.join(name);
+        let p = dir.join(format!("{name}-{n}"));
         std::fs::write(&p, bytes).unwrap();
         p
     }
