@@ -19,11 +19,13 @@
 //!
 //! Mapped pages are page cache, shared with every process that maps the same file, and
 //! reclaimable; they are not heap and [`Binary::heap_bytes`] does not count them. They
-//! do count in this process's resident set while touched, so the pages read while
-//! parsing (symbol and string tables, `.eh_frame`) are dropped from it right after
-//! (`Binary::release_pages`); the pages later reads touch are dropped after every
-//! 4 MiB a binary is named or decoded (`Binary::note_read`) and whenever the symbolizer
-//! trims its cache.
+//! do count in this process's resident set while touched, and on Linux 6.18 a touch
+//! maps the page cache's whole folio, up to 2 MiB. So the pages read while parsing
+//! (symbol and string tables, `.eh_frame`) are dropped from it as the tables are walked
+//! and right after (`Binary::release_pages`), and the names and code read later are
+//! copied with `pread` (`Binary::copy_at`), which maps nothing: read through the
+//! mapping, a window naming a few thousand functions of two compilers' libraries held
+//! 20 MiB of each (BENCHMARKS.md, "Agent memory on a build host").
 //!
 //! A file truncated in place while it is mapped (not replaced: a new file at the same
 //! path is a new inode, see [`BinaryCache`]) would make reads past its new end fault with
@@ -54,7 +56,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
-use tables::{bolt_ordinals, copied_utf8, symtab_of, Tables};
+use tables::{bolt_ordinals, copied_utf8, owned_utf8, symtab_of, Tables};
 
 pub use cfg::{BasicBlock, Cfg, CfgEdge, FlowKind, Instruction};
 pub use debugfile::DebugRoot;
@@ -222,6 +224,9 @@ const NAME_SYNTH: u32 = u32::MAX;
 /// The name is held on the heap (PLT pseudo-functions; names past 2 GiB into a file,
 /// or longer than [`MAX_MAPPED_NAME`]).
 const NAME_OWNED: u32 = 1 << 31;
+/// Bytes read of a mapped name at first: most names end within them.
+const NAME_READ: usize = 256;
+
 /// Longest name read from the mapping: longer ones are held on the heap when the table
 /// is built, so a mapped name is cut here only if its file was rewritten in place since
 /// (its NUL overwritten by its owner). Without the cut each such name ran to the end of
@@ -241,7 +246,8 @@ struct CodeRange {
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Bytes a binary's mapping may be read for names and code between two releases of its
-/// pages ([`Binary::note_read`]); a name counts as the page it lies in.
+/// pages ([`Binary::note_read`]), where they are not read with `pread`
+/// ([`Binary::copy_at`]); a name counts as the page it lies in.
 const READ_PER_RELEASE: u64 = 4 << 20;
 const PAGE: u64 = 4096;
 
@@ -322,10 +328,11 @@ impl Binary {
         path: &Path,
         root: &DebugRoot,
     ) -> Result<Binary, BinaryError> {
-        let map = crate::fsafe::map::GuardedMap::new(file).map_err(|cause| BinaryError::Io {
-            path: path.to_path_buf(),
-            cause,
-        })?;
+        let map =
+            crate::fsafe::map::GuardedMap::with_reads(file).map_err(|cause| BinaryError::Io {
+                path: path.to_path_buf(),
+                cause,
+            })?;
         let debug = debugfile::find(path, map.bytes(), root);
         let bin = Binary::with_bytes(path, Bytes::Mapped(map), debug)?;
         if bin.truncated() {
@@ -429,7 +436,8 @@ impl Binary {
         release_maps(&self.bytes, self.debug.as_ref(), &self.path);
     }
 
-    /// Counts `bytes` read from the mapping by naming or decoding a function; past
+    /// Counts `bytes` read through the mapping by naming or decoding a function (one
+    /// without a descriptor for `pread`, [`Binary::copy_at`]); past
     /// [`READ_PER_RELEASE`] its pages leave the resident set ([`Self::release_pages`]).
     /// The symbolizer releases every binary's pages at the window's end, but a window
     /// that names and decodes thousands of functions of two compilers' libraries held
@@ -477,16 +485,15 @@ impl Binary {
         let Some(symtab) = symtab_of(&file, debug.as_ref()) else {
             return Vec::new();
         };
-        let functions = self.functions.iter().map(|&e| {
-            let name: &[u8] = match e.name {
+        let name = |e: FnEntry| -> &[u8] {
+            match e.name {
+                // No local is nameless: never a match.
                 NAME_SYNTH => b"",
                 n if n & NAME_OWNED != 0 => self.owned_names[(n & !NAME_OWNED) as usize].as_bytes(),
-                off => self.mapped_name(off),
-            };
-            (e.start, name)
-        });
-        // Both in address order: one merge.
-        let out = bolt_ordinals(&symtab, functions, &|| self.release_pages());
+                off => self.mapped_name_in_place(off),
+            }
+        };
+        let out = bolt_ordinals(&symtab, &self.functions, &name, &|| self.release_pages());
         if out.iter().all(|&n| n == 0) {
             return Vec::new();
         }
@@ -547,7 +554,6 @@ impl Binary {
     }
 
     fn materialise(&self, e: FnEntry) -> Function {
-        self.note_read(PAGE);
         Function {
             name: self.name_of(e),
             start: e.start,
@@ -556,7 +562,7 @@ impl Binary {
     }
 
     /// The name's bytes in the mapping, or the debug file's (up to its NUL).
-    fn mapped_name(&self, off: u32) -> &[u8] {
+    fn mapped_name_in_place(&self, off: u32) -> &[u8] {
         let own = self.bytes.get();
         let d = match (off as usize).checked_sub(own.len()) {
             None => &own[off as usize..],
@@ -569,11 +575,48 @@ impl Binary {
         &d[..d.iter().position(|&b| b == 0).unwrap_or(d.len())]
     }
 
+    /// The name's bytes in the file, or the debug file's (up to its NUL), copied.
+    fn mapped_name(&self, off: u32) -> Vec<u8> {
+        let mut b = self.copy_at(off as usize, NAME_READ);
+        if b.len() == NAME_READ && !b.contains(&0) {
+            b = self.copy_at(off as usize, MAX_MAPPED_NAME);
+        }
+        b.truncate(b.iter().position(|&x| x == 0).unwrap_or(b.len()));
+        b
+    }
+
+    /// Up to `len` bytes at `off` of the file, or past its end of the debug file (as
+    /// [`FnEntry::name`] counts offsets). A mapped file is read with `pread`
+    /// (`GuardedMap::read_at`: a read through the mapping keeps up to 2 MiB of it
+    /// resident), or through the mapping, counted ([`Binary::note_read`]), when it has no
+    /// descriptor.
+    fn copy_at(&self, off: usize, len: usize) -> Vec<u8> {
+        let own = self.bytes.get();
+        let (map, at) = match (off.checked_sub(own.len()), &self.bytes) {
+            (None, Bytes::Owned(_)) => return own[off..own.len().min(off + len)].to_vec(),
+            (None, Bytes::Mapped(m)) => (m, off),
+            (Some(o), _) => match &self.debug {
+                Some(d) => (d, o),
+                None => return Vec::new(),
+            },
+        };
+        let mut buf = vec![0; len.min(map.bytes().len().saturating_sub(at))];
+        match map.read_at(at, &mut buf) {
+            Some(n) => buf.truncate(n),
+            None => {
+                let n = buf.len();
+                buf.copy_from_slice(&map.bytes()[at..at + n]);
+                self.note_read(n as u64 + PAGE);
+            }
+        }
+        buf
+    }
+
     fn name_of(&self, e: FnEntry) -> String {
         match e.name {
             NAME_SYNTH => format!("func_{:x}", e.start),
             n if n & NAME_OWNED != 0 => self.owned_names[(n & !NAME_OWNED) as usize].to_string(),
-            off => copied_utf8(self.mapped_name(off)),
+            off => owned_utf8(self.mapped_name(off)),
         }
     }
 
@@ -602,18 +645,17 @@ impl Binary {
             .map(|s| vaddr - s.vaddr + s.offset)
     }
 
-    /// The code bytes of `[start, end)`, when they lie in one executable segment (a
-    /// slice of the mapping).
-    pub fn code(&self, start: u64, end: u64) -> Option<&[u8]> {
-        let data = self.bytes.get();
-        self.code.iter().find_map(|c| {
+    /// The code bytes of `[start, end)`, copied ([`Binary::copy_at`]), when they lie in
+    /// one executable segment.
+    pub fn code(&self, start: u64, end: u64) -> Option<Vec<u8>> {
+        let (at, len) = self.code.iter().find_map(|c| {
             let lo = usize::try_from(start.checked_sub(c.vaddr)?).ok()?;
             let hi = usize::try_from(end.checked_sub(c.vaddr)?).ok()?;
-            if lo > hi || hi > c.len {
-                return None;
-            }
-            data.get(c.offset + lo..c.offset + hi)
-        })
+            (lo <= hi && hi <= c.len).then_some((c.offset + lo, hi - lo))
+        })?;
+        let code = self.copy_at(at, len);
+        // Short: the file was truncated under the mapping (`Binary::truncated`).
+        (code.len() == len).then_some(code)
     }
 
     /// Disassembles `func` into basic blocks and its CFG. `extra_leaders` are addresses
@@ -630,12 +672,11 @@ impl Binary {
 
     /// `func`'s instructions (linear sweep), for [`Cfg::from_instructions`].
     pub fn decode(&self, func: &Function) -> Result<Vec<Instruction>, BinaryError> {
-        Ok(cfg::decode(func, self.code_of(func)?))
+        Ok(cfg::decode(func, &self.code_of(func)?))
     }
 
     /// `func`'s code bytes.
-    fn code_of(&self, func: &Function) -> Result<&[u8], BinaryError> {
-        self.note_read(func.size.saturating_add(PAGE));
+    fn code_of(&self, func: &Function) -> Result<Vec<u8>, BinaryError> {
         self.code(func.start, func.end())
             .ok_or_else(|| BinaryError::NoCode {
                 path: self.path.clone(),
@@ -780,22 +821,32 @@ mod tests {
         kib * 1024
     }
 
-    /// Decoding and naming functions releases the mapping's pages every
-    /// [`READ_PER_RELEASE`] bytes, not only at the window's end: after that many bytes
-    /// of decoding one function, the page its name was read from is no longer resident.
+    /// Naming and decoding functions reads the file with `pread`: none of the mapping
+    /// becomes resident. Where the mapping has no descriptor (it could not be
+    /// duplicated) they read the mapping and release its pages every
+    /// [`READ_PER_RELEASE`] bytes, not only at the window's end: after that many bytes of
+    /// decoding one function, the page its name was read from is no longer resident.
     /// This test's own executable (tens of MB: its `.strtab` lies far from `.text`).
     #[test]
-    fn pages_read_are_released_as_reading_goes_on() {
+    fn names_and_code_are_read_without_keeping_the_mapping_resident() {
         let exe = std::env::current_exe().unwrap();
         let copy = Scratch::copy(&exe, "release-reads", 0);
-        let bin = Binary::open(&copy.path).unwrap();
-        let i = (0..bin.functions.len())
-            .find(|&i| bin.functions[i].size >= 64 && bin.functions[i].name != NAME_SYNTH)
+        let read = Binary::open(&copy.path).unwrap();
+        let i = (0..read.functions.len())
+            .find(|&i| read.functions[i].size >= 64 && read.functions[i].name != NAME_SYNTH)
             .unwrap();
+        let f = read.function(i).unwrap();
+        read.decode(&f).unwrap();
+        assert_eq!(resident_of(&copy.path), 0, "read with pread");
+        drop(read);
+
+        let file = std::fs::File::open(&copy.path).unwrap();
+        let map = Bytes::Mapped(crate::fsafe::map::GuardedMap::new(&file).unwrap());
+        let bin = Binary::with_bytes(&copy.path, map, None).unwrap();
         bin.release_pages();
         assert_eq!(resident_of(&copy.path), 0, "released");
-        let f = bin.function(i).unwrap();
-        bin.decode(&f).unwrap();
+        assert_eq!(bin.function(i).unwrap(), f);
+        assert_eq!(bin.decode(&f).unwrap(), read_decoded(&copy.path, &f));
         let named_and_decoded = resident_of(&copy.path);
         assert!(named_and_decoded > 0);
         for _ in 0..READ_PER_RELEASE / PAGE {
@@ -807,6 +858,11 @@ mod tests {
             "{decoded} bytes resident after decoding {} MiB, {named_and_decoded} before",
             READ_PER_RELEASE >> 20
         );
+    }
+
+    /// `f` decoded from `path` opened again (read with `pread`).
+    fn read_decoded(path: &Path, f: &Function) -> Vec<Instruction> {
+        Binary::open(path).unwrap().decode(f).unwrap()
     }
 
     /// Parsing releases the symbol table's pages as it walks it, not only at its end:
@@ -1063,6 +1119,101 @@ mod tests {
                 .count()
         });
         assert_eq!(invalid, 0, "names that are not UTF-8");
+    }
+
+    /// Each function's BOLT ordinal against a direct count: the locals of its name at or
+    /// below its start, when one of them starts there. This test's own executable, and
+    /// `CPI_BIG_LIBRARY` when set (`--ignored`, with the benchmark below).
+    #[test]
+    fn bolt_ordinals_equal_a_direct_count() {
+        let exe = std::env::current_exe().unwrap();
+        let (named, repeated) = bolt_ordinals_against_a_count(&exe);
+        assert!(
+            named > 100 && repeated > 0,
+            "{named} named, {repeated} past /1"
+        );
+    }
+
+    /// (functions with a BOLT name, of them past `/1`) of `path`, after checking every
+    /// function's against a direct count.
+    fn bolt_ordinals_against_a_count(path: &Path) -> (usize, usize) {
+        use object::{Object, ObjectSymbol};
+        let data = std::fs::read(path).unwrap();
+        let elf = object::File::parse(&*data).unwrap();
+        let mut locals: HashMap<&[u8], Vec<u64>> = HashMap::new();
+        for s in elf.symbols() {
+            let named = s.name_bytes().ok().filter(|n| !n.is_empty());
+            let kind = matches!(
+                s.kind(),
+                object::SymbolKind::Text | object::SymbolKind::Data
+            );
+            if let (Some(n), true, true) = (named, s.is_local(), kind) {
+                locals.entry(n).or_default().push(s.address());
+            }
+        }
+        let bin = Binary::open(path).unwrap();
+        let (mut named, mut repeated) = (0, 0);
+        for i in 0..bin.functions.len() {
+            let f = bin.function(i).unwrap();
+            let addrs = locals.get(f.name.as_bytes()).map_or(&[][..], Vec::as_slice);
+            let count = addrs.iter().filter(|&&a| a <= f.start).count();
+            let expected = addrs
+                .contains(&f.start)
+                .then(|| format!("{}/{count}", f.name));
+            assert_eq!(bin.bolt_local_name(&f), expected, "{}", f.name);
+            named += usize::from(expected.is_some());
+            repeated += usize::from(count > 1 && expected.is_some());
+        }
+        (named, repeated)
+    }
+
+    /// What naming and decoding functions of a large library (as the agent's window
+    /// does: its name, BOLT name and, for one in ten, its code) adds to this process's
+    /// resident file pages at the most, and how long it takes (BENCHMARKS.md, "Agent
+    /// memory on a build host"). `CPI_BIG_LIBRARY=PATH`, run alone:
+    /// `cargo test --release -p cpi-user -- --ignored --nocapture bench_resident_naming`.
+    #[test]
+    #[ignore = "benchmark: needs CPI_BIG_LIBRARY, run by hand"]
+    fn bench_resident_naming_a_large_library() {
+        let path = PathBuf::from(std::env::var_os("CPI_BIG_LIBRARY").expect("CPI_BIG_LIBRARY"));
+        let status = |key: &str| {
+            let s = std::fs::read_to_string("/proc/self/status").unwrap();
+            let v = s.lines().find_map(|l| l.strip_prefix(key)).unwrap();
+            v.trim().trim_end_matches(" kB").parse::<u64>().unwrap() << 10
+        };
+        let rss_file = || status("RssFile:");
+        let (named, repeated) = bolt_ordinals_against_a_count(&path);
+        eprintln!("BOLT names equal a direct count: {named}, {repeated} past /1");
+        let bin = Binary::open(&path).unwrap();
+        let n = bin.functions.len();
+        // "5" resets the peak resident set (proc(5), /proc/pid/clear_refs).
+        std::fs::write("/proc/self/clear_refs", "5").unwrap();
+        let (base, mut most, rss) = (rss_file(), 0, status("VmRSS:"));
+        let t = std::time::Instant::now();
+        // A fixed pseudo-random order (an LCG): the window's functions, spread over the file.
+        let mut x: u64 = 1;
+        for k in 0..4000 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let f = bin.function((x >> 33) as usize % n).unwrap();
+            std::hint::black_box(bin.bolt_local_name(&f));
+            if k % 10 == 0 {
+                std::hint::black_box(bin.decode(&f).ok());
+            }
+            if k % 20 == 0 {
+                most = most.max(rss_file().saturating_sub(base));
+            }
+        }
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        eprintln!(
+            "{}: {n} functions; 4000 named, 400 decoded in {:.1} ms; resident file pages \
+             at most +{:.1} MiB; VmHWM +{:.1} MiB",
+            path.display(),
+            t.elapsed().as_secs_f64() * 1e3,
+            mib(most),
+            mib(status("VmHWM:").saturating_sub(rss))
+        );
     }
 
     #[test]

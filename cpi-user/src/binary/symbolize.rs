@@ -302,7 +302,7 @@ impl Symbolizer {
     ) -> Result<Vec<Option<Instruction>>, BinaryError> {
         // The function's bytes and sweep only on a miss: reading them faults the
         // binary's pages in again after each trim.
-        let mut sweep: Option<(&[u8], Arc<Sweep>)> = None;
+        let mut sweep: Option<(Arc<[u8]>, Arc<Sweep>)> = None;
         let mut found = Vec::with_capacity(addrs.len());
         for &a in addrs {
             let key = (bin.id, func.start, func.size, Form::Holding(a));
@@ -314,7 +314,7 @@ impl Symbolizer {
                         Some(s) => s.clone(),
                         None => sweep.insert(self.sweep(bin, func)?).clone(),
                     };
-                    let ins = holding(func, code, &swept, a).map(Arc::new);
+                    let ins = holding(func, &code, &swept, a).map(Arc::new);
                     let bytes = ins
                         .as_ref()
                         .map_or(0, |i| size_of::<Instruction>() + i.text.capacity());
@@ -328,14 +328,14 @@ impl Symbolizer {
     }
 
     /// `func`'s code and its linear sweep's instructions (cached).
-    fn sweep<'b>(
+    fn sweep(
         &mut self,
-        bin: &'b Arc<Binary>,
+        bin: &Arc<Binary>,
         func: &Function,
-    ) -> Result<(&'b [u8], Arc<Sweep>), BinaryError> {
-        let code = bin.code_of(func)?;
+    ) -> Result<(Arc<[u8]>, Arc<Sweep>), BinaryError> {
+        let code: Arc<[u8]> = bin.code_of(func)?.into();
         let d = self.cached((bin.id, func.start, func.size, Form::Sweep), || {
-            let sweep = Sweep::of(code);
+            let sweep = Sweep::of(&code);
             let bytes = sweep.bytes();
             Ok((Decoding::Sweep(Arc::new(sweep)), bytes))
         })?;

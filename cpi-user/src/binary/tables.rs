@@ -5,6 +5,7 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::path::Path;
 
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, SymbolKind};
@@ -227,8 +228,12 @@ fn function_entries(
 /// `into_owned`) could be invalid UTF-8 by the time they are copied, and a `String`
 /// that is not UTF-8 is undefined behaviour wherever its chars are read.
 pub(super) fn copied_utf8(bytes: &[u8]) -> String {
-    String::from_utf8(bytes.to_vec())
-        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    owned_utf8(bytes.to_vec())
+}
+
+/// `bytes` (a copy) as a `String`, invalid UTF-8 replaced.
+pub(super) fn owned_utf8(bytes: Vec<u8>) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
 }
 
 /// Offset of `part` in `whole` when `part` is a slice of it (names and section data
@@ -238,45 +243,63 @@ pub(super) fn offset_in(whole: &[u8], part: &[u8]) -> Option<usize> {
     (off.checked_add(part.len())? <= whole.len()).then_some(off)
 }
 
-/// BOLT's ordinal of each `(address, name)` of `functions` (in address order) among the
-/// local text and data symbols of `table` of that name, in address order (BOLT's
-/// `name/N`, `NameResolver::uniquify`); 0 where no local symbol of that name starts
-/// there. Of two locals of one name at one address, the later.
+/// BOLT's ordinal of each of `functions` (in address order) among the local text and
+/// data symbols of `table` of its name, in address order (BOLT's `name/N`,
+/// `NameResolver::uniquify`); 0 where no local symbol of that name starts there. Of two
+/// locals of one name at one address, the later. `name` gives a function's name (empty
+/// for none).
 ///
-/// The locals are sorted by address and counted by name while `functions` is walked:
-/// a table of every local's ordinal beside them held 32 bytes a local more (the peak
-/// was 18.7 MiB for the 212 614 locals of Rust's libLLVM 22, now 12.8: BENCHMARKS.md,
-/// "Agent memory on a build host"). Names are bytes and the map foldhash: this runs
-/// whenever the symbolizer opens a binary again.
+/// Names are compared by a 64-bit hash (a seed per call: a collision among a library's
+/// 200 000 names has odds of about 1 in 10⁹ and cannot be aimed at), so that every name
+/// is read once and in the order it lies in the file, the locals' in table order and
+/// the functions' by offset: read in address order, the names of a 200 MB library were
+/// resident all at once between two releases, a fault mapping up to 2 MiB of it each
+/// (BENCHMARKS.md, "Agent memory on a build host"). The locals are sorted by (hash,
+/// address), 16 bytes each, and merged with the functions sorted alike.
 pub(super) fn bolt_ordinals<'a>(
     table: &object::SymbolTable<'_, '_>,
-    functions: impl Iterator<Item = (u64, &'a [u8])>,
+    functions: &[FnEntry],
+    name: &dyn Fn(FnEntry) -> &'a [u8],
     release: &dyn Fn(),
 ) -> Vec<u32> {
-    let mut locals: Vec<(u64, &[u8])> = (table.symbols())
+    let state = foldhash::fast::RandomState::default();
+    let hash = |n: &[u8]| state.hash_one(n);
+    // (hash, start, index) of each function, names read in file order (`FnEntry::name`
+    // orders mapped names by offset, then the others).
+    let mut order: Vec<u32> = (0..functions.len() as u32).collect();
+    order.sort_unstable_by_key(|&i| functions[i as usize].name);
+    let mut keyed: Vec<(u64, u64, u32)> = Vec::with_capacity(functions.len());
+    for (k, &i) in order.iter().enumerate() {
+        released_every(k, release);
+        let e = functions[i as usize];
+        keyed.push((hash(name(e)), e.start, i));
+    }
+    drop(order);
+    keyed.sort_unstable();
+    let mut locals: Vec<(u64, u64)> = (table.symbols())
         .inspect(|s| released_every(s.index().0, release))
         .filter(|s| s.is_local() && matches!(s.kind(), SymbolKind::Text | SymbolKind::Data))
-        .filter_map(|s| Some((s.address(), s.name_bytes().ok()?)))
-        .filter(|(_, n)| !n.is_empty())
+        .filter_map(|s| Some((s.name_bytes().ok()?, s.address())))
+        .filter(|(n, _)| !n.is_empty())
+        .map(|(n, addr)| (hash(n), addr))
         .collect();
     locals.sort_unstable();
-    let mut seen: HashMap<&[u8], u32, foldhash::fast::RandomState> =
-        HashMap::with_capacity_and_hasher(locals.len(), Default::default());
-    let mut next = locals.iter().enumerate().peekable();
-    functions
-        .map(|(start, name)| {
-            let mut ordinal = 0;
-            while let Some((k, &(addr, n))) = next.next_if(|l| l.1 .0 <= start) {
-                released_every(k, release);
-                let count = seen.entry(n).or_default();
-                *count += 1;
-                if addr == start && n == name {
-                    ordinal = *count;
-                }
+    // One merge: `l` runs past the locals up to each key, `first` is where the name of
+    // the last one passed begins.
+    let mut out = vec![0; functions.len()];
+    let (mut l, mut first) = (0, 0);
+    for &(h, start, i) in &keyed {
+        while l < locals.len() && locals[l] <= (h, start) {
+            if l == 0 || locals[l].0 != locals[l - 1].0 {
+                first = l;
             }
-            ordinal
-        })
-        .collect()
+            l += 1;
+        }
+        if l > 0 && locals[l - 1] == (h, start) {
+            out[i as usize] = (l - first) as u32;
+        }
+    }
+    out
 }
 
 /// Symbols read between two calls of the release hook while a symbol table is walked

@@ -101,6 +101,8 @@ pub(crate) struct GuardedMap {
     // Dropped after the slot is released (`Drop` runs before fields drop).
     map: memmap2::Mmap,
     slot: usize,
+    /// The file, for [`GuardedMap::read_at`] (when made [`GuardedMap::with_reads`]).
+    file: Option<File>,
 }
 
 impl GuardedMap {
@@ -114,6 +116,7 @@ impl GuardedMap {
             return Ok(GuardedMap {
                 map,
                 slot: usize::MAX,
+                file: None,
             });
         }
         let start = map.as_ptr() as usize;
@@ -128,12 +131,53 @@ impl GuardedMap {
                 s.hit.store(false, Ordering::Relaxed);
                 s.len.store(map.len(), Ordering::Release);
                 HINT.store(i + 1, Ordering::Relaxed);
-                return Ok(GuardedMap { map, slot: i });
+                return Ok(GuardedMap {
+                    map,
+                    slot: i,
+                    file: None,
+                });
             }
         }
         Err(io::Error::other(format!(
             "more than {MAX_GUARDED} files mapped at once"
         )))
+    }
+
+    /// [`GuardedMap::new`], keeping a descriptor of `file` for [`GuardedMap::read_at`]
+    /// (none when it cannot be duplicated: reads then go through the mapping).
+    pub fn with_reads(file: &File) -> io::Result<GuardedMap> {
+        let mut m = GuardedMap::new(file)?;
+        m.file = file.try_clone().ok();
+        Ok(m)
+    }
+
+    /// Copies the file's bytes at `offset` into `buf` with `pread`, not through the
+    /// mapping: a fault in a file mapping maps the page cache's whole folio, up to
+    /// 2 MiB on Linux 6.18 (`filemap_map_pages`), so a few hundred names read through
+    /// the mapping of a 200 MB library held 20 MiB of it in this process's resident set
+    /// (BENCHMARKS.md, "Agent memory on a build host"); `pread` copies only what is
+    /// asked. The bytes read, short at the file's end; a read that ends before the end
+    /// of the mapping (the file shrank) marks it [`GuardedMap::truncated`], as a fault
+    /// there would. `None` without a descriptor: the caller reads the mapping.
+    pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> Option<usize> {
+        use std::os::unix::fs::FileExt;
+        let file = self.file.as_ref()?;
+        let mut done = 0;
+        while done < buf.len() {
+            let at = (offset + done) as u64;
+            match file.read_at(&mut buf[done..], at) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+        if done < buf.len() && offset.saturating_add(done) < self.map.len() {
+            if let Some(s) = SLOTS.get(self.slot) {
+                s.hit.store(true, Ordering::Release);
+            }
+        }
+        Some(done)
     }
 
     /// The file's bytes as mapped (zeros where it was truncated, see
@@ -142,8 +186,8 @@ impl GuardedMap {
         &self.map
     }
 
-    /// A read past the file's current end was recovered: what was read there is zeros,
-    /// not the file.
+    /// A read past the file's current end was recovered (what was read there is zeros,
+    /// not the file), or came back short ([`GuardedMap::read_at`]).
     pub fn truncated(&self) -> bool {
         SLOTS
             .get(self.slot)
@@ -205,6 +249,36 @@ mod tests {
             0,
             "the whole mapping is zeros now, not the file"
         );
+        drop(m);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// `read_at` copies the file without making the mapping resident, and a read cut
+    /// short by a truncation marks the mapping truncated as a fault there would.
+    #[test]
+    fn reads_leave_the_mapping_alone_and_see_a_truncation() {
+        let dir = std::env::temp_dir().join(format!("cpi-guard-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("f");
+        let mut f = File::create(&p).unwrap();
+        f.write_all(&vec![7u8; 4 * 4096]).unwrap();
+        let m = GuardedMap::with_reads(&File::open(&p).unwrap()).unwrap();
+        let mut buf = [0u8; 100];
+        assert_eq!(m.read_at(3 * 4096, &mut buf), Some(100));
+        assert_eq!(buf, [7u8; 100]);
+        let resident = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let start = format!("{:x}-", m.bytes().as_ptr() as usize);
+        let rss = (resident.lines())
+            .skip_while(|l| !l.starts_with(&start))
+            .find_map(|l| l.strip_prefix("Rss:"))
+            .unwrap();
+        assert_eq!(rss.trim(), "0 kB", "nothing of the mapping resident");
+        assert!(!m.truncated());
+        f.set_len(4096 + 50).unwrap();
+        assert_eq!(m.read_at(4096, &mut buf), Some(50));
+        assert!(m.truncated());
+        let plain = GuardedMap::new(&File::open(&p).unwrap()).unwrap();
+        assert_eq!(plain.read_at(0, &mut buf), None, "no descriptor kept");
         drop(m);
         std::fs::remove_dir_all(&dir).unwrap();
     }
