@@ -84,7 +84,7 @@ pub fn find(path: &Path, data: &[u8], root: &DebugRoot) -> Option<DebugFile> {
                     return None;
                 }
             }
-            let map = GuardedMap::with_reads(&f).ok()?;
+            let map = super::map_file(&f).ok()?;
             let ok = match check {
                 Check::BuildId(id) => {
                     object::File::parse(map.bytes())

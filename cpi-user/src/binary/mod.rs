@@ -22,8 +22,9 @@
 //! do count in this process's resident set while touched, and on Linux 6.18 a touch
 //! maps the page cache's whole folio, up to 2 MiB. So the pages read while parsing
 //! (symbol and string tables, `.eh_frame`) are dropped from it as the tables are walked
-//! and right after (`Binary::release_pages`), and the names and code read later are
-//! copied with `pread` (`Binary::copy_at`), which maps nothing: read through the
+//! and right after (`Binary::release_pages`), and the names and code read later from a
+//! file of 8 MiB or more are copied with `pread` (`Binary::copy_at`), which maps
+//! nothing (a smaller file's are read through the mapping, released every 4 MiB): read through the
 //! mapping, a window naming a few thousand functions of two compilers' libraries held
 //! 20 MiB of each (BENCHMARKS.md, "Agent memory on a build host").
 //!
@@ -265,6 +266,22 @@ fn release_maps(bytes: &Bytes, debug: Option<&crate::fsafe::map::GuardedMap>, pa
     }
 }
 
+/// Files this large or larger keep a descriptor beside their mapping, to read names and
+/// code with `pread` ([`Binary::copy_at`]); smaller ones are read through the mapping,
+/// which holds at most their size, so a host's thousands of small binaries do not each
+/// hold a descriptor.
+const PREAD_FROM: u64 = 8 << 20;
+
+/// `file` mapped, with its descriptor kept for `pread` when it is [`PREAD_FROM`] or
+/// larger.
+fn map_file(file: &std::fs::File) -> std::io::Result<crate::fsafe::map::GuardedMap> {
+    use crate::fsafe::map::GuardedMap;
+    match file.metadata()?.len() {
+        n if n >= PREAD_FROM => GuardedMap::with_reads(file),
+        _ => GuardedMap::new(file),
+    }
+}
+
 /// One ELF file, parsed once, mapped (see the module documentation).
 #[derive(Debug)]
 pub struct Binary {
@@ -328,11 +345,10 @@ impl Binary {
         path: &Path,
         root: &DebugRoot,
     ) -> Result<Binary, BinaryError> {
-        let map =
-            crate::fsafe::map::GuardedMap::with_reads(file).map_err(|cause| BinaryError::Io {
-                path: path.to_path_buf(),
-                cause,
-            })?;
+        let map = map_file(file).map_err(|cause| BinaryError::Io {
+            path: path.to_path_buf(),
+            cause,
+        })?;
         let debug = debugfile::find(path, map.bytes(), root);
         let bin = Binary::with_bytes(path, Bytes::Mapped(map), debug)?;
         if bin.truncated() {
@@ -586,10 +602,10 @@ impl Binary {
     }
 
     /// Up to `len` bytes at `off` of the file, or past its end of the debug file (as
-    /// [`FnEntry::name`] counts offsets). A mapped file is read with `pread`
+    /// [`FnEntry::name`] counts offsets). A large mapped file is read with `pread`
     /// (`GuardedMap::read_at`: a read through the mapping keeps up to 2 MiB of it
-    /// resident), or through the mapping, counted ([`Binary::note_read`]), when it has no
-    /// descriptor.
+    /// resident); a small one ([`map_file`]) through the mapping, counted
+    /// ([`Binary::note_read`]).
     fn copy_at(&self, off: usize, len: usize) -> Vec<u8> {
         let own = self.bytes.get();
         let (map, at) = match (off.checked_sub(own.len()), &self.bytes) {
