@@ -242,8 +242,8 @@ impl Processes {
         // hold lacks the vDSO and every file a fork inherited, and taking them alone
         // tripled the unmapped samples and failed stacks of short-lived children),
         // else takes the records ([`Self::read_maps`]).
-        let explained =
-            !first && miss.is_some_and(|a| self.adopt_recorded_frame(set, unwinder, (pid, tid), a));
+        let explained = !first
+            && miss.is_some_and(|a| self.adopt_recorded_address(set, unwinder, (pid, tid), a));
         if !explained && (first || miss.is_some() && self.maps_due(pid)) {
             self.read_maps(set, unwinder, pid, tid, first);
         }
@@ -263,7 +263,7 @@ impl Processes {
     /// past the stack's end (garbage), and re-reading `/proc` for each would cost a
     /// short-lived process a read per sample ([`Self::track`] re-reads for a sample's
     /// own address, at most every [`REREAD_EVERY`]). True when they joined.
-    pub(crate) fn adopt_recorded_frame(
+    pub(crate) fn adopt_recorded_address(
         &mut self,
         set: &mut SampleSet,
         unwinder: &mut StackUnwinder,
