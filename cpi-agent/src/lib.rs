@@ -639,9 +639,13 @@ fn analysis_loop(
             ..
         } = job.collected;
         // The collector tracks processes; the symbolizer drops what it has of a pid
-        // given to a new process before analysis, of a process gone after it.
+        // given to a new process before analysis, of a process gone after it (and
+        // knows it gone meanwhile).
         for &pid in &changes.reused {
             sym.forget_process(pid);
+        }
+        for &pid in &changes.left {
+            sym.process_gone(pid);
         }
         keep_wanted(&mut set, c, cgroup_rel.as_deref(), kubelet.as_ref());
         let mut profile = analyze_with(&set, run, &opts, &mut sym);

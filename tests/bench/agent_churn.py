@@ -41,9 +41,14 @@ def metrics(port):
             continue
         name, value = line.rsplit(" ", 1)
         try:
-            out[name] = float(value)
+            v = float(value)
         except ValueError:
-            pass
+            continue
+        out[name] = v
+        # A labelled family also by its name alone, summed over its labels.
+        if "{" in name:
+            base = name.split("{", 1)[0]
+            out[base] = out.get(base, 0) + v
     return out
 
 

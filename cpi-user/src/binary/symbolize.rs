@@ -417,6 +417,12 @@ impl Symbolizer {
         }
     }
 
+    /// Process `pid` is known to be gone (its collector saw it leave): its `/proc`
+    /// paths are not tried, not even once to learn so.
+    pub fn process_gone(&mut self, pid: u32) {
+        self.gone.insert(pid);
+    }
+
     /// Forgets what is cached for process `pid` (its mappings' binaries stay cached by
     /// file): the always-on agent calls it when the process has exited or its pid was
     /// reused (cpi-agent/src/lib.rs).

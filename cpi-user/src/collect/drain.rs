@@ -321,11 +321,13 @@ impl Drain {
     pub fn take_window(&mut self) -> DrainWindow {
         let next = self.set.empty_like();
         let mut set = std::mem::replace(&mut self.set, next);
+        // Before the window's end forgets the exits it recorded.
+        let processes = &self.processes;
+        self.cpu_clock.by_tid.retain(|&tid, _| processes.alive(tid));
         let changes = self.processes.end_window(&mut set, &mut self.unwinder);
         for &pid in changes.left.iter().chain(&changes.reused) {
             self.stack_caps.forget(pid);
         }
-        self.cpu_clock.by_tid.retain(|&tid, _| procmap::alive(tid));
         // The unwind sections' pages this window touched leave the resident set.
         self.unwinder.release_pages();
         DrainWindow {
@@ -1126,6 +1128,59 @@ mod tests {
             (2, w1.captures),
             "{w1:?} then {w2:?}"
         );
+    }
+
+    /// Issue 34: a process whose exit was recorded costs no `/proc` read: its first
+    /// sample takes the records (not the maps `/proc` would give, here this live
+    /// process's own, which the records say exited), and it leaves at the window's end
+    /// with its thread's period state, without a look at `/proc`; so do its samples
+    /// read late, in the next window.
+    #[test]
+    fn a_recorded_exit_spares_the_proc_reads_of_a_gone_process() {
+        let me = std::process::id();
+        let here = a_recorded_exit_spares_the_proc_reads_of_a_gone_process as *const () as u64;
+        let own = ProcessMaps::read(me).unwrap().find(here).unwrap().clone();
+        let mut d = Drain::new(1, StackMemory::default());
+        d.observe(SideRecord::Comm {
+            pid: me,
+            tid: me,
+            name: "recorded".into(),
+            exec: false,
+        });
+        d.observe(SideRecord::Mmap {
+            pid: me,
+            mapping: own.clone(),
+            build_id: None,
+        });
+        d.observe(SideRecord::Exit { tid: me, time: 1 });
+        d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
+        let p = &d.set.processes[&me];
+        assert_eq!(p.comm, "recorded", "named by the records");
+        assert_eq!(p.maps.as_ref().unwrap().mappings, [own], "mapped by them");
+        assert!(p.identity.is_none(), "no cgroup read");
+        // The period of a per-thread event on it (a one-shot's).
+        d.cpu_clock.by_tid.insert(me, 1000);
+        let w = d.take_window();
+        assert_eq!(w.changes.left, [me], "gone, though /proc would say alive");
+        assert_eq!(w.set.processes[&me].start, None);
+        assert!(d.cpu_clock.by_tid.is_empty());
+        assert!(
+            !d.processes.known.contains_key(&me),
+            "not kept for later windows"
+        );
+        // A sample read late, in the next window, is still of the gone process.
+        d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
+        assert_eq!(d.set.processes[&me].comm, "recorded");
+        assert_eq!(d.take_window().changes.left, [me]);
+        // A window without its samples forgets it: the next sample reads /proc.
+        d.take_window();
+        d.add(&bytes_of(&ip(me, here, EventRole::CpuClock)));
+        let p = &d.set.processes[&me];
+        assert!(
+            p.maps.as_ref().unwrap().mappings.len() > 1,
+            "read from /proc"
+        );
+        assert_ne!(p.comm, "recorded");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The collector's one tracker of processes, keyed by pid and start time: each
 //! process's comm, mappings, identity (cgroup, container, pod) and captured files, read
 //! when its pid is first sampled, re-read when an address misses them, taken from the
-//! kernel's side-band records where they explain it, and kept after it exits. It tells
+//! kernel's side-band records where they explain it (or its exit was recorded: `/proc`
+//! is not asked of a process known gone), and kept after it exits. It tells
 //! the unwinder which mappings changed and a window's reader which processes were
 //! replaced or left ([`ProcessChanges`]): who keeps per-process state beside it (the
 //! agent's symbolizer) drops the same.
@@ -83,7 +84,7 @@ impl Processes {
             // tells it from a later process given the same pid. A process already gone
             // needs none: it will have no more samples.
             if p.start.is_none() && pid != 0 {
-                p.start = target::process_start(pid);
+                p.start = start_of(&self.recorded, pid);
             }
             if p.start.is_none() && pid != 0 {
                 left.push(pid);
@@ -107,7 +108,7 @@ impl Processes {
             let keep = set
                 .processes
                 .get(pid)
-                .map_or_else(|| target::process_start(*pid), |p| p.start)
+                .map_or_else(|| start_of(&self.recorded, *pid), |p| p.start)
                 == k.start;
             if !keep {
                 left.push(*pid);
@@ -116,8 +117,10 @@ impl Processes {
         });
         left.sort_unstable();
         left.dedup();
-        let keep = |pid: &u32| set.processes.contains_key(pid) || procmap::alive(*pid);
-        self.recorded.retain(|pid| keep(&pid));
+        self.recorded.retain(|pid, exited| {
+            set.processes.contains_key(&pid) || !exited && procmap::alive(pid)
+        });
+        self.recorded.forget_exits();
         self.maps_read_at
             .retain(|pid, _| self.known.contains_key(pid));
         let known = &self.known;
@@ -173,12 +176,17 @@ impl Processes {
 
     /// A process's first sample of this window: what earlier windows learnt of it,
     /// unless its pid now belongs to another process (another start time). Only pids
-    /// known from earlier windows cost a `/proc/PID/stat` read here.
+    /// known from earlier windows, and not recorded gone, cost a `/proc/PID/stat` read
+    /// here.
     pub(crate) fn first_in_window(&mut self, set: &mut SampleSet, pid: u32) {
         let Some(k) = self.known.get(&pid) else {
             return;
         };
-        let start = target::comm_and_start(pid);
+        let start = if self.recorded.exited(pid) {
+            None
+        } else {
+            target::comm_and_start(pid)
+        };
         let p = set.process(pid);
         match start {
             // Gone already: no other process has taken the pid yet, so it is the one
@@ -224,14 +232,21 @@ impl Processes {
             return;
         }
         let first = p.maps.is_none() && !self.maps_read_at.contains_key(&pid);
-        let exec = self
+        // Gone already (a short-lived process, its samples drained after its exit):
+        // `/proc` has nothing left of it, and the records say all there is.
+        let gone = self.recorded.exited(pid);
+        let named = self
             .recorded
             .get(pid)
-            .filter(|r| r.exec && !r.comm.is_empty());
+            .filter(|r| (r.exec || gone) && !r.comm.is_empty());
         if p.comm.is_empty() {
-            p.comm = exec.map_or_else(|| target::comm(pid), |r| r.comm.clone());
+            p.comm = match named {
+                Some(r) => r.comm.clone(),
+                None if gone => String::new(),
+                None => target::comm(pid),
+            };
         }
-        if first {
+        if first && !gone {
             // Now, before the process can exit: who it is (cgroup, container, pod).
             p.identity = ProcessIdentity::read(pid);
         }
@@ -250,7 +265,9 @@ impl Processes {
         let p = set.process(pid);
         if p.comm.is_empty() {
             // Gone before its name could be read: the thread's, else the pid.
-            p.comm = target::comm(tid);
+            if !gone {
+                p.comm = target::comm(tid);
+            }
             if p.comm.is_empty() {
                 p.comm = format!("[pid {pid}]");
             }
@@ -277,6 +294,12 @@ impl Processes {
         }
         self.adopt_records(set, unwinder, pid, tid);
         true
+    }
+
+    /// Whether thread `tid` lives ([`procmap::alive`]); false without a `/proc` read
+    /// when its exit was recorded this window.
+    pub(crate) fn alive(&self, tid: u32) -> bool {
+        !self.recorded.exited(tid) && procmap::alive(tid)
     }
 
     /// Whether `pid`'s maps may be read again ([`REREAD_EVERY`]).
@@ -332,8 +355,14 @@ impl Processes {
         let p = set.process(pid);
         let began = Instant::now();
         self.maps_reads += 1;
-        let read = match ProcessMaps::read_live(pid, tid) {
-            Ok((m, dir)) => {
+        let gone = self.recorded.exited(pid);
+        let live = if gone {
+            None
+        } else {
+            ProcessMaps::read_live(pid, tid).ok()
+        };
+        let read = match live {
+            Some((m, dir)) => {
                 let fresh: Vec<&Mapping> = (m.mappings.iter())
                     .filter(|x| p.maps.as_ref().is_none_or(|o| !o.holds(x)))
                     .collect();
@@ -346,7 +375,7 @@ impl Processes {
                 Some(m)
             }
             // Gone already: what the kernel recorded of it.
-            Err(_) => self.recorded.get(pid).map(|r| {
+            None => self.recorded.get(pid).map(|r| {
                 if !r.comm.is_empty() {
                     p.comm.clone_from(&r.comm);
                 }
@@ -365,7 +394,7 @@ impl Processes {
         // A miss usually means exec replaced the image (a shell wrapper or a pyenv
         // shim becoming the real program): its name changed with it. (On first sight
         // it was read a moment ago.)
-        if !first {
+        if !first && !gone {
             let comm = target::comm(pid);
             if !comm.is_empty() {
                 p.comm = comm;
@@ -374,6 +403,15 @@ impl Processes {
         let wait = REREAD_EVERY.max(began.elapsed() * REREAD_COST_RATIO);
         self.maps_read_at.insert(pid, began + wait);
     }
+}
+
+/// `pid`'s start time ([`target::process_start`]); `None` without a `/proc` read when
+/// its exit was recorded.
+fn start_of(recorded: &RecordedProcesses, pid: u32) -> Option<u64> {
+    if recorded.exited(pid) {
+        return None;
+    }
+    target::process_start(pid)
 }
 
 /// Forgets the captures at the starts of `fresh` mappings that hold another file now

@@ -24,8 +24,10 @@ use crate::import::perf_records::{side_record, SideRecord};
 /// passes.
 const DATA_PAGES: usize = 16;
 
-/// The attr of the dummy event that carries side-band records; its fd polls readable
-/// once `wake_bytes` are unread.
+/// The attr of the dummy event that carries side-band records: mappings, names, and
+/// forks and exits (the kernel sends those to any event with `mmap` or `comm`, no
+/// `task` needed; an exit recorded spares a `/proc` read to learn a process is gone);
+/// its fd polls readable once `wake_bytes` are unread.
 pub fn attr(wake_bytes: u32) -> PerfEventAttr {
     PerfEventAttr {
         wakeup_events: wake_bytes,
@@ -146,6 +148,41 @@ mod tests {
                 SideRecord::Mmap { pid, mapping, .. } if *pid == std::process::id()
                     && mapping.start == p as u64
                     && mapping.object.display_name().ends_with("true"))),
+            "{seen:?}"
+        );
+    }
+
+    /// The real thing: a thread that exits under the event leaves an EXIT record
+    /// naming it (what spares the collector a `/proc` read to learn it is gone).
+    #[test]
+    fn a_thread_that_exits_is_recorded() {
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tid_tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            go_rx.recv().unwrap();
+        });
+        let tid = tid_rx.recv().unwrap();
+        let places = sys::Placements {
+            at: vec![sys::Placement::Thread { tid }],
+            follow: sys::Follow::Placed,
+        };
+        let mut r = match SidebandReader::open(&sys::Linux, &places) {
+            Ok(r) => r,
+            Err(e) => {
+                crate::binary::testbin::skip(format_args!("cannot open a perf event here ({e})"));
+                return;
+            }
+        };
+        r.enable(&sys::Linux).unwrap();
+        go_tx.send(()).unwrap();
+        t.join().unwrap();
+        let mut seen = Vec::new();
+        r.read(|s| seen.push(s));
+        assert!(
+            seen.iter()
+                .any(|s| matches!(s, SideRecord::Exit { tid: t, time } if *t == tid && *time > 0)),
             "{seen:?}"
         );
     }

@@ -620,7 +620,9 @@ pub fn read<R: Read + Seek>(
             }
             PERF_RECORD_COMPRESSED => return Err(PerfDataError::Compressed),
             _ => match side_record(kind, misc, body) {
-                Some(SideRecord::Throttle | SideRecord::Lost(_)) | None => {
+                // Which threads exited matters only to a live collector's `/proc` reads.
+                Some(SideRecord::Throttle | SideRecord::Lost(_) | SideRecord::Exit { .. })
+                | None => {
                     recs.other_records += 1;
                 }
                 Some(r) => {

@@ -11,6 +11,7 @@ use crate::procmap::{MappedObject, Mapping, ProcessMaps};
 const PERF_RECORD_MMAP: u32 = 1;
 const PERF_RECORD_LOST: u32 = 2;
 const PERF_RECORD_COMM: u32 = 3;
+const PERF_RECORD_EXIT: u32 = 4;
 const PERF_RECORD_THROTTLE: u32 = 5;
 const PERF_RECORD_FORK: u32 = 7;
 const PERF_RECORD_MMAP2: u32 = 10;
@@ -51,6 +52,15 @@ pub(crate) enum SideRecord {
         pid: u32,
         /// Its parent.
         ppid: u32,
+        /// When, on the kernel's perf clock.
+        time: u64,
+    },
+    /// `PERF_RECORD_EXIT` of thread `tid` (a process's main thread: `tid` is its pid).
+    Exit {
+        /// The thread.
+        tid: u32,
+        /// When, on the kernel's perf clock.
+        time: u64,
     },
     /// `PERF_RECORD_LOST`: the kernel dropped this many records, its buffer full.
     Lost(u64),
@@ -98,13 +108,26 @@ pub(crate) struct Recorded {
     pub exec: bool,
 }
 
+/// Exits (and forks) kept between two [`RecordedProcesses::forget_exits`]: a host's
+/// exits of one window cost at most this many entries; one past it is asked of `/proc`.
+const MAX_EXITS: usize = 65_536;
+
 /// The one owner of what the kernel's side-band records say of each pid, for live
 /// collection (collect/processes.rs) and perf.data import alike: its name (the rename
-/// rule), its executable mappings, its `exec`, and a forked child's inheritance.
+/// rule), its executable mappings, its `exec`, a forked child's inheritance, and, live,
+/// which threads exited.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct RecordedProcesses {
     origin: Origin,
     by_pid: HashMap<u32, Recorded>,
+    /// Threads whose exit was recorded (live collection), and when, kept while their
+    /// process is held ([`Self::forget_exits`]): a process whose main thread is among
+    /// them is gone, and needs no `/proc` read to say so.
+    exited: HashMap<u32, u64>,
+    /// Processes forked since then, and when: a pid given to a new process after its
+    /// old one's exit is not gone. Each CPU has its buffer, so a short-lived child's
+    /// exit is often read before its fork: the times order them.
+    forked: HashMap<u32, u64>,
 }
 
 impl RecordedProcesses {
@@ -113,6 +136,8 @@ impl RecordedProcesses {
         RecordedProcesses {
             origin,
             by_pid: HashMap::new(),
+            exited: HashMap::new(),
+            forked: HashMap::new(),
         }
     }
 
@@ -154,15 +179,46 @@ impl RecordedProcesses {
                     r.comm = name;
                 }
             }
-            SideRecord::Fork { pid, ppid } => {
+            SideRecord::Fork { pid, ppid, time } => {
+                if self.exited.get(&pid).is_some_and(|&exit| exit < time) {
+                    self.exited.remove(&pid);
+                }
+                if self.forked.len() < MAX_EXITS {
+                    self.forked.insert(pid, time);
+                }
                 // A child that maps nothing new has no records of its own: what its
                 // parent had (name, mappings, exec) is its until it maps or execs.
                 if let Some(parent) = self.by_pid.get(&ppid).cloned() {
                     self.by_pid.entry(pid).or_insert(parent);
                 }
             }
+            SideRecord::Exit { tid, time } => {
+                let reborn = self.forked.get(&tid).is_some_and(|&fork| fork > time);
+                if !reborn && self.exited.len() < MAX_EXITS {
+                    self.exited.insert(tid, time);
+                }
+            }
             SideRecord::Lost(_) | SideRecord::Throttle => {}
         }
+    }
+
+    /// Whether thread `tid`'s exit was recorded and is kept ([`Self::forget_exits`]; for a
+    /// process: its main thread's, `tid` its pid). False says nothing: the exit may
+    /// predate the records, or be past [`MAX_EXITS`].
+    pub(crate) fn exited(&self, tid: u32) -> bool {
+        self.exited.contains_key(&tid)
+    }
+
+    /// The end of a window: the exits it recorded have been acted on, but for those of
+    /// processes still held (kept a window more for samples read late: they leave at
+    /// the next window's end, known gone then too).
+    pub(crate) fn forget_exits(&mut self) {
+        let by_pid = &self.by_pid;
+        self.exited = std::mem::take(&mut self.exited)
+            .into_iter()
+            .filter(|(pid, _)| by_pid.contains_key(pid))
+            .collect();
+        self.forked = HashMap::new();
     }
 
     /// The end of a recording's records ([`Origin::Recording`]): each process's
@@ -183,9 +239,12 @@ impl RecordedProcesses {
         self.by_pid.iter().map(|(&pid, r)| (pid, r))
     }
 
-    /// Keeps only the processes `keep` says.
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
-        self.by_pid.retain(|&pid, _| keep(pid));
+    /// Keeps only the processes `keep` says, told for each whether its exit was
+    /// recorded ([`Self::exited`]).
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(u32, bool) -> bool) {
+        let exited = &self.exited;
+        self.by_pid
+            .retain(|&pid, _| keep(pid, exited.contains_key(&pid)));
     }
 
     /// Processes recorded.
@@ -214,8 +273,15 @@ pub(crate) fn side_record(kind: u32, misc: u16, body: &[u8]) -> Option<SideRecor
         }),
         PERF_RECORD_FORK => {
             let (pid, ppid) = (u32_at(body, 0)?, u32_at(body, 4)?);
-            (pid != ppid).then_some(SideRecord::Fork { pid, ppid })
+            // The time matters only live, where the kernel always writes it.
+            let time = u64_at(body, 16).unwrap_or(0);
+            (pid != ppid).then_some(SideRecord::Fork { pid, ppid, time })
         }
+        // pid, ppid, tid, ptid, time.
+        PERF_RECORD_EXIT => Some(SideRecord::Exit {
+            tid: u32_at(body, 8)?,
+            time: u64_at(body, 16)?,
+        }),
         PERF_RECORD_LOST => Some(SideRecord::Lost(u64_at(body, 8)?)),
         PERF_RECORD_THROTTLE => Some(SideRecord::Throttle),
         _ => None,
@@ -380,7 +446,11 @@ mod tests {
             let mut r = RecordedProcesses::new(origin);
             r.observe(comm(5, 5, "bash", true));
             r.observe(mmap(5, 0x1000, 0x2000, "/bin/bash"));
-            r.observe(SideRecord::Fork { pid: 6, ppid: 5 });
+            r.observe(SideRecord::Fork {
+                pid: 6,
+                ppid: 5,
+                time: 1,
+            });
             assert_eq!(r.get(6), r.get(5), "{origin:?}");
             r.observe(mmap(6, 0x8000, 0x9000, "/lib/x.so"));
             r.observe(comm(6, 6, "true", true));
@@ -396,11 +466,75 @@ mod tests {
                 "the parent's own"
             );
             r.observe(mmap(8, 0x3000, 0x4000, "/bin/own"));
-            r.observe(SideRecord::Fork { pid: 8, ppid: 5 });
-            r.observe(SideRecord::Fork { pid: 9, ppid: 7 });
+            r.observe(SideRecord::Fork {
+                pid: 8,
+                ppid: 5,
+                time: 1,
+            });
+            r.observe(SideRecord::Fork {
+                pid: 9,
+                ppid: 7,
+                time: 1,
+            });
             assert_eq!(starts(&r, 8), [(0x3000, "/bin/own".into())]);
             assert_eq!(r.get(9), None, "a parent nothing was recorded of");
         }
+    }
+
+    /// An EXIT record names its thread and time. An exit is kept until the window's
+    /// end forgets it; a fork of the same pid after it (a new process given the pid)
+    /// clears it, whichever CPU's buffer is read first; the processes are told it
+    /// when retained; a host's burst of exits is bounded.
+    #[test]
+    fn exits_are_recorded_until_forgotten_or_the_pid_forks_again() {
+        let mut body = Vec::new();
+        for v in [40u32, 1, 41, 40] {
+            body.extend(v.to_ne_bytes()); // pid, ppid, tid, ptid
+        }
+        body.extend(123u64.to_ne_bytes()); // time
+        assert_eq!(
+            side_record(PERF_RECORD_EXIT, 0, &body),
+            Some(SideRecord::Exit { tid: 41, time: 123 })
+        );
+        assert_eq!(side_record(PERF_RECORD_EXIT, 0, &body[..8]), None, "short");
+        let fork = |pid, time| SideRecord::Fork { pid, ppid: 1, time };
+        let mut r = RecordedProcesses::new(Origin::Live);
+        r.observe(mmap(5, 0x1000, 0x2000, "/bin/sh"));
+        r.observe(mmap(6, 0x1000, 0x2000, "/bin/sh"));
+        // A short-lived child's exit read before its fork (another CPU's buffer).
+        r.observe(SideRecord::Exit { tid: 5, time: 20 });
+        r.observe(fork(5, 10));
+        r.observe(SideRecord::Exit { tid: 7, time: 20 });
+        assert!(r.exited(5) && r.exited(7) && !r.exited(6));
+        let mut told = Vec::new();
+        r.retain(|pid, exited| {
+            told.push((pid, exited));
+            !exited
+        });
+        told.sort_unstable();
+        assert_eq!(told, [(5, true), (6, false)]);
+        assert!(r.get(5).is_none() && r.get(6).is_some());
+        // Pid 7 given to a new process: read after the old one's exit, or before it.
+        r.observe(fork(7, 30));
+        assert!(!r.exited(7), "pid 7 is a new process");
+        r.observe(fork(8, 30));
+        r.observe(SideRecord::Exit { tid: 8, time: 25 });
+        assert!(!r.exited(8), "pid 8 is a new process");
+        r.observe(mmap(9, 0x1000, 0x2000, "/bin/sh"));
+        r.observe(SideRecord::Exit { tid: 9, time: 30 });
+        r.forget_exits();
+        assert!(
+            !r.exited(5) && !r.exited(7),
+            "forgotten with their processes"
+        );
+        assert!(r.exited(9), "kept while its process is held");
+        r.retain(|_, exited| !exited);
+        r.forget_exits();
+        assert!(!r.exited(9) && r.get(9).is_none());
+        for tid in 0..MAX_EXITS as u32 + 10 {
+            r.observe(SideRecord::Exit { tid, time: 40 });
+        }
+        assert!(r.exited(0) && !r.exited(MAX_EXITS as u32), "bounded");
     }
 
     /// Live, a new mapping replaces what it overlaps; a recording keeps every mapping
