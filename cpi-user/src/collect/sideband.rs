@@ -107,6 +107,25 @@ impl SidebandReader {
 mod tests {
     use super::*;
 
+    /// Side-band records of thread `tid` alone, enabled; `None` (said) where no perf
+    /// event can be opened.
+    fn on_thread(tid: u32) -> Option<SidebandReader> {
+        let places = sys::Placements {
+            at: vec![sys::Placement::Thread { tid }],
+            follow: sys::Follow::Placed,
+        };
+        match SidebandReader::open(&sys::Linux, &places) {
+            Ok(r) => {
+                r.enable(&sys::Linux).unwrap();
+                Some(r)
+            }
+            Err(e) => {
+                crate::binary::testbin::skip(format_args!("cannot open a perf event here ({e})"));
+                None
+            }
+        }
+    }
+
     /// The real thing, on this process: a mapping made after the event is enabled
     /// comes back as a record (root, or perf_event_paranoid ≤ 1).
     #[test]
@@ -114,18 +133,9 @@ mod tests {
         // Per-task events follow one thread: this test's own.
         // SAFETY: gettid has no preconditions.
         let me = unsafe { libc::gettid() };
-        let places = sys::Placements {
-            at: vec![sys::Placement::Thread { tid: me as u32 }],
-            follow: sys::Follow::Placed,
+        let Some(mut r) = on_thread(me as u32) else {
+            return;
         };
-        let mut r = match SidebandReader::open(&sys::Linux, &places) {
-            Ok(r) => r,
-            Err(e) => {
-                crate::binary::testbin::skip(format_args!("cannot open a perf event here ({e})"));
-                return;
-            }
-        };
-        r.enable(&sys::Linux).unwrap();
         let f = std::fs::File::open("/bin/true").unwrap();
         // SAFETY: a fresh private, read-execute mapping of a file we hold; unmapped below.
         let p = unsafe {
@@ -164,18 +174,9 @@ mod tests {
             go_rx.recv().unwrap();
         });
         let tid = tid_rx.recv().unwrap();
-        let places = sys::Placements {
-            at: vec![sys::Placement::Thread { tid }],
-            follow: sys::Follow::Placed,
+        let Some(mut r) = on_thread(tid) else {
+            return;
         };
-        let mut r = match SidebandReader::open(&sys::Linux, &places) {
-            Ok(r) => r,
-            Err(e) => {
-                crate::binary::testbin::skip(format_args!("cannot open a perf event here ({e})"));
-                return;
-            }
-        };
-        r.enable(&sys::Linux).unwrap();
         go_tx.send(()).unwrap();
         t.join().unwrap();
         let mut seen = Vec::new();
