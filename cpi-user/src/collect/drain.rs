@@ -1183,6 +1183,30 @@ mod tests {
         assert_ne!(p.comm, "recorded");
     }
 
+    /// A recorded exit of a process's main thread is not the process's once another
+    /// of its threads is sampled (a main thread that called `pthread_exit`): `/proc`
+    /// is asked, and the process stays.
+    #[test]
+    fn a_main_threads_exit_is_not_its_processs_when_another_thread_is_sampled() {
+        let me = std::process::id();
+        let here = a_main_threads_exit_is_not_its_processs_when_another_thread_is_sampled
+            as *const () as u64;
+        let mut d = Drain::new(1, StackMemory::default());
+        d.observe(SideRecord::Exit { tid: me, time: 1 });
+        let mut s = ip(me, here, EventRole::CpuClock);
+        s.header.tid = me + 1;
+        d.add(&bytes_of(&s));
+        let p = &d.set.processes[&me];
+        assert!(
+            p.maps.as_ref().unwrap().find(here).is_some(),
+            "read from /proc"
+        );
+        assert!(p.identity.is_some());
+        let w = d.take_window();
+        assert!(w.changes.left.is_empty(), "{:?}", w.changes);
+        assert!(d.processes.known.contains_key(&me));
+    }
+
     #[test]
     fn bad_records_are_counted_not_used() {
         let mut d = Drain::new(1, StackMemory::default());

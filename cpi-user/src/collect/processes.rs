@@ -232,6 +232,9 @@ impl Processes {
             return;
         }
         let first = p.maps.is_none() && !self.maps_read_at.contains_key(&pid);
+        if tid != pid {
+            self.recorded.other_thread_seen(pid);
+        }
         // Gone already (a short-lived process, its samples drained after its exit):
         // `/proc` has nothing left of it, and the records say all there is.
         let gone = self.recorded.exited(pid);

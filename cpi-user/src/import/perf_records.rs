@@ -209,6 +209,14 @@ impl RecordedProcesses {
         self.exited.contains_key(&tid)
     }
 
+    /// A sample of another thread of process `pid`: the exit recorded of its main
+    /// thread, if any, may not be the process's (a main thread that called
+    /// `pthread_exit` leaves the others running), so it is forgotten, and `/proc`
+    /// asked as before.
+    pub(crate) fn other_thread_seen(&mut self, pid: u32) {
+        self.exited.remove(&pid);
+    }
+
     /// The end of a window: the exits it recorded have been acted on, but for those of
     /// processes still held (kept a window more for samples read late: they leave at
     /// the next window's end, known gone then too).
