@@ -300,7 +300,7 @@ impl Processes {
     }
 
     /// Whether thread `tid` lives ([`procmap::alive`]); false without a `/proc` read
-    /// when its exit was recorded this window.
+    /// when its exit was recorded ([`RecordedProcesses::exited`]).
     pub(crate) fn alive(&self, tid: u32) -> bool {
         !self.recorded.exited(tid) && procmap::alive(tid)
     }
