@@ -24,9 +24,13 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// A fresh directory under the system temp dir, unique to this test process and `tag`.
+/// A fresh directory under the system temp dir, named after `tag` and unique to this
+/// call: two tests of one process that pick the same tag and run at once must not share
+/// (and wipe) one directory, as two churn tests' stores once did.
 pub fn temp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("cpi-tests-{}-{tag}", std::process::id()));
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("cpi-tests-{}-{n}-{tag}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("create temp dir");
     d
