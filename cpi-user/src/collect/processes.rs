@@ -7,7 +7,7 @@
 //! replaced or left ([`ProcessChanges`]): who keeps per-process state beside it (the
 //! agent's symbolizer) drops the same.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use super::target;
@@ -84,7 +84,7 @@ impl Processes {
             // tells it from a later process given the same pid. A process already gone
             // needs none: it will have no more samples.
             if p.start.is_none() && pid != 0 {
-                p.start = start_of(&self.recorded, pid);
+                p.start = unless_exited(&self.recorded, pid, target::process_start);
             }
             if p.start.is_none() && pid != 0 {
                 left.push(pid);
@@ -105,11 +105,10 @@ impl Processes {
         // sample in this window will have none later (its pid, if reused, is another
         // process, with another start time), so it leaves after its last window.
         self.known.retain(|pid, k| {
-            let keep = set
-                .processes
-                .get(pid)
-                .map_or_else(|| start_of(&self.recorded, *pid), |p| p.start)
-                == k.start;
+            let keep = set.processes.get(pid).map_or_else(
+                || unless_exited(&self.recorded, *pid, target::process_start),
+                |p| p.start,
+            ) == k.start;
             if !keep {
                 left.push(*pid);
             }
@@ -117,9 +116,11 @@ impl Processes {
         });
         left.sort_unstable();
         left.dedup();
-        self.recorded.retain(|pid, exited| {
-            set.processes.contains_key(&pid) || !exited && procmap::alive(pid)
-        });
+        let gone: HashSet<u32> = (self.recorded.iter())
+            .map(|(pid, _)| pid)
+            .filter(|pid| !set.processes.contains_key(pid) && !self.alive(*pid))
+            .collect();
+        self.recorded.retain(|pid| !gone.contains(&pid));
         self.recorded.forget_exits();
         self.maps_read_at
             .retain(|pid, _| self.known.contains_key(pid));
@@ -182,11 +183,7 @@ impl Processes {
         let Some(k) = self.known.get(&pid) else {
             return;
         };
-        let start = if self.recorded.exited(pid) {
-            None
-        } else {
-            target::comm_and_start(pid)
-        };
+        let start = unless_exited(&self.recorded, pid, target::comm_and_start);
         let p = set.process(pid);
         match start {
             // Gone already: no other process has taken the pid yet, so it is the one
@@ -245,13 +242,12 @@ impl Processes {
         if p.comm.is_empty() {
             p.comm = match named {
                 Some(r) => r.comm.clone(),
-                None if gone => String::new(),
-                None => target::comm(pid),
+                None => comm_unless_exited(&self.recorded, pid),
             };
         }
-        if first && !gone {
+        if first {
             // Now, before the process can exit: who it is (cgroup, container, pod).
-            p.identity = ProcessIdentity::read(pid);
+            p.identity = unless_exited(&self.recorded, pid, ProcessIdentity::read);
         }
         let miss = addr.filter(|&a| a != 0 && p.maps.as_ref().is_none_or(|m| m.find(a).is_none()));
         // The kernel's records explain a miss at once, without reading /proc (an exec'd
@@ -268,9 +264,7 @@ impl Processes {
         let p = set.process(pid);
         if p.comm.is_empty() {
             // Gone before its name could be read: the thread's, else the pid.
-            if !gone {
-                p.comm = target::comm(tid);
-            }
+            p.comm = comm_unless_exited(&self.recorded, tid);
             if p.comm.is_empty() {
                 p.comm = format!("[pid {pid}]");
             }
@@ -299,10 +293,9 @@ impl Processes {
         true
     }
 
-    /// Whether thread `tid` lives ([`procmap::alive`]); false without a `/proc` read
-    /// when its exit was recorded ([`RecordedProcesses::exited`]).
+    /// Whether thread `tid` lives ([`procmap::alive`], through [`unless_exited`]).
     pub(crate) fn alive(&self, tid: u32) -> bool {
-        !self.recorded.exited(tid) && procmap::alive(tid)
+        unless_exited(&self.recorded, tid, |t| procmap::alive(t).then_some(())).is_some()
     }
 
     /// Whether `pid`'s maps may be read again ([`REREAD_EVERY`]).
@@ -358,12 +351,9 @@ impl Processes {
         let p = set.process(pid);
         let began = Instant::now();
         self.maps_reads += 1;
-        let gone = self.recorded.exited(pid);
-        let live = if gone {
-            None
-        } else {
+        let live = unless_exited(&self.recorded, pid, |pid| {
             ProcessMaps::read_live(pid, tid).ok()
-        };
+        });
         let read = match live {
             Some((m, dir)) => {
                 let fresh: Vec<&Mapping> = (m.mappings.iter())
@@ -397,8 +387,8 @@ impl Processes {
         // A miss usually means exec replaced the image (a shell wrapper or a pyenv
         // shim becoming the real program): its name changed with it. (On first sight
         // it was read a moment ago.)
-        if !first && !gone {
-            let comm = target::comm(pid);
+        if !first {
+            let comm = comm_unless_exited(&self.recorded, pid);
             if !comm.is_empty() {
                 p.comm = comm;
             }
@@ -408,13 +398,24 @@ impl Processes {
     }
 }
 
-/// `pid`'s start time ([`target::process_start`]); `None` without a `/proc` read when
-/// its exit was recorded.
-fn start_of(recorded: &RecordedProcesses, pid: u32) -> Option<u64> {
-    if recorded.exited(pid) {
+/// What `read` finds in `/proc` of process or thread `tid`; `None`, without a read,
+/// when the side-band records saw it exit ([`RecordedProcesses::exited`]). The one
+/// gate by which a recorded exit spares `/proc`: every read of a process that may be
+/// gone goes through it.
+fn unless_exited<T>(
+    recorded: &RecordedProcesses,
+    tid: u32,
+    read: impl FnOnce(u32) -> Option<T>,
+) -> Option<T> {
+    if recorded.exited(tid) {
         return None;
     }
-    target::process_start(pid)
+    read(tid)
+}
+
+/// Thread `tid`'s name ([`target::comm`], through [`unless_exited`]); empty when gone.
+fn comm_unless_exited(recorded: &RecordedProcesses, tid: u32) -> String {
+    unless_exited(recorded, tid, |t| Some(target::comm(t))).unwrap_or_default()
 }
 
 /// Forgets the captures at the starts of `fresh` mappings that hold another file now

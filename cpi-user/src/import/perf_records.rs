@@ -247,12 +247,9 @@ impl RecordedProcesses {
         self.by_pid.iter().map(|(&pid, r)| (pid, r))
     }
 
-    /// Keeps only the processes `keep` says, told for each whether its exit was
-    /// recorded ([`Self::exited`]).
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(u32, bool) -> bool) {
-        let exited = &self.exited;
-        self.by_pid
-            .retain(|&pid, _| keep(pid, exited.contains_key(&pid)));
+    /// Keeps only the processes `keep` says.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(u32) -> bool) {
+        self.by_pid.retain(|&pid, _| keep(pid));
     }
 
     /// Processes recorded.
@@ -515,12 +512,12 @@ mod tests {
         r.observe(SideRecord::Exit { tid: 7, time: 20 });
         assert!(r.exited(5) && r.exited(7) && !r.exited(6));
         let mut told = Vec::new();
-        r.retain(|pid, exited| {
-            told.push((pid, exited));
-            !exited
+        r.retain(|pid| {
+            told.push(pid);
+            pid != 5
         });
         told.sort_unstable();
-        assert_eq!(told, [(5, true), (6, false)]);
+        assert_eq!(told, [5, 6]);
         assert!(r.get(5).is_none() && r.get(6).is_some());
         // Pid 7 given to a new process: read after the old one's exit, or before it.
         r.observe(fork(7, 30));
@@ -536,7 +533,7 @@ mod tests {
             "forgotten with their processes"
         );
         assert!(r.exited(9), "kept while its process is held");
-        r.retain(|_, exited| !exited);
+        r.retain(|pid| pid != 9);
         r.forget_exits();
         assert!(!r.exited(9) && r.get(9).is_none());
         for tid in 0..MAX_EXITS as u32 + 10 {
