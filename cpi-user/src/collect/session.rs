@@ -726,9 +726,15 @@ impl Live {
             .deadline
             .map_or_else(far, tokio::time::Instant::from_std);
         let until_at = until.map_or_else(far, tokio::time::Instant::from_std);
-        let redraw_at = |r: &Redraw| r.due().map_or_else(far, tokio::time::Instant::from_std);
-        let mut poll = tokio::time::interval(self.poll_every());
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let redraw_in = |r: &Redraw| {
+            r.due()
+                .map(|due| due.saturating_duration_since(Instant::now()))
+        };
+        // Kernel timers, not tokio's (`sys::Timer`): one wake-up per drain and re-draw.
+        let every = self.poll_every();
+        let poll = sys::Timer::new()?;
+        poll.set(Some(Duration::ZERO), Some(every))?; // at once, as a tokio interval
+        let redraw_timer = sys::Timer::new()?;
         let redrawing = self.opts.perturbation.user() && !self.open.is_empty();
         let Live {
             source,
@@ -745,26 +751,32 @@ impl Live {
             filter,
             ..
         } = self;
+        if redrawing {
+            redraw_timer.set(redraw_in(schedule), None)?;
+        }
         // Made once, not at each turn of the loop: a timer made anew lands in the timer
         // wheel's coarser levels and costs a wake-up to move down (one per turn, a third
         // of the collector's wake-ups at 19 Hz).
-        let redraw_sleep = tokio::time::sleep_until(redraw_at(schedule));
         let deadline_sleep = tokio::time::sleep_until(deadline);
         let until_sleep = tokio::time::sleep_until(until_at);
-        tokio::pin!(redraw_sleep, deadline_sleep, until_sleep);
+        tokio::pin!(deadline_sleep, until_sleep);
         let stop = loop {
             tokio::select! {
                 ready = bpf_ring_ready(source), if draining => {
                     ready?;
                     drain_all(sideband, source, drain);
                 }
-                _ = poll.tick(), if draining => drain_all(sideband, source, drain),
+                ticked = poll.expired(), if draining => {
+                    ticked?;
+                    drain_all(sideband, source, drain);
+                }
                 () = any_ready(sideband_ready), if draining && !sideband_ready.is_empty() => {
                     drain_all(sideband, source, drain);
                 }
-                () = &mut redraw_sleep, if redrawing => {
+                ticked = redraw_timer.expired(), if redrawing => {
+                    ticked?;
                     schedule.tick(Instant::now(), &Linux, specs, open, &mut drain.cpu_clock);
-                    redraw_sleep.as_mut().reset(redraw_at(schedule));
+                    redraw_timer.set(redraw_in(schedule), None)?;
                 }
                 () = &mut deadline_sleep, if self.deadline.is_some() => {
                     break Some(StopReason::Duration)

@@ -1,8 +1,8 @@
 //! Every raw syscall and ioctl the collector makes, and nothing else: `perf_event_open`,
 //! the `PERF_EVENT_IOC_*` ioctls, reading an event's count, `pidfd_open`,
 //! `BPF_ENABLE_STATS`, `statfs` (is a directory cgroup2), the kernel filter's map
-//! updates ([`FilterMaps`]) and the stack caps' ([`StackCapMap`]), and the thread's CPU
-//! clock. Callers get owned fds and `io::Result`s, and say where an event counts with a
+//! updates ([`FilterMaps`]) and the stack caps' ([`StackCapMap`]), the thread's CPU
+//! clock, and the collector's kernel timers ([`Timer`]). Callers get owned fds and `io::Result`s, and say where an event counts with a
 //! [`Placement`] and what it follows with a [`Follow`]: the kernel's pid, cpu, `-1`s and
 //! inherit flags are made here only.
 //!
@@ -12,6 +12,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::time::Duration;
 
 #[cfg(test)]
 pub(crate) mod fake;
@@ -530,7 +531,7 @@ pub(crate) fn raise_fd_limit(want: u64) -> io::Result<u64> {
 
 /// CPU time the calling thread has run (`CLOCK_THREAD_CPUTIME_ID`: a system call, ≈ 1.3 µs
 /// on the 2-vCPU VM, where `Instant::now` is 50 ns); zero if it cannot be read.
-pub(crate) fn thread_cpu_time() -> std::time::Duration {
+pub(crate) fn thread_cpu_time() -> Duration {
     clock(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
@@ -541,16 +542,16 @@ pub(crate) fn monotonic_ns() -> u64 {
 }
 
 /// `clock_gettime(id)`; zero if it cannot be read.
-fn clock(id: libc::clockid_t) -> std::time::Duration {
+fn clock(id: libc::clockid_t) -> Duration {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime fills a local struct.
     if unsafe { libc::clock_gettime(id, &raw mut t) } != 0 {
-        return std::time::Duration::ZERO;
+        return Duration::ZERO;
     }
-    std::time::Duration::new(
+    Duration::new(
         t.tv_sec.max(0) as u64,
         t.tv_nsec.clamp(0, 999_999_999) as u32,
     )
@@ -586,6 +587,73 @@ pub(crate) fn read_plain<T: aya::Pod>(bytes: &[u8]) -> Option<T> {
 pub(crate) fn bytes_of<T: aya::Pod>(v: &T) -> &[u8] {
     // SAFETY: `v` is a whole T, viewed for as long as it is borrowed.
     unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) }
+}
+
+/// A kernel timer (`timerfd`, `CLOCK_MONOTONIC`) the runtime's reactor watches: one
+/// wake-up per expiry. A tokio timer more than 64 ms out sits in its wheel's coarser
+/// level and costs a wake-up more to move down (a tokio interval re-arms one at each
+/// tick): with the agent's 100 ms drain and its period re-draws, about a third of the
+/// collector's wake-ups did nothing (BENCHMARKS.md, "Agent under churn").
+pub(crate) struct Timer(tokio::io::unix::AsyncFd<OwnedFd>);
+
+impl Timer {
+    /// A timer, disarmed.
+    pub(crate) fn new() -> io::Result<Timer> {
+        let flags = libc::TFD_NONBLOCK | libc::TFD_CLOEXEC;
+        // SAFETY: no pointers; a non-negative result is a new descriptor.
+        let fd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, flags) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and nothing else owns it.
+        watch(unsafe { OwnedFd::from_raw_fd(fd) }).map(Timer)
+    }
+
+    /// Expires `after` from now (at least a nanosecond: zero would disarm it), then every
+    /// `every` when given; `after` `None` disarms it.
+    pub(crate) fn set(&self, after: Option<Duration>, every: Option<Duration>) -> io::Result<()> {
+        let first = after.map_or(Duration::ZERO, |a| a.max(Duration::from_nanos(1)));
+        let spec = libc::itimerspec {
+            it_interval: timespec(every.unwrap_or_default()),
+            it_value: timespec(first),
+        };
+        // SAFETY: a timerfd and a local itimerspec; the old setting is not asked for.
+        let r = unsafe {
+            libc::timerfd_settime(self.0.as_raw_fd(), 0, &raw const spec, std::ptr::null_mut())
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// The next expiry (at once if one came since the last), however many passed.
+    pub(crate) async fn expired(&self) -> io::Result<()> {
+        loop {
+            let mut ready = self.0.readable().await?;
+            let read = ready.try_io(|fd| {
+                let mut expiries = 0u64;
+                // SAFETY: reads at most 8 bytes into a local u64.
+                let n = unsafe { libc::read(fd.as_raw_fd(), (&raw mut expiries).cast(), 8) };
+                if n < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                Ok(())
+            });
+            // `Err`: it would block (its readiness cleared): wait again.
+            if let Ok(result) = read {
+                return result;
+            }
+        }
+    }
+}
+
+/// `d` as a `timespec`.
+fn timespec(d: Duration) -> libc::timespec {
+    libc::timespec {
+        tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    }
 }
 
 /// An owned descriptor watched by the runtime's reactor for readiness.
