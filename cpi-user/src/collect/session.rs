@@ -754,9 +754,8 @@ impl Live {
         if redrawing {
             redraw_timer.set(redraw_in(schedule), None)?;
         }
-        // Made once, not at each turn of the loop: a timer made anew lands in the timer
-        // wheel's coarser levels and costs a wake-up to move down (one per turn, a third
-        // of the collector's wake-ups at 19 Hz).
+        // Made once, not at each turn of the loop: a tokio timer made anew lands in its
+        // wheel's coarser levels and costs a wake-up to move down.
         let deadline_sleep = tokio::time::sleep_until(deadline);
         let until_sleep = tokio::time::sleep_until(until_at);
         tokio::pin!(deadline_sleep, until_sleep);

@@ -2,9 +2,9 @@
 //! the `PERF_EVENT_IOC_*` ioctls, reading an event's count, `pidfd_open`,
 //! `BPF_ENABLE_STATS`, `statfs` (is a directory cgroup2), the kernel filter's map
 //! updates ([`FilterMaps`]) and the stack caps' ([`StackCapMap`]), the thread's CPU
-//! clock, and the collector's kernel timers ([`Timer`]). Callers get owned fds and `io::Result`s, and say where an event counts with a
-//! [`Placement`] and what it follows with a [`Follow`]: the kernel's pid, cpu, `-1`s and
-//! inherit flags are made here only.
+//! clock, and the collector's kernel timers ([`Timer`]). Callers get owned fds and
+//! `io::Result`s, and say where an event counts with a [`Placement`] and what it follows
+//! with a [`Follow`]: the kernel's pid, cpu, `-1`s and inherit flags are made here only.
 //!
 //! The collector reaches them through [`PerfSys`], so the mode ladder, the step-downs and
 //! the exit paths are unit-tested with fake error codes (`collect/sys/fake.rs`, aya's
