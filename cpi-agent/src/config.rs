@@ -42,7 +42,7 @@ pub(crate) const DEFAULT_PUSH_TIMEOUT_SECS: u64 = 10;
 /// of the longest kind ([`collect::default_ring_mib`]): two of the agent's 100 ms drain
 /// intervals. A drain interval made longer at low rates must stay under
 /// `ring_holds(ring, rate, cpus) / 2` to keep this margin. On 2 CPUs at 999 Hz:
-/// 9,560 B × 999 /s × 2 × 0.2 s = 3.6 MiB, so 4 MiB (8 MiB before: VmRSS counts the
+/// 9,568 B × 999 /s × 2 × 0.2 s = 3.6 MiB, so 4 MiB (8 MiB before: VmRSS counts the
 /// ring twice, its pages being mapped twice, so each MiB here is 2 MiB of VmRSS).
 /// Margin besides: the kernel side wakes the collector when a quarter is full.
 pub const RING_HOLDS: Duration = Duration::from_millis(200);

@@ -5,7 +5,7 @@
 #![warn(missing_docs)]
 
 /// Bumped on any layout change of the records below.
-pub const WIRE_VERSION: u16 = 2;
+pub const WIRE_VERSION: u16 = 3;
 
 /// Most branch entries one sample carries: Intel arch LBR / Skylake+ depth.
 pub const MAX_BRANCH_ENTRIES: usize = 32;
@@ -233,6 +233,11 @@ pub struct SampleHeader {
     pub time_ns: u64,
     /// Interrupted instruction pointer.
     pub ip: u64,
+    /// The id of the task's cgroup v2 (`bpf_get_current_cgroup_id`: the inode number of
+    /// its directory in the cgroup2 file system); 0 when unknown (imports, the PMU model).
+    /// User space names a process's container from it without reading `/proc`, also once
+    /// the process is gone (cpi-user/src/collect/processes.rs).
+    pub cgroup_id: u64,
 }
 
 /// Branch stack sample. Entry 0 is the **newest** branch (kernel order).
@@ -338,9 +343,9 @@ mod tests {
             24,
             "struct perf_branch_entry is 24 bytes"
         );
-        assert_eq!(size_of::<SampleHeader>(), 48);
-        assert_eq!(offset_of!(BranchSample, entries), 48);
-        assert_eq!(size_of::<BranchSample>(), 48 + 24 * MAX_BRANCH_ENTRIES);
+        assert_eq!(size_of::<SampleHeader>(), 56);
+        assert_eq!(offset_of!(BranchSample, entries), 56);
+        assert_eq!(size_of::<BranchSample>(), 56 + 24 * MAX_BRANCH_ENTRIES);
         assert_eq!(size_of::<StackHeader>(), 32);
     }
 

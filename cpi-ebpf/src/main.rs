@@ -232,6 +232,7 @@ fn header(
         period: weight,
         time_ns: sys::now_ns(),
         ip: sys::event_data(ctx).regs.rip,
+        cgroup_id: sys::cgroup_id(),
     }
 }
 

@@ -11,8 +11,8 @@
 use aya_ebpf::{
     bindings::{bpf_perf_event_data, pt_regs, BPF_F_USER_STACK},
     helpers::{
-        bpf_get_current_ancestor_cgroup_id, bpf_get_prandom_u32, bpf_get_smp_processor_id,
-        bpf_ktime_get_ns, bpf_read_branch_records,
+        bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_prandom_u32,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_read_branch_records,
         generated::{
             bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_kernel, bpf_probe_read_user,
             bpf_task_pt_regs,
@@ -79,6 +79,13 @@ pub fn cpu() -> u32 {
 pub fn now_ns() -> u64 {
     // SAFETY: the helper takes no arguments.
     unsafe { bpf_ktime_get_ns() }
+}
+
+/// The id of the current task's cgroup v2 (Linux 4.18 for tracing programs).
+#[inline(always)]
+pub fn cgroup_id() -> u64 {
+    // SAFETY: the helper takes no arguments.
+    unsafe { bpf_get_current_cgroup_id() }
 }
 
 /// The id of the current task's cgroup v2 ancestor at `level` (0 when the task's cgroup

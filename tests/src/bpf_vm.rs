@@ -30,6 +30,7 @@ mod id {
     pub const GET_PRANDOM_U32: u32 = 7;
     pub const GET_SMP_PROCESSOR_ID: u32 = 8;
     pub const GET_CURRENT_PID_TGID: u32 = 14;
+    pub const GET_CURRENT_CGROUP_ID: u32 = 80;
     pub const GET_STACK: u32 = 67;
     pub const PROBE_READ_USER: u32 = 112;
     pub const PROBE_READ_KERNEL: u32 = 113;
@@ -93,6 +94,8 @@ pub struct Overflow {
     pub period: u64,
     /// `bpf_ktime_get_ns()`.
     pub time_ns: u64,
+    /// `bpf_get_current_cgroup_id()` (the recordings hold none: any value).
+    pub cgroup_id: u64,
     /// User `rsp` in the registers (the recordings hold none: any value).
     pub sp: u64,
     /// User `rbp` in the registers (likewise).
@@ -250,6 +253,10 @@ fn get_smp_processor_id(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
 
 fn get_current_pid_tgid(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
     with(|s| (u64::from(s.overflow.pid) << 32) | u64::from(s.overflow.tid))
+}
+
+fn get_current_cgroup_id(_: u64, _: u64, _: u64, _: u64, _: u64) -> u64 {
+    with(|s| s.overflow.cgroup_id)
 }
 
 /// `bpf_read_branch_records` as kernel/trace/bpf_trace.c has it.
@@ -566,12 +573,13 @@ impl Harness {
             .get(program)
             .ok_or_else(|| format!("no program {program} in the object"))?;
         let mut vm = rbpf::EbpfVmMbuff::new(Some(code)).map_err(|e| format!("{program}: {e:?}"))?;
-        let helpers: [(u32, rbpf::Helper); 16] = [
+        let helpers: [(u32, rbpf::Helper); 17] = [
             (id::MAP_LOOKUP_ELEM, map_lookup_elem),
             (id::KTIME_GET_NS, ktime_get_ns),
             (id::GET_PRANDOM_U32, get_prandom_u32),
             (id::GET_SMP_PROCESSOR_ID, get_smp_processor_id),
             (id::GET_CURRENT_PID_TGID, get_current_pid_tgid),
+            (id::GET_CURRENT_CGROUP_ID, get_current_cgroup_id),
             (id::GET_STACK, get_stack),
             (id::PROBE_READ_USER, probe_read),
             (id::PROBE_READ_KERNEL, probe_read),

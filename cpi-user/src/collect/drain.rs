@@ -390,8 +390,7 @@ impl Drain {
         self.processes.track(
             &mut self.set,
             &mut self.unwinder,
-            h.tgid,
-            h.tid,
+            (h.tgid, h.tid, h.cgroup_id),
             (h.flags & FLAG_KERNEL == 0).then_some(user_addr),
         );
         let stack = section.map(|sec| self.call_stack(h.tgid, h.tid, &sec));
@@ -1181,6 +1180,36 @@ mod tests {
             "read from /proc"
         );
         assert_ne!(p.comm, "recorded");
+    }
+
+    /// Issue 34: a process's identity is kept for its cgroup v2 id where every process
+    /// of that cgroup has it (a cgroup v2 host): a later process of the cgroup takes it
+    /// without a `/proc` read, also one gone before its first sample was read (here a
+    /// pid recorded exited, which `/proc` is not asked of). Id 0 (unknown) names none.
+    #[test]
+    fn a_cgroups_identity_names_its_later_processes_even_when_gone() {
+        let me = std::process::id();
+        let here = a_cgroups_identity_names_its_later_processes_even_when_gone as *const () as u64;
+        let in_cgroup = |pid: u32, cgroup_id: u64| {
+            let mut s = ip(pid, here, EventRole::CpuClock);
+            s.header.cgroup_id = cgroup_id;
+            bytes_of(&s)
+        };
+        let mut d = Drain::new(1, StackMemory::default());
+        d.add(&in_cgroup(me, 77));
+        let mine = d.set.processes[&me].identity.clone();
+        assert!(mine.is_some(), "read from /proc");
+        let text = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let v2_host = text.starts_with("0::/") && text.lines().count() == 1;
+        let (gone, unknown) = (me + 1_000_000, me + 1_000_001);
+        for pid in [gone, unknown] {
+            d.observe(SideRecord::Exit { tid: pid, time: 1 });
+        }
+        d.add(&in_cgroup(gone, 77));
+        d.add(&in_cgroup(unknown, 0));
+        let expected = if v2_host { mine } else { None };
+        assert_eq!(d.set.processes[&gone].identity, expected, "{text}");
+        assert_eq!(d.set.processes[&unknown].identity, None);
     }
 
     /// A recorded exit of a process's main thread is not the process's once another

@@ -249,8 +249,8 @@ impl Default for StackMemory {
 pub const DRAIN_EVERY: Duration = Duration::from_millis(25);
 
 /// The most ring-buffer space one sample takes: the longest fixed record (a branch sample
-/// with every entry, 816 bytes), its stack header, every kernel frame and the whole user
-/// stack copy (cpi-common/src/wire.rs), plus the ring's 8-byte record header: 9,560 bytes.
+/// with every entry, 824 bytes), its stack header, every kernel frame and the whole user
+/// stack copy (cpi-common/src/wire.rs), plus the ring's 8-byte record header: 9,568 bytes.
 /// The mean is lower (4.2–8.3 KB measured with stacks: BENCHMARKS.md, "Why records are
 /// built in a scratch buffer"); sizing with the most keeps [`ring_holds`] a lower bound.
 pub(crate) const MAX_RECORD_BYTES: u64 = (std::mem::size_of::<cpi_common::wire::BranchSample>()
@@ -489,8 +489,8 @@ mod tests {
 
     #[test]
     fn default_rings_are_the_smallest_power_of_two_that_holds_long_enough() {
-        assert_eq!(MAX_RECORD_BYTES, 9_560);
-        // The one-shot, 2 CPUs at 999 Hz: 9,560 B × 999 /s × 2 × 0.4 s = 7.3 MiB.
+        assert_eq!(MAX_RECORD_BYTES, 9_568);
+        // The one-shot, 2 CPUs at 999 Hz: 9,568 B × 999 /s × 2 × 0.4 s = 7.3 MiB.
         let one_shot = |hz, cpus| default_ring_mib(ONE_SHOT_RING_HOLDS, hz, cpus);
         assert_eq!(one_shot(999, 2), 8);
         assert_eq!(one_shot(1999, 2), 16);

@@ -265,6 +265,8 @@ fn wire(s: &Sample, role: EventRole, cpu: u32, attr: &EventAttr) -> Vec<u8> {
         period: s.period,
         time_ns: s.time,
         ip: s.ip,
+        // Not asked of the kernel (`PERF_SAMPLE_CGROUP`): the identity is read.
+        cgroup_id: 0,
     };
     let mut out = if role == EventRole::Branches {
         sys::bytes_of(&BranchSample::new(header, &s.branches)).to_vec()

@@ -26,6 +26,10 @@ const REREAD_EVERY: Duration = Duration::from_millis(100);
 /// collector (BENCHMARKS.md, "A hostile host: mapping churn").
 const REREAD_COST_RATIO: u32 = 50;
 
+/// Cgroups whose identity is kept at most ([`Processes::by_cgroup`]); past it the table
+/// starts again empty. A host has hundreds to a few thousand.
+const MAX_CGROUPS: usize = 16_384;
+
 /// What the collector did to learn processes' mappings since it started: it grows with
 /// the mappings that changed, not with those the processes hold.
 #[cfg(test)]
@@ -67,6 +71,11 @@ pub(crate) struct Processes {
     /// ([`super::sideband`]): what is left of a process gone before `/proc` was read,
     /// and, for one whose `exec` they saw, all its code: its maps are then not read.
     pub(super) recorded: RecordedProcesses,
+    /// Identities by cgroup v2 id (a record's `cgroup_id`), each learnt from the first
+    /// process of its cgroup read from `/proc` on a cgroup v2 host: later processes of
+    /// the cgroup cost no read, and one gone before its first sample was drained still
+    /// gets its container (BENCHMARKS.md, "Agent under churn").
+    pub(super) by_cgroup: HashMap<u64, ProcessIdentity>,
 }
 
 impl Processes {
@@ -218,8 +227,7 @@ impl Processes {
         &mut self,
         set: &mut SampleSet,
         unwinder: &mut StackUnwinder,
-        pid: u32,
-        tid: u32,
+        (pid, tid, cgroup_id): (u32, u32, u64),
         addr: Option<u64>,
     ) {
         let p = set.process(pid);
@@ -247,7 +255,7 @@ impl Processes {
         }
         if first {
             // Now, before the process can exit: who it is (cgroup, container, pod).
-            p.identity = unless_exited(&self.recorded, pid, ProcessIdentity::read);
+            p.identity = self.identity(pid, cgroup_id, ProcessIdentity::read);
         }
         let miss = addr.filter(|&a| a != 0 && p.maps.as_ref().is_none_or(|m| m.find(a).is_none()));
         // The kernel's records explain a miss at once, without reading /proc (an exec'd
@@ -269,6 +277,28 @@ impl Processes {
                 p.comm = format!("[pid {pid}]");
             }
         }
+    }
+
+    /// Who process `pid` of cgroup v2 `cgroup_id` (0: unknown) is: its cgroup's identity
+    /// where known, else `read` (from `/proc`: [`ProcessIdentity::read`]), and kept for
+    /// its cgroup where `read` says every process of it has that identity.
+    fn identity(
+        &mut self,
+        pid: u32,
+        cgroup_id: u64,
+        read: impl FnOnce(u32) -> Option<(ProcessIdentity, bool)>,
+    ) -> Option<ProcessIdentity> {
+        if let Some(known) = self.by_cgroup.get(&cgroup_id) {
+            return Some(known.clone());
+        }
+        let (identity, shared) = unless_exited(&self.recorded, pid, read)?;
+        if shared && cgroup_id != 0 {
+            if self.by_cgroup.len() >= MAX_CGROUPS {
+                self.by_cgroup.clear();
+            }
+            self.by_cgroup.insert(cgroup_id, identity.clone());
+        }
+        Some(identity)
     }
 
     /// An address of `pid` (thread `tid`), a sample's own or a frame's, in none of its
@@ -446,6 +476,44 @@ pub(super) struct Known {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cgroup's identity, once read from a process of it on a cgroup v2 host, names
+    /// its later processes without a read (also gone ones); on a hybrid host, or with
+    /// an unknown id (0), each process is read.
+    #[test]
+    fn a_cgroups_identity_is_read_once_where_its_processes_share_it() {
+        let pod = |n: &str| ProcessIdentity::of_path(&format!("/kubepods/besteffort/pod{n}"));
+        let mut p = Processes::default();
+        let reads = std::cell::Cell::new(0);
+        let read = |id: ProcessIdentity, shared: bool| {
+            let reads = &reads;
+            move |_: u32| {
+                reads.set(reads.get() + 1);
+                Some((id, shared))
+            }
+        };
+        let a = pod("a");
+        assert_eq!(p.identity(10, 7, read(a.clone(), true)), Some(a.clone()));
+        assert_eq!(p.identity(11, 7, read(pod("x"), true)), Some(a.clone()));
+        assert_eq!(reads.get(), 1, "the cgroup's second process: no read");
+        for gone in [12, 13] {
+            p.recorded.observe(SideRecord::Exit { tid: gone, time: 1 });
+        }
+        assert_eq!(p.identity(12, 7, read(pod("x"), true)), Some(a), "gone");
+        assert_eq!(
+            p.identity(13, 9, read(pod("x"), true)),
+            None,
+            "gone, unknown"
+        );
+        assert_eq!(reads.get(), 1);
+        assert_eq!(p.identity(14, 0, read(pod("b"), true)), Some(pod("b")));
+        assert_eq!(p.identity(15, 0, read(pod("c"), true)), Some(pod("c")));
+        // A hybrid host's identity is not its v2 cgroup's.
+        assert_eq!(p.identity(16, 8, read(pod("d"), false)), Some(pod("d")));
+        assert_eq!(p.identity(17, 8, read(pod("e"), false)), Some(pod("e")));
+        assert_eq!(reads.get(), 5);
+        assert_eq!(p.by_cgroup.len(), 1);
+    }
 
     #[test]
     fn a_capture_is_dropped_only_when_its_mapping_holds_another_file() {

@@ -132,12 +132,22 @@ impl ProcessIdentity {
     }
 
     /// The identity of process `pid`, read from `/proc/PID/cgroup` through the bounded
-    /// reader for files others control (cpi-user/src/fsafe/mod.rs); `None` when it is gone.
-    pub fn read(pid: u32) -> Option<ProcessIdentity> {
+    /// reader for files others control (cpi-user/src/fsafe/mod.rs); `None` when it is
+    /// gone. With it, whether every process of the same cgroup v2 has this identity:
+    /// true when the file holds the unified hierarchy's line alone (a cgroup v2 host),
+    /// so the path is all the identity comes from. On a hybrid host a v1 line can name
+    /// a container that the unified path does not.
+    pub fn read(pid: u32) -> Option<(ProcessIdentity, bool)> {
         let path = format!("/proc/{pid}/cgroup");
         let bytes = crate::fsafe::read_bounded(Path::new(&path), MAX_CGROUP_FILE).ok()?;
-        Self::parse(&String::from_utf8_lossy(&bytes))
+        let text = String::from_utf8_lossy(&bytes);
+        Some((Self::parse(&text)?, unified_only(&text)))
     }
+}
+
+/// Whether a `/proc/PID/cgroup` text holds the unified hierarchy's line alone.
+fn unified_only(text: &str) -> bool {
+    text.starts_with("0::/") && text.lines().count() == 1
 }
 
 /// Whether a path component is the kubelet's pods cgroup: `kubepods` (cgroupfs driver),
@@ -393,9 +403,22 @@ mod tests {
         assert_eq!(ProcessIdentity::parse("garbage\n\u{1b}[2J"), None);
     }
 
+    /// Only a cgroup v2 host's file (the unified line alone) names every process of a
+    /// cgroup v2 alike: on a hybrid host a v1 line can hold a container the unified path
+    /// does not (the collector's cache by cgroup id, cpi-user/src/collect/processes.rs).
+    #[test]
+    fn only_the_unified_line_alone_is_shared_by_a_cgroup() {
+        assert!(unified_only("0::/system.slice/docker-ab.scope\n"));
+        assert!(unified_only("0::/"));
+        let hybrid = "12:memory:/docker/ab\n1:name=systemd:/docker/ab\n0::/system.slice/x\n";
+        assert!(!unified_only(hybrid));
+        assert!(!unified_only("1:name=systemd:/docker/ab\n"));
+        assert!(!unified_only(""));
+    }
+
     #[test]
     fn reads_this_process() {
-        let me = ProcessIdentity::read(std::process::id()).expect("own /proc/self/cgroup");
+        let (me, _) = ProcessIdentity::read(std::process::id()).expect("own /proc/self/cgroup");
         assert!(me.cgroup.is_some_and(|p| p.starts_with('/')));
         assert_eq!(ProcessIdentity::read(u32::MAX), None);
     }

@@ -297,6 +297,7 @@ impl Pmu {
             period,
             time_ns: self.now_cycles / self.cfg.cycles_per_ns.max(1),
             ip,
+            cgroup_id: 0,
         }
     }
 

@@ -141,6 +141,7 @@ fn run_programs(
             kernel: s.kernel,
             period: s.period,
             time_ns: 1_000_000 + overflows * 250_000,
+            cgroup_id: 0x1_0000_0000 + u64::from(s.pid),
             sp: 0x7ffd_0000_0000 + overflows * 16,
             bp: 0x7ffd_0000_1000,
             branches: None,
@@ -182,6 +183,11 @@ fn run_programs(
             for bytes in records {
                 let (rec, section) = decode(&bytes)
                     .unwrap_or_else(|| panic!("record of {} bytes refused", bytes.len()));
+                let header = match &rec {
+                    Record::Branch(b) => b.header,
+                    Record::Ip(ip) => ip.header,
+                };
+                assert_eq!(header.cgroup_id, o.cgroup_id, "the task's cgroup id");
                 if stacks != StackMode::Off {
                     let sec = section.expect("a stack section in stack mode");
                     // A kernel-mode sample's user registers come from the task
