@@ -8,19 +8,13 @@
 # tests/programs/deep_frames.c per CPU (30 frame-pointer frames deep), the agent at a fixed
 # 250 Hz, the program's runs counted between 8 s and 28 s after the agent starts.
 set -euo pipefail
+. tests/bench/stack_common.sh
 runs=${1:?runs}; shift
 dir=$(mktemp -d /tmp/cpi-kunwind-XXXX)
 pids=()
 trap 'kill "${pids[@]}" 2> /dev/null || true; rm -rf "$dir"; sysctl -qw kernel.bpf_stats_enabled=0' EXIT
 gcc -O1 -fno-omit-frame-pointer -fno-optimize-sibling-calls -o "$dir/deep" \
   tests/programs/deep_frames.c
-# run_time_ns and run_cnt of ip_cpu_clock, summed over its loaded copies.
-snap() {
-  bpftool -j prog show name ip_cpu_clock | python3 -c '
-import json, sys
-d = json.load(sys.stdin); d = d if isinstance(d, list) else [d]
-print(sum(p.get("run_time_ns", 0) for p in d), sum(p.get("run_cnt", 0) for p in d))'
-}
 kernel_ns() {
   local bin=$1; shift
   pids=()

@@ -12,26 +12,12 @@
 #   file, and python3 serialising a 200-deep nested dict with `json.dumps`: the stacks
 #   truncated, over the samples.
 set -euo pipefail
+. tests/bench/stack_common.sh
 runs=${1:?runs}; shift
 dir=$(mktemp -d /tmp/cpi-stackcopy-XXXX)
 trap 'rm -rf "$dir"; sysctl -qw kernel.bpf_stats_enabled=0' EXIT
 gcc -O2 -pthread -o "$dir/busy" tests/programs/busy.c
-python3 tests/bench/compiler_input.py "$dir/gen.c"
-cat > "$dir/deep.py" <<'PY'
-import json
-d = {}
-for i in range(200):
-    d = {"k%d" % i: d, "v": list(range(20))}
-for _ in range(3000):
-    json.dumps(d)
-PY
-# run_time_ns and run_cnt of ip_cpu_clock, summed over its loaded copies.
-snap() {
-  bpftool -j prog show name ip_cpu_clock | python3 -c '
-import json, sys
-d = json.load(sys.stdin); d = d if isinstance(d, list) else [d]
-print(sum(p.get("run_time_ns", 0) for p in d), sum(p.get("run_cnt", 0) for p in d))'
-}
+deep_inputs "$dir"
 kernel_ns() {
   local bin=$1; shift
   sysctl -qw kernel.bpf_stats_enabled=1

@@ -6,19 +6,12 @@
 # tests/bench/compiler_input.py's file, and python3 serialising a 200-deep nested dict.
 #   tests/bench/stack_repeats.sh
 set -euo pipefail
+. tests/bench/stack_common.sh
 dir=$(mktemp -d /tmp/cpi-repeats-XXXX)
 trap 'rm -rf "$dir"' EXIT
 gcc -O1 -fno-omit-frame-pointer -fno-optimize-sibling-calls -o "$dir/deep" \
   tests/programs/deep_frames.c
-python3 tests/bench/compiler_input.py "$dir/gen.c"
-cat > "$dir/deep.py" <<'PY'
-import json
-d = {}
-for i in range(200):
-    d = {"k%d" % i: d, "v": list(range(20))}
-for _ in range(3000):
-    json.dumps(d)
-PY
+deep_inputs "$dir"
 repeats() {
   perf record -q -e cpu-clock -F 999 --user-regs=ip,sp -o "$dir/perf.data" -- "$@" \
     > /dev/null 2>&1 || true
