@@ -10,7 +10,9 @@ use std::io::Read;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 
@@ -32,23 +34,45 @@ const CHROMIUMS_OWN: &[&str] = &[
 ];
 
 /// A proxy that notes the first line of each request made to it and answers none.
-fn noting_proxy() -> (u16, Arc<Mutex<Vec<String>>>) {
+/// A connection closed without a byte sent asked for nothing (Chromium exiting
+/// between its connect and its request line): it is not noted. One silent for
+/// [`SILENT`] is, as "(nothing sent)" (this waited 500 ms and noted an empty close too,
+/// and the suite failed once under its own load on such a connection). Each
+/// connection is read on its own thread, so a silent one holds up no other; the count
+/// says how many are still being read.
+fn noting_proxy() -> (u16, Arc<Mutex<Vec<String>>>, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
     let port = listener.local_addr().unwrap().port();
     let lines = Arc::new(Mutex::new(Vec::new()));
-    let seen = Arc::clone(&lines);
+    let reading = Arc::new(AtomicUsize::new(0));
+    let (seen, open) = (Arc::clone(&lines), Arc::clone(&reading));
     std::thread::spawn(move || {
         for mut conn in listener.incoming().flatten() {
-            let _ = conn.set_read_timeout(Some(std::time::Duration::from_millis(500)));
-            let mut buf = [0u8; 4096];
-            let n = conn.read(&mut buf).unwrap_or(0);
-            let line = String::from_utf8_lossy(&buf[..n]);
-            let line = line.lines().next().unwrap_or("(nothing sent)").to_string();
-            seen.lock().unwrap().push(line);
+            open.fetch_add(1, Ordering::SeqCst);
+            let (seen, open) = (Arc::clone(&seen), Arc::clone(&open));
+            std::thread::spawn(move || {
+                let _ = conn.set_read_timeout(Some(SILENT));
+                let mut buf = [0u8; 4096];
+                let line = match conn.read(&mut buf) {
+                    Ok(0) => None,
+                    Ok(n) => Some(
+                        (String::from_utf8_lossy(&buf[..n]).lines().next())
+                            .unwrap_or_default()
+                            .to_string(),
+                    ),
+                    Err(_) => Some("(nothing sent)".to_string()),
+                };
+                seen.lock().unwrap().extend(line);
+                open.fetch_sub(1, Ordering::SeqCst);
+            });
         }
     });
-    (port, lines)
+    (port, lines, reading)
 }
+
+/// How long a connection to the proxy may stay open without sending its request
+/// line before it is noted as a request anyway (long enough for a loaded machine).
+const SILENT: Duration = Duration::from_secs(5);
 
 /// Opens `page` headless: the DOM (`--dump-dom`) and, when `screenshot` is given, a
 /// picture of its first 1400×1000 pixels. `None` after [`crate::skip`] when Chromium
@@ -60,10 +84,10 @@ pub fn visit(page: &Path, screenshot: Option<&Path>) -> Option<Visit> {
         ));
         return None;
     }
-    let (port, requests) = noting_proxy();
+    let (port, requests, reading) = noting_proxy();
     // A profile directory per visit: Chromium refuses one another instance holds.
-    static VISITS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let n = VISITS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    static VISITS: AtomicUsize = AtomicUsize::new(0);
+    let n = VISITS.fetch_add(1, Ordering::Relaxed);
     let profile = crate::temp_dir(&format!("chromium-profile-{n}"));
     let run = |extra: &[String]| {
         let out = Command::new(CHROMIUM)
@@ -104,8 +128,13 @@ pub fn visit(page: &Path, screenshot: Option<&Path>) -> Option<Visit> {
         );
     }
     let _ = std::fs::remove_dir_all(&profile);
-    // Let the proxy's accept loop see a connection made just before exit.
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Let the proxy's accept loop see a connection made just before exit, then let
+    // every connection it accepted be read (Chromium's exit closed them all).
+    std::thread::sleep(Duration::from_millis(300));
+    let read_by = std::time::Instant::now() + SILENT + Duration::from_secs(1);
+    while reading.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < read_by {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let requests = requests
         .lock()
         .unwrap()
