@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 
@@ -131,8 +131,8 @@ pub fn visit(page: &Path, screenshot: Option<&Path>) -> Option<Visit> {
     // Let the proxy's accept loop see a connection made just before exit, then let
     // every connection it accepted be read (Chromium's exit closed them all).
     std::thread::sleep(Duration::from_millis(300));
-    let read_by = std::time::Instant::now() + SILENT + Duration::from_secs(1);
-    while reading.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < read_by {
+    let read_by = Instant::now() + SILENT + Duration::from_secs(1);
+    while reading.load(Ordering::SeqCst) > 0 && Instant::now() < read_by {
         std::thread::sleep(Duration::from_millis(20));
     }
     let requests = requests
