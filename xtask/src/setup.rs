@@ -26,7 +26,8 @@ use anyhow::{bail, Context};
 /// terminal for the tables, tests/tests/it/report_tree.rs), dpkg-dev
 /// (`dpkg-shlibdeps` for `cargo xtask package`) and man-db (the package test renders its
 /// man page), bpftool (the kernel's own run time of the agent's programs,
-/// tests/tests/it/agent_cost.rs).
+/// tests/tests/it/agent_cost.rs), sqlite3, bzip2 and xz-utils (programs nobody here wrote,
+/// replayed by the PMU model in tests/tests/it/corpus.rs).
 const PACKAGES: &[&str] = &[
     "gcc",
     "g++",
@@ -47,6 +48,9 @@ const PACKAGES: &[&str] = &[
     "dpkg-dev",
     "man-db",
     "bpftool",
+    "sqlite3",
+    "bzip2",
+    "xz-utils",
 ];
 
 const BPF_LINKER_VERSION: &str = "0.13.0";

@@ -13,6 +13,7 @@ mod cli;
 mod collect;
 mod collect_reliability;
 mod collect_ring;
+mod corpus;
 mod daemonset;
 mod dashboard;
 mod demangle;
