@@ -81,6 +81,8 @@ pub mod branch_type {
     pub const IND_CALL: u8 = 5;
     /// Return.
     pub const RET: u8 = 6;
+    /// Exception return (`iret`): the kernel's return to user mode.
+    pub const ERET: u8 = 11;
 }
 
 /// What a record is.

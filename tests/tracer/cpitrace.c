@@ -9,8 +9,15 @@
  *    its length and its 1-based index in the superblock (no helper call);
  *  - every superblock entry calls one helper with the superblock's address. The helper
  *    adds the previous superblock's executed instructions (the index in `last_word`) to
- *    the pending count and, when the new address is not the end of the last executed
- *    instruction, emits a record {from = that instruction, to = new address, n}.
+ *    the pending count and, when control did not simply fall through, emits a record
+ *    {from = that instruction, to = new address, n}. Control was transferred when the
+ *    new address is not the end of the last executed instruction, or when that
+ *    instruction is an unconditional transfer (jmp, call, ret, jmp/call via a register
+ *    or memory) ending its superblock: hardware retires those as taken branches even
+ *    when the target is the next instruction (`call 1f; 1: pop`, a jump table whose
+ *    first case follows the `jmp *`), so the trace must show them. The word stored for
+ *    such an instruction carries a flag bit (decoded once, at instrumentation).
+ *    A conditional branch whose target is its own fall-through is not seen as taken.
  *  With --vex-guest-chase=no and no loop unrolling (both forced in post_clo_init) a
  *  superblock is straight-line code left only through its exits, so this sees every
  *  non-sequential transfer; an instruction that does not follow its predecessor inside
@@ -60,10 +67,14 @@
 #define K_FORK 7      /* to = pid of a child process (not traced)                      */
 
 #define MAGIC "CPITRC01"
-#define VERSION 2
+#define VERSION 3
 
+/* The word stored per instruction: address, length (x86: at most 15), whether it is an
+   unconditional transfer ending its superblock, 1-based index in the superblock. */
 #define ADDR_MASK ((1ULL << 48) - 1)
 #define LEN_SHIFT 48
+#define LEN_MASK 15ULL
+#define XFER_BIT (1ULL << 52)
 #define IDX_SHIFT 53
 
 typedef struct {
@@ -199,15 +210,18 @@ static void emit_maps(void)
 }
 
 /* The previous superblock's executed instructions join the pending range; a jump to
- * anywhere but the end of the last executed instruction is a taken transfer. */
+ * anywhere but the end of the last executed instruction, or any unconditional
+ * transfer, is a taken transfer. */
 static inline void enter(Addr a)
 {
    ULong w = last_word;
    Addr prev = w & ADDR_MASK;
-   ULong len = (w >> LEN_SHIFT) & 31;
+   ULong len = (w >> LEN_SHIFT) & LEN_MASK;
    pending += w >> IDX_SHIFT;
-   last_word = w & ((1ULL << IDX_SHIFT) - 1); /* index consumed */
-   if (a != prev + len) {
+   /* Index and transfer flag consumed: entering again (a signal right after) must not
+      count them twice. */
+   last_word = w & (ADDR_MASK | (LEN_MASK << LEN_SHIFT));
+   if (a != prev + len || (w & XFER_BIT)) {
       emit(prev, a, pending, K_BRANCH, 0);
       pending = 0;
    }
@@ -255,15 +269,56 @@ static Bool is_rep_string(Addr a)
    return False;
 }
 
+/* The instruction at `a` (`len` bytes) always transfers control when it runs: a near or
+ * far jmp/call (relative, or via a register or memory) or a ret, after any prefixes.
+ * Conditional branches, loops and system calls are not. */
+static Bool is_transfer(Addr a, ULong len)
+{
+   const UChar *p = (const UChar *)a;
+   ULong i = 0;
+   while (i < len && (p[i] == 0x66 || p[i] == 0x67 || p[i] == 0xF2 || p[i] == 0xF3 ||
+                      p[i] == 0x26 || p[i] == 0x2E || p[i] == 0x36 || p[i] == 0x3E ||
+                      p[i] == 0x64 || p[i] == 0x65))
+      i++;
+   if (i < len && p[i] >= 0x40 && p[i] <= 0x4F)
+      i++; /* REX */
+   if (i >= len)
+      return False;
+   switch (p[i]) {
+   case 0xE8: /* call rel32 */
+   case 0xE9: /* jmp rel32 */
+   case 0xEB: /* jmp rel8 */
+   case 0xC2: /* ret imm16 */
+   case 0xC3: /* ret */
+   case 0xCA: /* far ret */
+   case 0xCB:
+      return True;
+   case 0xFF: { /* /2 call, /3 far call, /4 jmp, /5 far jmp */
+      UInt reg;
+      if (i + 1 >= len)
+         return False;
+      reg = (p[i + 1] >> 3) & 7;
+      return reg >= 2 && reg <= 5;
+   }
+   default:
+      return False;
+   }
+}
+
 static IRSB *ct_instrument(VgCallbackClosure *closure, IRSB *sbIn,
                            const VexGuestLayout *layout, const VexGuestExtents *vge,
                            const VexArchInfo *archinfo_host, IRType gWordTy,
                            IRType hWordTy)
 {
    IRSB *sbOut = deepCopyIRSBExceptStmts(sbIn);
-   Int i = 0, idx = 0;
+   Int i = 0, idx = 0, last_mark = -1;
    Bool first = True, rep_sb = False;
    Addr next = 0;
+
+   for (i = 0; i < sbIn->stmts_used; i++)
+      if (sbIn->stmts[i] && sbIn->stmts[i]->tag == Ist_IMark)
+         last_mark = i;
+   i = 0;
 
    while (i < sbIn->stmts_used && sbIn->stmts[i]->tag != Ist_IMark) {
       addStmtToIRSB(sbOut, sbIn->stmts[i]);
@@ -300,7 +355,11 @@ static IRSB *ct_instrument(VgCallbackClosure *closure, IRSB *sbIn,
          addStmtToIRSB(sbOut, st);
          idx++;
          if (!rep_sb) {
-            ULong word = (ULong)a | ((len & 31) << LEN_SHIFT) | ((ULong)idx << IDX_SHIFT);
+            ULong word = (ULong)a | ((len & LEN_MASK) << LEN_SHIFT) | ((ULong)idx << IDX_SHIFT);
+            /* Only the superblock's last instruction can be a transfer that ran: an
+               unconditional one always ends its superblock. */
+            if (i == last_mark && is_transfer(a, len))
+               word |= XFER_BIT;
             addStmtToIRSB(sbOut,
                           IRStmt_Store(Iend_LE, mkIRExpr_HWord((HWord)&last_word),
                                        IRExpr_Const(IRConst_U64(word))));

@@ -175,6 +175,9 @@ type RangeKey = (u64, u64, u64);
 
 /// Marks a [`RangeKey`] whose stack is a node, not an edge (node ids are `u32`).
 const OWN: u64 = 1 << 32;
+/// The longest x86 instruction: a call whose target lies within this many bytes after
+/// it went to its own next instruction.
+const MAX_INSN_LEN: u64 = 15;
 
 /// Estimated heap bytes of one stack's statistics (its frames are the trie's).
 fn stat_bytes(stat: &StackStat) -> usize {
@@ -381,6 +384,11 @@ impl StackAggregate {
     ) -> Option<(u32, u64)> {
         use cpi_common::wire::branch_type as bt;
         match e.branch_type() {
+            // A call to its own next instruction (`call 1f; 1: pop`, reading the PC)
+            // makes no frame: its code pops the return address itself.
+            bt::CALL | bt::IND_CALL if e.to > e.from && e.to - e.from <= MAX_INSN_LEN => {
+                Some((callers, e.from))
+            }
             // The callee's frame goes; the caller was at the call.
             bt::CALL | bt::IND_CALL => Some((self.trie.user_parent(callers)?, e.from)),
             // The frame the return left comes back: its leaf at the `ret`, returning to

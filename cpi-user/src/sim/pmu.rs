@@ -28,6 +28,24 @@
 //! on, a branch sample the stack after the taken branch it was taken at — as an unwinder
 //! run at the interrupt would see them.
 //!
+//! The LBR holds what hardware with a user-only filter holds: every taken transfer of
+//! user code, to the next instruction included (`call 1f; 1: pop`, a `jmp *reg` to the
+//! next instruction; Linux types a zero-length call `X86_BR_ZERO_CALL` and keeps it),
+//! and the kernel's returns to user mode. Hardware files a branch under the privilege
+//! level of its *target* (Intel SDM, LBR_SELECT: "do not capture branches ending in ring
+//! 0"; Linux `arch/x86/events/utils.c`: "branch priv level determined by target as is
+//! done by HW when LBR_SELECT is implemented"), so with user-only recording the entry
+//! into the kernel (interrupt, fault, system call) leaves no entry and the `iret` or
+//! `sysret` back to user mode leaves one whose `from` is a kernel address, which perf
+//! types `PERF_BR_ERET`/`PERF_BR_SYSRET`. The model records that return as
+//! [`KERNEL_EXIT`] → the user instruction it went to, wherever the trace shows the
+//! kernel moving a thread: a thread starting, a signal handler starting (the
+//! interrupted range ends with no entry), `rt_sigreturn` resuming the interrupted code
+//! (any non-branch instruction that transferred control did so through the kernel).
+//! Analysis drops the range that ends at the kernel address, as it must on hardware.
+//! The kernel's return after an ordinary system call is not modelled (the trace does
+//! not mark it): those ranges run on through the `syscall` here.
+//!
 //! LBR entries carry the cycles since the previous entry (Skylake+ semantics, saturated
 //! at 0xffff) and the predictor's mispredict flag. Skid: the cycle sample's IP is taken
 //! `skid` instructions after the overflowing one (within its range); the branch sample
@@ -37,11 +55,11 @@ use cpi_common::policy::{
     PeriodPolicy, Perturbation, Rng, ThinState, Thinning, DEFAULT_PERTURBATION, DEFAULT_THINNING,
 };
 use cpi_common::wire::{
-    BranchEntry, BranchSample, EventRole, IpSample, SampleHeader, SampleKind, MAX_BRANCH_ENTRIES,
-    WIRE_VERSION,
+    branch_type, BranchEntry, BranchSample, EventRole, IpSample, SampleHeader, SampleKind,
+    MAX_BRANCH_ENTRIES, WIRE_VERSION,
 };
 
-use super::cycles::{Dynamic, Ending, RangeInfo};
+use super::cycles::{Dynamic, Ending, Flow, RangeInfo};
 use super::shadow::Frames;
 use super::FastMap;
 use crate::profile::{CallStack, SampleSet, StackWeighting};
@@ -164,6 +182,9 @@ pub const SIM_CYCLE_PERIOD: u64 = 2_003;
 pub const SIM_REDRAW_MS: u64 = 10;
 /// Default seed of the policy's random numbers.
 pub const SIM_SEED: u64 = 0x5eed;
+/// The `from` of the model's LBR entries for the kernel's returns to user mode (module
+/// doc): an address in the kernel half (the x86-64 kernel text base without KASLR).
+pub const KERNEL_EXIT: u64 = 0xffff_ffff_8100_0000;
 
 /// One hardware counter of one thread.
 #[derive(Clone, Debug)]
@@ -213,6 +234,18 @@ struct ThreadPmu {
     since_entry: u64,
     /// A skidded branch sample: taken branches still to retire, and its weight.
     branch_skid: Option<(u32, u64)>,
+}
+
+impl ThreadPmu {
+    /// Pushes `e` as the newest LBR entry, timed with the cycles since the previous one.
+    fn push(&mut self, e: BranchEntry, depth: usize) {
+        let c = self.since_entry.min(0xffff) as u16;
+        self.since_entry = 0;
+        self.head = (self.head + depth - 1) % depth;
+        self.lbr[self.head] =
+            BranchEntry::new(e.from, e.to, e.mispred(), c).with_type(e.branch_type());
+        self.filled = (self.filled + 1).min(depth);
+    }
 }
 
 /// Counts of what the model did.
@@ -348,6 +381,15 @@ impl Pmu {
         self.stats.branch_samples += 1;
     }
 
+    /// The kernel returned thread `tid` to user mode at `to` (a thread starting, a signal
+    /// handler starting): the LBR entry hardware records for it (module doc). The
+    /// taken-branch counter counts user-mode near branches only: not this one.
+    pub(crate) fn kernel_return(&mut self, tid: u32, to: u64) {
+        let depth = self.cfg.depth;
+        let entry = BranchEntry::new(KERNEL_EXIT, to, false, 0).with_type(branch_type::ERET);
+        self.thread(tid).push(entry, depth);
+    }
+
     /// One execution of range `r` by thread `tid`, as the cycle model costed it, under
     /// the call stacks `frames`. `ending` with `Taken` retires the taken branch
     /// `r.end → to`.
@@ -443,16 +485,21 @@ impl Pmu {
         let mut fire = None;
         let (mut overflowed, mut thinned) = (false, false);
         let on_branches = self.cfg.branch_event == BranchEvent::Branches;
+        // A range whose last instruction is no branch went elsewhere through the kernel
+        // (`rt_sigreturn`): its LBR entry is the kernel's return, and no user-mode near
+        // branch retired for the counter (module doc).
+        if let (Ending::Taken { to }, true) = (ending, r.known() && r.last == Flow::Other) {
+            self.thread(tid).since_entry += cycles;
+            self.kernel_return(tid, to);
+            return;
+        }
         {
             let t = self.thread(tid);
             t.since_entry += cycles;
             if let Ending::Taken { to } = ending {
-                let c = t.since_entry.min(0xffff) as u16;
-                t.since_entry = 0;
-                t.head = (t.head + depth - 1) % depth;
-                t.lbr[t.head] = BranchEntry::new(r.end, to, d.last_mispredicted, c)
+                let entry = BranchEntry::new(r.end, to, d.last_mispredicted, 0)
                     .with_type(r.last.perf_type());
-                t.filled = (t.filled + 1).min(depth);
+                t.push(entry, depth);
                 if let Some((left, w)) = t.branch_skid.as_mut() {
                     if *left == 0 {
                         fire = Some((to, *w));
@@ -624,6 +671,59 @@ mod tests {
         assert!(stacks
             .iter()
             .all(|(s, _)| s.end == crate::profile::StackEnd::Complete));
+    }
+
+    /// Where the kernel moved the thread — a signal handler starting, `rt_sigreturn` (a
+    /// `syscall` whose range went elsewhere) — the LBR holds the kernel's return to user
+    /// mode, from a kernel address, and the taken-branch counter does not count it.
+    #[test]
+    fn kernel_returns_are_recorded_from_the_kernel() {
+        let mut pmu = Pmu::new(every_event(), 7);
+        pmu.kernel_return(7, 0x5000);
+        let sigreturn = RangeInfo {
+            start: 0x6000,
+            end: 0x6005,
+            n: 2,
+            addrs: vec![0x6000, 0x6005],
+            costs: vec![1, 61],
+            static_cycles: 62,
+            conds: Vec::new(),
+            last: Flow::Other,
+            reps: Vec::new(),
+        };
+        let tree = ContextTree::default();
+        let frames = Frames {
+            tree: &tree,
+            before: ThreadStack::default(),
+            after: ThreadStack::default(),
+        };
+        let mut d = Dynamic::default();
+        Predictor::default().execute(&sigreturn, Ending::Taken { to: 0x1234 }, &mut d);
+        let mut set = SampleSet::new(1);
+        pmu.on_range(
+            &mut set,
+            7,
+            &sigreturn,
+            &d,
+            Ending::Taken { to: 0x1234 },
+            &frames,
+        );
+        let t = &pmu.threads[&7];
+        let newest: Vec<(u64, u64, u8)> = (0..t.filled)
+            .map(|i| t.lbr[(t.head + i) % 4])
+            .map(|e| (e.from, e.to, e.branch_type()))
+            .collect();
+        assert_eq!(
+            newest,
+            [
+                (KERNEL_EXIT, 0x1234, branch_type::ERET),
+                (KERNEL_EXIT, 0x5000, branch_type::ERET)
+            ]
+        );
+        // The sigreturn range's cycles time the entry that ends it.
+        assert_eq!(t.lbr[t.head].cycles() as u64, d.cycles);
+        // Neither is a near branch of user mode: period 1, yet no branch sample.
+        assert_eq!(pmu.stats.branch_samples, 0);
     }
 
     #[test]

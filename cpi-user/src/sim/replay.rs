@@ -294,6 +294,11 @@ impl Replay {
             self.range(sets, tid, *start, from, n, Ending::Taken { to });
         } else if from != 0 {
             self.stats.anomalies += 1;
+        } else {
+            // The thread starts, or a signal handler does: the kernel put it there.
+            for pmu in &mut self.pmus {
+                pmu.kernel_return(tid, to);
+            }
         }
         *start = to;
     }

@@ -28,7 +28,7 @@ use crate::procmap::{ProcMapError, ProcessMaps};
 /// The first 8 bytes of every trace.
 pub(crate) const MAGIC: &[u8; 8] = b"CPITRC01";
 /// The format version this reader reads (and `tests/tracer/cpitrace.c` writes).
-pub(crate) const VERSION: u32 = 2;
+pub(crate) const VERSION: u32 = 3;
 const HEADER_LEN: usize = 16;
 const RECORD_LEN: usize = 24;
 
