@@ -848,6 +848,10 @@ pub struct Accuracy {
     pub instructions_est: Option<f64>,
     /// Cycles the profile estimates.
     pub cycles_est: Option<f64>,
+    /// Of `instructions_true`, those in code whose bytes could not be read (JIT, vdso):
+    /// no function has them. Absent (0) from files before it existed.
+    #[serde(default)]
+    pub instructions_unknown: u64,
     /// Functions by share of the exact cycles, largest first.
     pub functions: Vec<FunctionAccuracy>,
     /// Overlap Σ min(p̂, p) of the normalised instructions per call path (a path is its
@@ -928,6 +932,10 @@ pub struct FunctionAccuracy {
     /// tests and calibration judge `cpi_error` by. Absent from files before it existed.
     #[serde(default)]
     pub cpi_rel_error: Option<f64>,
+    /// The error the profile reports for `instructions_est` (relative). Absent from
+    /// files before it existed.
+    #[serde(default)]
+    pub instructions_rel_error: Option<f64>,
 }
 
 /// What the caller (collector, PMU model, importer) knows about a run; analysis turns

@@ -35,6 +35,54 @@ const PATHS_LISTED: usize = 50;
 /// The name of a frame whose address no mapping covers.
 const UNKNOWN_FUNCTION: &str = "[unknown]";
 
+/// An estimate further than this many of its own reported errors from the exact answer
+/// is a bug (a bias), not bad luck: the accuracy section names it.
+pub const BUG_ERRORS: f64 = 4.0;
+
+/// An estimate of a function that misses its exact value by more than [`BUG_ERRORS`] of
+/// the errors the profile reports for it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Miss {
+    /// What was estimated: `"instructions"` or `"CPI"`.
+    pub what: &'static str,
+    /// The profile's value.
+    pub est: f64,
+    /// The exact value.
+    pub exact: f64,
+    /// The relative error the profile reports for `est`.
+    pub rel_error: f64,
+    /// |est − exact| in units of that error (infinite where the error is 0).
+    pub errors: f64,
+}
+
+/// The estimates of `f` (instructions, CPI) more than [`BUG_ERRORS`] of their own errors
+/// from the exact answer.
+pub fn misses(f: &FunctionAccuracy) -> Vec<Miss> {
+    let inst = Some((f.instructions_est, f.instructions_true as f64)).zip(f.instructions_rel_error);
+    let cpi = f.cpi_est.zip(f.cpi_true).zip(f.cpi_rel_error);
+    [("instructions", inst), ("CPI", cpi)]
+        .into_iter()
+        .filter_map(|(what, v)| {
+            let ((est, exact), rel_error) = v?;
+            let sigma = rel_error * est.abs();
+            let errors = if sigma > 0.0 {
+                (est - exact).abs() / sigma
+            } else if est == exact {
+                0.0
+            } else {
+                f64::INFINITY
+            };
+            (errors > BUG_ERRORS).then_some(Miss {
+                what,
+                est,
+                exact,
+                rel_error,
+                errors,
+            })
+        })
+        .collect()
+}
+
 /// Σ min(p̂, p) over the union of keys, each side normalised by its own total.
 pub fn overlap<K: std::hash::Hash + Eq>(est: &HashMap<K, f64>, truth: &HashMap<K, f64>) -> f64 {
     let te: f64 = est.values().sum();
@@ -157,6 +205,7 @@ pub fn compare(profile: &Profile, truth: &Truth) -> Accuracy {
         cycles_true: truth.cycles,
         instructions_est: proc.and_then(|p| p.measures.instructions),
         cycles_est: proc.and_then(|p| p.measures.cycles),
+        instructions_unknown: truth.unknown_instructions,
         functions,
         overlap_path: paths.overlap,
         path_cpi_error_median: paths.cpi_error_median,
@@ -363,6 +412,7 @@ fn function_accuracy(
             cpi_est,
             cpi_error,
             cpi_rel_error: est.and_then(|f| f.measures.cpi).map(|c| c.rel_error),
+            instructions_rel_error: est.and_then(|f| f.measures.instructions_rel_error),
         });
     }
     functions.sort_by(|a, b| b.share.total_cmp(&a.share));

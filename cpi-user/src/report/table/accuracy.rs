@@ -2,6 +2,7 @@
 //! function and call path against the exact trace.
 
 use super::*;
+use crate::sim::accuracy::{misses, BUG_ERRORS, CPI_SHARE_FLOOR};
 
 /// " (N without a CPI estimate)" where N > 0.
 fn without_cpi(n: u64) -> String {
@@ -34,6 +35,18 @@ pub(super) fn accuracy(a: &Accuracy, width: Option<usize>) -> String {
         ),
         width,
     );
+    if a.instructions_unknown > 0 {
+        s += &indented(
+            &format!(
+                "{} of the {} instructions ran in code whose bytes could not be read \
+                 (JIT, vdso): their functions are unknown, and no CPI here includes them",
+                si(a.instructions_unknown as f64),
+                si(a.instructions_true as f64)
+            ),
+            width,
+        );
+    }
+    s += &bugs(a, width);
     s += &accuracy_header("function", width);
     for f in a.functions.iter().take(15) {
         s += &accuracy_row(
@@ -71,6 +84,57 @@ pub(super) fn accuracy(a: &Accuracy, width: Option<usize>) -> String {
         }
     }
     s
+}
+
+/// Each estimate of a function with ≥ 2 % of the cycles that misses its exact value by
+/// more than [`BUG_ERRORS`] of the errors the profile reports, named in words: a bias
+/// of the method, which the reported error (however small) does not cover.
+fn bugs(a: &Accuracy, width: Option<usize>) -> String {
+    let mut s = String::new();
+    for f in a.functions.iter().filter(|f| f.share >= CPI_SHARE_FLOOR) {
+        for m in misses(f) {
+            let off = if m.exact != 0.0 {
+                format!("{:+.1}%", (m.est - m.exact) / m.exact * 100.0)
+            } else {
+                "none ran".into()
+            };
+            s += &indented(
+                &format!(
+                    "BUG: {}'s {} is {}, the exact answer {} ({off}): {:.0} times the \
+                     error it reports (±{}), more than {BUG_ERRORS:.0}: a bias, not \
+                     sampling noise",
+                    f.name,
+                    m.what,
+                    number(m.est),
+                    number(m.exact),
+                    m.errors,
+                    fine_pct(m.rel_error)
+                ),
+                width,
+            );
+        }
+    }
+    s
+}
+
+/// A count in SI units, a ratio (CPI) with 3 decimals.
+fn number(v: f64) -> String {
+    if v.abs() >= 1000.0 {
+        si(v)
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+/// A relative error in percent with two significant digits, so that a small error
+/// never reads as 0.0 %.
+fn fine_pct(rel: f64) -> String {
+    let p = rel * 100.0;
+    if p == 0.0 {
+        return "0 %".into();
+    }
+    let decimals = (1 - p.abs().log10().floor() as i32).clamp(1, 9) as usize;
+    format!("{p:.decimals$} %")
 }
 
 /// The column heads of an accuracy table whose units are `what`.
