@@ -63,10 +63,25 @@ fn produce(cmd: &mut Command, out: &Path) -> Option<()> {
 /// `tests/programs/SOURCE` compiled with `gcc FLAGS` (`g++` for `.cpp`, `rustc` for
 /// `.rs`): the cached executable, or `None` after printing why (the compiler is missing).
 pub fn compile(source: &str, flags: &[&str]) -> Option<PathBuf> {
+    let compiler = match Path::new(source).extension().and_then(|e| e.to_str()) {
+        Some("cpp") => "g++",
+        Some("rs") => "rustc",
+        _ => "gcc",
+    };
+    compile_by(compiler, source, flags)
+}
+
+/// `tests/programs/SOURCE` compiled by `compiler FLAGS` (`clang-19` beside gcc, for the
+/// code shapes each compiler makes); as [`compile`].
+pub fn compile_by(compiler: &str, source: &str, flags: &[&str]) -> Option<PathBuf> {
     let root = workspace_root();
     let src = root.join("tests/programs").join(source);
     let mut h = DefaultHasher::new();
     flags.hash(&mut h);
+    // gcc's builds keep their folders; another compiler gets its own.
+    if !["gcc", "g++", "rustc"].contains(&compiler) {
+        compiler.hash(&mut h);
+    }
     let dir = root
         .join("target/test-programs")
         .join(format!("{:016x}", h.finish()));
@@ -80,11 +95,6 @@ pub fn compile(source: &str, flags: &[&str]) -> Option<PathBuf> {
     if mtime(&exe).is_some_and(|t| t >= src_time) {
         return Some(exe);
     }
-    let compiler = match src.extension().and_then(|e| e.to_str()) {
-        Some("cpp") => "g++",
-        Some("rs") => "rustc",
-        _ => "gcc",
-    };
     produce(Command::new(compiler).args(flags).arg(&src).arg("-o"), &exe)?;
     Some(exe)
 }

@@ -43,6 +43,7 @@ mod simulate;
 mod simulate_bench;
 mod simulate_exec;
 mod simulate_report;
+mod simulate_shapes;
 mod source_lines;
 mod stacks_collect;
 mod stacks_output;
