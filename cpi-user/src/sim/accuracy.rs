@@ -613,6 +613,51 @@ pub(crate) fn compare_paths(
 mod tests {
     use super::*;
 
+    /// propeller_sample_1.bin's `main` before the tracer recorded its `jmp` to the next
+    /// instruction: 1.76G instructions of 2.16G and CPI 4.394 of 3.578, each with an error
+    /// that rounds to ±0.0 %: both named. Within 4 errors: nothing named.
+    #[test]
+    fn estimates_beyond_four_of_their_errors_are_misses() {
+        let main = FunctionAccuracy {
+            name: "main".into(),
+            binary: "propeller_sample_1.bin".into(),
+            address: 0x1920,
+            share: 0.66,
+            instructions_true: 2_160_000_029,
+            instructions_est: 1_758_716_581.0,
+            cycles_true: 7_730_000_000,
+            cycles_est: 7_728_000_000.0,
+            cpi_true: Some(3.578),
+            cpi_est: Some(4.394),
+            cpi_error: Some(0.228),
+            cpi_rel_error: Some(0.0003),
+            instructions_rel_error: Some(0.0004),
+        };
+        let m = misses(&main);
+        assert_eq!(
+            m.iter().map(|m| m.what).collect::<Vec<_>>(),
+            ["instructions", "CPI"]
+        );
+        // |4.394 − 3.578| / (0.0003 × 4.394) ≈ 619 errors.
+        assert!((m[1].errors - 619.0).abs() < 1.0, "{m:?}");
+        let fine = FunctionAccuracy {
+            instructions_est: 2_160_000_029.0 * (1.0 + 3.9 * 0.0004),
+            cpi_est: Some(3.578 * (1.0 - 3.9 * 0.0003)),
+            ..main.clone()
+        };
+        assert_eq!(misses(&fine), []);
+        // An error of 0 that misses is infinitely many errors away; one that hits is not.
+        let exact = FunctionAccuracy {
+            cpi_rel_error: Some(0.0),
+            instructions_rel_error: Some(0.0),
+            instructions_est: 2_160_000_029.0,
+            ..main
+        };
+        let m = misses(&exact);
+        assert_eq!(m.len(), 1);
+        assert!(m[0].what == "CPI" && m[0].errors.is_infinite());
+    }
+
     #[test]
     fn overlap_is_one_for_equal_shapes_and_counts_misses() {
         let a: HashMap<u32, f64> = [(1, 10.0), (2, 30.0)].into();
