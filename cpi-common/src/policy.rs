@@ -264,6 +264,12 @@ pub const FILTER_TGID: u32 = 1 << 0;
 /// [`KernelConfig::filter`]: one of the sample's cgroup v2 ancestors (itself included)
 /// must be in the eBPF map `ALLOWED_CGROUPS`.
 pub const FILTER_CGROUP: u32 = 1 << 1;
+/// [`KernelConfig::filter`], with [`FILTER_TGID`]: a process that a kept process forks
+/// is kept too, from its first instruction (user space takes the tgids of processes
+/// gone out of `ALLOWED_TGIDS`). The eBPF program sees each fork and exit itself (raw tracepoints
+/// `task_newtask` and `sched_process_exit`), so no sample waits for user space to learn
+/// of a child: `-p` and `-- CMD` as root count per CPU, not per thread.
+pub const FILTER_FOLLOW: u32 = 1 << 2;
 
 impl Default for KernelConfig {
     fn default() -> Self {

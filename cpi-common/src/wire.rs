@@ -305,13 +305,18 @@ pub enum Counter {
     /// Samples of processes the filter does not want ([`crate::policy::KernelConfig::filter`]),
     /// dropped first thing: not seen, not a loss.
     Filtered = 5,
+    /// Processes forked by a kept process that the filter could not follow
+    /// ([`crate::policy::FILTER_FOLLOW`]): its map of children was full.
+    Unfollowed = 6,
 }
 
 /// Number of [`Counter`] slots.
-pub const COUNTERS: u32 = 6;
+pub const COUNTERS: u32 = 7;
 
-/// Most processes the kernel filter allows by tgid (`--pid`).
-pub const MAX_FILTER_TGIDS: u32 = 1024;
+/// Most processes the kernel filter allows by tgid (`--pid`, and the live processes a
+/// followed target forked), and most forked children it follows before their first
+/// sample: a full map leaves later children out, counted as [`Counter::Unfollowed`].
+pub const MAX_FILTER_TGIDS: u32 = 8192;
 
 /// Most cgroups the kernel filter allows (`--cgroup`, or the agent's pod selectors: a
 /// node runs at most 110 pods by default, one cgroup each, or one per selected

@@ -30,6 +30,15 @@
 //! dropped, so an unwanted process costs one map lookup, not a record (docs/METHOD.md,
 //! "Filtering in the kernel").
 //!
+//! Following a process tree (`FILTER_FOLLOW`: `-p` and `-- CMD` as root, on per-CPU
+//! events): `follow_fork` (raw tracepoint `task_newtask`, the end of a successful
+//! `copy_process`) puts each process a kept process forks into `ALLOWED_TASKS` by its
+//! `task_struct` address (the tracepoint gives the child's task, not its pid); the
+//! child's first sample, or first fork, moves its tgid into `ALLOWED_TGIDS`.
+//! `follow_exit` (`sched_process_exit`) takes an exiting task out; user space takes
+//! out the tgids of processes gone. Threads (`CLONE_THREAD`) share their process's
+//! tgid and need no entry.
+//!
 //! Every program thins with the shared policy (`ThinState::on_overflow`, per CPU and per
 //! role) and weights each record by the summed `sample_period` it stands for. Losses are
 //! counted per CPU (`wire::Counter`). The `#[perf_event]` wrapper returns 0, which (6.10+)
@@ -42,12 +51,12 @@ mod sys;
 use aya_ebpf::{
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE},
     helpers::bpf_get_current_pid_tgid,
-    macros::{map, perf_event},
+    macros::{map, perf_event, raw_tracepoint},
     maps::{Array, HashMap, PerCpuArray, RingBuf},
-    programs::PerfEventContext,
+    programs::{PerfEventContext, RawTracePointContext},
 };
 use cpi_common::{
-    policy::{KernelConfig, ThinState, FILTER_CGROUP, FILTER_TGID},
+    policy::{KernelConfig, ThinState, FILTER_CGROUP, FILTER_FOLLOW, FILTER_TGID},
     wire::{
         BranchEntry, BranchSample, Counter, EventRole, IpSample, SampleHeader, SampleKind,
         StackHeader, StackMode, COUNTERS as COUNTER_SLOTS, FLAG_KERNEL, FLAG_STACK, FLAG_STACK_CUT,
@@ -77,6 +86,15 @@ static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(COUNTER_SLOTS,
 /// Processes the filter keeps, by tgid (the value is unused).
 #[map]
 static ALLOWED_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_FILTER_TGIDS, 0);
+
+/// Processes forked by kept processes, by `task_struct` address, until their first
+/// sample or fork puts their tgid in `ALLOWED_TGIDS` (`FILTER_FOLLOW`; the value is
+/// unused). Each leaves at its exit.
+#[map]
+static ALLOWED_TASKS: HashMap<u64, u8> = HashMap::with_max_entries(MAX_FILTER_TGIDS, 0);
+
+/// `clone(2)`'s flag for a new thread of the caller's process.
+const CLONE_THREAD: u64 = 0x0001_0000;
 
 /// Cgroup v2 ids the filter keeps, with everything below them (the value is unused).
 #[map]
@@ -154,15 +172,29 @@ fn count(c: Counter) {
     }
 }
 
+/// Whether process `tgid`, the current task's, is kept: named, or (`FILTER_FOLLOW`)
+/// forked by a kept process, whose tgid goes into `ALLOWED_TGIDS` here so its other
+/// threads are kept too.
+#[inline(always)]
+fn kept(cfg: &KernelConfig, tgid: u32) -> bool {
+    if ALLOWED_TGIDS.get_ptr(tgid).is_some() {
+        return true;
+    }
+    if cfg.filter & FILTER_FOLLOW == 0 || ALLOWED_TASKS.get_ptr(sys::current_task()).is_none() {
+        return false;
+    }
+    // A full map (or a concurrent update) leaves the tgid to the next look-up, which
+    // finds the task again.
+    let _ = ALLOWED_TGIDS.insert(tgid, 1, 0);
+    true
+}
+
 /// Whether the current task passes every allow-list `cfg.filter` names; the loop is
 /// bounded by a constant.
 #[inline(always)]
 fn wanted(cfg: &KernelConfig) -> bool {
-    if cfg.filter & FILTER_TGID != 0 {
-        let tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-        if ALLOWED_TGIDS.get_ptr(tgid).is_none() {
-            return false;
-        }
+    if cfg.filter & FILTER_TGID != 0 && !kept(cfg, (bpf_get_current_pid_tgid() >> 32) as u32) {
+        return false;
     }
     if cgroup_ancestors() && cfg.filter & FILTER_CGROUP != 0 {
         for level in 0..=MAX_CGROUP_LEVEL {
@@ -411,6 +443,47 @@ pub fn ip_instructions(ctx: PerfEventContext) -> u32 {
 #[perf_event]
 pub fn ip_cpu_clock(ctx: PerfEventContext) -> u32 {
     emit_ip(&ctx, EventRole::CpuClock);
+    0
+}
+
+/// The filter's config when it follows a process tree, else `None`.
+#[inline(always)]
+fn following() -> Option<KernelConfig> {
+    CONFIG
+        .get(0)
+        .copied()
+        .filter(|c| c.filter & FILTER_FOLLOW != 0)
+}
+
+/// `task_newtask(struct task_struct *task, u64 clone_flags)`, in the parent: a new
+/// process of a kept process is followed from here on.
+#[raw_tracepoint(tracepoint = "task_newtask")]
+pub fn follow_fork(ctx: RawTracePointContext) -> i32 {
+    let Some(cfg) = following() else {
+        return 0;
+    };
+    let clone_flags: u64 = ctx.arg(1);
+    let parent = (bpf_get_current_pid_tgid() >> 32) as u32;
+    if !kept(&cfg, parent) || clone_flags & CLONE_THREAD != 0 {
+        return 0;
+    }
+    let child: u64 = ctx.arg(0);
+    if ALLOWED_TASKS.insert(child, 1, 0).is_err() {
+        sys::per_cpu_add(&COUNTERS, Counter::Unfollowed as u32);
+    }
+    0
+}
+
+/// `sched_process_exit`, in the exiting task: its address leaves `ALLOWED_TASKS`
+/// before the memory can name another task. Its tgid stays: the first thread may exit
+/// while others run (`pthread_exit` in `main`), and nothing here tells the last thread
+/// from the others on every kernel; user space takes out the tgids of processes gone
+/// (cpi-user/src/collect/filter.rs, `sweep`).
+#[raw_tracepoint(tracepoint = "sched_process_exit")]
+pub fn follow_exit(_ctx: RawTracePointContext) -> i32 {
+    if following().is_some() {
+        let _ = ALLOWED_TASKS.remove(sys::current_task());
+    }
     0
 }
 

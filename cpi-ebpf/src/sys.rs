@@ -14,8 +14,8 @@ use aya_ebpf::{
         bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_prandom_u32,
         bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_read_branch_records,
         generated::{
-            bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_kernel, bpf_probe_read_user,
-            bpf_task_pt_regs,
+            bpf_get_current_task, bpf_get_current_task_btf, bpf_get_stack, bpf_probe_read_kernel,
+            bpf_probe_read_user, bpf_task_pt_regs,
         },
     },
     maps::{ring_buf::RingBufEntry, HashMap, PerCpuArray},
@@ -40,6 +40,27 @@ pub fn per_cpu_mut<T>(map: &'static PerCpuArray<T>, index: u32) -> Option<&'stat
     // SAFETY: the helper returned this CPU's value, valid for the program's run; runs
     // do not nest on one CPU, so no other reference to it exists while this one lives.
     Some(unsafe { &mut *p })
+}
+
+/// Adds one to this CPU's slot `index` of `map` from a tracepoint program. Unlike a
+/// perf_event program, a tracepoint program may be preempted on its CPU by another
+/// program that adds to the same slot, so no `&mut` is held across the add: a race
+/// loses at most one count.
+#[inline(always)]
+pub fn per_cpu_add(map: &'static PerCpuArray<u64>, index: u32) {
+    if let Some(p) = map.get_ptr_mut(index) {
+        // SAFETY: the helper returned this CPU's value, valid for the program's run;
+        // a plain read then write through the pointer, with no reference kept.
+        unsafe { p.write_volatile(p.read_volatile().wrapping_add(1)) };
+    }
+}
+
+/// The current task's `task_struct` address: a name for the task while it lives (the
+/// filter deletes it at the task's exit, before the memory can be reused).
+#[inline(always)]
+pub fn current_task() -> u64 {
+    // SAFETY: the helper takes no arguments; the address is only compared, never read.
+    unsafe { bpf_get_current_task() }
 }
 
 /// A copy of `map`'s value for `key`, if it holds one.

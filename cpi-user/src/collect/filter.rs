@@ -6,7 +6,10 @@
 //! "Filtering in the kernel").
 //!
 //! Processes are named by tgid: their threads, started before or after, are kept;
-//! processes they fork later are not (a cgroup keeps those). A named process that exits
+//! processes they fork later are not (a cgroup keeps those), except in a filter that
+//! follows its processes' tree ([`KernelFilter::following`]: `-p` and `-- CMD` as root,
+//! on per-CPU events), where the eBPF program itself adds each child at its fork and
+//! takes it out at its exit (`FILTER_FOLLOW`). A named process that exits
 //! leaves the map when the session sees its pidfd ready ([`KernelFilter::exited`]), so
 //! a later process given the same pid is not kept. Cgroups are cgroup v2 directories,
 //! kept with everything below them: one given at start (`--cgroup`), or a set replaced
@@ -18,7 +21,7 @@ use std::io;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use cpi_common::policy::{FILTER_CGROUP, FILTER_TGID};
+use cpi_common::policy::{FILTER_CGROUP, FILTER_FOLLOW, FILTER_TGID};
 use cpi_common::wire::{MAX_CGROUP_LEVEL, MAX_FILTER_CGROUPS, MAX_FILTER_TGIDS};
 
 use super::sys::{self, FilterMaps};
@@ -100,6 +103,8 @@ pub(crate) struct KernelFilter {
     tgids: BTreeSet<u32>,
     cgroup_check: CgroupCheck,
     cgroups: BTreeMap<u64, CgroupV2>,
+    /// The processes' children are kept too, followed in the kernel.
+    follow: bool,
 }
 
 /// Where samples are tested against the filter's `cgroups`.
@@ -132,7 +137,64 @@ impl KernelFilter {
                 CgroupCheck::Off
             },
             cgroups: cgroups.into_iter().map(|g| (g.id, g)).collect(),
+            follow: false,
         })
+    }
+
+    /// The filter of `-p PIDS` (or, with none, of a command whose pid [`KernelFilter::allow`]
+    /// adds once it is started) that keeps every process they fork from then on.
+    pub fn following(pids: &[u32]) -> Result<KernelFilter, CollectError> {
+        let mut f = KernelFilter::new(&Filter {
+            pids: pids.to_vec(),
+            ..Filter::default()
+        })?;
+        f.follow = true;
+        Ok(f)
+    }
+
+    /// Keeps process `pid` too (a command started after the maps were filled).
+    pub fn allow(&mut self, maps: &mut dyn FilterMaps, pid: u32) -> io::Result<()> {
+        maps.allow_tgid(pid)?;
+        self.tgids.insert(pid);
+        Ok(())
+    }
+
+    /// Whether the eBPF program follows the processes' forks and exits.
+    pub fn follows(&self) -> bool {
+        self.follow
+    }
+
+    /// Filters nothing any more (the kernel could not follow the tree, so the events
+    /// are per thread and follow it themselves).
+    pub fn unfollow(&mut self, maps: &mut dyn FilterMaps) -> io::Result<()> {
+        maps.set_filter_bits(0)?;
+        *self = KernelFilter::default();
+        Ok(())
+    }
+
+    /// Takes the processes gone (`alive` false) out of the tgid map, those the eBPF
+    /// program added included, so the map holds the live part of the tree and a pid
+    /// reused later is not kept; the number taken out. Only a following filter sweeps:
+    /// the named processes of others leave by [`KernelFilter::exited`].
+    pub fn sweep(
+        &mut self,
+        maps: &mut dyn FilterMaps,
+        alive: &dyn Fn(u32) -> bool,
+    ) -> io::Result<usize> {
+        if !self.follow {
+            return Ok(0);
+        }
+        let gone: Vec<u32> = maps
+            .tgids_held()?
+            .into_iter()
+            .filter(|&t| !alive(t))
+            .collect();
+        for &t in &gone {
+            // Already out (a removal racing ours) is as good.
+            let _ = maps.remove_tgid(t);
+            self.tgids.remove(&t);
+        }
+        Ok(gone.len())
     }
 
     fn in_kernel(&self) -> bool {
@@ -142,8 +204,11 @@ impl KernelFilter {
     /// `KernelConfig`'s `(filter, cgroup_levels)` for this filter.
     pub fn config(&self) -> (u32, u32) {
         let mut bits = 0;
-        if !self.tgids.is_empty() {
+        if !self.tgids.is_empty() || self.follow {
             bits |= FILTER_TGID;
+        }
+        if self.follow {
+            bits |= FILTER_FOLLOW;
         }
         if self.in_kernel() {
             bits |= FILTER_CGROUP;
@@ -269,6 +334,56 @@ mod tests {
         assert_eq!(maps.calls[2..], [MapCall::RemoveTgid(100)]);
         assert_eq!(f.tgids().collect::<Vec<_>>(), [200]);
         assert_eq!(maps.allowed_tgids(), [200]);
+    }
+
+    #[test]
+    fn a_following_filter_keeps_by_tgid_before_its_command_is_known() {
+        // A command's filter is made before the command exists: the program must still
+        // filter by tgid (keeping nothing), and follow forks from the pid added later.
+        let mut f = KernelFilter::following(&[]).unwrap();
+        assert!(f.follows());
+        assert_eq!(f.config(), (FILTER_TGID | FILTER_FOLLOW, 0));
+        let mut maps = FakeMaps::default();
+        f.install(&mut maps).unwrap();
+        assert!(maps.calls.is_empty());
+        f.allow(&mut maps, 42).unwrap();
+        assert_eq!(maps.allowed_tgids(), [42]);
+        assert_eq!(f.tgids().collect::<Vec<_>>(), [42]);
+        // The agent's filter by pid does not follow.
+        let named = KernelFilter::new(&Filter {
+            pids: vec![42],
+            ..Filter::default()
+        })
+        .unwrap();
+        assert!(!named.follows());
+        assert_eq!(named.config(), (FILTER_TGID, 0));
+    }
+
+    #[test]
+    fn a_sweep_takes_out_only_the_processes_gone() {
+        let mut f = KernelFilter::following(&[10]).unwrap();
+        let mut maps = FakeMaps::default();
+        f.install(&mut maps).unwrap();
+        // Children the kernel added: 11 and 12; 10 and 12 have exited.
+        maps.calls.push(MapCall::AllowTgid(11));
+        maps.calls.push(MapCall::AllowTgid(12));
+        let alive = |t: u32| t == 11;
+        assert_eq!(f.sweep(&mut maps, &alive).unwrap(), 2);
+        assert_eq!(maps.allowed_tgids(), [11]);
+        assert_eq!(f.tgids().count(), 0);
+        assert_eq!(f.sweep(&mut maps, &alive).unwrap(), 0);
+        // The agent's named processes are not swept: they leave at their pidfd.
+        let mut named = KernelFilter::new(&Filter {
+            pids: vec![10],
+            ..Filter::default()
+        })
+        .unwrap();
+        named.install(&mut maps).unwrap();
+        assert_eq!(named.sweep(&mut maps, &|_| false).unwrap(), 0);
+        // Unfollowing clears the program's bits.
+        f.unfollow(&mut maps).unwrap();
+        assert_eq!(maps.calls.last(), Some(&MapCall::FilterBits(0)));
+        assert_eq!(f.config(), (0, 0));
     }
 
     #[test]

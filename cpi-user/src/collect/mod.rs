@@ -26,7 +26,7 @@ use std::io;
 use std::time::Duration;
 
 use aya::maps::{Array, PerCpuArray};
-use aya::programs::PerfEvent;
+use aya::programs::{PerfEvent, RawTracePoint};
 use aya::Ebpf;
 use cpi_common::policy::{KernelConfig, Perturbation};
 use cpi_common::wire::{StackMode, COUNTERS};
@@ -448,6 +448,40 @@ fn verifier_error(program: &'static str, cause: io::Error, log: &str) -> Collect
         last,
         log,
     }
+}
+
+/// The raw tracepoints through which the eBPF program follows a process tree
+/// (`FILTER_FOLLOW`), by program name.
+const FOLLOW_PROGRAMS: [(&str, &str); 2] = [
+    ("follow_fork", "task_newtask"),
+    ("follow_exit", "sched_process_exit"),
+];
+
+/// Loads and attaches the programs that follow the filter's process tree in the kernel
+/// (cpi-ebpf `follow_fork`, `follow_exit`): attached before the target's events open
+/// and before a command starts, so no fork of the target goes unseen. They stay
+/// attached as long as `bpf` lives.
+pub(crate) fn follow_forks(bpf: &mut Ebpf) -> Result<(), CollectError> {
+    for (name, tracepoint) in FOLLOW_PROGRAMS {
+        let load_err = |cause: Box<dyn std::error::Error + Send + Sync>| CollectError::Load {
+            hint: "",
+            cause: format!("{name} on raw tracepoint {tracepoint}: {cause}").into(),
+        };
+        let prog: &mut RawTracePoint = bpf
+            .program_mut(name)
+            .ok_or_else(|| load_err("missing from the object".into()))?
+            .try_into()
+            .map_err(|e: aya::programs::ProgramError| load_err(e.into()))?;
+        prog.load().map_err(|e| match e {
+            aya::programs::ProgramError::LoadError {
+                io_error,
+                verifier_log,
+            } => verifier_error(name, io_error, &verifier_log.to_string()),
+            e => load_err(e.into()),
+        })?;
+        prog.attach(tracepoint).map_err(|e| load_err(e.into()))?;
+    }
+    Ok(())
 }
 
 /// Kernel counters summed over CPUs, indexed by [`cpi_common::wire::Counter`].

@@ -32,8 +32,12 @@ use crate::import::perf_records::{self, SideRecord};
 /// woken when it is a quarter full.
 pub(crate) const DATA_PAGES: usize = 128;
 
-/// Said in the mode line of every session collected this way.
-pub(crate) const MODE_NOTE: &str = "without root: user space only, no in-kernel thinning";
+/// Said in the mode line of every session collected this way. Events per thread, each
+/// inherited copy counting its own period from zero (perf's way): a thread or process
+/// that runs less than a period is never sampled, and one that runs k.f periods is
+/// sampled k times (docs/METHOD.md, "Short-lived threads").
+pub(crate) const MODE_NOTE: &str = "without root: user space only, no in-kernel thinning, \
+     counted per thread: threads shorter than a period are missed";
 
 /// The remedy for a refusal, as samply says it: what would allow collection.
 pub(crate) fn remedy() -> String {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use aya::maps::{MapData, RingBuf};
 use aya::Ebpf;
 use cpi_common::policy::{self, KernelConfig, Rng, Thinning};
-use cpi_common::wire::{Counter, EventRole, SampleHeader, COUNTERS};
+use cpi_common::wire::{Counter, EventRole, SampleHeader, COUNTERS, MAX_FILTER_TGIDS};
 use tokio::io::unix::AsyncFd;
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
@@ -110,8 +110,10 @@ struct Live {
     sideband_ready: Vec<AsyncFd<OwnedFd>>,
     /// Exit watches of the targets still running, by pid (empty: system-wide).
     pidfds: Vec<(u32, AsyncFd<OwnedFd>)>,
-    /// The kernel filter's allow-lists (empty unless [`Target::Filtered`]).
+    /// The kernel filter's allow-lists (empty for a system-wide target).
     filter: KernelFilter,
+    /// When a following filter last took the processes gone out of its map.
+    swept: Instant,
     watching: bool,
     sigint: Signal,
     sigterm: Signal,
@@ -166,16 +168,24 @@ fn resolve_target(opts: &mut CollectOptions) -> Result<Vec<String>, CollectError
     Ok(pid_notes)
 }
 
-/// Where events are opened, and what they follow.
-fn placements(target: &Target, child: Option<u32>) -> Result<Placements, CollectError> {
+/// Where events are opened, and what they follow. `per_cpu`: the pids and the command
+/// are counted per CPU, the kernel filter following their process tree
+/// ([`KernelFilter::following`]), instead of per thread.
+fn placements(
+    target: &Target,
+    child: Option<u32>,
+    per_cpu: bool,
+) -> Result<Placements, CollectError> {
+    let every_cpu = || Placements {
+        at: target::online_cpus()
+            .into_iter()
+            .map(|cpu| Placement::Cpu { cpu })
+            .collect(),
+        follow: Follow::Placed,
+    };
     match target {
-        Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => Ok(Placements {
-            at: target::online_cpus()
-                .into_iter()
-                .map(|cpu| Placement::Cpu { cpu })
-                .collect(),
-            follow: Follow::Placed,
-        }),
+        Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => Ok(every_cpu()),
+        Target::Pids(_) | Target::Command(_) if per_cpu => Ok(every_cpu()),
         Target::Pids(pids) => {
             let mut at = Vec::new();
             for &pid in pids {
@@ -203,11 +213,12 @@ fn placements(target: &Target, child: Option<u32>) -> Result<Placements, Collect
 /// thread or CPU at most, the BPF object's maps and programs, the runtime's own few),
 /// raising the soft limit when it can: running out half-way would end in the runtime's
 /// panic.
-fn check_fd_room(target: &Target, per_place: u64) -> Result<(), CollectError> {
+fn check_fd_room(target: &Target, per_place: u64, per_cpu: bool) -> Result<(), CollectError> {
     let places = match target {
         Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => {
             target::online_cpus().len()
         }
+        Target::Pids(_) | Target::Command(_) if per_cpu => target::online_cpus().len(),
         Target::Pids(pids) => pids
             .iter()
             .map(|&p| target::threads(p).map_or(1, |t| t.len()))
@@ -240,7 +251,9 @@ fn plan(mode: Mode, cpu: &Processor, opts: &CollectOptions, rate: &Rate) -> Vec<
 /// event per process and CPU: threads and children write into it), and what those
 /// events follow. A filter naming pids needs its processes' only, as `--pid` does (a
 /// cgroup beside them only narrows them): the host's others would be parsed for nothing.
-/// `command` is the started command's pid; `places` the sampling events'.
+/// Followed processes are read the same way, whether their samples come from events
+/// per thread or per CPU. `command` is the started command's pid; `places` the
+/// sampling events'.
 fn sideband_places(
     target: &Target,
     command: Option<u32>,
@@ -254,19 +267,19 @@ fn sideband_places(
     let (at, follow) = match target {
         Target::Pids(pids) => (
             pids.iter().flat_map(|&p| on_cpus(p)).collect(),
-            places.follow,
+            Follow::Children,
         ),
         Target::Filtered(f) if !f.pids.is_empty() => (
             f.pids.iter().flat_map(|&p| on_cpus(p)).collect(),
             Follow::Children,
         ),
-        Target::Command(_) => {
-            let at = match command {
-                Some(pid) => on_cpus(pid).collect(),
-                None => cpus.iter().map(|&cpu| Placement::Cpu { cpu }).collect(),
-            };
-            (at, places.follow)
-        }
+        Target::Command(_) => match command {
+            Some(pid) => (on_cpus(pid).collect(), Follow::ChildrenFromExec),
+            None => (
+                cpus.iter().map(|&cpu| Placement::Cpu { cpu }).collect(),
+                places.follow,
+            ),
+        },
         Target::SystemWide | Target::SystemWideWhile(_) | Target::Filtered(_) => {
             (places.at.clone(), places.follow)
         }
@@ -295,7 +308,7 @@ fn load_programs(
     // The start rung plans the most events (one set per core PMU on hybrid parts).
     let cpu = caps.processor();
     let per_place = plan(start, &cpu, opts, &opts.rate).len();
-    check_fd_room(&opts.target, per_place as u64)?;
+    check_fd_room(&opts.target, per_place as u64, filter.follows())?;
     let programs = ladder::programs_from(start, &|m| plan(m, &cpu, opts, &opts.rate));
     load(
         opts.ring_bytes,
@@ -369,9 +382,15 @@ impl Session {
         let mut opts = opts.clone();
         // Said after the mode line, which comes first.
         let mut pid_notes = resolve_target(&mut opts)?;
+        // As root, pids and commands are counted per CPU, filtered in the kernel to
+        // their process tree: an inherited per-thread counter restarts its period in
+        // each new thread, and never samples one shorter than a period
+        // (docs/METHOD.md, "Short-lived threads").
         let mut filter = match &opts.target {
             Target::Filtered(f) => KernelFilter::new(f)?,
-            _ => KernelFilter::default(),
+            Target::Pids(pids) => KernelFilter::following(pids)?,
+            Target::Command(_) => KernelFilter::following(&[])?,
+            Target::SystemWide | Target::SystemWideWhile(_) => KernelFilter::default(),
         };
         if !features.ancestor_cgroup_id {
             pid_notes.extend(filter.cgroup_in_user_space());
@@ -386,6 +405,15 @@ impl Session {
         let cpu = caps.processor();
         let mut bpf = load_programs(&opts, (&caps, &features), start.0, &filter, thinning)?;
         filter.install(&mut BpfFilterMaps(&mut bpf))?;
+        if filter.follows() {
+            if let Err(e) = super::follow_forks(&mut bpf) {
+                notify(Notice::plain(&format!(
+                    "note: the kernel cannot follow the target's processes ({e}): counting \
+                     per thread, which never samples a thread that runs less than one period"
+                )));
+                filter.unfollow(&mut BpfFilterMaps(&mut bpf))?;
+            }
+        }
 
         // Signals are caught from here on, so a SIGINT during set-up still reports.
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -400,7 +428,11 @@ impl Session {
             Some(argv) => Some(target::spawn_suspended(argv)?),
             None => None,
         };
-        let places = placements(&opts.target, suspended.as_ref().map(target::Suspended::pid))?;
+        let command = suspended.as_ref().map(target::Suspended::pid);
+        if let Some(pid) = command.filter(|_| filter.follows()) {
+            filter.allow(&mut BpfFilterMaps(&mut bpf), pid)?;
+        }
+        let places = placements(&opts.target, command, filter.follows())?;
         let sys = Linux;
         let attach = |name: &'static str| ladder::program_fd(&bpf, name);
         let rung = ladder::walk(
@@ -416,7 +448,6 @@ impl Session {
         let ring = take_ring(&mut bpf)?;
         let window = range_window(&opts, &caps);
         let cpus = target::online_cpus();
-        let command = suspended.as_ref().map(target::Suspended::pid);
         let sideband_places = sideband_places(&opts.target, command, &cpus, &places);
         let sideband = SidebandReader::open(&sys, &sideband_places)?;
         let sideband_ready = sideband
@@ -602,6 +633,15 @@ impl Session {
             }
             status
         });
+        if let Source::Bpf { bpf, .. } = &self.live.source {
+            let unfollowed = super::read_counters(bpf)[Counter::Unfollowed as usize];
+            if unfollowed > 0 {
+                notify(Notice::plain(&format!(
+                    "warning: {unfollowed} processes the target forked were not followed \
+                     (the kernel filter holds {MAX_FILTER_TGIDS}): their samples are missing"
+                )));
+            }
+        }
         let mut last = self.live.take_window();
         last.command_status = command_status;
         Ok(last)
@@ -646,9 +686,13 @@ fn assemble(p: Parts) -> Result<Live, CollectError> {
         source,
     } = p;
     let started = Instant::now();
-    // A command's own events start at its exec; every other target's now.
-    if !matches!(opts.target, Target::Command(_)) {
+    // A command's own events start at its exec; every other target's now, per-CPU
+    // events of a command included (the filter keeps only the command, which waits).
+    let command = matches!(opts.target, Target::Command(_));
+    if !command {
         sideband.enable(&Linux)?;
+    }
+    if !command || filter.follows() {
         for e in &rung.open {
             Linux.enable(&e.fd)?;
         }
@@ -691,6 +735,7 @@ fn assemble(p: Parts) -> Result<Live, CollectError> {
         sideband_ready,
         pidfds,
         filter,
+        swept: started,
         watching: !watch.is_empty(),
         sigint,
         sigterm,
@@ -705,6 +750,23 @@ fn assemble(p: Parts) -> Result<Live, CollectError> {
         source,
         opts,
     })
+}
+
+/// How often a following filter looks for processes gone: a shell loop starts hundreds
+/// a second, and the map holds [`MAX_FILTER_TGIDS`].
+const SWEEP_EVERY: Duration = Duration::from_millis(500);
+
+/// Takes the processes gone out of a following filter's map, at most every
+/// [`SWEEP_EVERY`].
+fn sweep(filter: &mut KernelFilter, source: &mut Source, swept: &mut Instant) {
+    if !filter.follows() || swept.elapsed() < SWEEP_EVERY {
+        return;
+    }
+    *swept = Instant::now();
+    if let Source::Bpf { bpf, .. } = source {
+        // A map the kernel will not list stays as it is: the next sweep tries again.
+        let _ = filter.sweep(&mut BpfFilterMaps(bpf), &crate::procmap::alive);
+    }
 }
 
 /// Whether [`Live::run`] drains the ring buffer and the side-band buffers.
@@ -749,6 +811,7 @@ impl Live {
             sideband,
             sideband_ready,
             filter,
+            swept,
             ..
         } = self;
         if redrawing {
@@ -768,6 +831,7 @@ impl Live {
                 ticked = poll.expired(), if draining => {
                     ticked?;
                     drain_all(sideband, source, drain);
+                    sweep(filter, source, swept);
                 }
                 () = any_ready(sideband_ready), if draining && !sideband_ready.is_empty() => {
                     drain_all(sideband, source, drain);
@@ -1010,7 +1074,7 @@ mod tests {
     #[test]
     fn placements_follow_the_target() {
         let me = std::process::id();
-        let places = placements(&Target::Pids(vec![me]), None).unwrap();
+        let places = placements(&Target::Pids(vec![me]), None, false).unwrap();
         assert!(
             places.at.contains(&Placement::Thread { tid: me }),
             "one event per thread, any CPU"
@@ -1022,20 +1086,29 @@ mod tests {
             "threads created later follow"
         );
 
-        let places = placements(&Target::SystemWide, None).unwrap();
+        let places = placements(&Target::SystemWide, None, false).unwrap();
         assert_eq!(places.at.len(), target::online_cpus().len());
         assert!(places.at.iter().all(|p| matches!(p, Placement::Cpu { .. })));
         assert_eq!(places.follow, Follow::Placed);
 
         let cmd = Target::Command(vec!["true".into()]);
-        let places = placements(&cmd, Some(4242)).unwrap();
+        let places = placements(&cmd, Some(4242), false).unwrap();
         assert_eq!(places.at, [Placement::Thread { tid: 4242 }]);
         assert_eq!(places.follow, Follow::ChildrenFromExec);
 
         assert!(matches!(
-            placements(&Target::Pids(vec![u32::MAX - 1]), None),
+            placements(&Target::Pids(vec![u32::MAX - 1]), None, false),
             Err(CollectError::NoSuchProcess(_))
         ));
+
+        // Followed in the kernel: one event per CPU for pids and commands alike, so a
+        // period runs on across the threads and processes a CPU runs.
+        for t in [Target::Pids(vec![me]), cmd] {
+            let places = placements(&t, Some(4242), true).unwrap();
+            assert_eq!(places.at.len(), target::online_cpus().len());
+            assert!(places.at.iter().all(|p| matches!(p, Placement::Cpu { .. })));
+            assert_eq!(places.follow, Follow::Placed);
+        }
     }
 
     /// Branch records ask for their types only when there are stacks to attribute

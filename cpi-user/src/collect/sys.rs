@@ -239,6 +239,10 @@ pub(crate) trait FilterMaps {
     fn remove_cgroup(&mut self, id: u64) -> io::Result<()>;
     /// The levels of the cgroup tree the program compares (`KernelConfig::cgroup_levels`).
     fn set_cgroup_levels(&mut self, levels: u32) -> io::Result<()>;
+    /// The allow-lists a sample must pass (`KernelConfig::filter`).
+    fn set_filter_bits(&mut self, bits: u32) -> io::Result<()>;
+    /// The processes kept by tgid now, those the eBPF program added included.
+    fn tgids_held(&mut self) -> io::Result<Vec<u32>>;
 }
 
 /// The loaded eBPF object's filter maps.
@@ -277,7 +281,26 @@ impl FilterMaps for BpfFilterMaps<'_> {
             .map_err(io::Error::other)
     }
     fn set_cgroup_levels(&mut self, levels: u32) -> io::Result<()> {
-        // The program reads the config whole, each sample; only this field changes.
+        self.update_config(|c| c.cgroup_levels = levels)
+    }
+    fn set_filter_bits(&mut self, bits: u32) -> io::Result<()> {
+        self.update_config(|c| c.filter = bits)
+    }
+    fn tgids_held(&mut self) -> io::Result<Vec<u32>> {
+        hash_map::<u32, u8>(self.0, "ALLOWED_TGIDS")?
+            .keys()
+            .collect::<Result<_, _>>()
+            .map_err(io::Error::other)
+    }
+}
+
+impl BpfFilterMaps<'_> {
+    /// Changes one field of the program's config: it reads the config whole, each
+    /// sample.
+    fn update_config(
+        &mut self,
+        change: impl FnOnce(&mut cpi_common::policy::KernelConfig),
+    ) -> io::Result<()> {
         let map = self
             .0
             .map_mut("CONFIG")
@@ -285,7 +308,7 @@ impl FilterMaps for BpfFilterMaps<'_> {
         let mut config: aya::maps::Array<_, cpi_common::policy::KernelConfig> =
             aya::maps::Array::try_from(map).map_err(io::Error::other)?;
         let mut c = config.get(&0, 0).map_err(io::Error::other)?;
-        c.cgroup_levels = levels;
+        change(&mut c);
         config.set(0, c, 0).map_err(io::Error::other)
     }
 }

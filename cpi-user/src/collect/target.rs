@@ -15,11 +15,13 @@ use crate::procmap::{self, ProcStat};
 /// What a session profiles (`--pid`, `--system-wide` or `-- CMD`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
-    /// These processes, every thread (existing ones, and new ones through `inherit`).
+    /// These processes, every thread, and the processes they fork from then on: as
+    /// root counted per CPU, the tree followed by the kernel filter; without root,
+    /// per thread through `inherit`.
     Pids(Vec<u32>),
     /// Every CPU, every process.
     SystemWide,
-    /// Start this command and follow it and its children.
+    /// Start this command and follow it and its children (counted as [`Target::Pids`]).
     Command(Vec<String>),
     /// Every CPU, every process, for as long as this command runs (perf's `-a -- CMD`).
     SystemWideWhile(Vec<String>),

@@ -107,7 +107,8 @@ fn a_users_own_command_splits_as_roots_profile_does() {
     assert!(out.status.success(), "as nobody: {}", stderr(&out));
     let mode_line = stderr(&out).lines().next().unwrap_or_default().to_string();
     assert!(
-        mode_line.contains("without root: user space only, no in-kernel thinning"),
+        mode_line.contains("without root: user space only, no in-kernel thinning")
+            && mode_line.contains("threads shorter than a period are missed"),
         "{mode_line}"
     );
     let nobody = stdout_json(&out);

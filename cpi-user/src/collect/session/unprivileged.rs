@@ -42,7 +42,11 @@ pub(super) fn open(
     let wake = (page_size() * perf_ring::DATA_PAGES / 4) as u32;
     let plan_ring = |m| perf_ring::specs(plan(m, &cpu, &opts, &opts.rate), opts.stacks, wake);
     let cpus = target::online_cpus();
-    check_fd_room(&opts.target, (plan_ring(mode).len() * cpus.len()) as u64)?;
+    check_fd_room(
+        &opts.target,
+        (plan_ring(mode).len() * cpus.len()) as u64,
+        false,
+    )?;
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

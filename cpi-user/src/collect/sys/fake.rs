@@ -142,6 +142,7 @@ pub(crate) enum MapCall {
     AllowCgroup(u64),
     RemoveCgroup(u64),
     Levels(u32),
+    FilterBits(u32),
 }
 
 /// Records filter-map updates; `fail_remove`: removals fail as a kernel's could.
@@ -163,7 +164,10 @@ impl FakeMaps {
                 MapCall::RemoveTgid(t) => {
                     held.remove(&t);
                 }
-                MapCall::AllowCgroup(_) | MapCall::RemoveCgroup(_) | MapCall::Levels(_) => {}
+                MapCall::AllowCgroup(_)
+                | MapCall::RemoveCgroup(_)
+                | MapCall::Levels(_)
+                | MapCall::FilterBits(_) => {}
             }
         }
         held.into_iter().collect()
@@ -193,5 +197,12 @@ impl FilterMaps for FakeMaps {
     fn set_cgroup_levels(&mut self, levels: u32) -> io::Result<()> {
         self.calls.push(MapCall::Levels(levels));
         Ok(())
+    }
+    fn set_filter_bits(&mut self, bits: u32) -> io::Result<()> {
+        self.calls.push(MapCall::FilterBits(bits));
+        Ok(())
+    }
+    fn tgids_held(&mut self) -> io::Result<Vec<u32>> {
+        Ok(self.allowed_tgids())
     }
 }
