@@ -645,7 +645,7 @@ mod tests {
             cpi_est: Some(3.578 * (1.0 - 3.9 * 0.0003)),
             ..main.clone()
         };
-        assert_eq!(misses(&fine), []);
+        assert!(misses(&fine).is_empty());
         // An error of 0 that misses is infinitely many errors away; one that hits is not.
         let exact = FunctionAccuracy {
             cpi_rel_error: Some(0.0),
