@@ -4,7 +4,11 @@
 //! Function bounds come from `.symtab` when present, the binary's own or its separate
 //! debug file's ([`debugfile`](mod@debugfile): `.gnu_debuglink`, `/usr/lib/debug/.build-id/`);
 //! otherwise (stripped binaries, as Debian ships them) from `.eh_frame` FDE starts, named from `.dynsym` where a dynamic
-//! symbol starts at the same address and `func_<hexaddr>` elsewhere. PLT sections are
+//! symbol starts at the same address and `func_<hexaddr>` elsewhere, and from Go's own
+//! function table ([`gopclntab`](mod@gopclntab)) in Go binaries. Executable code that
+//! none of these covers is a hole named after the binary and its address
+//! ([`Binary::function_or_hole`]), so no sample of a mapped file is lost for want of a
+//! symbol. PLT sections are
 //! pseudo-functions (`name@plt`-less: `[.plt]`, `[.plt.sec]`) so calls through them stay
 //! inside a function.
 //!
@@ -43,6 +47,7 @@ pub(crate) mod cfg;
 pub(crate) mod debugfile;
 pub mod demangle;
 pub mod ehframe;
+mod gopclntab;
 pub(crate) mod kallsyms;
 pub(crate) mod lines;
 pub(crate) mod negative;
@@ -558,6 +563,37 @@ impl Binary {
         let i = i.checked_sub(1)?;
         let f = self.functions[i];
         (vaddr - f.start < u64::from(f.size)).then_some(i)
+    }
+
+    /// The function containing `vaddr`, or where no function does but executable code
+    /// lies, the hole between the functions around it (clipped to its segment), named
+    /// after the file and the hole's address: `[prog]+0x4a1f0`. Code that neither a
+    /// symbol nor an FDE covers (assembly without CFI, a binary stripped of both) is
+    /// still code that ran: its samples are shown where they lie, not lost.
+    pub fn function_or_hole(&self, vaddr: u64) -> Option<Function> {
+        if let Some(f) = self.function_at(vaddr) {
+            return Some(f);
+        }
+        let c = self
+            .code
+            .iter()
+            .find(|c| (c.vaddr..c.vaddr + c.len as u64).contains(&vaddr))?;
+        let i = self.functions.partition_point(|f| f.start <= vaddr);
+        let after_prev = i.checked_sub(1).map_or(0, |p| {
+            self.functions[p].start + u64::from(self.functions[p].size)
+        });
+        let start = after_prev.max(c.vaddr);
+        let end = self
+            .functions
+            .get(i)
+            .map_or(u64::MAX, |f| f.start)
+            .min(c.vaddr + c.len as u64);
+        let file = self.path.file_name().unwrap_or(self.path.as_os_str());
+        Some(Function {
+            name: format!("[{}]+{start:#x}", file.to_string_lossy()),
+            start,
+            size: end - start,
+        })
     }
 
     /// The first function called `name` (reads every name: for tests and tools, not

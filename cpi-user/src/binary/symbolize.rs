@@ -578,19 +578,18 @@ impl Symbolizer {
                             offset,
                             addr,
                         })?;
-                let i = bin
-                    .function_index(vaddr)
-                    .ok_or_else(|| SymbolizeError::NoFunction {
-                        path: path.clone(),
-                        vaddr,
-                    })?;
-                let function = bin.function(i).expect("index from function_index");
+                let function =
+                    bin.function_or_hole(vaddr)
+                        .ok_or_else(|| SymbolizeError::NoFunction {
+                            path: path.clone(),
+                            vaddr,
+                        })?;
                 if bin.truncated() {
                     return Err(self.drop_truncated(pid, m, &bin));
                 }
                 Ok(Resolved {
+                    function_index: bin.function_index(vaddr),
                     function,
-                    function_index: Some(i),
                     object_name: path.display().to_string(),
                     deleted: *deleted,
                     vaddr,

@@ -11,8 +11,8 @@ use std::path::Path;
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol, ObjectSymbolTable, SymbolKind};
 
 use super::{
-    ehframe, BinaryError, BoundsSource, CodeRange, FnEntry, LoadSegment, MAX_MAPPED_NAME,
-    NAME_OWNED, NAME_SYNTH, PF_X,
+    ehframe, gopclntab, BinaryError, BoundsSource, CodeRange, FnEntry, LoadSegment,
+    MAX_MAPPED_NAME, NAME_OWNED, NAME_SYNTH, PF_X,
 };
 
 /// A function while the table is built: its name borrows the file's bytes, or is made
@@ -171,7 +171,9 @@ fn function_candidates<'d>(
         .iter()
         .filter_map(|f| Some((f.start, f.name.clone()?)))
         .collect();
-    let mut f = Vec::new();
+    // A Go binary's own table names its functions (and wins over an FDE at the same
+    // start: `normalise` keeps the first given).
+    let mut f = go_functions(path, file);
     if let Some(sec) = file.section_by_name(".eh_frame") {
         let d = sec
             .data()
@@ -188,6 +190,26 @@ fn function_candidates<'d>(
     }
     f.extend(dyn_funcs);
     Ok((BoundsSource::EhFrame, f))
+}
+
+/// The functions `.gopclntab` lists (Go binaries, stripped or not); none elsewhere.
+fn go_functions<'d>(path: &Path, file: &object::File<'d>) -> Vec<Cand<'d>> {
+    let Some(data) = [".gopclntab", ".data.rel.ro.gopclntab"]
+        .into_iter()
+        .find_map(|n| file.section_by_name(n)?.data().ok())
+    else {
+        return Vec::new();
+    };
+    let text = file.section_by_name(".text").map_or(0, |s| s.address());
+    let (funcs, cut) = gopclntab::functions(data, text);
+    if cut {
+        log::warn!(
+            "{}: .gopclntab names more bytes than it holds; later functions unnamed",
+            crate::fsafe::escape(&path.to_string_lossy())
+        );
+        crate::fsafe::budget::refused(crate::fsafe::budget::Reader::GoPclntab);
+    }
+    funcs
 }
 
 /// The function table: each name an offset into the mapped file (or past it, into

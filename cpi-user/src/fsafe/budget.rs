@@ -4,7 +4,8 @@
 //! held, with cost linear in what it reads) because the bound is only meaningful there:
 //! perf maps (cpi-user/src/binary/perfmap.rs), DWARF file names
 //! (cpi-user/src/binary/lines.rs), debug-link CRCs (cpi-user/src/binary/debugfile.rs),
-//! mapped files that fault (cpi-user/src/fsafe/sys/map.rs), the kubelet's answer
+//! mapped files that fault (cpi-user/src/fsafe/sys/map.rs), Go function tables
+//! (cpi-user/src/binary/gopclntab.rs), the kubelet's answer
 //! (cpi-agent/src/kubelet.rs) and paths a recording names
 //! (cpi-user/src/import/). When a file exceeds its budget, the reader says so once, naming
 //! the file, and counts it here through [`refused`]: the agent exports the counts as
@@ -29,17 +30,21 @@ pub enum Reader {
     Kubelet,
     /// A file a recording names that the invoking user could not read: not opened.
     RecordedPath,
+    /// A Go function table whose names would take more bytes than the table holds:
+    /// the rest left unnamed.
+    GoPclntab,
 }
 
 impl Reader {
     /// Every reader, in the order of their counts.
-    pub const ALL: [Reader; 6] = [
+    pub const ALL: [Reader; 7] = [
         Reader::MappedFile,
         Reader::DwarfLines,
         Reader::DebugLink,
         Reader::PerfMap,
         Reader::Kubelet,
         Reader::RecordedPath,
+        Reader::GoPclntab,
     ];
 
     /// The name metrics and messages use.
@@ -51,6 +56,7 @@ impl Reader {
             Reader::PerfMap => "perf_map",
             Reader::Kubelet => "kubelet",
             Reader::RecordedPath => "recorded_path",
+            Reader::GoPclntab => "go_pclntab",
         }
     }
 }
@@ -86,6 +92,6 @@ mod tests {
                 assert!(a >= b + 2);
             }
         }
-        assert_eq!(Reader::ALL.map(|r| r as usize), [0, 1, 2, 3, 4, 5]);
+        assert_eq!(Reader::ALL.map(|r| r as usize), [0, 1, 2, 3, 4, 5, 6]);
     }
 }

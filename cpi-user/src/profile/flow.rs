@@ -18,10 +18,16 @@
 //!
 //! The last instruction may be anything: a taken branch normally, any instruction when
 //! the record's source was an interrupt or signal.
+//!
+//! A range that runs off the end of one function into the next (assembly and libc
+//! have code that ends without a jump: the next function's first instruction simply
+//! follows) is cut into one piece per function by the analysis
+//! (`analyze/resolve.rs`); each piece but the last ends at its function's last
+//! instruction, which must fall through ([`check_span`] with `falls_out`).
 
 use std::collections::HashMap;
 
-use crate::binary::Cfg;
+use crate::binary::{Cfg, Instruction};
 
 use super::aggregate::RangeStat;
 use super::error::Groups;
@@ -39,16 +45,29 @@ pub(crate) enum InvalidRange {
 
 /// Instruction index span `first..=last` of a range, or why it is invalid.
 pub(crate) fn check_range(cfg: &Cfg, start: u64, end: u64) -> Result<(usize, usize), InvalidRange> {
+    check_span(&cfg.instructions, start, end, false)
+}
+
+/// [`check_range`] over one function's `instructions` (sorted by address). With
+/// `falls_out`, execution went on past `end` into the code after it without a taken
+/// branch, so `end`'s instruction must fall through as well.
+pub(crate) fn check_span(
+    instructions: &[Instruction],
+    start: u64,
+    end: u64,
+    falls_out: bool,
+) -> Result<(usize, usize), InvalidRange> {
     if end < start {
         return Err(InvalidRange::Backwards);
     }
-    let first = cfg
-        .instruction_at(start)
-        .ok_or(InvalidRange::NotInstructionBoundary)?;
-    let last = cfg
-        .instruction_at(end)
-        .ok_or(InvalidRange::NotInstructionBoundary)?;
-    if let Some(i) = cfg.instructions[first..last]
+    let at = |a: u64| {
+        instructions
+            .binary_search_by_key(&a, |i| i.addr)
+            .map_err(|_| InvalidRange::NotInstructionBoundary)
+    };
+    let (first, last) = (at(start)?, at(end)?);
+    let crossed = if falls_out { last + 1 } else { last };
+    if let Some(i) = instructions[first..crossed]
         .iter()
         .find(|i| i.kind.always_transfers())
     {

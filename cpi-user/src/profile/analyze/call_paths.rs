@@ -56,21 +56,26 @@ impl Ctx<'_> {
                 break;
             }
             for (&(start, end), r) in sorted(agg.ranges_of(stat)) {
-                let s = res.resolve(self.sym, &mut self.binaries, start);
-                let e = res.resolve(self.sym, &mut self.binaries, end);
                 // Ranges the process drops (counted in `lost.invalid_ranges`) are
-                // dropped here too.
-                let (Some((fs, vs)), Some((fe, ve))) = (s, e) else {
-                    continue;
-                };
-                let Some(&n) = lens.get(&(fs, vs, ve)).filter(|_| fs == fe) else {
-                    continue;
-                };
-                let target = range_path(&frames, fs, res);
-                let acc = path_acc(&mut paths, &mut names, res, &target, end_of_stack);
-                acc.instructions += r.count * n as f64;
-                acc.instruction_groups.add_scaled(&r.groups, n as f64);
-                acc.range_hits += r.hits;
+                // dropped here too; one over several functions gives each its piece.
+                let pieces = res
+                    .range_pieces(self.sym, &mut self.binaries, start, end)
+                    .unwrap_or_default();
+                // The frame of the range's functions that the stack holds: a function
+                // run into from it (or into it) ran in that same call.
+                let held = pieces
+                    .iter()
+                    .find_map(|p| frames.iter().position(|f| f.func == Some(p.0)));
+                for &(fs, vs, ve) in &pieces {
+                    let Some(&n) = lens.get(&(fs, vs, ve)) else {
+                        continue;
+                    };
+                    let target = range_path(&frames, fs, held, res);
+                    let acc = path_acc(&mut paths, &mut names, res, &target, end_of_stack);
+                    acc.instructions += r.count * n as f64;
+                    acc.instruction_groups.add_scaled(&r.groups, n as f64);
+                    acc.range_hits += r.hits;
+                }
             }
         }
         // What no stack holds: evicted stacks, and samples without a stack (the
@@ -282,21 +287,30 @@ impl PathAcc {
 }
 
 /// The path a range of function `fs` goes to, under a stack of `frames` (see "Call
-/// paths" in [`super`]'s doc).
-fn range_path(frames: &[FrameRef], fs: usize, res: &ProcessResolver<'_>) -> Vec<FrameRef> {
-    match frames.iter().position(|f| f.func == Some(fs)) {
+/// paths" in [`super`]'s doc). `held`: the frame of a function the same range also ran
+/// in (one range over several functions ran off the end of each into the next, all in
+/// one call).
+fn range_path(
+    frames: &[FrameRef],
+    fs: usize,
+    held: Option<usize>,
+    res: &ProcessResolver<'_>,
+) -> Vec<FrameRef> {
+    let own = FrameRef {
+        func: Some(fs),
+        address: res.funcs[fs].function.start,
+    };
+    match (frames.iter().position(|f| f.func == Some(fs)), held) {
         // The leaf's function, or a caller's: that frame's path.
-        Some(k) => frames[k..].to_vec(),
+        (Some(k), _) => frames[k..].to_vec(),
+        // Run into from (or into) the function of frame `k`: in its call, under its
+        // callers.
+        (None, Some(k)) => std::iter::once(own)
+            .chain(frames[k + 1..].iter().copied())
+            .collect(),
         // A function not on the stack: a callee of the leaf that returned within the
         // window.
-        None => {
-            let mut v = vec![FrameRef {
-                func: Some(fs),
-                address: res.funcs[fs].function.start,
-            }];
-            v.extend(frames.iter().copied());
-            v
-        }
+        (None, None) => std::iter::once(own).chain(frames.iter().copied()).collect(),
     }
 }
 

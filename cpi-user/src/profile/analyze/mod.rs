@@ -7,8 +7,10 @@
 //!    instructions (IP-sampling mode only).
 //! 3. Branch records (CPI and simulated modes): each taken edge belongs to the function
 //!    of its source; its target, and every range start, becomes a block leader of its
-//!    function. Each range must start and end in the same ELF function; otherwise it
-//!    is invalid.
+//!    function. A range that starts and ends in different functions of one binary ran
+//!    off the end of each into the next (code that ends without a jump, as libc's
+//!    assembly does): it is cut into one piece per function, each counted in its own
+//!    function, when every piece checks ([`resolve`]); otherwise it is invalid.
 //! 4. Functions with any sample are disassembled ([`crate::binary::Cfg`], once per run
 //!    and function, blocks per process) and the range algorithm ([`super::flow`])
 //!    gives instruction, block and fall-through counts.
@@ -36,6 +38,9 @@
 //! - otherwise (a function not on the stack): the stack with that function added as its
 //!   leaf (a callee of the leaf that returned within the window; when the callee was
 //!   itself called by a callee that returned, this names the wrong caller);
+//! - a piece of a range over several functions whose function is not on the stack,
+//!   when another piece's is: that frame's path with this function in its place (the
+//!   code ran into it within the same call);
 //! - ranges the process drops as invalid are dropped here too (in
 //!   `lost.invalid_ranges`).
 //!

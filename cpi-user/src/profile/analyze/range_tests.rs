@@ -612,3 +612,75 @@ fn period_one_walks_reproduce_exact_counts() {
     }
     assert!(checked >= 15, "walked {checked} functions");
 }
+
+/// A range that runs off the end of one function into the next (no jump joins them,
+/// as libc's strcasecmp runs into strcasecmp_l) counts in each function it ran in,
+/// each instruction in its own; one that would run past a `ret` into the next function
+/// stays invalid. Stripped, no symbol or FDE covers this assembly: its hole in the
+/// function table is named after the binary and counted all the same.
+#[test]
+fn ranges_falling_into_the_next_function_count_in_each() {
+    let Some(t) = TestProgram::get("fall_through") else {
+        return;
+    };
+    let plain = Binary::open(&t.plain).unwrap();
+    let at = |name: &str| plain.function_by_name(name).unwrap();
+    let (head, tail, ends, after) = (
+        at("head_part"),
+        at("tail_part"),
+        at("ends_in_ret"),
+        at("after_ret"),
+    );
+    let last = |f: &crate::binary::Function| plain.decode(f).unwrap().last().unwrap().addr;
+    for path in [&t.plain, &t.stripped] {
+        let bin = Binary::open(path).unwrap();
+        let mut set = set_for(path, &bin, 0, 1);
+        // main calls head_part, which runs into tail_part and returns: [head, tail's ret].
+        let falls = [
+            BranchEntry::new(last(&tail), 0x10, false, 9),
+            BranchEntry::new(0x20, head.start, false, 0),
+        ];
+        // [ends_in_ret, after_ret's ret]: would run past ends_in_ret's ret.
+        let crosses = [
+            BranchEntry::new(last(&after), 0x10, false, 0),
+            BranchEntry::new(0x20, ends.start, false, 0),
+        ];
+        for _ in 0..3 {
+            set.add_branch(&branch_sample(1, &falls));
+        }
+        set.add_branch(&branch_sample(1, &crosses));
+        let mut o = opts();
+        o.sample_floor = 1;
+        let prof = analyze(&set, run_info(Mode::Cpi), &o);
+        assert_eq!(prof.lost.invalid_ranges, 1, "{}", path.display());
+        let counted: Vec<(u64, f64)> = (prof.processes[0].functions.iter())
+            .flat_map(|f| &f.lines)
+            .filter(|l| l.count > 0.0)
+            .map(|l| (l.address, l.count))
+            .collect();
+        let mut want: Vec<(u64, f64)> = [&head, &tail]
+            .iter()
+            .flat_map(|f| plain.decode(f).unwrap())
+            .map(|i| (i.addr, 3.0))
+            .collect();
+        want.sort_by_key(|w| w.0);
+        let mut got = counted;
+        got.sort_by_key(|w| w.0);
+        assert_eq!(got, want, "{}", path.display());
+        if path == &t.plain {
+            for (f, n) in [(&head, 2.0), (&tail, 3.0)] {
+                let p = func(&prof, &f.name);
+                assert_eq!(p.measures.instructions, Some(3.0 * n), "{}", f.name);
+                // Its LBR cycles cover both functions: neither is timed by them.
+                assert!(p.timed_cpi.is_none(), "{}", f.name);
+            }
+        } else {
+            let holder = &prof.processes[0].functions[0];
+            assert!(
+                holder.name.starts_with('[') && holder.name.contains("]+0x"),
+                "code no symbol or FDE covers is named by its binary and address: {}",
+                holder.name
+            );
+        }
+    }
+}

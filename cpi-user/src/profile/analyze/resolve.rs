@@ -4,14 +4,17 @@
 //! counted in the loss report here, so nothing is dropped silently.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use cpi_common::wire::EventRole;
 
 use super::estimate::{role_index, Tally, ROLES};
 use super::{sorted, Ctx};
-use crate::binary::{CodeObject, Function, Resolved, Symbolizer};
+
+use crate::binary::{Binary, CodeObject, Function, Resolved, Symbolizer};
 use crate::procmap::ProcessMaps;
 use crate::profile::aggregate::{ProcessSamples, RangeStat, TakenStat};
+use crate::profile::flow::check_span;
 use crate::profile::model::BinaryInfo;
 
 /// A taken branch leaving a function: where it goes, if known.
@@ -68,7 +71,18 @@ pub(super) struct ProcessResolver<'a> {
     cache: HashMap<u64, Option<(usize, u64)>>,
     index: HashMap<FuncKey, usize>,
     pub(super) funcs: Vec<FunctionWork>,
+    /// Ranges that run through several functions, by runtime (start, end): their
+    /// pieces, `None` when invalid ([`ProcessResolver::range_pieces`]).
+    spans: HashMap<(u64, u64), Option<Pieces>>,
 }
+
+/// A range cut at function ends: (function index, start, end in its binary) each.
+pub(super) type Pieces = Vec<(usize, u64, u64)>;
+
+/// Functions one range may run through: a straight line of code falls into a
+/// next function only where that one is a continuation (assembly entry points, a
+/// `.cold` part), so a few suffice; past this the range is taken for garbage.
+const MAX_PIECES: usize = 16;
 
 impl<'a> ProcessResolver<'a> {
     /// (function index, address in the binary) of a runtime address.
@@ -109,6 +123,83 @@ impl<'a> ProcessResolver<'a> {
         self.cache.insert(addr, r);
         r
     }
+
+    /// Range `[start, end]` (runtime addresses) cut into one piece per function it ran
+    /// in; `None` when it is invalid. A range inside one ELF function is that one piece,
+    /// checked when the function is analysed ([`crate::profile::flow::count_ranges`]).
+    /// One that starts and ends in different functions of one binary ran off the end of
+    /// each function into the next, as hardware records code that ends without a jump
+    /// (libc's assembly does): it is checked here, all pieces or none — every piece
+    /// but the last must run to its function's end through instructions that fall
+    /// through, and every piece must decode.
+    pub(super) fn range_pieces(
+        &mut self,
+        sym: &mut Symbolizer,
+        binaries: &mut BTreeMap<String, BinaryInfo>,
+        start: u64,
+        end: u64,
+    ) -> Option<Pieces> {
+        let (fs, vs) = self.resolve(sym, binaries, start)?;
+        let (fe, ve) = self.resolve(sym, binaries, end)?;
+        let CodeObject::Elf(bin) = &self.funcs[fs].object else {
+            return None;
+        };
+        if fs == fe {
+            return Some(vec![(fs, vs, ve)]);
+        }
+        let same_file = matches!(&self.funcs[fe].object, CodeObject::Elf(b) if Arc::ptr_eq(b, bin));
+        // Both ends in one stretch of one mapping: the binary's addresses run as the
+        // process's do.
+        if !same_file || end < start || ve.checked_sub(vs) != Some(end - start) {
+            return None;
+        }
+        if let Some(p) = self.spans.get(&(start, end)) {
+            return p.clone();
+        }
+        let bin = Arc::clone(bin);
+        let p = self.span(sym, binaries, &bin, (start, vs), ve);
+        self.spans.insert((start, end), p.clone());
+        p
+    }
+
+    /// The pieces of a range from `vs` (at runtime `start`) to `ve` in `bin`, which
+    /// start and end in different functions; `None` if any piece is invalid.
+    fn span(
+        &mut self,
+        sym: &mut Symbolizer,
+        binaries: &mut BTreeMap<String, BinaryInfo>,
+        bin: &Arc<Binary>,
+        (start, vs): (u64, u64),
+        ve: u64,
+    ) -> Option<Pieces> {
+        let mut pieces = Vec::new();
+        let mut at = vs;
+        while pieces.len() < MAX_PIECES {
+            let f = bin.function_or_hole(at)?;
+            let instructions = match sym.decode(bin, &f) {
+                Ok(i) => i,
+                Err(e) => {
+                    log::debug!("{}", crate::chain(&e));
+                    return None;
+                }
+            };
+            let last_piece = ve < f.end();
+            let piece_end = if last_piece {
+                ve
+            } else {
+                instructions.last().filter(|i| i.next() == f.end())?.addr
+            };
+            check_span(&instructions, at, piece_end, !last_piece).ok()?;
+            let (fi, v) = self.resolve(sym, binaries, start + (at - vs))?;
+            (v == at && self.funcs[fi].function.start == f.start).then_some(())?;
+            pieces.push((fi, at, piece_end));
+            if last_piece {
+                return Some(pieces);
+            }
+            at = f.end();
+        }
+        None
+    }
 }
 
 impl Ctx<'_> {
@@ -126,6 +217,7 @@ impl Ctx<'_> {
             cache: HashMap::new(),
             index: HashMap::new(),
             funcs: Vec::new(),
+            spans: HashMap::new(),
         };
         for (&role, agg) in &p.ips {
             // Sorted: the aggregate's hash order must not change float sums between
@@ -165,20 +257,37 @@ impl Ctx<'_> {
         let mut ranges: Vec<_> = p.branches.ranges().collect();
         ranges.sort_unstable_by_key(|r| r.0);
         for ((start, end), stat) in ranges {
-            let s = res.resolve(self.sym, &mut self.binaries, start);
-            let e = res.resolve(self.sym, &mut self.binaries, end);
-            match (s, e) {
-                (Some((fs, vs)), Some((fe, ve)))
-                    if fs == fe && matches!(res.funcs[fs].object, CodeObject::Elf(_)) =>
-                {
-                    // A range start is a branch target too (of the oldest entry,
-                    // whose own edge lies outside the window).
-                    res.funcs[fs].leaders.push(vs);
-                    res.funcs[fs].ranges.push((vs, ve, stat));
+            match res.range_pieces(self.sym, &mut self.binaries, start, end) {
+                Some(pieces) => {
+                    let stat = piece_stat(stat, pieces.len());
+                    for (fi, vs, ve) in pieces {
+                        // A range start is a branch target too (of the oldest entry,
+                        // whose own edge lies outside the window).
+                        res.funcs[fi].leaders.push(vs);
+                        res.funcs[fi].ranges.push((vs, ve, stat));
+                    }
                 }
-                _ => self.lost.invalid_ranges += stat.hits,
+                None => self.lost.invalid_ranges += stat.hits,
             }
         }
+    }
+}
+
+/// What each of a range's `pieces` counts: all of it, but a range over several
+/// functions times none of them: its LBR cycles cannot be split between them (as a
+/// block's timed CPI takes only ranges inside the block, `profile/flow.rs`).
+fn piece_stat(stat: RangeStat, pieces: usize) -> RangeStat {
+    if pieces == 1 {
+        return stat;
+    }
+    RangeStat {
+        timed_cycles: 0.0,
+        timed_count: 0.0,
+        timed_hits: 0,
+        timed_samples: 0,
+        timed_cycles_groups: Default::default(),
+        timed_count_groups: Default::default(),
+        ..stat
     }
 }
 

@@ -31,6 +31,16 @@ pub(super) fn header(p: &Profile, opts: &TableOptions) -> String {
     if let Some(k) = kernel_share(p) {
         let _ = write!(line, ", {} in the kernel", pct(k));
     }
+    // Said here, not only under -v: shares below are of what found a function.
+    let placed: u64 = p.processes.iter().map(|pr| pr.samples).sum();
+    let unplaced = p.lost.unmapped_samples;
+    if unplaced > 0 {
+        let _ = write!(
+            line,
+            ", {} of samples in no function",
+            pct(unplaced as f64 / placed.max(unplaced) as f64)
+        );
+    }
     if !opts.verbose {
         line += " (-v: periods, losses by reason, notes)";
     }
@@ -72,9 +82,11 @@ pub(super) fn header(p: &Profile, opts: &TableOptions) -> String {
     );
     for b in p.binaries.iter().filter(|b| b.deleted || b.stripped) {
         let what = match (b.deleted, b.stripped) {
-            (true, true) => "deleted since mapped; stripped: function bounds from .eh_frame",
+            (true, true) => {
+                "deleted since mapped; stripped: function bounds from .eh_frame or .gopclntab"
+            }
             (true, false) => "deleted since mapped",
-            _ => "stripped: function bounds from .eh_frame",
+            _ => "stripped: function bounds from .eh_frame or .gopclntab",
         };
         s += &wrap(&format!("note: {}: {what}", b.path), w);
     }
@@ -83,9 +95,22 @@ pub(super) fn header(p: &Profile, opts: &TableOptions) -> String {
 
 /// The share of the profile's cycles (CPU time in a time profile) in kernel code,
 /// when there is any: said on the summary line, so the shares below are read knowing it.
+/// Of all the processes' samples, those that found no function included: a share of
+/// the functions alone said "100 % in the kernel" of a program whose own code had no
+/// symbols.
 fn kernel_share(p: &Profile) -> Option<f64> {
     let fns = || p.processes.iter().flat_map(|pr| &pr.functions);
-    let total: f64 = fns().map(|f| heat(p.mode, f)).sum();
+    let in_functions: f64 = fns().map(|f| heat(p.mode, f)).sum();
+    let in_processes: f64 = (p.processes.iter())
+        .map(|pr| {
+            if p.mode.has_cpi() {
+                pr.measures.cycles.unwrap_or(0.0)
+            } else {
+                pr.measures.time_ns.unwrap_or(pr.samples as f64)
+            }
+        })
+        .sum();
+    let total = in_functions.max(in_processes);
     let kernel: f64 = fns()
         .filter(|f| f.binary == KERNEL)
         .map(|f| heat(p.mode, f))
