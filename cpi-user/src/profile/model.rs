@@ -563,8 +563,9 @@ pub struct ProcessProfile {
     pub calls: Vec<CallEdge>,
     /// Call paths, hottest first (empty when no sample carried a stack, and in files
     /// written before stacks); at most cpi-user/src/profile/paths.rs `MAX_PATHS`, the
-    /// rest summed into one `[dropped]` path with the stacks the memory bound evicted,
-    /// and the samples without a stack in a `[no stack]` path.
+    /// narrowest beyond them summed into a `[rare callees]` path under their widest
+    /// callers that keep a path (`fold_plan`), the stacks the memory bound evicted in a
+    /// `[dropped]` path, and the samples without a stack in a `[no stack]` path.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stacks: Vec<StackProfile>,
 }

@@ -21,9 +21,15 @@ use super::stack::StackEnd;
 /// Most paths a process keeps in the profile file.
 pub(crate) const MAX_PATHS: usize = 1000;
 
-/// The frame of the path holding what no listed path does: stacks evicted by the memory
-/// bound (cpi-user/src/profile/stack.rs) and paths past [`MAX_PATHS`].
+/// The frame of the path holding what the stacks evicted by the memory bound held
+/// (cpi-user/src/profile/stack.rs).
 pub(crate) const DROPPED_FRAME: &str = "[dropped]";
+
+/// The leaf frame of a path holding what its caller's rare callee paths held: beyond
+/// [`MAX_PATHS`], the narrowest paths fold into their widest ancestor that keeps a node
+/// of its own ([`fold_plan`]), as a flame graph's minimum width leaves narrow frames
+/// in their parent's width. Alone, it holds rare outermost frames.
+pub(crate) const RARE_FRAME: &str = "[rare callees]";
 
 /// The frame of the path holding the samples that carried no stack.
 pub(crate) const NO_STACK_FRAME: &str = "[no stack]";
@@ -174,27 +180,208 @@ impl PathTotals {
     }
 }
 
-/// Orders `paths` hottest first and keeps [`MAX_PATHS`] (the `[dropped]` path, if any,
-/// among them): the rest are summed into the `[dropped]` path.
+/// Where a path goes when a process's paths are bounded ([`fold_plan`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fold {
+    /// It keeps its frames.
+    Keep,
+    /// Its totals go to the [`RARE_FRAME`] path under its outermost `n` frames (`0`:
+    /// the `[rare callees]` path alone).
+    Into(usize),
+}
+
+/// A node of [`fold_plan`]'s tree: a distinct chain of frames from the root.
+struct PlanNode {
+    parent: u32,
+    depth: u32,
+    /// Σ weight of the paths through it.
+    weight: f64,
+    /// Whether a path ends here.
+    own: bool,
+    /// Children not kept (yet).
+    open: u32,
+}
+
+/// No parent: a root of [`fold_plan`]'s tree.
+const NO_NODE: u32 = u32::MAX;
+
+/// Decides which paths keep their frames so that at most `budget` paths remain, the
+/// `[rare callees]` paths the others fold into counted. `paths` are each path's frames
+/// (ids, one per distinct frame name, leaf first as a path holds them) and weight.
+///
+/// The paths make a tree, root first, a node per distinct chain of frames weighing the
+/// paths through it. Nodes are kept widest first (a parent before its children) while
+/// the paths they make fit: each kept node's own path, and one `[rare callees]` path
+/// under each kept node with a child not kept (one alone for roots not kept). A path
+/// whose node is not kept goes to the `[rare callees]` path under its deepest kept
+/// ancestor, so each kept frame still holds all that ran under it (its width and CPI
+/// in a flame graph) and the shape of the tree is kept down to the narrowest nodes
+/// the budget allows, where a `[dropped]` remainder had none.
+pub(crate) fn fold_plan(paths: &[(&[u32], f64)], budget: usize) -> Vec<Fold> {
+    if paths.len() <= budget {
+        return vec![Fold::Keep; paths.len()];
+    }
+    let mut nodes: Vec<PlanNode> = Vec::new();
+    let mut index: HashMap<(u32, u32), u32> = HashMap::new();
+    let mut open_roots = 0u32;
+    let mut ends = Vec::with_capacity(paths.len());
+    for &(frames, weight) in paths {
+        let mut at = NO_NODE;
+        for &frame in frames.iter().rev() {
+            let next = nodes.len() as u32;
+            let node = *index.entry((at, frame)).or_insert(next);
+            if node == next {
+                let depth = match at {
+                    NO_NODE => 0,
+                    p => nodes[p as usize].depth + 1,
+                };
+                nodes.push(PlanNode {
+                    parent: at,
+                    depth,
+                    weight: 0.0,
+                    own: false,
+                    open: 0,
+                });
+                match at {
+                    NO_NODE => open_roots += 1,
+                    p => nodes[p as usize].open += 1,
+                }
+            }
+            nodes[node as usize].weight += weight;
+            at = node;
+        }
+        if at != NO_NODE {
+            nodes[at as usize].own = true;
+        }
+        ends.push(at);
+    }
+    let kept = keep_widest(&mut nodes, open_roots, budget);
+    ends.into_iter()
+        .map(|mut at| {
+            if at == NO_NODE || kept[at as usize] {
+                return Fold::Keep;
+            }
+            while at != NO_NODE && !kept[at as usize] {
+                at = nodes[at as usize].parent;
+            }
+            match at {
+                NO_NODE => Fold::Into(0),
+                a => Fold::Into(nodes[a as usize].depth as usize + 1),
+            }
+        })
+        .collect()
+}
+
+/// [`fold_plan`]'s choice: which nodes are kept, widest first while the paths fit.
+fn keep_widest(nodes: &mut [PlanNode], mut open_roots: u32, budget: usize) -> Vec<bool> {
+    // Σ weights only grow along a path, so a parent is never lighter than its child;
+    // at equal weight the shallower goes first.
+    let mut order: Vec<u32> = (0..nodes.len() as u32).collect();
+    order.sort_by(|&a, &b| {
+        let (x, y) = (&nodes[a as usize], &nodes[b as usize]);
+        y.weight
+            .total_cmp(&x.weight)
+            .then(x.depth.cmp(&y.depth))
+            .then(a.cmp(&b))
+    });
+    let mut kept = vec![false; nodes.len()];
+    // The one `[rare callees]` path of the roots not kept.
+    let mut paths = usize::from(open_roots > 0);
+    for i in order {
+        let n = &nodes[i as usize];
+        let parent_open = match n.parent {
+            NO_NODE => open_roots,
+            p if kept[p as usize] => nodes[p as usize].open,
+            _ => break,
+        };
+        let adds = usize::from(n.own) + usize::from(n.open > 0);
+        let after = (paths + adds).saturating_sub(usize::from(parent_open == 1));
+        if after > budget {
+            break;
+        }
+        paths = after;
+        kept[i as usize] = true;
+        match n.parent {
+            NO_NODE => open_roots -= 1,
+            p => nodes[p as usize].open -= 1,
+        }
+    }
+    kept
+}
+
+/// Whether `s` is one of the one-frame pseudo paths that hold what no stack does
+/// (`[dropped]`, `[no stack]`): never folded.
+pub(crate) fn is_remainder(s: &StackProfile) -> bool {
+    s.frames.len() == 1 && [DROPPED_FRAME, NO_STACK_FRAME].contains(&s.frames[0].function.as_str())
+}
+
+/// Orders `paths` hottest first and keeps at most [`MAX_PATHS`]: beyond them the
+/// narrowest fold into `[rare callees]` paths ([`fold_plan`]); the pseudo paths
+/// `[dropped]` and `[no stack]` are kept whole.
 pub(crate) fn bound_paths(paths: &mut Vec<StackProfile>, floor: u64) {
     paths.sort_by(hottest_path_first);
-    let is_dropped =
-        |s: &StackProfile| s.frames.len() == 1 && s.frames[0].function == DROPPED_FRAME;
     if paths.len() <= MAX_PATHS {
         return;
     }
-    let mut dropped = PathTotals::default();
-    let mut kept = Vec::with_capacity(MAX_PATHS);
-    for s in paths.drain(..) {
-        if kept.len() < MAX_PATHS - 1 && !is_dropped(&s) {
+    let (remainders, rest): (Vec<StackProfile>, Vec<StackProfile>) =
+        std::mem::take(paths).into_iter().partition(is_remainder);
+    let plan = {
+        let mut ids: HashMap<(&str, &str), u32> = HashMap::new();
+        let keys: Vec<Vec<u32>> = rest
+            .iter()
+            .map(|s| {
+                s.frames
+                    .iter()
+                    .map(|f| {
+                        let next = ids.len() as u32;
+                        *ids.entry((f.function.as_str(), f.binary.as_str()))
+                            .or_insert(next)
+                    })
+                    .collect()
+            })
+            .collect();
+        let weighed: Vec<(&[u32], f64)> = keys
+            .iter()
+            .zip(&rest)
+            .map(|(k, s)| (&k[..], weight(s)))
+            .collect();
+        fold_plan(&weighed, MAX_PATHS.saturating_sub(remainders.len()))
+    };
+    let mut rare: HashMap<PathKey, (Vec<StackFrame>, PathTotals)> = HashMap::new();
+    let mut kept = remainders;
+    for (s, fold) in rest.into_iter().zip(plan) {
+        let Fold::Into(n) = fold else {
             kept.push(s);
-        } else {
-            dropped.add(&s);
-        }
+            continue;
+        };
+        let frames = rare_frames(&s.frames[s.frames.len() - n..]);
+        let sum = rare
+            .entry(frames_key(&frames))
+            .or_insert_with(|| (frames, PathTotals::default()));
+        sum.1.add(&s);
     }
-    kept.push(dropped.into_path(pseudo_path(DROPPED_FRAME).frames, floor));
+    // A `[rare callees]` path kept from an earlier bound (merged windows) takes the
+    // paths folded beside it.
+    kept.retain(|s| match rare.get_mut(&frames_key(&s.frames)) {
+        Some(sum) => {
+            sum.1.add(s);
+            false
+        }
+        None => true,
+    });
+    kept.extend(
+        rare.into_values()
+            .map(|(frames, t)| t.into_path(frames, floor)),
+    );
     kept.sort_by(hottest_path_first);
     *paths = kept;
+}
+
+/// The frames of the `[rare callees]` path under `callers` (leaf first).
+pub(crate) fn rare_frames(callers: &[StackFrame]) -> Vec<StackFrame> {
+    let mut frames = pseudo_path(RARE_FRAME).frames;
+    frames.extend_from_slice(callers);
+    frames
 }
 
 /// A path into a function ([`callers`]).
@@ -546,20 +733,54 @@ pub(crate) mod tests {
         assert_eq!(msort.inclusive.cpi(1).unwrap().value, 70.0 / 30.0);
     }
 
+    /// Nodes are kept widest first while the paths fit; the rest fold under their
+    /// deepest kept caller, or alone.
     #[test]
-    fn bound_sums_the_tail_into_dropped() {
-        let mut paths: Vec<StackProfile> = (0..MAX_PATHS as u64 + 10)
-            .map(|i| path(&[&format!("f{i}"), "main"], i + 1, (i + 1) as f64, 1.0))
-            .collect();
+    fn fold_plan_keeps_the_widest_nodes() {
+        // main = 0, a = 1, b = 2, x = 3, y = 4: main → a → {x, y}, main → b, main.
+        let (a_x, a_y, b, main) = ([3, 1, 0], [4, 1, 0], [2, 0], [0]);
+        let paths: [(&[u32], f64); 4] = [(&a_x, 50.0), (&a_y, 1.0), (&b, 2.0), (&main, 10.0)];
+        use Fold::*;
+        assert_eq!(fold_plan(&paths, 4), [Keep; 4]);
+        // main and a kept: main's own path, a's rare callees, main's rare callees.
+        assert_eq!(fold_plan(&paths, 3), [Into(2), Into(2), Into(1), Keep]);
+        assert_eq!(fold_plan(&paths, 2), [Into(1), Into(1), Into(1), Keep]);
+        assert_eq!(fold_plan(&paths, 1), [Into(0); 4]);
+    }
+
+    /// Past [`MAX_PATHS`] the narrowest paths fold into `[rare callees]` under their
+    /// callers: every sample stays, and each caller still holds all that ran under it.
+    #[test]
+    fn bound_folds_narrow_paths_under_their_callers() {
+        let mut paths = vec![path(&["hot", "main"], 5000, 5000.0, 1.0)];
+        for i in 0..40u64 {
+            for j in 0..40 {
+                let (leaf, mid) = (format!("leaf{j}"), format!("mid{i}"));
+                let n = 1 + i % 3;
+                paths.push(path(&[&leaf, &mid, "main"], n, n as f64, 1.0));
+            }
+        }
+        let under = |paths: &[StackProfile], mid: &str| -> u64 {
+            let through = |p: &&StackProfile| p.frames.iter().any(|f| f.function == mid);
+            paths.iter().filter(through).map(|p| p.samples).sum()
+        };
         let total: u64 = paths.iter().map(|p| p.samples).sum();
+        let before: Vec<u64> = (0..40).map(|i| under(&paths, &format!("mid{i}"))).collect();
         bound_paths(&mut paths, 1);
-        assert_eq!(paths.len(), MAX_PATHS);
+        assert!(paths.len() <= MAX_PATHS, "{}", paths.len());
         assert_eq!(paths.iter().map(|p| p.samples).sum::<u64>(), total);
-        let d = paths
+        let after: Vec<u64> = (0..40).map(|i| under(&paths, &format!("mid{i}"))).collect();
+        assert_eq!(before, after);
+        let rare: Vec<&StackProfile> = paths
             .iter()
-            .find(|p| p.frames[0].function == DROPPED_FRAME)
-            .unwrap();
-        // The 11 coldest: samples 1..=11.
-        assert_eq!(d.samples, 66);
+            .filter(|p| p.frames[0].function == RARE_FRAME)
+            .collect();
+        assert!(!rare.is_empty());
+        assert!(
+            rare.iter().all(|p| p.frames.len() == 3),
+            "folded under a mid frame"
+        );
+        assert!(paths.iter().all(|p| p.frames[0].function != DROPPED_FRAME));
+        assert_eq!(paths[0].frames[0].function, "hot");
     }
 }

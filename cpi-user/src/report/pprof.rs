@@ -301,13 +301,16 @@ fn path_values(s: &StackProfile, time: bool) -> Vec<i64> {
     }
 }
 
-/// The process's call paths that become samples (the `[dropped]` and `[no stack]`
-/// pseudo paths stay in their functions' leaf-only remainders).
+/// The process's call paths that become samples: the `[dropped]` and `[no stack]`
+/// pseudo paths, and the `[rare callees]` paths (whose leaf functions the profile does
+/// not keep), stay in their functions' leaf-only remainders, so each function's totals
+/// are counted once.
 fn real_paths(proc: &ProcessProfile) -> impl Iterator<Item = &StackProfile> {
     proc.stacks.iter().filter(|s| {
-        !(s.frames.len() == 1
-            && [paths::DROPPED_FRAME, paths::NO_STACK_FRAME]
-                .contains(&s.frames[0].function.as_str()))
+        !(paths::is_remainder(s)
+            || s.frames
+                .first()
+                .is_some_and(|f| f.function == paths::RARE_FRAME))
     })
 }
 

@@ -21,19 +21,17 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use cpi_common::wire::MAX_USER_FRAMES;
-
+use super::path_truth::{PathKey, PathTruth};
 use super::replay::{InsnTruth, Truth};
 use crate::binary::{CodeObject, Symbolizer, SymbolizerOptions};
 pub use crate::profile::model::{Accuracy, FunctionAccuracy, PathAccuracy};
 use crate::profile::model::{EdgeKind, FunctionProfile, Profile, StackProfile};
+use crate::profile::paths::RARE_FRAME;
 
 /// Functions below this share of the truth's cycles are left out of the CPI error.
 pub const CPI_SHARE_FLOOR: f64 = 0.02;
 /// Call paths listed in [`Accuracy::paths`] at most.
 const PATHS_LISTED: usize = 50;
-/// The name of a frame whose address no mapping covers.
-const UNKNOWN_FUNCTION: &str = "[unknown]";
 
 /// An estimate further than this many of its own reported errors from the exact answer
 /// is a bug (a bias), not bad luck: the accuracy section names it.
@@ -191,7 +189,7 @@ pub fn compare(profile: &Profile, truth: &Truth) -> Accuracy {
     let median = median(&errors);
     let paths = proc
         .filter(|p| !p.stacks.is_empty())
-        .map(|p| compare_paths(&paths_of(&mut sym, truth), &p.stacks))
+        .map(|p| compare_paths(&PathTruth::new(&mut sym, truth), &p.stacks))
         .unwrap_or_default();
     Accuracy {
         overlap_instruction: overlap(&est.insns, &units.insns),
@@ -436,60 +434,8 @@ fn median(v: &[f64]) -> Option<f64> {
 /// `MAX_USER_FRAMES`): the replay's per-context truth with each return address named
 /// by the function of its call instruction (`ret - 1`), as analysis names sampled
 /// stacks. The paths [`compare`] judges the profile's by.
-pub fn path_truth(truth: &Truth) -> HashMap<Vec<String>, (u64, u64)> {
-    paths_of(&mut truth_symbolizer(), truth)
-}
-
-fn paths_of(sym: &mut Symbolizer, truth: &Truth) -> HashMap<Vec<String>, (u64, u64)> {
-    let mut names: Vec<String> = Vec::new();
-    let mut ids: HashMap<String, u32> = HashMap::new();
-    let mut name_of = |sym: &mut Symbolizer, addr: u64| -> u32 {
-        let name = sym
-            .resolve(truth.pid, &truth.maps, addr)
-            .map_or_else(|_| UNKNOWN_FUNCTION.to_string(), |r| r.function.name);
-        *ids.entry(name).or_insert_with_key(|n| {
-            names.push(n.clone());
-            names.len() as u32 - 1
-        })
-    };
-    // Each context's callers, innermost first, named once per context.
-    let callers: Vec<u32> = truth
-        .contexts
-        .iter()
-        .enumerate()
-        .map(|(n, &(_, ret))| {
-            if n == 0 {
-                0
-            } else {
-                name_of(sym, ret.saturating_sub(1))
-            }
-        })
-        .collect();
-    let mut leaf: HashMap<u64, u32> = HashMap::new();
-    let mut chains: HashMap<u32, Vec<u32>> = HashMap::new();
-    let mut paths: HashMap<Vec<u32>, (u64, u64)> = HashMap::new();
-    for (&(ctx, addr), &(count, cycles)) in &truth.context_insns {
-        let f = *leaf.entry(addr).or_insert_with(|| name_of(sym, addr));
-        let chain = chains.entry(ctx).or_insert_with(|| {
-            let mut c = Vec::new();
-            let mut n = ctx;
-            while n != 0 && c.len() + 1 < MAX_USER_FRAMES {
-                c.push(callers[n as usize]);
-                n = truth.contexts[n as usize].0;
-            }
-            c
-        });
-        let mut key = Vec::with_capacity(chain.len() + 1);
-        key.push(f);
-        key.extend_from_slice(chain);
-        let e = paths.entry(key).or_default();
-        e.0 += count;
-        e.1 += cycles;
-    }
-    paths
-        .into_iter()
-        .map(|(k, v)| (k.iter().map(|&i| names[i as usize].clone()).collect(), v))
-        .collect()
+pub fn path_truth(truth: &Truth) -> PathTruth {
+    PathTruth::new(&mut truth_symbolizer(), truth)
 }
 
 /// The per-path part of [`Accuracy`].
@@ -509,14 +455,103 @@ pub(crate) struct PathComparison {
     pub paths: Vec<PathAccuracy>,
 }
 
-/// Compares the profile's call paths `est` with the exact `truth` per path
-/// ((instructions, cycles) by function-name chain, [`path_truth`]). Profile paths of
-/// the same chain are summed; their CPI is the sum's, with the largest error any of
-/// them reports.
-pub(crate) fn compare_paths(
-    truth: &HashMap<Vec<String>, (u64, u64)>,
-    est: &[StackProfile],
-) -> PathComparison {
+/// What a path is compared by: a path of the truth, the `[rare callees]` path under
+/// a node of the profile's tree ([`PathTree`]), or a profile path the truth lacks.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Compared {
+    Truth(PathKey),
+    Rare(u32),
+    Other(Vec<String>),
+}
+
+/// The profile's paths root first as a tree of name ids (the truth's, then its own),
+/// marking the nodes whose rare callees were folded into a `[rare callees]` path.
+struct PathTree<'t> {
+    truth: &'t PathTruth,
+    extra: HashMap<String, u32>,
+    extra_names: Vec<String>,
+    /// (parent, name) per node; node 0 is the root (no frame).
+    nodes: Vec<(u32, u32)>,
+    index: HashMap<(u32, u32), u32>,
+    rare: Vec<bool>,
+}
+
+impl<'t> PathTree<'t> {
+    fn new(truth: &'t PathTruth) -> Self {
+        PathTree {
+            truth,
+            extra: HashMap::new(),
+            extra_names: Vec::new(),
+            nodes: vec![(0, 0)],
+            index: HashMap::new(),
+            rare: vec![false],
+        }
+    }
+
+    fn id(&mut self, name: &str) -> u32 {
+        if let Some(id) = self.truth.id(name) {
+            return id;
+        }
+        let next = (self.truth.name_count() + self.extra_names.len()) as u32;
+        *self.extra.entry(name.to_string()).or_insert_with(|| {
+            self.extra_names.push(name.to_string());
+            next
+        })
+    }
+
+    /// The node of `names` (leaf first), added with its ancestors when new.
+    fn insert(&mut self, names: &[&str]) -> u32 {
+        let mut at = 0;
+        for name in names.iter().rev() {
+            let id = self.id(name);
+            let next = self.nodes.len() as u32;
+            let n = *self.index.entry((at, id)).or_insert(next);
+            if n == next {
+                self.nodes.push((at, id));
+                self.rare.push(false);
+            }
+            at = n;
+        }
+        at
+    }
+
+    /// Where a truth path of these ids (root first) compares: the `[rare callees]` path
+    /// of the deepest node it reaches when that node folded its rare callees and the
+    /// path goes on below it, else the path itself.
+    fn place(&self, key: PathKey, root_first: &[u32]) -> Compared {
+        let mut at = 0;
+        for id in root_first {
+            match self.index.get(&(at, *id)) {
+                Some(&n) => at = n,
+                None if self.rare[at as usize] => return Compared::Rare(at),
+                None => break,
+            }
+        }
+        Compared::Truth(key)
+    }
+
+    /// The names of node `n`, leaf first.
+    fn names(&self, mut n: u32) -> Vec<String> {
+        let mut out = Vec::new();
+        while n != 0 {
+            let (parent, id) = self.nodes[n as usize];
+            out.push(match (id as usize).checked_sub(self.truth.name_count()) {
+                Some(i) => self.extra_names[i].clone(),
+                None => self.truth.name(id).to_string(),
+            });
+            n = parent;
+        }
+        out
+    }
+}
+
+/// Compares the profile's call paths `est` with the exact `truth` per path. Profile
+/// paths of the same chain of names are summed; their CPI is the sum's, with the
+/// largest error any of them reports. A `[rare callees]` path of the profile (the
+/// narrow paths it folded under a caller, cpi-user/src/profile/paths.rs `fold_plan`)
+/// is compared with the truth's paths that go on below that caller where the profile
+/// has no node.
+pub(crate) fn compare_paths(truth: &PathTruth, est: &[StackProfile]) -> PathComparison {
     #[derive(Default)]
     struct Est {
         instructions: f64,
@@ -524,9 +559,24 @@ pub(crate) fn compare_paths(
         cpi: Option<(f64, f64)>,
         parts: usize,
     }
-    let mut by_chain: HashMap<Vec<String>, Est> = HashMap::new();
+    let mut tree = PathTree::new(truth);
+    let mut by_chain: HashMap<Compared, Est> = HashMap::new();
     for s in est {
-        let key: Vec<String> = s.frames.iter().map(|f| f.function.clone()).collect();
+        let names: Vec<&str> = s.frames.iter().map(|f| f.function.as_str()).collect();
+        let key = match names.split_first() {
+            Some((&RARE_FRAME, callers)) => {
+                let n = tree.insert(callers);
+                tree.rare[n as usize] = true;
+                Compared::Rare(n)
+            }
+            _ => {
+                tree.insert(&names);
+                match truth.key_of(&names) {
+                    Some(k) => Compared::Truth(k),
+                    None => Compared::Other(names.iter().map(|n| n.to_string()).collect()),
+                }
+            }
+        };
         let e = by_chain.entry(key).or_default();
         e.instructions += s.instructions.unwrap_or(0.0);
         e.cycles += s.cycles.unwrap_or(0.0);
@@ -545,14 +595,27 @@ pub(crate) fn compare_paths(
                 .map(|(_, r)| (e.cycles / e.instructions, r));
         }
     }
-    let est_instr: HashMap<&Vec<String>, f64> =
+    let mut exact: HashMap<Compared, (u64, u64)> = HashMap::new();
+    let mut ids = Vec::new();
+    for (k, v) in truth.keyed() {
+        let at = match by_chain.contains_key(&Compared::Truth(k)) {
+            true => Compared::Truth(k),
+            false => {
+                truth.ids_root_first(k, &mut ids);
+                tree.place(k, &ids)
+            }
+        };
+        let e = exact.entry(at).or_default();
+        e.0 += v.0;
+        e.1 += v.1;
+    }
+    let est_instr: HashMap<&Compared, f64> =
         by_chain.iter().map(|(k, e)| (k, e.instructions)).collect();
-    let true_instr: HashMap<&Vec<String>, f64> =
-        truth.iter().map(|(k, t)| (k, t.0 as f64)).collect();
-    let total_cycles: u64 = truth.values().map(|t| t.1).sum();
-    let mut paths = Vec::new();
+    let true_instr: HashMap<&Compared, f64> = exact.iter().map(|(k, t)| (k, t.0 as f64)).collect();
+    let total_cycles: u64 = exact.values().map(|t| t.1).sum();
+    let mut listed = Vec::new();
     let (mut errors, mut reported, mut without) = (Vec::new(), Vec::new(), 0);
-    for (k, &(instructions, cycles)) in truth {
+    for (k, &(instructions, cycles)) in &exact {
         let share = if total_cycles > 0 {
             cycles as f64 / total_cycles as f64
         } else {
@@ -582,21 +645,40 @@ pub(crate) fn compare_paths(
                 _ => without += 1,
             }
         }
-        paths.push(PathAccuracy {
-            frames: k.clone(),
-            share,
-            instructions_true: instructions,
-            instructions_est: e.map_or(0.0, |e| e.instructions),
-            cycles_true: cycles,
-            cycles_est: e.map_or(0.0, |e| e.cycles),
-            cpi_true,
-            cpi_est: cpi.map(|c| c.0),
-            cpi_error,
-            cpi_rel_error: cpi.map(|c| c.1),
-        });
+        listed.push((
+            k,
+            PathAccuracy {
+                frames: Vec::new(),
+                share,
+                instructions_true: instructions,
+                instructions_est: e.map_or(0.0, |e| e.instructions),
+                cycles_true: cycles,
+                cycles_est: e.map_or(0.0, |e| e.cycles),
+                cpi_true,
+                cpi_est: cpi.map(|c| c.0),
+                cpi_error,
+                cpi_rel_error: cpi.map(|c| c.1),
+            },
+        ));
     }
+    listed.sort_by(|a, b| {
+        (b.1.share.total_cmp(&a.1.share)).then(b.1.instructions_true.cmp(&a.1.instructions_true))
+    });
+    listed.truncate(PATHS_LISTED);
+    let mut paths: Vec<PathAccuracy> = listed
+        .into_iter()
+        .map(|(k, mut p)| {
+            p.frames = match k {
+                Compared::Truth(k) => truth.names(*k).into_iter().map(str::to_string).collect(),
+                Compared::Rare(n) => std::iter::once(RARE_FRAME.to_string())
+                    .chain(tree.names(*n))
+                    .collect(),
+                Compared::Other(names) => names.clone(),
+            };
+            p
+        })
+        .collect();
     paths.sort_by(|a, b| b.share.total_cmp(&a.share).then(a.frames.cmp(&b.frames)));
-    paths.truncate(PATHS_LISTED);
     errors.sort_by(f64::total_cmp);
     reported.sort_by(f64::total_cmp);
     PathComparison {
@@ -713,12 +795,11 @@ mod tests {
     fn paths_compare_by_name_chain_with_reported_errors() {
         // Exact: main;a;leaf 600 instructions at CPI 2, main;b;leaf 300 at CPI 1,
         // main 100 at CPI 1 (cycles: 1200, 300, 100).
-        let truth: HashMap<Vec<String>, (u64, u64)> = [
-            (chain(&["leaf", "a", "main"]), (600, 1200)),
-            (chain(&["leaf", "b", "main"]), (300, 300)),
-            (chain(&["main"]), (100, 100)),
-        ]
-        .into();
+        let truth = PathTruth::of(&[
+            (&["leaf", "a", "main"], (600, 1200)),
+            (&["leaf", "b", "main"], (300, 300)),
+            (&["main"], (100, 100)),
+        ]);
         let est = [
             // Same shape, CPI 2.2 ± 5 %: 0.1 off, 2 reported errors (0.11 each).
             path(&["leaf", "a", "main"], 6000.0, 13200.0, Some((2.2, 0.05))),

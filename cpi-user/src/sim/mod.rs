@@ -8,6 +8,7 @@ pub mod accuracy;
 pub mod calibrate;
 pub(crate) mod code;
 pub(crate) mod cycles;
+pub mod path_truth;
 pub mod pmu;
 pub mod replay;
 pub mod run;

@@ -47,6 +47,7 @@ mod simulate_shapes;
 mod source_lines;
 mod stacks_collect;
 mod stacks_output;
+mod stacks_real;
 mod stacks_simulate;
 mod symbols;
 mod tracer;

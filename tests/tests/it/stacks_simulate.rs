@@ -8,6 +8,7 @@ use std::process::Stdio;
 
 use cpi_tests::tracer::{program, tool_dir, words_text};
 use cpi_user::sim::accuracy::{path_truth, Accuracy};
+use cpi_user::sim::path_truth::PathTruth;
 use cpi_user::sim::pmu::PmuConfig;
 use cpi_user::sim::SimReport;
 
@@ -28,6 +29,13 @@ fn simulate(cfg: &PmuConfig, cmd: &[&str]) -> Option<SimReport> {
     Some(out)
 }
 
+/// The truth's paths by their names (the small programs here have few).
+fn named(t: &PathTruth) -> HashMap<Vec<String>, (u64, u64)> {
+    t.iter()
+        .map(|(k, v)| (k.into_iter().map(String::from).collect(), v))
+        .collect()
+}
+
 fn show(paths: &HashMap<Vec<String>, (u64, u64)>) {
     let mut v: Vec<_> = paths.iter().collect();
     v.sort_by_key(|(_, t)| std::cmp::Reverse(t.1));
@@ -46,7 +54,7 @@ fn exact_paths_of_sim_mix_follow_its_calls() {
     let Some(out) = simulate(&PmuConfig::default(), &[exe.to_str().unwrap(), "1"]) else {
         return;
     };
-    let paths = path_truth(&out.truth);
+    let paths = named(&path_truth(&out.truth));
     show(&paths);
     let (instructions, cycles) = out
         .truth
@@ -107,7 +115,7 @@ fn signal_handlers_and_threads_keep_exact_stacks() {
         return;
     };
     assert_eq!(out.truth.stats.interrupts, 20, "one per raise()");
-    let paths = path_truth(&out.truth);
+    let paths = named(&path_truth(&out.truth));
     show(&paths);
     let handler: Vec<_> = paths.keys().filter(|k| k[0] == "on_signal").collect();
     assert!(!handler.is_empty());

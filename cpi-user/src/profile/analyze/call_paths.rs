@@ -12,7 +12,10 @@ use super::{sample_role, sorted, Ctx};
 use crate::profile::aggregate::ProcessSamples;
 use crate::profile::error::{self, Groups};
 use crate::profile::model::{StackFrame, StackProfile};
-use crate::profile::paths::{bound_paths, pseudo_path, DROPPED_FRAME, MAX_PATHS, NO_STACK_FRAME};
+use crate::profile::paths::{
+    bound_paths, fold_plan, pseudo_path, rare_frames, Fold, DROPPED_FRAME, MAX_PATHS,
+    NO_STACK_FRAME,
+};
 use crate::profile::stack::{CallStack, StackEnd, StackStat};
 
 impl Ctx<'_> {
@@ -83,22 +86,14 @@ impl Ctx<'_> {
         let mut dropped = PathAcc::default();
         dropped.add_ips(&agg.dropped, role);
         dropped.branch_samples = agg.dropped.branch_samples;
-        // The hottest paths keep their names (room left for `[dropped]` and
-        // `[no stack]`); the rest join `[dropped]`.
-        let mut ranked: Vec<PathAcc> = paths.into_values().collect();
-        ranked.sort_by(|a, b| {
-            b.weight()
-                .total_cmp(&a.weight())
-                .then(b.samples.cmp(&a.samples))
-        });
-        for extra in ranked.split_off(ranked.len().min(MAX_PATHS - 2)) {
-            dropped.absorb(extra);
-        }
+        // The widest paths keep their frames (room left for `[dropped]` and
+        // `[no stack]`); the rest fold into `[rare callees]` paths under their callers.
         let floor = self.opts.sample_floor;
-        let mut out: Vec<StackProfile> = ranked
+        let mut out: Vec<StackProfile> = fold_rare(paths)
             .into_iter()
             .map(|a| {
-                let frames = a.frames.iter().map(|f| f.named(res)).collect();
+                let named: Vec<StackFrame> = a.frames.iter().map(|f| f.named(res)).collect();
+                let frames = if a.rare { rare_frames(&named) } else { named };
                 a.into_path(frames, ranged, floor)
             })
             .collect();
@@ -194,6 +189,8 @@ impl FrameNames {
 #[derive(Default)]
 struct PathAcc {
     frames: Vec<FrameRef>,
+    /// A `[rare callees]` path: `frames` are its callers'.
+    rare: bool,
     end: StackEnd,
     /// IP samples and Σ periods per role.
     ips: BTreeMap<EventRole, (u64, u64)>,
@@ -228,7 +225,7 @@ impl PathAcc {
             .unwrap_or(self.samples as f64)
     }
 
-    /// Adds everything of `o` (a path beyond the kept ones) but its frames.
+    /// Adds everything of `o` (a path folded into this one) but its frames and end.
     fn absorb(&mut self, o: PathAcc) {
         for (r, (n, w)) in o.ips {
             let e = self.ips.entry(r).or_default();
@@ -284,6 +281,38 @@ impl PathAcc {
             range_hits: self.range_hits,
         }
     }
+}
+
+/// `paths` (keyed by their frames' name ids, leaf first) bounded by
+/// [`crate::profile::paths::fold_plan`]: the paths kept, and a `[rare callees]` path
+/// (`rare`, its frames those of the callers) for each caller the others fold under.
+fn fold_rare(paths: BTreeMap<Vec<u32>, PathAcc>) -> Vec<PathAcc> {
+    let keyed: Vec<(Vec<u32>, PathAcc)> = paths.into_iter().collect();
+    let plan = {
+        let weighed: Vec<(&[u32], f64)> = keyed.iter().map(|(k, a)| (&k[..], a.weight())).collect();
+        fold_plan(&weighed, MAX_PATHS - 2)
+    };
+    let mut out = Vec::new();
+    let mut rare: BTreeMap<Vec<u32>, PathAcc> = BTreeMap::new();
+    for ((key, acc), fold) in keyed.into_iter().zip(plan) {
+        let Fold::Into(n) = fold else {
+            out.push(acc);
+            continue;
+        };
+        let sum = rare
+            .entry(key[key.len() - n..].to_vec())
+            .or_insert_with(|| PathAcc {
+                frames: acc.frames[acc.frames.len() - n..].to_vec(),
+                rare: true,
+                ..Default::default()
+            });
+        if sum.end == StackEnd::Complete {
+            sum.end = acc.end;
+        }
+        sum.absorb(acc);
+    }
+    out.extend(rare.into_values());
+    out
 }
 
 /// The path a range of function `fs` goes to, under a stack of `frames` (see "Call

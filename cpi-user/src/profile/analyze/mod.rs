@@ -44,7 +44,8 @@
 //! - ranges the process drops as invalid are dropped here too (in
 //!   `lost.invalid_ranges`).
 //!
-//! Paths are then ordered and bounded ([`super::paths`]).
+//! Paths are then ordered and bounded, the narrowest folded into `[rare callees]` paths
+//! under their callers ([`super::paths::fold_plan`]).
 //!
 //! Nothing is dropped silently: unsymbolisable IP samples go to
 //! `lost.unmapped_samples`, invalid range occurrences to `lost.invalid_ranges`.
