@@ -859,6 +859,7 @@ pub(crate) mod tests {
                 thinning: 1,
                 unit: cpi_user::profile::model::EventUnit::Events,
                 samples: 10,
+                also: Vec::new(),
             }],
             perturbation: cpi_common::policy::Perturbation::None,
             range_window: 0,
@@ -891,6 +892,7 @@ pub(crate) mod tests {
                 .collect(),
             accuracy: None,
             recorded_on: None,
+            cpi_withheld: None,
         }
     }
 

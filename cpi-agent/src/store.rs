@@ -461,6 +461,7 @@ mod tests {
                 thinning: 1,
                 unit: EventUnit::Ns,
                 samples: samples + 100,
+                also: Vec::new(),
             }],
             perturbation: cpi_common::policy::Perturbation::User,
             range_window: 1,
@@ -487,6 +488,7 @@ mod tests {
             }],
             accuracy: None,
             recorded_on: None,
+            cpi_withheld: None,
         }
     }
 

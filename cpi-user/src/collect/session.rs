@@ -944,6 +944,7 @@ impl Live {
                 thinning: self.thinning.keep_one_in,
                 unit: EventUnit::of_role(s.role),
                 samples: w.received.get(&s.role).copied().unwrap_or(0),
+                also: Vec::new(),
             })
             .collect();
         let run = RunInfo {

@@ -19,6 +19,7 @@
 //! branch entries carry cycles.
 
 pub(crate) mod locate;
+mod meaning;
 pub mod perf_data;
 pub(crate) mod perf_records;
 pub mod perf_script;
@@ -41,6 +42,7 @@ use crate::profile::events::{raw_event, RawEvent, Vendor};
 use crate::profile::SampleSet;
 use crate::progress;
 use locate::{LocateError, Locator};
+use meaning::{branch_event_infos, branch_meaning, cpi_withheld, raw_note, recorded_on, sampling};
 use perf_data::{EventAttr, PerfDataError};
 
 use crate::profile::model::{EventInfo, EventUnit, LossReport, Mode, Profile, RunInfo};
@@ -230,8 +232,8 @@ pub struct Loaded {
     other_kernel: bool,
     /// The architecture the recording names (`HEADER_ARCH`).
     arch: Option<String>,
-    /// The recording supports CPI (else the profile drops it).
-    cpi: bool,
+    /// Why the recording gives no CPI, where it gives none (the profile drops it).
+    cpi_withheld: Option<String>,
     /// No cycles or time: shares are of instructions.
     by_instructions: bool,
 }
@@ -246,8 +248,8 @@ impl Loaded {
         }
         let mut profile = analyze(&self.set, self.run, &opts);
         profile.recorded_on = self.arch;
-        if !self.cpi {
-            profile.without_cpi();
+        if let Some(why) = self.cpi_withheld {
+            profile.without_cpi(why);
         }
         if self.by_instructions {
             shares_of_instructions(&mut profile);
@@ -404,8 +406,20 @@ struct Pass {
     /// The same over the stacks used.
     timed_entries: u64,
     truncated_stacks: u64,
+    /// The first and last sample's time (ns of the recording's perf clock), over the
+    /// samples that carry one.
+    span: Option<(u64, u64)>,
     records: perf_data::Records,
     header: perf_data::Header,
+}
+
+impl Pass {
+    /// Seconds from the first sample to the last, as `perf script`'s times span them;
+    /// 0 where the samples carry no time.
+    fn duration_secs(&self) -> f64 {
+        self.span
+            .map_or(0.0, |(first, last)| (last - first) as f64 / 1e9)
+    }
 }
 
 /// Which event's samples a pass feeds into the aggregate, and as what.
@@ -462,7 +476,12 @@ fn perf_data_pass(
     let mut period_sums: Vec<u64> = Vec::new();
     let mut timed_per_event: Vec<u64> = Vec::new();
     let (mut max_depth, mut timed_entries, mut truncated_stacks) = (0usize, 0u64, 0u64);
+    let mut span: Option<(u64, u64)> = None;
     let (header, records) = perf_data::read(&mut f, |h, s| {
+        if h.events[s.event].has_time() {
+            let (first, last) = span.unwrap_or((s.time, s.time));
+            span = Some((first.min(s.time), last.max(s.time)));
+        }
         if per_event.len() < h.events.len() {
             per_event.resize(h.events.len(), 0);
             period_sums.resize(h.events.len(), 0);
@@ -539,6 +558,7 @@ fn perf_data_pass(
         timed_per_event,
         timed_entries,
         truncated_stacks,
+        span,
         records,
         header,
     })
@@ -595,6 +615,7 @@ fn load_perf_data(
         files: unusable,
     } = placed.said;
     notes.extend(placed_notes);
+    let duration_secs = pass.duration_secs();
     let header = pass.header;
     let set = pass.set;
     if pass.truncated_stacks > 0 {
@@ -622,7 +643,7 @@ fn load_perf_data(
             sampling(ev, ""),
         ),
         command: Vec::new(),
-        duration_secs: 0.0,
+        duration_secs,
         events: infos,
         perturbation: Perturbation::None,
         lost: placed.lost,
@@ -636,7 +657,7 @@ fn load_perf_data(
         unusable,
         other_kernel: header.other_kernel(),
         arch: header.arch.clone(),
-        cpi: (est == Estimator::TakenBranches || corrected) && cycles.is_some(),
+        cpi_withheld: cpi_withheld(est, &ev.display_name(), corrected, cycles.is_some()),
         by_instructions: cycles.is_none(),
     })
 }
@@ -729,96 +750,6 @@ fn window_within(asked: usize, max_depth: usize, notes: &mut Vec<String>) -> Res
     Ok(window)
 }
 
-/// How an event was sampled, for a mode line: its frequency, or its period (in `unit`).
-fn sampling(e: &EventAttr, unit: &str) -> String {
-    if e.freq {
-        format!("freq {} Hz, each sample's own period", e.period_or_freq)
-    } else {
-        format!("period {}{unit}", e.period_or_freq)
-    }
-}
-
-/// What a profile from the branch stacks of `ev` (counting `est`) says, for its mode
-/// line: how its instruction counts, cycles (from `cycles_name`'s samples) and CPI
-/// were had.
-fn branch_meaning(
-    est: Estimator,
-    ev: &EventAttr,
-    cycles_name: Option<&str>,
-    window: usize,
-    corrected: bool,
-) -> String {
-    // Before Sandy Bridge Intel had no retired taken-branch event; the executed one
-    // (e.g. Westmere's, tests/data/README.md) also counts branches on mispredicted paths.
-    let executed = if est == Estimator::TakenBranches
-        && ev
-            .display_name()
-            .to_ascii_lowercase()
-            .contains("br_inst_exec")
-    {
-        " (executed, not retired, taken branches: those on mispredicted paths count too, so the counts run high by their share)"
-    } else {
-        ""
-    };
-    match (est, cycles_name) {
-        (Estimator::TakenBranches, Some(c)) => format!(
-            "taken-branch event{executed}: absolute instruction counts (each range stands for period/{window}); cycles from {c} samples × their periods; CPI"
-        ),
-        (Estimator::TakenBranches, None) => format!(
-            "taken-branch event{executed}: absolute instruction counts (each range stands for period/{window}), shares of instructions; the recording holds no cycles: no cycles, no CPI"
-        ),
-        (Estimator::Cycles, _) if corrected => "cycles event: cycles per function from the sample periods; instruction counts from the stacks weighted by period / cycles each window spans (timed entries; corrects cycle sampling's bias towards slow code); CPI = cycles / those counts"
-            .to_string(),
-        (Estimator::Cycles, _) => "cycles event: cycles per function from the sample periods; the instruction profile is relative (stacks sampled on cycles, not taken branches): no CPI from it"
-            .to_string(),
-        (Estimator::Other, Some(c)) => format!(
-            "neither taken branches nor cycles: a relative instruction profile (each sample weighs 1); cycles from {c} samples; no CPI"
-        ),
-        (Estimator::Other, None) => "neither taken branches nor cycles: a relative instruction profile (each sample weighs 1), shares of instructions; no cycles, no CPI"
-            .to_string(),
-    }
-}
-
-/// The events of a branch-stack profile: the `branch` event's stacks, the `cycles`
-/// event's samples.
-fn branch_event_infos(pass: &Pass, branch: usize, cycles: Option<usize>) -> Vec<EventInfo> {
-    let mut infos = Vec::new();
-    for (i, e) in pass.header.events.iter().enumerate() {
-        let roles: &[EventRole] = match (i == branch, Some(i) == cycles) {
-            (true, true) => &[EventRole::Branches, EventRole::Cycles],
-            (true, false) => &[EventRole::Branches],
-            (false, true) => &[EventRole::Cycles],
-            (false, false) => continue,
-        };
-        // Freq mode has no one period: the mean of the samples' own, said in the name.
-        let n = pass.per_event[i];
-        let (name, period) = if e.freq {
-            (
-                format!(
-                    "{} (freq {} Hz; mean period)",
-                    e.display_name(),
-                    e.period_or_freq
-                ),
-                pass.period_sums[i] / n.max(1),
-            )
-        } else {
-            (e.display_name(), e.period_or_freq)
-        };
-        for role in roles {
-            infos.push(EventInfo {
-                role: *role,
-                name: name.clone(),
-                period,
-                jitter: 0,
-                thinning: 1,
-                unit: EventUnit::Events,
-                samples: n,
-            });
-        }
-    }
-    infos
-}
-
 /// What placing a pass's processes said, and the stacks unwound short.
 struct Placed {
     said: Said,
@@ -889,36 +820,6 @@ enum Timer {
     /// Cycles (another architecture's recording, whose code is not decoded here):
     /// cycles per function, no instructions.
     Cycles,
-}
-
-/// The architecture the recording names, for its mode line.
-fn recorded_on(header: &perf_data::Header) -> String {
-    match &header.arch {
-        Some(a) => format!("recorded on {a}"),
-        None => "no architecture recorded".to_string(),
-    }
-}
-
-/// How a raw core-PMU event was read ([`Estimator::of`]), as `(code, note)`: its code,
-/// to say after the name the recording gives it (`HEADER_EVENT_DESC`, the name `perf
-/// evlist` shows: `br_inst_exec:taken (0x534088; …`) unless the name spells it; and
-/// whether it was read on the recording's CPU or without one.
-fn raw_note(e: &EventAttr, header: &perf_data::Header) -> (String, String) {
-    if !header.is_core_raw(e) {
-        return Default::default();
-    }
-    let spelled = format!("{:x}", e.config);
-    let code = match &e.name {
-        Some(n) if !n.to_ascii_lowercase().contains(&spelled) => format!("{:#x}; ", e.config),
-        _ => String::new(),
-    };
-    let note = match &header.cpuid {
-        Some(cpu) => format!("; the code read as counted on its CPU, {cpu}"),
-        None => "; the code read without a CPU (no cpuid header), so only codes that mean \
-                 one event on every vendor are known"
-            .to_string(),
-    };
-    (code, note)
 }
 
 /// Says how many stacks the cycles-spanned weighting left out for an untimed entry.

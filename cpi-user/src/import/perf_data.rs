@@ -169,6 +169,11 @@ impl EventAttr {
         self.sample_type & SAMPLE_BRANCH_STACK != 0
     }
 
+    /// The event's samples carry the time they were taken (`PERF_SAMPLE_TIME`).
+    pub(crate) fn has_time(&self) -> bool {
+        self.sample_type & SAMPLE_TIME != 0
+    }
+
     /// The event's samples carry a callchain (`perf record -g`).
     pub(crate) fn has_callchain(&self) -> bool {
         self.sample_type & SAMPLE_CALLCHAIN != 0

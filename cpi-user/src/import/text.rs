@@ -143,6 +143,12 @@ pub(super) fn load_lines<R: BufRead>(
         lost: LossReport::default(),
     };
     notes.extend(untimed_note(&set));
+    let withheld = cpi_withheld(
+        est,
+        &run.events[0].name,
+        corrected,
+        est == Estimator::Cycles,
+    );
     Ok(Loaded {
         set,
         run,
@@ -152,20 +158,20 @@ pub(super) fn load_lines<R: BufRead>(
         // perf script names no build-id: its kernel is taken as this one, as perf does.
         other_kernel: false,
         arch: None,
-        cpi: corrected,
+        cpi_withheld: withheld,
         by_instructions: est != Estimator::Cycles,
     })
 }
 
-/// The events of a perf script import whose stacks count `est`, sampled with
-/// `period`: `n` samples.
+/// The event of a perf script import whose stacks count `est`, sampled with `period`:
+/// `n` samples, their cycles too where the stacks were sampled on cycles.
 fn text_events(est: Estimator, period: u64, n: u64) -> Vec<EventInfo> {
-    let (role, name) = match est {
-        Estimator::TakenBranches => (EventRole::Branches, "taken branches (--event)"),
-        Estimator::Cycles => (EventRole::Cycles, "cycles (perf record -b)"),
-        Estimator::Other => (EventRole::Branches, "another event (--event)"),
+    let (name, also) = match est {
+        Estimator::TakenBranches => ("taken branches (--event)", Vec::new()),
+        Estimator::Cycles => ("cycles (perf record -b)", vec![EventRole::Cycles]),
+        Estimator::Other => ("another event (--event)", Vec::new()),
     };
-    let mut events = vec![EventInfo {
+    vec![EventInfo {
         role: EventRole::Branches,
         name: name.into(),
         period,
@@ -173,14 +179,8 @@ fn text_events(est: Estimator, period: u64, n: u64) -> Vec<EventInfo> {
         thinning: 1,
         unit: EventUnit::Events,
         samples: n,
-    }];
-    if role == EventRole::Cycles {
-        events.push(EventInfo {
-            role,
-            ..events[0].clone()
-        });
-    }
-    events
+        also,
+    }]
 }
 
 /// What a perf script import whose stacks count `est` says, for its mode line.

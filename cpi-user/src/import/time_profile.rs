@@ -76,7 +76,7 @@ pub(super) fn load_time_profile(
             e.display_name()
         ),
         command: Vec::new(),
-        duration_secs: 0.0,
+        duration_secs: pass.duration_secs(),
         events: vec![EventInfo {
             role,
             name: e.display_name(),
@@ -85,6 +85,7 @@ pub(super) fn load_time_profile(
             thinning: 1,
             unit,
             samples: n,
+            also: Vec::new(),
         }],
         perturbation: Perturbation::None,
         lost: placed.lost,
@@ -97,7 +98,8 @@ pub(super) fn load_time_profile(
         unusable,
         other_kernel: header.other_kernel(),
         arch: header.arch.clone(),
-        cpi: false,
+        // A time profile counts no instructions: nothing to withhold.
+        cpi_withheld: None,
         by_instructions: false,
     })
 }

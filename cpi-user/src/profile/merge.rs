@@ -78,10 +78,12 @@ pub fn retain_processes(p: &mut Profile, keep: impl FnMut(&ProcessProfile) -> bo
     };
     let (ip, branch) = (sum(|x| x.samples), sum(|x| x.branch_samples));
     for e in &mut p.events {
-        match e.role {
-            EventRole::Branches => e.samples = branch,
-            EventRole::Cycles | EventRole::CpuClock => e.samples = ip,
-            EventRole::Instructions => {}
+        // An event whose records are IP samples counts those (its records with a branch
+        // stack are among them), else a branch event its branch samples.
+        if e.serves(EventRole::Cycles) || e.serves(EventRole::CpuClock) {
+            e.samples = ip;
+        } else if e.serves(EventRole::Branches) {
+            e.samples = branch;
         }
     }
 }
@@ -392,7 +394,7 @@ impl Merger {
             .into_values()
             .map(|p| p.finish(mode, floor))
             .collect();
-        Ok(Profile {
+        let mut merged = Profile {
             tool_version: env!("CARGO_PKG_VERSION").to_string(),
             duration_secs: self.duration_secs,
             events: self.events,
@@ -403,7 +405,12 @@ impl Merger {
             // Accuracy belongs to one simulated run, not to a merge of windows.
             accuracy: None,
             ..base
-        })
+        };
+        // Sums of relative counts are relative too: what one withheld the merge does.
+        if let Some(why) = merged.cpi_withheld.take() {
+            merged.without_cpi(why);
+        }
+        Ok(merged)
     }
 }
 
@@ -789,6 +796,7 @@ mod tests {
                 thinning: 1,
                 unit: crate::profile::model::EventUnit::Events,
                 samples: 50,
+                also: Vec::new(),
             }],
             perturbation: cpi_common::policy::Perturbation::User,
             range_window: 31,
@@ -824,6 +832,7 @@ mod tests {
             }],
             accuracy: None,
             recorded_on: None,
+            cpi_withheld: None,
         }
     }
 

@@ -164,15 +164,23 @@ pub struct Profile {
     /// the mode line: another machine's numbers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recorded_on: Option<String>,
+    /// Why no unit has a cycles/instructions CPI, whatever its samples
+    /// ([`Profile::without_cpi`]): its instruction counts are relative, or it holds no
+    /// cycles. Tables then write "-" and say why, not "below floor", and the page
+    /// colours no frame.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpi_withheld: Option<String>,
 }
 
 impl Profile {
     /// Removes the cycles/instructions CPI, for profiles whose instruction counts are
     /// relative (stacks not sampled on taken branches, uncorrected) or that hold no
     /// cycles; timed CPI (from the branch entries themselves) stays.
-    pub fn without_cpi(&mut self) {
+    pub fn without_cpi(&mut self, why: String) {
+        self.cpi_withheld = Some(why);
         for proc in &mut self.processes {
             proc.measures.cpi = None;
+            proc.stacks.iter_mut().for_each(|s| s.cpi = None);
             for f in &mut proc.functions {
                 f.measures.cpi = None;
                 f.blocks.iter_mut().for_each(|b| b.cpi = None);
@@ -201,6 +209,33 @@ pub struct EventInfo {
     pub unit: EventUnit,
     /// Records received for this event.
     pub samples: u64,
+    /// The other roles the same samples serve, listed once under `role`: a cycles event
+    /// recorded with branch stacks (`perf record -e cycles -b`) gives its stacks'
+    /// ranges and its periods' cycles from one set of records. Empty for an event of
+    /// one role.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "role_names_serde"
+    )]
+    pub also: Vec<EventRole>,
+}
+
+impl EventInfo {
+    /// Every role the event's samples serve: `role`, then `also`.
+    pub fn roles(&self) -> impl Iterator<Item = EventRole> + '_ {
+        std::iter::once(self.role).chain(self.also.iter().copied())
+    }
+
+    /// Whether the event's samples serve `role`.
+    pub fn serves(&self, role: EventRole) -> bool {
+        self.roles().any(|r| r == role)
+    }
+
+    /// Its roles by name, joined by `+` (`branches+cycles`).
+    pub fn role_names(&self) -> String {
+        self.roles().map(role_name).collect::<Vec<_>>().join("+")
+    }
 }
 
 /// The name of an event role in profiles and tables.
@@ -267,6 +302,26 @@ mod role_name_serde {
         .into_iter()
         .find(|r| role_name(*r) == name)
         .ok_or_else(|| serde::de::Error::custom(format!("unknown event role {name:?}")))
+    }
+}
+
+/// A list of [`EventRole`]s as their [`role_name`]s.
+mod role_names_serde {
+    use super::EventRole;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    struct Named(#[serde(with = "super::role_name_serde")] EventRole);
+
+    pub(crate) fn serialize<S: Serializer>(roles: &[EventRole], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(roles.iter().map(|&r| Named(r)))
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<EventRole>, D::Error> {
+        Ok(Vec::<Named>::deserialize(d)?
+            .into_iter()
+            .map(|n| n.0)
+            .collect())
     }
 }
 

@@ -320,7 +320,8 @@ pub(crate) struct UnitFields {
     pub(crate) instructions: Option<f64>,
     pub(crate) cycles_rel_error: Option<f64>,
     pub(crate) instructions_rel_error: Option<f64>,
-    has_cpi: bool,
+    /// The unit has a CPI of its own (above its floor, not withheld).
+    pub(crate) has_cpi: bool,
 }
 
 impl From<&ProcessProfile> for UnitFields {
@@ -845,6 +846,7 @@ mod tests {
             processes: vec![process],
             accuracy: None,
             recorded_on: None,
+            cpi_withheld: None,
         }
     }
 

@@ -189,7 +189,7 @@ fn samples(p: &Profile, path: &str, b: &Binary) -> FdataFile {
     let event = p
         .events
         .iter()
-        .find(|e| e.role != EventRole::Branches)
+        .find(|e| e.roles().any(|r| r != EventRole::Branches))
         .map(|e| e.name.as_str())
         .unwrap_or("cycles");
     let mut lines: BTreeMap<(String, u64), u64> = BTreeMap::new();

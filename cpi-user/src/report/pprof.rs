@@ -740,7 +740,7 @@ impl<'p> Samples<'p> {
         let period = p
             .events
             .iter()
-            .find(|e| e.role == period_role)
+            .find(|e| e.serves(period_role))
             .map(|e| e.period as i64)
             .unwrap_or(0);
         let period_type = Some(if time {

@@ -13,8 +13,8 @@ use comfy_table::{presets, CellAlignment, Table, TableComponent};
 
 use crate::profile::merge;
 use crate::profile::model::{
-    role_name, Accuracy, BlockProfile, CallEdge, Estimate, FunctionProfile, Mode, ProcessProfile,
-    Profile, StackProfile,
+    Accuracy, BlockProfile, CallEdge, Estimate, FunctionProfile, Mode, ProcessProfile, Profile,
+    StackProfile,
 };
 use crate::profile::paths::{self, PathNode};
 
@@ -291,7 +291,7 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
     };
     let shown = |n: String| renamed.get(&n).cloned().unwrap_or(n);
     let mut out = header(p, opts);
-    let notes = Notes::default();
+    let notes = Notes::of(p);
     let w = opts.width;
     match (annotate.map(shown), callers.map(shown)) {
         (Some(name), _) => {
@@ -726,7 +726,8 @@ fn top_functions(
                 ]);
                 if timed {
                     let timed_in = f.measures.instructions.is_some();
-                    let mut t = cpi(f.timed_cpi, f.samples, timed_in, notes);
+                    // Timed CPI is the branch entries' own: never withheld.
+                    let mut t = estimate(f.timed_cpi, f.samples, timed_in, notes);
                     if f.cpi_disagree {
                         t.push_str(" ≠");
                         notes.add(Notation::Differs);
@@ -745,10 +746,12 @@ fn top_functions(
         }
         t
     };
-    let title = if mode.has_cpi() {
-        "top functions by cycles"
-    } else {
-        "top functions by CPU time (time profile)"
+    // Ranked by what the shares are of (import/mod.rs ranks a profile without cycles
+    // by instructions).
+    let title = match mode {
+        Mode::TimeProfile => "top functions by CPU time (time profile)",
+        Mode::Instructions => "top functions by instructions",
+        _ => "top functions by cycles",
     };
     let title = match SortKey::ALL.iter().find(|(_, k)| *k == opts.sort) {
         Some((name, _)) if opts.sort != SortKey::Share => format!("{title}, sorted by {name}"),
@@ -874,9 +877,21 @@ fn no_such_function(p: &Profile, name: &str) -> TableError {
     }
 }
 
+/// A cycles / instructions CPI as [`estimate`] writes it, or "-" when the profile
+/// withholds CPI (its legend says why).
+fn cpi(e: Option<Estimate>, samples: u64, inputs: bool, notes: &Notes) -> String {
+    if notes.withheld.is_none() {
+        return estimate(e, samples, inputs, notes);
+    }
+    if e.is_some() || (inputs && samples > 0) {
+        notes.add(Notation::Withheld);
+    }
+    "-".to_string()
+}
+
 /// `value ±err%`; "below floor" when both inputs were measured but too few samples
 /// stand behind them for an estimate; "-" when an input is missing.
-fn cpi(e: Option<Estimate>, samples: u64, inputs: bool, notes: &Notes) -> String {
+fn estimate(e: Option<Estimate>, samples: u64, inputs: bool, notes: &Notes) -> String {
     match e {
         Some(e) => {
             notes.add(Notation::Error);

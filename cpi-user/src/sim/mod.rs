@@ -175,6 +175,7 @@ fn model_events(cfg: &PmuConfig, pmu: &PmuStats) -> Vec<EventInfo> {
         thinning,
         unit: EventUnit::of_role(role),
         samples,
+        also: Vec::new(),
     };
     vec![
         match cfg.branch_event {
@@ -265,7 +266,11 @@ pub fn profile_of(
     };
     let mut profile = analyze(samples, run, &opts);
     if relative {
-        profile.without_cpi();
+        profile.without_cpi(
+            "its branch stacks were sampled on cycles and weighted per window, so their \
+             instruction counts are relative (cycle-sampled stacks over-weight slow code)"
+                .into(),
+        );
     }
     profile.accuracy = Some(accuracy::compare(&profile, truth));
     profile

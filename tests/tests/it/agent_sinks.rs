@@ -200,6 +200,7 @@ pub(crate) fn window(procs: &[(u32, &str)], start: SystemTime) -> Window {
                 thinning: 1,
                 unit: cpi_user::profile::model::EventUnit::Events,
                 samples: 1000,
+                also: Vec::new(),
             }],
             perturbation: cpi_common::policy::Perturbation::None,
             range_window: 0,
@@ -237,6 +238,7 @@ pub(crate) fn window(procs: &[(u32, &str)], start: SystemTime) -> Window {
                 .collect(),
             accuracy: None,
             recorded_on: None,
+            cpi_withheld: None,
         },
     }
 }

@@ -4,6 +4,7 @@
 //! (the ranges between branch records). Both are installed by `cargo xtask setup`; a
 //! machine without them fails these tests rather than skipping them.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -12,7 +13,7 @@ use cpi_user::binary::Binary;
 use cpi_user::profile::model::{Mode, Profile};
 
 /// The path `propeller_sample_1.perfdata1` recorded its binary under.
-const SKYLAKE_BIN: &str = "/build/work/11ef31a2a8be9640fa8d4c917e76f0db3923/google3/blaze-out/\
+pub(crate) const SKYLAKE_BIN: &str = "/build/work/11ef31a2a8be9640fa8d4c917e76f0db3923/google3/blaze-out/\
                            k8-opt/genfiles/devtools/crosstool/autofdo/testdata/propeller_sample_1.bin.gen";
 
 fn data(name: &str) -> PathBuf {
@@ -198,7 +199,7 @@ fn skylake_recording_agrees_with_perf_report_and_llvm_profgen() {
 /// A copy of perf.data `src` whose event attributes are perf 6.1's 128-byte struct:
 /// files from perf 6.3+ carry 136 (`config3`), which perf 6.1 refuses ("unsupported
 /// ABI"). Only done where the extra bytes are zero, so the events are unchanged.
-fn with_128_byte_attrs(src: &Path, dst: &Path) {
+pub(crate) fn with_128_byte_attrs(src: &Path, dst: &Path) {
     let mut b = std::fs::read(src).unwrap();
     let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
     let (entry, off, size) = (
@@ -407,5 +408,102 @@ fn another_architectures_recording_is_named_and_not_decoded() {
             && verbose.contains("ld-linux-x86-64.so.2: "),
         "{verbose}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Each event of a recording as `perf script` counts it: its name in `perf evlist`, its
+/// samples, and the first and last sample's time (s).
+pub(crate) fn perf_events(perf_input: &Path) -> (Vec<String>, BTreeMap<String, u64>, (f64, f64)) {
+    let evlist = output_ok(Command::new("perf").args(["evlist", "-i"]).arg(perf_input));
+    let names = String::from_utf8_lossy(&evlist.stdout)
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    let script = output_ok(
+        Command::new("perf")
+            .args(["script", "-F", "time,event", "-i"])
+            .arg(perf_input),
+    );
+    let (mut counts, mut span) = (BTreeMap::new(), (f64::MAX, f64::MIN));
+    for l in String::from_utf8_lossy(&script.stdout).lines() {
+        // `914937.301029: cycles:u: `
+        let mut w = l.split(": ");
+        let t: f64 = w.next().unwrap().trim().parse().unwrap();
+        let event = w.next().unwrap().trim().to_string();
+        *counts.entry(event).or_insert(0u64) += 1;
+        span = (span.0.min(t), span.1.max(t));
+    }
+    (names, counts, span)
+}
+
+/// `n` with a comma between each three digits, as the terminal writes counts.
+fn thousands(n: u64) -> String {
+    let d = n.to_string();
+    let mut out = String::new();
+    for (i, c) in d.chars().enumerate() {
+        if i > 0 && (d.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Every real recording's events are listed once each with the samples `perf script`
+/// gives it, and the duration is its samples' span: a cycles event whose samples carry
+/// branch stacks (Skylake's, Haswell's) serves both roles from one set of records,
+/// and is one event of `perf evlist`, not two (it was listed twice, "7,480 samples
+/// (cycles:u, cycles:u)" for perf's 3,740, and "0.00 s" for 0.93 s).
+#[test]
+fn recordings_list_each_event_once_with_perfs_samples_and_span() {
+    require("perf");
+    let dir = temp_dir("real-events");
+    let haswell = data("hierarchical_discriminator_test.x86_64.perf.data");
+    let haswell_128 = dir.join("attrs128.data");
+    with_128_byte_attrs(&haswell, &haswell_128);
+    let skylake = data("propeller_sample_1.perfdata1");
+    let westmere = data("test.lbr");
+    for (recording, perf_input) in [
+        (&skylake, &skylake),
+        (&haswell, &haswell_128),
+        (&westmere, &westmere),
+    ] {
+        let (names, counts, (first, last)) = perf_events(perf_input);
+        let (p, _) = import_json(&[], recording);
+        let mut seen = Vec::new();
+        for e in &p.events {
+            let of: Vec<&String> = names
+                .iter()
+                .filter(|n| e.name == **n || e.name.starts_with(&format!("{n} (")))
+                .collect();
+            assert_eq!(of.len(), 1, "{}: perf evlist {names:?}", e.name);
+            assert!(
+                !seen.contains(of[0]),
+                "{} listed twice: {:?}",
+                of[0],
+                p.events
+            );
+            seen.push(of[0].clone());
+            assert_eq!(
+                e.samples, counts[of[0]],
+                "{}: samples, ours and perf script's",
+                e.name
+            );
+        }
+        // perf script prints µs: each end within 1 µs.
+        assert!(
+            (p.duration_secs - (last - first)).abs() <= 2e-6,
+            "{}: {} s, perf script's samples span {} s",
+            recording.display(),
+            p.duration_secs,
+            last - first
+        );
+        let total: u64 = seen.iter().map(|n| counts[n]).sum();
+        let table = output_ok(Command::new(cpi_bpf()).arg("import-perf").arg(recording));
+        let table = String::from_utf8_lossy(&table.stdout);
+        let line = format!("{:.2} s, {} samples (", last - first, thousands(total));
+        assert!(table.contains(&line), "no {line:?} in:\n{table}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

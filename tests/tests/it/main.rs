@@ -34,6 +34,7 @@ mod report_fdata;
 mod report_file;
 mod report_fixture;
 mod report_html;
+mod report_html_real;
 mod report_import;
 mod report_otlp;
 mod report_pprof;

@@ -207,6 +207,7 @@ fn hand_profile(exe: &Path) -> Profile {
         }],
         accuracy: None,
         recorded_on: None,
+        cpi_withheld: None,
         processes: vec![ProcessProfile {
             pid: 1,
             comm: "prog".into(),
@@ -409,6 +410,7 @@ fn bolt_accepts_no_lbr_fdata_of_a_time_profile() {
         thinning: 1,
         unit: EventUnit::Ns,
         samples: 30,
+        also: Vec::new(),
     }];
     for f in &mut p.processes[0].functions {
         f.edges.clear();

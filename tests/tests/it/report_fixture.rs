@@ -46,6 +46,7 @@ fn events(mode: Mode) -> Vec<EventInfo> {
         thinning: 1,
         unit: EventUnit::of_role(role),
         samples,
+        also: Vec::new(),
     };
     match mode {
         Mode::TimeProfile => vec![ev(EventRole::CpuClock, "cpu-clock", 1_000_003, 2_480)],
@@ -288,6 +289,7 @@ pub fn cpi_profile() -> Profile {
         ],
         accuracy: None,
         recorded_on: None,
+        cpi_withheld: None,
         processes: vec![ProcessProfile {
             pid: 4242,
             comm: "bench".into(),
@@ -356,6 +358,7 @@ pub fn time_profile() -> Profile {
         }],
         accuracy: None,
         recorded_on: None,
+        cpi_withheld: None,
         processes: vec![ProcessProfile {
             pid: 777,
             comm: "xz".into(),

@@ -153,6 +153,7 @@ fn profile() -> (Profile, PathBuf) {
         thinning: 1,
         unit: EventUnit::Events,
         samples,
+        also: Vec::new(),
     };
     let run = RunInfo {
         mode: Mode::Cpi,

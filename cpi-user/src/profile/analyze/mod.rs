@@ -207,6 +207,7 @@ pub fn analyze_with(
         processes,
         accuracy: None,
         recorded_on: None,
+        cpi_withheld: None,
     }
 }
 

@@ -15,6 +15,7 @@ pub fn amount(width: Width, v: f64) -> String {
     match width {
         Width::Cycles => si(v),
         Width::Time => time(v),
+        Width::Instructions => si(v),
         Width::Samples => format!("{v:.0}"),
     }
 }
@@ -23,6 +24,7 @@ fn width_of(f: &FunctionProfile, width: Width) -> f64 {
     match width {
         Width::Cycles => f.measures.cycles.unwrap_or(0.0),
         Width::Time => f.measures.time_ns.unwrap_or(0.0),
+        Width::Instructions => f.measures.instructions.unwrap_or(0.0),
         Width::Samples => f.samples as f64,
     }
 }
@@ -39,7 +41,7 @@ pub struct Summary {
     reason: String,
     command: String,
     duration: String,
-    events: Vec<[String; 4]>,
+    events: Vec<[String; 5]>,
     lost: u64,
     losses: String,
     accuracy: Vec<[String; 2]>,
@@ -53,6 +55,7 @@ pub fn summary(p: &Profile) -> Summary {
         .map(|e| {
             [
                 e.name.clone(),
+                e.role_names(),
                 format!("{} {}", e.period, e.unit.name()),
                 if e.jitter > 0 {
                     format!("+0..{}", e.jitter)
@@ -154,7 +157,8 @@ pub(crate) struct FunctionRow {
 }
 
 /// The functions of every process, hottest first, at most [`TABLE_ROWS`].
-pub(crate) fn table_rows(p: &Profile, width: Width, cpi: bool, total: f64) -> Vec<FunctionRow> {
+pub(crate) fn table_rows(p: &Profile, look: &super::Look, total: f64) -> Vec<FunctionRow> {
+    let (width, counts, cpi) = (look.width, look.counts, look.cpi);
     let ids: HashMap<(usize, usize), usize> = hot_functions(p, width)
         .into_iter()
         .enumerate()
@@ -171,7 +175,13 @@ pub(crate) fn table_rows(p: &Profile, width: Width, cpi: bool, total: f64) -> Ve
                 .enumerate()
                 .map(move |(fi, f)| (pi, pr, fi, f))
         })
-        .filter(|(_, _, _, f)| f.samples > 0 || width_of(f, width) > 0.0)
+        // Every function the terminal lists: sampled, or with a measure (a function
+        // only branch records reached has instructions and no samples).
+        .filter(|(_, _, _, f)| {
+            f.samples > 0
+                || width_of(f, width) > 0.0
+                || (counts && f.measures.instructions.is_some_and(|i| i > 0.0))
+        })
         .map(|(pi, pr, fi, f)| {
             let w = width_of(f, width);
             let est = f.measures.cpi.filter(|_| cpi);
@@ -190,11 +200,11 @@ pub(crate) fn table_rows(p: &Profile, width: Width, cpi: bool, total: f64) -> Ve
                 ),
                 amount: amount(width, w),
                 width: w,
-                instructions: f.measures.instructions.filter(|_| cpi),
+                instructions: f.measures.instructions.filter(|_| counts),
                 instructions_text: f
                     .measures
                     .instructions
-                    .filter(|_| cpi)
+                    .filter(|_| counts)
                     .map_or("-".into(), si),
                 cpi: est.map(|e| e.value),
                 cpi_text: cpi_text(est.map(|e| (e.value, e.rel_error)), cpi),
@@ -251,7 +261,7 @@ const CODE_ROWS: usize = 3000;
 
 /// The sections of the [`CODE_FUNCTIONS`] hottest functions.
 pub(super) fn sections(p: &Profile, look: &super::Look) -> Vec<CodeSection> {
-    let (width, cpi) = (look.width, look.cpi);
+    let width = look.width;
     hot_functions(p, width)
         .into_iter()
         .enumerate()
@@ -261,14 +271,14 @@ pub(super) fn sections(p: &Profile, look: &super::Look) -> Vec<CodeSection> {
             let tree = flame::callers_of(p, width, &f.name, base(&f.binary));
             let total = tree.nodes[0].total.width;
             let (frames, dropped) = super::svg_frames(&tree, true, look, total);
-            let rows = code_rows(pr, f, cpi);
+            let rows = code_rows(pr, f, look);
             CodeSection {
                 id,
                 name: f.name.clone(),
                 binary: f.binary.clone(),
                 comm: pr.comm.clone(),
                 pid: pr.pid,
-                headline: headline(f, width, cpi),
+                headline: headline(f, look),
                 source: f.source.as_ref().map(|s| format!("{}:{}", s.file, s.line)),
                 callers: Graph::of(frames, dropped),
                 dropped_rows: rows.len().saturating_sub(CODE_ROWS),
@@ -278,7 +288,8 @@ pub(super) fn sections(p: &Profile, look: &super::Look) -> Vec<CodeSection> {
         .collect()
 }
 
-fn headline(f: &FunctionProfile, width: Width, cpi: bool) -> String {
+fn headline(f: &FunctionProfile, look: &super::Look) -> String {
+    let (width, cpi) = (look.width, look.cpi);
     let mut s = format!(
         "{:x}-{:x}, {} bytes, {} samples, {} {}",
         f.address,
@@ -288,33 +299,39 @@ fn headline(f: &FunctionProfile, width: Width, cpi: bool) -> String {
         amount(width, width_of(f, width)),
         width.name()
     );
-    if cpi {
+    if look.counts && width != Width::Instructions {
         s.push_str(&format!(
-            ", {} instructions, CPI {}",
-            f.measures.instructions.map_or("-".into(), si),
-            cpi_text(f.measures.cpi.map(|e| (e.value, e.rel_error)), true)
+            ", {} instructions",
+            f.measures.instructions.map_or("-".into(), si)
+        ));
+    }
+    if look.counts {
+        s.push_str(&format!(
+            ", CPI {}",
+            cpi_text(f.measures.cpi.map(|e| (e.value, e.rel_error)), cpi)
         ));
     }
     s
 }
 
-/// The weight an instruction is ranked and heat-mapped by: cycles where the profile
-/// has CPI, else samples.
-fn weight(l: &InstructionProfile, cpi: bool) -> f64 {
-    if cpi {
-        l.cycles.unwrap_or(0.0)
-    } else {
-        l.samples as f64
+/// The weight an instruction is ranked and heat-mapped by: the page's width measure
+/// (cycles, instructions), else samples.
+fn weight(l: &InstructionProfile, width: Width) -> f64 {
+    match width {
+        Width::Cycles => l.cycles.unwrap_or(0.0),
+        Width::Instructions => l.count,
+        Width::Time | Width::Samples => l.samples as f64,
     }
 }
 
-fn code_rows(pr: &ProcessProfile, f: &FunctionProfile, cpi: bool) -> Vec<CodeRow> {
-    let total: f64 = f.lines.iter().map(|l| weight(l, cpi)).sum();
+fn code_rows(pr: &ProcessProfile, f: &FunctionProfile, look: &super::Look) -> Vec<CodeRow> {
+    let (width, cpi) = (look.width, look.cpi);
+    let total: f64 = f.lines.iter().map(|l| weight(l, width)).sum();
     let hottest = f
         .lines
         .iter()
-        .filter(|l| weight(l, cpi) > 0.0)
-        .max_by(|a, b| weight(a, cpi).total_cmp(&weight(b, cpi)))
+        .filter(|l| weight(l, width) > 0.0)
+        .max_by(|a, b| weight(a, width).total_cmp(&weight(b, width)))
         .map(|l| l.address);
     let mut rows = Vec::new();
     let mut last_source = None;
@@ -354,7 +371,7 @@ fn code_rows(pr: &ProcessProfile, f: &FunctionProfile, cpi: bool) -> Vec<CodeRow
                 last_source = Some(here);
             }
         }
-        rows.push(instruction_row(pr, f, l, cpi, total, hottest));
+        rows.push(instruction_row(pr, f, l, look, total, hottest));
     }
     rows
 }
@@ -363,21 +380,25 @@ fn instruction_row(
     pr: &ProcessProfile,
     f: &FunctionProfile,
     l: &InstructionProfile,
-    cpi: bool,
+    look: &super::Look,
     total: f64,
     hottest: Option<u64>,
 ) -> CodeRow {
-    let est = l.cpi.filter(|_| cpi);
+    let est = l.cpi.filter(|_| look.cpi);
     CodeRow {
         kind: "insn",
         address: format!("{:x}", l.address),
-        count: if cpi { si(l.count) } else { String::new() },
+        count: if look.counts {
+            si(l.count)
+        } else {
+            String::new()
+        },
         samples: l.samples,
-        cycles: l.cycles.filter(|_| cpi).map_or(String::new(), si),
+        cycles: l.cycles.filter(|_| look.counts).map_or(String::new(), si),
         cpi: est.map_or(String::new(), |e| format!("{:.2}", e.value)),
         cpi_fill: est.map_or(String::new(), |e| colour::of_cpi(e.value)),
         heat: colour::heat(if total > 0.0 {
-            weight(l, cpi) / total
+            weight(l, look.width) / total
         } else {
             0.0
         }),

@@ -108,6 +108,7 @@ pub fn render_diff(base: &Profile, new: &Profile, d: &Diff) -> Result<String, Ht
     let ids = Default::default();
     let look = Look {
         width,
+        counts: false,
         cpi: false,
         floor: AnalysisOptions::default().sample_floor,
         ids: &ids,

@@ -22,7 +22,10 @@ pub(crate) enum Width {
     Cycles,
     /// CPU time (a time profile).
     Time,
-    /// IP samples (neither cycles nor time recorded).
+    /// Instructions (branch records without cycles or time: a taken-branch recording
+    /// with no cycles event).
+    Instructions,
+    /// IP samples (neither cycles, time nor instructions recorded).
     Samples,
 }
 
@@ -34,6 +37,8 @@ impl Width {
             Width::Cycles
         } else if any(|pr| pr.measures.time_ns.is_some()) {
             Width::Time
+        } else if any(|pr| pr.measures.instructions.is_some()) {
+            Width::Instructions
         } else {
             Width::Samples
         }
@@ -44,6 +49,7 @@ impl Width {
         match self {
             Width::Cycles => "cycles",
             Width::Time => "CPU time",
+            Width::Instructions => "instructions",
             Width::Samples => "samples",
         }
     }
@@ -64,10 +70,18 @@ pub(crate) struct Sums {
     instructions_var: f64,
     /// IP samples.
     pub samples: u64,
+    /// Units (processes, functions, call paths) summed here.
+    units: u32,
+    /// Whether the one unit summed here has a CPI of its own: a frame of one unit
+    /// shows what that unit's row does, whose floor also counts the samples behind
+    /// its instructions.
+    unit_has_cpi: bool,
 }
 
 impl Sums {
     fn add(&mut self, o: &Sums) {
+        self.units += o.units;
+        self.unit_has_cpi = o.unit_has_cpi;
         self.width += o.width;
         self.width_var += o.width_var;
         self.cycles += o.cycles;
@@ -79,9 +93,11 @@ impl Sums {
 
     /// CPI and its relative standard error: `None` below `floor` IP samples or without
     /// instructions (the profile's own floor, so a frame never shows a CPI the tables
-    /// would not).
+    /// would not), or where the one unit summed has none.
     pub fn cpi(&self, floor: u64) -> Option<(f64, f64)> {
-        (self.samples >= floor.max(1) && self.instructions > 0.0 && self.cycles > 0.0).then(|| {
+        let own = self.units != 1 || self.unit_has_cpi;
+        let measured = self.instructions > 0.0 && self.cycles > 0.0;
+        (own && self.samples >= floor.max(1) && measured).then(|| {
             let rel = error::quotient(
                 error::relative(self.cycles, self.cycles_var),
                 error::relative(self.instructions, self.instructions_var),
@@ -94,34 +110,38 @@ impl Sums {
     fn of(width: Width, u: UnitFields) -> Sums {
         let var =
             |v: Option<f64>, rel: Option<f64>| (v.unwrap_or(0.0) * rel.unwrap_or(0.0)).powi(2);
-        let w = measure(width, u.cycles, u.time_ns, u.samples);
+        let w = measure(width, &u);
         Sums {
             width: w,
-            width_var: width_variance(width, w, u.cycles_rel_error, u.samples),
+            width_var: width_variance(width, w, &u),
             cycles: u.cycles.unwrap_or(0.0),
             cycles_var: var(u.cycles, u.cycles_rel_error),
             instructions: u.instructions.unwrap_or(0.0),
             instructions_var: var(u.instructions, u.instructions_rel_error),
             samples: u.samples,
+            units: 1,
+            unit_has_cpi: u.has_cpi,
         }
     }
 }
 
-/// The variance of a width: cycles carry their own error; time and samples are counts
-/// of samples, 1/√n (the diff's rule, one for both).
-fn width_variance(width: Width, w: f64, cycles_rel: Option<f64>, samples: u64) -> f64 {
+/// The variance of a width: cycles and instructions carry their own error; time and
+/// samples are counts of samples, 1/√n (the diff's rule, one for both).
+fn width_variance(width: Width, w: f64, u: &UnitFields) -> f64 {
     let rel = match width {
-        Width::Cycles => cycles_rel,
+        Width::Cycles => u.cycles_rel_error,
+        Width::Instructions => u.instructions_rel_error,
         Width::Time | Width::Samples => None,
     };
-    crate::report::diff::variance(w, rel, samples)
+    crate::report::diff::variance(w, rel, u.samples)
 }
 
-fn measure(width: Width, cycles: Option<f64>, time_ns: Option<f64>, samples: u64) -> f64 {
+fn measure(width: Width, u: &UnitFields) -> f64 {
     match width {
-        Width::Cycles => cycles.unwrap_or(0.0),
-        Width::Time => time_ns.unwrap_or(0.0),
-        Width::Samples => samples as f64,
+        Width::Cycles => u.cycles.unwrap_or(0.0),
+        Width::Time => u.time_ns.unwrap_or(0.0),
+        Width::Instructions => u.instructions.unwrap_or(0.0),
+        Width::Samples => u.samples as f64,
     }
 }
 
@@ -263,8 +283,12 @@ pub(crate) fn callers_first(p: &Profile, width: Width, key: ProcessKey) -> Tree 
             .or_default()
             .add(&Sums::of(width, pr.into()));
         if pr.stacks.is_empty() {
-            for f in pr.functions.iter().filter(|f| f.samples > 0) {
+            for f in &pr.functions {
                 let sums = Sums::of(width, f.into());
+                // What the width does not measure draws nothing.
+                if sums.width <= 0.0 {
+                    continue;
+                }
                 t.add_path(
                     proc_node,
                     std::iter::once((f.name.as_str(), base(&f.binary))),
@@ -376,9 +400,13 @@ fn descendants(t: &Tree, i: usize) -> usize {
 }
 
 /// Whether a profile's frames can carry a CPI: a mode that counts instructions, with
-/// cycles to divide.
+/// cycles to divide, and a profile that does not withhold it (relative instruction
+/// counts: [`Profile::cpi_withheld`]).
 pub fn has_cpi(p: &Profile) -> bool {
-    p.mode.has_cpi() && !matches!(p.mode, Mode::Instructions) && Width::of(p) == Width::Cycles
+    p.mode.has_cpi()
+        && !matches!(p.mode, Mode::Instructions)
+        && Width::of(p) == Width::Cycles
+        && p.cpi_withheld.is_none()
 }
 
 #[cfg(test)]
@@ -396,6 +424,8 @@ mod tests {
             instructions: 100.0,
             instructions_var: 4.0,
             samples: 30,
+            units: 1,
+            unit_has_cpi: true,
         };
         s.add(&a);
         s.add(&a);
@@ -404,5 +434,13 @@ mod tests {
         let want = ((18.0f64).sqrt() / 600.0).hypot((8.0f64).sqrt() / 200.0);
         assert!((rel - want).abs() < 1e-12, "{rel} vs {want}");
         assert_eq!(a.cpi(31), None, "below the floor: no CPI");
+        let no_own = Sums {
+            unit_has_cpi: false,
+            ..a
+        };
+        assert_eq!(no_own.cpi(20), None, "one unit without a CPI of its own");
+        let mut two = no_own;
+        two.add(&no_own);
+        assert!(two.cpi(20).is_some(), "two units: the sums' own estimate");
     }
 }

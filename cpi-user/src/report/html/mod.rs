@@ -70,18 +70,25 @@ pub fn render_range(p: &Profile, series: &[series::WindowTotals]) -> Result<Stri
     let ids = code::code_ids(p, width);
     let look = Look {
         width,
+        counts: p.mode.has_cpi(),
         cpi,
         floor,
         ids: &ids,
     };
     let (frames, dropped) = svg_frames(&tree, false, &look, total);
-    let functions = code::table_rows(p, width, cpi, total);
+    let functions = code::table_rows(p, &look, total);
     let code = code::sections(p, &look);
     let page = environment()?.get_template("page.html")?.render(context! {
         title => title(p),
         summary => code::summary(p),
         width_name => width.name(),
+        counts => look.counts,
         cpi => cpi,
+        uncoloured => uncoloured(p),
+        heat_of => match width {
+            Width::Cycles | Width::Instructions => width.name(),
+            Width::Time | Width::Samples => "samples",
+        },
         scale => colour::SCALE,
         graph => Graph::of(frames, dropped),
         functions => functions,
@@ -101,6 +108,32 @@ fn environment() -> Result<Environment<'static>, HtmlError> {
     env.add_template("page.html", PAGE)?;
     env.add_template("diff.html", DIFF_PAGE)?;
     Ok(env)
+}
+
+/// Why the frames of `p` are not coloured by CPI, for the legend: the reason it
+/// withholds CPI, else what its events count (their names, as the recording or the
+/// collector gave them).
+fn uncoloured(p: &Profile) -> String {
+    if let Some(why) = &p.cpi_withheld {
+        return format!("{why}.");
+    }
+    let any = |f: fn(&crate::profile::model::ProcessProfile) -> bool| p.processes.iter().any(f);
+    let counted = match (
+        any(|pr| pr.measures.cycles.is_some()),
+        any(|pr| pr.measures.instructions.is_some()),
+    ) {
+        (true, true) => "cycles and instructions, but too few samples for a CPI",
+        (true, false) => "cycles but no instructions",
+        (false, true) => "instructions but no cycles",
+        (false, false) => "neither cycles nor instructions",
+    };
+    let events: Vec<&str> = p.events.iter().map(|e| e.name.as_str()).collect();
+    let events = if events.is_empty() {
+        "none recorded".to_string()
+    } else {
+        events.join(", ")
+    };
+    format!("its events ({events}) count {counted}, so there is no CPI to show.")
 }
 
 fn title(p: &Profile) -> String {
@@ -164,6 +197,9 @@ struct SvgFrame {
 /// How frames are measured, coloured and linked.
 struct Look<'a> {
     width: Width,
+    /// Whether the profile's mode counts instructions (the tables' instructions and
+    /// CPI columns, as the terminal's).
+    counts: bool,
     /// Whether the profile has CPI to colour by.
     cpi: bool,
     /// The profile's sample floor for a CPI.
@@ -177,6 +213,7 @@ struct Look<'a> {
 fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>, usize) {
     let Look {
         width,
+        counts,
         cpi,
         floor,
         ids,
@@ -192,7 +229,7 @@ fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>
             let est = if cpi { n.total.cpi(floor) } else { None };
             SvgFrame {
                 node: f.node,
-                tip: tip(&n.name, &n.binary, &n.total, width, cpi, est, total),
+                tip: tip(&n.name, &n.binary, &n.total, look, est, total),
                 name: n.name.clone(),
                 binary: n.binary.clone(),
                 fx: f.x,
@@ -205,8 +242,8 @@ fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>
                 fill: colour::frame(cpi, est.map(|e| e.0)),
                 width: n.total.width,
                 self_width: t.self_width(f.node),
-                cycles: cpi.then_some(n.total.cycles),
-                instructions: cpi.then_some(n.total.instructions),
+                cycles: (counts && width == Width::Cycles).then_some(n.total.cycles),
+                instructions: counts.then_some(n.total.instructions),
                 cpi: est.map(|e| e.0),
                 cpi_error: est.map(|e| e.1),
                 samples: n.total.samples,
@@ -243,11 +280,11 @@ fn tip(
     name: &str,
     binary: &str,
     s: &Sums,
-    width: Width,
-    cpi: bool,
+    look: &Look,
     est: Option<(f64, f64)>,
     total: f64,
 ) -> String {
+    let width = look.width;
     let share = if total > 0.0 {
         100.0 * s.width / total
     } else {
@@ -262,11 +299,13 @@ fn tip(
         width.name(),
         code::amount(width, s.width)
     ));
-    if cpi {
+    if look.counts && width != Width::Instructions {
         t.push_str(&format!(
             "\ninstructions: {}",
             crate::report::table::si(s.instructions)
         ));
+    }
+    if look.cpi {
         match est {
             Some((v, rel)) => t.push_str(&format!("\nCPI: {v:.2} ± {:.1} %", rel * 100.0)),
             None => t.push_str("\nCPI: too few samples"),

@@ -65,7 +65,7 @@ pub(super) fn header(p: &Profile, opts: &TableOptions) -> String {
         s += &wrap(
             &format!(
                 "event: {} {} ({period}): {} samples",
-                role_name(e.role),
+                e.role_names(),
                 e.name,
                 group(e.samples)
             ),

@@ -15,20 +15,35 @@ pub(crate) enum Notation {
     TimedCpi = 8,
     /// `≠`: the two CPI estimates disagree.
     Differs = 16,
+    /// A CPI the profile withholds ([`Notes::withheld`]) written as `-`.
+    Withheld = 32,
 }
 
 /// The notations the views wrote, each recorded where it is written, for [`legend`].
 /// A `Cell` so the table builders (`Fn` closures, built again to fit) can record.
 #[derive(Default)]
-pub(crate) struct Notes(std::cell::Cell<u8>);
+pub(crate) struct Notes {
+    used: std::cell::Cell<u8>,
+    /// Why the profile has no CPI ([`crate::profile::model::Profile::cpi_withheld`]):
+    /// no CPI is written, whatever the samples.
+    pub(crate) withheld: Option<String>,
+}
 
 impl Notes {
+    /// The notes of a view of `p`.
+    pub(crate) fn of(p: &crate::profile::model::Profile) -> Notes {
+        Notes {
+            withheld: p.cpi_withheld.clone(),
+            ..Notes::default()
+        }
+    }
+
     pub(crate) fn add(&self, n: Notation) {
-        self.0.set(self.0.get() | n as u8);
+        self.used.set(self.used.get() | n as u8);
     }
 
     fn has(&self, n: Notation) -> bool {
-        self.0.get() & n as u8 != 0
+        self.used.get() & n as u8 != 0
     }
 }
 
@@ -50,6 +65,11 @@ pub(super) fn legend(notes: &Notes, width: Option<usize>) -> String {
     }
     if notes.has(Notation::Differs) {
         parts.push("≠: the two CPI estimates differ by more than 3 combined errors");
+    }
+    let withheld;
+    if let (true, Some(why)) = (notes.has(Notation::Withheld), &notes.withheld) {
+        withheld = format!("CPI -: {why}");
+        parts.push(&withheld);
     }
     if parts.is_empty() {
         return String::new();
