@@ -411,9 +411,7 @@ pub fn read_range(dir: &Path, q: &RangeQuery) -> Result<RangeProfile, StoreError
     }
     let (Some(first_start), Some(last_end)) = (first, last) else {
         let show = |t: Option<SystemTime>, none: &str| {
-            t.map_or(none.to_string(), |t| {
-                humantime::format_rfc3339_seconds(t).to_string()
-            })
+            t.map_or(none.to_string(), cpi_user::report::time::rfc3339_seconds)
         };
         return Err(StoreError::NoWindows {
             dir: dir.to_path_buf(),

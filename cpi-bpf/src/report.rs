@@ -7,6 +7,7 @@ use cpi_agent::store;
 use cpi_user::fsafe::escape;
 use cpi_user::profile::Profile;
 use cpi_user::report::file;
+use cpi_user::report::time::rfc3339_seconds;
 
 use crate::output::{emit, emit_range, OutputArgs};
 
@@ -89,8 +90,8 @@ fn read_store_range(dir: &Path, q: &store::RangeQuery) -> anyhow::Result<store::
     eprintln!(
         "cpi-bpf: {} windows from {} to {} merged ({})",
         r.windows,
-        humantime::format_rfc3339_seconds(r.first_start),
-        humantime::format_rfc3339_seconds(r.last_end),
+        rfc3339_seconds(r.first_start),
+        rfc3339_seconds(r.last_end),
         dir.display()
     );
     Ok(r)
@@ -101,7 +102,9 @@ fn read_store_range(dir: &Path, q: &store::RangeQuery) -> anyhow::Result<store::
 pub fn store_time(s: &str) -> Result<SystemTime, String> {
     if let Some(secs) = s.strip_prefix('@') {
         let n: u64 = secs.parse().map_err(|_| format!("not Unix seconds: {s}"))?;
-        return Ok(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(n));
+        return SystemTime::UNIX_EPOCH
+            .checked_add(std::time::Duration::from_secs(n))
+            .ok_or_else(|| format!("beyond the times this system can hold: {s}"));
     }
     if let Ok(t) = humantime::parse_rfc3339_weak(s) {
         return Ok(t);

@@ -131,6 +131,20 @@ impl ProcessIdentity {
         .filter_map(|(k, v)| Some((k, v.as_deref()?)))
     }
 
+    /// Every field, known or not, to change in place (escaped for a terminal).
+    pub(crate) fn strings_mut(&mut self) -> impl Iterator<Item = &mut Option<String>> {
+        [
+            &mut self.cgroup,
+            &mut self.container_id,
+            &mut self.pod_uid,
+            &mut self.qos,
+            &mut self.pod,
+            &mut self.namespace,
+            &mut self.container,
+        ]
+        .into_iter()
+    }
+
     /// The identity of process `pid`, read from `/proc/PID/cgroup` through the bounded
     /// reader for files others control (cpi-user/src/fsafe/mod.rs); `None` when it is
     /// gone. With it, whether every process of the same cgroup v2 has this identity:

@@ -459,16 +459,25 @@ impl FoldedTree {
 /// `frames` (leaf first, as a path holds them) root first with recursion folded: a
 /// frame whose function is already on the folded path returns to it, the frames
 /// between dropped; each kept frame says whether a recursion was folded into it.
+/// Linear in the frames: where each function sits on the folded path is kept in a map,
+/// and a frame leaves the path (and the map) at most once, so a path of 100 000 frames
+/// handed over in a file costs 100 000 steps, not a search of the path per frame.
 pub(crate) fn fold_recursion(frames: &[StackFrame]) -> Vec<(&StackFrame, bool)> {
     let mut on: Vec<(&StackFrame, bool)> = Vec::with_capacity(frames.len());
+    let mut at: HashMap<(&str, &str), usize> = HashMap::with_capacity(frames.len());
     for f in frames.iter().rev() {
-        let same = |(o, _): &(&StackFrame, bool)| o.function == f.function && o.binary == f.binary;
-        match on.iter().position(same) {
-            Some(at) => {
-                on.truncate(at + 1);
-                on[at].1 = true;
+        let key = (f.function.as_str(), f.binary.as_str());
+        match at.get(&key) {
+            Some(&i) => {
+                for (o, _) in on.drain(i + 1..) {
+                    at.remove(&(o.function.as_str(), o.binary.as_str()));
+                }
+                on[i].1 = true;
             }
-            None => on.push((f, false)),
+            None => {
+                at.insert(key, on.len());
+                on.push((f, false));
+            }
         }
     }
     on
@@ -562,32 +571,27 @@ pub(crate) fn folded_tree(paths: &[StackProfile]) -> FoldedTree {
 /// totals of everything under it there, hottest first.
 pub fn callers(paths: &[StackProfile], function: &str) -> Vec<PathNode> {
     let mut nodes: Vec<PathNode> = Vec::new();
+    let mut rows: HashMap<Vec<&str>, usize> = HashMap::new();
     for s in paths {
         let root_first: Vec<&StackFrame> = s.frames.iter().rev().collect();
         let Some(at) = root_first.iter().position(|f| f.function == function) else {
             continue;
         };
-        let path: Vec<StackFrame> = root_first[..=at].iter().map(|f| (*f).clone()).collect();
         // One row per chain of names: the same chain through other call sites (other
         // return addresses) printed as identical rows (`--callers main`: three of them).
-        let same_names = |n: &PathNode| {
-            n.path.len() == path.len()
-                && n.path
-                    .iter()
-                    .zip(&path)
-                    .all(|(a, b)| a.function == b.function)
-        };
-        let i = match nodes.iter().position(same_names) {
-            Some(i) => i,
-            None => {
-                nodes.push(PathNode {
-                    path,
-                    inclusive: PathTotals::default(),
-                    own: PathTotals::default(),
-                });
-                nodes.len() - 1
-            }
-        };
+        // Found by a map of the chains, not a comparison with every row so far.
+        let names: Vec<&str> = root_first[..=at]
+            .iter()
+            .map(|f| f.function.as_str())
+            .collect();
+        let i = *rows.entry(names).or_insert_with(|| {
+            nodes.push(PathNode {
+                path: root_first[..=at].iter().map(|f| (*f).clone()).collect(),
+                inclusive: PathTotals::default(),
+                own: PathTotals::default(),
+            });
+            nodes.len() - 1
+        });
         nodes[i].inclusive.add(s);
         if at + 1 == root_first.len() {
             nodes[i].own.add(s);
@@ -696,6 +700,41 @@ pub(crate) mod tests {
                 format!("{}{}{mark} {inc}/{own}", "  ".repeat(n.depth), n.function)
             })
             .collect()
+    }
+
+    /// The linear folding gives what a search of the folded path per frame gives (the
+    /// definition), on every path of up to 7 frames over 4 functions, and 100 000
+    /// distinct frames fold to themselves.
+    #[test]
+    fn fold_recursion_is_the_search_per_frame() {
+        fn searched(frames: &[StackFrame]) -> Vec<(&StackFrame, bool)> {
+            let mut on: Vec<(&StackFrame, bool)> = Vec::new();
+            for f in frames.iter().rev() {
+                match on.iter().position(|(o, _)| o.function == f.function) {
+                    Some(at) => {
+                        on.truncate(at + 1);
+                        on[at].1 = true;
+                    }
+                    None => on.push((f, false)),
+                }
+            }
+            on
+        }
+        let names = ["a", "b", "c", "d"];
+        for len in 1..=7u32 {
+            for code in 0..4usize.pow(len) {
+                let chain: Vec<&str> = (0..len).map(|i| names[code / 4usize.pow(i) % 4]).collect();
+                let s = path(&chain, 1, 1.0, 1.0);
+                assert_eq!(fold_recursion(&s.frames), searched(&s.frames), "{chain:?}");
+            }
+        }
+        let deep: Vec<String> = (0..100_000).map(|i| format!("f{i}")).collect();
+        let deep: Vec<&str> = deep.iter().map(String::as_str).collect();
+        let s = path(&deep, 1, 1.0, 1.0);
+        let folded = fold_recursion(&s.frames);
+        assert_eq!(folded.len(), 100_000);
+        assert!(folded.iter().all(|(_, recursive)| !recursive));
+        assert_eq!(folded[0].0.function, "f99999", "root first");
     }
 
     /// Direct recursion (qsort's merge sort) and recursion through a cycle fold into

@@ -10,6 +10,7 @@ pub mod otlp;
 pub mod pprof;
 pub mod table;
 pub(crate) mod terminal;
+pub mod time;
 
 pub use file::ProfileFileError;
 pub use table::{TableError, TableOptions};

@@ -427,14 +427,37 @@ fn all_processes(p: &Profile, opts: &TableOptions, notes: &Notes, out: &mut Stri
     out.push_str(&call_paths(p.mode, &procs, opts, notes));
 }
 
+/// Characters of a call path a table shows at most, into a pipe too: the table's
+/// layout measures a cell once per word, so a path of 100 000 frames (a file handed
+/// over) would cost minutes; a real path of 100 frames of 40 characters fits.
+const MAX_PATH_CHARS: usize = 4096;
+
 /// A call path root first (`main → a → b`), behind its process's name when the table
-/// covers several.
-fn path_text(comm: Option<&str>, path: impl DoubleEndedIterator<Item = String>) -> String {
-    let chain: Vec<String> = path.collect();
-    match comm {
-        Some(c) => format!("{}: {}", or_unknown(c), chain.join(" → ")),
-        None => chain.join(" → "),
+/// covers several, in at most `max` characters (and [`MAX_PATH_CHARS`]) cut at the
+/// start ("…b → leaf": the leaf end of a path says most). Built from the leaf end, only
+/// as far as it is shown.
+fn path_text(
+    comm: Option<&str>,
+    path: impl DoubleEndedIterator<Item = String>,
+    max: usize,
+) -> String {
+    let max = max.min(MAX_PATH_CHARS);
+    let (mut chain, mut chars, mut whole) = (Vec::new(), 0, true);
+    for name in path.rev() {
+        if chars > max {
+            whole = false;
+            break;
+        }
+        // The name and the " → " before it.
+        chars += name.chars().count() + 3;
+        chain.push(name);
     }
+    chain.reverse();
+    let text = match comm {
+        Some(c) if whole => format!("{}: {}", or_unknown(c), chain.join(" → ")),
+        _ => chain.join(" → "),
+    };
+    ellipsize_left(&text, max)
 }
 
 /// `s` in at most `max` characters, cut at the start ("…b → leaf"): the leaf end of a

@@ -190,10 +190,7 @@ impl Chart {
                 cpi_values: list(b),
             })
             .collect();
-        let rfc = |s: f64| {
-            let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs_f64(s.max(0.0));
-            humantime::format_rfc3339_seconds(t).to_string()
-        };
+        let rfc = crate::report::time::rfc3339_of_secs;
         Some(Chart {
             unit: if time { "cores" } else { "cycles/s" },
             lines,

@@ -42,9 +42,8 @@ pub(super) fn call_paths(
         let mut t = new_table(h, 1);
         for (pr, s) in &paths[..shown] {
             let names = s.frames.iter().rev().map(|f| f.function.clone());
-            let text = path_text(many.then_some(pr.comm.as_str()), names);
             let mut row = vec![
-                ellipsize_left(&text, max),
+                path_text(many.then_some(pr.comm.as_str()), names, max),
                 share(mode, paths::weight(s), totals, notes),
                 group(s.samples),
             ];
@@ -128,10 +127,9 @@ paths into {name}: none ({why})
         let mut t = new_table(h, 1);
         for (pr, n) in &nodes[..shown] {
             let names = n.path.iter().map(|f| f.function.clone());
-            let text = path_text(many.then_some(pr.comm.as_str()), names);
             let i = &n.inclusive;
             let mut row = vec![
-                ellipsize_left(&text, max),
+                path_text(many.then_some(pr.comm.as_str()), names, max),
                 share(mode, i.weight(), totals, notes),
                 group(i.samples),
             ];
