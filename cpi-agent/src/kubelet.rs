@@ -21,12 +21,12 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
+use super::peer::Peer;
 use super::pods::{PodSelector, Selection};
 use cpi_user::procmap::ProcessIdentity;
 
@@ -46,44 +46,6 @@ pub(crate) const SA_TOKEN: &str = "/var/run/secrets/kubernetes.io/serviceaccount
 pub(crate) const SA_CA: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
 /// Bytes of the token read at most (a projected token takes about 1 KB).
 const MAX_TOKEN: u64 = 64 << 10;
-
-/// How the agent can tell who answers at the kubelet URL.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Peer {
-    /// `https://`: rustls verifies the server's certificate.
-    Tls,
-    /// `http://` to these loopback addresses: believed when every socket listening for
-    /// them belongs to root or the agent's user.
-    Loopback(Vec<SocketAddr>),
-    /// `http://` anywhere else: nothing proves who answers.
-    Unproven,
-}
-
-impl Peer {
-    /// The peer of a kubelet URL (`http[s]://HOST[:PORT]`; the config checked the scheme).
-    fn of(base: &str) -> Peer {
-        let Ok(uri) = base.parse::<ureq::http::Uri>() else {
-            return Peer::Unproven;
-        };
-        if uri.scheme_str() == Some("https") {
-            return Peer::Tls;
-        }
-        let port = uri.port_u16().unwrap_or(80);
-        let host = uri.host().unwrap_or("");
-        let ips: Vec<IpAddr> = match host.trim_start_matches('[').trim_end_matches(']') {
-            "localhost" => vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()],
-            h => h.parse().into_iter().collect(),
-        };
-        if ips.is_empty() || !ips.iter().all(IpAddr::is_loopback) {
-            return Peer::Unproven;
-        }
-        Peer::Loopback(
-            ips.into_iter()
-                .map(|ip| SocketAddr::new(ip, port))
-                .collect(),
-        )
-    }
-}
 
 /// Requests for the pod list since start, by result.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -295,12 +257,9 @@ impl Kubelet {
                     .into(),
                 true,
             )),
-            Peer::Loopback(to) => distrust(
-                &super::peer::owners(to),
-                cpi_user::fsafe::euid(),
-                to[0].port(),
-            )
-            .map_or(Ok(()), |(detail, refused)| Err(self.error(detail, refused))),
+            peer @ Peer::Loopback(_) => peer
+                .distrusted_now()
+                .map_or(Ok(()), |(detail, refused)| Err(self.error(detail, refused))),
         }
     }
 
@@ -325,23 +284,6 @@ impl Kubelet {
             .map_err(|e| err(describe(&e)))?;
         parse_pods(&body).map_err(err)
     }
-}
-
-/// Why the sockets `owners` listening on `port` (from [`super::peer::owners`]) are
-/// not believed, and whether that is a refusal (else nothing listens: a failure);
-/// `None` when there is one and all belong to root or `me`.
-fn distrust(owners: &[u32], me: u32, port: u16) -> Option<(String, bool)> {
-    if owners.is_empty() {
-        return Some((format!("nothing listens on port {port}"), false));
-    }
-    let foreign = owners.iter().find(|&&u| u != 0 && u != me)?;
-    Some((
-        format!(
-            "not believed: port {port} is listened on by uid {foreign}, not root, so anyone \
-             could be answering"
-        ),
-        true,
-    ))
 }
 
 /// The service-account token at `path`, if there is one (it rotates: read each time).
@@ -609,44 +551,11 @@ mod tests {
     }
 
     #[test]
-    fn only_loopback_http_and_https_peers_can_prove_themselves() {
-        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
-        assert_eq!(
-            Peer::of("http://127.0.0.1:10255"),
-            Peer::Loopback(vec![at("127.0.0.1:10255")])
-        );
-        assert_eq!(
-            Peer::of("http://[::1]:10255/"),
-            Peer::Loopback(vec![at("[::1]:10255")])
-        );
-        assert_eq!(
-            Peer::of("http://localhost"),
-            Peer::Loopback(vec![at("127.0.0.1:80"), at("[::1]:80")])
-        );
-        for unproven in [
-            "http://10.0.0.1:10255",
-            "http://node-1:10255",
-            "http://[::]:1",
-        ] {
-            assert_eq!(Peer::of(unproven), Peer::Unproven, "{unproven}");
-        }
-        assert_eq!(Peer::of("https://10.0.0.1:10250"), Peer::Tls);
+    fn a_kubelet_over_plain_http_elsewhere_than_loopback_is_refused() {
         let mut k = Kubelet::new("http://10.0.0.1:10255");
         let ((), lines) = crate::test_log::capture(|| k.refresh());
         assert_eq!(k.requests().refused, 1);
         assert!(lines[0].1.contains("proves nothing"), "{lines:?}");
-    }
-
-    #[test]
-    fn listeners_are_believed_when_all_are_root_or_the_agents() {
-        assert_eq!(distrust(&[0], 1000, 80), None);
-        assert_eq!(distrust(&[1000, 0], 1000, 80), None);
-        assert!(matches!(distrust(&[], 0, 80), Some((_, false))));
-        let (why, refused) = distrust(&[0, 1000], 0, 10255).unwrap();
-        assert!(
-            refused && why.contains("port 10255 is listened on by uid 1000"),
-            "{why}"
-        );
     }
 
     #[test]

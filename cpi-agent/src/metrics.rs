@@ -555,7 +555,8 @@ impl State {
         );
         r.register(
             "cpi_bpf_push",
-            "Push requests to Pyroscope by result.",
+            "Push requests by result (ok; error: failed, retried; rejected by the receiver; \
+             refused: not sent, plain http to a loopback port another user listens on).",
             self.push.clone(),
         );
         r.register(
@@ -778,6 +779,7 @@ impl State {
             ("ok", s.ok, seen.ok),
             ("error", s.errors, seen.errors),
             ("rejected", s.rejected, seen.rejected),
+            ("refused", s.refused, seen.refused),
         ] {
             self.push
                 .get_or_create(&vec![("result", result.to_string())])
@@ -1180,6 +1182,7 @@ pub(crate) mod tests {
             ok: 3,
             errors: 2,
             rejected: 1,
+            refused: 1,
             dropped_windows: 4,
             queued: 1,
         });
@@ -1187,6 +1190,7 @@ pub(crate) mod tests {
             ok: 5,
             errors: 2,
             rejected: 1,
+            refused: 3,
             dropped_windows: 6,
             queued: 0,
         });
@@ -1207,6 +1211,7 @@ pub(crate) mod tests {
             "cpi_bpf_push_total{result=\"ok\"} 5",
             "cpi_bpf_push_total{result=\"error\"} 2",
             "cpi_bpf_push_total{result=\"rejected\"} 1",
+            "cpi_bpf_push_total{result=\"refused\"} 3",
             "cpi_bpf_push_dropped_windows_total 6",
             "cpi_bpf_sampling_frequency_hz 999",
             "cpi_bpf_bpf_run_seconds_total 1.0",

@@ -2,11 +2,82 @@
 //! the agent's own network namespace's `/proc/net/tcp` and `/proc/net/tcp6`. Plain
 //! HTTP proves nothing of its peer, but a listening socket's owner is the user that
 //! created it, which no other user can borrow: on loopback, a listener owned by root
-//! (or by the agent's own user) is a peer the agent may believe
-//! (cpi-agent/src/kubelet.rs).
+//! (or by the agent's own user) is a peer the agent may believe ([`Peer`]): the kubelet
+//! it asks for pod names (cpi-agent/src/kubelet.rs), the receiver it pushes windows and
+//! credentials to (cpi-agent/src/push.rs).
 
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// How the agent can tell who answers at a URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Peer {
+    /// `https://`: rustls verifies the server's certificate.
+    Tls,
+    /// `http://` to these loopback addresses: believed when every socket listening for
+    /// them belongs to root or the agent's user.
+    Loopback(Vec<SocketAddr>),
+    /// `http://` anywhere else: nothing proves who answers.
+    Unproven,
+}
+
+impl Peer {
+    /// The peer of a URL (`http[s]://HOST[:PORT]…`; the caller checked the scheme).
+    pub(crate) fn of(url: &str) -> Peer {
+        let Ok(uri) = url.parse::<ureq::http::Uri>() else {
+            return Peer::Unproven;
+        };
+        if uri
+            .scheme_str()
+            .is_some_and(|s| s.eq_ignore_ascii_case("https"))
+        {
+            return Peer::Tls;
+        }
+        let port = uri.port_u16().unwrap_or(80);
+        let host = uri.host().unwrap_or("");
+        let ips: Vec<IpAddr> = match host.trim_start_matches('[').trim_end_matches(']') {
+            h if h.eq_ignore_ascii_case("localhost") => {
+                vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()]
+            }
+            h => h.parse().into_iter().collect(),
+        };
+        if ips.is_empty() || !ips.iter().all(IpAddr::is_loopback) {
+            return Peer::Unproven;
+        }
+        Peer::Loopback(
+            ips.into_iter()
+                .map(|ip| SocketAddr::new(ip, port))
+                .collect(),
+        )
+    }
+
+    /// Why a loopback peer is not believed now ([`distrust`] of the sockets listening
+    /// for it, looked up now: call it before each request); `None` when believed, and
+    /// for the other peers, which the listeners say nothing of.
+    pub(crate) fn distrusted_now(&self) -> Option<(String, bool)> {
+        match self {
+            Peer::Loopback(to) => distrust(&owners(to), cpi_user::fsafe::euid(), to[0].port()),
+            Peer::Tls | Peer::Unproven => None,
+        }
+    }
+}
+
+/// Why the sockets `owners` listening on `port` (from [`owners`]) are not believed, and
+/// whether that is a refusal (else nothing listens: a failure); `None` when there is
+/// one and all belong to root or `me`.
+fn distrust(owners: &[u32], me: u32, port: u16) -> Option<(String, bool)> {
+    if owners.is_empty() {
+        return Some((format!("nothing listens on port {port}"), false));
+    }
+    let foreign = owners.iter().find(|&&u| u != 0 && u != me)?;
+    Some((
+        format!(
+            "not believed: port {port} is listened on by uid {foreign}, not root, so anyone \
+             could be answering"
+        ),
+        true,
+    ))
+}
 
 /// The tables read, IPv4 then IPv6.
 const TABLES: [&str; 2] = ["/proc/net/tcp", "/proc/net/tcp6"];
@@ -139,6 +210,43 @@ mod tests {
         assert_eq!(
             listeners("0: zz:1 0 0A\n\n1: 01:FFFFF 0 0A 0 0 0 0".as_bytes()).count(),
             0
+        );
+    }
+
+    #[test]
+    fn only_loopback_http_and_https_peers_can_prove_themselves() {
+        assert_eq!(
+            Peer::of("http://127.0.0.1:10255"),
+            Peer::Loopback(vec![at("127.0.0.1:10255")])
+        );
+        assert_eq!(
+            Peer::of("http://[::1]:10255/"),
+            Peer::Loopback(vec![at("[::1]:10255")])
+        );
+        assert_eq!(
+            Peer::of("HTTP://LocalHost/x"),
+            Peer::Loopback(vec![at("127.0.0.1:80"), at("[::1]:80")])
+        );
+        for unproven in [
+            "http://10.0.0.1:10255",
+            "http://node-1:10255",
+            "http://[::]:1",
+        ] {
+            assert_eq!(Peer::of(unproven), Peer::Unproven, "{unproven}");
+        }
+        assert_eq!(Peer::of("https://10.0.0.1:10250"), Peer::Tls);
+        assert_eq!(Peer::of("HTTPS://127.0.0.1:4040"), Peer::Tls);
+    }
+
+    #[test]
+    fn listeners_are_believed_when_all_are_root_or_the_agents() {
+        assert_eq!(distrust(&[0], 1000, 80), None);
+        assert_eq!(distrust(&[1000, 0], 1000, 80), None);
+        assert!(matches!(distrust(&[], 0, 80), Some((_, false))));
+        let (why, refused) = distrust(&[0, 1000], 0, 10255).unwrap();
+        assert!(
+            refused && why.contains("port 10255 is listened on by uid 1000"),
+            "{why}"
         );
     }
 

@@ -38,7 +38,12 @@
 //! store plus `--push-ca FILE`. Credentials come from files, never from the command line:
 //! basic auth for the URL's user (`https://USER@host`) with `--push-password-file`, or a
 //! bearer token with `--push-token-file` (read through cpi-user/src/fsafe/mod.rs, sent
-//! only over https or to loopback, never logged). Redirects are refused (a 3xx is a
+//! only over https or to loopback, never logged). Plain http to loopback proves nothing
+//! of who listens, and any user may listen first on a free port: before each request
+//! there, the sockets listening for it must be root's or the agent's
+//! (cpi-agent/src/peer.rs, the kubelet's rule), else nothing is sent (no window, no
+//! credentials, no tenant), the request counts as refused and is retried like a failed
+//! one. Redirects are refused (a 3xx is a
 //! rejection). The receiver is untrusted: one deadline of `timeout` covers connect, TLS,
 //! send and the whole answer, headers are read up to [`MAX_HEAD`] bytes and the body up
 //! to [`MAX_BODY`], and 1xx answers are skipped without being kept, so no receiver can
@@ -53,6 +58,7 @@ use base64::Engine;
 use ureq::http::{HeaderValue, Uri};
 use ureq::tls::{Certificate, PemItem, RootCerts, TlsConfig};
 
+use super::peer::Peer;
 use super::sink::{Sink, SinkError};
 use super::{AgentError, AgentStatus, Window};
 use cpi_user::profile::model::ProcessProfile;
@@ -185,6 +191,9 @@ pub struct PushStats {
     pub errors: u64,
     /// Requests answered with another status (not retried).
     pub rejected: u64,
+    /// Requests not sent: plain http to a loopback port someone else listens on
+    /// (retried like failures).
+    pub refused: u64,
     /// Windows never delivered: queue full, retries exhausted or rejected.
     pub dropped_windows: u64,
     /// Windows waiting now (including one being sent).
@@ -202,6 +211,7 @@ impl PushStats {
                 ok: a.ok + s.ok,
                 errors: a.errors + s.errors,
                 rejected: a.rejected + s.rejected,
+                refused: a.refused + s.refused,
                 dropped_windows: a.dropped_windows + s.dropped_windows,
                 queued: a.queued + s.queued,
             })
@@ -215,9 +225,8 @@ struct Endpoint {
     url: String,
     /// `host:port`, for log lines.
     shown: String,
-    https: bool,
-    /// Loopback host (credentials may go there over plain http).
-    loopback: bool,
+    /// Who answers there, and how that is proved.
+    peer: Peer,
     /// The URL's user (basic auth).
     user: Option<String>,
 }
@@ -294,18 +303,12 @@ fn parse_url(url: &str, protocol: Protocol) -> Result<Endpoint, AgentError> {
             .ok_or_else(|| bad("invalid port"))?,
         None => return Err(bad("missing or invalid host")),
     };
-    let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let loopback = bare == "localhost"
-        || bare
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback());
     let scheme = if https { "https" } else { "http" };
     let path = uri.path().trim_end_matches('/');
     Ok(Endpoint {
         url: format!("{scheme}://{host}:{port}{path}{}", protocol.path()),
         shown: format!("{host}:{port}"),
-        https,
-        loopback,
+        peer: Peer::of(&format!("{scheme}://{host}:{port}")),
         user,
     })
 }
@@ -352,7 +355,7 @@ fn authorization(ep: &Endpoint, cfg: &PushConfig) -> Result<Option<HeaderValue>,
             format!("Bearer {}", String::from_utf8_lossy(&token))
         }
     };
-    if !ep.https && !ep.loopback {
+    if ep.peer == Peer::Unproven {
         return Err(bad(
             "credentials are sent over https only (or to a loopback address)".into(),
         ));
@@ -428,7 +431,7 @@ fn client(cfg: &PushConfig, ep: &Endpoint) -> Result<ureq::Agent, AgentError> {
         .max_response_header_size(MAX_HEAD)
         .proxy(None)
         .user_agent(concat!("cpi-bpf/", env!("CARGO_PKG_VERSION")));
-    if ep.https {
+    if ep.peer == Peer::Tls {
         b = b.tls_config(
             TlsConfig::builder()
                 .root_certs(root_certs(cfg.ca_file.as_deref())?)
@@ -536,6 +539,8 @@ enum Outcome {
     Failed(String),
     /// The receiver refused the request itself.
     Rejected(String),
+    /// Not sent: the peer did not prove itself (retried like a failure).
+    Refused(String),
 }
 
 /// Everything a request needs, fixed at start.
@@ -551,6 +556,11 @@ impl Transport {
     /// One request under one deadline; the answer read within [`MAX_HEAD`] and
     /// [`MAX_BODY`].
     fn send(&self, body: &[u8]) -> Outcome {
+        match self.ep.peer.distrusted_now() {
+            Some((why, true)) => return Outcome::Refused(why),
+            Some((why, false)) => return Outcome::Failed(why),
+            None => {}
+        }
         let req = self.http.post(&self.ep.url);
         let mut req = match self.protocol {
             Protocol::Pyroscope => req
@@ -785,12 +795,55 @@ impl Drop for Pusher {
     }
 }
 
+/// What the worker has said of failing requests since the last delivery.
+#[derive(Default)]
+struct Said {
+    /// Requests failed, rejected or refused since the last delivery: only the first
+    /// is logged, ...
+    failing: u64,
+    /// ... and the first refusal, whatever came before it (a squatter on the port
+    /// after the receiver went away is worth its own line).
+    refused: bool,
+}
+
+impl Said {
+    /// Logs `outcome` of a request to `host` if it is the first of its kind.
+    fn say(&mut self, outcome: &Outcome, host: &str) {
+        let (what, why, first) = match outcome {
+            Outcome::Delivered => {
+                if self.failing > 0 {
+                    let n = self.failing;
+                    log::info!("push: {host} accepts again (after {n} failed requests)");
+                }
+                *self = Said::default();
+                return;
+            }
+            Outcome::Failed(why) => (
+                "push failed (retrying, then dropping windows)",
+                why,
+                self.failing == 0,
+            ),
+            Outcome::Rejected(why) => ("push rejected (windows dropped)", why, self.failing == 0),
+            Outcome::Refused(why) => (
+                "push refused, nothing sent (retrying, then dropping windows)",
+                why,
+                !std::mem::replace(&mut self.refused, true),
+            ),
+        };
+        if first {
+            log::warn!("{what}: {host}: {why}; said once until a push succeeds");
+        } else {
+            log::debug!("{what}: {host}: {why}");
+        }
+        self.failing += 1;
+    }
+}
+
 /// The worker: sends the oldest window until it is delivered, rejected, out of
 /// attempts or pushed out of the queue.
 fn work(shared: &Shared, t: &Transport) {
     let mut attempts: (u64, u32) = (u64::MAX, 0);
-    // Requests failed or rejected since the last delivery: only the first is logged.
-    let mut failing = 0u64;
+    let mut said = Said::default();
     loop {
         let (id, body) = {
             let mut q = shared.lock();
@@ -816,15 +869,13 @@ fn work(shared: &Shared, t: &Transport) {
         let mut backoff = None;
         let host = &t.ep.shown;
         match &outcome {
-            Outcome::Delivered => {
-                q.stats.ok += 1;
-                if failing > 0 {
-                    log::info!("push: {host} accepts again (after {failing} failed requests)");
-                    failing = 0;
+            Outcome::Delivered => q.stats.ok += 1,
+            Outcome::Failed(_) | Outcome::Refused(_) => {
+                if matches!(outcome, Outcome::Refused(_)) {
+                    q.stats.refused += 1;
+                } else {
+                    q.stats.errors += 1;
                 }
-            }
-            Outcome::Failed(_) => {
-                q.stats.errors += 1;
                 if abandoned || attempts.1 >= MAX_ATTEMPTS {
                     q.stats.dropped_windows += 1;
                 } else {
@@ -840,22 +891,7 @@ fn work(shared: &Shared, t: &Transport) {
                 q.stats.dropped_windows += 1;
             }
         }
-        match &outcome {
-            Outcome::Delivered => {}
-            Outcome::Failed(why) | Outcome::Rejected(why) => {
-                let what = if matches!(outcome, Outcome::Failed(_)) {
-                    "push failed (retrying, then dropping windows)"
-                } else {
-                    "push rejected (windows dropped)"
-                };
-                if failing == 0 {
-                    log::warn!("{what}: {host}: {why}; said once until a push succeeds");
-                } else {
-                    log::debug!("{what}: {host}: {why}");
-                }
-                failing += 1;
-            }
-        }
+        said.say(&outcome, host);
         if !abandoned && backoff.is_none() {
             q.windows.pop_front();
         }
@@ -887,12 +923,11 @@ mod tests {
     fn urls() {
         let ep = parse_url("http://pyro.example:4040", Protocol::Pyroscope).unwrap();
         assert_eq!(
-            (ep.url.as_str(), ep.shown.as_str(), ep.https, ep.loopback),
+            (ep.url.as_str(), ep.shown.as_str(), &ep.peer),
             (
                 "http://pyro.example:4040/push.v1.PusherService/Push",
                 "pyro.example:4040",
-                false,
-                false
+                &Peer::Unproven
             )
         );
         let ep = parse_url("HTTP://10.0.0.1/prefix/", Protocol::Pyroscope).unwrap();
@@ -901,13 +936,22 @@ mod tests {
             "http://10.0.0.1:80/prefix/push.v1.PusherService/Push"
         );
         let ep = parse_url("http://[::1]:9/", Protocol::Pyroscope).unwrap();
-        assert_eq!((ep.shown.as_str(), ep.loopback), ("[::1]:9", true));
+        let at = |s: &str| s.parse().unwrap();
+        assert_eq!(
+            (ep.shown.as_str(), ep.peer),
+            ("[::1]:9", Peer::Loopback(vec![at("[::1]:9")]))
+        );
+        let ep = parse_url("http://localhost:4040", Protocol::Otlp).unwrap();
+        assert_eq!(
+            ep.peer,
+            Peer::Loopback(vec![at("127.0.0.1:4040"), at("[::1]:4040")])
+        );
         let ep = parse_url("https://12345@profiles.example.net", Protocol::Pyroscope).unwrap();
         assert_eq!(
-            (ep.url.as_str(), ep.https, ep.user.as_deref()),
+            (ep.url.as_str(), &ep.peer, ep.user.as_deref()),
             (
                 "https://profiles.example.net:443/push.v1.PusherService/Push",
-                true,
+                &Peer::Tls,
                 Some("12345")
             )
         );

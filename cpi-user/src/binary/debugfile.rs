@@ -48,6 +48,8 @@ pub(crate) struct DebugFile {
     /// Where it was found (inside the root).
     pub path: PathBuf,
     pub(super) map: GuardedMap,
+    /// Who could have written it (its line tables name source files).
+    pub(super) owner: crate::fsafe::behalf::Owner,
 }
 
 /// What a binary says about its debug file.
@@ -78,6 +80,7 @@ pub fn find(path: &Path, data: &[u8], root: &DebugRoot) -> Option<DebugFile> {
         .into_iter()
         .find_map(|(cand, check)| {
             let f = crate::fsafe::open_in_root(&root.0, &cand).ok()?;
+            let owner = crate::fsafe::behalf::Owner::of(&f.metadata().ok()?);
             if let Check::Crc(crc) = check {
                 if crc_within(&f, &cand, &mut crc_budget)? != crc {
                     log::debug!("{}: not {}'s debug file", cand.display(), path.display());
@@ -99,7 +102,11 @@ pub fn find(path: &Path, data: &[u8], root: &DebugRoot) -> Option<DebugFile> {
                 return None;
             }
             log::debug!("{}: symbols from {}", path.display(), cand.display());
-            Some(DebugFile { path: cand, map })
+            Some(DebugFile {
+                path: cand,
+                map,
+                owner,
+            })
         })
 }
 

@@ -302,6 +302,9 @@ pub struct Binary {
     pub segments: Vec<LoadSegment>,
     /// The separate debug file symbols or source lines came from, when one was used.
     pub debug_file: Option<PathBuf>,
+    /// Who could have written the file and its debug file, and so chose the source files
+    /// their line tables name; `None` for bytes not read from a file.
+    pub owner: Option<crate::fsafe::behalf::Owner>,
     id: u64,
     bytes: Bytes,
     /// The separate debug file's mapping: names at offsets past the binary's own bytes
@@ -355,7 +358,12 @@ impl Binary {
             cause,
         })?;
         let debug = debugfile::find(path, map.bytes(), root);
-        let bin = Binary::with_bytes(path, Bytes::Mapped(map), debug)?;
+        let owner = file.metadata().ok().map(|m| {
+            let own = crate::fsafe::behalf::Owner::of(&m);
+            debug.as_ref().map_or(own, |d| own.and(d.owner))
+        });
+        let mut bin = Binary::with_bytes(path, Bytes::Mapped(map), debug)?;
+        bin.owner = owner;
         if bin.truncated() {
             crate::fsafe::budget::refused(crate::fsafe::budget::Reader::MappedFile);
             return Err(BinaryError::Truncated {
@@ -406,6 +414,7 @@ impl Binary {
             bounds: t.bounds,
             segments: t.segments,
             debug_file,
+            owner: None,
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             bytes,
             debug,

@@ -9,6 +9,10 @@
 //! rules checked before an open a rename could outrun. What the user named on the
 //! command line (`--symfs DIR`, resolved inside DIR; `--binary PATH`) is opened as
 //! root.
+//!
+//! The same holds for what a binary names: the source files its line tables name are
+//! chosen by whoever could write the binary ([`Owner`]), so as root they are opened as
+//! that user ([`super::open_named_by`]), in one-shots and `report` alike.
 
 use std::fs::File;
 use std::io;
@@ -17,7 +21,54 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use serde::{Deserialize, Serialize};
+
 use super::{sys, OpenError};
+
+/// Who could have written a file, and so chose what it says: its owner, or anyone
+/// ([`Owner::ANYONE`]) when others than its owner may write it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Owner {
+    /// The owner's uid.
+    pub uid: u32,
+    /// The file's group.
+    pub gid: u32,
+}
+
+impl Owner {
+    /// Anyone: read as `nobody` (65534, the kernel's overflow uid and gid), who may read
+    /// only what everyone may.
+    pub const ANYONE: Owner = Owner {
+        uid: 65534,
+        gid: 65534,
+    };
+
+    /// Who could have written the file of `meta`.
+    pub fn of(meta: &std::fs::Metadata) -> Owner {
+        if meta.mode() & 0o022 != 0 {
+            return Owner::ANYONE;
+        }
+        Owner {
+            uid: meta.uid(),
+            gid: meta.gid(),
+        }
+    }
+
+    /// Who could have written what two files say together (a binary and its debug
+    /// file): the one not root's when the other is, else, when they differ, anyone.
+    pub fn and(self, other: Owner) -> Owner {
+        match (self, other) {
+            (a, b) if a == b || b.uid == 0 => a,
+            (a, b) if a.uid == 0 => b,
+            _ => Owner::ANYONE,
+        }
+    }
+
+    /// [`Owner::and`] of two that may be unknown (`None`), unknown when either is.
+    pub fn both(a: Option<Owner>, b: Option<Owner>) -> Option<Owner> {
+        Some(a?.and(b?))
+    }
+}
 
 /// The user whose access decides what is opened, and what the command line trusts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,14 +97,26 @@ impl Reader {
             Some((uid, gid)) => (uid, Some(gid), format!("run through sudo by uid {uid}")),
             None => (owner.0, None, format!("recording owned by uid {}", owner.0)),
         };
+        Reader::user(uid, gid, owner.1, why)
+    }
+
+    /// Whose access decides for a file that `writer`'s file names (a source file a
+    /// binary's line tables name), `why` said with each refusal; `None` for root.
+    pub(super) fn writer(writer: Owner, why: String) -> Option<Reader> {
+        Reader::user(writer.uid, None, writer.gid, why)
+    }
+
+    /// User `uid` with group `gid` (else its primary group) and its other groups, from
+    /// the user database; a uid no user has (a container's) has `file_gid` alone.
+    /// `None` for root.
+    fn user(uid: u32, gid: Option<u32>, file_gid: u32, why: String) -> Option<Reader> {
         if uid == 0 {
             return None;
         }
-        // A uid no user has (a container's): its one group is the recording's.
         let (primary, groups) = sys::groups_of(uid)
             .ok()
             .flatten()
-            .unwrap_or((gid.unwrap_or(owner.1), Vec::new()));
+            .unwrap_or((gid.unwrap_or(file_gid), Vec::new()));
         let gid = gid.unwrap_or(primary);
         let mut groups = groups;
         if !groups.contains(&gid) {
@@ -177,6 +240,79 @@ mod tests {
             (4242, &[4242][..]),
             "no such user"
         );
+    }
+
+    #[test]
+    fn who_could_have_written_a_file() {
+        let d = std::env::temp_dir().join(format!("cpi-fsafe-owner-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        let f = d.join("bin");
+        std::fs::write(&f, b"x").unwrap();
+        let owner = |mode: u32| {
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            Owner::of(&std::fs::metadata(&f).unwrap())
+        };
+        let me = Owner {
+            uid: sys::euid(),
+            gid: std::fs::metadata(&f).unwrap().gid(),
+        };
+        assert_eq!(owner(0o755), me);
+        assert_eq!(owner(0o775), Owner::ANYONE, "its group may write it");
+        assert_eq!(owner(0o757), Owner::ANYONE, "anyone may write it");
+        std::fs::remove_dir_all(&d).unwrap();
+        let (root, user) = (
+            Owner { uid: 0, gid: 0 },
+            Owner {
+                uid: 1000,
+                gid: 1000,
+            },
+        );
+        let other = Owner {
+            uid: 1001,
+            gid: 1001,
+        };
+        assert_eq!(root.and(root), root);
+        assert_eq!(root.and(user), user);
+        assert_eq!(user.and(root), user);
+        assert_eq!(user.and(other), Owner::ANYONE);
+        assert_eq!(Owner::both(Some(user), None), None, "unknown stays unknown");
+        assert_eq!(Owner::both(Some(root), Some(user)), Some(user));
+    }
+
+    #[test]
+    fn a_file_named_by_a_users_binary_is_opened_as_that_user() {
+        if sys::euid() != 0 {
+            assert!(std::env::var_os("CI").is_none(), "CI runs as root");
+            eprintln!("skipped: needs root to act as uid 65534");
+            return;
+        }
+        let d = std::env::temp_dir().join(format!("cpi-fsafe-named-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let secret = d.join("secret.c");
+        std::fs::write(&secret, b"root only").unwrap();
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let nobody = Owner::ANYONE;
+        let e = super::super::open_named_by(&secret, Some(nobody)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "{}: not opened: uid 65534 cannot read it (named by a binary that anyone may \
+                 have written)",
+                secret.display()
+            )
+        );
+        let e = super::super::open_named_by(&secret, None).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("whose owner the profile does not say"),
+            "{e}"
+        );
+        let root = Owner { uid: 0, gid: 0 };
+        assert!(super::super::open_named_by(&secret, Some(root)).is_ok());
+        std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(super::super::open_named_by(&secret, Some(nobody)).is_ok());
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

@@ -194,6 +194,36 @@ pub fn open(path: &Path) -> Result<File, OpenError> {
     open_with(path, sys::READ_FLAGS)
 }
 
+/// [`open`] for a file that another file names, `writer` having written that (a source
+/// file a binary's line tables name): as root, opened as `writer` could
+/// ([`behalf::Owner`]; unknown, as a profile written before owners were kept: as
+/// anyone), so a user's binary naming `/root/secret` does not lead root to print it.
+/// Where a [`behalf::Reader`] is set (the user a recording came from), or not root, as
+/// [`open`].
+pub fn open_named_by(path: &Path, writer: Option<behalf::Owner>) -> Result<File, OpenError> {
+    if behalf::current().is_some() || sys::euid() != 0 {
+        return open(path);
+    }
+    let (w, why) = match writer {
+        Some(behalf::Owner::ANYONE) => (
+            behalf::Owner::ANYONE,
+            "named by a binary that anyone may have written".to_string(),
+        ),
+        Some(w) => (w, format!("named by a binary of uid {}", w.uid)),
+        None => (
+            behalf::Owner::ANYONE,
+            "named by a binary whose owner the profile does not say".to_string(),
+        ),
+    };
+    match behalf::Reader::writer(w, why) {
+        None => open(path),
+        Some(r) => regular(
+            r.open(path, || sys::openat(None, path, sys::READ_FLAGS, 0))?,
+            path,
+        ),
+    }
+}
+
 /// `open(path, flags)` as the [`behalf::Reader`], if one is set, would: a path the
 /// command line trusts as root (inside a trusted tree, resolved there).
 fn open_with(path: &Path, flags: libc::c_int) -> Result<File, OpenError> {

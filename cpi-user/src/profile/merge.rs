@@ -38,6 +38,7 @@ use super::model::{
     LossReport, Measures, Mode, ProcessProfile, Profile, StackFrame, StackProfile,
 };
 use super::paths::{self, PathKey, PathTotals};
+use crate::fsafe::behalf::Owner;
 use crate::procmap::ProcessIdentity;
 
 /// Why profiles could not be merged.
@@ -304,6 +305,7 @@ impl Merger {
         for b in &p.binaries {
             self.binaries
                 .entry(b.path.clone())
+                .and_modify(|known| known.owner = Owner::both(known.owner, b.owner))
                 .or_insert_with(|| b.clone());
         }
         for proc in &p.processes {
@@ -811,6 +813,7 @@ mod tests {
                 build_id: None,
                 deleted: false,
                 stripped: false,
+                owner: None,
             }],
             processes: vec![ProcessProfile {
                 pid: 7,

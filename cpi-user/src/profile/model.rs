@@ -536,6 +536,10 @@ pub struct BinaryInfo {
     /// unless `.dynsym` names them.
     #[serde(default)]
     pub stripped: bool,
+    /// Who could have written the binary (cpi-user/src/fsafe/behalf.rs): as root, the
+    /// source files its line tables name are read as that user; absent in older files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<crate::fsafe::behalf::Owner>,
 }
 
 /// A quantity with its statistical quality.

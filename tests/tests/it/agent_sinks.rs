@@ -211,6 +211,7 @@ pub(crate) fn window(procs: &[(u32, &str)], start: SystemTime) -> Window {
                 build_id: None,
                 deleted: false,
                 stripped: false,
+                owner: None,
             }],
             processes: procs
                 .iter()

@@ -85,6 +85,7 @@ fn dashboard_queries_name_only_exported_metrics() {
         ok: 1,
         errors: 1,
         rejected: 1,
+        refused: 1,
         dropped_windows: 1,
         queued: 0,
     });

@@ -19,6 +19,7 @@ mod dashboard;
 mod demangle;
 mod fuzz;
 mod hostile;
+mod hostile_deputy;
 mod hostile_report;
 mod hostile_threads;
 mod hostile_tmpfs;

@@ -204,6 +204,7 @@ fn hand_profile(exe: &Path) -> Profile {
             build_id: None,
             deleted: false,
             stripped: false,
+            owner: None,
         }],
         accuracy: None,
         recorded_on: None,

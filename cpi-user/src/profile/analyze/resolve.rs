@@ -12,6 +12,7 @@ use super::estimate::{role_index, Tally, ROLES};
 use super::{sorted, Ctx};
 
 use crate::binary::{Binary, CodeObject, Function, Resolved, Symbolizer};
+use crate::fsafe::behalf::Owner;
 use crate::procmap::ProcessMaps;
 use crate::profile::aggregate::{ProcessSamples, RangeStat, TakenStat};
 use crate::profile::flow::check_span;
@@ -292,13 +293,16 @@ fn piece_stat(stat: RangeStat, pieces: usize) -> RangeStat {
 }
 
 fn note_binary(binaries: &mut BTreeMap<String, BinaryInfo>, r: &Resolved) {
-    if binaries.contains_key(&r.object_name) {
+    let (build_id, stripped, owner) = match &r.object {
+        CodeObject::Elf(b) => (b.build_id.clone(), b.stripped(), b.owner),
+        _ => (None, false, None),
+    };
+    if let Some(known) = binaries.get_mut(&r.object_name) {
+        // Two files at one path (two processes' mount namespaces): whoever could have
+        // written either.
+        known.owner = Owner::both(known.owner, owner);
         return;
     }
-    let (build_id, stripped) = match &r.object {
-        CodeObject::Elf(b) => (b.build_id.clone(), b.stripped()),
-        _ => (None, false),
-    };
     binaries.insert(
         r.object_name.clone(),
         BinaryInfo {
@@ -306,6 +310,7 @@ fn note_binary(binaries: &mut BTreeMap<String, BinaryInfo>, r: &Resolved) {
             build_id,
             deleted: r.deleted,
             stripped,
+            owner,
         },
     );
 }

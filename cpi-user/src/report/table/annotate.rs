@@ -14,6 +14,7 @@ use super::{
     cpi, ellipsize, fitted, group, inputs, new_table, no_such_function, opt_si, range, share_pm,
     si, time, wrap, Notes, TableError,
 };
+use crate::fsafe::behalf::Owner;
 use crate::fsafe::escape;
 use crate::profile::model::{
     BlockProfile, FunctionProfile, InstructionProfile, Mode, ProcessProfile, Profile,
@@ -35,7 +36,11 @@ pub(super) fn annotate(
             // The full name over the instructions, where the tables show a short one.
             let full = renamed.iter().find(|(_, shown)| **shown == f.name);
             let full = full.map_or(f.name.as_str(), |(full, _)| full.as_str());
-            out.push_str(&annotate_function(p.mode, proc, f, full, width, notes));
+            let writer = p.binaries.iter().find(|b| b.path == f.binary);
+            let writer = writer.and_then(|b| b.owner);
+            out.push_str(&annotate_function(
+                p.mode, proc, f, full, width, notes, writer,
+            ));
         }
     }
     if found {
@@ -51,6 +56,7 @@ fn annotate_function(
     full_name: &str,
     width: Option<usize>,
     notes: &Notes,
+    writer: Option<Owner>,
 ) -> String {
     let mut s = function_line(mode, proc, f, full_name, width, notes);
     if f.lines.is_empty() {
@@ -58,8 +64,9 @@ fn annotate_function(
         return s;
     }
     let hottest = hottest(mode, &f.lines);
+    let sources = source_rows(&f.lines, writer);
     s.push_str(&fitted(width, |max| {
-        instruction_table(mode, proc, f, hottest, max, notes)
+        instruction_table(mode, proc, f, &sources, hottest, max, notes)
     }));
     s.push('\n');
     let mut marks = Vec::new();
@@ -166,18 +173,18 @@ pub(crate) fn gaps(lines: &[InstructionProfile], blocks: &[BlockProfile]) -> Vec
     out
 }
 
-/// The instructions of `f` with their numbers, source lines and gaps between them;
-/// names and text at most `max` characters.
+/// The instructions of `f` with their numbers, source lines (`sources`, per line) and
+/// gaps between them; names and text at most `max` characters.
 fn instruction_table(
     mode: Mode,
     proc: &ProcessProfile,
     f: &FunctionProfile,
+    sources: &[Option<String>],
     hottest: Option<u64>,
     max: usize,
     notes: &Notes,
 ) -> Table {
     let block_at = |addr: u64| f.blocks.iter().find(|b| b.start == addr);
-    let sources = source_rows(&f.lines);
     let gaps = gaps(&f.lines, &f.blocks);
     let head: &[&str] = if mode.has_cpi() {
         &[
@@ -199,7 +206,7 @@ fn instruction_table(
         c.set_cell_alignment(CellAlignment::Left);
     }
     let samples: u64 = f.lines.iter().map(|l| l.samples).sum();
-    for ((l, src), gap) in f.lines.iter().zip(&sources).zip(gaps) {
+    for ((l, src), gap) in f.lines.iter().zip(sources).zip(gaps) {
         if gap {
             let mut row = vec![String::new(); last + 1];
             row[1] = "…".into();
@@ -285,8 +292,9 @@ fn parse_address(w: &str) -> Option<u64> {
 
 /// Per instruction, the source line to show above it when it starts a new one (as perf
 /// annotate interleaves source): `file:line` by the file's last component, then the
-/// line's text when the source file is readable here.
-fn source_rows(lines: &[InstructionProfile]) -> Vec<Option<String>> {
+/// line's text when the source file is readable here by `writer`, who could have
+/// written the binary that names it.
+fn source_rows(lines: &[InstructionProfile], writer: Option<Owner>) -> Vec<Option<String>> {
     let mut files: HashMap<&str, Option<Vec<String>>> = HashMap::new();
     let mut last = None;
     lines
@@ -300,7 +308,7 @@ fn source_rows(lines: &[InstructionProfile]) -> Vec<Option<String>> {
             let name = Path::new(&src.file).file_name()?.to_string_lossy();
             let text = files
                 .entry(&src.file)
-                .or_insert_with(|| read_source(Path::new(&src.file)))
+                .or_insert_with(|| read_source(Path::new(&src.file), writer))
                 .as_ref()
                 .and_then(|t| t.get(src.line.checked_sub(1)? as usize))
                 .map(|t| format!("  {}", escape(t.trim())))
@@ -311,11 +319,12 @@ fn source_rows(lines: &[InstructionProfile]) -> Vec<Option<String>> {
 }
 
 /// A source file's lines, when it can be read safely (cpi-user/src/fsafe/mod.rs): a
-/// regular file, never blocking, at most 16 MiB; as root, one the profile's user could
-/// read (a refusal is said: the caller asks once per file).
-fn read_source(path: &Path) -> Option<Vec<String>> {
+/// regular file, never blocking, at most 16 MiB; as root, one the binary's `writer`
+/// (or the user a recording came from) could read (a refusal is said: the caller asks
+/// once per file).
+fn read_source(path: &Path, writer: Option<Owner>) -> Option<Vec<String>> {
     let mut text = Vec::new();
-    let f = match crate::fsafe::open(path) {
+    let f = match crate::fsafe::open_named_by(path, writer) {
         Ok(f) => f,
         Err(e @ crate::fsafe::OpenError::NotReadable { .. }) => {
             log::warn!("{}", crate::chain(&e));
