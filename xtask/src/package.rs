@@ -131,7 +131,7 @@ fn stage_files(stage: &Path, bin: &Path, tracer: &Path) -> anyhow::Result<()> {
 }
 
 /// `DEBIAN/control`, `conffiles` and the scripts that tell a running systemd about the
-/// unit (skipped when dpkg installs into another root).
+/// unit (skipped when dpkg installs into another root); postrm's purge removes the store.
 fn write_control(stage: &Path, scratch: &Path, version: &str, arch: &str) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let debian = stage.join("DEBIAN");
@@ -162,9 +162,16 @@ fn write_control(stage: &Path, scratch: &Path, version: &str, arch: &str) -> any
     let reload = "#!/bin/sh\nset -e\n\
         if [ -z \"$DPKG_ROOT\" ] && [ -d /run/systemd/system ]; then\n\
         \tsystemctl daemon-reload >/dev/null || true\nfi\n";
-    for script in ["postinst", "postrm"] {
+    // Purge takes the agent's windows too (the unit's StateDirectory): profiles of the
+    // host's processes, which no package owns, left behind would outlive the package.
+    let purge = "if [ \"$1\" = purge ]; then\n\
+        \trm -rf \"$DPKG_ROOT/var/lib/cpi-bpf\"\nfi\n";
+    for (script, text) in [
+        ("postinst", reload.to_string()),
+        ("postrm", reload.to_owned() + purge),
+    ] {
         let p = debian.join(script);
-        std::fs::write(&p, reload)?;
+        std::fs::write(&p, text)?;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755))?;
     }
     Ok(())

@@ -201,7 +201,49 @@ fn privilege_lines(out: &mut Diagnosis, c: &Capabilities) -> Result<(), String> 
     );
     let privileged = c.check_privileges();
     out.line("collection", &collection_path(c, privileged.is_ok()));
+    if let Some(install) = std::env::current_exe().ok().and_then(|e| install_line(&e)) {
+        out.line("install", &install);
+    }
     privileged
+}
+
+/// Who may run a binary given file capabilities (`setcap`): every user, when others may
+/// execute it, and then every user profiles every process and reads kernel addresses
+/// (KASLR) and other users' heap and stack pointers; perf's documentation restricts such
+/// a binary to one group. `None` for a binary without file capabilities.
+fn install_line(exe: &std::path::Path) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let path = std::ffi::CString::new(exe.as_os_str().as_bytes()).ok()?;
+    // SAFETY: both strings are NUL-terminated; a null buffer of size 0 asks for the
+    // attribute's size only.
+    let size = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            c"security.capability".as_ptr(),
+            std::ptr::null_mut(),
+            0,
+        )
+    };
+    if size <= 0 {
+        return None;
+    }
+    let exe_name = exe.display();
+    let m = std::fs::metadata(exe).ok()?;
+    Some(if m.mode() & 0o007 != 0 {
+        format!(
+            "{exe_name} has file capabilities and every user may run it: each can profile \
+             every process and read kernel addresses; restrict it to one group as perf's \
+             documentation does (`sudo groupadd -f perf_users; sudo chgrp perf_users \
+             {exe_name}; sudo chmod o-rwx {exe_name}; sudo setcap cap_perfmon,cap_bpf+ep \
+             {exe_name}`: chgrp clears the capabilities)"
+        )
+    } else {
+        format!(
+            "{exe_name} has file capabilities, for its owner and group {} only",
+            m.gid()
+        )
+    })
 }
 
 /// Which path collection takes here: BPF with its privileges, else the kernel's perf

@@ -39,12 +39,19 @@ pub(crate) const DATA_PAGES: usize = 128;
 pub(crate) const MODE_NOTE: &str = "without root: user space only, no in-kernel thinning, \
      counted per thread: threads shorter than a period are missed";
 
-/// The remedy for a refusal, as samply says it: what would allow collection.
+/// The remedy for a refusal, as samply says it: what would allow collection. File
+/// capabilities on a binary others may run would let every user of the machine profile
+/// root's processes, so the remedy restricts the binary to a group first.
 pub(crate) fn remedy() -> String {
     let exe = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "/path/to/cpi-bpf".into());
-    format!("give cpi-bpf the capabilities (`sudo setcap cap_perfmon,cap_bpf+ep {exe}`) or run it with sudo")
+    format!(
+        "give cpi-bpf the capabilities for one group of users, as perf's documentation \
+         does (`sudo groupadd -f perf_users; sudo chgrp perf_users {exe}; sudo chmod o-rwx \
+         {exe}; sudo setcap cap_perfmon,cap_bpf+ep {exe}`: its members can profile every \
+         process and read kernel addresses) or run it with sudo"
+    )
 }
 
 /// Whether an unprivileged user may collect `target` through the kernel's perf ring

@@ -2,7 +2,8 @@
 //! (`kubernetes-validate --strict`, PyPI, with its bundled schemas; `cargo xtask setup`
 //! installs it in a venv at `target/k8s-validate/`), and against what the rest of dist/
 //! says: the systemd unit's capabilities and memory backstop, the agent's own config
-//! check, the metrics port its liveness probe asks.
+//! check, the metrics port its liveness probe asks, on the pod's address, behind the
+//! NetworkPolicy.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -64,6 +65,7 @@ fn daemonset_passes_the_kubernetes_schemas() {
         "namespace/cpi-bpf",
         "configmap/cpi-bpf-agent",
         "daemonset/cpi-bpf",
+        "networkpolicy/cpi-bpf-metrics",
     ] {
         assert!(
             text.contains(&format!("passed for resource {resource}")),
@@ -142,7 +144,12 @@ fn daemonset_agrees_with_the_unit_and_the_agent() {
     let (store, vol) = mount("store");
     assert_eq!(arg("--store="), store);
     assert_eq!(vol["hostPath"]["path"], "/var/lib/cpi-bpf");
-    let port = arg("--metrics-addr=").rsplit(':').next().unwrap();
+    // Metrics on the pod's own address (the downward API's), not every address.
+    let (host, port) = arg("--metrics-addr=").rsplit_once(':').unwrap();
+    assert_eq!(host, "$(POD_IP)");
+    let env = c["env"].as_array().unwrap();
+    let pod_ip = env.iter().find(|e| e["name"] == "POD_IP").unwrap();
+    assert_eq!(pod_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
     let probe = &c["livenessProbe"]["httpGet"];
     assert_eq!(probe["path"], "/metrics");
     let named = c["ports"]
@@ -152,6 +159,23 @@ fn daemonset_agrees_with_the_unit_and_the_agent() {
         .find(|p| p["name"] == probe["port"])
         .expect("the probe's port is a named container port");
     assert_eq!(named["containerPort"].to_string(), port);
+    // Only what the NetworkPolicy lets in reaches that port: the agent's pods, ingress
+    // on the metrics port from the pods it names.
+    let policy = &kind("NetworkPolicy")["spec"];
+    assert_eq!(
+        policy["podSelector"]["matchLabels"],
+        kind("DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    );
+    assert_eq!(policy["policyTypes"], serde_json::json!(["Ingress"]));
+    let ingress = policy["ingress"].as_array().unwrap();
+    assert_eq!(ingress.len(), 1, "{ingress:?}");
+    assert_eq!(ingress[0]["ports"][0]["port"], named["name"]);
+    let from = ingress[0]["from"].as_array().unwrap();
+    assert!(
+        from.iter()
+            .all(|f| f["podSelector"]["matchLabels"].is_object()),
+        "a source without a pod selector lets every pod in: {from:?}"
+    );
     let (config, _) = mount("config");
     let (binary, _) = mount("binary");
     assert_eq!(c["command"][0], binary);
