@@ -1,6 +1,8 @@
 //! The overhead governor (`--overhead-budget PCT`). The agent's cost is its own CPU time
-//! in nanoseconds (`CLOCK_PROCESS_CPUTIME_ID`: every thread, user and system) plus the
-//! in-kernel run time of its BPF programs (BPF_ENABLE_STATS, `Session::bpf_run_time` in
+//! in nanoseconds (`CLOCK_PROCESS_CPUTIME_ID`: every thread, user and system) less its
+//! metrics server's (which answers whoever connects: a flood of connections is not
+//! sampling's cost, and counted it cut the rate to the floor), plus the in-kernel run
+//! time of its BPF programs (BPF_ENABLE_STATS, `Session::bpf_run_time` in
 //! cpi-user/src/collect/session.rs; they run on the sampled tasks' time, so the two
 //! barely overlap), as a fraction of one CPU over wall time.
 //!
@@ -68,7 +70,8 @@ pub(crate) const PRIOR_SAMPLE_COST: Duration = Duration::from_micros(8);
 /// Cumulative costs at one instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Usage {
-    /// User + system CPU time of the agent process, every thread, seconds.
+    /// User + system CPU time of the agent process, every thread but the metrics
+    /// server's, seconds.
     pub cpu_seconds: f64,
     /// In-kernel run time of its BPF programs, seconds (0 when unavailable).
     pub bpf_seconds: f64,

@@ -53,6 +53,7 @@ pub mod sink;
 pub mod store;
 mod sys;
 
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{
     channel, sync_channel, Receiver, RecvTimeoutError, SyncSender, TrySendError,
 };
@@ -169,6 +170,8 @@ pub struct Agent {
     pods: Option<PodFilter>,
     /// The session starts at its rate.
     governor: Governor,
+    /// The metrics server's CPU time, ns, which the governor leaves out ([`usage`]).
+    serving: Option<Arc<AtomicU64>>,
 }
 
 /// The pod filter's newest set of cgroups, not yet handed to the kernel filter.
@@ -184,7 +187,8 @@ pub struct Summary {
 }
 
 impl Sinks {
-    fn start(c: &AgentConfig) -> Result<Sinks, StartError> {
+    /// The sinks, and the metrics server's CPU time ([`Metrics::serving_cpu`]).
+    fn start(c: &AgentConfig) -> Result<(Sinks, Option<Arc<AtomicU64>>), StartError> {
         let store = Store::open(&c.store, c.retain, c.store_max_bytes, c.store_group)?;
         let mut metrics = c
             .metrics_addr
@@ -218,10 +222,11 @@ impl Sinks {
         if let Some(m) = &mut metrics {
             m.export_pushes(pushers.iter().map(Pusher::counts).collect());
         }
+        let serving = metrics.as_ref().map(Metrics::serving_cpu);
         let mut sinks: Vec<Box<dyn Sink>> = vec![Box::new(store)];
         sinks.extend(pushers.into_iter().map(|p| Box::new(p) as Box<dyn Sink>));
         sinks.extend(metrics.map(|m| Box::new(m) as Box<dyn Sink>));
-        Ok(Sinks(sinks))
+        Ok((Sinks(sinks), serving))
     }
 }
 
@@ -272,7 +277,7 @@ impl Agent {
     /// to the `log` facade.
     pub fn new(config: AgentConfig) -> Result<Agent, StartError> {
         sys::one_heap_arena();
-        let sinks = Sinks::start(&config)?;
+        let (sinks, serving) = Sinks::start(&config)?;
         let cpus = collect::target::online_cpus().len();
         let governor = Governor::new(
             config.overhead_budget_pct,
@@ -307,6 +312,7 @@ impl Agent {
             kubelet,
             pods,
             governor,
+            serving,
         })
     }
 
@@ -326,6 +332,7 @@ impl Agent {
             kubelet,
             pods,
             mut governor,
+            serving,
         } = self;
         let mode = session.mode();
         // One window waits while one is analysed: a slower analysis holds up draining,
@@ -347,7 +354,7 @@ impl Agent {
             }
             None => (None, None),
         };
-        governor.observe(usage(&session), Duration::ZERO);
+        governor.observe(usage(&session, serving.as_deref()), Duration::ZERO);
         let mut start = started;
         let mut window_started = Instant::now();
         let mut windows = 0u64;
@@ -369,7 +376,7 @@ impl Agent {
             windows += 1;
             let wall = window_started.elapsed();
             window_started = Instant::now();
-            if let Some(d) = governor.observe(usage(&session), wall) {
+            if let Some(d) = governor.observe(usage(&session, serving.as_deref()), wall) {
                 govern(&mut session, &mut governor, d, windows);
             }
             let job = Job {
@@ -595,11 +602,19 @@ fn bpf_seconds(s: &Session) -> f64 {
     s.bpf_run_time().map_or(0.0, |d| d.as_secs_f64())
 }
 
-fn usage(s: &Session) -> Usage {
+/// What the governor counts: the agent's CPU time less what its metrics server spent
+/// (`serving`, ns): a flood of scrapes must not move the sampling rate.
+fn usage(s: &Session, serving: Option<&AtomicU64>) -> Usage {
     Usage {
-        cpu_seconds: self_cpu_seconds().unwrap_or(0.0),
+        cpu_seconds: sampling_cpu_seconds(serving),
         bpf_seconds: bpf_seconds(s),
     }
+}
+
+/// This process's CPU time less `serving`'s (ns), seconds.
+fn sampling_cpu_seconds(serving: Option<&AtomicU64>) -> f64 {
+    let serving = serving.map_or(0, |ns| ns.load(std::sync::atomic::Ordering::Relaxed));
+    (self_cpu_seconds().unwrap_or(0.0) - serving as f64 / 1e9).max(0.0)
 }
 
 /// User + system CPU time of this process, all threads, to the nanosecond

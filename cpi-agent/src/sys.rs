@@ -1,7 +1,7 @@
 //! The agent's calls into the C library: the glibc allocator's tuning
 //! (`mallopt`, `malloc_trim`; on other C libraries they do nothing), and the clock tick
-//! `/proc` counts CPU time in (`sysconf(_SC_CLK_TCK)`), and the process's own CPU time
-//! (`clock_gettime`).
+//! `/proc` counts CPU time in (`sysconf(_SC_CLK_TCK)`), and the process's and the calling
+//! thread's own CPU time (`clock_gettime`).
 
 use std::time::Duration;
 
@@ -48,11 +48,21 @@ pub fn clock_ticks_per_second() -> f64 {
 /// 10 ms clock ticks: half a tick a window at the default budget with `--interval 1`,
 /// which made the governor read 0 % and 36 % by turns (issue 34).
 pub(crate) fn process_cpu_time() -> Option<Duration> {
+    cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+/// User + system CPU time of the calling thread, in nanoseconds
+/// (`CLOCK_THREAD_CPUTIME_ID`).
+pub(crate) fn thread_cpu_time() -> Option<Duration> {
+    cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+fn cpu_clock(clock: libc::clockid_t) -> Option<Duration> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes one timespec, which `ts` is.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &raw mut ts) };
+    let r = unsafe { libc::clock_gettime(clock, &raw mut ts) };
     (r == 0).then(|| Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
