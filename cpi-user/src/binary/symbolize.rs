@@ -25,6 +25,7 @@ use super::kallsyms::{Kallsyms, KernelSymbols};
 use super::negative::Failures;
 use super::perfmap::{Cut, PerfMap, MAX_PERF_MAP_BYTES, MAX_PERF_MAP_ENTRIES};
 use super::{Binary, BinaryCache, BinaryError, Function, Instruction};
+use crate::fsafe::budget;
 use crate::procmap::{CapturedFile, MappedObject, Mapping, ProcessMaps};
 
 /// Unusable files named in the log, at most.
@@ -350,17 +351,19 @@ impl Symbolizer {
     /// byte bound, dropped with its binary): the agent's later windows, and other
     /// processes mapping the same binary, do not demangle it again (it was ≈ 6 % of the
     /// agent's CPU on a host running builds; BENCHMARKS.md, "Agent CPU on a build host").
+    /// Cut to its budget (cpi-user/src/fsafe/text.rs, [`budget`]): a binary may name a
+    /// function with a 256 KiB symbol.
     pub fn display_name(&mut self, r: &Resolved) -> String {
         let name = &r.function.name;
         let CodeObject::Elf(bin) = &r.object else {
-            return demangle(name).into_owned();
+            return budget(&demangle(name)).into_owned();
         };
         if !may_be_mangled(name) {
-            return name.clone();
+            return budget(name).into_owned();
         }
         let f = &r.function;
         let d = self.cached((bin.id, f.start, f.size, Form::Name), || {
-            let shown: Arc<str> = demangle(name).into();
+            let shown: Arc<str> = budget(&demangle(name)).into();
             let bytes = shown.len();
             Ok((Decoding::Name(shown), bytes))
         });

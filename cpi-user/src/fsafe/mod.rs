@@ -35,7 +35,7 @@ pub use sys::page_size;
 mod text;
 
 pub use sys::{euid, soft_nofile_limit};
-pub use text::escape;
+pub use text::{budget, budget_in_place, escape, MAX_NAME_BYTES};
 
 use std::ffi::OsStr;
 use std::fs::File;

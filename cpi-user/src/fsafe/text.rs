@@ -32,9 +32,50 @@ pub fn escape(s: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// Longest name from another process (a symbol, a path, a comm) kept where it is
+/// stored or drawn: as long as the longest demangled name (cpi-user/src/binary/demangle.rs)
+/// and twice `PATH_MAX`. A longer one is cut ([`budget`]): one process's 256 KiB symbol,
+/// named in every call path that reaches it, made a 639 MB page of a 1.3 MB profile.
+pub const MAX_NAME_BYTES: usize = 8 << 10;
+
+/// `s` cut to at most [`MAX_NAME_BYTES`] at a character boundary, ending with how much
+/// was cut (`…[+M bytes]`). Borrowed when it fits; a cut name fits, so cutting again
+/// changes nothing.
+pub fn budget(s: &str) -> Cow<'_, str> {
+    if s.len() <= MAX_NAME_BYTES {
+        return Cow::Borrowed(s);
+    }
+    // Room for the ending: "…[+" and "bytes]" and up to 20 digits.
+    let mut end = MAX_NAME_BYTES - 32;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}…[+{} bytes]", &s[..end], s.len() - end))
+}
+
+/// [`budget`] in place.
+pub fn budget_in_place(s: &mut String) {
+    if s.len() > MAX_NAME_BYTES {
+        let cut = budget(s).into_owned();
+        *s = cut;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_names_are_cut_saying_how_much_once() {
+        assert!(matches!(budget("main"), Cow::Borrowed("main")));
+        let long = "é".repeat(100_000);
+        let cut = budget(&long);
+        assert!(cut.len() <= MAX_NAME_BYTES, "{}", cut.len());
+        let kept = cut.split('…').next().unwrap();
+        assert!(long.starts_with(kept));
+        assert!(cut.ends_with(&format!("…[+{} bytes]", long.len() - kept.len())));
+        assert!(matches!(budget(&cut), Cow::Borrowed(_)));
+    }
 
     #[test]
     fn controls_are_escaped_and_plain_text_is_borrowed() {

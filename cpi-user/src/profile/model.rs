@@ -635,7 +635,10 @@ pub struct StackProfile {
     /// Frames, leaf first: kernel frames (when kernel samples are included), then user
     /// frames. A profile file lists each by its number in the file's frame table
     /// ([`frame_numbers`]).
-    #[serde(serialize_with = "frame_numbers::serialize")]
+    #[serde(
+        serialize_with = "frame_numbers::serialize",
+        deserialize_with = "frame_numbers::deserialize"
+    )]
     pub frames: Vec<StackFrame>,
     /// How unwinding ended (cpi-user/src/profile/stack.rs).
     pub end: StackEnd,
@@ -680,7 +683,7 @@ pub struct StackFrame {
 /// (cpi-user/src/report/file.rs) numbers every frame of every path by its entry in the
 /// file's frame table, in the order serde writes the paths, and lends those numbers to
 /// [`StackProfile`]'s serialisation for that one write. Serialised any other way, frames
-/// are written whole, which the reader takes too.
+/// are written whole, which the reader takes too (`read`, numbers and whole frames).
 pub(crate) mod frame_numbers {
     use std::cell::RefCell;
 
@@ -691,6 +694,10 @@ pub(crate) mod frame_numbers {
     thread_local! {
         static LENT: RefCell<Option<std::vec::IntoIter<u32>>> = const { RefCell::new(None) };
     }
+
+    mod read;
+    pub(crate) use read::collect;
+    pub(super) use read::deserialize;
 
     /// Runs `write` with `numbers` (every path's frame numbers, paths in serialisation
     /// order) in place of the frames; they are taken back when it returns or unwinds.

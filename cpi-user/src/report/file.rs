@@ -19,6 +19,7 @@ use std::io::{BufRead, BufReader, BufWriter, Read, Write};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+use crate::fsafe::{budget_in_place, MAX_NAME_BYTES};
 use crate::profile::model::{frame_numbers, Profile, StackFrame, PROFILE_FORMAT_VERSION};
 
 /// Why a profile file could not be written or read back; each is one line naming the
@@ -407,7 +408,10 @@ fn read_from(r: impl Read, origin: &str) -> Result<Profile, ReadError> {
         inner: &mut text,
         bytes: 0,
     };
-    let value = serde_json::from_reader(BufReader::new(&mut counted));
+    let read = from_json(
+        serde_json::Deserializer::from_reader(BufReader::new(&mut counted)),
+        origin,
+    );
     // Either bound reached (of the file or of its decompressed text): whatever the
     // parser made of the cut, the file is too large.
     if counted.bytes > MAX_PROFILE_BYTES {
@@ -417,11 +421,7 @@ fn read_from(r: impl Read, origin: &str) -> Result<Profile, ReadError> {
     if r.get_ref().limit() == 0 {
         return Err(too_large());
     }
-    let value = value.map_err(|e| match e.io_error_kind() {
-        Some(_) => ReadError::Io(e.into()),
-        None => ReadError::Profile(json_error(e, origin)),
-    })?;
-    from_value(value, origin).map_err(ReadError::Profile)
+    read
 }
 
 /// Counts the bytes read through it (the decompressed length of a gzip'd profile).
@@ -456,44 +456,64 @@ fn json_error(e: serde_json::Error, origin: &str) -> ProfileFileError {
 
 /// Parses a profile file's bytes; `origin` names it in errors.
 pub fn parse(bytes: &[u8], origin: &str) -> Result<Profile, ProfileFileError> {
-    from_value(
-        serde_json::from_slice(bytes).map_err(|e| json_error(e, origin))?,
-        origin,
-    )
+    from_json(serde_json::Deserializer::from_slice(bytes), origin).map_err(|e| match e {
+        ReadError::Io(e) => ProfileFileError::Io {
+            path: origin.into(),
+            error: e,
+        },
+        ReadError::Profile(e) => e,
+    })
 }
 
-/// The profile of a file's JSON. Two steps so the version is checked before the shape: a
-/// newer file must say "newer", not "missing field".
-fn from_value(value: serde_json::Value, origin: &str) -> Result<Profile, ProfileFileError> {
-    let origin = origin.to_string();
-    let version = match value.get("format_version") {
-        Some(v) => v.as_u64().ok_or_else(|| ProfileFileError::Corrupt {
-            origin: origin.clone(),
-            detail: format!("format_version is {v}, not a version number"),
-        })?,
-        None => return Err(ProfileFileError::NotAProfile { origin }),
+/// Each frame of a call path costs at least this much memory once its names are
+/// written out ([`StackFrame`], and the two names' heap blocks).
+const FRAME_BYTES: usize = size_of::<StackFrame>() + 32;
+
+/// The most frames a file's call paths may list: each number of a few bytes in the text
+/// becomes a [`StackFrame`], and [`MAX_PROFILE_BYTES`] of them is what a file may take.
+pub const MAX_FILE_FRAMES: usize = MAX_PROFILE_BYTES as usize / FRAME_BYTES;
+
+/// The profile of a file's JSON, read as a stream into the model: nothing the model
+/// does not hold is kept (an unknown field is skipped as it is read), the call paths'
+/// frames are at most [`MAX_FILE_FRAMES`], and the version is checked as it is read, so
+/// a newer file says "newer", not "missing field".
+fn from_json<'de, R: serde_json::de::Read<'de>>(
+    mut de: serde_json::Deserializer<R>,
+    origin: &str,
+) -> Result<Profile, ReadError> {
+    let mut file = FileState {
+        origin: origin.to_string(),
+        versioned: false,
+        refused: None,
+        functions: Vec::new(),
+        frames: Vec::new(),
     };
-    if version > PROFILE_FORMAT_VERSION as u64 {
-        return Err(ProfileFileError::FutureVersion {
-            origin,
-            found: version,
-            supported: PROFILE_FORMAT_VERSION,
-        });
-    }
-    if version == 0 {
-        return Err(ProfileFileError::Corrupt {
-            origin,
-            detail: "format_version 0 was never written".into(),
-        });
-    }
-    let mut value = value;
-    if version >= 2 {
-        write_out_frames(&mut value, &origin)?;
-    }
-    let mut p: Profile = serde_json::from_value(value).map_err(|e| ProfileFileError::Corrupt {
-        origin: origin.clone(),
-        detail: e.to_string(),
+    let (read, numbered) = frame_numbers::collect(MAX_FILE_FRAMES, || {
+        let p = Profile::deserialize(Intercept {
+            inner: &mut de,
+            file: &mut file,
+        })?;
+        de.end().map(|()| p)
+    });
+    let mut p = read.map_err(|e| {
+        let origin = origin.to_string();
+        if let Some(refused) = file.refused.take() {
+            ReadError::Profile(refused)
+        } else if e.io_error_kind().is_some() {
+            ReadError::Io(e.into())
+        } else if e.is_eof() || e.is_syntax() {
+            ReadError::Profile(json_error(e, &origin))
+        } else if !file.versioned {
+            ReadError::Profile(ProfileFileError::NotAProfile { origin })
+        } else {
+            ReadError::Profile(ProfileFileError::Corrupt {
+                origin,
+                detail: e.to_string(),
+            })
+        }
     })?;
+    write_out_frames(&mut p, &file, &numbered, origin).map_err(ReadError::Profile)?;
+    cut_names(&mut p);
     p.format_version = PROFILE_FORMAT_VERSION;
     // Merging cuts blocks at their bounds (cpi-user/src/profile/merge.rs): a block that
     // ends before it starts is a corrupt file, found by fuzzing (tests/tests/it/fuzz.rs).
@@ -504,103 +524,314 @@ fn from_value(value: serde_json::Value, origin: &str) -> Result<Profile, Profile
         .flat_map(|f| f.blocks.iter().map(move |b| (f, b)))
         .find(|(_, b)| b.end < b.start);
     if let Some((f, b)) = reversed {
-        return Err(ProfileFileError::Corrupt {
-            origin,
+        return Err(ReadError::Profile(ProfileFileError::Corrupt {
+            origin: origin.to_string(),
             detail: format!(
                 "a block of {} ends at {:#x}, before its start {:#x}",
                 f.name, b.end, b.start
             ),
-        });
+        }));
     }
     Ok(p)
 }
 
-/// Format 2's call paths as format 1 held them: each frame number replaced by its frame
-/// from the table (a frame written whole stays). Bounded: the frames written out hold
-/// at most [`MAX_PROFILE_BYTES`] of names, what a format-1 file could, so a small file
-/// naming one long name many times does not grow memory without end.
-fn write_out_frames(value: &mut serde_json::Value, origin: &str) -> Result<(), ProfileFileError> {
+/// What the reader keeps beside the profile: the version was read, why the file was
+/// refused (its version), and format 2's frame table.
+struct FileState {
+    /// The file's name as given.
+    origin: String,
+    versioned: bool,
+    refused: Option<ProfileFileError>,
+    functions: Vec<TableFunction<'static>>,
+    frames: Vec<TableFrame>,
+}
+
+/// The file's top-level object handed to [`Profile`]'s own deserialisation, less the
+/// frame table (kept in [`FileState`]), its version checked on the way.
+struct Intercept<'a, D> {
+    inner: D,
+    file: &'a mut FileState,
+}
+
+impl<'de, D: serde::Deserializer<'de>> serde::Deserializer<'de> for Intercept<'_, D> {
+    type Error = D::Error;
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, v: V) -> Result<V::Value, D::Error> {
+        let file = self.file;
+        self.inner
+            .deserialize_map(InterceptVisitor { inner: v, file })
+    }
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _: &'static str,
+        _: &'static [&'static str],
+        v: V,
+    ) -> Result<V::Value, D::Error> {
+        self.deserialize_any(v)
+    }
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+        byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+        identifier ignored_any
+    }
+}
+
+struct InterceptVisitor<'a, V> {
+    inner: V,
+    file: &'a mut FileState,
+}
+
+impl<'de, V: serde::de::Visitor<'de>> serde::de::Visitor<'de> for InterceptVisitor<'_, V> {
+    type Value = V::Value;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a profile (a JSON object)")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
+        self.inner.visit_map(InterceptMap {
+            map,
+            file: self.file,
+            version: None,
+        })
+    }
+}
+
+struct InterceptMap<'a, A> {
+    map: A,
+    file: &'a mut FileState,
+    /// The version just read, handed to the profile as its `format_version`.
+    version: Option<u32>,
+}
+
+impl<'de, A: serde::de::MapAccess<'de>> serde::de::MapAccess<'de> for InterceptMap<'_, A> {
+    type Error = A::Error;
+    fn next_key_seed<K: serde::de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        use serde::de::{Error, IntoDeserializer};
+        loop {
+            let Some(key) = self.map.next_key::<Cow<'de, str>>()? else {
+                return Ok(None);
+            };
+            match &*key {
+                "format_version" => {
+                    self.file.versioned = true;
+                    let v: Version = self.map.next_value()?;
+                    match v.check(&self.file.origin) {
+                        Ok(n) => self.version = Some(n),
+                        Err(refused) => {
+                            self.file.refused = Some(refused);
+                            return Err(A::Error::custom("refused"));
+                        }
+                    }
+                }
+                "stack_functions" => {
+                    let mut functions: Vec<TableFunction> = self.map.next_value()?;
+                    // Cut before they are written out into every frame that names them.
+                    for f in &mut functions {
+                        budget_in_place(f.name.to_mut());
+                        budget_in_place(f.binary.to_mut());
+                    }
+                    self.file.functions = functions;
+                    continue;
+                }
+                "stack_frames" => {
+                    self.file.frames = self.map.next_value()?;
+                    continue;
+                }
+                _ => {}
+            }
+            return seed.deserialize(key.into_deserializer()).map(Some);
+        }
+    }
+    fn next_value_seed<V: serde::de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, A::Error> {
+        use serde::de::IntoDeserializer;
+        match self.version.take() {
+            Some(n) => seed.deserialize(n.into_deserializer()),
+            None => self.map.next_value_seed(seed),
+        }
+    }
+}
+
+/// A file's `format_version` as read: a number, or what stood there instead.
+enum Version {
+    Number(u64),
+    Not(String),
+}
+
+impl Version {
+    /// The version when this build reads it; else why the file `origin` is refused.
+    fn check(self, origin: &str) -> Result<u32, ProfileFileError> {
+        let origin = origin.to_string();
+        match self {
+            Version::Not(v) => Err(ProfileFileError::Corrupt {
+                origin,
+                detail: format!("format_version is {v}, not a version number"),
+            }),
+            Version::Number(0) => Err(ProfileFileError::Corrupt {
+                origin,
+                detail: "format_version 0 was never written".into(),
+            }),
+            Version::Number(found) if found > PROFILE_FORMAT_VERSION as u64 => {
+                Err(ProfileFileError::FutureVersion {
+                    origin,
+                    found,
+                    supported: PROFILE_FORMAT_VERSION,
+                })
+            }
+            Version::Number(n) => Ok(n as u32),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Version {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Version, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Version;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a version number")
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<Version, E> {
+                Ok(Version::Number(n))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<Version, E> {
+                Ok(Version::Not(n.to_string()))
+            }
+            fn visit_f64<E>(self, n: f64) -> Result<Version, E> {
+                Ok(Version::Not(n.to_string()))
+            }
+            fn visit_bool<E>(self, b: bool) -> Result<Version, E> {
+                Ok(Version::Not(b.to_string()))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Version, E> {
+                Ok(Version::Not("a string".into()))
+            }
+            fn visit_unit<E>(self) -> Result<Version, E> {
+                Ok(Version::Not("null".into()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut s: A,
+            ) -> Result<Version, A::Error> {
+                while s.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Version::Not("a list".into()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<Version, A::Error> {
+                while m
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Version::Not("an object".into()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The names another process gave (comm, binaries, functions, frames, call edges) cut
+/// to their budget (cpi-user/src/fsafe/text.rs), as the collector cuts them: a file
+/// written before the budget, or by someone else, draws no longer names than a run.
+fn cut_names(p: &mut Profile) {
+    for b in &mut p.binaries {
+        budget_in_place(&mut b.path);
+    }
+    for x in &mut p.processes {
+        budget_in_place(&mut x.comm);
+        for f in &mut x.functions {
+            budget_in_place(&mut f.name);
+            budget_in_place(&mut f.binary);
+            // A cut symbol names nothing BOLT could find.
+            f.mangled.take_if(|m| m.len() > MAX_NAME_BYTES);
+            for e in &mut f.edges {
+                for s in [&mut e.to_function, &mut e.to_binary].into_iter().flatten() {
+                    budget_in_place(s);
+                }
+            }
+        }
+        for c in &mut x.calls {
+            for s in [
+                &mut c.caller,
+                &mut c.caller_binary,
+                &mut c.callee,
+                &mut c.callee_binary,
+            ] {
+                budget_in_place(s);
+            }
+        }
+        for f in x.stacks.iter_mut().flat_map(|s| &mut s.frames) {
+            budget_in_place(&mut f.function);
+            budget_in_place(&mut f.binary);
+        }
+    }
+}
+
+/// Format 2's call paths as the model holds them: each numbered frame replaced by its
+/// frame from the table. Bounded: the frames written out hold at most
+/// [`MAX_PROFILE_BYTES`] of names, what a format-1 file could, so a small file naming
+/// one long name many times does not grow memory without end.
+fn write_out_frames(
+    p: &mut Profile,
+    file: &FileState,
+    numbered: &[bool],
+    origin: &str,
+) -> Result<(), ProfileFileError> {
     let corrupt = |detail: String| ProfileFileError::Corrupt {
         origin: origin.to_string(),
         detail,
     };
-    let Some(top) = value.as_object_mut() else {
-        return Ok(());
+    let frames = || {
+        p.processes
+            .iter()
+            .flat_map(|x| &x.stacks)
+            .flat_map(|s| &s.frames)
+            .zip(numbered)
+            .filter(|(_, &n)| n)
+            .map(|(f, _)| f.address)
     };
-    let functions: Vec<TableFunction> = take_table(top, "stack_functions", origin)?;
-    let frames: Vec<TableFrame> = take_table(top, "stack_frames", origin)?;
-    let frames = frames
-        .iter()
-        .map(|f| {
-            let func = functions.get(f.function as usize).ok_or_else(|| {
-                corrupt(format!(
-                    "a frame names function {} of {} in stack_functions",
-                    f.function,
-                    functions.len()
-                ))
-            })?;
-            let frame = serde_json::json!({
-                "function": func.name,
-                "binary": func.binary,
-                "address": f.address,
-            });
-            Ok((frame, (func.name.len() + func.binary.len() + 48) as u64))
-        })
-        .collect::<Result<Vec<_>, ProfileFileError>>()?;
     // Checked before a frame is written out: a refused file costs no copies.
-    let in_paths = path_frames(top);
     let mut bytes = 0u64;
-    for n in in_paths.iter().filter_map(|f| f.as_u64()) {
-        let (_, size) = frames.get(n as usize).ok_or_else(|| {
+    for n in frames() {
+        let frame = file.frames.get(n as usize).ok_or_else(|| {
             corrupt(format!(
                 "a call path names frame {n} of {} in stack_frames",
-                frames.len()
+                file.frames.len()
             ))
         })?;
-        bytes += size;
+        let func = file.functions.get(frame.function as usize).ok_or_else(|| {
+            corrupt(format!(
+                "a frame names function {} of {} in stack_functions",
+                frame.function,
+                file.functions.len()
+            ))
+        })?;
+        bytes += (func.name.len() + func.binary.len() + FRAME_BYTES) as u64;
         if bytes > MAX_PROFILE_BYTES {
             return Err(ProfileFileError::TooLarge {
                 origin: origin.to_string(),
             });
         }
     }
-    for f in in_paths {
-        // A frame written whole stays as it is.
-        if let Some(n) = f.as_u64() {
-            *f = frames[n as usize].0.clone();
-        }
+    let all = p
+        .processes
+        .iter_mut()
+        .flat_map(|x| &mut x.stacks)
+        .flat_map(|s| &mut s.frames);
+    for (f, _) in all.zip(numbered).filter(|(_, &n)| n) {
+        let frame = &file.frames[f.address as usize];
+        let func = &file.functions[frame.function as usize];
+        *f = StackFrame {
+            function: func.name.to_string(),
+            binary: func.binary.to_string(),
+            address: frame.address,
+        };
     }
     Ok(())
-}
-
-/// Every entry of every call path's `frames` in a file's JSON.
-fn path_frames(
-    top: &mut serde_json::Map<String, serde_json::Value>,
-) -> Vec<&mut serde_json::Value> {
-    top.get_mut("processes")
-        .and_then(|v| v.as_array_mut())
-        .into_iter()
-        .flatten()
-        .filter_map(|x| x.get_mut("stacks").and_then(|v| v.as_array_mut()))
-        .flatten()
-        .filter_map(|p| p.get_mut("frames").and_then(|v| v.as_array_mut()))
-        .flatten()
-        .collect()
-}
-
-/// The table `key` of a format-2 file, taken out of it (none: empty).
-fn take_table<T: serde::de::DeserializeOwned>(
-    top: &mut serde_json::Map<String, serde_json::Value>,
-    key: &str,
-    origin: &str,
-) -> Result<Vec<T>, ProfileFileError> {
-    match top.remove(key) {
-        Some(v) => serde_json::from_value(v).map_err(|e| ProfileFileError::Corrupt {
-            origin: origin.to_string(),
-            detail: format!("{key}: {e}"),
-        }),
-        None => Ok(Vec::new()),
-    }
 }
 
 impl Profile {

@@ -435,6 +435,64 @@ fn store_window() {
     ran(n, 4);
 }
 
+/// A golden time profile whose first process has one call path of `frames` (JSON text)
+/// over a one-frame table.
+fn profile_with_frames(frames: &str) -> Vec<u8> {
+    let mut p: serde_json::Value =
+        serde_json::from_slice(&data("tests/golden/time_profile.json")).expect("golden");
+    p["processes"][0]["stacks"] = serde_json::json!("@frames@");
+    p["stack_functions"] = serde_json::json!([{"name": "f", "binary": "/bin/b"}]);
+    p["stack_frames"] = serde_json::json!([{"function": 0, "address": 16}]);
+    let path = format!(r#"[{{"frames": {frames}, "end": "complete", "samples": 1}}]"#);
+    p.to_string().replace("\"@frames@\"", &path).into_bytes()
+}
+
+/// Small files of large content: what the profile reader holds follows what the model
+/// keeps, not the text. A gzip'd window of one unknown field holding 200 MiB of empty
+/// objects (`{"format_version":2,"x":[{"a":0},…]}`, parsed into a `serde_json::Value`
+/// first, took 5.4 GB) is skipped as it is read; a call path listing more frames than a
+/// file may is refused at the bound, in one error.
+#[test]
+fn profile_bombs_read_in_memory_that_follows_the_content() {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    gz.write_all(b"{\"format_version\":2,\"x\":[").unwrap();
+    let mib = b"{\"a\":0},".repeat(1 << 17);
+    for _ in 0..200 {
+        gz.write_all(&mib).unwrap();
+    }
+    gz.write_all(b"{\"a\":0}]}").unwrap();
+    let bomb = gz.finish().unwrap();
+    let mut read = None;
+    let peak = peak_heap(|| read = Some(file::read_stream(Cursor::new(&bomb), "bomb.json.gz")));
+    let e = read.unwrap().expect_err("no profile in the bomb");
+    eprintln!("{} byte gzip: {peak} bytes at the peak: {e}", bomb.len());
+    assert!(e.to_string().contains("missing field"), "{e}");
+    assert!(
+        peak < 16 << 20,
+        "{peak} bytes for a {} byte gzip",
+        bomb.len()
+    );
+
+    // As many frames as a file may list read; one more is refused.
+    let zeros = |n: usize| format!("[{}0]", "0,".repeat(n - 1));
+    let mut read = None;
+    let text = profile_with_frames(&zeros(file::MAX_FILE_FRAMES + 1));
+    let peak = peak_heap(|| read = Some(file::parse(&text, "frames.json")));
+    let e = read.unwrap().expect_err("over the frame bound");
+    eprintln!(
+        "{} bytes of frames: {peak} bytes at the peak: {e}",
+        text.len()
+    );
+    assert!(e.to_string().contains("more than"), "{e}");
+    assert!(peak <= MAX_LIVE, "{peak} bytes");
+    let p = file::parse(&profile_with_frames(&zeros(3)), "three.json").expect("three frames");
+    let f = &p.processes[0].stacks[0].frames;
+    assert_eq!(f.len(), 3);
+    assert!(f
+        .iter()
+        .all(|f| (&*f.function, &*f.binary, f.address) == ("f", "/bin/b", 16)));
+}
+
 #[test]
 fn agent_config() {
     let n = fuzz("agent_config", vec![data("dist/agent.toml")], |b| {

@@ -21,6 +21,7 @@ mod fuzz;
 mod hostile;
 mod hostile_deputy;
 mod hostile_report;
+mod hostile_names;
 mod hostile_threads;
 mod hostile_tmpfs;
 mod identity;

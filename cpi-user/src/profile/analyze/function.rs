@@ -11,6 +11,7 @@ use super::estimate::{cpi_of, role_index, Tally};
 use super::resolve::{FuncKey, FunctionWork};
 use super::{sample_role, Ctx, LineDetail};
 use crate::binary::{Binary, BinaryError, Cfg, CodeObject, Instruction, Symbolizer};
+use crate::fsafe::MAX_NAME_BYTES;
 use crate::profile::error::{self, Groups};
 use crate::profile::flow::check_range;
 use crate::profile::model::{FunctionProfile, InstructionProfile, Measures};
@@ -226,7 +227,10 @@ fn sampled_profile(
     };
     FunctionProfile {
         name: name.to_string(),
-        mangled: (name != w.function.name).then(|| w.function.name.clone()),
+        // A symbol over the name budget (cpi-user/src/fsafe/text.rs) is not kept: cut,
+        // it names nothing BOLT could find.
+        mangled: (name != w.function.name && w.function.name.len() <= MAX_NAME_BYTES)
+            .then(|| w.function.name.clone()),
         binary: w.object_name.clone(),
         address: w.function.start,
         size: w.function.size,

@@ -1,0 +1,93 @@
+//! What a local user's long names cost root: a function named with 1 MiB, reached from
+//! 600 callers, in a window of the agent's store. Names are cut to their budget
+//! (cpi-user/src/fsafe/text.rs) as they are read, before they are written out into every
+//! call path that names them: the window is read (it was skipped whole, its names over
+//! the reader's 256 MiB), its page stays small, and the cut says how much was cut.
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Command;
+use std::time::Duration;
+
+use cpi_agent::store::{self, Store};
+use cpi_tests::{cpi_bpf, stderr, temp_dir, workspace_root};
+
+use crate::report_fixture::time_profile;
+
+/// The golden time profile with `callers` call paths, each a caller's frame under one
+/// function named with `name_bytes` bytes, in format 2 (a frame table); the paths hold
+/// most of the time, so the flame graph draws every one.
+fn long_named_window(name_bytes: usize, callers: usize) -> Vec<u8> {
+    let golden = std::fs::read(workspace_root().join("tests/golden/time_profile.json")).unwrap();
+    let mut p: serde_json::Value = serde_json::from_slice(&golden).unwrap();
+    let long = "L".repeat(name_bytes);
+    let mut functions = vec![serde_json::json!({"name": long, "binary": "/usr/bin/x"})];
+    let mut frames = vec![serde_json::json!({"function": 0, "address": 16})];
+    let mut paths = Vec::new();
+    for i in 0..callers {
+        functions.push(serde_json::json!({"name": format!("caller{i}"), "binary": "/usr/bin/x"}));
+        frames.push(serde_json::json!({"function": i + 1, "address": 4096 + i}));
+        paths.push(serde_json::json!({
+            "frames": [0, i + 1],
+            "end": "complete",
+            "samples": 1000,
+            "time_ns": 1e9,
+        }));
+    }
+    p["processes"][0]["stacks"] = paths.into();
+    p["stack_functions"] = functions.into();
+    p["stack_frames"] = frames.into();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    serde_json::to_writer(&mut gz, &p).unwrap();
+    gz.finish().unwrap()
+}
+
+#[test]
+fn a_window_of_long_names_is_read_with_its_names_cut() {
+    let dir = temp_dir("hostile-long-names");
+    let s = dir.join("store");
+    let mut st = Store::open(&s, store::DEFAULT_RETAIN, 1 << 30, None).unwrap();
+    let t = |secs: u64| std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs);
+    st.write(&cpi_agent::Window {
+        start: t(0),
+        end: t(10),
+        profile: time_profile(),
+    })
+    .unwrap();
+    let window = s.join("w-1700000010000-1700000020000.json.gz");
+    let mut f = std::fs::File::create(&window).unwrap();
+    f.write_all(&long_named_window(1 << 20, 600)).unwrap();
+    f.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .unwrap();
+    drop(f);
+    let page = dir.join("page.html");
+    let r = Command::new("/usr/bin/time")
+        .args(["-f", "peak-kib %M"])
+        .arg(cpi_bpf())
+        .args(["report", "--format", "html", "--output"])
+        .arg(&page)
+        .arg("--store")
+        .arg(&s)
+        .output()
+        .unwrap();
+    let err = stderr(&r);
+    assert!(r.status.success(), "{err}");
+    assert!(!err.contains("skipped"), "a window was skipped: {err}");
+    let peak_kib: u64 = err
+        .lines()
+        .find_map(|l| l.strip_prefix("peak-kib ")?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no peak from /usr/bin/time: {err}"));
+    let html = std::fs::read_to_string(&page).unwrap();
+    eprintln!("page {} bytes, peak RSS {peak_kib} KiB", html.len());
+    // The name is drawn cut, saying how much of its 1 MiB was cut.
+    let cut = html.find("…[+").expect("a cut name on the page");
+    assert!(
+        html[cut..].starts_with("…[+1040416 bytes]"),
+        "{}",
+        &html[cut..cut + 40]
+    );
+    assert!(html.contains("caller599"), "every caller is on the page");
+    assert!(html.len() < 64 << 20, "a page of {} bytes", html.len());
+    assert!(peak_kib < 512 << 10, "peak RSS {peak_kib} KiB");
+    let _ = std::fs::remove_dir_all(&dir);
+}
