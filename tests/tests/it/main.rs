@@ -43,6 +43,7 @@ mod report_otlp;
 mod report_pprof;
 mod report_tables;
 mod report_tree;
+mod short_lived;
 mod simulate;
 mod simulate_bench;
 mod simulate_exec;
