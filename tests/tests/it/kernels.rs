@@ -282,6 +282,17 @@ fn check(
         "doctor: {}",
         mode.split(" — ").next().unwrap_or(mode)
     ));
+    // `-- CMD` and `--pid` count per CPU with the filter following the tree in the
+    // kernel (raw tracepoints): a kernel that refused them would fall back to per-thread
+    // events and say so in a note, and the split alone would not tell.
+    for step in ["oneshot", "pid"] {
+        if run.stderr(step).contains("cannot follow") {
+            return Err(format!(
+                "{step} fell back to per-thread events:\n{}",
+                run.stderr(step)
+            ));
+        }
+    }
     seen.push(check_split(&run.json("oneshot-json")?, "one-shot")?);
     seen.push(check_split(&run.json("pid-json")?, "--pid")?);
     run.step("agent")?;
