@@ -253,6 +253,8 @@ pub fn profile_of(
         perturbation: cfg.perturbation,
         lost: LossReport {
             thinned: pmu.thinned,
+            // The `[dropped]` path's samples, said as the collector says them.
+            stacks_evicted: samples.stacks_evicted(),
             ..LossReport::default()
         },
     };
