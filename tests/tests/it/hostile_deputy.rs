@@ -163,7 +163,9 @@ fn squatter(port: u16) -> KillOnDrop {
                 \x20   except Exception: pass\n\
                 \x20   c.close()\n";
     let mut child = KillOnDrop(
-        Command::new("python3")
+        // Debian's, by its path: a python3 found first on root's PATH (pyenv's shims
+        // under /root) is not one uid 65534 may run.
+        Command::new("/usr/bin/python3")
             .args(["-c", prog, &port.to_string()])
             .uid(USER)
             .gid(USER)
