@@ -145,18 +145,21 @@ fn no_time_makes_report_panic() {
         "@18446744073709551615",
     ]);
     assert_one_error_line(&out, "@18446744073709551615");
+    // Two windows, so the HTML draws its chart over them, with their times.
     let far = UNIX_EPOCH + Duration::from_secs(253_402_300_800);
-    st.write(&cpi_agent::Window {
-        start: far,
-        end: far + Duration::from_secs(10),
-        profile: time_profile(),
-    })
-    .unwrap();
+    for i in 0..2 {
+        st.write(&cpi_agent::Window {
+            start: far + Duration::from_secs(10 * i),
+            end: far + Duration::from_secs(10 * i + 10),
+            profile: time_profile(),
+        })
+        .unwrap();
+    }
     let (out, _) = report(&["report", "--store", store_arg]);
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
     assert!(
-        err.contains("1 windows from @253402300800 to @253402300810 merged"),
+        err.contains("2 windows from @253402300800 to @253402300820 merged"),
         "{err}"
     );
     let html = dir.join("far.html");
