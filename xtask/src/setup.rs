@@ -16,7 +16,8 @@ use anyhow::{bail, Context};
 /// split debug files off them), valgrind (the tracer and its
 /// headers, libs and valgrind.pc), pkgconf (pkg-config: the tracer build reads
 /// valgrind.pc), golang-go (`go tool pprof`), bolt-22 (llvm-bolt / perf2bolt for `.fdata`),
-/// llvm-19 (llvm-profgen), linux-perf (`perf report`/`perf script`: the references the
+/// llvm-19 (llvm-profgen), clang-19 (the code shapes clang lays out, built beside gcc's:
+/// tests/tests/it/simulate_shapes.rs), linux-perf (`perf report`/`perf script`: the references the
 /// imports of real recordings are checked against, tests/tests/it/import_real.rs),
 /// prometheus (the server that scrapes the agent in tests/tests/agent_sinks.rs),
 /// qemu-system-x86 and busybox-static (the kernel matrix, tests/tests/it/kernels.rs),
@@ -37,6 +38,7 @@ const PACKAGES: &[&str] = &[
     "golang-go",
     "bolt-22",
     "llvm-19",
+    "clang-19",
     "linux-perf",
     "prometheus",
     "qemu-system-x86",
