@@ -625,7 +625,10 @@ impl<'de, A: serde::de::MapAccess<'de>> serde::de::MapAccess<'de> for InterceptM
                     }
                 }
                 "stack_functions" => {
-                    let mut functions: Vec<TableFunction> = self.map.next_value()?;
+                    let mut functions: Vec<TableFunction> = self
+                        .map
+                        .next_value()
+                        .map_err(|e| A::Error::custom(format_args!("stack_functions: {e}")))?;
                     // Cut before they are written out into every frame that names them.
                     for f in &mut functions {
                         budget_in_place(f.name.to_mut());
@@ -635,7 +638,10 @@ impl<'de, A: serde::de::MapAccess<'de>> serde::de::MapAccess<'de> for InterceptM
                     continue;
                 }
                 "stack_frames" => {
-                    self.file.frames = self.map.next_value()?;
+                    self.file.frames = self
+                        .map
+                        .next_value()
+                        .map_err(|e| A::Error::custom(format_args!("stack_frames: {e}")))?;
                     continue;
                 }
                 _ => {}
