@@ -18,6 +18,7 @@ mod daemonset;
 mod dashboard;
 mod demangle;
 mod fuzz;
+mod go_stripped;
 mod hostile;
 mod hostile_deputy;
 mod hostile_names;
