@@ -15,9 +15,11 @@ use cpi_tests::tracer::tool_dir;
 use cpi_user::sim::accuracy::{misses, Accuracy, CPI_SHARE_FLOOR};
 use cpi_user::sim::pmu::PmuConfig;
 
-/// Rounds of sim_shapes: ≈ 12 000 branch samples at the default period, enough for each
-/// shape's function (≥ 4 % of the cycles) to carry an error of a few percent.
-const ROUNDS: &str = "12000";
+/// Rounds of sim_shapes: ≈ 40 000 branch samples at the default period (4 s a build),
+/// so each shape's function (≥ 4 % of the cycles) carries an error of 1-4 % and the
+/// noise alone costs the overlap ≈ 0.007. At 12 000 rounds the noise cost ≈ 0.01-0.02:
+/// one CI machine read 0.9789 with every function within its errors.
+const ROUNDS: &str = "48000";
 
 /// The accuracy of `cpi-bpf simulate` (default model) of `cmd`, or `None` after
 /// `skip` when the tracer is missing.
