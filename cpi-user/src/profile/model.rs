@@ -799,6 +799,24 @@ pub struct FunctionProfile {
     pub lines: Vec<InstructionProfile>,
 }
 
+/// Of a process's cycles, the share in code whose bytes could not be read (anonymous
+/// executable memory, as JIT compilers write; `[vdso]` and other special mappings): its
+/// instructions are unknown, so a CPI over the process would lack them. `None` without
+/// cycles.
+pub fn unreadable_code_share(functions: &[FunctionProfile]) -> Option<f64> {
+    let cycles = |f: &&FunctionProfile| f.measures.cycles.unwrap_or(0.0);
+    let total: f64 = functions.iter().map(|f| cycles(&f)).sum();
+    let unreadable: f64 = (functions.iter())
+        .filter(|f| f.binary.starts_with('[') && f.binary != "[kernel]")
+        .map(|f| cycles(&f))
+        .sum();
+    (total > 0.0).then(|| unreadable / total)
+}
+
+/// A process's CPI is withheld when this share of its cycles or more is in code whose
+/// instructions are unknown ([`unreadable_code_share`]).
+pub const UNREADABLE_CODE_CEILING: f64 = 0.01;
+
 impl FunctionProfile {
     /// The symbol as the binary spells it.
     pub fn symbol(&self) -> &str {
