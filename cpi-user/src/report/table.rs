@@ -159,7 +159,7 @@ fn grouped(p: &Profile, by: GroupBy) -> Profile {
 /// `p`'s processes with those of one name merged into one (profile/merge.rs), whose pid
 /// is 0 where the name had several (perf's `--sort comm`), and the number of processes
 /// behind each name.
-fn by_name(p: &Profile) -> (Cow<'_, [ProcessProfile]>, BTreeMap<String, usize>) {
+pub(crate) fn by_name(p: &Profile) -> (Cow<'_, [ProcessProfile]>, BTreeMap<String, usize>) {
     let mut n: BTreeMap<String, usize> = BTreeMap::new();
     for pr in &p.processes {
         *n.entry(pr.comm.clone()).or_default() += 1;
@@ -178,7 +178,7 @@ fn by_name(p: &Profile) -> (Cow<'_, [ProcessProfile]>, BTreeMap<String, usize>) 
 }
 
 /// The pid column of `pr` in a view by name: `N pids` for a merged name.
-fn pid_text(pr: &ProcessProfile, processes: &BTreeMap<String, usize>) -> String {
+pub(crate) fn pid_text(pr: &ProcessProfile, processes: &BTreeMap<String, usize>) -> String {
     match processes.get(&pr.comm) {
         Some(&n) if pr.pid == 0 && n > 1 => format!("{n} pids"),
         _ => pr.pid.to_string(),

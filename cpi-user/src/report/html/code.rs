@@ -7,7 +7,8 @@ use serde::Serialize;
 
 use super::{colour, flame, Graph, CODE_FUNCTIONS, TABLE_ROWS};
 use crate::profile::model::{FunctionProfile, InstructionProfile, ProcessProfile, Profile};
-use crate::report::table::{annotate, share_pm, si, time, Notes};
+use crate::report::table::names::short_name;
+use crate::report::table::{annotate, pid_text, share_pm, si, time, Notes};
 use flame::Width;
 
 /// An amount of the width measure, as the page writes it.
@@ -139,8 +140,12 @@ pub(crate) fn code_ids(p: &Profile, width: Width) -> HashMap<(String, String), u
 #[derive(Serialize)]
 pub(crate) struct FunctionRow {
     name: String,
+    /// The name as the terminal shortens it (the full one is the cell's tooltip).
+    short: String,
     comm: String,
     pid: u32,
+    /// The pid, or `N pids` for processes of one name merged.
+    pid_text: String,
     binary: String,
     samples: u64,
     share: f64,
@@ -157,7 +162,12 @@ pub(crate) struct FunctionRow {
 }
 
 /// The functions of every process, hottest first, at most [`TABLE_ROWS`].
-pub(crate) fn table_rows(p: &Profile, look: &super::Look, total: f64) -> Vec<FunctionRow> {
+pub(crate) fn table_rows(
+    p: &Profile,
+    look: &super::Look,
+    total: f64,
+    pids: &std::collections::BTreeMap<String, usize>,
+) -> Vec<FunctionRow> {
     let (width, counts, cpi) = (look.width, look.counts, look.cpi);
     let ids: HashMap<(usize, usize), usize> = hot_functions(p, width)
         .into_iter()
@@ -187,8 +197,10 @@ pub(crate) fn table_rows(p: &Profile, look: &super::Look, total: f64) -> Vec<Fun
             let est = f.measures.cpi.filter(|_| cpi);
             FunctionRow {
                 name: f.name.clone(),
+                short: short_name(&f.name).into_owned(),
                 comm: pr.comm.clone(),
                 pid: pr.pid,
+                pid_text: pid_text(pr, pids),
                 binary: base(&f.binary).to_string(),
                 samples: f.samples,
                 share: if total > 0.0 { w / total } else { 0.0 },
@@ -395,7 +407,9 @@ fn instruction_row(
         },
         samples: l.samples,
         cycles: l.cycles.filter(|_| look.counts).map_or(String::new(), si),
-        cpi: est.map_or(String::new(), |e| format!("{:.2}", e.value)),
+        cpi: est.map_or(String::new(), |e| {
+            format!("{:.2} ±{:.0}%", e.value, e.rel_error * 100.0)
+        }),
         cpi_fill: est.map_or(String::new(), |e| colour::of_cpi(e.value)),
         heat: colour::heat(if total > 0.0 {
             weight(l, look.width) / total
