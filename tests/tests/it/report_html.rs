@@ -231,6 +231,13 @@ fn html_of_a_simulated_profile_in_chromium() {
         "hottest instruction marked"
     );
     assert!(section.contains(r#"<tr class="block">"#), "blocks outlined");
+    // sim_mix.c's lines interleaved with their text, as the terminal's annotate gives
+    // them (the test compiled it with -g from a file it can read).
+    let source = regex::Regex::new(r#"<tr class="source"><td[^>]*>sim_mix\.c:[0-9]+  [^<\s]"#);
+    assert!(
+        source.unwrap().is_match(&v.dom),
+        "no source text in the code"
+    );
 
     assert_store_range_chart(&dir, &json, &profile);
 }

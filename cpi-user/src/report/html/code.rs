@@ -283,7 +283,9 @@ pub(super) fn sections(p: &Profile, look: &super::Look) -> Vec<CodeSection> {
             let tree = flame::callers_of(p, width, &f.name, base(&f.binary));
             let total = tree.nodes[0].total.width;
             let (frames, dropped) = super::svg_frames(&tree, true, look, total);
-            let rows = code_rows(pr, f, look);
+            let writer = p.binaries.iter().find(|b| b.path == f.binary);
+            let sources = annotate::source_rows(&f.lines, writer.and_then(|b| b.owner));
+            let rows = code_rows(pr, f, look, &sources);
             CodeSection {
                 id,
                 name: f.name.clone(),
@@ -319,11 +321,25 @@ fn headline(f: &FunctionProfile, look: &super::Look) -> String {
     }
     if look.counts {
         s.push_str(&format!(
-            ", CPI {}",
-            cpi_text(f.measures.cpi.map(|e| (e.value, e.rel_error)), cpi)
+            ", CPI {}{}",
+            cpi_text(f.measures.cpi.map(|e| (e.value, e.rel_error)), cpi),
+            timed_text(f.timed_cpi.filter(|_| cpi), f.cpi_disagree)
         ));
     }
     s
+}
+
+/// `, timed CPI v ±e%` (from the branch records' cycle counts), with ` ≠` where it
+/// and the sampled CPI disagree; empty without one.
+fn timed_text(timed: Option<crate::profile::model::Estimate>, disagree: bool) -> String {
+    timed.map_or(String::new(), |e| {
+        format!(
+            ", timed CPI {:.2} ±{:.1}%{}",
+            e.value,
+            e.rel_error * 100.0,
+            if disagree { " ≠" } else { "" }
+        )
+    })
 }
 
 /// The weight an instruction is ranked and heat-mapped by: the page's width measure
@@ -336,7 +352,16 @@ fn weight(l: &InstructionProfile, width: Width) -> f64 {
     }
 }
 
-fn code_rows(pr: &ProcessProfile, f: &FunctionProfile, look: &super::Look) -> Vec<CodeRow> {
+/// The rows of `f`'s annotated code: block headers (CPI ± error, and the timed CPI
+/// with `≠` where the two disagree), gaps, the source lines as the terminal's annotate
+/// gives them (`sources`: `file:line` and the line's text where readable), and the
+/// instructions.
+fn code_rows(
+    pr: &ProcessProfile,
+    f: &FunctionProfile,
+    look: &super::Look,
+    sources: &[Option<String>],
+) -> Vec<CodeRow> {
     let (width, cpi) = (look.width, look.cpi);
     let total: f64 = f.lines.iter().map(|l| weight(l, width)).sum();
     let hottest = f
@@ -346,21 +371,21 @@ fn code_rows(pr: &ProcessProfile, f: &FunctionProfile, look: &super::Look) -> Ve
         .max_by(|a, b| weight(a, width).total_cmp(&weight(b, width)))
         .map(|l| l.address);
     let mut rows = Vec::new();
-    let mut last_source = None;
     let gaps = annotate::gaps(&f.lines, &f.blocks);
-    for (l, gap) in f.lines.iter().zip(gaps) {
+    for ((l, gap), source) in f.lines.iter().zip(gaps).zip(sources) {
         if let Some(b) = f.blocks.iter().find(|b| b.start == l.address) {
             let est = b.cpi.filter(|_| cpi);
             rows.push(CodeRow {
                 kind: "block",
                 address: format!("{:x}", b.start),
                 text: format!(
-                    "block {:x}-{:x}: {} instructions, ×{}, CPI {}",
+                    "block {:x}-{:x}: {} instructions, ×{}, CPI {}{}",
                     b.start,
                     b.end,
                     b.len,
                     si(b.count),
-                    cpi_text(est.map(|e| (e.value, e.rel_error)), cpi)
+                    cpi_text(est.map(|e| (e.value, e.rel_error)), cpi),
+                    timed_text(b.timed_cpi.filter(|_| cpi), b.cpi_disagree)
                 ),
                 cpi_fill: colour::frame(cpi, est.map(|e| e.value)),
                 ..CodeRow::default()
@@ -372,16 +397,12 @@ fn code_rows(pr: &ProcessProfile, f: &FunctionProfile, look: &super::Look) -> Ve
                 ..CodeRow::default()
             });
         }
-        if let Some(src) = &l.source {
-            let here = format!("{}:{}", base(&src.file), src.line);
-            if last_source.as_ref() != Some(&here) {
-                rows.push(CodeRow {
-                    kind: "source",
-                    text: here.clone(),
-                    ..CodeRow::default()
-                });
-                last_source = Some(here);
-            }
+        if let Some(text) = source {
+            rows.push(CodeRow {
+                kind: "source",
+                text: text.clone(),
+                ..CodeRow::default()
+            });
         }
         rows.push(instruction_row(pr, f, l, look, total, hottest));
     }

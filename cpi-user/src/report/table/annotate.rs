@@ -294,7 +294,10 @@ fn parse_address(w: &str) -> Option<u64> {
 /// annotate interleaves source): `file:line` by the file's last component, then the
 /// line's text when the source file is readable here by `writer`, who could have
 /// written the binary that names it.
-fn source_rows(lines: &[InstructionProfile], writer: Option<Owner>) -> Vec<Option<String>> {
+pub(crate) fn source_rows(
+    lines: &[InstructionProfile],
+    writer: Option<Owner>,
+) -> Vec<Option<String>> {
     let mut files: HashMap<&str, Option<Vec<String>>> = HashMap::new();
     let mut last = None;
     lines
