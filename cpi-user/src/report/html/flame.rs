@@ -217,14 +217,19 @@ impl Tree {
         }
     }
 
-    /// The CPI ± relative error of the process node `i` stands under (itself, or its
-    /// ancestor just below the root; the root's is every process's), where the
-    /// profile has one.
-    pub(crate) fn process_cpi(&self, mut i: usize) -> Option<(f64, f64)> {
-        while i != 0 && self.nodes[i].parent != 0 {
-            i = self.nodes[i].parent;
+    /// Per node, the CPI ± relative error of the process node it stands under (itself,
+    /// or its ancestor just below the root; the root's is every process's), where the
+    /// profile has one. One pass, parents before children: a chain of 100 000 frames
+    /// costs 100 000 steps, not a walk to the root from each.
+    pub(crate) fn process_cpis(&self) -> Vec<Option<(f64, f64)>> {
+        let mut process = vec![0usize; self.nodes.len()];
+        for (i, n) in self.nodes.iter().enumerate().skip(1) {
+            process[i] = if n.parent == 0 { i } else { process[n.parent] };
         }
-        self.process_cpi.get(&i)?.cpi()
+        process
+            .iter()
+            .map(|p| self.process_cpi.get(p).and_then(Reference::cpi))
+            .collect()
     }
 
     fn child(&mut self, parent: usize, name: &str, binary: &str) -> usize {

@@ -253,7 +253,13 @@ struct FrameCpi {
 impl FrameCpi {
     /// In a flame graph, the self CPI against the process's; in a callers icicle
     /// (whose root is the function), the frame's CPI against the function's.
-    fn of(t: &Tree, i: usize, icicle: bool, look: &Look) -> FrameCpi {
+    fn of(
+        t: &Tree,
+        i: usize,
+        icicle: bool,
+        look: &Look,
+        processes: &[Option<(f64, f64)>],
+    ) -> FrameCpi {
         if !look.cpi {
             return FrameCpi {
                 total: None,
@@ -275,9 +281,9 @@ impl FrameCpi {
         // count cycles in code the estimate leaves out).
         let process = i == 0 || n.parent == 0;
         FrameCpi {
-            total: if process { t.process_cpi(i) } else { total },
+            total: if process { processes[i] } else { total },
             own: n.own.cpi(look.floor),
-            reference: t.process_cpi(i),
+            reference: processes[i],
         }
     }
 
@@ -295,6 +301,7 @@ impl FrameCpi {
 /// (root at the top) for a callers view.
 fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>, usize) {
     let (frames, dropped) = flame::layout(t, MIN_FRAME);
+    let processes = t.process_cpis();
     let max_depth = frames.iter().map(|f| f.depth).max().unwrap_or(0);
     let out = frames
         .iter()
@@ -302,7 +309,7 @@ fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>
             let n = &t.nodes[f.node];
             let y = if icicle { f.depth } else { max_depth - f.depth } as f64 * FRAME_HEIGHT;
             let px = f.w * GRAPH_WIDTH;
-            let est = FrameCpi::of(t, f.node, icicle, look);
+            let est = FrameCpi::of(t, f.node, icicle, look, &processes);
             let short = crate::report::table::names::short_name(&n.name).into_owned();
             let own = if icicle { n.total } else { n.own };
             let (fill, abs_fill) = est.fills(look, own.samples);
