@@ -251,7 +251,7 @@ impl Kubelet {
     fn vouch(&self) -> Result<(), KubeletError> {
         match &self.peer {
             Peer::Tls => Ok(()),
-            Peer::Unproven => Err(self.error(
+            Peer::Unproven(_) => Err(self.error(
                 "not believed: plain http to an address other than loopback proves nothing \
                  of who answers (use https://, or the kubelet's port on loopback)"
                     .into(),

@@ -923,6 +923,7 @@ pub(crate) mod tests {
             accuracy: None,
             recorded_on: None,
             cpi_withheld: None,
+            unread: Vec::new(),
         }
     }
 

@@ -7,25 +7,29 @@
 //! credentials to (cpi-agent/src/push.rs).
 
 use std::io::{BufRead, BufReader};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 
 /// How the agent can tell who answers at a URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Peer {
     /// `https://`: rustls verifies the server's certificate.
     Tls,
-    /// `http://` to these loopback addresses: believed when every socket listening for
-    /// them belongs to root or the agent's user.
+    /// `http://` to a host whose every address is this host's own (loopback, the
+    /// wildcard `0.0.0.0`/`::`, an interface's address, whatever name or spelling led
+    /// there: `localhost.`, `127.1`, `::ffff:127.0.0.1`): believed when every socket
+    /// listening for them belongs to root or the agent's user.
     Loopback(Vec<SocketAddr>),
-    /// `http://` anywhere else: nothing proves who answers.
-    Unproven,
+    /// `http://` to a host with an address elsewhere: nothing proves who answers. Its
+    /// addresses that are this host's own are still listed: a local user listening on
+    /// one of them is sent nothing.
+    Unproven(Vec<SocketAddr>),
 }
 
 impl Peer {
     /// The peer of a URL (`http[s]://HOST[:PORT]…`; the caller checked the scheme).
     pub(crate) fn of(url: &str) -> Peer {
         let Ok(uri) = url.parse::<ureq::http::Uri>() else {
-            return Peer::Unproven;
+            return Peer::Unproven(Vec::new());
         };
         if uri
             .scheme_str()
@@ -35,31 +39,67 @@ impl Peer {
         }
         let port = uri.port_u16().unwrap_or(80);
         let host = uri.host().unwrap_or("");
-        let ips: Vec<IpAddr> = match host.trim_start_matches('[').trim_end_matches(']') {
-            h if h.eq_ignore_ascii_case("localhost") => {
-                vec![Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()]
-            }
-            h => h.parse().into_iter().collect(),
-        };
-        if ips.is_empty() || !ips.iter().all(IpAddr::is_loopback) {
-            return Peer::Unproven;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        // As the client will find them (getaddrinfo: /etc/hosts, then DNS), resolved
+        // once here; `localhost` as both loopbacks, whatever /etc/hosts says.
+        let mut addrs: Vec<SocketAddr> =
+            if host.trim_end_matches('.').eq_ignore_ascii_case("localhost") {
+                vec![
+                    SocketAddr::new(Ipv4Addr::LOCALHOST.into(), port),
+                    SocketAddr::new(Ipv6Addr::LOCALHOST.into(), port),
+                ]
+            } else {
+                match (host, port).to_socket_addrs() {
+                    Ok(found) => found
+                        .map(|a| SocketAddr::new(a.ip().to_canonical(), port))
+                        .collect(),
+                    Err(_) => return Peer::Unproven(Vec::new()),
+                }
+            };
+        addrs.dedup();
+        let local: Vec<SocketAddr> = addrs.iter().copied().filter(|a| is_local(a.ip())).collect();
+        if !addrs.is_empty() && local.len() == addrs.len() {
+            Peer::Loopback(local)
+        } else {
+            Peer::Unproven(local)
         }
-        Peer::Loopback(
-            ips.into_iter()
-                .map(|ip| SocketAddr::new(ip, port))
-                .collect(),
-        )
     }
 
     /// Why a loopback peer is not believed now ([`distrust`] of the sockets listening
     /// for it, looked up now: call it before each request); `None` when believed, and
     /// for the other peers, which the listeners say nothing of.
+    /// An unproven peer's own addresses count only when someone listens on them.
     pub(crate) fn distrusted_now(&self) -> Option<(String, bool)> {
         match self {
             Peer::Loopback(to) => distrust(&owners(to), cpi_user::fsafe::euid(), to[0].port()),
-            Peer::Tls | Peer::Unproven => None,
+            Peer::Unproven(to) if !to.is_empty() => {
+                let owners = owners(to);
+                (!owners.is_empty())
+                    .then(|| distrust(&owners, cpi_user::fsafe::euid(), to[0].port()))
+                    .flatten()
+            }
+            Peer::Tls | Peer::Unproven(_) => None,
         }
     }
+}
+
+/// Whether a connection to `ip` stays on this host: loopback, the wildcard (which
+/// connects to loopback), or an address of one of its interfaces (the route the kernel
+/// would take starts there: a UDP `connect` sends nothing).
+fn is_local(ip: IpAddr) -> bool {
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
+    }
+    let any: IpAddr = match ip {
+        IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    UdpSocket::bind((any, 0))
+        .and_then(|s| {
+            s.connect((ip, 9))?;
+            s.local_addr()
+        })
+        .is_ok_and(|a| a.ip() == ip)
 }
 
 /// Why the sockets `owners` listening on `port` (from [`owners`]) are not believed, and
@@ -125,16 +165,20 @@ fn parse(line: &str) -> Option<Listener> {
 
 /// Whether a socket listening on `bound` may take a connection to `to`. Generous on
 /// purpose (an IPv6 wildcard counts whether or not it is `IPV6_V6ONLY`, which the table
-/// does not say): a listener counted that would not answer can only make the caller
-/// distrust, never trust.
+/// does not say; a connection to the wildcard `to` may reach any listener on its port):
+/// a listener counted that would not answer can only make the caller distrust, never
+/// trust.
 fn may_take(bound: SocketAddr, to: SocketAddr) -> bool {
     bound.port() == to.port()
-        && match (bound.ip(), to.ip()) {
-            (IpAddr::V4(b), IpAddr::V4(t)) => b == t || b.is_unspecified(),
-            (IpAddr::V6(b), IpAddr::V6(t)) => b == t || b.is_unspecified(),
-            (IpAddr::V6(b), IpAddr::V4(t)) => b.is_unspecified() || b.to_ipv4_mapped() == Some(t),
-            (IpAddr::V4(_), IpAddr::V6(_)) => false,
-        }
+        && (to.ip().is_unspecified()
+            || match (bound.ip(), to.ip()) {
+                (IpAddr::V4(b), IpAddr::V4(t)) => b == t || b.is_unspecified(),
+                (IpAddr::V6(b), IpAddr::V6(t)) => b == t || b.is_unspecified(),
+                (IpAddr::V6(b), IpAddr::V4(t)) => {
+                    b.is_unspecified() || b.to_ipv4_mapped() == Some(t)
+                }
+                (IpAddr::V4(_), IpAddr::V6(_)) => false,
+            })
 }
 
 /// The owners of the sockets that may take a connection to any of `to`, in the tables
@@ -227,12 +271,22 @@ mod tests {
             Peer::of("HTTP://LocalHost/x"),
             Peer::Loopback(vec![at("127.0.0.1:80"), at("[::1]:80")])
         );
-        for unproven in [
-            "http://10.0.0.1:10255",
-            "http://node-1:10255",
-            "http://[::]:1",
+        // Other spellings of this host, as the client would connect to them.
+        for (url, to) in [
+            ("http://localhost.:10255", "127.0.0.1:10255"),
+            ("http://127.1:10255", "127.0.0.1:10255"),
+            ("http://0x7f000001:10255", "127.0.0.1:10255"),
+            ("http://[::ffff:127.0.0.1]:10255", "127.0.0.1:10255"),
+            ("http://0.0.0.0:10255", "0.0.0.0:10255"),
+            ("http://[::]:1", "[::]:1"),
         ] {
-            assert_eq!(Peer::of(unproven), Peer::Unproven, "{unproven}");
+            match Peer::of(url) {
+                Peer::Loopback(got) => assert!(got.contains(&at(to)), "{url}: {got:?}"),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        for unproven in ["http://192.0.2.1:10255", "http://node-1.invalid:10255"] {
+            assert_eq!(Peer::of(unproven), Peer::Unproven(vec![]), "{unproven}");
         }
         assert_eq!(Peer::of("https://10.0.0.1:10250"), Peer::Tls);
         assert_eq!(Peer::of("HTTPS://127.0.0.1:4040"), Peer::Tls);
@@ -267,6 +321,9 @@ mod tests {
         // A v4-mapped listener takes its IPv4 address.
         assert_eq!(owners(&["127.0.0.1:8080"]), [33]);
         assert_eq!(owners(&["127.0.0.2:10255"]), Vec::<u32>::new());
+        // Whoever listens on the port may take a connection to the wildcard (generous:
+        // the ::1 listener would not, and can only make the caller distrust).
+        assert_eq!(owners(&["0.0.0.0:10255"]), [65534, 1000]);
         assert_eq!(owners(&["[::1]:22"]), Vec::<u32>::new());
     }
 }

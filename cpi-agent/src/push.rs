@@ -355,7 +355,7 @@ fn authorization(ep: &Endpoint, cfg: &PushConfig) -> Result<Option<HeaderValue>,
             format!("Bearer {}", String::from_utf8_lossy(&token))
         }
     };
-    if ep.peer == Peer::Unproven {
+    if matches!(ep.peer, Peer::Unproven(_)) {
         return Err(bad(
             "credentials are sent over https only (or to a loopback address)".into(),
         ));
@@ -927,7 +927,7 @@ mod tests {
             (
                 "http://pyro.example:4040/push.v1.PusherService/Push",
                 "pyro.example:4040",
-                &Peer::Unproven
+                &Peer::Unproven(vec![])
             )
         );
         let ep = parse_url("HTTP://10.0.0.1/prefix/", Protocol::Pyroscope).unwrap();

@@ -397,6 +397,13 @@ pub fn read_range(dir: &Path, q: &RangeQuery) -> Result<RangeProfile, StoreError
                 continue;
             }
         };
+        // The window's processes over the reader's bounds: left out, the rest merged.
+        for why in std::mem::take(&mut p.unread) {
+            match skipped.len() >= MAX_NAMED_SKIPS {
+                true => skipped_unnamed += 1,
+                false => skipped.push((path.clone(), why)),
+            }
+        }
         if let Some(c) = &q.comm {
             retain_processes(&mut p, |x| &x.comm == c);
         }
@@ -487,6 +494,7 @@ mod tests {
             accuracy: None,
             recorded_on: None,
             cpi_withheld: None,
+            unread: Vec::new(),
         }
     }
 

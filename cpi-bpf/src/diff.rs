@@ -8,10 +8,9 @@ use anyhow::Context;
 use clap::ValueEnum;
 use cpi_agent::store;
 use cpi_user::report::diff::{self, Basis, DiffOptions, DEFAULT_ALPHA};
-use cpi_user::report::file;
 
 use crate::output::write_out;
-use crate::report::{read_store, store_time};
+use crate::report::{read_profile, read_store, store_time};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -114,7 +113,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 read_store(dir, &range(args.since, args.until))?,
             )
         }
-        (None, Some(base), Some(new)) => (file::read(base)?, file::read(new)?),
+        (None, Some(base), Some(new)) => (read_profile(base)?, read_profile(new)?),
         _ => anyhow::bail!("diff: give BASE and NEW (profile files), or --store DIR"),
     };
     let opts = DiffOptions {

@@ -57,8 +57,23 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         file.display().to_string()
     };
     let profile = file::read_stream(input, &origin)?;
+    warn_unread(&profile, &origin);
     emit(&profile, &args.output)?;
     Ok(0)
+}
+
+/// Reads the profile file `path`, saying on stderr which of its processes were left out.
+pub fn read_profile(path: &Path) -> anyhow::Result<Profile> {
+    let p = file::read(path)?;
+    warn_unread(&p, &path.display().to_string());
+    Ok(p)
+}
+
+/// A line on stderr for each process of `origin` the reader left out, over its bounds.
+fn warn_unread(p: &Profile, origin: &str) {
+    for why in &p.unread {
+        eprintln!("cpi-bpf: warning: {}", escape(&format!("{origin}: {why}")));
+    }
 }
 
 /// The merged windows of `dir` that `q` selects, saying on stderr what was skipped and

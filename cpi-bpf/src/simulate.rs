@@ -9,6 +9,7 @@ use anyhow::Context;
 use cpi_common::policy::PeriodPolicy;
 use cpi_common::wire::MAX_BRANCH_ENTRIES;
 use cpi_user::fsafe::escape;
+use cpi_user::profile::analyze::LineDetail;
 use cpi_user::profile::StackWeighting;
 use cpi_user::sim::calibrate::{calibrate, Calibration};
 use cpi_user::sim::pmu::{self, BranchEvent, PmuConfig};
@@ -107,8 +108,13 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         print!("{}", coverage_table(&c, &args.command));
         return Ok(c.status.code().unwrap_or(1));
     }
-    let report = cpi_user::sim::simulate(&cfg, &args.command, Stdio::from(std::io::stderr()))
-        .context("simulating")?;
+    let lines = match args.output.annotate {
+        Some(_) => LineDetail::Every,
+        None => LineDetail::Evidence,
+    };
+    let stderr = Stdio::from(std::io::stderr());
+    let report =
+        cpi_user::sim::simulate_with(&cfg, lines, &args.command, stderr).context("simulating")?;
     followed_note(cpi_user::sim::followed(&report.truth).as_deref());
     emit(&report.profile, &args.output)?;
     Ok(report.status.code().unwrap_or(1))

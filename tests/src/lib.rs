@@ -414,6 +414,11 @@ pub fn vm_rss(pid: u32) -> Option<u64> {
     status_bytes(pid, "VmRSS:")
 }
 
+/// A process's peak resident set, bytes (`VmHWM`). `None` once it has exited.
+pub fn vm_hwm(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmHWM:")
+}
+
 fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()?

@@ -449,8 +449,8 @@ impl Drain {
     }
 
     /// Unwinds `sec`'s copied stack of `pid` (thread `tid`). A walk that stopped at code
-    /// in none of the process's known mappings but in one the kernel recorded takes that
-    /// mapping in ([`Processes::adopt_recorded_address`]) and walks again. A library mapped
+    /// in none of the process's known mappings takes in the mapping the kernel recorded,
+    /// or `/proc`'s ([`Processes::explain_stack_miss`]), and walks again. A library mapped
     /// after the maps were read is found by its first sample there, but one that only
     /// calls back into code known before has no sample of its own: every stack through
     /// it stopped there (a `dlopen`ed plugin's; libc's when the first maps were read
@@ -463,7 +463,7 @@ impl Drain {
         // A return address is looked up at its call.
         let at = if u.frames.len() > 1 { at - 1 } else { at };
         let (set, unwinder) = (&mut self.set, &mut self.unwinder);
-        if !(self.processes).adopt_recorded_address(set, unwinder, (pid, tid), at)
+        if !(self.processes).explain_stack_miss(set, unwinder, (pid, tid), at)
             || self.unwinder.prepared(pid)
         {
             return u;

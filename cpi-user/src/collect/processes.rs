@@ -323,6 +323,31 @@ impl Processes {
         true
     }
 
+    /// A call stack's return address `addr` of `pid` in no mapping known: the mapping
+    /// the kernel recorded ([`Self::adopt_recorded_address`]), else `/proc` read again
+    /// (at most every [`REREAD_EVERY`], while the process lives). Per-CPU events record
+    /// a library's mmap in its CPU's buffer, which may be drained after a sample taken on
+    /// another CPU that returns into it. Whether the maps now hold `addr`.
+    pub(crate) fn explain_stack_miss(
+        &mut self,
+        set: &mut SampleSet,
+        unwinder: &mut StackUnwinder,
+        (pid, tid): (u32, u32),
+        addr: u64,
+    ) -> bool {
+        if self.adopt_recorded_address(set, unwinder, (pid, tid), addr) {
+            return true;
+        }
+        let holds = |set: &mut SampleSet| {
+            (set.process(pid).maps.as_ref()).is_some_and(|m| m.find(addr).is_some())
+        };
+        if holds(set) || self.recorded.exited(pid) || !self.maps_due(pid) {
+            return false;
+        }
+        self.read_maps(set, unwinder, pid, tid, false);
+        holds(set)
+    }
+
     /// Whether thread `tid` lives ([`procmap::alive`], through [`unless_exited`]).
     pub(crate) fn alive(&self, tid: u32) -> bool {
         unless_exited(&self.recorded, tid, |t| procmap::alive(t).then_some(())).is_some()

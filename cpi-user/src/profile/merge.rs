@@ -836,6 +836,7 @@ mod tests {
             accuracy: None,
             recorded_on: None,
             cpi_withheld: None,
+            unread: Vec::new(),
         }
     }
 

@@ -156,6 +156,7 @@ pub struct Profile {
     /// Every binary a function of the profile lives in.
     pub binaries: Vec<BinaryInfo>,
     /// Per-process results, hottest first.
+    #[serde(deserialize_with = "bounds::processes")]
     pub processes: Vec<ProcessProfile>,
     /// Distance from the exact answer, when there is one (`cpi-bpf simulate`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -170,6 +171,10 @@ pub struct Profile {
     /// colours no frame.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpi_withheld: Option<String>,
+    /// The processes of the file this profile was read from that were left out, a line
+    /// each (cpi-user/src/profile/model/bounds.rs); never written.
+    #[serde(skip)]
+    pub unread: Vec<String>,
 }
 
 impl Profile {
@@ -615,6 +620,7 @@ pub struct ProcessProfile {
     #[serde(flatten)]
     pub measures: Measures,
     /// Sorted by cycles (or samples), hottest first.
+    #[serde(deserialize_with = "bounds::functions")]
     pub functions: Vec<FunctionProfile>,
     /// Calls-only call graph: caller → callee counts from the branch
     /// records that are calls, scaled like ranges; most frequent first.
@@ -625,7 +631,11 @@ pub struct ProcessProfile {
     /// narrowest beyond them summed into a `[rare callees]` path under their widest
     /// callers that keep a path (`fold_plan`), the stacks the memory bound evicted in a
     /// `[dropped]` path, and the samples without a stack in a `[no stack]` path.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "bounds::paths"
+    )]
     pub stacks: Vec<StackProfile>,
 }
 
@@ -684,6 +694,8 @@ pub struct StackFrame {
 /// file's frame table, in the order serde writes the paths, and lends those numbers to
 /// [`StackProfile`]'s serialisation for that one write. Serialised any other way, frames
 /// are written whole, which the reader takes too (`read`, numbers and whole frames).
+pub mod bounds;
+
 pub(crate) mod frame_numbers {
     use std::cell::RefCell;
 
@@ -696,8 +708,8 @@ pub(crate) mod frame_numbers {
     }
 
     mod read;
-    pub(crate) use read::collect;
     pub(super) use read::deserialize;
+    pub(crate) use read::{collect, mark, rewind};
 
     /// Runs `write` with `numbers` (every path's frame numbers, paths in serialisation
     /// order) in place of the frames; they are taken back when it returns or unwinds.
@@ -798,6 +810,24 @@ pub struct FunctionProfile {
     #[serde(default)]
     pub lines: Vec<InstructionProfile>,
 }
+
+/// Of a process's cycles, the share in code whose bytes could not be read (anonymous
+/// executable memory, as JIT compilers write; `[vdso]` and other special mappings): its
+/// instructions are unknown, so a CPI over the process would lack them. `None` without
+/// cycles.
+pub fn unreadable_code_share(functions: &[FunctionProfile]) -> Option<f64> {
+    let cycles = |f: &&FunctionProfile| f.measures.cycles.unwrap_or(0.0);
+    let total: f64 = functions.iter().map(|f| cycles(&f)).sum();
+    let unreadable: f64 = (functions.iter())
+        .filter(|f| f.binary.starts_with('[') && f.binary != "[kernel]")
+        .map(|f| cycles(&f))
+        .sum();
+    (total > 0.0).then(|| unreadable / total)
+}
+
+/// A process's CPI is withheld when this share of its cycles or more is in code whose
+/// instructions are unknown ([`unreadable_code_share`]).
+pub const UNREADABLE_CODE_CEILING: f64 = 0.01;
 
 impl FunctionProfile {
     /// The symbol as the binary spells it.

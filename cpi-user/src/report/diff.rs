@@ -847,6 +847,7 @@ mod tests {
             accuracy: None,
             recorded_on: None,
             cpi_withheld: None,
+            unread: Vec::new(),
         }
     }
 

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
 use crate::fsafe::{budget_in_place, MAX_NAME_BYTES};
+use crate::profile::model::bounds::{self, Bounds};
 use crate::profile::model::{frame_numbers, Profile, StackFrame, PROFILE_FORMAT_VERSION};
 
 /// Why a profile file could not be written or read back; each is one line naming the
@@ -473,10 +474,20 @@ const FRAME_BYTES: usize = size_of::<StackFrame>() + 32;
 /// becomes a [`StackFrame`], and [`MAX_PROFILE_BYTES`] of them is what a file may take.
 pub const MAX_FILE_FRAMES: usize = MAX_PROFILE_BYTES as usize / FRAME_BYTES;
 
+/// The most functions and call paths one process of a file may list; a process over
+/// either is left out with a line in [`Profile::unread`], the others read. A run keeps
+/// at most `MAX_PATHS` paths a process (cpi-user/src/profile/paths.rs) and cc1, which
+/// touches 5 489 functions, is a large program; a merge of windows may hold more.
+pub const PROCESS_BOUNDS: Bounds = Bounds {
+    functions: 1 << 18,
+    paths: 1 << 16,
+};
+
 /// The profile of a file's JSON, read as a stream into the model: nothing the model
-/// does not hold is kept (an unknown field is skipped as it is read), the call paths'
-/// frames are at most [`MAX_FILE_FRAMES`], and the version is checked as it is read, so
-/// a newer file says "newer", not "missing field".
+/// does not hold is kept (an unknown field is skipped as it is read), each process is
+/// within [`PROCESS_BOUNDS`], the call paths' frames are at most [`MAX_FILE_FRAMES`],
+/// and the version is checked as it is read, so a newer file says "newer", not
+/// "missing field".
 fn from_json<'de, R: serde_json::de::Read<'de>>(
     mut de: serde_json::Deserializer<R>,
     origin: &str,
@@ -488,12 +499,14 @@ fn from_json<'de, R: serde_json::de::Read<'de>>(
         functions: Vec::new(),
         frames: Vec::new(),
     };
-    let (read, numbered) = frame_numbers::collect(MAX_FILE_FRAMES, || {
-        let p = Profile::deserialize(Intercept {
-            inner: &mut de,
-            file: &mut file,
-        })?;
-        de.end().map(|()| p)
+    let ((read, numbered), unread) = bounds::collect(PROCESS_BOUNDS, || {
+        frame_numbers::collect(MAX_FILE_FRAMES, || {
+            let p = Profile::deserialize(Intercept {
+                inner: &mut de,
+                file: &mut file,
+            })?;
+            de.end().map(|()| p)
+        })
     });
     let mut p = read.map_err(|e| {
         let origin = origin.to_string();
@@ -512,6 +525,7 @@ fn from_json<'de, R: serde_json::de::Read<'de>>(
             })
         }
     })?;
+    p.unread = unread;
     write_out_frames(&mut p, &file, &numbered, origin).map_err(ReadError::Profile)?;
     cut_names(&mut p);
     p.format_version = PROFILE_FORMAT_VERSION;

@@ -13,8 +13,8 @@ use comfy_table::{presets, CellAlignment, Table, TableComponent};
 
 use crate::profile::merge;
 use crate::profile::model::{
-    Accuracy, BlockProfile, CallEdge, Estimate, FunctionProfile, Mode, ProcessProfile, Profile,
-    StackProfile,
+    unreadable_code_share, Accuracy, BlockProfile, CallEdge, Estimate, FunctionProfile, Mode,
+    ProcessProfile, Profile, StackProfile, UNREADABLE_CODE_CEILING,
 };
 use crate::profile::paths::{self, PathNode};
 
@@ -636,7 +636,17 @@ fn process_line(mode: Mode, p: &ProcessProfile, pid: &str, notes: &Notes) -> Str
     if let Some(t) = p.measures.time_ns {
         let _ = write!(s, ", {} CPU", time(t));
     }
-    if mode.has_cpi() {
+    let unreadable = unreadable_code_share(&p.functions).filter(|&u| u >= UNREADABLE_CODE_CEILING);
+    if let (true, Some(u)) = (mode.has_cpi(), unreadable) {
+        let _ = write!(
+            s,
+            ", {} cycles, {} instructions of known code, CPI withheld: {:.1} % of the cycles \
+             ran in code whose bytes could not be read (JIT), its instructions unknown",
+            opt_si(p.measures.cycles),
+            opt_si(p.measures.instructions),
+            u * 100.0
+        );
+    } else if mode.has_cpi() {
         let _ = write!(
             s,
             ", {} cycles, {} instructions, CPI {}",

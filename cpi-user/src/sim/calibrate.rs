@@ -11,6 +11,7 @@ use std::process::{ExitStatus, Stdio};
 use super::accuracy::TruthByAddress;
 use super::pmu::PmuConfig;
 use super::{command_strings, profile_of, simulate_command, SimError};
+use crate::profile::analyze::LineDetail;
 use crate::profile::model::{Estimate, Profile};
 
 /// Coverage of one kind of estimate, pooled over units and seeds.
@@ -91,7 +92,15 @@ pub fn calibrate(
         Coverage::new("block timed CPI"),
     ];
     for (cfg, (samples, pmu)) in cfgs.iter().zip(&out.models) {
-        let profile = profile_of(cfg, samples, &out.truth, pmu, command_strings(cmd), 0.0);
+        let profile = profile_of(
+            cfg,
+            samples,
+            &out.truth,
+            pmu,
+            command_strings(cmd),
+            0.0,
+            LineDetail::Every,
+        );
         add_profile(&profile, out.truth.pid, &truth, &mut rows);
     }
     Ok(Calibration {

@@ -64,7 +64,7 @@ impl PathTruth {
         }
         let mut leaf: HashMap<u64, u32> = HashMap::new();
         let mut chain_of = vec![u32::MAX; t.contexts.len()];
-        for (&(ctx, addr), &(count, cycles)) in &truth.context_insns {
+        truth.contexts_ran.for_each(|ctx, addr, count, cycles| {
             let f = match leaf.get(&addr) {
                 Some(&f) => f,
                 None => {
@@ -84,7 +84,7 @@ impl PathTruth {
             let e = t.paths.entry((f, c)).or_default();
             e.0 += count;
             e.1 += cycles;
-        }
+        });
         t
     }
 

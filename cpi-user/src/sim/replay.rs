@@ -12,6 +12,7 @@
 use std::io::Read;
 
 use super::code::CodeMap;
+use super::context_truth::ContextTruth;
 use super::cycles::{Dynamic, Ending, Predictor, RangeTable};
 use super::pmu::{Pmu, PmuConfig, SampleSink};
 use super::shadow::{ContextTree, Frames, ThreadStack};
@@ -77,9 +78,9 @@ pub struct Truth {
     /// The calling contexts of the run: entry i is (parent context, return address) of
     /// context i; entry 0 is the empty stack (cpi-user/src/sim/shadow.rs).
     pub contexts: Vec<(u32, u64)>,
-    /// (executions, cycles) per (context, runtime instruction address): what ran with
-    /// that context as its stack (only code whose bytes decoded, as `insns`).
-    pub context_insns: FastMap<(u32, u64), (u64, u64)>,
+    /// What ran with each context as its stack, per instruction (only code whose bytes
+    /// decoded, as `insns`).
+    pub contexts_ran: ContextTruth,
     /// Instructions (and their cycles) in code without bytes (vdso, JIT) or whose bytes
     /// did not decode to the traced count: counted in totals, not per instruction.
     pub unknown_instructions: u64,
@@ -408,7 +409,12 @@ impl Replay {
             ..Default::default()
         };
         let penalty = super::cycles::MISPREDICT_PENALTY as u64;
-        for sl in &self.slots {
+        for r in &self.table.infos {
+            t.contexts_ran.add_range(&r.addrs, &r.costs);
+        }
+        // Each slot's run in `contexts_ran`, for its inner conditionals' penalties.
+        let mut runs = vec![u32::MAX; self.slots.len()];
+        for (sl, run) in self.slots.iter().zip(&mut runs) {
             let r = &self.table.infos[sl.range as usize];
             if sl.unreturned {
                 t.unreturned_ranges.push((r.start, r.end, sl.count));
@@ -441,10 +447,10 @@ impl Replay {
                     rest -= cyc;
                 }
                 e.cycles += cyc;
-                let c = t.context_insns.entry((sl.context, a)).or_default();
-                c.0 += sl.count;
-                c.1 += cyc;
             }
+            *run = t
+                .contexts_ran
+                .add_run(sl.context, sl.range, sl.count, sl.cycles);
             for &i in &r.reps {
                 if let Some(e) = t.insns.get_mut(&r.addrs[i as usize]) {
                     e.rep = true;
@@ -467,13 +473,9 @@ impl Replay {
             if let Some(e) = t.insns.get_mut(&end) {
                 e.cycles -= pen;
             }
-            if let Some(e) = t.context_insns.get_mut(&(sl.context, at)) {
-                e.1 += pen;
-            }
-            if let Some(e) = t.context_insns.get_mut(&(sl.context, end)) {
-                e.1 -= pen;
-            }
+            t.contexts_ran.add_penalty(runs[slot as usize], i, pen);
         }
+        t.contexts_ran.finish();
         t.stats = ReplayStats {
             distinct_ranges: self.table.infos.len() as u64,
             mismatched_ranges: self.table.mismatched,

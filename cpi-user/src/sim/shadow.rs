@@ -12,6 +12,8 @@
 //! * a return to the top frame's address pops it; to an address deeper in the stack
 //!   (a return after `longjmp`) pops down to it; to an address not on the stack (a
 //!   retpoline, a signal restorer) pops one frame, the one the `ret` consumed;
+//! * a transfer out of code whose bytes could not be read (JIT code: its last
+//!   instruction undecoded) to the top frame's return address is that call's return;
 //! * a signal delivery pushes the resume address as the handler's caller;
 //! * the tree holds at most [`MAX_CONTEXTS`] nodes; calls beyond it are counted as
 //!   hidden frames of the thread, and samples taken under hidden frames carry only their
@@ -80,6 +82,11 @@ impl ContextTree {
                 self.push(at, ret)
             }
             Flow::Return => self.ret(at, to),
+            Flow::Other
+                if at.hidden == 0 && at.node != Self::ROOT && self.ret_addr(at.node) == to =>
+            {
+                self.ret(at, to)
+            }
             _ => at,
         }
     }
@@ -281,6 +288,13 @@ mod tests {
         let h = t.signal(at, 0x77);
         assert_eq!(user(&t, h).0, vec![0x1, 0x77, 0x40, 0x30, 0x20, 0x10]);
         assert_eq!(t.transfer(h, Flow::Return, 0xdead), at);
+        // Undecoded code (JIT) that lands on the top frame's return address returned;
+        // elsewhere it jumped.
+        assert_eq!(
+            t.transfer(at, Flow::Other, 0x40),
+            t.transfer(at, Flow::Return, 0x40)
+        );
+        assert_eq!(t.transfer(at, Flow::Other, 0x30), at);
     }
 
     #[test]

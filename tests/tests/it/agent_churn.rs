@@ -10,23 +10,12 @@ use std::time::{Duration, Instant};
 
 use cpi_tests::{
     agent_with_metrics, compile_c, http_get, labelled, metric, require_root, store_windows,
-    temp_dir,
+    temp_dir, vm_hwm,
 };
 
 /// Distinct binaries (copies of one program: a distinct inode each) and processes.
 const COPIES: usize = 12;
 const PROCESSES: usize = 240;
-
-/// The agent's peak resident set (`VmHWM`), bytes.
-fn vm_hwm(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .expect("VmHWM")
-        * 1024
-}
 
 /// How many times each copy's path is named after `what` in the agent's log.
 fn named(log: &str, what: &str, copies: &[String]) -> HashMap<String, usize> {
@@ -104,7 +93,7 @@ fn a_binarys_later_processes_cost_no_opens_or_parses() {
         .unwrap();
     assert!(out.success());
     let body = wait_windows(before + 9.0);
-    let hwm = vm_hwm(agent.0.id());
+    let hwm = vm_hwm(agent.0.id()).expect("VmHWM");
     let log = log();
     // Processes of the copies the profiles hold, by binary.
     let mut pids: HashMap<String, HashSet<u64>> = HashMap::new();

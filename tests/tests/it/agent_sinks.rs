@@ -240,6 +240,7 @@ pub(crate) fn window(procs: &[(u32, &str)], start: SystemTime) -> Window {
             accuracy: None,
             recorded_on: None,
             cpi_withheld: None,
+            unread: Vec::new(),
         },
     }
 }

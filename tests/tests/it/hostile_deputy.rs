@@ -295,3 +295,63 @@ fn a_user_listening_first_on_the_push_port_gets_nothing() {
     drop(busy);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Row 2, other spellings of loopback: `127.1` (inet_aton's, as the client resolves it)
+/// names the port uid 65534 squats. No credentials are given, so before this was
+/// "unproven" plain http and the user was sent every window and the tenant; now the
+/// address is seen for what it is and nothing is sent.
+#[test]
+fn a_user_squatting_a_loopback_spelled_otherwise_gets_nothing() {
+    if !require_root("the agent") {
+        return;
+    }
+    let dir = temp_dir("hostile-push-spelling");
+    let port = cpi_tests::free_port();
+    let mut squat = squatter(port);
+    let busy = KillOnDrop(
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap(),
+    );
+    let busy_pid = busy.0.id().to_string();
+    let url = format!("http://127.1:{port}");
+    let (agent, metrics) = cpi_tests::agent_with_metrics(
+        &dir,
+        &[
+            "--pid",
+            &busy_pid,
+            "--interval",
+            "1",
+            "--push-pyroscope",
+            &url,
+            "--push-tenant",
+            "tenant-b",
+            "--push-timeout",
+            "1",
+        ],
+    );
+    let t0 = Instant::now();
+    while pushes(metrics, "refused") + pushes(metrics, "error") < 2.0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no push in 60 s: {}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = squat.0.kill();
+    let _ = squat.0.wait();
+    let mut got = String::new();
+    let mut out = squat.0.stdout.take().unwrap();
+    out.read_to_string(&mut got).unwrap();
+    assert!(
+        !got.contains("CONNECTED"),
+        "the user's listener was sent: {got}"
+    );
+    assert_eq!(pushes(metrics, "ok"), 0.0);
+    assert!(pushes(metrics, "refused") >= 2.0);
+    drop(agent);
+    drop(busy);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -10,7 +10,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use cpi_agent::store::{self, Store};
-use cpi_tests::{cpi_bpf, stderr, temp_dir, workspace_root};
+use cpi_tests::{
+    agent, cpi_bpf, require_root, stderr, stop_agent, store_windows, temp_dir, vm_hwm,
+    workspace_root, KillOnDrop,
+};
 
 use crate::report_fixture::time_profile;
 
@@ -89,5 +92,96 @@ fn a_window_of_long_names_is_read_with_its_names_cut() {
     assert!(html.contains("caller599"), "every caller is on the page");
     assert!(html.len() < 64 << 20, "a page of {} bytes", html.len());
     assert!(peak_kib < 512 << 10, "peak RSS {peak_kib} KiB");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Bytes of the long name in [`long_named_program`]: the issue's 256 KiB.
+const LONG_NAME: usize = 256 << 10;
+
+/// A C program whose hot function is named with [`LONG_NAME`] bytes (an `asm` label)
+/// and called from 200 functions in turn, built into `dir`; `None` without gcc.
+fn long_named_program(dir: &std::path::Path) -> Option<std::path::PathBuf> {
+    let mut src = format!(
+        "void hot(void) __asm__(\"{}\");\n\
+         __attribute__((noinline)) void hot(void) {{ for (volatile int i = 0; i < 2000; i++); }}\n",
+        "L".repeat(LONG_NAME)
+    );
+    for i in 0..200 {
+        src += &format!("__attribute__((noinline)) void caller{i}(void) {{ hot(); }}\n");
+    }
+    src += "int main(void) { for (;;) {\n";
+    for i in 0..200 {
+        src += &format!("caller{i}();\n");
+    }
+    src += "} }\n";
+    let c = dir.join("long.c");
+    std::fs::write(&c, src).unwrap();
+    let exe = dir.join("long");
+    let built = Command::new("gcc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&exe)
+        .arg(&c)
+        .status();
+    match built {
+        Ok(s) if s.success() => Some(exe),
+        _ => {
+            cpi_tests::skip("gcc cannot build the long-named program");
+            None
+        }
+    }
+}
+
+/// The agent beside a process whose hot function has a 256 KiB name reached from 200
+/// callers (its VmHWM was 923 MiB before names were cut on reading): its peak resident
+/// set stays within its `--cache-mib` bound plus its own base (25 MiB seen), and each
+/// window names the function cut, saying how much was cut.
+#[test]
+fn the_agent_stays_within_its_cache_bound_beside_long_names() {
+    if !require_root("the agent") {
+        return;
+    }
+    let dir = temp_dir("hostile-long-names-agent");
+    let Some(exe) = long_named_program(&dir) else {
+        return;
+    };
+    let target = KillOnDrop(Command::new(&exe).spawn().unwrap());
+    let store = dir.join("store");
+    let mut a = agent(
+        &store,
+        &["--pid", &target.0.id().to_string(), "--cache-mib", "64"],
+    );
+    let t0 = std::time::Instant::now();
+    while store_windows(&store).len() < 5 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "fewer than 5 windows in 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let hwm = vm_hwm(a.id()).expect("the agent runs");
+    stop_agent(&mut a);
+    eprintln!("agent VmHWM {:.1} MiB", hwm as f64 / f64::from(1 << 20));
+    assert!(
+        hwm < 128 << 20,
+        "agent VmHWM {hwm} bytes over 64 MiB of cache and 64 of base"
+    );
+    let names: Vec<String> = store_windows(&store)
+        .iter()
+        .flat_map(|(_, _, w)| w["processes"].as_array().cloned().unwrap_or_default())
+        .flat_map(|p| p["functions"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| f["name"].as_str().map(str::to_string))
+        .filter(|n| n.starts_with("LLLL"))
+        .collect();
+    assert!(!names.is_empty(), "the hot function is in no window");
+    for n in &names {
+        let kept = n.bytes().take_while(|&b| b == b'L').count();
+        let cut: usize = n[kept..]
+            .strip_prefix("…[+")
+            .and_then(|r| r.strip_suffix(" bytes]"))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("not cut as said: …{}", &n[kept..]));
+        assert_eq!(kept + cut, LONG_NAME, "the cut says the full length");
+    }
+    drop(target);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -20,6 +20,7 @@ mod demangle;
 mod fuzz;
 mod go_stripped;
 mod hostile;
+mod hostile_bounds;
 mod hostile_deputy;
 mod hostile_names;
 mod hostile_report;

@@ -227,6 +227,7 @@ fn hand_profile(exe: &Path) -> Profile {
             calls: Vec::new(),
             stacks: Vec::new(),
         }],
+        unread: Vec::new(),
     }
 }
 

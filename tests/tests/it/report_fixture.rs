@@ -310,6 +310,7 @@ pub fn cpi_profile() -> Profile {
             calls: Vec::new(),
             stacks: Vec::new(),
         }],
+        unread: Vec::new(),
     }
 }
 
@@ -393,6 +394,7 @@ pub fn time_profile() -> Profile {
             calls: Vec::new(),
             stacks: Vec::new(),
         }],
+        unread: Vec::new(),
     }
 }
 

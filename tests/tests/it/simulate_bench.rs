@@ -118,6 +118,7 @@ fn bench_tracer_and_pmu_model() {
         &stats,
         Vec::new(),
         0.0,
+        cpi_user::profile::analyze::LineDetail::Every,
     );
     let analysis = t.elapsed().as_secs_f64();
     let acc = profile.accuracy.expect("profile_of measures the accuracy");

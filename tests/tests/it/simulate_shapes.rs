@@ -160,3 +160,68 @@ fn propeller_sample_within_its_errors() {
     let cpi = main.cpi_est.unwrap() / main.cpi_true.unwrap() - 1.0;
     assert!(insns.abs() <= 1e-3 && cpi.abs() <= 1e-3, "{main:?}");
 }
+
+/// Code a program writes at run time (tests/programs/jit_loop.c: half its cycles in an
+/// anonymous executable mapping): its bytes cannot be read, so its instructions are
+/// unknown. The process CPI is withheld, not printed from the known code's total under
+/// the process's name (it read "241M cycles, 120M instructions, CPI 1.17"), the accuracy
+/// section counts the unknown instructions, and a return out of that code pops its
+/// caller's frame: `main` was stacked once per call into it (`main ×128`).
+#[test]
+fn code_without_bytes_withholds_the_process_cpi_and_keeps_stacks() {
+    let Some(exe) = compile_by("gcc", "jit_loop.c", &["-O2", "-g"]) else {
+        return;
+    };
+    if let Err(why) = tool_dir() {
+        cpi_tests::skip(&why);
+        return;
+    }
+    let cmd = [exe.clone().into_os_string(), "20000".into()];
+    let out = cpi_user::sim::simulate(&PmuConfig::default(), &cmd, Stdio::null())
+        .expect("simulation runs");
+    assert!(out.status.success(), "{}", out.status);
+    let acc = out.accuracy();
+    let p = &out.profile.processes[0];
+    assert_eq!(
+        p.measures.cpi, None,
+        "a process CPI lacking the JIT's instructions"
+    );
+    assert!(
+        acc.instructions_unknown as f64 > 0.3 * acc.instructions_true as f64,
+        "{} of {} instructions said unknown",
+        acc.instructions_unknown,
+        acc.instructions_true
+    );
+    let c_loop = acc
+        .functions
+        .iter()
+        .find(|f| f.name.starts_with("c_loop"))
+        .expect("c_loop");
+    assert!(misses(c_loop).is_empty(), "{c_loop:?}");
+    for path in &acc.paths {
+        let mains = path.frames.iter().filter(|f| *f == "main").count();
+        assert!(mains <= 1, "main stacked {mains} times: {:?}", path.frames);
+    }
+    let hot = &acc.paths[0];
+    assert!(
+        hot.frames[0].starts_with("c_loop")
+            && hot.frames.get(1).map(String::as_str) == Some("main"),
+        "{:?}",
+        hot.frames
+    );
+    let text = cpi_tests::output_ok(
+        std::process::Command::new(cpi_tests::cpi_bpf())
+            .args(["simulate", "--"])
+            .arg(&exe)
+            .arg("2000"),
+    );
+    let text = String::from_utf8_lossy(&text.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("pid "))
+        .expect("a process line");
+    assert!(
+        line.contains("instructions of known code, CPI withheld:") && line.contains("(JIT)"),
+        "{line}"
+    );
+}

@@ -357,12 +357,11 @@ fn stacks_through_a_library_that_only_calls_back_are_complete() {
     // frames lost, whatever the sampling.
     assert!(through >= 10, "{by:?}");
     // As for failed stacks: one can stop at code not yet mapped as the process starts.
-    // Since `-- CMD` counts per CPU, two suite runs (2026-12-07) cut 22-25 of about 620
-    // stacks (3.4-3.9 %) at one return address, the same in each, where runs alone cut
-    // none: a regression of per-CPU collection under load, not yet found, so the bound
-    // is 5 % until it is (before the records fix, every path of such a run was cut).
+    // Per-CPU events record the library's mmap in its CPU's buffer, which can be drained
+    // after a stack through it from another CPU: two suite runs cut 22-25 of about 620
+    // stacks (3.4-3.9 %) at one return address until such a miss read /proc again.
     assert!(
-        lost.stacks_unknown_code * 20 <= total,
+        lost.stacks_unknown_code * 100 <= total,
         "{lost:?}: {:?}",
         paths
             .iter()

@@ -35,16 +35,9 @@ fn is_shapeless(s: &StackProfile) -> bool {
     s.frames.len() == 1 && ["[dropped]", "[rare callees]"].contains(&s.frames[0].function.as_str())
 }
 
-/// The process's paths hold every sample and cycle once, no shapeless remainder holds
-/// more than 2 % of its cycles, and the profile reads back from its file through
-/// `cpi-bpf report`.
-fn assert_paths_keep_their_shape(out: &SimReport, what: &str, reads_back: bool) {
-    let p: &ProcessProfile = out
-        .profile
-        .processes
-        .iter()
-        .find(|p| p.pid == out.truth.pid)
-        .expect("the traced process");
+/// The process's paths hold every sample and cycle once, and no shapeless remainder
+/// holds more than 2 % of its cycles.
+fn assert_shape(p: &ProcessProfile, what: &str) {
     let cycles = p.measures.cycles.expect("simulate counts cycles");
     let sum: f64 = p.stacks.iter().filter_map(|s| s.cycles).sum();
     let samples: u64 = p.stacks.iter().map(|s| s.samples).sum();
@@ -75,9 +68,18 @@ fn assert_paths_keep_their_shape(out: &SimReport, what: &str, reads_back: bool) 
         "{what}: {} paths written",
         p.stacks.len()
     );
-    if !reads_back {
-        return;
-    }
+}
+
+/// [`assert_shape`] on the traced process, and the profile reads back from its file
+/// through `cpi-bpf report`.
+fn assert_paths_keep_their_shape(out: &SimReport, what: &str) {
+    let p: &ProcessProfile = out
+        .profile
+        .processes
+        .iter()
+        .find(|p| p.pid == out.truth.pid)
+        .expect("the traced process");
+    assert_shape(p, what);
     let file = std::env::temp_dir().join(format!("cpi-paths-{what}-{}.json", std::process::id()));
     let f = std::fs::File::create(&file).unwrap();
     cpi_user::report::file::write_json(&out.profile, f).unwrap();
@@ -110,11 +112,12 @@ fn python3_paths_keep_their_shape() {
     let Some(out) = simulate(&["/usr/bin/python3", "-S", "-c", script]) else {
         return;
     };
-    assert_paths_keep_their_shape(&out, "python3", true);
+    assert_paths_keep_their_shape(&out, "python3");
 }
 
 /// gcc's cc1 compiling a small C file nobody here wrote (zlib's `zpipe.c` example, as
-/// `gcc -O2 -c` runs it).
+/// `gcc -O2 -c` runs it), through `cpi-bpf simulate` as a user runs it: its memory and
+/// its file stay bounded, and `cpi-bpf report` reads the file back.
 #[test]
 fn cc1_paths_keep_their_shape() {
     let source = Path::new("/usr/share/doc/zlib1g-dev/examples/zpipe.c");
@@ -126,23 +129,53 @@ fn cc1_paths_keep_their_shape() {
         cpi_tests::skip("gcc or zlib1g-dev's examples are missing; run `cargo xtask setup`");
         return;
     };
-    let asm = std::env::temp_dir().join(format!("cpi-paths-zpipe-{}.s", std::process::id()));
-    let Some(out) = simulate(&[
-        &cc1,
-        "-quiet",
-        "-imultiarch",
-        "x86_64-linux-gnu",
-        "-O2",
-        source.to_str().unwrap(),
-        "-o",
-        asm.to_str().unwrap(),
-    ]) else {
+    if let Err(why) = tool_dir() {
+        cpi_tests::skip(&why);
         return;
-    };
-    let _ = std::fs::remove_file(&asm);
-    // Not read back: cc1's file is over the 256 MiB `report` reads (68 % of it
-    // instruction lines, most of code that never ran): the size target is not met yet.
-    assert_paths_keep_their_shape(&out, "cc1", false);
+    }
+    let dir = cpi_tests::temp_dir("paths-cc1");
+    let (json, asm) = (dir.join("cc1.json"), dir.join("zpipe.s"));
+    let (status, mib) = peak_mib(
+        Command::new(cpi_tests::cpi_bpf())
+            .args(["simulate", "-o"])
+            .arg(&json)
+            .arg("--")
+            .arg(&cc1)
+            .args(["-quiet", "-imultiarch", "x86_64-linux-gnu", "-O2"])
+            .arg(source)
+            .arg("-o")
+            .arg(&asm),
+    );
+    assert!(status.success(), "{status}");
+    let bytes = std::fs::metadata(&json).unwrap().len();
+    eprintln!("cc1 zpipe.c: peak {mib} MiB, file {} MB", bytes / 1_000_000);
+    // Targets: 1 GiB and 50 MB (BENCHMARKS.md, "Call paths of cc1 and python3 under
+    // `simulate`"). Met so far: the truth per calling context kept as the replay's runs
+    // (4.3 GiB → 1.7 GiB on a 1 061-line file), and only the lines and blocks that ran
+    // written; the bounds below are what the merged tree meets, the rest open.
+    assert!(mib < 2048, "simulate of cc1 peaked at {mib} MiB");
+    assert!(
+        bytes < cpi_user::report::file::MAX_PROFILE_BYTES,
+        "cc1's file is {bytes} bytes, over what report reads"
+    );
+    let report = Command::new(cpi_tests::cpi_bpf())
+        .args(["report", "--top", "3"])
+        .arg(&json)
+        .output()
+        .expect("cpi-bpf report runs");
+    assert!(
+        report.status.success(),
+        "report refused simulate's file: {}",
+        String::from_utf8_lossy(&report.stderr)
+    );
+    let back = cpi_user::report::file::read(&json).expect("the file reads back");
+    let _ = std::fs::remove_dir_all(&dir);
+    let p = back
+        .processes
+        .iter()
+        .find(|p| p.comm == "cc1")
+        .expect("cc1's process");
+    assert_shape(p, "cc1");
 }
 
 /// The peak resident memory of `cmd` run to its end, in MiB.
@@ -192,8 +225,7 @@ fn deep_recursion_truth_stays_within_memory() {
     let _ = std::fs::remove_file(&json);
     eprintln!("deep_chains 20 10000: peak {mib} MiB");
     assert!(status.success(), "{status}");
-    // 5.8 GiB before the truth's chains were interned. The 1 GiB target is not met on
-    // the merged tree: 3 234 MiB seen here (2026-12-07), under 600 MiB on the branch that
-    // interned the chains alone; what the merge added is not found yet.
-    assert!(mib < 4096, "simulate of 20 deep chains peaked at {mib} MiB");
+    // 5.8 GiB before the truth's chains were interned; the truth per calling context
+    // kept as the replay's runs, not per instruction, since.
+    assert!(mib < 1024, "simulate of 20 deep chains peaked at {mib} MiB");
 }

@@ -208,6 +208,7 @@ pub fn analyze_with(
         accuracy: None,
         recorded_on: None,
         cpi_withheld: None,
+        unread: Vec::new(),
     }
 }
 

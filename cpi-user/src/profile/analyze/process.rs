@@ -13,7 +13,10 @@ use super::{sample_role, Ctx};
 use crate::binary::{Binary, CodeObject, SourceLines};
 use crate::profile::aggregate::ProcessSamples;
 use crate::profile::error::{self, Groups};
-use crate::profile::model::{CallEdge, Estimate, FunctionProfile, Measures, Mode, ProcessProfile};
+use crate::profile::model::{
+    unreadable_code_share, CallEdge, Estimate, FunctionProfile, Measures, Mode, ProcessProfile,
+    UNREADABLE_CODE_CEILING,
+};
 
 impl Ctx<'_> {
     /// The process's profile from its gathered work.
@@ -69,7 +72,10 @@ impl Ctx<'_> {
             .ips
             .contains_key(&EventRole::Cycles)
             .then(|| process_tally(p, EventRole::Cycles).rel_error());
-        let (instructions, instructions_rel_error, cpi) = self.process_cpi(p, summed);
+        let (instructions, instructions_rel_error, mut cpi) = self.process_cpi(p, summed);
+        if unreadable_code_share(&functions).is_some_and(|s| s >= UNREADABLE_CODE_CEILING) {
+            cpi = None;
+        }
         ProcessProfile {
             pid: p.pid,
             comm: p.comm.clone(),

@@ -51,6 +51,20 @@ fn note<E: de::Error>(numbered: bool) -> Result<(), E> {
     })
 }
 
+/// How many frames have been read so far ([`read_rewind`]'s mark); 0 outside a file.
+pub(crate) fn mark() -> usize {
+    READ.with(|r| r.borrow().as_ref().map_or(0, |(read, _)| read.len()))
+}
+
+/// Forgets the frames read since `mark` (a process left out whole).
+pub(crate) fn rewind(mark: usize) {
+    READ.with(|r| {
+        if let Some((read, _)) = r.borrow_mut().as_mut() {
+            read.truncate(mark);
+        }
+    });
+}
+
 /// A path's frames: each a number into the file's frame table, or whole.
 pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<StackFrame>, D::Error> {
     struct Frames;
