@@ -5,7 +5,9 @@
 //! one comm are summed), functions by comm, the *file name* of their binary and their
 //! name (two builds of one program live at different paths), call paths by comm and
 //! their chain of function names with recursion folded (cpi-user/src/profile/paths.rs),
-//! those with at least 1 % of their process in either profile.
+//! those with at least 1 % of their process in either profile. Two main processes of
+//! different names (one program built twice under two names) are matched with each
+//! other and their functions by name ([`align`]).
 //!
 //! **Quantities and their errors** (σ: one standard error, as every ± of a profile):
 //! * the *amount*: cycles, or cpu-clock time in a time profile. Cycles: σ =
@@ -35,14 +37,17 @@
 //! the expected share of false ones is at most α.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::fsafe::escape;
 use crate::profile::model::{FunctionProfile, Mode, ProcessProfile, Profile, StackProfile};
 use crate::profile::paths::folded_paths;
-use crate::report::table::{ellipsize, si, time};
+
+mod align;
+pub(crate) mod render;
+
+pub use align::{aligned, Matching, Pairing};
+pub use render::render;
 
 /// The default significance level (false discovery rate) of [`diff`].
 pub const DEFAULT_ALPHA: f64 = 0.01;
@@ -83,6 +88,8 @@ pub struct DiffOptions {
     pub alpha: f64,
     /// Which quantities are tested.
     pub basis: Basis,
+    /// How processes and functions are matched.
+    pub matching: Matching,
 }
 
 impl Default for DiffOptions {
@@ -90,6 +97,7 @@ impl Default for DiffOptions {
         DiffOptions {
             alpha: DEFAULT_ALPHA,
             basis: Basis::Absolute,
+            matching: Matching::Auto,
         }
     }
 }
@@ -123,7 +131,7 @@ pub struct Change {
 }
 
 impl Change {
-    fn new(base: (f64, f64), new: (f64, f64)) -> Change {
+    pub(crate) fn new(base: (f64, f64), new: (f64, f64)) -> Change {
         let (b, vb) = base;
         let (n, vn) = new;
         let delta = n - b;
@@ -207,6 +215,12 @@ impl UnitDiff {
             .map(|(k, c)| (*k, c))
     }
 
+    /// Nothing on either side: every quantity 0 → 0 (a function without cycles or
+    /// instructions in either profile); the tables leave it out.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.changes.values().all(|c| c.base == 0.0 && c.new == 0.0)
+    }
+
     fn size(&self, amount: &str) -> f64 {
         self.changes.get(amount).map_or(0.0, |c| c.base.max(c.new))
     }
@@ -229,6 +243,10 @@ pub struct Diff {
     pub tests: usize,
     /// How many were significant.
     pub significant: usize,
+    /// The main processes matched with each other despite their names, if any: their
+    /// functions matched by name (the module [`align`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pairing: Option<Pairing>,
     /// Processes, then functions; each significant first, then by |z|, then by size.
     pub units: Vec<UnitDiff>,
 }
@@ -450,7 +468,9 @@ pub fn diff(base: &Profile, new: &Profile, opts: &DiffOptions) -> Result<Diff, D
         });
     }
     let amount = if time { "time_ns" } else { "cycles" };
-    let (b, n) = (sums(base, time), sums(new, time));
+    let pairing = align::pair(base, new, opts.matching);
+    let (base, new) = aligned(base, new, pairing.as_ref());
+    let (b, n) = (sums(&base, time), sums(&new, time));
     let mut units = Vec::new();
     let comms: std::collections::BTreeSet<&String> = b.keys().chain(n.keys()).collect();
     for comm in comms {
@@ -511,6 +531,7 @@ pub fn diff(base: &Profile, new: &Profile, opts: &DiffOptions) -> Result<Diff, D
         basis: opts.basis,
         tests,
         significant: units.iter().filter(|u| u.significant).count(),
+        pairing,
         units,
     })
 }
@@ -663,108 +684,6 @@ pub(crate) fn benjamini_hochberg(p: &[f64], alpha: f64) -> Vec<bool> {
     let mut out = vec![false; m];
     order[..k].iter().for_each(|&i| out[i] = true);
     out
-}
-
-/// The table: processes then functions, `top` rows each, every line within 80
-/// columns; foreign names escaped.
-pub fn render(d: &Diff, top: usize) -> String {
-    let modes = if d.base_mode == d.new_mode {
-        d.base_mode.name().to_string()
-    } else {
-        format!("{} → {}", d.base_mode.name(), d.new_mode.name())
-    };
-    let mut s = format!(
-        "diff of {modes} profiles: {} {} changes tested, {} significant\n\
-         (Benjamini–Hochberg at α = {}); processes matched by comm, functions by\n\
-         binary file name and function name, call paths by their names\n",
-        d.tests,
-        match d.basis {
-            Basis::Absolute => "absolute",
-            Basis::Share => "share",
-        },
-        d.significant,
-        d.alpha,
-    );
-    for (kind, title) in [
-        (UnitKind::Process, "processes"),
-        (UnitKind::Function, "functions"),
-        (UnitKind::Path, "call paths (leaf ← callers)"),
-    ] {
-        let rows: Vec<&UnitDiff> = d.units.iter().filter(|u| u.kind == kind).collect();
-        if rows.is_empty() && kind == UnitKind::Path {
-            continue;
-        }
-        let _ = write!(s, "\n{title}");
-        if rows.len() > top {
-            let _ = write!(s, " (top {top} of {})", rows.len());
-        }
-        let _ = writeln!(
-            s,
-            "\n  {:<26} {:<7} {:>8} {:>8} {:>15} {:>7}",
-            "name", "what", "base", "new", "Δ % ± σ", "z"
-        );
-        for u in rows.into_iter().take(top) {
-            s.push_str(&row(u));
-        }
-    }
-    s.push_str("\n* significant; the row shows the unit's most significant change\n");
-    s
-}
-
-/// A relative change in at most 6 characters (`+30.0%`, `+1234%`, `×56`).
-fn percent(r: f64, sign: bool) -> String {
-    let x = r * 100.0;
-    match (x.abs(), sign) {
-        (a, _) if a >= 9999.5 => format!("×{:.0}", r.abs()),
-        (a, true) if a >= 99.95 => format!("{x:+.0}%"),
-        (a, false) if a >= 99.95 => format!("{x:.0}%"),
-        (_, true) => format!("{x:+.1}%"),
-        (_, false) => format!("{x:.1}%"),
-    }
-}
-
-fn row(u: &UnitDiff) -> String {
-    let name = ellipsize(&escape(&u.name), 26);
-    let Some((what, c)) = u.headline() else {
-        return format!("  {name:<26}\n");
-    };
-    let value = |v: f64| match what {
-        "cpi" => format!("{v:.3}"),
-        "time_ns" => time(v),
-        k if k.ends_with("_share") => format!("{:.1}%", v * 100.0),
-        _ => si(v),
-    };
-    let delta = match c.delta_rel {
-        Some(r) => format!(
-            "{} ± {}",
-            percent(r, true),
-            percent(c.delta_error / c.base.abs(), false)
-        ),
-        // Base 0: new where NEW has some, nothing to say where both are 0.
-        None if c.new != 0.0 => "new".to_string(),
-        None => "-".to_string(),
-    };
-    let label = match what {
-        "instructions" => "instr",
-        "cycles_share" => "cyc sh",
-        "time_ns" => "time",
-        "time_ns_share" => "time sh",
-        "instructions_share" => "ins sh",
-        "cpi" => "CPI",
-        k => k,
-    };
-    // One decimal where it means something; a z of thousands keeps the row narrow.
-    let z = if c.z.abs() < 100.0 {
-        format!("{:.1}", c.z)
-    } else {
-        format!("{:.0}", c.z)
-    };
-    format!(
-        "{} {name:<26} {label:<7} {:>8} {:>8} {delta:>15} {z:>7}\n",
-        if u.significant { '*' } else { ' ' },
-        value(c.base),
-        value(c.new),
-    )
 }
 
 #[cfg(test)]
@@ -1019,6 +938,84 @@ mod tests {
         assert!(!g.changes.contains_key("cpi"));
         let p = unit(&d, "prog");
         assert_eq!(p.changes["cycles"].new, 3e9 + 1.0);
+    }
+
+    /// `two_functions` as the program `name` (comm and binary), with a libc function.
+    fn built_as(name: &str, pid: u32, more: f64) -> Profile {
+        let mut p = two_functions(pid, more, 0.0);
+        let pr = &mut p.processes[0];
+        pr.comm = name.into();
+        for f in &mut pr.functions {
+            f.binary = format!("/build/{name}/{name}");
+        }
+        let mut libc = func("memcpy", 1e6, 5e5, 0.01);
+        libc.binary = "/usr/lib/x86_64-linux-gnu/libc.so.6".into();
+        pr.functions.push(libc);
+        p
+    }
+
+    /// One program built twice under two names: its main processes are matched with
+    /// each other and their functions by name; `--match comm` finds nothing in common.
+    #[test]
+    fn two_builds_under_two_names_match_by_function() {
+        let (base, new) = (built_as("slow_a", 1, 1.0), built_as("slow_b", 2, 1.3));
+        let d = diff(&base, &new, &DiffOptions::default()).unwrap();
+        let pairing = d.pairing.as_ref().expect("paired");
+        assert_eq!(
+            (pairing.base_comm.as_str(), pairing.new_comm.as_str()),
+            ("slow_a", "slow_b")
+        );
+        assert_eq!(pairing.base_binaries, ["slow_a"]);
+        assert_eq!(pairing.new_binaries, ["slow_b"]);
+        let flagged: Vec<&str> = (d.units.iter())
+            .filter(|u| u.kind == UnitKind::Function && u.significant)
+            .map(|u| u.name.as_str())
+            .collect();
+        assert_eq!(flagged, ["alpha"], "{}", render(&d, 20));
+        for name in ["alpha", "beta", "memcpy"] {
+            let u = unit(&d, name);
+            assert!(u.in_base && u.in_new, "{u:?}");
+        }
+        assert_eq!(unit(&d, "memcpy").binary.as_deref(), Some("libc.so.6"));
+        assert_eq!(unit(&d, "slow_a → slow_b").kind, UnitKind::Process);
+        let table = render(&d, 20);
+        let words = table.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(words.contains("slow_a (base) with slow_b (new)"), "{table}");
+        assert!(table.lines().all(|l| l.chars().count() <= 80), "{table}");
+        // By comm only: nothing matches, as before.
+        let by_comm = DiffOptions {
+            matching: Matching::Comm,
+            ..Default::default()
+        };
+        let d = diff(&base, &new, &by_comm).unwrap();
+        assert!(d.pairing.is_none());
+        let alphas = d.units.iter().filter(|u| u.name == "alpha");
+        assert!(alphas
+            .map(|u| (u.in_base, u.in_new))
+            .eq([(false, true), (true, false)]));
+        // One program under one name: nothing to pair.
+        let d = diff(&base, &built_as("slow_a", 2, 1.3), &DiffOptions::default()).unwrap();
+        assert!(d.pairing.is_none());
+        assert!(unit(&d, "alpha").in_new);
+    }
+
+    /// A function with nothing in either profile is no row; σ under 0.1 % keeps a digit.
+    #[test]
+    fn the_table_leaves_out_what_is_zero_on_both_sides() {
+        let mut base = two_functions(1, 1.0, 0.0);
+        let mut idle = func("idle", 0.0, 0.0, 0.0);
+        idle.measures.cpi = None;
+        base.processes[0].functions.push(idle.clone());
+        let mut new = two_functions(2, 1.3, 0.0);
+        new.processes[0].functions.push(idle);
+        let d = diff(&base, &new, &DiffOptions::default()).unwrap();
+        assert!(unit(&d, "idle").is_empty());
+        let t = render(&d, 20);
+        assert!(!t.contains("idle"), "{t}");
+        assert_eq!(
+            render::delta_pm(&Change::new((1e9, 0.0), (1.3e9, 9e10))).1,
+            "0.03%"
+        );
     }
 
     #[test]

@@ -518,7 +518,7 @@ pub(crate) fn share_pm(mode: Mode, p: f64, samples: u64, notes: &Notes) -> Strin
 
 /// `text` broken at spaces into lines of at most `width` characters (continuations
 /// indented two); a word longer than a line is shortened with an ellipsis.
-fn wrap(text: &str, width: Option<usize>) -> String {
+pub(crate) fn wrap(text: &str, width: Option<usize>) -> String {
     let Some(width) = width else {
         return format!("{text}\n");
     };

@@ -28,7 +28,7 @@ function describe(g) {
   let s = `${d.name}${d.binary ? " (" + d.binary + ")" : ""}\n${document.body.dataset.width}: ${(+d.width).toPrecision(4)} (${pct} %), self ${(+d.self).toPrecision(4)}, samples ${d.samples}`;
   if (d.cycles !== undefined) s += `\ncycles ${(+d.cycles).toPrecision(4)}, instructions ${(+d.instructions).toPrecision(4)}, CPI ` +
     (d.cpi !== undefined ? `${(+d.cpi).toFixed(2)} ± ${(100 * d.cpiError).toFixed(1)} %` : "too few samples");
-  if (d.delta !== undefined) s += `\nbase ${(+d.base).toPrecision(4)}, change ${(+d.delta).toPrecision(3)} ± ${(+d.deltaError).toPrecision(2)}, z ${(+d.z).toFixed(1)}` +
+  if (d.delta !== undefined) s += `\nbase ${(+d.base).toPrecision(4)}, change ${+d.base > 0 ? (100 * d.delta / d.base).toFixed(1) + " % ± " + (100 * d.deltaError / d.base).toFixed(1) + " %" : "new"}, z ${(+d.z).toFixed(1)}` +
     (d.significant === "true" ? ", significant" : ", not significant");
   return s;
 }
