@@ -32,7 +32,7 @@ function describe(g) {
   const cpi = (v, e) => v !== undefined ? `${(+v).toFixed(2)} ± ${(100 * e).toFixed(1)} %` : "too few samples";
   if (d.cycles !== undefined) s += `\ncycles ${(+d.cycles).toPrecision(4)}, self ${(+d.selfCycles).toPrecision(4)}; instructions ${(+d.instructions).toPrecision(4)}, self ${(+d.selfInstructions).toPrecision(4)}` +
     `\nself CPI ${cpi(d.selfCpi, d.selfCpiError)}, total CPI ${cpi(d.cpi, d.cpiError)}` + (d.referenceCpi !== undefined ? ` (against ${(+d.referenceCpi).toFixed(2)})` : "");
-  if (d.delta !== undefined) s += `\nbase ${(+d.base).toPrecision(4)}, change ${(+d.delta).toPrecision(3)} ± ${(+d.deltaError).toPrecision(2)}, z ${(+d.z).toFixed(1)}` +
+  if (d.delta !== undefined) s += `\nbase ${(+d.base).toPrecision(4)}, change ${+d.base > 0 ? (100 * d.delta / d.base).toFixed(1) + " % ± " + (100 * d.deltaError / d.base).toFixed(1) + " %" : "new"}, z ${(+d.z).toFixed(1)}` +
     (d.significant === "true" ? ", significant" : ", not significant");
   return s;
 }

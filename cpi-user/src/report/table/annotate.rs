@@ -241,7 +241,7 @@ fn instruction_table(
                 .find(|g| g.binary == f.binary && g.address <= addr && addr < g.address + g.size)
                 .map(|g| (g.name.as_str(), g.address))
         };
-        row.push(ellipsize(&named_target(&l.text, function_at), max));
+        row.push(fit_instruction(&named_target(&l.text, function_at), max));
         t.add_row(row);
     }
     t
@@ -276,6 +276,28 @@ pub(crate) fn named_target<'a>(
         }
     }
     s
+}
+
+/// An instruction in at most `max` characters that keeps a branch's target: the name
+/// in `<name+0x20>` is shortened first (`jne 3d450 <sqli…+0x80>`), then dropped
+/// (`jne 3d450`); any other instruction is cut at its end.
+fn fit_instruction(text: &str, max: usize) -> String {
+    let n = text.chars().count();
+    let named = text.strip_suffix('>').and_then(|t| t.rsplit_once(" <"));
+    let Some((head, inner)) = named.filter(|_| n > max) else {
+        return ellipsize(text, max);
+    };
+    let (name, off) = match inner.rfind('+') {
+        Some(i) => inner.split_at(i),
+        None => (inner, ""),
+    };
+    let fixed = head.chars().count() + off.chars().count() + 3;
+    let room = max.saturating_sub(fixed);
+    if room >= 4 {
+        format!("{head} <{}{off}>", ellipsize(name, room))
+    } else {
+        ellipsize(head, max)
+    }
 }
 
 /// An address as the disassembler writes an operand: `00000000000011E0h` or `0x11e0`.
@@ -386,5 +408,18 @@ mod tests {
         };
         let lines = [line(0x100), line(0x104), line(0x140), line(0x14f)];
         assert_eq!(gaps(&lines, &[]), [false, false, true, false]);
+    }
+
+    #[test]
+    fn a_cut_branch_keeps_its_target() {
+        let jump = "jne 3d450 <sqlite3BtreeIndexMoveto+0x80>";
+        assert_eq!(fit_instruction(jump, 60), jump);
+        assert_eq!(fit_instruction(jump, 22), "jne 3d450 <sqli…+0x80>");
+        assert_eq!(fit_instruction(jump, 14), "jne 3d450");
+        assert_eq!(
+            fit_instruction("call 26890 <memcmp@plt>", 18),
+            "call 26890 <memc…>"
+        );
+        assert_eq!(fit_instruction("mov rdi,[r13+88h]", 10), "mov rdi,[…");
     }
 }
