@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use anyhow::Context;
 use clap::ValueEnum;
 use cpi_agent::store;
-use cpi_user::report::diff::{self, Basis, DiffOptions, DEFAULT_ALPHA};
+use cpi_user::report::diff::{self, Basis, DiffOptions, Matching, DEFAULT_ALPHA};
 
 use crate::output::write_out;
 use crate::report::{read_profile, read_store, store_time};
@@ -31,10 +31,23 @@ pub enum By {
     Share,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Match {
+    /// By comm and binary file name; but when each profile has one main process (over
+    /// half of it), those two are matched with each other and their functions by name.
+    Auto,
+    /// By comm and binary file name only.
+    Comm,
+    /// Each profile's largest process with the other's, their functions by name and
+    /// call paths by their names, whatever the file names.
+    Function,
+}
+
 #[derive(clap::Args, Debug)]
 #[command(after_help = "\
 Processes are matched by comm (pids differ between runs), functions by the file name of \
-their binary and their name. Each change has a z-score from the two profiles' own errors, \
+their binary and their name; one program built twice under two names (each profile's \
+main process) is matched by function name and call path, as the header says (--match). Each change has a z-score from the two profiles' own errors, \
 z = Δ / √(σ_base² + σ_new²); all changes are tested together with the Benjamini–Hochberg \
 procedure at level --alpha, so two runs of one program flag nothing (at most α of the \
 time). For a differential flame graph of the pprof exports: \
@@ -78,6 +91,9 @@ pub struct Args {
     /// Which changes are tested.
     #[arg(long, value_enum, default_value_t = By::Absolute)]
     pub by: By,
+    /// How processes and functions are matched across the two profiles.
+    #[arg(long = "match", value_enum, default_value_t = Match::Auto)]
+    pub matching: Match,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
@@ -121,6 +137,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         basis: match args.by {
             By::Absolute => Basis::Absolute,
             By::Share => Basis::Share,
+        },
+        matching: match args.matching {
+            Match::Auto => Matching::Auto,
+            Match::Comm => Matching::Comm,
+            Match::Function => Matching::Function,
         },
     };
     let d = diff::diff(&base, &new, &opts).context("diff")?;

@@ -5,7 +5,9 @@
 //! one comm are summed), functions by comm, the *file name* of their binary and their
 //! name (two builds of one program live at different paths), call paths by comm and
 //! their chain of function names with recursion folded (cpi-user/src/profile/paths.rs),
-//! those with at least 1 % of their process in either profile.
+//! those with at least 1 % of their process in either profile. Two main processes of
+//! different names (one program built twice under two names) are matched with each
+//! other and their functions by name ([`align`]).
 //!
 //! **Quantities and their errors** (σ: one standard error, as every ± of a profile):
 //! * the *amount*: cycles, or cpu-clock time in a time profile. Cycles: σ =
@@ -35,14 +37,17 @@
 //! the expected share of false ones is at most α.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 
 use serde::Serialize;
 
-use crate::fsafe::escape;
 use crate::profile::model::{FunctionProfile, Mode, ProcessProfile, Profile, StackProfile};
 use crate::profile::paths::folded_paths;
-use crate::report::table::{ellipsize, si, time};
+
+mod align;
+pub(crate) mod render;
+
+pub use align::{aligned, Matching, Pairing};
+pub use render::render;
 
 /// The default significance level (false discovery rate) of [`diff`].
 pub const DEFAULT_ALPHA: f64 = 0.01;
@@ -83,6 +88,8 @@ pub struct DiffOptions {
     pub alpha: f64,
     /// Which quantities are tested.
     pub basis: Basis,
+    /// How processes and functions are matched.
+    pub matching: Matching,
 }
 
 impl Default for DiffOptions {
@@ -90,6 +97,7 @@ impl Default for DiffOptions {
         DiffOptions {
             alpha: DEFAULT_ALPHA,
             basis: Basis::Absolute,
+            matching: Matching::Auto,
         }
     }
 }
@@ -123,7 +131,7 @@ pub struct Change {
 }
 
 impl Change {
-    fn new(base: (f64, f64), new: (f64, f64)) -> Change {
+    pub(crate) fn new(base: (f64, f64), new: (f64, f64)) -> Change {
         let (b, vb) = base;
         let (n, vn) = new;
         let delta = n - b;
@@ -207,6 +215,12 @@ impl UnitDiff {
             .map(|(k, c)| (*k, c))
     }
 
+    /// Nothing on either side: every quantity 0 → 0 (a function without cycles or
+    /// instructions in either profile); the tables leave it out.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.changes.values().all(|c| c.base == 0.0 && c.new == 0.0)
+    }
+
     fn size(&self, amount: &str) -> f64 {
         self.changes.get(amount).map_or(0.0, |c| c.base.max(c.new))
     }
@@ -229,6 +243,10 @@ pub struct Diff {
     pub tests: usize,
     /// How many were significant.
     pub significant: usize,
+    /// The main processes matched with each other despite their names, if any: their
+    /// functions matched by name (the module [`align`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pairing: Option<Pairing>,
     /// Processes, then functions; each significant first, then by |z|, then by size.
     pub units: Vec<UnitDiff>,
 }
@@ -450,7 +468,9 @@ pub fn diff(base: &Profile, new: &Profile, opts: &DiffOptions) -> Result<Diff, D
         });
     }
     let amount = if time { "time_ns" } else { "cycles" };
-    let (b, n) = (sums(base, time), sums(new, time));
+    let pairing = align::pair(base, new, opts.matching);
+    let (base, new) = aligned(base, new, pairing.as_ref());
+    let (b, n) = (sums(&base, time), sums(&new, time));
     let mut units = Vec::new();
     let comms: std::collections::BTreeSet<&String> = b.keys().chain(n.keys()).collect();
     for comm in comms {
@@ -511,6 +531,7 @@ pub fn diff(base: &Profile, new: &Profile, opts: &DiffOptions) -> Result<Diff, D
         basis: opts.basis,
         tests,
         significant: units.iter().filter(|u| u.significant).count(),
+        pairing,
         units,
     })
 }
@@ -665,386 +686,5 @@ pub(crate) fn benjamini_hochberg(p: &[f64], alpha: f64) -> Vec<bool> {
     out
 }
 
-/// The table: processes then functions, `top` rows each, every line within 80
-/// columns; foreign names escaped.
-pub fn render(d: &Diff, top: usize) -> String {
-    let modes = if d.base_mode == d.new_mode {
-        d.base_mode.name().to_string()
-    } else {
-        format!("{} → {}", d.base_mode.name(), d.new_mode.name())
-    };
-    let mut s = format!(
-        "diff of {modes} profiles: {} {} changes tested, {} significant\n\
-         (Benjamini–Hochberg at α = {}); processes matched by comm, functions by\n\
-         binary file name and function name, call paths by their names\n",
-        d.tests,
-        match d.basis {
-            Basis::Absolute => "absolute",
-            Basis::Share => "share",
-        },
-        d.significant,
-        d.alpha,
-    );
-    for (kind, title) in [
-        (UnitKind::Process, "processes"),
-        (UnitKind::Function, "functions"),
-        (UnitKind::Path, "call paths (leaf ← callers)"),
-    ] {
-        let rows: Vec<&UnitDiff> = d.units.iter().filter(|u| u.kind == kind).collect();
-        if rows.is_empty() && kind == UnitKind::Path {
-            continue;
-        }
-        let _ = write!(s, "\n{title}");
-        if rows.len() > top {
-            let _ = write!(s, " (top {top} of {})", rows.len());
-        }
-        let _ = writeln!(
-            s,
-            "\n  {:<26} {:<7} {:>8} {:>8} {:>15} {:>7}",
-            "name", "what", "base", "new", "Δ % ± σ", "z"
-        );
-        for u in rows.into_iter().take(top) {
-            s.push_str(&row(u));
-        }
-    }
-    s.push_str("\n* significant; the row shows the unit's most significant change\n");
-    s
-}
-
-/// A relative change in at most 6 characters (`+30.0%`, `+1234%`, `×56`).
-fn percent(r: f64, sign: bool) -> String {
-    let x = r * 100.0;
-    match (x.abs(), sign) {
-        (a, _) if a >= 9999.5 => format!("×{:.0}", r.abs()),
-        (a, true) if a >= 99.95 => format!("{x:+.0}%"),
-        (a, false) if a >= 99.95 => format!("{x:.0}%"),
-        (_, true) => format!("{x:+.1}%"),
-        (_, false) => format!("{x:.1}%"),
-    }
-}
-
-fn row(u: &UnitDiff) -> String {
-    let name = ellipsize(&escape(&u.name), 26);
-    let Some((what, c)) = u.headline() else {
-        return format!("  {name:<26}\n");
-    };
-    let value = |v: f64| match what {
-        "cpi" => format!("{v:.3}"),
-        "time_ns" => time(v),
-        k if k.ends_with("_share") => format!("{:.1}%", v * 100.0),
-        _ => si(v),
-    };
-    let delta = match c.delta_rel {
-        Some(r) => format!(
-            "{} ± {}",
-            percent(r, true),
-            percent(c.delta_error / c.base.abs(), false)
-        ),
-        // Base 0: new where NEW has some, nothing to say where both are 0.
-        None if c.new != 0.0 => "new".to_string(),
-        None => "-".to_string(),
-    };
-    let label = match what {
-        "instructions" => "instr",
-        "cycles_share" => "cyc sh",
-        "time_ns" => "time",
-        "time_ns_share" => "time sh",
-        "instructions_share" => "ins sh",
-        "cpi" => "CPI",
-        k => k,
-    };
-    // One decimal where it means something; a z of thousands keeps the row narrow.
-    let z = if c.z.abs() < 100.0 {
-        format!("{:.1}", c.z)
-    } else {
-        format!("{:.0}", c.z)
-    };
-    format!(
-        "{} {name:<26} {label:<7} {:>8} {:>8} {delta:>15} {z:>7}\n",
-        if u.significant { '*' } else { ' ' },
-        value(c.base),
-        value(c.new),
-    )
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::profile::model::{LossReport, Measures, PROFILE_FORMAT_VERSION};
-    use cpi_common::policy::Perturbation;
-
-    /// A function of `cycles` and `instructions` with the given relative errors.
-    fn func(name: &str, cycles: f64, instructions: f64, rel: f64) -> FunctionProfile {
-        FunctionProfile {
-            name: name.into(),
-            mangled: None,
-            binary: "/build/a/prog".into(),
-            address: 0x1000,
-            size: 0x40,
-            samples: 1_000,
-            share: 0.0,
-            measures: Measures {
-                time_ns: None,
-                cycles: Some(cycles),
-                instructions: Some(instructions),
-                cycles_rel_error: Some(rel),
-                instructions_rel_error: Some(rel),
-                cpi: Some(crate::profile::model::Estimate {
-                    value: cycles / instructions,
-                    rel_error: rel * std::f64::consts::SQRT_2,
-                    samples: 1_000,
-                }),
-            },
-            timed_cpi: None,
-            cpi_disagree: false,
-            bolt_name: None,
-            source: None,
-            blocks: vec![],
-            edges: vec![],
-            lines: vec![],
-        }
-    }
-
-    /// One process `prog` (pid `pid`) of `functions`, its totals their sums, in `mode`.
-    fn profile(mode: Mode, pid: u32, functions: Vec<FunctionProfile>) -> Profile {
-        let sum = |f: fn(&FunctionProfile) -> Option<f64>| {
-            functions.iter().filter_map(f).reduce(|a, b| a + b)
-        };
-        let process = ProcessProfile {
-            pid,
-            comm: "prog".into(),
-            identity: Default::default(),
-            samples: functions.iter().map(|f| f.samples).sum(),
-            branch_samples: 0,
-            measures: Measures {
-                time_ns: sum(|f| f.measures.time_ns),
-                cycles: sum(|f| f.measures.cycles),
-                instructions: sum(|f| f.measures.instructions),
-                cycles_rel_error: functions.first().and_then(|f| f.measures.cycles_rel_error),
-                instructions_rel_error: functions
-                    .first()
-                    .and_then(|f| f.measures.instructions_rel_error),
-                cpi: functions.first().and_then(|f| f.measures.cpi),
-            },
-            functions,
-            calls: vec![],
-            stacks: vec![],
-        };
-        Profile {
-            format_version: PROFILE_FORMAT_VERSION,
-            tool_version: "test".into(),
-            mode,
-            mode_reason: String::new(),
-            command: vec![],
-            duration_secs: 1.0,
-            events: vec![],
-            perturbation: Perturbation::Both,
-            range_window: 0,
-            lost_samples: 0,
-            lost: LossReport::default(),
-            binaries: vec![],
-            processes: vec![process],
-            accuracy: None,
-            recorded_on: None,
-            cpi_withheld: None,
-            unread: Vec::new(),
-        }
-    }
-
-    /// alpha (2/3 of the work) and beta, at 1 % relative error; alpha × `more`.
-    fn two_functions(pid: u32, more: f64, wobble: f64) -> Profile {
-        profile(
-            Mode::Simulated,
-            pid,
-            vec![
-                func("alpha", 2e9 * more * (1.0 + wobble), 1e9 * more, 0.01),
-                func("beta", 1e9 * (1.0 - wobble), 5e8, 0.01),
-            ],
-        )
-    }
-
-    fn unit<'d>(d: &'d Diff, name: &str) -> &'d UnitDiff {
-        d.units.iter().find(|u| u.name == name).expect(name)
-    }
-
-    #[test]
-    fn p_values_are_the_normal_tails() {
-        assert!((p_value(0.0) - 1.0).abs() < 1e-7);
-        assert!((p_value(1.959_964) - 0.05).abs() < 1e-6);
-        assert!((p_value(-2.575_829) - 0.01).abs() < 1e-6);
-        assert!((p_value(5.0) - 5.733e-7).abs() < 1e-9);
-        assert_eq!(z_score(3.0, 1.5), 2.0);
-        assert_eq!(z_score(0.0, 0.0), 0.0);
-        assert_eq!(z_score(-1.0, 0.0), f64::NEG_INFINITY);
-    }
-
-    /// The step-up procedure: the largest k with p₍ₖ₎ ≤ kα/m, and all below it.
-    #[test]
-    fn benjamini_hochberg_steps_up() {
-        let bh = |p: &[f64]| benjamini_hochberg(p, 0.05);
-        // Thresholds 0.0125, 0.025, 0.0375, 0.05.
-        assert_eq!(bh(&[0.5, 0.02, 0.001, 0.04]), [false, true, true, false]);
-        // Each of three at 0.03 fails Bonferroni (0.0167) but all pass together.
-        assert_eq!(bh(&[0.03, 0.03, 0.03]), [true, true, true]);
-        // 0.04 is not under its own threshold (0.025) but under the third's (0.0375).
-        assert_eq!(bh(&[0.04, 0.9, 0.01, 0.035]), [false, false, true, false]);
-        assert_eq!(bh(&[0.04, 0.03, 0.01, 0.035]), [true, true, true, true]);
-        assert!(bh(&[]).is_empty());
-    }
-
-    #[test]
-    fn the_same_profile_flags_nothing() {
-        let p = two_functions(1, 1.0, 0.0);
-        let d = diff(&p, &p, &DiffOptions::default()).unwrap();
-        assert_eq!(d.significant, 0);
-        assert!(d
-            .units
-            .iter()
-            .flat_map(|u| u.changes.values())
-            .all(|c| c.z == 0.0));
-    }
-
-    /// A 1σ wobble of each function between runs (pids differ) is noise.
-    #[test]
-    fn changes_within_the_errors_are_noise() {
-        let d = diff(
-            &two_functions(1, 1.0, 0.0),
-            &two_functions(2, 1.0, 0.012),
-            &DiffOptions::default(),
-        )
-        .unwrap();
-        assert_eq!(d.significant, 0, "{}", render(&d, 20));
-        // alpha: Δ = 2.4e7, σ = 2e7 × √2 · (≈1): z ≈ 0.85.
-        let z = unit(&d, "alpha").changes["cycles"].z;
-        let expect = 2.4e7 / (2e7f64.powi(2) + (2.024e7f64).powi(2)).sqrt();
-        assert!((z - expect).abs() < 1e-9, "{z} {expect}");
-        assert_eq!(d.units[0].kind, UnitKind::Process);
-    }
-
-    #[test]
-    fn thirty_percent_more_work_is_flagged_and_the_rest_is_not() {
-        let d = diff(
-            &two_functions(1, 1.0, 0.0),
-            &two_functions(2, 1.3, 0.0),
-            &DiffOptions::default(),
-        )
-        .unwrap();
-        let (a, b) = (unit(&d, "alpha"), unit(&d, "beta"));
-        assert!(a.significant && a.changes["cycles"].significant);
-        assert!(a.changes["instructions"].significant);
-        assert!(!a.changes["cpi"].significant, "CPI did not change");
-        assert!((a.changes["cycles"].delta_rel.unwrap() - 0.3).abs() < 1e-9);
-        assert!(!b.significant, "{b:?}");
-        // beta's share fell, but shares are not the tested basis here...
-        assert!(b.changes["cycles_share"].z < -5.0 && !b.changes["cycles_share"].tested);
-        // ...and are when asked for: then beta is flagged too.
-        let opts = DiffOptions {
-            basis: Basis::Share,
-            ..Default::default()
-        };
-        let d = diff(
-            &two_functions(1, 1.0, 0.0),
-            &two_functions(2, 1.3, 0.0),
-            &opts,
-        )
-        .unwrap();
-        assert!(unit(&d, "beta").changes["cycles_share"].significant);
-        assert!(!unit(&d, "beta").changes["cycles"].tested);
-        // Significant units sort first among functions.
-        let first_fn = d
-            .units
-            .iter()
-            .find(|u| u.kind == UnitKind::Function)
-            .unwrap();
-        assert!(first_fn.significant);
-    }
-
-    /// A time profile's error is Poisson: n samples of one period are ± √n periods.
-    #[test]
-    fn time_profiles_use_the_poisson_error_of_their_samples() {
-        let timed = |name: &str, n: u64| FunctionProfile {
-            samples: n,
-            measures: Measures {
-                time_ns: Some(n as f64 * 1e6),
-                cycles: None,
-                instructions: None,
-                cycles_rel_error: None,
-                instructions_rel_error: None,
-                cpi: None,
-            },
-            ..func(name, 1.0, 1.0, 0.0)
-        };
-        let base = profile(
-            Mode::TimeProfile,
-            1,
-            vec![timed("f", 1000), timed("g", 1000)],
-        );
-        let new = profile(
-            Mode::TimeProfile,
-            2,
-            vec![timed("f", 1100), timed("g", 1000)],
-        );
-        let d = diff(&base, &new, &DiffOptions::default()).unwrap();
-        let f = &unit(&d, "f").changes["time_ns"];
-        assert!((f.z - 100.0 / 2100f64.sqrt()).abs() < 1e-9, "{f:?}");
-        assert!(!unit(&d, "f").changes.contains_key("cpi"));
-        // The share's error is binomial, √(s(1 − s)/N).
-        let s = &unit(&d, "g").changes["time_ns_share"];
-        assert!(
-            (s.base_error - (0.25f64 / 2000.0).sqrt()).abs() < 1e-12,
-            "{s:?}"
-        );
-        let cpi = two_functions(1, 1.0, 0.0);
-        assert!(matches!(
-            diff(&base, &cpi, &DiffOptions::default()),
-            Err(DiffError::Incomparable { .. })
-        ));
-    }
-
-    /// A function in one profile only is compared with 0 ± 0; processes of one comm sum.
-    #[test]
-    fn absent_functions_count_as_zero_and_processes_of_one_comm_sum() {
-        let mut new = two_functions(2, 1.0, 0.0);
-        new.processes[0]
-            .functions
-            .push(func("gamma", 1e9, 5e8, 0.01));
-        let mut second = two_functions(3, 1.0, 0.0).processes.remove(0);
-        second.functions.clear();
-        second.measures.cycles = Some(1.0);
-        new.processes.push(second);
-        let d = diff(&two_functions(1, 1.0, 0.0), &new, &DiffOptions::default()).unwrap();
-        let g = unit(&d, "gamma");
-        assert!(g.significant && !g.in_base && g.in_new);
-        assert_eq!(g.changes["cycles"].base, 0.0);
-        assert!((g.changes["cycles"].z - 100.0).abs() < 1e-9);
-        assert!(!g.changes.contains_key("cpi"));
-        let p = unit(&d, "prog");
-        assert_eq!(p.changes["cycles"].new, 3e9 + 1.0);
-    }
-
-    #[test]
-    fn the_table_fits_80_columns() {
-        let mut new = two_functions(2, 1.3, 0.0);
-        new.processes[0].functions[0].name = format!("std::vector<{}>::push_back", "x".repeat(90));
-        new.processes[0].functions[1].measures.cycles = Some(1e15);
-        let d = diff(&two_functions(1, 1.0, 0.0), &new, &DiffOptions::default()).unwrap();
-        let t = render(&d, 20);
-        assert!(t.contains("* std::vector<"), "{t}");
-        for line in t.lines() {
-            assert!(
-                line.chars().count() <= 80,
-                "{} columns: {line}",
-                line.chars().count()
-            );
-        }
-        assert!(diff(
-            &new,
-            &new,
-            &DiffOptions {
-                alpha: 1.0,
-                ..Default::default()
-            }
-        )
-        .is_err());
-    }
-}
+mod tests;

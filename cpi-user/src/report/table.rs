@@ -25,6 +25,7 @@ mod calls;
 mod header;
 mod legend;
 pub(crate) mod names;
+mod pathtext;
 mod tree;
 
 use accuracy::accuracy;
@@ -159,7 +160,7 @@ fn grouped(p: &Profile, by: GroupBy) -> Profile {
 /// `p`'s processes with those of one name merged into one (profile/merge.rs), whose pid
 /// is 0 where the name had several (perf's `--sort comm`), and the number of processes
 /// behind each name.
-fn by_name(p: &Profile) -> (Cow<'_, [ProcessProfile]>, BTreeMap<String, usize>) {
+pub(crate) fn by_name(p: &Profile) -> (Cow<'_, [ProcessProfile]>, BTreeMap<String, usize>) {
     let mut n: BTreeMap<String, usize> = BTreeMap::new();
     for pr in &p.processes {
         *n.entry(pr.comm.clone()).or_default() += 1;
@@ -178,7 +179,7 @@ fn by_name(p: &Profile) -> (Cow<'_, [ProcessProfile]>, BTreeMap<String, usize>) 
 }
 
 /// The pid column of `pr` in a view by name: `N pids` for a merged name.
-fn pid_text(pr: &ProcessProfile, processes: &BTreeMap<String, usize>) -> String {
+pub(crate) fn pid_text(pr: &ProcessProfile, processes: &BTreeMap<String, usize>) -> String {
     match processes.get(&pr.comm) {
         Some(&n) if pr.pid == 0 && n > 1 => format!("{n} pids"),
         _ => pr.pid.to_string(),
@@ -317,7 +318,9 @@ pub fn render(p: &Profile, opts: &TableOptions) -> Result<String, TableError> {
         (None, None) => per_process(p, opts, &notes, &mut out),
     }
     out.push_str(&legend(&notes, w));
-    if let Some(a) = &p.accuracy {
+    // `--callers` asks about one function's paths: the whole profile's accuracy
+    // would bury its table.
+    if let (Some(a), None) = (&p.accuracy, &opts.callers) {
         out.push_str(&accuracy(a, w));
     }
     Ok(out)
@@ -432,46 +435,6 @@ fn all_processes(p: &Profile, opts: &TableOptions, notes: &Notes, out: &mut Stri
 /// over) would cost minutes; a real path of 100 frames of 40 characters fits.
 const MAX_PATH_CHARS: usize = 4096;
 
-/// A call path root first (`main → a → b`), behind its process's name when the table
-/// covers several, in at most `max` characters (and [`MAX_PATH_CHARS`]) cut at the
-/// start ("…b → leaf": the leaf end of a path says most). Built from the leaf end, only
-/// as far as it is shown.
-fn path_text(
-    comm: Option<&str>,
-    path: impl DoubleEndedIterator<Item = String>,
-    max: usize,
-) -> String {
-    let max = max.min(MAX_PATH_CHARS);
-    let (mut chain, mut chars, mut whole) = (Vec::new(), 0, true);
-    for name in path.rev() {
-        if chars > max {
-            whole = false;
-            break;
-        }
-        // The name and the " → " before it.
-        chars += name.chars().count() + 3;
-        chain.push(name);
-    }
-    chain.reverse();
-    let text = match comm {
-        Some(c) if whole => format!("{}: {}", or_unknown(c), chain.join(" → ")),
-        _ => chain.join(" → "),
-    };
-    ellipsize_left(&text, max)
-}
-
-/// `s` in at most `max` characters, cut at the start ("…b → leaf"): the leaf end of a
-/// path says most.
-fn ellipsize_left(s: &str, max: usize) -> String {
-    let n = s.chars().count();
-    if n <= max {
-        return s.to_string();
-    }
-    let mut t = String::from("…");
-    t.extend(s.chars().skip(n - max.saturating_sub(1)));
-    t
-}
-
 /// The share `x` is of `total` (0 when there is none).
 fn share_of(x: f64, total: f64) -> f64 {
     if total > 0.0 {
@@ -518,7 +481,7 @@ pub(crate) fn share_pm(mode: Mode, p: f64, samples: u64, notes: &Notes) -> Strin
 
 /// `text` broken at spaces into lines of at most `width` characters (continuations
 /// indented two); a word longer than a line is shortened with an ellipsis.
-fn wrap(text: &str, width: Option<usize>) -> String {
+pub(crate) fn wrap(text: &str, width: Option<usize>) -> String {
     let Some(width) = width else {
         return format!("{text}\n");
     };

@@ -142,6 +142,101 @@ fn diff_tells_thirty_percent_more_work_from_seed_noise() {
     );
 }
 
+/// One program built twice under two file names (slow_a, and slow_b whose alpha_work
+/// does 130 % of the work), each simulated: the two main processes are matched with
+/// each other and their functions by name (said in the header), and only alpha_work is
+/// flagged; its instructions rise by 30 % within the error the profiles give the
+/// change. Without the pairing (`--match comm`) nothing matches. The page's table
+/// writes values in their units and σ, and each frame's hover its Δ %.
+#[test]
+fn diff_of_two_builds_under_two_names_flags_only_the_changed_function() {
+    if let Err(why) = tool_dir() {
+        cpi_tests::skip(&why);
+        return;
+    }
+    let dir = temp_dir("report-diff-names");
+    let (Some(a), Some(b)) = (
+        compile_c("diff_pair.c", &dir, "slow_a", &[]),
+        compile_c("diff_pair.c", &dir, "slow_b", &["-DALPHA_PERCENT=130"]),
+    ) else {
+        return;
+    };
+    let (ja, jb) = (dir.join("slow_a.json"), dir.join("slow_b.json"));
+    std::thread::scope(|s| {
+        s.spawn(|| simulate(&a, diff_pair::ROUNDS, 1, &ja));
+        s.spawn(|| simulate(&b, diff_pair::ROUNDS, 2, &jb));
+    });
+    let d = stdout_json(&diff(&ja, &jb, &["--format", "json"]));
+    assert_eq!(d["pairing"]["base_comm"], "slow_a", "{d:#}");
+    assert_eq!(d["pairing"]["new_comm"], "slow_b", "{d:#}");
+    let functions = (d["units"].as_array().unwrap().iter()).filter(|u| u["kind"] == "function");
+    let flagged: Vec<&str> = functions
+        .filter(|u| u["significant"] == true)
+        .map(|u| u["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(flagged, ["alpha_work"], "{}\n{d:#}", self::flagged(&d));
+    for name in ["alpha_work", "beta_work", "main"] {
+        let f = function(&d, name);
+        assert!(f["in_base"] == true && f["in_new"] == true, "{f:#}");
+    }
+    let ins = &function(&d, "alpha_work")["instructions"];
+    let num = |k: &str| ins[k].as_f64().unwrap();
+    assert!(
+        (num("delta") - 0.3 * num("base")).abs() <= 4.0 * num("delta_error"),
+        "alpha_work's instructions {} → {}, expected +30 %: {ins:#}",
+        num("base"),
+        num("new")
+    );
+    let beta = &function(&d, "beta_work")["cycles"];
+    assert!(beta["z"].as_f64().unwrap().abs() < 4.0, "{beta:#}");
+
+    let table = String::from_utf8(diff(&ja, &jb, &[]).stdout).unwrap();
+    let words = table.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(words.contains("slow_a (base) with slow_b (new)"), "{table}");
+    assert!(
+        table.lines().any(|l| l.starts_with("* alpha_work")),
+        "{table}"
+    );
+    assert!(table.lines().all(|l| l.chars().count() <= 80), "{table}");
+    let by_comm = stdout_json(&diff(&ja, &jb, &["--format", "json", "--match", "comm"]));
+    assert!(by_comm.get("pairing").is_none(), "{by_comm:#}");
+    let betas = (by_comm["units"].as_array().unwrap().iter())
+        .filter(|u| u["kind"] == "function" && u["name"] == "beta_work");
+    assert!(
+        betas
+            .map(|u| (u["in_base"] == true, u["in_new"] == true))
+            .all(|(b, n)| b != n),
+        "{by_comm:#}"
+    );
+
+    let html = dir.join("diff.html");
+    let _ = diff(
+        &ja,
+        &jb,
+        &["--format", "html", "-o", html.to_str().unwrap()],
+    );
+    let page = std::fs::read_to_string(&html).unwrap();
+    let cells: Vec<&str> = (page.split("<td").skip(1))
+        .filter_map(|c| c.split_once('>')?.1.split_once("</td>").map(|t| t.0))
+        .collect();
+    assert!(cells.len() > 20, "{page}");
+    for c in &cells {
+        assert!(
+            !c.contains("e+") && !c.contains("e-"),
+            "an unreadable cell {c:?}"
+        );
+    }
+    assert!(cells.iter().any(|c| c.starts_with("± ")), "no σ column");
+    let alpha_tip = page
+        .split("<title>alpha_work\n")
+        .nth(1)
+        .expect("alpha_work's frame");
+    assert!(
+        alpha_tip.starts_with("base ") && alpha_tip.contains(": Δ +"),
+        "{alpha_tip}"
+    );
+}
+
 /// Live profiles (a time profile where there is no PMU), compared by share
 /// (`--by share`): how long a run takes follows what else the machine runs (two runs of
 /// the base build under the suite's load differed by 6.5 % of absolute time, a real

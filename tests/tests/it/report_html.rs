@@ -13,9 +13,9 @@ use cpi_tests::tracer::tool_dir;
 use cpi_tests::{compile_c, cpi_bpf, output_ok, temp_dir};
 use serde_json::Value;
 
-type Frame = HashMap<String, String>;
+pub(crate) type Frame = HashMap<String, String>;
 
-fn num(f: &Frame, key: &str) -> f64 {
+pub(crate) fn num(f: &Frame, key: &str) -> f64 {
     f.get(key)
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("frame without {key}: {f:?}"))
@@ -45,7 +45,7 @@ fn stated_colour(cpi: f64) -> String {
 }
 
 /// The main flame graph's frames (the callers views follow it in the page).
-fn main_frames(dom: &str) -> Vec<Frame> {
+pub(crate) fn main_frames(dom: &str) -> Vec<Frame> {
     let start = dom
         .find(r#"class="graph main""#)
         .expect("a main flame graph");
@@ -191,8 +191,8 @@ fn html_of_a_simulated_profile_in_chromium() {
     );
 
     // cmp (a libc qsort callback, loads) against dispatch (a jump table): each frame's
-    // CPI is its function's, cmp's the higher, and each frame's colour is the stated
-    // scale's for its CPI.
+    // CPI is its function's, cmp's the higher, and each frame's colour on the absolute
+    // scale is the stated scale's for its CPI.
     let (high, high_err) = frames_cpi(&frames, &profile, "cmp");
     let (low, low_err) = frames_cpi(&frames, &profile, "dispatch");
     assert!(
@@ -200,7 +200,7 @@ fn html_of_a_simulated_profile_in_chromium() {
         "{high} vs {low}"
     );
     let fills = regex::Regex::new(
-        r#"(?s)<g class="f" [^>]*data-cpi="([0-9.e-]+)"[^>]*>.*?<rect [^>]*fill="([^"]+)""#,
+        r#"(?s)<g class="f" [^>]*data-cpi="([0-9.e-]+)"[^>]*data-abs-fill="([^"]+)""#,
     )
     .unwrap();
     let mut coloured = 0;
@@ -231,6 +231,13 @@ fn html_of_a_simulated_profile_in_chromium() {
         "hottest instruction marked"
     );
     assert!(section.contains(r#"<tr class="block">"#), "blocks outlined");
+    // sim_mix.c's lines interleaved with their text, as the terminal's annotate gives
+    // them (the test compiled it with -g from a file it can read).
+    let source = regex::Regex::new(r#"<tr class="source"><td[^>]*>sim_mix\.c:[0-9]+  [^<\s]"#);
+    assert!(
+        source.unwrap().is_match(&v.dom),
+        "no source text in the code"
+    );
 
     assert_store_range_chart(&dir, &json, &profile);
 }

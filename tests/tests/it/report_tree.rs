@@ -237,3 +237,88 @@ fn cpp_functions_are_found_by_short_name() {
     let top = render(&p, &wide).unwrap();
     assert!(top.contains("fill<…>(…)"), "{top}");
 }
+
+/// The rows of the first table under `title`: the lines between its header rule and
+/// its closing rule.
+fn table_rows<'t>(text: &'t str, title: &str) -> Vec<&'t str> {
+    let start = text
+        .find(title)
+        .unwrap_or_else(|| panic!("no {title}:\n{text}"));
+    text[start..]
+        .lines()
+        .skip_while(|l| !l.starts_with('═'))
+        .skip(1)
+        .take_while(|l| !l.starts_with('─'))
+        .collect()
+}
+
+/// `--callers` of the hottest memcmp of Debian's libc under Debian's sqlite3 (an index
+/// insert and an index seek reach it through one comparator, apart only higher up) at
+/// 80 columns, as COLUMNS=80 and as a tmux pane: every row reads differently, keeps
+/// the leaf end, and the profile's accuracy section stays out of the view.
+#[test]
+fn sqlite_callers_of_memcmp_read_apart_at_80_columns() {
+    if let Err(why) = tool_dir() {
+        cpi_tests::skip(&why);
+        return;
+    }
+    if !Path::new("/usr/bin/sqlite3").exists() {
+        cpi_tests::skip("no /usr/bin/sqlite3 (apt install sqlite3)");
+        return;
+    }
+    let dir = temp_dir("report-tree-sqlite");
+    let json = dir.join("sqlite3.json");
+    let sql = "CREATE TABLE t(a INTEGER, b TEXT); CREATE INDEX tb ON t(b); \
+        WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 4000) \
+        INSERT INTO t SELECT x, printf('row %d', (x * 7919) % 3001) FROM c; \
+        SELECT count(*) FROM t x JOIN t y ON x.b = y.b WHERE x.a < 400; \
+        UPDATE t SET a = a + 1 WHERE b > 'row 5'; DELETE FROM t WHERE b < 'row 2';";
+    output_ok(
+        Command::new(cpi_bpf())
+            .args([
+                "simulate", "--quiet", "--seed", "1", "--format", "json", "-o",
+            ])
+            .arg(&json)
+            .args(["--", "/usr/bin/sqlite3", ":memory:", sql]),
+    );
+    let profile: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let functions = profile["processes"][0]["functions"].as_array().unwrap();
+    let memcmp = functions
+        .iter()
+        .filter(|f| f["binary"].as_str().unwrap().contains("libc.so"))
+        .filter(|f| f["name"].as_str().unwrap().contains("memcmp"))
+        .max_by(|a, b| {
+            let cycles = |f: &serde_json::Value| f["cycles"].as_f64().unwrap_or(0.0);
+            cycles(a).total_cmp(&cycles(b))
+        })
+        .expect("sqlite3's key compares call libc's memcmp");
+    let name = memcmp["name"].as_str().unwrap();
+    let title = format!("paths into {name}");
+    for text in [
+        at_80(&["report", "--callers", name], &json),
+        in_tmux_pane(&["report", "--callers", name], &json),
+    ] {
+        assert_80("--callers", &text);
+        let paths: Vec<&str> = table_rows(&text, &title)
+            .iter()
+            .map(|r| r.trim().split("  ").next().unwrap())
+            .collect();
+        assert!(paths.len() >= 2, "{text}");
+        let distinct: std::collections::BTreeSet<&&str> = paths.iter().collect();
+        assert_eq!(distinct.len(), paths.len(), "rows that read alike:\n{text}");
+        for p in &paths {
+            let leaf = p.rsplit(" → ").next().unwrap();
+            let kept = leaf.trim_end_matches('…');
+            assert!(
+                kept.chars().count() >= 7 && name.starts_with(kept),
+                "{p}\n{text}"
+            );
+        }
+        assert!(!text.contains("accuracy against"), "{text}");
+        if paths.iter().any(|p| p.contains('…')) {
+            let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+            assert!(words.contains("… in a path: frames"), "{text}");
+        }
+    }
+}

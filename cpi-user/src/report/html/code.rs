@@ -7,7 +7,8 @@ use serde::Serialize;
 
 use super::{colour, flame, Graph, CODE_FUNCTIONS, TABLE_ROWS};
 use crate::profile::model::{FunctionProfile, InstructionProfile, ProcessProfile, Profile};
-use crate::report::table::{annotate, share_pm, si, time, Notes};
+use crate::report::table::names::short_name;
+use crate::report::table::{annotate, pid_text, share_pm, si, time, Notes};
 use flame::Width;
 
 /// An amount of the width measure, as the page writes it.
@@ -139,8 +140,12 @@ pub(crate) fn code_ids(p: &Profile, width: Width) -> HashMap<(String, String), u
 #[derive(Serialize)]
 pub(crate) struct FunctionRow {
     name: String,
+    /// The name as the terminal shortens it (the full one is the cell's tooltip).
+    short: String,
     comm: String,
     pid: u32,
+    /// The pid, or `N pids` for processes of one name merged.
+    pid_text: String,
     binary: String,
     samples: u64,
     share: f64,
@@ -157,7 +162,12 @@ pub(crate) struct FunctionRow {
 }
 
 /// The functions of every process, hottest first, at most [`TABLE_ROWS`].
-pub(crate) fn table_rows(p: &Profile, look: &super::Look, total: f64) -> Vec<FunctionRow> {
+pub(crate) fn table_rows(
+    p: &Profile,
+    look: &super::Look,
+    total: f64,
+    pids: &std::collections::BTreeMap<String, usize>,
+) -> Vec<FunctionRow> {
     let (width, counts, cpi) = (look.width, look.counts, look.cpi);
     let ids: HashMap<(usize, usize), usize> = hot_functions(p, width)
         .into_iter()
@@ -187,8 +197,10 @@ pub(crate) fn table_rows(p: &Profile, look: &super::Look, total: f64) -> Vec<Fun
             let est = f.measures.cpi.filter(|_| cpi);
             FunctionRow {
                 name: f.name.clone(),
+                short: short_name(&f.name).into_owned(),
                 comm: pr.comm.clone(),
                 pid: pr.pid,
+                pid_text: pid_text(pr, pids),
                 binary: base(&f.binary).to_string(),
                 samples: f.samples,
                 share: if total > 0.0 { w / total } else { 0.0 },
@@ -271,7 +283,9 @@ pub(super) fn sections(p: &Profile, look: &super::Look) -> Vec<CodeSection> {
             let tree = flame::callers_of(p, width, &f.name, base(&f.binary));
             let total = tree.nodes[0].total.width;
             let (frames, dropped) = super::svg_frames(&tree, true, look, total);
-            let rows = code_rows(pr, f, look);
+            let writer = p.binaries.iter().find(|b| b.path == f.binary);
+            let sources = annotate::source_rows(&f.lines, writer.and_then(|b| b.owner));
+            let rows = code_rows(pr, f, look, &sources);
             CodeSection {
                 id,
                 name: f.name.clone(),
@@ -307,11 +321,25 @@ fn headline(f: &FunctionProfile, look: &super::Look) -> String {
     }
     if look.counts {
         s.push_str(&format!(
-            ", CPI {}",
-            cpi_text(f.measures.cpi.map(|e| (e.value, e.rel_error)), cpi)
+            ", CPI {}{}",
+            cpi_text(f.measures.cpi.map(|e| (e.value, e.rel_error)), cpi),
+            timed_text(f.timed_cpi.filter(|_| cpi), f.cpi_disagree)
         ));
     }
     s
+}
+
+/// `, timed CPI v ±e%` (from the branch records' cycle counts), with ` ≠` where it
+/// and the sampled CPI disagree; empty without one.
+fn timed_text(timed: Option<crate::profile::model::Estimate>, disagree: bool) -> String {
+    timed.map_or(String::new(), |e| {
+        format!(
+            ", timed CPI {:.2} ±{:.1}%{}",
+            e.value,
+            e.rel_error * 100.0,
+            if disagree { " ≠" } else { "" }
+        )
+    })
 }
 
 /// The weight an instruction is ranked and heat-mapped by: the page's width measure
@@ -324,7 +352,16 @@ fn weight(l: &InstructionProfile, width: Width) -> f64 {
     }
 }
 
-fn code_rows(pr: &ProcessProfile, f: &FunctionProfile, look: &super::Look) -> Vec<CodeRow> {
+/// The rows of `f`'s annotated code: block headers (CPI ± error, and the timed CPI
+/// with `≠` where the two disagree), gaps, the source lines as the terminal's annotate
+/// gives them (`sources`: `file:line` and the line's text where readable), and the
+/// instructions.
+fn code_rows(
+    pr: &ProcessProfile,
+    f: &FunctionProfile,
+    look: &super::Look,
+    sources: &[Option<String>],
+) -> Vec<CodeRow> {
     let (width, cpi) = (look.width, look.cpi);
     let total: f64 = f.lines.iter().map(|l| weight(l, width)).sum();
     let hottest = f
@@ -334,21 +371,21 @@ fn code_rows(pr: &ProcessProfile, f: &FunctionProfile, look: &super::Look) -> Ve
         .max_by(|a, b| weight(a, width).total_cmp(&weight(b, width)))
         .map(|l| l.address);
     let mut rows = Vec::new();
-    let mut last_source = None;
     let gaps = annotate::gaps(&f.lines, &f.blocks);
-    for (l, gap) in f.lines.iter().zip(gaps) {
+    for ((l, gap), source) in f.lines.iter().zip(gaps).zip(sources) {
         if let Some(b) = f.blocks.iter().find(|b| b.start == l.address) {
             let est = b.cpi.filter(|_| cpi);
             rows.push(CodeRow {
                 kind: "block",
                 address: format!("{:x}", b.start),
                 text: format!(
-                    "block {:x}-{:x}: {} instructions, ×{}, CPI {}",
+                    "block {:x}-{:x}: {} instructions, ×{}, CPI {}{}",
                     b.start,
                     b.end,
                     b.len,
                     si(b.count),
-                    cpi_text(est.map(|e| (e.value, e.rel_error)), cpi)
+                    cpi_text(est.map(|e| (e.value, e.rel_error)), cpi),
+                    timed_text(b.timed_cpi.filter(|_| cpi), b.cpi_disagree)
                 ),
                 cpi_fill: colour::frame(cpi, est.map(|e| e.value)),
                 ..CodeRow::default()
@@ -360,16 +397,12 @@ fn code_rows(pr: &ProcessProfile, f: &FunctionProfile, look: &super::Look) -> Ve
                 ..CodeRow::default()
             });
         }
-        if let Some(src) = &l.source {
-            let here = format!("{}:{}", base(&src.file), src.line);
-            if last_source.as_ref() != Some(&here) {
-                rows.push(CodeRow {
-                    kind: "source",
-                    text: here.clone(),
-                    ..CodeRow::default()
-                });
-                last_source = Some(here);
-            }
+        if let Some(text) = source {
+            rows.push(CodeRow {
+                kind: "source",
+                text: text.clone(),
+                ..CodeRow::default()
+            });
         }
         rows.push(instruction_row(pr, f, l, look, total, hottest));
     }
@@ -395,7 +428,9 @@ fn instruction_row(
         },
         samples: l.samples,
         cycles: l.cycles.filter(|_| look.counts).map_or(String::new(), si),
-        cpi: est.map_or(String::new(), |e| format!("{:.2}", e.value)),
+        cpi: est.map_or(String::new(), |e| {
+            format!("{:.2} ±{:.0}%", e.value, e.rel_error * 100.0)
+        }),
         cpi_fill: est.map_or(String::new(), |e| colour::of_cpi(e.value)),
         heat: colour::heat(if total > 0.0 {
             weight(l, look.width) / total

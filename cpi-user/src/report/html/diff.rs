@@ -12,7 +12,10 @@ use super::flame::{self, ProcessKey, Sums, Tree, Width};
 use super::{environment, svg_frames, Graph, HtmlError, Look, SCRIPT, STYLE};
 use crate::profile::model::Profile;
 use crate::profile::AnalysisOptions;
-use crate::report::diff::{benjamini_hochberg, p_value, share_of, z_score, Basis, Diff};
+use crate::report::diff::render::{delta_pm, value, z_text};
+use crate::report::diff::{
+    aligned, benjamini_hochberg, p_value, share_of, z_score, Basis, Change, Diff,
+};
 
 /// One frame's change against the base.
 #[derive(Serialize, Clone, Debug)]
@@ -24,29 +27,47 @@ pub(super) struct FrameChange {
     significant: bool,
 }
 
-/// One tested change of one unit, a row of the page's table.
+/// One tested change of one unit, a row of the page's table: values in their units
+/// (as the terminal's table writes them), the raw numbers for sorting.
 #[derive(Serialize)]
 struct Row<'a> {
     kind: crate::report::diff::UnitKind,
     name: &'a str,
     comm: &'a str,
     quantity: &'static str,
-    change: &'a crate::report::diff::Change,
+    change: &'a Change,
+    base: String,
+    new: String,
+    delta: String,
+    sigma: String,
+    z: String,
 }
 
+/// The tested changes with something on either side (no `0 → 0`).
 fn rows(d: &Diff) -> Vec<Row<'_>> {
     d.units
         .iter()
         .flat_map(|u| {
-            u.changes
-                .iter()
-                .filter(|(_, c)| c.tested)
-                .map(move |(q, c)| Row {
-                    kind: u.kind,
-                    name: &u.name,
-                    comm: &u.comm,
-                    quantity: q,
-                    change: c,
+            (u.changes.iter())
+                .filter(|(_, c)| c.tested && (c.base != 0.0 || c.new != 0.0))
+                .map(move |(q, c)| {
+                    let (delta, sigma) = delta_pm(c);
+                    Row {
+                        kind: u.kind,
+                        name: &u.name,
+                        comm: &u.comm,
+                        quantity: q,
+                        change: c,
+                        base: value(q, c.base),
+                        new: value(q, c.new),
+                        delta,
+                        sigma: if sigma.is_empty() {
+                            format!("± {}", value(q, c.delta_error))
+                        } else {
+                            format!("± {sigma}")
+                        },
+                        z: z_text(c.z),
+                    }
                 })
         })
         .collect()
@@ -94,6 +115,31 @@ fn on_basis(s: &Sums, root: &Sums, basis: Basis) -> (f64, f64) {
     }
 }
 
+/// A frame's change as its tooltip says it: both values in their unit, Δ % ± σ, z.
+fn tip(c: &FrameChange, quantity: &str) -> String {
+    let change = Change::new((c.base, 0.0), (c.base + c.delta, 0.0));
+    let (delta, sigma) = delta_pm(&Change {
+        delta_error: c.delta_error,
+        ..change
+    });
+    let sigma = if sigma.is_empty() {
+        value(quantity, c.delta_error)
+    } else {
+        sigma
+    };
+    format!(
+        "base {}, new {}: Δ {delta} ± {sigma} (z {}){}",
+        value(quantity, c.base),
+        value(quantity, c.base + c.delta),
+        z_text(c.z),
+        if c.significant {
+            ", significant"
+        } else {
+            ", not significant"
+        }
+    )
+}
+
 /// The page of a diff of `base` and `new`.
 pub fn render_diff(base: &Profile, new: &Profile, d: &Diff) -> Result<String, HtmlError> {
     let width = if d.amount == "time_ns" {
@@ -101,9 +147,10 @@ pub fn render_diff(base: &Profile, new: &Profile, d: &Diff) -> Result<String, Ht
     } else {
         Width::Cycles
     };
+    let (base, new) = aligned(base, new, d.pairing.as_ref());
     let (tb, tn) = (
-        flame::callers_first(base, width, ProcessKey::Comm),
-        flame::callers_first(new, width, ProcessKey::Comm),
+        flame::callers_first(&base, width, ProcessKey::Comm),
+        flame::callers_first(&new, width, ProcessKey::Comm),
     );
     let ids = Default::default();
     let look = Look {
@@ -112,6 +159,10 @@ pub fn render_diff(base: &Profile, new: &Profile, d: &Diff) -> Result<String, Ht
         cpi: false,
         floor: AnalysisOptions::default().sample_floor,
         ids: &ids,
+    };
+    let quantity = match d.basis {
+        Basis::Absolute => d.amount.to_string(),
+        Basis::Share => format!("{}_share", d.amount),
     };
     let total = tn.nodes[0].total.width;
     let (mut frames, dropped) = svg_frames(&tn, false, &look, total);
@@ -139,20 +190,12 @@ pub fn render_diff(base: &Profile, new: &Profile, d: &Diff) -> Result<String, Ht
     for ((f, mut c), s) in frames.iter_mut().zip(changes).zip(flagged) {
         c.significant = s && f.depth > 0;
         f.fill = change_colour(&c);
-        f.tip = format!(
-            "{}\nbase {:.4e}, new {:.4e}: Δ {:+.4e} ± {:.2e} (z {:.1}){}",
-            f.name,
-            c.base,
-            c.base + c.delta,
-            c.delta,
-            c.delta_error,
-            c.z,
-            if c.significant { ", significant" } else { "" }
-        );
+        f.tip = format!("{}\n{}", f.name, tip(&c, &quantity));
         f.change = Some(c);
     }
     let page = environment()?.get_template("diff.html")?.render(context! {
         diff => d,
+        pairing => d.pairing.as_ref().map(|p| p.describe()),
         rows => rows(d),
         width_name => width.name(),
         graph => Graph::of(frames, dropped),

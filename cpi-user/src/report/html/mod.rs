@@ -11,6 +11,7 @@
 //! their parents' widths, and the page says how many), annotated code is given for the
 //! [`CODE_FUNCTIONS`] hottest functions, and the table keeps [`TABLE_ROWS`] rows.
 
+mod blocks;
 mod code;
 pub(crate) mod colour;
 mod diff;
@@ -60,12 +61,26 @@ pub fn render(p: &Profile) -> Result<String, HtmlError> {
 }
 
 /// The HTML page of `p`, merged from the windows of a store range whose totals are
-/// `series` (charted over time).
+/// `series` (charted over time). Processes of one name are one, as the terminal merges
+/// them (its list and shares), `N pids` where there were several.
 pub fn render_range(p: &Profile, series: &[series::WindowTotals]) -> Result<String, HtmlError> {
+    let (processes, pids) = crate::report::table::by_name(p);
+    let merged;
+    let p = match processes {
+        std::borrow::Cow::Borrowed(_) => p,
+        std::borrow::Cow::Owned(processes) => {
+            merged = Profile {
+                processes,
+                ..p.clone()
+            };
+            &merged
+        }
+    };
     let width = Width::of(p);
     let cpi = flame::has_cpi(p);
     let floor = AnalysisOptions::default().sample_floor;
-    let tree = flame::callers_first(p, width, flame::ProcessKey::Pid);
+    let mut tree = flame::callers_first(p, width, flame::ProcessKey::Pid);
+    tree.name_merged_processes(p, &pids);
     let total = tree.nodes[0].total.width;
     let ids = code::code_ids(p, width);
     let look = Look {
@@ -76,8 +91,9 @@ pub fn render_range(p: &Profile, series: &[series::WindowTotals]) -> Result<Stri
         ids: &ids,
     };
     let (frames, dropped) = svg_frames(&tree, false, &look, total);
-    let functions = code::table_rows(p, &look, total);
+    let functions = code::table_rows(p, &look, total, &pids);
     let code = code::sections(p, &look);
+    let (blocks, all_blocks) = blocks::rows(p, &look);
     let page = environment()?.get_template("page.html")?.render(context! {
         title => title(p),
         summary => code::summary(p),
@@ -90,8 +106,13 @@ pub fn render_range(p: &Profile, series: &[series::WindowTotals]) -> Result<Stri
             Width::Time | Width::Samples => "samples",
         },
         scale => colour::SCALE,
+        relative_scale => colour::RELATIVE_SCALE,
         graph => Graph::of(frames, dropped),
         functions => functions,
+        table_rows => TABLE_ROWS,
+        timed => blocks::any_timed(&blocks),
+        blocks => blocks,
+        all_blocks => all_blocks,
         code => code,
         calls => code::call_edges(p),
         chart => series::Chart::of(series),
@@ -170,6 +191,8 @@ struct SvgFrame {
     #[serde(skip)]
     node: usize,
     name: String,
+    /// The name as the terminal shortens it (the label's text).
+    short: String,
     binary: String,
     /// Fraction of the root, and in SVG units.
     fx: f64,
@@ -179,7 +202,9 @@ struct SvgFrame {
     y: f64,
     depth: usize,
     label: String,
+    /// The fill shown: the relative scale (by default), and the absolute one.
     fill: String,
+    abs_fill: String,
     tip: String,
     width: f64,
     self_width: f64,
@@ -187,6 +212,15 @@ struct SvgFrame {
     instructions: Option<f64>,
     cpi: Option<f64>,
     cpi_error: Option<f64>,
+    /// The frame's own (self) figures: the stacks that end in it.
+    self_cycles: Option<f64>,
+    self_instructions: Option<f64>,
+    self_cpi: Option<f64>,
+    self_cpi_error: Option<f64>,
+    self_samples: u64,
+    /// The CPI its relative colour is set against.
+    reference_cpi: Option<f64>,
+    reference_cpi_error: Option<f64>,
     samples: u64,
     share: f64,
     code: Option<usize>,
@@ -208,17 +242,66 @@ struct Look<'a> {
     ids: &'a HashMap<(String, String), usize>,
 }
 
+/// A frame's CPI figures: its subtree's and its own (self), each ± relative error, and
+/// what its relative colour is set against.
+struct FrameCpi {
+    total: Option<(f64, f64)>,
+    own: Option<(f64, f64)>,
+    reference: Option<(f64, f64)>,
+}
+
+impl FrameCpi {
+    /// In a flame graph, the self CPI against the process's; in a callers icicle
+    /// (whose root is the function), the frame's CPI against the function's.
+    fn of(
+        t: &Tree,
+        i: usize,
+        icicle: bool,
+        look: &Look,
+        processes: &[Option<(f64, f64)>],
+    ) -> FrameCpi {
+        if !look.cpi {
+            return FrameCpi {
+                total: None,
+                own: None,
+                reference: None,
+            };
+        }
+        let n = &t.nodes[i];
+        let total = n.total.cpi(look.floor);
+        if icicle {
+            return FrameCpi {
+                total,
+                own: total,
+                reference: t.nodes[0].total.cpi(look.floor),
+            };
+        }
+        // A process's (and the root's) CPI is the profile's own estimate, the figure
+        // the tables and the chart give, not its cycles over its instructions (which
+        // count cycles in code the estimate leaves out).
+        let process = i == 0 || n.parent == 0;
+        FrameCpi {
+            total: if process { processes[i] } else { total },
+            own: n.own.cpi(look.floor),
+            reference: processes[i],
+        }
+    }
+
+    /// The fill on the relative scale (the page's default) and on the absolute one.
+    fn fills(&self, look: &Look, own_samples: u64) -> (String, String) {
+        let abs = colour::frame(look.cpi, self.total.map(|e| e.0));
+        if !look.cpi {
+            return (abs.clone(), abs);
+        }
+        (colour::relative(self.own, self.reference, own_samples), abs)
+    }
+}
+
 /// The frames of `t` for the page: a flame graph (root at the bottom), or an icicle
 /// (root at the top) for a callers view.
 fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>, usize) {
-    let Look {
-        width,
-        counts,
-        cpi,
-        floor,
-        ids,
-    } = *look;
     let (frames, dropped) = flame::layout(t, MIN_FRAME);
+    let processes = t.process_cpis();
     let max_depth = frames.iter().map(|f| f.depth).max().unwrap_or(0);
     let out = frames
         .iter()
@@ -226,10 +309,16 @@ fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>
             let n = &t.nodes[f.node];
             let y = if icicle { f.depth } else { max_depth - f.depth } as f64 * FRAME_HEIGHT;
             let px = f.w * GRAPH_WIDTH;
-            let est = if cpi { n.total.cpi(floor) } else { None };
+            let est = FrameCpi::of(t, f.node, icicle, look, &processes);
+            let short = crate::report::table::names::short_name(&n.name).into_owned();
+            let own = if icicle { n.total } else { n.own };
+            let (fill, abs_fill) = est.fills(look, own.samples);
+            let counted = |v: f64| look.counts.then_some(v);
+            let cycles =
+                |s: &Sums| (look.counts && look.width == Width::Cycles).then_some(s.cycles);
             SvgFrame {
                 node: f.node,
-                tip: tip(&n.name, &n.binary, &n.total, look, est, total),
+                tip: tip(&n.name, &n.binary, (&n.total, &own), look, &est, total),
                 name: n.name.clone(),
                 binary: n.binary.clone(),
                 fx: f.x,
@@ -238,21 +327,30 @@ fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>
                 w: format!("{px:.2}"),
                 y,
                 depth: f.depth,
-                label: label(&n.name, px),
-                fill: colour::frame(cpi, est.map(|e| e.0)),
+                label: label(&short, px),
+                short,
+                fill,
+                abs_fill,
                 width: n.total.width,
                 self_width: t.self_width(f.node),
-                cycles: (counts && width == Width::Cycles).then_some(n.total.cycles),
-                instructions: counts.then_some(n.total.instructions),
-                cpi: est.map(|e| e.0),
-                cpi_error: est.map(|e| e.1),
+                cycles: cycles(&n.total),
+                instructions: counted(n.total.instructions),
+                cpi: est.total.map(|e| e.0),
+                cpi_error: est.total.map(|e| e.1),
+                self_cycles: cycles(&own),
+                self_instructions: counted(own.instructions),
+                self_cpi: est.own.map(|e| e.0),
+                self_cpi_error: est.own.map(|e| e.1),
+                self_samples: own.samples,
+                reference_cpi: est.reference.map(|e| e.0),
+                reference_cpi_error: est.reference.map(|e| e.1),
                 samples: n.total.samples,
                 share: if total > 0.0 {
                     n.total.width / total
                 } else {
                     0.0
                 },
-                code: ids.get(&(n.name.clone(), n.binary.clone())).copied(),
+                code: look.ids.get(&(n.name.clone(), n.binary.clone())).copied(),
                 change: None,
             }
         })
@@ -275,43 +373,53 @@ fn label(name: &str, px: f64) -> String {
     }
 }
 
-/// A frame's tooltip: name, width measure and share, and CPI ± error where there is one.
+/// A frame's tooltip: name, width measure and share, and where there are CPIs its self
+/// and total CPI ± error with the cycles and instructions behind each.
 fn tip(
     name: &str,
     binary: &str,
-    s: &Sums,
+    (s, own): (&Sums, &Sums),
     look: &Look,
-    est: Option<(f64, f64)>,
+    est: &FrameCpi,
     total: f64,
 ) -> String {
     let width = look.width;
-    let share = if total > 0.0 {
-        100.0 * s.width / total
-    } else {
-        0.0
-    };
+    let share = |w: f64| if total > 0.0 { 100.0 * w / total } else { 0.0 };
     let mut t = name.to_string();
     if !binary.is_empty() {
         t.push_str(&format!(" ({binary})"));
     }
     t.push_str(&format!(
-        "\n{}: {} ({share:.2} %)",
+        "\n{}: {} ({:.2} %), self {} ({:.2} %)",
         width.name(),
-        code::amount(width, s.width)
+        code::amount(width, s.width),
+        share(s.width),
+        code::amount(width, own.width),
+        share(own.width),
     ));
+    let si = crate::report::table::si;
     if look.counts && width != Width::Instructions {
         t.push_str(&format!(
-            "\ninstructions: {}",
-            crate::report::table::si(s.instructions)
+            "\ninstructions: {}, self {}",
+            si(s.instructions),
+            si(own.instructions)
         ));
     }
     if look.cpi {
-        match est {
-            Some((v, rel)) => t.push_str(&format!("\nCPI: {v:.2} ± {:.1} %", rel * 100.0)),
-            None => t.push_str("\nCPI: too few samples"),
+        let cpi = |e: Option<(f64, f64)>| match e {
+            Some((v, rel)) => format!("{v:.2} ± {:.1} %", rel * 100.0),
+            None => "too few samples".into(),
+        };
+        t.push_str(&format!(
+            "\nself CPI: {}, total CPI: {}",
+            cpi(est.own),
+            cpi(est.total)
+        ));
+        if let Some((r, _)) = est.reference {
+            t.push_str(&format!(" (against {r:.2})"));
         }
     }
-    t.push_str(&format!("\nsamples: {}", s.samples));
+    t.push_str(&format!("\nsamples: {}, self {}", s.samples, own.samples));
     t
 }
 

@@ -7,7 +7,10 @@ function fit(g, x, w) {
   const r = g.querySelector("rect"), t = g.querySelector("text");
   r.setAttribute("x", (x * W).toFixed(2)); r.setAttribute("width", (w * W).toFixed(2));
   t.setAttribute("x", (x * W).toFixed(2));
-  const name = g.dataset.name, fits = Math.floor((w * W * g.ownerSVGElement.clientWidth / W - 6) / 7);
+  // A graph not on screen (a closed code section) has no width yet: its labels fit the
+  // 1200-unit graph, as the page was written.
+  const px = g.ownerSVGElement.clientWidth || W;
+  const name = g.dataset.short || g.dataset.name, fits = Math.floor((w * W * px / W - 6) / 7);
   t.textContent = fits < 3 ? "" : name.length <= fits ? name : name.slice(0, fits - 2) + "..";
 }
 function zoom(svg, target) {
@@ -24,14 +27,31 @@ function reset(svg) {
   for (const g of svg.querySelectorAll("g.f")) { g.style.display = ""; fit(g, +g.dataset.fx, +g.dataset.fw); }
 }
 function describe(g) {
-  const d = g.dataset, pct = (100 * +d.share).toFixed(2);
-  let s = `${d.name}${d.binary ? " (" + d.binary + ")" : ""}\n${document.body.dataset.width}: ${(+d.width).toPrecision(4)} (${pct} %), self ${(+d.self).toPrecision(4)}, samples ${d.samples}`;
-  if (d.cycles !== undefined) s += `\ncycles ${(+d.cycles).toPrecision(4)}, instructions ${(+d.instructions).toPrecision(4)}, CPI ` +
-    (d.cpi !== undefined ? `${(+d.cpi).toFixed(2)} ± ${(100 * d.cpiError).toFixed(1)} %` : "too few samples");
-  if (d.delta !== undefined) s += `\nbase ${(+d.base).toPrecision(4)}, change ${(+d.delta).toPrecision(3)} ± ${(+d.deltaError).toPrecision(2)}, z ${(+d.z).toFixed(1)}` +
+  const d = g.dataset, pct = x => (100 * x).toFixed(2), total = +d.share / Math.max(+d.width, 1e-300);
+  let s = `${d.name}${d.binary ? " (" + d.binary + ")" : ""}\n${document.body.dataset.width}: ${(+d.width).toPrecision(4)} (${pct(+d.share)} %), self ${(+d.self).toPrecision(4)} (${pct(+d.self * total)} %), samples ${d.samples}, self ${d.selfSamples}`;
+  const cpi = (v, e) => v !== undefined ? `${(+v).toFixed(2)} ± ${(100 * e).toFixed(1)} %` : "too few samples";
+  if (d.cycles !== undefined) s += `\ncycles ${(+d.cycles).toPrecision(4)}, self ${(+d.selfCycles).toPrecision(4)}; instructions ${(+d.instructions).toPrecision(4)}, self ${(+d.selfInstructions).toPrecision(4)}` +
+    `\nself CPI ${cpi(d.selfCpi, d.selfCpiError)}, total CPI ${cpi(d.cpi, d.cpiError)}` + (d.referenceCpi !== undefined ? ` (against ${(+d.referenceCpi).toFixed(2)})` : "");
+  if (d.delta !== undefined) s += `\nbase ${(+d.base).toPrecision(4)}, change ${+d.base > 0 ? (100 * d.delta / d.base).toFixed(1) + " % ± " + (100 * d.deltaError / d.base).toFixed(1) + " %" : "new"}, z ${(+d.z).toFixed(1)}` +
     (d.significant === "true" ? ", significant" : ", not significant");
   return s;
 }
+// The flame graphs' colour: self CPI against the process's (the default), or each
+// frame's subtree CPI on the absolute scale; the legend says which.
+function colourBy(mode) {
+  document.body.dataset.colour = mode;
+  for (const g of document.querySelectorAll("svg.graph g.f")) {
+    const fill = mode === "absolute" ? g.dataset.absFill : g.dataset.fill;
+    if (fill) g.querySelector("rect").setAttribute("fill", fill);
+  }
+  for (const s of document.querySelectorAll(".scale")) s.hidden = !s.classList.contains(mode);
+}
+for (const b of document.querySelectorAll("button.colour-mode")) b.addEventListener("click", () => colourBy(b.dataset.to));
+// A link to a code section (#code-N) opens it.
+function openHash() { const m = /^#code-(\d+)$/.exec(location.hash); if (m) open(m[1]); }
+addEventListener("hashchange", openHash);
+// A link to the page with #absolute opens it on the absolute scale.
+if (location.hash === "#absolute" && document.querySelector("button.colour-mode")) colourBy("absolute");
 function open(id) {
   const a = document.getElementById("code-" + id);
   if (!a) return;
@@ -63,15 +83,41 @@ document.getElementById("search").addEventListener("input", e => {
   for (const [a, b] of covered) { if (b > end) { sum += b - Math.max(a, end); end = b; } }
   document.getElementById("matched").textContent = re ? `matched ${(100 * sum).toFixed(2)} %` : "";
 });
+// Long tables show a page of rows at a time (the rows stay in the DOM, for search and
+// tests); sorting sorts them all and returns to the first page.
+function paginate(table, page) {
+  const rows = table.tBodies[0].rows, size = +table.dataset.page, pages = Math.max(1, Math.ceil(rows.length / size));
+  page = Math.min(Math.max(page, 0), pages - 1); table.dataset.at = page;
+  for (let i = 0; i < rows.length; i++) rows[i].hidden = i < page * size || i >= (page + 1) * size;
+  let bar = table.previousElementSibling;
+  if (!bar || !bar.classList.contains("pager")) {
+    if (rows.length <= size) return;
+    bar = document.createElement("p"); bar.className = "pager"; table.before(bar);
+    for (const [label, step] of [["« first", -1e9], ["‹ previous", -1], ["next ›", 1], ["last »", 1e9]]) {
+      const b = document.createElement("button"); b.textContent = label;
+      b.addEventListener("click", () => paginate(table, +table.dataset.at + step)); bar.append(b);
+    }
+    bar.append(document.createElement("span"));
+  }
+  bar.lastChild.textContent = `rows ${page * size + 1}–${Math.min(rows.length, (page + 1) * size)} of ${rows.length}`;
+}
 for (const th of document.querySelectorAll("table.sortable th")) {
   th.addEventListener("click", () => {
     const table = th.closest("table"), body = table.tBodies[0], i = th.cellIndex, num = th.dataset.t === "n";
     const dir = th.dataset.dir === "desc" ? 1 : -1; th.dataset.dir = dir === 1 ? "asc" : "desc";
-    const key = r => num ? +(r.cells[i].dataset.v || 0) : r.cells[i].textContent;
-    const rows = [...body.rows].sort((a, b) => { const x = key(a), y = key(b); return (x < y ? -1 : x > y ? 1 : 0) * dir; });
+    // A number column's rows without a number (below the sample floor) sort last either way.
+    const none = r => num && r.cells[i].dataset.v === undefined;
+    const key = r => num ? +r.cells[i].dataset.v : r.cells[i].textContent;
+    const rows = [...body.rows].sort((a, b) => {
+      if (none(a) || none(b)) return none(a) - none(b);
+      const x = key(a), y = key(b); return (x < y ? -1 : x > y ? 1 : 0) * dir;
+    });
     body.append(...rows);
+    if (table.classList.contains("paged")) paginate(table, 0);
   });
 }
+for (const t of document.querySelectorAll("table.paged")) paginate(t, 0);
 document.addEventListener("click", e => {
   const a = e.target.closest("a[data-open]"); if (a) { e.preventDefault(); open(a.dataset.open); }
 });
+openHash();

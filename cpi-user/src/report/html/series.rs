@@ -29,6 +29,11 @@ pub struct CommTotals {
     pub cycles: Option<f64>,
     /// Instructions, where counted.
     pub instructions: Option<f64>,
+    /// Σ CPI × instructions and Σ instructions over the comm's processes that have a
+    /// CPI: the window's CPI is their quotient, so a comm of one process charts that
+    /// process's own estimate (the profile's, which sums the cycles of the code it
+    /// read at instruction level, not every cycle of the process).
+    pub cpi_weight: Option<(f64, f64)>,
 }
 
 impl WindowTotals {
@@ -53,6 +58,7 @@ impl WindowTotals {
                         time_ns: None,
                         cycles: None,
                         instructions: None,
+                        cpi_weight: None,
                     });
                     comms.len() - 1
                 }
@@ -61,6 +67,10 @@ impl WindowTotals {
             add(&mut c.time_ns, pr.measures.time_ns);
             add(&mut c.cycles, pr.measures.cycles);
             add(&mut c.instructions, pr.measures.instructions);
+            if let (Some(cpi), Some(n)) = (pr.measures.cpi, pr.measures.instructions) {
+                let (w, i) = c.cpi_weight.unwrap_or_default();
+                c.cpi_weight = Some((w + cpi.value * n, i + n));
+            }
         }
         WindowTotals {
             start: secs(start),
@@ -129,8 +139,8 @@ impl Chart {
             };
             v.unwrap_or(0.0) / secs.max(1e-9)
         };
-        let cpi = |c: &CommTotals| match (c.cycles, c.instructions) {
-            (Some(cy), Some(i)) if i > 0.0 => Some(cy / i),
+        let cpi = |c: &CommTotals| match c.cpi_weight {
+            Some((w, i)) if i > 0.0 => Some(w / i),
             _ => None,
         };
         let totals = largest(series, &amount);

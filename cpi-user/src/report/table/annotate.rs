@@ -241,7 +241,7 @@ fn instruction_table(
                 .find(|g| g.binary == f.binary && g.address <= addr && addr < g.address + g.size)
                 .map(|g| (g.name.as_str(), g.address))
         };
-        row.push(ellipsize(&named_target(&l.text, function_at), max));
+        row.push(fit_instruction(&named_target(&l.text, function_at), max));
         t.add_row(row);
     }
     t
@@ -278,6 +278,28 @@ pub(crate) fn named_target<'a>(
     s
 }
 
+/// An instruction in at most `max` characters that keeps a branch's target: the name
+/// in `<name+0x20>` is shortened first (`jne 3d450 <sqli…+0x80>`), then dropped
+/// (`jne 3d450`); any other instruction is cut at its end.
+fn fit_instruction(text: &str, max: usize) -> String {
+    let n = text.chars().count();
+    let named = text.strip_suffix('>').and_then(|t| t.rsplit_once(" <"));
+    let Some((head, inner)) = named.filter(|_| n > max) else {
+        return ellipsize(text, max);
+    };
+    let (name, off) = match inner.rfind('+') {
+        Some(i) => inner.split_at(i),
+        None => (inner, ""),
+    };
+    let fixed = head.chars().count() + off.chars().count() + 3;
+    let room = max.saturating_sub(fixed);
+    if room >= 4 {
+        format!("{head} <{}{off}>", ellipsize(name, room))
+    } else {
+        ellipsize(head, max)
+    }
+}
+
 /// An address as the disassembler writes an operand: `00000000000011E0h` or `0x11e0`.
 fn parse_address(w: &str) -> Option<u64> {
     let hex = match w.strip_prefix("0x") {
@@ -294,7 +316,10 @@ fn parse_address(w: &str) -> Option<u64> {
 /// annotate interleaves source): `file:line` by the file's last component, then the
 /// line's text when the source file is readable here by `writer`, who could have
 /// written the binary that names it.
-fn source_rows(lines: &[InstructionProfile], writer: Option<Owner>) -> Vec<Option<String>> {
+pub(crate) fn source_rows(
+    lines: &[InstructionProfile],
+    writer: Option<Owner>,
+) -> Vec<Option<String>> {
     let mut files: HashMap<&str, Option<Vec<String>>> = HashMap::new();
     let mut last = None;
     lines
@@ -383,5 +408,18 @@ mod tests {
         };
         let lines = [line(0x100), line(0x104), line(0x140), line(0x14f)];
         assert_eq!(gaps(&lines, &[]), [false, false, true, false]);
+    }
+
+    #[test]
+    fn a_cut_branch_keeps_its_target() {
+        let jump = "jne 3d450 <sqlite3BtreeIndexMoveto+0x80>";
+        assert_eq!(fit_instruction(jump, 60), jump);
+        assert_eq!(fit_instruction(jump, 22), "jne 3d450 <sqli…+0x80>");
+        assert_eq!(fit_instruction(jump, 14), "jne 3d450");
+        assert_eq!(
+            fit_instruction("call 26890 <memcmp@plt>", 18),
+            "call 26890 <memc…>"
+        );
+        assert_eq!(fit_instruction("mov rdi,[r13+88h]", 10), "mov rdi,[…");
     }
 }

@@ -2,6 +2,7 @@
 //! FUNC) and `--callgraph` (callers and callees, from the stacks or from the branch
 //! records that are calls).
 
+use super::pathtext::{distinct_paths, PathRow};
 use super::*;
 
 /// The hottest call paths of `procs` (each path's own samples, time or cycles and its
@@ -40,10 +41,21 @@ pub(super) fn call_paths(
             h.push("CPU time");
         }
         let mut t = new_table(h, 1);
-        for (pr, s) in &paths[..shown] {
-            let names = s.frames.iter().rev().map(|f| f.function.clone());
+        let texts = distinct_paths(
+            &(paths[..shown].iter())
+                .map(|(pr, s)| PathRow {
+                    comm: many.then_some(pr.comm.as_str()),
+                    frames: s.frames.iter().rev().map(|f| f.function.as_str()).collect(),
+                })
+                .collect::<Vec<_>>(),
+            max,
+        );
+        if texts.iter().any(|t| t.contains('…')) {
+            notes.add(Notation::Elided);
+        }
+        for ((_, s), text) in paths[..shown].iter().zip(texts) {
             let mut row = vec![
-                path_text(many.then_some(pr.comm.as_str()), names, max),
+                text,
                 share(mode, paths::weight(s), totals, notes),
                 group(s.samples),
             ];
@@ -125,11 +137,22 @@ paths into {name}: none ({why})
             h.push("CPU time");
         }
         let mut t = new_table(h, 1);
-        for (pr, n) in &nodes[..shown] {
-            let names = n.path.iter().map(|f| f.function.clone());
+        let texts = distinct_paths(
+            &(nodes[..shown].iter())
+                .map(|(pr, n)| PathRow {
+                    comm: many.then_some(pr.comm.as_str()),
+                    frames: n.path.iter().map(|f| f.function.as_str()).collect(),
+                })
+                .collect::<Vec<_>>(),
+            max,
+        );
+        if texts.iter().any(|t| t.contains('…')) {
+            notes.add(Notation::Elided);
+        }
+        for ((_, n), text) in nodes[..shown].iter().zip(texts) {
             let i = &n.inclusive;
             let mut row = vec![
-                path_text(many.then_some(pr.comm.as_str()), names, max),
+                text,
                 share(mode, i.weight(), totals, notes),
                 group(i.samples),
             ];

@@ -17,6 +17,10 @@ pub(crate) enum Notation {
     Differs = 16,
     /// A CPI the profile withholds ([`Notes::withheld`]) written as `-`.
     Withheld = 32,
+    /// `[N]`: a call-tree row deeper than its indentation shows.
+    Depth = 64,
+    /// `…` in a call path: frames left out to fit.
+    Elided = 128,
 }
 
 /// The notations the views wrote, each recorded where it is written, for [`legend`].
@@ -65,6 +69,12 @@ pub(super) fn legend(notes: &Notes, width: Option<usize>) -> String {
     }
     if notes.has(Notation::Differs) {
         parts.push("≠: the two CPI estimates differ by more than 3 combined errors");
+    }
+    if notes.has(Notation::Depth) {
+        parts.push("[N] name: a call-tree row at depth N, deeper than its indentation");
+    }
+    if notes.has(Notation::Elided) {
+        parts.push("… in a path: frames (or a name's end) left out to fit; a row keeps its leaf and the frames that set it apart");
     }
     let withheld;
     if let (true, Some(why)) = (notes.has(Notation::Withheld), &notes.withheld) {

@@ -3,6 +3,7 @@
 //! recursion folded (cpi-user/src/profile/paths.rs, `folded_tree`), names shortened
 //! (names.rs), branches below [`MIN_SHARE`] left out.
 
+use super::Notation;
 use super::{
     cpi, ellipsize, finish, fitted, inputs, new_table, or_unknown, sample_floor, share, time,
     Notes, Shares, MIN_NAME,
@@ -34,6 +35,10 @@ fn rows(procs: &[&ProcessProfile], total: f64, top: usize) -> (Vec<Row>, bool) {
     let many = procs.len() > 1;
     let mut out = Vec::new();
     let mut cut = false;
+    // Processes by their share, hottest first, as each tree's roots are.
+    let weight = |pr: &ProcessProfile| pr.stacks.iter().map(paths::weight).sum::<f64>();
+    let mut procs = procs.to_vec();
+    procs.sort_by(|a, b| weight(b).total_cmp(&weight(a)));
     for pr in procs {
         let tree = paths::folded_tree(&pr.stacks);
         let shift = usize::from(many);
@@ -76,19 +81,21 @@ fn rows(procs: &[&ProcessProfile], total: f64, top: usize) -> (Vec<Row>, bool) {
     (out, cut)
 }
 
-/// The indentation of a row at `depth`, and a depth mark past [`MAX_INDENT`].
-fn indent(depth: usize) -> String {
+/// The indentation of a row at `depth`, and a depth mark past [`MAX_INDENT`] (which
+/// the legend explains).
+fn indent(depth: usize, notes: &Notes) -> String {
     let mut s = "  ".repeat(depth.min(MAX_INDENT));
     if depth > MAX_INDENT {
         s.push_str(&format!("[{depth}] "));
+        notes.add(Notation::Depth);
     }
     s
 }
 
 /// A row's name column: indentation and name within `max` characters (a shallow row
 /// keeps more of its name than a deep one), then the recursion mark.
-fn row_name(r: &Row, max: usize) -> String {
-    let pad = indent(r.depth);
+fn row_name(r: &Row, max: usize, notes: &Notes) -> String {
+    let pad = indent(r.depth, notes);
     let room = max.saturating_sub(pad.chars().count()).max(MIN_NAME);
     let mark = if r.recursive { " ↻" } else { "" };
     format!("{pad}{}{mark}", ellipsize(&r.name, room))
@@ -120,7 +127,7 @@ pub(super) fn call_tree_table(
         for r in &rows {
             let (i, o) = (&r.inclusive, &r.own);
             let mut row = vec![
-                row_name(r, max),
+                row_name(r, max, notes),
                 share(mode, i.weight(), totals, notes),
                 share(mode, o.weight(), totals, notes),
             ];
