@@ -325,9 +325,8 @@ impl Processes {
         (pid, tid): (u32, u32),
         addr: u64,
     ) -> bool {
-        let known = (set.process(pid).maps.as_ref()).is_some_and(|m| m.find(addr).is_some());
         let recorded = (self.recorded.get(pid)).is_some_and(|r| r.maps.find(addr).is_some());
-        if known || !recorded {
+        if maps_hold(set, pid, addr) || !recorded {
             return false;
         }
         self.adopt_records(set, unwinder, pid, tid);
@@ -350,10 +349,7 @@ impl Processes {
         if self.adopt_recorded_address(set, unwinder, (pid, tid), addr) {
             return true;
         }
-        let holds = |set: &mut SampleSet| {
-            (set.process(pid).maps.as_ref()).is_some_and(|m| m.find(addr).is_some())
-        };
-        if holds(set) || self.recorded.exited(pid) {
+        if maps_hold(set, pid, addr) || self.recorded.exited(pid) {
             return false;
         }
         if !self.maps_due(pid) {
@@ -364,7 +360,7 @@ impl Processes {
             *early += 1;
         }
         self.read_maps(set, unwinder, pid, tid, false);
-        holds(set)
+        maps_hold(set, pid, addr)
     }
 
     /// Whether thread `tid` lives ([`procmap::alive`], through [`unless_exited`]).
@@ -470,6 +466,11 @@ impl Processes {
         let wait = REREAD_EVERY.max(began.elapsed() * REREAD_COST_RATIO);
         self.maps_read_at.insert(pid, began + wait);
     }
+}
+
+/// Whether the maps known of `pid` hold `addr`.
+fn maps_hold(set: &mut SampleSet, pid: u32, addr: u64) -> bool {
+    (set.process(pid).maps.as_ref()).is_some_and(|m| m.find(addr).is_some())
 }
 
 /// What `read` finds in `/proc` of process or thread `tid`; `None`, without a read,

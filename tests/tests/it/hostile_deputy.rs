@@ -187,6 +187,45 @@ fn pushes(metrics: std::net::SocketAddr, result: &str) -> f64 {
     labelled(&body, "cpi_bpf_push_total", "result", result).unwrap_or(0.0)
 }
 
+/// Root's agent pushing to `url` with `push` flags while uid 65534's [`squatter`]
+/// listens on `port`, until `n` pushes did not deliver (refused, or timed out at the
+/// user): the agent, the process it samples, its metrics address (its log is
+/// `dir`/agent.log), and all the squatter was sent.
+fn push_beside_a_squatter(
+    dir: &Path,
+    port: u16,
+    push: &[&str],
+    n: f64,
+) -> (KillOnDrop, KillOnDrop, std::net::SocketAddr, String) {
+    let mut squat = squatter(port);
+    // Something to sample in every window, whatever else the host runs.
+    let busy = KillOnDrop(
+        Command::new("sh")
+            .args(["-c", "while :; do :; done"])
+            .spawn()
+            .unwrap(),
+    );
+    let busy_pid = busy.0.id().to_string();
+    let mut args = vec!["--pid", &busy_pid, "--interval", "1", "--push-timeout", "1"];
+    args.extend_from_slice(push);
+    let (agent, metrics) = cpi_tests::agent_with_metrics(dir, &args);
+    let t0 = Instant::now();
+    while pushes(metrics, "refused") + pushes(metrics, "error") < n {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "no push in 60 s: {}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = squat.0.kill();
+    let _ = squat.0.wait();
+    let mut got = String::new();
+    let mut out = squat.0.stdout.take().unwrap();
+    out.read_to_string(&mut got).unwrap();
+    (agent, busy, metrics, got)
+}
+
 /// Row 2: uid 65534 listens first on the loopback port root's agent pushes to (OTLP,
 /// a bearer token, a tenant). Over four windows it is sent nothing, not even a
 /// connection; the refusals are counted and said once. Root's own listener on that port
@@ -201,53 +240,20 @@ fn a_user_listening_first_on_the_push_port_gets_nothing() {
     std::fs::write(&token, "tok-very-secret\n").unwrap();
     std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
     let port = cpi_tests::free_port();
-    let mut squat = squatter(port);
     let url = format!("http://127.0.0.1:{port}");
-    // Something to sample in every window, whatever else the host runs.
-    let busy = KillOnDrop(
-        Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .unwrap(),
-    );
-    let busy_pid = busy.0.id().to_string();
-    let (agent, metrics) = cpi_tests::agent_with_metrics(
+    let (agent, busy, metrics, got) = push_beside_a_squatter(
         &dir,
+        port,
         &[
-            "--pid",
-            &busy_pid,
-            "--interval",
-            "1",
             "--push-otlp",
             &url,
             "--push-token-file",
             token.to_str().unwrap(),
             "--push-tenant",
             "tenant-a",
-            "--push-timeout",
-            "1",
         ],
+        4.0,
     );
-    // Four requests that did not deliver: refused, or (sent to the user) timed out.
-    let t0 = Instant::now();
-    while pushes(metrics, "refused") + pushes(metrics, "error") < 4.0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no push in 60 s: {}",
-            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let _ = squat.0.kill();
-    let _ = squat.0.wait();
-    let mut got = String::new();
-    squat
-        .0
-        .stdout
-        .take()
-        .unwrap()
-        .read_to_string(&mut got)
-        .unwrap();
     assert!(
         !got.contains("CONNECTED") && !got.contains("tok-very-secret"),
         "the user's listener was sent: {got}"
@@ -307,44 +313,13 @@ fn a_user_squatting_a_loopback_spelled_otherwise_gets_nothing() {
     }
     let dir = temp_dir("hostile-push-spelling");
     let port = cpi_tests::free_port();
-    let mut squat = squatter(port);
-    let busy = KillOnDrop(
-        Command::new("sh")
-            .args(["-c", "while :; do :; done"])
-            .spawn()
-            .unwrap(),
-    );
-    let busy_pid = busy.0.id().to_string();
     let url = format!("http://127.1:{port}");
-    let (agent, metrics) = cpi_tests::agent_with_metrics(
+    let (agent, busy, metrics, got) = push_beside_a_squatter(
         &dir,
-        &[
-            "--pid",
-            &busy_pid,
-            "--interval",
-            "1",
-            "--push-pyroscope",
-            &url,
-            "--push-tenant",
-            "tenant-b",
-            "--push-timeout",
-            "1",
-        ],
+        port,
+        &["--push-pyroscope", &url, "--push-tenant", "tenant-b"],
+        2.0,
     );
-    let t0 = Instant::now();
-    while pushes(metrics, "refused") + pushes(metrics, "error") < 2.0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "no push in 60 s: {}",
-            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let _ = squat.0.kill();
-    let _ = squat.0.wait();
-    let mut got = String::new();
-    let mut out = squat.0.stdout.take().unwrap();
-    out.read_to_string(&mut got).unwrap();
     assert!(
         !got.contains("CONNECTED"),
         "the user's listener was sent: {got}"
