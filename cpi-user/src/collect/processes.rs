@@ -25,11 +25,6 @@ const REREAD_EVERY: Duration = Duration::from_millis(100);
 /// kernel's records do not explain (records lost) cannot take more than 2 % of the
 /// collector (BENCHMARKS.md, "A hostile host: mapping churn").
 const REREAD_COST_RATIO: u32 = 50;
-/// Reads of a process's maps for call stacks that stop in no known mapping, beyond
-/// the [`REREAD_EVERY`] pace: a library loaded just after a read (a `dlopen` as the
-/// program starts) is found at its first stack, and a process whose stacks return
-/// into garbage costs at most these few extra reads.
-const EARLY_STACK_READS: u8 = 4;
 
 /// Cgroups whose identity is kept at most ([`Processes::by_cgroup`]); past it the table
 /// starts again empty. A host has hundreds to a few thousand.
@@ -64,9 +59,6 @@ pub(crate) struct Processes {
     pub(super) maps_reads: u64,
     /// When each process's maps may be read again on a miss.
     pub(super) maps_read_at: HashMap<u32, Instant>,
-    /// Reads of each process's maps for a call stack's miss before they were due
-    /// ([`Processes::explain_stack_miss`]), at most [`EARLY_STACK_READS`].
-    early_stack_reads: HashMap<u32, u8>,
     /// Comm and maps of the processes of earlier windows ([`Processes::end_window`]),
     /// given back to a process when it shows up again in a later window.
     pub(super) known: HashMap<u32, Known>,
@@ -141,8 +133,6 @@ impl Processes {
         self.recorded.forget_exits();
         self.maps_read_at
             .retain(|pid, _| self.known.contains_key(pid));
-        self.early_stack_reads
-            .retain(|pid, _| self.known.contains_key(pid));
         let known = &self.known;
         unwinder.retain_processes(|pid| known.contains_key(&pid));
         // Files no process held for a while (the window handed out still holds its
@@ -212,7 +202,6 @@ impl Processes {
             Some(_) => {
                 self.known.remove(&pid);
                 self.maps_read_at.remove(&pid);
-                self.early_stack_reads.remove(&pid);
                 self.reused.push(pid);
                 return;
             }
@@ -335,8 +324,7 @@ impl Processes {
 
     /// A call stack's return address `addr` of `pid` in no mapping known: the mapping
     /// the kernel recorded ([`Self::adopt_recorded_address`]), else `/proc` read again
-    /// (at most every [`REREAD_EVERY`], and [`EARLY_STACK_READS`] times sooner, while the
-    /// process lives). Per-CPU events record
+    /// (at most every [`REREAD_EVERY`], while the process lives). Per-CPU events record
     /// a library's mmap in its CPU's buffer, which may be drained after a sample taken on
     /// another CPU that returns into it. Whether the maps now hold `addr`.
     pub(crate) fn explain_stack_miss(
@@ -349,15 +337,8 @@ impl Processes {
         if self.adopt_recorded_address(set, unwinder, (pid, tid), addr) {
             return true;
         }
-        if maps_hold(set, pid, addr) || self.recorded.exited(pid) {
+        if maps_hold(set, pid, addr) || self.recorded.exited(pid) || !self.maps_due(pid) {
             return false;
-        }
-        if !self.maps_due(pid) {
-            let early = self.early_stack_reads.entry(pid).or_default();
-            if *early >= EARLY_STACK_READS {
-                return false;
-            }
-            *early += 1;
         }
         self.read_maps(set, unwinder, pid, tid, false);
         maps_hold(set, pid, addr)
