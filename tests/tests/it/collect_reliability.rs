@@ -317,10 +317,17 @@ fn every_rate_and_perturbation_samples_the_cpu_time() {
             // still pending in the kernel — per CPU, since the thinning state is per CPU
             // and the target migrates (a loaded 2-CPU machine once left 1.8 s of 2.78 s
             // sampled at 10 Hz with K = 4: 9.75 periods pending, over one CPU's 6).
+            // As root `-- CMD` counts per CPU: each CPU's timer fires on that CPU's time,
+            // whoever runs, and the target gets the ticks that find it running. On a
+            // CPU other processes share, its count is a binomial draw, √N ticks its
+            // standard error (two CPU hogs beside it: 33 ticks at 10 Hz where 27.9 were
+            // expected), judged at 4 of them.
             let tolerance = 0.12;
             let slack_s = (cpus * 2.0 * (thinning - 1.0) + 1.5) * (period + jitter) / 1e9;
-            let ok_time = (sampled - cpu).abs() <= tolerance * cpu + slack_s;
-            let ok_samples = (samples - expected).abs() <= tolerance * expected + 1.5;
+            let draw = 4.0 * samples.max(expected).sqrt();
+            let tick_s = (period + jitter / 2.0) * thinning / 1e9;
+            let ok_time = (sampled - cpu).abs() <= tolerance * cpu + slack_s + draw * tick_s;
+            let ok_samples = (samples - expected).abs() <= tolerance * expected + 1.5 + draw;
             eprintln!(
                 "{hz:>6} Hz {perturbation:<6}: {samples} records (expected {expected:.1}), \
                  {sampled:.3} s sampled of {cpu:.3} s CPU {}",
@@ -359,9 +366,10 @@ fn an_impossible_rate_is_clamped_and_weighted_with_the_real_period() {
     eprintln!("10 MHz asked: {sampled:.3} s sampled of {cpu:.3} s CPU");
     // A VM's timer fires late at these rates, more so on a loaded machine, and the
     // kernel drops the missed ticks (hrtimer_forward_now), so some time goes unsampled
-    // (measured here: 65-70 %); weighting with the asked 101 ns gave about 1 %.
+    // (measured here: 65-70 %; 22 % with two CPU hogs on both CPUs); weighting with
+    // the asked 101 ns gave about 1 %.
     assert!(
-        sampled <= cpu * 1.05 && sampled >= cpu * 0.3,
+        sampled <= cpu * 1.05 && sampled >= cpu * 0.1,
         "{sampled:.3} s sampled of {cpu:.3} s"
     );
 }
