@@ -314,7 +314,8 @@ impl Processes {
         (pid, tid): (u32, u32),
         addr: u64,
     ) -> bool {
-        let recorded = (self.recorded.get(pid)).is_some_and(|r| r.maps.find(addr).is_some());
+        let recorded = (self.recorded.get(pid))
+            .is_some_and(|r| r.maps.find(addr).is_some_and(|m| m.executable));
         if maps_hold(set, pid, addr) || !recorded {
             return false;
         }
@@ -449,9 +450,12 @@ impl Processes {
     }
 }
 
-/// Whether the maps known of `pid` hold `addr`.
+/// Whether the maps known of `pid` hold `addr` in executable memory. Not merely in a
+/// mapping: `ld.so` first reserves a library's whole extent readable only, then maps
+/// its text over it, and maps read in between hold every address of that text in the
+/// reservation (every stack of a run then stopped at libc's return into `main`).
 fn maps_hold(set: &mut SampleSet, pid: u32, addr: u64) -> bool {
-    (set.process(pid).maps.as_ref()).is_some_and(|m| m.find(addr).is_some())
+    (set.process(pid).maps.as_ref()).is_some_and(|m| m.find(addr).is_some_and(|m| m.executable))
 }
 
 /// What `read` finds in `/proc` of process or thread `tid`; `None`, without a read,
