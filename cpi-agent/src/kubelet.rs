@@ -119,7 +119,7 @@ impl Kubelet {
             }
         }
         Kubelet {
-            http: b.build().into(),
+            http: peer.client(b.build()),
             url: format!("{}/pods", base.trim_end_matches('/')),
             peer,
             pods: HashMap::new(),

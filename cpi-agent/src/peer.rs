@@ -9,6 +9,11 @@
 use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs, UdpSocket};
 
+use ureq::config::Config;
+use ureq::http::Uri;
+use ureq::unversioned::resolver::{ResolvedSocketAddrs, Resolver};
+use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
+
 /// How the agent can tell who answers at a URL.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Peer {
@@ -19,9 +24,9 @@ pub(crate) enum Peer {
     /// there: `localhost.`, `127.1`, `::ffff:127.0.0.1`): believed when every socket
     /// listening for them belongs to root or the agent's user.
     Loopback(Vec<SocketAddr>),
-    /// `http://` to a host with an address elsewhere: nothing proves who answers. Its
-    /// addresses that are this host's own are still listed: a local user listening on
-    /// one of them is sent nothing.
+    /// `http://` to a host with an address elsewhere: nothing proves who answers. Every
+    /// address found is listed (none where the host could not be resolved): a local
+    /// user listening on one of this host's own is sent nothing.
     Unproven(Vec<SocketAddr>),
 }
 
@@ -57,11 +62,23 @@ impl Peer {
                 }
             };
         addrs.dedup();
-        let local: Vec<SocketAddr> = addrs.iter().copied().filter(|a| is_local(a.ip())).collect();
-        if !addrs.is_empty() && local.len() == addrs.len() {
-            Peer::Loopback(local)
+        if !addrs.is_empty() && addrs.iter().all(|a| is_local(a.ip())) {
+            Peer::Loopback(addrs)
         } else {
-            Peer::Unproven(local)
+            Peer::Unproven(addrs)
+        }
+    }
+
+    /// The HTTP client for this peer, configured by `config`. Over plain http it
+    /// connects only to the addresses this peer was judged on ([`Pinned`]): a name that
+    /// resolves elsewhere later (DNS rebinding, an edited /etc/hosts) is not followed
+    /// past the checks made of its listeners.
+    pub(crate) fn client(&self, config: Config) -> ureq::Agent {
+        match self {
+            Peer::Tls => config.into(),
+            Peer::Loopback(to) | Peer::Unproven(to) => {
+                ureq::Agent::with_parts(config, DefaultConnector::new(), Pinned(to.clone()))
+            }
         }
     }
 
@@ -72,14 +89,57 @@ impl Peer {
     pub(crate) fn distrusted_now(&self) -> Option<(String, bool)> {
         match self {
             Peer::Loopback(to) => distrust(&owners(to), cpi_user::fsafe::euid(), to[0].port()),
-            Peer::Unproven(to) if !to.is_empty() => {
-                let owners = owners(to);
+            Peer::Unproven(to) => {
+                let local: Vec<SocketAddr> =
+                    to.iter().copied().filter(|a| is_local(a.ip())).collect();
+                let owners = owners(&local);
                 (!owners.is_empty())
-                    .then(|| distrust(&owners, cpi_user::fsafe::euid(), to[0].port()))
+                    .then(|| distrust(&owners, cpi_user::fsafe::euid(), local[0].port()))
                     .flatten()
             }
-            Peer::Tls | Peer::Unproven(_) => None,
+            Peer::Tls => None,
         }
+    }
+}
+
+/// The resolver of a plain-http client: the addresses its [`Peer`] was judged on, never
+/// a new lookup. Where the host could not be resolved when the peer was judged, it is
+/// looked up per request and only addresses elsewhere are kept: a name that leads to
+/// this host only later was never checked, and a local user may be listening there.
+#[derive(Debug)]
+struct Pinned(Vec<SocketAddr>);
+
+impl Resolver for Pinned {
+    fn resolve(
+        &self,
+        uri: &Uri,
+        _: &Config,
+        _: NextTimeout,
+    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
+        let mut found = self.empty();
+        let fresh: Vec<SocketAddr>;
+        let from = if self.0.is_empty() {
+            let port = uri.port_u16().unwrap_or(80);
+            let host = uri.host().unwrap_or("");
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            fresh = (host, port)
+                .to_socket_addrs()
+                .map_err(|_| ureq::Error::HostNotFound)?
+                .filter(|a| !is_local(a.ip()))
+                .collect();
+            &fresh
+        } else {
+            &self.0
+        };
+        for a in from {
+            if found.try_push(*a).is_err() {
+                break;
+            }
+        }
+        if found.is_empty() {
+            return Err(ureq::Error::HostNotFound);
+        }
+        Ok(found)
     }
 }
 
@@ -285,11 +345,74 @@ mod tests {
                 other => panic!("{url}: {other:?}"),
             }
         }
-        for unproven in ["http://192.0.2.1:10255", "http://node-1.invalid:10255"] {
-            assert_eq!(Peer::of(unproven), Peer::Unproven(vec![]), "{unproven}");
-        }
+        assert_eq!(
+            Peer::of("http://192.0.2.1:10255"),
+            Peer::Unproven(vec![at("192.0.2.1:10255")])
+        );
+        assert_eq!(
+            Peer::of("http://node-1.invalid:10255"),
+            Peer::Unproven(vec![])
+        );
         assert_eq!(Peer::of("https://10.0.0.1:10250"), Peer::Tls);
         assert_eq!(Peer::of("HTTPS://127.0.0.1:4040"), Peer::Tls);
+    }
+
+    fn resolve(pinned: &[&str], url: &str) -> Result<Vec<SocketAddr>, ureq::Error> {
+        let pinned = Pinned(pinned.iter().map(|s| at(s)).collect());
+        let uri: Uri = url.parse().unwrap();
+        let found = pinned.resolve(&uri, &Config::default(), NextTimeout::default())?;
+        Ok(found.iter().copied().collect())
+    }
+
+    #[test]
+    fn a_plain_http_client_connects_only_where_its_peer_was_judged() {
+        // The URL's host is not looked up again, whatever it says now.
+        assert_eq!(
+            resolve(&["127.0.0.1:4040"], "http://localhost:4040/x").unwrap(),
+            [at("127.0.0.1:4040")]
+        );
+        assert_eq!(
+            resolve(&["192.0.2.1:80"], "http://127.0.0.1:80/").unwrap(),
+            [at("192.0.2.1:80")]
+        );
+        // Unresolved when judged: looked up now, and this host's own addresses, never
+        // checked, are not kept.
+        assert_eq!(
+            resolve(&[], "http://192.0.2.7:81").unwrap(),
+            [at("192.0.2.7:81")]
+        );
+        for local in [
+            "http://127.0.0.1:81",
+            "http://[::1]:81",
+            "http://0.0.0.0:81",
+        ] {
+            assert!(
+                matches!(resolve(&[], local), Err(ureq::Error::HostNotFound)),
+                "{local}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_client_of_a_pinned_peer_reaches_its_listener_under_any_name() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let to = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut c, _) = listener.accept().unwrap();
+            let mut head = [0u8; 1024];
+            let n = c.read(&mut head).unwrap();
+            c.write_all(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
+                .unwrap();
+            String::from_utf8_lossy(&head[..n]).into_owned()
+        });
+        let client = Peer::Loopback(vec![to]).client(Config::default());
+        // A name nothing resolves: only the pinned address can answer.
+        let url = format!("http://elsewhere.invalid:{}/p", to.port());
+        let answer = client.get(&url).call().unwrap();
+        assert_eq!(answer.status().as_u16(), 204);
+        let head = server.join().unwrap();
+        assert!(head.starts_with("GET /p HTTP/1.1"), "{head}");
     }
 
     #[test]

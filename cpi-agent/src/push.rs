@@ -443,7 +443,7 @@ fn client(cfg: &PushConfig, ep: &Endpoint) -> Result<ureq::Agent, AgentError> {
             detail: "only used with an https:// URL".into(),
         });
     }
-    Ok(b.build().into())
+    Ok(ep.peer.client(b.build()))
 }
 
 fn nanos_since_epoch(t: SystemTime) -> i64 {
