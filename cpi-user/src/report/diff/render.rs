@@ -37,7 +37,7 @@ pub fn render(d: &Diff, top: usize) -> String {
     }
     s.push_str(
         "\n* significant; the row shows the unit's most significant change; σ: one\n  \
-         standard error of the change, relative to base\n",
+         standard error of the change, relative to base (to new for a new unit)\n",
     );
     s
 }
@@ -81,7 +81,9 @@ fn percent(r: f64, sign: bool) -> String {
         (a, true) if a >= 99.95 => format!("{x:+.0}%"),
         (a, false) if a >= 99.95 => format!("{x:.0}%"),
         (_, true) => format!("{x:+.1}%"),
-        // A σ under 0.1 % keeps a digit that is not 0.
+        // A σ under 0.1 % keeps a digit that is not 0, and one under 0.005 % is not
+        // printed as none.
+        (a, false) if a > 0.0 && a < 0.005 => "<0.01%".to_string(),
         (a, false) if a > 0.0 && a < 0.095 => format!("{x:.2}%"),
         (_, false) => format!("{x:.1}%"),
     }
@@ -98,15 +100,19 @@ pub(crate) fn value(what: &str, v: f64) -> String {
     }
 }
 
-/// The change relative to base and its σ (`+30.0%`, `± 1.2%`); `new` where base is 0
-/// and NEW has some, `-` where both are 0.
+/// The change relative to base and its σ (`+30.0%`, `1.2%`); `new` where base is 0
+/// and NEW has some, its σ then relative to the new value (a percentage like every
+/// other σ of the column); `-` and no σ where both are 0.
 pub(crate) fn delta_pm(c: &Change) -> (String, String) {
     match c.delta_rel {
         Some(r) => (
             percent(r, true),
             percent(c.delta_error / c.base.abs(), false),
         ),
-        None if c.new != 0.0 => ("new".to_string(), String::new()),
+        None if c.new != 0.0 => (
+            "new".to_string(),
+            percent(c.delta_error / c.new.abs(), false),
+        ),
         None => ("-".to_string(), String::new()),
     }
 }

@@ -329,6 +329,16 @@ fn the_table_leaves_out_what_is_zero_on_both_sides() {
         render::delta_pm(&Change::new((1e9, 0.0), (1.3e9, 9e10))).1,
         "0.03%"
     );
+    // A σ too small for two decimals is not printed as none.
+    assert_eq!(
+        render::delta_pm(&Change::new((1e9, 1e2), (1.3e9, 1e2))).1,
+        "<0.01%"
+    );
+    // A new unit's σ is a percentage too: of its new value.
+    assert_eq!(
+        render::delta_pm(&Change::new((0.0, 0.0), (2e6, 4e10))),
+        ("new".to_string(), "10.0%".to_string())
+    );
 }
 
 #[test]

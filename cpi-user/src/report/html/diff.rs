@@ -62,7 +62,7 @@ fn rows(d: &Diff) -> Vec<Row<'_>> {
                         new: value(q, c.new),
                         delta,
                         sigma: if sigma.is_empty() {
-                            format!("± {}", value(q, c.delta_error))
+                            sigma
                         } else {
                             format!("± {sigma}")
                         },
@@ -123,12 +123,12 @@ fn tip(c: &FrameChange, quantity: &str) -> String {
         ..change
     });
     let sigma = if sigma.is_empty() {
-        value(quantity, c.delta_error)
-    } else {
         sigma
+    } else {
+        format!(" ± {sigma}")
     };
     format!(
-        "base {}, new {}: Δ {delta} ± {sigma} (z {}){}",
+        "base {}, new {}: Δ {delta}{sigma} (z {}){}",
         value(quantity, c.base),
         value(quantity, c.base + c.delta),
         z_text(c.z),

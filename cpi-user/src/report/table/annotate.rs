@@ -214,7 +214,7 @@ fn instruction_table(
         }
         if let Some(src) = src {
             let mut row = vec![String::new(); last];
-            row.push(ellipsize(src, max));
+            row.push(fit_source(src, max));
             t.add_row(row);
         }
         let mut row = vec![
@@ -343,6 +343,26 @@ pub(crate) fn source_rows(
         .collect()
 }
 
+/// A row of [`source_rows`] in at most `max` characters: the line's text is cut first,
+/// then the file's name, never the `:line` that says where the code came from.
+fn fit_source(row: &str, max: usize) -> String {
+    if row.chars().count() <= max {
+        return row.to_string();
+    }
+    let (place, text) = row.split_once("  ").unwrap_or((row, ""));
+    let room = max.saturating_sub(place.chars().count() + 2);
+    if room >= 2 && !text.is_empty() {
+        return format!("{place}  {}", ellipsize(text, room));
+    }
+    match place.rsplit_once(':') {
+        Some((file, line)) => {
+            let keep = max.saturating_sub(line.chars().count() + 1).max(2);
+            format!("{}:{line}", ellipsize(file, keep))
+        }
+        None => ellipsize(place, max),
+    }
+}
+
 /// A source file's lines, when it can be read safely (cpi-user/src/fsafe/mod.rs): a
 /// regular file, never blocking, at most 16 MiB; as root, one the binary's `writer`
 /// (or the user a recording came from) could read (a refusal is said: the caller asks
@@ -408,6 +428,18 @@ mod tests {
         };
         let lines = [line(0x100), line(0x104), line(0x140), line(0x14f)];
         assert_eq!(gaps(&lines, &[]), [false, false, true, false]);
+    }
+
+    #[test]
+    fn a_cut_source_row_keeps_its_file_and_line() {
+        let row =
+            "sqlite3.c:91234  rc = sqlite3VdbeMemFromBtreeZeroOffset(pC->uc.pCursor, p2, &m);";
+        assert_eq!(fit_source(row, 200), row);
+        assert_eq!(fit_source(row, 30), "sqlite3.c:91234  rc = sqlite3…");
+        // No room for the text: the place alone, its line whole.
+        assert_eq!(fit_source(row, 18), "sqlite3.c:91234");
+        let long = format!("{}.c:7  x = 1;", "generated_".repeat(8));
+        assert_eq!(fit_source(&long, 20), "generated_generat…:7");
     }
 
     #[test]
