@@ -184,6 +184,21 @@ impl StackTrie {
         }
     }
 
+    /// Whether each node is one of `ids` or an ancestor of one.
+    pub(crate) fn on_paths_of(&self, ids: impl Iterator<Item = u32>) -> Vec<bool> {
+        let mut on = vec![false; self.nodes.len()];
+        for mut at in ids {
+            while !on[at as usize] {
+                on[at as usize] = true;
+                match self.nodes[at as usize].parent {
+                    NONE => break,
+                    p => at = p & !KERNEL,
+                }
+            }
+        }
+        on
+    }
+
     /// The nodes with a payload, and their payloads.
     pub(crate) fn payloads(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         let ids = 0..self.nodes.len() as u32;

@@ -391,7 +391,8 @@ pub struct LossReport {
     #[serde(default)]
     pub stacks_too_costly: u64,
     /// Samples whose call stacks were evicted to keep the stacks within their memory
-    /// bound: they stay in every total, under a `[dropped]` path.
+    /// bound: they stay in every total, under a `[rare callees]` path below their
+    /// nearest caller still held, or a `[dropped]` path where none is.
     #[serde(default)]
     pub stacks_evicted: u64,
     /// Samples of processes a kernel filter (the agent's `--pid`, `--cgroup`) did not
@@ -629,8 +630,9 @@ pub struct ProcessProfile {
     /// Call paths, hottest first (empty when no sample carried a stack, and in files
     /// written before stacks); at most cpi-user/src/profile/paths.rs `MAX_PATHS`, the
     /// narrowest beyond them summed into a `[rare callees]` path under their widest
-    /// callers that keep a path (`fold_plan`), the stacks the memory bound evicted in a
-    /// `[dropped]` path, and the samples without a stack in a `[no stack]` path.
+    /// callers that keep a path (`fold_plan`), as are the stacks the memory bound
+    /// evicted (those with no caller still held in a `[dropped]` path), and the
+    /// samples without a stack in a `[no stack]` path.
     #[serde(
         default,
         skip_serializing_if = "Vec::is_empty",

@@ -14,8 +14,10 @@
 //!
 //! Memory is bounded by the set that holds the aggregates
 //! ([`super::aggregate::SampleSet::stack_bytes`], over all its processes together): past
-//! it the least recently used stacks of any process go, and their samples are counted in
-//! [`StackAggregate::dropped`], never silently.
+//! it the least recently used stacks of any process go: their samples and ranges fold
+//! into a `[rare callees]` stack under their nearest kept caller, or into
+//! [`StackAggregate::dropped`] where none is kept, counted in
+//! [`StackAggregate::evicted`], never silently.
 
 use std::collections::BTreeMap;
 
@@ -159,9 +161,12 @@ pub struct StackAggregate {
     ranges_at: FastMap<RangeKey, u32>,
     /// Samples that carried no stack (the writer could not take one).
     pub unstacked: u64,
-    /// What ran under the stacks evicted to stay within the set's bound (IP samples
-    /// and periods, branch samples; no ranges).
+    /// What ran under the stacks evicted to stay within the set's bound with no kept
+    /// caller to fold into (IP samples and periods, branch samples; no ranges).
     pub dropped: StackStat,
+    /// Samples whose stacks were evicted: folded into a `[rare callees]` stack or
+    /// [`Self::dropped`] (each counted once, however often its fold rises).
+    pub evicted: u64,
     /// Estimated bytes held.
     bytes: usize,
 }
@@ -172,6 +177,10 @@ pub struct StackAggregate {
 /// leaf is not the range's first address or it has no edge. Each (node, range) has
 /// one key.
 type RangeKey = (u64, u64, u64);
+
+/// The leaf of a `[rare callees]` stack: what evicted stacks held under its callers
+/// ([`StackAggregate::evict_used_by`]); no code is at this address.
+pub(crate) const FOLDED_LEAF: u64 = u64::MAX;
 
 /// Marks a [`RangeKey`] whose stack is a node, not an edge (node ids are `u32`).
 const OWN: u64 = 1 << 32;
@@ -432,28 +441,58 @@ impl StackAggregate {
         })
     }
 
-    /// Drops the stacks last used at or before `cut`, counting their samples in
-    /// [`Self::dropped`], and the nodes only they needed.
+    /// Evicts the stacks last used at or before `cut`. Each one's samples and ranges
+    /// fold into a `[rare callees]` stack ([`FOLDED_LEAF`]) under its nearest caller
+    /// that a kept stack still runs through ([`Self::fold_targets`]), so every kept
+    /// frame still holds all that ran under it, as a flame graph's minimum width
+    /// leaves narrow frames in their parent's width; a stack with no such caller goes
+    /// to [`Self::dropped`]. Then the nodes no stack needs go.
     pub(super) fn evict_used_by(&mut self, cut: u64) {
         let last_use = self.last_uses();
-        let mut rows = std::mem::take(&mut self.rows);
-        for ((id, mut stat), last) in std::mem::take(&mut self.stats).into_iter().zip(last_use) {
+        let keep: Vec<bool> = last_use.iter().map(|&l| l > cut).collect();
+        let into = self.fold_targets(&keep);
+        let mut old_rows = std::mem::take(&mut self.rows);
+        // Where each kept stack's range is counted now, for the folds into it.
+        let mut row_of: FastMap<(u32, (u64, u64)), u32> = FastMap::default();
+        let mut evicted = Vec::new();
+        for (p, (id, mut stat)) in std::mem::take(&mut self.stats).into_iter().enumerate() {
             self.trie.set_payload(id, NONE);
-            if last > cut {
-                for j in &mut stat.rows {
-                    self.rows.push(std::mem::take(&mut rows[*j as usize]));
-                    *j = self.rows.len() as u32 - 1;
+            if !keep[p] {
+                if !matches!(self.trie.edge(id), Some((_, FOLDED_LEAF))) {
+                    self.evicted += stat.samples();
                 }
-                self.trie.set_payload(id, self.stats.len() as u32);
-                self.stats.push((id, stat));
+                evicted.push((into[p], stat, last_use[p]));
                 continue;
             }
-            for (role, (n, w)) in &stat.ips {
-                let e = self.dropped.ips.entry(*role).or_default();
-                e.0 += n;
-                e.1 += w;
+            let at = self.stats.len() as u32;
+            for j in &mut stat.rows {
+                let row = std::mem::take(&mut old_rows[*j as usize]);
+                *j = self.rows.len() as u32;
+                row_of.insert((at, row.range), *j);
+                self.rows.push(row);
             }
-            self.dropped.branch_samples += stat.branch_samples;
+            self.trie.set_payload(id, at);
+            self.stats.push((id, stat));
+        }
+        for (target, stat, last) in evicted {
+            let Some(node) = target else {
+                for (role, (n, w)) in &stat.ips {
+                    let e = self.dropped.ips.entry(*role).or_default();
+                    e.0 += n;
+                    e.1 += w;
+                }
+                self.dropped.branch_samples += stat.branch_samples;
+                continue;
+            };
+            let at = match self.trie.payload(node) {
+                NONE => {
+                    self.trie.set_payload(node, self.stats.len() as u32);
+                    self.stats.push((node, StackStat::default()));
+                    self.stats.len() as u32 - 1
+                }
+                at => at,
+            };
+            self.fold_into(at, stat, last, &mut old_rows, &mut row_of);
         }
         self.trie.retain_with_payload();
         for (id, p) in self.trie.payloads() {
@@ -468,6 +507,74 @@ impl StackAggregate {
         }
         let stats: usize = self.stats.iter().map(|s| stat_bytes(&s.1)).sum();
         self.bytes = self.trie.len() * NODE_BYTES + stats;
+    }
+
+    /// For each stack, the `[rare callees]` node its samples fold into when it is not
+    /// kept (`keep`, by index): under its nearest caller on a kept stack's path (a
+    /// `[rare callees]` stack itself stays while its caller is on one, and rises when it
+    /// is not); `None` for kept stacks and where no caller is on a kept path.
+    fn fold_targets(&mut self, keep: &[bool]) -> Vec<Option<u32>> {
+        let kept = (self.stats.iter().zip(keep)).filter_map(|(s, &k)| k.then_some(s.0));
+        let alive = self.trie.on_paths_of(kept);
+        let trie = &self.trie;
+        let callers: Vec<Option<u32>> = (self.stats.iter().zip(keep))
+            .map(|(&(id, _), &k)| {
+                if k {
+                    return None;
+                }
+                let mut at = trie.user_parent(id)?;
+                while !alive[at as usize] {
+                    at = trie.user_parent(at)?;
+                }
+                Some(at)
+            })
+            .collect();
+        let mut added = 0;
+        let targets = callers
+            .into_iter()
+            .map(|c| c.map(|at| self.trie.child(at, FOLDED_LEAF, &mut added)))
+            .collect();
+        targets
+    }
+
+    /// Adds an evicted stack's `stat` (last used at `last`; its rows in `rows`) to the
+    /// statistics at index `at`, each range merged with the one it already counts
+    /// (`row_of`).
+    fn fold_into(
+        &mut self,
+        at: u32,
+        stat: StackStat,
+        last: u64,
+        rows: &mut [RangeRow],
+        row_of: &mut FastMap<(u32, (u64, u64)), u32>,
+    ) {
+        let t = &mut self.stats[at as usize].1;
+        for (role, (n, w)) in stat.ips {
+            let e = t.ips.entry(role).or_default();
+            e.0 += n;
+            e.1 += w;
+        }
+        t.cycles_groups.add_scaled(&stat.cycles_groups, 1.0);
+        t.branch_samples += stat.branch_samples;
+        t.last_use = t.last_use.max(last);
+        for j in stat.rows {
+            let row = std::mem::take(&mut rows[j as usize]);
+            match row_of.get(&(at, row.range)) {
+                Some(&k) => {
+                    let into = &mut self.rows[k as usize];
+                    into.last_use = into.last_use.max(row.last_use);
+                    into.stat.count += row.stat.count;
+                    into.stat.hits += row.stat.hits;
+                    into.stat.groups.add_scaled(&row.stat.groups, 1.0);
+                }
+                None => {
+                    let k = self.rows.len() as u32;
+                    row_of.insert((at, row.range), k);
+                    self.rows.push(row);
+                    self.stats[at as usize].1.rows.push(k);
+                }
+            }
+        }
     }
 }
 
@@ -550,7 +657,9 @@ mod tests {
         a.add_branch(&at_sample, Some((10.0, &entries)), 1, 3);
         a.evict_used_by(2);
         assert!(a.get(&gone).is_none(), "the stack last used at 2 went");
-        assert_eq!(a.dropped.samples(), 1);
+        // Into a `[rare callees]` stack under its caller, which kept stacks run through.
+        let rare = a.get(&stack(&[FOLDED_LEAF, 0x9000])).expect("folded");
+        assert_eq!((rare.samples(), a.dropped.samples()), (1, 0));
         let total: usize = a.ages().map(|x| x.1).sum();
         assert_eq!(total, a.bytes(), "the kept rows are counted once");
         a.add_branch(&at_sample, Some((10.0, &entries)), 2, 4);
@@ -644,17 +753,32 @@ mod tests {
         let total: usize = a.ages().map(|x| x.1).sum();
         assert_eq!(total, a.bytes(), "every node counts for one stack");
         a.evict_used_by(old.len() as u64 - 1);
-        assert_eq!(sorted(&a), want(&young));
+        // The user stack under the kept root folds into a `[rare callees]` stack there;
+        // the one under kernel frames no kept stack runs through, and the frameless
+        // one, have no caller to fold into.
+        let rare = with(&[], &[FOLDED_LEAF], StackEnd::Complete);
+        let mut kept: Vec<CallStack> = young.to_vec();
+        kept.push(rare.clone());
+        assert_eq!(sorted(&a), want(&kept));
         assert!(old.iter().all(|s| a.get(s).is_none()));
-        assert_eq!(a.dropped.samples(), 3);
-        // Two roots, 0x10 under one, 0x30 then 0x20 under the other.
-        assert_eq!(a.trie.len(), 5);
+        assert_eq!(a.dropped.samples(), 2);
+        // Two roots, 0x10 under one, 0x30 then 0x20 and the fold under the other.
+        assert_eq!(a.trie.len(), 6);
         let stats: usize = a.stats.iter().map(|s| stat_bytes(&s.1)).sum();
-        assert_eq!(a.bytes(), 5 * NODE_BYTES + stats);
+        assert_eq!(a.bytes(), 6 * NODE_BYTES + stats);
         // What is kept is still counted in place.
         a.add_ip(&young[1], EventRole::CpuClock, 1, 0, 9);
         assert_eq!(a.get(&young[1]).unwrap().samples(), 2);
-        assert_eq!(a.trie.len(), 5);
+        assert_eq!(a.trie.len(), 6);
+        // Old, the fold stays while a kept stack runs through its caller (the root),
+        // and goes when none does.
+        a.evict_used_by(8);
+        assert_eq!(a.get(&rare).map(|s| s.samples()), Some(1));
+        assert_eq!(a.dropped.samples(), 3, "young[0], whose root nothing holds");
+        a.evict_used_by(9);
+        assert!(a.is_empty());
+        assert_eq!(a.dropped.samples(), 6);
+        assert_eq!(a.evicted, 6, "each sample counted once");
     }
 
     /// The stack a range is counted under, the way it was before stacks were interned:

@@ -5,9 +5,10 @@
 //!
 //! COUNT is the path's **IP samples** (cycles samples, or `cpu-clock` samples in a time
 //! profile): integers, as the format wants; each sample stands for about one period.
-//! Samples without a stack are the `[no stack]` path, those of stacks dropped by the
-//! memory bound the `[dropped]` path, and a caller's narrow paths beyond the profile's
-//! bound its `[rare callees]` path (cpi-user/src/profile/paths.rs), so the counts sum
+//! Samples without a stack are the `[no stack]` path; a caller's narrow paths beyond the
+//! profile's bound, and its stacks evicted by the memory bound, its `[rare callees]`
+//! path (cpi-user/src/profile/paths.rs); evicted stacks with no caller held the
+//! `[dropped]` path, so the counts sum
 //! to the process's samples. A process whose samples carried no stacks at all is written
 //! leaf-only, `comm;function COUNT` per function.
 //!

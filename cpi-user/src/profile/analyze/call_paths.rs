@@ -16,7 +16,7 @@ use crate::profile::paths::{
     bound_paths, fold_plan, pseudo_path, rare_frames, Fold, DROPPED_FRAME, MAX_PATHS,
     NO_STACK_FRAME,
 };
-use crate::profile::stack::{CallStack, StackEnd, StackStat};
+use crate::profile::stack::{CallStack, StackEnd, StackStat, FOLDED_LEAF};
 
 impl Ctx<'_> {
     /// The process's call paths (see "Call paths" in the module doc).
@@ -46,15 +46,21 @@ impl Ctx<'_> {
         // Every stack's own path first, so a path keeps the frames (addresses) of a
         // stack that ran it rather than of a callee path a range implied.
         let mut symbolised = Vec::with_capacity(entries.len());
-        for (stack, stat) in entries {
+        for (mut stack, stat) in entries {
+            // What evicted stacks held under these callers (cpi-user/src/profile/stack.rs
+            // `evict_used_by`): every range and sample of it is its own.
+            let folded = stack.user.first() == Some(&FOLDED_LEAF);
+            if folded {
+                stack.user = stack.user[1..].into();
+            }
             let frames = self.frames(&stack, res);
             stacked.add_ips(stat, role);
-            let acc = path_acc(&mut paths, &mut names, res, &frames, stack.end);
+            let acc = path_acc(&mut paths, &mut names, res, &frames, stack.end, folded);
             acc.add_ips(stat, role);
             acc.branch_samples += stat.branch_samples;
-            symbolised.push((stack.end, stat, frames));
+            symbolised.push((stack.end, stat, frames, folded));
         }
-        for (end_of_stack, stat, frames) in symbolised {
+        for (end_of_stack, stat, frames, folded) in symbolised {
             if !ranged {
                 break;
             }
@@ -73,8 +79,11 @@ impl Ctx<'_> {
                     let Some(&n) = lens.get(&(fs, vs, ve)) else {
                         continue;
                     };
-                    let target = range_path(&frames, fs, held, res);
-                    let acc = path_acc(&mut paths, &mut names, res, &target, end_of_stack);
+                    let target = match folded {
+                        true => frames.clone(),
+                        false => range_path(&frames, fs, held, res),
+                    };
+                    let acc = path_acc(&mut paths, &mut names, res, &target, end_of_stack, folded);
                     acc.instructions += r.count * n as f64;
                     acc.instruction_groups.add_scaled(&r.groups, n as f64);
                     acc.range_hits += r.hits;
@@ -295,9 +304,15 @@ fn fold_rare(paths: BTreeMap<Vec<u32>, PathAcc>) -> Vec<PathAcc> {
     let mut out = Vec::new();
     let mut rare: BTreeMap<Vec<u32>, PathAcc> = BTreeMap::new();
     for ((key, acc), fold) in keyed.into_iter().zip(plan) {
-        let Fold::Into(n) = fold else {
-            out.push(acc);
-            continue;
+        // A `[rare callees]` path of the stacks (evicted ones) joins the plan's under
+        // the same callers.
+        let n = match fold {
+            Fold::Keep if acc.rare => key.len() - 1,
+            Fold::Keep => {
+                out.push(acc);
+                continue;
+            }
+            Fold::Into(n) => n,
         };
         let sum = rare
             .entry(key[key.len() - n..].to_vec())
@@ -367,17 +382,27 @@ fn no_stack(p: &ProcessSamples, stacked: &PathAcc, role: EventRole) -> PathAcc {
     no_stack
 }
 
-/// The path of `frames` in `paths`, added empty when new.
+/// The frame id of a `[rare callees]` leaf in a path's key (names' ids count up from 0).
+const RARE_ID: u32 = u32::MAX;
+
+/// The path of `frames` in `paths`, added empty when new; with `rare`, the
+/// `[rare callees]` path under them.
 fn path_acc<'p>(
     paths: &'p mut BTreeMap<Vec<u32>, PathAcc>,
     names: &mut FrameNames,
     res: &ProcessResolver<'_>,
     frames: &[FrameRef],
     end: StackEnd,
+    rare: bool,
 ) -> &'p mut PathAcc {
-    let key = frames.iter().map(|f| names.id(f, res)).collect();
+    let leaf = rare.then_some(RARE_ID);
+    let key = leaf
+        .into_iter()
+        .chain(frames.iter().map(|f| names.id(f, res)))
+        .collect();
     let acc = paths.entry(key).or_insert_with(|| PathAcc {
         frames: frames.to_vec(),
+        rare,
         end,
         ..Default::default()
     });
