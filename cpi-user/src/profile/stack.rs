@@ -530,11 +530,10 @@ impl StackAggregate {
             })
             .collect();
         let mut added = 0;
-        let targets = callers
+        callers
             .into_iter()
             .map(|c| c.map(|at| self.trie.child(at, FOLDED_LEAF, &mut added)))
-            .collect();
-        targets
+            .collect()
     }
 
     /// Adds an evicted stack's `stat` (last used at `last`; its rows in `rows`) to the
