@@ -12,14 +12,15 @@ use crate::report::table::{names::short_name, si};
 /// Rows of the hot-blocks table.
 pub(crate) const BLOCK_ROWS: usize = 100;
 
-/// One row of the hot-blocks table.
+/// One row of the hot-blocks table; its strings are numbers in the page's
+/// [`super::Strings`].
 #[derive(Serialize)]
 pub(crate) struct BlockRow {
     range: String,
     /// The function as the terminal shortens it, and whole (its tooltip).
-    function: String,
-    full: String,
-    binary: String,
+    function: usize,
+    full: usize,
+    binary: usize,
     instructions: u32,
     count: f64,
     count_text: String,
@@ -67,9 +68,9 @@ pub(crate) fn rows(p: &Profile, look: &Look) -> (Vec<BlockRow>, usize) {
             let binary = f.binary.rsplit('/').next().unwrap_or(&f.binary);
             BlockRow {
                 range: format!("{:x}-{:x}", b.start, b.end),
-                function: short_name(&f.name).into_owned(),
-                full: f.name.clone(),
-                binary: binary.to_string(),
+                function: look.strings.id(&short_name(&f.name)),
+                full: look.strings.id(&f.name),
+                binary: look.strings.id(binary),
                 instructions: b.len,
                 count: b.count,
                 count_text: si(b.count),

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::{colour, flame, Graph, CODE_FUNCTIONS, TABLE_ROWS};
 use crate::profile::model::{FunctionProfile, InstructionProfile, ProcessProfile, Profile};
 use crate::report::table::names::short_name;
-use crate::report::table::{annotate, pid_text, share_pm, si, time, Notes};
+use crate::report::table::{annotate, ellipsize, pid_text, share_pm, si, time, Notes};
 use flame::Width;
 
 /// An amount of the width measure, as the page writes it.
@@ -136,17 +136,18 @@ pub(crate) fn code_ids(p: &Profile, width: Width) -> HashMap<(String, String), u
     ids
 }
 
-/// One row of the functions table.
+/// One row of the functions table; its strings are numbers in the page's
+/// [`super::Strings`].
 #[derive(Serialize)]
 pub(crate) struct FunctionRow {
-    name: String,
+    name: usize,
     /// The name as the terminal shortens it (the full one is the cell's tooltip).
-    short: String,
-    comm: String,
+    short: usize,
+    comm: usize,
     pid: u32,
     /// The pid, or `N pids` for processes of one name merged.
     pid_text: String,
-    binary: String,
+    binary: usize,
     samples: u64,
     share: f64,
     /// The share as the tables write it, with its sampling error in a time profile.
@@ -175,7 +176,7 @@ pub(crate) fn table_rows(
         .map(|(id, k)| (k, id))
         .collect();
     let all_samples: u64 = p.processes.iter().map(|pr| pr.samples).sum();
-    let mut rows: Vec<FunctionRow> = p
+    let mut all: Vec<_> = p
         .processes
         .iter()
         .enumerate()
@@ -192,16 +193,23 @@ pub(crate) fn table_rows(
                 || width_of(f, width) > 0.0
                 || (counts && f.measures.instructions.is_some_and(|i| i > 0.0))
         })
+        .collect();
+    all.sort_by(|a, b| {
+        (width_of(b.3, width).total_cmp(&width_of(a.3, width))).then(a.3.name.cmp(&b.3.name))
+    });
+    all.truncate(TABLE_ROWS);
+    let strings = look.strings;
+    all.into_iter()
         .map(|(pi, pr, fi, f)| {
             let w = width_of(f, width);
             let est = f.measures.cpi.filter(|_| cpi);
             FunctionRow {
-                name: f.name.clone(),
-                short: short_name(&f.name).into_owned(),
-                comm: pr.comm.clone(),
+                name: strings.id(&f.name),
+                short: strings.id(&short_name(&f.name)),
+                comm: strings.id(&pr.comm),
                 pid: pr.pid,
                 pid_text: pid_text(pr, pids),
-                binary: base(&f.binary).to_string(),
+                binary: strings.id(base(&f.binary)),
                 samples: f.samples,
                 share: if total > 0.0 { w / total } else { 0.0 },
                 share_text: share_pm(
@@ -224,10 +232,7 @@ pub(crate) fn table_rows(
                 code: ids.get(&(pi, fi)).copied(),
             }
         })
-        .collect();
-    rows.sort_by(|a, b| b.width.total_cmp(&a.width).then(a.name.cmp(&b.name)));
-    rows.truncate(TABLE_ROWS);
-    rows
+        .collect()
 }
 
 fn cpi_text(est: Option<(f64, f64)>, cpi: bool) -> String {
@@ -238,13 +243,14 @@ fn cpi_text(est: Option<(f64, f64)>, cpi: bool) -> String {
     }
 }
 
-/// One hot function's section: headline, callers, annotated code.
+/// One hot function's section: headline, callers, annotated code; its name, binary
+/// and comm numbers in the page's [`super::Strings`].
 #[derive(Serialize)]
 pub(crate) struct CodeSection {
     id: usize,
-    name: String,
-    binary: String,
-    comm: String,
+    name: usize,
+    binary: usize,
+    comm: usize,
     pid: u32,
     headline: String,
     source: Option<String>,
@@ -288,9 +294,9 @@ pub(super) fn sections(p: &Profile, look: &super::Look) -> Vec<CodeSection> {
             let rows = code_rows(pr, f, look, &sources);
             CodeSection {
                 id,
-                name: f.name.clone(),
-                binary: f.binary.clone(),
-                comm: pr.comm.clone(),
+                name: look.strings.id(&f.name),
+                binary: look.strings.id(&f.binary),
+                comm: look.strings.id(&pr.comm),
                 pid: pr.pid,
                 headline: headline(f, look),
                 source: f.source.as_ref().map(|s| format!("{}:{}", s.file, s.line)),
@@ -443,44 +449,55 @@ fn instruction_row(
 }
 
 /// An instruction's text with a branch target named as perf names it,
-/// `jne 11e0 <leaf+0x20>` (the terminal's annotate does the same).
+/// `jne 11e0 <leaf+0x20>` (the terminal's annotate does the same), the name as the
+/// terminal shortens it and at most [`TARGET_NAME`] characters: every instruction
+/// that branches to a function would otherwise write its name again.
 fn jump_targets(text: &str, pr: &ProcessProfile, f: &FunctionProfile) -> String {
-    annotate::named_target(text, |addr| {
+    let named = annotate::named_target(text, |addr| {
         pr.functions
             .iter()
             .find(|g| g.binary == f.binary && g.address <= addr && addr < g.address + g.size)
             .map(|g| (g.name.as_str(), g.address))
-    })
+    });
+    let Some((head, inner)) = named.strip_suffix('>').and_then(|t| t.rsplit_once(" <")) else {
+        return named;
+    };
+    let (name, off) = match inner.rfind('+') {
+        Some(i) => inner.split_at(i),
+        None => (inner, ""),
+    };
+    let short = ellipsize(&short_name(name), TARGET_NAME);
+    format!("{head} <{short}{off}>")
 }
 
-/// One calls-only edge (from branch records).
+/// The most characters of a branch target's name in annotated code.
+const TARGET_NAME: usize = 60;
+
+/// One calls-only edge (from branch records), its names numbers in the page's
+/// [`super::Strings`].
 #[derive(Serialize)]
 pub(crate) struct EdgeRow {
-    comm: String,
-    caller: String,
-    callee: String,
+    comm: usize,
+    caller: usize,
+    callee: usize,
     count: String,
 }
 
 /// The most frequent calls of every process (CPI profiles with branch records).
-pub(crate) fn call_edges(p: &Profile) -> Vec<EdgeRow> {
-    let mut all: Vec<(f64, EdgeRow)> = p
+pub(crate) fn call_edges(p: &Profile, strings: &super::Strings) -> Vec<EdgeRow> {
+    let mut all: Vec<_> = p
         .processes
         .iter()
-        .flat_map(|pr| {
-            pr.calls.iter().map(|c| {
-                (
-                    c.count,
-                    EdgeRow {
-                        comm: flame::process_name(pr),
-                        caller: c.caller.clone(),
-                        callee: c.callee.clone(),
-                        count: si(c.count),
-                    },
-                )
-            })
-        })
+        .flat_map(|pr| pr.calls.iter().map(move |c| (pr, c)))
         .collect();
-    all.sort_by(|a, b| b.0.total_cmp(&a.0));
-    all.into_iter().take(100).map(|(_, e)| e).collect()
+    all.sort_by(|a, b| b.1.count.total_cmp(&a.1.count));
+    all.into_iter()
+        .take(100)
+        .map(|(pr, c)| EdgeRow {
+            comm: strings.id(&flame::process_name(pr)),
+            caller: strings.id(&c.caller),
+            callee: strings.id(&c.callee),
+            count: si(c.count),
+        })
+        .collect()
 }
