@@ -1,5 +1,5 @@
-//! The flame graph's colour on programs nobody here wrote: Debian's sqlite3 under the
-//! PMU model (`cpi-bpf simulate`), its page in Debian's Chromium. By default
+//! The flame graph's colour on programs nobody here wrote: Debian's sqlite3 and xz
+//! under the PMU model (`cpi-bpf simulate`), each page in Debian's Chromium. By default
 //! a frame is coloured by its self CPI against its process's CPI
 //! (report/html/colour.rs, written again here from the legend): the colours spread,
 //! the reddest frame of ≥ 2 % is the one whose self CPI is highest among those its
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use cpi_tests::browser::{elements, screenshot_path, visit};
-use cpi_tests::tracer::tool_dir;
+use cpi_tests::tracer::{tool_dir, words_text};
 use cpi_tests::{cpi_bpf, output_ok, temp_dir};
 use serde_json::Value;
 
@@ -118,6 +118,18 @@ fn sqlite_flame_colours_find_the_highest_self_cpi() {
     let dir = temp_dir("report-html-colour");
     let sqlite = ["/usr/bin/sqlite3", ":memory:", SQLITE_SQL];
     colours_find_the_highest_self_cpi(&dir, "sqlite", &sqlite);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// xz compressing 300 kB of text at `-6` (as the corpus test runs it): match finding
+/// and range coding, a program of a different shape.
+#[test]
+fn xz_flame_colours_find_the_highest_self_cpi() {
+    let dir = temp_dir("report-html-colour-xz");
+    let input = dir.join("input.txt");
+    std::fs::write(&input, words_text(300_000)).unwrap();
+    let xz = ["/usr/bin/xz", "-c", "-6", input.to_str().unwrap()];
+    colours_find_the_highest_self_cpi(&dir, "xz", &xz);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
