@@ -210,17 +210,26 @@ fn colours_find_the_highest_self_cpi(dir: &Path, name: &str, command: &[&str]) {
 
 /// What a reader's clicks do, run by a script added after the page's own, each step's
 /// result kept in the DOM: the callers icicles' labels before and after "reset zoom"
-/// (before any section is opened), then the legend and every main frame's fill as
-/// shown, after each click on the visible colour switch (to the absolute scale, and
-/// back); and the widest table cell against the window.
+/// (before any section is opened), then the legend, every main frame's fill and the
+/// scale each table's CPI cell is painted on, after each click on the visible colour
+/// switch (to the absolute scale, and back); and the widest table cell against the
+/// window.
 const CLICKS: &str = r##"<script>
 const count = () => [...document.querySelectorAll("svg.callers text")].filter(t => t.textContent).length;
 const b = document.body.dataset;
 b.before = count(); document.getElementById("reset").click(); b.after = count();
+const probe = document.createElement("i").style;
+const as = (key, fill) => { probe[key] = ""; probe[key] = fill; return probe[key]; };
+const scale = c => {
+  const key = c.dataset.paint ? "borderLeftColor" : "backgroundColor", now = c.style[key];
+  const r = now === as(key, c.dataset.fill), a = now === as(key, c.dataset.absFill);
+  return r && a ? "both" : r ? "relative" : a ? "absolute" : "neither: " + now;
+};
 const shown = to => ({
   to,
   legend: [...document.querySelectorAll("#scale .scale")].filter(s => !s.hidden).map(s => s.querySelector("b").textContent),
   fills: [...document.querySelectorAll("svg.graph.main g.f rect")].map(r => r.getAttribute("fill")),
+  cells: [...document.querySelectorAll("td[data-abs-fill]")].map(scale),
 });
 const steps = [shown(null)];
 for (let i = 0; i < 2; i++) {
@@ -249,10 +258,11 @@ fn body_number(dom: &str, key: &str) -> f64 {
         .unwrap()
 }
 
-/// The legend names the scale shown, before and after each click, and the frames take
-/// the fills of that scale: relative (each frame's `data-fill`), absolute
-/// (`data-abs-fill`), relative again. The two scales differ on most frames, so the
-/// click is seen. No cell is wider than the 1 400 px window, nor the page.
+/// The legend names the scale shown, before and after each click, and the frames and
+/// the tables' CPI cells take the fills of that scale: relative (each one's
+/// `data-fill`), absolute (`data-abs-fill`), relative again. The two scales differ on
+/// most frames, so the click is seen. No cell is wider than the 1 400 px window, nor
+/// the page.
 fn assert_switch_changes_the_scale(dom: &str, frames: &[Frame]) {
     let pre = &elements(dom, "pre", "clicks")[0]["#text"];
     let steps: Value = serde_json::from_str(pre).unwrap();
@@ -274,6 +284,18 @@ fn assert_switch_changes_the_scale(dom: &str, frames: &[Frame]) {
         for (f, fill) in frames.iter().zip(fills) {
             assert_eq!(fill, f[key].as_str(), "click {i}: {f:?}");
         }
+        // The tables' CPI cells follow the same switch.
+        let cells = step["cells"].as_array().unwrap();
+        let shown = if key == "data-fill" {
+            "relative"
+        } else {
+            "absolute"
+        };
+        for c in cells {
+            assert!(c == shown || c == "both", "click {i}: a CPI cell {c}");
+        }
+        let apart = cells.iter().filter(|c| *c == shown).count();
+        assert!(apart > 0, "click {i}: no CPI cell tells the scales apart");
     }
     let changed = (steps[0]["fills"].as_array().unwrap().iter())
         .zip(steps[1]["fills"].as_array().unwrap())

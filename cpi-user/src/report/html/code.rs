@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::{colour, flame, Graph, CODE_FUNCTIONS, TABLE_ROWS};
-use crate::profile::model::{FunctionProfile, InstructionProfile, ProcessProfile, Profile};
+use crate::profile::model::{
+    Estimate, FunctionProfile, InstructionProfile, ProcessProfile, Profile,
+};
 use crate::report::table::names::short_name;
 use crate::report::table::{annotate, ellipsize, pid_text, share_pm, si, time, Notes};
 use flame::Width;
@@ -158,7 +160,9 @@ pub(crate) struct FunctionRow {
     instructions_text: String,
     cpi: Option<f64>,
     cpi_text: String,
-    cpi_fill: String,
+    /// The CPI cell's fills: against the process's CPI, and on the absolute scale.
+    fill: String,
+    abs_fill: String,
     code: Option<usize>,
 }
 
@@ -203,6 +207,7 @@ pub(crate) fn table_rows(
         .map(|(pi, pr, fi, f)| {
             let w = width_of(f, width);
             let est = f.measures.cpi.filter(|_| cpi);
+            let (fill, abs_fill) = cpi_fills(look, est, pr, f.samples);
             FunctionRow {
                 name: strings.id(&f.name),
                 short: strings.id(&short_name(&f.name)),
@@ -228,11 +233,37 @@ pub(crate) fn table_rows(
                     .map_or("-".into(), si),
                 cpi: est.map(|e| e.value),
                 cpi_text: cpi_text(est.map(|e| (e.value, e.rel_error)), cpi),
-                cpi_fill: colour::frame(cpi, est.map(|e| e.value)),
+                fill,
+                abs_fill,
                 code: ids.get(&(pi, fi)).copied(),
             }
         })
         .collect()
+}
+
+/// The two fills of a CPI cell (see [`colour::fills`]): `est` against the CPI of its
+/// process `pr`, as the flame graph sets a frame's self CPI against it, and on the
+/// absolute scale; `samples` the samples behind `est`. A cell without a CPI is grey
+/// on both scales: the legend's "too few samples".
+pub(super) fn cpi_fills(
+    look: &super::Look,
+    est: Option<Estimate>,
+    pr: &ProcessProfile,
+    samples: u64,
+) -> (String, String) {
+    if est.is_none() {
+        let none = colour::frame(look.cpi, None);
+        return (none.clone(), none);
+    }
+    let pair = |e: Estimate| (e.value, e.rel_error);
+    let reference = pr.measures.cpi.filter(|_| look.cpi).map(pair);
+    colour::fills(
+        look.cpi,
+        est.map(|e| e.value),
+        est.map(pair),
+        reference,
+        samples,
+    )
 }
 
 fn cpi_text(est: Option<(f64, f64)>, cpi: bool) -> String {
@@ -268,7 +299,10 @@ pub(crate) struct CodeRow {
     samples: u64,
     cycles: String,
     cpi: String,
-    cpi_fill: String,
+    /// The CPI's fills (a block's outline, an instruction's cell): against the
+    /// process's CPI, and on the absolute scale; empty without a CPI.
+    fill: String,
+    abs_fill: String,
     heat: String,
     text: String,
     hot: bool,
@@ -381,6 +415,7 @@ fn code_rows(
     for ((l, gap), source) in f.lines.iter().zip(gaps).zip(sources) {
         if let Some(b) = f.blocks.iter().find(|b| b.start == l.address) {
             let est = b.cpi.filter(|_| cpi);
+            let (fill, abs_fill) = cpi_fills(look, est, pr, b.samples);
             rows.push(CodeRow {
                 kind: "block",
                 address: format!("{:x}", b.start),
@@ -393,7 +428,8 @@ fn code_rows(
                     cpi_text(est.map(|e| (e.value, e.rel_error)), cpi),
                     timed_text(b.timed_cpi.filter(|_| cpi), b.cpi_disagree)
                 ),
-                cpi_fill: colour::frame(cpi, est.map(|e| e.value)),
+                fill,
+                abs_fill,
                 ..CodeRow::default()
             });
         } else if gap {
@@ -424,6 +460,10 @@ fn instruction_row(
     hottest: Option<u64>,
 ) -> CodeRow {
     let est = l.cpi.filter(|_| look.cpi);
+    let (fill, abs_fill) = match est {
+        Some(_) => cpi_fills(look, est, pr, l.samples),
+        None => Default::default(),
+    };
     CodeRow {
         kind: "insn",
         address: format!("{:x}", l.address),
@@ -437,7 +477,8 @@ fn instruction_row(
         cpi: est.map_or(String::new(), |e| {
             format!("{:.2} ±{:.0}%", e.value, e.rel_error * 100.0)
         }),
-        cpi_fill: est.map_or(String::new(), |e| colour::of_cpi(e.value)),
+        fill,
+        abs_fill,
         heat: colour::heat(if total > 0.0 {
             weight(l, look.width) / total
         } else {

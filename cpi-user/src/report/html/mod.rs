@@ -333,11 +333,8 @@ impl FrameCpi {
 
     /// The fill on the relative scale (the page's default) and on the absolute one.
     fn fills(&self, look: &Look, own_samples: u64) -> (String, String) {
-        let abs = colour::frame(look.cpi, self.total.map(|e| e.0));
-        if !look.cpi {
-            return (abs.clone(), abs);
-        }
-        (colour::relative(self.own, self.reference, own_samples), abs)
+        let abs = self.total.map(|e| e.0);
+        colour::fills(look.cpi, abs, self.own, self.reference, own_samples)
     }
 }
 

@@ -59,13 +59,16 @@ function describe(g) {
     (d.significant === "true" ? ", significant" : ", not significant");
   return s;
 }
-// The flame graphs' colour: self CPI against the process's (the default), or each
-// frame's subtree CPI on the absolute scale; the legend says which.
+// The colour of the flame graphs and of the tables' CPI cells: CPI against the
+// process's (the default), or on the absolute scale; the legend says which. A cell
+// paints its background, or what its data-paint names (a block's outline).
 function colourBy(mode) {
   document.body.dataset.colour = mode;
-  for (const g of document.querySelectorAll("svg.graph g.f")) {
-    const fill = mode === "absolute" ? g.dataset.absFill : g.dataset.fill;
-    if (fill) g.querySelector("rect").setAttribute("fill", fill);
+  for (const e of document.querySelectorAll("[data-abs-fill]")) {
+    const fill = mode === "absolute" ? e.dataset.absFill : e.dataset.fill;
+    if (!fill) continue;
+    if (e.matches("g.f")) e.querySelector("rect").setAttribute("fill", fill);
+    else e.style.setProperty(e.dataset.paint || "background", fill);
   }
   for (const s of document.querySelectorAll(".scale")) s.hidden = !s.classList.contains(mode);
 }
