@@ -160,6 +160,10 @@ pub(crate) struct FunctionRow {
     instructions_text: String,
     cpi: Option<f64>,
     cpi_text: String,
+    /// The timed CPI (from the branch records' cycle counts) as the terminal's table
+    /// writes it, `≠` where it and the CPI disagree; its value for sorting.
+    timed: Option<f64>,
+    timed_text: String,
     /// The CPI cell's fills: against the process's CPI, and on the absolute scale.
     fill: String,
     abs_fill: String,
@@ -233,6 +237,8 @@ pub(crate) fn table_rows(
                     .map_or("-".into(), si),
                 cpi: est.map(|e| e.value),
                 cpi_text: cpi_text(est.map(|e| (e.value, e.rel_error)), cpi),
+                timed: f.timed_cpi.map(|e| e.value),
+                timed_text: timed_cell(f),
                 fill,
                 abs_fill,
                 code: ids.get(&(pi, fi)).copied(),
@@ -264,6 +270,28 @@ pub(super) fn cpi_fills(
         reference,
         samples,
     )
+}
+
+/// A function's timed CPI as the terminal's top-functions table writes it: `v ±e%`
+/// (` ≠` where it and the sampled CPI disagree), `below floor` where it had the
+/// inputs and samples but too few, else `-`. Never withheld: it is the branch
+/// records' own.
+fn timed_cell(f: &FunctionProfile) -> String {
+    match f.timed_cpi {
+        Some(e) => format!(
+            "{:.2} ±{:.1}%{}",
+            e.value,
+            e.rel_error * 100.0,
+            if f.cpi_disagree { " ≠" } else { "" }
+        ),
+        None if f.measures.instructions.is_some() && f.samples > 0 => "below floor".into(),
+        None => "-".into(),
+    }
+}
+
+/// Whether any row has a timed CPI (the functions table's column, as the terminal's).
+pub(crate) fn any_timed(rows: &[FunctionRow]) -> bool {
+    rows.iter().any(|r| r.timed.is_some())
 }
 
 fn cpi_text(est: Option<(f64, f64)>, cpi: bool) -> String {

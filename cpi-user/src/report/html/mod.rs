@@ -101,6 +101,7 @@ pub fn render_range(p: &Profile, series: &[series::WindowTotals]) -> Result<Stri
     };
     let (frames, dropped) = svg_frames(&tree, false, &look, total);
     let functions = code::table_rows(p, &look, total, &pids);
+    let functions_timed = code::any_timed(&functions);
     let code = code::sections(p, &look);
     let (blocks, all_blocks) = blocks::rows(p, &look);
     let page = environment()?.get_template("page.html")?.render(context! {
@@ -119,6 +120,7 @@ pub fn render_range(p: &Profile, series: &[series::WindowTotals]) -> Result<Stri
         graph => Graph::of(frames, dropped),
         functions => functions,
         table_rows => TABLE_ROWS,
+        functions_timed => functions_timed,
         timed => blocks::any_timed(&blocks),
         blocks => blocks,
         all_blocks => all_blocks,
