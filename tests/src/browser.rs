@@ -184,3 +184,12 @@ pub fn screenshot_path(name: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("target/screenshots");
     dir.join(format!("{name}.png"))
 }
+
+/// The string table of a page as written (report/html/mod.rs `Strings`): the names,
+/// binaries and comms its frames and rows refer to by number.
+pub fn page_strings(html: &str) -> Vec<String> {
+    let open = r#"<script type="application/json" id="strings">"#;
+    let at = html.find(open).expect("a string table") + open.len();
+    let end = html[at..].find("</script>").expect("the table's end") + at;
+    serde_json::from_str(&html[at..end]).expect("the string table is JSON")
+}

@@ -234,9 +234,15 @@ fn diff_of_two_builds_under_two_names_flags_only_the_changed_function() {
         assert!(!exponent(c), "an unreadable cell {c:?}");
     }
     assert!(cells.iter().any(|c| c.starts_with("± ")), "no σ column");
+    // The frame's name is a number in the page's string table, its tooltip the numbers.
+    let alpha = cpi_tests::browser::page_strings(&page)
+        .iter()
+        .position(|s| s == "alpha_work")
+        .expect("alpha_work in the page's strings");
     let alpha_tip = page
-        .split("<title>alpha_work\n")
+        .split(&format!(r#"<g class="f" data-n="{alpha}""#))
         .nth(1)
+        .and_then(|f| f.split("<title>").nth(1))
         .expect("alpha_work's frame");
     assert!(
         alpha_tip.starts_with("base ") && alpha_tip.contains(": Δ +"),

@@ -252,3 +252,107 @@ fn assert_functions(dom: &str, p: &Profile, what: &str) {
         );
     }
 }
+
+/// Cells of a terminal table's line: its columns are two or more spaces apart.
+fn terminal_cells(line: &str) -> Vec<String> {
+    let gap = regex::Regex::new(r"\s{2,}").unwrap();
+    gap.split(line.trim()).map(str::to_string).collect()
+}
+
+/// The Skylake recording's LBR entries carry cycle counts (timed LBR): the page shows
+/// the timed CPI the terminal shows, the same text for each function in its functions
+/// table and in the function's code section, and each hot block's timed CPI as the
+/// profile holds it, `≠` where the two estimates disagree (two blocks of `main` here).
+/// It is the one recording here with timed entries (the Haswell and Westmere ones
+/// carry no cycles in their LBR entries, as the terminal says of the first).
+#[test]
+fn timed_cpi_on_the_page_is_the_terminals() {
+    let dir = temp_dir("real-html-timed");
+    let r = Recording {
+        file: data("propeller_sample_1.perfdata1"),
+        perf_input: data("propeller_sample_1.perfdata1"),
+        binary: (
+            crate::import_real::SKYLAKE_BIN,
+            data("propeller_sample_1.bin"),
+        ),
+    };
+    let (page, p) = page_and_profile(&r, &dir);
+    let given = format!("{}={}", r.binary.0, r.binary.1.display());
+    let terminal = output_ok(
+        Command::new(cpi_bpf())
+            .args(["import-perf", "--binary", &given])
+            .arg(&r.file),
+    );
+    let terminal = String::from_utf8(terminal.stdout).unwrap();
+    let head = terminal
+        .lines()
+        .find(|l| l.contains("timed CPI"))
+        .unwrap_or_else(|| panic!("no timed CPI in the terminal's table: {terminal}"));
+    let timed_col = terminal_cells(head)
+        .iter()
+        .position(|c| c == "timed CPI")
+        .unwrap();
+    let Some(v) = visit(&page, None) else {
+        return;
+    };
+    let (head, rows) = table_after(&v.dom, r#"<section id="functions">"#);
+    let col = |name: &str| head.iter().position(|h| h == name);
+    let timed = col("timed CPI").expect("a timed CPI column in the page's functions table");
+    let mut compared = 0;
+    for row in &rows {
+        let name = &row[col("function").unwrap()];
+        let line = terminal
+            .lines()
+            .find(|l| terminal_cells(l).first() == Some(name))
+            .unwrap_or_else(|| panic!("{name} not in the terminal's table: {terminal}"));
+        assert_eq!(
+            row[timed],
+            terminal_cells(line)[timed_col],
+            "{name}: the page's timed CPI, the terminal's"
+        );
+        if row[timed] != "-" {
+            // The code section's headline says the same.
+            let at = v
+                .dom
+                .find(&format!(r#"data-function="{name}""#))
+                .unwrap_or_else(|| panic!("no code section for {name}"));
+            let section = &v.dom[at..at + v.dom[at..].find("</article>").unwrap()];
+            assert!(
+                section.contains(&format!("timed CPI {}", row[timed])),
+                "{name}: {section}"
+            );
+            compared += 1;
+        }
+    }
+    assert!(compared >= 2, "{compared} functions with a timed CPI");
+
+    let (head, rows) = table_after(&v.dom, r#"<section id="blocks">"#);
+    let col = |name: &str| head.iter().position(|h| h == name).unwrap();
+    let (range, timed) = (col("address range"), col("timed CPI"));
+    let blocks: Vec<_> = p
+        .processes
+        .iter()
+        .flat_map(|pr| &pr.functions)
+        .flat_map(|f| &f.blocks)
+        .collect();
+    let (mut with_timed, mut differ) = (0, 0);
+    for row in &rows {
+        let b = blocks
+            .iter()
+            .find(|b| format!("{:x}-{:x}", b.start, b.end) == row[range])
+            .unwrap_or_else(|| panic!("block {} not in the profile", row[range]));
+        let want = b.timed_cpi.map_or(String::new(), |e| {
+            let mark = if b.cpi_disagree { " ≠" } else { "" };
+            format!("{:.2} ±{:.1}%{mark}", e.value, e.rel_error * 100.0)
+        });
+        assert_eq!(row[timed], want, "block {}", row[range]);
+        with_timed += usize::from(!want.is_empty());
+        differ += usize::from(b.cpi_disagree);
+    }
+    eprintln!("{compared} functions and {with_timed} hot blocks with a timed CPI, {differ} ≠");
+    assert!(
+        with_timed >= 2 && differ >= 1,
+        "{with_timed} timed, {differ} ≠"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

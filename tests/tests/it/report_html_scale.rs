@@ -131,8 +131,8 @@ fn a_page_of_10000_functions_fits_the_window() {
     let long = long_cpp_name();
     assert!(long.len() >= 400, "{}", long.len());
     let row = regex::Regex::new(concat!(
-        r#"<tr[^>]*><td class="name" title="([^"]*)"[^>]*>(?:<a [^>]*>)?([^<]*)(?:</a>)?</td>"#,
-        r#"<td class="name">compile</td><td data-v="0">3 pids</td><td[^>]*>[^<]*</td>"#,
+        r#"<tr[^>]*><td class="name"[^>]* title="([^"]*)"[^>]*><(?:a|span) [^>]*>([^<]*)</(?:a|span)></td>"#,
+        r#"<td class="name"[^>]*>compile</td><td data-v="0">3 pids</td><td[^>]*>[^<]*</td>"#,
         r#"<td data-v="[0-9]+">[0-9]+</td><td data-v="([0-9.e-]+)">"#
     ))
     .unwrap();

@@ -5,21 +5,23 @@
 
 use serde::Serialize;
 
-use super::{colour, Look};
-use crate::profile::model::{BlockProfile, Estimate, FunctionProfile, Profile};
+use super::code::cpi_fills;
+use super::Look;
+use crate::profile::model::{BlockProfile, Estimate, FunctionProfile, ProcessProfile, Profile};
 use crate::report::table::{names::short_name, si};
 
 /// Rows of the hot-blocks table.
 pub(crate) const BLOCK_ROWS: usize = 100;
 
-/// One row of the hot-blocks table.
+/// One row of the hot-blocks table; its strings are numbers in the page's
+/// [`super::Strings`].
 #[derive(Serialize)]
 pub(crate) struct BlockRow {
     range: String,
     /// The function as the terminal shortens it, and whole (its tooltip).
-    function: String,
-    full: String,
-    binary: String,
+    function: usize,
+    full: usize,
+    binary: usize,
     instructions: u32,
     count: f64,
     count_text: String,
@@ -27,7 +29,9 @@ pub(crate) struct BlockRow {
     cycles_text: String,
     cpi: Option<f64>,
     cpi_text: String,
-    cpi_fill: String,
+    /// The CPI cell's fills: against its process's CPI, and on the absolute scale.
+    fill: String,
+    abs_fill: String,
     timed: String,
     disagree: bool,
     samples: u64,
@@ -40,13 +44,13 @@ fn heat(b: &BlockProfile) -> (f64, f64, u64) {
 
 /// The [`BLOCK_ROWS`] hottest blocks of every process, and how many there are in all.
 pub(crate) fn rows(p: &Profile, look: &Look) -> (Vec<BlockRow>, usize) {
-    let mut all: Vec<(&FunctionProfile, &BlockProfile)> = p
+    let mut all: Vec<(&ProcessProfile, &FunctionProfile, &BlockProfile)> = p
         .processes
         .iter()
-        .flat_map(|pr| &pr.functions)
-        .flat_map(|f| f.blocks.iter().map(move |b| (f, b)))
+        .flat_map(|pr| pr.functions.iter().map(move |f| (pr, f)))
+        .flat_map(|(pr, f)| f.blocks.iter().map(move |b| (pr, f, b)))
         .collect();
-    all.sort_by(|(_, a), (_, b)| {
+    all.sort_by(|(_, _, a), (_, _, b)| {
         let ((ac, an, asm), (bc, bn, bsm)) = (heat(a), heat(b));
         bc.total_cmp(&ac)
             .then(bn.total_cmp(&an))
@@ -62,14 +66,15 @@ pub(crate) fn rows(p: &Profile, look: &Look) -> (Vec<BlockRow>, usize) {
     let rows = all
         .into_iter()
         .take(BLOCK_ROWS)
-        .map(|(f, b)| {
+        .map(|(pr, f, b)| {
             let est = b.cpi.filter(|_| look.cpi);
+            let (fill, abs_fill) = cpi_fills(look, est, pr, b.samples);
             let binary = f.binary.rsplit('/').next().unwrap_or(&f.binary);
             BlockRow {
                 range: format!("{:x}-{:x}", b.start, b.end),
-                function: short_name(&f.name).into_owned(),
-                full: f.name.clone(),
-                binary: binary.to_string(),
+                function: look.strings.id(&short_name(&f.name)),
+                full: look.strings.id(&f.name),
+                binary: look.strings.id(binary),
                 instructions: b.len,
                 count: b.count,
                 count_text: si(b.count),
@@ -81,7 +86,8 @@ pub(crate) fn rows(p: &Profile, look: &Look) -> (Vec<BlockRow>, usize) {
                 } else {
                     "-".into()
                 },
-                cpi_fill: colour::frame(look.cpi, est.map(|e| e.value)),
+                fill,
+                abs_fill,
                 timed: b.timed_cpi.filter(|_| look.cpi).map_or(String::new(), |e| {
                     format!("{:.2} ±{:.1}%", e.value, e.rel_error * 100.0)
                 }),

@@ -6,9 +6,11 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use super::{colour, flame, Graph, CODE_FUNCTIONS, TABLE_ROWS};
-use crate::profile::model::{FunctionProfile, InstructionProfile, ProcessProfile, Profile};
+use crate::profile::model::{
+    Estimate, FunctionProfile, InstructionProfile, ProcessProfile, Profile,
+};
 use crate::report::table::names::short_name;
-use crate::report::table::{annotate, pid_text, share_pm, si, time, Notes};
+use crate::report::table::{annotate, ellipsize, pid_text, share_pm, si, time, Notes};
 use flame::Width;
 
 /// An amount of the width measure, as the page writes it.
@@ -136,17 +138,18 @@ pub(crate) fn code_ids(p: &Profile, width: Width) -> HashMap<(String, String), u
     ids
 }
 
-/// One row of the functions table.
+/// One row of the functions table; its strings are numbers in the page's
+/// [`super::Strings`].
 #[derive(Serialize)]
 pub(crate) struct FunctionRow {
-    name: String,
+    name: usize,
     /// The name as the terminal shortens it (the full one is the cell's tooltip).
-    short: String,
-    comm: String,
+    short: usize,
+    comm: usize,
     pid: u32,
     /// The pid, or `N pids` for processes of one name merged.
     pid_text: String,
-    binary: String,
+    binary: usize,
     samples: u64,
     share: f64,
     /// The share as the tables write it, with its sampling error in a time profile.
@@ -157,7 +160,13 @@ pub(crate) struct FunctionRow {
     instructions_text: String,
     cpi: Option<f64>,
     cpi_text: String,
-    cpi_fill: String,
+    /// The timed CPI (from the branch records' cycle counts) as the terminal's table
+    /// writes it, `≠` where it and the CPI disagree; its value for sorting.
+    timed: Option<f64>,
+    timed_text: String,
+    /// The CPI cell's fills: against the process's CPI, and on the absolute scale.
+    fill: String,
+    abs_fill: String,
     code: Option<usize>,
 }
 
@@ -175,7 +184,7 @@ pub(crate) fn table_rows(
         .map(|(id, k)| (k, id))
         .collect();
     let all_samples: u64 = p.processes.iter().map(|pr| pr.samples).sum();
-    let mut rows: Vec<FunctionRow> = p
+    let mut all: Vec<_> = p
         .processes
         .iter()
         .enumerate()
@@ -192,16 +201,24 @@ pub(crate) fn table_rows(
                 || width_of(f, width) > 0.0
                 || (counts && f.measures.instructions.is_some_and(|i| i > 0.0))
         })
+        .collect();
+    all.sort_by(|a, b| {
+        (width_of(b.3, width).total_cmp(&width_of(a.3, width))).then(a.3.name.cmp(&b.3.name))
+    });
+    all.truncate(TABLE_ROWS);
+    let strings = look.strings;
+    all.into_iter()
         .map(|(pi, pr, fi, f)| {
             let w = width_of(f, width);
             let est = f.measures.cpi.filter(|_| cpi);
+            let (fill, abs_fill) = cpi_fills(look, est, pr, f.samples);
             FunctionRow {
-                name: f.name.clone(),
-                short: short_name(&f.name).into_owned(),
-                comm: pr.comm.clone(),
+                name: strings.id(&f.name),
+                short: strings.id(&short_name(&f.name)),
+                comm: strings.id(&pr.comm),
                 pid: pr.pid,
                 pid_text: pid_text(pr, pids),
-                binary: base(&f.binary).to_string(),
+                binary: strings.id(base(&f.binary)),
                 samples: f.samples,
                 share: if total > 0.0 { w / total } else { 0.0 },
                 share_text: share_pm(
@@ -220,14 +237,61 @@ pub(crate) fn table_rows(
                     .map_or("-".into(), si),
                 cpi: est.map(|e| e.value),
                 cpi_text: cpi_text(est.map(|e| (e.value, e.rel_error)), cpi),
-                cpi_fill: colour::frame(cpi, est.map(|e| e.value)),
+                timed: f.timed_cpi.map(|e| e.value),
+                timed_text: timed_cell(f),
+                fill,
+                abs_fill,
                 code: ids.get(&(pi, fi)).copied(),
             }
         })
-        .collect();
-    rows.sort_by(|a, b| b.width.total_cmp(&a.width).then(a.name.cmp(&b.name)));
-    rows.truncate(TABLE_ROWS);
-    rows
+        .collect()
+}
+
+/// The two fills of a CPI cell (see [`colour::fills`]): `est` against the CPI of its
+/// process `pr`, as the flame graph sets a frame's self CPI against it, and on the
+/// absolute scale; `samples` the samples behind `est`. A cell without a CPI is grey
+/// on both scales: the legend's "too few samples".
+pub(super) fn cpi_fills(
+    look: &super::Look,
+    est: Option<Estimate>,
+    pr: &ProcessProfile,
+    samples: u64,
+) -> (String, String) {
+    if est.is_none() {
+        let none = colour::frame(look.cpi, None);
+        return (none.clone(), none);
+    }
+    let pair = |e: Estimate| (e.value, e.rel_error);
+    let reference = pr.measures.cpi.filter(|_| look.cpi).map(pair);
+    colour::fills(
+        look.cpi,
+        est.map(|e| e.value),
+        est.map(pair),
+        reference,
+        samples,
+    )
+}
+
+/// A function's timed CPI as the terminal's top-functions table writes it: `v ±e%`
+/// (` ≠` where it and the sampled CPI disagree), `below floor` where it had the
+/// inputs and samples but too few, else `-`. Never withheld: it is the branch
+/// records' own.
+fn timed_cell(f: &FunctionProfile) -> String {
+    match f.timed_cpi {
+        Some(e) => format!(
+            "{:.2} ±{:.1}%{}",
+            e.value,
+            e.rel_error * 100.0,
+            if f.cpi_disagree { " ≠" } else { "" }
+        ),
+        None if f.measures.instructions.is_some() && f.samples > 0 => "below floor".into(),
+        None => "-".into(),
+    }
+}
+
+/// Whether any row has a timed CPI (the functions table's column, as the terminal's).
+pub(crate) fn any_timed(rows: &[FunctionRow]) -> bool {
+    rows.iter().any(|r| r.timed.is_some())
 }
 
 fn cpi_text(est: Option<(f64, f64)>, cpi: bool) -> String {
@@ -238,13 +302,14 @@ fn cpi_text(est: Option<(f64, f64)>, cpi: bool) -> String {
     }
 }
 
-/// One hot function's section: headline, callers, annotated code.
+/// One hot function's section: headline, callers, annotated code; its name, binary
+/// and comm numbers in the page's [`super::Strings`].
 #[derive(Serialize)]
 pub(crate) struct CodeSection {
     id: usize,
-    name: String,
-    binary: String,
-    comm: String,
+    name: usize,
+    binary: usize,
+    comm: usize,
     pid: u32,
     headline: String,
     source: Option<String>,
@@ -262,7 +327,10 @@ pub(crate) struct CodeRow {
     samples: u64,
     cycles: String,
     cpi: String,
-    cpi_fill: String,
+    /// The CPI's fills (a block's outline, an instruction's cell): against the
+    /// process's CPI, and on the absolute scale; empty without a CPI.
+    fill: String,
+    abs_fill: String,
     heat: String,
     text: String,
     hot: bool,
@@ -288,9 +356,9 @@ pub(super) fn sections(p: &Profile, look: &super::Look) -> Vec<CodeSection> {
             let rows = code_rows(pr, f, look, &sources);
             CodeSection {
                 id,
-                name: f.name.clone(),
-                binary: f.binary.clone(),
-                comm: pr.comm.clone(),
+                name: look.strings.id(&f.name),
+                binary: look.strings.id(&f.binary),
+                comm: look.strings.id(&pr.comm),
                 pid: pr.pid,
                 headline: headline(f, look),
                 source: f.source.as_ref().map(|s| format!("{}:{}", s.file, s.line)),
@@ -375,6 +443,7 @@ fn code_rows(
     for ((l, gap), source) in f.lines.iter().zip(gaps).zip(sources) {
         if let Some(b) = f.blocks.iter().find(|b| b.start == l.address) {
             let est = b.cpi.filter(|_| cpi);
+            let (fill, abs_fill) = cpi_fills(look, est, pr, b.samples);
             rows.push(CodeRow {
                 kind: "block",
                 address: format!("{:x}", b.start),
@@ -387,7 +456,8 @@ fn code_rows(
                     cpi_text(est.map(|e| (e.value, e.rel_error)), cpi),
                     timed_text(b.timed_cpi.filter(|_| cpi), b.cpi_disagree)
                 ),
-                cpi_fill: colour::frame(cpi, est.map(|e| e.value)),
+                fill,
+                abs_fill,
                 ..CodeRow::default()
             });
         } else if gap {
@@ -418,6 +488,10 @@ fn instruction_row(
     hottest: Option<u64>,
 ) -> CodeRow {
     let est = l.cpi.filter(|_| look.cpi);
+    let (fill, abs_fill) = match est {
+        Some(_) => cpi_fills(look, est, pr, l.samples),
+        None => Default::default(),
+    };
     CodeRow {
         kind: "insn",
         address: format!("{:x}", l.address),
@@ -431,7 +505,8 @@ fn instruction_row(
         cpi: est.map_or(String::new(), |e| {
             format!("{:.2} ±{:.0}%", e.value, e.rel_error * 100.0)
         }),
-        cpi_fill: est.map_or(String::new(), |e| colour::of_cpi(e.value)),
+        fill,
+        abs_fill,
         heat: colour::heat(if total > 0.0 {
             weight(l, look.width) / total
         } else {
@@ -443,44 +518,55 @@ fn instruction_row(
 }
 
 /// An instruction's text with a branch target named as perf names it,
-/// `jne 11e0 <leaf+0x20>` (the terminal's annotate does the same).
+/// `jne 11e0 <leaf+0x20>` (the terminal's annotate does the same), the name as the
+/// terminal shortens it and at most [`TARGET_NAME`] characters: every instruction
+/// that branches to a function would otherwise write its name again.
 fn jump_targets(text: &str, pr: &ProcessProfile, f: &FunctionProfile) -> String {
-    annotate::named_target(text, |addr| {
+    let named = annotate::named_target(text, |addr| {
         pr.functions
             .iter()
             .find(|g| g.binary == f.binary && g.address <= addr && addr < g.address + g.size)
             .map(|g| (g.name.as_str(), g.address))
-    })
+    });
+    let Some((head, inner)) = named.strip_suffix('>').and_then(|t| t.rsplit_once(" <")) else {
+        return named;
+    };
+    let (name, off) = match inner.rfind('+') {
+        Some(i) => inner.split_at(i),
+        None => (inner, ""),
+    };
+    let short = ellipsize(&short_name(name), TARGET_NAME);
+    format!("{head} <{short}{off}>")
 }
 
-/// One calls-only edge (from branch records).
+/// The most characters of a branch target's name in annotated code.
+const TARGET_NAME: usize = 60;
+
+/// One calls-only edge (from branch records), its names numbers in the page's
+/// [`super::Strings`].
 #[derive(Serialize)]
 pub(crate) struct EdgeRow {
-    comm: String,
-    caller: String,
-    callee: String,
+    comm: usize,
+    caller: usize,
+    callee: usize,
     count: String,
 }
 
 /// The most frequent calls of every process (CPI profiles with branch records).
-pub(crate) fn call_edges(p: &Profile) -> Vec<EdgeRow> {
-    let mut all: Vec<(f64, EdgeRow)> = p
+pub(crate) fn call_edges(p: &Profile, strings: &super::Strings) -> Vec<EdgeRow> {
+    let mut all: Vec<_> = p
         .processes
         .iter()
-        .flat_map(|pr| {
-            pr.calls.iter().map(|c| {
-                (
-                    c.count,
-                    EdgeRow {
-                        comm: flame::process_name(pr),
-                        caller: c.caller.clone(),
-                        callee: c.callee.clone(),
-                        count: si(c.count),
-                    },
-                )
-            })
-        })
+        .flat_map(|pr| pr.calls.iter().map(move |c| (pr, c)))
         .collect();
-    all.sort_by(|a, b| b.0.total_cmp(&a.0));
-    all.into_iter().take(100).map(|(_, e)| e).collect()
+    all.sort_by(|a, b| b.1.count.total_cmp(&a.1.count));
+    all.into_iter()
+        .take(100)
+        .map(|(pr, c)| EdgeRow {
+            comm: strings.id(&flame::process_name(pr)),
+            caller: strings.id(&c.caller),
+            callee: strings.id(&c.callee),
+            count: si(c.count),
+        })
+        .collect()
 }

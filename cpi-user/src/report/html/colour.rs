@@ -54,6 +54,24 @@ pub fn frame(profile_has_cpi: bool, cpi: Option<f64>) -> String {
     }
 }
 
+/// The two fills of a frame or a table's CPI cell: on the relative scale (the page's
+/// default: `own` ± its relative error against `reference`, `own_samples` the samples
+/// behind it) and on the absolute one (for `abs`). One colour for both where the
+/// profile has no CPI. The page's switch swaps them everywhere.
+pub(crate) fn fills(
+    has_cpi: bool,
+    abs: Option<f64>,
+    own: Option<(f64, f64)>,
+    reference: Option<(f64, f64)>,
+    own_samples: u64,
+) -> (String, String) {
+    let abs = frame(has_cpi, abs);
+    if !has_cpi {
+        return (abs.clone(), abs);
+    }
+    (relative(own, reference, own_samples), abs)
+}
+
 /// A frame's fill on the relative scale: `own` its self CPI ± relative error,
 /// `reference` its process's, `own_samples` the IP samples of its own.
 pub(crate) fn relative(

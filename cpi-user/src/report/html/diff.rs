@@ -9,7 +9,7 @@ use minijinja::context;
 use serde::Serialize;
 
 use super::flame::{self, ProcessKey, Sums, Tree, Width};
-use super::{environment, svg_frames, Graph, HtmlError, Look, SCRIPT, STYLE};
+use super::{environment, svg_frames, Graph, HtmlError, Look, Strings, SCRIPT, STYLE};
 use crate::profile::model::Profile;
 use crate::profile::AnalysisOptions;
 use crate::report::diff::render::{delta_pm, value, z_text};
@@ -28,12 +28,13 @@ pub(super) struct FrameChange {
 }
 
 /// One tested change of one unit, a row of the page's table: values in their units
-/// (as the terminal's table writes them), the raw numbers for sorting.
+/// (as the terminal's table writes them), the raw numbers for sorting; the name and
+/// comm numbers in the page's [`Strings`].
 #[derive(Serialize)]
 struct Row<'a> {
     kind: crate::report::diff::UnitKind,
-    name: &'a str,
-    comm: &'a str,
+    name: usize,
+    comm: usize,
     quantity: &'static str,
     change: &'a Change,
     base: String,
@@ -44,7 +45,7 @@ struct Row<'a> {
 }
 
 /// The tested changes with something on either side (no `0 → 0`).
-fn rows(d: &Diff) -> Vec<Row<'_>> {
+fn rows<'a>(d: &'a Diff, strings: &Strings) -> Vec<Row<'a>> {
     d.units
         .iter()
         .flat_map(|u| {
@@ -54,8 +55,8 @@ fn rows(d: &Diff) -> Vec<Row<'_>> {
                     let (delta, sigma) = delta_pm(c);
                     Row {
                         kind: u.kind,
-                        name: &u.name,
-                        comm: &u.comm,
+                        name: strings.id(&u.name),
+                        comm: strings.id(&u.comm),
                         quantity: q,
                         change: c,
                         base: value(q, c.base),
@@ -153,12 +154,14 @@ pub fn render_diff(base: &Profile, new: &Profile, d: &Diff) -> Result<String, Ht
         flame::callers_first(&new, width, ProcessKey::Comm),
     );
     let ids = Default::default();
+    let strings = Strings::default();
     let look = Look {
         width,
         counts: false,
         cpi: false,
         floor: AnalysisOptions::default().sample_floor,
         ids: &ids,
+        strings: &strings,
     };
     let quantity = match d.basis {
         Basis::Absolute => d.amount.to_string(),
@@ -190,15 +193,16 @@ pub fn render_diff(base: &Profile, new: &Profile, d: &Diff) -> Result<String, Ht
     for ((f, mut c), s) in frames.iter_mut().zip(changes).zip(flagged) {
         c.significant = s && f.depth > 0;
         f.fill = change_colour(&c);
-        f.tip = format!("{}\n{}", f.name, tip(&c, &quantity));
+        f.tip = tip(&c, &quantity);
         f.change = Some(c);
     }
     let page = environment()?.get_template("diff.html")?.render(context! {
         diff => d,
         pairing => d.pairing.as_ref().map(|p| p.describe()),
-        rows => rows(d),
+        rows => rows(d, &strings),
         width_name => width.name(),
         graph => Graph::of(frames, dropped),
+        strings => strings.json(),
         script => SCRIPT,
         style => STYLE,
     })?;

@@ -7,6 +7,12 @@
 //! another process and reaches the page only as text. A Content-Security-Policy of
 //! `default-src 'none'` keeps the page from loading anything, whatever a name holds.
 //!
+//! Each distinct string another process chose (function names, binaries, comms) is
+//! written once, in the page's string table ([`Strings`]); frames and rows refer to it
+//! by number and the page's script puts the text in place. A name reached from many
+//! callers was written once per frame, twice with its tooltip: a 256 KiB name called
+//! from 200 functions made a 639 MB page.
+//!
 //! Size: frames narrower than [`MIN_FRAME`] of the whole are left out (their share is in
 //! their parents' widths, and the page says how many), annotated code is given for the
 //! [`CODE_FUNCTIONS`] hottest functions, and the table keeps [`TABLE_ROWS`] rows.
@@ -20,6 +26,7 @@ pub mod series;
 
 pub use diff::render_diff;
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use minijinja::{context, Environment};
@@ -83,15 +90,18 @@ pub fn render_range(p: &Profile, series: &[series::WindowTotals]) -> Result<Stri
     tree.name_merged_processes(p, &pids);
     let total = tree.nodes[0].total.width;
     let ids = code::code_ids(p, width);
+    let strings = Strings::default();
     let look = Look {
         width,
         counts: p.mode.has_cpi(),
         cpi,
         floor,
         ids: &ids,
+        strings: &strings,
     };
     let (frames, dropped) = svg_frames(&tree, false, &look, total);
     let functions = code::table_rows(p, &look, total, &pids);
+    let functions_timed = code::any_timed(&functions);
     let code = code::sections(p, &look);
     let (blocks, all_blocks) = blocks::rows(p, &look);
     let page = environment()?.get_template("page.html")?.render(context! {
@@ -110,12 +120,14 @@ pub fn render_range(p: &Profile, series: &[series::WindowTotals]) -> Result<Stri
         graph => Graph::of(frames, dropped),
         functions => functions,
         table_rows => TABLE_ROWS,
+        functions_timed => functions_timed,
         timed => blocks::any_timed(&blocks),
         blocks => blocks,
         all_blocks => all_blocks,
         code => code,
-        calls => code::call_edges(p),
+        calls => code::call_edges(p, &strings),
         chart => series::Chart::of(series),
+        strings => strings.json(),
         script => SCRIPT,
         style => STYLE,
     })?;
@@ -165,6 +177,37 @@ fn title(p: &Profile) -> String {
     }
 }
 
+/// The page's distinct strings, each held once in the order first asked for: the
+/// template writes their numbers and `page.js` their text.
+#[derive(Default)]
+pub(crate) struct Strings(RefCell<HashMap<String, usize>>);
+
+impl Strings {
+    /// The number of `s` in the table.
+    pub(crate) fn id(&self, s: &str) -> usize {
+        let mut all = self.0.borrow_mut();
+        if let Some(&i) = all.get(s) {
+            return i;
+        }
+        let i = all.len();
+        all.insert(s.to_string(), i);
+        i
+    }
+
+    /// The table as a JSON array for a `<script type="application/json">`: `<`, `>`
+    /// and `&` (which JSON has only inside strings) written as `\u` escapes, so no
+    /// string can close the element or open a comment.
+    fn json(self) -> String {
+        let mut all: Vec<(String, usize)> = self.0.into_inner().into_iter().collect();
+        all.sort_unstable_by_key(|a| a.1);
+        let all: Vec<String> = all.into_iter().map(|a| a.0).collect();
+        let json = serde_json::to_string(&all).expect("strings serialise");
+        json.replace('<', "\\u003c")
+            .replace('>', "\\u003e")
+            .replace('&', "\\u0026")
+    }
+}
+
 /// A graph as the template draws it.
 #[derive(Serialize)]
 struct Graph {
@@ -190,10 +233,11 @@ impl Graph {
 struct SvgFrame {
     #[serde(skip)]
     node: usize,
-    name: String,
-    /// The name as the terminal shortens it (the label's text).
-    short: String,
-    binary: String,
+    /// The name, the name as the terminal shortens it (the label's text) where that
+    /// differs, and the binary: numbers in the page's [`Strings`].
+    name: usize,
+    short: Option<usize>,
+    binary: usize,
     /// Fraction of the root, and in SVG units.
     fx: f64,
     fw: f64,
@@ -201,10 +245,10 @@ struct SvgFrame {
     w: String,
     y: f64,
     depth: usize,
-    label: String,
     /// The fill shown: the relative scale (by default), and the absolute one.
     fill: String,
     abs_fill: String,
+    /// The tooltip's numbers (the page puts the name and binary above them).
     tip: String,
     width: f64,
     self_width: f64,
@@ -240,6 +284,8 @@ struct Look<'a> {
     floor: u64,
     /// Function name and binary file name → its code section.
     ids: &'a HashMap<(String, String), usize>,
+    /// The page's strings.
+    strings: &'a Strings,
 }
 
 /// A frame's CPI figures: its subtree's and its own (self), each ± relative error, and
@@ -289,11 +335,8 @@ impl FrameCpi {
 
     /// The fill on the relative scale (the page's default) and on the absolute one.
     fn fills(&self, look: &Look, own_samples: u64) -> (String, String) {
-        let abs = colour::frame(look.cpi, self.total.map(|e| e.0));
-        if !look.cpi {
-            return (abs.clone(), abs);
-        }
-        (colour::relative(self.own, self.reference, own_samples), abs)
+        let abs = self.total.map(|e| e.0);
+        colour::fills(look.cpi, abs, self.own, self.reference, own_samples)
     }
 }
 
@@ -310,7 +353,7 @@ fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>
             let y = if icicle { f.depth } else { max_depth - f.depth } as f64 * FRAME_HEIGHT;
             let px = f.w * GRAPH_WIDTH;
             let est = FrameCpi::of(t, f.node, icicle, look, &processes);
-            let short = crate::report::table::names::short_name(&n.name).into_owned();
+            let short = crate::report::table::names::short_name(&n.name);
             let own = if icicle { n.total } else { n.own };
             let (fill, abs_fill) = est.fills(look, own.samples);
             let counted = |v: f64| look.counts.then_some(v);
@@ -318,17 +361,16 @@ fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>
                 |s: &Sums| (look.counts && look.width == Width::Cycles).then_some(s.cycles);
             SvgFrame {
                 node: f.node,
-                tip: tip(&n.name, &n.binary, (&n.total, &own), look, &est, total),
-                name: n.name.clone(),
-                binary: n.binary.clone(),
+                tip: tip((&n.total, &own), look, &est, total),
+                name: look.strings.id(&n.name),
+                short: (short != n.name).then(|| look.strings.id(&short)),
+                binary: look.strings.id(&n.binary),
                 fx: f.x,
                 fw: f.w,
                 x: format!("{:.2}", f.x * GRAPH_WIDTH),
                 w: format!("{px:.2}"),
                 y,
                 depth: f.depth,
-                label: label(&short, px),
-                short,
                 fill,
                 abs_fill,
                 width: n.total.width,
@@ -358,45 +400,20 @@ fn svg_frames(t: &Tree, icicle: bool, look: &Look, total: f64) -> (Vec<SvgFrame>
     (out, dropped)
 }
 
-/// What fits in a frame `px` wide at about 7 px a character; nothing under 3.
-fn label(name: &str, px: f64) -> String {
-    let fits = ((px - 6.0) / 7.0).floor().max(0.0) as usize;
-    let n = name.chars().count();
-    if fits < 3 {
-        String::new()
-    } else if n <= fits {
-        name.to_string()
-    } else {
-        let mut s: String = name.chars().take(fits - 2).collect();
-        s.push_str("..");
-        s
-    }
-}
-
-/// A frame's tooltip: name, width measure and share, and where there are CPIs its self
-/// and total CPI ± error with the cycles and instructions behind each.
-fn tip(
-    name: &str,
-    binary: &str,
-    (s, own): (&Sums, &Sums),
-    look: &Look,
-    est: &FrameCpi,
-    total: f64,
-) -> String {
+/// A frame's tooltip below its name and binary: width measure and share, and where
+/// there are CPIs its self and total CPI ± error with the cycles and instructions
+/// behind each.
+fn tip((s, own): (&Sums, &Sums), look: &Look, est: &FrameCpi, total: f64) -> String {
     let width = look.width;
     let share = |w: f64| if total > 0.0 { 100.0 * w / total } else { 0.0 };
-    let mut t = name.to_string();
-    if !binary.is_empty() {
-        t.push_str(&format!(" ({binary})"));
-    }
-    t.push_str(&format!(
-        "\n{}: {} ({:.2} %), self {} ({:.2} %)",
+    let mut t = format!(
+        "{}: {} ({:.2} %), self {} ({:.2} %)",
         width.name(),
         code::amount(width, s.width),
         share(s.width),
         code::amount(width, own.width),
         share(own.width),
-    ));
+    );
     let si = crate::report::table::si;
     if look.counts && width != Width::Instructions {
         t.push_str(&format!(
@@ -428,9 +445,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn labels_fit_their_frames() {
-        assert_eq!(label("main", 100.0), "main");
-        assert_eq!(label("a_long_function_name", 50.0), "a_lo..");
-        assert_eq!(label("main", 20.0), "");
+    fn each_string_is_held_once_and_cannot_close_its_element() {
+        let s = Strings::default();
+        assert_eq!(s.id("main"), 0);
+        assert_eq!(s.id("</script><!--&"), 1);
+        assert_eq!(s.id("main"), 0);
+        let json = s.json();
+        assert!(!json.contains(['<', '>', '&']), "{json}");
+        let back: Vec<String> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, ["main", "</script><!--&"]);
     }
 }

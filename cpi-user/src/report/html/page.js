@@ -3,28 +3,51 @@
 // number is already in the DOM (data attributes); nothing is fetched.
 "use strict";
 const W = 1200;
-function fit(g, x, w) {
+// Each string another process chose (names, binaries, comms) is in the page's string
+// table once; elements refer to it by number: a frame's name (data-n), short name
+// (data-sn) and binary (data-b), an element's text (data-x) and tooltip (data-tt), a
+// code section's function (data-fn). Written out here, before anything reads them.
+const S = JSON.parse(document.getElementById("strings").textContent);
+for (const e of document.querySelectorAll("[data-x]")) e.textContent = S[e.dataset.x];
+for (const e of document.querySelectorAll("[data-tt]")) e.title = S[e.dataset.tt];
+for (const e of document.querySelectorAll("[data-fn]")) e.dataset.function = S[e.dataset.fn];
+for (const g of document.querySelectorAll("svg.graph g.f")) {
+  const d = g.dataset, t = g.querySelector("title");
+  d.name = S[d.n]; d.binary = S[d.b]; if (d.sn !== undefined) d.short = S[d.sn];
+  t.textContent = `${d.name}${d.binary ? " (" + d.binary + ")" : ""}\n${t.textContent}`;
+}
+// A frame's label: what of its name fits its width (`w` of the graph, `px` pixels
+// wide) at about 7 px a character; nothing under 3.
+function label(g, w, px) {
+  const name = g.dataset.short || g.dataset.name, fits = Math.floor((w * px - 6) / 7);
+  g.querySelector("text").textContent = fits < 3 ? "" : name.length <= fits ? name : name.slice(0, fits - 2) + "..";
+}
+// The graph's width in pixels. A graph not on screen (a closed code section) has no
+// width yet: its labels fit the 1200-unit graph, as the page was written.
+const pixels = svg => svg.clientWidth || W;
+function fit(g, x, w, px) {
   const r = g.querySelector("rect"), t = g.querySelector("text");
   r.setAttribute("x", (x * W).toFixed(2)); r.setAttribute("width", (w * W).toFixed(2));
   t.setAttribute("x", (x * W).toFixed(2));
-  // A graph not on screen (a closed code section) has no width yet: its labels fit the
-  // 1200-unit graph, as the page was written.
-  const px = g.ownerSVGElement.clientWidth || W;
-  const name = g.dataset.short || g.dataset.name, fits = Math.floor((w * W * px / W - 6) / 7);
-  t.textContent = fits < 3 ? "" : name.length <= fits ? name : name.slice(0, fits - 2) + "..";
+  label(g, w, px);
 }
 function zoom(svg, target) {
-  const x0 = +target.dataset.fx, w0 = +target.dataset.fw, d0 = +target.dataset.depth;
+  const px = pixels(svg), x0 = +target.dataset.fx, w0 = +target.dataset.fw, d0 = +target.dataset.depth;
   for (const g of svg.querySelectorAll("g.f")) {
     const x = +g.dataset.fx, w = +g.dataset.fw, d = +g.dataset.depth;
     const inside = x >= x0 - 1e-12 && x + w <= x0 + w0 + 1e-9 && d >= d0;
     const above = d < d0 && x <= x0 + 1e-12 && x + w >= x0 + w0 - 1e-9;
     g.style.display = inside || above ? "" : "none";
-    if (inside) fit(g, (x - x0) / w0, w / w0); else if (above) fit(g, 0, 1);
+    if (inside) fit(g, (x - x0) / w0, w / w0, px); else if (above) fit(g, 0, 1, px);
   }
 }
 function reset(svg) {
-  for (const g of svg.querySelectorAll("g.f")) { g.style.display = ""; fit(g, +g.dataset.fx, +g.dataset.fw); }
+  const px = pixels(svg);
+  for (const g of svg.querySelectorAll("g.f")) { g.style.display = ""; fit(g, +g.dataset.fx, +g.dataset.fw, px); }
+}
+for (const svg of document.querySelectorAll("svg.graph")) {
+  const px = pixels(svg);
+  for (const g of svg.querySelectorAll("g.f")) label(g, +g.dataset.fw, px);
 }
 function describe(g) {
   const d = g.dataset, pct = x => (100 * x).toFixed(2), total = +d.share / Math.max(+d.width, 1e-300);
@@ -36,13 +59,16 @@ function describe(g) {
     (d.significant === "true" ? ", significant" : ", not significant");
   return s;
 }
-// The flame graphs' colour: self CPI against the process's (the default), or each
-// frame's subtree CPI on the absolute scale; the legend says which.
+// The colour of the flame graphs and of the tables' CPI cells: CPI against the
+// process's (the default), or on the absolute scale; the legend says which. A cell
+// paints its background, or what its data-paint names (a block's outline).
 function colourBy(mode) {
   document.body.dataset.colour = mode;
-  for (const g of document.querySelectorAll("svg.graph g.f")) {
-    const fill = mode === "absolute" ? g.dataset.absFill : g.dataset.fill;
-    if (fill) g.querySelector("rect").setAttribute("fill", fill);
+  for (const e of document.querySelectorAll("[data-abs-fill]")) {
+    const fill = mode === "absolute" ? e.dataset.absFill : e.dataset.fill;
+    if (!fill) continue;
+    if (e.matches("g.f")) e.querySelector("rect").setAttribute("fill", fill);
+    else e.style.setProperty(e.dataset.paint || "background", fill);
   }
   for (const s of document.querySelectorAll(".scale")) s.hidden = !s.classList.contains(mode);
 }
