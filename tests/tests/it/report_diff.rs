@@ -216,6 +216,13 @@ fn diff_of_two_builds_under_two_names_flags_only_the_changed_function() {
         &["--format", "html", "-o", html.to_str().unwrap()],
     );
     let page = std::fs::read_to_string(&html).unwrap();
+    let matching = (page.split(r#"<p class="pairing">Matching: "#).nth(1))
+        .and_then(|p| p.split("</p>").next())
+        .expect("the page says how units were matched");
+    assert!(
+        matching.contains("slow_a (base) with slow_b (new)"),
+        "{matching}"
+    );
     let cells: Vec<&str> = (page.split("<td").skip(1))
         .filter_map(|c| c.split_once('>')?.1.split_once("</td>").map(|t| t.0))
         .collect();

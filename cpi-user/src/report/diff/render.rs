@@ -49,15 +49,7 @@ fn header(d: &Diff) -> String {
     } else {
         format!("{} → {}", d.base_mode.name(), d.new_mode.name())
     };
-    let matched = match &d.pairing {
-        Some(p) => format!(
-            "{}; other processes by comm, their functions by binary file name and name",
-            p.describe()
-        ),
-        None => "processes matched by comm, functions by binary file name and function \
-                 name, call paths by their names"
-            .to_string(),
-    };
+    let matched = matching(d);
     let text = format!(
         "diff of {modes} profiles: {} {} changes tested, {} significant \
          (Benjamini–Hochberg at α = {}); {}",
@@ -71,6 +63,19 @@ fn header(d: &Diff) -> String {
         escape(&matched),
     );
     wrap(&text, Some(80))
+}
+
+/// How the diff matched its units, as a sentence's clause (not escaped).
+pub(crate) fn matching(d: &Diff) -> String {
+    match &d.pairing {
+        Some(p) => format!(
+            "{}; other processes by comm, their functions by binary file name and name",
+            p.describe()
+        ),
+        None => "processes matched by comm, functions by binary file name and function \
+                 name, call paths by their names"
+            .to_string(),
+    }
 }
 
 /// A relative change in at most 6 characters (`+30.0%`, `+1234%`, `×56`).

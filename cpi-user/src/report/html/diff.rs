@@ -12,7 +12,7 @@ use super::flame::{self, ProcessKey, Sums, Tree, Width};
 use super::{environment, svg_frames, Graph, HtmlError, Look, Strings, SCRIPT, STYLE};
 use crate::profile::model::Profile;
 use crate::profile::AnalysisOptions;
-use crate::report::diff::render::{delta_pm, value, z_text};
+use crate::report::diff::render::{delta_pm, matching, value, z_text};
 use crate::report::diff::{
     aligned, benjamini_hochberg, p_value, share_of, z_score, Basis, Change, Diff,
 };
@@ -198,7 +198,7 @@ pub fn render_diff(base: &Profile, new: &Profile, d: &Diff) -> Result<String, Ht
     }
     let page = environment()?.get_template("diff.html")?.render(context! {
         diff => d,
-        pairing => d.pairing.as_ref().map(|p| p.describe()),
+        matching => matching(d),
         rows => rows(d, &strings),
         width_name => width.name(),
         graph => Graph::of(frames, dropped),
