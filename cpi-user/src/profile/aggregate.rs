@@ -509,15 +509,28 @@ impl SampleSet {
 
     /// Evicts the least recently used stacks, of whichever processes, until the rest
     /// take at most 3/4 of the bound (so eviction, which sorts, runs once per many
-    /// samples).
+    /// samples). Evicted stacks fold into their callers' `[rare callees]` stacks
+    /// first; where what those keep leaves the rest over 7/8 (a fold grows with every
+    /// stack under its caller), the least recently used go to `[dropped]` whole, down
+    /// to 3/4: eviction stays rare (once per 1/8 of the bound at most), where folds that
+    /// freed nothing would have made every sample evict.
     fn evict_stacks(&mut self) {
+        let target = self.stack_bytes / 4 * 3;
+        self.evict_to(target, true);
+        if self.stack_held > self.stack_bytes / 8 * 7 {
+            self.evict_to(target, false);
+        }
+    }
+
+    /// One eviction of the least recently used stacks down to `target` bytes, folding
+    /// them into their callers or not.
+    fn evict_to(&mut self, target: usize, fold: bool) {
         let mut ages: Vec<(u64, usize)> = self
             .processes
             .values()
             .flat_map(|p| p.stacks.ages())
             .collect();
         ages.sort_unstable_by_key(|a| a.0);
-        let target = self.stack_bytes / 4 * 3;
         let (mut held, mut cut) = (self.stack_held, 0);
         for (used, bytes) in ages {
             if held <= target {
@@ -528,7 +541,7 @@ impl SampleSet {
         }
         let mut now_held = 0;
         for p in self.processes.values_mut() {
-            p.stacks.evict_used_by(cut);
+            p.stacks.evict_used_by(cut, fold);
             now_held += p.stacks.bytes();
         }
         self.stack_held = now_held;

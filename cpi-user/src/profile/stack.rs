@@ -441,16 +441,20 @@ impl StackAggregate {
         })
     }
 
-    /// Evicts the stacks last used at or before `cut`. Each one's samples and ranges
-    /// fold into a `[rare callees]` stack ([`FOLDED_LEAF`]) under its nearest caller
-    /// that a kept stack still runs through ([`Self::fold_targets`]), so every kept
-    /// frame still holds all that ran under it, as a flame graph's minimum width
-    /// leaves narrow frames in their parent's width; a stack with no such caller goes
-    /// to [`Self::dropped`]. Then the nodes no stack needs go.
-    pub(super) fn evict_used_by(&mut self, cut: u64) {
+    /// Evicts the stacks last used at or before `cut`. With `fold`, each one's samples
+    /// and ranges fold into a `[rare callees]` stack ([`FOLDED_LEAF`]) under its
+    /// nearest caller that a kept stack still runs through ([`Self::fold_targets`]),
+    /// so every kept frame still holds all that ran under it, as a flame graph's
+    /// minimum width leaves narrow frames in their parent's width; a stack with no such
+    /// caller (every stack, without `fold`) goes to [`Self::dropped`]. Then the nodes
+    /// no stack needs go.
+    pub(super) fn evict_used_by(&mut self, cut: u64, fold: bool) {
         let last_use = self.last_uses();
         let keep: Vec<bool> = last_use.iter().map(|&l| l > cut).collect();
-        let into = self.fold_targets(&keep);
+        let into = match fold {
+            true => self.fold_targets(&keep),
+            false => vec![None; keep.len()],
+        };
         let mut old_rows = std::mem::take(&mut self.rows);
         // Where each kept stack's range is counted now, for the folds into it.
         let mut row_of: FastMap<(u32, (u64, u64)), u32> = FastMap::default();
@@ -654,7 +658,7 @@ mod tests {
         a.add_branch(&at_sample, Some((10.0, &entries)), 0, 1);
         a.add_ip(&gone, EventRole::CpuClock, 1, 0, 2);
         a.add_branch(&at_sample, Some((10.0, &entries)), 1, 3);
-        a.evict_used_by(2);
+        a.evict_used_by(2, true);
         assert!(a.get(&gone).is_none(), "the stack last used at 2 went");
         // Into a `[rare callees]` stack under its caller, which kept stacks run through.
         let rare = a.get(&stack(&[FOLDED_LEAF, 0x9000])).expect("folded");
@@ -751,7 +755,7 @@ mod tests {
         assert!(all.iter().all(|s| a.get(s).is_some()));
         let total: usize = a.ages().map(|x| x.1).sum();
         assert_eq!(total, a.bytes(), "every node counts for one stack");
-        a.evict_used_by(old.len() as u64 - 1);
+        a.evict_used_by(old.len() as u64 - 1, true);
         // The user stack under the kept root folds into a `[rare callees]` stack there;
         // the one under kernel frames no kept stack runs through, and the frameless
         // one, have no caller to fold into.
@@ -771,10 +775,10 @@ mod tests {
         assert_eq!(a.trie.len(), 6);
         // Old, the fold stays while a kept stack runs through its caller (the root),
         // and goes when none does.
-        a.evict_used_by(8);
+        a.evict_used_by(8, true);
         assert_eq!(a.get(&rare).map(|s| s.samples()), Some(1));
         assert_eq!(a.dropped.samples(), 3, "young[0], whose root nothing holds");
-        a.evict_used_by(9);
+        a.evict_used_by(9, false);
         assert!(a.is_empty());
         assert_eq!(a.dropped.samples(), 6);
         assert_eq!(a.evicted, 6, "each sample counted once");
@@ -840,7 +844,7 @@ mod tests {
         for now in 1..=2000 {
             if now == 1000 {
                 let nodes = agg.trie.len();
-                agg.evict_used_by(0);
+                agg.evict_used_by(0, true);
                 assert!(agg.trie.len() < nodes, "nothing renumbered");
             }
             let user: Vec<u64> = (0..1 + next(6)).map(|_| 0x100 + next(8) * 0x10).collect();
