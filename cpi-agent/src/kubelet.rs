@@ -494,7 +494,7 @@ mod tests {
         rx.recv().unwrap()
     }
 
-    /// Issue 32: a user who listens where the kubelet's read-only port would be names
+    /// Hostile host: a user who listens where the kubelet's read-only port would be names
     /// root's pod. Refused: no name, counted, one line naming the uid and port; the
     /// same answer from root's socket is believed.
     #[test]

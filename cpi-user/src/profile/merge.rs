@@ -944,7 +944,7 @@ mod tests {
         assert!(matches!(Merger::new(1).finish(), Err(MergeError::Empty)));
     }
 
-    /// Issue 20: two windows edited to hold 2^64-1 samples are refused, not summed to a
+    /// Hostile input: two windows edited to hold 2^64-1 samples are refused, not summed to a
     /// wrapped count.
     #[test]
     fn counts_past_u64_max_are_an_error_not_a_wrap() {

@@ -12,7 +12,7 @@
 //! it read is not the file. One replacement per mapping, not one per faulting page: a
 //! file whose every other page faults (holes on a full tmpfs) once cost a new mapping
 //! per page until `vm.max_map_count` made the replacement fail and the fault killed the
-//! process (issue 32). Any other `SIGBUS` goes to the handler that was there before
+//! root profiler. Any other `SIGBUS` goes to the handler that was there before
 //! (Rust's own, then the default action). Cost when nothing is truncated: none on
 //! reads; a slot claimed and released per mapping.
 
