@@ -21,8 +21,8 @@
 //!   windows' values weighted by their samples, its error theirs weighted alike.
 //!
 //! - call paths are summed by their chain of (function, binary) like functions, errors
-//!   and CPI recomputed as [`super::paths::PathTotals`] does, then bounded again
-//!   ([`super::paths::bound_paths`]);
+//!   and CPI recomputed as `super::paths::PathTotals` does, then bounded again
+//!   (`super::paths::bound_paths`);
 //!
 //! Profiles of different modes cannot be merged (their numbers mean different things).
 
