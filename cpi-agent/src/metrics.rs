@@ -1,5 +1,5 @@
 //! Prometheus metrics of the agent: `/metrics` on `--metrics-addr` (default
-//! [`crate::config::DEFAULT_METRICS_ADDR`], loopback), in the OpenMetrics text format written by the
+//! `crate::config::DEFAULT_METRICS_ADDR`, loopback), in the OpenMetrics text format written by the
 //! `prometheus-client` crate. The names are a contract (README "Always-on"; dashboards and alerts query them):
 //!
 //! - per comm: `cpi_bpf_cycles_total`, `cpi_bpf_instructions_total` (modes with a PMU),
@@ -12,17 +12,17 @@
 //!   `process_cpu_seconds_total` / `process_resident_memory_bytes`.
 //!
 //! **Comm cardinality.** At most `top_comms` comms have their own series at any time, the
-//! rest add to `comm="other"`; slots go by recent CPU, never first come ([`slots`]).
+//! rest add to `comm="other"`; slots go by recent CPU, never first come (`slots`).
 //!
 //! The server runs on its own thread, a single-threaded tokio runtime serving every
 //! client at once: one request per connection, each connection cut off after
-//! [`CLIENT_TIMEOUT`] in all, at most [`MAX_CLIENTS`] open (a new one closes the oldest),
+//! [`CLIENT_TIMEOUT`] in all, at most `MAX_CLIENTS` open (a new one closes the oldest),
 //! so idle or slow local clients cannot hold up a scrape (tested with 200 idle
 //! connections and 20 one-byte-a-second clients). The exposition text is rendered under a lock and
 //! written after it is released, so no client holds up [`Metrics::observe`] for longer
-//! than the rendering. The server thread's CPU time is published ([`Metrics::serving_cpu`])
+//! than the rendering. The server thread's CPU time is published (`Metrics::serving_cpu`)
 //! so the governor leaves it out: scrapes are not sampling's cost, and 900 idle
-//! connections churning through the [`MAX_CLIENTS`] slots made the governor cut sampling
+//! connections churning through the `MAX_CLIENTS` slots made the governor cut sampling
 //! from 76 to 19 Hz.
 //!
 //! Label values (comm, binary, function) come from other processes: they are escaped
