@@ -408,7 +408,7 @@ impl Drain {
 
     /// The call stack of a record's stack section: user frames as the kernel walked
     /// them, else unwound now from the copied stack with the process's mappings (read
-    /// by [`Self::track`] just before), so a process that exits later loses nothing.
+    /// by [`Processes::track`] just before), so a process that exits later loses nothing.
     fn call_stack(&mut self, pid: u32, tid: u32, sec: &StackSection) -> CallStack {
         let h = &sec.header;
         let mut too_costly = false;

@@ -300,7 +300,7 @@ pub fn load_input(
     load_lines(rewind(&spool), what, opts)
 }
 
-/// Opens `f` again from its start (one pass of [`import_lines`]).
+/// Opens `f` again from its start (one pass of [`load_lines`]).
 fn rewind(
     f: &std::fs::File,
 ) -> impl FnMut() -> std::io::Result<progress::Reading<BufReader<std::fs::File>>> + '_ {
