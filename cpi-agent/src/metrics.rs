@@ -18,9 +18,9 @@
 //! client at once: one request per connection, each connection cut off after
 //! [`CLIENT_TIMEOUT`] in all, at most `MAX_CLIENTS` open (a new one closes the oldest),
 //! so idle or slow local clients cannot hold up a scrape (tested with 200 idle
-//! connections and 20 one-byte-a-second clients). The exposition text is rendered under a lock and
-//! written after it is released, so no client holds up [`Metrics::observe`] for longer
-//! than the rendering. The server thread's CPU time is published (`Metrics::serving_cpu`)
+//! connections and 20 one-byte-a-second clients). The exposition text is rendered under
+//! a lock and written after it is released, so no client holds up
+//! [`Metrics::observe`] for longer than the rendering. The server thread's CPU time is published (`Metrics::serving_cpu`)
 //! so the governor leaves it out: scrapes are not sampling's cost, and 900 idle
 //! connections churning through the `MAX_CLIENTS` slots made the governor cut sampling
 //! from 76 to 19 Hz.
