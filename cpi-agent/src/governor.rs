@@ -63,8 +63,8 @@ pub(crate) const MAX_RAISE: f64 = 2.0;
 /// Largest cut in one step (divisor).
 pub(crate) const MAX_LOWER: f64 = 4.0;
 /// Assumed cost of one sample, CPU time, before anything is measured: with stacks,
-/// ≈ 3 µs in user space plus ≈ 3.5 µs of stack copy in the kernel (issue 34's
-/// measurements, BENCHMARKS.md), rounded up.
+/// ≈ 3 µs in user space plus ≈ 3.5 µs of stack copy in the kernel (measured,
+/// BENCHMARKS.md), rounded up.
 pub(crate) const PRIOR_SAMPLE_COST: Duration = Duration::from_micros(8);
 
 /// Cumulative costs at one instant.

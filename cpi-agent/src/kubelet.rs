@@ -3,13 +3,13 @@
 //! by the pod UID and container id its cgroup path names (cpi-user/src/procmap/cgroup.rs).
 //!
 //! The kubelet is untrusted input and may be dead: one request has one deadline
-//! ([`TIMEOUT`]) and its answer is read up to [`MAX_BODY`] bytes (which bounds what is
+//! (`TIMEOUT`) and its answer is read up to `MAX_BODY` bytes (which bounds what is
 //! cached); the list is fetched again on a miss (a pod or container not in it) at most
-//! every [`REFRESH`], and every [`REFRESH`] when pods are selected
+//! every `REFRESH`, and every `REFRESH` when pods are selected
 //! (cpi-agent/src/pods.rs), so a dead or hostile kubelet costs one or two requests
-//! per [`REFRESH`], never a stall of the windows.
+//! per `REFRESH`, never a stall of the windows.
 //!
-//! Names are believed only from a peer that proves who it is ([`Peer`]): over https, a
+//! Names are believed only from a peer that proves who it is (`Peer`): over https, a
 //! server the system's or the pod's service-account CA vouches for (sent the pod's
 //! service-account token); over http, a loopback port whose listening socket belongs to
 //! root or the agent's own user (cpi-agent/src/peer.rs). Any user can listen on
@@ -54,7 +54,7 @@ pub struct Requests {
     pub ok: u64,
     /// No answer, not HTTP 200, not a pod list, or nothing listening.
     pub failed: u64,
-    /// Not believed: a peer that could be anyone ([`Peer`]).
+    /// Not believed: a peer that could be anyone (`Peer`).
     pub refused: u64,
 }
 
@@ -494,7 +494,7 @@ mod tests {
         rx.recv().unwrap()
     }
 
-    /// Issue 32: a user who listens where the kubelet's read-only port would be names
+    /// Hostile host: a user who listens where the kubelet's read-only port would be names
     /// root's pod. Refused: no name, counted, one line naming the uid and port; the
     /// same answer from root's socket is believed.
     #[test]

@@ -2,9 +2,9 @@
 //! (cpi-user/src/collect/session.rs) run without end and cut into windows aligned to the
 //! wall clock (`--interval`). At each boundary the window's samples go over a bounded
 //! channel to the analysis thread, which analyses them into a [`Window`] and hands it to
-//! the sinks ([`sink::Sink`]) — the store ([`store`]), Prometheus ([`metrics`]) and the
+//! the sinks (`sink::Sink`) — the store ([`store`]), Prometheus ([`metrics`]) and the
 //! Pyroscope and OTLP pushes ([`push`]) — while the session keeps collecting. After each
-//! window the overhead governor ([`governor`]) may change the sampling frequency.
+//! window the overhead governor (`governor`) may change the sampling frequency.
 //!
 //! State that outlives windows, all bounded:
 //! - the symbolizer's binaries (cpi-user/src/binary/symbolize.rs), kept under
@@ -14,12 +14,12 @@
 //!   analysed) or the process gone (after its last window): `Collected::changes`.
 //!
 //! Narrowing: `--pid`, `--cgroup` and the pod selectors (`--pod`, `--namespace`,
-//! `--container`: [`pods`]) filter in the kernel (system-wide events whose eBPF program
+//! `--container`: `pods`) filter in the kernel (system-wide events whose eBPF program
 //! drops every other process's samples first thing, counted as `filtered_in_kernel`:
 //! cpi-user/src/collect/filter.rs), so a filtered agent pays for what it keeps. The
 //! selected pods' cgroups are found again at every kubelet refresh on a thread of their
 //! own, and the collection loop hands them to the kernel filter within
-//! [`APPLY_PODS_WITHIN`]. Each window's samples pass the same tests again in user space,
+//! `APPLY_PODS_WITHIN`. Each window's samples pass the same tests again in user space,
 //! with `--comm` (a regular expression, user space only); a process whose cgroup can no
 //! longer be read when its window ends is left out with `--cgroup`.
 //!

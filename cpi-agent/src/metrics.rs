@@ -1,6 +1,6 @@
 //! Prometheus metrics of the agent: `/metrics` on `--metrics-addr` (default
-//! [`crate::config::DEFAULT_METRICS_ADDR`], loopback), in the OpenMetrics text format written by the
-//! `prometheus-client` crate. The names are a contract (README "Always-on", issue 10):
+//! `crate::config::DEFAULT_METRICS_ADDR`, loopback), in the OpenMetrics text format written by the
+//! `prometheus-client` crate. The names are a contract (README "Always-on"; dashboards and alerts query them):
 //!
 //! - per comm: `cpi_bpf_cycles_total`, `cpi_bpf_instructions_total` (modes with a PMU),
 //!   `cpi_bpf_cpu_seconds_total` (sampled cpu-clock time, whenever the profile has it);
@@ -12,17 +12,17 @@
 //!   `process_cpu_seconds_total` / `process_resident_memory_bytes`.
 //!
 //! **Comm cardinality.** At most `top_comms` comms have their own series at any time, the
-//! rest add to `comm="other"`; slots go by recent CPU, never first come ([`slots`]).
+//! rest add to `comm="other"`; slots go by recent CPU, never first come (`slots`).
 //!
 //! The server runs on its own thread, a single-threaded tokio runtime serving every
 //! client at once: one request per connection, each connection cut off after
-//! [`CLIENT_TIMEOUT`] in all, at most [`MAX_CLIENTS`] open (a new one closes the oldest),
-//! so idle or slow local clients cannot hold up a scrape (issue 20: 200 idle connections
-//! or 20 one-byte-a-second clients). The exposition text is rendered under a lock and
-//! written after it is released, so no client holds up [`Metrics::observe`] for longer
-//! than the rendering. The server thread's CPU time is published ([`Metrics::serving_cpu`])
+//! [`CLIENT_TIMEOUT`] in all, at most `MAX_CLIENTS` open (a new one closes the oldest),
+//! so idle or slow local clients cannot hold up a scrape (tested with 200 idle
+//! connections and 20 one-byte-a-second clients). The exposition text is rendered under
+//! a lock and written after it is released, so no client holds up
+//! [`Metrics::observe`] for longer than the rendering. The server thread's CPU time is published (`Metrics::serving_cpu`)
 //! so the governor leaves it out: scrapes are not sampling's cost, and 900 idle
-//! connections churning through the [`MAX_CLIENTS`] slots made the governor cut sampling
+//! connections churning through the `MAX_CLIENTS` slots made the governor cut sampling
 //! from 76 to 19 Hz.
 //!
 //! Label values (comm, binary, function) come from other processes: they are escaped
@@ -1057,7 +1057,7 @@ pub(crate) mod tests {
         lines(s, "cpi_bpf_comm_overflow_samples_total ").concat()
     }
 
-    /// Issue 32: an unprivileged user starts 25 cheap `junkNN` processes before root's
+    /// Hostile host: an unprivileged user starts 25 cheap `junkNN` processes before root's
     /// `victimsvc`. The junk keeps running (1 ms of CPU a window each); victimsvc (two
     /// processes, 1 s each a window) has its own series from its first window, and the
     /// junk that no longer fits goes to `other`, its samples counted as overflow.
@@ -1314,7 +1314,7 @@ pub(crate) mod tests {
         out
     }
 
-    /// Issue 20: 200 idle connections and 20 clients sending a byte at a time do not
+    /// Hostile host: 200 idle connections and 20 clients sending a byte at a time do not
     /// hold up a scrape past a few seconds (CLIENT_TIMEOUT bounds what one client can
     /// take; they are served at once, not one after another).
     #[test]

@@ -45,8 +45,8 @@
 //! credentials, no tenant), the request counts as refused and is retried like a failed
 //! one. Redirects are refused (a 3xx is a
 //! rejection). The receiver is untrusted: one deadline of `timeout` covers connect, TLS,
-//! send and the whole answer, headers are read up to [`MAX_HEAD`] bytes and the body up
-//! to [`MAX_BODY`], and 1xx answers are skipped without being kept, so no receiver can
+//! send and the whole answer, headers are read up to `MAX_HEAD` bytes and the body up
+//! to `MAX_BODY`, and 1xx answers are skipped without being kept, so no receiver can
 //! make the agent wait longer or hold more.
 
 use std::collections::{BTreeSet, VecDeque};
@@ -114,7 +114,7 @@ impl Protocol {
     }
 }
 
-/// What `service_name` is (`--service-label`); [`UNKNOWN_SERVICE`] where the process's
+/// What `service_name` is (`--service-label`); `UNKNOWN_SERVICE` where the process's
 /// field is unknown.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ServiceLabel {
@@ -646,12 +646,12 @@ pub struct Pusher {
 }
 
 impl Pusher {
-    /// A pusher to Pyroscope (`--push-pyroscope`): [`Pusher::start`].
+    /// A pusher to Pyroscope (`--push-pyroscope`): `Pusher::start`.
     pub fn new(cfg: PushConfig) -> Result<Pusher, AgentError> {
         Pusher::start(cfg, Protocol::Pyroscope)
     }
 
-    /// A pusher to an OpenTelemetry Collector (`--push-otlp`): [`Pusher::start`].
+    /// A pusher to an OpenTelemetry Collector (`--push-otlp`): `Pusher::start`.
     pub fn otlp(cfg: PushConfig) -> Result<Pusher, AgentError> {
         Pusher::start(cfg, Protocol::Otlp)
     }

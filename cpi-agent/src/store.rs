@@ -1,4 +1,4 @@
-//! The agent's local store (`--store DIR`, default [`DEFAULT_DIR`]): one gzip'd profile
+//! The agent's local store (`--store DIR`, default `DEFAULT_DIR`): one gzip'd profile
 //! file per window, in the versioned JSON format of cpi-user/src/report/file.rs, named
 //! `w-<start ms>-<end ms>.json.gz` (Unix milliseconds, so names sort by time).
 //!

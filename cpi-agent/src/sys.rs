@@ -46,7 +46,7 @@ pub fn clock_ticks_per_second() -> f64 {
 /// User + system CPU time of this process, every thread, in nanoseconds
 /// (`CLOCK_PROCESS_CPUTIME_ID`, the scheduler's own count). `/proc/self/stat` rounds to
 /// 10 ms clock ticks: half a tick a window at the default budget with `--interval 1`,
-/// which made the governor read 0 % and 36 % by turns (issue 34).
+/// which made the governor read 0 % and 36 % by turns.
 pub(crate) fn process_cpu_time() -> Option<Duration> {
     cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
 }

@@ -76,7 +76,7 @@ pub struct Args {
     /// Functions with a cpi_bpf_function_cpi series [default: 20].
     #[arg(long, value_name = "N")]
     pub metrics_top_functions: Option<usize>,
-    /// Push each window to Pyroscope at this URL: http[s]://[USER@]host[:port][/path]
+    /// Push each window to Pyroscope at this URL: `http[s]://[USER@]host[:port][/path]`
     /// (a USER is basic auth, its password in --push-password-file).
     #[arg(long, value_name = "URL")]
     pub push_pyroscope: Option<String>,

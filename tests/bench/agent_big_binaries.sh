@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The agent's peak memory when the host runs programs whose code is in very large
-# binaries, as a build host does (BENCHMARKS.md, "Agent memory on a build host"; issue 34
-# item 6). As root, from the repository root, after `cargo build --release`:
+# binaries, as a build host does (BENCHMARKS.md, "Agent memory on a build host").
+# As root, from the repository root, after `cargo build --release`:
 #   tests/bench/agent_big_binaries.sh RUNS SECS NAME=BINARY [NAME=BINARY ...]
 # Alternating the builds RUNS times each: starts the agent at default settings and keeps
 # every CPU busy for SECS seconds, half with Debian's llvm-objdump-19 disassembling the

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The agent under process churn from many distinct binaries (BENCHMARKS.md, "Agent
-under churn", issue 34 items 3 and 6). As root, from the repository
+under churn"). As root, from the repository
 root, after `cargo build --release`:
 
     tests/bench/agent_churn.py SECONDS [--rate 50] [--binaries 200] [--spin-ms 10]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The governor's rates and the agent's whole cost (BENCHMARKS.md, "The governor holding
-# still", issue 34). As root, from the repository root, after `cargo build --release`:
+# still"). As root, from the repository root, after `cargo build --release`:
 #   tests/bench/agent_governor.sh SECONDS [agent flags...]
 # Keeps every CPU busy with one shell loop each, runs the agent, and every 10 s prints
 # its sampling frequency and its cost, `cpi_bpf_agent_cpu_seconds_total` (user + system

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What the agent holds of two compilers' libraries at its peak (BENCHMARKS.md, "Agent
-memory on a build host"; issue 34 item 6). As root, from the repository root, after
+memory on a build host"). As root, from the repository root, after
 `cargo build --release`:
 
     tests/bench/agent_peak_pages.py BINARY SECONDS

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a sample's user stack costs the kernel side under the agent, per build: the
 # kernel's own `run_time_ns / run_cnt` of `ip_cpu_clock` (BENCHMARKS.md, "In-kernel cost
-# per sample"; issue 34 item 4, the decision on unwinding in the kernel). As root, from
+# per sample"; the decision on unwinding in the kernel). As root, from
 # the repository root, after `cargo build --release`:
 #   tests/bench/kernel_unwind.sh RUNS NAME=BINARY [NAME=BINARY ...]
 # Alternating the builds RUNS times each, and `--no-stacks` of the first: one

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What copying the user stack costs the sampled CPU, and what cutting the copy costs in
-# complete stacks (BENCHMARKS.md, "Copying less stack"; issue 34 item 4). As root, from
+# complete stacks (BENCHMARKS.md, "Copying less stack"). As root, from
 # the repository root, after `cargo build --release`:
 #   tests/bench/stack_copy.sh RUNS NAME=BINARY [NAME=BINARY ...]
 # Alternating the builds RUNS times each:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # How often a sample's user registers repeat: the most a cache of unwound stacks keyed by
-# (ip, sp) could hit (BENCHMARKS.md, "Where to unwind"; issue 34 item 4). As root, from
+# (ip, sp) could hit (BENCHMARKS.md, "Where to unwind"). As root, from
 # the repository root: `perf record --user-regs=ip,sp` at 999 Hz of a tight loop 30
 # frame-pointer frames deep (tests/programs/deep_frames.c), a shell loop, `gcc -O2 -c` of
 # tests/bench/compiler_input.py's file, and python3 serialising a 200-deep nested dict.

@@ -7,8 +7,8 @@
  * 40 MB of `.eh_frame` page after page, as an unwinder walking a compiler's 100+ MB
  * libraries does.
  *
- * Built with -DCOSTLY, a local user's attack on the root agent (issue 17,
- * tests/tests/it/hostile.rs): 600 functions, each FDE padded with 60,000 bytes of
+ * Built with -DCOSTLY, a local user's attack on the root agent
+ * (tests/tests/it/hostile.rs): 600 functions, each FDE padded with 60,000 bytes of
  * `DW_CFA_remember_state`/`DW_CFA_restore_state` pairs. Valid DWARF, under any byte
  * bound a real library needs (librustc_driver has a 33 KB entry), but gimli copies a
  * whole row for each remember: evaluating one entry costs 30,000 row copies (≈ 6 ms),

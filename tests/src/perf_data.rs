@@ -224,7 +224,7 @@ pub fn write(path: &Path, attrs: &[Attr], records: &[Record], build_ids: &[(Stri
     write_on(path, None, attrs, records, build_ids);
 }
 
-/// [`write`] with the recording CPU's `HEADER_CPUID` (`GenuineIntel,6,85,4`), which
+/// [`write()`] with the recording CPU's `HEADER_CPUID` (`GenuineIntel,6,85,4`), which
 /// decides what raw event codes mean.
 pub fn write_on(
     path: &Path,

@@ -1,6 +1,6 @@
 //! Which comms have their own metric series. At most `top_comms` comms have one at any
 //! time; the rest add to `comm="other"`, and their samples to `cpi_bpf_comm_overflow_samples_total`.
-//! Slots go by recent CPU, never first come (issue 32: 25 cheap processes started first
+//! Slots go by recent CPU, never first come (a user's 25 cheap processes started first
 //! took every slot for an hour, and the busy service that followed had no series). Each
 //! window adds a comm's weight (cycles, else cpu time, else samples; all its processes
 //! together) to its score, which halves every window ([`SCORE_DECAY`]). A comm with

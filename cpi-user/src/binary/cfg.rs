@@ -271,7 +271,7 @@ pub fn decode(func: &Function, bytes: &[u8]) -> Vec<Instruction> {
 /// instruction that holds an address needs, without formatting any. Each instruction's
 /// length (x86's are at most 15 bytes) and, every [`SWEEP_MARK`] instructions, the
 /// offset where the next one starts: ≈ 1.06 bytes an instruction where offsets took 4
-/// (they were most of the agent's decode cache under large binaries, issue 34 item 6).
+/// (they were most of the agent's decode cache under large binaries).
 #[derive(Debug)]
 pub(crate) struct Sweep {
     lens: Box<[u8]>,

@@ -23,7 +23,7 @@ const DEBUG_DIR: &str = "/usr/lib/debug";
 /// Bytes read for debug-link CRCs per binary, all candidates together: each CRC reads
 /// its whole file, and the candidates beside the binary are files its user chose. Sparse
 /// 4 GiB files there once cost a one-shot 18.7 s of CPU and 4.21 GB of RSS, and stalled
-/// an agent's window past 10 s (issue 32). 1 GiB covers the debug files of the largest
+/// an agent's window past 10 s. 1 GiB covers the debug files of the largest
 /// libraries we know of (libLLVM's, with compressed sections, is a few hundred MB);
 /// past it the candidate is refused, said once per binary. A build-id match costs no
 /// CRC and is tried first.
@@ -335,7 +335,7 @@ mod tests {
     }
 
     /// Row "`.gnu_debuglink` naming 4 GiB sparse files beside the binary and in
-    /// `.debug/`" (issue 32): both are refused unread, and the real debug file in the
+    /// `.debug/`" of the hostile-host attacks: both are refused unread, and the real debug file in the
     /// global directory is still found.
     #[test]
     fn huge_debuglink_candidates_are_refused_unread() {

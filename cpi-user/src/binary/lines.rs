@@ -6,7 +6,7 @@
 //! addr2line renders every file name of a unit's line table (the unit's `comp_dir`
 //! joined to each entry) when the unit is first asked about, and units may share one
 //! table: a 102 KB binary of 4 units sharing 4 096 entries under a 64 KiB `comp_dir`
-//! cost 1.13 GB (issue 32). So before building a context, the names it could render are
+//! cost 1.13 GB of memory. So before building a context, the names it could render are
 //! added up ([`names_within_bound`]), stopping at the bound: linear in the tables'
 //! entries, and a binary whose names would exceed [`NAME_BYTES_PER_DEBUG_BYTE`] × its
 //! DWARF bytes (at least [`NAME_BYTES_FLOOR`]) has no source lines, said once.
@@ -289,7 +289,7 @@ mod tests {
     }
 
     /// Row "N compile units sharing one `.debug_line` of 4 096 file entries, `comp_dir`
-    /// a 64 KiB string" (issue 32): addr2line would render 256 MiB of names per unit
+    /// a 64 KiB string" of the hostile-host attacks: addr2line would render 256 MiB of names per unit
     /// asked; the binary is refused source lines instead. The same table under one unit
     /// and a short directory is within the bound and gives its line.
     #[test]

@@ -1,11 +1,11 @@
 //! ELF binaries: build-id, file offset ↔ virtual address, function bounds, and (in
-//! [`cfg`](mod@cfg)) disassembly, basic blocks and the control-flow graph of one function.
+//! `cfg`) disassembly, basic blocks and the control-flow graph of one function.
 //!
 //! Function bounds come from `.symtab` when present, the binary's own or its separate
-//! debug file's ([`debugfile`](mod@debugfile): `.gnu_debuglink`, `/usr/lib/debug/.build-id/`);
+//! debug file's (`debugfile`: `.gnu_debuglink`, `/usr/lib/debug/.build-id/`);
 //! otherwise (stripped binaries, as Debian ships them) from `.eh_frame` FDE starts, named from `.dynsym` where a dynamic
 //! symbol starts at the same address and `func_<hexaddr>` elsewhere, and from Go's own
-//! function table ([`gopclntab`](mod@gopclntab)) in Go binaries. Executable code that
+//! function table (`gopclntab`) in Go binaries. Executable code that
 //! none of these covers is a hole named after the binary and its address
 //! ([`Binary::function_or_hole`]), so no sample of a mapped file is lost for want of a
 //! symbol. PLT sections are
@@ -22,7 +22,7 @@
 //! [`symbolize::Symbolizer`]. Bad ELF is an error, never a panic.
 //!
 //! Mapped pages are page cache, shared with every process that maps the same file, and
-//! reclaimable; they are not heap and [`Binary::heap_bytes`] does not count them. They
+//! reclaimable; they are not heap and `Binary::heap_bytes` does not count them. They
 //! do count in this process's resident set while touched, and on Linux 6.18 a touch
 //! maps the page cache's whole folio, up to 2 MiB. So the pages read while parsing
 //! (symbol and string tables, `.eh_frame`) are dropped from it as the tables are walked
@@ -41,7 +41,7 @@
 //!
 //! A file its owner rewrites in place (same inode) is read as it is at each read: names
 //! may come out wrong, but a name is cut at `MAX_MAPPED_NAME` and copied before it is
-//! checked as UTF-8 (`copied_utf8`), as are source file names ([`lines`](mod@lines)).
+//! checked as UTF-8 (`copied_utf8`), as are source file names (`lines`).
 
 pub(crate) mod cfg;
 pub(crate) mod debugfile;
@@ -706,7 +706,7 @@ impl Binary {
             .map(|s| vaddr - s.vaddr + s.offset)
     }
 
-    /// The code bytes of `[start, end)`, copied ([`Binary::copy_at`]), when they lie in
+    /// The code bytes of `[start, end)`, copied (`Binary::copy_at`), when they lie in
     /// one executable segment.
     pub fn code(&self, start: u64, end: u64) -> Option<Vec<u8>> {
         let (at, len) = self.code.iter().find_map(|c| {
@@ -731,7 +731,7 @@ impl Binary {
         ))
     }
 
-    /// `func`'s instructions (linear sweep), for [`Cfg::from_instructions`].
+    /// `func`'s instructions (linear sweep), for `Cfg::from_instructions`.
     pub fn decode(&self, func: &Function) -> Result<Vec<Instruction>, BinaryError> {
         Ok(cfg::decode(func, &self.code_of(func)?))
     }
@@ -751,7 +751,7 @@ impl Binary {
 /// Binaries opened so far, keyed by the file's identity (device + inode, so the same
 /// file reached through `/proc/PID/map_files/…` of many processes is parsed once) and
 /// stamped with size + mtime so a replaced file is reopened. Failures are remembered
-/// alike, bounded ([`negative`]).
+/// alike, bounded (`negative`).
 #[derive(Default)]
 pub struct BinaryCache {
     entries: HashMap<FileId, (FileStamp, Arc<Binary>)>,

@@ -3,9 +3,9 @@
 //!
 //! The file is written by a foreign process and may be any size (a runtime that logs
 //! every placement appends for its whole life; a user can hard-link one 64 MiB file for
-//! many processes), so it is read under a budget: its last [`MAX_PERF_MAP_BYTES`] bytes
+//! many processes), so it is read under a budget: its last `MAX_PERF_MAP_BYTES` bytes
 //! (an append-only log's tail holds the latest placements, and later entries win
-//! anyway), of which the last [`MAX_PERF_MAP_ENTRIES`] entries are kept. What is held is
+//! anyway), of which the last `MAX_PERF_MAP_ENTRIES` entries are kept. What is held is
 //! compact — 24 bytes per entry and the names in one string, no allocation per entry —
 //! and at most about 5.5 MiB; the symbolizer counts it in its byte bound and evicts it
 //! with the rest of its cache (cpi-user/src/binary/symbolize.rs).
@@ -37,7 +37,7 @@ struct Entry {
 pub struct Cut {
     /// Bytes before the tail that was read.
     pub bytes_skipped: u64,
-    /// Lines of the tail read but not kept (past [`MAX_PERF_MAP_ENTRIES`]).
+    /// Lines of the tail read but not kept (past `MAX_PERF_MAP_ENTRIES`).
     pub lines_dropped: u64,
 }
 
@@ -76,7 +76,7 @@ impl PerfMap {
     }
 
     /// Parses whole lines: bad ones are skipped (a foreign runtime wrote them), the last
-    /// [`MAX_PERF_MAP_ENTRIES`] good ones kept.
+    /// `MAX_PERF_MAP_ENTRIES` good ones kept.
     pub fn parse(text: &[u8]) -> PerfMap {
         let mut map = PerfMap::default();
         // Backwards, so the entries kept are the last ones and, of equal starts, the

@@ -351,7 +351,7 @@ impl Symbolizer {
     /// byte bound, dropped with its binary): the agent's later windows, and other
     /// processes mapping the same binary, do not demangle it again (it was ≈ 6 % of the
     /// agent's CPU on a host running builds; BENCHMARKS.md, "Agent CPU on a build host").
-    /// Cut to its budget (cpi-user/src/fsafe/text.rs, [`budget`]): a binary may name a
+    /// Cut to its budget ([`fsafe::budget`](fn@crate::fsafe::budget)): a binary may name a
     /// function with a 256 KiB symbol.
     pub fn display_name(&mut self, r: &Resolved) -> String {
         let name = &r.function.name;
@@ -447,7 +447,7 @@ impl Symbolizer {
         held
     }
 
-    /// Heap bytes held: binaries' tables ([`Binary::heap_bytes`]; mapped pages are page
+    /// Heap bytes held: binaries' tables (`Binary::heap_bytes`; mapped pages are page
     /// cache, not counted — see cpi-user/src/binary/mod.rs), decoded functions, perf maps,
     /// remembered failures and kernel symbols.
     pub fn cache_bytes(&self) -> u64 {

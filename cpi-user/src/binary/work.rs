@@ -1,7 +1,7 @@
 //! What reading binaries cost since this process started: files opened for other
 //! processes' mappings, symbol tables parsed and unwind tables read. Counted so that a
 //! new process of a binary already seen can be shown to cost none of them (the agent's
-//! `cpi_bpf_binaries_parsed_total` and `cpi_bpf_binary_opens_total`; issue 34): each is
+//! `cpi_bpf_binaries_parsed_total` and `cpi_bpf_binary_opens_total`, checked under process churn): each is
 //! keyed by the file (device and inode) and paid once while the file's entry is cached.
 //! Process-wide counters, since the collector and the analysis each do a part.
 

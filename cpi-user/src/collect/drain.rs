@@ -408,7 +408,7 @@ impl Drain {
 
     /// The call stack of a record's stack section: user frames as the kernel walked
     /// them, else unwound now from the copied stack with the process's mappings (read
-    /// by [`Self::track`] just before), so a process that exits later loses nothing.
+    /// by [`Processes::track`] just before), so a process that exits later loses nothing.
     fn call_stack(&mut self, pid: u32, tid: u32, sec: &StackSection) -> CallStack {
         let h = &sec.header;
         let mut too_costly = false;
@@ -816,7 +816,7 @@ mod tests {
         assert_eq!(d.take_window().stack_counts.too_costly, 2);
     }
 
-    /// Issue 18: wall time a loaded host made the walks wait for a CPU is not charged
+    /// Wall time a loaded host made the walks wait for a CPU is not charged
     /// to the pass, nor is the CPU time of making a process's modules (its files' unwind
     /// sections read and checked, once); up to [`UNWIND_WALL_PER_PASS`] of walking,
     /// whatever the CPU time.
@@ -915,7 +915,7 @@ mod tests {
     /// Held by the tests that map many files here, so that neither sees the other's.
     static MAPPING_TESTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-    /// Issue 20: a process holding thousands of mappings that maps one more costs the
+    /// Hostile host: a process holding thousands of mappings that maps one more costs the
     /// collector that one mapping — one file captured, one unwind module, no re-read of
     /// its maps when the kernel's record explains it — not a pass over all it holds (25 000
     /// mappings made each new one cost 20 000 opens and an O(n²) merge: the agent's
@@ -1004,7 +1004,7 @@ mod tests {
         );
     }
 
-    /// Issue 20: a forked child shows up holding its parent's mappings, whose files are
+    /// Hostile host: a forked child shows up holding its parent's mappings, whose files are
     /// captured already: it costs a read of its maps, not one `map_files` open per
     /// mapping (each fork of a process with 25 000 mappings opened 25 000), nor a reopen
     /// of files the LRU closed whose unwind sections are cached (the unwinder keeps
@@ -1082,7 +1082,7 @@ mod tests {
         );
     }
 
-    /// Issue 34: a process gone before its first sample (it lived a few milliseconds) is
+    /// Process churn: a process gone before its first sample (it lived a few milliseconds) is
     /// known from the kernel's records: a binary no process captured is opened once by
     /// its recorded path, and one captured for an earlier process costs it no open.
     #[test]
@@ -1129,7 +1129,7 @@ mod tests {
         );
     }
 
-    /// Issue 34: a process whose exit was recorded costs no `/proc` read: its first
+    /// Process churn: a process whose exit was recorded costs no `/proc` read: its first
     /// sample takes the records (not the maps `/proc` would give, here this live
     /// process's own, which the records say exited), and it leaves at the window's end
     /// with its thread's period state, without a look at `/proc`; so do its samples
@@ -1182,7 +1182,7 @@ mod tests {
         assert_ne!(p.comm, "recorded");
     }
 
-    /// Issue 34: a process's identity is kept for its cgroup v2 id where every process
+    /// Process churn: a process's identity is kept for its cgroup v2 id where every process
     /// of that cgroup has it (a cgroup v2 host): a later process of the cgroup takes it
     /// without a `/proc` read, also one gone before its first sample was read (here a
     /// pid recorded exited, which `/proc` is not asked of). Id 0 (unknown) names none.

@@ -122,7 +122,7 @@ fn sampling_attr(type_: u32, config: u64, period: u64, include_kernel: bool) -> 
 /// The branch-stack event: retired taken branches where the vendor's code is known,
 /// else cycles with a branch stack (BOLT's choice), said in the name. With `pmu` (one
 /// of several core PMUs, [`plan`]), the event of that PMU: its own `type`, its core's
-/// code (Intel E-cores: [`crate::profile::events::INTEL_ATOM_RETIRED_TAKEN`]), on its CPUs.
+/// code (Intel E-cores: `crate::profile::events::INTEL_ATOM_RETIRED_TAKEN`), on its CPUs.
 pub fn branch_event(
     vendor: Vendor,
     pmu: Option<&CorePmu>,
@@ -283,7 +283,7 @@ pub fn plan(
 /// The core clock assumed where `/proc/cpuinfo` gives none (arm64's never does).
 pub const DEFAULT_CORE_HZ: u64 = 2_000_000_000;
 
-/// Nominal core clock from `/proc/cpuinfo` ([`core_hz_of`]), [`DEFAULT_CORE_HZ`] when
+/// Nominal core clock from `/proc/cpuinfo` (`core_hz_of`), [`DEFAULT_CORE_HZ`] when
 /// absent.
 pub fn nominal_core_hz() -> u64 {
     std::fs::read_to_string("/proc/cpuinfo")

@@ -7,13 +7,13 @@
 //!
 //! Processes are named by tgid: their threads, started before or after, are kept;
 //! processes they fork later are not (a cgroup keeps those), except in a filter that
-//! follows its processes' tree ([`KernelFilter::following`]: `-p` and `-- CMD` as root,
+//! follows its processes' tree (`KernelFilter::following`: `-p` and `-- CMD` as root,
 //! on per-CPU events), where the eBPF program itself adds each child at its fork and
 //! takes it out at its exit (`FILTER_FOLLOW`). A named process that exits
-//! leaves the map when the session sees its pidfd ready ([`KernelFilter::exited`]), so
+//! leaves the map when the session sees its pidfd ready (`KernelFilter::exited`), so
 //! a later process given the same pid is not kept. Cgroups are cgroup v2 directories,
 //! kept with everything below them: one given at start (`--cgroup`), or a set replaced
-//! while the session runs ([`KernelFilter::set_cgroups`]: the agent's pods, which come
+//! while the session runs (`KernelFilter::set_cgroups`: the agent's pods, which come
 //! and go), empty until the first is given.
 
 use std::collections::{BTreeMap, BTreeSet};

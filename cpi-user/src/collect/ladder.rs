@@ -1,5 +1,5 @@
 //! The capability ladder as collection walks it: open the mode's events at every
-//! placement, and while they cannot be opened step down one rung ([`Mode::step_down`])
+//! placement, and while they cannot be opened step down one rung (`Mode::step_down`)
 //! and say why. `cpi-bpf doctor` walks the same ladder on its own process.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -26,7 +26,7 @@ pub struct OpenEvent {
 pub(crate) type Attach<'a> =
     &'a dyn Fn(&'static str) -> Result<Option<BorrowedFd<'a>>, CollectError>;
 
-/// The program of a loaded object, as an [`Attach`] answer.
+/// The program of a loaded object, as an `Attach` answer.
 pub fn program_fd<'a>(
     bpf: &'a aya::Ebpf,
     name: &str,
@@ -71,7 +71,7 @@ pub fn open_attached(
     Ok(fd)
 }
 
-/// What [`open_events`] opened.
+/// What `open_events` opened.
 #[derive(Debug)]
 pub struct Opened {
     /// Every event at every placement it opened on, its program attached.

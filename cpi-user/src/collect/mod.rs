@@ -122,7 +122,7 @@ pub enum CollectError {
     NoObject,
     // Causes are part of the one-line message, not `source()`: callers print `{:#}`
     // chains, which would repeat them.
-    /// The kernel lacks a BPF feature every mode needs ([`caps::KernelFeatures`]).
+    /// The kernel lacks a BPF feature every mode needs (`caps::KernelFeatures`).
     #[error("{0}")]
     Kernel(String),
     /// The kernel's verifier refused a program ([`load`]): its last words in the line,
@@ -260,7 +260,7 @@ pub(crate) const MAX_RECORD_BYTES: u64 = (std::mem::size_of::<cpi_common::wire::
     + 8) as u64;
 
 /// How long a ring of `ring_bytes` takes to fill when `cpus` CPUs each send `frequency`
-/// samples a second of [`MAX_RECORD_BYTES`]: the longest the collector may leave it
+/// samples a second of `MAX_RECORD_BYTES`: the longest the collector may leave it
 /// undrained without losing a sample. A drain interval (or a wake-up latency) must stay
 /// well under it; the default rings are sized from it ([`default_ring_mib`]).
 pub fn ring_holds(ring_bytes: u64, frequency: u64, cpus: u64) -> Duration {
@@ -297,7 +297,7 @@ pub fn default_ring_mib(holds: Duration, frequency: u64, cpus: u64) -> u32 {
 pub(crate) const MAX_RING_MIB: u32 = 1024;
 
 /// A `--ring-buffer-mib` the kernel would refuse (BPF ring buffers are a power of two of
-/// pages) or larger than [`MAX_RING_MIB`].
+/// pages) or larger than `MAX_RING_MIB`.
 #[derive(Debug, thiserror::Error)]
 #[error("must be a power of two between 1 and {MAX_RING_MIB}")]
 pub struct RingSizeError;
@@ -361,7 +361,7 @@ pub struct Collected {
 }
 
 /// Loads the eBPF object with its ring buffer sized and its config written, and of its
-/// programs only `programs` ([`ladder::programs_from`]): a kernel that lacks a helper one
+/// programs only `programs` (`ladder::programs_from`): a kernel that lacks a helper one
 /// program calls still runs the modes that do not need it.
 pub fn load(
     ring_bytes: u32,

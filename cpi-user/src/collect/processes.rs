@@ -41,7 +41,7 @@ pub(crate) struct MapsWork {
     pub captures: u64,
 }
 
-/// The processes a window ended or replaced: [`Processes`] is their one tracker, and whoever
+/// The processes a window ended or replaced: `Processes` is their one tracker, and whoever
 /// keeps state per process beside it (the agent's symbolizer) drops the same.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcessChanges {

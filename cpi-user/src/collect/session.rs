@@ -599,7 +599,7 @@ impl Session {
                 Ok(info) => total += info.run_time(),
                 // The object holds every mode's programs; only the ladder's are
                 // loaded. Counting one of the others as a failure once made the
-                // whole figure 0 (issue 34).
+                // whole figure 0 (`cpi_bpf_bpf_run_seconds_total` read 0).
                 Err(aya::programs::ProgramError::NotLoaded) => {}
                 Err(_) => return None,
             }

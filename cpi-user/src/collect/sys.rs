@@ -1,8 +1,8 @@
 //! Every raw syscall and ioctl the collector makes, and nothing else: `perf_event_open`,
 //! the `PERF_EVENT_IOC_*` ioctls, reading an event's count, `pidfd_open`,
 //! `BPF_ENABLE_STATS`, `statfs` (is a directory cgroup2), the kernel filter's map
-//! updates ([`FilterMaps`]) and the stack caps' ([`StackCapMap`]), the thread's CPU
-//! clock, and the collector's kernel timers ([`Timer`]). Callers get owned fds and
+//! updates (`FilterMaps`) and the stack caps' (`StackCapMap`), the thread's CPU
+//! clock, and the collector's kernel timers (`Timer`). Callers get owned fds and
 //! `io::Result`s, and say where an event counts with a [`Placement`] and what it follows
 //! with a [`Follow`]: the kernel's pid, cpu, `-1`s and inherit flags are made here only.
 //!
@@ -90,10 +90,10 @@ pub enum Follow {
     /// Nothing more (a per-CPU event sees every thread already).
     #[default]
     Placed,
-    /// Threads and children created after the open too ([`flag::INHERIT`]).
+    /// Threads and children created after the open too (`flag::INHERIT`).
     Children,
     /// A command started suspended: its children too, counting from its exec
-    /// ([`flag::INHERIT`], [`flag::ENABLE_ON_EXEC`]).
+    /// (`flag::INHERIT`, `flag::ENABLE_ON_EXEC`).
     ChildrenFromExec,
 }
 
@@ -364,7 +364,7 @@ pub(crate) fn is_cgroup2(path: &std::path::Path) -> io::Result<bool> {
 pub struct PerfEventAttr {
     /// `PERF_TYPE_*`: hardware, software or raw.
     pub type_: u32,
-    /// [`PERF_ATTR_SIZE`]: which version of the struct the kernel reads.
+    /// `PERF_ATTR_SIZE`: which version of the struct the kernel reads.
     pub size: u32,
     /// The event within its type (`PERF_COUNT_*` or a raw vendor code).
     pub config: u64,

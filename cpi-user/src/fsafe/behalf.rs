@@ -2,9 +2,9 @@
 //! read files a recording names (its binaries, their debug files, the sources a profile
 //! names); a user who hands root a recording must not lead it to files only root may
 //! read (DESIGN.md, "Trust boundaries"). So, once a [`Reader`] is set ([`read_as`]),
-//! [`super::open`], [`super::open_nofollow`] and [`super::open_in_root`] open as that
+//! [`super::open`], `super::open_nofollow` and `super::open_in_root` open as that
 //! user would: on a short-lived thread whose filesystem identity is the user's
-//! ([`sys::as_user`]), so the kernel itself decides (every directory's search bit,
+//! (`sys::as_user`), so the kernel itself decides (every directory's search bit,
 //! ACLs, links, at the moment of the open) rather than a re-implementation of its
 //! rules checked before an open a rename could outrun. What the user named on the
 //! command line (`--symfs DIR`, resolved inside DIR; `--binary PATH`) is opened as

@@ -1,29 +1,29 @@
 //! The one way cpi-bpf opens files that other users control, and creates the files it
 //! writes (DESIGN.md, "Trust boundaries").
 //!
-//! Reading on another's behalf ([`open`], [`open_in_root`]): `O_NONBLOCK|O_NOCTTY`, so a
+//! Reading on another's behalf ([`open`], `open_in_root`): `O_NONBLOCK|O_NOCTTY`, so a
 //! FIFO or a device planted at a path never blocks the open or becomes our terminal;
 //! `fstat` on the fd and regular files only, so nothing is read from a FIFO or device;
 //! inside a process's root, resolution cannot leave it (`openat2` with
 //! `RESOLVE_IN_ROOT|RESOLVE_NO_MAGICLINKS`, a checked walk on kernels without it); and
-//! [`check_identity`] compares the file with what the mapping recorded (device, inode),
+//! `check_identity` compares the file with what the mapping recorded (device, inode),
 //! so a path now naming another file (a library replaced by rename, a symlink to a
 //! root-only file) is refused instead of read as if it were the mapped one.
 //!
-//! Writing ([`create_new`], [`replace`], [`create_fifo`]): `O_CREAT|O_EXCL|O_NOFOLLOW`,
+//! Writing ([`create_new`], [`replace`], `create_fifo`): `O_CREAT|O_EXCL|O_NOFOLLOW`,
 //! mode 0600, and a temp file renamed over the destination, so a symlink planted at a
 //! name is replaced, never written through; a FIFO or device the user named is opened
-//! in place without waiting for a reader ([`open_in_place`]). [`check_private_dir`]
+//! in place without waiting for a reader (`open_in_place`). [`check_private_dir`]
 //! refuses a directory another user owns or can write.
 //!
 //! Inputs the user names (`import-perf FILE`, `report FILE`): [`open_input`] reads a
 //! pipe with a writer and gives up on a FIFO nobody writes within [`FIFO_WAIT`]. As root,
 //! what a recording names is opened only as the user it came from could ([`behalf`]).
 //!
-//! What a reader refuses of a file that exceeds its budget is counted in [`budget`].
-//! Mapped files cannot kill the process when truncated: [`map::GuardedMap`]. A mapping
+//! What a reader refuses of a file that exceeds its budget is counted in [`budget`](mod@budget).
+//! Mapped files cannot kill the process when truncated: `map::GuardedMap`. A mapping
 //! shows every later write to its file, so bytes checked once and used afterwards are
-//! copied first unless [`only_root_can_change`] (cpi-user/src/unwind/mod.rs). Text from
+//! copied first unless `only_root_can_change` (cpi-user/src/unwind/mod.rs). Text from
 //! other processes is printed through [`escape`].
 
 pub mod behalf;

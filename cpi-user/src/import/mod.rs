@@ -4,9 +4,9 @@
 //! Inputs: `perf.data` ([`perf_data`], told by its `PERFILE2` magic) and `perf script`
 //! branch-stack text ([`perf_script`]). Both are streamed in two passes (what the
 //! recording holds, then its samples), so memory does not grow with the input; text
-//! lines are bounded by [`MAX_LINE_BYTES`], so a file that is not a recording
+//! lines are bounded by `MAX_LINE_BYTES`, so a file that is not a recording
 //! (`/dev/zero`) ends in one error, not in memory exhaustion. A pipe (standard input,
-//! `<(…)`, a FIFO) is spooled to an unnamed temporary file (at most [`MAX_STDIN_BYTES`])
+//! `<(…)`, a FIFO) is spooled to an unnamed temporary file (at most `MAX_STDIN_BYTES`)
 //! for the second pass.
 //!
 //! The event the branch stacks were sampled on decides what the numbers mean
@@ -76,17 +76,17 @@ pub enum ImportError {
         #[source]
         source: std::io::Error,
     },
-    /// A pipe's text over [`MAX_STDIN_BYTES`].
+    /// A pipe's text over `MAX_STDIN_BYTES`.
     #[error(
         "{what}: more than {limit} bytes through a pipe: save the text to a file and import that"
     )]
     TooLarge {
         /// The input, as named in messages (`-`).
         what: String,
-        /// [`MAX_STDIN_BYTES`].
+        /// `MAX_STDIN_BYTES`.
         limit: u64,
     },
-    /// A text line over [`MAX_LINE_BYTES`]: the input is not `perf script` text.
+    /// A text line over `MAX_LINE_BYTES`: the input is not `perf script` text.
     #[error(
         "{what}: line {line} is longer than {limit} bytes: not `perf script` text \
          (perf.data files start with PERFILE2)"
@@ -96,7 +96,7 @@ pub enum ImportError {
         what: String,
         /// 1-based number of the offending line.
         line: usize,
-        /// [`MAX_LINE_BYTES`].
+        /// `MAX_LINE_BYTES`.
         limit: usize,
     },
     /// The perf.data file is malformed or not one this reader handles ([`perf_data`]).
@@ -120,7 +120,7 @@ pub enum ImportError {
         /// The recording's event names, comma-separated.
         events: String,
     },
-    /// A recorded binary could not be matched on this machine ([`locate`]).
+    /// A recorded binary could not be matched on this machine (`locate`).
     #[error("{what}")]
     Locate {
         /// The input, as named in messages (a path, or `-`).
@@ -272,7 +272,7 @@ pub fn load_path(path: &Path, opts: &ImportOptions) -> Result<Loaded, ImportErro
 
 /// Reads the recording open as `f` (named `what` in messages) into samples: perf.data
 /// when it starts with `PERFILE2`, else `perf script` text. A regular file or a device is
-/// read where it is, twice; a pipe's text is spooled first ([`spool`]).
+/// read where it is, twice; a pipe's text is spooled first (`spool`).
 pub fn load_input(
     mut f: std::fs::File,
     what: &str,
@@ -300,7 +300,7 @@ pub fn load_input(
     load_lines(rewind(&spool), what, opts)
 }
 
-/// Opens `f` again from its start (one pass of [`import_lines`]).
+/// Opens `f` again from its start (one pass of [`load_lines`]).
 fn rewind(
     f: &std::fs::File,
 ) -> impl FnMut() -> std::io::Result<progress::Reading<BufReader<std::fs::File>>> + '_ {
@@ -363,7 +363,7 @@ pub enum Estimator {
 impl Estimator {
     /// Classifies an event of `header`'s recording: by its recorded name, a raw core-PMU
     /// code by what it counts on the recording's CPU (its cpuid: `rc4` is taken branches
-    /// on AMD, all branches on Intel; [`crate::profile::events::raw_event`], the table the
+    /// on AMD, all branches on Intel; `crate::profile::events::raw_event`, the table the
     /// collector opens events from), else by its generic type and config.
     pub fn of(e: &EventAttr, header: &perf_data::Header) -> Estimator {
         let name = e.name.as_deref().unwrap_or("").to_ascii_lowercase();

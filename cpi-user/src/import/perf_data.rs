@@ -103,7 +103,7 @@ pub enum PerfDataError {
     /// Reading or seeking failed.
     #[error("reading the file")]
     Io(#[from] std::io::Error),
-    /// The file does not start with [`MAGIC`].
+    /// The file does not start with `MAGIC`.
     #[error("not a perf.data file (no PERFILE2 magic)")]
     NotPerfData,
     /// A pipe-mode stream (16-byte header): its attrs come as records, not read here.
@@ -155,7 +155,7 @@ pub struct EventAttr {
     /// `sample_regs_user`: which user registers `PERF_SAMPLE_REGS_USER` records.
     pub sample_regs_user: u64,
     /// `sample_max_stack`: the callchain's frame limit (0: the recording machine's
-    /// `kernel.perf_event_max_stack`, [`DEFAULT_MAX_STACK`] unless changed).
+    /// `kernel.perf_event_max_stack`, `DEFAULT_MAX_STACK` unless changed).
     pub sample_max_stack: u16,
     /// From `HEADER_EVENT_DESC` when the file has it (e.g. `cycles`, `cpu/r20c4/`).
     pub name: Option<String>,

@@ -11,7 +11,7 @@
 //!
 //! With a `-g` recording, perf prints each sample's callchain under its sample line,
 //! one tab-indented `ADDR sym+off (dso)` line per frame, leaf first, then the branch
-//! entries on a line of their own; [`Joiner`] puts each such sample back together and
+//! entries on a line of their own; `Joiner` puts each such sample back together and
 //! the frames become its [`CallStack`]. perf 6.1 prints a frame as its dso-relative
 //! address (runtime address − mapping start + file offset; kernel frames as they are),
 //! older perfs the runtime address: a frame is taken as runtime when its dso's mapping

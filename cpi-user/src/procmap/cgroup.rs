@@ -277,7 +277,7 @@ mod tests {
         // (path, container id, pod UID, QoS)
         type Case<'a> = (String, Option<&'a str>, Option<&'a str>, Option<&'a str>);
         let cases: Vec<Case> = vec![
-            // systemd driver, containerd, burstable (the form).
+            // systemd driver, containerd, burstable (the form a kind cluster's pods take).
             (
                 format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{ID}.scope"),
                 Some(ID), Some(UID), Some("burstable"),

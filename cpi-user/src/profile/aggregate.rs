@@ -637,8 +637,8 @@ mod tests {
 
     /// A path's cycles error is that of its share of the process's samples: its groups
     /// follow the process's sample numbering. Numbering the path's own samples gave every
-    /// group the same count and an error about 1/7 of the true one (issue 33's diff test
-    /// flagged an unchanged path between two builds).
+    /// group the same count and an error about 1/7 of the true one (`diff` then
+    /// flagged an unchanged path between two builds as changed).
     #[test]
     fn a_path_gets_the_error_of_its_share_of_the_samples() {
         use crate::profile::error;

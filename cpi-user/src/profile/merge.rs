@@ -21,8 +21,8 @@
 //!   windows' values weighted by their samples, its error theirs weighted alike.
 //!
 //! - call paths are summed by their chain of (function, binary) like functions, errors
-//!   and CPI recomputed as [`super::paths::PathTotals`] does, then bounded again
-//!   ([`super::paths::bound_paths`]);
+//!   and CPI recomputed as `super::paths::PathTotals` does, then bounded again
+//!   (`super::paths::bound_paths`);
 //!
 //! Profiles of different modes cannot be merged (their numbers mean different things).
 
@@ -944,7 +944,7 @@ mod tests {
         assert!(matches!(Merger::new(1).finish(), Err(MergeError::Empty)));
     }
 
-    /// Issue 20: two windows edited to hold 2^64-1 samples are refused, not summed to a
+    /// Hostile input: two windows edited to hold 2^64-1 samples are refused, not summed to a
     /// wrapped count.
     #[test]
     fn counts_past_u64_max_are_an_error_not_a_wrap() {

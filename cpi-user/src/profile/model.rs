@@ -646,7 +646,7 @@ pub struct ProcessProfile {
 pub struct StackProfile {
     /// Frames, leaf first: kernel frames (when kernel samples are included), then user
     /// frames. A profile file lists each by its number in the file's frame table
-    /// ([`frame_numbers`]).
+    /// (`frame_numbers`).
     #[serde(
         serialize_with = "frame_numbers::serialize",
         deserialize_with = "frame_numbers::deserialize"
@@ -691,13 +691,13 @@ pub struct StackFrame {
     pub address: u64,
 }
 
+pub mod bounds;
+
 /// How a profile file writes call paths' frames (format 2): the writer
 /// (cpi-user/src/report/file.rs) numbers every frame of every path by its entry in the
 /// file's frame table, in the order serde writes the paths, and lends those numbers to
 /// [`StackProfile`]'s serialisation for that one write. Serialised any other way, frames
 /// are written whole, which the reader takes too (`read`, numbers and whole frames).
-pub mod bounds;
-
 pub(crate) mod frame_numbers {
     use std::cell::RefCell;
 
@@ -787,7 +787,7 @@ pub struct FunctionProfile {
     pub measures: Measures,
     /// CPI from timed branch records (LBR `cycles` field), when the hardware has them.
     pub timed_cpi: Option<Estimate>,
-    /// `cpi` and `timed_cpi` differ by more than [`Estimate::DISAGREE`] combined
+    /// `cpi` and `timed_cpi` differ by more than `Estimate::DISAGREE` combined
     /// standard errors: one of the two estimators is off here (docs/METHOD.md, "Two
     /// CPI estimators"). Absent (false) in older files.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

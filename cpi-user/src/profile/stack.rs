@@ -9,7 +9,7 @@
 //! Per stack it keeps the IP samples (count, Σ period, and Σ cycles per group of samples
 //! for the error model, cpi-user/src/profile/error.rs) and the ranges of the branch
 //! samples taken under it (each weighted as the process's ranges are,
-//! [`super::aggregate::sample_window`]), so analysis can give each call path its own
+//! `super::aggregate::sample_window`), so analysis can give each call path its own
 //! instructions and CPI.
 //!
 //! Memory is bounded by the set that holds the aggregates
@@ -93,7 +93,7 @@ pub struct CallStack {
 
 /// A range [start, end] that ran under one stack, weighted like the process's ranges.
 /// `repr(C)` keeps the sums a record adds to ahead of the groups, beside its row's
-/// `last_use` ([`RangeRow`]).
+/// `last_use` (`RangeRow`).
 #[derive(Clone, Debug, Default, PartialEq)]
 #[repr(C)]
 pub struct StackRange {
@@ -270,7 +270,7 @@ impl StackAggregate {
     }
 
     /// Counts a branch sample under `stack` with its window
-    /// ([`super::aggregate::sample_window`]: the weight of each range and the entries,
+    /// (`super::aggregate::sample_window`: the weight of each range and the entries,
     /// newest first), `None` when the sample gives no ranges.
     ///
     /// Each range goes to the stack it ran under. Where the entries say which branches

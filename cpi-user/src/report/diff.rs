@@ -7,7 +7,7 @@
 //! their chain of function names with recursion folded (cpi-user/src/profile/paths.rs),
 //! those with at least 1 % of their process in either profile. Two main processes of
 //! different names (one program built twice under two names) are matched with each
-//! other and their functions by name ([`align`]).
+//! other and their functions by name (`align`).
 //!
 //! **Quantities and their errors** (σ: one standard error, as every ± of a profile):
 //! * the *amount*: cycles, or cpu-clock time in a time profile. Cycles: σ =
@@ -244,7 +244,7 @@ pub struct Diff {
     /// How many were significant.
     pub significant: usize,
     /// The main processes matched with each other despite their names, if any: their
-    /// functions matched by name (the module [`align`]).
+    /// functions matched by name (the module `align`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pairing: Option<Pairing>,
     /// Processes, then functions; each significant first, then by |z|, then by size.

@@ -4,7 +4,7 @@
 //! [`MAX_PROFILE_BYTES`] (`report /dev/zero` stops there), and JSON nesting by
 //! serde_json's recursion limit (128), so no input grows memory without end.
 //!
-//! Format 2 (written since issue 17's store measurements) is format 1 with a frame
+//! Format 2 (what is written now) is format 1 with a frame
 //! table, as pprof has function and location tables: `stack_functions` holds each
 //! distinct function of the call paths once (`name`, `binary`), `stack_frames` each
 //! distinct frame once (`function`: its number in `stack_functions`, `address`), and a
@@ -902,7 +902,7 @@ fn destination(path: &Path) -> std::io::Result<Dest> {
 /// A FIFO or device [`check_output`] opened, kept for [`write_output`] to write. Opening
 /// a FIFO to check it and closing it again ended its reader (`cat FIFO` saw end of
 /// file and left), so the profile written at the end found no reader and was lost
-/// (issue 32). A process writes one `--output`, so one slot is enough.
+/// (a FIFO given to `-o` while a reader waits). A process writes one `--output`, so one slot is enough.
 static HELD: std::sync::Mutex<Option<(PathBuf, std::fs::File)>> = std::sync::Mutex::new(None);
 
 /// Checks, before any work, that [`write_output`] can write `path`: a probe file is

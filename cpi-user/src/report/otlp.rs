@@ -127,7 +127,7 @@ pub enum Value {
 /// `opentelemetry.proto.common.v1.InstrumentationScope`.
 #[derive(Clone, PartialEq, Message)]
 pub struct InstrumentationScope {
-    /// [`SCOPE_NAME`].
+    /// `SCOPE_NAME`.
     #[prost(string, tag = "1")]
     pub name: String,
     /// The tool's version.

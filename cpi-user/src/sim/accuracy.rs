@@ -11,7 +11,7 @@
 //!   source and target address) and fall-through edges out of block ends.
 //! * **CPI error** |ĉ − c| / c per function, over functions with at least
 //!   [`CPI_SHARE_FLOOR`] of the cycles: median and maximum.
-//! * **per call path** ([`compare_paths`]): a path is its chain of function names, leaf
+//! * **per call path** (`compare_paths`): a path is its chain of function names, leaf
 //!   first, cut at `MAX_USER_FRAMES` frames as a sampled stack is; its exact
 //!   instructions and cycles are those of the instructions that ran in the leaf function
 //!   with that stack (the replay's calling contexts, cpi-user/src/sim/shadow.rs), its

@@ -1,6 +1,6 @@
 //! The PMU model and its proof (docs/METHOD.md, "Simulate"): an exact
 //! trace of a real run ([`trace`], written by the Valgrind tool in `tests/tracer/`),
-//! a deterministic [`cycles`] model, the [`pmu`] model that turns the replayed trace
+//! a deterministic `cycles` model, the [`pmu`] model that turns the replayed trace
 //! into the wire samples real collection produces, and the exact truth those samples
 //! are measured against ([`replay`], [`accuracy`]).
 

@@ -46,10 +46,10 @@ pub enum TraceError {
     /// Reading the stream failed.
     #[error("reading the trace")]
     Io(#[from] std::io::Error),
-    /// The first 8 bytes are not [`MAGIC`] (they are shown).
+    /// The first 8 bytes are not `MAGIC` (they are shown).
     #[error("not a cpitrace trace (bad magic {0:02x?})")]
     BadMagic([u8; 8]),
-    /// A trace of another format version than [`VERSION`].
+    /// A trace of another format version than `VERSION`.
     #[error("trace version {found} is not supported (expected {VERSION})")]
     Version {
         /// The header's version.

@@ -647,7 +647,7 @@ pub(crate) mod tests {
 
     /// Debian's own binaries and libraries pass, every entry decoded through
     /// `.eh_frame_hdr`'s table, their costliest entry at most a quarter of
-    /// [`MAX_COST`] (the figures in its comment). Issue 18: gcc's `cc1` (442
+    /// [`MAX_COST`] (the figures in its comment). Real builds need more: gcc's `cc1` (442
     /// remembers in one FDE) and valgrind's tools (1,067) were refused under a bound of
     /// 256 remembers, and their frames lost (`stacks_too_costly`) under a real build.
     /// Both are installed by `cargo xtask setup` (xtask/src/setup.rs: gcc, valgrind).

@@ -1004,7 +1004,7 @@ mod tests {
         p
     }
 
-    /// Issue 20: rebuilding a process's unwinder (its maps changed) reopened every file
+    /// Rebuilding a process's unwinder (its maps changed) reopened every file
     /// whose descriptor the LRU had closed, cached sections or not (about 20 000 reopens
     /// per rebuild for a process with 25 000 mappings). The sections read before the
     /// eviction are used without a reopen.
@@ -1242,7 +1242,7 @@ mod tests {
         assert_ne!(unwind("true-fine", &good).stop, Stop::CostlyRules);
     }
 
-    /// Issue 18e: a file others than root can change is unwound from a copy of its
+    /// Checked rules are the evaluated rules: a file others than root can change is unwound from a copy of its
     /// sections made before they were checked: rewritten in place afterwards (same
     /// length, `.eh_frame` zeroed here), it unwinds as it did when read. From the
     /// mapping, the second process's unwind read the zeros and stopped.

@@ -477,7 +477,7 @@ fn second_signal_exits_at_once() {
     assert!(p["processes"].as_array().is_some_and(|a| !a.is_empty()));
 }
 
-/// The agent takes call stacks as the one-shot command does (issue 17): qsort in
+/// The agent takes call stacks as the one-shot command does: qsort in
 /// Debian's libc (no frame pointers) calling back into a program built without them.
 /// The stored windows, merged by `report --store --format folded`, have at least 90 % of
 /// the program's samples under `main;sort_all;…qsort…;…;by_value`, and the windows

@@ -1,4 +1,4 @@
-//! The agent under process churn (issue 34, items 3 and 6): a new process of a binary
+//! The agent under process churn: a new process of a binary
 //! already seen costs no file open, symbol-table parse or unwind-table read, and the
 //! agent's memory stays bounded. Checked per binary from the agent's debug log (each
 //! open, capture and parse names its file), not from a rate or a CPU figure, which a

@@ -1,4 +1,4 @@
-//! What the agent costs, counted by the agent as by the kernel (issue 34, item 1): the
+//! What the agent costs, counted by the agent as by the kernel: the
 //! run time of its BPF programs in `cpi_bpf_bpf_run_seconds_total` against the kernel's
 //! own `run_time_ns` for the same programs, read with `bpftool` (root).
 

@@ -1,4 +1,4 @@
-//! The agent's sinks (issue 10 items 4 and 5): Prometheus metrics scraped by Debian's
+//! The agent's sinks: Prometheus metrics scraped by Debian's
 //! real Prometheus server, and the push to a local receiver that enforces Pyroscope's
 //! public Push contract (tests/src/pyroscope.rs), each pushed pprof read back with
 //! `go tool pprof -top`.
@@ -456,7 +456,7 @@ fn agent_cpu_seconds_in_prometheus() {
 /// so the governor keeps 999 Hz and most of them are sampled and tracked (at the default
 /// 1 % it lowers the rate under this load: BENCHMARKS.md, "Agent under churn"). The
 /// bound held: the agent's RSS after the load is within 8 MiB of its RSS 15 s
-/// into it (the warm-up), and under the issue's 64 MiB; `cpi_bpf_tracked_processes`
+/// into it (the warm-up), and under the agent's 64 MiB target; `cpi_bpf_tracked_processes`
 /// falls to a quarter of its peak or less once the load ends (processes leave after
 /// their last window). The agent collects system-wide (samples, stacks and unwinding of
 /// everything the host runs) and analyses only `--comm churn`: what else the host runs
@@ -620,7 +620,7 @@ fn churn_keeps_memory_flat_and_processes_leave() {
 
 /// Every window reaches the receiver under the contract, one series per service, and
 /// `go tool pprof -top` on each rawProfile lists the hot function.
-/// Issue 17's memory target for the agent with stacks, ≤ 64 MiB, holds for `VmRSS` (what
+/// The agent's memory target with stacks, ≤ 64 MiB, holds for `VmRSS` (what
 /// `top`, `ps` and systemd show), not only the heap: sampling a process whose binary has
 /// 40 MB of `.eh_frame` (tests/programs/wide_unwind.c: each sample's unwind reads a
 /// 20 KiB entry of one of 2,000 functions), at the full rate, window after window. The
@@ -1084,7 +1084,7 @@ fn steady_and_late_peak(rss: &[u64]) -> (u64, u64) {
     (at(14, 30), at(30, rss.len()))
 }
 
-/// Issue 18 item 6, as a new user would try it: receivers that answer with endless
+/// Hostile receivers, as a new user would try them: receivers that answer with endless
 /// `100 Continue` lines, reset every connection, send a 1 GiB body, drip a byte every
 /// 100 ms, or send headers without end, and https receivers with a certificate of another
 /// CA, an expired certificate, or that refuse the password. One agent per receiver
@@ -1391,8 +1391,8 @@ fn receiver_rejects_contract_violations() {
     assert_eq!(rx.violations().len(), 8, "{:?}", rx.violations());
 }
 
-/// The overhead governor (issue 10): asked for up to 20 kHz system-wide with a 0.5 %
-/// budget, the agent samples below it (since issue 34 it starts where the budget holds,
+/// The overhead governor: asked for up to 20 kHz system-wide with a 0.5 %
+/// budget, the agent samples below it (it starts where the budget holds,
 /// and says so in its log), and its cost (its own CPU time plus its BPF programs' run
 /// time, `cpi_bpf_agent_cpu_seconds_total`) stays near the budget: at most
 /// 1.6 × the budget over the last 6 s (the scrapes themselves and one-window lag are
@@ -1503,7 +1503,7 @@ fn governor_lowers_the_frequency_to_the_budget() {
 
 // ---- store permissions ---------------------------------------------------------------
 
-/// Issue 18 item 6: the store is root's alone by default (an existing 0755 directory is
+/// The store is root's alone by default (an existing 0755 directory is
 /// made 0700, windows are 0600), so an unprivileged user cannot read it; with a reader
 /// group (`--store-group`) the directory is 0750 and the windows 0640 of that group, and
 /// a member of it reads the store with `cpi-bpf report --store` (run as uid 65534 by

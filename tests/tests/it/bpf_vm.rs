@@ -1,4 +1,4 @@
-//! The shipped BPF programs on real branch stacks (issue 15): the eBPF object cpi-user
+//! The shipped BPF programs on real branch stacks: the eBPF object cpi-user
 //! embeds runs in an interpreter (tests/src/bpf_vm.rs) on every sample of recordings
 //! made on real Intel machines (tests/data/README.md: Skylake-SP, Haswell-E, Westmere-EP), its helpers answering with each
 //! sample's branch stack, period, ip and pid; the ring-buffer records are decoded by the

@@ -1,4 +1,4 @@
-//! Issue 8's collection cases, each written to fail on the collector as it was: a child
+//! Collection's failure cases, each written to fail on the collector as it was: a child
 //! left hanging after a failure past the fork, a target that ignores SIGINT/SIGTERM,
 //! repeated and overlapping `--pid`s counted again, low rates that lost every sample to
 //! the period re-draws, one loss account, numbers out of range. Root only where BPF is
@@ -86,7 +86,7 @@ fn too_few_open_files_is_one_line_not_a_panic() {
     assert_one_error_line(&out, "too few open files");
 }
 
-/// The repro of issue 8 item 2: the period used to fail after the fork, and the child,
+/// A repro: the period used to fail after the fork, and the child,
 /// blocked on the release pipe it held itself, kept `| cat` open forever.
 #[test]
 fn a_failing_start_leaves_no_child_holding_the_pipe() {

@@ -117,7 +117,7 @@ fn dashboard_queries_name_only_exported_metrics() {
             );
         }
     }
-    // What the issue asks the dashboard to show.
+    // What the dashboard must show: the per-comm CPI series and the agent's cost.
     for want in [
         "cpi_bpf_cycles_total",
         "cpi_bpf_instructions_total",

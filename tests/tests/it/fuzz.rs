@@ -576,7 +576,7 @@ fn probes(bin: &Binary) -> Vec<u64> {
 
 /// DWARF line tables (cpi-user/src/binary/lines.rs), with the file names addr2line
 /// renders under `names_within_bound`. Seeds: a `-g` build, its debug file, and the
-/// issue 32 attack (tests/data/fuzz/dwarf_lines/shared-line-table.elf, 28 KB built with
+/// shared-line-table attack (tests/data/fuzz/dwarf_lines/shared-line-table.elf, 28 KB built with
 /// gas): 128 units sharing one table of 1 024 names under an 8 KiB `comp_dir`, covering
 /// addresses the table has no row for, so addr2line renders each unit's names in turn.
 /// Without the bound that input holds 2.16 GB live.

@@ -1,6 +1,6 @@
-//! Issue 20, "A hostile host": what a local user who controls files, names and
-//! connections can do to the root profiler. One test per row of the issue's table where
-//! it can run here; each ends with the profiler alive, nothing root-only read or
+//! A hostile host: what a local user who controls files, names and
+//! connections can do to the root profiler. One test per attack that can run
+//! here; each ends with the profiler alive, nothing root-only read or
 //! overwritten, and nothing blocked beyond a stated bound.
 
 use std::io::Write;
@@ -784,7 +784,7 @@ fn windows_every_interval(store: &Path) -> usize {
 /// The unprivileged user of the end-to-end rows (nobody).
 const USER: u32 = 65534;
 /// How far an attacked agent's anonymous RSS, less its binary cache, may rise over its
-/// steady state (the issue's bound).
+/// steady state (the agent's 64 MiB memory target).
 const RSS_BOUND: u64 = 64 << 20;
 /// How long a one-shot `--system-wide` may take after its `--duration` (it analyses
 /// everything the host ran, which on a busy host includes compilers).
@@ -1489,7 +1489,7 @@ fn idle_and_slow_clients_of_a_user_cannot_stall_the_agents_metrics() {
     agent.stop();
 }
 
-/// Issue 17, bad input: a local user's binary whose unwind rules cost milliseconds to
+/// Bad input: a local user's binary whose unwind rules cost milliseconds to
 /// evaluate (tests/programs/wide_unwind.c built with `-DCOSTLY`: 600 functions, each
 /// FDE 30,000 remember/restore pairs) blinded the root agent sampling it: the collector, unwinding
 /// sample after sample, cut no 5 s window for 20–40 s. The agent at its full rate
@@ -1583,7 +1583,7 @@ fn unwind_rules_that_cost_too_much_cannot_blind_the_agent() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Issue 18e: the unwind rules the agent checked (cpi-user/src/unwind/cost.rs) must be
+/// The unwind rules the agent checked (cpi-user/src/unwind/cost.rs) must be
 /// the rules it evaluates. A process of an unprivileged user spins in its own library
 /// (tests/programs/hostlib.c built with `-DPATCHABLE`: lib_hot's CFA a DWARF expression,
 /// evaluated at every unwind); once the agent (`--pid`) has read and checked the

@@ -109,7 +109,8 @@ fn a_window_of_long_names_is_read_with_its_names_cut() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Bytes of the long name in [`long_named_program`]: the 256 KiB.
+/// Bytes of the long name in [`long_named_program`]: 256 KiB, far past any
+/// name a terminal or a metrics label should carry whole.
 const LONG_NAME: usize = 256 << 10;
 
 /// A C program whose hot function is named with [`LONG_NAME`] bytes (an `asm` label)

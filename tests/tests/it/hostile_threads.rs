@@ -1,4 +1,4 @@
-//! Issue 32, "a hostile host, round 2": a user's process whose main thread exited
+//! A hostile host: a user's process whose main thread exited
 //! (`pthread_exit`), in a mount namespace of its own, mapping more files than a
 //! profiler under `ulimit -n 1024` keeps descriptors for. Its samples are attributed
 //! all the same: an evicted file is reopened through a running thread's `/proc/TID`

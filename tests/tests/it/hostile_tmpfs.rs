@@ -1,6 +1,6 @@
-//! Issue 32, row "in `unshare -rm`, mounts a tmpfs sized to exactly the pages written,
-//! runs a copy of a binary whose `.symtab` alternates 40 000 written pages with holes",
-//! end to end as the unprivileged user. Each hole read on the full tmpfs is a `SIGBUS`;
+//! A hostile host: a user who, in `unshare -rm`, mounts a tmpfs sized to exactly the
+//! pages written and runs a copy of a binary whose `.symtab` alternates 40 000 written
+//! pages with holes, end to end as the unprivileged user. Each hole read on the full tmpfs is a `SIGBUS`;
 //! the guard (cpi-user/src/fsafe/sys/map.rs) once mapped a page of zeros per fault, each a
 //! new mapping, until `vm.max_map_count` (65 530) made the next fail and the fault
 //! killed the root profiler (exit 135; a system-wide test of the suite died so once).

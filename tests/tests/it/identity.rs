@@ -1,4 +1,4 @@
-//! Who a process is (issue 18 item 2): a test process moved into a cgroup named like a
+//! Who a process is: a test process moved into a cgroup named like a
 //! containerd pod's container under the cgroup2 mount gets its pod UID, QoS class and
 //! container id, and from a fake kubelet on loopback its pod name, namespace and
 //! container name, in the agent's pushed Pyroscope series and their pprof sample labels,
@@ -339,7 +339,7 @@ fn wait_window(store: &Path, after: usize, want: impl Fn(&Value) -> bool) -> usi
     }
 }
 
-/// The Kubernetes selectors filter in the kernel (issue 18 item 3): two busy processes in
+/// The Kubernetes selectors filter in the kernel: two busy processes in
 /// two pods of the same name in two namespaces, and an agent with `--namespace shop
 /// --pod web-1`. The kept pod sits below a kind-style node cgroup (the kubelet's pods
 /// cgroup nested, `kubelet-kubepods.slice`), the other at the top (`kubepods.slice`). While the kubelet lists only the other pod, nothing is sampled (one log
@@ -504,7 +504,7 @@ fn dead_kubelet_is_counted_on_metrics_and_logged_once() {
     assert!(told[0].starts_with("cpi-bpf: warning: kubelet "), "{log}");
 }
 
-/// Issue 32: where the kubelet's read-only port is off, a user listening on it must not
+/// Hostile host: where the kubelet's read-only port is off, a user listening on it must not
 /// name root's pods. A kubelet whose socket belongs to uid 65534 lists the busy
 /// process's pod as `attacker-says-this-is-idle` in `attacker-ns`: no window carries a
 /// name from it (the cgroup-derived ids stay), each request is counted refused, and

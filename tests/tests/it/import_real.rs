@@ -171,7 +171,7 @@ fn skylake_recording_agrees_with_perf_report_and_llvm_profgen() {
     assert_eq!(p.mode, Mode::Cpi, "{}", p.mode_reason);
     assert!(p.mode_reason.contains("timed LBR"), "{}", p.mode_reason);
     assert!(compared >= 80, "{compared} instructions compared");
-    // Issue 16 item 3: the two CPI estimators agree within 3 combined errors once each
+    // The two CPI estimators agree within 3 combined errors once each
     // timed occurrence weighs what its range count does (unweighted, cycle-sampled
     // windows favour slow executions: main 0.54 vs 0.56, compute_flag 1.28 vs 1.38).
     for name in ["main", "compute_flag"] {

@@ -1,4 +1,4 @@
-//! Collection without root (issue 36): as uid 65534 (`nobody`), cpi-bpf profiles the
+//! Collection without root: as uid 65534 (`nobody`), cpi-bpf profiles the
 //! user's own processes through the kernel's perf ring buffers where
 //! `perf_event_paranoid` ≤ 2, gives the profile root's BPF collection gives, and refuses
 //! in one line, with what would allow it, what the kernel does not let a user sample.

@@ -388,7 +388,7 @@ fn a_bad_frame_table_is_refused() {
     assert!(f.ends_with(" bytes]"), "{}", &f[f.len() - 30..]);
 }
 
-/// Row "`cpi-bpf -p FIFO-reader -o FIFO`" of issue 32: the early check of `--output`
+/// Hostile host, `cpi-bpf -p FIFO-reader -o FIFO`: the early check of `--output`
 /// opened the FIFO and closed it, so its reader (`cat FIFO`) saw end of file and left,
 /// and the profile written at the end found no reader ("No such device or address").
 /// The FIFO opened by the check is now the one written: the reader gets the profile.

@@ -1,4 +1,4 @@
-//! Call paths a person reads at 80 columns (issue 33 item 2): every table `cpi-bpf`
+//! Call paths a person reads at 80 columns: every table `cpi-bpf`
 //! prints of a simulated profile of sim_mix (fib's recursion; qsort's merge sort in
 //! Debian's libc calling back into `cmp`) fits `COLUMNS=80`; the call tree is indented
 //! with recursion folded; `--callers` errs on an unknown name with a suggestion; a time

@@ -90,7 +90,8 @@ fn assert_cpi_within_reported_errors(acc: &Accuracy, what: &str) {
     }
 }
 
-/// The bounds of issue 3 for default periods; CPI judged by its reported error.
+/// The accuracy bounds at default periods (overlap with the truth per
+/// instruction, block, function and edge); CPI judged by its reported error.
 fn assert_bounds(acc: &Accuracy, branch_samples: u64) {
     assert!(branch_samples >= 5000, "{branch_samples} branch samples");
     assert!(acc.overlap_instruction >= 0.95, "{acc:?}");
@@ -390,7 +391,7 @@ fn brief(acc: &Accuracy) -> String {
     )
 }
 
-/// Issue 9, item 4: branch stacks sampled on cycles (`perf record -b`'s default) at the
+/// Branch stacks sampled on cycles (`perf record -b`'s default) at the
 /// same number of stacks as taken-branch sampling. Weighted per window they over-weight
 /// ranges ahead of slow code (measured: instruction overlap 0.927 on sim_mix, 0.948 on
 /// gzip, against ≥ 0.99 on taken branches); weighted by the cycles each window spans
@@ -478,7 +479,7 @@ fn cycle_sampled_stacks_are_corrected_by_the_cycles_they_span() {
     let _ = std::fs::remove_file(&input);
 }
 
-/// Issue 9, item 5: the calls-only call graph on a program whose call counts are known
+/// The calls-only call graph on a program whose call counts are known
 /// by construction (`tests/programs/sim_calls.c`: main → outer N times, outer → inner
 /// 3N, outer → leaf N). The estimates (Σ period / window over the sampled call records)
 /// are within 10 % of the truth (≥ 1 400 call records each here: ≤ 2.7 % standard
@@ -589,7 +590,7 @@ fn call_graph_estimates_known_call_counts() {
     }
 }
 
-/// Issue 16, item 2: the reported errors are calibrated. One trace of sim_mix replayed
+/// The reported errors are calibrated. One trace of sim_mix replayed
 /// with 8 seeds; every function's and block's estimate judged against the exact answer
 /// (`cpi_user::sim::calibrate`). A standard error covers the truth at ±1 for 68.3 % and
 /// at ±2 for 95.4 % of normal estimates (Student's t₃₁, what 32 groups give at worst:

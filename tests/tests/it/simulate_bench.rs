@@ -204,7 +204,7 @@ impl SampleSink for Recorder {
     }
 }
 
-/// Item 5 of issue 34: the user-space cost of aggregating a branch sample with its
+/// The user-space cost of aggregating a branch sample with its
 /// stack, the PMU model's own time left out. Branch period 211 (prime, > the LBR's 32
 /// entries, so no two samples share a record, as at any real rate), the defaults
 /// otherwise; each pass aggregates every sample into a fresh set (a window's start).

@@ -1,4 +1,4 @@
-//! Call stacks from live collection (issue 17): the kernel side copies each sample's user
+//! Call stacks from live collection: the kernel side copies each sample's user
 //! registers and stack top, the drain unwinds them (cpi-user/src/unwind/) and hands
 //! `CallStack`s to the per-process aggregate. Checked at the library level, symbolised
 //! here with the binary layer, on `tests/programs/stacks.c` built with and without frame

@@ -1,4 +1,4 @@
-//! Call paths in every output (issue 17): a profile with stacks, made by the library's
+//! Call paths in every output: a profile with stacks, made by the library's
 //! own analysis from samples with stacks on a real compiled program (sim_calls:
 //! main → outer → inner / leaf), read by `go tool pprof -traces`, parsed back from
 //! `--format folded`, shown by the table and `--callers`, kept by `report --store`
@@ -426,7 +426,7 @@ fn pyroscope_receiver_gets_multi_frame_samples() {
 }
 
 /// `--callgraph` of a time profile (no branch records) said "no call graph" although
-/// every sample has a stack (issue 33): callers and callees now come from the stacks.
+/// every sample has a stack: callers and callees now come from the stacks.
 /// The recording (tests/golden/format1_stacks.json): leaf, called from path_b and path_c.
 #[test]
 fn time_profile_call_graph_comes_from_the_stacks() {

@@ -1,4 +1,4 @@
-//! Call paths in `simulate` (issue 17 item 5): the replay's exact shadow stacks give the
+//! Call paths in `simulate`: the replay's exact shadow stacks give the
 //! truth per call path on real programs (cpi-user/src/sim/shadow.rs), and the profile's
 //! per-path figures are judged against it (cpi-user/src/sim/accuracy.rs).
 
@@ -134,7 +134,7 @@ fn signal_handlers_and_threads_keep_exact_stacks() {
 /// simulate.rs), under 1 % for 3 or more paths.
 const MEDIAN_ERRORS: f64 = 2.0;
 
-/// Issue 17's check of CPI per call path.
+/// The accuracy bound on CPI per call path.
 fn assert_path_bounds(acc: &Accuracy, what: &str) {
     for p in acc.paths.iter().take(15) {
         eprintln!(
@@ -168,7 +168,7 @@ fn assert_path_bounds(acc: &Accuracy, what: &str) {
     );
 }
 
-/// Issue 17's bound on sim_mix, whose glibc msort recurses two ways 11 deep: each range
+/// The per-path bound on sim_mix, whose glibc msort recurses two ways 11 deep: each range
 /// goes to the stack it ran under, rebuilt from the typed branch entries
 /// (cpi-user/src/profile/stack.rs `add_branch`; by-function attribution alone gave 0.765).
 #[test]
@@ -180,7 +180,7 @@ fn per_path_accuracy_meets_the_bounds_on_sim_mix() {
     assert_path_bounds(out.accuracy(), "sim_mix");
 }
 
-/// Issue 17's bound on Debian gzip (by-function attribution alone gave 0.979).
+/// The per-path bound on Debian gzip (by-function attribution alone gave 0.979).
 #[test]
 fn per_path_accuracy_meets_the_bounds_on_debian_gzip() {
     let input = std::env::temp_dir().join(format!("cpi-sim-paths-{}.txt", std::process::id()));

@@ -1,4 +1,4 @@
-//! Function names as perf users know them (issue 21, item 5): PLT stubs named by their
+//! Function names as perf users know them: PLT stubs named by their
 //! target as objdump names them, and of several names at one address the one perf shows.
 
 use std::path::{Path, PathBuf};

@@ -26,7 +26,7 @@ pub(super) struct Redraw {
     /// then it is not read (a read of another CPU's event is a cross-CPU call). At 19 Hz
     /// that is one read per re-draw, 2.5–5.9 s apart, instead of one per tick.
     read_at: Vec<Instant>,
-    /// How often an event is read at most ([`CollectOptions::redraw_every`]).
+    /// How often an event is read at most ([`CollectOptions::redraw_every`](crate::collect::CollectOptions::redraw_every)).
     every: Duration,
     /// CPUs online: what an event not bound to one CPU can count on at once.
     cpus: u64,

@@ -5,14 +5,14 @@
 //! whole file with bounded `pread`s would put every mapped library's bytes on the heap
 //! (BENCHMARKS.md, "Truncated binaries": 123 MB of heap for libLLVM-19 against 1.8 MB),
 //! and reading only the ranges used would mean a second ELF reader. So the mapping
-//! stays, and a fault in it is recovered: every [`GuardedMap`] registers its range in a
+//! stays, and a fault in it is recovered: every `GuardedMap` registers its range in a
 //! fixed table; a process-wide `SIGBUS` handler that finds the faulting address there
 //! maps zeros over the **whole** mapping, marks it truncated and returns, so the read
-//! completes (with zeros) and the owner learns from [`GuardedMap::truncated`] that what
+//! completes (with zeros) and the owner learns from `GuardedMap::truncated` that what
 //! it read is not the file. One replacement per mapping, not one per faulting page: a
 //! file whose every other page faults (holes on a full tmpfs) once cost a new mapping
 //! per page until `vm.max_map_count` made the replacement fail and the fault killed the
-//! process (issue 32). Any other `SIGBUS` goes to the handler that was there before
+//! root profiler. Any other `SIGBUS` goes to the handler that was there before
 //! (Rust's own, then the default action). Cost when nothing is truncated: none on
 //! reads; a slot claimed and released per mapping.
 

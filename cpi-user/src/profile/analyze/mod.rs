@@ -10,21 +10,21 @@
 //!    function. A range that starts and ends in different functions of one binary ran
 //!    off the end of each into the next (code that ends without a jump, as libc's
 //!    assembly does): it is cut into one piece per function, each counted in its own
-//!    function, when every piece checks ([`resolve`]); otherwise it is invalid.
+//!    function, when every piece checks (`resolve`); otherwise it is invalid.
 //! 4. Functions with any sample are disassembled ([`crate::binary::Cfg`], once per run
-//!    and function, blocks per process) and the range algorithm ([`super::flow`])
+//!    and function, blocks per process) and the range algorithm (`super::flow`)
 //!    gives instruction, block and fall-through counts.
 //! 5. CPI = cycles / instructions per process, function, block and instruction, with
 //!    `samples` = the scarcer of cycle samples and range occurrences (instruction
 //!    samples in IP-sampling mode) and rel_error one standard error
-//!    ([`super::error`]); `None` below the floor.
+//!    (`super::error`); `None` below the floor.
 //!    Timed CPI (LBR `cycles`) is the second estimator per function and block.
 //!
 //! Process-level CPI covers the ELF functions analysed (user code): kernel and JIT
 //! cycles have no instruction counts (branch records are user-only by default) and
 //! are left out of it, though they stay in the process's `cycles`.
 //!
-//! Call paths ([`StackProfile`], from the samples' stacks): frames are symbolised like
+//! Call paths (`StackProfile`, from the samples' stacks): frames are symbolised like
 //! samples, return addresses at `addr - 1` (the call), kernel frames to kernel symbols
 //! (or `[kernel]`), addresses in no mapping to `[unknown]`; stacks whose frames name the
 //! same functions are one path. A path's samples, time and cycles are those of the IP
@@ -45,16 +45,16 @@
 //!   `lost.invalid_ranges`).
 //!
 //! Paths are then ordered and bounded, the narrowest folded into `[rare callees]` paths
-//! under their callers ([`super::paths::fold_plan`]).
+//! under their callers (`super::paths::fold_plan`).
 //!
 //! Nothing is dropped silently: unsymbolisable IP samples go to
 //! `lost.unmapped_samples`, invalid range occurrences to `lost.invalid_ranges`.
 //!
-//! The rooms, in the order a sample passes them: [`resolve`] symbolises a process's
-//! addresses into per-function work; [`function`] analyses one function (decoding it
-//! once per run) and [`detail`] its instructions, blocks and edges; [`process`] sums a
-//! process's functions into its totals; [`call_paths`] sums its stacks into paths.
-//! [`estimate`] holds the CPI estimators and [`order`] the orderings merging shares.
+//! The rooms, in the order a sample passes them: `resolve` symbolises a process's
+//! addresses into per-function work; `function` analyses one function (decoding it
+//! once per run) and `detail` its instructions, blocks and edges; `process` sums a
+//! process's functions into its totals; `call_paths` sums its stacks into paths.
+//! `estimate` holds the CPI estimators and `order` the orderings merging shares.
 //! This file is the driver: the options, and one pass over the processes.
 
 use std::collections::BTreeMap;

@@ -125,7 +125,7 @@ fn time_profile_functions_losses_and_json() {
             .unwrap();
         assert_eq!(b.build_id, bin.build_id);
         assert_eq!(b.stripped, stripped);
-        // The JSON fields issue 2 promises.
+        // The JSON fields the README documents for a time profile.
         let j = serde_json::to_value(&prof).unwrap();
         assert_eq!(j["mode"], "time-profile");
         assert_eq!(j["lost_samples"], 2);

@@ -5,7 +5,7 @@
 //! host: one process's oversized list (a hostile program's, or a corrupt copy) costs
 //! that process, not the window.
 //!
-//! The bounds hold only while a file is read ([`collect`]); any other deserialisation
+//! The bounds hold only while a file is read (`collect`); any other deserialisation
 //! of a profile reads every list whole. The lines are few: each process left out took
 //! more than a bound's worth of the file's bounded text.
 

@@ -1,21 +1,21 @@
 //! `--format html`: one self-contained page (no network request, no server) with the
 //! run's summary, a sortable table of the functions, a flame graph of the call stacks
-//! coloured by CPI ([`flame`]), the callers of the hottest functions, and their
-//! annotated disassembly ([`code`]).
+//! coloured by CPI (`flame`), the callers of the hottest functions, and their
+//! annotated disassembly (`code`).
 //!
 //! The page is a minijinja template with HTML auto-escaping: every name in it came from
 //! another process and reaches the page only as text. A Content-Security-Policy of
 //! `default-src 'none'` keeps the page from loading anything, whatever a name holds.
 //!
 //! Each distinct string another process chose (function names, binaries, comms) is
-//! written once, in the page's string table ([`Strings`]); frames and rows refer to it
+//! written once, in the page's string table (`Strings`); frames and rows refer to it
 //! by number and the page's script puts the text in place. A name reached from many
 //! callers was written once per frame, twice with its tooltip: a 256 KiB name called
 //! from 200 functions made a 639 MB page.
 //!
-//! Size: frames narrower than [`MIN_FRAME`] of the whole are left out (their share is in
+//! Size: frames narrower than `MIN_FRAME` of the whole are left out (their share is in
 //! their parents' widths, and the page says how many), annotated code is given for the
-//! [`CODE_FUNCTIONS`] hottest functions, and the table keeps [`TABLE_ROWS`] rows.
+//! `CODE_FUNCTIONS` hottest functions, and the table keeps `TABLE_ROWS` rows.
 
 mod blocks;
 mod code;

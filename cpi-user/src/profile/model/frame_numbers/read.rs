@@ -51,7 +51,7 @@ fn note<E: de::Error>(numbered: bool) -> Result<(), E> {
     })
 }
 
-/// How many frames have been read so far ([`read_rewind`]'s mark); 0 outside a file.
+/// How many frames have been read so far ([`rewind`]'s mark); 0 outside a file.
 pub(crate) fn mark() -> usize {
     READ.with(|r| r.borrow().as_ref().map_or(0, |(read, _)| read.len()))
 }
