@@ -333,6 +333,85 @@ fn call_paths_get_their_samples_instructions_and_cpi() {
     assert_eq!(total, pp.samples);
 }
 
+/// Stacks evicted by the memory bound fold, samples and ranges alike, into a
+/// `[rare callees]` path under their nearest caller still held: sum_loop's stacks,
+/// older than main's, go under main with all their cycles and instructions, so main's
+/// subtree keeps its width and CPI, and nothing goes to `[dropped]`.
+#[test]
+fn evicted_call_paths_fold_under_their_caller_with_their_instructions() {
+    let t = TestProgram::get("analysis_loops").expect("analysis_loops builds (gcc)");
+    let base = 0x5555_5555_4000;
+    let bin = Binary::open(&t.pie).unwrap();
+    let SumLoop {
+        f,
+        cfg,
+        latch,
+        head,
+        call,
+        ..
+    } = sum_loop(&bin);
+    let ins = &cfg.instructions;
+    let rt = |a: u64| a + base;
+    let e1 = BranchEntry::new(rt(call.addr), rt(f.start), false, 0);
+    let e2 = BranchEntry::new(rt(ins[latch].addr), rt(ins[head].addr), false, 0);
+    // sum_loop's stacks, one per instruction of its loop the samples land on: folded,
+    // their ranges merge (what frees the memory).
+    let in_loop = |k: usize| CallStack {
+        kernel: Box::new([]),
+        user: Box::new([rt(ins[k].addr), rt(call.next())]),
+        end: StackEnd::Complete,
+    };
+    let in_main = CallStack {
+        user: Box::new([rt(call.next())]),
+        ..in_loop(head)
+    };
+    let mut set = set_for(&t.pie, &bin, base, 2);
+    for i in 0..40 {
+        let k = head + i % (latch + 1 - head);
+        set.add_branch_with_stack(&branch_sample(2000, &[e2, e2, e1]), Some(&in_loop(k)));
+        set.add_ip_with_stack(
+            &ip(PID, EventRole::Cycles, rt(ins[k].addr), 997),
+            Some(&in_loop(k)),
+        )
+        .unwrap();
+    }
+    let unbounded = analyze(&set, run_info(Mode::Cpi), &opts());
+    // Room for what is held and a little: main's next sample makes the set evict the
+    // least recently used, sum_loop's stacks.
+    set.stack_bytes = set.stack_held() + 1;
+    set.add_ip_with_stack(
+        &ip(PID, EventRole::Cycles, rt(call.addr), 997),
+        Some(&in_main),
+    )
+    .unwrap();
+    assert!(set.stacks_evicted() > 0, "the bound evicted");
+    let prof = analyze(&set, run_info(Mode::Cpi), &opts());
+    let names =
+        |s: &StackProfile| -> Vec<String> { s.frames.iter().map(|f| f.function.clone()).collect() };
+    let path = |p: &crate::profile::model::ProcessProfile, n: &[&str]| {
+        p.stacks.iter().find(|s| names(s) == n).cloned()
+    };
+    let was = path(&unbounded.processes[0], &["sum_loop", "main"]).expect("sum_loop <- main");
+    let folded = path(&prof.processes[0], &["[rare callees]", "main"])
+        .unwrap_or_else(|| panic!("{:#?}", prof.processes[0].stacks));
+    // The oldest stacks went; the rest stay sum_loop's. Together they hold what
+    // sum_loop held, cycles and instructions alike (a CPI where the samples allow).
+    let kept = path(&prof.processes[0], &["sum_loop", "main"]).expect("the newest stay");
+    assert!(folded.samples > 0 && kept.samples > 0);
+    assert_eq!(folded.samples + kept.samples, was.samples);
+    let sum = |a: Option<f64>, b: Option<f64>| a.unwrap_or(0.0) + b.unwrap_or(0.0);
+    assert_eq!(sum(folded.cycles, kept.cycles), was.cycles.unwrap());
+    let n = sum(folded.instructions, kept.instructions);
+    assert!(
+        (n - was.instructions.unwrap()).abs() < 1e-9 * n,
+        "{n} instructions"
+    );
+    assert!(folded.instructions.is_some_and(|n| n > 0.0), "{folded:?}");
+    assert!(path(&prof.processes[0], &["[dropped]"]).is_none());
+    let total: u64 = prof.processes[0].stacks.iter().map(|s| s.samples).sum();
+    assert_eq!(total, prof.processes[0].samples);
+}
+
 /// Two processes mapping the same PIE at different bases (one decode, shared
 /// between them) get the same function profile, each with its own leaders.
 #[test]
