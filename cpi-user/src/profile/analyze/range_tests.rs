@@ -334,8 +334,8 @@ fn call_paths_get_their_samples_instructions_and_cpi() {
 }
 
 /// Stacks evicted by the memory bound fold, samples and ranges alike, into a
-/// `[rare callees]` path under their nearest caller still held: sum_loop's stacks,
-/// older than main's, go under main with all their cycles and instructions, so main's
+/// `[rare callees]` path under their nearest caller still held: the oldest of
+/// sum_loop's stacks go under main with their cycles and instructions, so main's
 /// subtree keeps its width and CPI, and nothing goes to `[dropped]`.
 #[test]
 fn evicted_call_paths_fold_under_their_caller_with_their_instructions() {
